@@ -1,0 +1,38 @@
+"""torchtpu: "tpu" as a native PyTorch device, executed by XLA through JAX.
+
+`import torch` loads this package through PyTorch's device-backend autoload; `import torchtpu`
+does the same explicitly. Public API: `torch.tpu.*` (the device module) and the names below.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_loaded = [False]
+
+
+def _load():
+    if _loaded[0]:
+        return
+    _loaded[0] = True
+    from .device import registration
+    from .eager import kernels
+    from . import ops  # noqa: F401  (fills the lowering table)
+
+    registration.install()
+    kernels.register_all()
+
+
+def _autoload():
+    """Entry point of the `torch.backends` group: called by `import torch`."""
+    _load()
+
+
+_load()
+
+from .device.tpu_module import platform  # noqa: E402
+from .eager.kernels import set_cpu_fallback  # noqa: E402
+from .eager.modes import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
+from .metrics import metrics, reset_metrics  # noqa: E402
+
+__all__ = ["platform", "metrics", "reset_metrics", "set_eager_mode", "get_eager_mode", "eager_mode",
+           "set_cpu_fallback"]

@@ -1,0 +1,58 @@
+"""Make PrivateUse1 the "tpu" device: rename it, install hooks, the device guard and `torch.tpu`."""
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+
+_installed = [False]
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        from . import tpu_module
+        return tpu_module.is_available()
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    # PyTorch's Python guard keeps device index 0 in C++; torchtpu tracks the current device itself
+    # (torch.tpu.set_device) and every kernel takes its device from its tensors.
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _backends_module():
+    m = types.ModuleType("torch.backends.tpu")
+    m.is_built = lambda: True
+
+    def is_available():
+        from . import tpu_module
+        return tpu_module.is_available()
+
+    m.is_available = is_available
+    return m
+
+
+def install():
+    if _installed[0]:
+        return
+    _installed[0] = True
+    from . import tpu_module
+
+    if torch._C._get_privateuse1_backend_name() != "tpu":
+        torch.utils.rename_privateuse1_backend("tpu")
+    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
+                                                         for_packed_sequence=True, for_storage=True)
+    torch._register_device_module("tpu", tpu_module)
+    sys.modules.setdefault("torch.tpu", tpu_module)
+    torch._C._acc.register_python_privateuseone_hook(_Hooks())
+    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    torch.backends.tpu = _backends_module()
+    sys.modules.setdefault("torch.backends.tpu", torch.backends.tpu)

@@ -1,0 +1,169 @@
+"""Cache misses of the eager engine: find the JAX function for an op and trace it with its views."""
+from __future__ import annotations
+
+import jax
+import torch
+from torch.utils import _pytree as pytree
+
+from ..device import platform
+from ..ops import dtypes as dt
+from ..ops.resolve import resolve
+from ..storage.records import RECORDS
+from . import views
+from .engine import Entry, NeedsResize, _SCALAR_TYPES
+
+
+def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
+    """Map the arguments the way OpKernel._flatten classified them."""
+
+    def one(a, is_scalar_arg):
+        if isinstance(a, torch.Tensor):
+            if RECORDS.get(a.untyped_storage().data_ptr()) is None:
+                return on_cpu_scalar(a)
+            return on_tensor(a)
+        if type(a) in _SCALAR_TYPES and is_scalar_arg:
+            return on_scalar(a)
+        if type(a) in (list, tuple) and a and (isinstance(a[0], torch.Tensor) or a[0] is None and any(
+                isinstance(x, torch.Tensor) for x in a)):
+            return [one(x, False) for x in a]
+        return on_other(a)
+
+    new_args = [one(a, i in kernel.scalar_pos) for i, a in enumerate(args)]
+    new_kwargs = {k: one(a, k in kernel.scalar_names) for k, a in kwargs.items()}
+    return new_args, new_kwargs
+
+
+def _meta_other(o):
+    if isinstance(o, torch.device):
+        return torch.device("meta")
+    return None if isinstance(o, torch.Generator) else o
+
+
+def _layout(t, record):
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), dt.to_jax(t.dtype), record.numel)
+
+
+def build_entry(kernel, key, args, kwargs, bufs, device):
+    slot_of = {id(r): i for i, r in enumerate(bufs)}
+    # 1. PyTorch's own answer for shapes, dtypes and errors: run the op on meta tensors.
+    bases = {}
+
+    def meta_tensor(t):
+        r = RECORDS[t.untyped_storage().data_ptr()]
+        base = bases.get(id(r))
+        if base is None:
+            base = bases[id(r)] = torch.empty(r.numel, dtype=r.dtype, device="meta")
+        src = base if t.dtype == r.dtype else base.view(t.dtype)
+        return src.as_strided(t.shape, t.stride(), t.storage_offset())
+
+    meta_args, meta_kwargs = _walk(kernel, args, kwargs, meta_tensor, lambda s: s, lambda c: c, _meta_other)
+    compute = resolve(kernel.op, meta_args, meta_kwargs)  # first: an op we cannot lower fails here
+    originals = [(m, tuple(m.shape)) for m in pytree.tree_leaves((meta_args, meta_kwargs))
+                 if isinstance(m, torch.Tensor)]
+    meta_out = kernel.op(*meta_args, **meta_kwargs)
+    resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]
+    if resized:
+        _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized)
+
+    # 2. which outputs are new tensors, and how the returns nest
+    schema = kernel.op._schema
+    rets = meta_out if len(schema.returns) != 1 else (meta_out,)
+    outs, spec = [], []
+    for alias_name, value in zip(kernel.aliased_returns, rets if schema.returns else ()):
+        if alias_name is not None:
+            spec.append(alias_name)
+        else:
+            leaves, s = pytree.tree_flatten(value)
+            outs.extend((tuple(m.shape), m.dtype) for m in leaves)
+            spec.append(s)
+    n_fn = len(outs)
+    entry = Entry()
+    entry.outs = outs
+    entry.spec = None if (len(spec) == 1 and not isinstance(spec[0], str) and spec[0].num_leaves == 1
+                          and spec[0].is_leaf()) else spec
+
+    # 3. where in-place results go
+    mutable_targets = []  # (slot, layout) for each written tensor, in schema order
+    for i, name, kwarg_only in kernel.mutable:
+        value = kwargs.get(name) if (kwarg_only or i >= len(args)) else args[i]
+        for t in (value if isinstance(value, (list, tuple)) else [value]):
+            if t is None:
+                continue
+            r = RECORDS[t.untyped_storage().data_ptr()]
+            mutable_targets.append((slot_of[id(r)], _layout(t, r)))
+    for i, name in getattr(compute, "extra_mutations", ()):
+        t = kwargs.get(name) if i >= len(args) else args[i]
+        if t is not None:
+            r = RECORDS[t.untyped_storage().data_ptr()]
+            mutable_targets.append((slot_of[id(r)], _layout(t, r)))
+    mutated_slots = sorted({s for s, _ in mutable_targets})
+    entry.mutated_slots = mutated_slots
+    nb = len(bufs)
+    out_dtypes = [dt.to_jax(d) for _, d in outs]
+
+    def traced_args(buffers, scalars):
+        it = iter(scalars)
+
+        def on_tensor(t):
+            r = RECORDS[t.untyped_storage().data_ptr()]
+            return views.read(buffers[slot_of[id(r)]], _layout(t, r))
+
+        def on_cpu_scalar(c):
+            return jax.numpy.asarray(next(it), dt.to_jax(c.dtype))
+
+        return _walk(kernel, args, kwargs, on_tensor, lambda s: next(it), on_cpu_scalar,
+                     lambda o: dt.to_jax(o) if isinstance(o, torch.dtype) else o)
+
+    def fused(*dyn):
+        buffers = list(dyn[:nb])
+        scalars = dyn[nb:]
+        rng = scalars[-1] if kernel.random else None
+        a, k = traced_args(buffers, scalars[:-1] if kernel.random else scalars)
+        if rng is not None:
+            k["key"] = jax.random.fold_in(jax.random.fold_in(jax.random.key(rng[0]), rng[1]), rng[2])
+        result = compute(a, k)
+        leaves = pytree.tree_leaves(result)
+        if len(leaves) != n_fn + len(mutable_targets):
+            raise AssertionError(f"torchtpu: lowering of aten::{kernel.name} returned {len(leaves)} "
+                                 f"values, expected {n_fn} outputs + {len(mutable_targets)} mutations")
+        functional = []
+        for v, (shape, _), d in zip(leaves[:n_fn], outs, out_dtypes):
+            v = jax.numpy.asarray(v)
+            if v.dtype != d:
+                v = v.astype(d)
+            if v.shape != shape:
+                v = jax.numpy.broadcast_to(v, shape) if v.size == 1 or v.ndim < len(shape) else v
+                if v.shape != shape:
+                    raise AssertionError(f"torchtpu: lowering of aten::{kernel.name} returned shape "
+                                         f"{v.shape}, PyTorch expects {shape}")
+            functional.append(v.reshape(-1))  # storages hold flat buffers
+        for (slot, layout), v in zip(mutable_targets, leaves[n_fn:]):
+            buffers[slot] = views.write(buffers[slot], layout, v)
+        return tuple(functional) + tuple(buffers[s] for s in mutated_slots)
+
+    if not outs and not mutated_slots:
+        entry.fn = None
+    elif nb == 0:
+        index = device if device >= 0 else 0
+        entry.fn = jax.jit(fused, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)))
+    else:
+        entry.fn = jax.jit(fused)
+    return entry
+
+
+def _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized):
+    by_meta = {id(m): shape for m, shape in resized}
+    pairs = []
+
+    def collect(real, meta):
+        if isinstance(real, torch.Tensor) and id(meta) in by_meta:
+            pairs.append((real, tuple(meta.shape)))
+        elif isinstance(real, (list, tuple)) and isinstance(meta, (list, tuple)):
+            for r, m in zip(real, meta):
+                collect(r, m)
+
+    for r, m in zip(args, meta_args):
+        collect(r, m)
+    for k in kwargs:
+        collect(kwargs[k], meta_kwargs[k])
+    raise NeedsResize(pairs)

@@ -1,0 +1,228 @@
+"""The eager engine: one PrivateUse1 kernel per ATen overload, running cached XLA executables.
+
+A call builds a key from static facts (each tensor's dtype and view layout, which inputs share a
+storage, the non-tensor arguments), finds the executable for it and calls it with the storages'
+flat buffers and the `Scalar` arguments (traced, so a changing learning rate does not recompile).
+The executable reads the views, runs the lowering and writes in-place results back through the
+views, all in one XLA computation; outputs become new storages, mutated storages get new buffers.
+
+On a cache miss the op runs once on "meta" tensors: that gives PyTorch's own output shapes and
+dtypes and PyTorch's own error messages for bad input, before anything is traced.
+"""
+from __future__ import annotations
+
+import threading
+
+import jax
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import metrics
+from ..device import platform
+from ..ops import dtypes as dt
+from ..storage.records import RECORDS, new_tensor, set_buffer
+from .modes import current_mode
+from .random import next_rng_args
+from ..device.state import current_device
+
+
+class NeedsResize(Exception):
+    """An out= tensor has the wrong shape: PyTorch resizes it before writing, and so do we."""
+
+    def __init__(self, resizes):
+        self.resizes = resizes
+
+_Tensor = torch.Tensor
+_SCALAR_TYPES = (bool, int, float, complex)
+
+
+class TpuOpError(RuntimeError):
+    pass
+
+
+def _scalar_positions(schema):
+    pos, names = set(), set()
+    for i, a in enumerate(schema.arguments):
+        if str(a.type) in ("number", "Optional[number]"):
+            (names if a.kwarg_only else pos).add(a.name if a.kwarg_only else i)
+    return pos, names
+
+
+def _mutable_args(schema):
+    """Names and positions of the arguments the op writes to, in schema order."""
+    return [(i, a.name, a.kwarg_only) for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
+
+
+class Entry:
+    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nbufs")
+
+
+class OpKernel:
+    """The PrivateUse1 kernel of one ATen overload."""
+
+    def __init__(self, op: torch._ops.OpOverload):
+        self.op = op
+        schema = op._schema
+        self.name = f"{schema.name.split('::')[1]}.{schema.overload_name or 'default'}"
+        self.scalar_pos, self.scalar_names = _scalar_positions(schema)
+        self.mutable = _mutable_args(schema)
+        self.cache = {}
+        # a return that aliases an argument is that argument itself (add_ returns self)
+        self.aliased_returns = [_aliased_name(schema, r) for r in schema.returns]
+        self.random = False  # set at registration: the lowering takes a PRNG key
+        self.lock = threading.RLock()
+
+    # ---------------------------------------------------------------- hot path
+    def __call__(self, *args, **kwargs):
+        parts = []
+        slot_of = {}
+        bufs = []
+        scalars = []
+        device = -1
+        for i, a in enumerate(args):
+            device = self._flatten(a, parts, slot_of, bufs, scalars, device, i in self.scalar_pos)
+        if kwargs:
+            for k, a in kwargs.items():
+                parts.append(("K", k))
+                device = self._flatten(a, parts, slot_of, bufs, scalars, device, k in self.scalar_names)
+        key = tuple(parts)
+        entry = self.cache.get(key)
+        if entry is None:
+            try:
+                entry = self._build(key, args, kwargs, bufs, device)
+            except NeedsResize as e:
+                for t, shape in e.resizes:
+                    t.resize_(shape)
+                return self(*args, **kwargs)
+            metrics.counters.eager_compiles += 1
+        else:
+            metrics.counters.eager_cache_hits += 1
+        for r in bufs:
+            if r.buffer is None:
+                set_buffer(r, _zeros(r.numel, r.dtype, r.device_index))
+        if entry.fn is None:  # nothing to compute
+            results = ()
+        else:
+            if self.random:
+                scalars.append(next_rng_args(max(device, 0)))
+            results = entry.fn(*[r.buffer for r in bufs], *scalars)
+        if current_mode() == "debug":
+            jax.block_until_ready(results)
+        nout = len(entry.outs)
+        for slot, buf in zip(entry.mutated_slots, results[nout:]):
+            set_buffer(bufs[slot], buf)
+        dev = max(device, 0)
+        out_tensors = [new_tensor(shape, dtype, dev, buf) for (shape, dtype), buf in zip(entry.outs, results)]
+        return self._returns(entry, out_tensors, args, kwargs)
+
+    def _flatten(self, a, parts, slot_of, bufs, scalars, device, is_scalar_arg):
+        if isinstance(a, _Tensor):
+            address = a.untyped_storage().data_ptr()
+            r = RECORDS.get(address)
+            if r is None:
+                return self._foreign_tensor(a, parts, scalars, device)
+            slot = slot_of.get(address)
+            if slot is None:
+                slot = slot_of[address] = len(bufs)
+                bufs.append(r)
+                parts.append(("B", r.dtype, r.numel))
+                if device != r.device_index:
+                    if device >= 0:
+                        _device_mismatch(self.name, device, r.device_index)
+                    device = r.device_index
+            parts.append(("T", a.dtype, a.shape, a.stride(), a.storage_offset(), slot))
+        elif type(a) in _SCALAR_TYPES and is_scalar_arg:
+            scalars.append(a)
+            parts.append(("S", type(a)))
+        elif type(a) is list or type(a) is tuple:
+            if a and (isinstance(a[0], _Tensor) or a[0] is None and any(isinstance(x, _Tensor) for x in a)):
+                parts.append(("L", len(a)))
+                for x in a:
+                    device = self._flatten(x, parts, slot_of, bufs, scalars, device, False)
+            else:
+                parts.append(("V", tuple(a)))
+        elif isinstance(a, torch.device):
+            parts.append(("V", a))
+            if a.type == "tpu":
+                index = current_device() if a.index is None else a.index
+                if device >= 0 and index != device:
+                    _device_mismatch(self.name, device, index)
+                device = index
+        elif isinstance(a, torch.Generator):
+            parts.append(("G",))
+        else:
+            parts.append(("V", a))
+        return device
+
+    def _foreign_tensor(self, a, parts, scalars, device):
+        if a.device.type == "cpu" and a.dim() == 0:
+            # CPU scalars may mix with device tensors, as on CUDA; they travel as traced scalars.
+            scalars.append(a.item())
+            parts.append(("C", a.dtype))
+            return device
+        if a.device.type == "tpu":
+            raise TpuOpError(f"torchtpu: aten::{self.name} got a tpu tensor whose storage torchtpu does not know")
+        here = f"tpu:{device}" if device >= 0 else "tpu:0"
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"{here} and {a.device}! (when checking arguments for aten::{self.name})")
+
+    def _returns(self, entry, out_tensors, args, kwargs):
+        if entry.spec is None:
+            return out_tensors[0] if out_tensors else None
+        it = iter(out_tensors)
+        values = []
+        for aliased, ret in zip(self.aliased_returns, entry.spec):
+            if aliased:
+                values.append(_aliased_arg(self.op._schema, ret, args, kwargs))
+            else:
+                values.append(pytree.tree_unflatten([next(it) for _ in range(ret.num_leaves)], ret))
+        if len(values) == 1:
+            return values[0]
+        return tuple(values) if values else None
+
+    # ---------------------------------------------------------------- cache miss
+    def _build(self, key, args, kwargs, bufs, device):
+        from .build import build_entry
+        with self.lock:
+            entry = self.cache.get(key)
+            if entry is None:
+                entry = build_entry(self, key, args, kwargs, bufs, device)
+                self.cache[key] = entry
+        return entry
+
+
+def _aliased_name(schema, ret):
+    if ret.alias_info is None:
+        return None
+    for a in schema.arguments:
+        if a.alias_info is not None and a.alias_info.before_set == ret.alias_info.before_set:
+            return a.name
+    return None
+
+
+def _aliased_arg(schema, name, args, kwargs):
+    for i, a in enumerate(schema.arguments):
+        if a.name == name:
+            return kwargs[name] if a.kwarg_only or i >= len(args) else args[i]
+    raise AssertionError(name)
+
+
+def _device_mismatch(name, a, b):
+    raise RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"tpu:{a} and tpu:{b}! (when checking arguments for aten::{name})")
+
+
+_zeros_cache = {}
+
+
+def _zeros(numel, dtype, device_index):
+    fn = _zeros_cache.get((dtype, device_index))
+    if fn is None:
+        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
+        jd = dt.to_jax(dtype)
+        fn = _zeros_cache[(dtype, device_index)] = jax.jit(
+            lambda n: jax.numpy.zeros((n,), jd), static_argnums=0, out_shardings=sharding)
+    return fn(numel)

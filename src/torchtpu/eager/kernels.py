@@ -1,0 +1,302 @@
+"""PrivateUse1 registrations: the engine for every lowered op, and the few hand-written kernels
+(views, allocation, transfers, scalars) that are about metadata or the host, not computation."""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import jax
+import numpy as np
+import torch
+from torch._C import DispatchKey, DispatchKeySet
+
+from .. import metrics
+from ..device import platform
+from ..device.state import current_device
+from ..ops import dtypes as dt
+from ..ops.resolve import NotLowered, functional_twin, op_name
+from ..ops.table import LOWERINGS
+from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
+from .engine import OpKernel
+
+aten = torch.ops.aten
+CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
+_lib = None
+_fallback_lib = None
+KERNELS: dict = {}  # OpOverload -> OpKernel
+_cpu_fallback = [os.environ.get("TORCHTPU_CPU_FALLBACK", "0") not in ("", "0", "false", "False")]
+
+
+def _impl(name, fn):
+    _lib.impl(name, fn, "PrivateUse1")
+
+
+# ------------------------------------------------------------------ metadata-only ops
+# The CPU kernels of these only touch sizes/strides/offset and share the storage, exactly the
+# aliasing PyTorch expects; every composite view op (slice, select, t, expand, ...) builds on them.
+_METADATA_OPS = ["as_strided", "view", "_reshape_alias", "alias", "unfold", "set_.source_Storage",
+                 "set_.source_Storage_storage_offset", "set_.source_Tensor", "view.dtype",
+                 "_unsafe_view", "lift_fresh", "_nested_view_from_buffer"]
+
+
+def _redispatch_to_cpu(op):
+    def kernel(*args, **kwargs):
+        return op.redispatch(CPU_KEYS, *args, **kwargs)
+    return kernel
+
+
+def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    index = _device_index(device)
+    t = new_tensor(tuple(size), dtype or torch.get_default_dtype(), index)
+    if memory_format is not None and memory_format not in (torch.contiguous_format, torch.preserve_format):
+        t = _restride(t, memory_format)
+    return t
+
+
+def _restride(t, memory_format):
+    strides = torch.empty(t.shape, device="meta").contiguous(memory_format=memory_format).stride()
+    return aten.as_strided.default.redispatch(CPU_KEYS, t, t.shape, strides, 0)
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    index = _device_index(device)
+    dtype = dtype or torch.get_default_dtype()
+    size, stride = tuple(size), tuple(stride)
+    extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+    if extent == int(np.prod(size)):
+        return new_tensor(size, dtype, index, stride=stride)
+    base = new_tensor((extent,), dtype, index)
+    return aten.as_strided.default.redispatch(CPU_KEYS, base, size, stride, 0)
+
+
+def _device_index(device):
+    if device is None:
+        index = current_device()
+    else:
+        index = current_device() if device.index is None else device.index
+    platform.jax_device(index)  # raises naming the index and the device count
+    return index
+
+
+def _resize_(self, size, memory_format=None):
+    size = tuple(size)
+    r = record_of(self)
+    needed = (int(np.prod(size)) + self.storage_offset()) * self.element_size()
+    strides = contiguous_strides(size)
+    if needed <= r.nbytes:
+        aten.set_.source_Storage_storage_offset.redispatch(
+            CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, strides)
+    else:  # grow: a new storage keeping the old elements in front, as PyTorch does
+        fresh = new_tensor((needed // self.element_size(),), self.dtype, r.device_index)
+        if r.buffer is not None:
+            old = r.buffer if r.dtype == self.dtype else None
+            if old is not None:
+                set_buffer(record_of(fresh), jax.numpy.pad(old, (0, fresh.numel() - old.shape[0])))
+        aten.set_.source_Storage_storage_offset.redispatch(
+            CPU_KEYS, self, fresh.untyped_storage(), self.storage_offset(), size, strides)
+    if memory_format is not None and memory_format not in (torch.contiguous_format, torch.preserve_format):
+        st = torch.empty(size, device="meta").contiguous(memory_format=memory_format).stride()
+        aten.set_.source_Storage_storage_offset.redispatch(
+            CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, st)
+    return self
+
+
+# ------------------------------------------------------------------ host <-> device
+def to_host(t: torch.Tensor) -> np.ndarray:
+    """The values of a tpu tensor as a numpy array (a sync point)."""
+    r = record_of(t)
+    if not (t.is_contiguous() and t.storage_offset() == 0 and t.numel() == r.numel and t.dtype == r.dtype):
+        t = aten.clone.default(t, memory_format=torch.contiguous_format)
+        r = record_of(t)
+    if r.buffer is None:
+        out = np.zeros(tuple(t.shape), dt.to_jax(t.dtype))
+    else:
+        out = np.asarray(r.buffer).reshape(tuple(t.shape))
+    metrics.counters.d2h_bytes += out.nbytes
+    metrics.counters.d2h_transfers += 1
+    return out
+
+
+def _from_host(array: np.ndarray, dtype, index):
+    flat = np.ascontiguousarray(array).reshape(-1)
+    metrics.counters.h2d_bytes += flat.nbytes
+    metrics.counters.h2d_transfers += 1
+    return jax.device_put(flat, platform.jax_device(index))
+
+
+def _write_whole_or_copy(dst, buffer, dtype):
+    """Give dst the values of a flat device buffer of dst's shape and `dtype`."""
+    r = record_of(dst)
+    if (dtype == dst.dtype == r.dtype and dst.is_contiguous() and dst.storage_offset() == 0
+            and dst.numel() == r.numel):
+        set_buffer(r, buffer)
+    else:
+        tmp = new_tensor(tuple(dst.shape), dtype, r.device_index, buffer)
+        KERNELS[aten.copy_.default](dst, tmp)
+    return dst
+
+
+def _copy_(self, src, non_blocking=False):
+    if self.device.type == "tpu" and src.device.type == "tpu":
+        if self.device.index == src.device.index:
+            return KERNELS[aten.copy_.default](self, src)
+        value = to_host(src) if src.numel() else np.zeros(tuple(src.shape), dt.to_jax(src.dtype))
+        moved = jax.device_put(value.reshape(-1), platform.jax_device(self.device.index))
+        return _write_whole_or_copy(self, moved, src.dtype) if tuple(src.shape) == tuple(self.shape) else \
+            KERNELS[aten.copy_.default](self, new_tensor(tuple(src.shape), src.dtype, self.device.index, moved))
+    if self.device.type == "tpu":  # host -> device
+        if src.device.type != "cpu":
+            src = src.cpu()
+        if src.is_conj() or src.is_neg():
+            src = src.resolve_conj().resolve_neg()
+        host = dt.numpy_from_cpu(src.contiguous())
+        index = self.device.index
+        if tuple(src.shape) == tuple(self.shape):
+            return _write_whole_or_copy(self, _from_host(host, src.dtype, index), src.dtype)
+        tmp = new_tensor(tuple(src.shape), src.dtype, index, _from_host(host, src.dtype, index))
+        return KERNELS[aten.copy_.default](self, tmp)
+    # device -> host
+    host = dt.cpu_from_numpy(to_host(src), src.dtype)
+    return self.copy_(host)
+
+
+def _copy_from(self, dst, non_blocking=False):
+    return _copy_(dst, self, non_blocking)
+
+
+def _local_scalar_dense(self):
+    return to_host(self).item()
+
+
+def _equal(self, other):
+    if self.shape != other.shape:
+        return False
+    return bool(torch.eq(self, other).all().item())
+
+
+# ------------------------------------------------------------------ registration and fallback
+def _all_overloads():
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if not qualified.startswith("aten::"):
+            continue
+        name, _, overload = qualified[6:].partition(".")
+        packet = getattr(aten, name, None)
+        if packet is None:
+            continue
+        try:
+            yield getattr(packet, overload or "default")
+        except AttributeError:
+            continue
+
+
+def _lowered(op) -> bool:
+    if op_name(op) in LOWERINGS:
+        return True
+    twin = functional_twin(op)
+    return twin is not None and op_name(twin[0]) in LOWERINGS
+
+
+def kernel_for(op) -> OpKernel:
+    k = KERNELS.get(op)
+    if k is None:
+        k = KERNELS[op] = OpKernel(op)
+        name = op_name(op)
+        twin = functional_twin(op)
+        low = LOWERINGS.get(name) or (LOWERINGS.get(op_name(twin[0])) if twin else None)
+        k.random = bool(low and low.random)
+    return k
+
+
+def set_cpu_fallback(enabled: bool = True):
+    """Run ops that have no tpu lowering on the CPU (warning once per op) instead of raising."""
+    _cpu_fallback[0] = bool(enabled)
+
+
+def _fallback(op, *args, **kwargs):
+    """Ops with no PrivateUse1 kernel: decompose if PyTorch can, else CPU fallback or a clear error."""
+    k = KERNELS.get(op)
+    try:
+        if k is None:
+            k = kernel_for(op)
+        return k(*args, **kwargs)
+    except NotLowered:
+        KERNELS.pop(op, None)
+        if not _cpu_fallback[0]:
+            raise
+    return _run_on_cpu(op, args, kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(name):
+    warnings.warn(f"torchtpu: aten::{name} has no tpu lowering; running it on the CPU "
+                  f"(TORCHTPU_CPU_FALLBACK is on)", stacklevel=3)
+
+
+def _run_on_cpu(op, args, kwargs):
+    from torch.utils._pytree import tree_map
+    _warn_once(op_name(op))
+    metrics.counters.cpu_fallbacks += 1
+    moved = {}
+
+    def to_cpu(x):
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            c = x.cpu()
+            moved[id(c)] = x
+            return c
+        return x
+
+    cpu_args, cpu_kwargs = tree_map(to_cpu, (list(args), dict(kwargs)))
+    out = op(*cpu_args, **cpu_kwargs)
+    # copy mutated arguments back
+    for a in op._schema.arguments:
+        if a.alias_info is not None and a.alias_info.is_write:
+            pass
+    for c_leaf in torch.utils._pytree.tree_leaves((cpu_args, cpu_kwargs)):
+        if id(c_leaf) in moved:
+            orig = moved[id(c_leaf)]
+            if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
+                orig.copy_(c_leaf)
+    device = next((x.device for x in torch.utils._pytree.tree_leaves((args, kwargs))
+                   if isinstance(x, torch.Tensor) and x.device.type == "tpu"), torch.device("tpu", 0))
+
+    def back(x):
+        if isinstance(x, torch.Tensor):
+            if id(x) in moved:
+                return moved[id(x)]
+            return x.to(device)
+        return x
+
+    return tree_map(back, out)
+
+
+def register_all():
+    global _lib, _fallback_lib
+    if _lib is not None:
+        return
+    _lib = torch.library.Library("aten", "IMPL")
+    _fallback_lib = torch.library.Library("_", "IMPL")
+    for name in _METADATA_OPS:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet, None), overload or "default", None)
+        if op is not None:
+            _impl(name, _redispatch_to_cpu(op))
+    _impl("empty.memory_format", _empty_memory_format)
+    _impl("empty_strided", _empty_strided)
+    _impl("resize_", _resize_)
+    _impl("copy_", _copy_)
+    _impl("_copy_from", _copy_from)
+    _impl("_copy_from_and_resize", lambda self, dst: _copy_(dst.resize_(self.shape), self))
+    _impl("_local_scalar_dense", _local_scalar_dense)
+    _impl("equal", _equal)
+    manual = {"copy_", "resize_", "equal", "_local_scalar_dense"}
+    for op in _all_overloads():
+        name = op_name(op)
+        if name.split(".")[0] in manual or not _lowered(op):
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+            continue  # decomposes before reaching the backend
+        _impl(op, kernel_for(op))
+    # copy_ between tpu tensors goes through the engine (fused view read/write and cast)
+    KERNELS[aten.copy_.default] = OpKernel(aten.copy_.default)
+    _fallback_lib.fallback(_fallback, "PrivateUse1")

@@ -1,0 +1,36 @@
+"""Eager modes: "strict" (asynchronous, the default) and "debug" (every op waits for its result,
+so an error surfaces at the op that caused it). TORCHTPU_EAGER_MODE sets the initial mode."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+_MODES = ("strict", "debug")
+_mode = [os.environ.get("TORCHTPU_EAGER_MODE", "strict").lower()]
+if _mode[0] not in _MODES:
+    raise RuntimeError(f"TORCHTPU_EAGER_MODE={_mode[0]!r}: expected one of {', '.join(_MODES)}")
+
+
+def current_mode() -> str:
+    return _mode[0]
+
+
+def set_eager_mode(mode: str):
+    mode = str(mode).lower()
+    if mode not in _MODES:
+        raise ValueError(f"unknown eager mode {mode!r}: expected one of {', '.join(_MODES)}")
+    _mode[0] = mode
+
+
+def get_eager_mode() -> str:
+    return _mode[0]
+
+
+@contextlib.contextmanager
+def eager_mode(mode: str):
+    old = _mode[0]
+    set_eager_mode(mode)
+    try:
+        yield
+    finally:
+        _mode[0] = old

@@ -1,0 +1,117 @@
+"""torch <-> JAX dtype mapping and PyTorch's type promotion, computed from static information."""
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+TO_JAX = {
+    torch.float32: jnp.dtype(jnp.float32),
+    torch.float64: jnp.dtype(jnp.float64),
+    torch.float16: jnp.dtype(jnp.float16),
+    torch.bfloat16: jnp.dtype(jnp.bfloat16),
+    torch.int64: jnp.dtype(jnp.int64),
+    torch.int32: jnp.dtype(jnp.int32),
+    torch.int16: jnp.dtype(jnp.int16),
+    torch.int8: jnp.dtype(jnp.int8),
+    torch.uint8: jnp.dtype(jnp.uint8),
+    torch.uint16: jnp.dtype(jnp.uint16),
+    torch.uint32: jnp.dtype(jnp.uint32),
+    torch.uint64: jnp.dtype(jnp.uint64),
+    torch.bool: jnp.dtype(jnp.bool_),
+    torch.complex64: jnp.dtype(jnp.complex64),
+    torch.complex128: jnp.dtype(jnp.complex128),
+    torch.float8_e4m3fn: jnp.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: jnp.dtype(ml_dtypes.float8_e5m2),
+}
+TO_TORCH = {v: k for k, v in TO_JAX.items()}
+# numpy has no bfloat16/float8: move those through an integer view of the same width.
+NUMPY_CARRIER = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
+
+KIND = ELEMENTWISE_TYPE_PROMOTION_KIND
+
+
+def to_jax(dtype: torch.dtype):
+    try:
+        return TO_JAX[dtype]
+    except KeyError:
+        raise TypeError(f"torchtpu: dtype {dtype} is not supported on the tpu device "
+                        f"(supported: {', '.join(str(d).replace('torch.', '') for d in TO_JAX)})") from None
+
+
+def to_torch(dtype) -> torch.dtype:
+    return TO_TORCH[jnp.dtype(dtype)]
+
+
+_META_BY_KIND = {}
+
+
+def _meta(dtype, ndim):
+    key = (dtype, ndim == 0)
+    t = _META_BY_KIND.get(key)
+    if t is None:
+        t = _META_BY_KIND[key] = torch.empty(() if ndim == 0 else (1,), dtype=dtype, device="meta")
+    return t
+
+
+@functools.lru_cache(maxsize=4096)
+def promote(kind, operands):
+    """(computation dtype, result dtype) as jnp dtypes for PyTorch's elementwise promotion.
+
+    `operands` is a tuple of ('t', torch dtype, is_0dim) for tensors and ('s', python type) for
+    scalars: static facts, so the answer is cached and costs nothing at run time.
+    """
+    args = []
+    for op in operands:
+        if op[0] == "t":
+            args.append(_meta(op[1], 0 if op[2] else 1))
+        else:
+            args.append({bool: True, int: 1, float: 1.0, complex: 1j}[op[1]])
+    compute, result = elementwise_dtypes(*args, type_promotion_kind=kind)
+    return to_jax(compute), to_jax(result)
+
+
+def operand_facts(values):
+    """Static facts of traced operands for `promote`: jax arrays/tracers and python scalars."""
+    facts = []
+    for v in values:
+        if isinstance(v, (bool, int, float, complex)):
+            facts.append(("s", type(v)))
+        elif v is None:
+            continue
+        elif getattr(v, "weak_type", False) and v.ndim == 0:
+            # a Python scalar that travelled as a traced argument
+            facts.append(("s", _PY_TYPE[jnp.dtype(v.dtype).kind]))
+        else:
+            facts.append(("t", to_torch(v.dtype), v.ndim == 0))
+    return tuple(facts)
+
+
+_PY_TYPE = {"b": bool, "i": int, "u": int, "f": float, "c": complex}
+
+
+def is_float(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating)
+
+
+def numpy_from_cpu(t: torch.Tensor) -> np.ndarray:
+    """A numpy array with `t`'s values (bfloat16 and float8 through an integer view)."""
+    carrier = NUMPY_CARRIER.get(t.dtype)
+    if carrier is None:
+        return t.numpy()
+    return t.view(carrier).numpy().view(TO_JAX[t.dtype])
+
+
+def cpu_from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor over `a` (read-only arrays from JAX included: callers only read it)."""
+    if not a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = True if a.base is not None and a.base.flags.writeable else a.flags.writeable
+    carrier = NUMPY_CARRIER.get(dtype)
+    if carrier is None:
+        return torch.from_numpy(a)
+    return torch.from_numpy(a.view(TO_JAX[carrier])).view(dtype)

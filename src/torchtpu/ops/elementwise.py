@@ -1,0 +1,337 @@
+"""Lowerings: elementwise math, comparisons and logic, with PyTorch's promotion and integer rules."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .table import KIND, lowering
+
+# ---------------------------------------------------------------- arithmetic
+
+
+@lowering("add.Tensor", "add.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1))
+def add(a, b, alpha=1):
+    return a + b * alpha if not (isinstance(alpha, int) and alpha == 1) else a + b
+
+
+@lowering("sub.Tensor", "sub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1))
+def sub(a, b, alpha=1):
+    return a - b * alpha if not (isinstance(alpha, int) and alpha == 1) else a - b
+
+
+@lowering("rsub.Tensor", "rsub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1))
+def rsub(a, b, alpha=1):
+    return b - a * alpha if not (isinstance(alpha, int) and alpha == 1) else b - a
+
+
+@lowering("mul.Tensor", "mul.Scalar", promote=KIND.DEFAULT)
+def mul(a, b):
+    if getattr(a, "dtype", None) == jnp.bool_:
+        return jnp.logical_and(a, b)
+    return a * b
+
+
+def _is_int(x):
+    return jnp.issubdtype(jnp.result_type(x), jnp.integer) or jnp.result_type(x) == jnp.bool_
+
+
+@lowering("div.Tensor", "div.Scalar", promote=KIND.INT_TO_FLOAT)
+def div(a, b):
+    return a / b
+
+
+def _floor_div(a, b):
+    if _is_int(a) and _is_int(b):
+        # Python semantics (round toward -inf), as PyTorch's floor_divide on integers
+        q = lax.div(a, jnp.asarray(b, a.dtype) if not hasattr(b, "shape") else b)
+        r = a - q * b
+        return jnp.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+    return _float_floor_div(a, b)
+
+
+def _float_floor_div(a, b):
+    # PyTorch's div_floor: computes via fmod to match CPU rounding exactly
+    mod = jnp.fmod(a, b)
+    div = (a - mod) / b
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floordiv = jnp.floor(div)
+    floordiv = jnp.where(div - floordiv > 0.5, floordiv + 1, floordiv)
+    return jnp.where(div != 0, floordiv, jnp.copysign(jnp.zeros_like(div), a / b))
+
+
+def _trunc_div(a, b):
+    if _is_int(a) and _is_int(b):
+        return lax.div(a, jnp.broadcast_to(jnp.asarray(b, a.dtype), jnp.shape(b)) if not hasattr(b, "shape") else b)
+    return jnp.trunc(a / b)
+
+
+@lowering("div.Tensor_mode", "div.Scalar_mode", promote=KIND.DEFAULT)
+def div_mode(a, b, rounding_mode=None):
+    if rounding_mode is None:
+        if _is_int(a) and _is_int(b):
+            return a.astype(jnp.float32) / b
+        return a / b
+    if rounding_mode == "trunc":
+        return _trunc_div(a, b)
+    return _floor_div(a, b)
+
+
+@lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT)
+def floor_divide(a, b):
+    return _floor_div(a, b)
+
+
+@lowering("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=KIND.DEFAULT)
+def remainder(a, b):
+    if _is_int(a) and _is_int(b):
+        r = jnp.fmod(a, b)
+        return jnp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+    r = jnp.fmod(a, b)
+    return jnp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@lowering("fmod.Tensor", "fmod.Scalar", promote=KIND.DEFAULT)
+def fmod(a, b):
+    return jnp.fmod(a, b)
+
+
+@lowering("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", promote=KIND.DEFAULT)
+def pow_(a, b):
+    if _is_int(a) and _is_int(b):
+        return lax.integer_pow(a, b) if isinstance(b, int) and b >= 0 else jnp.power(a, b)
+    return jnp.power(a, b)
+
+
+@lowering("neg", promote=KIND.DEFAULT)
+def neg(a):
+    return -a
+
+
+@lowering("abs", promote=KIND.DEFAULT)
+def abs_(a):
+    return jnp.abs(a) if a.dtype != jnp.bool_ else a
+
+
+@lowering("sign", promote=KIND.DEFAULT)
+def sign(a):
+    return jnp.sign(a) if a.dtype != jnp.bool_ else a
+
+
+@lowering("sgn", promote=KIND.DEFAULT)
+def sgn(a):
+    return jnp.sign(a)
+
+
+@lowering("reciprocal", promote=KIND.INT_TO_FLOAT)
+def reciprocal(a):
+    return 1 / a
+
+
+@lowering("square", promote=KIND.BOOL_TO_LONG)
+def square(a):
+    return a * a
+
+
+@lowering("copysign.Tensor", "copysign.Scalar", promote=KIND.INT_TO_FLOAT)
+def copysign(a, b):
+    return jnp.copysign(a, b)
+
+
+@lowering("hypot", promote=KIND.DEFAULT)
+def hypot(a, b):
+    return jnp.hypot(a, b)
+
+
+@lowering("atan2", promote=KIND.INT_TO_FLOAT)
+def atan2(a, b):
+    return jnp.arctan2(a, b)
+
+
+@lowering("maximum", promote=KIND.DEFAULT)
+def maximum(a, b):
+    return jnp.maximum(a, b)
+
+
+@lowering("minimum", promote=KIND.DEFAULT)
+def minimum(a, b):
+    return jnp.minimum(a, b)
+
+
+@lowering("fmax", promote=KIND.DEFAULT)
+def fmax(a, b):
+    return jnp.fmax(a, b)
+
+
+@lowering("fmin", promote=KIND.DEFAULT)
+def fmin(a, b):
+    return jnp.fmin(a, b)
+
+
+@lowering("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote=KIND.INT_TO_FLOAT)
+def xlogy(a, b):
+    return jax.scipy.special.xlogy(a, b)
+
+
+@lowering("lerp.Scalar", "lerp.Tensor", promote=KIND.DEFAULT)
+def lerp(a, b, w):
+    return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
+
+
+@lowering("addcmul", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+def addcmul(a, t1, t2, value=1):
+    return a + value * t1 * t2
+
+
+@lowering("addcdiv", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+def addcdiv(a, t1, t2, value=1):
+    return a + value * (t1 / t2)
+
+
+@lowering("clamp", "clamp.Tensor", promote=KIND.DEFAULT)
+def clamp(a, min=None, max=None):
+    if min is not None:
+        a = jnp.where(jnp.isnan(a), a, jnp.maximum(a, min)) if jnp.issubdtype(a.dtype, jnp.floating) else jnp.maximum(a, min)
+    if max is not None:
+        a = jnp.where(jnp.isnan(a), a, jnp.minimum(a, max)) if jnp.issubdtype(a.dtype, jnp.floating) else jnp.minimum(a, max)
+    return a
+
+
+@lowering("clamp_min", "clamp_min.Tensor", promote=KIND.DEFAULT)
+def clamp_min(a, min):
+    return clamp(a, min=min)
+
+
+@lowering("clamp_max", "clamp_max.Tensor", promote=KIND.DEFAULT)
+def clamp_max(a, max):
+    return clamp(a, max=max)
+
+
+# ---------------------------------------------------------------- unary float math
+def _unary(name, fn, kind=KIND.INT_TO_FLOAT):
+    lowering(name, promote=kind)(fn)
+
+
+for _name, _fn in {
+    "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
+    "log10": jnp.log10, "log1p": jnp.log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
+    "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
+    "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
+    "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
+    "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfc": jax.scipy.special.erfc,
+    "erfinv": jax.scipy.special.erfinv, "lgamma": jax.scipy.special.gammaln,
+    "digamma": jax.scipy.special.digamma, "i0": jax.scipy.special.i0, "sinc": jnp.sinc,
+    "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg,
+}.items():
+    _unary(_name, _fn)
+
+
+@lowering("logit", promote=KIND.INT_TO_FLOAT)
+def logit(a, eps=None):
+    if eps is not None:
+        a = jnp.clip(a, eps, 1 - eps)
+    return jnp.log(a / (1 - a))
+
+
+for _name, _fn in {"floor": jnp.floor, "ceil": jnp.ceil, "trunc": jnp.trunc, "frac": lambda x: x - jnp.trunc(x)}.items():
+    lowering(_name, promote=KIND.DEFAULT)(lambda a, _fn=_fn: a if _is_int(a) else _fn(a))
+
+
+@lowering("round", promote=KIND.DEFAULT)
+def round_(a):
+    return a if _is_int(a) else jnp.round(a)
+
+
+@lowering("round.decimals", promote=KIND.DEFAULT)
+def round_decimals(a, decimals=0):
+    scale = 10.0 ** decimals
+    return jnp.round(a * scale) / scale
+
+
+# ---------------------------------------------------------------- comparisons and logic
+for _name, _fn in {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
+                   "gt": jnp.greater, "ge": jnp.greater_equal}.items():
+    lowering(f"{_name}.Tensor", f"{_name}.Scalar", promote=KIND.ALWAYS_BOOL, keep_result_dtype=False)(
+        lambda a, b, _fn=_fn: _fn(a, b))
+
+for _name, _fn in {"logical_and": jnp.logical_and, "logical_or": jnp.logical_or,
+                   "logical_xor": jnp.logical_xor}.items():
+    lowering(_name)(lambda a, b, _fn=_fn: _fn(a, b))
+
+
+@lowering("logical_not")
+def logical_not(a):
+    return jnp.logical_not(a)
+
+
+for _name in ("isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit"):
+    lowering(_name)(lambda a, _f=getattr(jnp, _name): _f(a) if jnp.issubdtype(a.dtype, jnp.inexact)
+                    else (jnp.ones_like(a, jnp.bool_) if _f is jnp.isfinite else
+                          (a < 0) if _f is jnp.signbit else jnp.zeros_like(a, jnp.bool_)))
+
+for _name, _fn in {"bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or,
+                   "bitwise_xor": jnp.bitwise_xor}.items():
+    lowering(f"{_name}.Tensor", f"{_name}.Scalar", f"{_name}.Scalar_Tensor", promote=KIND.DEFAULT)(
+        lambda a, b, _fn=_fn: _fn(a, b))
+
+
+@lowering("bitwise_not", promote=KIND.DEFAULT)
+def bitwise_not(a):
+    return jnp.logical_not(a) if a.dtype == jnp.bool_ else jnp.bitwise_not(a)
+
+
+@lowering("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar", "bitwise_left_shift.Scalar_Tensor",
+          "__lshift__.Tensor", "__lshift__.Scalar", promote=KIND.DEFAULT)
+def lshift(a, b):
+    bits = jnp.iinfo(a.dtype).bits
+    return jnp.where((b >= bits) | (b < 0), jnp.zeros_like(a), jnp.left_shift(a, jnp.clip(b, 0, bits - 1)))
+
+
+@lowering("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar", "bitwise_right_shift.Scalar_Tensor",
+          "__rshift__.Tensor", "__rshift__.Scalar", promote=KIND.DEFAULT)
+def rshift(a, b):
+    bits = jnp.iinfo(a.dtype).bits
+    return jnp.right_shift(a, jnp.clip(b, 0, bits - 1))
+
+
+@lowering("where.self")
+def where(cond, a, b):
+    return jnp.where(cond, a, b)
+
+
+@lowering("nan_to_num")
+def nan_to_num(a, nan=None, posinf=None, neginf=None):
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        return a
+    return jnp.nan_to_num(a, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+# ---------------------------------------------------------------- copies and fills
+@lowering("copy")
+def copy(self, src, non_blocking=False):
+    return jnp.broadcast_to(src, self.shape).astype(self.dtype)
+
+
+@lowering("clone")
+def clone(a, memory_format=None):
+    return a
+
+
+@lowering("fill.Scalar", "fill.Tensor")
+def fill(a, value):
+    return jnp.full(a.shape, value, a.dtype)
+
+
+@lowering("zero")
+def zero(a):
+    return jnp.zeros(a.shape, a.dtype)
+
+
+@lowering("masked_fill.Scalar", "masked_fill.Tensor")
+def masked_fill(a, mask, value):
+    return jnp.where(mask, jnp.asarray(value).astype(a.dtype), a)
+
+
+@lowering("lift_fresh_copy")
+def lift_fresh_copy(a):
+    return a

@@ -1,0 +1,155 @@
+"""One record per PyTorch storage on "tpu": its JAX buffer, element dtype, size and device.
+
+A tpu storage is an ordinary PyTorch storage whose data pointer is an address we invent and never
+dereference. Addresses come from a bump counter and are never reused, so an address names one
+storage forever and the record is found from any tensor with `untyped_storage().data_ptr()`.
+The buffer is a flat 1-D JAX array of the storage's elements, or None until something is written
+(so `torch.empty(<huge>)` costs no device memory). PyTorch keeps a storage's Python object alive as
+long as the storage lives, so a weak reference to it tells us exactly when PyTorch frees it.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+from torch._C import DispatchKey, DispatchKeySet
+
+from ..device import platform
+
+CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_alias = torch.ops.aten.alias.default
+_create_empty = torch._C._acc.create_empty_tensor
+_make_storage = torch._C._construct_storage_from_data_pointer
+
+_PAGE = 4096
+
+
+class StorageRecord:
+    __slots__ = ("buffer", "dtype", "numel", "nbytes", "device_index", "ref", "__weakref__")
+
+    def __init__(self, dtype, numel, nbytes, device_index, buffer):
+        self.buffer = buffer          # flat jax.Array of `numel` elements of torch dtype `dtype`, or None
+        self.dtype = dtype            # torch dtype of the elements the buffer holds
+        self.numel = numel
+        self.nbytes = nbytes
+        self.device_index = device_index
+        self.ref = None
+
+
+class _StorageRef(weakref.ref):
+    __slots__ = ("address",)
+
+
+RECORDS: dict[int, StorageRecord] = {}
+
+
+class MemoryStats:
+    """Per-device counters in the names CUDA's `memory_stats()` uses."""
+
+    __slots__ = ("allocated", "peak", "num_alloc", "num_free", "materialized")
+
+    def __init__(self):
+        self.allocated = self.peak = self.num_alloc = self.num_free = self.materialized = 0
+
+
+_stats: dict[int, MemoryStats] = {}
+_bump = [1 << 40]
+
+
+def stats(device_index: int) -> MemoryStats:
+    s = _stats.get(device_index)
+    if s is None:
+        s = _stats[device_index] = MemoryStats()
+    return s
+
+
+def _new_address(nbytes: int) -> int:
+    # Non-overlapping ranges with a guard page, so PyTorch's overlap checks on data_ptr stay valid.
+    address = _bump[0]
+    _bump[0] = address + ((nbytes + 2 * _PAGE - 1) // _PAGE) * _PAGE
+    return address
+
+
+def _on_free(ref):
+    record = RECORDS.pop(ref.address, None)
+    if record is not None:
+        s = _stats[record.device_index]
+        s.allocated -= record.nbytes
+        s.num_free += 1
+        if record.buffer is not None:
+            s.materialized -= record.nbytes
+
+
+_seeds: dict[int, torch.Tensor] = {}
+
+
+def _shell(dtype, device_index):
+    """A fresh TensorImpl on the PrivateUse1 key for `tpu:device_index`, not yet on any storage."""
+    if device_index == 0:
+        return _create_empty([0], dtype)
+    seed = _seeds.get(device_index)
+    if seed is None:
+        seed = _seeds[device_index] = _seed_tensor(device_index)
+    t = _alias.redispatch(CPU_KEYS, seed)
+    return t.view(dtype) if dtype != seed.dtype else t
+
+
+def _seed_tensor(device_index):
+    # create_empty_tensor only makes tpu:0 tensors; DLPack's "extension device" maps to PrivateUse1
+    # with the index we give, which yields a tpu:i tensor to alias for every later tpu:i tensor.
+    from . import dlpack_seed
+    return dlpack_seed.make(device_index)
+
+
+def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
+    """A plain torch.Tensor on tpu:device_index over a new storage holding `buffer` (flat)."""
+    numel = math.prod(shape)
+    nbytes = numel * dtype.itemsize
+    address = _new_address(nbytes)
+    storage = _make_storage(address, torch.device("tpu", device_index), nbytes)
+    record = StorageRecord(dtype, numel, nbytes, device_index, buffer)
+    ref = _StorageRef(storage, _on_free)
+    ref.address = address
+    record.ref = ref
+    RECORDS[address] = record
+    s = _stats.get(device_index) or stats(device_index)
+    s.allocated += nbytes
+    s.num_alloc += 1
+    if s.allocated > s.peak:
+        s.peak = s.allocated
+    if buffer is not None:
+        s.materialized += nbytes
+    t = _shell(dtype, device_index)
+    _set_storage.redispatch(CPU_KEYS, t, storage, 0, shape, stride if stride is not None else contiguous_strides(shape))
+    return t
+
+
+def record_of(t: torch.Tensor) -> StorageRecord:
+    return RECORDS[t.untyped_storage().data_ptr()]
+
+
+def set_buffer(record: StorageRecord, buffer):
+    if record.buffer is None:
+        stats(record.device_index).materialized += record.nbytes
+    record.buffer = buffer
+
+
+def live_buffers(device_index=None):
+    return [r.buffer for r in list(RECORDS.values())
+            if r.buffer is not None and (device_index is None or r.device_index == device_index)]
+
+
+def contiguous_strides(shape):
+    strides = []
+    acc = 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d if d > 1 else 1
+    strides.reverse()
+    return strides
+
+
+def check_device_index(index: int):
+    platform.jax_device(index)  # raises with the index and the device count
