@@ -10,7 +10,7 @@ from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS
 from . import views
-from .engine import Entry, NeedsResize, _SCALAR_TYPES
+from .engine import Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
 
 
 def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
@@ -58,6 +58,10 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
 
     meta_args, meta_kwargs = _walk(kernel, args, kwargs, meta_tensor, lambda s: s, lambda c: c, _meta_other)
     compute = resolve(kernel.op, meta_args, meta_kwargs)  # first: an op we cannot lower fails here
+    if getattr(compute, "specialize_scalars", False) and not kernel.specialize_scalars:
+        kernel.specialize_scalars = True
+        kernel.cache.clear()
+        raise SpecializeScalars()
     originals = [(m, tuple(m.shape)) for m in pytree.tree_leaves((meta_args, meta_kwargs))
                  if isinstance(m, torch.Tensor)]
     meta_out = kernel.op(*meta_args, **meta_kwargs)

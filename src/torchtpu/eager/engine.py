@@ -26,6 +26,10 @@ from .random import next_rng_args
 from ..device.state import current_device
 
 
+class SpecializeScalars(Exception):
+    """The op's JAX function bakes its Scalar arguments in: key the cache on their values."""
+
+
 class NeedsResize(Exception):
     """An out= tensor has the wrong shape: PyTorch resizes it before writing, and so do we."""
 
@@ -71,6 +75,7 @@ class OpKernel:
         # a return that aliases an argument is that argument itself (add_ returns self)
         self.aliased_returns = [_aliased_name(schema, r) for r in schema.returns]
         self.random = False  # set at registration: the lowering takes a PRNG key
+        self.specialize_scalars = False  # set when the op runs through a traced decomposition
         self.lock = threading.RLock()
 
     # ---------------------------------------------------------------- hot path
@@ -94,6 +99,8 @@ class OpKernel:
             except NeedsResize as e:
                 for t, shape in e.resizes:
                     t.resize_(shape)
+                return self(*args, **kwargs)
+            except SpecializeScalars:
                 return self(*args, **kwargs)
             metrics.counters.eager_compiles += 1
         else:
@@ -134,7 +141,8 @@ class OpKernel:
             parts.append(("T", a.dtype, a.shape, a.stride(), a.storage_offset(), slot))
         elif type(a) in _SCALAR_TYPES and is_scalar_arg:
             scalars.append(a)
-            parts.append(("S", type(a)))
+            # decomposed ops bake scalars into their graph, so their values must key the cache
+            parts.append(("S", type(a), a) if self.specialize_scalars else ("S", type(a)))
         elif type(a) is list or type(a) is tuple:
             if a and (isinstance(a[0], _Tensor) or a[0] is None and any(isinstance(x, _Tensor) for x in a)):
                 parts.append(("L", len(a)))
