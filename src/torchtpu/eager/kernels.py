@@ -297,6 +297,8 @@ def register_all():
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
             continue  # decomposes before reaching the backend
         _impl(op, kernel_for(op))
+    from . import data_dependent
+    data_dependent.register(_impl)
     # copy_ between tpu tensors goes through the engine (fused view read/write and cast)
     KERNELS[aten.copy_.default] = OpKernel(aten.copy_.default)
     _fallback_lib.fallback(_fallback, "PrivateUse1")
