@@ -26,6 +26,10 @@ def _out_names(op):
             and a.alias_info.is_write]
 
 
+# in-place ops whose functional variant does not follow the `foo_` -> `foo` naming
+_INPLACE_TWINS = {"normal_.default": "normal_functional.default", "bernoulli_.float": "bernoulli.p"}
+
+
 @functools.lru_cache(maxsize=None)
 def functional_twin(op):
     """(functional overload, names of out= arguments) for an in-place or out= overload, or None."""
@@ -44,10 +48,15 @@ def functional_twin(op):
             if [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
                 return cand, tuple(outs)
         return None
-    if base.endswith("_") and not base.startswith("_") or base.endswith("_") and base.startswith("_foreach"):
-        packet = getattr(torch.ops.aten, base[:-1], None)
-        if packet is not None and (schema.overload_name or "default") in packet.overloads():
-            return getattr(packet, schema.overload_name or "default"), ()
+    if base.endswith("_") and not base.endswith("__"):
+        overload = schema.overload_name or "default"
+        for candidate in (_INPLACE_TWINS.get(f"{base}.{overload}"), f"{base[:-1]}.{overload}"):
+            if candidate is None:
+                continue
+            name, _, ov = candidate.partition(".")
+            packet = getattr(torch.ops.aten, name, None)
+            if packet is not None and ov in packet.overloads():
+                return getattr(packet, ov), ()
     return None
 
 
