@@ -8,7 +8,7 @@ from torch.utils import _pytree as pytree
 from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
-from ..storage.records import RECORDS
+from ..storage.records import RECORDS, contiguous_strides
 from . import views
 from .engine import Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
 
@@ -78,13 +78,14 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
             spec.append(alias_name)
         else:
             leaves, s = pytree.tree_flatten(value)
-            outs.extend((tuple(m.shape), m.dtype) for m in leaves)
+            outs.extend((tuple(m.shape), m.dtype, tuple(contiguous_strides(m.shape))) for m in leaves)
             spec.append(s)
     n_fn = len(outs)
     entry = Entry()
     entry.outs = outs
+    # None: the op returns exactly one new tensor (the fast path)
     entry.spec = None if (len(spec) == 1 and not isinstance(spec[0], str) and spec[0].num_leaves == 1
-                          and spec[0].is_leaf()) else spec
+                          and spec[0].is_leaf() and len(schema.returns) == 1) else spec
 
     # 3. where in-place results go
     mutable_targets = []  # (slot, layout) for each written tensor, in schema order
@@ -103,7 +104,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
     mutated_slots = sorted({s for s, _ in mutable_targets})
     entry.mutated_slots = mutated_slots
     nb = len(bufs)
-    out_dtypes = [dt.to_jax(d) for _, d in outs]
+    out_dtypes = [dt.to_jax(o[1]) for o in outs]
 
     def traced_args(buffers, scalars):
         it = iter(scalars)
@@ -131,7 +132,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
             raise AssertionError(f"torchtpu: lowering of aten::{kernel.name} returned {len(leaves)} "
                                  f"values, expected {n_fn} outputs + {len(mutable_targets)} mutations")
         functional = []
-        for v, (shape, _), d in zip(leaves[:n_fn], outs, out_dtypes):
+        for v, (shape, _, _), d in zip(leaves[:n_fn], outs, out_dtypes):
             v = jax.numpy.asarray(v)
             if v.dtype != d:
                 v = v.astype(d)

@@ -17,11 +17,11 @@ import jax
 import torch
 from torch.utils import _pytree as pytree
 
-from .. import metrics
+from ..metrics import counters
 from ..device import platform
 from ..ops import dtypes as dt
 from ..storage.records import RECORDS, new_tensor, set_buffer
-from .modes import current_mode
+from .modes import _mode
 from .random import next_rng_args
 from ..device.state import current_device
 
@@ -85,11 +85,26 @@ class OpKernel:
         bufs = []
         scalars = []
         device = -1
+        scalar_pos = self.scalar_pos
         for i, a in enumerate(args):
-            device = self._flatten(a, parts, slot_of, bufs, scalars, device, i in self.scalar_pos)
+            if isinstance(a, _Tensor):  # the common case, inlined
+                address = a.untyped_storage().data_ptr()
+                r = RECORDS.get(address)
+                if r is not None:
+                    slot = slot_of.get(address)
+                    if slot is None:
+                        slot = slot_of[address] = len(bufs)
+                        bufs.append(r)
+                        if device != r.device_index:
+                            if device >= 0:
+                                _device_mismatch(self.name, device, r.device_index)
+                            device = r.device_index
+                    parts.append((a.dtype, a.shape, a.stride(), a.storage_offset(), slot, r.dtype, r.numel))
+                    continue
+            device = self._flatten(a, parts, slot_of, bufs, scalars, device, i in scalar_pos)
         if kwargs:
             for k, a in kwargs.items():
-                parts.append(("K", k))
+                parts.append(k)
                 device = self._flatten(a, parts, slot_of, bufs, scalars, device, k in self.scalar_names)
         key = tuple(parts)
         entry = self.cache.get(key)
@@ -102,25 +117,30 @@ class OpKernel:
                 return self(*args, **kwargs)
             except SpecializeScalars:
                 return self(*args, **kwargs)
-            metrics.counters.eager_compiles += 1
+            counters.eager_compiles += 1
         else:
-            metrics.counters.eager_cache_hits += 1
+            counters.eager_cache_hits += 1
+        inputs = []
         for r in bufs:
             if r.buffer is None:
                 set_buffer(r, _zeros(r.numel, r.dtype, r.device_index))
+            inputs.append(r.buffer)
         if entry.fn is None:  # nothing to compute
             results = ()
         else:
             if self.random:
-                scalars.append(next_rng_args(max(device, 0)))
-            results = entry.fn(*[r.buffer for r in bufs], *scalars)
-        if current_mode() == "debug":
+                scalars.append(next_rng_args(device if device >= 0 else 0))
+            results = entry.fn(*inputs, *scalars)
+        if _mode[0] == "debug":
             jax.block_until_ready(results)
-        nout = len(entry.outs)
-        for slot, buf in zip(entry.mutated_slots, results[nout:]):
-            set_buffer(bufs[slot], buf)
-        dev = max(device, 0)
-        out_tensors = [new_tensor(shape, dtype, dev, buf) for (shape, dtype), buf in zip(entry.outs, results)]
+        outs = entry.outs
+        if entry.mutated_slots:
+            for slot, buf in zip(entry.mutated_slots, results[len(outs):]):
+                set_buffer(bufs[slot], buf)
+        dev = device if device >= 0 else 0
+        out_tensors = [new_tensor(shape, dtype, dev, buf, stride) for (shape, dtype, stride), buf in zip(outs, results)]
+        if entry.spec is None:
+            return out_tensors[0]
         return self._returns(entry, out_tensors, args, kwargs)
 
     def _flatten(self, a, parts, slot_of, bufs, scalars, device, is_scalar_arg):
@@ -133,12 +153,11 @@ class OpKernel:
             if slot is None:
                 slot = slot_of[address] = len(bufs)
                 bufs.append(r)
-                parts.append(("B", r.dtype, r.numel))
                 if device != r.device_index:
                     if device >= 0:
                         _device_mismatch(self.name, device, r.device_index)
                     device = r.device_index
-            parts.append(("T", a.dtype, a.shape, a.stride(), a.storage_offset(), slot))
+            parts.append((a.dtype, a.shape, a.stride(), a.storage_offset(), slot, r.dtype, r.numel))
         elif type(a) in _SCALAR_TYPES and is_scalar_arg:
             scalars.append(a)
             # decomposed ops bake scalars into their graph, so their values must key the cache
@@ -177,8 +196,6 @@ class OpKernel:
             f"{here} and {a.device}! (when checking arguments for aten::{self.name})")
 
     def _returns(self, entry, out_tensors, args, kwargs):
-        if entry.spec is None:
-            return out_tensors[0] if out_tensors else None
         it = iter(out_tensors)
         values = []
         for aliased, ret in zip(self.aliased_returns, entry.spec):

@@ -19,6 +19,7 @@ from ..device import platform
 
 CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_redispatch_set = _set_storage._handle.redispatch_boxed
 _alias = torch.ops.aten.alias.default
 _create_empty = torch._C._acc.create_empty_tensor
 _make_storage = torch._C._construct_storage_from_data_pointer
@@ -65,13 +66,6 @@ def stats(device_index: int) -> MemoryStats:
     return s
 
 
-def _new_address(nbytes: int) -> int:
-    # Non-overlapping ranges with a guard page, so PyTorch's overlap checks on data_ptr stay valid.
-    address = _bump[0]
-    _bump[0] = address + ((nbytes + 2 * _PAGE - 1) // _PAGE) * _PAGE
-    return address
-
-
 def _on_free(ref):
     record = RECORDS.pop(ref.address, None)
     if record is not None:
@@ -107,8 +101,10 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
     """A plain torch.Tensor on tpu:device_index over a new storage holding `buffer` (flat)."""
     numel = math.prod(shape)
     nbytes = numel * dtype.itemsize
-    address = _new_address(nbytes)
-    storage = _make_storage(address, torch.device("tpu", device_index), nbytes)
+    # Non-overlapping ranges with a guard page, so PyTorch's overlap checks on data_ptr stay valid.
+    address = _bump[0]
+    _bump[0] = address + ((nbytes + 2 * _PAGE - 1) // _PAGE) * _PAGE
+    storage = _make_storage(address, _DEVICES.get(device_index) or _device(device_index), nbytes)
     record = StorageRecord(dtype, numel, nbytes, device_index, buffer)
     ref = _StorageRef(storage, _on_free)
     ref.address = address
@@ -121,9 +117,17 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
         s.peak = s.allocated
     if buffer is not None:
         s.materialized += nbytes
-    t = _shell(dtype, device_index)
-    _set_storage.redispatch(CPU_KEYS, t, storage, 0, shape, stride if stride is not None else contiguous_strides(shape))
+    t = _create_empty([0], dtype) if device_index == 0 else _shell(dtype, device_index)
+    _redispatch_set(CPU_KEYS, t, storage, 0, shape, stride if stride is not None else contiguous_strides(shape))
     return t
+
+
+_DEVICES: dict[int, torch.device] = {}
+
+
+def _device(index):
+    d = _DEVICES[index] = torch.device("tpu", index)
+    return d
 
 
 def record_of(t: torch.Tensor) -> StorageRecord:
