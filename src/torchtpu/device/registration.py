@@ -54,5 +54,9 @@ def install():
     sys.modules.setdefault("torch.tpu", tpu_module)
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    from ..storage import host_storage
+    from . import autocast
+    host_storage.install()
+    autocast.install()
     torch.backends.tpu = _backends_module()
     sys.modules.setdefault("torch.backends.tpu", torch.backends.tpu)

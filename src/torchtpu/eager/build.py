@@ -116,7 +116,11 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
         def on_cpu_scalar(c):
             return jax.numpy.asarray(next(it), dt.to_jax(c.dtype))
 
-        return _walk(kernel, args, kwargs, on_tensor, lambda s: next(it), on_cpu_scalar,
+        def on_scalar(s):
+            traced = next(it)
+            return s if kernel.specialize_scalars else traced  # specialized: the value is in the key
+
+        return _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar,
                      lambda o: dt.to_jax(o) if isinstance(o, torch.dtype) else o)
 
     def fused(*dyn):

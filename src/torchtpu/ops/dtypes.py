@@ -100,6 +100,7 @@ def is_float(dtype) -> bool:
 
 def numpy_from_cpu(t: torch.Tensor) -> np.ndarray:
     """A numpy array with `t`'s values (bfloat16 and float8 through an integer view)."""
+    t = t.detach()  # kernels see the user's Python object, autograd metadata and all
     carrier = NUMPY_CARRIER.get(t.dtype)
     if carrier is None:
         return t.numpy()

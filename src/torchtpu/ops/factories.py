@@ -19,7 +19,7 @@ def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(s, dtype or jnp.float32)
 
 
-@lowering("arange.start_step")
+@lowering("arange.start_step", static_scalars=True)
 def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
     # length is static (PyTorch computes it the same way); values from start + i * step
     import math

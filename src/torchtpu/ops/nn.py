@@ -1,7 +1,10 @@
 """Lowerings: nn."""
 from __future__ import annotations
 
+import math
+
 import jax
+import numpy as np
 import jax.numpy as jnp
 from jax import lax
 
@@ -171,3 +174,482 @@ def nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_we
     shape = (x.shape[0], 1) + x.shape[2:]
     out = -onehot * (g * w).reshape(shape)
     return out if a.ndim > 1 else out[0]
+
+
+def _low(a):
+    return a.dtype in (jnp.float16, jnp.bfloat16)
+
+
+def _precision():
+    from .linalg import precision
+    return precision()
+
+
+# ---------------------------------------------------------------- convolution
+def _conv_dims(nd):
+    spatial = "DHW"[3 - nd:] if nd <= 3 else None
+    return ("NC" + spatial, "OI" + spatial, "NC" + spatial)
+
+
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    """PyTorch's convolution (no bias) on batched input: the output in float32 for half inputs."""
+    nd = x.ndim - 2
+    stride, padding, dilation = (list(v) * nd if len(v) == 1 else list(v)
+                                 for v in (stride, padding, dilation))
+    acc = jnp.float32 if _low(x) else None
+    if not transposed:
+        return lax.conv_general_dilated(
+            x, w, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
+            feature_group_count=groups, dimension_numbers=_conv_dims(nd), precision=_precision(),
+            preferred_element_type=acc)
+    output_padding = list(output_padding) * nd if len(output_padding) == 1 else list(output_padding)
+    # transposed: a dilated-input convolution with the kernel flipped and its in/out swapped per group
+    cin, cout_g = w.shape[0], w.shape[1]
+    k = w.shape[2:]
+    w = w.reshape((groups, cin // groups, cout_g) + k)
+    w = jnp.swapaxes(w, 1, 2).reshape((groups * cout_g, cin // groups) + k)
+    w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
+            for kk, d, p, op in zip(k, dilation, padding, output_padding)]
+    return lax.conv_general_dilated(
+        x, w, window_strides=[1] * nd, padding=pads, lhs_dilation=stride, rhs_dilation=dilation,
+        feature_group_count=groups, dimension_numbers=_conv_dims(nd), precision=_precision(),
+        preferred_element_type=acc)
+
+
+@lowering("convolution", "convolution_overrideable")
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (x.ndim - 2))
+    return out.astype(x.dtype)
+
+
+@lowering("convolution_backward", "convolution_backward_overrideable")
+def convolution_backward(grad, x, w, *rest):
+    if len(rest) == 8:   # convolution_backward: bias_sizes first
+        _, stride, padding, dilation, transposed, output_padding, groups, mask = rest
+    else:                # convolution_backward_overrideable has no bias_sizes
+        stride, padding, dilation, transposed, output_padding, groups, mask = rest
+    dtype = x.dtype
+    acc = jnp.float32 if _low(x) else dtype
+
+    def f(x_, w_):
+        return _conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups).astype(acc)
+
+    _, vjp = jax.vjp(f, x, w)
+    gx, gw = vjp(grad.astype(acc))
+    gb = jnp.sum(grad.astype(acc), axis=(0,) + tuple(range(2, grad.ndim))).astype(dtype) if mask[2] else None
+    return (gx.astype(dtype) if mask[0] else None, gw.astype(w.dtype) if mask[1] else None, gb)
+
+
+# ---------------------------------------------------------------- pooling
+def _tuple(v, nd, default=None):
+    if v is None or len(v) == 0:
+        return tuple(default) if default is not None else None
+    return tuple(v) * nd if len(v) == 1 else tuple(v)
+
+
+def _pool_out(size, k, s, p, d, ceil):
+    """PyTorch's pooling_output_shape."""
+    num = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil else 0)
+    out = num // s + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _windows(x, nd, k, s, p, d, ceil, fill):
+    """The pooling windows of the last `nd` dims: (..., prod(k), *out) with `fill` in the padding,
+    and the per-dim output sizes."""
+    outs = [_pool_out(n, kk, ss, pp, dd, ceil) for n, kk, ss, pp, dd in
+            zip(x.shape[-nd:], k, s, p, d)]
+    pads = [(0, 0)] * (x.ndim - nd)
+    for n, kk, ss, pp, dd, o in zip(x.shape[-nd:], k, s, p, d, outs):
+        pads.append((pp, max(0, (o - 1) * ss + dd * (kk - 1) + 1 - n - pp)))
+    xp = jnp.pad(x, pads, constant_values=fill)
+    lead = x.shape[:-nd]
+    slices = []
+    for offs in _product([range(kk) for kk in k]):
+        idx = tuple(slice(o * dd, o * dd + (out - 1) * ss + 1, ss)
+                    for o, dd, ss, out in zip(offs, d, s, outs))
+        slices.append(xp[(Ellipsis,) + idx])
+    return jnp.stack(slices, axis=len(lead)), outs
+
+
+def _product(ranges):
+    import itertools
+    return list(itertools.product(*ranges))
+
+
+def _max_pool(x, nd, kernel_size, stride, padding, dilation, ceil_mode):
+    k = _tuple(kernel_size, nd)
+    s = _tuple(stride, nd, k)
+    p, d = _tuple(padding, nd), _tuple(dilation, nd)
+    fill = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    win, outs = _windows(x, nd, k, s, p, d, ceil_mode, fill)
+    ax = x.ndim - nd
+    # NaN wins, as in PyTorch's kernels; the first maximum wins ties
+    isnan = jnp.isnan(win) if jnp.issubdtype(x.dtype, jnp.floating) else None
+    arg = jnp.argmax(win, axis=ax) if isnan is None else jnp.where(
+        jnp.any(isnan, axis=ax), jnp.argmax(isnan, axis=ax), jnp.argmax(win, axis=ax))
+    out = jnp.take_along_axis(win, jnp.expand_dims(arg, ax), axis=ax).squeeze(ax)
+    # the flat index of the winner inside the input's spatial plane
+    offs = jnp.asarray(_product([range(kk) for kk in k]), jnp.int64)  # (K, nd)
+    flat = jnp.zeros(arg.shape, jnp.int64)
+    for i in range(nd):
+        shape = [1] * arg.ndim
+        shape[ax + i] = outs[i]
+        pos = (jnp.arange(outs[i], dtype=jnp.int64) * s[i] - p[i]).reshape(shape) + offs[arg, i] * d[i]
+        flat = flat * x.shape[ax + i] + pos
+    return out, flat
+
+
+def _max_pool_backward(grad, x, nd, indices):
+    lead = x.shape[:-nd]
+    plane = math.prod(x.shape[-nd:])
+    g = grad.reshape((-1, math.prod(grad.shape[-nd:])))
+    idx = indices.reshape(g.shape)
+    rows = jnp.arange(g.shape[0])[:, None]
+    out = jnp.zeros((g.shape[0], plane), jnp.float32 if _low(grad) else grad.dtype).at[rows, idx].add(g)
+    return out.reshape(lead + x.shape[-nd:]).astype(x.dtype)
+
+
+@lowering("max_pool2d_with_indices")
+def max_pool2d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    return _max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lowering("max_pool3d_with_indices")
+def max_pool3d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    return _max_pool(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lowering("max_pool2d_with_indices_backward")
+def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_pool_backward(grad, x, 2, indices)
+
+
+@lowering("max_pool3d_with_indices_backward")
+def max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_pool_backward(grad, x, 3, indices)
+
+
+@lowering("adaptive_max_pool2d_backward")
+def adaptive_max_pool2d_backward(grad, x, indices):
+    return _max_pool_backward(grad, x, 2, indices)
+
+
+@lowering("adaptive_max_pool3d_backward")
+def adaptive_max_pool3d_backward(grad, x, indices):
+    return _max_pool_backward(grad, x, 3, indices)
+
+
+def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    k = _tuple(kernel_size, nd)
+    s = _tuple(stride, nd, k)
+    p = _tuple(padding, nd)
+    d = (1,) * nd
+    xf = _f32(x)
+    win, outs = _windows(xf, nd, k, s, p, d, ceil_mode, 0)
+    ax = x.ndim - nd
+    total = jnp.sum(win, axis=ax)
+    if divisor_override:
+        return (total / divisor_override).astype(x.dtype)
+    # count: ones over the input (and over the padding when it counts), zeros past it
+    shape = x.shape[-nd:]
+    if count_include_pad:
+        ones = jnp.pad(jnp.ones(shape, xf.dtype), [(pp, pp) for pp in p], constant_values=1)
+        cnt, _ = _windows_count(ones, nd, k, s, p, outs)
+    else:
+        cnt, _ = _windows(jnp.ones(shape, xf.dtype), nd, k, s, p, d, ceil_mode, 0)
+    return (total / jnp.sum(cnt, axis=0)).astype(x.dtype)
+
+
+def _windows_count(padded_ones, nd, k, s, p, outs):
+    # ceil mode + count_include_pad: windows may run past the padding, where nothing counts
+    pads = [(0, max(0, (o - 1) * ss + kk - n)) for n, kk, ss, o in zip(padded_ones.shape, k, s, outs)]
+    xp = jnp.pad(padded_ones, pads)
+    slices = []
+    for offs in _product([range(kk) for kk in k]):
+        slices.append(xp[tuple(slice(o, o + (out - 1) * ss + 1, ss) for o, ss, out in zip(offs, s, outs))])
+    return jnp.stack(slices, 0), outs
+
+
+@lowering("avg_pool2d")
+def avg_pool2d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lowering("avg_pool3d")
+def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def _vjp_input(f, x, grad):
+    xf = _f32(x)
+    _, vjp = jax.vjp(f, xf)
+    return vjp(_f32(grad))[0].astype(x.dtype)
+
+
+@lowering("avg_pool2d_backward")
+def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    return _vjp_input(lambda v: _avg_pool(v, 2, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                          divisor_override), x, grad)
+
+
+@lowering("avg_pool3d_backward")
+def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    return _vjp_input(lambda v: _avg_pool(v, 3, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                          divisor_override), x, grad)
+
+
+def _bins(n_in, n_out):
+    starts = [(i * n_in) // n_out for i in range(n_out)]
+    ends = [-((-(i + 1) * n_in) // n_out) for i in range(n_out)]
+    return starts, ends
+
+
+def _adaptive_avg(x, nd, output_size):
+    out = _f32(x)
+    for i, o in enumerate(output_size):
+        ax = x.ndim - nd + i
+        starts, ends = _bins(x.shape[ax], o)
+        m = np.zeros((x.shape[ax], o), np.float32)
+        for j, (a, b) in enumerate(zip(starts, ends)):
+            m[a:b, j] = 1.0 / (b - a)
+        out = jnp.moveaxis(jnp.tensordot(out, jnp.asarray(m, out.dtype), axes=[[ax], [0]],
+                                         precision=lax.Precision.HIGHEST), -1, ax)
+    return out.astype(x.dtype)
+
+
+@lowering("_adaptive_avg_pool2d")
+def adaptive_avg_pool2d(x, output_size):
+    return _adaptive_avg(x, 2, output_size)
+
+
+@lowering("_adaptive_avg_pool3d")
+def adaptive_avg_pool3d(x, output_size):
+    return _adaptive_avg(x, 3, output_size)
+
+
+@lowering("_adaptive_avg_pool2d_backward")
+def adaptive_avg_pool2d_backward(grad, x):
+    return _vjp_input(lambda v: _adaptive_avg(v, 2, grad.shape[-2:]), x, grad)
+
+
+@lowering("_adaptive_avg_pool3d_backward")
+def adaptive_avg_pool3d_backward(grad, x):
+    return _vjp_input(lambda v: _adaptive_avg(v, 3, grad.shape[-3:]), x, grad)
+
+
+def _adaptive_max(x, nd, output_size):
+    ax = x.ndim - nd
+    fill = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    win = x
+    flat_parts = []
+    valid = None
+    for i, o in enumerate(output_size):
+        n = x.shape[ax + i]
+        starts, ends = _bins(n, o)
+        kmax = max(b - a for a, b in zip(starts, ends))
+        idx = np.minimum(np.asarray(starts)[:, None] + np.arange(kmax)[None, :], n - 1)   # (o, kmax)
+        ok = (np.asarray(starts)[:, None] + np.arange(kmax)[None, :]) < np.asarray(ends)[:, None]
+        flat_parts.append((idx, ok, n))
+    # gather each dim into (o, kmax), giving (..., o1, k1, o2, k2, ...)
+    for i, (idx, ok, n) in enumerate(flat_parts):
+        a = ax + 2 * i
+        win = jnp.take(win, jnp.asarray(idx.reshape(-1)), axis=a)
+        win = win.reshape(win.shape[:a] + idx.shape + win.shape[a + 1:])
+    # move the window dims last and merge them
+    o_axes = [ax + 2 * i for i in range(nd)]
+    k_axes = [ax + 2 * i + 1 for i in range(nd)]
+    win = jnp.transpose(win, list(range(ax)) + o_axes + k_axes)
+    kshape = tuple(idx.shape[1] for idx, _, _ in flat_parts)
+    win = win.reshape(win.shape[:ax + nd] + (-1,))
+    mask = np.ones(tuple(output_size) + kshape, bool)
+    flat = np.zeros(tuple(output_size) + kshape, np.int64)
+    for i, (idx, ok, n) in enumerate(flat_parts):
+        shape = [1] * (2 * nd)
+        shape[i] = idx.shape[0]
+        shape[nd + i] = idx.shape[1]
+        mask = mask & ok.reshape(shape)
+        flat = flat * n + idx.reshape(shape)
+    mask = mask.reshape(tuple(output_size) + (-1,))
+    flat = flat.reshape(tuple(output_size) + (-1,))
+    win = jnp.where(jnp.asarray(mask), win, fill)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        isnan = jnp.isnan(win)
+        arg = jnp.where(jnp.any(isnan, -1), jnp.argmax(isnan, -1), jnp.argmax(win, -1))
+    else:
+        arg = jnp.argmax(win, -1)
+    out = jnp.take_along_axis(win, arg[..., None], -1)[..., 0]
+    ind = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(flat), win.shape), arg[..., None], -1)[..., 0]
+    return out, ind
+
+
+@lowering("adaptive_max_pool2d")
+def adaptive_max_pool2d(x, output_size):
+    return _adaptive_max(x, 2, output_size)
+
+
+@lowering("adaptive_max_pool3d")
+def adaptive_max_pool3d(x, output_size):
+    return _adaptive_max(x, 3, output_size)
+
+
+# ---------------------------------------------------------------- normalization
+def _bn_shape(x):
+    return (1, -1) + (1,) * (x.ndim - 2)
+
+
+def _bn_apply(x, weight, bias, mean, invstd):
+    """(x - mean) * invstd * weight + bias in float32, statistics per channel (dim 1)."""
+    s = _bn_shape(x)
+    out = (_f32(x) - mean.astype(jnp.float32).reshape(s)) * invstd.astype(jnp.float32).reshape(s)
+    if weight is not None:
+        out = out * weight.astype(jnp.float32).reshape(s)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32).reshape(s)
+    return out
+
+
+def _bn_stats(x, eps):
+    axes = (0,) + tuple(range(2, x.ndim))
+    xf = _f32(x)
+    mean = jnp.mean(xf, axis=axes)
+    var = jnp.mean(jnp.square(xf - mean.reshape(_bn_shape(x))), axis=axes)
+    return mean, var, lax.rsqrt(var + eps)
+
+
+def _bn_update(running, stat, momentum):
+    return (running.astype(jnp.float32) * (1 - momentum) + stat * momentum).astype(running.dtype)
+
+
+def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(out, save_mean, save_invstd, new running_mean or None, new running_var or None)."""
+    if training:
+        mean, var, invstd = _bn_stats(x, eps)
+        n = x.size // x.shape[1]
+        rm = _bn_update(running_mean, mean, momentum) if running_mean is not None else None
+        rv = _bn_update(running_var, var * (n / max(n - 1, 1)), momentum) if running_var is not None else None
+        return _bn_apply(x, weight, bias, mean, invstd).astype(x.dtype), mean, invstd, rm, rv
+    invstd = lax.rsqrt(running_var.astype(jnp.float32) + eps)
+    out = _bn_apply(x, weight, bias, running_mean, invstd).astype(x.dtype)
+    # (the CPU kernel returns empty statistics in eval mode; the meta kernel says (C,))
+    return out, running_mean.astype(jnp.float32), invstd, running_mean, running_var
+
+
+def _drop_none(*values):
+    return tuple(v for v in values if v is not None)
+
+
+@lowering("native_batch_norm", mutates=((3, "running_mean"), (4, "running_var")))
+def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    out, mean, invstd, rm, rv = _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    return (out, mean, invstd) + _drop_none(rm, rv)
+
+
+@lowering("_native_batch_norm_legit")
+def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lowering("_native_batch_norm_legit.no_stats")
+def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
+    return _bn_forward(x, weight, bias, None, None, True, momentum, eps)[:3]
+
+
+@lowering("_native_batch_norm_legit_functional")
+def native_batch_norm_legit_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lowering("_native_batch_norm_legit_no_training")
+def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    return _bn_forward(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+
+
+@lowering("_batch_norm_with_update")
+def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd, rm, rv = _bn_forward(x, weight, bias, running_mean, running_var, True, momentum, eps)
+    return out, mean, invstd, jnp.zeros((0,), jnp.uint8), rm, rv
+
+
+@lowering("_batch_norm_no_update")
+def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    if running_mean is None:
+        out, mean, invstd, _, _ = _bn_forward(x, weight, bias, None, None, True, momentum, eps)
+    else:
+        out, mean, invstd, _, _ = _bn_forward(x, weight, bias, running_mean, running_var, False, momentum, eps)
+    return out, mean, invstd, jnp.zeros((0,), jnp.uint8)
+
+
+def _bn_backward(grad, x, weight, running_mean, running_var, train, eps, mask):
+    w = weight if weight is not None else jnp.ones((x.shape[1],), jnp.float32)
+    b = jnp.zeros((x.shape[1],), jnp.float32)
+
+    def f(x_, w_, b_):
+        if train:
+            mean, _, invstd = _bn_stats(x_, eps)
+        else:
+            mean, invstd = running_mean, lax.rsqrt(running_var.astype(jnp.float32) + eps)
+        return _bn_apply(x_, w_, b_, mean, invstd)
+
+    _, vjp = jax.vjp(f, _f32(x), w.astype(jnp.float32), b)
+    gx, gw, gb = vjp(_f32(grad))
+    return (gx.astype(x.dtype) if mask[0] else None,
+            gw.astype(w.dtype) if mask[1] else None,
+            gb.astype(w.dtype) if mask[2] else None)
+
+
+@lowering("native_batch_norm_backward")
+def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train,
+                               eps, output_mask):
+    return _bn_backward(grad, x, weight, running_mean, running_var, train, eps, output_mask)
+
+
+@lowering("batch_norm_backward")
+def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps,
+                        output_mask, reserve):
+    train = update or running_mean is None
+    return _bn_backward(grad, x, weight, running_mean, running_var, train, eps, output_mask)
+
+
+def _group_norm(x, weight, bias, n, c, hxw, group, eps):
+    xf = _f32(x).reshape(n, group, -1)
+    mean = jnp.mean(xf, axis=-1)
+    var = jnp.mean(jnp.square(xf - mean[..., None]), axis=-1)
+    rstd = lax.rsqrt(var + eps)
+    out = ((xf - mean[..., None]) * rstd[..., None]).reshape(n, c, -1)
+    if weight is not None:
+        out = out * weight.astype(jnp.float32)[None, :, None]
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)[None, :, None]
+    return out.reshape(x.shape), mean, rstd
+
+
+@lowering("native_group_norm")
+def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
+    out, mean, rstd = _group_norm(x, weight, bias, n, c, hxw, group, eps)
+    return out.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
+
+
+@lowering("native_group_norm_backward")
+def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, output_mask):
+    # with the saved statistics, as layer norm: xhat = (x - mean) * rstd per (sample, group)
+    shape = (n, group, c // group, -1)
+    xf, g = _f32(x).reshape(shape), _f32(grad).reshape(shape)
+    m, r = _f32(mean)[:, :, None, None], _f32(rstd)[:, :, None, None]
+    xhat = (xf - m) * r
+    w = weight.astype(jnp.float32).reshape(1, group, c // group, 1) if weight is not None else 1.0
+    gw_ = g * w
+    axes = (2, 3)
+    dx = r * (gw_ - jnp.mean(gw_, axis=axes, keepdims=True)
+              - xhat * jnp.mean(gw_ * xhat, axis=axes, keepdims=True))
+    wdt = weight.dtype if weight is not None else x.dtype
+    dw = jnp.sum(g * xhat, axis=(0, 3)).reshape(c).astype(wdt) if output_mask[1] else None
+    db = jnp.sum(g, axis=(0, 3)).reshape(c).astype(wdt) if output_mask[2] else None
+    return (dx.reshape(x.shape).astype(x.dtype) if output_mask[0] else None, dw, db)

@@ -67,6 +67,7 @@ def resolve(op, meta_args, meta_kwargs):
     if low is not None:
         fn = functools.partial(_call_lowering, low)
         fn.extra_mutations = low.mutates
+        fn.specialize_scalars = low.static_scalars
         return fn
     twin = functional_twin(op)
     if twin is not None:

@@ -32,12 +32,14 @@ class Lowering:
     random: bool = False
     keep_result_dtype: bool = False     # the function returns PyTorch's dtype itself
     mutates: tuple = ()                 # ((position, name), ...) written although the schema says not
+    static_scalars: bool = False        # Scalars decide shapes (arange): compile per value
 
 
 LOWERINGS: dict[str, Lowering] = {}
 
 
-def lowering(*names, promote=None, promote_args=None, random=False, keep_result_dtype=False, mutates=()):
+def lowering(*names, promote=None, promote_args=None, random=False, keep_result_dtype=False, mutates=(),
+             static_scalars=False):
     """Register `fn` as the lowering of the ATen ops `names` ("add.Tensor", "relu.default", ...)."""
 
     def register(fn):
@@ -45,7 +47,8 @@ def lowering(*names, promote=None, promote_args=None, random=False, keep_result_
             full = name if "." in name else name + ".default"
             if full in LOWERINGS:
                 raise ValueError(f"two lowerings for aten::{full}")
-            LOWERINGS[full] = Lowering(full, fn, promote, promote_args, random, keep_result_dtype, mutates)
+            LOWERINGS[full] = Lowering(full, fn, promote, promote_args, random, keep_result_dtype, mutates,
+                                       static_scalars)
         return fn
 
     return register

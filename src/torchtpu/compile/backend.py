@@ -1,0 +1,413 @@
+"""`torch.compile(model, backend="tpu")`: AOTAutograd's functional ATen graphs, one XLA executable each.
+
+Dynamo captures the Python code into an FX graph; AOTAutograd functionalizes it, splits forward and
+backward and applies PyTorch's core ATen decompositions to the ops that have no lowering. Each
+resulting graph becomes a `CompiledGraph`: the graph is interpreted through the same lowering table
+as eager mode (ops/graph.py) inside one `jax.jit` function, compiled once per input signature.
+
+A call passes the inputs' flat storage buffers (views are read inside the executable, so a
+transposed or sliced input costs no separate step), writes input mutations (`copy_` into graph
+inputs: BatchNorm statistics, KV caches, optimizer state) back through the inputs' views in the same
+executable and gives the storages their new buffers, and wraps the outputs as new tpu tensors. No
+value crosses to the host.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import sys
+import threading
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from ..metrics import counters as _counters
+from ..device import platform
+from ..device.state import current_device
+from ..eager import views
+from ..eager.random import next_rng_args
+from ..ops import dtypes as dt
+from ..ops.graph import GraphProgram
+from ..ops.resolve import NotLowered
+from ..storage.records import RECORDS, new_tensor, set_buffer
+from . import options
+
+log = logging.getLogger("torchtpu.compile")
+_Tensor = torch.Tensor
+_graph_ids = iter(range(1, 1 << 62))
+
+
+def _dense_order(shape, stride):
+    """Dims from outermost to innermost if (shape, stride) is a dense, non-overlapping layout."""
+    dims = sorted(range(len(shape)), key=lambda d: (-stride[d], -d))
+    expected = 1
+    for d in reversed(dims):
+        if shape[d] != 1 and stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return dims
+
+
+def _out_layout(val):
+    """(shape, dtype, stride, order) PyTorch expects for a graph output, from its meta value."""
+    if not isinstance(val, _Tensor):
+        return None
+    try:
+        shape = tuple(int(s) for s in val.shape)
+        stride = tuple(int(s) for s in val.stride())
+    except (TypeError, ValueError):
+        return None
+    order = _dense_order(shape, stride) if val.storage_offset() == 0 else None
+    if order is None or order == list(range(len(shape))):
+        return (shape, val.dtype, None, None)
+    return (shape, val.dtype, stride, tuple(order))
+
+
+class Entry:
+    __slots__ = ("fn", "fn_plain", "donate", "outs", "mutated_slots", "n_cpu", "fused", "sample")
+
+
+class CompiledGraph:
+    """One AOTAutograd graph; called with the real (boxed) inputs."""
+
+    _boxed_call = True
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str):
+        self.gm = gm
+        self.kind = kind
+        self.id = next(_graph_ids)
+        self.program = GraphProgram(gm.graph, gm)
+        out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        outs = out_node.args[0]
+        self.out_vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else n
+                         for n in (outs if isinstance(outs, (list, tuple)) else [outs])]
+        self.cache = {}
+        self.last_key = None
+        self.lock = threading.RLock()
+        _counters.compiled_graphs += 1
+
+    # ------------------------------------------------------------------ hot path
+    def __call__(self, *call_args):
+        # boxed (one list, which we clear) or, when Dynamo's wrappers hide `_boxed_call`, unboxed
+        args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
+        parts = []
+        slot_of = {}
+        records = []
+        cpu_vals = []
+        device = -1
+        for a in args:
+            if isinstance(a, _Tensor):
+                address = a.untyped_storage().data_ptr() if a.device.type == "tpu" else None
+                r = RECORDS.get(address) if address is not None else None
+                if r is None:
+                    if a.device.type == "tpu":
+                        raise RuntimeError("torchtpu: compiled graph got a tpu tensor whose storage torchtpu does not know")
+                    cpu_vals.append(a)
+                    parts.append(("C", a.dtype, tuple(a.shape)))
+                    continue
+                slot = slot_of.get(address)
+                if slot is None:
+                    slot = slot_of[address] = len(records)
+                    records.append(r)
+                    parts.append(("B", r.dtype, r.numel))
+                    if device != r.device_index:
+                        if device >= 0:
+                            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least "
+                                               f"two devices, tpu:{device} and tpu:{r.device_index}!")
+                        device = r.device_index
+                parts.append(("T", a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), slot))
+            elif isinstance(a, (bool, int, float)) or a is None:
+                parts.append(("S", type(a), a))
+            elif isinstance(a, torch.SymInt):
+                v = int(a)
+                parts.append(("S", int, v))
+            else:
+                parts.append(("V", repr(a)))
+        key = tuple(parts)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self._build(key, args, records, device)
+        else:
+            _counters.compiled_cache_hits += 1
+        dev = device if device >= 0 else current_device()
+        bufs = [r.buffer if r.buffer is not None else _zeros(r.numel, r.dtype, r.device_index) for r in records]
+        dyn = list(bufs)
+        for c in cpu_vals:
+            dyn.append(_host_value(c, dev))
+        if self.program.random:
+            dyn.append(next_rng_args(dev))
+        if isinstance(args, list):
+            args.clear()  # boxed calling convention: the caller's list no longer keeps inputs alive
+        fn = entry.fn
+        if entry.donate and not _donation_safe(bufs, entry.mutated_slots):
+            fn = entry.fn_plain or self._plain(entry)
+        del bufs
+        results = fn(*dyn)
+        del dyn
+        nout = len(entry.outs)
+        for slot, buf in zip(entry.mutated_slots, results[nout:]):
+            set_buffer(records[slot], buf)
+        outputs = []
+        it = iter(results[:nout])
+        for o in entry.outs:
+            if o[0] == "T":
+                _, shape, dtype, stride = o
+                outputs.append(new_tensor(shape, dtype, dev, next(it), stride=stride))
+            else:
+                outputs.append(o[1])
+        return outputs
+
+    # ------------------------------------------------------------------ cache miss
+    def _build(self, key, args, records, device):
+        with self.lock:
+            entry = self.cache.get(key)
+            if entry is not None:
+                return entry
+            if self.cache and options.recompile_logging_enabled():
+                _log_recompile(self, self.last_key, key)
+            t0 = time.perf_counter()
+            entry = self._trace(key, args, records, device)
+            self.cache[key] = entry
+            self.last_key = key
+            self.last_entry = entry
+            _counters.compiled_xla_compiles += 1
+            log.debug("torchtpu compile: graph %d (%s) built in %.3fs", self.id, self.kind, time.perf_counter() - t0)
+            return entry
+
+    def _trace(self, key, args, records, device):
+        program = self.program
+        arg_specs = []  # per graph input: ("T", slot, layout) | ("C", j) | ("S", value)
+        n_cpu = 0
+        for a in args:
+            if isinstance(a, _Tensor) and a.device.type == "tpu":
+                r = RECORDS[a.untyped_storage().data_ptr()]
+                slot = records.index(r)
+                layout = (tuple(a.shape), tuple(a.stride()), a.storage_offset(), dt.to_jax(a.dtype), r.numel)
+                arg_specs.append(("T", slot, layout))
+            elif isinstance(a, _Tensor):
+                arg_specs.append(("C", n_cpu, None))
+                n_cpu += 1
+            elif isinstance(a, torch.SymInt):
+                arg_specs.append(("S", int(a), None))
+            else:
+                arg_specs.append(("S", a, None))
+        nb = len(records)
+        # which buffers the graph writes: its mutated placeholders, through their views
+        mutated_slots = sorted({arg_specs[i][1] for i in program.mutated_placeholders if arg_specs[i][0] == "T"})
+        for i in program.mutated_placeholders:
+            if arg_specs[i][0] != "T":
+                raise NotLowered("torchtpu: a compiled graph mutates an input that is not a tpu tensor")
+        outs_meta = []  # filled while tracing
+        layouts_by_out = [_out_layout(v) for v in self.out_vals]
+        rand = program.random
+
+        def fused(*dyn):
+            buffers = list(dyn[:nb])
+            cpu = dyn[nb:nb + n_cpu]
+            key = None
+            if rand:
+                rng = dyn[nb + n_cpu]
+                key = jax.random.fold_in(jax.random.fold_in(jax.random.key(rng[0]), rng[1]), rng[2])
+            inputs = []
+            for kind, x, layout in arg_specs:
+                if kind == "T":
+                    inputs.append(views.read(buffers[x], layout))
+                elif kind == "C":
+                    inputs.append(cpu[x])
+                else:
+                    inputs.append(x)
+            outputs, mutations = program.run(inputs, key)
+            if not isinstance(outputs, (list, tuple)):
+                outputs = [outputs]
+            flat = []
+            outs_meta.clear()
+            for i, v in enumerate(outputs):
+                lay = layouts_by_out[i] if i < len(layouts_by_out) else None
+                if hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, (int, float, bool)):
+                    v = jnp.asarray(v)
+                    tdtype = lay[1] if lay is not None else dt.to_torch(v.dtype)
+                    jd = dt.to_jax(tdtype)
+                    if v.dtype != jd:
+                        v = v.astype(jd)
+                    shape = tuple(v.shape)
+                    if lay is not None and lay[2] is not None and lay[0] == shape:
+                        flat.append(jnp.transpose(v, lay[3]).reshape(-1))
+                        outs_meta.append(("T", shape, tdtype, lay[2]))
+                    else:
+                        flat.append(v.reshape(-1))
+                        outs_meta.append(("T", shape, tdtype, None))
+                else:
+                    outs_meta.append(("V", v))
+            for i in program.mutated_placeholders:
+                _, slot, layout = arg_specs[i]
+                buffers[slot] = views.write(buffers[slot], layout, mutations[i])
+            return tuple(flat) + tuple(buffers[s] for s in mutated_slots)
+
+        entry = Entry()
+        entry.mutated_slots = mutated_slots
+        entry.donate = bool(mutated_slots) and options.donation_enabled()
+        entry.n_cpu = n_cpu
+        entry.fused = fused
+        dev = device if device >= 0 else current_device()
+        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(dev))
+        sample = [jax.ShapeDtypeStruct((r.numel,), dt.to_jax(r.dtype), sharding=sharding) for r in records]
+        for a in args:
+            if isinstance(a, _Tensor) and a.device.type != "tpu":
+                sample.append(jax.ShapeDtypeStruct(tuple(a.shape), dt.to_jax(a.dtype), sharding=sharding))
+        if rand:
+            sample.append(jax.ShapeDtypeStruct((3,), np.uint32))
+        entry.sample = sample
+        jitted = jax.jit(fused, donate_argnums=tuple(mutated_slots) if entry.donate else (),
+                         out_shardings=sharding if nb == 0 else None)
+        # trace and compile now: the output metadata is known, and compile time lands here
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            lowered = jitted.lower(*sample)
+            options._maybe_dump(self, lowered)
+            entry.fn = lowered.compile()
+        entry.fn_plain = None if entry.donate else entry.fn
+        entry.outs = list(outs_meta)
+        return entry
+
+    def _plain(self, entry):
+        """The same executable without donation, for calls whose buffers are shared elsewhere."""
+        entry.fn_plain = jax.jit(entry.fused).lower(*entry.sample).compile()
+        _counters.compiled_xla_compiles += 1
+        return entry.fn_plain
+
+    def raw_inputs(self, args):
+        """(executable, jax inputs) for a call with `args`: for benchmarks that time XLA alone."""
+        records, cpu_vals = [], []
+        device = -1
+        for a in args:
+            if isinstance(a, _Tensor) and a.device.type == "tpu":
+                r = RECORDS[a.untyped_storage().data_ptr()]
+                if r not in records:
+                    records.append(r)
+                device = r.device_index
+            elif isinstance(a, _Tensor):
+                cpu_vals.append(a)
+        entry = self.last_entry
+        dev = max(device, 0)
+        dyn = [r.buffer if r.buffer is not None else _zeros(r.numel, r.dtype, r.device_index) for r in records]
+        dyn += [_host_value(c, dev) for c in cpu_vals]
+        if self.program.random:
+            dyn.append(next_rng_args(dev))
+        return (entry.fn_plain or self._plain(entry)), dyn
+
+
+def _donation_safe(bufs, slots):
+    # a buffer referenced only by its storage record, our `bufs` list and getrefcount's argument
+    for s in slots:
+        if sys.getrefcount(bufs[s]) > 3:
+            return False
+    return True
+
+
+_zeros_fns = {}
+
+
+def _zeros(numel, dtype, device_index):
+    from ..eager.engine import _zeros as engine_zeros
+    return engine_zeros(numel, dtype, device_index)
+
+
+def _host_value(t, dev):
+    host = dt.numpy_from_cpu(t.detach().contiguous())
+    _counters.h2d_bytes += host.nbytes
+    _counters.h2d_transfers += 1
+    return jax.device_put(host, platform.jax_device(dev))
+
+
+def _log_recompile(graph, old, new):
+    reasons = []
+    if old is None:
+        reasons.append("first signature")
+    else:
+        oi = [p for p in old if p[0] in ("T", "C", "S", "V")]
+        ni = [p for p in new if p[0] in ("T", "C", "S", "V")]
+        if len(oi) != len(ni):
+            reasons.append(f"number of inputs {len(oi)} -> {len(ni)}")
+        for i, (a, b) in enumerate(zip(oi, ni)):
+            if a == b:
+                continue
+            if a[0] == b[0] == "T":
+                what = []
+                if a[1] != b[1]:
+                    what.append(f"dtype {a[1]} -> {b[1]}")
+                if a[2] != b[2]:
+                    what.append(f"shape {list(a[2])} -> {list(b[2])}")
+                if a[3] != b[3] or a[4] != b[4]:
+                    what.append(f"layout stride={a[3]} offset={a[4]} -> stride={b[3]} offset={b[4]}")
+                if a[5] != b[5]:
+                    what.append("storage sharing with other inputs changed")
+                reasons.append(f"input {i}: " + ", ".join(what or ["storage changed"]))
+            else:
+                reasons.append(f"input {i}: {a[1:]} -> {b[1:]}")
+        ob = [p for p in old if p[0] == "B"]
+        nb = [p for p in new if p[0] == "B"]
+        for j, (a, b) in enumerate(zip(ob, nb)):
+            if a != b:
+                reasons.append(f"storage {j}: {a[2]} x {a[1]} -> {b[2]} x {b[1]} elements")
+        if not reasons:
+            reasons.append("input storages changed")
+    msg = (f"torchtpu: recompiling graph {graph.id} ({graph.kind}, {len(graph.cache)} signature(s) cached): "
+           + "; ".join(reasons))
+    log.warning(msg)
+    print(msg, file=sys.stderr)
+
+
+# ------------------------------------------------------------------ the Dynamo backend
+def _compiler(kind):
+    def compile_graph(gm, example_inputs):
+        options._ensure_persistent_cache()
+        try:
+            return CompiledGraph(gm, kind)
+        except NotLowered as e:
+            if "data-dependent" in str(e):
+                raise
+            if not options.eager_fallback_enabled():
+                raise
+            warnings.warn(f"torchtpu: graph {kind} runs in eager mode on the device: {e}", stacklevel=2)
+            return _eager_graph(gm)
+    compile_graph.__name__ = f"torchtpu_{kind}_compiler"
+    return compile_graph
+
+
+def _eager_graph(gm):
+    def run(args):
+        a = list(args)
+        args.clear()
+        out = gm(*a)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+    run._boxed_call = True
+    return run
+
+
+@functools.lru_cache(maxsize=1)
+def decompositions():
+    from ..ops.decompose import decomposition_table_for_lowering
+    return decomposition_table_for_lowering()
+
+
+def tpu_backend(gm, example_inputs, **kwargs):
+    """The Dynamo backend "tpu": AOTAutograd + one XLA executable per graph and input signature."""
+    from torch._dynamo.backends.common import aot_autograd
+    backend = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
+                           inference_compiler=_compiler("inference"), decompositions=decompositions(),
+                           keep_inference_input_mutations=True)
+    return backend(gm, example_inputs, **kwargs)
+
+
+def register():
+    """Register "tpu" with Dynamo (idempotent)."""
+    from torch._dynamo.backends import registry
+    if "tpu" not in registry._COMPILER_FNS:
+        registry.register_backend(compiler_fn=tpu_backend, name="tpu")

@@ -1,0 +1,711 @@
+"""Interpret an FX graph of ATen ops as one JAX function: the shared core of torch.compile and of
+eager decompositions.
+
+`GraphProgram(graph, owner)` plans the graph once (which JAX function runs each node), and
+`program.run(inputs, key)` evaluates it on JAX values inside a trace, so the whole graph becomes
+one XLA computation. Every ATen op goes through the lowering table (`LOWERINGS`, via `resolve`,
+which also derives in-place / out= variants and traces decompositions). The few ops a graph
+needs that are about shape and structure rather than math (views, `getitem`, `sym_size`, `prims.*`,
+`_foreach_*`, factories) have interpreter-only lowerings here in `GRAPH_LOWERINGS`; a lowering in
+the main table of the same name always wins, so these step aside as the main table grows.
+
+Graph lowerings receive `val` first: the node's meta value (a FakeTensor / meta tensor, a list of
+them, or None), which gives PyTorch's own output shape and dtype for factories and casts.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+from torch import fx
+
+from . import dtypes as dt
+from .table import LOWERINGS, apply
+
+__all__ = ["GraphProgram", "GRAPH_LOWERINGS", "graph_lowering", "node_op_name", "UnsupportedInGraph"]
+
+GRAPH_LOWERINGS: dict[str, Callable] = {}
+
+
+class UnsupportedInGraph(NotImplementedError):
+    pass
+
+
+def graph_lowering(*names):
+    def register(fn):
+        for name in names:
+            GRAPH_LOWERINGS[name if name.count(".") >= 1 else name + ".default"] = fn
+        return fn
+    return register
+
+
+def node_op_name(op) -> str:
+    """"add.Tensor" for aten ops, "prims.convert_element_type.default" for other namespaces."""
+    ns, _, name = op._schema.name.partition("::")
+    base = f"{name}.{op._schema.overload_name or 'default'}"
+    return base if ns == "aten" else f"{ns}.{base}"
+
+
+def _jdtype(val, fallback=None):
+    if isinstance(val, torch.Tensor):
+        return dt.to_jax(val.dtype)
+    return fallback if fallback is not None else dt.to_jax(torch.get_default_dtype())
+
+
+def _shape(val):
+    return tuple(int(s) for s in val.shape)
+
+
+# ---------------------------------------------------------------- identity / views
+@graph_lowering("alias", "detach", "lift_fresh", "alias_copy", "detach_copy", "lift_fresh_copy",
+                "contiguous", "clone", "_conj", "resolve_conj", "resolve_neg", "positive")
+def _identity(val, a, *rest, **kw):
+    return a
+
+
+@graph_lowering("view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "_reshape_alias_copy")
+def _view(val, a, size, *rest):
+    return jnp.reshape(a, _shape(val) if isinstance(val, torch.Tensor) else tuple(size))
+
+
+@graph_lowering("view.dtype")
+def _view_dtype(val, a, dtype):
+    from ..eager.views import bitcast
+    out = bitcast(a.reshape(-1), dtype)
+    return out.reshape(_shape(val))
+
+
+@graph_lowering("t", "t_copy")
+def _t(val, a):
+    return a.T if a.ndim == 2 else a
+
+
+@graph_lowering("transpose.int", "transpose_copy.int")
+def _transpose(val, a, d0, d1):
+    return jnp.swapaxes(a, d0, d1) if a.ndim else a
+
+
+@graph_lowering("permute", "permute_copy")
+def _permute(val, a, dims):
+    return jnp.transpose(a, [d % max(a.ndim, 1) for d in dims]) if a.ndim else a
+
+
+@graph_lowering("expand", "expand_copy")
+def _expand(val, a, size, implicit=False):
+    return jnp.broadcast_to(a, _shape(val))
+
+
+@graph_lowering("unsqueeze", "unsqueeze_copy")
+def _unsqueeze(val, a, dim):
+    return jnp.expand_dims(a, dim % (a.ndim + 1))
+
+
+@graph_lowering("squeeze", "squeeze.dim", "squeeze.dims", "squeeze_copy", "squeeze_copy.dim", "squeeze_copy.dims")
+def _squeeze(val, a, dim=None):
+    return jnp.reshape(a, _shape(val))
+
+
+@graph_lowering("slice.Tensor", "slice_copy.Tensor")
+def _slice(val, a, dim=0, start=None, end=None, step=1):
+    dim %= a.ndim
+    start, end, step = slice(start, end, step).indices(a.shape[dim])
+    return lax.slice_in_dim(a, start, max(start, end), step, axis=dim) if step > 0 else a[
+        (slice(None),) * dim + (slice(start, end, step),)]
+
+
+@graph_lowering("select.int", "select_copy.int")
+def _select(val, a, dim, index):
+    dim %= a.ndim
+    return lax.index_in_dim(a, index % a.shape[dim], axis=dim, keepdims=False)
+
+
+@graph_lowering("narrow", "narrow_copy")
+def _narrow(val, a, dim, start, length):
+    dim %= a.ndim
+    start = start % a.shape[dim] if start < 0 else start
+    return lax.slice_in_dim(a, start, start + length, axis=dim)
+
+
+@graph_lowering("as_strided", "as_strided_copy")
+def _as_strided(val, a, size, stride, storage_offset=None):
+    # A graph value has no storage of its own: read the strides against its contiguous elements.
+    from ..eager.views import read
+    flat = a.reshape(-1)
+    return read(flat, (tuple(size), tuple(stride), storage_offset or 0, flat.dtype, flat.shape[0]))
+
+
+@graph_lowering("diagonal", "diagonal_copy")
+def _diagonal(val, a, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(a, offset, dim1, dim2)
+
+
+@graph_lowering("unbind.int", "unbind_copy.int")
+def _unbind(val, a, dim=0):
+    dim %= a.ndim
+    return tuple(lax.index_in_dim(a, i, axis=dim, keepdims=False) for i in range(a.shape[dim]))
+
+
+@graph_lowering("split.Tensor", "split_copy.Tensor")
+def _split(val, a, split_size, dim=0):
+    dim %= a.ndim
+    n = a.shape[dim]
+    return tuple(lax.slice_in_dim(a, s, min(s + split_size, n), axis=dim) for s in range(0, n, max(split_size, 1))) \
+        if n else (a,)
+
+
+@graph_lowering("split_with_sizes", "split_with_sizes_copy")
+def _split_with_sizes(val, a, sizes, dim=0):
+    dim %= a.ndim
+    out, s = [], 0
+    for n in sizes:
+        out.append(lax.slice_in_dim(a, s, s + n, axis=dim))
+        s += n
+    return tuple(out)
+
+
+@graph_lowering("cat", "concat")
+def _cat(val, tensors, dim=0):
+    d = _jdtype(val)
+    parts = [t.astype(d) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not parts:
+        return jnp.zeros(_shape(val), d)
+    return jnp.concatenate(parts, axis=dim % parts[0].ndim)
+
+
+@graph_lowering("stack")
+def _stack(val, tensors, dim=0):
+    d = _jdtype(val)
+    return jnp.stack([t.astype(d) for t in tensors], axis=dim % (tensors[0].ndim + 1))
+
+
+@graph_lowering("repeat")
+def _repeat(val, a, repeats):
+    a = a.reshape((1,) * (len(repeats) - a.ndim) + a.shape)
+    return jnp.tile(a, tuple(repeats))
+
+
+@graph_lowering("flip")
+def _flip(val, a, dims):
+    return jnp.flip(a, tuple(dims))
+
+
+@graph_lowering("roll")
+def _roll(val, a, shifts, dims=()):
+    return jnp.roll(a, tuple(shifts), tuple(dims) if dims else None) if dims else jnp.roll(a.reshape(-1), shifts[0]).reshape(a.shape)
+
+
+@graph_lowering("tril")
+def _tril(val, a, diagonal=0):
+    return jnp.tril(a, diagonal)
+
+
+@graph_lowering("triu")
+def _triu(val, a, diagonal=0):
+    return jnp.triu(a, diagonal)
+
+
+@graph_lowering("constant_pad_nd")
+def _pad(val, a, pad, value=0):
+    cfg = [(0, 0, 0)] * a.ndim
+    for i in range(len(pad) // 2):
+        d = a.ndim - 1 - i
+        cfg[d] = (pad[2 * i], pad[2 * i + 1], 0)
+    return lax.pad(a, jnp.asarray(value, a.dtype), cfg)
+
+
+# ---------------------------------------------------------------- indexing
+def _index_tuple(indices):
+    return tuple(slice(None) if i is None else (i if i.dtype != jnp.bool_ else i) for i in indices)
+
+
+@graph_lowering("index.Tensor", "_unsafe_index.Tensor")
+def _index(val, a, indices):
+    return a[_index_tuple(indices)]
+
+
+@graph_lowering("index_put", "_unsafe_index_put")
+def _index_put(val, a, indices, values, accumulate=False):
+    at = a.at[_index_tuple(indices)]
+    values = values.astype(a.dtype)
+    return at.add(values) if accumulate else at.set(values)
+
+
+@graph_lowering("index_select")
+def _index_select(val, a, dim, index):
+    return jnp.take(a, index, axis=dim % max(a.ndim, 1)) if a.ndim else a
+
+
+@graph_lowering("gather")
+def _gather(val, a, dim, index, sparse_grad=False):
+    return jnp.take_along_axis(a, index, axis=dim % max(a.ndim, 1))
+
+
+def _scatter_idx(a, dim, index):
+    dim %= max(a.ndim, 1)
+    grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij")
+    grids[dim] = index
+    return tuple(grids)
+
+
+@graph_lowering("scatter.src", "scatter.value")
+def _scatter(val, a, dim, index, src):
+    idx = _scatter_idx(a, dim, index)
+    if hasattr(src, "shape") and src.ndim:
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    return a.at[idx].set(jnp.asarray(src, a.dtype))
+
+
+@graph_lowering("scatter_add")
+def _scatter_add(val, a, dim, index, src):
+    src = src[tuple(slice(0, n) for n in index.shape)]
+    return a.at[_scatter_idx(a, dim, index)].add(src.astype(a.dtype))
+
+
+@graph_lowering("slice_scatter")
+def _slice_scatter(val, a, src, dim=0, start=None, end=None, step=1):
+    dim %= a.ndim
+    start, end, step = slice(start, end, step).indices(a.shape[dim])
+    return a.at[(slice(None),) * dim + (slice(start, end, step),)].set(src.astype(a.dtype))
+
+
+@graph_lowering("select_scatter")
+def _select_scatter(val, a, src, dim, index):
+    dim %= a.ndim
+    return a.at[(slice(None),) * dim + (index,)].set(src.astype(a.dtype))
+
+
+@graph_lowering("diagonal_scatter")
+def _diagonal_scatter(val, a, src, offset=0, dim1=0, dim2=1):
+    idx = np.arange(a.shape[dim1] * a.shape[dim2]).reshape(a.shape[dim1], a.shape[dim2])
+    d = np.diagonal(idx, offset)
+    rows, cols = d // a.shape[dim2], d % a.shape[dim2]
+    moved = jnp.moveaxis(a, (dim1, dim2), (-2, -1))
+    moved = moved.at[..., rows, cols].set(src.astype(a.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (dim1, dim2))
+
+
+# ---------------------------------------------------------------- factories and casts
+@graph_lowering("_to_copy", "to.dtype", "to.dtype_layout", "to.device", "_to_dim_order_copy")
+def _to_copy(val, a, *args, **kw):
+    return a.astype(_jdtype(val, a.dtype)) if hasattr(a, "astype") else jnp.asarray(a, _jdtype(val))
+
+
+@graph_lowering("empty.memory_format", "empty_strided", "zeros", "new_zeros", "new_empty", "new_empty_strided",
+                "zeros_like", "empty_like", "empty_permuted")
+def _zeros(val, *args, **kw):
+    return jnp.zeros(_shape(val), _jdtype(val))
+
+
+@graph_lowering("ones", "new_ones", "ones_like")
+def _ones(val, *args, **kw):
+    return jnp.ones(_shape(val), _jdtype(val))
+
+
+@graph_lowering("full_like")
+def _full_like(val, a, fill_value, *args, **kw):
+    return jnp.full(_shape(val), fill_value, _jdtype(val))
+
+
+@graph_lowering("new_full")
+def _new_full(val, a, size, fill_value, *args, **kw):
+    return jnp.full(_shape(val), fill_value, _jdtype(val))
+
+
+@graph_lowering("arange.default", "arange.start")
+def _arange(val, *args, **kw):
+    nums = [x for x in args if isinstance(x, (int, float))]
+    start, end = (0, nums[0]) if len(nums) == 1 else (nums[0], nums[1])
+    n = _shape(val)[0]
+    d = _jdtype(val)
+    acc = jnp.float64 if jnp.issubdtype(d, jnp.floating) else jnp.int64
+    return (start + jnp.arange(n, dtype=acc)).astype(d)
+
+
+@graph_lowering("prims.iota.default")
+def _iota(val, length, *, start, step, dtype, device=None, requires_grad=False):
+    return (start + jnp.arange(length, dtype=jnp.int64) * step).astype(dtype)
+
+
+@graph_lowering("prims.convert_element_type.default")
+def _convert(val, a, dtype):
+    return jnp.asarray(a).astype(dtype)
+
+
+@graph_lowering("prims.broadcast_in_dim.default")
+def _broadcast_in_dim(val, a, shape, broadcast_dimensions):
+    return lax.broadcast_in_dim(a, tuple(shape), tuple(broadcast_dimensions))
+
+
+@graph_lowering("prims.squeeze.default")
+def _prims_squeeze(val, a, dimensions):
+    return lax.squeeze(a, tuple(dimensions))
+
+
+@graph_lowering("prims.collapse_view.default", "prims.collapse.default", "prims.split_dim.default",
+                "prims.reshape.default", "prims.view_of.default")
+def _prims_reshape(val, a, *args):
+    return jnp.reshape(a, _shape(val))
+
+
+@graph_lowering("prims.transpose.default")
+def _prims_transpose(val, a, permutation):
+    return jnp.transpose(a, tuple(permutation))
+
+
+@graph_lowering("prims.where.default")
+def _prims_where(val, pred, a, b):
+    return jnp.where(pred, a, b)
+
+
+@graph_lowering("prims.sum.default")
+def _prims_sum(val, a, dims, *, output_dtype=None):
+    return jnp.sum(a, axis=tuple(dims)).astype(_jdtype(val, a.dtype))
+
+
+@graph_lowering("prims.var.default")
+def _prims_var(val, a, dims, correction=1, *, output_dtype=None):
+    n = math.prod(a.shape[d] for d in dims)
+    return (jnp.var(a, axis=tuple(dims)) * n / max(n - correction, 0)).astype(_jdtype(val, a.dtype))
+
+
+# ---------------------------------------------------------------- random ops without a table lowering
+@graph_lowering("rand_like", "rand", "rand.default")
+def _rand(val, *args, key, **kw):
+    d = _jdtype(val)
+    return jax.random.uniform(key, _shape(val), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(d)
+
+
+@graph_lowering("randn_like", "randn")
+def _randn(val, *args, key, **kw):
+    d = _jdtype(val)
+    return jax.random.normal(key, _shape(val), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(d)
+
+
+_RANDOM_GRAPH_OPS = {"rand_like.default", "rand.default", "randn_like.default", "randn.default"}
+
+
+# ---------------------------------------------------------------- no-ops and checks
+@graph_lowering("_assert_tensor_metadata", "_assert_async", "_assert_async.msg", "_assert_scalar",
+                "_functional_assert_async.msg", "record_stream", "_print", "sym_constrain_range_for_size",
+                "_functional_sym_constrain_range_for_size")
+def _noop(val, *args, **kw):
+    return None
+
+
+# ---------------------------------------------------------------- the interpreter
+def _meta_like(v):
+    """A meta tensor with v's shape, strides and dtype (v: a FakeTensor or meta tensor)."""
+    if isinstance(v, torch.Tensor):
+        return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_meta_like(x) for x in v)
+    return v
+
+
+def _meta_arg(a):
+    if isinstance(a, fx.Node):
+        return _meta_like(a.meta.get("val"))
+    if isinstance(a, (list, tuple)):
+        return type(a)(_meta_arg(x) for x in a)
+    if isinstance(a, torch.device):
+        return torch.device("meta")
+    return a
+
+
+def _is_random_lowering(low):
+    return low is not None and low.random
+
+
+class _Step:
+    __slots__ = ("node", "fn", "kind", "random_index", "mutates")
+
+
+def _static_convert(a):
+    """Non-node arguments as lowerings expect them: torch dtypes become jnp dtypes."""
+    if isinstance(a, torch.dtype):
+        return dt.to_jax(a)
+    if isinstance(a, (list, tuple)):
+        return type(a)(_static_convert(x) for x in a)
+    return a
+
+
+def _foreach_fn(op):
+    """An elementwise JAX function applying the per-tensor op of a `_foreach_*` overload."""
+    schema = op._schema
+    base = schema.name.split("::")[1][len("_foreach_"):]
+    inplace = base.endswith("_")
+    if inplace:
+        raise UnsupportedInGraph(f"in-place {schema.name} in a non-functional graph")
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is None:
+        raise UnsupportedInGraph(f"torchtpu: no per-tensor op for {schema.name}")
+    list_pos = [i for i, a in enumerate(schema.arguments) if str(a.type).startswith(("Tensor[]", "List[Tensor]"))
+                or str(a.type) in ("Scalar[]", "List[Scalar]", "number[]")]
+
+    def fn(args, kwargs):
+        n = len(args[list_pos[0]])
+        outs = []
+        for i in range(n):
+            elem = [a[i] if j in list_pos else a for j, a in enumerate(args)]
+            outs.append(_per_tensor(packet, elem, kwargs))
+        return tuple(outs)
+    return fn
+
+
+def _per_tensor(packet, elem, kwargs):
+    def kind(x):
+        return "T" if hasattr(x, "shape") and not (getattr(x, "weak_type", False)) else "S"
+    kinds = [kind(x) for x in elem]
+    best = None
+    for ov in packet.overloads():
+        low = LOWERINGS.get(f"{packet._qualified_op_name.split('::')[1]}.{ov}")
+        if low is None:
+            continue
+        args = packet.__getattr__(ov)._schema.arguments
+        pos = [a for a in args if not a.kwarg_only]
+        if len(pos) < len(elem):
+            continue
+        ok = True
+        for k, a in zip(kinds, pos):
+            t = str(a.type)
+            if k == "T" and not t.startswith(("Tensor", "Optional[Tensor]")):
+                ok = False
+            if k == "S" and t.startswith("Tensor"):
+                ok = False
+        if ok:
+            best = low
+            if ov in ("default", "Tensor", "List"):
+                break
+    if best is None:
+        raise UnsupportedInGraph(f"torchtpu: no lowering for the per-tensor op of _foreach_{packet.__name__}")
+    return apply(best, elem, kwargs)
+
+
+class GraphProgram:
+    """A planned FX graph: `run(inputs, key)` evaluates it on JAX values (inside a trace).
+
+    `owner` is the GraphModule holding get_attr constants (or None). Returns (outputs, mutations)
+    where mutations maps a placeholder index to its new value (from `copy_` into graph inputs).
+    """
+
+    def __init__(self, graph: fx.Graph, owner=None):
+        from .resolve import NotLowered
+        self.graph = graph
+        self.owner = owner
+        self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        self.random = False
+        self.steps = []
+        ph_index = {n: i for i, n in enumerate(self.placeholders)}
+        self.ph_index = ph_index
+        n_random = 0
+        unsupported = []
+        for node in graph.nodes:
+            if node.op != "call_function":
+                continue
+            s = _Step()
+            s.node = node
+            s.random_index = None
+            s.mutates = None
+            target = node.target
+            if isinstance(target, torch._ops.OpOverload):
+                name = node_op_name(target)
+                low = LOWERINGS.get(name)
+                if low is not None:
+                    s.kind = "lowering"
+                    s.fn = low
+                    if low.random:
+                        s.random_index = n_random
+                        n_random += 1
+                elif name in ("copy_.default",):
+                    s.kind = "copy_"
+                    s.fn = None
+                elif name in GRAPH_LOWERINGS:
+                    s.kind = "graph"
+                    s.fn = GRAPH_LOWERINGS[name]
+                    if name in _RANDOM_GRAPH_OPS:
+                        s.random_index = n_random
+                        n_random += 1
+                elif name.startswith("_foreach_"):
+                    s.kind = "call"
+                    try:
+                        s.fn = _foreach_fn(target)
+                    except UnsupportedInGraph as e:
+                        unsupported.append(str(e))
+                        continue
+                elif name in ("sym_size.int", "sym_stride.int", "sym_numel.default", "sym_storage_offset.default"):
+                    s.kind = "sym"
+                    s.fn = name
+                elif name == "_local_scalar_dense.default" or name in ("nonzero.default", "masked_select.default",
+                                                                       "unique2.default", "_unique2.default"):
+                    unsupported.append(
+                        f"torchtpu: aten::{name} has a data-dependent output and cannot be part of a compiled "
+                        f"graph. Use a static-shape alternative (torch.where(mask, x, 0) instead of x[mask], "
+                        f"a fixed-size topk instead of nonzero, keep values as tensors instead of .item()), "
+                        f"or allow a graph break (fullgraph=False).")
+                    continue
+                else:
+                    meta_args = _meta_arg(node.args)
+                    meta_kwargs = {k: _meta_arg(v) for k, v in node.kwargs.items()}
+                    try:
+                        from .resolve import resolve, functional_twin
+                        fn = resolve(target, list(meta_args), meta_kwargs)
+                    except NotLowered as e:
+                        unsupported.append(str(e))
+                        continue
+                    s.kind = "call"
+                    s.fn = fn
+                    twin = functional_twin(target)
+                    if twin is not None and not twin[1]:
+                        # in-place op in a non-functional trace: the first mutable argument gets the value
+                        s.mutates = next(i for i, a in enumerate(target._schema.arguments)
+                                         if a.alias_info is not None and a.alias_info.is_write)
+                    if twin is not None:
+                        tl = LOWERINGS.get(node_op_name(twin[0]))
+                        if tl is not None and tl.random:
+                            s.random_index = n_random
+                            n_random += 1
+            elif target is operator.getitem:
+                s.kind = "getitem"
+                s.fn = None
+            elif isinstance(target, torch._ops.HigherOrderOperator):
+                unsupported.append(f"torchtpu: higher-order op {target} is not supported in compiled graphs yet")
+                continue
+            elif callable(target) and getattr(target, "__module__", "") in ("_operator", "operator", "math",
+                                                                               "builtins"):
+                s.kind = "python"
+                s.fn = target
+            elif isinstance(target, type) and issubclass(target, tuple):  # return_types namedtuples
+                s.kind = "python"
+                s.fn = lambda *a, **k: tuple(a) + tuple(k.values())
+            elif callable(target) and "sym" in getattr(target, "__name__", ""):
+                s.kind = "python"
+                s.fn = target
+            else:
+                unsupported.append(f"torchtpu: cannot interpret graph node {node.format_node()}")
+                continue
+            self.steps.append(s)
+        self.mutated_placeholders = []  # placeholder indices written by copy_ or an in-place op
+        for s in self.steps:
+            dst = s.node.args[0] if s.kind == "copy_" else (
+                s.node.args[s.mutates] if s.mutates is not None else None)
+            if isinstance(dst, fx.Node) and dst in ph_index and ph_index[dst] not in self.mutated_placeholders:
+                self.mutated_placeholders.append(ph_index[dst])
+        self.n_random = n_random
+        self.random = n_random > 0
+        if unsupported:
+            raise NotLowered("\n".join(dict.fromkeys(unsupported)))
+
+    def run(self, inputs, key=None):
+        env = {}
+        for n, v in zip(self.placeholders, inputs):
+            env[n] = v
+        mutations = {}
+
+        def load(a):
+            if isinstance(a, fx.Node):
+                return env[a]
+            if isinstance(a, (list, tuple)):
+                return type(a)(load(x) for x in a)
+            if isinstance(a, torch.dtype):
+                return dt.to_jax(a)
+            return a
+
+        for n in self.graph.nodes:
+            if n.op == "get_attr":
+                env[n] = _constant(getattr(self.owner, n.target))
+        for s in self.steps:
+            node = s.node
+            args = [load(a) for a in node.args]
+            kwargs = {k: load(v) for k, v in node.kwargs.items()}
+            kind = s.kind
+            val = node.meta.get("val")
+            if kind == "lowering":
+                if s.random_index is not None:
+                    kwargs["key"] = jax.random.fold_in(key, s.random_index)
+                out = apply(s.fn, args, kwargs)
+            elif kind == "graph":
+                if s.random_index is not None:
+                    kwargs["key"] = jax.random.fold_in(key, s.random_index)
+                out = s.fn(val, *args, **kwargs)
+            elif kind == "call":
+                if s.random_index is not None:
+                    kwargs["key"] = jax.random.fold_in(key, s.random_index)
+                out = s.fn(args, kwargs)
+                if s.mutates is not None:
+                    target_node = node.args[s.mutates]
+                    if isinstance(target_node, fx.Node):
+                        env[target_node] = out
+                        if target_node in self.ph_index:
+                            mutations[self.ph_index[target_node]] = out
+            elif kind == "getitem":
+                out = args[0][args[1]]
+            elif kind == "copy_":
+                dst, src = args[0], args[1]
+                out = jnp.broadcast_to(jnp.asarray(src).astype(dst.dtype), dst.shape)
+                dst_node = node.args[0]
+                env[dst_node] = out
+                if dst_node in self.ph_index:
+                    mutations[self.ph_index[dst_node]] = out
+            elif kind == "sym":
+                a = args[0]
+                if s.fn == "sym_size.int":
+                    out = int(a.shape[args[1]])
+                elif s.fn == "sym_numel.default":
+                    out = int(a.size)
+                elif s.fn == "sym_stride.int":
+                    out = int(_contig_stride(a.shape)[args[1]])
+                else:
+                    out = 0
+            else:  # python operator on static ints
+                out = s.fn(*args, **kwargs)
+            env[node] = _fix(out, val) if kind in ("lowering", "call", "graph") else out
+        out_node = next(n for n in reversed(self.graph.nodes) if n.op == "output")
+        return load(out_node.args[0]), mutations
+
+
+def _contig_stride(shape):
+    st, acc = [], 1
+    for d in reversed(shape):
+        st.append(acc)
+        acc *= d
+    return tuple(reversed(st))
+
+
+def _fix(out, val):
+    """Make a lowering's value agree with PyTorch's meta value (dtype, broadcast shape)."""
+    if isinstance(val, torch.Tensor) and hasattr(out, "dtype") and hasattr(out, "shape"):
+        d = dt.to_jax(val.dtype)
+        if out.dtype != d:
+            out = out.astype(d)
+        try:
+            shape = tuple(int(x) for x in val.shape)
+        except (TypeError, ValueError):  # symbolic
+            return out
+        if tuple(out.shape) != shape and math.prod(shape) == math.prod(out.shape) == 1:
+            out = out.reshape(shape)
+        elif tuple(out.shape) != shape and len(out.shape) <= len(shape):
+            out = jnp.broadcast_to(out, shape)
+        return out
+    if isinstance(val, (list, tuple)) and isinstance(out, (list, tuple)) and len(val) == len(out):
+        return type(out)(_fix(o, v) for o, v in zip(out, val))
+    return out
+
+
+def _constant(t):
+    """A get_attr constant (a tensor attribute of the graph module) as a JAX value."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.device.type == "tpu":
+        from ..storage.records import record_of
+        from ..eager.views import read
+        r = record_of(t)
+        flat = r.buffer if r.buffer is not None else jnp.zeros((r.numel,), dt.to_jax(r.dtype))
+        return read(flat, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), dt.to_jax(t.dtype), r.numel))
+    host = dt.numpy_from_cpu(t.detach().contiguous()) if hasattr(dt, "numpy_from_cpu") else t.detach().numpy()
+    return jnp.asarray(host, dt.to_jax(t.dtype))

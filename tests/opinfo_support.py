@@ -1,0 +1,387 @@
+"""Parity of the tpu device with the CPU over PyTorch's OpInfo database (shared by the tests and
+tools/op_coverage.py).
+
+`check(op, dtype, kind)` runs up to a few OpInfo samples (fresh random values) of one op at one
+dtype on the CPU and on "tpu" and compares them with `torch.testing.assert_close`:
+
+- kind "forward":  the function variant: values, shapes, dtypes.
+- kind "inplace":  `op.inplace_variant` on a copy of the input: the mutated input and the result.
+- kind "out":      the out= variant (first sample only): the out tensor(s).
+- kind "grad":     float32 only: gradients of every input that requires grad, for random
+                   cotangents, through `torch.autograd.grad`.
+
+Random ops are compared on shape and dtype only (their values cannot match the CPU's generator;
+their distributions are tested in tests/test_random_distributions.py). Ops out of scope are listed
+in OUT_OF_SCOPE with the reason; nothing is skipped silently.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import traceback
+
+import torch
+from torch.utils import _pytree as pytree
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64,
+          torch.int64, torch.int32, torch.uint8, torch.bool]
+
+# (rtol, atol) per dtype; integers and bool must match exactly
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+GRAD_TOLERANCE = (1e-3, 1e-4)
+
+# ops whose outputs are random (or uninitialised): compared on shape and dtype only
+RANDOM_OPS = {
+    "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "normal", "normal.in_place",
+    "normal.number_mean", "uniform", "multinomial", "randn", "randn_like", "rand_like", "randint",
+    "randint_like", "nn.functional.rrelu", "nn.functional.dropout", "nn.functional.dropout2d",
+    "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+    "nn.functional.feature_alpha_dropout.with_train",
+    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+}
+
+# linalg ops that need a LAPACK-style decomposition (or a solve): out of scope for now
+LAPACK_OPS = {
+    "cholesky", "cholesky_inverse", "cholesky_solve", "geqrf", "lu", "lu_solve", "lu_unpack",
+    "matrix_exp", "ormqr", "qr", "svd", "svd_lowrank", "pca_lowrank", "pinverse", "logdet",
+    "triangular_solve",
+}
+# linalg.* ops that are plain arithmetic: in scope
+LINALG_IN_SCOPE = {"linalg.vector_norm", "linalg.vecdot", "linalg.cross", "linalg.diagonal",
+                   "linalg.matrix_power", "linalg.multi_dot", "linalg.norm",
+                   "linalg.norm.subgradients_at_zero", "linalg.matrix_norm", "linalg.vander"}
+
+
+def out_of_scope(name: str) -> str | None:
+    """Why an OpInfo is not part of the parity sweep, or None when it is."""
+    if name.startswith("sparse.") or name == "to_sparse":
+        return "sparse layouts are not supported on tpu"
+    if name.startswith("fft.") and name not in ("fft.fftshift", "fft.ifftshift") or name in ("stft", "istft"):
+        return "FFTs take or produce complex tensors (complex dtypes are out of scope)"
+    if name in ("view_as_complex", "view_as_real", "complex", "polar"):
+        return "complex tensors are out of scope"
+    if name in LAPACK_OPS or (name.startswith("linalg.") and name not in LINALG_IN_SCOPE):
+        return "linalg decomposition/solve (needs LAPACK; no XLA lowering in this scope)"
+    if name.startswith(("torch.ops.aten._flash_attention", "torch.ops.aten._efficient_attention")):
+        return "CUDA-only attention kernels"
+    return None
+
+
+def op_id(op) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def cpu_dtypes(op):
+    supported = op.supported_dtypes("cpu")
+    return [d for d in DTYPES if d in supported]
+
+
+@dataclasses.dataclass
+class Result:
+    status: str          # pass | fail | error | not_lowered | timeout | no_samples | n/a
+    reason: str = ""
+    samples: int = 0
+
+
+class Timeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+    """Raise Timeout in the main thread after `seconds` (checked between Python bytecodes)."""
+    if not seconds or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise Timeout(f"timed out after {seconds}s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(int(seconds))
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# ------------------------------------------------------------------ helpers
+def _to(x, device):
+    def move(t):
+        if isinstance(t, torch.Tensor):
+            if t.layout != torch.strided:
+                raise _SampleOutOfScope("non-strided layout")
+            moved = t.detach().to(device)
+            return moved.requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() else moved
+        return t
+    return pytree.tree_map(move, x)
+
+
+def _clone(x):
+    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x)
+
+
+class _SampleOutOfScope(Exception):
+    pass
+
+
+def _has_complex(x):
+    return any(isinstance(t, torch.Tensor) and t.is_complex() for t in pytree.tree_leaves(x))
+
+
+def _spread(samples, n):
+    """Up to n samples spread over the list (the first ones are often the trivial shapes)."""
+    if len(samples) <= n:
+        return samples
+    idx = sorted({round(i * (len(samples) - 1) / max(n - 1, 1)) for i in range(n)})
+    return [samples[i] for i in idx]
+
+
+def _samples(op, dtype, requires_grad, max_samples):
+    out = []
+    for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad):
+        out.append(s)
+        if len(out) >= 4 * max_samples:  # enough to choose a spread from; generation is cheap
+            break
+    return _spread(out, max_samples)
+
+
+def _on(kwargs, device):
+    """Factory samples name the device they were made for: point them at `device`."""
+    if isinstance(kwargs, dict) and "device" in kwargs:
+        kwargs = dict(kwargs, device=device)
+    return kwargs
+
+
+def _call(fn, sample, device):
+    inp, args, kwargs = _to((sample.input, sample.args, _on(sample.kwargs, device)), device)
+    return inp, args, kwargs, fn(inp, *args, **kwargs)
+
+
+def compare(actual, expected, dtype, random=False, what="output"):
+    """assert_close on every tensor leaf (after moving to cpu); other leaves must be equal."""
+    a_leaves, a_spec = pytree.tree_flatten(actual)
+    e_leaves, e_spec = pytree.tree_flatten(expected)
+    if len(a_leaves) != len(e_leaves):
+        raise AssertionError(f"{what}: {len(a_leaves)} leaves, expected {len(e_leaves)}")
+    for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                raise AssertionError(f"{what}[{i}]: got {type(a).__name__}, expected a tensor")
+            if a.device.type != "tpu" and e.device.type == "cpu" and e.numel() and a.numel():
+                raise AssertionError(f"{what}[{i}]: result on {a.device}, expected tpu")
+            if a.shape != e.shape or a.dtype != e.dtype:
+                raise AssertionError(f"{what}[{i}]: shape/dtype {tuple(a.shape)} {a.dtype}, "
+                                     f"expected {tuple(e.shape)} {e.dtype}")
+            if random:
+                continue
+            rtol, atol = TOLERANCES.get(e.dtype, (0, 0))
+            try:
+                torch.testing.assert_close(a.detach().cpu(), e.detach(), rtol=rtol, atol=atol,
+                                           equal_nan=True, check_device=False)
+            except AssertionError as err:
+                msg = str(err).strip().splitlines()
+                raise AssertionError(f"{what}[{i}] {tuple(e.shape)} {e.dtype}: " + " ".join(m.strip() for m in msg[:4])) from None
+        elif isinstance(e, float) and isinstance(a, float):
+            if not (a == e or (a != a and e != e) or abs(a - e) <= 1e-5 + 1e-4 * abs(e)) and not random:
+                raise AssertionError(f"{what}[{i}]: {a} != {e}")
+        elif not random and a != e and not (isinstance(e, torch.dtype) or e is None and a is None):
+            raise AssertionError(f"{what}[{i}]: {a!r} != {e!r}")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    line = text[0] if text else ""
+    return f"{type(e).__name__}: {line}"[:300]
+
+
+def _classify(e: BaseException) -> Result:
+    from torchtpu.ops.resolve import NotLowered
+    if isinstance(e, Timeout):
+        return Result("timeout", str(e))
+    if isinstance(e, NotLowered) or (isinstance(e, NotImplementedError) and "not implemented for the tpu" in str(e)):
+        msg = str(e)
+        start = msg.find("aten::")
+        name = msg[start:].split(" ")[0] if start >= 0 else msg
+        return Result("not_lowered", f"{name} has no tpu lowering")
+    if isinstance(e, AssertionError):
+        return Result("fail", _first_line(e))
+    return Result("error", _first_line(e))
+
+
+# ------------------------------------------------------------------ one check
+def check(op, dtype, kind="forward", max_samples=3, timeout=120) -> Result:
+    """Run `kind` for `op` at `dtype`; never raises (exceptions become Results)."""
+    name = op_id(op)
+    random = name in RANDOM_OPS
+    try:
+        with time_limit(timeout):
+            if kind == "forward":
+                return _check_forward(op, dtype, max_samples, random)
+            if kind == "inplace":
+                return _check_inplace(op, dtype, max_samples, random)
+            if kind == "out":
+                return _check_out(op, dtype, random)
+            if kind == "grad":
+                return _check_grad(op, dtype, max_samples, random)
+            raise ValueError(kind)
+    except Exception as e:  # noqa: BLE001 - every failure becomes a result
+        r = _classify(e)
+        if r.status == "error" and "torchtpu" not in r.reason:
+            r.reason += " @ " + _where(e)
+        return r
+
+
+def _where(e):
+    tb = traceback.extract_tb(e.__traceback__)
+    frames = [f for f in tb if "torchtpu" in f.filename]
+    f = frames[-1] if frames else (tb[-1] if tb else None)
+    return f"{f.filename.split('/')[-1]}:{f.lineno}" if f else "?"
+
+
+def _run_samples(op, dtype, max_samples, requires_grad, one):
+    """Apply `one(sample)` to each sample the CPU accepts; returns the number compared."""
+    n = 0
+    for sample in _samples(op, dtype, requires_grad, max_samples):
+        if _has_complex((sample.input, sample.args, sample.kwargs)):
+            continue
+        try:
+            if one(sample) is False:
+                continue
+        except _SampleOutOfScope:
+            continue
+        n += 1
+    return n
+
+
+def _cpu_or_none(fn):
+    try:
+        return True, fn()
+    except Exception:  # noqa: BLE001 - the CPU rejects this sample: nothing to compare
+        return False, None
+
+
+def _check_forward(op, dtype, max_samples, random):
+    def one(sample):
+        ok, expected = _cpu_or_none(lambda: _call(op, sample, "cpu")[3])
+        if not ok or _has_complex(expected):
+            return False
+        _, _, _, actual = _call(op, sample, "tpu")
+        compare(actual, expected, dtype, random)
+
+    n = _run_samples(op, dtype, max_samples, False, one)
+    return Result("pass", samples=n) if n else Result("no_samples", "the CPU accepts no sample")
+
+
+def _check_inplace(op, dtype, max_samples, random):
+    fn = op.inplace_variant
+    if fn is None:
+        return Result("n/a")
+
+    def one(sample):
+        def cpu():
+            inp, args, kwargs = _to((sample.input, sample.args, sample.kwargs), "cpu")
+            inp = _clone(inp)
+            with torch.no_grad():
+                out = fn(inp, *args, **kwargs)
+            return inp, out
+        ok, expected = _cpu_or_none(cpu)
+        if not ok or _has_complex(expected):
+            return False
+        inp, args, kwargs = _to((sample.input, sample.args, _on(sample.kwargs, "tpu")), "tpu")
+        inp = _clone(inp)
+        with torch.no_grad():
+            out = fn(inp, *args, **kwargs)
+        compare(inp, expected[0], dtype, random, "mutated input")
+        if isinstance(out, torch.Tensor) and out is not inp and not isinstance(inp, torch.Tensor):
+            compare(out, expected[1], dtype, random, "inplace output")
+
+    n = _run_samples(op, dtype, max_samples, False, one)
+    return Result("pass", samples=n) if n else Result("no_samples", "the CPU accepts no in-place sample")
+
+
+def _check_out(op, dtype, random):
+    if not op.supports_out:
+        return Result("n/a")
+
+    def one(sample):
+        ok, expected = _cpu_or_none(lambda: _call(op, sample, "cpu")[3])
+        if not ok or _has_complex(expected):
+            return False
+        if isinstance(expected, torch.Tensor):
+            out = torch.empty_like(expected, device="tpu")
+        elif isinstance(expected, tuple) and expected and all(isinstance(e, torch.Tensor) for e in expected):
+            out = tuple(torch.empty_like(e, device="tpu") for e in expected)
+        else:
+            return False
+        inp, args, kwargs = _to((sample.input, sample.args, _on(sample.kwargs, "tpu")), "tpu")
+        ret = op(inp, *args, out=out, **kwargs)
+        compare(out, expected, dtype, random, "out=")
+        if isinstance(out, torch.Tensor) and ret is not out:
+            raise AssertionError("out= variant did not return its out tensor")
+
+    n = _run_samples(op, dtype, 1, False, one)
+    return Result("pass", samples=n) if n else Result("no_samples", "no out= sample the CPU accepts")
+
+
+def _grad_inputs(x):
+    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _check_grad(op, dtype, max_samples, random):
+    if random:
+        return Result("n/a", "random op")
+
+    def grads(sample, device, cotangents=None):
+        inp, args, kwargs = _to((sample.input, sample.args, _on(sample.kwargs, device)), device)
+        out = op(inp, *args, **kwargs)
+        out = sample.output_process_fn_grad(out)
+        outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        leaves = _grad_inputs((inp, args, kwargs))
+        if not outs or not leaves:
+            return None
+        if cotangents is None:
+            cotangents = [torch.randn_like(t.detach().cpu()) for t in outs]
+        got = torch.autograd.grad(outs, leaves, [c.to(device) for c in cotangents], allow_unused=True)
+        return cotangents, [None if g is None else g.detach() for g in got]
+
+    def one(sample):
+        ok, expected = _cpu_or_none(lambda: grads(sample, "cpu"))
+        if not ok or expected is None or _has_complex(expected[1]):
+            return False
+        _, actual = grads(sample, "tpu", expected[0])
+        for i, (a, e) in enumerate(zip(actual, expected[1])):
+            if (a is None) != (e is None):
+                raise AssertionError(f"grad[{i}]: {'None' if a is None else 'a tensor'}, expected "
+                                     f"{'None' if e is None else 'a tensor'}")
+            if e is None:
+                continue
+            if a.shape != e.shape or a.dtype != e.dtype:
+                raise AssertionError(f"grad[{i}]: {tuple(a.shape)} {a.dtype}, expected {tuple(e.shape)} {e.dtype}")
+            try:
+                torch.testing.assert_close(a.cpu(), e, rtol=GRAD_TOLERANCE[0], atol=GRAD_TOLERANCE[1], equal_nan=True)
+            except AssertionError as err:
+                msg = str(err).strip().splitlines()
+                raise AssertionError(f"grad[{i}] {tuple(e.shape)}: " + " ".join(m.strip() for m in msg[:4])) from None
+
+    n = _run_samples(op, dtype, max_samples, True, one)
+    return Result("pass", samples=n) if n else Result("no_samples", "no differentiable sample")
+
+
+def kinds_for(op, dtype):
+    """The checks that apply to (op, dtype)."""
+    kinds = ["forward"]
+    if op.inplace_variant is not None:
+        kinds.append("inplace")
+    if op.supports_out:
+        kinds.append("out")
+    if dtype == torch.float32 and op.supports_autograd and op_id(op) not in RANDOM_OPS:
+        kinds.append("grad")
+    return kinds
