@@ -27,3 +27,9 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
     d = dtype or (jnp.int64 if all(isinstance(v, int) for v in (start, end, step)) else jnp.float32)
     acc = jnp.float64 if jnp.issubdtype(d, jnp.floating) else jnp.int64
     return (start + jnp.arange(n, dtype=acc) * step).astype(d)
+
+
+@lowering("arange.start_out", static_scalars=True)
+def arange_out(start, end, step=1, *, out):
+    # `out` arrives already resized to PyTorch's length; its dtype decides the values' type
+    return arange(start, end, step, dtype=out.dtype)

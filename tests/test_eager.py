@@ -1,0 +1,137 @@
+"""The eager engine: caching, traced scalars, promotion, autograd and optimizers against the CPU."""
+import pytest
+import torch
+
+import torchtpu
+
+
+def test_same_shapes_hit_the_cache_and_scalars_do_not_recompile():
+    a = torch.randn(8, 8, device="tpu")
+    b = torch.randn(8, 8, device="tpu")
+    a.mul(b).add_(b, alpha=0.5)  # warm up
+    before = torchtpu.metrics()
+    for lr in (0.1, 0.01, 0.001):  # a changing Scalar must not recompile
+        a.mul(b).add_(b, alpha=-lr)
+    after = torchtpu.metrics()
+    assert after["eager_compiles"] == before["eager_compiles"]
+    assert after["eager_cache_hits"] - before["eager_cache_hits"] == 6
+    torch.randn(9, 8, device="tpu").mul(2.0)  # a new shape compiles once
+    assert torchtpu.metrics()["eager_compiles"] > after["eager_compiles"]
+
+
+@pytest.mark.parametrize("case", ["int+float", "f16+f32", "int32+int64 0-dim", "bool+int", "bf16*scalar",
+                                  "int/int", "f32+f64 cpu scalar"])
+def test_type_promotion_matches_pytorch(case):
+    mk = {
+        "int+float": lambda d: (torch.arange(6, device=d), 2.5),
+        "f16+f32": lambda d: (torch.ones(3, dtype=torch.float16, device=d), torch.ones(3, device=d)),
+        "int32+int64 0-dim": lambda d: (torch.arange(3, dtype=torch.int32, device=d), torch.tensor(5, device=d)),
+        "bool+int": lambda d: (torch.tensor([True, False], device=d), 3),
+        "bf16*scalar": lambda d: (torch.ones(3, dtype=torch.bfloat16, device=d), 1.5),
+        "int/int": lambda d: (torch.arange(1, 5, device=d), torch.arange(2, 6, device=d)),
+        "f32+f64 cpu scalar": lambda d: (torch.ones(3, device=d), torch.tensor(2.0, dtype=torch.float64)),
+    }[case]
+    op = torch.div if case == "int/int" else torch.add
+    cpu = op(*mk("cpu"))
+    dev = op(*mk("tpu"))
+    assert dev.dtype == cpu.dtype
+    torch.testing.assert_close(dev.cpu(), cpu)
+
+
+def test_float32_stays_float32_with_python_scalars():
+    x = torch.randn(4, device="tpu")
+    for y in (x * 3.3, x + 1, x / 7, x ** 2, 1.5 - x, torch.exp(x) * 1e-3):
+        assert y.dtype == torch.float32
+
+
+def test_integer_semantics():
+    a = torch.tensor([-7, -3, 3, 7], device="tpu")
+    b = torch.tensor([2, -2, 2, -2], device="tpu")
+    ca, cb = a.cpu(), b.cpu()
+    assert torch.equal((a // b).cpu(), ca // cb)
+    assert torch.equal((a % b).cpu(), ca % cb)
+    assert torch.equal(torch.div(a, b, rounding_mode="trunc").cpu(), torch.div(ca, cb, rounding_mode="trunc"))
+    big = torch.tensor([2**62], device="tpu")
+    assert (big * 2).cpu().item() == (torch.tensor([2**62]) * 2).item()  # int64 wraps, no float detour
+
+
+def test_matmul_precision_follows_pytorch_setting():
+    a = torch.randn(64, 64)
+    b = torch.randn(64, 64)
+    torch.testing.assert_close((a.to("tpu") @ b.to("tpu")).cpu(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                               torch.nn.Dropout(0.0), torch.nn.Linear(32, 5))
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "AdamW", "Adam-foreach-off"])
+def test_training_loop_matches_cpu(opt_name):
+    torch.manual_seed(0)
+    cpu_model = _mlp()
+    dev_model = _mlp()
+    dev_model.load_state_dict(cpu_model.state_dict())
+    dev_model.to("tpu")
+    make = {
+        "SGD": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+        "AdamW": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+        "Adam-foreach-off": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False),
+    }[opt_name]
+    copt, dopt = make(cpu_model.parameters()), make(dev_model.parameters())
+    x, y = torch.randn(32, 16), torch.randint(0, 5, (32,))
+    xd, yd = x.to("tpu"), y.to("tpu")
+    for _ in range(6):
+        for model, opt, xx, yy in ((cpu_model, copt, x, y), (dev_model, dopt, xd, yd)):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(xx), yy)
+            loss.backward()
+            opt.step()
+        torch.testing.assert_close(dev_model[0].weight.grad.cpu(), cpu_model[0].weight.grad, rtol=1e-4, atol=1e-5)
+    for (name, p_cpu), p_dev in zip(cpu_model.named_parameters(), dev_model.parameters()):
+        torch.testing.assert_close(p_dev.detach().cpu(), p_cpu.detach(), rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_autograd_through_views_and_inplace():
+    base = torch.randn(4, 6, requires_grad=True)
+    xd = base.detach().to("tpu").requires_grad_(True)
+
+    def f(x):
+        y = x.clone()
+        y[:, 2:4] *= 3
+        return (y.t() @ y).tanh().sum()
+
+    f(base).backward()
+    f(xd).backward()
+    torch.testing.assert_close(xd.grad.cpu(), base.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_input_gets_pytorch_errors():
+    a = torch.randn(3, 4, device="tpu")
+    with pytest.raises(RuntimeError, match="size of tensor a|broadcast a dimension of length 5"):
+        a + torch.randn(5, device="tpu")
+    with pytest.raises(RuntimeError, match="cannot be multiplied|same reduction dim"):
+        a @ torch.randn(5, 2, device="tpu")
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.arange(3, device="tpu").add_(1.5)
+
+
+def test_unimplemented_op_names_aten_op_and_cpu_fallback():
+    x = torch.randn(4, 4, device="tpu")
+    op = torch.ops.aten._cdist_forward.default
+    with pytest.raises(NotImplementedError, match=r"aten::_cdist_forward.*TORCHTPU_CPU_FALLBACK"):
+        op(x, x, 2.0, None)
+    torchtpu.set_cpu_fallback(True)
+    try:
+        with pytest.warns(UserWarning, match="_cdist_forward"):
+            out = op(x, x, 2.0, None)
+        assert out.device.type == "tpu"
+        torch.testing.assert_close(out.cpu(), op(x.cpu(), x.cpu(), 2.0, None))
+        assert torchtpu.metrics()["cpu_fallbacks"] >= 1
+    finally:
+        torchtpu.set_cpu_fallback(False)
+
+
+def test_unsupported_dtype_is_a_clear_error():
+    with pytest.raises((TypeError, RuntimeError), match="not supported on the tpu device"):
+        torch.zeros(3, dtype=torch.float8_e4m3fnuz, device="tpu") + 1
