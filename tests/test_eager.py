@@ -112,7 +112,7 @@ def test_bad_input_gets_pytorch_errors():
         a + torch.randn(5, device="tpu")
     with pytest.raises(RuntimeError, match="cannot be multiplied|same reduction dim"):
         a @ torch.randn(5, 2, device="tpu")
-    with pytest.raises(RuntimeError, match="can't be cast"):
+    with pytest.raises(RuntimeError, match="can't be cast|not possible"):
         torch.arange(3, device="tpu").add_(1.5)
 
 

@@ -71,7 +71,7 @@ def _out_layout(val):
 
 
 class Entry:
-    __slots__ = ("fn", "fn_plain", "donate", "outs", "mutated_slots", "n_cpu", "fused", "sample")
+    __slots__ = ("fn", "fn_plain", "donate", "outs", "mutated_slots", "n_cpu", "fused", "sample", "cpu_mutations")
 
 
 class CompiledGraph:
@@ -137,8 +137,8 @@ class CompiledGraph:
         else:
             _counters.compiled_cache_hits += 1
         dev = device if device >= 0 else current_device()
-        bufs = [r.buffer if r.buffer is not None else _zeros(r.numel, r.dtype, r.device_index) for r in records]
-        dyn = list(bufs)
+        # `dyn` holds the only extra reference to each buffer, so donation safety is a refcount check
+        dyn = [r.buffer if r.buffer is not None else _zeros(r.numel, r.dtype, r.device_index) for r in records]
         for c in cpu_vals:
             dyn.append(_host_value(c, dev))
         if self.program.random:
@@ -146,14 +146,19 @@ class CompiledGraph:
         if isinstance(args, list):
             args.clear()  # boxed calling convention: the caller's list no longer keeps inputs alive
         fn = entry.fn
-        if entry.donate and not _donation_safe(bufs, entry.mutated_slots):
+        if entry.donate and not _donation_safe(dyn, entry.mutated_slots):
             fn = entry.fn_plain or self._plain(entry)
-        del bufs
         results = fn(*dyn)
         del dyn
         nout = len(entry.outs)
         for slot, buf in zip(entry.mutated_slots, results[nout:]):
             set_buffer(records[slot], buf)
+        if entry.cpu_mutations:
+            from ..eager.kernels import to_host
+            base = nout + len(entry.mutated_slots)
+            for j, value in zip(entry.cpu_mutations, results[base:]):
+                c = cpu_vals[j]
+                c.copy_(torch.from_numpy(np.array(value)).to(c.dtype).reshape(c.shape))
         outputs = []
         it = iter(results[:nout])
         for o in entry.outs:
@@ -201,9 +206,8 @@ class CompiledGraph:
         nb = len(records)
         # which buffers the graph writes: its mutated placeholders, through their views
         mutated_slots = sorted({arg_specs[i][1] for i in program.mutated_placeholders if arg_specs[i][0] == "T"})
-        for i in program.mutated_placeholders:
-            if arg_specs[i][0] != "T":
-                raise NotLowered("torchtpu: a compiled graph mutates an input that is not a tpu tensor")
+        # CPU inputs the graph writes (the optimizer's `step` counters): new values go back by copy_
+        cpu_mutations = [i for i in program.mutated_placeholders if arg_specs[i][0] == "C"]
         outs_meta = []  # filled while tracing
         layouts_by_out = [_out_layout(v) for v in self.out_vals]
         rand = program.random
@@ -246,14 +250,17 @@ class CompiledGraph:
                 else:
                     outs_meta.append(("V", v))
             for i in program.mutated_placeholders:
-                _, slot, layout = arg_specs[i]
-                buffers[slot] = views.write(buffers[slot], layout, mutations[i])
-            return tuple(flat) + tuple(buffers[s] for s in mutated_slots)
+                if arg_specs[i][0] == "T":
+                    _, slot, layout = arg_specs[i]
+                    buffers[slot] = views.write(buffers[slot], layout, mutations[i])
+            return (tuple(flat) + tuple(buffers[s] for s in mutated_slots)
+                    + tuple(jnp.asarray(mutations[i]) for i in cpu_mutations))
 
         entry = Entry()
         entry.mutated_slots = mutated_slots
         entry.donate = bool(mutated_slots) and options.donation_enabled()
         entry.n_cpu = n_cpu
+        entry.cpu_mutations = [arg_specs[i][1] for i in cpu_mutations]
         entry.fused = fused
         dev = device if device >= 0 else current_device()
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(dev))
@@ -303,10 +310,10 @@ class CompiledGraph:
         return (entry.fn_plain or self._plain(entry)), dyn
 
 
-def _donation_safe(bufs, slots):
-    # a buffer referenced only by its storage record, our `bufs` list and getrefcount's argument
+def _donation_safe(dyn, slots):
+    # a buffer referenced only by its storage record, the `dyn` list and getrefcount's argument
     for s in slots:
-        if sys.getrefcount(bufs[s]) > 3:
+        if sys.getrefcount(dyn[s]) > 3:
             return False
     return True
 
@@ -409,5 +416,17 @@ def tpu_backend(gm, example_inputs, **kwargs):
 def register():
     """Register "tpu" with Dynamo (idempotent)."""
     from torch._dynamo.backends import registry
+    skip_device_code()
     if "tpu" not in registry._COMPILER_FNS:
         registry.register_backend(compiler_fn=tpu_backend, name="tpu")
+
+
+def skip_device_code():
+    """Dynamo must never trace the device's own Python kernels (they run after a graph break, e.g.
+    `.item()` -> _local_scalar_dense -> to_host), nor JAX: mark those packages as skipped."""
+    from torch._dynamo import trace_rules
+    for name in ("torchtpu", "jax", "jaxlib"):
+        try:
+            trace_rules.add(name)
+        except Exception:  # noqa: BLE001
+            pass

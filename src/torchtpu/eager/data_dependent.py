@@ -1,10 +1,248 @@
 """Ops whose output shape depends on values (nonzero, masked_select, unique, ...): eager only.
 
 They run on the device in two steps: a small executable computes the size (a sync point, as on
-CUDA), then a second one, compiled for that size, computes the values.
+CUDA), then a second one, compiled for that size, computes the values. Boolean-mask indexing
+(`x[mask]`, `x[mask] = v`) goes through here too: the masks become long indices (nonzero), then
+the ordinary index / index_put kernels run.
 """
 from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from ..ops import dtypes as dt
+from ..storage.records import new_tensor, record_of
+
+aten = torch.ops.aten
+
+
+# ------------------------------------------------------------------ reading inputs
+def _flat(t: torch.Tensor):
+    """(flat jax buffer of t's values in t's dtype, device index): a contiguous copy when needed."""
+    r = record_of(t)
+    if not (t.dtype == r.dtype and t.storage_offset() == 0 and t.numel() == r.numel and t.is_contiguous()):
+        t = aten.clone.default(t, memory_format=torch.contiguous_format)
+        r = record_of(t)
+    buf = r.buffer
+    if buf is None:
+        buf = _zeros(r.numel, dt.to_jax(t.dtype), r.device_index)
+    return buf, r.device_index
+
+
+def _zeros(n, dtype, index):
+    from ..device import platform
+    return jax.device_put(jnp.zeros((n,), dtype), platform.jax_device(index))
+
+
+def _check_tpu(*ts):
+    for t in ts:
+        if t.device.type != "tpu":
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
+                               f"devices, tpu and {t.device}!")
+
+
+# ------------------------------------------------------------------ executables (cached per shape)
+@functools.partial(jax.jit, static_argnums=(1,))
+def _count(buf, shape):
+    return jnp.count_nonzero(buf.reshape(shape))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _nonzero(buf, shape, n):
+    idx = jnp.nonzero(buf.reshape(shape), size=n)
+    if not idx:
+        return jnp.zeros((n * 0,), jnp.int64)
+    return jnp.stack([i.astype(jnp.int64) for i in idx], axis=1).reshape(-1)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _masked_select(xbuf, mbuf, xshape, mshape, n):
+    shape = jnp.broadcast_shapes(xshape, mshape)
+    x = jnp.broadcast_to(xbuf.reshape(xshape), shape).reshape(-1)
+    m = jnp.broadcast_to(mbuf.reshape(mshape), shape).reshape(-1)
+    (idx,) = jnp.nonzero(m, size=n)
+    return x[idx]
+
+
+def _rows(x, dim):
+    """x as (D, rest) rows along `dim` (dim None: every element is a row)."""
+    if dim is None:
+        return x.reshape(-1, 1)
+    moved = jnp.moveaxis(x, dim, 0)
+    return moved.reshape(moved.shape[0], -1)
+
+
+def _groups(x, dim, sort):
+    rows = _rows(x, dim)
+    d = rows.shape[0]
+    if sort and d:
+        keys = [rows[:, j] for j in range(rows.shape[1] - 1, -1, -1)]   # lexsort: last key is primary
+        perm = jnp.lexsort(keys) if keys else jnp.arange(d)
+    else:
+        perm = jnp.arange(d)
+    srt = rows[perm]
+    if d == 0:
+        start = jnp.zeros((0,), jnp.bool_)
+    else:
+        start = jnp.concatenate([jnp.ones((1,), jnp.bool_), jnp.any(srt[1:] != srt[:-1], axis=1)])
+    return rows, perm, srt, start
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _unique_count(buf, shape, dim, sort):
+    _, _, _, start = _groups(buf.reshape(shape), dim, sort)
+    return jnp.sum(start.astype(jnp.int64))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _unique(buf, shape, dim, sort, n):
+    x = buf.reshape(shape)
+    rows, perm, srt, start = _groups(x, dim, sort)
+    group = jnp.cumsum(start.astype(jnp.int64)) - 1
+    (first,) = jnp.nonzero(start, size=n)
+    values = srt[first]
+    if dim is None:
+        values = values.reshape(-1)
+    else:
+        moved = jnp.moveaxis(x, dim, 0)
+        values = jnp.moveaxis(values.reshape((n,) + moved.shape[1:]), 0, dim)
+    inverse = jnp.zeros((rows.shape[0],), jnp.int64).at[perm].set(group)
+    counts = jnp.zeros((n,), jnp.int64).at[group].add(1)
+    return values.reshape(-1), inverse, counts
+
+
+# ------------------------------------------------------------------ kernels
+def nonzero(self):
+    _check_tpu(self)
+    buf, dev = _flat(self)
+    shape = tuple(self.shape)
+    n = int(_count(buf, shape))  # sync point
+    return new_tensor((n, self.dim()), torch.int64, dev, _nonzero(buf, shape, n))
+
+
+def masked_select(self, mask):
+    _check_tpu(self, mask)
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_select: expected BoolTensor for mask, but got {mask.dtype}")
+    xbuf, dev = _flat(self)
+    mbuf, _ = _flat(mask)
+    xs, ms = tuple(self.shape), tuple(mask.shape)
+    torch.broadcast_shapes(xs, ms)  # PyTorch's error for shapes that do not broadcast
+    shape = tuple(torch.broadcast_shapes(xs, ms))
+    n = int(_count(jnp.broadcast_to(mbuf.reshape(ms), shape).reshape(-1), (-1,)))
+    return new_tensor((n,), self.dtype, dev, _masked_select(xbuf, mbuf, xs, ms, n))
+
+
+def _unique_impl(self, dim, sort, return_inverse, return_counts, inverse_shape):
+    _check_tpu(self)
+    shape = tuple(self.shape)
+    if dim is not None:
+        dim = dim % max(self.dim(), 1)
+        if self.dim() == 0:
+            raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got 1)")
+    buf, dev = _flat(self)
+    n = int(_unique_count(buf, shape, dim, sort))  # sync point
+    values, inverse, counts = _unique(buf, shape, dim, sort, n)
+    vshape = (n,) if dim is None else shape[:dim] + (n,) + shape[dim + 1:]
+    out = new_tensor(vshape, self.dtype, dev, values)
+    inv = new_tensor(inverse_shape, torch.int64, dev, inverse) if return_inverse else \
+        new_tensor((0,), torch.int64, dev, _zeros(0, jnp.int64, dev))
+    cnt = new_tensor((n,), torch.int64, dev, counts) if return_counts else \
+        new_tensor((0,), torch.int64, dev, _zeros(0, jnp.int64, dev))
+    return out, inv, cnt
+
+
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    # always sorted, as on CUDA (sorted=False only promises nothing about the order)
+    return _unique_impl(self, None, True, return_inverse, return_counts, tuple(self.shape))
+
+
+def unique(self, sorted=True, return_inverse=False):
+    out, inv, _ = _unique_impl(self, None, True, return_inverse, False, tuple(self.shape))
+    return out, inv
+
+
+def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    d = dim % max(self.dim(), 1)
+    return _unique_impl(self, dim, True, return_inverse, return_counts, (self.shape[d],))
+
+
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    if dim is None:
+        return _unique_impl(self, None, False, return_inverse, return_counts, tuple(self.shape))
+    d = dim % max(self.dim(), 1)
+    return _unique_impl(self, dim, False, return_inverse, return_counts, (self.shape[d],))
+
+
+def unique_dim_consecutive(self, dim, return_inverse=False, return_counts=False):
+    return unique_consecutive(self, return_inverse, return_counts, dim)
+
+
+# ------------------------------------------------------------------ boolean-mask indexing
+def _long_indices(indices):
+    """Boolean / uint8 masks in a PyTorch index list replaced by the long indices of their Trues."""
+    if not any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
+        return None
+    out = []
+    for i in indices:
+        if i is not None and i.dtype in (torch.bool, torch.uint8):
+            if i.device.type != "tpu":
+                i = i.to("tpu")
+            nz = nonzero(i if i.dtype == torch.bool else i.bool())
+            out.extend(aten.select.int(nz, 1, j) for j in range(i.dim()))
+        else:
+            out.append(i)
+    return out
+
+
+def _check_mask_shapes(self, indices):
+    # PyTorch's message for a mask that does not match the indexed dims
+    d = 0
+    for i in indices:
+        if i is not None and i.dtype in (torch.bool, torch.uint8):
+            for j, n in enumerate(i.shape):
+                if d + j >= self.dim() or self.shape[d + j] != n:
+                    raise IndexError(
+                        f"The shape of the mask {list(i.shape)} at index {j} does not match the shape of "
+                        f"the indexed tensor {list(self.shape)} at index {d + j}")
+            d += i.dim()
+        else:
+            d += 1
+
+
+def _with_masks(engine_kernel, position):
+    def kernel(*args, **kwargs):
+        indices = args[position] if len(args) > position else kwargs.get("indices")
+        longs = _long_indices(indices) if indices is not None else None
+        if longs is not None:
+            _check_mask_shapes(args[0], indices)
+            if len(args) > position:
+                args = args[:position] + (longs,) + args[position + 1:]
+            else:
+                kwargs = dict(kwargs, indices=longs)
+        return engine_kernel(*args, **kwargs)
+    return kernel
 
 
 def register(impl):
     """Called by kernels.register_all with `impl(name_or_op, fn)` to add PrivateUse1 kernels."""
+    from .kernels import kernel_for
+    impl("nonzero", nonzero)
+    impl("masked_select", masked_select)
+    impl("_unique2", unique2)
+    impl("_unique", unique)
+    impl("unique_dim", unique_dim)
+    impl("unique_consecutive", unique_consecutive)
+    impl("unique_dim_consecutive", unique_dim_consecutive)
+    # boolean masks in index lists: converted here, then the engine's kernels (replacing them)
+    # (the dispatcher warns once that a kernel is overridden: expected here, so silenced)
+    import warnings
+    for name in ("index.Tensor", "index_put", "index_put_", "_index_put_impl_"):
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet), overload or "default")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
+            impl(name, _with_masks(kernel_for(op), 1))

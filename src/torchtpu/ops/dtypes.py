@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -108,11 +109,12 @@ def numpy_from_cpu(t: torch.Tensor) -> np.ndarray:
 
 
 def cpu_from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """A CPU tensor over `a` (read-only arrays from JAX included: callers only read it)."""
-    if not a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = True if a.base is not None and a.base.flags.writeable else a.flags.writeable
+    """A CPU tensor over `a`. Arrays from JAX are read-only; callers only read the tensor (it is
+    the source of a copy), so PyTorch's warning about non-writable arrays does not apply."""
     carrier = NUMPY_CARRIER.get(dtype)
-    if carrier is None:
-        return torch.from_numpy(a)
-    return torch.from_numpy(a.view(TO_JAX[carrier])).view(dtype)
+    if carrier is not None:
+        a = a.view(TO_JAX[carrier])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        t = torch.from_numpy(a)
+    return t if carrier is None else t.view(dtype)

@@ -439,52 +439,88 @@ def _foreach_fn(op):
     """An elementwise JAX function applying the per-tensor op of a `_foreach_*` overload."""
     schema = op._schema
     base = schema.name.split("::")[1][len("_foreach_"):]
-    inplace = base.endswith("_")
-    if inplace:
+    if base.endswith("_"):
         raise UnsupportedInGraph(f"in-place {schema.name} in a non-functional graph")
     packet = getattr(torch.ops.aten, base, None)
     if packet is None:
         raise UnsupportedInGraph(f"torchtpu: no per-tensor op for {schema.name}")
-    list_pos = [i for i, a in enumerate(schema.arguments) if str(a.type).startswith(("Tensor[]", "List[Tensor]"))
-                or str(a.type) in ("Scalar[]", "List[Scalar]", "number[]")]
+    pos_args = [a for a in schema.arguments if not a.kwarg_only]
+    list_pos = {i for i, a in enumerate(pos_args) if str(a.type).startswith(("Tensor[]", "List[Tensor]"))
+                or str(a.type) in ("Scalar[]", "List[Scalar]", "number[]")}
+    # `_foreach_addcmul.Tensor(..., Tensor scalars)`: one value per list element, held in a tensor
+    per_elem = {i for i, a in enumerate(pos_args) if a.name == "scalars" and i not in list_pos}
+    chosen = {}
 
     def fn(args, kwargs):
-        n = len(args[list_pos[0]])
+        n = len(args[min(list_pos)])
         outs = []
         for i in range(n):
-            elem = [a[i] if j in list_pos else a for j, a in enumerate(args)]
-            outs.append(_per_tensor(packet, elem, kwargs))
+            elem = [a[i] if (j in list_pos or j in per_elem) else a for j, a in enumerate(args)]
+            kinds = tuple("S" if (j in per_elem or not hasattr(x, "shape") or getattr(x, "weak_type", False))
+                          else "T" for j, x in enumerate(elem))
+            if kinds not in chosen:
+                chosen[kinds] = _per_tensor_overload(packet, kinds, kwargs)
+            low, extra_kw = chosen[kinds]
+            k = dict(kwargs)
+            pos = elem[:len(elem) - len(extra_kw)] if extra_kw else elem
+            for name, v in zip(extra_kw, elem[len(pos):]):
+                k[name] = v
+            outs.append(apply(low, pos, k))
         return tuple(outs)
     return fn
 
 
-def _per_tensor(packet, elem, kwargs):
-    def kind(x):
-        return "T" if hasattr(x, "shape") and not (getattr(x, "weak_type", False)) else "S"
-    kinds = [kind(x) for x in elem]
+def _per_tensor_overload(packet, kinds, kwargs):
+    """(lowering, names of kwarg-only parameters fed from trailing positional values)."""
     best = None
+    short = packet._qualified_op_name.split("::")[1]
     for ov in packet.overloads():
-        low = LOWERINGS.get(f"{packet._qualified_op_name.split('::')[1]}.{ov}")
+        low = LOWERINGS.get(f"{short}.{ov}")
         if low is None:
             continue
-        args = packet.__getattr__(ov)._schema.arguments
-        pos = [a for a in args if not a.kwarg_only]
-        if len(pos) < len(elem):
+        arguments = getattr(packet, ov)._schema.arguments
+        pos = [a for a in arguments if not a.kwarg_only]
+        kwo = [a for a in arguments if a.kwarg_only and a.name not in kwargs]
+        extra = max(0, len(kinds) - len(pos))
+        if extra > len(kwo):
             continue
+        params = pos[:len(kinds)] + kwo[:extra]
         ok = True
-        for k, a in zip(kinds, pos):
+        for k, a in zip(kinds, params):
             t = str(a.type)
             if k == "T" and not t.startswith(("Tensor", "Optional[Tensor]")):
                 ok = False
             if k == "S" and t.startswith("Tensor"):
                 ok = False
         if ok:
-            best = low
-            if ov in ("default", "Tensor", "List"):
-                break
+            cand = (low, tuple(a.name for a in kwo[:extra]))
+            if best is None or ov in ("default", "Tensor", "List", "Scalar"):
+                best = cand
     if best is None:
-        raise UnsupportedInGraph(f"torchtpu: no lowering for the per-tensor op of _foreach_{packet.__name__}")
-    return apply(best, elem, kwargs)
+        raise UnsupportedInGraph(f"torchtpu: no lowering for the per-tensor op of _foreach_{short} {kinds}")
+    return best
+
+
+def _data_dependent(node):
+    """Whether the node's value has a shape (or is a scalar) known only from the data."""
+    val = node.meta.get("val")
+    if val is None:
+        return False
+    try:
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+        return bool(free_unbacked_symbols(val))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _data_dependent_message(node):
+    what = node.target if not isinstance(node.target, torch._ops.OpOverload) else f"aten::{node_op_name(node.target)}"
+    return (f"torchtpu: {what} has a data-dependent output (its shape or value is known only after running), "
+            f"which one static XLA computation cannot express. Use a static-shape alternative: "
+            f"torch.where(mask, x, 0) or (x * mask).sum() instead of x[mask], a fixed-size torch.topk instead of "
+            f"nonzero, keep values as tensors instead of .item(); or allow a graph break (fullgraph=False, and "
+            f"leave torch._dynamo.config.capture_scalar_outputs / capture_dynamic_output_shape_ops off) so "
+            f"the op runs in eager mode on the device.")
 
 
 class GraphProgram:
@@ -507,6 +543,9 @@ class GraphProgram:
         unsupported = []
         for node in graph.nodes:
             if node.op != "call_function":
+                continue
+            if _data_dependent(node):
+                unsupported.append(_data_dependent_message(node))
                 continue
             s = _Step()
             s.node = node
@@ -543,11 +582,7 @@ class GraphProgram:
                     s.fn = name
                 elif name == "_local_scalar_dense.default" or name in ("nonzero.default", "masked_select.default",
                                                                        "unique2.default", "_unique2.default"):
-                    unsupported.append(
-                        f"torchtpu: aten::{name} has a data-dependent output and cannot be part of a compiled "
-                        f"graph. Use a static-shape alternative (torch.where(mask, x, 0) instead of x[mask], "
-                        f"a fixed-size topk instead of nonzero, keep values as tensors instead of .item()), "
-                        f"or allow a graph break (fullgraph=False).")
+                    unsupported.append(_data_dependent_message(node))
                     continue
                 else:
                     meta_args = _meta_arg(node.args)

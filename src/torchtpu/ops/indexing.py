@@ -1,4 +1,9 @@
-"""Lowerings: indexing."""
+"""Lowerings: indexing (advanced indexing, gather/scatter, index_* ops, take/put).
+
+Boolean masks never reach these lowerings in eager mode: eager/data_dependent.py turns them into
+long indices first (their count is data-dependent). Out-of-range indices are not checked (XLA
+clamps gathers and drops scattered updates), as on CUDA where the check is asynchronous.
+"""
 from __future__ import annotations
 
 import jax
@@ -7,3 +12,231 @@ from jax import lax
 
 from .table import KIND, lowering
 
+
+def _acc_dtype(dtype):
+    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+
+
+def _advanced(indices):
+    """PyTorch's index list (None = whole dim) as a NumPy-style index tuple."""
+    out = []
+    for i in indices:
+        if i is None:
+            out.append(slice(None))
+        elif i.dtype == jnp.bool_ or i.dtype == jnp.uint8:
+            raise NotImplementedError(
+                "torchtpu: boolean mask indices have a data-dependent shape and are only supported in "
+                "eager mode (they are converted to long indices before the lowering)")
+        else:
+            out.append(i)
+    return tuple(out)
+
+
+@lowering("index.Tensor")
+def index(x, indices):
+    return x[_advanced(indices)]
+
+
+@lowering("index_put", "_index_put_impl")
+def index_put(x, indices, values, accumulate=False, unsafe=False):
+    idx = _advanced(indices)
+    values = values.astype(x.dtype)
+    if accumulate:
+        if x.dtype == jnp.bool_:
+            return x.at[idx].max(values)
+        return x.at[idx].add(values)
+    return x.at[idx].set(values)
+
+
+@lowering("_unsafe_index.Tensor")
+def unsafe_index(x, indices):
+    return x[_advanced(indices)]
+
+
+@lowering("_unsafe_index_put")
+def unsafe_index_put(x, indices, values, accumulate=False):
+    return index_put(x, indices, values, accumulate)
+
+
+def _dim(dim, ndim):
+    return dim % ndim if ndim else 0
+
+
+def _full_index(index, dim):
+    """The coordinates scatter/gather address: `index` along `dim`, iotas along the other dims."""
+    coords = []
+    for d in range(index.ndim):
+        coords.append(index if d == dim else lax.broadcasted_iota(jnp.int64, index.shape, d))
+    return tuple(coords)
+
+
+def _fit(src, shape):
+    """src cut down to `shape` (scatter and gather use the leading part of larger tensors)."""
+    if src.shape == tuple(shape):
+        return src
+    return src[tuple(slice(0, n) for n in shape)]
+
+
+@lowering("gather")
+def gather(x, dim, index, sparse_grad=False):
+    if x.ndim == 0:
+        return x.reshape(index.shape) if index.ndim == 0 else jnp.broadcast_to(x, index.shape)
+    dim = _dim(dim, x.ndim)
+    if index.ndim == 0:
+        return x.reshape(-1)[index]
+    index = jnp.where(index < 0, index + x.shape[dim], index)
+    return x[_full_index(index, dim)]
+
+
+def _scatter_target(x, dim, index):
+    dim = _dim(dim, x.ndim)
+    if x.ndim == 0:
+        return (), dim
+    index = jnp.where(index < 0, index + x.shape[dim], index)
+    return _full_index(index, dim), dim
+
+
+def _src(src, index, dtype):
+    if hasattr(src, "shape") and src.ndim > 0:
+        return _fit(src, index.shape).astype(dtype)
+    return jnp.broadcast_to(jnp.asarray(src, dtype), index.shape)
+
+
+@lowering("scatter.src", "scatter.value")
+def scatter(x, dim, index, src):
+    at, _ = _scatter_target(x, dim, index)
+    return x.at[at].set(_src(src, index, x.dtype))
+
+
+@lowering("scatter.reduce", "scatter.value_reduce")
+def scatter_reduce_legacy(x, dim, index, src, reduce):
+    at, _ = _scatter_target(x, dim, index)
+    v = _src(src, index, x.dtype)
+    return x.at[at].add(v) if reduce == "add" else x.at[at].multiply(v)
+
+
+@lowering("scatter_add")
+def scatter_add(x, dim, index, src):
+    at, _ = _scatter_target(x, dim, index)
+    return x.at[at].add(_src(src, index, x.dtype))
+
+
+def _scatter_reduce(x, at, v, reduce, include_self):
+    """PyTorch's scatter_reduce on full coordinates `at` with updates `v` of x's dtype."""
+    hit = jnp.zeros(x.shape, jnp.bool_).at[at].set(True)
+    if reduce in ("sum", "mean"):
+        acc = _acc_dtype(x.dtype)
+        base = x.astype(acc) if include_self else jnp.where(hit, 0, x).astype(acc)
+        total = base.at[at].add(v.astype(acc))
+        if reduce == "sum":
+            return total.astype(x.dtype)
+        count = jnp.zeros(x.shape, jnp.int64).at[at].add(1) + (1 if include_self else 0)
+        count = jnp.maximum(count, 1)
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            out = jnp.floor_divide(total, count.astype(total.dtype))
+        else:
+            out = total / count.astype(total.dtype)
+        return jnp.where(hit, out, x).astype(x.dtype)
+    if reduce == "prod":
+        base = x if include_self else jnp.where(hit, jnp.ones((), x.dtype), x)
+        return base.at[at].multiply(v)
+    if reduce in ("amax", "amin"):
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            ident = -jnp.inf if reduce == "amax" else jnp.inf
+        elif x.dtype == jnp.bool_:
+            ident = reduce != "amax"
+        else:
+            info = jnp.iinfo(x.dtype)
+            ident = info.min if reduce == "amax" else info.max
+        base = x if include_self else jnp.where(hit, jnp.asarray(ident, x.dtype), x)
+        return base.at[at].max(v) if reduce == "amax" else base.at[at].min(v)
+    raise ValueError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+
+
+@lowering("scatter_reduce.two")
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    at, _ = _scatter_target(x, dim, index)
+    return _scatter_reduce(x, at, _src(src, index, x.dtype), reduce, include_self)
+
+
+def _along(dim, ndim, index):
+    return (slice(None),) * dim + (index,)
+
+
+@lowering("index_select")
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return x.reshape(-1)[index.reshape(-1)].reshape(())
+    dim = _dim(dim, x.ndim)
+    index = index.reshape(-1)
+    return jnp.take(x, jnp.where(index < 0, index + x.shape[dim], index), axis=dim)
+
+
+@lowering("index_add")
+def index_add(x, dim, index, source, alpha=1):
+    if x.ndim == 0:
+        return x + source.reshape(()).astype(x.dtype) * alpha
+    dim = _dim(dim, x.ndim)
+    src = source.astype(x.dtype)
+    if not (isinstance(alpha, (int, float)) and alpha == 1):
+        src = (src * alpha).astype(x.dtype)
+    return x.at[_along(dim, x.ndim, index.reshape(-1))].add(src)
+
+
+@lowering("index_copy")
+def index_copy(x, dim, index, source):
+    if x.ndim == 0:
+        return source.reshape(()).astype(x.dtype)
+    dim = _dim(dim, x.ndim)
+    return x.at[_along(dim, x.ndim, index.reshape(-1))].set(source.astype(x.dtype))
+
+
+@lowering("index_fill.int_Scalar", "index_fill.int_Tensor")
+def index_fill(x, dim, index, value):
+    if x.ndim == 0:
+        return jnp.asarray(value, x.dtype).reshape(())
+    dim = _dim(dim, x.ndim)
+    index = index.reshape(-1)
+    index = jnp.where(index < 0, index + x.shape[dim], index)
+    return x.at[_along(dim, x.ndim, index)].set(jnp.asarray(value).astype(x.dtype))
+
+
+@lowering("index_reduce")
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    if x.ndim == 0:
+        x, source = x.reshape(1), source.reshape(1)
+        return index_reduce(x, 0, index, source, reduce, include_self).reshape(())
+    dim = _dim(dim, x.ndim)
+    shape = [1] * source.ndim
+    shape[dim] = -1
+    full = jnp.broadcast_to(index.reshape(shape), source.shape)
+    at = _full_index(full, dim)
+    return _scatter_reduce(x, at, source.astype(x.dtype), reduce, include_self)
+
+
+@lowering("masked_scatter")
+def masked_scatter(x, mask, source):
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    x = jnp.broadcast_to(x, shape)
+    m = jnp.broadcast_to(mask, shape).reshape(-1)
+    # the k-th True takes the k-th element of source
+    pos = jnp.clip(jnp.cumsum(m.astype(jnp.int64)) - 1, 0, max(source.size - 1, 0))
+    src = source.reshape(-1).astype(x.dtype)
+    picked = src[pos] if source.size else jnp.zeros(m.shape, x.dtype)
+    return jnp.where(m, picked, x.reshape(-1)).reshape(shape)
+
+
+@lowering("take")
+def take(x, index):
+    flat = x.reshape(-1)
+    return flat[jnp.where(index < 0, index + flat.shape[0], index)]
+
+
+@lowering("put")
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    idx = index.reshape(-1)
+    idx = jnp.where(idx < 0, idx + flat.shape[0], idx)
+    src = source.reshape(-1).astype(x.dtype)
+    out = flat.at[idx].add(src) if accumulate else flat.at[idx].set(src)
+    return out.reshape(x.shape)
