@@ -48,3 +48,13 @@ def test_dropout_keeps_expected_fraction_and_scales():
     assert abs(kept - 0.75) < 0.01
     torch.testing.assert_close(y[y != 0], torch.full_like(y[y != 0], 1 / 0.75))
     assert math.isclose(torch.nn.functional.dropout(x, p=0.25, training=False).cpu().sum().item(), 100_000)
+
+
+def test_cpu_generator_seeds_device_draws():
+    g = torch.Generator().manual_seed(42)
+    a = torch.empty(1000, device="tpu").normal_(generator=g)
+    g.manual_seed(42)
+    b = torch.empty(1000, device="tpu").normal_(generator=g)
+    assert torch.equal(a.cpu(), b.cpu())
+    c = torch.empty(1000, device="tpu").normal_(generator=g)  # the generator advanced
+    assert not torch.equal(b.cpu(), c.cpu())

@@ -2,6 +2,7 @@
 
     python tools/op_coverage.py                 # full sweep -> docs/op_coverage.md
     python tools/op_coverage.py --resume        # continue an interrupted sweep
+    python tools/op_coverage.py --rerun-failed  # keep the passes, rerun the rest (after fixes)
     python tools/op_coverage.py --report-only   # rewrite the markdown from stored results
     python tools/op_coverage.py --ops 'cum|sort' --dtypes float32 --out /tmp/x.md   # a slice
 
@@ -97,9 +98,13 @@ def sweep(args):
     import opinfo_support as S
 
     os.makedirs(args.state, exist_ok=True)
-    if not args.resume:
+    if not args.resume and not args.rerun_failed:
         for path in glob.glob(os.path.join(args.state, "*")):
             os.remove(path)
+    if args.rerun_failed:  # keep the passes, forget everything else
+        for path in glob.glob(os.path.join(args.state, "results-*.jsonl")):
+            keep = [l for l in open(path) if l.strip() and '"status": "pass"' in l]
+            open(path, "w").writelines(keep)
     meta_path = os.path.join(args.state, "meta.json")
     meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {"seconds": 0.0, "seed": args.seed}
     pattern = re.compile(args.ops) if args.ops else None
@@ -293,6 +298,7 @@ def main():
     p.add_argument("--state", default=DEFAULT_STATE, help="where results are kept between runs")
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "op_coverage.md"))
     p.add_argument("--resume", action="store_true", help="keep stored results, run only what is missing")
+    p.add_argument("--rerun-failed", action="store_true", help="keep stored passes, rerun every other check")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -78,6 +78,7 @@ class CompiledGraph:
     """One AOTAutograd graph; called with the real (boxed) inputs."""
 
     _boxed_call = True
+    capture = False  # benchmarks: keep (executable, raw inputs) of the last call in `captured`
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str):
         self.gm = gm
@@ -148,6 +149,9 @@ class CompiledGraph:
         fn = entry.fn
         if entry.donate and not _donation_safe(dyn, entry.mutated_slots):
             fn = entry.fn_plain or self._plain(entry)
+        if CompiledGraph.capture and not entry.mutated_slots:
+            self.captured = (fn, list(dyn))
+            _last_captured[0] = self
         results = fn(*dyn)
         del dyn
         nout = len(entry.outs)
@@ -308,6 +312,14 @@ class CompiledGraph:
         if self.program.random:
             dyn.append(next_rng_args(dev))
         return (entry.fn_plain or self._plain(entry)), dyn
+
+
+_last_captured = [None]
+
+
+def last_captured():
+    """The CompiledGraph whose call was captured last (with `CompiledGraph.capture = True`)."""
+    return _last_captured[0]
 
 
 def _donation_safe(dyn, slots):

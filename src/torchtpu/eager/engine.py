@@ -22,7 +22,7 @@ from ..device import platform
 from ..ops import dtypes as dt
 from ..storage.records import RECORDS, new_tensor, set_buffer
 from .modes import _mode
-from .random import next_rng_args
+from .random import generator_rng_args, next_rng_args
 from ..device.state import current_device
 
 
@@ -129,7 +129,7 @@ class OpKernel:
             results = ()
         else:
             if self.random:
-                scalars.append(next_rng_args(device if device >= 0 else 0))
+                scalars.append(self._rng_args(args, kwargs, device))
             results = entry.fn(*inputs, *scalars)
         if _mode[0] == "debug":
             jax.block_until_ready(results)
@@ -142,6 +142,18 @@ class OpKernel:
         if entry.spec is None:
             return out_tensors[0]
         return self._returns(entry, out_tensors, args, kwargs)
+
+    def _rng_args(self, args, kwargs, device):
+        gen = kwargs.get("generator")
+        if gen is None:
+            gen = next((a for a in args if isinstance(a, torch.Generator)), None)
+        if gen is None:
+            return next_rng_args(device if device >= 0 else 0)
+        if gen.device.type != "cpu":
+            raise RuntimeError(f"aten::{self.name}: expected a 'cpu' or default generator, got {gen.device}")
+        # torch.Generator("tpu") needs a C++ hook PyTorch does not expose to Python backends; a
+        # CPU generator seeds this draw instead (reproducible, and it advances the generator).
+        return generator_rng_args(gen)
 
     def _flatten(self, a, parts, slot_of, bufs, scalars, device, is_scalar_arg):
         if isinstance(a, _Tensor):

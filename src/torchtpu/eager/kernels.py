@@ -234,40 +234,28 @@ def _warn_once(name):
 
 
 def _run_on_cpu(op, args, kwargs):
-    from torch.utils._pytree import tree_map
+    """Run `op` on CPU copies of its tpu tensors; write mutated arguments back; results to tpu."""
+    from torch.utils._pytree import tree_leaves, tree_map
     _warn_once(op_name(op))
     metrics.counters.cpu_fallbacks += 1
-    moved = {}
+    originals = {}  # id(cpu copy) -> tpu tensor
 
     def to_cpu(x):
         if isinstance(x, torch.Tensor) and x.device.type == "tpu":
             c = x.cpu()
-            moved[id(c)] = x
+            originals[id(c)] = x
             return c
         return x
 
     cpu_args, cpu_kwargs = tree_map(to_cpu, (list(args), dict(kwargs)))
     out = op(*cpu_args, **cpu_kwargs)
-    # copy mutated arguments back
-    for a in op._schema.arguments:
-        if a.alias_info is not None and a.alias_info.is_write:
-            pass
-    for c_leaf in torch.utils._pytree.tree_leaves((cpu_args, cpu_kwargs)):
-        if id(c_leaf) in moved:
-            orig = moved[id(c_leaf)]
-            if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
-                orig.copy_(c_leaf)
-    device = next((x.device for x in torch.utils._pytree.tree_leaves((args, kwargs))
+    if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
+        for c in tree_leaves((cpu_args, cpu_kwargs)):
+            if id(c) in originals:
+                originals[id(c)].copy_(c)
+    device = next((x.device for x in tree_leaves((args, kwargs))
                    if isinstance(x, torch.Tensor) and x.device.type == "tpu"), torch.device("tpu", 0))
-
-    def back(x):
-        if isinstance(x, torch.Tensor):
-            if id(x) in moved:
-                return moved[id(x)]
-            return x.to(device)
-        return x
-
-    return tree_map(back, out)
+    return tree_map(lambda x: (originals.get(id(x)) or x.to(device)) if isinstance(x, torch.Tensor) else x, out)
 
 
 def register_all():

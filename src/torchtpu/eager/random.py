@@ -63,3 +63,9 @@ def set_rng_state(new_state: torch.Tensor, device_index: int):
     values = new_state.detach().cpu().contiguous().view(torch.int64)
     s = state(device_index)
     s.seed, s.offset = int(values[0]), int(values[1])
+
+
+def generator_rng_args(gen: torch.Generator):
+    """(seed lo, seed hi, 0) drawn from a CPU generator, for a random op given `generator=`."""
+    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=gen))
+    return np.array([seed & 0xFFFFFFFF, seed >> 32, 0], dtype=np.uint32)

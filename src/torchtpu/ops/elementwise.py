@@ -335,3 +335,109 @@ def masked_fill(a, mask, value):
 @lowering("lift_fresh_copy")
 def lift_fresh_copy(a):
     return a
+
+
+# ---------------------------------------------------------------- more math (special functions)
+_special = jax.scipy.special
+
+for _name, _fn in {
+    "special_i0e": _special.i0e, "special_i1": _special.i1, "special_i1e": _special.i1e,
+    "special_ndtr": _special.ndtr, "special_ndtri": _special.ndtri, "special_log_ndtr": _special.log_ndtr,
+    "special_entr": _special.entr, "special_erfcx": _special.erfcx,
+    "special_spherical_bessel_j0": lambda x: jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x)),
+    "special_bessel_j0": lambda x: _special.bessel_jn(x, v=0, n_iter=50)[0],
+    "special_bessel_j1": lambda x: _special.bessel_jn(x, v=1, n_iter=50)[1],
+}.items():
+    _unary(_name, _fn)
+
+
+@lowering("angle", promote=KIND.INT_TO_FLOAT)
+def angle(a):
+    return jnp.where(jnp.isnan(a), a, jnp.where(a < 0, jnp.pi, 0).astype(a.dtype))
+
+
+@lowering("frexp.Tensor")
+def frexp(a):
+    m, e = jnp.frexp(a)
+    return m, e.astype(jnp.int32)
+
+
+@lowering("nextafter", promote=KIND.DEFAULT)
+def nextafter(a, b):
+    return jnp.nextafter(a, b)
+
+
+@lowering("igamma", promote=KIND.INT_TO_FLOAT)
+def igamma(a, x):
+    return _special.gammainc(a, x)
+
+
+@lowering("igammac", promote=KIND.INT_TO_FLOAT)
+def igammac(a, x):
+    return _special.gammaincc(a, x)
+
+
+@lowering("polygamma", promote=KIND.INT_TO_FLOAT, promote_args=(1,))
+def polygamma(n, a):
+    if n == 0:
+        return _special.digamma(a)
+    return _special.polygamma(n, a)
+
+
+@lowering("mvlgamma", promote=KIND.INT_TO_FLOAT, promote_args=(0,))
+def mvlgamma(a, p):
+    return _special.multigammaln(a, p)
+
+
+@lowering("special_zeta", "special_zeta.other_scalar", "special_zeta.self_scalar", promote=KIND.INT_TO_FLOAT)
+def zeta(x, q):
+    return _special.zeta(x, q)
+
+
+@lowering("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar",
+          promote=KIND.INT_TO_FLOAT)
+def xlog1py(a, b):
+    return _special.xlog1py(a, b)
+
+
+@lowering("logaddexp", promote=KIND.INT_TO_FLOAT)
+def logaddexp(a, b):
+    return jnp.logaddexp(a, b)
+
+
+@lowering("logaddexp2", promote=KIND.INT_TO_FLOAT)
+def logaddexp2(a, b):
+    return jnp.logaddexp2(a, b)
+
+
+@lowering("heaviside", promote=KIND.DEFAULT)
+def heaviside(a, values):
+    return jnp.where(a == 0, values, (a > 0).astype(a.dtype))
+
+
+@lowering("ldexp.Tensor", promote=KIND.INT_TO_FLOAT)
+def ldexp(a, b):
+    return a * jnp.exp2(b)
+
+
+@lowering("gcd", promote=KIND.DEFAULT)
+def gcd(a, b):
+    return jnp.gcd(a, b)
+
+
+@lowering("lcm", promote=KIND.DEFAULT)
+def lcm(a, b):
+    g = jnp.gcd(a, b)
+    return jnp.abs(jnp.where(g == 0, 0, a // jnp.where(g == 0, 1, g) * b))
+
+
+def _isin(elements, tests, invert):
+    flat = jnp.reshape(tests, (-1,))
+    hit = jnp.any(jnp.expand_dims(elements, -1) == flat, axis=-1) if flat.size else jnp.zeros(jnp.shape(elements), jnp.bool_)
+    return ~hit if invert else hit
+
+
+@lowering("isin.Tensor_Tensor", "isin.Tensor_Scalar", "isin.Scalar_Tensor", promote=KIND.ALWAYS_BOOL,
+          promote_args=(0, 1))
+def isin(elements, tests, assume_unique=False, invert=False):
+    return _isin(jnp.asarray(elements), jnp.asarray(tests), invert)

@@ -137,7 +137,7 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
     return jnp.zeros((num_weights, grad.shape[-1]), g.dtype).at[idx].add(g).astype(grad.dtype)
 
 
-@lowering("nll_loss_forward")
+@lowering("nll_loss_forward", "nll_loss2d_forward")
 def nll_loss_forward(a, target, weight, reduction, ignore_index):
     x = a if a.ndim > 1 else a[None]
     t = target if target.ndim else target[None]
@@ -157,7 +157,7 @@ def nll_loss_forward(a, target, weight, reduction, ignore_index):
     return jnp.sum(losses), total
 
 
-@lowering("nll_loss_backward")
+@lowering("nll_loss_backward", "nll_loss2d_backward")
 def nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_weight):
     x = a if a.ndim > 1 else a[None]
     t = target if target.ndim else target[None]
@@ -653,3 +653,258 @@ def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, ou
     dw = jnp.sum(g * xhat, axis=(0, 3)).reshape(c).astype(wdt) if output_mask[1] else None
     db = jnp.sum(g, axis=(0, 3)).reshape(c).astype(wdt) if output_mask[2] else None
     return (dx.reshape(x.shape).astype(x.dtype) if output_mask[0] else None, dw, db)
+
+
+# ---------------------------------------------------------------- losses
+def _reduce(loss, reduction, dtype):
+    if reduction == 1:
+        loss = jnp.mean(loss)
+    elif reduction == 2:
+        loss = jnp.sum(loss)
+    return loss.astype(dtype)
+
+
+def _loss_grad(grad, x, reduction):
+    g = _f32(grad)
+    return g / x.size if reduction == 1 else g
+
+
+@lowering("mse_loss")
+def mse_loss(x, t, reduction=1):
+    return _reduce(jnp.square(_f32(x) - _f32(t)), reduction, x.dtype)
+
+
+@lowering("mse_loss_backward")
+def mse_loss_backward(grad, x, t, reduction):
+    return (2 * (_f32(x) - _f32(t)) * _loss_grad(grad, x, reduction)).astype(x.dtype)
+
+
+def _smooth_l1(d, beta):
+    a = jnp.abs(d)
+    return jnp.where(a < beta, 0.5 * d * d / jnp.where(beta == 0, 1, beta), a - 0.5 * beta)
+
+
+@lowering("smooth_l1_loss")
+def smooth_l1_loss(x, t, reduction=1, beta=1.0):
+    d = _f32(x) - _f32(t)
+    return _reduce(jnp.abs(d) if beta == 0 else _smooth_l1(d, beta), reduction, x.dtype)
+
+
+@lowering("smooth_l1_loss_backward")
+def smooth_l1_loss_backward(grad, x, t, reduction, beta):
+    d = _f32(x) - _f32(t)
+    g = jnp.sign(d) if beta == 0 else jnp.where(jnp.abs(d) < beta, d / (beta or 1), jnp.sign(d))
+    return (g * _loss_grad(grad, x, reduction)).astype(x.dtype)
+
+
+@lowering("huber_loss")
+def huber_loss(x, t, reduction=1, delta=1.0):
+    d = _f32(x) - _f32(t)
+    a = jnp.abs(d)
+    return _reduce(jnp.where(a < delta, 0.5 * d * d, delta * (a - 0.5 * delta)), reduction, x.dtype)
+
+
+@lowering("huber_loss_backward")
+def huber_loss_backward(grad, x, t, reduction, delta):
+    d = _f32(x) - _f32(t)
+    g = jnp.where(d < -delta, -delta, jnp.where(d > delta, delta, d))
+    return (g * _loss_grad(grad, x, reduction)).astype(x.dtype)
+
+
+@lowering("binary_cross_entropy")
+def binary_cross_entropy(x, t, weight=None, reduction=1):
+    xf, tf = _f32(x), _f32(t)
+    # PyTorch clamps the logs at -100 so that 0 and 1 give finite losses
+    loss = -(tf * jnp.maximum(jnp.log(xf), -100) + (1 - tf) * jnp.maximum(jnp.log1p(-xf), -100))
+    if weight is not None:
+        loss = loss * _f32(weight)
+    return _reduce(loss, reduction, x.dtype)
+
+
+@lowering("binary_cross_entropy_backward")
+def binary_cross_entropy_backward(grad, x, t, weight=None, reduction=1):
+    xf, tf = _f32(x), _f32(t)
+    g = (xf - tf) / jnp.maximum((1 - xf) * xf, 1e-12) * _loss_grad(grad, x, reduction)
+    if weight is not None:
+        g = g * _f32(weight)
+    return g.astype(x.dtype)
+
+
+@lowering("binary_cross_entropy_with_logits")
+def binary_cross_entropy_with_logits(x, t, weight=None, pos_weight=None, reduction=1):
+    xf, tf = _f32(x), _f32(t)
+    softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(xf))) + jnp.maximum(-xf, 0)   # log(1 + exp(-x))
+    if pos_weight is not None:
+        loss = (1 - tf) * xf + (1 + (_f32(pos_weight) - 1) * tf) * softplus_neg
+    else:
+        loss = (1 - tf) * xf + softplus_neg
+    if weight is not None:
+        loss = loss * _f32(weight)
+    return _reduce(loss, reduction, x.dtype)
+
+
+@lowering("soft_margin_loss")
+def soft_margin_loss(x, t, reduction=1):
+    return _reduce(jnp.log1p(jnp.exp(-_f32(t) * _f32(x))), reduction, x.dtype)
+
+
+@lowering("soft_margin_loss_backward")
+def soft_margin_loss_backward(grad, x, t, reduction):
+    z = jnp.exp(-_f32(t) * _f32(x))
+    return (-_f32(t) * z / (1 + z) * _loss_grad(grad, x, reduction)).astype(x.dtype)
+
+
+# ---------------------------------------------------------------- activations
+@lowering("leaky_relu", promote=KIND.DEFAULT, promote_args=(0,))
+def leaky_relu(a, negative_slope=0.01):
+    return jnp.where(a > 0, a, a * negative_slope)
+
+
+@lowering("leaky_relu_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def leaky_relu_backward(grad, a, negative_slope, self_is_result):
+    return jnp.where(a > 0, grad, grad * negative_slope)
+
+
+@lowering("elu", promote=KIND.DEFAULT, promote_args=(0,))
+def elu(a, alpha=1, scale=1, input_scale=1):
+    x = _f32(a)
+    return jnp.where(x > 0, x * scale, jnp.expm1(x * input_scale) * alpha * scale).astype(a.dtype)
+
+
+@lowering("elu_backward", promote=KIND.DEFAULT, promote_args=(0, 5))
+def elu_backward(grad, alpha, scale, input_scale, is_result, x):
+    g, v = _f32(grad), _f32(x)
+    if is_result:
+        neg = g * input_scale * (v + alpha * scale)
+    else:
+        neg = g * input_scale * alpha * scale * jnp.exp(v * input_scale)
+    return jnp.where(v > 0 if not is_result else v > 0, g * scale, neg).astype(grad.dtype)
+
+
+@lowering("hardtanh", promote=KIND.DEFAULT, promote_args=(0,))
+def hardtanh(a, min_val=-1, max_val=1):
+    return jnp.minimum(jnp.maximum(a, min_val), max_val).astype(a.dtype)
+
+
+@lowering("hardtanh_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def hardtanh_backward(grad, a, min_val, max_val):
+    return jnp.where((a <= min_val) | (a >= max_val), 0, grad).astype(grad.dtype)
+
+
+@lowering("hardswish", promote=KIND.DEFAULT)
+def hardswish(a):
+    x = _f32(a)
+    return (x * jnp.clip(x + 3, 0, 6) / 6).astype(a.dtype)
+
+
+@lowering("hardswish_backward", promote=KIND.DEFAULT)
+def hardswish_backward(grad, a):
+    g, x = _f32(grad), _f32(a)
+    return jnp.where(x < -3, 0, jnp.where(x <= 3, g * (x / 3 + 0.5), g)).astype(grad.dtype)
+
+
+@lowering("hardsigmoid", promote=KIND.DEFAULT)
+def hardsigmoid(a):
+    return (jnp.clip(_f32(a) + 3, 0, 6) / 6).astype(a.dtype)
+
+
+@lowering("hardsigmoid_backward", promote=KIND.DEFAULT)
+def hardsigmoid_backward(grad, a):
+    return jnp.where((a > -3) & (a < 3), _f32(grad) / 6, 0).astype(grad.dtype)
+
+
+@lowering("softplus", promote=KIND.DEFAULT, promote_args=(0,))
+def softplus(a, beta=1, threshold=20):
+    x = _f32(a)
+    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta).astype(a.dtype)
+
+
+@lowering("softplus_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def softplus_backward(grad, a, beta, threshold):
+    g, x = _f32(grad), _f32(a)
+    z = jnp.exp(x * beta)
+    return jnp.where(x * beta > threshold, g, g * z / (z + 1)).astype(grad.dtype)
+
+
+@lowering("mish", promote=KIND.DEFAULT)
+def mish(a):
+    x = _f32(a)
+    return (x * jnp.tanh(jax.nn.softplus(x))).astype(a.dtype)
+
+
+@lowering("mish_backward", promote=KIND.DEFAULT)
+def mish_backward(grad, a):
+    g, x = _f32(grad), _f32(a)
+    t = jnp.tanh(jax.nn.softplus(x))
+    return (g * (t + x * jax.nn.sigmoid(x) * (1 - t * t))).astype(grad.dtype)
+
+
+@lowering("glu")
+def glu(a, dim=-1):
+    x, gate = jnp.split(a, 2, axis=dim)
+    return (_f32(x) * jax.nn.sigmoid(_f32(gate))).astype(a.dtype)
+
+
+@lowering("glu_backward")
+def glu_backward(grad, a, dim):
+    _, vjp = jax.vjp(lambda v: glu(v, dim), _f32(a))
+    return vjp(_f32(grad))[0].astype(a.dtype)
+
+
+@lowering("_prelu_kernel", promote=KIND.DEFAULT)
+def prelu_kernel(a, weight):
+    return jnp.where(a > 0, a, weight * a)
+
+
+@lowering("_prelu_kernel_backward")
+def prelu_kernel_backward(grad, a, weight):
+    return (jnp.where(a > 0, grad, weight * grad).astype(a.dtype),
+            jnp.where(a > 0, 0, a * grad).astype(weight.dtype))
+
+
+@lowering("log_sigmoid_forward")
+def log_sigmoid_forward(a):
+    x = _f32(a)
+    out = jnp.minimum(x, 0) - jnp.log1p(jnp.exp(-jnp.abs(x)))
+    return out.astype(a.dtype), jnp.zeros((), a.dtype)   # PyTorch's buffer is empty on CPU
+
+
+@lowering("log_sigmoid_backward")
+def log_sigmoid_backward(grad, a, buffer):
+    return (_f32(grad) * jax.nn.sigmoid(-_f32(a))).astype(grad.dtype)
+
+
+@lowering("softshrink", promote=KIND.DEFAULT, promote_args=(0,))
+def softshrink(a, lambd=0.5):
+    return jnp.where(a > lambd, a - lambd, jnp.where(a < -lambd, a + lambd, 0)).astype(a.dtype)
+
+
+@lowering("softshrink_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def softshrink_backward(grad, a, lambd):
+    return jnp.where((a >= -lambd) & (a <= lambd), 0, grad).astype(grad.dtype)
+
+
+@lowering("hardshrink", promote=KIND.DEFAULT, promote_args=(0,))
+def hardshrink(a, lambd=0.5):
+    return jnp.where((a >= -lambd) & (a <= lambd), 0, a).astype(a.dtype)
+
+
+@lowering("hardshrink_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def hardshrink_backward(grad, a, lambd):
+    return jnp.where((a >= -lambd) & (a <= lambd), 0, grad).astype(grad.dtype)
+
+
+@lowering("rrelu_with_noise", random=True)
+def rrelu_with_noise(a, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
+    if training:
+        r = jax.random.uniform(key, a.shape, jnp.float32, 0, 1) * (upper - lower) + lower
+        new_noise = jnp.where(a >= 0, 1, r).astype(noise.dtype)
+        return (a * new_noise.astype(a.dtype)).astype(a.dtype), new_noise
+    return jnp.where(a >= 0, a, a * ((lower + upper) / 2)).astype(a.dtype), noise
+
+
+@lowering("rrelu_with_noise_backward")
+def rrelu_with_noise_backward(grad, a, noise, lower, upper, training, self_is_result):
+    if training:
+        return (grad * noise).astype(grad.dtype)
+    return jnp.where(a > 0, grad, grad * ((lower + upper) / 2)).astype(grad.dtype)

@@ -24,6 +24,11 @@ def _acc_dtype(a, dtype):
     return a.dtype
 
 
+def _opmath(d):
+    """The dtype PyTorch accumulates `d` in (float32 for the half types, as CPU and CUDA do)."""
+    return jnp.float32 if d in (jnp.float16, jnp.bfloat16) else d
+
+
 @lowering("sum", "sum.dim_IntList")
 def sum_(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
@@ -41,7 +46,7 @@ def mean(a, dim=None, keepdim=False, dtype=None):
 @lowering("prod", "prod.dim_int")
 def prod(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
-    return jnp.prod(a.astype(d), axis=_dims(a, dim), keepdims=keepdim)
+    return jnp.prod(a.astype(_opmath(d)), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
 @lowering("amax")
@@ -107,11 +112,25 @@ def all_(a, dim=None, keepdim=False):
     return jnp.all(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
+def _count(a, axis):
+    if axis is None:
+        return a.size
+    n = 1
+    for d in axis:
+        n *= a.shape[d]
+    return n
+
+
 @lowering("var.correction")
 def var(a, dim=None, correction=None, keepdim=False):
+    axis = _dims(a, dim)
+    x = a.astype(_opmath(a.dtype))
+    mu = jnp.mean(x, axis=axis, keepdims=True)
+    centered = x - mu
+    ss = jnp.sum(centered * centered, axis=axis, keepdims=keepdim)
     ddof = 1 if correction is None else correction
-    acc = jnp.float32 if a.dtype in (jnp.float16, jnp.bfloat16) else a.dtype
-    return jnp.var(a.astype(acc), axis=_dims(a, dim), ddof=ddof, keepdims=keepdim).astype(a.dtype)
+    # PyTorch divides by max(0, N - correction): inf or nan when nothing is left, never negative
+    return (ss / jnp.maximum(_count(a, axis) - ddof, 0)).astype(a.dtype)
 
 
 @lowering("std.correction")
@@ -124,39 +143,324 @@ def var_mean(a, dim=None, correction=None, keepdim=False):
     return var(a, dim, correction, keepdim), mean(a, dim, keepdim)
 
 
+@lowering("std_mean.correction")
+def std_mean(a, dim=None, correction=None, keepdim=False):
+    return std(a, dim, correction, keepdim), mean(a, dim, keepdim)
+
+
+@lowering("nansum")
+def nansum(a, dim=None, keepdim=False, dtype=None):
+    d = _acc_dtype(a, dtype)
+    x = a.astype(_opmath(d))
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        x = jnp.where(jnp.isnan(x), 0, x)
+    return jnp.sum(x, axis=_dims(a, dim), keepdims=keepdim).astype(d)
+
+
+@lowering("aminmax")
+def aminmax(a, dim=None, keepdim=False):
+    axis = None if dim is None else _dims(a, dim)
+    if dim is None and keepdim:
+        return (jnp.min(a, keepdims=True).reshape((1,) * a.ndim), jnp.max(a, keepdims=True).reshape((1,) * a.ndim))
+    return jnp.min(a, axis=axis, keepdims=keepdim), jnp.max(a, axis=axis, keepdims=keepdim)
+
+
+@lowering("count_nonzero", "count_nonzero.dim_IntList")
+def count_nonzero(a, dim=None):
+    return jnp.sum(a != 0, axis=_dims(a, dim), dtype=jnp.int64)
+
+
 @lowering("logsumexp")
 def logsumexp(a, dim, keepdim=False):
     if not jnp.issubdtype(a.dtype, jnp.floating):
         a = a.astype(jnp.float32)
-    return jax.nn.logsumexp(a, axis=_dims(a, dim), keepdims=keepdim)
+    x = a.astype(_opmath(a.dtype))
+    axis = _dims(a, dim)
+    m = jnp.max(x, axis=axis, keepdims=True) if x.size else jnp.zeros((1,) * x.ndim, x.dtype)
+    m = jnp.where(jnp.isinf(m), 0, m)  # all -inf (or an inf) rows: PyTorch's answer comes from the sum
+    out = jnp.log(jnp.sum(jnp.exp(x - m), axis=axis, keepdims=True)) + m
+    if not keepdim:
+        out = jnp.squeeze(out, axis) if axis is not None else out.reshape(())
+    return out.astype(a.dtype)
+
+
+# ---------------------------------------------------------------- scans
+def _axis(a, dim):
+    return dim % a.ndim if a.ndim else None
 
 
 @lowering("cumsum")
 def cumsum(a, dim, dtype=None):
     d = _acc_dtype(a, dtype)
-    return jnp.cumsum(a.astype(d), axis=dim % max(a.ndim, 1)) if a.ndim else a.astype(d)
+    x = a.astype(_opmath(d))
+    return (jnp.cumsum(x, axis=_axis(a, dim)) if a.ndim else x).astype(d)
 
 
 @lowering("cumprod")
 def cumprod(a, dim, dtype=None):
     d = _acc_dtype(a, dtype)
-    return jnp.cumprod(a.astype(d), axis=dim % max(a.ndim, 1)) if a.ndim else a.astype(d)
+    x = a.astype(_opmath(d))
+    return (jnp.cumprod(x, axis=_axis(a, dim)) if a.ndim else x).astype(d)
+
+
+@lowering("logcumsumexp")
+def logcumsumexp(a, dim):
+    x = a.astype(_opmath(a.dtype))
+    return (lax.cumlogsumexp(x, axis=_axis(a, dim)) if a.ndim and a.size else x).astype(a.dtype)
+
+
+def _cum_extreme(a, dim, better):
+    """cummax/cummin with indices: the later element wins ties and NaN beats everything (PyTorch)."""
+    if a.ndim == 0:
+        return a, jnp.zeros((), jnp.int64)
+    axis = _axis(a, dim)
+    idx = lax.broadcasted_iota(jnp.int64, a.shape, axis)
+    nan = jnp.isnan(a) if jnp.issubdtype(a.dtype, jnp.floating) else None
+
+    def combine(left, right):
+        lv, li = left[0], left[1]
+        rv, ri = right[0], right[1]
+        take = better(rv, lv)
+        if nan is not None:
+            take = jnp.isnan(rv) | (~jnp.isnan(lv) & take)
+        return jnp.where(take, rv, lv), jnp.where(take, ri, li)
+
+    if a.size == 0:
+        return a, idx
+    v, i = lax.associative_scan(combine, (a, idx), axis=axis)
+    return v, i
+
+
+@lowering("cummax")
+def cummax(a, dim):
+    return _cum_extreme(a, dim, lambda r, l: r >= l)
+
+
+@lowering("cummin")
+def cummin(a, dim):
+    return _cum_extreme(a, dim, lambda r, l: r <= l)
+
+
+# ---------------------------------------------------------------- sorting and selection
+def _sort(a, axis, descending):
+    """Stable sort along `axis` -> (values, int64 indices); NaN sorts as the largest value."""
+    if a.ndim == 0:
+        return a, jnp.zeros((), jnp.int64)
+    keys = a.astype(jnp.uint8) if a.dtype == jnp.bool_ else a
+    idx = lax.broadcasted_iota(jnp.int64, a.shape, axis)
+    if descending:
+        # reverse, sort ascending stably, reverse back: descending order with ties in index order
+        keys, idx = jnp.flip(keys, axis), jnp.flip(idx, axis)
+    keys, idx = lax.sort((keys, idx), dimension=axis, is_stable=True, num_keys=1)
+    if descending:
+        keys, idx = jnp.flip(keys, axis), jnp.flip(idx, axis)
+    return keys.astype(a.dtype), idx
+
+
+@lowering("sort")
+def sort(a, dim=-1, descending=False):
+    return _sort(a, _axis(a, dim), descending)
+
+
+@lowering("sort.stable")
+def sort_stable(a, stable=None, dim=-1, descending=False):
+    return _sort(a, _axis(a, dim), descending)
+
+
+@lowering("topk")
+def topk(a, k, dim=-1, largest=True, sorted=True):
+    if a.ndim == 0:
+        return a, jnp.zeros((), jnp.int64)
+    axis = _axis(a, dim)
+    v, i = _sort(a, axis, largest)
+    return lax.slice_in_dim(v, 0, k, axis=axis), lax.slice_in_dim(i, 0, k, axis=axis)
+
+
+def _pick(v, i, pos, axis, keepdim):
+    """Take position `pos` (an int or an array broadcast against the reduced shape) along axis."""
+    if isinstance(pos, int):
+        v, i = lax.index_in_dim(v, pos, axis, keepdims=True), lax.index_in_dim(i, pos, axis, keepdims=True)
+    else:
+        pos = jnp.expand_dims(pos, axis)
+        v, i = jnp.take_along_axis(v, pos, axis), jnp.take_along_axis(i, pos, axis)
+    if not keepdim:
+        v, i = jnp.squeeze(v, axis), jnp.squeeze(i, axis)
+    return v, i
+
+
+@lowering("kthvalue")
+def kthvalue(a, k, dim=-1, keepdim=False):
+    if a.ndim == 0:
+        return a, jnp.zeros((), jnp.int64)
+    axis = _axis(a, dim)
+    v, i = _sort(a, axis, False)
+    return _pick(v, i, k - 1, axis, keepdim)
+
+
+def _median(a, dim, keepdim, ignore_nan):
+    if a.ndim == 0:
+        return a, jnp.zeros((), jnp.int64)
+    axis = _axis(a, dim)
+    v, i = _sort(a, axis, False)
+    n = a.shape[axis]
+    if ignore_nan and jnp.issubdtype(a.dtype, jnp.floating):
+        valid = jnp.sum(~jnp.isnan(a), axis=axis)
+        pos = jnp.maximum((valid - 1) // 2, 0)
+        return _pick(v, i, pos, axis, keepdim)
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        # any NaN makes the median NaN: the first NaN of the sorted row (NaNs sort last)
+        nans = jnp.sum(jnp.isnan(a), axis=axis)
+        pos = jnp.where(nans > 0, n - nans, (n - 1) // 2)
+        return _pick(v, i, pos, axis, keepdim)
+    return _pick(v, i, (n - 1) // 2, axis, keepdim)
+
+
+@lowering("median.dim")
+def median_dim(a, dim, keepdim=False):
+    return _median(a, dim, keepdim, False)
+
+
+@lowering("nanmedian.dim")
+def nanmedian_dim(a, dim, keepdim=False):
+    return _median(a, dim, keepdim, True)
+
+
+@lowering("median")
+def median(a):
+    return _median(a.reshape(-1), 0, False, False)[0]
+
+
+@lowering("nanmedian")
+def nanmedian(a):
+    return _median(a.reshape(-1), 0, False, True)[0]
+
+
+@lowering("mode")
+def mode(a, dim=-1, keepdim=False):
+    """Most frequent value (the smallest among equally frequent ones) and its last index."""
+    if a.ndim == 0:
+        return a, jnp.zeros((), jnp.int64)
+    axis = _axis(a, dim)
+    v, i = _sort(a, axis, False)
+    n = a.shape[axis]
+    pos = lax.broadcasted_iota(jnp.int64, a.shape, axis)
+    prev = jnp.concatenate([lax.slice_in_dim(v, 0, 1, axis=axis), lax.slice_in_dim(v, 0, n - 1, axis=axis)], axis)
+    nxt = jnp.concatenate([lax.slice_in_dim(v, 1, n, axis=axis), lax.slice_in_dim(v, n - 1, n, axis=axis)], axis)
+    starts = (pos == 0) | (v != prev)
+    ends = (pos == n - 1) | (v != nxt)
+    run_start = lax.cummax(jnp.where(starts, pos, 0), axis=axis)
+    run_end = lax.cummin(jnp.where(ends, pos, n - 1), axis=axis, reverse=True)
+    count = run_end - run_start + 1
+    best = jnp.argmax(count, axis=axis)  # first (smallest value) among the most frequent
+    last = jnp.take_along_axis(run_end, jnp.expand_dims(best, axis), axis).squeeze(axis)
+    # PyTorch reports the largest original index of the mode; the sort is stable, so the run's end
+    idx = jnp.max(jnp.where(
+        (v == jnp.take_along_axis(v, jnp.expand_dims(last, axis), axis)), i, -1), axis=axis)
+    val = jnp.take_along_axis(v, jnp.expand_dims(last, axis), axis).squeeze(axis)
+    if keepdim:
+        val, idx = jnp.expand_dims(val, axis), jnp.expand_dims(idx, axis)
+    return val, idx
+
+
+def _searchsorted(seq, values, right, sorter):
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter, axis=-1)
+    side = "right" if right else "left"
+    if seq.ndim == 1:
+        return jnp.searchsorted(seq, values, side=side, method="compare_all" if seq.shape[0] <= 64 else "scan")
+    lead = seq.shape[:-1]
+    flat_seq = seq.reshape(-1, seq.shape[-1])
+    flat_val = values.reshape(flat_seq.shape[0], -1)
+    out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_seq, flat_val)
+    return out.reshape(values.shape)
+
+
+@lowering("searchsorted.Tensor")
+def searchsorted(seq, values, out_int32=False, right=False, side=None, sorter=None):
+    right = right or side == "right"
+    out = _searchsorted(seq, values, right, sorter)
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@lowering("searchsorted.Scalar")
+def searchsorted_scalar(seq, value, out_int32=False, right=False, side=None, sorter=None):
+    right = right or side == "right"
+    value = jnp.asarray(value, seq.dtype) if not hasattr(value, "shape") or value.ndim == 0 else value
+    out = _searchsorted(seq, value.reshape(()) if seq.ndim == 1 else jnp.broadcast_to(value, seq.shape[:-1] + (1,)),
+                        right, sorter)
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@lowering("bucketize.Tensor")
+def bucketize(values, boundaries, out_int32=False, right=False):
+    out = _searchsorted(boundaries, values, right, None)
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@lowering("bucketize.Scalar")
+def bucketize_scalar(value, boundaries, out_int32=False, right=False):
+    out = _searchsorted(boundaries, jnp.asarray(value, boundaries.dtype), right, None)
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+# ---------------------------------------------------------------- norms
+def _is_static(x):
+    return isinstance(x, (int, float, bool))
+
+
+def _norm(x, ord, axis, keepdim):
+    """sum(|x|^ord)^(1/ord) and its limits; `ord` may be a traced Scalar (all branches, selected)."""
+    ax = jnp.abs(x)
+    if _is_static(ord):
+        if ord == float("inf"):
+            return jnp.max(ax, axis=axis, keepdims=keepdim)
+        if ord == float("-inf"):
+            return jnp.min(ax, axis=axis, keepdims=keepdim)
+        if ord == 0:
+            return jnp.sum((ax != 0).astype(x.dtype), axis=axis, keepdims=keepdim)
+        if ord == 1:
+            return jnp.sum(ax, axis=axis, keepdims=keepdim)
+        if ord == 2:
+            return jnp.sqrt(jnp.sum(ax * ax, axis=axis, keepdims=keepdim))
+        return jnp.sum(ax ** ord, axis=axis, keepdims=keepdim) ** (1.0 / ord)
+    ord = jnp.asarray(ord, x.dtype)
+    safe = jnp.where((ord == 0) | jnp.isinf(ord), 1, ord)
+    general = jnp.sum(ax ** safe, axis=axis, keepdims=keepdim) ** (1 / safe)
+    two = jnp.sqrt(jnp.sum(ax * ax, axis=axis, keepdims=keepdim))
+    general = jnp.where(ord == 2, two, general)
+    zero = jnp.sum((ax != 0).astype(x.dtype), axis=axis, keepdims=keepdim)
+    if x.size:
+        hi, lo = jnp.max(ax, axis=axis, keepdims=keepdim), jnp.min(ax, axis=axis, keepdims=keepdim)
+    else:
+        hi = lo = zero
+    return jnp.where(ord == 0, zero, jnp.where(ord == jnp.inf, hi, jnp.where(ord == -jnp.inf, lo, general)))
 
 
 @lowering("linalg_vector_norm")
 def vector_norm(a, ord=2, dim=None, keepdim=False, dtype=None):
-    if dtype is not None:
-        a = a.astype(dtype)
-    axis = _dims(a, dim)
-    x = jnp.abs(a)
-    if ord == float("inf"):
-        return jnp.max(x, axis=axis, keepdims=keepdim)
-    if ord == float("-inf"):
-        return jnp.min(x, axis=axis, keepdims=keepdim)
-    if ord == 0:
-        return jnp.sum((x != 0).astype(a.dtype), axis=axis, keepdims=keepdim)
-    if ord == 1:
-        return jnp.sum(x, axis=axis, keepdims=keepdim)
-    if ord == 2:
-        return jnp.sqrt(jnp.sum(x * x, axis=axis, keepdims=keepdim))
-    return jnp.sum(x ** ord, axis=axis, keepdims=keepdim) ** (1.0 / ord)
+    d = dtype or a.dtype
+    x = a.astype(_opmath(d))
+    return _norm(x, ord, _dims(a, dim), keepdim).astype(d)
+
+
+@lowering("norm.Scalar", "norm.ScalarOpt_dim", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype")
+def norm(a, p=2, dim=None, keepdim=False, dtype=None):
+    if p is None:
+        p = 2
+    d = dtype or a.dtype
+    return _norm(a.astype(_opmath(d)), p, _dims(a, dim), keepdim).astype(d)
+
+
+@lowering("dist")
+def dist(a, b, p=2):
+    diff = a - b
+    return _norm(diff.astype(_opmath(diff.dtype)), p, None, False).astype(diff.dtype)
+
+
+@lowering("renorm")
+def renorm(a, p, dim, maxnorm):
+    x = a.astype(_opmath(a.dtype))
+    axis = tuple(d for d in range(a.ndim) if d != dim % a.ndim)
+    n = _norm(x, p, axis, True)
+    scale = jnp.where(n > maxnorm, maxnorm / (n + 1e-7), 1.0)
+    return (x * scale).astype(a.dtype)

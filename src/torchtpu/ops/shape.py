@@ -1,9 +1,312 @@
-"""Lowerings: shape."""
+"""Lowerings: shape (concatenation, padding, flips, resampling, patches).
+
+View ops (view, slice, select, transpose, expand, ...) are not here: they are metadata kernels that
+share storage (eager/kernels.py). These are the ops that produce new values.
+"""
 from __future__ import annotations
+
+import itertools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .table import KIND, lowering
 
+
+def _f32(a):
+    return a.astype(jnp.float32) if a.dtype in (jnp.float16, jnp.bfloat16) else a
+
+
+# ---------------------------------------------------------------- concatenation
+@lowering("cat")
+def cat(tensors, dim=0):
+    # PyTorch skips legacy empty 1-D tensors of shape (0,) when the others have more dims
+    full = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not full:
+        return tensors[0]
+    dtype = jnp.result_type(*tensors)
+    dim = dim % full[0].ndim
+    return jnp.concatenate([t.astype(dtype) for t in full], axis=dim)
+
+
+@lowering("stack")
+def stack(tensors, dim=0):
+    dtype = jnp.result_type(*tensors)
+    return jnp.stack([t.astype(dtype) for t in tensors], axis=dim % (tensors[0].ndim + 1))
+
+
+@lowering("split_with_sizes_copy")
+def split_with_sizes_copy(x, split_sizes, dim=0):
+    dim = dim % x.ndim
+    out, start = [], 0
+    for n in split_sizes:
+        out.append(lax.slice_in_dim(x, start, start + n, axis=dim))
+        start += n
+    return out
+
+
+@lowering("split_copy.Tensor")
+def split_copy(x, split_size, dim=0):
+    dim = dim % x.ndim
+    n = x.shape[dim]
+    sizes = [min(split_size, n - s) for s in range(0, n, split_size)] if split_size else [n]
+    return split_with_sizes_copy(x, sizes or [0], dim)
+
+
+@lowering("unbind_copy.int")
+def unbind_copy(x, dim=0):
+    dim = dim % x.ndim
+    return [lax.index_in_dim(x, i, axis=dim, keepdims=False) for i in range(x.shape[dim])]
+
+
+# ---------------------------------------------------------------- padding
+@lowering("constant_pad_nd")
+def constant_pad_nd(x, pad, value=0):
+    # pad pairs start at the last dim; negative pads crop (lax.pad allows both)
+    cfg = [(0, 0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        cfg[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1], 0)
+    return lax.pad(x, jnp.asarray(value).astype(x.dtype), cfg)
+
+
+def _mode_pad(x, padding, mode):
+    nd = len(padding) // 2
+    widths = [(0, 0)] * (x.ndim - nd) + [(padding[2 * (nd - 1 - i)], padding[2 * (nd - 1 - i) + 1])
+                                          for i in range(nd)]
+    return jnp.pad(x, widths, mode=mode)
+
+
+def _pad_backward(grad, x, padding, mode):
+    _, vjp = jax.vjp(lambda v: _mode_pad(v, padding, mode), _f32(x))
+    return vjp(_f32(grad))[0].astype(x.dtype)
+
+
+for _nd in (1, 2, 3):
+    lowering(f"reflection_pad{_nd}d")(lambda x, padding: _mode_pad(x, padding, "reflect"))
+    lowering(f"replication_pad{_nd}d")(lambda x, padding: _mode_pad(x, padding, "edge"))
+    lowering(f"reflection_pad{_nd}d_backward")(lambda g, x, padding: _pad_backward(g, x, padding, "reflect"))
+    lowering(f"replication_pad{_nd}d_backward")(lambda g, x, padding: _pad_backward(g, x, padding, "edge"))
+
+
+# ---------------------------------------------------------------- rearrangements
+@lowering("flip")
+def flip(x, dims):
+    return jnp.flip(x, axis=tuple(d % x.ndim for d in dims)) if x.ndim else x
+
+
+@lowering("roll")
+def roll(x, shifts, dims=()):
+    if not dims:
+        return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
+    return jnp.roll(x, tuple(shifts), axis=tuple(d % x.ndim for d in dims))
+
+
+@lowering("repeat")
+def repeat(x, repeats):
+    return jnp.tile(x, tuple(repeats))
+
+
+@lowering("tril")
+def tril(x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@lowering("triu")
+def triu(x, diagonal=0):
+    return jnp.triu(x, diagonal)
+
+
+@lowering("diag_embed")
+def diag_embed(x, offset=0, dim1=-2, dim2=-1):
+    n = x.shape[-1] + abs(offset)
+    idx = jnp.arange(x.shape[-1])
+    rows, cols = idx + max(-offset, 0), idx + max(offset, 0)
+    out = jnp.zeros(x.shape[:-1] + (n, n), x.dtype).at[..., rows, cols].set(x)
+    nd = x.ndim + 1
+    d1, d2 = dim1 % nd, dim2 % nd
+    return jnp.moveaxis(out, (-2, -1), (d1, d2))
+
+
+@lowering("pixel_shuffle")
+def pixel_shuffle(x, r):
+    *lead, c, h, w = x.shape
+    oc = c // (r * r)
+    y = x.reshape(tuple(lead) + (oc, r, r, h, w))
+    n = len(lead)
+    y = jnp.transpose(y, tuple(range(n)) + (n, n + 3, n + 1, n + 4, n + 2))
+    return y.reshape(tuple(lead) + (oc, h * r, w * r))
+
+
+@lowering("pixel_unshuffle")
+def pixel_unshuffle(x, r):
+    *lead, c, h, w = x.shape
+    n = len(lead)
+    y = x.reshape(tuple(lead) + (c, h // r, r, w // r, r))
+    y = jnp.transpose(y, tuple(range(n)) + (n, n + 2, n + 4, n + 1, n + 3))
+    return y.reshape(tuple(lead) + (c * r * r, h // r, w // r))
+
+
+# ---------------------------------------------------------------- patches
+def _im2col(x, kernel_size, dilation, padding, stride):
+    batched = x.ndim == 4
+    if not batched:
+        x = x[None]
+    n, c, h, w = x.shape
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel_size, dilation, padding, stride
+    oh = (h + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
+    ow = (w + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+    xp = jnp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    cols = [xp[:, :, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
+            for i in range(kh) for j in range(kw)]
+    out = jnp.stack(cols, axis=2).reshape(n, c * kh * kw, oh * ow)
+    return out if batched else out[0]
+
+
+@lowering("im2col")
+def im2col(x, kernel_size, dilation, padding, stride):
+    return _im2col(x, kernel_size, dilation, padding, stride)
+
+
+@lowering("col2im")
+def col2im(cols, output_size, kernel_size, dilation, padding, stride):
+    # col2im is the adjoint of im2col: the VJP of im2col at any point
+    batched = cols.ndim == 3
+    n = cols.shape[0] if batched else 1
+    kh, kw = kernel_size
+    c = (cols.shape[1] if batched else cols.shape[0]) // (kh * kw)
+    shape = ((n,) if batched else ()) + (c,) + tuple(output_size)
+    zero = jnp.zeros(shape, _f32(cols).dtype)
+    _, vjp = jax.vjp(lambda v: _im2col(v, kernel_size, dilation, padding, stride), zero)
+    return vjp(_f32(cols))[0].astype(cols.dtype)
+
+
+# ---------------------------------------------------------------- resampling
+def _scale(n_in, n_out, align_corners, scale):
+    if align_corners:
+        return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+
+
+def _nearest_index(n_in, n_out, scale, exact):
+    s = np.float32(_scale(n_in, n_out, False, scale))
+    dst = np.arange(n_out, dtype=np.float32)
+    src = np.floor((dst + np.float32(0.5)) * s if exact else dst * s).astype(np.int64)
+    return np.minimum(src, n_in - 1)
+
+
+def _nearest(x, output_size, scales, exact):
+    nd = len(output_size)
+    for i, n_out in enumerate(output_size):
+        ax = x.ndim - nd + i
+        x = jnp.take(x, jnp.asarray(_nearest_index(x.shape[ax], n_out, scales[i], exact)), axis=ax)
+    return x
+
+
+def _linear_weights(n_in, n_out, align_corners, scale):
+    s = np.float32(_scale(n_in, n_out, align_corners, scale))
+    dst = np.arange(n_out, dtype=np.float32)
+    src = s * dst if align_corners else np.maximum(s * (dst + np.float32(0.5)) - np.float32(0.5), 0)
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    l1 = (src - i0).astype(np.float32)
+    return i0, i1, 1 - l1, l1
+
+
+def _linear(x, output_size, align_corners, scales):
+    nd = len(output_size)
+    y = _f32(x)
+    for i, n_out in enumerate(output_size):
+        ax = y.ndim - nd + i
+        i0, i1, l0, l1 = _linear_weights(y.shape[ax], n_out, align_corners, scales[i])
+        shape = [1] * y.ndim
+        shape[ax] = n_out
+        y = (jnp.take(y, jnp.asarray(i0), axis=ax) * jnp.asarray(l0).reshape(shape)
+             + jnp.take(y, jnp.asarray(i1), axis=ax) * jnp.asarray(l1).reshape(shape))
+    return y.astype(x.dtype)
+
+
+def _cubic_coeffs(t, a=-0.75):
+    def near(u):  # |u| <= 1
+        return ((a + 2) * u - (a + 3)) * u * u + 1
+
+    def far(u):   # 1 < |u| < 2
+        return ((a * u - 5 * a) * u + 8 * a) * u - 4 * a
+
+    return far(t + 1), near(t), near(1 - t), far(2 - t)
+
+
+def _bicubic(x, output_size, align_corners, scales):
+    y = _f32(x)
+    for i, n_out in enumerate(output_size):
+        ax = y.ndim - 2 + i
+        n_in = y.shape[ax]
+        s = np.float32(_scale(n_in, n_out, align_corners, scales[i]))
+        dst = np.arange(n_out, dtype=np.float32)
+        src = s * dst if align_corners else s * (dst + np.float32(0.5)) - np.float32(0.5)
+        f = np.floor(src)
+        t = (src - f).astype(np.float32)
+        f = f.astype(np.int64)
+        shape = [1] * y.ndim
+        shape[ax] = n_out
+        acc = 0
+        for k, c in enumerate(_cubic_coeffs(t)):
+            idx = np.clip(f - 1 + k, 0, n_in - 1)
+            acc = acc + jnp.take(y, jnp.asarray(idx), axis=ax) * jnp.asarray(c.astype(np.float32)).reshape(shape)
+        y = acc
+    return y.astype(x.dtype)
+
+
+def _resample_backward(fn, grad, input_size):
+    zero = jnp.zeros(tuple(input_size), _f32(grad).dtype)
+    _, vjp = jax.vjp(fn, zero)
+    return vjp(_f32(grad))[0].astype(grad.dtype)
+
+
+for _nd in (1, 2, 3):
+    _sfx = {1: "1d", 2: "2d", 3: "3d"}[_nd]
+
+    def _make(nd):
+        def nearest(x, output_size, *scales):
+            return _nearest(x, output_size, (list(scales) + [None] * nd)[:nd], False)
+
+        def nearest_exact(x, output_size, *scales):
+            return _nearest(x, output_size, (list(scales) + [None] * nd)[:nd], True)
+
+        def nearest_bw(grad, output_size, input_size, *scales):
+            sc = (list(scales) + [None] * nd)[:nd]
+            return _resample_backward(lambda v: _nearest(v, output_size, sc, False), grad, input_size)
+
+        def nearest_exact_bw(grad, output_size, input_size, *scales):
+            sc = (list(scales) + [None] * nd)[:nd]
+            return _resample_backward(lambda v: _nearest(v, output_size, sc, True), grad, input_size)
+
+        def linear(x, output_size, align_corners, *scales):
+            return _linear(x, output_size, align_corners, (list(scales) + [None] * nd)[:nd])
+
+        def linear_bw(grad, output_size, input_size, align_corners, *scales):
+            sc = (list(scales) + [None] * nd)[:nd]
+            return _resample_backward(lambda v: _linear(v, output_size, align_corners, sc), grad, input_size)
+
+        return nearest, nearest_exact, nearest_bw, nearest_exact_bw, linear, linear_bw
+
+    _n, _ne, _nb, _neb, _l, _lb = _make(_nd)
+    lowering(f"upsample_nearest{_sfx}")(_n)
+    lowering(f"_upsample_nearest_exact{_sfx}")(_ne)
+    lowering(f"upsample_nearest{_sfx}_backward")(_nb)
+    lowering(f"_upsample_nearest_exact{_sfx}_backward")(_neb)
+    _lin = {1: "upsample_linear1d", 2: "upsample_bilinear2d", 3: "upsample_trilinear3d"}[_nd]
+    lowering(_lin)(_l)
+    lowering(f"{_lin}_backward")(_lb)
+
+
+@lowering("upsample_bicubic2d")
+def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _bicubic(x, output_size, align_corners, (scales_h, scales_w))
+
+
+@lowering("upsample_bicubic2d_backward")
+def upsample_bicubic2d_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_backward(lambda v: _bicubic(v, output_size, align_corners, (scales_h, scales_w)),
+                              grad, input_size)
