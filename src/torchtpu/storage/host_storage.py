@@ -21,6 +21,11 @@ def storage_to_tpu(storage, device=None, non_blocking=False):
     return dst.untyped_storage()
 
 
+def clone_tpu_storage(storage):
+    src = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    return src.clone().untyped_storage()
+
+
 def _deserialize(obj, location):
     if location.startswith("tpu"):
         return storage_to_tpu(obj, torch.device(location))
@@ -37,5 +42,11 @@ def install():
         return original_to(self, device, non_blocking)
 
     torch.storage._to = _to
+    original_clone = torch.UntypedStorage.clone
+
+    def clone(self):
+        return clone_tpu_storage(self) if self.device.type == "tpu" else original_clone(self)
+
+    torch.UntypedStorage.clone = clone
     torch.UntypedStorage.tpu = lambda self, device=None, non_blocking=False: storage_to_tpu(self, device, non_blocking)
     torch.serialization.register_package(1, lambda obj: None, _deserialize)
