@@ -104,7 +104,17 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
     # Non-overlapping ranges with a guard page, so PyTorch's overlap checks on data_ptr stay valid.
     address = _bump[0]
     _bump[0] = address + ((nbytes + 2 * _PAGE - 1) // _PAGE) * _PAGE
-    storage = _make_storage(address, _DEVICES.get(device_index) or _device(device_index), nbytes)
+    fresh = _make_storage(address, _DEVICES.get(device_index) or _device(device_index), nbytes)
+    if device_index == 0 and (stride is None or _is_dense(shape, stride)):
+        # Fast path (the engine's outputs): create_empty_tensor already has the sizes and
+        # contiguous strides; give its storage our address and size instead of a `set_`.
+        t = _create_empty(shape, dtype)
+        storage = t.untyped_storage()
+        storage._swap_data_ptr_(fresh)
+    else:
+        t = _create_empty([0], dtype) if device_index == 0 else _shell(dtype, device_index)
+        storage = fresh
+        _redispatch_set(CPU_KEYS, t, storage, 0, shape, stride if stride is not None else contiguous_strides(shape))
     record = StorageRecord(dtype, numel, nbytes, device_index, buffer)
     ref = _StorageRef(storage, _on_free)
     ref.address = address
@@ -117,9 +127,16 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
         s.peak = s.allocated
     if buffer is not None:
         s.materialized += nbytes
-    t = _create_empty([0], dtype) if device_index == 0 else _shell(dtype, device_index)
-    _redispatch_set(CPU_KEYS, t, storage, 0, shape, stride if stride is not None else contiguous_strides(shape))
     return t
+
+
+def _is_dense(shape, stride):
+    expected = 1
+    for n, st in zip(reversed(shape), reversed(stride)):
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return True
 
 
 _DEVICES: dict[int, torch.device] = {}
