@@ -72,17 +72,21 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
     # 2. which outputs are new tensors, and how the returns nest
     schema = kernel.op._schema
     rets = meta_out if len(schema.returns) != 1 else (meta_out,)
-    outs, spec = [], []
+    outs, spec, nones = [], [], []
     for alias_name, value in zip(kernel.aliased_returns, rets if schema.returns else ()):
         if alias_name is not None:
             spec.append(alias_name)
         else:
             leaves, s = pytree.tree_flatten(value)
-            outs.extend((tuple(m.shape), m.dtype, tuple(contiguous_strides(m.shape))) for m in leaves)
+            # undefined outputs (None: a backward's output_mask False) stay None, on both sides
+            outs.extend((tuple(m.shape), m.dtype, tuple(contiguous_strides(m.shape))) for m in leaves
+                        if m is not None)
+            nones.append(tuple(m is None for m in leaves))
             spec.append(s)
     n_fn = len(outs)
     entry = Entry()
     entry.outs = outs
+    entry.nones = tuple(nones) if any(any(n) for n in nones) else None
     # None: the op returns exactly one new tensor (the fast path)
     entry.spec = None if (len(spec) == 1 and not isinstance(spec[0], str) and spec[0].num_leaves == 1
                           and spec[0].is_leaf() and len(schema.returns) == 1) else spec
@@ -131,7 +135,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
         if rng is not None:
             k["key"] = jax.random.fold_in(jax.random.fold_in(jax.random.key(rng[0]), rng[1]), rng[2])
         result = compute(a, k)
-        leaves = pytree.tree_leaves(result)
+        leaves = [v for v in pytree.tree_leaves(result) if v is not None]
         if len(leaves) != n_fn + len(mutable_targets):
             raise AssertionError(f"torchtpu: lowering of aten::{kernel.name} returned {len(leaves)} "
                                  f"values, expected {n_fn} outputs + {len(mutable_targets)} mutations")

@@ -59,7 +59,16 @@ def _mutable_args(schema):
 
 
 class Entry:
-    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nbufs")
+    """A cached executable and what to do with its results."""
+
+    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones")
+
+    def __init__(self):
+        self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
+        self.outs = []            # (shape, dtype, strides) of each new output
+        self.spec = None          # how returns nest; None: exactly one new tensor
+        self.mutated_slots = []   # input slots whose storages get new buffers
+        self.nones = None         # per return, which leaves are undefined (None)
 
 
 class OpKernel:
@@ -210,11 +219,13 @@ class OpKernel:
     def _returns(self, entry, out_tensors, args, kwargs):
         it = iter(out_tensors)
         values = []
+        nones = iter(entry.nones) if entry.nones is not None else None
         for aliased, ret in zip(self.aliased_returns, entry.spec):
             if aliased:
                 values.append(_aliased_arg(self.op._schema, ret, args, kwargs))
             else:
-                values.append(pytree.tree_unflatten([next(it) for _ in range(ret.num_leaves)], ret))
+                mask = next(nones) if nones is not None else (False,) * ret.num_leaves
+                values.append(pytree.tree_unflatten([None if m else next(it) for m in mask], ret))
         if len(values) == 1:
             return values[0]
         return tuple(values) if values else None
