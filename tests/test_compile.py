@@ -248,3 +248,63 @@ def test_dump_stablehlo(tmp_path):
         torchtpu.compile.options.dump_stablehlo(False)
     texts = [p.read_text() for p in tmp_path.glob("*.mlir")]
     assert texts and any("stablehlo" in t for t in texts)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("hardswish", lambda a, b: F.hardswish(a)),
+    ("logaddexp", lambda a, b: torch.logaddexp(a, b)),
+    ("softplus", lambda a, b: F.softplus(a, beta=2.0)),
+    ("mse_loss", lambda a, b: F.mse_loss(a, b)),
+    ("elu", lambda a, b: F.elu(a, 0.5)),
+    ("stack", lambda a, b: torch.stack([a, b], 1)),
+])
+def test_eager_decompositions(name, fn):
+    """Ops without a lowering run in eager mode through their traced PyTorch decomposition."""
+    a, b = torch.randn(4, 6), torch.randn(4, 6)
+    torch.testing.assert_close(fn(a.to("tpu"), b.to("tpu")).cpu(), fn(a, b), **TOL)
+
+
+def test_eager_batch_norm_decomposition_updates_running_stats():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(6)
+    dev = copy.deepcopy(bn).to("tpu")
+    x = torch.randn(8, 6)
+    torch.testing.assert_close(dev(x.to("tpu")).cpu(), bn(x), **TOL)
+    torch.testing.assert_close(dev.running_mean.cpu(), bn.running_mean, **TOL)
+    torch.testing.assert_close(dev.running_var.cpu(), bn.running_var, **TOL)
+
+
+def test_dynamic_shapes_specialize_per_shape():
+    """Default dynamic=None: Dynamo may hand over a symbolic graph; it is compiled per concrete shape."""
+    torch.manual_seed(0)
+    m = TinyBlock().eval()
+    f = torch.compile(copy.deepcopy(m).to("tpu"), backend="tpu")
+    with torch.no_grad():
+        for b, t in [(2, 12), (3, 12), (4, 9)]:
+            ids = torch.randint(0, 50, (b, t))
+            torch.testing.assert_close(f(ids.to("tpu")).cpu(), m(ids), **TOL)
+
+
+def test_compiled_opt_step_capturable_stays_on_device():
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)
+    d = copy.deepcopy(m).to("tpu")
+    oc = torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-4)
+    od = torch.optim.AdamW(d.parameters(), lr=1e-2, eps=1e-4, capturable=True)
+    step = torch.compile(od.step, backend="tpu")
+    x = torch.randn(16, 8)
+    xt = x.to("tpu")
+    for i in range(3):
+        oc.zero_grad()
+        m(x).square().mean().backward()
+        oc.step()
+        od.zero_grad()
+        d(xt).square().mean().backward()
+        if i == 2:
+            before = torchtpu.metrics()
+        step()
+    after = torchtpu.metrics()
+    assert after["d2h_transfers"] == before["d2h_transfers"] and after["h2d_transfers"] == before["h2d_transfers"]
+    assert after["compiled_xla_compiles"] == before["compiled_xla_compiles"]
+    torch.testing.assert_close(d.weight.detach().cpu(), m.weight.detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(d.bias.detach().cpu(), m.bias.detach(), rtol=1e-4, atol=1e-5)

@@ -289,7 +289,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
     p.add_argument("--chunk", type=int, default=40, help="OpInfos per worker process")
-    p.add_argument("--max-samples", type=int, default=3)
+    p.add_argument("--max-samples", type=int, default=2)
     p.add_argument("--timeout", type=int, default=90, help="soft limit per check (s)")
     p.add_argument("--hard-timeout", type=int, default=300, help="kill a worker stuck this long (s)")
     p.add_argument("--ops", default=None, help="regex on OpInfo names (default: all)")

@@ -20,6 +20,8 @@ def _load():
 
     registration.install()
     kernels.register_all()
+    from .compile import install_hooks
+    install_hooks()  # registers backend="tpu" with Dynamo when Dynamo is first imported
 
 
 def _autoload():

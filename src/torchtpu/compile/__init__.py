@@ -1,22 +1,101 @@
-"""torch.compile backend "tpu" (see backend.py) and its options (`torch.tpu.compiler`).
+"""torch.compile backend "tpu" (see backend.py) and its options (`torch.tpu.compiler`, options.py).
 
-Importing this package registers the backend with Dynamo (which imports torch._dynamo, about a
-second or more); the `torch_dynamo_backends` entry point registers it lazily instead.
+Importing this package is cheap: it does not import torch._dynamo (seconds). `install_hooks()`
+arranges that, whenever Dynamo is imported, (1) the backend "tpu" is registered in Dynamo's
+registry and (2) Dynamo skips the device's own Python code (torchtpu, jax, jaxlib), which runs
+after a graph break (`.item()` -> the tpu `_local_scalar_dense` kernel) and must never be traced.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
+
 from . import options  # noqa: F401
+
+__all__ = ["tpu_backend", "register", "install_hooks", "options"]
+
+_SKIPPED = ("torchtpu", "jax", "jaxlib")
 
 
 def tpu_backend(gm, example_inputs, **kwargs):
-    """Entry point of the `torch_dynamo_backends` group (imports the backend on first use)."""
+    """The Dynamo backend "tpu" (the heavy modules load on the first compile)."""
     from .backend import tpu_backend as backend
     return backend(gm, example_inputs, **kwargs)
 
 
+def _on_registry(registry):
+    if "tpu" not in registry._COMPILER_FNS:
+        registry.register_backend(compiler_fn=tpu_backend, name="tpu")
+
+
+def _on_trace_rules(trace_rules):
+    for name in _SKIPPED:
+        try:
+            trace_rules.add(name)
+        except Exception:  # noqa: BLE001 - a missing package is simply not skipped
+            pass
+
+
+_HOOKS = {"torch._dynamo.backends.registry": _on_registry, "torch._dynamo.trace_rules": _on_trace_rules}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs a hook right after one of the modules in _HOOKS has executed."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _HOOKS:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Wrapped(spec.loader, _HOOKS[fullname])
+        return spec
+
+
+class _Wrapped(importlib.abc.Loader):
+    def __init__(self, loader, hook):
+        self.loader = loader
+        self.hook = hook
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        self.hook(module)
+
+
+_installed = [False]
+
+
+def install_hooks():
+    """Register the backend and the Dynamo skips now if Dynamo is loaded, else when it loads."""
+    if _installed[0]:
+        return
+    _installed[0] = True
+    pending = False
+    for name, hook in _HOOKS.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            hook(module)
+        else:
+            pending = True
+    if pending and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
 def register():
-    from .backend import register as _register
-    _register()
+    """Register the backend now (imports torch._dynamo)."""
+    install_hooks()
+    import torch._dynamo.backends.registry as registry
+    import torch._dynamo.trace_rules as trace_rules
+    _on_registry(registry)
+    _on_trace_rules(trace_rules)
 
 
-register()
+install_hooks()

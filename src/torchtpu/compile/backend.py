@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-import os
 import sys
 import threading
 import time
@@ -26,7 +24,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
 
 from ..metrics import counters as _counters
 from ..device import platform
@@ -42,6 +39,8 @@ from . import options
 log = logging.getLogger("torchtpu.compile")
 _Tensor = torch.Tensor
 _graph_ids = iter(range(1, 1 << 62))
+# seconds spent tracing graphs to StableHLO and compiling them with XLA (this process, cumulative)
+TIMES = {"trace_s": 0.0, "xla_compile_s": 0.0}
 
 
 def _dense_order(shape, stride):
@@ -59,11 +58,9 @@ def _out_layout(val):
     """(shape, dtype, stride, order) PyTorch expects for a graph output, from its meta value."""
     if not isinstance(val, _Tensor):
         return None
-    try:
-        shape = tuple(int(s) for s in val.shape)
-        stride = tuple(int(s) for s in val.stride())
-    except (TypeError, ValueError):
-        return None
+    shape, stride = tuple(val.shape), tuple(val.stride())
+    if not all(type(x) is int for x in shape + stride) or type(val.storage_offset()) is not int:
+        return None  # symbolic (dynamic-shape graph): contiguous outputs
     order = _dense_order(shape, stride) if val.storage_offset() == 0 else None
     if order is None or order == list(range(len(shape))):
         return (shape, val.dtype, None, None)
@@ -144,25 +141,28 @@ class CompiledGraph:
             dyn.append(_host_value(c, dev))
         if self.program.random:
             dyn.append(next_rng_args(dev))
-        if isinstance(args, list):
-            args.clear()  # boxed calling convention: the caller's list no longer keeps inputs alive
         fn = entry.fn
         if entry.donate and not _donation_safe(dyn, entry.mutated_slots):
             fn = entry.fn_plain or self._plain(entry)
         if CompiledGraph.capture and not entry.mutated_slots:
             self.captured = (fn, list(dyn))
+            self.captured_inputs = list(args)
             _last_captured[0] = self
+        if isinstance(args, list):
+            args.clear()  # boxed calling convention: the caller's list no longer keeps inputs alive
         results = fn(*dyn)
         del dyn
         nout = len(entry.outs)
         for slot, buf in zip(entry.mutated_slots, results[nout:]):
             set_buffer(records[slot], buf)
-        if entry.cpu_mutations:
-            from ..eager.kernels import to_host
+        if entry.cpu_mutations:  # a sync point: the host waits for these values
             base = nout + len(entry.mutated_slots)
             for j, value in zip(entry.cpu_mutations, results[base:]):
                 c = cpu_vals[j]
-                c.copy_(torch.from_numpy(np.array(value)).to(c.dtype).reshape(c.shape))
+                host = np.asarray(value)
+                _counters.d2h_bytes += host.nbytes
+                _counters.d2h_transfers += 1
+                c.copy_(dt.cpu_from_numpy(host.reshape(tuple(c.shape)), c.dtype))
         outputs = []
         it = iter(results[:nout])
         for o in entry.outs:
@@ -280,9 +280,14 @@ class CompiledGraph:
         # trace and compile now: the output metadata is known, and compile time lands here
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            t0 = time.perf_counter()
             lowered = jitted.lower(*sample)
+            t1 = time.perf_counter()
             options._maybe_dump(self, lowered)
             entry.fn = lowered.compile()
+            t2 = time.perf_counter()
+        TIMES["trace_s"] += t1 - t0
+        TIMES["xla_compile_s"] += t2 - t1
         entry.fn_plain = None if entry.donate else entry.fn
         entry.outs = list(outs_meta)
         return entry
@@ -328,9 +333,6 @@ def _donation_safe(dyn, slots):
         if sys.getrefcount(dyn[s]) > 3:
             return False
     return True
-
-
-_zeros_fns = {}
 
 
 def _zeros(numel, dtype, device_index):
@@ -426,19 +428,6 @@ def tpu_backend(gm, example_inputs, **kwargs):
 
 
 def register():
-    """Register "tpu" with Dynamo (idempotent)."""
-    from torch._dynamo.backends import registry
-    skip_device_code()
-    if "tpu" not in registry._COMPILER_FNS:
-        registry.register_backend(compiler_fn=tpu_backend, name="tpu")
-
-
-def skip_device_code():
-    """Dynamo must never trace the device's own Python kernels (they run after a graph break, e.g.
-    `.item()` -> _local_scalar_dense -> to_host), nor JAX: mark those packages as skipped."""
-    from torch._dynamo import trace_rules
-    for name in ("torchtpu", "jax", "jaxlib"):
-        try:
-            trace_rules.add(name)
-        except Exception:  # noqa: BLE001
-            pass
+    """Register "tpu" with Dynamo now (see compile/__init__.py for the lazy hooks)."""
+    from . import register as _register
+    _register()

@@ -10,6 +10,7 @@ import torch
 from . import platform as _platform
 from .platform import is_initialized, device_count  # noqa: F401
 from .state import current_device, set_device, device_index
+from ..compile import options as compiler  # noqa: F401  (torch.tpu.compiler)
 
 
 def is_available() -> bool:

@@ -181,16 +181,39 @@ def unique_dim_consecutive(self, dim, return_inverse=False, return_counts=False)
     return unique_consecutive(self, return_inverse, return_counts, dim)
 
 
+@functools.partial(jax.jit, static_argnums=(1,))
+def _repeat_indices(repeats, total):
+    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats, total_repeat_length=total)
+
+
+def repeat_interleave(repeats, output_size=None):
+    """aten::repeat_interleave.Tensor: index i repeated repeats[i] times (the other overloads build on it)."""
+    _check_tpu(repeats)
+    if repeats.dim() != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if repeats.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError("repeats has to be Long or Int tensor")
+    buf, dev = _flat(repeats)
+    if output_size is None:
+        total = int(jnp.sum(buf))  # sync point
+        if repeats.numel() and int(jnp.min(buf)) < 0:
+            raise RuntimeError("repeats can not be negative")
+    else:
+        total = int(output_size)
+    return new_tensor((total,), repeats.dtype, dev, _repeat_indices(buf, total))
+
+
 # ------------------------------------------------------------------ boolean-mask indexing
-def _long_indices(indices):
-    """Boolean / uint8 masks in a PyTorch index list replaced by the long indices of their Trues."""
-    if not any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
+def _long_indices(indices, device):
+    """The index list with boolean / uint8 masks replaced by the long indices of their Trues and CPU
+    index tensors moved to the device (as CUDA accepts them), or None when nothing changes."""
+    if not any(i is not None and (i.dtype in (torch.bool, torch.uint8) or i.device != device) for i in indices):
         return None
     out = []
     for i in indices:
+        if i is not None and i.device != device:
+            i = i.to(device)
         if i is not None and i.dtype in (torch.bool, torch.uint8):
-            if i.device.type != "tpu":
-                i = i.to("tpu")
             nz = nonzero(i if i.dtype == torch.bool else i.bool())
             out.extend(aten.select.int(nz, 1, j) for j in range(i.dim()))
         else:
@@ -216,7 +239,7 @@ def _check_mask_shapes(self, indices):
 def _with_masks(engine_kernel, position):
     def kernel(*args, **kwargs):
         indices = args[position] if len(args) > position else kwargs.get("indices")
-        longs = _long_indices(indices) if indices is not None else None
+        longs = _long_indices(indices, args[0].device) if indices is not None else None
         if longs is not None:
             _check_mask_shapes(args[0], indices)
             if len(args) > position:
@@ -225,6 +248,39 @@ def _with_masks(engine_kernel, position):
                 kwargs = dict(kwargs, indices=longs)
         return engine_kernel(*args, **kwargs)
     return kernel
+
+
+# ------------------------------------------------------------------ fused attention
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """AutogradPrivateUse1 kernel of the (CompositeImplicit) SDPA: PyTorch's math path decomposes into
+    a dozen eager ops; this runs one fused forward and one fused backward executable instead, through
+    the ATen flash-attention op pair (which has PyTorch's autograd formula and meta kernel)."""
+    fused = (query.dim() == 4 and key.dim() == 4 and value.dim() == 4 and dropout_p == 0.0
+             and query.size(-1) == key.size(-1) == value.size(-1)
+             and (attn_mask is None or not attn_mask.requires_grad)
+             and query.dtype == key.dtype == value.dtype and query.dtype.is_floating_point
+             and not (query.is_nested or key.is_nested or value.is_nested))
+    if not fused:
+        return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                       None, scale=scale, enable_gqa=enable_gqa)[0]
+    if attn_mask is not None and is_causal:
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when "
+                           "is_causal=True")
+    hq, hk = query.size(-3), key.size(-3)
+    if hq != hk or hk != value.size(-3):
+        if not enable_gqa or hq % hk or value.size(-3) != hk:
+            return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                           None, scale=scale, enable_gqa=enable_gqa)[0]
+        key = key.repeat_interleave(hq // hk, -3)
+        value = value.repeat_interleave(hq // hk, -3)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
+    return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal,
+                                                            attn_mask=attn_mask, scale=scale)[0]
+
+
+_autograd_lib = []
 
 
 def register(impl):
@@ -237,6 +293,11 @@ def register(impl):
     impl("unique_dim", unique_dim)
     impl("unique_consecutive", unique_consecutive)
     impl("unique_dim_consecutive", unique_dim_consecutive)
+    impl("repeat_interleave.Tensor", repeat_interleave)
+    # SDPA is CompositeImplicitAutograd: a kernel on the AutogradPrivateUse1 key takes precedence
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("scaled_dot_product_attention", scaled_dot_product_attention, "AutogradPrivateUse1")
+    _autograd_lib.append(lib)
     # boolean masks in index lists: converted here, then the engine's kernels (replacing them)
     # (the dispatcher warns once that a kernel is overridden: expected here, so silenced)
     import warnings

@@ -140,6 +140,8 @@ def _trace(op, impl, meta_args, meta_kwargs, mutable=()):
     if len(calls) == 1 and calls[0].target is op:
         return None  # tracing did not decompose anything
     program = GraphProgram(gm.graph, gm)  # raises NotLowered for inner ops nobody can run
+    if program.random:
+        return None  # eager kernels get a PRNG key only for random lowerings of the table
 
     # arguments the decomposition writes although the schema does not say so (native_batch_norm's
     # running stats): reported to the engine as extra mutations, their values after the outputs

@@ -41,11 +41,18 @@ def div(a, b):
     return a / b
 
 
+def _int_trunc_div(a, b):
+    a, b = jnp.broadcast_arrays(jnp.asarray(a), jnp.asarray(b, jnp.result_type(a)))
+    return lax.div(a, b)
+
+
 def _floor_div(a, b):
     if _is_int(a) and _is_int(b):
         # Python semantics (round toward -inf), as PyTorch's floor_divide on integers
-        q = lax.div(a, jnp.asarray(b, a.dtype) if not hasattr(b, "shape") else b)
+        q = _int_trunc_div(a, b)
         r = a - q * b
+        if jnp.issubdtype(jnp.result_type(a), jnp.unsignedinteger):
+            return q
         return jnp.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
     return _float_floor_div(a, b)
 
@@ -57,12 +64,12 @@ def _float_floor_div(a, b):
     div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
     floordiv = jnp.floor(div)
     floordiv = jnp.where(div - floordiv > 0.5, floordiv + 1, floordiv)
-    return jnp.where(div != 0, floordiv, jnp.copysign(jnp.zeros_like(div), a / b))
+    return jnp.where(b == 0, a / b, jnp.where(div != 0, floordiv, jnp.copysign(jnp.zeros_like(div), a / b)))
 
 
 def _trunc_div(a, b):
     if _is_int(a) and _is_int(b):
-        return lax.div(a, jnp.broadcast_to(jnp.asarray(b, a.dtype), jnp.shape(b)) if not hasattr(b, "shape") else b)
+        return _int_trunc_div(a, b)
     return jnp.trunc(a / b)
 
 
@@ -220,7 +227,7 @@ for _name, _fn in {
     "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
     "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfc": jax.scipy.special.erfc,
     "erfinv": jax.scipy.special.erfinv, "lgamma": jax.scipy.special.gammaln,
-    "digamma": jax.scipy.special.digamma, "i0": jax.scipy.special.i0, "sinc": jnp.sinc,
+    "digamma": lambda x: _digamma(x), "i0": jax.scipy.special.i0, "sinc": jnp.sinc,
     "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg,
 }.items():
     _unary(_name, _fn)
@@ -345,8 +352,6 @@ for _name, _fn in {
     "special_ndtr": _special.ndtr, "special_ndtri": _special.ndtri, "special_log_ndtr": _special.log_ndtr,
     "special_entr": _special.entr, "special_erfcx": _special.erfcx,
     "special_spherical_bessel_j0": lambda x: jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x)),
-    "special_bessel_j0": lambda x: _special.bessel_jn(x, v=0, n_iter=50)[0],
-    "special_bessel_j1": lambda x: _special.bessel_jn(x, v=1, n_iter=50)[1],
 }.items():
     _unary(_name, _fn)
 
@@ -377,11 +382,36 @@ def igammac(a, x):
     return _special.gammaincc(a, x)
 
 
+def _digamma(x):
+    # PyTorch (like SciPy and C++): digamma(+-0) = -+inf, NaN at the negative integers
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x).astype(x.dtype), jax.scipy.special.digamma(x))
+
+
+def _zeta(x, q):
+    """Hurwitz zeta with PyTorch's (Cephes') edge values."""
+    pole = (q <= 0) & (q == jnp.floor(q))
+    q = jnp.where(pole, 1, q)
+    # XLA's zeta is inaccurate for q < 0: shift q by m = ceil(-q) with zeta(x, q) =
+    # zeta(x, q + m) + sum_{k<m} (q + k)^-x (the loop runs max(m) times, usually zero)
+    m = jnp.where(q < 0, jnp.ceil(-q), 0)
+    x, q = jnp.broadcast_arrays(x, q)
+    m = jnp.broadcast_to(m, q.shape)
+
+    def body(k, acc):
+        return acc + jnp.where(k < m, (q + k) ** -x, 0)
+
+    head = lax.fori_loop(0, jnp.max(m, initial=0).astype(jnp.int32), body, jnp.zeros_like(q))
+    out = _special.zeta(x, q + m) + head
+    out = jnp.where(pole, jnp.inf, out)
+    return jnp.where(x == 1, jnp.inf, jnp.where(x < 1, jnp.nan, out)).astype(out.dtype)
+
+
 @lowering("polygamma", promote=KIND.INT_TO_FLOAT, promote_args=(1,))
 def polygamma(n, a):
     if n == 0:
-        return _special.digamma(a)
-    return _special.polygamma(n, a)
+        return _digamma(a)
+    sign = 1.0 if n % 2 else -1.0
+    return sign * jnp.exp(jax.scipy.special.gammaln(n + 1.0)).astype(a.dtype) * _zeta(jnp.asarray(n + 1.0, a.dtype), a)
 
 
 @lowering("mvlgamma", promote=KIND.INT_TO_FLOAT, promote_args=(0,))
@@ -391,7 +421,7 @@ def mvlgamma(a, p):
 
 @lowering("special_zeta", "special_zeta.other_scalar", "special_zeta.self_scalar", promote=KIND.INT_TO_FLOAT)
 def zeta(x, q):
-    return _special.zeta(x, q)
+    return _zeta(x, q)
 
 
 @lowering("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar",

@@ -58,8 +58,32 @@ def _jdtype(val, fallback=None):
     return fallback if fallback is not None else dt.to_jax(torch.get_default_dtype())
 
 
+def _static(shape):
+    """The shape as Python ints, or None when it is symbolic (a dynamic-shape graph)."""
+    out = []
+    for s in shape:
+        if type(s) is not int:
+            return None
+        out.append(s)
+    return tuple(out)
+
+
 def _shape(val):
-    return tuple(int(s) for s in val.shape)
+    shape = _static(val.shape)
+    if shape is None:
+        raise UnsupportedInGraph("torchtpu: a symbolic shape reached a lowering that needs a static one")
+    return shape
+
+
+def _size_from_args(args):
+    """The first list of ints among the arguments (`size`), else the first array's shape."""
+    for a in args:
+        if isinstance(a, (list, tuple)) and all(isinstance(x, int) for x in a):
+            return tuple(a)
+    for a in args:
+        if hasattr(a, "shape"):
+            return tuple(a.shape)
+    return ()
 
 
 # ---------------------------------------------------------------- identity / views
@@ -71,14 +95,14 @@ def _identity(val, a, *rest, **kw):
 
 @graph_lowering("view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "_reshape_alias_copy")
 def _view(val, a, size, *rest):
-    return jnp.reshape(a, _shape(val) if isinstance(val, torch.Tensor) else tuple(size))
+    return jnp.reshape(a, tuple(size))
 
 
 @graph_lowering("view.dtype")
 def _view_dtype(val, a, dtype):
     from ..eager.views import bitcast
     out = bitcast(a.reshape(-1), dtype)
-    return out.reshape(_shape(val))
+    return out.reshape(tuple(a.shape[:-1]) + (-1,)) if a.ndim else out.reshape(())
 
 
 @graph_lowering("t", "t_copy")
@@ -98,7 +122,8 @@ def _permute(val, a, dims):
 
 @graph_lowering("expand", "expand_copy")
 def _expand(val, a, size, implicit=False):
-    return jnp.broadcast_to(a, _shape(val))
+    lead = len(size) - a.ndim
+    return jnp.broadcast_to(a, tuple(a.shape[i - lead] if n == -1 else n for i, n in enumerate(size)))
 
 
 @graph_lowering("unsqueeze", "unsqueeze_copy")
@@ -108,7 +133,11 @@ def _unsqueeze(val, a, dim):
 
 @graph_lowering("squeeze", "squeeze.dim", "squeeze.dims", "squeeze_copy", "squeeze_copy.dim", "squeeze_copy.dims")
 def _squeeze(val, a, dim=None):
-    return jnp.reshape(a, _shape(val))
+    if a.ndim == 0:
+        return a
+    dims = range(a.ndim) if dim is None else ([dim] if isinstance(dim, int) else dim)
+    dims = tuple(sorted({d % a.ndim for d in dims if a.shape[d % a.ndim] == 1}))
+    return lax.squeeze(a, dims) if dims else a
 
 
 @graph_lowering("slice.Tensor", "slice_copy.Tensor")
@@ -174,7 +203,7 @@ def _cat(val, tensors, dim=0):
     d = _jdtype(val)
     parts = [t.astype(d) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
     if not parts:
-        return jnp.zeros(_shape(val), d)
+        return jnp.zeros((0,), d)
     return jnp.concatenate(parts, axis=dim % parts[0].ndim)
 
 
@@ -299,29 +328,29 @@ def _to_copy(val, a, *args, **kw):
 @graph_lowering("empty.memory_format", "empty_strided", "zeros", "new_zeros", "new_empty", "new_empty_strided",
                 "zeros_like", "empty_like", "empty_permuted")
 def _zeros(val, *args, **kw):
-    return jnp.zeros(_shape(val), _jdtype(val))
+    return jnp.zeros(_size_from_args(args), _jdtype(val))
 
 
 @graph_lowering("ones", "new_ones", "ones_like")
 def _ones(val, *args, **kw):
-    return jnp.ones(_shape(val), _jdtype(val))
+    return jnp.ones(_size_from_args(args), _jdtype(val))
 
 
 @graph_lowering("full_like")
 def _full_like(val, a, fill_value, *args, **kw):
-    return jnp.full(_shape(val), fill_value, _jdtype(val))
+    return jnp.full(a.shape, fill_value, _jdtype(val))
 
 
 @graph_lowering("new_full")
 def _new_full(val, a, size, fill_value, *args, **kw):
-    return jnp.full(_shape(val), fill_value, _jdtype(val))
+    return jnp.full(tuple(size), fill_value, _jdtype(val))
 
 
 @graph_lowering("arange.default", "arange.start")
 def _arange(val, *args, **kw):
     nums = [x for x in args if isinstance(x, (int, float))]
     start, end = (0, nums[0]) if len(nums) == 1 else (nums[0], nums[1])
-    n = _shape(val)[0]
+    n = max(0, math.ceil(end - start))
     d = _jdtype(val)
     acc = jnp.float64 if jnp.issubdtype(d, jnp.floating) else jnp.int64
     return (start + jnp.arange(n, dtype=acc)).astype(d)
@@ -378,13 +407,13 @@ def _prims_var(val, a, dims, correction=1, *, output_dtype=None):
 @graph_lowering("rand_like", "rand", "rand.default")
 def _rand(val, *args, key, **kw):
     d = _jdtype(val)
-    return jax.random.uniform(key, _shape(val), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(d)
+    return jax.random.uniform(key, _size_from_args(args), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(d)
 
 
 @graph_lowering("randn_like", "randn")
 def _randn(val, *args, key, **kw):
     d = _jdtype(val)
-    return jax.random.normal(key, _shape(val), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(d)
+    return jax.random.normal(key, _size_from_args(args), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(d)
 
 
 _RANDOM_GRAPH_OPS = {"rand_like.default", "rand.default", "randn_like.default", "randn.default"}
@@ -718,9 +747,8 @@ def _fix(out, val):
         d = dt.to_jax(val.dtype)
         if out.dtype != d:
             out = out.astype(d)
-        try:
-            shape = tuple(int(x) for x in val.shape)
-        except (TypeError, ValueError):  # symbolic
+        shape = _static(val.shape)
+        if shape is None:  # symbolic: the traced value is the truth
             return out
         if tuple(out.shape) != shape and math.prod(shape) == math.prod(out.shape) == 1:
             out = out.reshape(shape)

@@ -165,6 +165,8 @@ def _along(dim, ndim, index):
 
 @lowering("index_select")
 def index_select(x, dim, index):
+    if index.ndim > 1:  # the meta kernel lets this through, the CPU kernel does not
+        raise IndexError("index_select(): Index is supposed to be a vector")
     if x.ndim == 0:
         return x.reshape(-1)[index.reshape(-1)].reshape(())
     dim = _dim(dim, x.ndim)

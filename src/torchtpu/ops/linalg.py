@@ -30,11 +30,20 @@ def mm(a, b):
 
 
 def _scaled_sum(c, prod, beta, alpha):
+    """beta * c + alpha * prod, as PyTorch: integer results take integer alpha/beta (truncated), and
+    beta == 0 ignores c entirely (NaN included). alpha/beta may be traced Scalars."""
+    d = prod.dtype
+    if not jnp.issubdtype(d, jnp.inexact):
+        alpha = alpha if isinstance(alpha, int) else jnp.asarray(alpha).astype(d)
+        beta = beta if isinstance(beta, int) else jnp.asarray(beta).astype(d)
     out = prod if (isinstance(alpha, int) and alpha == 1) else prod * alpha
-    if isinstance(beta, (int, float)) and beta == 0:
-        return out  # PyTorch ignores c (even NaN) when beta == 0
-    c = c if (isinstance(beta, int) and beta == 1) else c * beta
-    return (c + out).astype(prod.dtype)
+    if isinstance(beta, (int, float)):
+        if beta == 0:
+            return out.astype(d)
+        c = c if (isinstance(beta, int) and beta == 1) else c * beta
+    else:
+        c = jnp.where(beta == 0, jnp.zeros_like(c), c * beta)
+    return (c + out).astype(d)
 
 
 @lowering("addmm", "baddbmm", "addmv", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
@@ -50,3 +59,12 @@ def addbmm(c, a, b, beta=1, alpha=1):
 @lowering("addr", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
 def addr(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, jnp.outer(a, b), beta, alpha)
+
+
+@lowering("_cdist_forward")
+def cdist(x1, x2, p, compute_mode=None):
+    from .reductions import _norm
+    diff = jnp.expand_dims(x1, -2) - jnp.expand_dims(x2, -3)   # (..., P, R, M)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    return _norm(diff, p, (diff.ndim - 1,), False)

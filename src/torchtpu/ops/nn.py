@@ -141,20 +141,18 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
 def nll_loss_forward(a, target, weight, reduction, ignore_index):
     x = a if a.ndim > 1 else a[None]
     t = target if target.ndim else target[None]
-    c = x.shape[1]
     valid = t != ignore_index
     safe = jnp.where(valid, t, 0)
-    picked = jnp.take_along_axis(x, jnp.expand_dims(safe, 1), axis=1).squeeze(1)
-    w = weight[safe] if weight is not None else jnp.ones_like(picked)
-    w = jnp.where(valid, w, 0).astype(x.dtype)
+    picked = _f32(jnp.take_along_axis(x, jnp.expand_dims(safe, 1), axis=1).squeeze(1))
+    w = _f32(weight)[safe] if weight is not None else jnp.ones_like(picked)
+    w = jnp.where(valid, w, 0)
     losses = -picked * w
     if reduction == 0:
-        return (losses if a.ndim > 1 else losses[0]), jnp.zeros((), a.dtype)
-    total = jnp.sum(w)
+        return (losses if a.ndim > 1 else losses[0]).astype(a.dtype), jnp.zeros((), a.dtype)
+    total = jnp.sum(w)   # accumulated in float32, also for half inputs
     if reduction == 1:
-        return jnp.sum(losses) / total, total
-    del c
-    return jnp.sum(losses), total
+        return (jnp.sum(losses) / total).astype(a.dtype), total.astype(a.dtype)
+    return jnp.sum(losses).astype(a.dtype), total.astype(a.dtype)
 
 
 @lowering("nll_loss_backward", "nll_loss2d_backward")
@@ -908,3 +906,120 @@ def rrelu_with_noise_backward(grad, a, noise, lower, upper, training, self_is_re
     if training:
         return (grad * noise).astype(grad.dtype)
     return jnp.where(a > 0, grad, grad * ((lower + upper) / 2)).astype(grad.dtype)
+
+
+# ---------------------------------------------------------------- embedding_bag
+def _bag_of(indices, offsets, include_last_offset):
+    n_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    bag = jnp.searchsorted(offsets, jnp.arange(indices.shape[0], dtype=offsets.dtype), side="right") - 1
+    return jnp.clip(bag, 0, max(n_bags - 1, 0)).astype(jnp.int64), n_bags
+
+
+@lowering("_embedding_bag", "_embedding_bag_forward_only")
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """(out, offset2bag, bag_size, max_indices), shaped as PyTorch's meta kernel says."""
+    bag, n_bags = _bag_of(indices, offsets, include_last_offset)
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, jnp.bool_)
+    rows = _f32(weight)[indices]                                   # (n, D)
+    count = jax.ops.segment_sum(valid.astype(jnp.int64), bag, offsets.shape[0])
+    if mode == 2:
+        neg = jnp.where(valid[:, None], rows, -jnp.inf)
+        best = jax.ops.segment_max(neg, bag, n_bags)               # (B, D)
+        pos = jnp.arange(indices.shape[0])[:, None]
+        first = jax.ops.segment_min(jnp.where((neg == best[bag]) & valid[:, None], pos, indices.shape[0]),
+                                    bag, n_bags)
+        empty = count[:n_bags, None] == 0
+        out = jnp.where(empty, 0, best)
+        max_idx = jnp.where(empty, 0, indices[jnp.minimum(first, indices.shape[0] - 1)])
+        return out.astype(weight.dtype), bag, count, max_idx.astype(jnp.int64)
+    if per_sample_weights is not None:
+        rows = rows * _f32(per_sample_weights)[:, None]
+    out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, n_bags)
+    if mode == 1:
+        out = out / jnp.maximum(count[:n_bags], 1)[:, None]
+    return out.astype(weight.dtype), bag, count, jnp.zeros((0,), jnp.int64)
+
+
+@lowering("_embedding_bag_backward")
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, max_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, max_indices, num_weights,
+                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@lowering("_embedding_bag_dense_backward")
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, max_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    g = _f32(grad)
+    d = g.shape[-1]
+    if mode == 2:
+        nonempty = (bag_size[:g.shape[0]] > 0)[:, None]
+        cols = jnp.broadcast_to(jnp.arange(d), max_indices.shape)
+        out = jnp.zeros((num_weights, d), g.dtype).at[max_indices, cols].add(jnp.where(nonempty, g, 0))
+        return out.astype(grad.dtype)
+    contrib = g[offset2bag]
+    if mode == 1:
+        contrib = contrib / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(g.dtype)
+    if per_sample_weights is not None:
+        contrib = contrib * _f32(per_sample_weights)[:, None]
+    if padding_idx >= 0:
+        contrib = jnp.where((indices == padding_idx)[:, None], 0, contrib)
+    if scale_grad_by_freq:
+        freq = jnp.zeros((num_weights,), jnp.int64).at[indices].add(1)
+        contrib = contrib / freq[indices][:, None].astype(g.dtype)
+    return jnp.zeros((num_weights, d), g.dtype).at[indices].add(contrib).astype(grad.dtype)
+
+
+@lowering("_embedding_bag_per_sample_weights_backward")
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    out = jnp.sum(_f32(grad)[offset2bag] * _f32(weight)[indices], axis=-1)
+    if padding_idx >= 0:
+        out = jnp.where(indices == padding_idx, 0, out)
+    return out.astype(grad.dtype)
+
+
+# ---------------------------------------------------------------- attention
+# scaled_dot_product_attention on tpu runs as one fused executable forward and one backward: the
+# eager layer (eager/data_dependent.py) routes it to these ATen ops, whose autograd formula and
+# meta kernel PyTorch already has. Masks arrive additive (bool masks converted by the caller).
+def _attn_scores(q, k, is_causal, mask, scale):
+    e = q.shape[-1]
+    s = (1.0 / math.sqrt(e)) if scale is None else scale
+    scores = jnp.einsum("...le,...se->...ls", q, k, precision=_precision(),
+                        preferred_element_type=jnp.float32) * s
+    if mask is not None:
+        scores = scores + (jnp.where(mask, 0.0, -jnp.inf) if mask.dtype == jnp.bool_ else _f32(mask))
+    if is_causal:
+        l, sk = scores.shape[-2], scores.shape[-1]
+        scores = jnp.where(jnp.tril(jnp.ones((l, sk), jnp.bool_)), scores, -jnp.inf)
+    return scores, s
+
+
+@lowering("_scaled_dot_product_flash_attention_for_cpu")
+def sdpa_fused(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    scores, _ = _attn_scores(q, k, is_causal, attn_mask, scale)
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0)          # rows with every key masked give 0, as _safe_softmax
+    p = jnp.exp(scores - m)
+    total = jnp.sum(p, axis=-1, keepdims=True)
+    out = jnp.einsum("...ls,...se->...le", p.astype(v.dtype) if _low(v) else p, v, precision=_precision(),
+                     preferred_element_type=jnp.float32)
+    out = jnp.where(total > 0, out / jnp.where(total > 0, total, 1), 0)
+    lse = jnp.where(total[..., 0] > 0, jnp.log(jnp.where(total[..., 0] > 0, total[..., 0], 1)) + m[..., 0], -jnp.inf)
+    return out.astype(q.dtype), lse
+
+
+@lowering("_scaled_dot_product_flash_attention_for_cpu_backward")
+def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask=None, scale=None):
+    scores, s = _attn_scores(q, k, is_causal, attn_mask, scale)
+    lse_ = lse[..., None]
+    p = jnp.where(jnp.isfinite(lse_), jnp.exp(scores - jnp.where(jnp.isfinite(lse_), lse_, 0)), 0)
+    g, o = _f32(grad), _f32(out)
+    prec = _precision()
+    dv = jnp.einsum("...ls,...le->...se", p, g, precision=prec)
+    dp = jnp.einsum("...le,...se->...ls", g, _f32(v), precision=prec)
+    ds = p * (dp - jnp.sum(g * o, axis=-1, keepdims=True))
+    dq = jnp.einsum("...ls,...se->...le", ds, _f32(k), precision=prec) * s
+    dk = jnp.einsum("...ls,...le->...se", ds, _f32(q), precision=prec) * s
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)

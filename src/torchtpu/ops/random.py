@@ -52,3 +52,86 @@ def native_dropout(a, p, train, *, key):
 @lowering("native_dropout_backward")
 def native_dropout_backward(grad, mask, scale):
     return (grad * mask * scale).astype(grad.dtype)
+
+
+# ---------------------------------------------------------------- more distributions
+def _u(key, a, tiny=False):
+    """Uniform [0, 1) (or [tiny, 1)) in the op's float dtype (float32 for half types and integers)."""
+    d = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
+    lo = jnp.finfo(d).tiny if tiny else 0.0
+    return jax.random.uniform(key, a.shape, d, minval=lo, maxval=1.0)
+
+
+@lowering("exponential", random=True)
+def exponential(a, lambd=1.0, generator=None, *, key):
+    return (-jnp.log1p(-_u(key, a)) / lambd).astype(a.dtype)
+
+
+@lowering("cauchy", random=True)
+def cauchy(a, median=0.0, sigma=1.0, generator=None, *, key):
+    return (median + sigma * jnp.tan(jnp.pi * (_u(key, a) - 0.5))).astype(a.dtype)
+
+
+@lowering("geometric", random=True)
+def geometric(a, p, generator=None, *, key):
+    # number of Bernoulli(p) trials up to the first success: support {1, 2, ...}
+    u = _u(key, a, tiny=True)
+    return jnp.ceil(jnp.log(u) / jnp.log1p(-jnp.asarray(p, u.dtype))).astype(a.dtype)
+
+
+@lowering("log_normal", random=True)
+def log_normal(a, mean=1.0, std=2.0, generator=None, *, key):
+    d = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
+    return jnp.exp(mean + std * jax.random.normal(key, a.shape, d)).astype(a.dtype)
+
+
+def _random_ints(key, a, low, high):
+    """Integers uniform in [low, high) drawn in int64 (or uint64 above int64's range), cast to a's dtype."""
+    if high > jnp.iinfo(jnp.int64).max:
+        v = jax.random.randint(key, a.shape, low, jnp.iinfo(jnp.int64).max, jnp.int64)
+    else:
+        v = jax.random.randint(key, a.shape, low, high, jnp.int64)
+    return v.astype(a.dtype)
+
+
+def _default_high(dtype):
+    """random_()'s exclusive upper bound: 2^mantissa + 1 for floats, max + 1 for integers."""
+    if dtype == jnp.bool_:
+        return 2
+    if jnp.issubdtype(dtype, jnp.floating):
+        return 2 ** (jnp.finfo(dtype).nmant + 1) + 1
+    return int(jnp.iinfo(dtype).max) + 1
+
+
+@lowering("random.from", random=True)
+def random_from(a, from_, to=None, generator=None, *, key):
+    return _random_ints(key, a, from_, _default_high(a.dtype) if to is None else to)
+
+
+@lowering("random.to", random=True)
+def random_to(a, to, generator=None, *, key):
+    return _random_ints(key, a, 0, to)
+
+
+@lowering("random", random=True)
+def random_(a, generator=None, *, key):
+    return _random_ints(key, a, 0, _default_high(a.dtype))
+
+
+@lowering("randperm", "randperm.generator", random=True)
+def randperm(n, generator=None, dtype=None, layout=None, device=None, pin_memory=None, *, key):
+    return jax.random.permutation(key, n).astype(dtype or jnp.int64)
+
+
+@lowering("multinomial", random=True)
+def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
+    p = probs.astype(jnp.float64 if probs.dtype == jnp.float64 else jnp.float32)
+    logits = jnp.log(p)  # zero weights: -inf, never drawn
+    if replacement:
+        shape = (num_samples,) + p.shape[:-1]
+        draws = jax.random.categorical(key, logits, axis=-1, shape=shape)
+        return jnp.moveaxis(draws, 0, -1).astype(jnp.int64)
+    # without replacement: the top num_samples of log p + Gumbel noise (Gumbel-top-k)
+    g = jax.random.gumbel(key, p.shape, p.dtype)
+    _, idx = lax.top_k(logits + g, num_samples)
+    return idx.astype(jnp.int64)

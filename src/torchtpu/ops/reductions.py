@@ -436,14 +436,15 @@ def _norm(x, ord, axis, keepdim):
     return jnp.where(ord == 0, zero, jnp.where(ord == jnp.inf, hi, jnp.where(ord == -jnp.inf, lo, general)))
 
 
-@lowering("linalg_vector_norm")
+@lowering("linalg_vector_norm", static_scalars=True)
 def vector_norm(a, ord=2, dim=None, keepdim=False, dtype=None):
     d = dtype or a.dtype
     x = a.astype(_opmath(d))
     return _norm(x, ord, _dims(a, dim), keepdim).astype(d)
 
 
-@lowering("norm.Scalar", "norm.ScalarOpt_dim", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype")
+@lowering("norm.Scalar", "norm.ScalarOpt_dim", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype",
+          static_scalars=True)
 def norm(a, p=2, dim=None, keepdim=False, dtype=None):
     if p is None:
         p = 2
@@ -451,13 +452,13 @@ def norm(a, p=2, dim=None, keepdim=False, dtype=None):
     return _norm(a.astype(_opmath(d)), p, _dims(a, dim), keepdim).astype(d)
 
 
-@lowering("dist")
+@lowering("dist", static_scalars=True)
 def dist(a, b, p=2):
     diff = a - b
     return _norm(diff.astype(_opmath(diff.dtype)), p, None, False).astype(diff.dtype)
 
 
-@lowering("renorm")
+@lowering("renorm", static_scalars=True)
 def renorm(a, p, dim, maxnorm):
     x = a.astype(_opmath(a.dtype))
     axis = tuple(d for d in range(a.ndim) if d != dim % a.ndim)
