@@ -67,7 +67,10 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-compiled", action="store_true")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     cpu = build(args)
     ids = torch.randint(3, args.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
@@ -81,7 +84,10 @@ def main():
     tpu = copy.deepcopy(cpu).to("tpu")
     ids_t = ids.to("tpu")
     measure("tpu eager (dynamic cache)", tpu, ids_t, args, results, ref)
-    measure("tpu eager (static cache)", tpu, ids_t, args, results, ref, cache_implementation="static")
+    # transformers auto-compiles the decode step of a static cache on "tpu" (backend "tpu"):
+    # disable_compile=True keeps this mode eager
+    measure("tpu eager (static cache)", tpu, ids_t, args, results, ref, cache_implementation="static",
+            disable_compile=True)
     if args.skip_compiled:
         pass
     elif "tpu" not in torch._dynamo.list_backends():
@@ -89,7 +95,10 @@ def main():
     else:
         compiled = copy.deepcopy(cpu).to("tpu")
         compiled.forward = torch.compile(compiled.forward, backend="tpu", fullgraph=True)
-        measure("tpu compiled (static cache)", compiled, ids_t, args, results, ref, cache_implementation="static")
+        measure("tpu compiled fwd (static cache)", compiled, ids_t, args, results, ref,
+                cache_implementation="static", disable_compile=True)
+        auto = copy.deepcopy(cpu).to("tpu")
+        measure("tpu generate auto-compile (static)", auto, ids_t, args, results, ref, cache_implementation="static")
 
     base = results.get("cpu eager (dynamic cache)")
     if base:

@@ -106,3 +106,12 @@ def test_transfer_metrics_count_bytes():
     after = torchtpu.metrics()
     assert after["h2d_bytes"] - before["h2d_bytes"] >= 1024
     assert after["d2h_bytes"] - before["d2h_bytes"] >= 1024
+
+
+def test_device_copy_is_independent_of_the_host_tensor():
+    # XLA:CPU can alias host memory on device_put; a later write to the CPU tensor must not leak.
+    c = torch.randn(64, 64)
+    x = c.to("tpu")
+    expected = c.clone()
+    c.add_(100)
+    torch.testing.assert_close(x.cpu(), expected)

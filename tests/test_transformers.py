@@ -226,18 +226,45 @@ def _tpu_backend_ready():
     return "tpu" in torch._dynamo.list_backends()
 
 
-@pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered yet "
-                                                      "(compile/ is in progress)")
+def test_static_cache_eager_matches_cpu(pair):
+    from transformers import StaticCache
+    cpu, tpu = pair
+    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, cache_implementation="static",
+              return_dict_in_generate=True, disable_compile=True)  # on "tpu" generate() would compile
+    ref = cpu.generate(**_gen_inputs(14), **kw)
+    got = tpu.generate(**_gen_inputs(14, "tpu"), **kw)
+    assert isinstance(got.past_key_values, StaticCache)
+    assert got.past_key_values.layers[0].keys.device.type == "tpu"
+    assert got.sequences.cpu().tolist() == ref.sequences.tolist()
+
+
+@pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered "
+                                                      "(torch._dynamo.list_backends() has no 'tpu'; compile/ in progress)")
 def test_static_cache_compiled_forward_matches_cpu(pair):
     cpu, _ = pair
     model = copy.deepcopy(cpu).to("tpu")
-    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, cache_implementation="static")
+    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, cache_implementation="static",
+              disable_compile=True)  # only our fullgraph-compiled forward, not generate()'s own compile
     ref = cpu.generate(**_gen_inputs(14), **kw)
-    eager = model.generate(**_gen_inputs(14, "tpu"), **kw)
-    assert eager.cpu().tolist() == ref.tolist()
     model.forward = torch.compile(model.forward, backend="tpu", fullgraph=True)
+    before = torchtpu.metrics()["compiled_graphs"]
     got = model.generate(**_gen_inputs(14, "tpu"), **kw)
     assert got.cpu().tolist() == ref.tolist()
+    assert torchtpu.metrics()["compiled_graphs"] > before
+
+
+@pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered "
+                                                      "(torch._dynamo.list_backends() has no 'tpu'; compile/ in progress)")
+def test_generate_auto_compiles_static_cache_on_tpu(pair):
+    # transformers compiles the decode step itself for a static cache on "tpu" (CompileConfig(backend="tpu"))
+    cpu, _ = pair
+    model = copy.deepcopy(cpu).to("tpu")
+    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, cache_implementation="static")
+    ref = cpu.generate(**_gen_inputs(15), **kw)
+    before = torchtpu.metrics()["compiled_graphs"]
+    got = model.generate(**_gen_inputs(15, "tpu"), **kw)
+    assert got.cpu().tolist() == ref.tolist()
+    assert torchtpu.metrics()["compiled_graphs"] > before
 
 
 # ------------------------------------------------------------------ training
@@ -247,8 +274,9 @@ def _train_data(n=8, seq=8, seed=21):
 
 
 def test_finetune_loop_matches_cpu_step_for_step():
-    cpu = _model(seed=9).train()
+    cpu = _model(seed=9, tie_word_embeddings=True).train()
     tpu = copy.deepcopy(cpu).to("tpu")
+    assert tpu.lm_head.weight is tpu.model.embed_tokens.weight  # tied weights stay tied on .to("tpu")
     data = _train_data()
     losses = {}
     for name, model, dev in (("cpu", cpu, "cpu"), ("tpu", tpu, "tpu")):
@@ -269,6 +297,18 @@ def test_finetune_loop_matches_cpu_step_for_step():
     assert losses["cpu"][-1] != losses["cpu"][0]
     for (n, pc), pt in zip(cpu.named_parameters(), tpu.parameters()):
         torch.testing.assert_close(pt.detach().cpu(), pc.detach(), rtol=1e-3, atol=1e-4, msg=lambda m: f"{n}: {m}")
+
+
+def test_module_to_keeps_tied_parameters():
+    lin, emb = torch.nn.Linear(4, 3, bias=False), torch.nn.Embedding(3, 4)
+    lin.weight = emb.weight
+    m = torch.nn.ModuleDict(dict(head=lin, emb=emb))
+    for device in ("tpu", "tpu:1", "cpu"):
+        m = m.to(device)
+        assert m.head.weight is m.emb.weight and m.head.weight.device == torch.device(device)
+        assert len(list(m.parameters())) == 1
+    m = m.to("tpu").to(torch.bfloat16)
+    assert m.head.weight is m.emb.weight and m.head.weight.dtype == torch.bfloat16
 
 
 def test_accelerate_and_training_arguments_pick_tpu(tmp_path):
@@ -346,3 +386,21 @@ def test_fused_adam_matches_cpu(cls, kw):
         torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1e-5, atol=1e-6)
     for sa, sb in zip(opts[0].state.values(), opts[1].state.values()):
         torch.testing.assert_close(sb["exp_avg_sq"].cpu(), sa["exp_avg_sq"], rtol=1e-5, atol=1e-7)
+
+
+def test_transformers_testing_utils_load_the_device_spec(tmp_path):
+    """What TRANSFORMERS_TEST_DEVICE_SPEC does in transformers' own suite, in a fresh process."""
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-m", "torchtpu.integrations.transformers_device_spec", "tpu_spec.py"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    env = dict(os.environ, TRANSFORMERS_TEST_BACKEND="torchtpu", TRANSFORMERS_TEST_DEVICE="tpu",
+               TRANSFORMERS_TEST_DEVICE_SPEC="tpu_spec.py", PYTHONPATH=str(tmp_path))
+    code = ("import torch, transformers.testing_utils as t\n"
+            "t.backend_manual_seed('tpu', 5); a = torch.randn(3, device='tpu').cpu()\n"
+            "t.backend_manual_seed('tpu', 5); assert torch.equal(a, torch.randn(3, device='tpu').cpu())\n"
+            "print(t.torch_device, t.backend_device_count('tpu'), t.BACKEND_EMPTY_CACHE['tpu'] is torch.tpu.empty_cache)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["tpu", os.environ.get("TORCHTPU_NUM_DEVICES", "2"), "True"]

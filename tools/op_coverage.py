@@ -101,9 +101,17 @@ def sweep(args):
     if not args.resume and not args.rerun_failed:
         for path in glob.glob(os.path.join(args.state, "*")):
             os.remove(path)
-    if args.rerun_failed:  # keep the passes, forget everything else
+    if args.rerun_failed:  # keep the passes (and results of ops --ops leaves out), forget the rest
+        pat = re.compile(args.ops) if args.ops else None
         for path in glob.glob(os.path.join(args.state, "results-*.jsonl")):
-            keep = [l for l in open(path) if l.strip() and '"status": "pass"' in l]
+            keep = []
+            for line in open(path):
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if r["status"] == "pass" or (pat is not None and not pat.search(r["op"])):
+                    keep.append(line if line.endswith("\n") else line + "\n")
             open(path, "w").writelines(keep)
     meta_path = os.path.join(args.state, "meta.json")
     meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {"seconds": 0.0, "seed": args.seed}
@@ -175,7 +183,7 @@ def report(args, meta, command):
     import opinfo_support as S
 
     rows = _load(args.state)
-    pattern = re.compile(args.ops) if args.ops else None
+    pattern = re.compile(args.ops) if args.ops and not args.rerun_failed else None
     ops = [op for op in op_db if pattern is None or pattern.search(S.op_id(op))]
     scoped = [op for op in ops if not S.out_of_scope(S.op_id(op))]
     oos = [(S.op_id(op), S.out_of_scope(S.op_id(op))) for op in ops if S.out_of_scope(S.op_id(op))]

@@ -119,10 +119,16 @@ def to_host(t: torch.Tensor) -> np.ndarray:
 
 
 def _from_host(array: np.ndarray, dtype, index):
-    flat = np.ascontiguousarray(array).reshape(-1)
+    device = platform.jax_device(index)
+    if device.platform == "cpu":
+        # XLA:CPU may alias a numpy array instead of copying it ("zero copy"): the device tensor
+        # would then change when the user later writes to the CPU tensor. Give it its own copy.
+        flat = np.array(array, order="C", copy=True).reshape(-1)
+    else:
+        flat = np.ascontiguousarray(array).reshape(-1)
     metrics.counters.h2d_bytes += flat.nbytes
     metrics.counters.h2d_transfers += 1
-    return jax.device_put(flat, platform.jax_device(index))
+    return jax.device_put(flat, device)
 
 
 def _write_whole_or_copy(dst, buffer, dtype):

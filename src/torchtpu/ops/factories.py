@@ -78,3 +78,14 @@ def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None,
         return jnp.zeros((0,), d)
     c = _compute_dtype(d)
     return jnp.power(jnp.asarray(base, c), _ramp(start, end, steps, d)).astype(d)
+
+
+# out= factories have no functional twin with the same arguments (their dtype comes from `out`)
+@lowering("linspace.out", "linspace.Tensor_Tensor_out", "linspace.Tensor_Scalar_out", "linspace.Scalar_Tensor_out")
+def linspace_out(start, end, steps, *, out):
+    return linspace(start, end, steps, dtype=out.dtype)
+
+
+@lowering("logspace.out", "logspace.Tensor_Tensor_out", "logspace.Tensor_Scalar_out", "logspace.Scalar_Tensor_out")
+def logspace_out(start, end, steps, base=10.0, *, out):
+    return logspace(start, end, steps, base, dtype=out.dtype)

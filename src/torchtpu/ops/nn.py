@@ -1023,3 +1023,81 @@ def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask
     dq = jnp.einsum("...ls,...se->...le", ds, _f32(k), precision=prec) * s
     dk = jnp.einsum("...ls,...le->...se", ds, _f32(q), precision=prec) * s
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+# ---------------------------------------------------------------- nn.MultiheadAttention / Transformer fast paths
+# (taken in eval mode under no_grad: PyTorch counts PrivateUse1 among the fast-path devices)
+def _linear(x, w, b):
+    y = jnp.einsum("...i,oi->...o", x, w, precision=_precision(), preferred_element_type=jnp.float32)
+    return y + _f32(b) if b is not None else y
+
+
+def _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
+         mask_type):
+    """(output in float32, attention probabilities (B, H, L, S) in float32)."""
+    d = embed_dim
+    wq, wk, wv = qkv_weight[:d], qkv_weight[d:2 * d], qkv_weight[2 * d:]
+    bq, bk, bv = qkv_bias[:d], qkv_bias[d:2 * d], qkv_bias[2 * d:]
+    b, l, _ = query.shape
+    s = key.shape[1]
+    hd = d // num_head
+
+    def heads(x, n):
+        return x.reshape(b, n, num_head, hd).transpose(0, 2, 1, 3)
+
+    q = heads(_linear(query, wq, bq), l) / math.sqrt(hd)
+    k = heads(_linear(key, wk, bk), s)
+    v = heads(_linear(value, wv, bv), s)
+    scores = jnp.einsum("bhle,bhse->bhls", q, k, precision=_precision())
+    if mask is not None:
+        masked = mask.astype(jnp.bool_)   # PyTorch's fast path: any nonzero mask entry masks
+        if mask_type == 1 or (mask_type is None and masked.ndim == 2 and masked.shape == (b, s)
+                              and l != s):
+            masked = masked.reshape(b, 1, 1, s)
+        scores = jnp.where(masked, -jnp.inf, scores)
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    p = jnp.exp(scores - jnp.where(jnp.isfinite(m), m, 0))
+    total = jnp.sum(p, axis=-1, keepdims=True)
+    p = jnp.where(total > 0, p / jnp.where(total > 0, total, 1), 0)
+    ctx = jnp.einsum("bhls,bhse->bhle", p, v, precision=_precision())
+    ctx = ctx.transpose(0, 2, 1, 3).reshape(b, l, d)
+    return _linear(ctx, proj_weight, proj_bias), p
+
+
+@lowering("_native_multi_head_attention")
+def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
+                                proj_bias, mask=None, need_weights=True, average_attn_weights=True,
+                                mask_type=None):
+    out, p = _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                  mask, mask_type)
+    if not need_weights:
+        return out.astype(query.dtype), jnp.zeros((0,), query.dtype)
+    w = jnp.mean(p, axis=1) if average_attn_weights else p
+    return out.astype(query.dtype), w.astype(query.dtype)
+
+
+def _layer_norm(x, w, b, eps):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * lax.rsqrt(var + eps) * _f32(w) + _f32(b)
+
+
+@lowering("_transformer_encoder_layer_fwd")
+def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                                  use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2,
+                                  norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
+                                  mask_type=None):
+    x = _f32(src)
+    h = _layer_norm(x, norm_weight_1, norm_bias_1, eps) if norm_first else x
+    attn, _ = _mha(h, h, h, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
+                   mask_type)
+    x = x + attn
+    if not norm_first:
+        x = _layer_norm(x, norm_weight_1, norm_bias_1, eps)
+    h = _layer_norm(x, norm_weight_2, norm_bias_2, eps) if norm_first else x
+    h = _linear(h, ffn_weight_1, ffn_bias_1)
+    h = jax.nn.gelu(h, approximate=False) if use_gelu else jnp.maximum(h, 0)
+    x = x + _linear(h, ffn_weight_2, ffn_bias_2)
+    if not norm_first:
+        x = _layer_norm(x, norm_weight_2, norm_bias_2, eps)
+    return x.astype(src.dtype)

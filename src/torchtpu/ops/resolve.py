@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from .dtypes import to_jax
 from .table import LOWERINGS, apply
 
 
@@ -28,36 +29,60 @@ def _out_names(op):
 
 # in-place ops whose functional variant does not follow the `foo_` -> `foo` naming
 _INPLACE_TWINS = {"normal_.default": "normal_functional.default", "bernoulli_.float": "bernoulli.p"}
+_FACTORY_KWARGS = {"dtype", "layout", "device", "pin_memory"}
+
+
+def _signature(args):
+    return [(a.name, str(a.type)) for a in args]
+
+
+def _overloads(name):
+    packet = getattr(torch.ops.aten, name, None)
+    return [getattr(packet, ov) for ov in packet.overloads()] if packet is not None else []
 
 
 @functools.lru_cache(maxsize=None)
 def functional_twin(op):
-    """(functional overload, names of out= arguments) for an in-place or out= overload, or None."""
+    """(functional overload, names of out= arguments, argument order) for an in-place or out=
+    overload, or None. The order is None when the twin takes the arguments in the same order,
+    else the twin's argument names (polygamma_(self, n) vs polygamma(n, self))."""
     schema = op._schema
     if not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
         return None
     base = schema.name.split("::")[1]
+    overload = schema.overload_name or "default"
     outs = _out_names(op)
     if outs:
-        packet = getattr(torch.ops.aten, base, None)
-        want = [(a.name, str(a.type)) for a in schema.arguments if a.name not in outs]
-        for overload in (packet.overloads() if packet else ()):
-            cand = getattr(packet, overload)
+        want = _signature(a for a in schema.arguments if a.name not in outs)
+        for cand in _overloads(base):
             if _out_names(cand) or any(a.alias_info is not None for a in cand._schema.arguments):
                 continue
-            if [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
-                return cand, tuple(outs)
+            sig = _signature(cand._schema.arguments)
+            extra = [a.name for a in cand._schema.arguments if (a.name, str(a.type)) not in want]
+            # factories: the functional overload also takes dtype/layout/device/pin_memory
+            if sig == want or (sig[:len(want)] == want and set(extra) <= _FACTORY_KWARGS):
+                return cand, tuple(outs), None
         return None
-    if base.endswith("_") and not base.endswith("__"):
-        overload = schema.overload_name or "default"
-        for candidate in (_INPLACE_TWINS.get(f"{base}.{overload}"), f"{base[:-1]}.{overload}"):
-            if candidate is None:
-                continue
-            name, _, ov = candidate.partition(".")
-            packet = getattr(torch.ops.aten, name, None)
-            if packet is not None and ov in packet.overloads():
-                return getattr(packet, ov), ()
+    if not base.endswith("_") or base.endswith("__"):
+        return None
+    want = _signature(schema.arguments)
+    special = _INPLACE_TWINS.get(f"{base}.{overload}")
+    named = [getattr(getattr(torch.ops.aten, base[:-1], None), overload, None)]
+    candidates = ([_resolve_name(special)] if special else []) + named + _overloads(base[:-1])
+    for cand in candidates:
+        if cand is None or any(a.alias_info is not None for a in cand._schema.arguments):
+            continue
+        sig = _signature(cand._schema.arguments)
+        if sig == want or cand is candidates[0] and special:
+            return cand, (), None
+        if sorted(sig) == sorted(want):
+            return cand, (), tuple(a.name for a in cand._schema.arguments)
     return None
+
+
+def _resolve_name(qualified):
+    name, _, ov = qualified.partition(".")
+    return getattr(getattr(torch.ops.aten, name, None), ov, None)
 
 
 def resolve(op, meta_args, meta_kwargs):
@@ -71,12 +96,13 @@ def resolve(op, meta_args, meta_kwargs):
         return fn
     twin = functional_twin(op)
     if twin is not None:
-        func, outs = twin
-        kw = {k: v for k, v in meta_kwargs.items() if k not in outs}
-        inner = resolve(func, meta_args, kw)
-        if not outs:
-            return inner
-        return lambda a, k: inner(a, {n: v for n, v in k.items() if n not in outs})
+        func, outs, order = twin
+        adapt = functools.partial(_twin_args, op, func, outs, order)
+        inner = resolve(func, *adapt(meta_args, meta_kwargs))
+        fn = functools.partial(_call_twin, inner, adapt)
+        fn.extra_mutations = getattr(inner, "extra_mutations", ())
+        fn.specialize_scalars = getattr(inner, "specialize_scalars", False)
+        return fn
     from .decompose import decomposed
     fn = decomposed(op, meta_args, meta_kwargs)
     if fn is not None:
@@ -84,6 +110,26 @@ def resolve(op, meta_args, meta_kwargs):
     raise NotLowered(
         f"torchtpu: aten::{name} is not implemented for the tpu device. Set TORCHTPU_CPU_FALLBACK=1 "
         f"(or torchtpu.set_cpu_fallback(True)) to run it on the CPU, or file an issue.")
+
+
+def _twin_args(op, func, outs, order, args, kwargs):
+    """The in-place/out= op's arguments as its functional twin takes them."""
+    out = kwargs.get(outs[0]) if outs else None
+    kwargs = {k: v for k, v in kwargs.items() if k not in outs}
+    if out is not None and kwargs.get("dtype") is None and any(
+            a.name == "dtype" and a.kwarg_only for a in func._schema.arguments):
+        # an out= factory (arange.out, linspace.out): the values take the out tensor's dtype
+        kwargs["dtype"] = to_jax(out.dtype) if isinstance(out.dtype, torch.dtype) else out.dtype
+    if order is None:
+        return args, kwargs
+    by_name = dict(zip((a.name for a in op._schema.arguments), args), **kwargs)
+    twin_args = [by_name[a.name] for a in func._schema.arguments if not a.kwarg_only and a.name in by_name]
+    twin_kwargs = {a.name: by_name[a.name] for a in func._schema.arguments if a.kwarg_only and a.name in by_name}
+    return twin_args, twin_kwargs
+
+
+def _call_twin(inner, adapt, a, k):
+    return inner(*adapt(a, k))
 
 
 def _call_lowering(low, a, k):
