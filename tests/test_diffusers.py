@@ -19,6 +19,10 @@ pytest.importorskip("transformers")
 import torch._dynamo.utils as dynamo_utils  # noqa: E402
 
 import torchtpu  # noqa: E402
+import torchtpu.integrations  # noqa: E402
+
+# Tied parameters (T5's shared embedding) stay tied across `.to("tpu")`; idempotent.
+torchtpu.integrations.install()
 
 sys.path.insert(0, os.path.dirname(__file__))
 import diffusers_tiny as tiny  # noqa: E402
@@ -182,6 +186,8 @@ def test_one_copy_of_weights_in_device_memory():
     on_tpu = tiny.param_bytes(pipe)
     assert on_tpu == cpu_bytes
     assert all(p.device.type == "tpu" for p in pipe.transformer.parameters())
+    t5 = pipe.text_encoder_3
+    assert t5.shared.weight is t5.encoder.embed_tokens.weight, "tied embedding duplicated by .to('tpu')"
     # one copy: the device holds the parameters and buffers, plus at most a few small scheduler tensors
     assert on_tpu <= moved <= on_tpu + 4096, (moved, on_tpu)
     # a call leaves nothing behind except the scheduler's timesteps/sigmas

@@ -135,3 +135,25 @@ def test_unimplemented_op_names_aten_op_and_cpu_fallback():
 def test_unsupported_dtype_is_a_clear_error():
     with pytest.raises((TypeError, RuntimeError), match="not supported on the tpu device"):
         torch.zeros(3, dtype=torch.float8_e4m3fnuz, device="tpu") + 1
+
+
+def test_fused_adamw_with_lr_schedule_does_not_recompile():
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(8, 8)
+    dev = torch.nn.Linear(8, 8).to("tpu")
+    dev.load_state_dict(cpu.state_dict())
+    copt = torch.optim.AdamW(cpu.parameters(), lr=1e-2, fused=True)
+    dopt = torch.optim.AdamW(dev.parameters(), lr=1e-2, fused=True)
+    x = torch.randn(4, 8)
+    compiles = None
+    for step in range(4):
+        for model, opt, xx in ((cpu, copt, x), (dev, dopt, x.to("tpu"))):
+            for group in opt.param_groups:
+                group["lr"] = 1e-2 / (step + 1)  # a schedule
+            opt.zero_grad()
+            model(xx).square().mean().backward()
+            opt.step()
+        if step == 1:
+            compiles = torchtpu.metrics()["eager_compiles"]
+    assert torchtpu.metrics()["eager_compiles"] == compiles
+    torch.testing.assert_close(dev.weight.detach().cpu(), cpu.weight.detach(), rtol=1e-5, atol=1e-6)

@@ -106,3 +106,13 @@ def test_memory_allocated_counts_bytes():
     del t
     gc.collect()
     assert torch.tpu.memory_allocated() == start
+
+
+def test_first_call_of_a_new_executable_does_not_keep_its_tensors():
+    gc.collect()
+    start = torch.tpu.memory_allocated()
+    x = torch.randn(1000, 103).to("tpu")  # shapes no other test uses: these calls compile
+    y = torch.sin(x).to(torch.bfloat16)
+    del x, y
+    gc.collect()
+    assert torch.tpu.memory_allocated() == start

@@ -303,7 +303,7 @@ def test_module_to_keeps_tied_parameters():
     lin, emb = torch.nn.Linear(4, 3, bias=False), torch.nn.Embedding(3, 4)
     lin.weight = emb.weight
     m = torch.nn.ModuleDict(dict(head=lin, emb=emb))
-    for device in ("tpu", "tpu:1", "cpu"):
+    for device in ("tpu:0", "tpu:1", "cpu"):
         m = m.to(device)
         assert m.head.weight is m.emb.weight and m.head.weight.device == torch.device(device)
         assert len(list(m.parameters())) == 1

@@ -1,6 +1,8 @@
 """Cache misses of the eager engine: find the JAX function for an op and trace it with its views."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import torch
 from torch.utils import _pytree as pytree
@@ -31,6 +33,19 @@ def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
     new_args = [one(a, i in kernel.scalar_pos) for i, a in enumerate(args)]
     new_kwargs = {k: one(a, k in kernel.scalar_names) for k, a in kwargs.items()}
     return new_args, new_kwargs
+
+
+class _TensorArg(NamedTuple):
+    slot: int
+    layout: tuple
+
+
+class _ScalarArg(NamedTuple):
+    value: object  # the Python value when the kernel specializes on scalars, else None
+
+
+class _CpuScalar(NamedTuple):
+    dtype: object
 
 
 def _meta_other(o):
@@ -110,22 +125,34 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
     nb = len(bufs)
     out_dtypes = [dt.to_jax(o[1]) for o in outs]
 
+    # The executable must not hold on to this call's tensors (their storages would never be
+    # freed): it closes over a template of slots, layouts and static values only.
+    def tensor_slot(t):
+        r = RECORDS[t.untyped_storage().data_ptr()]
+        return _TensorArg(slot_of[id(r)], _layout(t, r))
+
+    template = _walk(kernel, args, kwargs, tensor_slot,
+                     lambda s: _ScalarArg(s if kernel.specialize_scalars else None),
+                     lambda c: _CpuScalar(dt.to_jax(c.dtype)),
+                     lambda o: dt.to_jax(o) if isinstance(o, torch.dtype) else o)
+
     def traced_args(buffers, scalars):
         it = iter(scalars)
 
-        def on_tensor(t):
-            r = RECORDS[t.untyped_storage().data_ptr()]
-            return views.read(buffers[slot_of[id(r)]], _layout(t, r))
+        def fill(v):
+            if isinstance(v, _TensorArg):
+                return views.read(buffers[v.slot], v.layout)
+            if isinstance(v, _ScalarArg):
+                traced = next(it)
+                return v.value if kernel.specialize_scalars else traced  # specialized: value is in the key
+            if isinstance(v, _CpuScalar):
+                return jax.numpy.asarray(next(it), v.dtype)
+            if type(v) is list:
+                return [fill(x) for x in v]
+            return v
 
-        def on_cpu_scalar(c):
-            return jax.numpy.asarray(next(it), dt.to_jax(c.dtype))
-
-        def on_scalar(s):
-            traced = next(it)
-            return s if kernel.specialize_scalars else traced  # specialized: the value is in the key
-
-        return _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar,
-                     lambda o: dt.to_jax(o) if isinstance(o, torch.dtype) else o)
+        t_args, t_kwargs = template
+        return [fill(v) for v in t_args], {k: fill(v) for k, v in t_kwargs.items()}
 
     def fused(*dyn):
         buffers = list(dyn[:nb])

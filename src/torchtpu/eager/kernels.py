@@ -211,6 +211,12 @@ def kernel_for(op) -> OpKernel:
         twin = functional_twin(op)
         low = LOWERINGS.get(name) or (LOWERINGS.get(op_name(twin[0])) if twin else None)
         k.random = bool(low and low.random)
+        for i, a in enumerate(op._schema.arguments):
+            if low is not None and a.name in low.traced:  # e.g. a fused optimizer's lr
+                if a.kwarg_only:
+                    k.scalar_names.add(a.name)
+                else:
+                    k.scalar_pos.add(i)
     return k
 
 

@@ -67,5 +67,7 @@ def _fused(decoupled):
     return fn
 
 
-lowering("_fused_adamw.default", "_fused_adamw.tensor_lr")(_fused(decoupled=True))
-lowering("_fused_adam.default", "_fused_adam.tensor_lr")(_fused(decoupled=False))
+# hyper-parameters are traced: a learning-rate schedule must not recompile the step
+_HYPER = ("lr",)  # weight_decay etc. steer Python branches: they stay static
+lowering("_fused_adamw.default", "_fused_adamw.tensor_lr", traced=_HYPER)(_fused(decoupled=True))
+lowering("_fused_adam.default", "_fused_adam.tensor_lr", traced=_HYPER)(_fused(decoupled=False))

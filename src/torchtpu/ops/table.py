@@ -33,13 +33,14 @@ class Lowering:
     keep_result_dtype: bool = False     # the function returns PyTorch's dtype itself
     mutates: tuple = ()                 # ((position, name), ...) written although the schema says not
     static_scalars: bool = False        # Scalars decide shapes (arange): compile per value
+    traced: tuple = ()                  # names of float/int arguments to trace like Scalars (lr)
 
 
 LOWERINGS: dict[str, Lowering] = {}
 
 
 def lowering(*names, promote=None, promote_args=None, random=False, keep_result_dtype=False, mutates=(),
-             static_scalars=False):
+             static_scalars=False, traced=()):
     """Register `fn` as the lowering of the ATen ops `names` ("add.Tensor", "relu.default", ...)."""
 
     def register(fn):
@@ -48,7 +49,7 @@ def lowering(*names, promote=None, promote_args=None, random=False, keep_result_
             if full in LOWERINGS:
                 raise ValueError(f"two lowerings for aten::{full}")
             LOWERINGS[full] = Lowering(full, fn, promote, promote_args, random, keep_result_dtype, mutates,
-                                       static_scalars)
+                                       static_scalars, tuple(traced))
         return fn
 
     return register
