@@ -194,7 +194,7 @@ def test_one_copy_of_weights_in_device_memory():
     pipe(**tiny.call_kwargs("sd3", steps=STEPS))
     after = _live_bytes() - base
     assert after - moved <= 4096, (after, moved)
-    del pipe
+    del pipe, t5
     assert _live_bytes() - base <= 4096
 
 

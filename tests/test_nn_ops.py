@@ -352,6 +352,7 @@ def test_embedding_bag(mode):
     check(lambda w: F.embedding_bag(on(i, w), w, on(last, w), mode=mode, include_last_offset=True), w)
     check(lambda w: F.embedding_bag(on(i, w), w, on(offsets, w), mode=mode, padding_idx=4), w, **BF16[1],
           dtype=torch.bfloat16)
+    check(lambda w: F.embedding_bag(on(i.reshape(2, 4), w), w, mode=mode), w)   # 2-D input: fixed-size bags
     if mode == "sum":
         check(lambda w, p: F.embedding_bag(on(i, w), w, on(offsets, w), mode="sum", per_sample_weights=p), w,
               torch.rand(8))
@@ -450,6 +451,20 @@ def test_interpolate_1d_3d():
     check(lambda a: F.interpolate(a, size=4, mode="nearest"), torch.randn(2, 3, 7))
     check(lambda a: F.interpolate(a, scale_factor=(2, 1.5, 0.5), mode="trilinear"), torch.randn(1, 2, 3, 4, 6))
     check(lambda a: F.interpolate(a, scale_factor=2, mode="nearest"), torch.randn(1, 2, 3, 4, 6))
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+def test_grid_sample(padding_mode):
+    x = torch.randn(2, 3, 5, 6)
+    grid = torch.rand(2, 4, 7, 2) * 2.4 - 1.2            # some points fall outside the image
+    for align in (False, True):
+        check(lambda a, g: F.grid_sample(a, g, padding_mode=padding_mode, align_corners=align), x, grid,
+              atol=1e-4, rtol=1e-4)
+        check(lambda a: F.grid_sample(a, on(grid, a), mode="nearest", padding_mode=padding_mode,
+                                      align_corners=align), x, atol=1e-4, rtol=1e-4)
+    theta = torch.randn(2, 2, 3) * 0.3 + torch.tensor([[1., 0, 0], [0, 1, 0]])
+    check(lambda a, t: F.grid_sample(a, F.affine_grid(t, (2, 3, 4, 5), align_corners=False), align_corners=False,
+                                     padding_mode=padding_mode), x, theta, atol=1e-4, rtol=1e-4)
 
 
 # ---------------------------------------------------------------- printing

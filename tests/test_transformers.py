@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
+import torchtpu  # noqa: E402
 import torchtpu.integrations  # noqa: E402
 
 # Installed at `import torch` once torchtpu/__init__.py calls it; idempotent.
@@ -111,11 +112,10 @@ def test_from_pretrained_device_map_tpu_bf16(tmp_path):
     torch.testing.assert_close(got.cpu().float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.xfail(strict=True, reason="engine: a new eager executable keeps its first call's input/output tensors "
-                                       "alive (build.py closure over args), see docs/engine_issues_hf.md #1")
 def test_from_pretrained_casting_checkpoint_frees_float32_copies(tmp_path):
-    # a float32 checkpoint loaded as bfloat16: each tensor is staged in float32 then cast
-    _model(seed=4, hidden_size=44, intermediate_size=88).save_pretrained(tmp_path)
+    # a float32 checkpoint loaded as bfloat16: each tensor is staged in float32 then cast; fresh
+    # shapes (hidden 48), so the executables are built here (docs/engine_issues_hf.md #1)
+    _model(seed=4, hidden_size=48, intermediate_size=96).save_pretrained(tmp_path)
     model, peak, resident = _load_measured(tmp_path, device_map="tpu", dtype=torch.bfloat16)
     size = _params_bytes(model)
     largest = max(p.numel() for p in model.parameters()) * 4
@@ -328,20 +328,22 @@ def test_accelerate_and_training_arguments_pick_tpu(tmp_path):
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
-def test_trainer_on_tpu_matches_cpu(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_trainer_on_tpu_matches_cpu(tmp_path, precision):
+    # Trainer defaults throughout (fused AdamW, pinned-memory DataLoader, linear schedule)
     pytest.importorskip("accelerate")
     from accelerate.state import AcceleratorState
     from transformers import Trainer, TrainingArguments
 
     data = _train_data(n=6)
     dataset = [{"input_ids": row, "labels": row} for row in data]
-    base = _model(seed=17)
+    base = _model(seed=17, tie_word_embeddings=True)
     histories, models = {}, {}
     for name, use_cpu in (("cpu", True), ("tpu", False)):
         AcceleratorState._reset_state(reset_partial_state=True)
         args = TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=2, max_steps=3,
                                  learning_rate=2e-3, logging_steps=1, save_strategy="no", report_to=[],
-                                 use_cpu=use_cpu, seed=5, dataloader_pin_memory=False, disable_tqdm=True)
+                                 use_cpu=use_cpu, seed=5, disable_tqdm=True, bf16=precision == "bf16")
         model = copy.deepcopy(base)
         trainer = Trainer(model=model, args=args, train_dataset=dataset)
         trainer.train()
@@ -350,9 +352,14 @@ def test_trainer_on_tpu_matches_cpu(tmp_path):
         models[name] = trainer.model
     AcceleratorState._reset_state(reset_partial_state=True)
     assert len(histories["tpu"]) == 3
-    torch.testing.assert_close(torch.tensor(histories["tpu"]), torch.tensor(histories["cpu"]), rtol=1e-4, atol=1e-4)
+    # bf16 autocast: both sides round matmuls to bfloat16, not necessarily at the same places; Adam's
+    # normalized update turns a sign flip of a tiny gradient into a 2*lr step, so parameters may
+    # differ by up to 3 steps * 2 * lr in a few elements
+    loss_tol, param_tol = (dict(rtol=1e-4, atol=1e-4), dict(rtol=1e-3, atol=1e-4)) if precision == "fp32" else \
+        (dict(rtol=2e-2, atol=2e-2), dict(rtol=0, atol=3 * 2 * 2e-3 + 1e-3))
+    torch.testing.assert_close(torch.tensor(histories["tpu"]), torch.tensor(histories["cpu"]), **loss_tol)
     for pc, pt in zip(models["cpu"].parameters(), models["tpu"].parameters()):
-        torch.testing.assert_close(pt.detach().cpu(), pc.detach(), rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(pt.detach().cpu(), pc.detach(), **param_tol)
 
 
 def test_device_spec_file():
@@ -404,3 +411,29 @@ def test_transformers_testing_utils_load_the_device_spec(tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["tpu", os.environ.get("TORCHTPU_NUM_DEVICES", "2"), "True"]
+
+
+def test_fused_adamw_lr_schedule_does_not_recompile():
+    import torchtpu
+    model = torch.nn.Linear(8, 8).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)
+    x = torch.randn(4, 8, device="tpu")
+    compiles = []
+    for _ in range(4):
+        model(x).sum().backward()
+        before = torchtpu.metrics()["eager_compiles"]
+        opt.step()
+        compiles.append(torchtpu.metrics()["eager_compiles"] - before)
+        opt.zero_grad()
+        sched.step()
+    assert compiles[0] > 0 and compiles[1:] == [0, 0, 0], compiles
+
+
+def test_dataloader_pin_memory_on_tpu():
+    # pinning needs a C++ pinned allocator a Python backend cannot provide: the iterator skips it
+    data = torch.randn(8, 3)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True)
+    batches = [b.to("tpu") for b in loader]
+    assert [b.device.type for b in batches] == ["tpu", "tpu"]
+    torch.testing.assert_close(torch.cat(batches).cpu(), data)

@@ -30,6 +30,7 @@ from ..device import platform
 from ..device.state import current_device
 from ..eager import views
 from ..eager.random import next_rng_args
+from ..ops import linalg
 from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram
 from ..ops.resolve import NotLowered
@@ -128,6 +129,7 @@ class CompiledGraph:
                 parts.append(("S", int, v))
             else:
                 parts.append(("V", repr(a)))
+        parts.append(linalg.PRECISION_EPOCH[0])  # torch.set_float32_matmul_precision changes lowerings
         key = tuple(parts)
         entry = self.cache.get(key)
         if entry is None:

@@ -236,7 +236,7 @@ def _check_mask_shapes(self, indices):
             d += 1
 
 
-def _with_masks(engine_kernel, position):
+def with_masks(engine_kernel, position):
     def kernel(*args, **kwargs):
         indices = args[position] if len(args) > position else kwargs.get("indices")
         longs = _long_indices(indices, args[0].device) if indices is not None else None
@@ -251,41 +251,13 @@ def _with_masks(engine_kernel, position):
 
 
 # ------------------------------------------------------------------ fused attention
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                                 scale=None, enable_gqa=False):
-    """AutogradPrivateUse1 kernel of the (CompositeImplicit) SDPA: PyTorch's math path decomposes into
-    a dozen eager ops; this runs one fused forward and one fused backward executable instead, through
-    the ATen flash-attention op pair (which has PyTorch's autograd formula and meta kernel)."""
-    fused = (query.dim() == 4 and key.dim() == 4 and value.dim() == 4 and dropout_p == 0.0
-             and query.size(-1) == key.size(-1) == value.size(-1)
-             and (attn_mask is None or not attn_mask.requires_grad)
-             and query.dtype == key.dtype == value.dtype and query.dtype.is_floating_point
-             and not (query.is_nested or key.is_nested or value.is_nested))
-    if not fused:
-        return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
-                                                       None, scale=scale, enable_gqa=enable_gqa)[0]
-    if attn_mask is not None and is_causal:
-        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when "
-                           "is_causal=True")
-    hq, hk = query.size(-3), key.size(-3)
-    if hq != hk or hk != value.size(-3):
-        if not enable_gqa or hq % hk or value.size(-3) != hk:
-            return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
-                                                           None, scale=scale, enable_gqa=enable_gqa)[0]
-        key = key.repeat_interleave(hq // hk, -3)
-        value = value.repeat_interleave(hq // hk, -3)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
-    return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal,
-                                                            attn_mask=attn_mask, scale=scale)[0]
-
-
-_autograd_lib = []
+# index ops whose index list may hold boolean masks: (op name, position of the index list)
+MASK_ARGUMENT_OPS = {"index.Tensor": 1, "index_put.default": 1, "index_put_.default": 1,
+                     "_index_put_impl_.default": 1}
 
 
 def register(impl):
     """Called by kernels.register_all with `impl(name_or_op, fn)` to add PrivateUse1 kernels."""
-    from .kernels import kernel_for
     impl("nonzero", nonzero)
     impl("masked_select", masked_select)
     impl("_unique2", unique2)
@@ -294,16 +266,3 @@ def register(impl):
     impl("unique_consecutive", unique_consecutive)
     impl("unique_dim_consecutive", unique_dim_consecutive)
     impl("repeat_interleave.Tensor", repeat_interleave)
-    # SDPA is CompositeImplicitAutograd: a kernel on the AutogradPrivateUse1 key takes precedence
-    lib = torch.library.Library("aten", "IMPL")
-    lib.impl("scaled_dot_product_attention", scaled_dot_product_attention, "AutogradPrivateUse1")
-    _autograd_lib.append(lib)
-    # boolean masks in index lists: converted here, then the engine's kernels (replacing them)
-    # (the dispatcher warns once that a kernel is overridden: expected here, so silenced)
-    import warnings
-    for name in ("index.Tensor", "index_put", "index_put_", "_index_put_impl_"):
-        packet, _, overload = name.partition(".")
-        op = getattr(getattr(aten, packet), overload or "default")
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
-            impl(name, _with_masks(kernel_for(op), 1))

@@ -270,6 +270,22 @@ def _run_on_cpu(op, args, kwargs):
     return tree_map(lambda x: (originals.get(id(x)) or x.to(device)) if isinstance(x, torch.Tensor) else x, out)
 
 
+def _follow_matmul_precision():
+    """Executables bake in the XLA precision of PyTorch's float32 matmul setting: when the setting
+    changes, forget them (a rare call; nothing to check per op)."""
+    from ..ops import linalg
+    original = torch.set_float32_matmul_precision
+
+    def set_float32_matmul_precision(precision):
+        original(precision)
+        linalg.PRECISION_EPOCH[0] += 1
+        for kernel in KERNELS.values():
+            kernel.cache.clear()
+
+    set_float32_matmul_precision.__doc__ = original.__doc__
+    torch.set_float32_matmul_precision = set_float32_matmul_precision
+
+
 def register_all():
     global _lib, _fallback_lib
     if _lib is not None:
@@ -289,6 +305,7 @@ def register_all():
     _impl("_copy_from_and_resize", lambda self, dst: _copy_(dst.resize_(self.shape), self))
     _impl("_local_scalar_dense", _local_scalar_dense)
     _impl("equal", _equal)
+    from . import attention, data_dependent
     manual = {"copy_", "resize_", "equal", "_local_scalar_dense"}
     for op in _all_overloads():
         name = op_name(op)
@@ -296,9 +313,13 @@ def register_all():
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
             continue  # decomposes before reaching the backend
-        _impl(op, kernel_for(op))
-    from . import data_dependent
+        kernel = kernel_for(op)
+        if name in data_dependent.MASK_ARGUMENT_OPS:  # boolean masks become indices first
+            kernel = data_dependent.with_masks(kernel, data_dependent.MASK_ARGUMENT_OPS[name])
+        _impl(op, kernel)
     data_dependent.register(_impl)
+    attention.register()
+    _follow_matmul_precision()
     # copy_ between tpu tensors goes through the engine (fused view read/write and cast)
     KERNELS[aten.copy_.default] = OpKernel(aten.copy_.default)
     _fallback_lib.fallback(_fallback, "PrivateUse1")

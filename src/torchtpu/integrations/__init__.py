@@ -1,15 +1,16 @@
 """Integrations with libraries on top of PyTorch (Hugging Face Transformers, Accelerate).
 
 `install()` is cheap and imports none of those libraries: it arranges for small adjustments to
-be made when (and if) they are imported. See docs/transformers.md.
+be made when (and if) they are imported: tied parameters stay tied on `.to("tpu")`, DataLoader
+pinning is skipped for "tpu", Accelerate's default device is "tpu". See docs/transformers.md.
 """
 from __future__ import annotations
 
 
 def install() -> None:
-    from . import accelerate, tied_parameters
-    from ..ops import misc  # noqa: F401  (fused optimizer steps; idempotent once ops/__init__ imports it)
+    from . import accelerate, dataloader, tied_parameters
     tied_parameters.install()
+    dataloader.install()
     accelerate.install()
 
 

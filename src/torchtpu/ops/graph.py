@@ -87,8 +87,8 @@ def _size_from_args(args):
 
 
 # ---------------------------------------------------------------- identity / views
-@graph_lowering("alias", "detach", "lift_fresh", "alias_copy", "detach_copy", "lift_fresh_copy",
-                "contiguous", "clone", "_conj", "resolve_conj", "resolve_neg", "positive")
+@graph_lowering("alias", "detach", "lift_fresh", "alias_copy", "detach_copy",
+                "contiguous", "_conj", "resolve_conj", "resolve_neg", "positive")
 def _identity(val, a, *rest, **kw):
     return a
 
@@ -174,13 +174,13 @@ def _diagonal(val, a, offset=0, dim1=0, dim2=1):
     return jnp.diagonal(a, offset, dim1, dim2)
 
 
-@graph_lowering("unbind.int", "unbind_copy.int")
+@graph_lowering("unbind.int")
 def _unbind(val, a, dim=0):
     dim %= a.ndim
     return tuple(lax.index_in_dim(a, i, axis=dim, keepdims=False) for i in range(a.shape[dim]))
 
 
-@graph_lowering("split.Tensor", "split_copy.Tensor")
+@graph_lowering("split.Tensor")
 def _split(val, a, split_size, dim=0):
     dim %= a.ndim
     n = a.shape[dim]
@@ -188,7 +188,7 @@ def _split(val, a, split_size, dim=0):
         if n else (a,)
 
 
-@graph_lowering("split_with_sizes", "split_with_sizes_copy")
+@graph_lowering("split_with_sizes")
 def _split_with_sizes(val, a, sizes, dim=0):
     dim %= a.ndim
     out, s = [], 0
@@ -198,102 +198,8 @@ def _split_with_sizes(val, a, sizes, dim=0):
     return tuple(out)
 
 
-@graph_lowering("cat", "concat")
-def _cat(val, tensors, dim=0):
-    d = _jdtype(val)
-    parts = [t.astype(d) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
-    if not parts:
-        return jnp.zeros((0,), d)
-    return jnp.concatenate(parts, axis=dim % parts[0].ndim)
-
-
-@graph_lowering("stack")
-def _stack(val, tensors, dim=0):
-    d = _jdtype(val)
-    return jnp.stack([t.astype(d) for t in tensors], axis=dim % (tensors[0].ndim + 1))
-
-
-@graph_lowering("repeat")
-def _repeat(val, a, repeats):
-    a = a.reshape((1,) * (len(repeats) - a.ndim) + a.shape)
-    return jnp.tile(a, tuple(repeats))
-
-
-@graph_lowering("flip")
-def _flip(val, a, dims):
-    return jnp.flip(a, tuple(dims))
-
-
-@graph_lowering("roll")
-def _roll(val, a, shifts, dims=()):
-    return jnp.roll(a, tuple(shifts), tuple(dims) if dims else None) if dims else jnp.roll(a.reshape(-1), shifts[0]).reshape(a.shape)
-
-
-@graph_lowering("tril")
-def _tril(val, a, diagonal=0):
-    return jnp.tril(a, diagonal)
-
-
-@graph_lowering("triu")
-def _triu(val, a, diagonal=0):
-    return jnp.triu(a, diagonal)
-
-
-@graph_lowering("constant_pad_nd")
-def _pad(val, a, pad, value=0):
-    cfg = [(0, 0, 0)] * a.ndim
-    for i in range(len(pad) // 2):
-        d = a.ndim - 1 - i
-        cfg[d] = (pad[2 * i], pad[2 * i + 1], 0)
-    return lax.pad(a, jnp.asarray(value, a.dtype), cfg)
-
-
 # ---------------------------------------------------------------- indexing
-def _index_tuple(indices):
-    return tuple(slice(None) if i is None else (i if i.dtype != jnp.bool_ else i) for i in indices)
-
-
-@graph_lowering("index.Tensor", "_unsafe_index.Tensor")
-def _index(val, a, indices):
-    return a[_index_tuple(indices)]
-
-
-@graph_lowering("index_put", "_unsafe_index_put")
-def _index_put(val, a, indices, values, accumulate=False):
-    at = a.at[_index_tuple(indices)]
-    values = values.astype(a.dtype)
-    return at.add(values) if accumulate else at.set(values)
-
-
-@graph_lowering("index_select")
-def _index_select(val, a, dim, index):
-    return jnp.take(a, index, axis=dim % max(a.ndim, 1)) if a.ndim else a
-
-
-@graph_lowering("gather")
-def _gather(val, a, dim, index, sparse_grad=False):
-    return jnp.take_along_axis(a, index, axis=dim % max(a.ndim, 1))
-
-
-def _scatter_idx(a, dim, index):
-    dim %= max(a.ndim, 1)
-    grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij")
-    grids[dim] = index
-    return tuple(grids)
-
-
-@graph_lowering("scatter.src", "scatter.value")
-def _scatter(val, a, dim, index, src):
-    idx = _scatter_idx(a, dim, index)
-    if hasattr(src, "shape") and src.ndim:
-        src = src[tuple(slice(0, n) for n in index.shape)]
-    return a.at[idx].set(jnp.asarray(src, a.dtype))
-
-
-@graph_lowering("scatter_add")
-def _scatter_add(val, a, dim, index, src):
-    src = src[tuple(slice(0, n) for n in index.shape)]
-    return a.at[_scatter_idx(a, dim, index)].add(src.astype(a.dtype))
+# cat, stack, pads, index/index_put, gather/scatter... come from the main lowering table.
 
 
 @graph_lowering("slice_scatter")

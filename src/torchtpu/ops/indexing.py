@@ -6,11 +6,10 @@ clamps gathers and drops scattered updates), as on CUDA where the check is async
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .table import KIND, lowering
+from .table import lowering
 
 
 def _acc_dtype(dtype):

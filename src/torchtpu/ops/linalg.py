@@ -10,6 +10,9 @@ from .table import KIND, lowering
 import torch
 
 
+PRECISION_EPOCH = [0]  # bumped by torch.set_float32_matmul_precision (see eager/kernels.py)
+
+
 def precision():
     """PyTorch's float32 matmul setting as XLA precision (XLA's TPU default would be bf16 passes)."""
     setting = torch.get_float32_matmul_precision()

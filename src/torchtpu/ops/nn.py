@@ -1101,3 +1101,67 @@ def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bia
     if not norm_first:
         x = _layer_norm(x, norm_weight_2, norm_bias_2, eps)
     return x.astype(src.dtype)
+
+
+# ---------------------------------------------------------------- grid_sample
+def _grid_coord(coord, size, padding_mode, align_corners):
+    """Normalized [-1, 1] grid coordinates to pixel coordinates, with PyTorch's padding modes."""
+    if align_corners:
+        x = (coord + 1) / 2 * (size - 1)
+    else:
+        x = ((coord + 1) * size - 1) / 2
+    if padding_mode == 1:      # border
+        x = jnp.clip(x, 0, size - 1)
+    elif padding_mode == 2:    # reflection
+        lo, hi = (0.0, 2.0 * (size - 1)) if align_corners else (-1.0, 2.0 * size - 1)
+        if lo == hi:
+            x = jnp.zeros_like(x)
+        else:
+            mn, span = lo / 2, (hi - lo) / 2
+            d = jnp.abs(x - mn)
+            extra = jnp.fmod(d, span)
+            flips = jnp.floor(d / span)
+            x = jnp.where(jnp.fmod(flips, 2) == 0, extra + mn, span - extra + mn)
+        x = jnp.clip(x, 0, size - 1)
+    return x
+
+
+def _grid_sample(x, grid, mode, padding_mode, align_corners):
+    n, c, h, w = x.shape
+    g = _f32(grid)
+    ix = _grid_coord(g[..., 0], w, padding_mode, align_corners)
+    iy = _grid_coord(g[..., 1], h, padding_mode, align_corners)
+    xf = _f32(x)
+
+    def tap(yy, xx):
+        """x at integer (yy, xx) per batch, zero outside: (N, C, Ho, Wo)."""
+        inside = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+        yc, xc = jnp.clip(yy, 0, h - 1).astype(jnp.int32), jnp.clip(xx, 0, w - 1).astype(jnp.int32)
+        vals = jax.vmap(lambda img, a, b: img[:, a, b])(xf, yc, xc)
+        return jnp.where(inside[:, None], vals, 0)
+
+    if mode == 1:   # nearest (round half to even, as nearbyint)
+        return tap(jnp.round(iy), jnp.round(ix))
+    if mode != 0:
+        raise NotImplementedError("torchtpu: grid_sample mode='bicubic' is not implemented for the tpu device")
+    x0, y0 = jnp.floor(ix), jnp.floor(iy)
+    wx1, wy1 = ix - x0, iy - y0
+    wx0, wy0 = 1 - wx1, 1 - wy1
+    out = (tap(y0, x0) * (wy0 * wx0)[:, None] + tap(y0, x0 + 1) * (wy0 * wx1)[:, None]
+           + tap(y0 + 1, x0) * (wy1 * wx0)[:, None] + tap(y0 + 1, x0 + 1) * (wy1 * wx1)[:, None])
+    return out
+
+
+@lowering("grid_sampler_2d")
+def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
+
+
+@lowering("grid_sampler_2d_backward")
+def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    _, vjp = jax.vjp(lambda a, b: _grid_sample(a, b, interpolation_mode, padding_mode, align_corners),
+                     _f32(x), _f32(grid))
+    gx, gg = vjp(_f32(grad))
+    # (the meta kernel always returns a grad_grid, even when output_mask[1] is False)
+    return (gx.astype(x.dtype) if output_mask[0] else None,
+            gg.astype(grid.dtype) if output_mask[1] else jnp.zeros(grid.shape, grid.dtype))

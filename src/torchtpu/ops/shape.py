@@ -5,14 +5,13 @@ share storage (eager/kernels.py). These are the ops that produce new values.
 """
 from __future__ import annotations
 
-import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .table import KIND, lowering
+from .table import lowering
 
 
 def _f32(a):

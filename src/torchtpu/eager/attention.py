@@ -1,0 +1,47 @@
+"""scaled_dot_product_attention on "tpu": one fused executable forward and one backward.
+
+SDPA is CompositeImplicitAutograd, and PyTorch's backend choice (`_fused_sdp_choice`) cannot be
+extended from Python, so a kernel on the AutogradPrivateUse1 key routes it to the ATen
+flash-attention op pair, which has PyTorch's autograd formula and meta kernel and is lowered.
+"""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+_libs = []
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """AutogradPrivateUse1 kernel of the (CompositeImplicit) SDPA: PyTorch's math path decomposes into
+    a dozen eager ops; this runs one fused forward and one fused backward executable instead, through
+    the ATen flash-attention op pair (which has PyTorch's autograd formula and meta kernel)."""
+    fused = (query.dim() == 4 and key.dim() == 4 and value.dim() == 4 and dropout_p == 0.0
+             and query.size(-1) == key.size(-1) == value.size(-1)
+             and (attn_mask is None or not attn_mask.requires_grad)
+             and query.dtype == key.dtype == value.dtype and query.dtype.is_floating_point
+             and not (query.is_nested or key.is_nested or value.is_nested))
+    if not fused:
+        return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                       None, scale=scale, enable_gqa=enable_gqa)[0]
+    if attn_mask is not None and is_causal:
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when "
+                           "is_causal=True")
+    hq, hk = query.size(-3), key.size(-3)
+    if hq != hk or hk != value.size(-3):
+        if not enable_gqa or hq % hk or value.size(-3) != hk:
+            return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                           None, scale=scale, enable_gqa=enable_gqa)[0]
+        key = key.repeat_interleave(hq // hk, -3)
+        value = value.repeat_interleave(hq // hk, -3)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
+    return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal,
+                                                            attn_mask=attn_mask, scale=scale)[0]
+
+
+def register():
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("scaled_dot_product_attention", scaled_dot_product_attention, "AutogradPrivateUse1")
+    _libs.append(lib)
