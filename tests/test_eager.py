@@ -117,16 +117,20 @@ def test_bad_input_gets_pytorch_errors():
 
 
 def test_unimplemented_op_names_aten_op_and_cpu_fallback():
-    x = torch.randn(100, device="tpu")
-    op = torch.ops.aten.histc.default  # no lowering yet; if one lands, pick another op here
-    with pytest.raises(NotImplementedError, match=r"aten::histc.*TORCHTPU_CPU_FALLBACK"):
-        op(x, 10, -2.0, 2.0)
+    x = torch.randn(1, 6, 3, device="tpu")
+    y = torch.randn(1, 5, 3, device="tpu")
+    dist = torch.cdist(x, y)
+    grad = torch.randn_like(dist)
+    op = torch.ops.aten._cdist_backward.default  # no lowering yet; if one lands, pick another op here
+    args = (grad, x, y, 2.0, dist)
+    with pytest.raises(NotImplementedError, match=r"aten::_cdist_backward.*TORCHTPU_CPU_FALLBACK"):
+        op(*args)
     torchtpu.set_cpu_fallback(True)
     try:
-        with pytest.warns(UserWarning, match="histc"):
-            out = op(x, 10, -2.0, 2.0)
+        with pytest.warns(UserWarning, match="_cdist_backward"):
+            out = op(*args)
         assert out.device.type == "tpu"
-        torch.testing.assert_close(out.cpu(), op(x.cpu(), 10, -2.0, 2.0))
+        torch.testing.assert_close(out.cpu(), op(*(a.cpu() for a in args[:3]), 2.0, dist.cpu()))
         assert torchtpu.metrics()["cpu_fallbacks"] >= 1
     finally:
         torchtpu.set_cpu_fallback(False)
@@ -157,3 +161,21 @@ def test_fused_adamw_with_lr_schedule_does_not_recompile():
             compiles = torchtpu.metrics()["eager_compiles"]
     assert torchtpu.metrics()["eager_compiles"] == compiles
     torch.testing.assert_close(dev.weight.detach().cpu(), cpu.weight.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_views_at_changing_offsets_share_one_executable():
+    ts = torch.linspace(1, 0, 10, device="tpu")
+    x = torch.randn(4, 4, device="tpu")
+    x * ts[1]  # compiles the dynamic-offset executable
+    before = torchtpu.metrics()["eager_compiles"]
+    outs = [x * ts[i] for i in range(1, 10)]
+    assert torchtpu.metrics()["eager_compiles"] == before
+    for i, o in enumerate(outs, 1):
+        torch.testing.assert_close(o.cpu(), x.cpu() * ts.cpu()[i])
+    y, yc = torch.zeros(6, 5, device="tpu"), torch.zeros(6, 5)
+    for i in range(5):  # strided and contiguous writes at moving offsets
+        y[:, i] += i + 1.0
+        yc[:, i] += i + 1.0
+        y[i, 1:4] = torch.arange(3.0, device="tpu")
+        yc[i, 1:4] = torch.arange(3.0)
+    torch.testing.assert_close(y.cpu(), yc)

@@ -136,6 +136,19 @@ def test_from_pretrained_second_device(checkpoint):
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
 
 
+def test_device_map_split_across_two_devices(checkpoint):
+    path, ref = checkpoint
+    model = AutoModelForCausalLM.from_pretrained(path, device_map={"model": "tpu:0", "lm_head": "tpu:1"},
+                                                 dtype=torch.float32)
+    assert model.lm_head.weight.device == torch.device("tpu", 1)
+    assert model.model.embed_tokens.weight.device == torch.device("tpu", 0)
+    ids, mask = _batch(torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = model(ids.to("tpu:0"), attention_mask=mask.to("tpu:0")).logits
+        want = ref(ids, attention_mask=mask).logits
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+
+
 def test_model_to_tpu_and_save_pretrained_round_trip(checkpoint, tmp_path):
     _, ref = checkpoint
     model = copy.deepcopy(ref).to("tpu")

@@ -173,16 +173,12 @@ ZOO = {
 
 # Entries that fail because an op is not lowered yet: {name: reason}. strict, so landing the op
 # turns the xfail into a failure that asks for this entry to be removed.
-XFAIL: dict[str, str] = {
-    # transformers' grouped_mm experts (its choice on "tpu") count tokens per expert with
-    # torch.histc on int32 expert ids; the per-expert-loop variant below runs.
-    "qwen3_moe": "aten::histc not lowered (int32 input, from transformers' grouped_mm MoE experts)",
-}
+XFAIL: dict[str, str] = {}
 
 
 def _params(names):
-    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=XFAIL[n])) if n in XFAIL else n
-            for n in names]
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=NotImplementedError, reason=XFAIL[n]))
+            if n in XFAIL else n for n in names]
 
 
 def _to(batch, device):

@@ -22,6 +22,8 @@ def _load():
     kernels.register_all()
     from .compile import install_hooks
     install_hooks()  # registers backend="tpu" with Dynamo when Dynamo is first imported
+    from . import integrations
+    integrations.install()  # tied weights across .to("tpu"), DataLoader pinning, accelerate's device
 
 
 def _autoload():

@@ -54,12 +54,35 @@ def _meta_other(o):
     return None if isinstance(o, torch.Generator) else o
 
 
-def _layout(t, record):
-    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), dt.to_jax(t.dtype), record.numel)
+class _DynOffset(NamedTuple):
+    index: int  # which of the executable's traced offsets
+
+
+def _layout(t, record, dyn_offset):
+    off = t.storage_offset()
+    return (tuple(t.shape), tuple(t.stride()), _DynOffset(dyn_offset[id(t)]) if off else 0,
+            dt.to_jax(t.dtype), record.numel)
+
+
+def _at(layout, offsets):
+    """The layout with its traced offset filled in."""
+    off = layout[2]
+    return layout if type(off) is not _DynOffset else layout[:2] + (offsets[off.index],) + layout[3:]
 
 
 def build_entry(kernel, key, args, kwargs, bufs, device):
     slot_of = {id(r): i for i, r in enumerate(bufs)}
+    # the engine passes each non-zero storage offset as a traced value, in argument order
+    dyn_offset = {}
+    n_offsets = 0
+
+    def count_offset(t):
+        nonlocal n_offsets
+        if t.storage_offset():
+            dyn_offset.setdefault(id(t), n_offsets)
+            n_offsets += 1
+
+    _walk(kernel, args, kwargs, count_offset, lambda s: s, lambda c: c, lambda o: o)
     # 1. PyTorch's own answer for shapes, dtypes and errors: run the op on meta tensors.
     bases = {}
 
@@ -114,12 +137,12 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
             if t is None:
                 continue
             r = RECORDS[t.untyped_storage().data_ptr()]
-            mutable_targets.append((slot_of[id(r)], _layout(t, r)))
+            mutable_targets.append((slot_of[id(r)], _layout(t, r, dyn_offset)))
     for i, name in getattr(compute, "extra_mutations", ()):
         t = kwargs.get(name) if i >= len(args) else args[i]
         if t is not None:
             r = RECORDS[t.untyped_storage().data_ptr()]
-            mutable_targets.append((slot_of[id(r)], _layout(t, r)))
+            mutable_targets.append((slot_of[id(r)], _layout(t, r, dyn_offset)))
     mutated_slots = sorted({s for s, _ in mutable_targets})
     entry.mutated_slots = mutated_slots
     nb = len(bufs)
@@ -129,19 +152,19 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
     # freed): it closes over a template of slots, layouts and static values only.
     def tensor_slot(t):
         r = RECORDS[t.untyped_storage().data_ptr()]
-        return _TensorArg(slot_of[id(r)], _layout(t, r))
+        return _TensorArg(slot_of[id(r)], _layout(t, r, dyn_offset))
 
     template = _walk(kernel, args, kwargs, tensor_slot,
                      lambda s: _ScalarArg(s if kernel.specialize_scalars else None),
                      lambda c: _CpuScalar(dt.to_jax(c.dtype)),
                      lambda o: dt.to_jax(o) if isinstance(o, torch.dtype) else o)
 
-    def traced_args(buffers, scalars):
+    def traced_args(buffers, scalars, offsets):
         it = iter(scalars)
 
         def fill(v):
             if isinstance(v, _TensorArg):
-                return views.read(buffers[v.slot], v.layout)
+                return views.read(buffers[v.slot], _at(v.layout, offsets))
             if isinstance(v, _ScalarArg):
                 traced = next(it)
                 return v.value if kernel.specialize_scalars else traced  # specialized: value is in the key
@@ -156,9 +179,10 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
 
     def fused(*dyn):
         buffers = list(dyn[:nb])
-        scalars = dyn[nb:]
+        scalars = dyn[nb:len(dyn) - n_offsets]
+        offsets = dyn[len(dyn) - n_offsets:]
         rng = scalars[-1] if kernel.random else None
-        a, k = traced_args(buffers, scalars[:-1] if kernel.random else scalars)
+        a, k = traced_args(buffers, scalars[:-1] if kernel.random else scalars, offsets)
         if rng is not None:
             k["key"] = jax.random.fold_in(jax.random.fold_in(jax.random.key(rng[0]), rng[1]), rng[2])
         result = compute(a, k)
@@ -178,7 +202,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
                                          f"{v.shape}, PyTorch expects {shape}")
             functional.append(v.reshape(-1))  # storages hold flat buffers
         for (slot, layout), v in zip(mutable_targets, leaves[n_fn:]):
-            buffers[slot] = views.write(buffers[slot], layout, v)
+            buffers[slot] = views.write(buffers[slot], _at(layout, offsets), v)
         return tuple(functional) + tuple(buffers[s] for s in mutated_slots)
 
     if not outs and not mutated_slots:

@@ -93,6 +93,7 @@ class OpKernel:
         slot_of = {}
         bufs = []
         scalars = []
+        offsets = []  # non-zero storage offsets travel as traced values: x[i] in a loop compiles once
         device = -1
         scalar_pos = self.scalar_pos
         for i, a in enumerate(args):
@@ -108,13 +109,17 @@ class OpKernel:
                             if device >= 0:
                                 _device_mismatch(self.name, device, r.device_index)
                             device = r.device_index
-                    parts.append((a.dtype, a.shape, a.stride(), a.storage_offset(), slot, r.dtype, r.numel))
+                    off = a.storage_offset()
+                    if off:
+                        offsets.append(off)
+                        off = -1
+                    parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.numel))
                     continue
-            device = self._flatten(a, parts, slot_of, bufs, scalars, device, i in scalar_pos)
+            device = self._flatten(a, parts, slot_of, bufs, scalars, offsets, device, i in scalar_pos)
         if kwargs:
             for k, a in kwargs.items():
                 parts.append(k)
-                device = self._flatten(a, parts, slot_of, bufs, scalars, device, k in self.scalar_names)
+                device = self._flatten(a, parts, slot_of, bufs, scalars, offsets, device, k in self.scalar_names)
         key = tuple(parts)
         entry = self.cache.get(key)
         if entry is None:
@@ -139,7 +144,7 @@ class OpKernel:
         else:
             if self.random:
                 scalars.append(self._rng_args(args, kwargs, device))
-            results = entry.fn(*inputs, *scalars)
+            results = entry.fn(*inputs, *scalars, *offsets)
         if _mode[0] == "debug":
             jax.block_until_ready(results)
         outs = entry.outs
@@ -164,7 +169,7 @@ class OpKernel:
         # CPU generator seeds this draw instead (reproducible, and it advances the generator).
         return generator_rng_args(gen)
 
-    def _flatten(self, a, parts, slot_of, bufs, scalars, device, is_scalar_arg):
+    def _flatten(self, a, parts, slot_of, bufs, scalars, offsets, device, is_scalar_arg):
         if isinstance(a, _Tensor):
             address = a.untyped_storage().data_ptr()
             r = RECORDS.get(address)
@@ -178,7 +183,11 @@ class OpKernel:
                     if device >= 0:
                         _device_mismatch(self.name, device, r.device_index)
                     device = r.device_index
-            parts.append((a.dtype, a.shape, a.stride(), a.storage_offset(), slot, r.dtype, r.numel))
+            off = a.storage_offset()
+            if off:
+                offsets.append(off)
+                off = -1
+            parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.numel))
         elif type(a) in _SCALAR_TYPES and is_scalar_arg:
             scalars.append(a)
             # decomposed ops bake scalars into their graph, so their values must key the cache
@@ -187,7 +196,7 @@ class OpKernel:
             if a and (isinstance(a[0], _Tensor) or a[0] is None and any(isinstance(x, _Tensor) for x in a)):
                 parts.append(("L", len(a)))
                 for x in a:
-                    device = self._flatten(x, parts, slot_of, bufs, scalars, device, False)
+                    device = self._flatten(x, parts, slot_of, bufs, scalars, offsets, device, False)
             else:
                 parts.append(("V", tuple(a)))
         elif isinstance(a, torch.device):

@@ -53,6 +53,24 @@ def plan(shape, stride, offset, numel):
     return ("box", offset, tuple(vshape), tuple(order))
 
 
+@functools.lru_cache(maxsize=8192)
+def dynamic_plan(shape, stride, numel):
+    """Like `plan`, for an offset known only at run time (so that `ts[i]` or `x[i]` in a loop
+    reuses one executable): ("empty",), ("slice", size), ("box", pad, vshape, order), ("gather",).
+    "box" pads the buffer by `pad` so that the block always fits after any valid offset."""
+    size = math.prod(shape)
+    if size == 0:
+        return ("empty",)
+    if _is_contiguous(shape, stride):
+        return ("slice", size)
+    p = plan(shape, stride, 0, numel + 1)  # the same geometry, at offset 0, never "whole"
+    if p[0] != "box":
+        return ("gather",)
+    _, _, vshape, order = p
+    extent = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+    return ("box", math.prod(vshape) - extent, vshape, order)
+
+
 def _gather_indices(shape, stride, offset):
     idx = np.full(shape, offset, dtype=np.int64)
     for d, (n, s) in enumerate(zip(shape, stride)):
@@ -68,25 +86,30 @@ def _pad_to(flat, stop):
     return flat
 
 
-def _box_read(flat, shape, p):
-    _, start, vshape, order = p
-    length = math.prod(vshape)
-    region = lax.slice(_pad_to(flat, start + length), (start,), (start + length,)).reshape(vshape)
+def _region(flat, start, length, pad=None):
+    """`length` elements of `flat` from `start` (static, or traced with `pad` elements of slack)."""
+    if pad is None:
+        return lax.slice(_pad_to(flat, start + length), (start,), (start + length,))
+    padded = jnp.pad(flat, (0, pad)) if pad else flat
+    return lax.dynamic_slice(padded, (start,), (length,))
+
+
+def _box_read(flat, shape, start, vshape, order, pad=None):
+    region = _region(flat, start, math.prod(vshape), pad).reshape(vshape)
     keep = tuple(shape[d] for d in order)
     region = lax.slice(region, (0,) * len(vshape), keep + (1,)).reshape(keep)
     region = jnp.transpose(region, np.argsort(order)) if len(order) > 1 else region
     return lax.broadcast_in_dim(region, tuple(shape), tuple(sorted(order)))
 
 
-def _box_write(flat, shape, p, value):
-    _, start, vshape, order = p
+def _box_write(flat, shape, start, vshape, order, value, pad=None):
     length = math.prod(vshape)
     # keep only the dims that address memory (index 0 of broadcast and size-1 dims), in stride order
     v = value[tuple(slice(None) if d in order else 0 for d in range(len(shape)))]
     ascending = sorted(order)
     v = jnp.transpose(v, [ascending.index(d) for d in order])[..., None]
-    padded = _pad_to(flat, start + length)
-    region = lax.slice(padded, (start,), (start + length,)).reshape(vshape)
+    padded = _pad_to(flat, start + length) if pad is None else (jnp.pad(flat, (0, pad)) if pad else flat)
+    region = lax.dynamic_slice(padded, (start,), (length,)).reshape(vshape)
     region = lax.dynamic_update_slice(region, v, (0,) * len(vshape))
     padded = lax.dynamic_update_slice(padded, region.reshape(-1), (start,))
     return padded[: flat.shape[0]] if padded.shape[0] != flat.shape[0] else padded
@@ -114,6 +137,16 @@ def read(flat, layout):
     if flat.dtype != dtype:
         flat = bitcast(flat, dtype)
         numel = flat.shape[0]
+    if not isinstance(offset, int):  # traced offset
+        p = dynamic_plan(shape, stride, numel)
+        kind = p[0]
+        if kind == "slice":
+            return lax.dynamic_slice(flat, (offset,), (p[1],)).reshape(shape)
+        if kind == "box":
+            return _box_read(flat, shape, offset, p[2], p[3], pad=p[1])
+        if kind == "empty":
+            return jnp.zeros(shape, flat.dtype)
+        return flat[offset + _gather_indices(shape, stride, 0)]
     p = plan(shape, stride, offset, numel)
     kind = p[0]
     if kind == "whole":
@@ -123,7 +156,7 @@ def read(flat, layout):
     if kind == "empty":
         return jnp.zeros(shape, flat.dtype)
     if kind == "box":
-        return _box_read(flat, shape, p)
+        return _box_read(flat, shape, p[1], p[2], p[3])
     return flat[_gather_indices(shape, stride, offset)]
 
 
@@ -137,6 +170,16 @@ def write(flat, layout, value):
         out = write(flat, (shape, stride, offset, dtype, flat.shape[0]), value)
         return bitcast(out, src_dtype)
     value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
+    if not isinstance(offset, int):  # traced offset
+        p = dynamic_plan(shape, stride, numel)
+        kind = p[0]
+        if kind == "slice":
+            return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
+        if kind == "box":
+            return _box_write(flat, shape, offset, p[2], p[3], value, pad=p[1])
+        if kind == "empty":
+            return flat
+        return flat.at[(offset + _gather_indices(shape, stride, 0)).reshape(-1)].set(value.reshape(-1))
     p = plan(shape, stride, offset, numel)
     kind = p[0]
     if kind == "whole":
@@ -146,6 +189,6 @@ def write(flat, layout, value):
     if kind == "empty":
         return flat
     if kind == "box":
-        return _box_write(flat, shape, p, value)
+        return _box_write(flat, shape, p[1], p[2], p[3], value)
     idx = _gather_indices(shape, stride, offset)
     return flat.at[idx.reshape(-1)].set(value.reshape(-1))

@@ -465,3 +465,19 @@ def renorm(a, p, dim, maxnorm):
     n = _norm(x, p, axis, True)
     scale = jnp.where(n > maxnorm, maxnorm / (n + 1e-7), 1.0)
     return (x * scale).astype(a.dtype)
+
+
+@lowering("histc")
+def histc(a, bins=100, min=0, max=0):
+    # PyTorch: min == max means the data's own range; values outside [min, max] are ignored
+    x = a.astype(jnp.float32) if not jnp.issubdtype(a.dtype, jnp.floating) else a
+    lo = jnp.where(min == max, jnp.min(x), min).astype(x.dtype)
+    hi = jnp.where(min == max, jnp.max(x), max).astype(x.dtype)
+    same = hi == lo  # PyTorch widens an empty range by one on each side
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    idx = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
+    idx = jnp.where(x == hi, bins - 1, idx)
+    valid = (x >= lo) & (x <= hi)
+    counts = jnp.zeros((bins,), jnp.float32).at[jnp.where(valid, idx, 0).reshape(-1)].add(
+        valid.reshape(-1).astype(jnp.float32))
+    return counts.astype(a.dtype)
