@@ -129,7 +129,7 @@ class CompiledGraph:
                 parts.append(("S", int, v))
             else:
                 parts.append(("V", repr(a)))
-        parts.append(linalg.PRECISION_EPOCH[0])  # torch.set_float32_matmul_precision changes lowerings
+        parts.append(("P", linalg.PRECISION_EPOCH[0]))  # set_float32_matmul_precision changes lowerings
         key = tuple(parts)
         entry = self.cache.get(key)
         if entry is None:
