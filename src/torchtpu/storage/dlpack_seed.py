@@ -45,7 +45,9 @@ def make(device_index: int) -> torch.Tensor:
     m.dl_tensor.ndim = 1
     m.dl_tensor.dtype = _DLDataType(2, 32, 1)  # float32
     m.dl_tensor.shape = shape
-    m.deleter = _DELETER(lambda p: None)
+    # No deleter (a NULL function pointer): nothing to free, and no Python callback that could be
+    # reached while the interpreter shuts down.
+    m.deleter = _DELETER()
     _keep.append((m, shape))
     capsule = _capsule_new(ctypes.addressof(m), b"dltensor", None)
     t = torch.utils.dlpack.from_dlpack(capsule)
