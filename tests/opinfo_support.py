@@ -300,6 +300,13 @@ def _cpu_or_none(fn):
         return False, None
 
 
+def _draws_random(sample):
+    """A sample that asks for dropout: its values are random on any device."""
+    return any(isinstance(sample.kwargs.get(k), float) and sample.kwargs[k] > 0
+               for k in ("dropout_p", "dropout")) or (
+        sample.kwargs.get("training") is True and "dropout_p" in sample.kwargs)
+
+
 def _check_forward(op, dtype, max_samples, random):
     def one(sample):
         ok, expected = _cpu_or_none(lambda: _call(op, sample, "cpu")[3])
@@ -307,7 +314,7 @@ def _check_forward(op, dtype, max_samples, random):
             return False
         _, _, _, actual = _call(op, sample, "tpu")
         actual = _reconcile_indices(op.name, sample, actual, expected)
-        compare(actual, expected, dtype, random)
+        compare(actual, expected, dtype, random or _draws_random(sample))
 
     n = _run_samples(op, dtype, max_samples, False, one)
     return Result("pass", samples=n) if n else Result("no_samples", "the CPU accepts no sample")
@@ -398,6 +405,8 @@ def _check_grad(op, dtype, max_samples, random):
                 continue
             if a.shape != e.shape or a.dtype != e.dtype:
                 raise AssertionError(f"grad[{i}]: {tuple(a.shape)} {a.dtype}, expected {tuple(e.shape)} {e.dtype}")
+            if _draws_random(sample):
+                continue  # dropout: gradients are as random as the outputs
             try:
                 torch.testing.assert_close(a.cpu(), e, rtol=GRAD_TOLERANCE[0], atol=GRAD_TOLERANCE[1], equal_nan=True)
             except AssertionError as err:

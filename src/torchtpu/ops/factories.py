@@ -89,3 +89,8 @@ def linspace_out(start, end, steps, *, out):
 @lowering("logspace.out", "logspace.Tensor_Tensor_out", "logspace.Tensor_Scalar_out", "logspace.Scalar_Tensor_out")
 def logspace_out(start, end, steps, base=10.0, *, out):
     return logspace(start, end, steps, base, dtype=out.dtype)
+
+
+@lowering("eye", "eye.m")
+def eye(n, m=None, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, n if m is None else m, dtype=dtype or jnp.float32)

@@ -64,13 +64,13 @@ def tanh_backward(grad, out):
 
 @lowering("_softmax")
 def softmax(a, dim, half_to_float=False):
-    out = jax.nn.softmax(_f32(a), axis=dim)
+    out = jax.nn.softmax(_f32(a), axis=dim) if a.ndim else jnp.ones_like(_f32(a))
     return out if half_to_float else out.astype(a.dtype)
 
 
 @lowering("_log_softmax")
 def log_softmax(a, dim, half_to_float=False):
-    out = jax.nn.log_softmax(_f32(a), axis=dim)
+    out = jax.nn.log_softmax(_f32(a), axis=dim) if a.ndim else jnp.zeros_like(_f32(a))
     return out if half_to_float else out.astype(a.dtype)
 
 

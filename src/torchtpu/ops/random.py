@@ -135,3 +135,12 @@ def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
     g = jax.random.gumbel(key, p.shape, p.dtype)
     _, idx = lax.top_k(logits + g, num_samples)
     return idx.astype(jnp.int64)
+
+
+@lowering("normal.Tensor_Tensor", "normal.Tensor_float", "normal.float_Tensor", random=True)
+def normal_tensors(mean, std=1.0, generator=None, *, key):
+    shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
+    dtype = next((x.dtype for x in (mean, std) if hasattr(x, "dtype") and not getattr(x, "weak_type", False)),
+                 jnp.float32)
+    z = jax.random.normal(key, shape, jnp.float64 if dtype == jnp.float64 else jnp.float32)
+    return (mean + z * std).astype(dtype)
