@@ -100,6 +100,7 @@ class CompiledGraph:
         slot_of = {}
         records = []
         cpu_vals = []
+        offsets = []  # non-zero storage offsets are traced: `unet(x, timesteps[i])` compiles once
         device = -1
         for a in args:
             if isinstance(a, _Tensor):
@@ -121,7 +122,11 @@ class CompiledGraph:
                             raise RuntimeError(f"Expected all tensors to be on the same device, but found at least "
                                                f"two devices, tpu:{device} and tpu:{r.device_index}!")
                         device = r.device_index
-                parts.append(("T", a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), slot))
+                off = a.storage_offset()
+                if off or a.numel() != r.numel:  # part of its storage: the offset is traced
+                    offsets.append(off)
+                    off = -1
+                parts.append(("T", a.dtype, tuple(a.shape), a.stride(), off, slot))
             elif isinstance(a, (bool, int, float)) or a is None:
                 parts.append(("S", type(a), a))
             elif isinstance(a, torch.SymInt):
@@ -143,6 +148,7 @@ class CompiledGraph:
             dyn.append(_host_value(c, dev))
         if self.program.random:
             dyn.append(next_rng_args(dev))
+        dyn.extend(np.int64(o) for o in offsets)
         fn = entry.fn
         if entry.donate and not _donation_safe(dyn, entry.mutated_slots):
             fn = entry.fn_plain or self._plain(entry)
@@ -196,11 +202,15 @@ class CompiledGraph:
         program = self.program
         arg_specs = []  # per graph input: ("T", slot, layout) | ("C", j) | ("S", value)
         n_cpu = 0
+        n_off = 0  # traced storage offsets, in input order (a layout holds ("dyn", k) for those)
         for a in args:
             if isinstance(a, _Tensor) and a.device.type == "tpu":
                 r = RECORDS[a.untyped_storage().data_ptr()]
                 slot = records.index(r)
-                layout = (tuple(a.shape), tuple(a.stride()), a.storage_offset(), dt.to_jax(a.dtype), r.numel)
+                off = a.storage_offset()
+                if off or a.numel() != r.numel:
+                    off, n_off = ("dyn", n_off), n_off + 1
+                layout = (tuple(a.shape), tuple(a.stride()), off, dt.to_jax(a.dtype), r.numel)
                 arg_specs.append(("T", slot, layout))
             elif isinstance(a, _Tensor):
                 arg_specs.append(("C", n_cpu, None))
@@ -218,9 +228,14 @@ class CompiledGraph:
         layouts_by_out = [_out_layout(v) for v in self.out_vals]
         rand = program.random
 
+        def at(layout, offsets):
+            off = layout[2]
+            return layout if type(off) is not tuple else layout[:2] + (offsets[off[1]],) + layout[3:]
+
         def fused(*dyn):
             buffers = list(dyn[:nb])
             cpu = dyn[nb:nb + n_cpu]
+            offsets = dyn[len(dyn) - n_off:]
             key = None
             if rand:
                 rng = dyn[nb + n_cpu]
@@ -228,7 +243,7 @@ class CompiledGraph:
             inputs = []
             for kind, x, layout in arg_specs:
                 if kind == "T":
-                    inputs.append(views.read(buffers[x], layout))
+                    inputs.append(views.read(buffers[x], at(layout, offsets)))
                 elif kind == "C":
                     inputs.append(cpu[x])
                 else:
@@ -258,7 +273,7 @@ class CompiledGraph:
             for i in program.mutated_placeholders:
                 if arg_specs[i][0] == "T":
                     _, slot, layout = arg_specs[i]
-                    buffers[slot] = views.write(buffers[slot], layout, mutations[i])
+                    buffers[slot] = views.write(buffers[slot], at(layout, offsets), mutations[i])
             return (tuple(flat) + tuple(buffers[s] for s in mutated_slots)
                     + tuple(jnp.asarray(mutations[i]) for i in cpu_mutations))
 
@@ -276,6 +291,7 @@ class CompiledGraph:
                 sample.append(jax.ShapeDtypeStruct(tuple(a.shape), dt.to_jax(a.dtype), sharding=sharding))
         if rand:
             sample.append(jax.ShapeDtypeStruct((3,), np.uint32))
+        sample.extend(jax.ShapeDtypeStruct((), np.int64) for _ in range(n_off))
         entry.sample = sample
         jitted = jax.jit(fused, donate_argnums=tuple(mutated_slots) if entry.donate else (),
                          out_shardings=sharding if nb == 0 else None)

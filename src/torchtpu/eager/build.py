@@ -58,9 +58,14 @@ class _DynOffset(NamedTuple):
     index: int  # which of the executable's traced offsets
 
 
+def _partial(t):
+    """A view into part of its storage: the engine traces its offset (see OpKernel.__call__)."""
+    return t.storage_offset() or t.numel() != RECORDS[t.untyped_storage().data_ptr()].numel
+
+
 def _layout(t, record, dyn_offset):
     off = t.storage_offset()
-    return (tuple(t.shape), tuple(t.stride()), _DynOffset(dyn_offset[id(t)]) if off else 0,
+    return (tuple(t.shape), tuple(t.stride()), _DynOffset(dyn_offset[id(t)]) if _partial(t) else off,
             dt.to_jax(t.dtype), record.numel)
 
 
@@ -78,7 +83,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
 
     def count_offset(t):
         nonlocal n_offsets
-        if t.storage_offset():
+        if _partial(t):
             dyn_offset.setdefault(id(t), n_offsets)
             n_offsets += 1
 

@@ -110,7 +110,7 @@ class OpKernel:
                                 _device_mismatch(self.name, device, r.device_index)
                             device = r.device_index
                     off = a.storage_offset()
-                    if off:
+                    if off or a.numel() != r.numel:  # part of its storage: the offset is traced
                         offsets.append(off)
                         off = -1
                     parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.numel))
@@ -184,7 +184,7 @@ class OpKernel:
                         _device_mismatch(self.name, device, r.device_index)
                     device = r.device_index
             off = a.storage_offset()
-            if off:
+            if off or a.numel() != r.numel:  # part of its storage: the offset is traced
                 offsets.append(off)
                 off = -1
             parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.numel))
