@@ -14,14 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-
-def _is_contiguous(shape, stride):
-    expected = 1
-    for n, s in zip(reversed(shape), reversed(stride)):
-        if n != 1 and s != expected:
-            return False
-        expected *= n
-    return True
+from ..storage.records import is_dense
 
 
 @functools.lru_cache(maxsize=8192)
@@ -35,7 +28,7 @@ def plan(shape, stride, offset, numel):
     size = math.prod(shape)
     if size == 0:
         return ("empty",)
-    if _is_contiguous(shape, stride):
+    if is_dense(shape, stride):
         if offset == 0 and size == numel:
             return ("whole",)
         return ("slice", offset, offset + size)
@@ -61,7 +54,7 @@ def dynamic_plan(shape, stride, numel):
     size = math.prod(shape)
     if size == 0:
         return ("empty",)
-    if _is_contiguous(shape, stride):
+    if is_dense(shape, stride):
         return ("slice", size)
     p = plan(shape, stride, 0, numel + 1)  # the same geometry, at offset 0, never "whole"
     if p[0] != "box":

@@ -105,7 +105,7 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
     address = _bump[0]
     _bump[0] = address + ((nbytes + 2 * _PAGE - 1) // _PAGE) * _PAGE
     fresh = _make_storage(address, _DEVICES.get(device_index) or _device(device_index), nbytes)
-    if device_index == 0 and (stride is None or _is_dense(shape, stride)):
+    if device_index == 0 and (stride is None or is_dense(shape, stride)):
         # Fast path (the engine's outputs): create_empty_tensor already has the sizes and
         # contiguous strides; give its storage our address and size instead of a `set_`.
         t = _create_empty(shape, dtype)
@@ -130,7 +130,8 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
     return t
 
 
-def _is_dense(shape, stride):
+def is_dense(shape, stride):
+    """Whether sizes/strides are the contiguous layout (size-1 dims may have any stride)."""
     expected = 1
     for n, st in zip(reversed(shape), reversed(stride)):
         if n != 1 and st != expected:
