@@ -7,10 +7,7 @@ after a graph break (`.item()` -> the tpu `_local_scalar_dense` kernel) and must
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
-
+from .._import_hooks import when_imported
 from . import options  # noqa: F401
 
 __all__ = ["tpu_backend", "register", "install_hooks", "options"]
@@ -37,39 +34,6 @@ def _on_trace_rules(trace_rules):
             pass
 
 
-_HOOKS = {"torch._dynamo.backends.registry": _on_registry, "torch._dynamo.trace_rules": _on_trace_rules}
-
-
-class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs a hook right after one of the modules in _HOOKS has executed."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _HOOKS:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _Wrapped(spec.loader, _HOOKS[fullname])
-        return spec
-
-
-class _Wrapped(importlib.abc.Loader):
-    def __init__(self, loader, hook):
-        self.loader = loader
-        self.hook = hook
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        self.hook(module)
-
-
 _installed = [False]
 
 
@@ -78,15 +42,8 @@ def install_hooks():
     if _installed[0]:
         return
     _installed[0] = True
-    pending = False
-    for name, hook in _HOOKS.items():
-        module = sys.modules.get(name)
-        if module is not None:
-            hook(module)
-        else:
-            pending = True
-    if pending and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    when_imported("torch._dynamo.backends.registry", _on_registry)
+    when_imported("torch._dynamo.trace_rules", _on_trace_rules)
 
 
 def register():

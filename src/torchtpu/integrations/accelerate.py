@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._hooks import when_imported
+from .._import_hooks import when_imported
 
 _installed = [False]
 
