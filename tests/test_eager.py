@@ -117,20 +117,17 @@ def test_bad_input_gets_pytorch_errors():
 
 
 def test_unimplemented_op_names_aten_op_and_cpu_fallback():
-    x = torch.randn(1, 6, 3, device="tpu")
-    y = torch.randn(1, 5, 3, device="tpu")
-    dist = torch.cdist(x, y)
-    grad = torch.randn_like(dist)
-    op = torch.ops.aten._cdist_backward.default  # no lowering yet; if one lands, pick another op here
-    args = (grad, x, y, 2.0, dist)
-    with pytest.raises(NotImplementedError, match=r"aten::_cdist_backward.*TORCHTPU_CPU_FALLBACK"):
-        op(*args)
+    a = torch.randn(5, 3, device="tpu")
+    tau = torch.randn(2, device="tpu")
+    op = torch.ops.aten.linalg_householder_product.default  # LAPACK-only: no lowering planned
+    with pytest.raises(NotImplementedError, match=r"aten::linalg_householder_product.*TORCHTPU_CPU_FALLBACK"):
+        op(a, tau)
     torchtpu.set_cpu_fallback(True)
     try:
-        with pytest.warns(UserWarning, match="_cdist_backward"):
-            out = op(*args)
+        with pytest.warns(UserWarning, match="linalg_householder_product"):
+            out = op(a, tau)
         assert out.device.type == "tpu"
-        torch.testing.assert_close(out.cpu(), op(*(a.cpu() for a in args[:3]), 2.0, dist.cpu()))
+        torch.testing.assert_close(out.cpu(), op(a.cpu(), tau.cpu()))
         assert torchtpu.metrics()["cpu_fallbacks"] >= 1
     finally:
         torchtpu.set_cpu_fallback(False)

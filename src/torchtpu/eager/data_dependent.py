@@ -52,6 +52,8 @@ def _count(buf, shape):
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _nonzero(buf, shape, n):
+    if not shape:  # a 0-d input has (n, 0) indices: nothing to compute
+        return jnp.zeros((0,), jnp.int64)
     idx = jnp.nonzero(buf.reshape(shape), size=n)
     if not idx:
         return jnp.zeros((n * 0,), jnp.int64)

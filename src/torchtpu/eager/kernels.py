@@ -286,6 +286,30 @@ def _follow_matmul_precision():
     torch.set_float32_matmul_precision = set_float32_matmul_precision
 
 
+def _to_copy(self, *, non_blocking=False, **kwargs):
+    """PyTorch's own _to_copy, except that a non-blocking copy to the CPU does not ask for pinned
+    host memory (there is no pinned allocator for tpu); our device-to-host copies complete before
+    they return, so the result is the same as CUDA's once synchronised."""
+    device = kwargs.get("device")
+    if non_blocking and device is not None and torch.device(device).type == "cpu":
+        non_blocking = False
+    return aten._to_copy.default._op_dk(DispatchKey.CompositeExplicitAutograd, self,
+                                        non_blocking=non_blocking, **kwargs)
+
+
+# Ops PyTorch ships without a Meta kernel; the engine needs one for shapes and dtypes.
+_MISSING_META = {
+    "multilabel_margin_loss_backward": lambda grad, self, target, reduction, is_target: torch.empty_like(self),
+    "multi_margin_loss_backward": lambda grad, self, *args, **kwargs: torch.empty_like(self),
+}
+
+
+def _register_missing_meta():
+    for name, fn in _MISSING_META.items():
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            _lib.impl(name, fn, "Meta")
+
+
 def register_all():
     global _lib, _fallback_lib
     if _lib is not None:
@@ -305,6 +329,8 @@ def register_all():
     _impl("_copy_from_and_resize", lambda self, dst: _copy_(dst.resize_(self.shape), self))
     _impl("_local_scalar_dense", _local_scalar_dense)
     _impl("equal", _equal)
+    _impl("_to_copy", _to_copy)
+    _register_missing_meta()
     from . import attention, data_dependent
     manual = {"copy_", "resize_", "equal", "_local_scalar_dense"}
     for op in _all_overloads():

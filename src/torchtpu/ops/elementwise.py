@@ -5,7 +5,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .table import KIND, lowering
+import dataclasses
+
+from .table import KIND, LOWERINGS, apply, lowering
 
 # ---------------------------------------------------------------- arithmetic
 
@@ -74,7 +76,7 @@ def _trunc_div(a, b):
 
 
 @lowering("div.Tensor_mode", "div.Scalar_mode", promote=KIND.DEFAULT)
-def div_mode(a, b, rounding_mode=None):
+def _div_mode(a, b, rounding_mode=None):
     if rounding_mode is None:
         if _is_int(a) and _is_int(b):
             return a.astype(jnp.float32) / b
@@ -82,6 +84,22 @@ def div_mode(a, b, rounding_mode=None):
     if rounding_mode == "trunc":
         return _trunc_div(a, b)
     return _floor_div(a, b)
+
+
+_div_mode_promoted = LOWERINGS["div.Tensor_mode"]
+
+
+def div_mode(a, b, rounding_mode=None):
+    if rounding_mode == "trunc":
+        q = apply(_div_mode_promoted, (a, b), {})  # the true quotient in PyTorch's result dtype
+        if q.dtype in (jnp.bfloat16, jnp.float16):
+            # PyTorch truncates the quotient rounded to the half dtype, not the float32 opmath one
+            return jnp.trunc(q)
+    return apply(_div_mode_promoted, (a, b), {"rounding_mode": rounding_mode})
+
+
+LOWERINGS["div.Tensor_mode"] = LOWERINGS["div.Scalar_mode"] = dataclasses.replace(
+    _div_mode_promoted, fn=div_mode, promote=None)
 
 
 @lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT)
@@ -106,8 +124,32 @@ def fmod(a, b):
 @lowering("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", promote=KIND.DEFAULT)
 def pow_(a, b):
     if _is_int(a) and _is_int(b):
-        return lax.integer_pow(a, b) if isinstance(b, int) and b >= 0 else jnp.power(a, b)
+        if isinstance(b, int) and b >= 0:
+            return lax.integer_pow(a, b)
+        return _int_pow(a, b)
     return jnp.power(a, b)
+
+
+def _int_pow(a, b):
+    """PyTorch's integer pow: square-and-multiply over every bit of the exponent (wrapping on
+    overflow; jnp.power stops early), and for b < 0: 1 for a == 1, ±1 for a == -1, else 0."""
+    dtype = jnp.result_type(a, b) if not isinstance(b, int) else jnp.result_type(a)
+    if dtype == jnp.bool_:
+        return jnp.logical_or(jnp.asarray(a), jnp.logical_not(b))
+    a, b = jnp.broadcast_arrays(jnp.asarray(a, dtype), jnp.asarray(b, dtype))
+    e = jnp.abs(b) if jnp.issubdtype(dtype, jnp.signedinteger) else b
+
+    def step(_, carry):
+        result, base, e = carry
+        result = jnp.where((e & 1) == 1, result * base, result)
+        return result, base * base, e >> 1
+
+    bits = jnp.iinfo(dtype).bits
+    result = lax.fori_loop(0, bits, step, (jnp.ones_like(a), a, e))[0]
+    if jnp.issubdtype(dtype, jnp.signedinteger):
+        neg = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(b % 2 == 0, 1, -1), 0)).astype(dtype)
+        result = jnp.where(b < 0, neg, result)
+    return result
 
 
 @lowering("neg", promote=KIND.DEFAULT)
@@ -127,7 +169,7 @@ def sign(a):
 
 @lowering("sgn", promote=KIND.DEFAULT)
 def sgn(a):
-    return jnp.sign(a)
+    return jnp.sign(a) if a.dtype != jnp.bool_ else a
 
 
 @lowering("reciprocal", promote=KIND.INT_TO_FLOAT)

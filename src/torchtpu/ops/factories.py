@@ -16,6 +16,12 @@ def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None
     return jnp.full(tuple(size), fill_value, dtype or jnp.float32)
 
 
+@lowering("_efficientzerotensor")
+def efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    # PyTorch's ZeroTensor is a CPU/CUDA storage-free optimisation; a dense zero is equivalent
+    return jnp.zeros(tuple(size), dtype or jnp.float32)
+
+
 @lowering("scalar_tensor")
 def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(s, dtype or jnp.float32)

@@ -40,11 +40,7 @@ def index(x, indices):
 def index_put(x, indices, values, accumulate=False, unsafe=False):
     idx = _advanced(indices)
     values = values.astype(x.dtype)
-    if accumulate:
-        if x.dtype == jnp.bool_:
-            return x.at[idx].max(values)
-        return x.at[idx].add(values)
-    return x.at[idx].set(values)
+    return _scatter_add(x, idx, values) if accumulate else x.at[idx].set(values)
 
 
 @lowering("_unsafe_index.Tensor")
@@ -95,6 +91,20 @@ def _scatter_target(x, dim, index):
     return _full_index(index, dim), dim
 
 
+def _scatter_add(x, at, v):
+    """x.at[at].add(v); on bool, PyTorch's sum is a logical or (XLA has no bool add)."""
+    if x.dtype == jnp.bool_:
+        return x.at[at].max(v)
+    return x.at[at].add(v)
+
+
+def _scatter_mul(x, at, v):
+    """x.at[at].multiply(v); on bool, a logical and."""
+    if x.dtype == jnp.bool_:
+        return x.at[at].min(v)
+    return x.at[at].multiply(v)
+
+
 def _src(src, index, dtype):
     if hasattr(src, "shape") and src.ndim > 0:
         return _fit(src, index.shape).astype(dtype)
@@ -111,13 +121,13 @@ def scatter(x, dim, index, src):
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     at, _ = _scatter_target(x, dim, index)
     v = _src(src, index, x.dtype)
-    return x.at[at].add(v) if reduce == "add" else x.at[at].multiply(v)
+    return _scatter_add(x, at, v) if reduce == "add" else _scatter_mul(x, at, v)
 
 
 @lowering("scatter_add")
 def scatter_add(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
-    return x.at[at].add(_src(src, index, x.dtype))
+    return _scatter_add(x, at, _src(src, index, x.dtype))
 
 
 def _scatter_reduce(x, at, v, reduce, include_self):
@@ -126,7 +136,7 @@ def _scatter_reduce(x, at, v, reduce, include_self):
     if reduce in ("sum", "mean"):
         acc = _acc_dtype(x.dtype)
         base = x.astype(acc) if include_self else jnp.where(hit, 0, x).astype(acc)
-        total = base.at[at].add(v.astype(acc))
+        total = _scatter_add(base, at, v.astype(acc))
         if reduce == "sum":
             return total.astype(x.dtype)
         count = jnp.zeros(x.shape, jnp.int64).at[at].add(1) + (1 if include_self else 0)
@@ -138,7 +148,7 @@ def _scatter_reduce(x, at, v, reduce, include_self):
         return jnp.where(hit, out, x).astype(x.dtype)
     if reduce == "prod":
         base = x if include_self else jnp.where(hit, jnp.ones((), x.dtype), x)
-        return base.at[at].multiply(v)
+        return _scatter_mul(base, at, v)
     if reduce in ("amax", "amin"):
         if jnp.issubdtype(x.dtype, jnp.floating):
             ident = -jnp.inf if reduce == "amax" else jnp.inf
@@ -181,7 +191,7 @@ def index_add(x, dim, index, source, alpha=1):
     src = source.astype(x.dtype)
     if not (isinstance(alpha, (int, float)) and alpha == 1):
         src = (src * alpha).astype(x.dtype)
-    return x.at[_along(dim, x.ndim, index.reshape(-1))].add(src)
+    return _scatter_add(x, _along(dim, x.ndim, index.reshape(-1)), src)
 
 
 @lowering("index_copy")
@@ -239,5 +249,5 @@ def put(x, index, source, accumulate=False):
     idx = index.reshape(-1)
     idx = jnp.where(idx < 0, idx + flat.shape[0], idx)
     src = source.reshape(-1).astype(x.dtype)
-    out = flat.at[idx].add(src) if accumulate else flat.at[idx].set(src)
+    out = _scatter_add(flat, idx, src) if accumulate else flat.at[idx].set(src)
     return out.reshape(x.shape)

@@ -71,3 +71,52 @@ def cdist(x1, x2, p, compute_mode=None):
     if p == 2:
         return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
     return _norm(diff, p, (diff.ndim - 1,), False)
+
+
+def _dist_grad(diff, dist, p):
+    """d dist / d diff for a p-norm distance, as PyTorch's cdist/pdist backward kernels define it
+    (zero where the distance is zero, so coincident points get no NaN)."""
+    safe = jnp.where(dist == 0, 1, dist)
+    if p == 0:
+        g = jnp.zeros_like(diff)
+    elif p == 1:
+        g = jnp.sign(diff)
+    elif p == 2:
+        g = diff / safe
+    elif p == float("inf"):
+        g = jnp.sign(diff) * (jnp.abs(diff) == dist)
+    elif p < 2:
+        g = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)
+        g = jnp.where((p < 1) & (diff == 0), 0, g)
+    else:
+        g = diff * jnp.abs(diff) ** (p - 2) / safe ** (p - 1)
+    return jnp.where(dist == 0, 0, g)
+
+
+@lowering("_cdist_backward")
+def cdist_backward(grad, x1, x2, p, cdist):
+    diff = jnp.expand_dims(x1, -2) - jnp.expand_dims(x2, -3)   # (..., P, R, M)
+    g = _dist_grad(diff, jnp.expand_dims(cdist, -1), p) * jnp.expand_dims(grad, -1)
+    return jnp.sum(g, axis=-2).astype(x1.dtype)
+
+
+def _pairs(n):
+    i, j = jnp.triu_indices(n, 1)
+    return i, j
+
+
+@lowering("_pdist_forward")
+def pdist(x, p=2.0):
+    i, j = _pairs(x.shape[0])
+    diff = x[i] - x[j]
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    from .reductions import _norm
+    return _norm(diff, p, (1,), False)
+
+
+@lowering("_pdist_backward")
+def pdist_backward(grad, x, p, pdist):
+    i, j = _pairs(x.shape[0])
+    g = _dist_grad(x[i] - x[j], pdist[:, None], p) * grad[:, None]
+    return jnp.zeros_like(x).at[i].add(g).at[j].add(-g)

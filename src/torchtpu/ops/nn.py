@@ -77,13 +77,13 @@ def log_softmax(a, dim, half_to_float=False):
 @lowering("_softmax_backward_data")
 def softmax_backward(grad, out, dim, input_dtype):
     g, o = _f32(grad), _f32(out)
-    return (o * (g - jnp.sum(g * o, axis=dim, keepdims=True))).astype(input_dtype)
+    return (o * (g - jnp.sum(g * o, axis=dim if g.ndim else None, keepdims=True))).astype(input_dtype)
 
 
 @lowering("_log_softmax_backward_data")
 def log_softmax_backward(grad, out, dim, input_dtype):
     g, o = _f32(grad), _f32(out)
-    return (g - jnp.exp(o) * jnp.sum(g, axis=dim, keepdims=True)).astype(input_dtype)
+    return (g - jnp.exp(o) * jnp.sum(g, axis=dim if g.ndim else None, keepdims=True)).astype(input_dtype)
 
 
 @lowering("native_layer_norm")
@@ -752,6 +752,55 @@ def soft_margin_loss_backward(grad, x, t, reduction):
     return (-_f32(t) * z / (1 + z) * _loss_grad(grad, x, reduction)).astype(x.dtype)
 
 
+def _multi_margin(x, target, p, margin, weight, reduction):
+    c = x.shape[-1] if x.ndim else 1  # a 0-d input is one sample of one class
+    x2 = _f32(x).reshape(-1, c)
+    t = target.reshape(-1)
+    picked = jnp.take_along_axis(x2, t[:, None], axis=1)
+    z = margin - picked + x2
+    h = jnp.where(z > 0, jnp.where(p == 1, z, z * z), 0)  # p is a traced Scalar
+    if weight is not None:
+        h = h * _f32(weight)[t][:, None]
+    h = jnp.where(jnp.arange(x2.shape[1])[None, :] == t[:, None], 0, h)  # the target class itself
+    loss = jnp.sum(h, axis=1) / x2.shape[1]
+    return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype)
+
+
+@lowering("multi_margin_loss")
+def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    return _multi_margin(x, target, p, margin, weight, reduction)
+
+
+@lowering("multi_margin_loss_backward")
+def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
+    _, vjp = jax.vjp(lambda v: _multi_margin(v, target, p, margin, weight, reduction).astype(jnp.float32), _f32(x))
+    return vjp(_f32(grad))[0].astype(x.dtype)
+
+
+def _multilabel_margin(x, target, reduction, is_target=None):
+    c = x.shape[-1] if x.ndim else 1
+    x2, t = _f32(x).reshape(-1, c), target.reshape(-1, c)
+    valid = jnp.cumprod(t != -1, axis=1).astype(bool)  # the targets are the prefix before the first -1
+    if is_target is None:
+        is_target = jnp.any((t[:, :, None] == jnp.arange(c)) & valid[:, :, None], axis=1).astype(x.dtype)
+    picked = jnp.take_along_axis(x2, jnp.where(valid, t, 0), axis=1)                 # (N, targets)
+    z = jnp.maximum(1 - picked[:, :, None] + x2[:, None, :], 0)                          # (N, targets, C)
+    z = z * valid[:, :, None] * (1 - _f32(is_target).reshape(-1, c))[:, None, :]
+    loss = jnp.sum(z, axis=(1, 2)) / c
+    return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype), is_target.reshape(x.shape)
+
+
+@lowering("multilabel_margin_loss_forward")
+def multilabel_margin_loss_forward(x, target, reduction):
+    return _multilabel_margin(x, target, reduction)
+
+
+@lowering("multilabel_margin_loss_backward")
+def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
+    _, vjp = jax.vjp(lambda v: _multilabel_margin(v, target, reduction, is_target)[0].astype(jnp.float32), _f32(x))
+    return vjp(_f32(grad))[0].astype(x.dtype)
+
+
 # ---------------------------------------------------------------- activations
 @lowering("leaky_relu", promote=KIND.DEFAULT, promote_args=(0,))
 def leaky_relu(a, negative_slope=0.01):
@@ -981,13 +1030,18 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 
 # ---------------------------------------------------------------- attention
 # scaled_dot_product_attention on tpu runs as one fused executable forward and one backward: the
-# eager layer (eager/data_dependent.py) routes it to these ATen ops, whose autograd formula and
+# eager layer (eager/attention.py) routes it to these ATen ops, whose autograd formula and
 # meta kernel PyTorch already has. Masks arrive additive (bool masks converted by the caller).
+# Large score matrices (B*H*L*S >= attention_blockwise.MIN_SCORES, e.g. SD3's joint attention) go
+# blockwise with an online softmax instead of being materialised (ops/attention_blockwise.py).
+from . import attention_blockwise as _blockwise  # noqa: E402
+
+
 def _attn_scores(q, k, is_causal, mask, scale):
     e = q.shape[-1]
     s = (1.0 / math.sqrt(e)) if scale is None else scale
     scores = jnp.einsum("...le,...se->...ls", q, k, precision=_precision(),
-                        preferred_element_type=jnp.float32) * s
+                        preferred_element_type=_blockwise.acc_dtype(q.dtype)) * s   # float64 stays float64
     if mask is not None:
         scores = scores + (jnp.where(mask, 0.0, -jnp.inf) if mask.dtype == jnp.bool_ else _f32(mask))
     if is_causal:
@@ -998,13 +1052,15 @@ def _attn_scores(q, k, is_causal, mask, scale):
 
 @lowering("_scaled_dot_product_flash_attention_for_cpu")
 def sdpa_fused(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    if _blockwise.eligible(q, k, v):
+        return _blockwise.forward(q, k, v, attn_mask, is_causal, scale, _precision())
     scores, _ = _attn_scores(q, k, is_causal, attn_mask, scale)
     m = jnp.max(scores, axis=-1, keepdims=True)
     m = jnp.where(jnp.isfinite(m), m, 0)          # rows with every key masked give 0, as _safe_softmax
     p = jnp.exp(scores - m)
     total = jnp.sum(p, axis=-1, keepdims=True)
     out = jnp.einsum("...ls,...se->...le", p.astype(v.dtype) if _low(v) else p, v, precision=_precision(),
-                     preferred_element_type=jnp.float32)
+                     preferred_element_type=p.dtype)
     out = jnp.where(total > 0, out / jnp.where(total > 0, total, 1), 0)
     lse = jnp.where(total[..., 0] > 0, jnp.log(jnp.where(total[..., 0] > 0, total[..., 0], 1)) + m[..., 0], -jnp.inf)
     return out.astype(q.dtype), lse
@@ -1012,6 +1068,8 @@ def sdpa_fused(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=No
 
 @lowering("_scaled_dot_product_flash_attention_for_cpu_backward")
 def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask=None, scale=None):
+    if _blockwise.eligible(q, k, v):
+        return _blockwise.backward(grad, q, k, v, out, lse, attn_mask, is_causal, scale, _precision())
     scores, s = _attn_scores(q, k, is_causal, attn_mask, scale)
     lse_ = lse[..., None]
     p = jnp.where(jnp.isfinite(lse_), jnp.exp(scores - jnp.where(jnp.isfinite(lse_), lse_, 0)), 0)

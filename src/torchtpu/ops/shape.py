@@ -74,7 +74,11 @@ def _mode_pad(x, padding, mode):
     nd = len(padding) // 2
     widths = [(0, 0)] * (x.ndim - nd) + [(padding[2 * (nd - 1 - i)], padding[2 * (nd - 1 - i) + 1])
                                           for i in range(nd)]
-    return jnp.pad(x, widths, mode=mode)
+    # a negative width crops: pad by the positive parts, then slice the negative ones off
+    out = jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=mode)
+    if any(lo < 0 or hi < 0 for lo, hi in widths):
+        out = out[tuple(slice(-min(lo, 0), out.shape[d] + min(hi, 0)) for d, (lo, hi) in enumerate(widths))]
+    return out
 
 
 def _pad_backward(grad, x, padding, mode):

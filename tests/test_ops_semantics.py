@@ -1,0 +1,110 @@
+"""Op semantics the OpInfo sweep found wrong once: each compared with the CPU on fresh inputs."""
+import pytest
+import torch
+
+DEV = "tpu"
+
+
+def same(fn, *args, **kwargs):
+    expected = fn(*args, **kwargs)
+    actual = fn(*[a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+    return actual
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
+def test_integer_pow_wraps_and_negative_exponents(dtype):
+    signed = dtype != torch.uint8
+    low = -3 if signed else 0
+    exps = torch.randint(-4 if signed else 0, 80, (200,)).to(dtype)
+    bases = torch.randint(low, 6, (200,)).to(dtype)
+    same(torch.pow, bases, exps)
+    same(lambda e: 3 ** e, exps)
+    same(lambda b: b ** 70, bases)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_trunc_division_rounds_the_half_quotient_first(dtype):
+    a, b = (torch.randn(5000) * 10).to(dtype), torch.randn(5000).to(dtype)
+    same(lambda x, y: torch.div(x, y, rounding_mode="trunc"), a, b)
+
+
+def test_bool_scatter_add_is_a_logical_or():
+    x = torch.rand(6, 5) > 0.7
+    src = torch.rand(6, 5) > 0.5
+    index = torch.randint(0, 6, (6, 5))
+    same(lambda x, i, s: torch.scatter_add(x, 0, i, s), x, index, src)
+    same(lambda x, i, s: torch.scatter_reduce(x, 0, i, s, "sum"), x, index, src)
+    same(lambda x, i, s: torch.scatter_reduce(x, 0, i, s, "prod"), x, index, src)
+    same(lambda x, i, s: x.index_add(0, i[:, 0], s), x, index, src)
+    same(lambda x, i, s: x.index_put((i[:, 0],), s[:, 0], accumulate=True), x[:, 0], index, src)
+    same(torch.sgn, x)
+
+
+@pytest.mark.parametrize("mode", ["replicate", "reflect"])
+def test_pad_with_negative_widths_crops(mode):
+    x = torch.randn(2, 3, 7, 6, requires_grad=True)
+    pad = (-1, 3, 2, -2)
+    out = same(lambda t: torch.nn.functional.pad(t, pad, mode=mode), x)
+    g = torch.randn(out.shape)
+    (expected,) = torch.autograd.grad(torch.nn.functional.pad(x, pad, mode=mode), x, g)
+    xt = x.detach().to(DEV).requires_grad_()
+    (actual,) = torch.autograd.grad(torch.nn.functional.pad(xt, pad, mode=mode), xt, g.to(DEV))
+    torch.testing.assert_close(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("value", [0.0, 2.5])
+def test_nonzero_of_a_zero_dim_tensor(value):
+    same(torch.nonzero, torch.tensor(value))
+    same(torch.argwhere, torch.tensor(value))
+
+
+def test_non_blocking_copy_to_cpu():
+    x = torch.randn(4, 5, device=DEV)
+    y = x.to("cpu", non_blocking=True)
+    assert y.device.type == "cpu"
+    torch.testing.assert_close(y, x.cpu())
+    torch.testing.assert_close(x.to("cpu", torch.float64, non_blocking=True), x.cpu().double())
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_cdist_and_pdist_gradients(p):
+    x1, x2 = torch.randn(2, 5, 4), torch.randn(2, 6, 4)
+    x2[0, 0] = x1[0, 0]  # a zero distance: the gradient there is 0, not NaN
+    rows = torch.randn(7, 4)
+    rows[3] = rows[1]
+    for fn, inputs in ((lambda a, b: torch.cdist(a, b, p), (x1, x2)), (lambda a: torch.pdist(a, p), (rows,))):
+        cpu = [t.clone().requires_grad_() for t in inputs]
+        dev = [t.to(DEV).requires_grad_() for t in inputs]
+        out = fn(*cpu)
+        g = torch.randn(out.shape)
+        expected = torch.autograd.grad(out, cpu, g)
+        actual_out = fn(*dev)
+        actual = torch.autograd.grad(actual_out, dev, g.to(DEV))
+        torch.testing.assert_close(actual_out.detach().cpu(), out.detach())
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a.cpu(), e)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_margin_losses_and_gradients(reduction):
+    x = torch.randn(4, 6)
+    target = torch.randint(0, 6, (4,))
+    weight = torch.rand(6)
+    multilabel = torch.tensor([[1, 4, -1, 0, 0, 0], [0, 1, 2, 3, 4, 5], [5, -1, 2, 2, 2, 2], [-1, 0, 0, 0, 0, 0]])
+    F = torch.nn.functional
+    cases = [
+        lambda t: F.multi_margin_loss(t, target.to(t.device), reduction=reduction),
+        lambda t: F.multi_margin_loss(t, target.to(t.device), p=2, margin=0.5, weight=weight.to(t.device),
+                                      reduction=reduction),
+        lambda t: F.multilabel_margin_loss(t, multilabel.to(t.device), reduction=reduction),
+    ]
+    for fn in cases:
+        xc, xd = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+        out = fn(xc)
+        g = torch.randn(out.shape)
+        (expected,) = torch.autograd.grad(out, xc, g)
+        out_d = fn(xd)
+        (actual,) = torch.autograd.grad(out_d, xd, g.to(DEV))
+        torch.testing.assert_close(out_d.detach().cpu(), out.detach())
+        torch.testing.assert_close(actual.cpu(), expected)
