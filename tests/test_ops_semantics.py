@@ -108,3 +108,39 @@ def test_margin_losses_and_gradients(reduction):
         (actual,) = torch.autograd.grad(out_d, xd, g.to(DEV))
         torch.testing.assert_close(out_d.detach().cpu(), out.detach())
         torch.testing.assert_close(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_histogram(dtype):
+    x = torch.randn(500, dtype=dtype)
+    weight = torch.rand(500, dtype=dtype)
+    for kwargs in (dict(bins=13), dict(bins=5, range=(-1.0, 0.5)), dict(bins=7, weight=weight, density=True)):
+        expected = torch.histogram(x, **kwargs)
+        actual = torch.histogram(x.to(DEV), **{k: v.to(DEV) if isinstance(v, torch.Tensor) else v
+                                               for k, v in kwargs.items()})
+        torch.testing.assert_close(actual.hist.cpu(), expected.hist)
+        torch.testing.assert_close(actual.bin_edges.cpu(), expected.bin_edges)
+    edges = torch.tensor([-2.0, -0.5, 0.0, 0.1, 3.0], dtype=dtype)
+    expected = torch.histogram(x, edges)
+    actual = torch.histogram(x.to(DEV), edges.to(DEV))
+    torch.testing.assert_close(actual.hist.cpu(), expected.hist)
+
+
+def test_bincount_and_data_dependent_out_forms():
+    x = torch.randint(0, 9, (40,))
+    w = torch.rand(40)
+    same(torch.bincount, x)
+    same(lambda t: torch.bincount(t, minlength=20), x)
+    same(torch.bincount, x, w)
+    same(torch.bincount, x, w.double())
+    with pytest.raises(RuntimeError, match="non-negative"):
+        torch.bincount(torch.tensor([1, -1], device=DEV))
+    m = torch.rand(5, 4) > 0.5
+    out = torch.empty(0, dtype=torch.long, device=DEV)
+    torch.nonzero(m.to(DEV), out=out)
+    torch.testing.assert_close(out.cpu(), torch.nonzero(m))
+    vals = torch.randn(5, 4)
+    out = torch.empty(0, device=DEV)
+    torch.masked_select(vals.to(DEV), m.to(DEV), out=out)
+    torch.testing.assert_close(out.cpu(), torch.masked_select(vals, m))
+    same(lambda t: torch.nonzero_static(t, size=12, fill_value=-3), m)

@@ -258,10 +258,63 @@ MASK_ARGUMENT_OPS = {"index.Tensor": 1, "index_put.default": 1, "index_put_.defa
                      "_index_put_impl_.default": 1}
 
 
+@functools.partial(jax.jit, static_argnums=(2,))
+def _bincount(x, weights, n):
+    ones = jnp.ones(x.shape, jnp.int64) if weights is None else weights
+    return jnp.zeros((n,), ones.dtype).at[x].add(ones)
+
+
+@jax.jit
+def _min_max(x):
+    return jnp.min(x), jnp.max(x)
+
+
+def bincount(self, weights=None, minlength=0):
+    _check_tpu(self, *([weights] if weights is not None else []))
+    if self.dim() != 1 or self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != self.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    buf, dev = _flat(self)
+    x = buf.reshape(tuple(self.shape))
+    n = minlength
+    if self.numel():
+        lo, hi = (int(v) for v in _min_max(x))  # sync point: the length depends on the data
+        if lo < 0:
+            raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+        n = max(hi + 1, minlength)
+    # PyTorch counts in int64, sums float32 weights in float32 and any other weights in float64
+    out_dtype = torch.int64 if weights is None else (
+        torch.float32 if weights.dtype == torch.float32 else torch.float64)
+    w = None
+    if weights is not None:
+        wbuf, _ = _flat(weights)
+        w = wbuf.reshape(tuple(weights.shape)).astype(jnp.float32 if out_dtype == torch.float32 else jnp.float64)
+    return new_tensor((n,), out_dtype, dev, _bincount(x, w, n))
+
+
+def _into(out, result, name):
+    """The `out=` form of a data-dependent op: PyTorch resizes `out` to the result."""
+    if out.dtype != result.dtype:
+        raise RuntimeError(f"{name}: Expected out tensor to have scalar type {result.dtype} "
+                           f"but got {out.dtype} instead")
+    if out.device != result.device:
+        raise RuntimeError(f"Expected out tensor to be on {result.device} but got {out.device}")
+    out.resize_(result.shape)
+    return out.copy_(result)
+
+
 def register(impl):
     """Called by kernels.register_all with `impl(name_or_op, fn)` to add PrivateUse1 kernels."""
     impl("nonzero", nonzero)
+    impl("nonzero.out", lambda self, *, out: _into(out, nonzero(self), "nonzero"))
     impl("masked_select", masked_select)
+    impl("masked_select.out", lambda self, mask, *, out: _into(out, masked_select(self, mask), "masked_select"))
+    impl("bincount", bincount)
+    impl("bincount.out", lambda self, weights=None, minlength=0, *, out: _into(
+        out, bincount(self, weights, minlength), "bincount"))
     impl("_unique2", unique2)
     impl("_unique", unique)
     impl("unique_dim", unique_dim)

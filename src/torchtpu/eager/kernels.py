@@ -301,6 +301,14 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
 _MISSING_META = {
     "multilabel_margin_loss_backward": lambda grad, self, target, reduction, is_target: torch.empty_like(self),
     "multi_margin_loss_backward": lambda grad, self, *args, **kwargs: torch.empty_like(self),
+    "histogram.bin_ct": lambda self, bins=100, *, range=None, weight=None, density=False: (
+        self.new_empty((bins,)), self.new_empty((bins + 1,))),
+    "histogram.bins_tensor": lambda self, bins, *, weight=None, density=False: (
+        self.new_empty((bins.shape[0] - 1,)), self.new_empty((bins.shape[0],))),
+    "histogram.bin_ct_out": lambda self, bins=100, *, range=None, weight=None, density=False, hist, bin_edges: (
+        hist.resize_((bins,)), bin_edges.resize_((bins + 1,))),
+    "histogram.bins_tensor_out": lambda self, bins, *, weight=None, density=False, hist, bin_edges: (
+        hist.resize_((bins.shape[0] - 1,)), bin_edges.resize_((bins.shape[0],))),
 }
 
 

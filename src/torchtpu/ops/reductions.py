@@ -481,3 +481,51 @@ def histc(a, bins=100, min=0, max=0):
     counts = jnp.zeros((bins,), jnp.float32).at[jnp.where(valid, idx, 0).reshape(-1)].add(
         valid.reshape(-1).astype(jnp.float32))
     return counts.astype(a.dtype)
+
+
+def _histogram_counts(x, idx, valid, weight, bins, density, edges):
+    w = jnp.ones_like(x) if weight is None else weight.astype(x.dtype).reshape(-1)
+    hist = jnp.zeros((bins,), x.dtype).at[jnp.where(valid, idx, 0)].add(jnp.where(valid, w, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
+    return hist
+
+
+@lowering("histogram.bin_ct")
+def histogram(a, bins=100, range=None, weight=None, density=False):
+    from .factories import linspace
+    x = a.reshape(-1)
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], jnp.float64), jnp.asarray(range[1], jnp.float64)
+    elif x.size:
+        lo, hi = jnp.min(x).astype(jnp.float64), jnp.max(x).astype(jnp.float64)
+    else:
+        lo, hi = jnp.asarray(0.0, jnp.float64), jnp.asarray(1.0, jnp.float64)
+    same = lo == hi  # PyTorch widens an empty range by half a unit each way
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    edges = linspace(lo, hi, bins + 1, dtype=a.dtype)
+    # the linear guess, then one step of local search against the actual edges (PyTorch's CPU way)
+    pos = jnp.clip(jnp.floor((x - edges[0]) * bins / (edges[-1] - edges[0])).astype(jnp.int64), 0, bins - 1)
+    pos = jnp.where((x < edges[pos]) & (pos > 0), pos - 1, pos)
+    pos = jnp.where((x >= edges[jnp.minimum(pos + 1, bins)]) & (pos + 1 < bins), pos + 1, pos)
+    valid = (x >= edges[0]) & (x <= edges[-1])
+    return _histogram_counts(x, pos, valid, weight, bins, density, edges), edges
+
+
+@lowering("histogram.bins_tensor")
+def histogram_bins_tensor(a, bins, weight=None, density=False):
+    x, edges = a.reshape(-1), bins.astype(a.dtype)
+    n = edges.shape[0] - 1
+    pos = jnp.searchsorted(edges, x, side="right") - 1
+    pos = jnp.where(x == edges[-1], n - 1, pos)  # the last bin is closed on the right
+    valid = (x >= edges[0]) & (x <= edges[-1])
+    return _histogram_counts(x, pos, valid, weight, n, density, edges), edges
+
+
+@lowering("nonzero_static")
+def nonzero_static(a, size, fill_value=-1):
+    if a.ndim == 0:
+        a = a.reshape(1)
+        return jnp.full((size, 0), fill_value, jnp.int64)
+    idx = jnp.nonzero(a, size=size, fill_value=fill_value)
+    return jnp.stack([i.astype(jnp.int64) for i in idx], axis=1)
