@@ -144,3 +144,19 @@ def test_bincount_and_data_dependent_out_forms():
     torch.masked_select(vals.to(DEV), m.to(DEV), out=out)
     torch.testing.assert_close(out.cpu(), torch.masked_select(vals, m))
     same(lambda t: torch.nonzero_static(t, size=12, fill_value=-3), m)
+
+
+def test_arange_matches_cpu_and_traces_its_start():
+    import torchtpu
+    for args in [(3, 8), (3.0, 8, 0.5), (0, 10, 3), (10, 0, -3), (0.5, 3), (0, 0), (5,), (2.7, 9.1, 1.3)]:
+        for dtype in [None, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.uint8]:
+            expected = torch.arange(*args, dtype=dtype)
+            torch.testing.assert_close(torch.arange(*args, dtype=dtype, device=DEV).cpu(), expected)
+    for bad, msg in [((0, 5, 0), "nonzero"), ((0, 5, -1), "inconsistent"), ((0, float("inf")), "unsupported range")]:
+        with pytest.raises(RuntimeError, match=msg):
+            torch.arange(*bad, device=DEV)
+    torch.arange(1, 6, device=DEV)
+    before = torchtpu.metrics()["eager_compiles"]
+    for pos in range(40, 60):  # a decoding loop's positions: one executable for all of them
+        torch.testing.assert_close(torch.arange(pos, pos + 5, device=DEV).cpu(), torch.arange(pos, pos + 5))
+    assert torchtpu.metrics()["eager_compiles"] == before

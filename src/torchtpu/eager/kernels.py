@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import warnings
 
@@ -318,6 +319,40 @@ def _register_missing_meta():
             _lib.impl(name, fn, "Meta")
 
 
+def _arange_start_step(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """arange as PyTorch's composite does it: allocate at the computed length, then fill through
+    arange.start_out, whose start and step are traced (no compile per value)."""
+    from ..ops import factories
+    d = dtype if dtype is not None else (
+        torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype())
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    n = factories.arange_length(start, end, step, dt.to_jax(d))
+    if not (d.is_floating_point or d.is_complex) and not all(isinstance(v, int) for v in (start, end, step)):
+        # an integer result from float arguments: sized in double, filled with the truncated values
+        start, step = int(start), int(step)
+        if step == 0:
+            return torch.full((n,), start, dtype=d, device=device)
+        end = start + n * step
+    return _arange_start_out(start, end, step, out=torch.empty(n, dtype=d, device=device))
+
+
+def _arange_start_out(start, end, step=1, *, out):
+    # size `out` first: the engine keys executables on layouts, and arange's length comes from values
+    from ..ops import factories
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if not all(math.isfinite(float(v)) for v in (start, end)):
+        raise RuntimeError(f"unsupported range: {start} -> {end}")
+    if not ((step > 0 and end >= start) or (step < 0 and end <= start)):
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    if out.dtype.is_floating_point or all(isinstance(v, int) for v in (start, end, step)):
+        n = factories.arange_length(start, end, step, dt.to_jax(out.dtype))
+        if out.numel() != n:
+            out.resize_((n,))
+    return kernel_for(aten.arange.start_out)(start, end, step, out=out)
+
+
 def register_all():
     global _lib, _fallback_lib
     if _lib is not None:
@@ -338,12 +373,14 @@ def register_all():
     _impl("_local_scalar_dense", _local_scalar_dense)
     _impl("equal", _equal)
     _impl("_to_copy", _to_copy)
+    _impl("arange.start_step", _arange_start_step)
+    _impl("arange.start_out", _arange_start_out)
     _register_missing_meta()
     from . import attention, data_dependent
     manual = {"copy_", "resize_", "equal", "_local_scalar_dense"}
     for op in _all_overloads():
         name = op_name(op)
-        if name.split(".")[0] in manual or not _lowered(op):
+        if name.split(".")[0] in manual or name in ("arange.start_step", "arange.start_out") or not _lowered(op):
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
             continue  # decomposes before reaching the backend

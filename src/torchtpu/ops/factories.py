@@ -27,27 +27,41 @@ def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(s, dtype or jnp.float32)
 
 
-@lowering("arange.start_step", static_scalars=True)
-def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
-    # the length is static: PyTorch's own formula (its int64 kernel truncates start/end/step to
-    # integers and divides in integer arithmetic; other dtypes use doubles)
-    d = dtype or (jnp.int64 if all(isinstance(v, int) for v in (start, end, step)) else jnp.float32)
-    if d == jnp.int64:
+def arange_dtype(start, end, step, dtype=None):
+    return dtype or (jnp.int64 if all(isinstance(v, int) for v in (start, end, step)) else jnp.float32)
+
+
+def arange_length(start, end, step, dtype):
+    """PyTorch's length of arange (its int64 kernel truncates start/end/step to integers and
+    divides in integer arithmetic; other dtypes use doubles)."""
+    if dtype == jnp.int64:
         s, e, st = int(start), int(end), int(step)
         sgn = (st > 0) - (st < 0)
         num = e - s + st - sgn
-        n = abs(num) // abs(st) * (1 if (num >= 0) == (st > 0) else -1)  # C++ truncating division
-        return s + jnp.arange(max(n, 0), dtype=jnp.int64) * st
-    n = max(0, math.ceil((float(end) - float(start)) / float(step)))
+        return max(abs(num) // abs(st) * (1 if (num >= 0) == (st > 0) else -1), 0)  # C++ truncation
+    return max(0, math.ceil((float(end) - float(start)) / float(step)))
+
+
+@lowering("arange.start_step", static_scalars=True)
+def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    # compiled graphs only: eager arange allocates `out` at the length above and runs arange.start_out
+    d = arange_dtype(start, end, step, dtype)
+    return _arange_values(start, step, arange_length(start, end, step, d), d)
+
+
+def _arange_values(start, step, n, d):
     if jnp.issubdtype(d, jnp.integer) or d == jnp.bool_:
-        return (int(start) + jnp.arange(n, dtype=jnp.int64) * int(step)).astype(d)
-    return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(d)
+        as_int = lambda v: v if isinstance(v, int) else jnp.trunc(jnp.asarray(v)).astype(jnp.int64)
+        return (as_int(start) + jnp.arange(n, dtype=jnp.int64) * as_int(step)).astype(d)
+    acc = jnp.float32 if d in (jnp.float16, jnp.bfloat16) else jnp.float64  # PyTorch's CPU acc_type
+    return (jnp.asarray(start, acc) + jnp.arange(n, dtype=acc) * jnp.asarray(step, acc)).astype(d)
 
 
-@lowering("arange.start_out", static_scalars=True)
+@lowering("arange.start_out")
 def arange_out(start, end, step=1, *, out):
-    # `out` arrives already resized to PyTorch's length; its dtype decides the values' type
-    return arange(start, end, step, dtype=out.dtype)
+    # `out` arrives resized to PyTorch's length, so start and step stay traced: a decoding loop's
+    # `arange(pos, pos + n)` reuses one executable for every position
+    return _arange_values(start, step, out.shape[0], out.dtype)
 
 
 def _compute_dtype(d):
