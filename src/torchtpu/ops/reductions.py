@@ -529,3 +529,53 @@ def nonzero_static(a, size, fill_value=-1):
         return jnp.full((size, 0), fill_value, jnp.int64)
     idx = jnp.nonzero(a, size=size, fill_value=fill_value)
     return jnp.stack([i.astype(jnp.int64) for i in idx], axis=1)
+
+
+def _segment_reduce(data, reduce, lengths, offsets, axis, initial):
+    """PyTorch's segment_reduce: segments along `axis` given by lengths (or offsets), batched over
+    the dimensions before `axis`. Each output is a masked reduction over a (segments, N) one-hot."""
+    axis = axis % data.ndim
+    if offsets is not None:
+        lengths = jnp.diff(offsets, axis=-1)
+    lead, n = data.shape[:axis], data.shape[axis]
+    s = lengths.shape[-1]
+    ends = jnp.cumsum(lengths, axis=-1)                                        # (lead..., S)
+    pos = jnp.arange(n)
+    member = (pos >= (ends - lengths)[..., None]) & (pos < ends[..., None])    # (lead..., S, N)
+    x = data.astype(jnp.float32) if data.dtype in (jnp.float16, jnp.bfloat16) else data
+    x = jnp.expand_dims(x, axis)                                               # (lead..., 1, N, rest...)
+    rest = data.ndim - axis - 1
+    m = member.reshape(member.shape + (1,) * rest)                             # (lead..., S, N, 1...)
+    count = jnp.sum(member, axis=-1).reshape(lead + (s,) + (1,) * rest).astype(x.dtype)
+    if reduce in ("sum", "mean"):
+        out = jnp.sum(jnp.where(m, x, 0), axis=axis + 1)
+        if initial is not None:
+            out = out + initial
+        if reduce == "mean":
+            out = jnp.where(count > 0, out / jnp.where(count > 0, count, 1),
+                            initial if initial is not None else jnp.nan)
+    elif reduce == "prod":
+        out = jnp.prod(jnp.where(m, x, 1), axis=axis + 1)
+        if initial is not None:
+            out = out * initial
+    elif reduce in ("max", "min"):
+        fill = -jnp.inf if reduce == "max" else jnp.inf
+        pick = jnp.max if reduce == "max" else jnp.min
+        out = pick(jnp.where(m, x, fill), axis=axis + 1)
+        if initial is not None:
+            out = (jnp.maximum if reduce == "max" else jnp.minimum)(out, initial)
+    else:
+        raise ValueError(f"segment_reduce: unsupported reduction {reduce}")
+    return out.astype(data.dtype)
+
+
+@lowering("segment_reduce")
+def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    return _segment_reduce(data, reduce, lengths, offsets, axis, initial)
+
+
+@lowering("_segment_reduce_backward")
+def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
+    x = data.astype(jnp.float32) if data.dtype in (jnp.float16, jnp.bfloat16) else data
+    _, vjp = jax.vjp(lambda v: _segment_reduce(v, reduce, lengths, offsets, axis, initial).astype(v.dtype), x)
+    return vjp(grad.astype(x.dtype))[0].astype(data.dtype)
