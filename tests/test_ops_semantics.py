@@ -5,10 +5,10 @@ import torch
 DEV = "tpu"
 
 
-def same(fn, *args, **kwargs):
+def same(fn, *args, tol=None, **kwargs):
     expected = fn(*args, **kwargs)
     actual = fn(*[a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
-    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True, **(tol or {}))
     return actual
 
 
@@ -180,3 +180,26 @@ def test_segment_reduce_with_gradients(reduce, initial):
         if "lengths" in kwargs:  # PyTorch's CPU backward takes lengths; offsets have no grad formula here
             (actual,) = torch.autograd.grad(out_d, xd, g.to(DEV))
             torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode,dims", [("bilinear", 2), ("nearest", 2), ("bicubic", 2), ("bilinear", 3), ("nearest", 3)])
+def test_grid_sample_matches_cpu_rounding_and_gradients(dtype, mode, dims):
+    F = torch.nn.functional
+    x = torch.randn((2, 3, 5, 7, 6) if dims == 3 else (2, 3, 5, 9)).to(dtype)
+    grid = (torch.rand((2, 4, 3, 5, 3) if dims == 3 else (2, 4, 3, 2)) * 2.6 - 1.3).to(dtype)  # some outside
+    for padding in ("zeros", "border", "reflection"):
+        for align in (True, False):
+            kwargs = dict(mode=mode, padding_mode=padding, align_corners=align)
+            # float16 may differ by an ulp in a rare element (the OpInfo tolerance for float16)
+            tol = dict(atol=1e-3, rtol=1e-2) if dtype == torch.float16 else None
+            same(lambda a, g: F.grid_sample(a, g, **kwargs), x, grid, tol=tol)
+            if dtype == torch.float32:
+                xc, gc = x.clone().requires_grad_(), grid.clone().requires_grad_()
+                out = F.grid_sample(xc, gc, **kwargs)
+                cot = torch.randn(out.shape)
+                expected = torch.autograd.grad(out, (xc, gc), cot)
+                xd, gd = x.to(DEV).requires_grad_(), grid.to(DEV).requires_grad_()
+                actual = torch.autograd.grad(F.grid_sample(xd, gd, **kwargs), (xd, gd), cot.to(DEV))
+                for a, e in zip(actual, expected):
+                    torch.testing.assert_close(a.cpu(), e, rtol=1e-4, atol=1e-4)
