@@ -203,3 +203,20 @@ def test_grid_sample_matches_cpu_rounding_and_gradients(dtype, mode, dims):
                 actual = torch.autograd.grad(F.grid_sample(xd, gd, **kwargs), (xd, gd), cot.to(DEV))
                 for a, e in zip(actual, expected):
                     torch.testing.assert_close(a.cpu(), e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("size", [(3, 4), (20, 30), (9, 13)])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_antialiased_interpolation_and_gradient(mode, size, align_corners):
+    F = torch.nn.functional
+    kwargs = dict(size=size, mode=mode, antialias=True, align_corners=align_corners)
+    x = torch.randn(2, 3, 9, 13, requires_grad=True)
+    out = F.interpolate(x, **kwargs)
+    g = torch.randn(out.shape)
+    (expected,) = torch.autograd.grad(out, x, g)
+    xd = x.detach().to(DEV).requires_grad_()
+    out_d = F.interpolate(xd, **kwargs)
+    (actual,) = torch.autograd.grad(out_d, xd, g.to(DEV))
+    torch.testing.assert_close(out_d.detach().cpu(), out.detach())
+    torch.testing.assert_close(actual.cpu(), expected)

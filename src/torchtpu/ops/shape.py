@@ -313,3 +313,59 @@ def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=No
 def upsample_bicubic2d_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
     return _resample_backward(lambda v: _bicubic(v, output_size, align_corners, (scales_h, scales_w)),
                               grad, input_size)
+
+
+def _aa_weights(n_in, n_out, align_corners, scale_arg, interp_size, kernel, dtype):
+    """PyTorch's antialiased resampling weights along one axis, an (n_out, n_in) matrix: each output
+    averages the inputs under a kernel stretched by the downscale factor (PIL's method)."""
+    scale = dtype(_scale(n_in, n_out, align_corners, scale_arg))
+    support = dtype(interp_size * 0.5 * scale) if scale >= 1.0 else dtype(interp_size * 0.5)
+    invscale = dtype(1.0) / scale if scale >= 1.0 else dtype(1.0)
+    w = np.zeros((n_out, n_in), dtype)
+    for i in range(n_out):
+        center = scale * dtype(i + 0.5)
+        lo = max(int(center - support + dtype(0.5)), 0)
+        size = min(int(center + support + dtype(0.5)), n_in) - lo
+        taps = np.array([kernel((dtype(j + lo) - center + dtype(0.5)) * invscale) for j in range(size)], dtype)
+        total = taps.sum(dtype=dtype)
+        w[i, lo:lo + size] = taps / total if total != 0 else taps
+    return w
+
+
+def _aa_triangle(x):
+    x = abs(x)
+    return 1.0 - x if x < 1.0 else 0.0
+
+
+def _aa_cubic(x, a=-0.5):
+    x = abs(x)
+    if x < 1.0:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+    if x < 2.0:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return 0.0
+
+
+def _resample_aa(x, output_size, align_corners, scales, interp_size, kernel):
+    np_dtype = np.float64 if x.dtype == jnp.float64 else np.float32
+    y = x.astype(jnp.float64 if x.dtype == jnp.float64 else jnp.float32)
+    for i in (1, 0):  # width first, then height, as PyTorch's separable passes
+        ax = y.ndim - 2 + i
+        w = _aa_weights(y.shape[ax], output_size[i], align_corners, scales[i], interp_size, kernel, np_dtype)
+        y = jnp.moveaxis(jnp.tensordot(y, jnp.asarray(w), axes=([ax], [1]), precision=lax.Precision.HIGHEST), -1, ax)
+    return y.astype(x.dtype)
+
+
+for _name, _size, _kernel in (("_upsample_bilinear2d_aa", 2, _aa_triangle), ("_upsample_bicubic2d_aa", 4, _aa_cubic)):
+    def _make_aa(size, kernel):
+        def forward(x, output_size, align_corners, scales_h=None, scales_w=None):
+            return _resample_aa(x, output_size, align_corners, (scales_h, scales_w), size, kernel)
+
+        def backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+            return _resample_backward(lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w),
+                                                             size, kernel), grad, input_size)
+        return forward, backward
+
+    _fw, _bw = _make_aa(_size, _kernel)
+    lowering(_name)(_fw)
+    lowering(f"{_name}_backward")(_bw)
