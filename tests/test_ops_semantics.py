@@ -220,3 +220,24 @@ def test_antialiased_interpolation_and_gradient(mode, size, align_corners):
     (actual,) = torch.autograd.grad(out_d, xd, g.to(DEV))
     torch.testing.assert_close(out_d.detach().cpu(), out.detach())
     torch.testing.assert_close(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("nd,shape,kernel,output", [(2, (2, 3, 9, 11), (2, 3), (5, 4)), (2, (3, 9, 11), (3, 2), (4, 7)),
+                                                     (3, (2, 2, 7, 8, 9), (2, 2, 3), (3, 4, 5)),
+                                                     (2, (1, 2, 5, 5), (2, 2), (1, 1))])
+def test_fractional_max_pool_with_given_samples(nd, shape, kernel, output):
+    F = torch.nn.functional
+    x = torch.randn(*shape)
+    x.view(-1)[3] = float("nan")  # NaN wins its window, as on the CPU
+    samples = torch.rand(shape[0] if len(shape) == nd + 2 else 1, shape[-nd - 1], nd)
+    pool = F.fractional_max_pool2d if nd == 2 else F.fractional_max_pool3d
+    xc = x.clone().requires_grad_()
+    out, idx = pool(xc, kernel, output_size=output, return_indices=True, _random_samples=samples)
+    xd = x.to(DEV).requires_grad_()
+    out_d, idx_d = pool(xd, kernel, output_size=output, return_indices=True, _random_samples=samples.to(DEV))
+    torch.testing.assert_close(idx_d.cpu(), idx)
+    torch.testing.assert_close(out_d.detach().cpu(), out.detach(), equal_nan=True)
+    g = torch.randn(out.shape)
+    (expected,) = torch.autograd.grad(out, xc, g)
+    (actual,) = torch.autograd.grad(out_d, xd, g.to(DEV))
+    torch.testing.assert_close(actual.cpu(), expected)

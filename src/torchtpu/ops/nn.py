@@ -313,6 +313,67 @@ def _max_pool_backward(grad, x, nd, indices):
     return out.reshape(lead + x.shape[-nd:]).astype(x.dtype)
 
 
+def _fractional_starts(sample, n_in, n_out, pool, dtype):
+    """PyTorch's pseudo-random window starts along one axis, from one uniform sample per plane."""
+    if n_out == 1:
+        return jnp.full(sample.shape + (1,), n_in - pool, jnp.int64)
+    alpha = jnp.asarray(n_in - pool, dtype) / jnp.asarray(n_out - 1, dtype)
+    i = jnp.arange(n_out - 1, dtype=dtype)
+    s = sample.astype(dtype)[..., None]
+    starts = jnp.trunc((i + s) * alpha).astype(jnp.int64) - jnp.trunc(s * alpha).astype(jnp.int64)
+    return jnp.concatenate([starts, jnp.full(sample.shape + (1,), n_in - pool, jnp.int64)], axis=-1)
+
+
+def _fractional_max_pool(x, nd, kernel_size, output_size, samples):
+    batched = x.ndim == nd + 2
+    xb = x if batched else x[None]
+    n, c = xb.shape[:2]
+    spatial = xb.shape[2:]
+    dtype = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    # samples hold (W, H) for 2-D and (T, H, W) for 3-D, as PyTorch's CPU kernels read them
+    order = (1, 0) if nd == 2 else (0, 1, 2)
+    samples = samples.reshape(n, c, nd)
+    gathered = xb.reshape(n, c, -1)
+    flat = jnp.zeros((n, c) + tuple(output_size) + tuple(kernel_size), jnp.int64)
+    for d in range(nd):
+        starts = _fractional_starts(samples[..., order[d]], spatial[d], output_size[d], kernel_size[d], dtype)
+        pos = starts[..., :, None] + jnp.arange(kernel_size[d])                  # (n, c, out_d, k_d)
+        shape = [n, c] + [1] * (2 * nd)
+        shape[2 + d], shape[2 + nd + d] = output_size[d], kernel_size[d]
+        flat = flat * spatial[d] + pos.reshape(shape)
+    window = flat.reshape((n, c) + tuple(output_size) + (-1,))                  # row-major window order
+    vals = jnp.take_along_axis(gathered, window.reshape(n, c, -1), axis=2).reshape(window.shape)
+    # the first maximum wins ties; a NaN beats every number (PyTorch: `val > max || isnan(val)`)
+    key = jnp.where(jnp.isnan(vals), jnp.inf, vals) if jnp.issubdtype(vals.dtype, jnp.floating) else vals
+    first_nan = jnp.argmax(jnp.isnan(vals), axis=-1) if jnp.issubdtype(vals.dtype, jnp.floating) else None
+    arg = jnp.argmax(key, axis=-1)
+    if first_nan is not None:
+        arg = jnp.where(jnp.any(jnp.isnan(vals), axis=-1), first_nan, arg)
+    out = jnp.take_along_axis(vals, arg[..., None], axis=-1)[..., 0]
+    idx = jnp.take_along_axis(window, arg[..., None], axis=-1)[..., 0]
+    return (out, idx) if batched else (out[0], idx[0])
+
+
+@lowering("fractional_max_pool2d")
+def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, 2, kernel_size, output_size, random_samples)
+
+
+@lowering("fractional_max_pool3d")
+def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, 3, kernel_size, output_size, random_samples)
+
+
+@lowering("fractional_max_pool2d_backward")
+def fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
+    return _max_pool_backward(grad, x, 2, indices)
+
+
+@lowering("fractional_max_pool3d_backward")
+def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
+    return _max_pool_backward(grad, x, 3, indices)
+
+
 @lowering("max_pool2d_with_indices")
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     return _max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
@@ -1031,7 +1092,7 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 # ---------------------------------------------------------------- attention
 # scaled_dot_product_attention on tpu runs as one fused executable forward and one backward: the
 # eager layer (eager/attention.py) routes it to these ATen ops, whose autograd formula and
-# meta kernel PyTorch already has. Masks arrive additive (bool masks converted by the caller).
+# meta kernel PyTorch already has. Masks arrive additive (float) or as bool (True = attend).
 # Large score matrices (B*H*L*S >= attention_blockwise.MIN_SCORES, e.g. SD3's joint attention) go
 # blockwise with an online softmax instead of being materialised (ops/attention_blockwise.py).
 from . import attention_blockwise as _blockwise  # noqa: E402
