@@ -6,7 +6,9 @@ Tiny random components (tests/diffusers_tiny.py), so absolute numbers measure fr
 plus small convolutions/matmuls, not a real model. For each pipeline, in one process: the first call
 (eager executables / Dynamo + XLA compile) and the steady state (median of --reps calls, the three
 variants interleaved), all with output_type="np" (which synchronizes). Ratios are against the
-compiled steady state.
+compiled steady state. "tpu compiled" compiles the denoiser only (the usage docs/diffusers.md shows);
+"tpu compiled all" also compiles the VAE decoder and the text encoders, which otherwise run eagerly
+(at 64x64 they cost Flux about as much as its four denoiser steps).
 """
 import argparse
 import os
@@ -30,12 +32,23 @@ def call(pipe, kind, args):
     return time.perf_counter() - t0, img
 
 
+def compile_all(pipe):
+    pipe.vae.decoder.compile(backend="tpu", fullgraph=True, dynamic=False)
+    for name in ("text_encoder", "text_encoder_2", "text_encoder_3"):
+        # not fullgraph: transformers' hidden-state capture (output_hidden_states=True, SD3) takes a lock
+        if getattr(pipe, name, None) is not None:
+            getattr(pipe, name).compile(backend="tpu", dynamic=False)
+    return pipe
+
+
 def bench(kind, args):
     cpu = tiny.build(kind)
     eager = tiny.build(kind).to("tpu")
     comp = tiny.build(kind).to("tpu")
     tiny.denoiser(comp).compile(backend="tpu", fullgraph=True, dynamic=False)
-    variants = {"torch CPU": cpu, "tpu eager": eager, "tpu compiled": comp}
+    comp_all = tiny.build(kind).to("tpu")
+    tiny.denoiser(comp_all).compile(backend="tpu", fullgraph=True, dynamic=False)
+    variants = {"torch CPU": cpu, "tpu eager": eager, "tpu compiled": comp, "tpu compiled all": compile_all(comp_all)}
     first, imgs = {}, {}
     for name, pipe in variants.items():
         m0 = torchtpu.metrics()
@@ -47,14 +60,14 @@ def bench(kind, args):
     for _ in range(args.reps):
         for name, pipe in variants.items():
             steady[name].append(call(pipe, kind, args)[0])
-    xla_steady = torchtpu.metrics()["compiled_xla_compiles"] - m0["compiled_xla_compiles"]
+    xla_steady = torchtpu.metrics()["compiled_xla_compiles"] - m0["compiled_xla_compiles"]   # all variants
     med = {k: statistics.median(v) for k, v in steady.items()}
     base = med["tpu compiled"]
     print(f"\n{kind}: {args.size}x{args.size}, {args.steps} steps, batch 1 (+ CFG where the pipeline uses it)")
-    print(f"  {'variant':<14}{'first call ms':>15}{'steady ms':>12}{'x compiled':>12}{'max |d| vs CPU':>16}")
+    print(f"  {'variant':<18}{'first call ms':>15}{'steady ms':>12}{'x compiled':>12}{'max |d| vs CPU':>16}")
     for name in variants:
         d = np.abs(imgs[name] - imgs["torch CPU"]).max()
-        print(f"  {name:<14}{first[name] * 1e3:>15.1f}{med[name] * 1e3:>12.1f}{med[name] / base:>12.2f}{d:>16.1e}")
+        print(f"  {name:<18}{first[name] * 1e3:>15.1f}{med[name] * 1e3:>12.1f}{med[name] / base:>12.2f}{d:>16.1e}")
     print(f"  compiled denoiser: {xla_first} XLA compile(s) on the first call, {xla_steady} in {args.reps} more calls")
 
 

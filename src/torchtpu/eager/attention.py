@@ -35,8 +35,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                                            None, scale=scale, enable_gqa=enable_gqa)[0]
         key = key.repeat_interleave(hq // hk, -3)
         value = value.repeat_interleave(hq // hk, -3)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
+    # bool masks go to the op as they are (the lowerings select -inf): no float copy of an (L, S) mask
     return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal,
                                                             attn_mask=attn_mask, scale=scale)[0]
 

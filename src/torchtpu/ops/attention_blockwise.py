@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from jax import lax
 
 # Elements of one (query block x key block) score tile (4 MiB float32). Measured on XLA:CPU: 2**20 and
-# 2**21 tie at SD3's (2, 4, 4189, 8); 2**18 is ~15% slower there, 2**22 ~2x slower at (1, 1, 4096, 4).
+# 2**21 were fastest at SD3's (2, 4, 4189, 8) (2**19 ~15% slower), 2**22 ~1.7x slower at the VAE's
+# (1, 1, 4096, 4). Smaller tiles mean more loop steps, each with a fixed cost of about ten thunks.
 TILE = 1 << 20
 # Keys walked in one piece up to this length (one exact softmax per query block: 25% faster than the
 # online softmax at SD3's shape); longer key sequences go in blocks of KV_BLOCK with the online
@@ -33,11 +34,13 @@ TILE = 1 << 20
 KV_ONE_PIECE = 8192
 KV_BLOCK = 2048
 CAUSAL_KV_BLOCK = 1024
-# Used when B * H * L * S (the dense score matrix) is at least this: measured on XLA:CPU, the dense
-# lowering wins or ties below (one fused executable, no loop), blockwise is 2-4x faster above.
+# Used when B * H * L * S (the dense score matrix) is at least this. Measured on XLA:CPU: below, the
+# dense lowering wins or ties (one fused executable, no loop); above, blockwise made SD3's compiled
+# denoiser 3.4x and the VAE's attention ~4x faster (the dense path's 560 MB score temporaries at SD3
+# cost more than their arithmetic, and degrade badly when other processes share the cores).
 MIN_SCORES = 1 << 21
-# (batch, head) rows per tile, at most. Batched tiles suit wide hardware; on XLA:CPU here 1 was as
-# fast as 2..8 at SD3's shape (each op in the loop runs on one thread either way), so 1.
+# (batch, head) rows per tile, at most. Batched tiles may suit wider hardware (not measured); on
+# XLA:CPU 1 was fastest at SD3's shape (8: ~1.4x slower).
 GROUP = 1
 
 
@@ -104,13 +107,9 @@ class _Problem:
         self.q = self.grouped(q.astype(acc) * self.scale)
         self.k = self.grouped(k.astype(acc))
         self.v = self.grouped(v)
-        if mask is not None:
-            mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-            if mask.dtype != jnp.bool_:
-                mask = mask.astype(acc)
-        self.mask = mask
+        self.mask = None if mask is None else mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
         # lowest finite value: the running max starts there instead of -inf, so a fully masked row gives
-        # exp(-inf - lowest) = 0 without an isfinite select, which would split XLA's dot+max+exp fusion
+        # exp(-inf - lowest) = 0 with no isfinite select over the tile
         self.lowest = float(jnp.finfo(acc).min)
 
     def grouped(self, a):
@@ -153,7 +152,7 @@ class _Problem:
                                          q0 if ml > 1 else 0, k0 if ms > 1 else 0),
                                      (gb if mb > 1 else 1, gh if mh > 1 else 1, lm, sm))
             tile = jnp.broadcast_to(tile, (gb, gh, lm, sm)).reshape(self.g, lm, sm)
-            s = jnp.where(tile, s, -jnp.inf) if m.dtype == jnp.bool_ else s + tile
+            s = jnp.where(tile, s, -jnp.inf) if m.dtype == jnp.bool_ else s + tile.astype(self.acc)
         keep = None
         cols = k0 + lax.broadcasted_iota(jnp.int32, (1, 1, self.sb), 2)
         if self.causal:
