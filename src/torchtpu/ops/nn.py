@@ -1364,30 +1364,24 @@ def _grid_sample_3d(x, grid, mode, padding_mode, align_corners):
     return out
 
 
-@lowering("grid_sampler_3d")
-def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
-    return _grid_sample_3d(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
-
-
-@lowering("grid_sampler_3d_backward")
-def grid_sampler_3d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    _, vjp = jax.vjp(lambda a, b: _grid_sample_3d(a, b, interpolation_mode, padding_mode, align_corners),
-                     _f32(x), _f32(grid))
-    gx, gg = vjp(_f32(grad))
-    return (gx.astype(x.dtype) if output_mask[0] else None,
-            gg.astype(grid.dtype) if output_mask[1] else jnp.zeros(grid.shape, grid.dtype))
-
-
-@lowering("grid_sampler_2d")
-def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
-    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
-
-
-@lowering("grid_sampler_2d_backward")
-def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    _, vjp = jax.vjp(lambda a, b: _grid_sample(a, b, interpolation_mode, padding_mode, align_corners),
-                     _f32(x), _f32(grid))
+def _grid_sampler_backward(sample, grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    _, vjp = jax.vjp(lambda a, b: sample(a, b, interpolation_mode, padding_mode, align_corners), _f32(x), _f32(grid))
     gx, gg = vjp(_f32(grad))
     # (the meta kernel always returns a grad_grid, even when output_mask[1] is False)
     return (gx.astype(x.dtype) if output_mask[0] else None,
             gg.astype(grid.dtype) if output_mask[1] else jnp.zeros(grid.shape, grid.dtype))
+
+
+for _nd, _sample in ((2, _grid_sample), (3, _grid_sample_3d)):
+    def _make_grid_sampler(sample):
+        def forward(x, grid, interpolation_mode, padding_mode, align_corners):
+            return sample(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
+
+        def backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+            return _grid_sampler_backward(sample, grad, x, grid, interpolation_mode, padding_mode, align_corners,
+                                          output_mask)
+        return forward, backward
+
+    _fw, _bw = _make_grid_sampler(_sample)
+    lowering(f"grid_sampler_{_nd}d")(_fw)
+    lowering(f"grid_sampler_{_nd}d_backward")(_bw)
