@@ -75,7 +75,14 @@ def _at(layout, offsets):
     return layout if type(off) is not _DynOffset else layout[:2] + (offsets[off.index],) + layout[3:]
 
 
+_cache_ready = [False]
+
+
 def build_entry(kernel, key, args, kwargs, bufs, device):
+    if not _cache_ready[0]:  # the on-disk XLA cache serves eager executables too
+        from ..compile import options
+        options._ensure_persistent_cache()
+        _cache_ready[0] = True
     slot_of = {id(r): i for i, r in enumerate(bufs)}
     # the engine passes each non-zero storage offset as a traced value, in argument order
     dyn_offset = {}
