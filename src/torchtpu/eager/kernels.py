@@ -16,6 +16,7 @@ from .. import metrics
 from ..device import platform
 from ..device.state import current_device
 from ..ops import dtypes as dt
+from ..ops import factories
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS
 from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
@@ -332,7 +333,6 @@ def _arange_checks(start, end, step):
 @functools.lru_cache(maxsize=None)
 def _arange_executable(n, jdtype, device_index):
     """One executable per (length, dtype, device): start and step are traced arguments."""
-    from ..ops import factories
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
     return jax.jit(lambda start, step: factories._arange_values(start, step, n, jdtype), out_shardings=sharding)
 
@@ -341,7 +341,6 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
     """torch.arange on tpu in one executable call: PyTorch's length and values, with start and step
     traced, so a decoding loop's `arange(pos, pos + n)` reuses one executable for every position
     (PyTorch's composite would run empty, resize_ and arange.start_out: ~140 µs instead of ~20)."""
-    from ..ops import factories
     if end is None:
         start, end = 0, start
     d = dtype if dtype is not None else (
@@ -349,19 +348,20 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
     if d.is_complex or d == torch.bool:
         raise NotImplementedError(f'"arange" not implemented for {d}')  # as the CPU
     _arange_checks(start, end, step)
-    n = factories.arange_length(start, end, step, dt.to_jax(d))
-    if not (d.is_floating_point or d.is_complex) and not all(isinstance(v, int) for v in (start, end, step)):
+    jd = dt.to_jax(d)
+    n = factories.arange_length(start, end, step, jd)
+    if not d.is_floating_point and not all(isinstance(v, int) for v in (start, end, step)):
         # an integer result from float arguments: sized in double, filled with the truncated values
         start, step = int(start), int(step)
-    dev = torch.device(device) if device is not None else torch.device("tpu")
-    index = dev.index if dev.index is not None else current_device()
+    index = torch.device(device).index if device is not None else None
+    if index is None:
+        index = current_device()
     metrics.counters.eager_cache_hits += 1
-    return new_tensor((n,), d, index, _arange_executable(n, dt.to_jax(d), index)(start, step))
+    return new_tensor((n,), d, index, _arange_executable(n, jd, index)(start, step))
 
 
 def _arange_start_out(start, end, step=1, *, out):
     # size `out` first: the engine keys executables on layouts, and arange's length comes from values
-    from ..ops import factories
     _arange_checks(start, end, step)
     if out.dtype.is_floating_point or all(isinstance(v, int) for v in (start, end, step)):
         n = factories.arange_length(start, end, step, dt.to_jax(out.dtype))

@@ -5,9 +5,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-import dataclasses
-
-from .table import KIND, LOWERINGS, apply, lowering
+from .dtypes import operand_facts, promote
+from .table import KIND, Lowering, apply, lowering
 
 # ---------------------------------------------------------------- arithmetic
 
@@ -75,7 +74,6 @@ def _trunc_div(a, b):
     return jnp.trunc(a / b)
 
 
-@lowering("div.Tensor_mode", "div.Scalar_mode", promote=KIND.DEFAULT)
 def _div_mode(a, b, rounding_mode=None):
     if rounding_mode is None:
         if _is_int(a) and _is_int(b):
@@ -86,20 +84,15 @@ def _div_mode(a, b, rounding_mode=None):
     return _floor_div(a, b)
 
 
-_div_mode_promoted = LOWERINGS["div.Tensor_mode"]
+_DIV_MODE = Lowering("div.Tensor_mode", _div_mode, promote=KIND.DEFAULT)
 
 
+@lowering("div.Tensor_mode", "div.Scalar_mode")
 def div_mode(a, b, rounding_mode=None):
-    if rounding_mode == "trunc":
-        q = apply(_div_mode_promoted, (a, b), {})  # the true quotient in PyTorch's result dtype
-        if q.dtype in (jnp.bfloat16, jnp.float16):
-            # PyTorch truncates the quotient rounded to the half dtype, not the float32 opmath one
-            return jnp.trunc(q)
-    return apply(_div_mode_promoted, (a, b), {"rounding_mode": rounding_mode})
-
-
-LOWERINGS["div.Tensor_mode"] = LOWERINGS["div.Scalar_mode"] = dataclasses.replace(
-    _div_mode_promoted, fn=div_mode, promote=None)
+    if rounding_mode == "trunc" and promote(KIND.DEFAULT, operand_facts((a, b)))[1] in (jnp.bfloat16, jnp.float16):
+        # PyTorch truncates the quotient rounded to the half dtype, not the float32 opmath one
+        return jnp.trunc(apply(_DIV_MODE, (a, b), {}))
+    return apply(_DIV_MODE, (a, b), {"rounding_mode": rounding_mode})
 
 
 @lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT)

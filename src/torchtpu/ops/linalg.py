@@ -64,13 +64,21 @@ def addr(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, jnp.outer(a, b), beta, alpha)
 
 
-@lowering("_cdist_forward")
-def cdist(x1, x2, p, compute_mode=None):
-    from .reductions import _norm
-    diff = jnp.expand_dims(x1, -2) - jnp.expand_dims(x2, -3)   # (..., P, R, M)
+def _pair_diff(x1, x2):
+    return jnp.expand_dims(x1, -2) - jnp.expand_dims(x2, -3)   # (..., P, R, M)
+
+
+def _distance(diff, p):
+    """p-norm over the last axis (the coordinates) of point differences."""
     if p == 2:
         return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    from .reductions import _norm
     return _norm(diff, p, (diff.ndim - 1,), False)
+
+
+@lowering("_cdist_forward")
+def cdist(x1, x2, p, compute_mode=None):
+    return _distance(_pair_diff(x1, x2), p)
 
 
 def _dist_grad(diff, dist, p):
@@ -95,28 +103,18 @@ def _dist_grad(diff, dist, p):
 
 @lowering("_cdist_backward")
 def cdist_backward(grad, x1, x2, p, cdist):
-    diff = jnp.expand_dims(x1, -2) - jnp.expand_dims(x2, -3)   # (..., P, R, M)
-    g = _dist_grad(diff, jnp.expand_dims(cdist, -1), p) * jnp.expand_dims(grad, -1)
+    g = _dist_grad(_pair_diff(x1, x2), jnp.expand_dims(cdist, -1), p) * jnp.expand_dims(grad, -1)
     return jnp.sum(g, axis=-2).astype(x1.dtype)
-
-
-def _pairs(n):
-    i, j = jnp.triu_indices(n, 1)
-    return i, j
 
 
 @lowering("_pdist_forward")
 def pdist(x, p=2.0):
-    i, j = _pairs(x.shape[0])
-    diff = x[i] - x[j]
-    if p == 2:
-        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
-    from .reductions import _norm
-    return _norm(diff, p, (1,), False)
+    i, j = jnp.triu_indices(x.shape[0], 1)  # pairs i < j, row-major: PyTorch's order
+    return _distance(x[i] - x[j], p)
 
 
 @lowering("_pdist_backward")
 def pdist_backward(grad, x, p, pdist):
-    i, j = _pairs(x.shape[0])
+    i, j = jnp.triu_indices(x.shape[0], 1)
     g = _dist_grad(x[i] - x[j], pdist[:, None], p) * grad[:, None]
     return jnp.zeros_like(x).at[i].add(g).at[j].add(-g)

@@ -8,6 +8,7 @@ import numpy as np
 import jax.numpy as jnp
 from jax import lax
 
+from .shape import cubic_coeffs
 from .table import KIND, lowering
 
 
@@ -1265,22 +1266,12 @@ def _grid_coord(coord, size, padding_mode, align_corners, r=lambda v: v, vectori
                      align_corners, r)
 
 
-def _cubic_coeffs(t, a=-0.75, r=lambda v: v):
-    """Keys' cubic convolution weights of the 4 taps around a point at fraction t (PyTorch's A)."""
-    def near(v):
-        return r(r(r(r(r((a + 2) * v) - (a + 3)) * v) * v) + 1)
-
-    def far(v):
-        return r(r(r(r(r(r(a * v) - 5 * a) * v) + 8 * a) * v) - 4 * a)
-    return far(r(t + 1)), near(t), near(r(1 - t)), far(r(2 - t))
-
-
 def _grid_bicubic(xf, gx, gy, padding_mode, align_corners, r=lambda v: v):
     n, c, h, w = xf.shape
     ix = _grid_unnormalize(gx, w, align_corners, r)
     iy = _grid_unnormalize(gy, h, align_corners, r)
     x0, y0 = jnp.floor(ix), jnp.floor(iy)
-    cx, cy = _cubic_coeffs(r(ix - x0), r=r), _cubic_coeffs(r(iy - y0), r=r)
+    cx, cy = cubic_coeffs(r(ix - x0), r=r), cubic_coeffs(r(iy - y0), r=r)
 
     def tap(yy, xx):
         if padding_mode != 0:  # padded taps are read at their mirrored/clipped position

@@ -525,7 +525,6 @@ def histogram_bins_tensor(a, bins, weight=None, density=False):
 @lowering("nonzero_static")
 def nonzero_static(a, size, fill_value=-1):
     if a.ndim == 0:
-        a = a.reshape(1)
         return jnp.full((size, 0), fill_value, jnp.int64)
     idx = jnp.nonzero(a, size=size, fill_value=fill_value)
     return jnp.stack([i.astype(jnp.int64) for i in idx], axis=1)

@@ -230,14 +230,23 @@ def _linear(x, output_size, align_corners, scales):
     return y.astype(x.dtype)
 
 
-def _cubic_coeffs(t, a=-0.75):
-    def near(u):  # |u| <= 1
-        return ((a + 2) * u - (a + 3)) * u * u + 1
+def _same(v):
+    return v
 
-    def far(u):   # 1 < |u| < 2
-        return ((a * u - 5 * a) * u + 8 * a) * u - 4 * a
 
-    return far(t + 1), near(t), near(1 - t), far(2 - t)
+# Keys' cubic convolution kernel, PyTorch's form and operation order; `r` rounds after every step
+# (the grid sampler's half types do that on the CPU), identity otherwise.
+def _cubic_near(u, a, r=_same):  # |u| <= 1
+    return r(r(r(r(r((a + 2) * u) - (a + 3)) * u) * u) + 1)
+
+
+def _cubic_far(u, a, r=_same):   # 1 < |u| < 2
+    return r(r(r(r(r(r(a * u) - 5 * a) * u) + 8 * a) * u) - 4 * a)
+
+
+def cubic_coeffs(t, a=-0.75, r=_same):
+    """Weights of the 4 taps around a point at fraction t."""
+    return _cubic_far(r(t + 1), a, r), _cubic_near(t, a, r), _cubic_near(r(1 - t), a, r), _cubic_far(r(2 - t), a, r)
 
 
 def _bicubic(x, output_size, align_corners, scales):
@@ -254,7 +263,7 @@ def _bicubic(x, output_size, align_corners, scales):
         shape = [1] * y.ndim
         shape[ax] = n_out
         acc = 0
-        for k, c in enumerate(_cubic_coeffs(t)):
+        for k, c in enumerate(cubic_coeffs(t)):
             idx = np.clip(f - 1 + k, 0, n_in - 1)
             acc = acc + jnp.take(y, jnp.asarray(idx), axis=ax) * jnp.asarray(c.astype(np.float32)).reshape(shape)
         y = acc
@@ -339,11 +348,7 @@ def _aa_triangle(x):
 
 def _aa_cubic(x, a=-0.5):
     x = abs(x)
-    if x < 1.0:
-        return ((a + 2) * x - (a + 3)) * x * x + 1
-    if x < 2.0:
-        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return 0.0
+    return _cubic_near(x, a) if x < 1.0 else _cubic_far(x, a) if x < 2.0 else 0.0
 
 
 def _resample_aa(x, output_size, align_corners, scales, interp_size, kernel):
