@@ -28,9 +28,9 @@ import torch
 from ..metrics import counters as _counters
 from ..device import platform
 from ..device.state import current_device
-from ..eager import views
+from ..eager import asserts, views
 from ..eager.random import next_rng_args
-from ..ops import linalg
+from ..ops import checks, linalg
 from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram
 from ..ops.resolve import NotLowered
@@ -69,7 +69,8 @@ def _out_layout(val):
 
 
 class Entry:
-    __slots__ = ("fn", "fn_plain", "donate", "outs", "mutated_slots", "n_cpu", "fused", "sample", "cpu_mutations")
+    __slots__ = ("fn", "fn_plain", "donate", "outs", "mutated_slots", "n_cpu", "fused", "sample", "cpu_mutations",
+                 "checks")
 
 
 class CompiledGraph:
@@ -160,6 +161,8 @@ class CompiledGraph:
             args.clear()  # boxed calling convention: the caller's list no longer keeps inputs alive
         results = fn(*dyn)
         del dyn
+        if entry.checks:
+            asserts.note(results[-1], entry.checks, f"compiled graph {self.id} ({self.kind})")
         nout = len(entry.outs)
         for slot, buf in zip(entry.mutated_slots, results[nout:]):
             set_buffer(records[slot], buf)
@@ -248,7 +251,9 @@ class CompiledGraph:
                     inputs.append(cpu[x])
                 else:
                     inputs.append(x)
-            outputs, mutations = program.run(inputs, key)
+            with checks.collecting() as found:
+                outputs, mutations = program.run(inputs, key)
+            flags, entry.checks = checks.verdict(found)
             if not isinstance(outputs, (list, tuple)):
                 outputs = [outputs]
             flat = []
@@ -275,7 +280,7 @@ class CompiledGraph:
                     _, slot, layout = arg_specs[i]
                     buffers[slot] = views.write(buffers[slot], at(layout, offsets), mutations[i])
             return (tuple(flat) + tuple(buffers[s] for s in mutated_slots)
-                    + tuple(jnp.asarray(mutations[i]) for i in cpu_mutations))
+                    + tuple(jnp.asarray(mutations[i]) for i in cpu_mutations) + (() if flags is None else (flags,)))
 
         entry = Entry()
         entry.mutated_slots = mutated_slots

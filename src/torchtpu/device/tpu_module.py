@@ -52,8 +52,10 @@ def synchronize(device=None) -> None:
     """Wait for all work queued on `device` (the current one by default)."""
     import jax
 
+    from ..eager import asserts
     from ..storage.records import live_buffers
     jax.block_until_ready(live_buffers(_index(device)))
+    asserts.check()
 
 
 def get_device_name(device=None) -> str:
@@ -274,9 +276,11 @@ class Event:
 
     def synchronize(self):
         import jax
+        from ..eager import asserts
         if self._pending:
             jax.block_until_ready(self._pending)
         self._pending = []
+        asserts.check()
 
     def wait(self, stream=None):
         self.synchronize()

@@ -8,6 +8,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..device import platform
+from ..ops import checks
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS, contiguous_strides
@@ -197,7 +198,9 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
         a, k = traced_args(buffers, scalars[:-1] if kernel.random else scalars, offsets)
         if rng is not None:
             k["key"] = jax.random.fold_in(jax.random.fold_in(jax.random.key(rng[0]), rng[1]), rng[2])
-        result = compute(a, k)
+        with checks.collecting() as found:
+            result = compute(a, k)
+        flags, entry.checks = checks.verdict(found)
         leaves = [v for v in pytree.tree_leaves(result) if v is not None]
         if len(leaves) != n_fn + len(mutable_targets):
             raise AssertionError(f"torchtpu: lowering of aten::{kernel.name} returned {len(leaves)} "
@@ -215,7 +218,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
             functional.append(v.reshape(-1))  # storages hold flat buffers
         for (slot, layout), v in zip(mutable_targets, leaves[n_fn:]):
             buffers[slot] = views.write(buffers[slot], _at(layout, offsets), v)
-        return tuple(functional) + tuple(buffers[s] for s in mutated_slots)
+        return tuple(functional) + tuple(buffers[s] for s in mutated_slots) + (() if flags is None else (flags,))
 
     if not outs and not mutated_slots:
         entry.fn = None

@@ -21,6 +21,7 @@ from ..metrics import counters
 from ..device import platform
 from ..ops import dtypes as dt
 from ..storage.records import RECORDS, new_tensor, set_buffer
+from . import asserts
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
 from ..device.state import current_device
@@ -61,7 +62,7 @@ def _mutable_args(schema):
 class Entry:
     """A cached executable and what to do with its results."""
 
-    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones")
+    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -69,6 +70,7 @@ class Entry:
         self.spec = None          # how returns nest; None: exactly one new tensor
         self.mutated_slots = []   # input slots whose storages get new buffers
         self.nones = None         # per return, which leaves are undefined (None)
+        self.checks = ()          # messages of the device-side asserts (ops/checks.py): one more output
 
 
 class OpKernel:
@@ -145,6 +147,8 @@ class OpKernel:
             if self.random:
                 scalars.append(self._rng_args(args, kwargs, device))
             results = entry.fn(*inputs, *scalars, *offsets)
+            if entry.checks:
+                asserts.note(results[-1], entry.checks, "aten::" + self.name)
         if _mode[0] == "debug":
             jax.block_until_ready(results)
         outs = entry.outs

@@ -20,6 +20,7 @@ from ..ops import factories
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS
 from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
+from . import asserts
 from .engine import OpKernel
 
 aten = torch.ops.aten
@@ -107,6 +108,7 @@ def _resize_(self, size, memory_format=None):
 # ------------------------------------------------------------------ host <-> device
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
+    asserts.check()
     r = record_of(t)
     if not (t.is_contiguous() and t.storage_offset() == 0 and t.numel() == r.numel and t.dtype == r.dtype):
         t = aten.clone.default(t, memory_format=torch.contiguous_format)

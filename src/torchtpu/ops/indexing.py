@@ -1,25 +1,34 @@
 """Lowerings: indexing (advanced indexing, gather/scatter, index_* ops, take/put).
 
 Boolean masks never reach these lowerings in eager mode: eager/data_dependent.py turns them into
-long indices first (their count is data-dependent). Out-of-range indices are not checked (XLA
-clamps gathers and drops scattered updates), as on CUDA where the check is asynchronous.
+long indices first (their count is data-dependent). Out-of-range indices would be clamped by XLA's
+gathers and dropped by its scatters: every lowering states the range PyTorch accepts with
+`checks.require_index`, a device-side assert reported at the next synchronization (ops/checks.py).
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 from jax import lax
 
+from .checks import require_index
 from .table import lowering
+
+
+def _check(index, size, dim, negative_ok):
+    """PyTorch's index range for `dim` (of `size`): [0, size), or [-size, size) where negatives wrap."""
+    low = -size if negative_ok else 0
+    require_index(index, size, negative_ok,
+                  f"index out of bounds for dimension {dim} with size {size} (valid: {low}..{size - 1})")
 
 
 def _acc_dtype(dtype):
     return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
 
 
-def _advanced(indices):
-    """PyTorch's index list (None = whole dim) as a NumPy-style index tuple."""
+def _advanced(indices, x_shape):
+    """PyTorch's index list (None = whole dim) as a NumPy-style index tuple, bounds checked."""
     out = []
-    for i in indices:
+    for d, i in enumerate(indices):
         if i is None:
             out.append(slice(None))
         elif i.dtype == jnp.bool_ or i.dtype == jnp.uint8:
@@ -27,25 +36,26 @@ def _advanced(indices):
                 "torchtpu: boolean mask indices have a data-dependent shape and are only supported in "
                 "eager mode (they are converted to long indices before the lowering)")
         else:
+            _check(i, x_shape[d], d, True)
             out.append(i)
     return tuple(out)
 
 
 @lowering("index.Tensor")
 def index(x, indices):
-    return x[_advanced(indices)]
+    return x[_advanced(indices, x.shape)]
 
 
 @lowering("index_put", "_index_put_impl")
 def index_put(x, indices, values, accumulate=False, unsafe=False):
-    idx = _advanced(indices)
+    idx = _advanced(indices, x.shape)
     values = values.astype(x.dtype)
     return _scatter_add(x, idx, values) if accumulate else x.at[idx].set(values)
 
 
 @lowering("_unsafe_index.Tensor")
 def unsafe_index(x, indices):
-    return x[_advanced(indices)]
+    return x[_advanced(indices, x.shape)]
 
 
 @lowering("_unsafe_index_put")
@@ -77,9 +87,9 @@ def gather(x, dim, index, sparse_grad=False):
     if x.ndim == 0:
         return x.reshape(index.shape) if index.ndim == 0 else jnp.broadcast_to(x, index.shape)
     dim = _dim(dim, x.ndim)
+    _check(index, x.shape[dim], dim, False)
     if index.ndim == 0:
         return x.reshape(-1)[index]
-    index = jnp.where(index < 0, index + x.shape[dim], index)
     return x[_full_index(index, dim)]
 
 
@@ -87,7 +97,7 @@ def _scatter_target(x, dim, index):
     dim = _dim(dim, x.ndim)
     if x.ndim == 0:
         return (), dim
-    index = jnp.where(index < 0, index + x.shape[dim], index)
+    _check(index, x.shape[dim], dim, False)
     return _full_index(index, dim), dim
 
 
@@ -180,7 +190,8 @@ def index_select(x, dim, index):
         return x.reshape(-1)[index.reshape(-1)].reshape(())
     dim = _dim(dim, x.ndim)
     index = index.reshape(-1)
-    return jnp.take(x, jnp.where(index < 0, index + x.shape[dim], index), axis=dim)
+    _check(index, x.shape[dim], dim, False)
+    return jnp.take(x, index, axis=dim)
 
 
 @lowering("index_add")
@@ -188,6 +199,7 @@ def index_add(x, dim, index, source, alpha=1):
     if x.ndim == 0:
         return x + source.reshape(()).astype(x.dtype) * alpha
     dim = _dim(dim, x.ndim)
+    _check(index, x.shape[dim], dim, False)
     src = source.astype(x.dtype)
     if not (isinstance(alpha, (int, float)) and alpha == 1):
         src = (src * alpha).astype(x.dtype)
@@ -199,6 +211,7 @@ def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(()).astype(x.dtype)
     dim = _dim(dim, x.ndim)
+    _check(index, x.shape[dim], dim, False)
     return x.at[_along(dim, x.ndim, index.reshape(-1))].set(source.astype(x.dtype))
 
 
@@ -208,6 +221,7 @@ def index_fill(x, dim, index, value):
         return jnp.asarray(value, x.dtype).reshape(())
     dim = _dim(dim, x.ndim)
     index = index.reshape(-1)
+    _check(index, x.shape[dim], dim, True)
     index = jnp.where(index < 0, index + x.shape[dim], index)
     return x.at[_along(dim, x.ndim, index)].set(jnp.asarray(value).astype(x.dtype))
 
@@ -218,6 +232,7 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
         x, source = x.reshape(1), source.reshape(1)
         return index_reduce(x, 0, index, source, reduce, include_self).reshape(())
     dim = _dim(dim, x.ndim)
+    _check(index, x.shape[dim], dim, False)
     shape = [1] * source.ndim
     shape[dim] = -1
     full = jnp.broadcast_to(index.reshape(shape), source.shape)
@@ -240,6 +255,7 @@ def masked_scatter(x, mask, source):
 @lowering("take")
 def take(x, index):
     flat = x.reshape(-1)
+    _check(index, flat.shape[0], 0, True)
     return flat[jnp.where(index < 0, index + flat.shape[0], index)]
 
 
@@ -247,6 +263,7 @@ def take(x, index):
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
     idx = index.reshape(-1)
+    _check(idx, flat.shape[0], 0, True)
     idx = jnp.where(idx < 0, idx + flat.shape[0], idx)
     src = source.reshape(-1).astype(x.dtype)
     out = _scatter_add(flat, idx, src) if accumulate else flat.at[idx].set(src)

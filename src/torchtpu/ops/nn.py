@@ -8,6 +8,7 @@ import numpy as np
 import jax.numpy as jnp
 from jax import lax
 
+from .checks import require, require_index
 from .shape import cubic_coeffs
 from .table import KIND, lowering
 
@@ -123,7 +124,13 @@ def native_layer_norm_backward(grad, a, normalized_shape, mean, rstd, weight, bi
 
 @lowering("embedding")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    _check_rows(indices, weight.shape[0])
     return jnp.take(weight, indices, axis=0)
+
+
+def _check_rows(indices, rows):
+    require_index(indices, rows, False, f"index out of range in self (an embedding of {rows} rows takes "
+                                        f"indices 0..{rows - 1})")
 
 
 @lowering("embedding_dense_backward")
@@ -143,6 +150,9 @@ def nll_loss_forward(a, target, weight, reduction, ignore_index):
     x = a if a.ndim > 1 else a[None]
     t = target if target.ndim else target[None]
     valid = t != ignore_index
+    classes = x.shape[1]
+    require(~valid | ((t >= 0) & (t < classes)),
+            f"Target is out of bounds: class indices must be in 0..{classes - 1} (or ignore_index={ignore_index})")
     safe = jnp.where(valid, t, 0)
     picked = _f32(jnp.take_along_axis(x, jnp.expand_dims(safe, 1), axis=1).squeeze(1))
     w = _f32(weight)[safe] if weight is not None else jnp.ones_like(picked)
@@ -161,6 +171,9 @@ def nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_we
     x = a if a.ndim > 1 else a[None]
     t = target if target.ndim else target[None]
     valid = t != ignore_index
+    classes = x.shape[1]
+    require(~valid | ((t >= 0) & (t < classes)),
+            f"Target is out of bounds: class indices must be in 0..{classes - 1} (or ignore_index={ignore_index})")
     safe = jnp.where(valid, t, 0)
     w = weight[safe] if weight is not None else jnp.ones(safe.shape, a.dtype)
     w = jnp.where(valid, w, 0).astype(a.dtype)
@@ -1030,6 +1043,7 @@ def _bag_of(indices, offsets, include_last_offset):
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     """(out, offset2bag, bag_size, max_indices), shaped as PyTorch's meta kernel says."""
+    _check_rows(indices, weight.shape[0])
     bag, n_bags = _bag_of(indices, offsets, include_last_offset)
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, jnp.bool_)
     rows = _f32(weight)[indices]                                   # (n, D)

@@ -1,0 +1,58 @@
+"""Device-side asserts: checks on tensor values (index bounds, class targets) that PyTorch's CPU
+kernels raise at the op and CUDA kernels report as a device-side assert.
+
+Reading a value on the host would stall the asynchronous pipeline at every indexing op, so, as on
+CUDA, the check runs inside the op's own executable: a lowering states what must hold with
+`require(ok, message)`; whoever traces the lowering (the eager engine, a compiled graph) collects
+the conditions with `collecting()` and returns them as one extra boolean output; the runtime
+(eager/asserts.py) raises the first failed condition's message at the next synchronization.
+Without a collector (a lowering traced inside another transformation) `require` checks nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import jax.numpy as jnp
+from jax._src import core as _core
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def collecting():
+    """Collect the `require` conditions of the lowerings traced in this block: yields a list of
+    (ok: bool scalar, message) pairs, in the order the lowerings stated them."""
+    outer = getattr(_local, "active", None)
+    found = []
+    _local.active = (found, _core.trace_ctx.trace)
+    try:
+        yield found
+    finally:
+        _local.active = outer
+
+
+def require(ok, message: str):
+    """Inside a lowering: every element of the boolean array `ok` must be true, else `message`."""
+    active = getattr(_local, "active", None)
+    # a condition traced inside an inner transformation (vjp, vmap, a loop body) cannot leave it
+    if active is None or _core.trace_ctx.trace is not active[1]:
+        return
+    active[0].append((jnp.all(ok), message))
+
+
+def require_index(index, size: int, negative_ok: bool, message: str):
+    """`index` (any integer array) within [0, size), or [-size, size) where negatives wrap."""
+    if not jnp.issubdtype(index.dtype, jnp.integer) or index.size == 0:
+        return
+    low = -size if negative_ok else 0
+    require((index >= low) & (index < size), message)
+
+
+def verdict(found):
+    """The collected conditions as the extra output (an int32 scalar: 0 when all hold, else 1 + the
+    position of the first that failed), and their messages in that order; (None, ()) without any."""
+    if not found:
+        return None, ()
+    oks = jnp.stack([ok for ok, _ in found])
+    return jnp.where(jnp.all(oks), 0, jnp.argmin(oks) + 1).astype(jnp.int32), tuple(m for _, m in found)

@@ -1,0 +1,101 @@
+"""Out-of-range indices and class targets: an error (a device-side assert, as on CUDA), never a
+clamped gather, a dropped scatter or a NaN. Every case is checked against the CPU's verdict."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+from torchtpu.eager import asserts
+
+DEV = "tpu"
+
+
+def _cases(dev, i):
+    """op name -> a call that indexes a (4, 3) tensor at `i` along dim 0 (or 3 * i flat)."""
+    x = torch.arange(12.0, device=dev).reshape(4, 3)
+    t = torch.tensor([i], device=dev)
+    t2 = torch.tensor([[i, 0, 0]], device=dev)
+    ones = torch.ones(1, 3, device=dev)
+    return {
+        "index": lambda: x[t],
+        "_unsafe_index": lambda: torch.ops.aten._unsafe_index(x, [t]),
+        "index_put_": lambda: x.clone().index_put_((t,), ones[0]),
+        "index_put_ accumulate": lambda: x.clone().index_put_((t,), ones[0], accumulate=True),
+        "index_select": lambda: x.index_select(0, t),
+        "index_copy_": lambda: x.clone().index_copy_(0, t, ones),
+        "index_add_": lambda: x.clone().index_add_(0, t, ones),
+        "index_fill_": lambda: x.clone().index_fill_(0, t, 2.0),
+        "index_reduce_": lambda: x.clone().index_reduce_(0, t, ones, "prod"),
+        "gather": lambda: x.gather(0, t2),
+        "scatter_": lambda: x.clone().scatter_(0, t2, 1.0),
+        "scatter_add_": lambda: x.clone().scatter_add_(0, t2, ones),
+        "scatter_reduce_": lambda: x.clone().scatter_reduce_(0, t2, ones, "amax"),
+        "take": lambda: x.take(torch.tensor([3 * i], device=dev)),
+        "put_": lambda: x.clone().put_(torch.tensor([3 * i], device=dev), ones[0, :1]),
+        "embedding": lambda: F.embedding(t, x),
+        "embedding_bag": lambda: F.embedding_bag(torch.tensor([i, 0], device=dev), x,
+                                                 torch.tensor([0], device=dev)),
+        "nll_loss": lambda: F.nll_loss(x[:1], t),
+        "cross_entropy": lambda: F.cross_entropy(x[:1, :].repeat(1, 2)[:, :4], t),
+        "one_hot": lambda: F.one_hot(t, 4),
+    }
+
+
+def _outcome(fn):
+    try:
+        return "ok", fn().cpu()
+    except (IndexError, RuntimeError) as e:
+        return "error", e
+
+
+@pytest.mark.parametrize("i", [-5, -4, -1, 0, 3, 4])
+@pytest.mark.parametrize("op", list(_cases("cpu", 0)))
+def test_index_range_matches_cpu(op, i):
+    cpu_verdict, cpu_value = _outcome(_cases("cpu", i)[op])
+    tpu_verdict, tpu_value = _outcome(_cases(DEV, i)[op])
+    assert tpu_verdict == cpu_verdict, f"{op}[{i}]: CPU {cpu_verdict}, tpu {tpu_verdict}: {tpu_value}"
+    if cpu_verdict == "ok":
+        torch.testing.assert_close(tpu_value, cpu_value)
+    else:
+        assert isinstance(tpu_value, asserts.DeviceAssertError), tpu_value
+        assert "out of" in str(tpu_value) or "Target" in str(tpu_value)
+
+
+def test_reported_at_the_next_sync_and_the_device_stays_usable():
+    x = torch.zeros(4, 3, device=DEV)
+    y = x.index_select(0, torch.tensor([7], device=DEV))    # queued: no error yet
+    z = (x + 1).sum()                                         # unrelated work still queues
+    with pytest.raises(asserts.DeviceAssertError, match=r"aten::index_select.*dimension 0 with size 4"):
+        y.cpu()
+    assert z.item() == 12.0                                   # reported once, then gone
+    with pytest.raises(asserts.DeviceAssertError):
+        x.gather(0, torch.tensor([[9, 0, 0]], device=DEV))
+        torch.tpu.synchronize()
+
+
+def test_debug_mode_raises_at_the_op():
+    x = torch.zeros(4, 3, device=DEV)
+    with torchtpu.eager_mode("debug"):
+        with pytest.raises(asserts.DeviceAssertError, match="embedding"):
+            F.embedding(torch.tensor([4], device=DEV), x)
+
+
+def test_a_loop_without_syncs_still_reports():
+    x = torch.zeros(4, 3, device=DEV)
+    bad = torch.tensor([4], device=DEV)
+    with pytest.raises(asserts.DeviceAssertError):
+        for _ in range(asserts.LIMIT):
+            x = x.index_fill(0, bad, 1.0)
+
+
+def test_compiled_graph_checks_its_indices():
+    emb = torch.nn.Embedding(10, 4).to(DEV)
+    fn = torch.compile(lambda i, t: F.cross_entropy(emb(i), t), backend="tpu", fullgraph=True)
+    i, t = torch.tensor([1, 9], device=DEV), torch.tensor([0, 3], device=DEV)
+    ok = fn(i, t).cpu()
+    torch.testing.assert_close(ok, F.cross_entropy(emb(i).cpu(), t.cpu()))
+    with pytest.raises(asserts.DeviceAssertError, match="compiled graph.*out of range"):
+        fn(torch.tensor([1, 10], device=DEV), t).cpu()
+    with pytest.raises(asserts.DeviceAssertError, match="Target is out of bounds"):
+        fn(i, torch.tensor([0, 4], device=DEV)).cpu()
+    assert fn(i, t).cpu().isfinite()
