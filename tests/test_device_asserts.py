@@ -99,3 +99,42 @@ def test_compiled_graph_checks_its_indices():
     with pytest.raises(asserts.DeviceAssertError, match="Target is out of bounds"):
         fn(i, torch.tensor([0, 4], device=DEV)).cpu()
     assert fn(i, t).cpu().isfinite()
+
+
+def _value_cases(dev):
+    """name -> (a call with values the op rejects, the same call with values it accepts)."""
+    def T(*a, **k):
+        return torch.tensor(*a, device=dev, **k)
+    x = T([[0.1, 0.2, 0.7]])
+    return {
+        "multinomial negative": (lambda: torch.multinomial(T([0.5, -0.1, 0.6]), 1),
+                                 lambda: torch.multinomial(T([0.0, 0.0, 0.6]), 1)),
+        "multinomial nan": (lambda: torch.multinomial(T([0.5, float("nan")]), 1, True), None),
+        "multinomial inf": (lambda: torch.multinomial(T([[0.5, 0.1], [float("inf"), 1.0]]), 1), None),
+        "multinomial zero row": (lambda: torch.multinomial(T([[0.0, 0.0], [1.0, 1.0]]), 1), None),
+        "binary_cross_entropy": (lambda: F.binary_cross_entropy(T([0.5, 1.5]), T([1.0, 0.0])),
+                                 lambda: F.binary_cross_entropy(T([0.5, 1.0]), T([1.0, 0.0]))),
+        "bernoulli tensor": (lambda: torch.bernoulli(T([0.5, 1.5])), lambda: torch.bernoulli(T([0.0, 1.0]))),
+        "bernoulli_ scalar": (lambda: torch.zeros(2, device=dev).bernoulli_(1.5),
+                              lambda: torch.zeros(2, device=dev).bernoulli_(1.0)),
+        "multi_margin_loss": (lambda: F.multi_margin_loss(x, T([3])), lambda: F.multi_margin_loss(x, T([2]))),
+        "multilabel_margin_loss": (lambda: F.multilabel_margin_loss(x, T([[0, 3, -1]])),
+                                   lambda: F.multilabel_margin_loss(x, T([[0, -1, 2]]))),
+        "searchsorted sorter": (lambda: torch.searchsorted(T([1.0, 2.0]), T([1.5]), sorter=T([0, 5])),
+                                lambda: torch.searchsorted(T([2.0, 1.0]), T([1.5]), sorter=T([1, 0]))),
+        "max_unpool1d": (lambda: F.max_unpool1d(T([[[1.0, 2.0]]]), T([[[0, 9]]]), 2),
+                         lambda: F.max_unpool1d(T([[[1.0, 2.0]]]), T([[[0, 3]]]), 2)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_value_cases("cpu")))
+def test_value_checks_match_cpu(case):
+    for dev in ("cpu", DEV):
+        bad, good = _value_cases(dev)[case]
+        verdict, error = _outcome(bad)
+        assert verdict == "error", f"{case} on {dev}: accepted"
+        if dev == DEV:
+            assert isinstance(error, asserts.DeviceAssertError), error
+    bad, good = _value_cases("cpu")[case]
+    if good is not None:
+        torch.testing.assert_close(_value_cases(DEV)[case][1]().cpu(), good())

@@ -787,6 +787,7 @@ def huber_loss_backward(grad, x, t, reduction, delta):
 @lowering("binary_cross_entropy")
 def binary_cross_entropy(x, t, weight=None, reduction=1):
     xf, tf = _f32(x), _f32(t)
+    require((xf >= 0) & (xf <= 1), "all elements of input should be between 0 and 1")
     # PyTorch clamps the logs at -100 so that 0 and 1 give finite losses
     loss = -(tf * jnp.maximum(jnp.log(xf), -100) + (1 - tf) * jnp.maximum(jnp.log1p(-xf), -100))
     if weight is not None:
@@ -843,6 +844,7 @@ def _multi_margin(x, target, p, margin, weight, reduction):
 
 @lowering("multi_margin_loss")
 def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    require_index(target, x.shape[-1] if x.ndim else 1, False, "target out of range")
     return _multi_margin(x, target, p, margin, weight, reduction)
 
 
@@ -867,6 +869,8 @@ def _multilabel_margin(x, target, reduction, is_target=None):
 
 @lowering("multilabel_margin_loss_forward")
 def multilabel_margin_loss_forward(x, target, reduction):
+    c = x.shape[-1] if x.ndim else 1
+    require((target >= -1) & (target < c), "argument #2 'target' is out of range")   # -1 ends the list
     return _multilabel_margin(x, target, reduction)
 
 

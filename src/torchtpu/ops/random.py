@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .checks import require
 from .table import KIND, lowering
 
 
@@ -25,18 +26,25 @@ def normal(a, mean=0.0, std=1.0, generator=None, *, key):
     return (mean + z * std).astype(a.dtype)
 
 
+def _check_probabilities(p):
+    require((p >= 0) & (p <= 1), "Expected p_in >= 0 && p_in <= 1: every probability must be in [0, 1]")
+
+
 @lowering("bernoulli.p", random=True)
 def bernoulli_p(a, p=0.5, generator=None, *, key):
+    require((p >= 0) & (p <= 1), "bernoulli_ expects p to be in [0, 1]")
     return (jax.random.uniform(key, a.shape, jnp.float32) < p).astype(a.dtype)
 
 
 @lowering("bernoulli.Tensor", random=True)
 def bernoulli_t(a, p, generator=None, *, key):
+    _check_probabilities(p)
     return (jax.random.uniform(key, a.shape, jnp.float32) < p).astype(a.dtype)
 
 
 @lowering("bernoulli", random=True)
 def bernoulli(a, generator=None, *, key):
+    _check_probabilities(a)
     return (jax.random.uniform(key, a.shape, jnp.float32) < a).astype(a.dtype)
 
 
@@ -126,6 +134,8 @@ def randperm(n, generator=None, dtype=None, layout=None, device=None, pin_memory
 @lowering("multinomial", random=True)
 def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
     p = probs.astype(jnp.float64 if probs.dtype == jnp.float64 else jnp.float32)
+    require(jnp.isfinite(p) & (p >= 0), "probability tensor contains either `inf`, `nan` or element < 0")
+    require(jnp.sum(p, axis=-1) > 0, "invalid multinomial distribution (sum of probabilities <= 0)")
     logits = jnp.log(p)  # zero weights: -inf, never drawn
     if replacement:
         shape = (num_samples,) + p.shape[:-1]

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .checks import require_index
 from .table import KIND, lowering
 
 
@@ -364,6 +365,7 @@ def mode(a, dim=-1, keepdim=False):
 
 def _searchsorted(seq, values, right, sorter):
     if sorter is not None:
+        require_index(sorter, seq.shape[-1], False, "torch.searchsorted(): sorter index out of range")
         seq = jnp.take_along_axis(seq, sorter, axis=-1)
     side = "right" if right else "left"
     if seq.ndim == 1:
