@@ -138,3 +138,20 @@ def test_value_checks_match_cpu(case):
     bad, good = _value_cases("cpu")[case]
     if good is not None:
         torch.testing.assert_close(_value_cases(DEV)[case][1]().cpu(), good())
+
+
+def test_assert_async_eager_and_compiled():
+    torch._assert_async(torch.tensor(3, device=DEV))
+    torch.tpu.synchronize()
+    with pytest.raises(asserts.DeviceAssertError, match="custom message"):
+        torch._assert_async(torch.tensor(0, device=DEV), "custom message")
+        torch.tpu.synchronize()
+
+    def double_positive(a):
+        torch._assert_async(a.sum() > 0, "sum must be positive")
+        return a * 2
+
+    fn = torch.compile(double_positive, backend="tpu")
+    torch.testing.assert_close(fn(torch.ones(3, device=DEV)).cpu(), torch.full((3,), 2.0))
+    with pytest.raises(asserts.DeviceAssertError, match="compiled graph.*sum must be positive"):
+        fn(-torch.ones(3, device=DEV)).cpu()

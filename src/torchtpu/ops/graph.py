@@ -26,6 +26,7 @@ from jax import lax
 from torch import fx
 
 from . import dtypes as dt
+from .checks import require
 from .table import LOWERINGS, apply
 
 __all__ = ["GraphProgram", "GRAPH_LOWERINGS", "graph_lowering", "node_op_name", "UnsupportedInGraph"]
@@ -326,10 +327,16 @@ _RANDOM_GRAPH_OPS = {"rand_like.default", "rand.default", "randn_like.default", 
 
 
 # ---------------------------------------------------------------- no-ops and checks
-@graph_lowering("_assert_tensor_metadata", "_assert_async", "_assert_async.msg", "_assert_scalar",
-                "_functional_assert_async.msg", "record_stream", "_print", "sym_constrain_range_for_size",
-                "_functional_sym_constrain_range_for_size")
+@graph_lowering("_assert_tensor_metadata", "_assert_scalar", "record_stream", "_print",
+                "sym_constrain_range_for_size", "_functional_sym_constrain_range_for_size")
 def _noop(val, *args, **kw):
+    return None
+
+
+@graph_lowering("_assert_async", "_assert_async.msg", "_functional_assert_async.msg")
+def _assert_async(val, a, msg=None, *rest):
+    """A device-side assert in the graph's executable (checks.py), as in eager mode."""
+    require(a != 0, msg or "Expected Tensor with single nonzero value, but got zero")
     return None
 
 

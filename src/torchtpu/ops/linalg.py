@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .checks import require
 from .table import KIND, lowering
 
 import torch
@@ -118,3 +119,25 @@ def pdist_backward(grad, x, p, pdist):
     i, j = jnp.triu_indices(x.shape[0], 1)
     g = _dist_grad(x[i] - x[j], pdist[:, None], p) * grad[:, None]
     return jnp.zeros_like(x).at[i].add(g).at[j].add(-g)
+
+
+# ---------------------------------------------------------------- decompositions: error reporting
+_FAILURES = {   # PyTorch's wording, without the failing element's number (the check runs on the device)
+    "cholesky": "The factorization could not be completed because the input is not positive-definite",
+    "inv": "The diagonal element is zero, the inversion could not be completed because the input matrix is singular",
+    "solve": "The solver failed because the input matrix is singular",
+    "lu_factor": "The factorization could not be completed because the input matrix is singular (a zero pivot)",
+    "eigh": "The algorithm failed to converge because the input matrix is ill-conditioned or has too many "
+            "repeated eigenvalues",
+    "svd": "The algorithm failed to converge because the input matrix is ill-conditioned or has too many "
+           "repeated singular values",
+}
+
+
+@lowering("_linalg_check_errors")
+def linalg_check_errors(info, api_name, is_matrix):
+    """`check_errors=True` of the linalg ops: a nonzero `info` is a device-side assert (checks.py)."""
+    kind = next((k for k in _FAILURES if api_name.split(".")[-1].startswith(k)), None)
+    reason = _FAILURES[kind] if kind else "the operation failed (info != 0)"
+    require(info == 0, f"{api_name}: {reason}")
+    return ()

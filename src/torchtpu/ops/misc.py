@@ -1,5 +1,5 @@
-"""Lowerings: ops no other family owns — the fused optimizer steps (`torch.optim.Adam/AdamW(fused=True)`,
-the Transformers Trainer's default `adamw_torch_fused`).
+"""Lowerings: ops no other family owns — `torch._assert_async`, and the fused optimizer steps
+(`torch.optim.Adam/AdamW(fused=True)`, the Transformers Trainer's default `adamw_torch_fused`).
 
 `_fused_adam(w)_` update lists of parameters and states in place; the engine derives them (and the
 `out=` forms) from the functional ops below, which return the new values of every mutated list in
@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .checks import require
 from .table import lowering
+
+
+@lowering("_assert_async", "_assert_async.msg")
+def assert_async(a, assert_msg="Expected Tensor with single nonzero value, but got zero"):
+    """A device-side assert (checks.py): the one-element `a` must be nonzero."""
+    require(a != 0, assert_msg or "Expected Tensor with single nonzero value, but got zero")
+    return ()
 
 
 def _adam_step(decoupled, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
