@@ -121,3 +121,26 @@ def test_debug_mode_is_synchronous_and_switchable(monkeypatch):
                          capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "TORCHTPU_EAGER_MODE": "debug"})
     assert out.stdout.strip() == "debug", out.stderr
+
+
+def test_module_to_keeps_parameter_objects_like_cuda():
+    """`model.to("tpu")` moves parameters in place (as CPU <-> CUDA does): references taken before the
+    move, such as an optimizer's, see the device tensors."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(3, 2)
+    model = torch.nn.Linear(3, 2)
+    model.load_state_dict(ref.state_dict())
+    weight = model.weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    model.to("tpu")
+    assert model.weight is weight and weight.device.type == "tpu" and isinstance(weight, torch.nn.Parameter)
+    x = torch.randn(4, 3)
+    for m, o, inp in ((model, opt, x.to("tpu")), (ref, ref_opt, x)):
+        m(inp).sum().backward()
+        o.step()
+    torch.testing.assert_close(weight.detach().cpu(), ref.weight.detach())
+    model.to("tpu:1").to("cpu")
+    assert model.weight is weight and weight.device.type == "cpu"
+    assert torch._has_compatible_shallow_copy_type(torch.zeros(1), torch.zeros(1, device="tpu"))
+    assert not torch._has_compatible_shallow_copy_type(torch.zeros(1, device="meta"), torch.zeros(1, device="tpu"))

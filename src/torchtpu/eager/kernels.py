@@ -372,6 +372,16 @@ def _arange_start_out(start, end, step=1, *, out):
     return kernel_for(aten.arange.start_out)(start, end, step, out=out)
 
 
+def _has_compatible_shallow_copy_type(self, other):
+    """Whether `self.data = other` may swap storages in place. PyTorch says yes between the CPU and
+    CUDA (both "dense" backends) but no for PrivateUse1: `model.to("tpu")` then built new Parameter
+    objects, and an optimizer made before the move kept updating the stale CPU ones. Dense tensors on
+    "cpu" and "tpu" are as interchangeable as CPU and CUDA ones."""
+    def dense(t):
+        return t.layout == torch.strided and t.device.type in ("cpu", "tpu") and not t.is_quantized
+    return (dense(self) and dense(other)) or (self.device == other.device and self.layout == other.layout)
+
+
 def register_all():
     global _lib, _fallback_lib
     if _lib is not None:
@@ -400,6 +410,8 @@ def register_all():
         _impl(name, _arange)
         _lib.impl(name, _arange, "AutogradPrivateUse1")
     _impl("arange.start_out", _arange_start_out)
+    for key in ("PrivateUse1", "AutogradPrivateUse1"):
+        _lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, key)
     _register_missing_meta()
     from . import attention, data_dependent
     manual = {"copy_", "resize_", "equal", "_local_scalar_dense"}
