@@ -65,6 +65,32 @@ def addr(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, jnp.outer(a, b), beta, alpha)
 
 
+@lowering("_grouped_mm")
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """Mixture-of-experts matmuls with static shapes: `offs` (cumulative group ends, on the device)
+    splits one dimension into groups, and XLA's ragged dot multiplies each group by its own matrix, so
+    routing never becomes a data-dependent shape. Modes as PyTorch's: 2D x 3D splits a's rows (the
+    experts' forward), 2D x 2D splits the contraction (their weight gradient: one output per group),
+    3D x 2D splits b's columns, 3D x 3D is a batched matmul. Rows/columns past the last offset are
+    zero (PyTorch leaves them undefined)."""
+    if bias is not None:
+        raise NotImplementedError("_grouped_mm: Bias not supported yet")
+    dtype = out_dtype or a.dtype
+    kw = dict(precision=precision(), preferred_element_type=_acc(a) or a.dtype)
+    if a.ndim == 3 and b.ndim == 3:
+        return matmul(a, b).astype(dtype)
+    sizes = jnp.diff(offs.astype(jnp.int32), prepend=0)
+    if a.ndim == 2 and b.ndim == 3:
+        out = lax.ragged_dot(a, b, sizes, **kw)
+    elif a.ndim == 3 and b.ndim == 2:
+        out = lax.ragged_dot(b.T, jnp.swapaxes(a, 1, 2), sizes, **kw).T
+    else:
+        numbers = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((1,), (0,)), ((), ())),
+                                                lhs_ragged_dimensions=[1], rhs_group_dimensions=[])
+        out = lax.ragged_dot_general(a, b, sizes, numbers, **kw)
+    return out.astype(dtype)
+
+
 def _pair_diff(x1, x2):
     return jnp.expand_dims(x1, -2) - jnp.expand_dims(x2, -3)   # (..., P, R, M)
 
@@ -141,3 +167,346 @@ def linalg_check_errors(info, api_name, is_matrix):
     reason = _FAILURES[kind] if kind else "the operation failed (info != 0)"
     require(info == 0, f"{api_name}: {reason}")
     return ()
+
+
+# ---------------------------------------------------------------- decompositions and solves
+# LAPACK's factorizations and solves through XLA's (jax.lax.linalg: LAPACK on CPU, cuSOLVER on GPU,
+# XLA's own expansions on TPU), returning what PyTorch's CPU kernels return: 1-based int32 pivots,
+# int32 `info`, empty tensors for outputs that were not asked for. PyTorch's meta kernels have
+# already checked shapes and dtypes (square, same dtype, floating or complex) before we get here.
+_LOW_PRECISION = {jnp.dtype(jnp.float16): "Half", jnp.dtype(jnp.bfloat16): "BFloat16"}
+
+
+def _lapack_dtype(a, kernel):
+    """PyTorch has no half-precision decompositions (its meta kernels let them through): same error."""
+    if a.dtype in _LOW_PRECISION:
+        raise RuntimeError(f'"{kernel}_tpu" not implemented for \'{_LOW_PRECISION[a.dtype]}\'')
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return jnp.conj(_mT(x)) if jnp.iscomplexobj(x) else _mT(x)
+
+
+def _exact_mm(a, b):
+    # products inside a decomposition keep full float32 precision whatever the matmul setting
+    return jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
+
+
+def _broadcast_batch(*xs):
+    """(array, number of non-batch dims) pairs -> the arrays with their batch dims broadcast together."""
+    batch = jnp.broadcast_shapes(*(x.shape[:-core] for x, core in xs))
+    return [jnp.broadcast_to(x, batch + x.shape[x.ndim - core:]) for x, core in xs]
+
+
+def _empty(dtype):
+    return jnp.zeros((0,), dtype)
+
+
+def _tri_solve(a, b, *, upper, left=True, transpose=False, conjugate=False, unit=False):
+    """op(a) x = b (left) or x op(a) = b, reading only a's upper or lower triangle."""
+    a, b = _broadcast_batch((a, 2), (b, 2))
+    return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper, transpose_a=transpose,
+                                       conjugate_a=conjugate, unit_diagonal=unit)
+
+
+# ---- Cholesky
+def _first_bad_minor(a):
+    """LAPACK's potrf `info` for each matrix of the batch: 1 + the first column whose pivot is not
+    positive (or is NaN), 0 when there is none. XLA's Cholesky only says "failed" (it returns NaN),
+    so the failing order is found again by an unblocked right-looking factorization of the lower
+    triangle. Run only when some matrix failed."""
+    n = a.shape[-1]
+    rows = jnp.arange(n)
+
+    def step(j, state):
+        work, info = state
+        pivot = jnp.real(work[..., j, j])
+        bad = ~(pivot > 0)
+        info = jnp.where((info == 0) & bad, j + 1, info)
+        col = work[..., :, j] / jnp.sqrt(jnp.where(bad, 1, pivot))[..., None]
+        col = jnp.where(rows > j, col, 0)
+        return work - col[..., :, None] * jnp.conj(col[..., None, :]), info
+
+    info = jnp.zeros(a.shape[:-2], jnp.int32)
+    return lax.fori_loop(0, n, step, (jnp.tril(a), info))[1]
+
+
+def _cholesky(a, upper):
+    """(L or U, info) as linalg.cholesky_ex: the factor of the triangle PyTorch reads, NaN where the
+    matrix is not positive-definite (LAPACK leaves a partial factor there: unspecified values)."""
+    _lapack_dtype(a, "cholesky")
+    zeros = jnp.zeros(a.shape[:-2], jnp.int32)
+    if a.shape[-1] == 0:
+        return a, zeros
+    lower_part = _mH(a) if upper else a      # A = U^H U reads the upper triangle: that is A^H's lower
+    low = lax.linalg.cholesky(lower_part, symmetrize_input=False)
+    failed = ~jnp.all(jnp.isfinite(low), axis=(-2, -1))
+    found = lax.cond(jnp.any(failed), lambda: _first_bad_minor(lower_part), lambda: zeros)
+    # a failure XLA saw but the unblocked pass did not (rounding at the edge): still a failure
+    info = jnp.where(failed, jnp.where(found == 0, a.shape[-1], found), 0).astype(jnp.int32)
+    return (_mH(low) if upper else low), info
+
+
+@lowering("linalg_cholesky_ex")
+def linalg_cholesky_ex(a, upper=False, check_errors=False):
+    factor, info = _cholesky(a, upper)
+    if check_errors:
+        linalg_check_errors(info, "linalg.cholesky", a.ndim == 2)
+    return factor, info
+
+
+@lowering("cholesky")
+def cholesky(a, upper=False):
+    """The deprecated torch.cholesky: always checks."""
+    factor, info = _cholesky(a, upper)
+    linalg_check_errors(info, "cholesky", a.ndim == 2)
+    return factor
+
+
+def _cholesky_solve(b, factor, upper):
+    """x with (L L^H) x = b, or (U^H U) x = b: two triangular solves."""
+    if upper:
+        y = _tri_solve(factor, b, upper=True, transpose=True, conjugate=True)
+        return _tri_solve(factor, y, upper=True)
+    y = _tri_solve(factor, b, upper=False)
+    return _tri_solve(factor, y, upper=False, transpose=True, conjugate=True)
+
+
+@lowering("_cholesky_solve_helper")
+def cholesky_solve_helper(b, factor, upper):
+    _lapack_dtype(b, "cholesky_solve")
+    return _cholesky_solve(b, factor, upper)
+
+
+@lowering("cholesky_inverse")
+def cholesky_inverse(factor, upper=False):
+    _lapack_dtype(factor, "cholesky_inverse")
+    eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
+    return _cholesky_solve(eye, factor, upper)
+
+
+# ---- triangular solves
+@lowering("linalg_solve_triangular")
+def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
+    _lapack_dtype(a, "triangular_solve")
+    return _tri_solve(a, b, upper=upper, left=left, unit=unitriangular)
+
+
+@lowering("triangular_solve")
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    """The deprecated torch.triangular_solve: op(A) X = B with op a plain transpose (no conjugate);
+    also returns A broadcast to the batch (`cloned_coefficient`)."""
+    _lapack_dtype(a, "triangular_solve")
+    a, b = _broadcast_batch((a, 2), (b, 2))
+    return _tri_solve(a, b, upper=upper, transpose=transpose, unit=unitriangular), a
+
+
+# ---- LU
+def _lu(a):
+    """(LU, pivots, info, permutation) as LAPACK's getrf: pivots 1-based int32 row swaps, info the
+    1-based index of the first zero on U's diagonal (a singular matrix still factors). The
+    permutation (0-based) says which row of A each row of L U is: A[perm] = L U."""
+    _lapack_dtype(a, "lu")
+    if 0 in a.shape[-2:]:   # nothing to factor (XLA's LU wants a matrix)
+        k = min(a.shape[-2:])
+        return (a, jnp.zeros(a.shape[:-2] + (k,), jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32),
+                jnp.broadcast_to(jnp.arange(a.shape[-2], dtype=jnp.int32), a.shape[:-1]))
+    lu, pivots, perm = lax.linalg.lu(a)
+    zero = jnp.diagonal(lu, axis1=-2, axis2=-1) == 0
+    info = jnp.where(jnp.any(zero, axis=-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
+    return lu, (pivots + 1).astype(jnp.int32), info, perm
+
+
+def _no_pivoting():
+    raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
+
+
+def _pivots_to_perm(pivots, n):
+    """LAPACK's 1-based row swaps as the permutation of n rows they make."""
+    return lax.linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, n)
+
+
+def _unpack_lu(lu):
+    """L (unit lower, m x k) and U (upper, k x n) of a packed m x n LU, k = min(m, n)."""
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    return lower, jnp.triu(lu[..., :k, :])
+
+
+def _permutation_matrix(perm, dtype):
+    """P with A = P L U, from A[perm] = L U: P[perm[i], i] = 1."""
+    return _mT(jax.nn.one_hot(perm, perm.shape[-1], dtype=dtype))
+
+
+@lowering("linalg_lu_factor_ex")
+def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
+    if not pivot:
+        _no_pivoting()
+    lu, pivots, info, _ = _lu(a)
+    if check_errors:
+        linalg_check_errors(info, "linalg.lu_factor_ex", a.ndim == 2)
+    return lu, pivots, info
+
+
+@lowering("linalg_lu")
+def linalg_lu(a, pivot=True):
+    if not pivot:
+        _no_pivoting()
+    lu, _, _, perm = _lu(a)
+    lower, upper = _unpack_lu(lu)
+    return _permutation_matrix(perm, a.dtype), lower, upper
+
+
+@lowering("lu_unpack")
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    lower, upper = _unpack_lu(lu) if unpack_data else (_empty(lu.dtype), _empty(lu.dtype))
+    if not unpack_pivots:
+        return _empty(lu.dtype), lower, upper
+    return _permutation_matrix(_pivots_to_perm(pivots, lu.shape[-2]), lu.dtype), lower, upper
+
+
+def _lu_solve_left(lu, perm, b, adjoint):
+    """x with A x = b (or A^H x = b) for A[perm] = L U packed in `lu`."""
+    lu, perm, b = _broadcast_batch((lu, 2), (perm, 1), (b, 2))
+    if not adjoint:   # L U x = b[perm]
+        y = _tri_solve(lu, jnp.take_along_axis(b, perm[..., None], axis=-2), upper=False, unit=True)
+        return _tri_solve(lu, y, upper=True)
+    # A^H = U^H L^H P^T: x = P L^-H U^-H b, and (P z)[perm] = z
+    y = _tri_solve(lu, b, upper=True, transpose=True, conjugate=True)
+    z = _tri_solve(lu, y, upper=False, transpose=True, conjugate=True, unit=True)
+    return jnp.take_along_axis(z, jnp.argsort(perm, axis=-1)[..., None], axis=-2)
+
+
+def _lu_solve(lu, perm, b, left=True, adjoint=False):
+    if left:
+        return _lu_solve_left(lu, perm, b, adjoint)
+    # x op(A) = b  <=>  op(A)^H x^H = b^H
+    return _mH(_lu_solve_left(lu, perm, _mH(b), not adjoint))
+
+
+@lowering("linalg_lu_solve")
+def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
+    _lapack_dtype(lu, "lu_solve")
+    return _lu_solve(lu, _pivots_to_perm(pivots, lu.shape[-1]), b, left, adjoint)
+
+
+# ---- determinants, inverse, solve
+def _det_lu(a):
+    """The LU PyTorch's det/slogdet keep for their backward: of A^T for real A (their kernels factor
+    the transpose of a contiguous real A; their backward then solves without the adjoint), of A for
+    complex A. A lowering does not see strides: a non-contiguous real A would get A's own LU there."""
+    return _lu(a if jnp.iscomplexobj(a) else _mT(a))
+
+
+def _pivot_sign(pivots):
+    swaps = jnp.sum(pivots != jnp.arange(1, pivots.shape[-1] + 1, dtype=pivots.dtype), axis=-1)
+    return jnp.where(swaps % 2 == 0, 1, -1)
+
+
+@lowering("_linalg_det")
+def linalg_det(a):
+    lu, pivots, _, _ = _det_lu(a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    return (_pivot_sign(pivots) * jnp.prod(diag, axis=-1)).astype(a.dtype), lu, pivots
+
+
+@lowering("_linalg_slogdet")
+def linalg_slogdet(a):
+    lu, pivots, _, _ = _det_lu(a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    size = jnp.abs(diag)
+    # a zero pivot: sign 0 (times the rest, as PyTorch: -0.0 may come out), log|det| = -inf
+    phase = jnp.prod(diag / jnp.where(size == 0, 1, size).astype(diag.dtype) * (size != 0), axis=-1)
+    sign = (_pivot_sign(pivots) * phase).astype(a.dtype)
+    return sign, jnp.sum(jnp.log(size), axis=-1), lu, pivots
+
+
+@lowering("linalg_inv_ex")
+def linalg_inv_ex(a, check_errors=False):
+    lu, _, info, perm = _lu(a)
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    if check_errors:
+        linalg_check_errors(info, "linalg.inv_ex", a.ndim == 2)
+    return _lu_solve(lu, perm, eye), info
+
+
+@lowering("_linalg_solve_ex")
+def linalg_solve_ex(a, b, left=True, check_errors=False):
+    """A X = B (or X A = B) with PyTorch's rule for vectors: B is a (batch of) vector(s) when it is
+    1-D, or when it has A's shape without the last dimension."""
+    vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+    lu, pivots, info, perm = _lu(a)
+    x = _lu_solve(lu, perm, b[..., None] if vector else b, left)
+    if check_errors:
+        linalg_check_errors(info, "linalg.solve_ex", a.ndim == 2)
+    return (x[..., 0] if vector else x), lu, pivots, info
+
+
+# ---- spectral decompositions and QR (signs and phases are free: PyTorch documents them so)
+@lowering("_linalg_eigh")
+def linalg_eigh(a, UPLO="L", compute_v=True):
+    _lapack_dtype(a, "linalg_eigh")
+    vectors, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False, sort_eigenvalues=True)
+    return values, (vectors if compute_v else _empty(a.dtype))
+
+
+@lowering("linalg_qr")
+def linalg_qr(a, mode="reduced"):
+    _lapack_dtype(a, "geqrf")
+    if mode == "r":
+        return _empty(a.dtype), _real_diagonal(None, jnp.linalg.qr(a, mode="r"))[1]
+    return _real_diagonal(*jnp.linalg.qr(a, mode=mode))
+
+
+def _real_diagonal(q, r):
+    """LAPACK's convention for complex QR, which PyTorch's backward assumes: R's diagonal is real.
+    XLA leaves a phase there; move it into Q's columns (Q D, D^H R keep the product)."""
+    if not jnp.issubdtype(r.dtype, jnp.complexfloating):
+        return q, r
+    k = min(r.shape[-2], r.shape[-1])
+    diag = jnp.diagonal(r[..., :k, :k], axis1=-2, axis2=-1)
+    size = jnp.abs(diag)
+    phase = jnp.where(size == 0, 1, diag / jnp.where(size == 0, 1, size))
+    r = r.at[..., :k, :].multiply(jnp.conj(phase)[..., :, None])
+    if q is not None:
+        q = q.at[..., :, :k].multiply(phase[..., None, :])
+    return q, r
+
+
+@lowering("_linalg_svd")
+def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
+    _lapack_dtype(a, "linalg_svd")
+    if not compute_uv:
+        return _empty(a.dtype), jnp.linalg.svd(a, compute_uv=False), _empty(a.dtype)
+    return tuple(jnp.linalg.svd(a, full_matrices=full_matrices))
+
+
+# ---- Householder products (the Q of geqrf's packed reflectors) and the matrix exponential
+@lowering("linalg_householder_product")
+def linalg_householder_product(reflectors, tau):
+    _lapack_dtype(reflectors, "orgqr")
+    return lax.linalg.householder_product(reflectors, tau)
+
+
+@lowering("ormqr")
+def ormqr(reflectors, tau, other, left=True, transpose=False):
+    """op(Q) C or C op(Q), Q = H_1 ... H_k the full m x m product (LAPACK's ormqr): the reflectors
+    padded to m with tau = 0 (H = I) give it through orgqr."""
+    _lapack_dtype(reflectors, "ormqr")
+    m, k = reflectors.shape[-2], tau.shape[-1]
+    square = jnp.zeros(reflectors.shape[:-1] + (m,), reflectors.dtype).at[..., :k].set(reflectors[..., :k])
+    q = lax.linalg.householder_product(square, jnp.pad(tau, [(0, 0)] * (tau.ndim - 1) + [(0, m - k)]))
+    q = _mH(q) if transpose else q
+    q, other = _broadcast_batch((q, 2), (other, 2))
+    return _exact_mm(q, other) if left else _exact_mm(other, q)
+
+
+@lowering("linalg_matrix_exp")
+def linalg_matrix_exp(a):
+    _lapack_dtype(a, "linalg_matrix_exp")
+    return jax.scipy.linalg.expm(a)

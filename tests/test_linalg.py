@@ -1,0 +1,414 @@
+"""Decompositions and solves (Cholesky, LU, triangular, det/slogdet, inverse, solve, eigh, QR, SVD,
+Householder products, matrix exponential) on "tpu" against the CPU: values, shapes, dtypes, info
+and pivots, batched and unbatched, forward and backward, and the errors bad input raises.
+
+Inputs are fresh random, well-conditioned matrices (A A^H + n I for positive-definite ones,
+B + n I for general square ones). eigh, QR and SVD are free up to the sign (phase) of each vector:
+they are compared through quantities that do not depend on it, as PyTorch's own tests do.
+"""
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+import torchtpu  # noqa: F401
+from torchtpu.eager import asserts
+
+DEV = "tpu"
+REAL = [torch.float32, torch.float64]
+ALL = REAL + [torch.complex64, torch.complex128]
+BATCHES = [(), (2, 3)]
+
+
+def _dtype_batch(dtypes):
+    """Every dtype once in the default run (alternately batched, unbatched); every (dtype, batch) pair
+    with `pytest -m slow`."""
+    default = [pytest.param(d, BATCHES[i % 2], id=f"{d}-{BATCHES[i % 2]}") for i, d in enumerate(dtypes)]
+    rest = [pytest.param(d, b, id=f"{d}-{b}", marks=pytest.mark.slow) for i, d in enumerate(dtypes)
+            for b in BATCHES if b != BATCHES[i % 2]]
+    return default + rest
+
+
+def _tol(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype in (torch.float32, torch.complex64) else dict(rtol=1e-7, atol=1e-9)
+
+
+def _pd(batch, n, dtype):
+    x = torch.randn(*batch, n, n, dtype=dtype)
+    return x @ x.mH + n * torch.eye(n, dtype=dtype)
+
+
+def _square(batch, n, dtype):
+    return torch.randn(*batch, n, n, dtype=dtype) + n * torch.eye(n, dtype=dtype)
+
+
+def _rect(batch, m, n, dtype):
+    return torch.randn(*batch, m, n, dtype=dtype)
+
+
+def _one_triangle(a, uplo):
+    garbage = 100 * torch.randn_like(a)
+    return a.tril() + garbage.triu(1) if uplo == "L" else a.triu() + garbage.tril(-1)
+
+
+def _cpu(x):
+    return pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, x)
+
+
+def _tpu(x):
+    return pytree.tree_map(lambda t: t.to(DEV) if isinstance(t, torch.Tensor) else t, x)
+
+
+def _same(fn, inputs, dtype, post=lambda out, *inputs: out):
+    """fn on the CPU and on tpu; `post` (run on the CPU) maps each result to what must agree."""
+    expected = post(fn(*inputs), *inputs)
+    actual = post(_cpu(fn(*_tpu(inputs))), *inputs)
+    torch.testing.assert_close(actual, expected, **_tol(dtype))
+
+
+# ------------------------------------------------------------------ forward, exact outputs
+# name -> (function, inputs(batch, dtype)); outputs are unique, so compared as they are
+_mat = lambda b, d: (_square(b, 4, d),)  # noqa: E731
+EXACT = {
+    "cholesky_ex": (torch.linalg.cholesky_ex, lambda b, d: (_pd(b, 4, d),)),
+    "cholesky_ex upper": (lambda a: torch.linalg.cholesky_ex(a, upper=True), lambda b, d: (_pd(b, 4, d),)),
+    # only the triangle named is read: the other one holds garbage here
+    "cholesky_ex one triangle": (torch.linalg.cholesky_ex, lambda b, d: (_one_triangle(_pd(b, 4, d), "L"),)),
+    "cholesky_ex upper one triangle": (lambda a: torch.linalg.cholesky_ex(a, upper=True),
+                                       lambda b, d: (_one_triangle(_pd(b, 4, d), "U"),)),
+    "eigvalsh one triangle": (lambda a: torch.linalg.eigvalsh(a, UPLO="U"), lambda b, d: (_one_triangle(_pd(b, 4, d), "U"),)),
+    "torch.cholesky": (lambda a: torch.cholesky(a), lambda b, d: (_pd(b, 4, d),)),
+    "torch.cholesky upper": (lambda a: torch.cholesky(a, upper=True), lambda b, d: (_pd(b, 4, d),)),
+    "solve_triangular upper": (lambda a, x: torch.linalg.solve_triangular(a, x, upper=True),
+                               lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
+    "solve_triangular lower right unit": (
+        lambda a, x: torch.linalg.solve_triangular(a, x, upper=False, left=False, unitriangular=True),
+        lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d))),
+    "solve_triangular broadcast": (lambda a, x: torch.linalg.solve_triangular(a, x, upper=False),
+                                   lambda b, d: (_square((), 4, d), _rect(b, 4, 2, d))),
+    "triangular_solve": (lambda x, a: torch.triangular_solve(x, a), lambda b, d: (_rect(b, 4, 3, d), _square(b, 4, d))),
+    "triangular_solve lower transpose unit": (
+        lambda x, a: torch.triangular_solve(x, a, upper=False, transpose=True, unitriangular=True),
+        lambda b, d: (_rect(b, 4, 3, d), _square((), 4, d))),
+    "cholesky_solve": (lambda x, a: torch.cholesky_solve(x, torch.linalg.cholesky(a)),
+                       lambda b, d: (_rect(b, 4, 3, d), _pd(b, 4, d))),
+    "cholesky_solve upper": (lambda x, a: torch.cholesky_solve(x, torch.linalg.cholesky(a, upper=True), upper=True),
+                             lambda b, d: (_rect(b, 4, 3, d), _pd(b, 4, d))),
+    "cholesky_inverse": (lambda a: torch.cholesky_inverse(torch.linalg.cholesky(a)), lambda b, d: (_pd(b, 4, d),)),
+    "cholesky_inverse upper": (lambda a: torch.cholesky_inverse(torch.linalg.cholesky(a, upper=True), upper=True),
+                               lambda b, d: (_pd(b, 4, d),)),
+    "lu_factor_ex": (torch.linalg.lu_factor_ex, _mat),
+    "lu_factor_ex tall": (torch.linalg.lu_factor_ex, lambda b, d: (_rect(b, 5, 3, d),)),
+    "lu_factor_ex wide": (torch.linalg.lu_factor_ex, lambda b, d: (_rect(b, 3, 5, d),)),
+    "linalg.lu": (torch.linalg.lu, _mat),
+    "linalg.lu tall": (torch.linalg.lu, lambda b, d: (_rect(b, 5, 3, d),)),
+    "linalg.lu wide": (torch.linalg.lu, lambda b, d: (_rect(b, 3, 5, d),)),
+    "lu_unpack": (lambda a: torch.lu_unpack(*torch.linalg.lu_factor(a)), lambda b, d: (_rect(b, 5, 3, d),)),
+    "lu_unpack data only": (lambda a: torch.lu_unpack(*torch.linalg.lu_factor(a), unpack_pivots=False), _mat),
+    "lu_unpack pivots only": (lambda a: torch.lu_unpack(*torch.linalg.lu_factor(a), unpack_data=False), _mat),
+    "torch.lu": (lambda a: torch.lu(a, get_infos=True), _mat),
+    "lu_solve": (lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x),
+                 lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
+    "lu_solve adjoint": (lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x, adjoint=True),
+                         lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
+    "lu_solve right": (lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x, left=False),
+                       lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d))),
+    "lu_solve right adjoint": (
+        lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x, left=False, adjoint=True),
+        lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d))),
+    "lu_solve broadcast": (lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x),
+                           lambda b, d: (_square((), 4, d), _rect(b, 4, 2, d))),
+    "torch.lu_solve": (lambda a, x: torch.lu_solve(x, *torch.linalg.lu_factor(a)),
+                       lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
+    "_linalg_det": (torch.ops.aten._linalg_det, _mat),
+    "_linalg_slogdet": (torch.ops.aten._linalg_slogdet, _mat),
+    "det": (torch.linalg.det, _mat),
+    "slogdet": (torch.linalg.slogdet, _mat),
+    "logdet": (torch.logdet, lambda b, d: (_pd(b, 4, d),)),
+    "inv_ex": (torch.linalg.inv_ex, _mat),
+    "inv": (torch.linalg.inv, _mat),
+    "inverse": (torch.inverse, _mat),
+    "_linalg_solve_ex": (torch.ops.aten._linalg_solve_ex, lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
+    "_linalg_solve_ex right": (lambda a, x: torch.ops.aten._linalg_solve_ex(a, x, left=False),
+                               lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d))),
+    "solve": (torch.linalg.solve, lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
+    # B with A's shape minus the last dimension is a batch of vectors; a 1-D B is one vector
+    "solve batch of vectors": (torch.linalg.solve, lambda b, d: (_square(b, 4, d), torch.randn(*b, 4, dtype=d))),
+    "solve one vector": (torch.linalg.solve, lambda b, d: (_square(b, 4, d), torch.randn(4, dtype=d))),
+    "solve broadcast matrix": (torch.linalg.solve, lambda b, d: (_square((), 4, d), _rect(b, 4, 2, d))),
+    "solve_ex": (torch.linalg.solve_ex, lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
+    "tensorsolve": (lambda a, x: torch.linalg.tensorsolve(a.reshape(2, 2, 4), x.reshape(2, 2)),
+                    lambda b, d: (_square((), 4, d), torch.randn(4, dtype=d))),
+    "eigvalsh": (torch.linalg.eigvalsh, lambda b, d: (_pd(b, 4, d),)),
+    "eigvalsh upper": (lambda a: torch.linalg.eigvalsh(a, UPLO="U"), lambda b, d: (_pd(b, 4, d),)),
+    "svdvals": (torch.linalg.svdvals, lambda b, d: (_rect(b, 5, 3, d),)),
+    "matrix_rank": (torch.linalg.matrix_rank, lambda b, d: (_rect(b, 5, 3, d) @ _rect(b, 3, 4, d),)),
+    "pinv": (torch.linalg.pinv, lambda b, d: (_rect(b, 5, 3, d),)),
+    "cond": (torch.linalg.cond, _mat),
+    "matrix_norm 2": (lambda a: torch.linalg.matrix_norm(a, ord=2), lambda b, d: (_rect(b, 5, 3, d),)),
+    # geqrf has no meta kernel (nothing runs it off the CPU): its reflectors are made there
+    "householder_product": (torch.linalg.householder_product, lambda b, d: torch.geqrf(_rect(b, 5, 3, d))),
+    "ormqr": (lambda a, tau, c: torch.ormqr(a, tau, c, transpose=True),
+              lambda b, d: (*torch.geqrf(_rect(b, 5, 3, d)), _rect(b, 5, 2, d))),
+    "ormqr right": (lambda a, tau, c: torch.ormqr(a, tau, c, left=False),
+                    lambda b, d: (*torch.geqrf(_rect(b, 5, 3, d)), _rect(b, 2, 5, d))),
+    "matrix_exp": (torch.linalg.matrix_exp, lambda b, d: (_rect(b, 4, 4, d) / 2,)),
+}
+
+
+@pytest.mark.parametrize("dtype,batch", _dtype_batch(ALL))
+@pytest.mark.parametrize("case", list(EXACT))
+def test_matches_cpu(case, dtype, batch):
+    fn, make = EXACT[case]
+    if case == "matrix_rank" and dtype.is_complex:
+        pytest.skip("matrix_rank compares |singular values| against a tolerance: same as svdvals")
+    torch.manual_seed(0)
+    _same(fn, make(batch, dtype), dtype)
+
+
+# ------------------------------------------------------------------ forward, gauge-invariant
+def _eigh_invariants(out, a):
+    w, v = out
+    return w, v @ torch.diag_embed(w).to(v.dtype) @ v.mH, v.mH @ v   # eigenvalues, A, orthonormality
+
+
+def _svd_invariants(out, a):
+    u, s, vh = out
+    k = s.shape[-1]
+    return s, u[..., :, :k] @ torch.diag_embed(s).to(u.dtype) @ vh[..., :k, :], u.mH @ u, vh @ vh.mH
+
+
+def _qr_invariants(out, a):
+    q, r = out
+    return q @ r, q.mH @ q, r.abs(), q.abs()   # Householder QR: unique up to a phase per column
+
+
+INVARIANT = {
+    "eigh": (torch.linalg.eigh, lambda b, d: (_pd(b, 4, d),), _eigh_invariants),
+    "eigh upper": (lambda a: torch.linalg.eigh(a, UPLO="U"), lambda b, d: (_pd(b, 4, d),), _eigh_invariants),
+    "svd": (lambda a: torch.linalg.svd(a, full_matrices=False), lambda b, d: (_rect(b, 5, 3, d),), _svd_invariants),
+    "svd full": (torch.linalg.svd, lambda b, d: (_rect(b, 3, 5, d),), _svd_invariants),
+    "torch.svd": (lambda a: (lambda u, s, v: (u, s, v.mH))(*torch.svd(a)), lambda b, d: (_rect(b, 5, 3, d),),
+                  _svd_invariants),
+    "qr": (torch.linalg.qr, lambda b, d: (_rect(b, 5, 3, d),), _qr_invariants),
+    "qr wide": (torch.linalg.qr, lambda b, d: (_rect(b, 3, 5, d),), _qr_invariants),
+    "qr complete": (lambda a: torch.linalg.qr(a, mode="complete"), lambda b, d: (_rect(b, 5, 3, d),),
+                    lambda out, a: (out[0] @ out[1], out[0].mH @ out[0], out[1].abs())),
+    "qr r": (lambda a: torch.linalg.qr(a, mode="r"), lambda b, d: (_rect(b, 5, 3, d),),
+             lambda out, a: (out[0].shape, out[1].abs())),
+}
+
+
+@pytest.mark.parametrize("dtype,batch", _dtype_batch(ALL))
+@pytest.mark.parametrize("case", list(INVARIANT))
+def test_gauge_invariants_match_cpu(case, dtype, batch):
+    fn, make, post = INVARIANT[case]
+    torch.manual_seed(0)
+    _same(lambda *a: tuple(fn(*a)), make(batch, dtype), dtype, post)
+
+
+def test_output_dtypes_and_shapes():
+    a = _square((2,), 3, torch.complex64).to(DEV)
+    lu, pivots, info = torch.linalg.lu_factor_ex(a)
+    assert (lu.dtype, pivots.dtype, info.dtype) == (torch.complex64, torch.int32, torch.int32)
+    assert (pivots.shape, info.shape) == ((2, 3), (2,))
+    sign, logabsdet = torch.linalg.slogdet(a)
+    assert (sign.dtype, logabsdet.dtype) == (torch.complex64, torch.float32)
+    w, v = torch.linalg.eigh(_pd((), 3, torch.complex128).to(DEV))
+    assert (w.dtype, v.dtype) == (torch.float64, torch.complex128)
+    assert torch.linalg.cholesky_ex(_pd((4,), 3, torch.float32).to(DEV)).info.dtype == torch.int32
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (2, 0, 0), (0, 3, 3)], ids=str)
+@pytest.mark.parametrize("fn", [torch.linalg.cholesky_ex, torch.linalg.inv_ex, torch.linalg.det, torch.linalg.slogdet,
+                                torch.linalg.lu_factor_ex, torch.linalg.eigvalsh, torch.linalg.svdvals,
+                                torch.linalg.qr], ids=lambda f: f.__name__)
+def test_empty_matrices(fn, shape):
+    a = torch.zeros(shape)
+    torch.testing.assert_close(_cpu(fn(a.to(DEV))), fn(a))
+
+
+# ------------------------------------------------------------------ gradients
+def _sym(a):
+    return (a + a.mH) / 2   # the gradient then flows to both triangles, as PyTorch's tests do
+
+
+GRADS = {
+    "cholesky": (lambda a: torch.linalg.cholesky(_sym(a)), lambda b, d: (_pd(b, 4, d),)),
+    "cholesky upper": (lambda a: torch.linalg.cholesky(_sym(a), upper=True), lambda b, d: (_pd(b, 4, d),)),
+    "cholesky_ex": (lambda a: torch.linalg.cholesky_ex(_sym(a)).L, lambda b, d: (_pd(b, 4, d),)),
+    "solve": (torch.linalg.solve, lambda b, d: (_square(b, 4, d), _rect(b, 4, 2, d))),
+    "solve vector": (torch.linalg.solve, lambda b, d: (_square(b, 4, d), torch.randn(*b, 4, dtype=d))),
+    "solve right": (lambda a, x: torch.linalg.solve(a, x, left=False), lambda b, d: (_square(b, 4, d), _rect(b, 2, 4, d))),
+    "inv": (torch.linalg.inv, lambda b, d: (_square(b, 4, d),)),
+    "det": (torch.linalg.det, lambda b, d: (_square(b, 4, d),)),
+    "slogdet": (lambda a: torch.linalg.slogdet(a).logabsdet, lambda b, d: (_square(b, 4, d),)),
+    "logdet": (torch.logdet, lambda b, d: (_pd(b, 4, d),)),
+    "solve_triangular": (lambda a, x: torch.linalg.solve_triangular(a.triu(), x, upper=True),
+                         lambda b, d: (_square(b, 4, d), _rect(b, 4, 2, d))),
+    "triangular_solve": (lambda x, a: torch.triangular_solve(x, a.tril(), upper=False, transpose=True).solution,
+                         lambda b, d: (_rect(b, 4, 2, d), _square(b, 4, d))),
+    "cholesky_solve": (lambda x, a: torch.cholesky_solve(x, torch.linalg.cholesky(_sym(a))),
+                       lambda b, d: (_rect(b, 4, 2, d), _pd(b, 4, d))),
+    "cholesky_inverse": (lambda a: torch.cholesky_inverse(torch.linalg.cholesky(_sym(a))), lambda b, d: (_pd(b, 4, d),)),
+    "lu_factor": (lambda a: torch.linalg.lu_factor(a).LU, lambda b, d: (_square(b, 4, d),)),
+    "lu": (lambda a: torch.linalg.lu(a)[1:], lambda b, d: (_rect(b, 5, 3, d),)),
+    "lu_solve": (lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x),
+                 lambda b, d: (_square(b, 4, d), _rect(b, 4, 2, d))),
+    "eigh": (lambda a: (lambda w, v: (w, v @ torch.diag_embed(w).to(v.dtype) @ v.mH))(*torch.linalg.eigh(_sym(a))),
+             lambda b, d: (_pd(b, 4, d),)),
+    "svd": (lambda a: (lambda u, s, vh: (s, u @ vh))(*torch.linalg.svd(a, full_matrices=False)),
+            lambda b, d: (_rect(b, 5, 3, d),)),
+    "qr": (lambda a: (lambda q, r: (q @ r, q * r.diagonal(dim1=-2, dim2=-1).sgn().unsqueeze(-2)))(*torch.linalg.qr(a)),
+           lambda b, d: (_rect(b, 5, 3, d),)),
+    "pinv": (torch.linalg.pinv, lambda b, d: (_rect(b, 5, 3, d),)),
+    "matrix_exp": (torch.linalg.matrix_exp, lambda b, d: (_rect(b, 4, 4, d) / 2,)),
+    "MultivariateNormal.log_prob": (
+        lambda m, a: torch.distributions.MultivariateNormal(m, covariance_matrix=_sym(a)).log_prob(m * 0.5),
+        lambda b, d: (torch.randn(*b, 4, dtype=d), _pd(b, 4, d))),
+}
+
+
+def _grads(fn, inputs, device, cotangents=None):
+    xs = [x.detach().to(device).requires_grad_(True) for x in inputs]
+    out = fn(*xs)
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if o.requires_grad]
+    if cotangents is None:
+        cotangents = [torch.randn_like(o.detach().cpu()) for o in outs]
+    got = torch.autograd.grad(outs, xs, [c.to(device) for c in cotangents])
+    return cotangents, [g.cpu() for g in got]
+
+
+@pytest.mark.parametrize("dtype,batch", _dtype_batch(ALL))
+@pytest.mark.parametrize("case", list(GRADS))
+def test_backward_matches_cpu(case, dtype, batch):
+    if case == "MultivariateNormal.log_prob" and dtype.is_complex:
+        pytest.skip("a real distribution")
+    fn, make = GRADS[case]
+    torch.manual_seed(0)
+    inputs = make(batch, dtype)
+    cotangents, expected = _grads(fn, inputs, "cpu")
+    _, actual = _grads(fn, inputs, DEV, cotangents)
+    tol = dict(rtol=1e-3, atol=1e-4) if dtype in (torch.float32, torch.complex64) else dict(rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(actual, expected, **tol)
+
+
+@pytest.mark.xfail(strict=True, reason="det/slogdet keep the LU of A^T for a contiguous real A and of A "
+                   "otherwise, and their backward picks the solve from A's strides; a lowering sees values, "
+                   "not strides, and always assumes a contiguous A")
+def test_det_backward_of_non_contiguous_matrix():
+    a = _square((), 4, torch.float64)
+    _, expected = _grads(lambda x: torch.linalg.det(x.mT), (a,), "cpu", [torch.tensor(1.0, dtype=torch.float64)])
+    _, actual = _grads(lambda x: torch.linalg.det(x.mT), (a,), DEV, [torch.tensor(1.0, dtype=torch.float64)])
+    torch.testing.assert_close(actual, expected)
+
+
+def test_solve_backward_of_non_contiguous_matrix():
+    a, b = _square((), 4, torch.float64), _rect((), 4, 2, torch.float64)
+    cot, expected = _grads(lambda x, y: torch.linalg.solve(x.mT, y), (a, b), "cpu")
+    _, actual = _grads(lambda x, y: torch.linalg.solve(x.mT, y), (a, b), DEV, cot)
+    torch.testing.assert_close(actual, expected)
+
+
+# ------------------------------------------------------------------ failures: info and errors
+def _not_positive_definite():
+    # leading minors that fail at orders 2, 2, none, 3 (the CPU's info)
+    return torch.tensor([[[1., 0, 0], [0, -1, 0], [0, 0, 1]], [[1., 2, 0], [2, 1, 0], [0, 0, 1]],
+                         [[4., 0, 0], [0, 4, 0], [0, 0, 4]], [[1., 0, 0], [0, 1, 0], [0, 0, -1]]])
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_ex_reports_info_without_error(upper):
+    a = _not_positive_definite()
+    expected = torch.linalg.cholesky_ex(a, upper=upper).info
+    out = torch.linalg.cholesky_ex(a.to(DEV), upper=upper)
+    torch.testing.assert_close(out.info.cpu(), expected)
+    assert expected.tolist() == [2, 2, 0, 3]
+    torch.testing.assert_close(out.L[2].cpu(), torch.linalg.cholesky(a[2], upper=upper))
+
+
+@pytest.mark.parametrize("call", ["linalg.cholesky", "cholesky_ex check_errors", "torch.cholesky"])
+def test_cholesky_of_non_positive_definite_raises(call):
+    fn = {"linalg.cholesky": torch.linalg.cholesky,
+          "cholesky_ex check_errors": lambda a: torch.linalg.cholesky_ex(a, check_errors=True).L,
+          "torch.cholesky": torch.cholesky}[call]
+    with pytest.raises(RuntimeError):
+        fn(_not_positive_definite())
+    out = fn(_not_positive_definite().to(DEV))   # asynchronous: raised at the next synchronization
+    with pytest.raises(asserts.DeviceAssertError, match="not positive-definite"):
+        out.cpu()
+
+
+def test_singular_matrices():
+    s = torch.tensor([[1., 2.], [2., 4.]])
+    inverse, info = torch.linalg.inv_ex(s.to(DEV))
+    assert info.item() == torch.linalg.inv_ex(s).info.item() == 2
+    _, _, info = torch.linalg.lu_factor_ex(torch.zeros(2, 3, 3, device=DEV))
+    assert info.tolist() == [1, 1]
+    sign, logabsdet = torch.linalg.slogdet(s.to(DEV))
+    assert sign.item() == 0 and logabsdet.item() == float("-inf")
+    assert torch.linalg.det(s.to(DEV)).item() == 0
+    for fn in (torch.linalg.inv, lambda a: torch.linalg.solve(a, torch.ones(2, device=a.device)),
+               lambda a: torch.linalg.lu_factor(a).LU):
+        with pytest.raises(RuntimeError):
+            fn(s)
+        with pytest.raises(asserts.DeviceAssertError, match="singular"):
+            fn(s.to(DEV)).cpu()
+
+
+def test_bad_input_raises_as_on_cpu():
+    cases = {
+        "non-square": lambda d: torch.linalg.cholesky(torch.randn(3, 2, device=d)),
+        "integer": lambda d: torch.linalg.det(torch.ones(3, 3, dtype=torch.long, device=d)),
+        "half": lambda d: torch.linalg.cholesky(torch.eye(3, dtype=torch.half, device=d)),
+        "mixed dtypes": lambda d: torch.linalg.solve(torch.eye(3, device=d), torch.ones(3, dtype=torch.float64, device=d)),
+        "vector right side": lambda d: torch.linalg.solve(torch.eye(3, device=d), torch.ones(3, device=d), left=False),
+        "shapes": lambda d: torch.linalg.solve(torch.eye(3, device=d), torch.ones(2, 4, device=d)),
+        "lu without pivoting": lambda d: torch.linalg.lu_factor(torch.eye(3, device=d), pivot=False),
+        "linalg.lu without pivoting": lambda d: torch.linalg.lu(torch.eye(3, device=d), pivot=False),
+    }
+    for name, fn in cases.items():
+        with pytest.raises((RuntimeError, NotImplementedError)) as cpu:
+            fn("cpu")
+        with pytest.raises(RuntimeError) as tpu:
+            fn(DEV)
+        if name in ("non-square", "integer", "mixed dtypes", "shapes", "lu without pivoting"):
+            assert _aten_dtype_names(str(tpu.value)) == str(cpu.value), name
+
+
+def _aten_dtype_names(message):
+    # PyTorch's meta kernels (which check shapes and dtypes on tpu) name dtypes as Python does
+    for python, aten in (("torch.float32", "Float"), ("torch.float64", "Double"), ("torch.int64", "Long")):
+        message = message.replace(python, aten)
+    return message
+
+
+# ------------------------------------------------------------------ what users call
+def test_multivariate_normal_sample_and_log_prob():
+    torch.manual_seed(0)
+    mean, cov = torch.randn(4), _pd((), 4, torch.float32)
+    dist = torch.distributions.MultivariateNormal(mean.to(DEV), covariance_matrix=cov.to(DEV))
+    sample = dist.sample((1000,))
+    assert sample.device.type == DEV and sample.shape == (1000, 4)
+    assert torch.isfinite(sample.cpu()).all()
+    # the empirical covariance is near cov (1000 draws: a loose bound)
+    torch.testing.assert_close(torch.cov(sample.cpu().T), cov, rtol=0.3, atol=0.3 * cov.diagonal().max().item())
+    x = torch.randn(5, 4)
+    expected = torch.distributions.MultivariateNormal(mean, covariance_matrix=cov).log_prob(x)
+    torch.testing.assert_close(dist.log_prob(x.to(DEV)).cpu(), expected)
+
+
+def test_positive_definite_constraint():
+    # what Hugging Face's resize_token_embeddings checks before drawing new embeddings
+    from torch.distributions import constraints
+    a = torch.stack([_pd((), 3, torch.float32), -torch.eye(3)])
+    assert constraints.positive_definite.check(a.to(DEV)).cpu().tolist() == [True, False]
+
+
+def test_compiled_solve_and_cholesky():
+    def f(a, b):
+        return torch.linalg.solve(a, b) + torch.linalg.cholesky(a @ a.mT + 4 * torch.eye(4, device=a.device)).sum()
+
+    torch.manual_seed(0)
+    a, b = _square((2,), 4, torch.float32), torch.randn(2, 4, 3)
+    compiled = torch.compile(f, backend="tpu")
+    torch.testing.assert_close(compiled(a.to(DEV), b.to(DEV)).cpu(), f(a, b), rtol=1e-4, atol=1e-4)
