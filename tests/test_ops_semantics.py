@@ -241,3 +241,52 @@ def test_fractional_max_pool_with_given_samples(nd, shape, kernel, output):
     (expected,) = torch.autograd.grad(out, xc, g)
     (actual,) = torch.autograd.grad(out_d, xd, g.to(DEV))
     torch.testing.assert_close(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("shapes", [((12, 16), (3, 16, 8), [4, 8, 12]),    # experts' forward: groups of rows
+                                    ((16, 12), (12, 8), [4, 8, 12]),       # their weight gradient
+                                    ((3, 12, 16), (16, 12), [4, 8, 12]),   # groups of columns
+                                    ((3, 12, 16), (3, 16, 8), None)])      # batched
+def test_grouped_mm_modes_and_gradients(shapes):
+    sa, sb, offs = shapes
+    a, b = torch.randn(*sa, requires_grad=True), torch.randn(*sb, requires_grad=True)
+    o = None if offs is None else torch.tensor(offs, dtype=torch.int32)
+    ta, tb = (x.detach().to(DEV).requires_grad_() for x in (a, b))
+    expected = torch._grouped_mm(a, b, offs=o)
+    actual = torch._grouped_mm(ta, tb, offs=None if o is None else o.to(DEV))
+    torch.testing.assert_close(actual.cpu(), expected)
+    weight = torch.randn(expected.shape)
+    (expected * weight).sum().backward()
+    (actual * weight.to(DEV)).sum().backward()
+    torch.testing.assert_close(ta.grad.cpu(), a.grad)
+    torch.testing.assert_close(tb.grad.cpu(), b.grad)
+
+
+def test_lazily_conjugated_and_negated_views():
+    """x.conj(), x.mH and x.conj().imag are views with PyTorch's conjugate/negative bits: every read,
+    write and copy through them sees the conjugated (negated) values."""
+    x = torch.randn(4, 3, dtype=torch.complex64)
+    t = x.to(DEV)
+    checks = {
+        "conj": lambda v: v.conj(),
+        "conj + 1": lambda v: v.conj() + 1,
+        "resolve_conj": lambda v: v.conj().resolve_conj(),
+        "mH @ x": lambda v: v.mH @ v,
+        "conj().imag": lambda v: v.conj().imag,
+        "real, imag": lambda v: torch.stack([v.real, v.imag]),
+        "view_as_real": lambda v: torch.view_as_real(v.conj().resolve_conj()),
+        "clone": lambda v: v.conj().clone(),
+    }
+    for name, fn in checks.items():
+        torch.testing.assert_close(fn(t).cpu(), fn(x), msg=lambda m: f"{name}: {m}")
+    z, zc = t.clone(), x.clone()
+    for v in (z, zc):
+        v.conj().copy_(torch.full((4, 3), 1 + 2j, dtype=torch.complex64, device=v.device))
+        v.imag.mul_(3)
+    torch.testing.assert_close(z.cpu(), zc)
+    host = torch.zeros(4, 3, dtype=torch.complex64)
+    host.copy_(t.conj())
+    torch.testing.assert_close(host, x.conj())
+    torch.testing.assert_close(x.conj().to(DEV).cpu(), x.conj())
+    r = torch.randn(4, 2)
+    torch.testing.assert_close(torch.view_as_complex(r.to(DEV)).cpu(), torch.view_as_complex(r))

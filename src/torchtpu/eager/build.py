@@ -39,6 +39,20 @@ def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
 class _TensorArg(NamedTuple):
     slot: int
     layout: tuple
+    bits: tuple = (False, False)
+
+
+def _bits(t):
+    """(conjugate, negative): the lazy bits of `x.conj()` / `x.conj().imag` views, which hold the
+    storage's values conjugated or negated (PyTorch resolves them only for ops that ignore them)."""
+    return (t.is_conj(), t.is_neg())
+
+
+def _apply_bits(x, bits):
+    """The view's values from its storage's (or the storage's from the view's: both are involutions)."""
+    if bits[0]:
+        x = jax.numpy.conj(x)
+    return -x if bits[1] else x
 
 
 class _ScalarArg(NamedTuple):
@@ -108,6 +122,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
         return src.as_strided(t.shape, t.stride(), t.storage_offset())
 
     meta_args, meta_kwargs = _walk(kernel, args, kwargs, meta_tensor, lambda s: s, lambda c: c, _meta_other)
+    from .kernels import META_OVERRIDES
     compute = resolve(kernel.op, meta_args, meta_kwargs)  # first: an op we cannot lower fails here
     if getattr(compute, "specialize_scalars", False) and not kernel.specialize_scalars:
         kernel.specialize_scalars = True
@@ -115,7 +130,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
         raise SpecializeScalars()
     originals = [(m, tuple(m.shape)) for m in pytree.tree_leaves((meta_args, meta_kwargs))
                  if isinstance(m, torch.Tensor)]
-    meta_out = kernel.op(*meta_args, **meta_kwargs)
+    meta_out = META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
     resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]
     if resized:
         _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized)
@@ -143,20 +158,20 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
                           and spec[0].is_leaf() and len(schema.returns) == 1) else spec
 
     # 3. where in-place results go
-    mutable_targets = []  # (slot, layout) for each written tensor, in schema order
+    mutable_targets = []  # (slot, layout, bits) for each written tensor, in schema order
     for i, name, kwarg_only in kernel.mutable:
         value = kwargs.get(name) if (kwarg_only or i >= len(args)) else args[i]
         for t in (value if isinstance(value, (list, tuple)) else [value]):
             if t is None:
                 continue
             r = RECORDS[t.untyped_storage().data_ptr()]
-            mutable_targets.append((slot_of[id(r)], _layout(t, r, dyn_offset)))
+            mutable_targets.append((slot_of[id(r)], _layout(t, r, dyn_offset), _bits(t)))
     for i, name in getattr(compute, "extra_mutations", ()):
         t = kwargs.get(name) if i >= len(args) else args[i]
         if t is not None:
             r = RECORDS[t.untyped_storage().data_ptr()]
-            mutable_targets.append((slot_of[id(r)], _layout(t, r, dyn_offset)))
-    mutated_slots = sorted({s for s, _ in mutable_targets})
+            mutable_targets.append((slot_of[id(r)], _layout(t, r, dyn_offset), _bits(t)))
+    mutated_slots = sorted({s for s, _, _ in mutable_targets})
     entry.mutated_slots = mutated_slots
     nb = len(bufs)
     out_dtypes = [dt.to_jax(o[1]) for o in outs]
@@ -165,7 +180,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
     # freed): it closes over a template of slots, layouts and static values only.
     def tensor_slot(t):
         r = RECORDS[t.untyped_storage().data_ptr()]
-        return _TensorArg(slot_of[id(r)], _layout(t, r, dyn_offset))
+        return _TensorArg(slot_of[id(r)], _layout(t, r, dyn_offset), _bits(t))
 
     template = _walk(kernel, args, kwargs, tensor_slot,
                      lambda s: _ScalarArg(s if kernel.specialize_scalars else None),
@@ -177,7 +192,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
 
         def fill(v):
             if isinstance(v, _TensorArg):
-                return views.read(buffers[v.slot], _at(v.layout, offsets))
+                return _apply_bits(views.read(buffers[v.slot], _at(v.layout, offsets)), v.bits)
             if isinstance(v, _ScalarArg):
                 traced = next(it)
                 return v.value if kernel.specialize_scalars else traced  # specialized: value is in the key
@@ -216,8 +231,8 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
                     raise AssertionError(f"torchtpu: lowering of aten::{kernel.name} returned shape "
                                          f"{v.shape}, PyTorch expects {shape}")
             functional.append(v.reshape(-1))  # storages hold flat buffers
-        for (slot, layout), v in zip(mutable_targets, leaves[n_fn:]):
-            buffers[slot] = views.write(buffers[slot], _at(layout, offsets), v)
+        for (slot, layout, bits), v in zip(mutable_targets, leaves[n_fn:]):
+            buffers[slot] = views.write(buffers[slot], _at(layout, offsets), _apply_bits(v, bits))
         return tuple(functional) + tuple(buffers[s] for s in mutated_slots) + (() if flags is None else (flags,))
 
     if not outs and not mutated_slots and not kernel.op._schema.name.startswith(("aten::_assert", "aten::_linalg_check")):

@@ -116,6 +116,8 @@ class OpKernel:
                         offsets.append(off)
                         off = -1
                     parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.numel))
+                    if a.is_conj() or a.is_neg():  # lazily conjugated/negated views (build.py: _bits)
+                        parts.append((a.is_conj(), a.is_neg()))
                     continue
             device = self._flatten(a, parts, slot_of, bufs, scalars, offsets, device, i in scalar_pos)
         if kwargs:
@@ -192,6 +194,8 @@ class OpKernel:
                 offsets.append(off)
                 off = -1
             parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.numel))
+            if a.is_conj() or a.is_neg():
+                parts.append((a.is_conj(), a.is_neg()))
         elif type(a) in _SCALAR_TYPES and is_scalar_arg:
             scalars.append(a)
             # decomposed ops bake scalars into their graph, so their values must key the cache

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import torch
 from torch._C import DispatchKey, DispatchKeySet
+from torch.utils import _pytree as pytree
 
 from .. import metrics
 from ..device import platform
@@ -40,7 +41,7 @@ def _impl(name, fn):
 # aliasing PyTorch expects; every composite view op (slice, select, t, expand, ...) builds on them.
 _METADATA_OPS = ["as_strided", "view", "_reshape_alias", "alias", "unfold", "set_.source_Storage",
                  "set_.source_Storage_storage_offset", "set_.source_Tensor", "view.dtype",
-                 "_unsafe_view", "lift_fresh", "_nested_view_from_buffer"]
+                 "_unsafe_view", "lift_fresh", "_nested_view_from_buffer", "view_as_real", "view_as_complex"]
 
 
 def _redispatch_to_cpu(op):
@@ -110,7 +111,8 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
     asserts.check()
     r = record_of(t)
-    if not (t.is_contiguous() and t.storage_offset() == 0 and t.numel() == r.numel and t.dtype == r.dtype):
+    if not (t.is_contiguous() and t.storage_offset() == 0 and t.numel() == r.numel and t.dtype == r.dtype
+            and not t.is_conj() and not t.is_neg()):
         t = aten.clone.default(t, memory_format=torch.contiguous_format)
         r = record_of(t)
     if r.buffer is None:
@@ -317,6 +319,51 @@ _MISSING_META = {
 }
 
 
+def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
+    """Output of `_grouped_mm`. PyTorch's meta states the CUDA kernel's limits (bf16 only, 16-byte
+    aligned strides); the lowering takes every floating dtype and layout, which Transformers relies on
+    for "tpu" (eager and compiled)."""
+    torch._check(a.dim() in (2, 3) and b.dim() in (2, 3),
+                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={a.dim()} and mat_b.dim()={b.dim()}")
+    torch._check(a.dim() == 2 and b.dim() == 2 or a.size(-1) == b.size(-2),
+                 lambda: "contraction dimension of mat_a and mat_b must match")
+    torch._check((offs is not None) == (a.dim() == 2 or b.dim() == 2),
+                 lambda: "offs must be given exactly when mat_a or mat_b is 2D")
+    torch._check(offs is None or (offs.dim() == 1 and offs.dtype == torch.int32),
+                 lambda: "offs must be a 1D int32 tensor")
+    torch._check(bias is None, lambda: "Bias not supported yet")
+    if a.dim() == 2 and b.dim() == 2:
+        shape = (offs.size(0), a.size(0), b.size(1))
+    elif a.dim() == 3 and b.dim() == 3:
+        torch._check(a.size(0) == b.size(0), lambda: "batch sizes of mat_a and mat_b must match")
+        shape = (a.size(0), a.size(1), b.size(2))
+    else:
+        shape = (a.size(-2), b.size(-1))
+    return a.new_empty(shape, dtype=out_dtype or a.dtype)
+
+
+# Meta functions the eager engine uses instead of PyTorch's for "tpu" (build.py), and that Dynamo's
+# fake tensors on "tpu" use (_register_fake_overrides).
+META_OVERRIDES = {"_grouped_mm.default": _grouped_mm_meta}
+
+
+def _register_fake_overrides():
+    from torch._subclasses import fake_impls
+
+    ops = {getattr(aten, n.split(".")[0]).default: fn for n, fn in META_OVERRIDES.items()}
+
+    def fake_impl(fake_mode, func, *args, **kwargs):
+        devices = {a.device for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
+        if not any(d.type == "tpu" for d in devices):
+            return NotImplemented          # other devices keep PyTorch's own rules
+        device = next(d for d in devices if d.type == "tpu")
+        with fake_impls.in_kernel_invocation_manager(fake_mode):
+            out = ops[func](*args, **kwargs)
+        return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, out, device)
+
+    fake_impls.register_op_impl(lambda func: func in ops)(fake_impl)
+
+
 def _register_missing_meta():
     for name, fn in _MISSING_META.items():
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
@@ -413,6 +460,7 @@ def register_all():
     for key in ("PrivateUse1", "AutogradPrivateUse1"):
         _lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, key)
     _register_missing_meta()
+    _register_fake_overrides()
     from . import attention, data_dependent
     manual = {"copy_", "resize_", "equal", "_local_scalar_dense"}
     for op in _all_overloads():

@@ -112,6 +112,11 @@ def bitcast(x, dtype):
     """Reinterpret elements (a tensor viewed with `.view(dtype)` of another element width too)."""
     if x.dtype == dtype:
         return x
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):  # XLA cannot bitcast complex: (real, imag) pairs
+        return bitcast(jnp.stack([x.real, x.imag], -1).reshape(-1), dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        part = bitcast(x, jnp.float32 if dtype == jnp.complex64 else jnp.float64).reshape(-1, 2)
+        return lax.complex(part[:, 0], part[:, 1])
     src, dst = jnp.dtype(x.dtype).itemsize, jnp.dtype(dtype).itemsize
     if x.dtype == jnp.bool_:
         x = x.astype(jnp.uint8)
