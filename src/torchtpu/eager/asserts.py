@@ -16,9 +16,10 @@ import numpy as np
 
 from .modes import _mode
 
-# Verdicts waiting for a synchronization, checked together: one executable stacks up to LIMIT of
-# them, one transfer brings them to the host (fetching each one costs ~25 µs). A loop that never
-# reads a value back is checked every LIMIT checked ops, so the list stays short.
+# Verdicts waiting for a synchronization, checked together: one executable stacks them (padded to a
+# power of two, so at most log2(LIMIT) + 1 of them per device), one transfer brings them to the host
+# (fetching each one costs ~25 µs). A loop that never reads a value back is checked every LIMIT
+# checked ops, so the list stays short.
 LIMIT = 256
 _pending = []   # (verdict array, messages, where)
 _lock = threading.Lock()
@@ -58,8 +59,8 @@ def check():
         by_device.setdefault(next(iter(item[0].devices())), []).append(item)
     for group in by_device.values():
         verdicts = [v for v, _, _ in group]
-        if len(verdicts) > 1:   # pad to LIMIT: one stacking executable per device
-            verdicts += [verdicts[-1]] * (-len(verdicts) % LIMIT)
+        if len(verdicts) > 1:   # pad to a power of two: a few stacking executables per device
+            verdicts += [verdicts[-1]] * ((1 << (len(verdicts) - 1).bit_length()) - len(verdicts))
         values = np.asarray(_stack(verdicts) if len(verdicts) > 1 else verdicts[0]).reshape(-1)
         for value, (_, messages, where) in zip(values, group):
             if value:
