@@ -508,5 +508,7 @@ def ormqr(reflectors, tau, other, left=True, transpose=False):
 
 @lowering("linalg_matrix_exp")
 def linalg_matrix_exp(a):
-    _lapack_dtype(a, "linalg_matrix_exp")
+    # unlike the decompositions, PyTorch's CPU takes half types here: compute in float32, as its opmath
+    if a.dtype in _LOW_PRECISION:
+        return jax.scipy.linalg.expm(a.astype(jnp.float32)).astype(a.dtype)
     return jax.scipy.linalg.expm(a)
