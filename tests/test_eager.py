@@ -117,17 +117,18 @@ def test_bad_input_gets_pytorch_errors():
 
 
 def test_unimplemented_op_names_aten_op_and_cpu_fallback():
-    a = torch.randn(5, 3, device="tpu")
-    tau = torch.randn(2, device="tpu")
-    op = torch.ops.aten.linalg_householder_product.default  # LAPACK-only: no lowering planned
-    with pytest.raises(NotImplementedError, match=r"aten::linalg_householder_product.*TORCHTPU_CPU_FALLBACK"):
-        op(a, tau)
+    x = torch.randn(4, 4)
+    a = (x @ x.mT).to("tpu")
+    op = torch.ops.aten.linalg_ldl_factor_ex.default  # XLA has no LDL factorization
+    with pytest.raises(NotImplementedError, match=r"aten::linalg_ldl_factor_ex.*TORCHTPU_CPU_FALLBACK"):
+        op(a)
     torchtpu.set_cpu_fallback(True)
     try:
-        with pytest.warns(UserWarning, match="linalg_householder_product"):
-            out = op(a, tau)
-        assert out.device.type == "tpu"
-        torch.testing.assert_close(out.cpu(), op(a.cpu(), tau.cpu()))
+        with pytest.warns(UserWarning, match="linalg_ldl_factor_ex"):
+            out = op(a)
+        assert all(o.device.type == "tpu" for o in out)
+        for got, expected in zip(out, op(a.cpu())):
+            torch.testing.assert_close(got.cpu(), expected)
         assert torchtpu.metrics()["cpu_fallbacks"] >= 1
     finally:
         torchtpu.set_cpu_fallback(False)

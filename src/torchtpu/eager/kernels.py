@@ -273,7 +273,13 @@ def _run_on_cpu(op, args, kwargs):
                 originals[id(c)].copy_(c)
     device = next((x.device for x in tree_leaves((args, kwargs))
                    if isinstance(x, torch.Tensor) and x.device.type == "tpu"), torch.device("tpu", 0))
-    return tree_map(lambda x: (originals.get(id(x)) or x.to(device)) if isinstance(x, torch.Tensor) else x, out)
+    def back(x):  # a returned argument (an in-place op's self) is the tpu tensor it was copied from
+        if not isinstance(x, torch.Tensor):
+            return x
+        original = originals.get(id(x))
+        return original if original is not None else x.to(device)
+
+    return tree_map(back, out)
 
 
 def _follow_matmul_precision():
