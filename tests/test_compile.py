@@ -308,3 +308,23 @@ def test_compiled_opt_step_capturable_stays_on_device():
     assert after["compiled_xla_compiles"] == before["compiled_xla_compiles"]
     torch.testing.assert_close(d.weight.detach().cpu(), m.weight.detach(), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(d.bias.detach().cpu(), m.bias.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_conjugate_views_inside_and_into_compiled_graphs():
+    x = torch.randn(3, 3, dtype=torch.complex64)
+    t = x.to("tpu")
+    matmul = torch.compile(lambda a, b: a @ b + 1, backend="tpu")
+    for a_cpu, a_tpu in ((x.conj(), t.conj()), (x.mH, t.mH)):   # lazily conjugated graph inputs
+        torch.testing.assert_close(matmul(a_tpu, t).cpu(), a_cpu @ x + 1)
+    inside = torch.compile(lambda a: (a.conj() * 2, a.conj().imag * 3, a.mH @ a), backend="tpu")
+    for got, expected in zip(inside(t), (x.conj() * 2, x.conj().imag * 3, x.mH @ x)):
+        torch.testing.assert_close(got.cpu(), expected)
+
+    def scale(a):
+        a.mul_(2)
+        return a.sum()
+
+    z, zc = t.clone(), x.clone()
+    torch.compile(scale, backend="tpu")(z.conj())   # a mutation written back through the conjugate view
+    scale(zc.conj())
+    torch.testing.assert_close(z.cpu(), zc)

@@ -29,6 +29,7 @@ from ..metrics import counters as _counters
 from ..device import platform
 from ..device.state import current_device
 from ..eager import asserts, views
+from ..eager.build import _apply_bits as apply_bits
 from ..eager.random import next_rng_args
 from ..ops import checks, linalg
 from ..ops import dtypes as dt
@@ -128,6 +129,8 @@ class CompiledGraph:
                     offsets.append(off)
                     off = -1
                 parts.append(("T", a.dtype, tuple(a.shape), a.stride(), off, slot))
+                if a.is_conj() or a.is_neg():  # lazily conjugated/negated input views
+                    parts.append(("bits", a.is_conj(), a.is_neg()))
             elif isinstance(a, (bool, int, float)) or a is None:
                 parts.append(("S", type(a), a))
             elif isinstance(a, torch.SymInt):
@@ -203,7 +206,7 @@ class CompiledGraph:
 
     def _trace(self, key, args, records, device):
         program = self.program
-        arg_specs = []  # per graph input: ("T", slot, layout) | ("C", j) | ("S", value)
+        arg_specs = []  # per graph input: ("T", slot, layout) | ("TB", slot, layout, conj/neg bits) | ("C", j) | ("S", value)
         n_cpu = 0
         n_off = 0  # traced storage offsets, in input order (a layout holds ("dyn", k) for those)
         for a in args:
@@ -214,7 +217,8 @@ class CompiledGraph:
                 if off or a.numel() != r.numel:
                     off, n_off = ("dyn", n_off), n_off + 1
                 layout = (tuple(a.shape), tuple(a.stride()), off, dt.to_jax(a.dtype), r.numel)
-                arg_specs.append(("T", slot, layout))
+                arg_specs.append(("T", slot, layout) if not (a.is_conj() or a.is_neg())
+                                 else ("TB", slot, layout, (a.is_conj(), a.is_neg())))
             elif isinstance(a, _Tensor):
                 arg_specs.append(("C", n_cpu, None))
                 n_cpu += 1
@@ -224,7 +228,8 @@ class CompiledGraph:
                 arg_specs.append(("S", a, None))
         nb = len(records)
         # which buffers the graph writes: its mutated placeholders, through their views
-        mutated_slots = sorted({arg_specs[i][1] for i in program.mutated_placeholders if arg_specs[i][0] == "T"})
+        mutated_slots = sorted({arg_specs[i][1] for i in program.mutated_placeholders
+                                if arg_specs[i][0] in ("T", "TB")})
         # CPU inputs the graph writes (the optimizer's `step` counters): new values go back by copy_
         cpu_mutations = [i for i in program.mutated_placeholders if arg_specs[i][0] == "C"]
         outs_meta = []  # filled while tracing
@@ -244,9 +249,11 @@ class CompiledGraph:
                 rng = dyn[nb + n_cpu]
                 key = jax.random.fold_in(jax.random.fold_in(jax.random.key(rng[0]), rng[1]), rng[2])
             inputs = []
-            for kind, x, layout in arg_specs:
+            for kind, x, layout, *bits in arg_specs:
                 if kind == "T":
                     inputs.append(views.read(buffers[x], at(layout, offsets)))
+                elif kind == "TB":
+                    inputs.append(apply_bits(views.read(buffers[x], at(layout, offsets)), bits[0]))
                 elif kind == "C":
                     inputs.append(cpu[x])
                 else:
@@ -276,9 +283,10 @@ class CompiledGraph:
                 else:
                     outs_meta.append(("V", v))
             for i in program.mutated_placeholders:
-                if arg_specs[i][0] == "T":
-                    _, slot, layout = arg_specs[i]
-                    buffers[slot] = views.write(buffers[slot], at(layout, offsets), mutations[i])
+                if arg_specs[i][0] in ("T", "TB"):
+                    _, slot, layout, *bits = arg_specs[i]
+                    value = apply_bits(mutations[i], bits[0]) if bits else mutations[i]
+                    buffers[slot] = views.write(buffers[slot], at(layout, offsets), value)
             return (tuple(flat) + tuple(buffers[s] for s in mutated_slots)
                     + tuple(jnp.asarray(mutations[i]) for i in cpu_mutations) + (() if flags is None else (flags,)))
 

@@ -89,9 +89,21 @@ def _size_from_args(args):
 
 # ---------------------------------------------------------------- identity / views
 @graph_lowering("alias", "detach", "lift_fresh", "alias_copy", "detach_copy",
-                "contiguous", "_conj", "resolve_conj", "resolve_neg", "positive")
+                "contiguous", "resolve_conj", "resolve_neg", "positive")
 def _identity(val, a, *rest, **kw):
     return a
+
+
+# A graph computes values: the lazily conjugated (negated) view's value is the conjugate (negation);
+# resolve_conj/resolve_neg then have nothing left to do.
+@graph_lowering("_conj", "_conj_copy")
+def _conj(val, a):
+    return jnp.conj(a) if jnp.iscomplexobj(a) else a
+
+
+@graph_lowering("_neg_view", "_neg_view_copy")
+def _neg_view(val, a):
+    return -a
 
 
 @graph_lowering("view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "_reshape_alias_copy")
