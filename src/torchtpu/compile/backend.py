@@ -29,7 +29,6 @@ from ..metrics import counters as _counters
 from ..device import platform
 from ..device.state import current_device
 from ..eager import asserts, views
-from ..eager.build import _apply_bits as apply_bits
 from ..eager.random import next_rng_args
 from ..ops import checks, linalg
 from ..ops import dtypes as dt
@@ -253,7 +252,7 @@ class CompiledGraph:
                 if kind == "T":
                     inputs.append(views.read(buffers[x], at(layout, offsets)))
                 elif kind == "TB":
-                    inputs.append(apply_bits(views.read(buffers[x], at(layout, offsets)), bits[0]))
+                    inputs.append(views.apply_bits(views.read(buffers[x], at(layout, offsets)), bits[0]))
                 elif kind == "C":
                     inputs.append(cpu[x])
                 else:
@@ -285,7 +284,7 @@ class CompiledGraph:
             for i in program.mutated_placeholders:
                 if arg_specs[i][0] in ("T", "TB"):
                     _, slot, layout, *bits = arg_specs[i]
-                    value = apply_bits(mutations[i], bits[0]) if bits else mutations[i]
+                    value = views.apply_bits(mutations[i], bits[0]) if bits else mutations[i]
                     buffers[slot] = views.write(buffers[slot], at(layout, offsets), value)
             return (tuple(flat) + tuple(buffers[s] for s in mutated_slots)
                     + tuple(jnp.asarray(mutations[i]) for i in cpu_mutations) + (() if flags is None else (flags,)))

@@ -53,7 +53,6 @@ def check():
     with _lock:
         items = _pending[:]
         del _pending[:len(items)]
-    values = []
     by_device = {}
     for item in items:
         by_device.setdefault(next(iter(item[0].devices())), []).append(item)

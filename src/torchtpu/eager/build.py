@@ -14,6 +14,7 @@ from ..ops.resolve import resolve
 from ..storage.records import RECORDS, contiguous_strides
 from . import views
 from .engine import Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
+from .kernels import META_OVERRIDES
 
 
 def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
@@ -46,13 +47,6 @@ def _bits(t):
     """(conjugate, negative): the lazy bits of `x.conj()` / `x.conj().imag` views, which hold the
     storage's values conjugated or negated (PyTorch resolves them only for ops that ignore them)."""
     return (t.is_conj(), t.is_neg())
-
-
-def _apply_bits(x, bits):
-    """The view's values from its storage's (or the storage's from the view's: both are involutions)."""
-    if bits[0]:
-        x = jax.numpy.conj(x)
-    return -x if bits[1] else x
 
 
 class _ScalarArg(NamedTuple):
@@ -122,7 +116,6 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
         return src.as_strided(t.shape, t.stride(), t.storage_offset())
 
     meta_args, meta_kwargs = _walk(kernel, args, kwargs, meta_tensor, lambda s: s, lambda c: c, _meta_other)
-    from .kernels import META_OVERRIDES
     compute = resolve(kernel.op, meta_args, meta_kwargs)  # first: an op we cannot lower fails here
     if getattr(compute, "specialize_scalars", False) and not kernel.specialize_scalars:
         kernel.specialize_scalars = True
@@ -192,7 +185,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
 
         def fill(v):
             if isinstance(v, _TensorArg):
-                return _apply_bits(views.read(buffers[v.slot], _at(v.layout, offsets)), v.bits)
+                return views.apply_bits(views.read(buffers[v.slot], _at(v.layout, offsets)), v.bits)
             if isinstance(v, _ScalarArg):
                 traced = next(it)
                 return v.value if kernel.specialize_scalars else traced  # specialized: value is in the key
@@ -232,12 +225,10 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
                                          f"{v.shape}, PyTorch expects {shape}")
             functional.append(v.reshape(-1))  # storages hold flat buffers
         for (slot, layout, bits), v in zip(mutable_targets, leaves[n_fn:]):
-            buffers[slot] = views.write(buffers[slot], _at(layout, offsets), _apply_bits(v, bits))
+            buffers[slot] = views.write(buffers[slot], _at(layout, offsets), views.apply_bits(v, bits))
         return tuple(functional) + tuple(buffers[s] for s in mutated_slots) + (() if flags is None else (flags,))
 
-    if not outs and not mutated_slots and not kernel.op._schema.name.startswith(("aten::_assert", "aten::_linalg_check")):
-        entry.fn = None   # nothing to compute (asserts compute their verdict only)
-    elif nb == 0:
+    if nb == 0:
         index = device if device >= 0 else 0
         entry.fn = jax.jit(fused, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)))
     else:

@@ -129,6 +129,14 @@ def bitcast(x, dtype):
     return lax.bitcast_convert_type(x.reshape(-1, dst // src), dtype)
 
 
+def apply_bits(x, bits):
+    """A lazily conjugated/negated view's values, bits = (conjugate, negative), from its storage's (or
+    the storage's from the view's: both are involutions)."""
+    if bits[0]:
+        x = jnp.conj(x)
+    return -x if bits[1] else x
+
+
 def read(flat, layout):
     """The value of a view. layout = (shape, stride, offset, dtype, numel)."""
     shape, stride, offset, dtype, numel = layout

@@ -26,7 +26,7 @@ from jax import lax
 from torch import fx
 
 from . import dtypes as dt
-from .checks import require
+from .misc import assert_async
 from .table import LOWERINGS, apply
 
 __all__ = ["GraphProgram", "GRAPH_LOWERINGS", "graph_lowering", "node_op_name", "UnsupportedInGraph"]
@@ -345,10 +345,10 @@ def _noop(val, *args, **kw):
     return None
 
 
-@graph_lowering("_assert_async", "_assert_async.msg", "_functional_assert_async.msg")
-def _assert_async(val, a, msg=None, *rest):
-    """A device-side assert in the graph's executable (checks.py), as in eager mode."""
-    require(a != 0, msg or "Expected Tensor with single nonzero value, but got zero")
+@graph_lowering("_functional_assert_async.msg")
+def _functional_assert_async(val, a, msg, dep_token=None):
+    """The functionalized `_assert_async`: the same device-side assert (ops/misc.py)."""
+    assert_async(a, msg)
     return None
 
 

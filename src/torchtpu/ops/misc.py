@@ -15,7 +15,7 @@ from .table import lowering
 
 
 @lowering("_assert_async", "_assert_async.msg")
-def assert_async(a, assert_msg="Expected Tensor with single nonzero value, but got zero"):
+def assert_async(a, assert_msg=None):
     """A device-side assert (checks.py): the one-element `a` must be nonzero."""
     require(a != 0, assert_msg or "Expected Tensor with single nonzero value, but got zero")
     return ()
