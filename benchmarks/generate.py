@@ -99,6 +99,13 @@ def main():
                 cache_implementation="static", disable_compile=True)
         auto = copy.deepcopy(cpu).to("tpu")
         measure("tpu generate auto-compile (static)", auto, ids_t, args, results, ref, cache_implementation="static")
+        # the same compiled forward, with generate()'s own per-token ops in the "fused" eager mode
+        with torch.tpu.eager_mode("fused"):
+            measure("tpu compiled fwd + fused eager", compiled, ids_t, args, results, ref,
+                    cache_implementation="static", disable_compile=True)
+    with torch.tpu.eager_mode("fused"):
+        measure("tpu fused eager (static cache)", tpu, ids_t, args, results, ref, cache_implementation="static",
+                disable_compile=True)
 
     base = results.get("cpu eager (dynamic cache)")
     if base:

@@ -52,8 +52,9 @@ def synchronize(device=None) -> None:
     """Wait for all work queued on `device` (the current one by default)."""
     import jax
 
-    from ..eager import asserts
+    from ..eager import asserts, fusion
     from ..storage.records import live_buffers
+    fusion.flush_all()
     jax.block_until_ready(live_buffers(_index(device)))
     asserts.check()
 
@@ -305,6 +306,12 @@ def set_eager_mode(mode: str) -> None:
 def get_eager_mode() -> str:
     from ..eager.modes import get_eager_mode as _get
     return _get()
+
+
+def eager_mode(mode: str):
+    """Context manager: run the block in eager mode `mode` ("strict", "debug" or "fused")."""
+    from ..eager.modes import eager_mode as _ctx
+    return _ctx(mode)
 
 
 def _is_in_bad_fork() -> bool:

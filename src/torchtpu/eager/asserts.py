@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..storage.records import Pending
 from .modes import _mode
 
 # Verdicts waiting for a synchronization, checked together: one executable stacks them (padded to a
@@ -53,6 +54,7 @@ def check():
     with _lock:
         items = _pending[:]
         del _pending[:len(items)]
+    items = [(v.get() if type(v) is Pending else v, m, w) for v, m, w in items]
     by_device = {}
     for item in items:
         by_device.setdefault(next(iter(item[0].devices())), []).append(item)

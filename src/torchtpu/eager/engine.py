@@ -20,8 +20,8 @@ from torch.utils import _pytree as pytree
 from ..metrics import counters
 from ..device import platform
 from ..ops import dtypes as dt
-from ..storage.records import RECORDS, new_tensor, set_buffer
-from . import asserts
+from ..storage.records import RECORDS, Pending, new_tensor, set_buffer
+from . import asserts, fusion
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
 from ..device.state import current_device
@@ -62,7 +62,7 @@ def _mutable_args(schema):
 class Entry:
     """A cached executable and what to do with its results."""
 
-    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks")
+    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -71,6 +71,8 @@ class Entry:
         self.mutated_slots = []   # input slots whose storages get new buffers
         self.nones = None         # per return, which leaves are undefined (None)
         self.checks = ()          # messages of the device-side asserts (ops/checks.py): one more output
+        self.n_results = None     # how many arrays fn returns, known once it has run ("fused" mode)
+        self.anchor = False       # "fused" mode: a segment may end after this op (eager/fusion.py)
 
 
 class OpKernel:
@@ -140,15 +142,24 @@ class OpKernel:
             counters.eager_cache_hits += 1
         inputs = []
         for r in bufs:
-            if r.buffer is None:
-                set_buffer(r, _zeros(r.numel, r.dtype, r.device_index))
-            inputs.append(r.buffer)
+            b = r._buffer  # raw: may be a fused-mode Pending
+            if b is None:
+                b = _zeros(r.numel, r.dtype, r.device_index)
+                set_buffer(r, b)
+            inputs.append(b)
         if self.random:
             scalars.append(self._rng_args(args, kwargs, device))
-        results = entry.fn(*inputs, *scalars, *offsets)
+        mode = _mode[0]
+        if mode == "fused" and entry.n_results is not None:
+            results = fusion.defer(entry, inputs, (*scalars, *offsets), device if device >= 0 else 0)
+        else:
+            if Pending in map(type, inputs):
+                inputs = [b.get() if type(b) is Pending else b for b in inputs]
+            results = entry.fn(*inputs, *scalars, *offsets)
+            entry.n_results = len(results)
         if entry.checks:
             asserts.note(results[-1], entry.checks, "aten::" + self.name)
-        if _mode[0] == "debug":
+        if mode == "debug":
             jax.block_until_ready(results)
         outs = entry.outs
         if entry.mutated_slots:

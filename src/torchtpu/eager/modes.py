@@ -1,11 +1,12 @@
-"""Eager modes: "strict" (asynchronous, the default) and "debug" (every op waits for its result,
-so an error surfaces at the op that caused it). TORCHTPU_EAGER_MODE sets the initial mode."""
+"""Eager modes: "strict" (asynchronous, the default), "debug" (every op waits for its result,
+so an error surfaces at the op that caused it) and "fused" (ops are queued and each stretch of them
+that repeats runs as one XLA executable: eager/fusion.py). TORCHTPU_EAGER_MODE sets the initial mode."""
 from __future__ import annotations
 
 import contextlib
 import os
 
-_MODES = ("strict", "debug")
+_MODES = ("strict", "debug", "fused")
 _mode = [os.environ.get("TORCHTPU_EAGER_MODE", "strict").lower()]
 if _mode[0] not in _MODES:
     raise RuntimeError(f"TORCHTPU_EAGER_MODE={_mode[0]!r}: expected one of {', '.join(_MODES)}")
@@ -19,6 +20,13 @@ def set_eager_mode(mode: str):
     mode = str(mode).lower()
     if mode not in _MODES:
         raise ValueError(f"unknown eager mode {mode!r}: expected one of {', '.join(_MODES)}")
+    _switch(mode)
+
+
+def _switch(mode):
+    if _mode[0] == "fused" and mode != "fused":  # queued ops run before the mode changes
+        from .fusion import flush_all
+        flush_all()
     _mode[0] = mode
 
 
@@ -33,4 +41,4 @@ def eager_mode(mode: str):
     try:
         yield
     finally:
-        _mode[0] = old
+        _switch(old)

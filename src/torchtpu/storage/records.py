@@ -27,16 +27,47 @@ _make_storage = torch._C._construct_storage_from_data_pointer
 _PAGE = 4096
 
 
+class Pending:
+    """A buffer that an op queued by the "fused" eager mode will produce (eager/fusion.py):
+    `get()` runs the queue it belongs to, if it has not run yet, and returns the array."""
+
+    __slots__ = ("segment", "step", "index", "value", "__weakref__")
+
+    def __init__(self, segment, step, index):
+        self.segment = segment
+        self.step = step
+        self.index = index
+        self.value = None
+
+    def get(self):
+        if self.value is None:
+            self.segment.flush()
+        return self.value
+
+
 class StorageRecord:
-    __slots__ = ("buffer", "dtype", "numel", "nbytes", "device_index", "ref", "__weakref__")
+    __slots__ = ("_buffer", "dtype", "numel", "nbytes", "device_index", "ref", "__weakref__")
 
     def __init__(self, dtype, numel, nbytes, device_index, buffer):
-        self.buffer = buffer          # flat jax.Array of `numel` elements of torch dtype `dtype`, or None
+        # flat jax.Array of `numel` elements of torch dtype `dtype`, or None; in the "fused" eager
+        # mode possibly a Pending (eager/fusion.py), which reading `buffer` turns into the array
+        self._buffer = buffer
         self.dtype = dtype            # torch dtype of the elements the buffer holds
         self.numel = numel
         self.nbytes = nbytes
         self.device_index = device_index
         self.ref = None
+
+    @property
+    def buffer(self):
+        b = self._buffer
+        if type(b) is Pending:
+            b = self._buffer = b.get()
+        return b
+
+    @buffer.setter
+    def buffer(self, value):
+        self._buffer = value
 
 
 class _StorageRef(weakref.ref):
@@ -72,7 +103,7 @@ def _on_free(ref):
         s = _stats[record.device_index]
         s.allocated -= record.nbytes
         s.num_free += 1
-        if record.buffer is not None:
+        if record._buffer is not None:
             s.materialized -= record.nbytes
 
 
@@ -153,7 +184,7 @@ def record_of(t: torch.Tensor) -> StorageRecord:
 
 
 def set_buffer(record: StorageRecord, buffer):
-    if record.buffer is None:
+    if record._buffer is None:
         stats(record.device_index).materialized += record.nbytes
     record.buffer = buffer
 

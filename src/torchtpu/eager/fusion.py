@@ -1,0 +1,168 @@
+"""The "fused" eager mode: queue ops, run each repeated stretch of them as one XLA executable.
+
+In this mode an op does not call its executable; it appends (executable, where its inputs come
+from, its traced scalars) to the device's open segment and returns tensors whose storages hold
+`Pending` placeholders (storage/records.py). Anything that needs a value (a copy to the host,
+`.item()`, a compiled graph's inputs, a data-dependent op, `torch.tpu.synchronize()`, leaving the
+mode) reads the storage's buffer, which flushes the segment; long streams are cut where the ops
+say (see MIN_OPS). Flushing is where the gain is:
+
+- a segment's key is its sequence of (executable, input wiring) plus which of its results are
+  still referenced. A loop (a training step, a sampling step) issues the same segments every
+  iteration; a segment that comes back within RECENT flushes is compiled as one jitted function
+  that calls the ops' executables in order. XLA inlines and fuses them: one dispatch replaces
+  dozens, and results nobody holds any more (temporaries, buffers an in-place op replaced) are
+  never written out;
+- any other segment runs op by op through the same executables, compiling nothing, so code whose
+  shapes change every step (a growing KV cache, generate()'s growing token list) costs what the
+  "strict" mode costs instead of compiling a graph per step, the trap of torch_xla's lazy tensors.
+
+Only executables that already ran once are queued (their number of results is known then), so an
+op's first call, and PyTorch's errors for bad arguments, happen at the op as in "strict" mode.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import jax
+
+from ..device import platform
+from ..metrics import counters
+from ..storage.records import Pending
+
+# Where a segment ends without being asked. The cuts depend on the ops, not on a count from wherever
+# the stream began, so a loop that never synchronizes (an eager training loop read every 50 steps) is
+# cut at the same places every iteration and its segments repeat (a fixed-size cut would shift phase
+# from one iteration to the next and never see the same segment twice). Once a segment holds MIN_OPS:
+# before an op with the executable the segment began with (a loop's next iteration), or after an
+# "anchor" op (one executable key in ANCHOR_EVERY, by a hash stable across processes, which resyncs
+# loops longer than LIMIT); at LIMIT ops in any case, which also bounds a segment's compile time.
+MIN_OPS = 16
+ANCHOR_EVERY = 64
+LIMIT = 384
+# A segment is compiled when it comes back within RECENT flushes of its last run: a loop's body.
+# Segments that recur only far apart (a decoding step at one position, once per generate() call)
+# keep running op by op rather than compiling one executable per position.
+RECENT = 8
+_MAX_KEYS = 4096     # segments remembered (seen or compiled) before the memory is cleared
+
+
+class _Segment:
+    __slots__ = ("device", "steps", "key", "external", "external_ids", "results")
+
+    def __init__(self, device):
+        self.device = device
+        self.steps = []         # (executable, sources, traced scalars)
+        self.key = []           # (executable, sources) per step
+        self.external = []      # concrete input arrays, in first-use order
+        self.external_ids = {}  # id(array) -> index in external
+        self.results = []       # per step, weak references to its Pending results
+
+    def flush(self):
+        with _lock:
+            _flush(self)
+
+
+_open: dict[int, _Segment] = {}
+_lock = threading.RLock()
+_seen: dict[tuple, int] = {}   # segment key -> the flush that last ran it op by op
+_flushes = [0]
+_compiled: dict[tuple, object] = {}
+
+
+def defer(entry, inputs, scalars, device):
+    """Queue `entry.fn(*inputs, *scalars)`; returns one Pending per result."""
+    with _lock:
+        segment = _open.get(device)
+        if segment is None:
+            segment = _open[device] = _Segment(device)
+        elif len(segment.steps) >= MIN_OPS and segment.steps[0][0] is entry.fn:
+            _flush(segment)
+            segment = _open[device] = _Segment(device)
+        sources = []
+        for b in inputs:
+            if type(b) is Pending:
+                if b.segment is segment:
+                    sources.append((b.step, b.index))
+                    continue
+                b = b.get()
+            index = segment.external_ids.get(id(b))
+            if index is None:
+                index = segment.external_ids[id(b)] = len(segment.external)
+                segment.external.append(b)
+            sources.append(index)
+        sources = tuple(sources)
+        step = len(segment.steps)
+        segment.steps.append((entry.fn, sources, scalars))
+        segment.key.append((entry.fn, sources))
+        results = tuple(Pending(segment, step, i) for i in range(entry.n_results))
+        segment.results.append([weakref.ref(p) for p in results])
+        counters.fused_ops += 1
+        if step + 1 >= MIN_OPS and (entry.anchor or step + 1 >= LIMIT):
+            _flush(segment)
+        return results
+
+
+def flush_all():
+    with _lock:
+        for segment in list(_open.values()):
+            _flush(segment)
+
+
+def _flush(segment: _Segment):
+    if _open.get(segment.device) is segment:
+        del _open[segment.device]
+    if not segment.steps:
+        return
+    live = tuple((s, i) for s, refs in enumerate(segment.results) for i, r in enumerate(refs) if r() is not None)
+    if not live:  # nothing anyone can observe: every result was dropped or overwritten
+        return
+    key = (segment.device, tuple(segment.key), live)
+    _flushes[0] += 1
+    fn = _compiled.get(key)
+    if fn is None:
+        last = _seen.get(key)
+        if last is not None and _flushes[0] - last <= RECENT:
+            fn = _compiled[key] = _fuse(segment.steps, live, segment.device)
+            del _seen[key]
+            counters.fused_compiles += 1
+        else:
+            if len(_seen) >= _MAX_KEYS:
+                _seen.clear()
+            _seen[key] = _flushes[0]
+    if fn is None:
+        values = _run_op_by_op(segment, live)
+    else:
+        if len(_compiled) > _MAX_KEYS:
+            _compiled.clear()
+        counters.fused_runs += 1
+        values = fn(segment.external, [scalars for _, _, scalars in segment.steps])
+    for (s, i), v in zip(live, values):
+        p = segment.results[s][i]()
+        if p is not None:
+            p.value = v
+            p.segment = None
+
+
+def _run_op_by_op(segment, live):
+    external = segment.external
+    results = []
+    for fn, sources, scalars in segment.steps:
+        args = [external[s] if type(s) is int else results[s[0]][s[1]] for s in sources]
+        results.append(fn(*args, *scalars))
+    return [results[s][i] for s, i in live]
+
+
+def _fuse(steps, live, device):
+    plan = [(fn, sources) for fn, sources, _ in steps]
+
+    def run(external, scalars):
+        results = []
+        for (fn, sources), sc in zip(plan, scalars):
+            args = [external[s] if type(s) is int else results[s[0]][s[1]] for s in sources]
+            results.append(fn(*args, *sc))
+        return [results[s][i] for s, i in live]
+
+    sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
+    return jax.jit(run, out_shardings=sharding)

@@ -1,0 +1,157 @@
+"""The "fused" eager mode (eager/fusion.py): queued ops, repeated stretches run as one executable."""
+import pytest
+import torch
+from torch.testing import assert_close
+
+import torchtpu
+from torchtpu.eager import fusion
+from torchtpu.storage.records import Pending, record_of
+
+
+@pytest.fixture
+def fused():
+    with torchtpu.eager_mode("fused"):
+        yield
+    torchtpu.eager.fusion.flush_all()
+
+
+def _count(name):
+    return torchtpu.metrics()[name]
+
+
+def _step(a, b):
+    c = a @ b
+    c.add_(1.5)
+    c[:, 1:3] *= -2
+    return torch.nn.functional.gelu(c).softmax(-1).sum(0)
+
+
+def test_a_repeated_loop_compiles_one_executable_and_matches_cpu(fused):
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    expected = _step(a, b)
+    da, db = a.to("tpu"), b.to("tpu")
+    compiles = _count("fused_compiles")
+    runs = _count("fused_runs")
+    for _ in range(5):
+        assert_close(_step(da, db).cpu(), expected)
+    # first call runs the ops directly, the second sighting op by op, then one fused executable
+    assert _count("fused_compiles") - compiles == 1
+    assert _count("fused_runs") - runs == 3
+
+
+def test_in_place_writes_through_views_are_kept(fused):
+    x = torch.zeros(4, 5, device="tpu")
+    view = x[:, 1]
+    for _ in range(3):
+        view += 10
+        x[0].mul_(2)
+    cpu = torch.zeros(4, 5)
+    for _ in range(3):
+        cpu[:, 1] += 10
+        cpu[0].mul_(2)
+    assert_close(x.cpu(), cpu)
+    assert_close(view.cpu(), cpu[:, 1])
+
+
+def _chain(x):
+    return (x * 2).relu().sum()
+
+
+def test_segments_seen_once_run_op_by_op_without_compiling():
+    with torchtpu.eager_mode("strict"):
+        inputs = [torch.randn(n + 1, device="tpu") for n in range(6)]
+        for x in inputs:  # every executable has run once
+            _chain(x).cpu()
+        compiles = _count("fused_compiles")
+        with torchtpu.eager_mode("fused"):
+            for x in inputs:  # a new shape each step, as with a growing KV cache: no segment repeats
+                assert_close(_chain(x).cpu(), _chain(x.cpu()))
+        assert _count("fused_compiles") == compiles
+
+
+def test_random_ops_draw_what_strict_mode_draws():
+    def draw():
+        torch.manual_seed(7)
+        return [(torch.randn(3, 4, device="tpu") + torch.rand(3, 4, device="tpu")).cpu() for _ in range(4)]
+
+    with torchtpu.eager_mode("strict"):
+        strict = draw()
+    with torchtpu.eager_mode("fused"):
+        fused = draw()
+    for s, f in zip(strict, fused):  # the same draws; XLA's fusion may round the arithmetic differently
+        assert_close(f, s, rtol=1e-6, atol=1e-6)
+
+
+def test_a_long_stream_is_cut_into_segments(fused):
+    x = torch.ones(8, device="tpu")
+    for _ in range(fusion.LIMIT * 2 + 5):
+        x = x + 1
+    assert_close(x.cpu(), torch.full((8,), fusion.LIMIT * 2 + 6.0))
+
+
+def test_device_side_asserts_report_at_the_next_sync(fused):
+    from torchtpu.eager.asserts import DeviceAssertError
+    x = torch.randn(5, device="tpu")
+    for bad in (False, False, True):
+        idx = torch.tensor([0, 9 if bad else 4], device="tpu")
+        y = x[idx] * 2
+        if bad:
+            with pytest.raises(DeviceAssertError, match="index out of bounds"):
+                y.cpu()
+        else:
+            y.cpu()
+
+
+@torchtpu.eager_mode("strict")
+def test_switching_mode_and_synchronize_run_the_queue():
+    x = torch.arange(6.0, device="tpu")
+    (x * 3).cpu()  # the executable has run once: the fused mode queues it from now on
+    with torchtpu.eager_mode("fused"):
+        y = x * 3
+        assert type(record_of(y)._buffer) is Pending
+        torch.tpu.synchronize()
+        assert type(record_of(y)._buffer) is not Pending
+        z = y * 3
+        assert type(record_of(z)._buffer) is Pending and record_of(z)._buffer.value is None
+    assert record_of(z)._buffer.value is not None  # leaving the mode ran the queue
+    assert_close(z.cpu(), torch.arange(6.0) * 9)
+
+
+def test_a_training_loop_matches_strict_mode():
+    def train():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1)).to("tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        data = torch.randn(32, 8, generator=torch.Generator().manual_seed(1)).to("tpu")
+        target = torch.randn(32, 1, generator=torch.Generator().manual_seed(2)).to("tpu")
+        losses = []
+        for _ in range(6):
+            loss = torch.nn.functional.mse_loss(model(data), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return torch.stack(losses).cpu(), [p.detach().cpu() for p in model.parameters()]
+
+    with torchtpu.eager_mode("strict"):
+        strict_losses, strict_params = train()
+    with torchtpu.eager_mode("fused"):
+        fused_losses, fused_params = train()
+    assert_close(fused_losses, strict_losses)
+    for s, f in zip(strict_params, fused_params):
+        assert_close(f, s)
+
+
+def test_greedy_generation_matches_cpu(fused):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(3, 64, (1, 6))
+    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    with torch.no_grad():
+        expected = model.generate(ids, **kw)
+        got = model.to("tpu").generate(ids.to("tpu"), **kw, cache_implementation="static")
+    assert torch.equal(got.cpu(), expected)
