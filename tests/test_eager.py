@@ -177,3 +177,19 @@ def test_views_at_changing_offsets_share_one_executable():
         y[i, 1:4] = torch.arange(3.0, device="tpu")
         yc[i, 1:4] = torch.arange(3.0)
     torch.testing.assert_close(y.cpu(), yc)
+
+
+def test_crowded_memory_maps_forget_executables_and_work_goes_on(monkeypatch):
+    # XLA:CPU maps every executable; past half of vm.max_map_count the engine drops its caches
+    # (a long test run or op sweep would otherwise abort inside XLA at the kernel's cap).
+    from torchtpu.eager import engine
+    with open("/proc/self/maps", "rb") as f:
+        now = f.read().count(b"\n")
+    monkeypatch.setattr(engine, "_MAP_LIMIT", 2 * now)  # already crowded
+    monkeypatch.setattr(engine, "CHECK_EVERY", 4)
+    forgotten = torchtpu.metrics()["executables_forgotten"]
+    x = torch.arange(12.0, device="tpu")
+    outs = [(x[:n] * 3 + n).sum() for n in range(1, 12)]  # new shapes: new executables
+    assert torchtpu.metrics()["executables_forgotten"] > forgotten
+    assert [o.item() for o in outs] == [float((torch.arange(n * 1.0) * 3 + n).sum()) for n in range(1, 12)]
+    torch.testing.assert_close((x * 2).cpu(), torch.arange(12.0) * 2)

@@ -45,6 +45,57 @@ class TpuOpError(RuntimeError):
     pass
 
 
+# XLA:CPU maps each loaded executable into memory with about three mappings, and Linux caps a process
+# at vm.max_map_count (65530 by default): a process that builds ~20,000 executables (a long test
+# run, an op sweep, a server seeing many shapes) would abort inside XLA. Every CHECK_EVERY new
+# executables the process's mappings are counted; past half the cap, every cached eager executable
+# (and JAX's own caches) is forgotten at once, and those still needed come back from the persistent
+# compilation cache. Where /proc is missing, MAX_EXECUTABLES stands in for the count.
+CHECK_EVERY = 256
+MAX_EXECUTABLES = 6000
+_executables = [0, 0]  # since the last check, since the last forget
+_KERNELS: list = []
+
+
+def _map_limit():
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+_MAP_LIMIT = _map_limit()
+
+
+def note_executable():
+    _executables[0] += 1
+    _executables[1] += 1
+    if _executables[0] < CHECK_EVERY:
+        return
+    _executables[0] = 0
+    crowded = _executables[1] > MAX_EXECUTABLES
+    if _MAP_LIMIT is not None:
+        try:
+            with open("/proc/self/maps", "rb") as f:
+                crowded = f.read().count(b"\n") > _MAP_LIMIT // 2
+        except OSError:
+            pass
+    if crowded:
+        forget_executables()
+
+
+def forget_executables():
+    """Drop every cached eager executable (and fused segment), freeing their device code."""
+    from . import fusion
+    for kernel in _KERNELS:
+        kernel.cache.clear()
+    fusion.forget()
+    jax.clear_caches()
+    _executables[1] = 0
+    counters.executables_forgotten += 1
+
+
 def _scalar_positions(schema):
     pos, names = set(), set()
     for i, a in enumerate(schema.arguments):
@@ -90,6 +141,7 @@ class OpKernel:
         self.random = False  # set at registration: the lowering takes a PRNG key
         self.specialize_scalars = False  # set when the op runs through a traced decomposition
         self.lock = threading.RLock()
+        _KERNELS.append(self)
 
     # ---------------------------------------------------------------- hot path
     def __call__(self, *args, **kwargs):
@@ -138,6 +190,7 @@ class OpKernel:
             except SpecializeScalars:
                 return self(*args, **kwargs)
             counters.eager_compiles += 1
+            note_executable()
         else:
             counters.eager_cache_hits += 1
         inputs = []

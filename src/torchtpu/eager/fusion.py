@@ -45,11 +45,11 @@ LIMIT = 384
 # Segments that recur only far apart (a decoding step at one position, once per generate() call)
 # keep running op by op rather than compiling one executable per position.
 RECENT = 8
-_MAX_KEYS = 4096     # segments remembered (seen or compiled) before the memory is cleared
+_MAX_KEYS = 4096     # segments remembered as seen before that memory is cleared
 
 
 class _Segment:
-    __slots__ = ("device", "steps", "key", "external", "external_ids", "results")
+    __slots__ = ("device", "steps", "key", "external", "external_ids", "results", "done")
 
     def __init__(self, device):
         self.device = device
@@ -58,6 +58,7 @@ class _Segment:
         self.external = []      # concrete input arrays, in first-use order
         self.external_ids = {}  # id(array) -> index in external
         self.results = []       # per step, weak references to its Pending results
+        self.done = False
 
     def flush(self):
         with _lock:
@@ -104,6 +105,13 @@ def defer(entry, inputs, scalars, device):
         return results
 
 
+def forget():
+    """Forget compiled segments (engine.forget_executables); queued segments still run."""
+    with _lock:
+        _compiled.clear()
+        _seen.clear()
+
+
 def flush_all():
     with _lock:
         for segment in list(_open.values()):
@@ -111,6 +119,9 @@ def flush_all():
 
 
 def _flush(segment: _Segment):
+    if segment.done:  # another thread ran it while this one waited for the lock
+        return
+    segment.done = True
     if _open.get(segment.device) is segment:
         del _open[segment.device]
     if not segment.steps:
@@ -127,6 +138,8 @@ def _flush(segment: _Segment):
             fn = _compiled[key] = _fuse(segment.steps, live, segment.device)
             del _seen[key]
             counters.fused_compiles += 1
+            from .engine import note_executable
+            note_executable()
         else:
             if len(_seen) >= _MAX_KEYS:
                 _seen.clear()
@@ -134,8 +147,6 @@ def _flush(segment: _Segment):
     if fn is None:
         values = _run_op_by_op(segment, live)
     else:
-        if len(_compiled) > _MAX_KEYS:
-            _compiled.clear()
         counters.fused_runs += 1
         values = fn(segment.external, [scalars for _, _, scalars in segment.steps])
     for (s, i), v in zip(live, values):

@@ -42,6 +42,9 @@ class Pending:
     def get(self):
         if self.value is None:
             self.segment.flush()
+            if self.value is None:
+                raise RuntimeError("torchtpu: this tensor has no value: the queued ops that compute it "
+                                   "failed when they ran (see the earlier error)")
         return self.value
 
 
