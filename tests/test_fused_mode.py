@@ -32,9 +32,10 @@ def test_a_repeated_loop_compiles_one_executable_and_matches_cpu(fused):
     da, db = a.to("tpu"), b.to("tpu")
     compiles = _count("fused_compiles")
     runs = _count("fused_runs")
-    for _ in range(5):
+    for _ in range(6):
         assert_close(_step(da, db).cpu(), expected)
-    # first call runs the ops directly, the second sighting op by op, then one fused executable
+    # 1st iteration: each op's first call runs directly; 2nd: queued, each op alone (not queued
+    # recently: "cold"); 3rd: one segment, run op by op; 4th: compiled; 5th, 6th: reused
     assert _count("fused_compiles") - compiles == 1
     assert _count("fused_runs") - runs == 3
 
@@ -155,3 +156,25 @@ def test_greedy_generation_matches_cpu(fused):
         expected = model.generate(ids, **kw)
         got = model.to("tpu").generate(ids.to("tpu"), **kw, cache_implementation="static")
     assert torch.equal(got.cpu(), expected)
+
+
+def test_a_growing_token_list_compiles_nothing_per_position(fused):
+    w = torch.randn(8, 8)
+    dw = w.to("tpu")
+
+    def decode(h, steps):  # generate()-like: a fixed-shape step, and a token list that grows
+        tokens = torch.zeros(1, 1, device=h.device)
+        for _ in range(steps):
+            h = torch.tanh(h @ w.to(h.device)) * 0.5 + 0.1
+            h = h.softmax(-1)
+            tokens = torch.cat([tokens, h[:, :1]], dim=1)  # a new shape each step
+            if tokens.sum().item() < -1:  # a sync every step, as a stopping criterion
+                break
+        return tokens
+
+    h0 = torch.randn(1, 8)
+    expected = decode(h0, 12)
+    for call in range(4):
+        compiles = _count("fused_compiles")
+        assert_close(decode(h0.to("tpu"), 12).cpu(), expected)
+    assert _count("fused_compiles") == compiles  # nothing compiled per position in steady state

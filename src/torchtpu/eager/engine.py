@@ -113,7 +113,7 @@ def _mutable_args(schema):
 class Entry:
     """A cached executable and what to do with its results."""
 
-    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor")
+    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -124,6 +124,7 @@ class Entry:
         self.checks = ()          # messages of the device-side asserts (ops/checks.py): one more output
         self.n_results = None     # how many arrays fn returns, known once it has run ("fused" mode)
         self.anchor = False       # "fused" mode: a segment may end after this op (eager/fusion.py)
+        self.last_sync = -1 << 40  # "fused" mode: when it was last queued, in syncs (eager/fusion.py)
 
 
 class OpKernel:

@@ -41,10 +41,16 @@ from ..storage.records import Pending
 MIN_OPS = 16
 ANCHOR_EVERY = 64
 LIMIT = 384
-# A segment is compiled when it comes back within RECENT flushes of its last run: a loop's body.
-# Segments that recur only far apart (a decoding step at one position, once per generate() call)
-# keep running op by op rather than compiling one executable per position.
-RECENT = 8
+# A segment is compiled when it comes back within RECENT flushes of its last run: a loop's body;
+# segments that recur only far apart keep running op by op rather than compiling one executable each.
+# An op whose executable was not queued within the last HOT_SYNCS synchronizations (reads of a
+# queued value) is "cold": generate()'s `cat` onto the token list has a new shape at every position,
+# so each of its executables runs once per call, many syncs apart. A cold op runs alone, between two
+# cuts, so the segments around it repeat from one decoding step to the next and get compiled.
+# (Syncs, not flushes, are the clock: the cuts around cold ops must not make other ops cold, and a
+# training loop read every 50 steps keeps all its ops warm however many segments a step has.)
+RECENT = 16
+HOT_SYNCS = 8
 _MAX_KEYS = 4096     # segments remembered as seen before that memory is cleared
 
 
@@ -62,6 +68,7 @@ class _Segment:
 
     def flush(self):
         with _lock:
+            _syncs[0] += 1
             _flush(self)
 
 
@@ -69,16 +76,19 @@ _open: dict[int, _Segment] = {}
 _lock = threading.RLock()
 _seen: dict[tuple, int] = {}   # segment key -> the flush that last ran it op by op
 _flushes = [0]
+_syncs = [0]   # flushes asked for by a read of a queued value (or synchronize, or a mode switch)
 _compiled: dict[tuple, object] = {}
 
 
 def defer(entry, inputs, scalars, device):
     """Queue `entry.fn(*inputs, *scalars)`; returns one Pending per result."""
     with _lock:
+        cold = _syncs[0] - entry.last_sync > HOT_SYNCS
+        entry.last_sync = _syncs[0]
         segment = _open.get(device)
         if segment is None:
             segment = _open[device] = _Segment(device)
-        elif len(segment.steps) >= MIN_OPS and segment.steps[0][0] is entry.fn:
+        elif cold or len(segment.steps) >= MIN_OPS and segment.steps[0][0] is entry.fn:
             _flush(segment)
             segment = _open[device] = _Segment(device)
         sources = []
@@ -100,7 +110,7 @@ def defer(entry, inputs, scalars, device):
         results = tuple(Pending(segment, step, i) for i in range(entry.n_results))
         segment.results.append([weakref.ref(p) for p in results])
         counters.fused_ops += 1
-        if step + 1 >= MIN_OPS and (entry.anchor or step + 1 >= LIMIT):
+        if cold or step + 1 >= MIN_OPS and (entry.anchor or step + 1 >= LIMIT):
             _flush(segment)
         return results
 
@@ -114,6 +124,7 @@ def forget():
 
 def flush_all():
     with _lock:
+        _syncs[0] += 1
         for segment in list(_open.values()):
             _flush(segment)
 
@@ -126,11 +137,11 @@ def _flush(segment: _Segment):
         del _open[segment.device]
     if not segment.steps:
         return
+    _flushes[0] += 1
     live = tuple((s, i) for s, refs in enumerate(segment.results) for i, r in enumerate(refs) if r() is not None)
     if not live:  # nothing anyone can observe: every result was dropped or overwritten
         return
     key = (segment.device, tuple(segment.key), live)
-    _flushes[0] += 1
     fn = _compiled.get(key)
     if fn is None:
         last = _seen.get(key)
