@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 from ..metrics import counters
 from ..device import platform
 from ..ops import dtypes as dt
-from ..storage.records import RECORDS, Pending, new_tensor, set_buffer
+from ..storage.records import RECORDS, new_tensor, set_buffer
 from . import asserts, fusion
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
@@ -87,7 +87,6 @@ def note_executable():
 
 def forget_executables():
     """Drop every cached eager executable (and fused segment), freeing their device code."""
-    from . import fusion
     for kernel in _KERNELS:
         kernel.cache.clear()
     fusion.forget()
@@ -194,21 +193,23 @@ class OpKernel:
             note_executable()
         else:
             counters.eager_cache_hits += 1
+        mode = _mode[0]
+        deferred = mode == "fused" and entry.n_results is not None
         inputs = []
         for r in bufs:
-            b = r._buffer  # raw: may be a fused-mode Pending
+            # fused mode queues behind pending results (raw `_buffer`); otherwise the record's
+            # `buffer` property runs any queue first
+            b = r._buffer if deferred else r.buffer
             if b is None:
                 b = _zeros(r.numel, r.dtype, r.device_index)
                 set_buffer(r, b)
             inputs.append(b)
         if self.random:
             scalars.append(self._rng_args(args, kwargs, device))
-        mode = _mode[0]
-        if mode == "fused" and entry.n_results is not None:
-            results = fusion.defer(entry, inputs, (*scalars, *offsets), device if device >= 0 else 0)
+        dev = device if device >= 0 else 0
+        if deferred:
+            results = fusion.defer(entry, inputs, (*scalars, *offsets), dev)
         else:
-            if Pending in map(type, inputs):
-                inputs = [b.get() if type(b) is Pending else b for b in inputs]
             results = entry.fn(*inputs, *scalars, *offsets)
             entry.n_results = len(results)
         if entry.checks:
@@ -219,7 +220,6 @@ class OpKernel:
         if entry.mutated_slots:
             for slot, buf in zip(entry.mutated_slots, results[len(outs):]):
                 set_buffer(bufs[slot], buf)
-        dev = device if device >= 0 else 0
         out_tensors = [new_tensor(shape, dtype, dev, buf, stride) for (shape, dtype, stride), buf in zip(outs, results)]
         if entry.spec is None:
             return out_tensors[0]

@@ -55,12 +55,12 @@ _MAX_KEYS = 4096     # segments remembered as seen before that memory is cleared
 
 
 class _Segment:
-    __slots__ = ("device", "steps", "key", "external", "external_ids", "results", "done")
+    __slots__ = ("device", "plan", "scalars", "external", "external_ids", "results", "done")
 
     def __init__(self, device):
         self.device = device
-        self.steps = []         # (executable, sources, traced scalars)
-        self.key = []           # (executable, sources) per step
+        self.plan = []          # (executable, sources) per step: with the live results, the key
+        self.scalars = []       # each step's traced scalars
         self.external = []      # concrete input arrays, in first-use order
         self.external_ids = {}  # id(array) -> index in external
         self.results = []       # per step, weak references to its Pending results
@@ -88,7 +88,7 @@ def defer(entry, inputs, scalars, device):
         segment = _open.get(device)
         if segment is None:
             segment = _open[device] = _Segment(device)
-        elif cold or len(segment.steps) >= MIN_OPS and segment.steps[0][0] is entry.fn:
+        elif cold or len(segment.plan) >= MIN_OPS and segment.plan[0][0] is entry.fn:
             _flush(segment)
             segment = _open[device] = _Segment(device)
         sources = []
@@ -104,9 +104,9 @@ def defer(entry, inputs, scalars, device):
                 segment.external.append(b)
             sources.append(index)
         sources = tuple(sources)
-        step = len(segment.steps)
-        segment.steps.append((entry.fn, sources, scalars))
-        segment.key.append((entry.fn, sources))
+        step = len(segment.plan)
+        segment.plan.append((entry.fn, sources))
+        segment.scalars.append(scalars)
         results = tuple(Pending(segment, step, i) for i in range(entry.n_results))
         segment.results.append([weakref.ref(p) for p in results])
         counters.fused_ops += 1
@@ -135,18 +135,18 @@ def _flush(segment: _Segment):
     segment.done = True
     if _open.get(segment.device) is segment:
         del _open[segment.device]
-    if not segment.steps:
+    if not segment.plan:
         return
     _flushes[0] += 1
     live = tuple((s, i) for s, refs in enumerate(segment.results) for i, r in enumerate(refs) if r() is not None)
     if not live:  # nothing anyone can observe: every result was dropped or overwritten
         return
-    key = (segment.device, tuple(segment.key), live)
+    key = (segment.device, tuple(segment.plan), live)
     fn = _compiled.get(key)
     if fn is None:
         last = _seen.get(key)
         if last is not None and _flushes[0] - last <= RECENT:
-            fn = _compiled[key] = _fuse(segment.steps, live, segment.device)
+            fn = _compiled[key] = _fuse(segment.plan, live, segment.device)
             del _seen[key]
             counters.fused_compiles += 1
             from .engine import note_executable
@@ -155,11 +155,11 @@ def _flush(segment: _Segment):
             if len(_seen) >= _MAX_KEYS:
                 _seen.clear()
             _seen[key] = _flushes[0]
-    if fn is None:
-        values = _run_op_by_op(segment, live)
+    if fn is None:  # op by op through the ops' own executables
+        values = _replay(segment.plan, live, segment.external, segment.scalars)
     else:
         counters.fused_runs += 1
-        values = fn(segment.external, [scalars for _, _, scalars in segment.steps])
+        values = fn(segment.external, segment.scalars)
     for (s, i), v in zip(live, values):
         p = segment.results[s][i]()
         if p is not None:
@@ -167,24 +167,15 @@ def _flush(segment: _Segment):
             p.segment = None
 
 
-def _run_op_by_op(segment, live):
-    external = segment.external
+def _replay(plan, live, external, scalars):
+    """Call the steps' executables in order; the live results. Traced by `_fuse`, it is one graph."""
     results = []
-    for fn, sources, scalars in segment.steps:
+    for (fn, sources), sc in zip(plan, scalars):
         args = [external[s] if type(s) is int else results[s[0]][s[1]] for s in sources]
-        results.append(fn(*args, *scalars))
+        results.append(fn(*args, *sc))
     return [results[s][i] for s, i in live]
 
 
-def _fuse(steps, live, device):
-    plan = [(fn, sources) for fn, sources, _ in steps]
-
-    def run(external, scalars):
-        results = []
-        for (fn, sources), sc in zip(plan, scalars):
-            args = [external[s] if type(s) is int else results[s[0]][s[1]] for s in sources]
-            results.append(fn(*args, *sc))
-        return [results[s][i] for s, i in live]
-
+def _fuse(plan, live, device):
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
-    return jax.jit(run, out_shardings=sharding)
+    return jax.jit(lambda external, scalars: _replay(plan, live, external, scalars), out_shardings=sharding)
