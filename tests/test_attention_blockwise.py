@@ -138,7 +138,8 @@ def test_logsumexp_matches_cpu(monkeypatch, used):
 
 
 def test_grouped_query_lowering():
-    """GQA straight through the lowering (the eager layer expands key/value heads before the op)."""
+    """GQA straight through the lowerings (the eager layer hands grouped key/value heads to the op):
+    dense and blockwise, against the dense lowering of explicitly repeated heads."""
     import jax.numpy as jnp
     from torchtpu.ops import nn
 
@@ -153,6 +154,8 @@ def test_grouped_query_lowering():
     try:
         out, lse = nn.sdpa_fused(q, ke, ve, 0.0, True)               # dense reference
         grads = nn.sdpa_fused_backward(g, q, ke, ve, out, lse, 0.0, True)
+        out_g, lse_g = nn.sdpa_fused(q, k, v, 0.0, True)             # dense, grouped heads
+        grads_g = nn.sdpa_fused_backward(g, q, k, v, out_g, lse_g, 0.0, True)
         for n, value in zip(names, (0, 1024, 16, 16, 16, 4)):
             setattr(bw, n, value)
         assert bw._plan(2, 4, 51, 46, True)[0] == 4                 # tiles of 4 heads, key blocks of 16
@@ -161,6 +164,11 @@ def test_grouped_query_lowering():
     finally:
         for n, value in zip(names, old):
             setattr(bw, n, value)
+    np.testing.assert_allclose(out_g, out, atol=2e-6)
+    np.testing.assert_allclose(lse_g, lse, atol=2e-6)
+    np.testing.assert_allclose(grads_g[0], grads[0], atol=5e-6)
+    np.testing.assert_allclose(grads_g[1], grads[1].reshape(2, 2, 2, 46, 8).sum(2), atol=5e-6)
+    np.testing.assert_allclose(grads_g[2], grads[2].reshape(2, 2, 2, 46, 6).sum(2), atol=5e-6)
     np.testing.assert_allclose(out_b, out, atol=2e-6)
     np.testing.assert_allclose(lse_b, lse, atol=2e-6)
     np.testing.assert_allclose(dq, grads[0], atol=5e-6)

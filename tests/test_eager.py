@@ -193,3 +193,53 @@ def test_crowded_memory_maps_forget_executables_and_work_goes_on(monkeypatch):
     assert torchtpu.metrics()["executables_forgotten"] > forgotten
     assert [o.item() for o in outs] == [float((torch.arange(n * 1.0) * 3 + n).sum()) for n in range(1, 12)]
     torch.testing.assert_close((x * 2).cpu(), torch.arange(12.0) * 2)
+
+
+def test_clone_and_whole_copies_share_buffers_but_stay_independent():
+    """clone() and copy_ of a whole storage share the source's (immutable) buffer instead of running an
+    executable; a later write to either side must not show in the other."""
+    a = torch.randn(4, 5)
+    ta = a.to("tpu")
+    compiles = torchtpu.metrics()["eager_compiles"]
+    tb = ta.clone()
+    tc = torch.empty(4, 5, device="tpu").copy_(ta)
+    assert torchtpu.metrics()["eager_compiles"] == compiles
+    ta.add_(1)
+    tb.mul_(2)
+    torch.testing.assert_close(ta.cpu(), a + 1)
+    torch.testing.assert_close(tb.cpu(), a * 2)
+    torch.testing.assert_close(tc.cpu(), a)
+    # what cannot share still copies: views, casts, partial destinations, other layouts
+    torch.testing.assert_close(ta[1:, ::2].clone().cpu(), (a + 1)[1:, ::2])
+    torch.testing.assert_close(torch.empty(4, 5, dtype=torch.float64, device="tpu").copy_(ta).cpu(),
+                               (a + 1).double())
+    part = torch.zeros(4, 10, device="tpu")
+    part[:, :5].copy_(ta)
+    torch.testing.assert_close(part.cpu()[:, :5], a + 1)
+    assert part.cpu()[:, 5:].abs().sum() == 0
+    img = torch.randn(2, 3, 4, 4).to("tpu")
+    cl = img.clone(memory_format=torch.channels_last)
+    assert cl.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(cl.cpu(), img.cpu())
+    tt = (a + 1).t()
+    kept = tt.to("tpu").clone()                  # preserve_format keeps a dense tensor's strides, as CUDA
+    assert kept.stride() == tt.clone().stride()
+    torch.testing.assert_close(kept.cpu(), tt)
+
+
+def test_small_factories_reuse_constants_exactly():
+    """Tensor-free ops keep the arrays of recent scalar values; -0.0 and 0.0, True and 1, NaN each
+    key their own result, and writing to one result leaves the cached value alone."""
+    before = torchtpu.metrics()["eager_constants_reused"]
+    x = torch.full((3,), 2.0, device="tpu")
+    x.add_(1)
+    y = torch.full((3,), 2.0, device="tpu")
+    torch.testing.assert_close(y.cpu(), torch.full((3,), 2.0))
+    assert torchtpu.metrics()["eager_constants_reused"] > before
+    assert torch.signbit(torch.full((2,), -0.0, device="tpu").cpu()).all()
+    assert not torch.signbit(torch.full((2,), 0.0, device="tpu").cpu()).any()
+    assert torch.full((2,), True, device="tpu").dtype == torch.bool
+    assert torch.full((2,), 1, device="tpu").dtype == torch.int64
+    assert torch.isnan(torch.full((2,), float("nan"), device="tpu").cpu()).all()
+    for value in range(20):   # more values than are kept: every result is still right
+        assert torch.scalar_tensor(value, device="tpu").item() == value

@@ -1,6 +1,7 @@
 """Cache misses of the eager engine: find the JAX function for an op and trace it with its views."""
 from __future__ import annotations
 
+import math
 import zlib
 from typing import NamedTuple
 
@@ -14,7 +15,7 @@ from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS, contiguous_strides
 from . import fusion, views
-from .engine import Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
+from .engine import CONSTANT_BYTES, Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
 from .kernels import META_OVERRIDES
 
 
@@ -230,6 +231,9 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
             buffers[slot] = views.write(buffers[slot], _at(layout, offsets), views.apply_bits(v, bits))
         return tuple(functional) + tuple(buffers[s] for s in mutated_slots) + (() if flags is None else (flags,))
 
+    if nb == 0 and not kernel.random and not mutable_targets and \
+            sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in outs) <= CONSTANT_BYTES:
+        entry.consts = {}
     if nb == 0:
         index = device if device >= 0 else 0
         entry.fn = jax.jit(fused, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)))

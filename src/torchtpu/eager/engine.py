@@ -39,6 +39,8 @@ class NeedsResize(Exception):
 
 _Tensor = torch.Tensor
 _SCALAR_TYPES = (bool, int, float, complex)
+# argument types that only ever key the cache as they are (checked by exact type, before isinstance)
+_PLAIN = frozenset({type(None), bool, str, torch.dtype, torch.layout, torch.memory_format})
 
 
 class TpuOpError(RuntimeError):
@@ -54,6 +56,10 @@ class TpuOpError(RuntimeError):
 CHECK_EVERY = 256
 MAX_EXECUTABLES = 6000
 _executables = [0, 0]  # since the last check, since the last forget
+# Tensor-free ops whose results total at most CONSTANT_BYTES keep the results of up to
+# CONSTANT_VALUES distinct scalar values (Entry.consts).
+CONSTANT_BYTES = 1 << 14
+CONSTANT_VALUES = 8
 _KERNELS: list = []
 
 
@@ -112,7 +118,8 @@ def _mutable_args(schema):
 class Entry:
     """A cached executable and what to do with its results."""
 
-    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync")
+    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
+                 "consts")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -124,6 +131,7 @@ class Entry:
         self.n_results = None     # how many arrays fn returns, known once it has run ("fused" mode)
         self.anchor = False       # "fused" mode: a segment may end after this op (eager/fusion.py)
         self.last_sync = -1 << 40  # "fused" mode: when it was last queued, in syncs (eager/fusion.py)
+        self.consts = None        # small tensor-free ops (torch.full, scalar_tensor): scalars -> results
 
 
 class OpKernel:
@@ -193,6 +201,8 @@ class OpKernel:
             note_executable()
         else:
             counters.eager_cache_hits += 1
+        if entry.consts is not None:
+            return self._constant(entry, scalars, device)
         mode = _mode[0]
         deferred = mode == "fused" and entry.n_results is not None
         inputs = []
@@ -225,6 +235,29 @@ class OpKernel:
             return out_tensors[0]
         return self._returns(entry, out_tensors, args, kwargs)
 
+    def _constant(self, entry, scalars, device):
+        """A small op without tensor inputs (a factory): its results depend on the scalar values only,
+        so the arrays of the last few values are kept and shared by the new storages (arrays are
+        immutable; a write gives a storage a new buffer) instead of running the executable again."""
+        ck = tuple((type(v), v.hex() if type(v) is float else repr(v) if type(v) is complex else v)
+                   for v in scalars)
+        results = entry.consts.get(ck)
+        if results is None:
+            results = entry.fn(*scalars)
+            entry.n_results = len(results)
+            if entry.checks:
+                entry.consts = None
+                asserts.note(results[-1], entry.checks, "aten::" + self.name)
+            elif len(entry.consts) < CONSTANT_VALUES:
+                entry.consts[ck] = results
+        else:
+            counters.eager_constants_reused += 1
+        dev = device if device >= 0 else 0
+        out_tensors = [new_tensor(shape, dtype, dev, buf, stride) for (shape, dtype, stride), buf in zip(entry.outs, results)]
+        if entry.spec is None:
+            return out_tensors[0]
+        return self._returns(entry, out_tensors, (), {})
+
     def _rng_args(self, args, kwargs, device):
         gen = kwargs.get("generator")
         if gen is None:
@@ -238,6 +271,10 @@ class OpKernel:
         return generator_rng_args(gen)
 
     def _flatten(self, a, parts, slot_of, bufs, scalars, offsets, device, is_scalar_arg):
+        ta = type(a)
+        if ta in _PLAIN and not (is_scalar_arg and ta in _SCALAR_TYPES):  # dtype=, layout=, None, flags
+            parts.append(("V", a))
+            return device
         if isinstance(a, _Tensor):
             address = a.untyped_storage().data_ptr()
             r = RECORDS.get(address)
@@ -276,7 +313,7 @@ class OpKernel:
                 if device >= 0 and index != device:
                     _device_mismatch(self.name, device, index)
                 device = index
-        elif isinstance(a, torch.Generator):
+        elif ta is torch.Generator or isinstance(a, torch.Generator):
             parts.append(("G",))
         else:
             parts.append(("V", a))

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import torch
 from torch._C import DispatchKey, DispatchKeySet
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.utils import _pytree as pytree
 
 from .. import metrics
@@ -107,12 +108,18 @@ def _resize_(self, size, memory_format=None):
 
 
 # ------------------------------------------------------------------ host <-> device
+def _covers(t: torch.Tensor, r) -> bool:
+    """Whether t is all of its storage's elements, in order and in the storage's dtype: its values are
+    then exactly the record's flat buffer."""
+    return (t.dtype == r.dtype and t.storage_offset() == 0 and t.numel() == r.numel and t.is_contiguous()
+            and not t.is_conj() and not t.is_neg())
+
+
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
     asserts.check()
     r = record_of(t)
-    if not (t.is_contiguous() and t.storage_offset() == 0 and t.numel() == r.numel and t.dtype == r.dtype
-            and not t.is_conj() and not t.is_neg()):
+    if not _covers(t, r):
         t = aten.clone.default(t, memory_format=torch.contiguous_format)
         r = record_of(t)
     if r.buffer is None:
@@ -140,8 +147,7 @@ def _from_host(array: np.ndarray, dtype, index):
 def _write_whole_or_copy(dst, buffer, dtype):
     """Give dst the values of a flat device buffer of dst's shape and `dtype`."""
     r = record_of(dst)
-    if (dtype == dst.dtype == r.dtype and dst.is_contiguous() and dst.storage_offset() == 0
-            and dst.numel() == r.numel):
+    if dtype == dst.dtype and _covers(dst, r):
         set_buffer(r, buffer)
     else:
         tmp = new_tensor(tuple(dst.shape), dtype, r.device_index, buffer)
@@ -149,9 +155,32 @@ def _write_whole_or_copy(dst, buffer, dtype):
     return dst
 
 
+# A clone, or a copy_ of one whole storage into another of the same shape and dtype, shares the
+# source's buffer instead of running an executable: JAX arrays are immutable and every write gives a
+# storage a new buffer, so two storages holding one array stay independent (compiled graphs donate a
+# buffer only when nothing else refers to it: backend._donation_safe). Transformers' generate() clones
+# and copies logits and token ids every step; this makes those ~2 us instead of an XLA call.
+def _clone(self, *, memory_format=None):
+    r = RECORDS.get(self.untyped_storage().data_ptr())
+    if memory_format in (None, torch.preserve_format, torch.contiguous_format):
+        if r is not None and r._buffer is not None and _covers(self, r):
+            return new_tensor(tuple(self.shape), self.dtype, r.device_index, r._buffer)
+        if memory_format is torch.contiguous_format or self.is_contiguous() or \
+                not is_non_overlapping_and_dense(self):
+            return KERNELS[aten.clone.default](self, memory_format=memory_format)
+        # preserve_format keeps a dense tensor's strides (a transposed matrix stays transposed), as CUDA
+        return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=self.device).copy_(self)
+    return torch.empty(self.shape, dtype=self.dtype, device=self.device, memory_format=memory_format).copy_(self)
+
+
 def _copy_(self, src, non_blocking=False):
     if self.device.type == "tpu" and src.device.type == "tpu":
         if self.device.index == src.device.index:
+            rd, rs = record_of(self), record_of(src)
+            if (rs._buffer is not None and self.dtype == src.dtype and self.shape == src.shape
+                    and _covers(self, rd) and _covers(src, rs)):
+                set_buffer(rd, rs._buffer)
+                return self
             return KERNELS[aten.copy_.default](self, src)
         value = to_host(src) if src.numel() else np.zeros(tuple(src.shape), dt.to_jax(src.dtype))
         moved = jax.device_put(value.reshape(-1), platform.jax_device(self.device.index))
@@ -450,6 +479,7 @@ def register_all():
     _impl("empty_strided", _empty_strided)
     _impl("resize_", _resize_)
     _impl("copy_", _copy_)
+    _impl("clone", _clone)
     _impl("_copy_from", _copy_from)
     _impl("_copy_from_and_resize", lambda self, dst: _copy_(dst.resize_(self.shape), self))
     _impl("_local_scalar_dense", _local_scalar_dense)
@@ -468,7 +498,7 @@ def register_all():
     _register_missing_meta()
     _register_fake_overrides()
     from . import attention, data_dependent
-    manual = {"copy_", "resize_", "equal", "_local_scalar_dense"}
+    manual = {"copy_", "resize_", "equal", "_local_scalar_dense", "clone"}
     for op in _all_overloads():
         name = op_name(op)
         if name.split(".")[0] in manual or name in ("arange.start_step", "arange.start_out") or not _lowered(op):
@@ -484,4 +514,5 @@ def register_all():
     _follow_matmul_precision()
     # copy_ between tpu tensors goes through the engine (fused view read/write and cast)
     KERNELS[aten.copy_.default] = OpKernel(aten.copy_.default)
+    kernel_for(aten.clone.default)  # what _clone runs when it cannot share
     _fallback_lib.fallback(_fallback, "PrivateUse1")
