@@ -330,47 +330,22 @@ def test_conjugate_views_inside_and_into_compiled_graphs():
     torch.testing.assert_close(z.cpu(), zc)
 
 
-class _GroupedQueryAttention(nn.Module):
-    """Attention with 4 query heads sharing 2 key/value heads, repeated the way transformers' repeat_kv
-    does (unsqueeze, expand, reshape) before SDPA with a padding mask."""
 
-    def __init__(self, d=32, heads=4, kv_heads=2):
-        super().__init__()
-        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
-        self.q = nn.Linear(d, d)
-        self.kv = nn.Linear(d, 2 * kv_heads * self.hd)
-
-    def forward(self, x, mask):
-        b, l, _ = x.shape
-        q = self.q(x).view(b, l, self.heads, self.hd).transpose(1, 2)
-        k, v = self.kv(x).view(b, l, 2, self.kv_heads, self.hd).permute(2, 0, 3, 1, 4)
-        rep = self.heads // self.kv_heads
-
-        def repeat(t):
-            return t[:, :, None].expand(b, self.kv_heads, rep, l, self.hd).reshape(b, self.heads, l, self.hd)
-
-        return F.scaled_dot_product_attention(q, repeat(k), repeat(v), attn_mask=mask).sum(1)
-
-
-def test_repeated_kv_heads_are_not_copied(monkeypatch):
-    """The backend points attention at the unrepeated key/value heads (compile/passes.py): the repeat's
-    copy leaves the graph, results still match the CPU, forward and backward."""
-    from torchtpu.compile import passes
-    rewrites = []
-    original = passes.unrepeat_kv
-    monkeypatch.setattr(passes, "unrepeat_kv", lambda gm: rewrites.append(original(gm)) or rewrites[-1])
+def test_grouped_query_attention_compiled():
+    """SDPA with enable_gqa=True: the graph hands the 2 key/value heads to the attention op as they are
+    (ops/nn.py pairs each with its 4 query heads), forward and backward equal to the CPU's."""
     torch.manual_seed(0)
-    x = torch.randn(2, 6, 32)
-    mask = torch.ones(2, 1, 6, 6, dtype=torch.bool)
-    mask[0, :, :, :2] = False
-    cpu = _GroupedQueryAttention()
-    dev = copy.deepcopy(cpu).to("tpu")
-    comp = torch.compile(dev, backend="tpu", fullgraph=True)
-    with torch.no_grad():
-        torch.testing.assert_close(comp(x.to("tpu"), mask.to("tpu")).cpu(), cpu(x, mask), **TOL)
-    assert rewrites and rewrites[0] == 2, rewrites          # keys and values
-    gc = torch.randn(2, 6, 8)
-    cpu(x, mask).backward(gc)
-    comp(x.to("tpu"), mask.to("tpu")).backward(gc.to("tpu"))
-    for (n, p), q in zip(cpu.named_parameters(), dev.parameters()):
-        torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL, msg=n)
+    q, k, v = torch.randn(2, 8, 6, 16), torch.randn(2, 2, 6, 16), torch.randn(2, 2, 6, 16)
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    dev = [t.to("tpu").requires_grad_() for t in (q, k, v)]
+    out_c, out_d = attend(*cpu), torch.compile(attend, backend="tpu", fullgraph=True)(*dev)
+    torch.testing.assert_close(out_d.cpu(), out_c, **TOL)
+    g = torch.randn(out_c.shape)
+    out_c.backward(g)
+    out_d.backward(g.to("tpu"))
+    for a, b in zip(cpu, dev):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, **TOL)

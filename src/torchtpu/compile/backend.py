@@ -35,7 +35,7 @@ from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram
 from ..ops.resolve import NotLowered
 from ..storage.records import RECORDS, new_tensor, set_buffer
-from . import options, passes
+from . import options
 
 log = logging.getLogger("torchtpu.compile")
 _Tensor = torch.Tensor
@@ -83,7 +83,6 @@ class CompiledGraph:
         self.gm = gm
         self.kind = kind
         self.id = next(_graph_ids)
-        passes.unrepeat_kv(gm)
         self.program = GraphProgram(gm.graph, gm)
         out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         outs = out_node.args[0]
