@@ -206,13 +206,42 @@ def index_add(x, dim, index, source, alpha=1):
     return _scatter_add(x, _along(dim, x.ndim, index.reshape(-1)), src)
 
 
+# index_copy writing a small slab into a large array (a static KV cache's new position) is a scatter at
+# flat element offsets: XLA:CPU turns the slab form into a dynamic-update-slice that it will not run in
+# place when the result is also read reshaped (the flat storage buffer written back, attention reading
+# the cache) and copies the whole array three to five times per call; the flat scatter updates it in
+# place (a (1, 4, 4096, 32) float32 cache read by a dot: 95 us per step instead of 989, jax 0.10.2).
+FLAT_SCATTER_MIN = 1 << 14     # elements of x, at least
+FLAT_SCATTER_RATIO = 8         # x at least this many times the source
+
+
+def _flat_offsets(shape, dim, index, src_shape):
+    """Row-major offsets in an array of `shape` of every element of a `src_shape` slab whose
+    coordinate along `dim` is index[j]; out-of-range positions get the array's size."""
+    offsets = jnp.zeros(src_shape, jnp.int64)
+    stride = 1
+    for d in range(len(shape) - 1, -1, -1):
+        coord = lax.broadcasted_iota(jnp.int64, src_shape, d)
+        if d == dim:
+            coord = index.astype(jnp.int64)[coord]
+        offsets = offsets + coord * stride
+        stride *= shape[d]
+    valid = (index >= 0) & (index < shape[dim])
+    return jnp.where(valid[lax.broadcasted_iota(jnp.int32, src_shape, dim)], offsets, stride)
+
+
 @lowering("index_copy")
 def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(()).astype(x.dtype)
     dim = _dim(dim, x.ndim)
+    index = index.reshape(-1)
     _check(index, x.shape[dim], dim, False)
-    return x.at[_along(dim, x.ndim, index.reshape(-1))].set(source.astype(x.dtype))
+    source = jnp.broadcast_to(source, x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1:]).astype(x.dtype)
+    if x.size >= FLAT_SCATTER_MIN and source.size * FLAT_SCATTER_RATIO <= x.size:
+        at = _flat_offsets(x.shape, dim, index, source.shape).reshape(-1)
+        return x.reshape(-1).at[at].set(source.reshape(-1), mode="drop").reshape(x.shape)
+    return x.at[_along(dim, x.ndim, index)].set(source)
 
 
 @lowering("index_fill.int_Scalar", "index_fill.int_Tensor")
