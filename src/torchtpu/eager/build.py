@@ -15,7 +15,7 @@ from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS, contiguous_strides
 from . import fusion, views
-from .engine import CONSTANT_BYTES, Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
+from .engine import CONSTANT_BYTES, DONATE_BYTES, Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
 from .kernels import META_OVERRIDES
 
 
@@ -239,6 +239,8 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
         entry.fn = jax.jit(fused, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)))
     else:
         entry.fn = jax.jit(fused)
+        if any(bufs[s].nbytes >= DONATE_BYTES for s in mutated_slots):
+            entry.traced = fused
     return entry
 
 

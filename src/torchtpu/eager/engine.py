@@ -11,7 +11,9 @@ dtypes and PyTorch's own error messages for bad input, before anything is traced
 """
 from __future__ import annotations
 
+import sys
 import threading
+import warnings
 
 import jax
 import torch
@@ -119,7 +121,7 @@ class Entry:
     """A cached executable and what to do with its results."""
 
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
-                 "consts")
+                 "consts", "traced", "fn_donating")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -132,6 +134,8 @@ class Entry:
         self.anchor = False       # "fused" mode: a segment may end after this op (eager/fusion.py)
         self.last_sync = -1 << 40  # "fused" mode: when it was last queued, in syncs (eager/fusion.py)
         self.consts = None        # small tensor-free ops (torch.full, scalar_tensor): scalars -> results
+        self.traced = None        # in-place ops on large storages: the function fn jits, for fn_donating
+        self.fn_donating = None   # fn with the mutated storages' buffers donated (built on first use)
 
 
 class OpKernel:
@@ -214,13 +218,18 @@ class OpKernel:
                 b = _zeros(r.numel, r.dtype, r.device_index)
                 set_buffer(r, b)
             inputs.append(b)
+        b = None  # (the donation check counts references to the input buffers)
         if self.random:
             scalars.append(self._rng_args(args, kwargs, device))
         dev = device if device >= 0 else 0
         if deferred:
             results = fusion.defer(entry, inputs, (*scalars, *offsets), dev)
         else:
-            results = entry.fn(*inputs, *scalars, *offsets)
+            fn = entry.fn
+            if entry.traced is not None and _donatable(inputs, entry.mutated_slots):
+                fn = entry.fn_donating or _donating(entry)
+                counters.eager_donations += 1
+            results = fn(*inputs, *scalars, *offsets)
             entry.n_results = len(results)
         if entry.checks:
             asserts.note(results[-1], entry.checks, "aten::" + self.name)
@@ -355,6 +364,28 @@ class OpKernel:
                 entry = build_entry(self, key, args, kwargs, bufs, device)
                 self.cache[key] = entry
         return entry
+
+
+# In-place ops on storages of at least DONATE_BYTES donate the old buffer when nothing but its
+# storage record refers to it (a refcount check, as compiled graphs do): XLA then updates it in place
+# instead of writing a whole new copy (`cache[:, :, p] = k`, `index_copy_`, optimizer steps), and
+# the old and new buffers never coexist. A buffer shared by a clone, a kept constant or a queued op
+# has more references and is not donated.
+DONATE_BYTES = 1 << 18
+
+
+def _donatable(inputs, slots):
+    for s in slots:
+        if sys.getrefcount(inputs[s]) > 3:   # the record, `inputs`, getrefcount's argument
+            return False
+    return True
+
+
+def _donating(entry):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        entry.fn_donating = jax.jit(entry.traced, donate_argnums=tuple(entry.mutated_slots))
+    return entry.fn_donating
 
 
 def _aliased_name(schema, ret):
