@@ -248,8 +248,7 @@ class OpKernel:
         """A small op without tensor inputs (a factory): its results depend on the scalar values only,
         so the arrays of the last few values are kept and shared by the new storages (arrays are
         immutable; a write gives a storage a new buffer) instead of running the executable again."""
-        ck = tuple((type(v), v.hex() if type(v) is float else repr(v) if type(v) is complex else v)
-                   for v in scalars)
+        ck = scalar_key(scalars)
         results = entry.consts.get(ck)
         if results is None:
             results = entry.fn(*scalars)
@@ -372,6 +371,12 @@ class OpKernel:
 # the old and new buffers never coexist. A buffer shared by a clone, a kept constant or a queued op
 # has more references and is not donated.
 DONATE_BYTES = 1 << 18
+
+
+def scalar_key(values):
+    """A cache key for Python scalar values that tells -0.0 from 0.0, True from 1 and NaNs apart from
+    nothing else (each key returns the array computed for exactly those values)."""
+    return tuple((type(v), v.hex() if type(v) is float else repr(v) if type(v) is complex else v) for v in values)
 
 
 def _donatable(inputs, slots):

@@ -23,7 +23,7 @@ from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS
 from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
 from . import asserts
-from .engine import OpKernel
+from .engine import CONSTANT_BYTES, OpKernel, scalar_key
 
 aten = torch.ops.aten
 CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
@@ -441,7 +441,26 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
     if index is None:
         index = current_device()
     metrics.counters.eager_cache_hits += 1
-    return new_tensor((n,), d, index, _arange_executable(n, jd, index)(start, step))
+    return new_tensor((n,), d, index, _arange_values(n, jd, index, start, step))
+
+
+_arange_kept: dict = {}
+
+
+def _arange_values(n, jd, index, start, step):
+    """The array of arange's values; short ones are kept (immutable; shared like the engine's constant
+    results): generate() asks for the same `arange(kv_length)` for every token."""
+    if n * jd.itemsize > CONSTANT_BYTES:
+        return _arange_executable(n, jd, index)(start, step)
+    key = (n, jd, index) + scalar_key((start, step))
+    values = _arange_kept.get(key)
+    if values is None:
+        if len(_arange_kept) >= 256:
+            _arange_kept.clear()
+        values = _arange_kept[key] = _arange_executable(n, jd, index)(start, step)
+    else:
+        metrics.counters.eager_constants_reused += 1
+    return values
 
 
 def _arange_start_out(start, end, step=1, *, out):
