@@ -248,9 +248,9 @@ def test_small_factories_reuse_constants_exactly():
 @pytest.mark.parametrize("shape,dim,n", [((1, 4, 4096, 8), 2, 1), ((2, 3, 1024, 8), 2, 3), ((4096, 8), 0, 2),
                                          ((8, 4096), 1, 5), ((3, 4, 1500), -1, 1)])
 def test_index_copy_of_a_slab_into_a_large_array(shape, dim, n):
-    """A static KV cache's update (index_copy_ along the sequence): large arrays take the flat-scatter
-    form (ops/indexing.py); values equal the CPU's in eager mode and in a compiled graph, for float,
-    half and integer dtypes, and an index out of range is still a device-side assert."""
+    """A static KV cache's update (index_copy_ along the sequence, or index_put): large arrays take the
+    flat-scatter form (ops/indexing.py); values equal the CPU's in eager mode and in a compiled graph,
+    for float, half and integer dtypes, and an index out of range is still a device-side assert."""
     gen = torch.Generator().manual_seed(3)
     d = dim % len(shape)
     idx = torch.randperm(shape[d], generator=gen)[:n]
@@ -262,6 +262,11 @@ def test_index_copy_of_a_slab_into_a_large_array(shape, dim, n):
         want = x.clone().index_copy_(dim, idx, src)
         got = x.to("tpu").index_copy_(dim, idx.to("tpu"), src.to("tpu"))
         assert torch.equal(got.cpu(), want)
+        at = [slice(None)] * len(shape)       # the same write as x[:, :, idx] = src (index_put),
+        at[d] = idx - shape[d]                # with negative indices
+        put = x.to("tpu")
+        put[tuple(i.to("tpu") if isinstance(i, torch.Tensor) else i for i in at)] = src.to("tpu")
+        assert torch.equal(put.cpu(), want)
     step = torch.compile(lambda c, i, s: c.index_copy_(dim, i, s), backend="tpu")
     cache = x.to("tpu")
     step(cache, idx.to("tpu"), src.to("tpu"))

@@ -7,6 +7,8 @@ gathers and dropped by its scatters: every lowering states the range PyTorch acc
 """
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -50,7 +52,17 @@ def index(x, indices):
 def index_put(x, indices, values, accumulate=False, unsafe=False):
     idx = _advanced(indices, x.shape)
     values = values.astype(x.dtype)
-    return _scatter_add(x, idx, values) if accumulate else x.at[idx].set(values)
+    if accumulate:
+        return _scatter_add(x, idx, values)
+    tensors = [d for d, i in enumerate(indices) if i is not None]
+    if len(tensors) == 1 and indices[tensors[0]].ndim == 1:   # x[:, :, pos] = v: a slab along one dim
+        d = tensors[0]
+        pos = indices[d]
+        pos = jnp.where(pos < 0, pos + x.shape[d], pos)
+        slab = x.shape[:d] + (pos.shape[0],) + x.shape[d + 1:]
+        if _flat_pays(x, slab):
+            return _flat_set(x, d, pos, jnp.broadcast_to(values, slab))
+    return x.at[idx].set(values)
 
 
 @lowering("_unsafe_index.Tensor")
@@ -238,10 +250,19 @@ def index_copy(x, dim, index, source):
     index = index.reshape(-1)
     _check(index, x.shape[dim], dim, False)
     source = jnp.broadcast_to(source, x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1:]).astype(x.dtype)
-    if x.size >= FLAT_SCATTER_MIN and source.size * FLAT_SCATTER_RATIO <= x.size:
-        at = _flat_offsets(x.shape, dim, index, source.shape).reshape(-1)
-        return x.reshape(-1).at[at].set(source.reshape(-1), mode="drop").reshape(x.shape)
+    if _flat_pays(x, source.shape):
+        return _flat_set(x, dim, index, source)
     return x.at[_along(dim, x.ndim, index)].set(source)
+
+
+def _flat_pays(x, slab_shape):
+    return x.size >= FLAT_SCATTER_MIN and math.prod(slab_shape) * FLAT_SCATTER_RATIO <= x.size
+
+
+def _flat_set(x, dim, index, source):
+    """x with x[..., index[j], ...] (along dim) = source[..., j, ...], as a scatter at flat offsets."""
+    at = _flat_offsets(x.shape, dim, index, source.shape).reshape(-1)
+    return x.reshape(-1).at[at].set(source.reshape(-1), mode="drop").reshape(x.shape)
 
 
 @lowering("index_fill.int_Scalar", "index_fill.int_Tensor")
