@@ -374,8 +374,8 @@ DONATE_BYTES = 1 << 18
 
 
 def scalar_key(values):
-    """A cache key for Python scalar values that tells -0.0 from 0.0, True from 1 and NaNs apart from
-    nothing else (each key returns the array computed for exactly those values)."""
+    """A cache key for Python scalar values that keeps apart what == does not (-0.0 and 0.0, True and 1),
+    so a key always returns the array computed for exactly those values."""
     return tuple((type(v), v.hex() if type(v) is float else repr(v) if type(v) is complex else v) for v in values)
 
 

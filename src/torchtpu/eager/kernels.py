@@ -159,7 +159,7 @@ def _write_whole_or_copy(dst, buffer, dtype):
 # source's buffer instead of running an executable: JAX arrays are immutable and every write gives a
 # storage a new buffer, so two storages holding one array stay independent (compiled graphs donate a
 # buffer only when nothing else refers to it: backend._donation_safe). Transformers' generate() clones
-# and copies logits and token ids every step; this makes those ~2 us instead of an XLA call.
+# and copies logits and token ids every step; this makes those ~6 us instead of ~15-20 (an XLA call).
 def _clone(self, *, memory_format=None):
     r = RECORDS.get(self.untyped_storage().data_ptr())
     if memory_format in (None, torch.preserve_format, torch.contiguous_format):
