@@ -1,12 +1,14 @@
 """Greedy decoding tokens/s of a small Llama-shaped model: "tpu" eager, "tpu" compiled with a static
 cache, and torch CPU eager, measured side by side in one run.
 
-    python benchmarks/generate.py [--hidden 256 --layers 4 --prompt 32 --new-tokens 32 --batch 1]
+    python benchmarks/generate.py [--hidden 256 --layers 4 --prompt 32 --new-tokens 32 --batch 1 --rounds 8]
 
 The model is built from a config (random weights, no download). Each "tpu" mode runs once to
 warm up (XLA compiles per shape; with the dynamic cache every decode step is a new shape), then
 `--repeats` timed runs; the median is printed. Generation ends in a host copy of the tokens, so
-each timed run includes all device work. All modes must produce the CPU's tokens.
+each timed run includes all device work. All modes must produce the CPU's tokens. The last line
+alternates torch CPU and the compiled forward `--rounds` times in the same process, the ratio to
+trust on a shared machine whose speed drifts between the sequential rows.
 """
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-compiled", action="store_true")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--rounds", type=int, default=8,
+                   help="interleaved rounds of cpu eager vs tpu compiled forward at the end (0: none)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -97,6 +101,7 @@ def main():
         compiled.forward = torch.compile(compiled.forward, backend="tpu", fullgraph=True)
         measure("tpu compiled fwd (static cache)", compiled, ids_t, args, results, ref,
                 cache_implementation="static", disable_compile=True)
+        interleaved = (compiled, ids_t)
         auto = copy.deepcopy(cpu).to("tpu")
         measure("tpu generate auto-compile (static)", auto, ids_t, args, results, ref, cache_implementation="static")
         # the same compiled forward, with generate()'s own per-token ops in the "fused" eager mode
@@ -112,6 +117,20 @@ def main():
         print("\nratios to cpu eager:")
         for name, v in results.items():
             print(f"  {name:<32} {v / base:6.2f}x")
+    if args.rounds and "interleaved" in locals():
+        # shared machines drift between the sequential measurements above: alternate the two modes
+        compiled, ids_t = interleaved
+        tps = {"cpu": [], "tpu": []}
+        for _ in range(args.rounds):
+            for name, model, inputs, kw in (("cpu", cpu, ids, {}),
+                                            ("tpu", compiled, ids_t, dict(cache_implementation="static",
+                                                                         disable_compile=True))):
+                start = time.perf_counter()
+                run(model, inputs, args, **kw)
+                tps[name].append(args.new_tokens * args.batch / (time.perf_counter() - start))
+        c, t = statistics.median(tps["cpu"]), statistics.median(tps["tpu"])
+        print(f"\ninterleaved, {args.rounds} rounds: cpu eager {c:.1f} tok/s, tpu compiled fwd {t:.1f} tok/s, "
+              f"ratio {t / c:.2f}x")
 
 
 if __name__ == "__main__":
