@@ -34,7 +34,7 @@ from ..ops import checks, linalg
 from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram
 from ..ops.resolve import NotLowered
-from ..storage.records import RECORDS, new_tensor, set_buffer
+from ..storage.records import RECORDS, donatable, new_tensor, set_buffer
 from . import options
 
 log = logging.getLogger("torchtpu.compile")
@@ -153,7 +153,7 @@ class CompiledGraph:
             dyn.append(next_rng_args(dev))
         dyn.extend(np.int64(o) for o in offsets)
         fn = entry.fn
-        if entry.donate and not _donation_safe(dyn, entry.mutated_slots):
+        if entry.donate and not donatable(dyn, entry.mutated_slots):
             fn = entry.fn_plain or self._plain(entry)
         if CompiledGraph.capture and not entry.mutated_slots:
             self.captured = (fn, list(dyn))
@@ -355,14 +355,6 @@ _last_captured = [None]
 def last_captured():
     """The CompiledGraph whose call was captured last (with `CompiledGraph.capture = True`)."""
     return _last_captured[0]
-
-
-def _donation_safe(dyn, slots):
-    # a buffer referenced only by its storage record, the `dyn` list and getrefcount's argument
-    for s in slots:
-        if sys.getrefcount(dyn[s]) > 3:
-            return False
-    return True
 
 
 def _zeros(numel, dtype, device_index):

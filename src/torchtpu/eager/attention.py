@@ -34,7 +34,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
                                                            None, scale=scale, enable_gqa=enable_gqa)[0]
         # grouped-query attention goes to the op as it is: the lowerings pair each key/value head with
-        # its query heads (ops/nn.py: _grouped), so k and v are not repeated in memory
+        # its query heads (ops/nn.py: _heads), so k and v are not repeated in memory
     # bool masks go to the op as they are (the lowerings select -inf): no float copy of an (L, S) mask
     return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal,
                                                             attn_mask=attn_mask, scale=scale)[0]

@@ -11,7 +11,6 @@ dtypes and PyTorch's own error messages for bad input, before anything is traced
 """
 from __future__ import annotations
 
-import sys
 import threading
 import warnings
 
@@ -22,7 +21,7 @@ from torch.utils import _pytree as pytree
 from ..metrics import counters
 from ..device import platform
 from ..ops import dtypes as dt
-from ..storage.records import RECORDS, new_tensor, set_buffer
+from ..storage.records import RECORDS, donatable, new_tensor, set_buffer
 from . import asserts, fusion
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
@@ -205,32 +204,33 @@ class OpKernel:
             note_executable()
         else:
             counters.eager_cache_hits += 1
-        if entry.consts is not None:
-            return self._constant(entry, scalars, device)
         mode = _mode[0]
-        deferred = mode == "fused" and entry.n_results is not None
-        inputs = []
-        for r in bufs:
-            # fused mode queues behind pending results (raw `_buffer`); otherwise the record's
-            # `buffer` property runs any queue first
-            b = r._buffer if deferred else r.buffer
-            if b is None:
-                b = _zeros(r.numel, r.dtype, r.device_index)
-                set_buffer(r, b)
-            inputs.append(b)
-        b = None  # (the donation check counts references to the input buffers)
-        if self.random:
-            scalars.append(self._rng_args(args, kwargs, device))
         dev = device if device >= 0 else 0
-        if deferred:
-            results = fusion.defer(entry, inputs, (*scalars, *offsets), dev)
+        if entry.consts is not None:
+            results = _constant(entry, scalars)
         else:
-            fn = entry.fn
-            if entry.traced is not None and _donatable(inputs, entry.mutated_slots):
-                fn = entry.fn_donating or _donating(entry)
-                counters.eager_donations += 1
-            results = fn(*inputs, *scalars, *offsets)
-            entry.n_results = len(results)
+            deferred = mode == "fused" and entry.n_results is not None
+            inputs = []
+            for r in bufs:
+                # fused mode queues behind pending results (raw `_buffer`); otherwise the record's
+                # `buffer` property runs any queue first
+                b = r._buffer if deferred else r.buffer
+                if b is None:
+                    b = _zeros(r.numel, r.dtype, r.device_index)
+                    set_buffer(r, b)
+                inputs.append(b)
+            b = None  # (the donation check counts references to the input buffers)
+            if self.random:
+                scalars.append(self._rng_args(args, kwargs, device))
+            if deferred:
+                results = fusion.defer(entry, inputs, (*scalars, *offsets), dev)
+            else:
+                fn = entry.fn
+                if entry.traced is not None and donatable(inputs, entry.mutated_slots):
+                    fn = entry.fn_donating or _donating(entry)
+                    counters.eager_donations += 1
+                results = fn(*inputs, *scalars, *offsets)
+                entry.n_results = len(results)
         if entry.checks:
             asserts.note(results[-1], entry.checks, "aten::" + self.name)
         if mode == "debug":
@@ -243,28 +243,6 @@ class OpKernel:
         if entry.spec is None:
             return out_tensors[0]
         return self._returns(entry, out_tensors, args, kwargs)
-
-    def _constant(self, entry, scalars, device):
-        """A small op without tensor inputs (a factory): its results depend on the scalar values only,
-        so the arrays of the last few values are kept and shared by the new storages (arrays are
-        immutable; a write gives a storage a new buffer) instead of running the executable again."""
-        ck = scalar_key(scalars)
-        results = entry.consts.get(ck)
-        if results is None:
-            results = entry.fn(*scalars)
-            entry.n_results = len(results)
-            if entry.checks:
-                entry.consts = None
-                asserts.note(results[-1], entry.checks, "aten::" + self.name)
-            elif len(entry.consts) < CONSTANT_VALUES:
-                entry.consts[ck] = results
-        else:
-            counters.eager_constants_reused += 1
-        dev = device if device >= 0 else 0
-        out_tensors = [new_tensor(shape, dtype, dev, buf, stride) for (shape, dtype, stride), buf in zip(entry.outs, results)]
-        if entry.spec is None:
-            return out_tensors[0]
-        return self._returns(entry, out_tensors, (), {})
 
     def _rng_args(self, args, kwargs, device):
         gen = kwargs.get("generator")
@@ -321,7 +299,7 @@ class OpKernel:
                 if device >= 0 and index != device:
                     _device_mismatch(self.name, device, index)
                 device = index
-        elif ta is torch.Generator or isinstance(a, torch.Generator):
+        elif isinstance(a, torch.Generator):
             parts.append(("G",))
         else:
             parts.append(("V", a))
@@ -379,11 +357,22 @@ def scalar_key(values):
     return tuple((type(v), v.hex() if type(v) is float else repr(v) if type(v) is complex else v) for v in values)
 
 
-def _donatable(inputs, slots):
-    for s in slots:
-        if sys.getrefcount(inputs[s]) > 3:   # the record, `inputs`, getrefcount's argument
-            return False
-    return True
+def _constant(entry, scalars):
+    """The results of a small op without tensor inputs (a factory): they depend on the scalar values
+    only, so the arrays of the last few values are kept and shared by the new storages (arrays are
+    immutable; a write gives a storage a new buffer) instead of running the executable again."""
+    ck = scalar_key(scalars)
+    results = entry.consts.get(ck)
+    if results is None:
+        results = entry.fn(*scalars)
+        entry.n_results = len(results)
+        if entry.checks:   # a verdict per call: never kept
+            entry.consts = None
+        elif len(entry.consts) < CONSTANT_VALUES:
+            entry.consts[ck] = results
+    else:
+        counters.eager_constants_reused += 1
+    return results
 
 
 def _donating(entry):

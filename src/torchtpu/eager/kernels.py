@@ -157,8 +157,8 @@ def _write_whole_or_copy(dst, buffer, dtype):
 
 # A clone, or a copy_ of one whole storage into another of the same shape and dtype, shares the
 # source's buffer instead of running an executable: JAX arrays are immutable and every write gives a
-# storage a new buffer, so two storages holding one array stay independent (compiled graphs donate a
-# buffer only when nothing else refers to it: backend._donation_safe). Transformers' generate() clones
+# storage a new buffer, so two storages holding one array stay independent (eager ops and compiled graphs
+# donate a buffer only when nothing else refers to it: storage/records.py, donatable). Transformers' generate() clones
 # and copies logits and token ids every step; this makes those ~6 us instead of ~15-20 (an XLA call).
 def _clone(self, *, memory_format=None):
     r = RECORDS.get(self.untyped_storage().data_ptr())

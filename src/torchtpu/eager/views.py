@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..ops.indexing import FLAT_SCATTER_MIN, FLAT_SCATTER_RATIO
+from ..ops.indexing import flat_scatter_pays
 from ..storage.records import is_dense
 
 
@@ -94,13 +94,6 @@ def _box_read(flat, shape, start, vshape, order, pad=None):
     region = lax.slice(region, (0,) * len(vshape), keep + (1,)).reshape(keep)
     region = jnp.transpose(region, np.argsort(order)) if len(order) > 1 else region
     return lax.broadcast_in_dim(region, tuple(shape), tuple(sorted(order)))
-
-
-def _sparse_box(shape, vshape):
-    """Whether a box view covers a small part of a large block: writing it as a scatter at its own
-    offsets keeps XLA:CPU from copying the block (see ops/indexing.py, FLAT_SCATTER_MIN)."""
-    block = math.prod(vshape)
-    return block >= FLAT_SCATTER_MIN and math.prod(shape) * FLAT_SCATTER_RATIO <= block
 
 
 def _box_write(flat, shape, start, vshape, order, value, pad=None):
@@ -189,7 +182,9 @@ def write(flat, layout, value):
         kind = p[0]
         if kind == "slice":
             return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
-        if kind == "box" and not _sparse_box(shape, p[2]):
+        # a box covering a small part of a large block goes as a scatter at the view's own offsets,
+        # which XLA:CPU runs in place (ops/indexing.py: flat_scatter_pays)
+        if kind == "box" and not flat_scatter_pays(math.prod(p[2]), math.prod(shape)):
             return _box_write(flat, shape, offset, p[2], p[3], value, pad=p[1])
         if kind == "empty":
             return flat
@@ -202,7 +197,7 @@ def write(flat, layout, value):
         return lax.dynamic_update_slice(flat, value.reshape(-1), (p[1],))
     if kind == "empty":
         return flat
-    if kind == "box" and not _sparse_box(shape, p[2]):
+    if kind == "box" and not flat_scatter_pays(math.prod(p[2]), math.prod(shape)):
         return _box_write(flat, shape, p[1], p[2], p[3], value)
     idx = _gather_indices(shape, stride, offset)
     return flat.at[idx.reshape(-1)].set(value.reshape(-1))

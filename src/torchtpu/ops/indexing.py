@@ -60,7 +60,7 @@ def index_put(x, indices, values, accumulate=False, unsafe=False):
         pos = indices[d]
         pos = jnp.where(pos < 0, pos + x.shape[d], pos)
         slab = x.shape[:d] + (pos.shape[0],) + x.shape[d + 1:]
-        if _flat_pays(x, slab):
+        if flat_scatter_pays(x.size, math.prod(slab)):
             return _flat_set(x, d, pos, jnp.broadcast_to(values, slab))
     return x.at[idx].set(values)
 
@@ -250,13 +250,14 @@ def index_copy(x, dim, index, source):
     index = index.reshape(-1)
     _check(index, x.shape[dim], dim, False)
     source = jnp.broadcast_to(source, x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1:]).astype(x.dtype)
-    if _flat_pays(x, source.shape):
+    if flat_scatter_pays(x.size, source.size):
         return _flat_set(x, dim, index, source)
     return x.at[_along(dim, x.ndim, index)].set(source)
 
 
-def _flat_pays(x, slab_shape):
-    return x.size >= FLAT_SCATTER_MIN and math.prod(slab_shape) * FLAT_SCATTER_RATIO <= x.size
+def flat_scatter_pays(total, part):
+    """Whether writing `part` elements of a `total`-element array goes as a flat scatter."""
+    return total >= FLAT_SCATTER_MIN and part * FLAT_SCATTER_RATIO <= total
 
 
 def _flat_set(x, dim, index, source):

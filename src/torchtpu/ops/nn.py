@@ -1117,23 +1117,20 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 from . import attention_blockwise as _blockwise  # noqa: E402
 
 
-def _grouped(x, kv_heads):
-    """Grouped-query attention: (..., H, L, F) -> (..., kv_heads, H/kv_heads * L, F), so each key/value
-    head meets its query heads in one product and k, v are never repeated (query head h reads
-    key/value head h // (H/kv_heads), as PyTorch's enable_gqa and transformers' repeat_kv)."""
-    return x if x.shape[-3] == kv_heads else x.reshape(x.shape[:-3] + (kv_heads, -1, x.shape[-1]))
-
-
-def _ungrouped(x, heads):
-    return x if x.shape[-3] == heads else x.reshape(x.shape[:-3] + (heads, -1, x.shape[-1]))
+def _heads(x, n):
+    """(..., H, L, F) viewed with n heads. Grouped-query attention: (..., H, L, F) -> (..., Hkv, H/Hkv * L,
+    F), so each key/value head meets its query heads in one product and k, v are never repeated (query
+    head h reads key/value head h // (H/Hkv), as PyTorch's enable_gqa and transformers' repeat_kv);
+    and back to H heads after the product."""
+    return x if x.shape[-3] == n else x.reshape(x.shape[:-3] + (n, -1, x.shape[-1]))
 
 
 def _attn_scores(q, k, is_causal, mask, scale):
     e = q.shape[-1]
     s = (1.0 / math.sqrt(e)) if scale is None else scale
-    scores = jnp.einsum("...le,...se->...ls", _grouped(q, k.shape[-3]), k, precision=_precision(),
+    scores = jnp.einsum("...le,...se->...ls", _heads(q, k.shape[-3]), k, precision=_precision(),
                         preferred_element_type=_blockwise.acc_dtype(q.dtype)) * s   # float64 stays float64
-    scores = _ungrouped(scores, q.shape[-3])
+    scores = _heads(scores, q.shape[-3])
     if mask is not None:
         scores = scores + (jnp.where(mask, 0.0, -jnp.inf) if mask.dtype == jnp.bool_ else _f32(mask))
     if is_causal:
@@ -1151,9 +1148,9 @@ def sdpa_fused(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=No
     m = jnp.where(jnp.isfinite(m), m, 0)          # rows with every key masked give 0, as _safe_softmax
     p = jnp.exp(scores - m)
     total = jnp.sum(p, axis=-1, keepdims=True)
-    out = jnp.einsum("...ls,...se->...le", _grouped(p.astype(v.dtype) if _low(v) else p, v.shape[-3]), v,
+    out = jnp.einsum("...ls,...se->...le", _heads(p.astype(v.dtype) if _low(v) else p, v.shape[-3]), v,
                      precision=_precision(), preferred_element_type=p.dtype)
-    out = _ungrouped(out, q.shape[-3])
+    out = _heads(out, q.shape[-3])
     out = jnp.where(total > 0, out / jnp.where(total > 0, total, 1), 0)
     lse = jnp.where(total[..., 0] > 0, jnp.log(jnp.where(total[..., 0] > 0, total[..., 0], 1)) + m[..., 0], 0)  # as CPU
     return out.astype(q.dtype), lse
@@ -1169,13 +1166,13 @@ def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask
     g, o = _f32(grad), _f32(out)
     prec = _precision()
     hq, hk = q.shape[-3], k.shape[-3]
-    g_g, p_g = _grouped(g, hk), _grouped(p, hk)   # GQA: sums over a key/value head's query heads
+    g_g, p_g = _heads(g, hk), _heads(p, hk)   # GQA: sums over a key/value head's query heads
     dv = jnp.einsum("...ls,...le->...se", p_g, g_g, precision=prec)
-    dp = _ungrouped(jnp.einsum("...le,...se->...ls", g_g, _f32(v), precision=prec), hq)
+    dp = _heads(jnp.einsum("...le,...se->...ls", g_g, _f32(v), precision=prec), hq)
     ds = p * (dp - jnp.sum(g * o, axis=-1, keepdims=True))
-    ds_g = _grouped(ds, hk)
-    dq = _ungrouped(jnp.einsum("...ls,...se->...le", ds_g, _f32(k), precision=prec), hq) * s
-    dk = jnp.einsum("...ls,...le->...se", ds_g, _grouped(_f32(q), hk), precision=prec) * s
+    ds_g = _heads(ds, hk)
+    dq = _heads(jnp.einsum("...ls,...se->...le", ds_g, _f32(k), precision=prec), hq) * s
+    dk = jnp.einsum("...ls,...le->...se", ds_g, _heads(_f32(q), hk), precision=prec) * s
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 

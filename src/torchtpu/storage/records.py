@@ -10,6 +10,7 @@ long as the storage lives, so a weak reference to it tells us exactly when PyTor
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 
 import torch
@@ -190,6 +191,15 @@ def set_buffer(record: StorageRecord, buffer):
     if record._buffer is None:
         stats(record.device_index).materialized += record.nbytes
     record.buffer = buffer
+
+
+def donatable(buffers, slots):
+    """Whether each buffers[s] is held only by its storage record and the `buffers` list (so XLA may
+    take it over: eager in-place ops and compiled graphs donate such buffers)."""
+    for s in slots:
+        if sys.getrefcount(buffers[s]) > 3:   # the record, the list, getrefcount's argument
+            return False
+    return True
 
 
 def live_buffers(device_index=None):
