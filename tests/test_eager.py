@@ -245,6 +245,53 @@ def test_small_factories_reuse_constants_exactly():
         assert torch.scalar_tensor(value, device="tpu").item() == value
 
 
+def test_python_numbers_in_tensor_positions_key_exactly():
+    """`x * 0.5` bakes the number into its executable: -0.0 and 0.0, True and 1 each get their own,
+    and NaN finds its executable again instead of compiling one per call."""
+    x = torch.zeros(3, device="tpu")
+    assert torch.signbit((x * -0.0).cpu()).all()
+    assert not torch.signbit((x * 0.0).cpu()).any()
+    b = torch.tensor([True, False], device="tpu")
+    assert (b * True).dtype == (b.cpu() * True).dtype == torch.bool
+    assert (b * 1).dtype == (b.cpu() * 1).dtype == torch.int64
+    y = x * float("nan")
+    before = torchtpu.metrics()["eager_compiles"]
+    for _ in range(3):
+        y = x * float("nan")
+    assert torchtpu.metrics()["eager_compiles"] == before
+    assert torch.isnan(y.cpu()).all()
+
+
+def test_small_ops_reuse_results_of_the_same_buffers():
+    """A small deterministic op called again on the same input buffers and scalars returns the kept
+    result (generate() asks for isin(arange(vocab), eos) twice per token); a write to an input, a
+    different scalar or a write to the result itself all behave as if it had run again, and an op
+    with a device-side assert raises every time."""
+    vocab = torch.arange(1024, device="tpu")
+    eos = torch.tensor([2, 7], device="tpu")
+    before = torchtpu.metrics()["eager_results_reused"]
+    first = torch.isin(vocab, eos)
+    again = torch.isin(vocab, eos)
+    assert torchtpu.metrics()["eager_results_reused"] == before + 1
+    assert again.nonzero().flatten().tolist() == [2, 7]
+    again[3] = True                                 # a write to a kept result is its own
+    assert first.nonzero().flatten().tolist() == [2, 7]
+    assert torch.isin(vocab, eos).nonzero().flatten().tolist() == [2, 7]
+    eos[0] = 5                                      # the input changed: computed again
+    assert torch.isin(vocab, eos).nonzero().flatten().tolist() == [5, 7]
+    assert torch.add(vocab, 1, alpha=2)[:2].tolist() == [2, 3]
+    assert torch.add(vocab, 1, alpha=3)[:2].tolist() == [3, 4]   # scalars are part of the key
+    z = torch.zeros(4, device="tpu")
+    assert not torch.signbit(torch.add(z, 0.0, alpha=-0.0).cpu()).any()
+    assert not torch.signbit(torch.add(z, 0.0, alpha=0.0).cpu()).any()
+    table = torch.randn(8, 4, device="tpu")
+    bad = torch.tensor([9], device="tpu")
+    for _ in range(2):
+        torch.tpu.synchronize()
+        with pytest.raises(Exception, match="out of"):
+            table[bad].cpu()
+
+
 @pytest.mark.parametrize("shape,dim,n", [((1, 4, 4096, 8), 2, 1), ((2, 3, 1024, 8), 2, 3), ((4096, 8), 0, 2),
                                          ((8, 4096), 1, 5), ((3, 4, 1500), -1, 1)])
 def test_index_copy_of_a_slab_into_a_large_array(shape, dim, n):

@@ -6,7 +6,8 @@ class Counters:
     __slots__ = ("eager_compiles", "eager_cache_hits", "h2d_bytes", "d2h_bytes", "h2d_transfers",
                  "d2h_transfers", "cpu_fallbacks", "compiled_graphs", "compiled_xla_compiles",
                  "compiled_cache_hits", "fused_ops", "fused_compiles", "fused_runs",
-                 "executables_forgotten", "eager_constants_reused", "eager_donations")
+                 "executables_forgotten", "eager_constants_reused", "eager_donations",
+                 "eager_results_reused")
 
     def __init__(self):
         for name in self.__slots__:

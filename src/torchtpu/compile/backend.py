@@ -29,12 +29,13 @@ from ..metrics import counters as _counters
 from ..device import platform
 from ..device.state import current_device
 from ..eager import asserts, views
+from ..eager.engine import scalar_key
 from ..eager.random import next_rng_args
 from ..ops import checks, linalg
 from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram
 from ..ops.resolve import NotLowered
-from ..storage.records import RECORDS, donatable, new_tensor, set_buffer
+from ..storage.records import RECORDS, Pending, donatable, new_tensor, set_buffer
 from . import options
 
 log = logging.getLogger("torchtpu.compile")
@@ -105,8 +106,10 @@ class CompiledGraph:
         device = -1
         for a in args:
             if isinstance(a, _Tensor):
-                address = a.untyped_storage().data_ptr() if a.device.type == "tpu" else None
-                r = RECORDS.get(address) if address is not None else None
+                # a storage address in RECORDS is a tpu storage (addresses are invented, never host
+                # memory: storage/records.py); look there first, the device only for the others
+                address = a.untyped_storage().data_ptr()
+                r = RECORDS.get(address)
                 if r is None:
                     if a.device.type == "tpu":
                         raise RuntimeError("torchtpu: compiled graph got a tpu tensor whose storage torchtpu does not know")
@@ -127,11 +130,12 @@ class CompiledGraph:
                 if off or a.numel() != r.numel:  # part of its storage: the offset is traced
                     offsets.append(off)
                     off = -1
-                parts.append(("T", a.dtype, tuple(a.shape), a.stride(), off, slot))
+                # (torch.Size hashes and compares as the tuple of its sizes)
+                parts.append(("T", a.dtype, a.shape, a.stride(), off, slot))
                 if a.is_conj() or a.is_neg():  # lazily conjugated/negated input views
                     parts.append(("bits", a.is_conj(), a.is_neg()))
             elif isinstance(a, (bool, int, float)) or a is None:
-                parts.append(("S", type(a), a))
+                parts.append(("S", *scalar_key((a,))))  # exact: -0.0 and 0.0 apart, NaN matching NaN
             elif isinstance(a, torch.SymInt):
                 v = int(a)
                 parts.append(("S", int, v))
@@ -146,7 +150,11 @@ class CompiledGraph:
             _counters.compiled_cache_hits += 1
         dev = device if device >= 0 else current_device()
         # `dyn` holds the only extra reference to each buffer, so donation safety is a refcount check
-        dyn = [r.buffer if r.buffer is not None else _zeros(r.numel, r.dtype, r.device_index) for r in records]
+        dyn = [r._buffer for r in records]
+        for i, b in enumerate(dyn):
+            if b is None or type(b) is Pending:  # never written, or queued by the "fused" eager mode
+                b = records[i].buffer
+                dyn[i] = b if b is not None else _zeros(records[i].numel, records[i].dtype, records[i].device_index)
         for c in cpu_vals:
             dyn.append(_host_value(c, dev))
         if self.program.random:

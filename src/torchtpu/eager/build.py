@@ -15,7 +15,7 @@ from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS, contiguous_strides
 from . import fusion, views
-from .engine import CONSTANT_BYTES, DONATE_BYTES, Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
+from .engine import CONSTANT_BYTES, DONATE_BYTES, MEMO_BYTES, Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
 from .kernels import META_OVERRIDES
 
 
@@ -231,9 +231,12 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
             buffers[slot] = views.write(buffers[slot], _at(layout, offsets), views.apply_bits(v, bits))
         return tuple(functional) + tuple(buffers[s] for s in mutated_slots) + (() if flags is None else (flags,))
 
-    if nb == 0 and not kernel.random and not mutable_targets and \
-            sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in outs) <= CONSTANT_BYTES:
+    out_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in outs)
+    if nb == 0 and not kernel.random and not mutable_targets and out_bytes <= CONSTANT_BYTES:
         entry.consts = {}
+    elif nb and not kernel.random and not mutable_targets and \
+            out_bytes + sum(r.nbytes for r in bufs) <= MEMO_BYTES:
+        entry.memo = {}
     if nb == 0:
         index = device if device >= 0 else 0
         entry.fn = jax.jit(fused, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)))

@@ -61,6 +61,13 @@ _executables = [0, 0]  # since the last check, since the last forget
 # CONSTANT_VALUES distinct scalar values (Entry.consts).
 CONSTANT_BYTES = 1 << 14
 CONSTANT_VALUES = 8
+# Small deterministic ops (input storages and results together at most MEMO_BYTES) keep the results
+# of their last MEMO_VALUES calls, keyed by the identity of the input buffers and the scalar values
+# (Entry.memo). A buffer is immutable and a write gives its storage a new one, so the same buffers
+# mean the same values: generate() asks for `isin(arange(vocab), eos)` twice per token with the same
+# inputs. The memo holds the input buffers, so their identities cannot be reused while it keeps them.
+MEMO_BYTES = 1 << 14
+MEMO_VALUES = 2
 _KERNELS: list = []
 
 
@@ -120,7 +127,7 @@ class Entry:
     """A cached executable and what to do with its results."""
 
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
-                 "consts", "traced", "fn_donating")
+                 "consts", "memo", "traced", "fn_donating")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -133,6 +140,7 @@ class Entry:
         self.anchor = False       # "fused" mode: a segment may end after this op (eager/fusion.py)
         self.last_sync = -1 << 40  # "fused" mode: when it was last queued, in syncs (eager/fusion.py)
         self.consts = None        # small tensor-free ops (torch.full, scalar_tensor): scalars -> results
+        self.memo = None          # other small deterministic ops: (input buffer ids, scalars) -> results
         self.traced = None        # in-place ops on large storages: the function fn jits, for fn_donating
         self.fn_donating = None   # fn with the mutated storages' buffers donated (built on first use)
 
@@ -224,6 +232,8 @@ class OpKernel:
                 scalars.append(self._rng_args(args, kwargs, device))
             if deferred:
                 results = fusion.defer(entry, inputs, (*scalars, *offsets), dev)
+            elif entry.memo is not None:
+                results = _memoized(entry, inputs, scalars, offsets)
             else:
                 fn = entry.fn
                 if entry.traced is not None and donatable(inputs, entry.mutated_slots):
@@ -239,7 +249,8 @@ class OpKernel:
         if entry.mutated_slots:
             for slot, buf in zip(entry.mutated_slots, results[len(outs):]):
                 set_buffer(bufs[slot], buf)
-        out_tensors = [new_tensor(shape, dtype, dev, buf, stride) for (shape, dtype, stride), buf in zip(outs, results)]
+        # (eager outputs are always contiguous: no stride, so new_tensor skips its layout check)
+        out_tensors = [new_tensor(shape, dtype, dev, buf) for (shape, dtype, _), buf in zip(outs, results)]
         if entry.spec is None:
             return out_tensors[0]
         return self._returns(entry, out_tensors, args, kwargs)
@@ -259,7 +270,9 @@ class OpKernel:
     def _flatten(self, a, parts, slot_of, bufs, scalars, offsets, device, is_scalar_arg):
         ta = type(a)
         if ta in _PLAIN and not (is_scalar_arg and ta in _SCALAR_TYPES):  # dtype=, layout=, None, flags
-            parts.append(("V", a))
+            # (a bool is keyed by type too: True == 1 and hash(True) == hash(1), but `b * True` and
+            # `b * 1` have different result dtypes)
+            parts.append(("V", a) if ta is not bool else ("V", bool, a))
             return device
         if isinstance(a, _Tensor):
             address = a.untyped_storage().data_ptr()
@@ -284,7 +297,7 @@ class OpKernel:
         elif type(a) in _SCALAR_TYPES and is_scalar_arg:
             scalars.append(a)
             # decomposed ops bake scalars into their graph, so their values must key the cache
-            parts.append(("S", type(a), a) if self.specialize_scalars else ("S", type(a)))
+            parts.append(("S", *scalar_key((a,))) if self.specialize_scalars else ("S", type(a)))
         elif type(a) is list or type(a) is tuple:
             if a and (isinstance(a[0], _Tensor) or a[0] is None and any(isinstance(x, _Tensor) for x in a)):
                 parts.append(("L", len(a)))
@@ -301,6 +314,10 @@ class OpKernel:
                 device = index
         elif isinstance(a, torch.Generator):
             parts.append(("G",))
+        elif type(a) in _SCALAR_TYPES:
+            # a Python number where the schema has a Tensor (`x * 0.5`): its value is baked into the
+            # executable, so the key must tell apart what == does not (-0.0 and 0.0) and match NaN
+            parts.append(("V", *scalar_key((a,))))
         else:
             parts.append(("V", a))
         return device
@@ -372,6 +389,26 @@ def _constant(entry, scalars):
             entry.consts[ck] = results
     else:
         counters.eager_constants_reused += 1
+    return results
+
+
+def _memoized(entry, inputs, scalars, offsets):
+    """Run a small deterministic op, or return the results of its call with the same input buffers
+    and scalar values if it is among the last MEMO_VALUES (see MEMO_BYTES)."""
+    memo = entry.memo
+    mkey = (*map(id, inputs), *scalar_key(scalars), *offsets)
+    hit = memo.get(mkey)
+    if hit is not None:
+        counters.eager_results_reused += 1
+        return hit[1]
+    results = entry.fn(*inputs, *scalars, *offsets)
+    entry.n_results = len(results)
+    if entry.checks:   # a verdict per call (an index out of range must raise every time): never kept
+        entry.memo = None
+    else:
+        if len(memo) >= MEMO_VALUES:
+            memo.pop(next(iter(memo)), None)
+        memo[mkey] = (inputs, results)   # `inputs` keeps the buffers, and so their ids, alive
     return results
 
 
