@@ -1,4 +1,6 @@
 """The eager engine: caching, traced scalars, promotion, autograd and optimizers against the CPU."""
+import re
+
 import pytest
 import torch
 
@@ -260,6 +262,35 @@ def test_python_numbers_in_tensor_positions_key_exactly():
         y = x * float("nan")
     assert torchtpu.metrics()["eager_compiles"] == before
     assert torch.isnan(y.cpu()).all()
+
+
+def test_python_numbers_travel_traced_with_pytorch_promotion():
+    """`x * lr`: a new Python number reuses the executable (a learning rate or a sampler's step size
+    that changes every step compiles nothing), with PyTorch's wrapped-number promotion."""
+    x = torch.randn(5)
+    xd = x.to("tpu")
+    (xd * 0.5).cpu()
+    before = torchtpu.metrics()["eager_compiles"]
+    for lr in (0.1, 0.2, 1e-3, -2.5, 7.0):
+        torch.testing.assert_close((xd * lr).cpu(), x * lr)
+        torch.testing.assert_close((xd - lr).cpu(), x - lr)
+    for n in (2, 3):
+        torch.testing.assert_close((xd * n).cpu(), x * n)
+    assert torchtpu.metrics()["eager_compiles"] <= before + 2   # sub's first call; int other once
+    cases = [torch.arange(4), torch.tensor([True, False]), torch.tensor(3), torch.ones(2, dtype=torch.float16),
+             torch.ones(2, dtype=torch.bfloat16)]
+    for t in cases:
+        for number in (2, 2.5, True, 1e5, -3):
+            for op in (lambda a, b: a * b, lambda a, b: a + b, lambda a, b: b - a, lambda a, b: a / b):
+                try:
+                    want = op(t, number)
+                except RuntimeError as e:      # bool - bool: the device refuses it as the CPU does
+                    with pytest.raises(RuntimeError, match=re.escape(str(e).split(".")[0])):
+                        op(t.to("tpu"), number)
+                    continue
+                got = op(t.to("tpu"), number)
+                assert got.dtype == want.dtype, (t.dtype, number)
+                torch.testing.assert_close(got.cpu(), want, equal_nan=True)
 
 
 def test_small_ops_reuse_results_of_the_same_buffers():

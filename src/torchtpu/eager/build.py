@@ -16,7 +16,7 @@ from ..ops.resolve import resolve
 from ..storage.records import RECORDS, contiguous_strides
 from . import fusion, views
 from .engine import CONSTANT_BYTES, DONATE_BYTES, MEMO_BYTES, Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
-from .kernels import META_OVERRIDES
+from .kernels import META_CHECKS, META_OVERRIDES
 
 
 def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
@@ -125,6 +125,9 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
         raise SpecializeScalars()
     originals = [(m, tuple(m.shape)) for m in pytree.tree_leaves((meta_args, meta_kwargs))
                  if isinstance(m, torch.Tensor)]
+    meta_check = META_CHECKS.get(kernel.name)
+    if meta_check is not None:
+        meta_check(*meta_args, **meta_kwargs)
     meta_out = META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
     resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]
     if resized:

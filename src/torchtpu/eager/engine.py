@@ -110,9 +110,13 @@ def forget_executables():
 
 
 def _scalar_positions(schema):
+    """Arguments whose Python numbers travel as traced values: the schema's numbers, and Tensor
+    arguments, which get a Python number from an operator (`x * lr`): baked in, every new learning
+    rate or temperature would compile a new executable. (Such a number is weakly typed, as PyTorch's
+    wrapped numbers: ops/dtypes.py promotes it as a scalar.)"""
     pos, names = set(), set()
     for i, a in enumerate(schema.arguments):
-        if str(a.type) in ("number", "Optional[number]"):
+        if str(a.type) in ("number", "Optional[number]", "Tensor", "Optional[Tensor]"):
             (names if a.kwarg_only else pos).add(a.name if a.kwarg_only else i)
     return pos, names
 

@@ -382,6 +382,23 @@ def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
 META_OVERRIDES = {"_grouped_mm.default": _grouped_mm_meta}
 
 
+def _sub_check(a, b, *_, **__):
+    """PyTorch's sub_check, which its meta kernels leave out: bool operands are refused."""
+    bools = sum(x.dtype == torch.bool if isinstance(x, torch.Tensor) else type(x) is bool for x in (a, b))
+    if bools == 2:
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                           "Use the `^` or `logical_xor()` operator instead.")
+    if bools:
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
+                           "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+
+
+# Argument checks of CPU/CUDA kernels that PyTorch's meta kernels do not make, run on the meta
+# arguments before the op is built (build.py).
+META_CHECKS = {"sub.Tensor": _sub_check, "sub.Scalar": _sub_check, "rsub.Tensor": _sub_check,
+               "rsub.Scalar": _sub_check}
+
+
 def _register_fake_overrides():
     from torch._subclasses import fake_impls
 
