@@ -68,6 +68,7 @@ CONSTANT_VALUES = 8
 # inputs. The memo holds the input buffers, so their identities cannot be reused while it keeps them.
 MEMO_BYTES = 1 << 14
 MEMO_VALUES = 2
+MEMO_GIVE_UP = 32   # an op whose first 32 calls never repeat an earlier one stops keeping results
 _KERNELS: list = []
 
 
@@ -131,7 +132,7 @@ class Entry:
     """A cached executable and what to do with its results."""
 
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
-                 "consts", "memo", "traced", "fn_donating")
+                 "consts", "memo", "memo_misses", "traced", "fn_donating")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -145,6 +146,7 @@ class Entry:
         self.last_sync = -1 << 40  # "fused" mode: when it was last queued, in syncs (eager/fusion.py)
         self.consts = None        # small tensor-free ops (torch.full, scalar_tensor): scalars -> results
         self.memo = None          # other small deterministic ops: (input buffer ids, scalars) -> results
+        self.memo_misses = 0      # calls that found nothing in `memo` before its first hit
         self.traced = None        # in-place ops on large storages: the function fn jits, for fn_donating
         self.fn_donating = None   # fn with the mutated storages' buffers donated (built on first use)
 
@@ -404,12 +406,17 @@ def _memoized(entry, inputs, scalars, offsets):
     hit = memo.get(mkey)
     if hit is not None:
         counters.eager_results_reused += 1
+        entry.memo_misses = -1   # it repeats: keep the memo for good
         return hit[1]
     results = entry.fn(*inputs, *scalars, *offsets)
     entry.n_results = len(results)
     if entry.checks:   # a verdict per call (an index out of range must raise every time): never kept
         entry.memo = None
+    elif entry.memo_misses >= MEMO_GIVE_UP:   # never repeated: stop paying for the key and the arrays
+        entry.memo = None
     else:
+        if entry.memo_misses >= 0:
+            entry.memo_misses += 1
         if len(memo) >= MEMO_VALUES:
             memo.pop(next(iter(memo)), None)
         memo[mkey] = (inputs, results)   # `inputs` keeps the buffers, and so their ids, alive
