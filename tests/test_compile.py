@@ -349,3 +349,17 @@ def test_grouped_query_attention_compiled():
     out_d.backward(g.to("tpu"))
     for a, b in zip(cpu, dev):
         torch.testing.assert_close(b.grad.cpu(), a.grad, **TOL)
+
+
+def test_bad_input_in_a_graph_gets_pytorch_errors():
+    """Checks PyTorch's meta kernels leave out (bool subtraction) still give PyTorch's error when
+    the op is inside a compiled graph, as in eager mode and on the CPU."""
+    b = torch.tensor([True, False])
+    with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool tensor") as cpu:
+        b - 1
+    for fn in (lambda t: t - 1, lambda t: torch.rsub(t, 2)):
+        with pytest.raises(Exception, match="Subtraction, the `-` operator, with a bool tensor"):
+            torch.compile(fn, backend="tpu", fullgraph=True)(b.to("tpu"))
+    torch._dynamo.reset()
+    assert torch.compile(lambda t: t - 1, backend="tpu", fullgraph=True)(torch.arange(3, device="tpu")).tolist() == [-1, 0, 1]
+    assert cpu.type is RuntimeError

@@ -30,10 +30,11 @@ from ..device import platform
 from ..device.state import current_device
 from ..eager import asserts, views
 from ..eager.engine import scalar_key
+from ..eager.kernels import META_CHECKS
 from ..eager.random import next_rng_args
 from ..ops import checks, linalg
 from ..ops import dtypes as dt
-from ..ops.graph import GraphProgram
+from ..ops.graph import GraphProgram, node_op_name
 from ..ops.resolve import NotLowered
 from ..storage.records import RECORDS, Pending, donatable, new_tensor, set_buffer
 from . import options
@@ -43,6 +44,17 @@ _Tensor = torch.Tensor
 _graph_ids = iter(range(1, 1 << 62))
 # seconds spent tracing graphs to StableHLO and compiling them with XLA (this process, cumulative)
 TIMES = {"trace_s": 0.0, "xla_compile_s": 0.0}
+
+
+def _check_arguments(graph):
+    """The argument checks PyTorch's CPU kernels make and its meta kernels (which traced the graph) do
+    not (eager/kernels.py META_CHECKS): bad input gets PyTorch's error, as in eager mode."""
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            check = META_CHECKS.get(node_op_name(node.target))
+            if check is not None:
+                meta = lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+                check(*[meta(a) for a in node.args], **{k: meta(v) for k, v in node.kwargs.items()})
 
 
 def _dense_order(shape, stride):
@@ -84,6 +96,7 @@ class CompiledGraph:
         self.gm = gm
         self.kind = kind
         self.id = next(_graph_ids)
+        _check_arguments(gm.graph)
         self.program = GraphProgram(gm.graph, gm)
         out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         outs = out_node.args[0]
