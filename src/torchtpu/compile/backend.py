@@ -49,11 +49,13 @@ TIMES = {"trace_s": 0.0, "xla_compile_s": 0.0}
 def _check_arguments(graph):
     """The argument checks PyTorch's CPU kernels make and its meta kernels (which traced the graph) do
     not (eager/kernels.py META_CHECKS): bad input gets PyTorch's error, as in eager mode."""
+    def meta(a):
+        return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
     for node in graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             check = META_CHECKS.get(node_op_name(node.target))
             if check is not None:
-                meta = lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a
                 check(*[meta(a) for a in node.args], **{k: meta(v) for k, v in node.kwargs.items()})
 
 

@@ -13,7 +13,7 @@ from ..device import platform
 from ..ops import checks
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
-from ..storage.records import RECORDS, contiguous_strides
+from ..storage.records import RECORDS
 from . import fusion, views
 from .engine import CONSTANT_BYTES, DONATE_BYTES, MEMO_BYTES, Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
 from .kernels import META_CHECKS, META_OVERRIDES
@@ -143,7 +143,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
         else:
             leaves, s = pytree.tree_flatten(value)
             # undefined outputs (None: a backward's output_mask False) stay None, on both sides
-            outs.extend((tuple(m.shape), m.dtype, tuple(contiguous_strides(m.shape))) for m in leaves
+            outs.extend((tuple(m.shape), m.dtype) for m in leaves
                         if m is not None)
             nones.append(tuple(m is None for m in leaves))
             spec.append(s)
@@ -220,7 +220,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
             raise AssertionError(f"torchtpu: lowering of aten::{kernel.name} returned {len(leaves)} "
                                  f"values, expected {n_fn} outputs + {len(mutable_targets)} mutations")
         functional = []
-        for v, (shape, _, _), d in zip(leaves[:n_fn], outs, out_dtypes):
+        for v, (shape, _), d in zip(leaves[:n_fn], outs, out_dtypes):
             v = jax.numpy.asarray(v)
             if v.dtype != d:
                 v = v.astype(d)
@@ -234,7 +234,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
             buffers[slot] = views.write(buffers[slot], _at(layout, offsets), views.apply_bits(v, bits))
         return tuple(functional) + tuple(buffers[s] for s in mutated_slots) + (() if flags is None else (flags,))
 
-    out_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in outs)
+    out_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in outs)
     if nb == 0 and not kernel.random and not mutable_targets and out_bytes <= CONSTANT_BYTES:
         entry.consts = {}
     elif nb and not kernel.random and not mutable_targets and \

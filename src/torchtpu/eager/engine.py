@@ -136,7 +136,7 @@ class Entry:
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
-        self.outs = []            # (shape, dtype, strides) of each new output
+        self.outs = []            # (shape, dtype) of each new output (always contiguous)
         self.spec = None          # how returns nest; None: exactly one new tensor
         self.mutated_slots = []   # input slots whose storages get new buffers
         self.nones = None         # per return, which leaves are undefined (None)
@@ -255,8 +255,7 @@ class OpKernel:
         if entry.mutated_slots:
             for slot, buf in zip(entry.mutated_slots, results[len(outs):]):
                 set_buffer(bufs[slot], buf)
-        # (eager outputs are always contiguous: no stride, so new_tensor skips its layout check)
-        out_tensors = [new_tensor(shape, dtype, dev, buf) for (shape, dtype, _), buf in zip(outs, results)]
+        out_tensors = [new_tensor(shape, dtype, dev, buf) for (shape, dtype), buf in zip(outs, results)]
         if entry.spec is None:
             return out_tensors[0]
         return self._returns(entry, out_tensors, args, kwargs)
@@ -320,9 +319,9 @@ class OpKernel:
                 device = index
         elif isinstance(a, torch.Generator):
             parts.append(("G",))
-        elif type(a) in _SCALAR_TYPES:
-            # a Python number where the schema has a Tensor (`x * 0.5`): its value is baked into the
-            # executable, so the key must tell apart what == does not (-0.0 and 0.0) and match NaN
+        elif ta is float or ta is complex:
+            # a baked-in float (`eps=`): the key must tell apart what == does not (-0.0 and 0.0) and
+            # match NaN (ints compare exactly; bools took the first branch)
             parts.append(("V", *scalar_key((a,))))
         else:
             parts.append(("V", a))
