@@ -229,6 +229,34 @@ def test_clone_and_whole_copies_share_buffers_but_stay_independent():
     torch.testing.assert_close(kept.cpu(), tt)
 
 
+def test_to_copy_on_the_same_device_is_a_clone():
+    """`x.to(copy=True)` (generate() copies the last logits so every step) runs as clone: one executable
+    for a view, none for a whole storage, and the copy stays independent of its source; casts and
+    layout changes still take PyTorch's path."""
+    a = torch.randn(2, 3, 8)
+    ta = a.to("tpu")
+    last = ta[:, -1, :].to(copy=True, dtype=torch.float32)
+    whole = ta.to(copy=True)
+    ta.mul_(3)
+    torch.testing.assert_close(last.cpu(), a[:, -1, :])
+    torch.testing.assert_close(whole.cpu(), a)
+    assert last.is_contiguous() and last.shape == (2, 8)
+    torch.testing.assert_close(ta[:, -1, :].to(copy=True, dtype=torch.float64).cpu(), (a * 3)[:, -1, :].double())
+    tt = ta.transpose(1, 2).to(copy=True)                      # preserve_format: strides as PyTorch's CPU
+    assert tt.stride() == (a * 3).transpose(1, 2).to(copy=True).stride()
+    torch.testing.assert_close(tt.cpu(), (a * 3).transpose(1, 2))
+    z = torch.randn(3, dtype=torch.complex64)
+    zc = z.to("tpu").conj().to(copy=True)                      # a lazily conjugated view comes out resolved
+    assert zc.is_conj() == z.conj().to(copy=True).is_conj()
+    torch.testing.assert_close(zc.cpu(), z.conj())
+    m = torch.ones(2, 1, dtype=torch.long, device="tpu")      # kept zero buffers: fresh storages stay fresh
+    for _ in range(3):
+        n = m.new_ones((2, 1))
+        n.add_(1)
+        assert n.cpu().tolist() == [[2], [2]]
+    assert m.new_zeros((2, 1)).cpu().tolist() == [[0], [0]]
+
+
 def test_small_factories_reuse_constants_exactly():
     """Tensor-free ops keep the arrays of recent scalar values; -0.0 and 0.0, True and 1, NaN each
     key their own result, and writing to one result leaves the cached value alone."""

@@ -452,13 +452,27 @@ def _device_mismatch(name, a, b):
 
 
 _zeros_cache = {}
+# Zero buffers of at most CONSTANT_BYTES are kept (arrays are immutable, and a kept one is never
+# donated): `new_ones`, `empty(...).fill_()` and copies into a fresh `empty` write a storage that was
+# never written, whose zeros would otherwise cost an executable call each time.
+_zeros_kept = {}
 
 
 def _zeros(numel, dtype, device_index):
+    small = numel * dtype.itemsize <= CONSTANT_BYTES
+    if small:
+        kept = _zeros_kept.get((numel, dtype, device_index))
+        if kept is not None:
+            return kept
     fn = _zeros_cache.get((dtype, device_index))
     if fn is None:
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
         jd = dt.to_jax(dtype)
         fn = _zeros_cache[(dtype, device_index)] = jax.jit(
             lambda n: jax.numpy.zeros((n,), jd), static_argnums=0, out_shardings=sharding)
-    return fn(numel)
+    zeros = fn(numel)
+    if small:
+        if len(_zeros_kept) >= 256:
+            _zeros_kept.clear()
+        _zeros_kept[(numel, dtype, device_index)] = zeros
+    return zeros

@@ -69,7 +69,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     dtype = dtype or torch.get_default_dtype()
     size, stride = tuple(size), tuple(stride)
     extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
-    if extent == int(np.prod(size)):
+    if extent == math.prod(size):
         return new_tensor(size, dtype, index, stride=stride)
     base = new_tensor((extent,), dtype, index)
     return aten.as_strided.default.redispatch(CPU_KEYS, base, size, stride, 0)
@@ -334,8 +334,21 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
     device = kwargs.get("device")
     if non_blocking and device is not None and torch.device(device).type == "cpu":
         non_blocking = False
+    if _same_device_clone(self, kwargs):
+        # `x.to(copy=True)` on its own device is a clone: one executable at most (none for a whole
+        # storage), not empty_strided + copy_ into it (which first fills the new storage)
+        return _clone(self, memory_format=kwargs.get("memory_format"))
     return aten._to_copy.default._op_dk(DispatchKey.CompositeExplicitAutograd, self,
                                         non_blocking=non_blocking, **kwargs)
+
+
+def _same_device_clone(self, kwargs):
+    """Whether `_to_copy(self, **kwargs)` keeps the device, dtype and layout of a tpu tensor."""
+    if self.device.type != "tpu" or kwargs.get("pin_memory"):
+        return False
+    dtype, layout, device = kwargs.get("dtype"), kwargs.get("layout"), kwargs.get("device")
+    return ((dtype is None or dtype == self.dtype) and (layout is None or layout == torch.strided)
+            and (device is None or torch.device(device) == self.device))
 
 
 # Ops PyTorch ships without a Meta kernel; the engine needs one for shapes and dtypes.
