@@ -46,9 +46,9 @@ _METADATA_OPS = ["as_strided", "view", "_reshape_alias", "alias", "unfold", "set
 
 
 def _redispatch_to_cpu(op):
-    def kernel(*args, **kwargs):
-        return op.redispatch(CPU_KEYS, *args, **kwargs)
-    return kernel
+    # the C++ redispatch itself, bound to the CPU key: no Python frame between the dispatcher and
+    # PyTorch's CPU view kernel (views are a third of a transformer layer's eager ops)
+    return functools.partial(op._handle.redispatch_boxed, CPU_KEYS)
 
 
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
