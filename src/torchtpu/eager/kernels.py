@@ -329,26 +329,22 @@ def _follow_matmul_precision():
 
 def _to_copy(self, *, non_blocking=False, **kwargs):
     """PyTorch's own _to_copy, except that a non-blocking copy to the CPU does not ask for pinned
-    host memory (there is no pinned allocator for tpu); our device-to-host copies complete before
-    they return, so the result is the same as CUDA's once synchronised."""
+    host memory (there is no pinned allocator for tpu; our device-to-host copies complete before
+    they return, so the result is the same as CUDA's once synchronised), and that a copy keeping
+    device, dtype and layout is a clone. (Registered for tpu: `self` is always a tpu tensor.)"""
     device = kwargs.get("device")
-    if non_blocking and device is not None and torch.device(device).type == "cpu":
-        non_blocking = False
-    if _same_device_clone(self, kwargs):
+    if device is not None:
+        device = torch.device(device)
+        if non_blocking and device.type == "cpu":
+            non_blocking = False
+    dtype, layout = kwargs.get("dtype"), kwargs.get("layout")
+    if ((device is None or device == self.device) and (dtype is None or dtype == self.dtype)
+            and (layout is None or layout == torch.strided) and not kwargs.get("pin_memory")):
         # `x.to(copy=True)` on its own device is a clone: one executable at most (none for a whole
         # storage), not empty_strided + copy_ into it (which first fills the new storage)
         return _clone(self, memory_format=kwargs.get("memory_format"))
     return aten._to_copy.default._op_dk(DispatchKey.CompositeExplicitAutograd, self,
                                         non_blocking=non_blocking, **kwargs)
-
-
-def _same_device_clone(self, kwargs):
-    """Whether `_to_copy(self, **kwargs)` keeps the device, dtype and layout of a tpu tensor."""
-    if self.device.type != "tpu" or kwargs.get("pin_memory"):
-        return False
-    dtype, layout, device = kwargs.get("dtype"), kwargs.get("layout"), kwargs.get("device")
-    return ((dtype is None or dtype == self.dtype) and (layout is None or layout == torch.strided)
-            and (device is None or torch.device(device) == self.device))
 
 
 # Ops PyTorch ships without a Meta kernel; the engine needs one for shapes and dtypes.
