@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from ..metrics import counters
 from ..device import platform
 from ..ops import dtypes as dt
-from ..storage.records import RECORDS, donatable, new_tensor, set_buffer
+from ..storage.records import RECORDS, Pending, donatable, new_tensor, set_buffer
 from . import asserts, fusion
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
@@ -132,6 +132,7 @@ class Entry:
     """A cached executable and what to do with its results."""
 
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
+                 "cold", "window_calls",
                  "consts", "memo", "memo_misses", "traced", "fn_donating")
 
     def __init__(self):
@@ -144,6 +145,8 @@ class Entry:
         self.n_results = None     # how many arrays fn returns, known once it has run ("fused" mode)
         self.anchor = False       # "fused" mode: a segment may end after this op (eager/fusion.py)
         self.last_sync = -1 << 40  # "fused" mode: when it was last queued, in syncs (eager/fusion.py)
+        self.cold = True          # "fused" mode: whether its first call in that sync window was cold
+        self.window_calls = 0     # "fused" mode: its calls in that sync window
         self.consts = None        # small tensor-free ops (torch.full, scalar_tensor): scalars -> results
         self.memo = None          # other small deterministic ops: (input buffer ids, scalars) -> results
         self.memo_misses = 0      # calls that found nothing in `memo` before its first hit
@@ -238,15 +241,18 @@ class OpKernel:
                 scalars.append(self._rng_args(args, kwargs, device))
             if deferred:
                 results = fusion.defer(entry, inputs, (*scalars, *offsets), dev)
-            elif entry.memo is not None:
-                results = _memoized(entry, inputs, scalars, offsets)
-            else:
-                fn = entry.fn
-                if entry.traced is not None and donatable(inputs, entry.mutated_slots):
-                    fn = entry.fn_donating or _donating(entry)
-                    counters.eager_donations += 1
-                results = fn(*inputs, *scalars, *offsets)
-                entry.n_results = len(results)
+            if not deferred or results is None:  # strict, or a "cold" op in fused mode: it runs now
+                if deferred:
+                    inputs = [b.get() if type(b) is Pending else b for b in inputs]
+                if entry.memo is not None:
+                    results = _memoized(entry, inputs, scalars, offsets)
+                else:
+                    fn = entry.fn
+                    if entry.traced is not None and donatable(inputs, entry.mutated_slots):
+                        fn = entry.fn_donating or _donating(entry)
+                        counters.eager_donations += 1
+                    results = fn(*inputs, *scalars, *offsets)
+                    entry.n_results = len(results)
         if entry.checks:
             asserts.note(results[-1], entry.checks, "aten::" + self.name)
         if mode == "debug":

@@ -43,14 +43,21 @@ ANCHOR_EVERY = 64
 LIMIT = 384
 # A segment is compiled when it comes back within RECENT flushes of its last run: a loop's body;
 # segments that recur only far apart keep running op by op rather than compiling one executable each.
-# An op whose executable was not queued within the last HOT_SYNCS synchronizations (reads of a
-# queued value) is "cold": generate()'s `cat` onto the token list has a new shape at every position,
-# so each of its executables runs once per call, many syncs apart. A cold op runs alone, between two
-# cuts, so the segments around it repeat from one decoding step to the next and get compiled.
-# (Syncs, not flushes, are the clock: the cuts around cold ops must not make other ops cold, and a
-# training loop read every 50 steps keeps all its ops warm however many segments a step has.)
+# (A segment of one op is never compiled: it already is one executable.)
+# An op whose executable was not queued within the last HOT_SYNCS synchronizations (host reads of
+# device values) is "cold": generate()'s `cat` onto the token list has a new shape at every position,
+# so each of its executables runs once per call, many syncs apart. A cold op is not queued: it runs at
+# once, outside any segment (only its inputs still queued end the open segment first), so the
+# segments around it repeat from one decoding step to the next and get compiled. (Syncs, not
+# flushes, are the clock: a training loop read every 50 steps keeps all its ops warm however many
+# segments a step has.) An executable that is cold at its first call in a sync window stays cold for
+# its next calls in that window, up to COLD_CALLS: one decoding step appends to the tokens and to the
+# position ids with the same executable (both have the step's length), and the second call must not
+# look warm and pull a once-per-length op into the repeating segment. A loop that never synchronizes
+# warms up after COLD_CALLS iterations.
 RECENT = 16
 HOT_SYNCS = 8
+COLD_CALLS = 4
 _MAX_KEYS = 4096     # segments remembered as seen before that memory is cleared
 
 
@@ -76,19 +83,31 @@ _open: dict[int, _Segment] = {}
 _lock = threading.RLock()
 _seen: dict[tuple, int] = {}   # segment key -> the flush that last ran it op by op
 _flushes = [0]
-_syncs = [0]   # flushes asked for by a read of a queued value (or synchronize, or a mode switch)
+_syncs = [0]   # host reads of device values, and flushes asked for by synchronize or a mode switch
 _compiled: dict[tuple, object] = {}
 
 
 def defer(entry, inputs, scalars, device):
-    """Queue `entry.fn(*inputs, *scalars)`; returns one Pending per result."""
+    """Queue `entry.fn(*inputs, *scalars)` and return one Pending per result; None for a cold op,
+    which the caller runs now as in "strict" mode (its queued inputs are ready by then)."""
     with _lock:
-        cold = _syncs[0] - entry.last_sync > HOT_SYNCS
-        entry.last_sync = _syncs[0]
+        now = _syncs[0]
+        if entry.last_sync != now:  # its first call in this sync window decides
+            entry.cold = now - entry.last_sync > HOT_SYNCS
+            entry.last_sync = now
+            entry.window_calls = 0
+        entry.window_calls += 1
         segment = _open.get(device)
+        if entry.cold and entry.window_calls <= COLD_CALLS:
+            # run now, outside any segment, so the segments around it repeat from one step to the
+            # next: only its inputs still queued in the open segment end that segment first
+            if segment is not None and any(type(b) is Pending and b.segment is segment for b in inputs):
+                _flush(segment)
+            counters.fused_cold_ops += 1
+            return None
         if segment is None:
             segment = _open[device] = _Segment(device)
-        elif cold or len(segment.plan) >= MIN_OPS and segment.plan[0][0] is entry.fn:
+        elif len(segment.plan) >= MIN_OPS and segment.plan[0][0] is entry.fn:
             _flush(segment)
             segment = _open[device] = _Segment(device)
         sources = []
@@ -110,9 +129,14 @@ def defer(entry, inputs, scalars, device):
         results = tuple(Pending(segment, step, i) for i in range(entry.n_results))
         segment.results.append([weakref.ref(p) for p in results])
         counters.fused_ops += 1
-        if cold or step + 1 >= MIN_OPS and (entry.anchor or step + 1 >= LIMIT):
+        if step + 1 >= MIN_OPS and (entry.anchor or step + 1 >= LIMIT):
             _flush(segment)
         return results
+
+
+def count_sync():
+    """A host read of a value that was not queued: a sync point all the same (the clock of "cold")."""
+    _syncs[0] += 1
 
 
 def forget():
@@ -143,7 +167,7 @@ def _flush(segment: _Segment):
         return
     key = (segment.device, tuple(segment.plan), live)
     fn = _compiled.get(key)
-    if fn is None:
+    if fn is None and len(segment.plan) > 1:  # (one op is already one executable)
         last = _seen.get(key)
         if last is not None and _flushes[0] - last <= RECENT:
             fn = _compiled[key] = _fuse(segment.plan, live, segment.device)

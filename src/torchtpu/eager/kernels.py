@@ -21,8 +21,8 @@ from ..ops import dtypes as dt
 from ..ops import factories
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS
-from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
-from . import asserts
+from ..storage.records import RECORDS, Pending, contiguous_strides, new_tensor, record_of, set_buffer
+from . import asserts, fusion
 from .engine import CONSTANT_BYTES, OpKernel, scalar_key
 
 aten = torch.ops.aten
@@ -122,6 +122,8 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     if not _covers(t, r):
         t = aten.clone.default(t, memory_format=torch.contiguous_format)
         r = record_of(t)
+    if type(r._buffer) is not Pending:  # (reading a queued value counts itself, when it runs the queue)
+        fusion.count_sync()
     if r.buffer is None:
         out = np.zeros(tuple(t.shape), dt.to_jax(t.dtype))
     else:
