@@ -98,6 +98,7 @@ class CompiledGraph:
         self.gm = gm
         self.kind = kind
         self.id = next(_graph_ids)
+        self.where = f"compiled graph {self.id} ({kind})"  # names it in device-side assert messages
         _check_arguments(gm.graph)
         self.program = GraphProgram(gm.graph, gm)
         out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
@@ -187,7 +188,7 @@ class CompiledGraph:
         results = fn(*dyn)
         del dyn
         if entry.checks:
-            asserts.note(results[-1], entry.checks, f"compiled graph {self.id} ({self.kind})")
+            asserts.note(results[-1], entry.checks, self.where)
         nout = len(entry.outs)
         for slot, buf in zip(entry.mutated_slots, results[nout:]):
             set_buffer(records[slot], buf)

@@ -161,6 +161,7 @@ class OpKernel:
         self.op = op
         schema = op._schema
         self.name = f"{schema.name.split('::')[1]}.{schema.overload_name or 'default'}"
+        self.where = "aten::" + self.name
         self.scalar_pos, self.scalar_names = _scalar_positions(schema)
         self.mutable = _mutable_args(schema)
         self.cache = {}
@@ -254,7 +255,7 @@ class OpKernel:
                     results = fn(*inputs, *scalars, *offsets)
                     entry.n_results = len(results)
         if entry.checks:
-            asserts.note(results[-1], entry.checks, "aten::" + self.name)
+            asserts.note(results[-1], entry.checks, self.where)
         if mode == "debug":
             jax.block_until_ready(results)
         outs = entry.outs
