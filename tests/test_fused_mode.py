@@ -180,3 +180,33 @@ def test_a_growing_token_list_compiles_nothing_per_position(fused):
         compiles = _count("fused_compiles")
         assert_close(decode(h0.to("tpu"), 12).cpu(), expected)
     assert _count("fused_compiles") == compiles  # nothing compiled per position in steady state
+
+
+def test_two_growing_appends_per_step_leave_the_rest_of_the_step_compiled(fused):
+    """generate() appends to its tokens and its position ids with one executable (both have the step's
+    length): that executable is "cold" for both calls of a step, runs at once outside any segment, and
+    the fixed-shape ops between the appends repeat as a compiled segment every step."""
+    w = torch.randn(8, 8)
+
+    def decode(h, steps):
+        tokens = torch.zeros(1, 1, dtype=torch.long, device=h.device)
+        pos = torch.zeros(1, 1, dtype=torch.long, device=h.device)
+        for _ in range(steps):
+            nxt = h.argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, nxt], dim=1)          # length L+1 ...
+            pos = torch.cat([pos, pos[:, -1:] + 1], dim=1)    # ... the same executable, the same step
+            h = (torch.tanh(h @ w.to(h.device)) * 0.5 + 0.1).softmax(-1)  # fixed shapes, after the appends
+            if (h[:, 0] > 2).any().item():                    # a sync every step
+                break
+        return tokens, pos, h
+
+    h0 = torch.randn(1, 8)
+    expected = decode(h0, 10)
+    for call in range(4):
+        compiles, runs, cold = _count("fused_compiles"), _count("fused_runs"), _count("fused_cold_ops")
+        got = decode(h0.to("tpu"), 10)
+        for g, e in zip(got, expected):
+            assert_close(g.cpu(), e)
+    assert _count("fused_compiles") == compiles   # steady state: nothing new
+    assert _count("fused_cold_ops") - cold >= 20  # both appends of every step ran at once
+    assert _count("fused_runs") - runs >= 10, _count("fused_runs") - runs  # every step ran a compiled segment
