@@ -363,3 +363,31 @@ def test_bad_input_in_a_graph_gets_pytorch_errors():
     torch._dynamo.reset()
     assert torch.compile(lambda t: t - 1, backend="tpu", fullgraph=True)(torch.arange(3, device="tpu")).tolist() == [-1, 0, 1]
     assert cpu.type is RuntimeError
+
+
+@pytest.mark.parametrize("write", ["slice", "strided_slice", "select", "negative_select", "whole_dim"])
+def test_compiled_slab_writes_into_a_large_cache_match_cpu(write):
+    # small slabs go as scatters at flat offsets (ops/graph.py), large ones as slab updates: both
+    # must leave the cache, and what the graph reads back, as the CPU's
+    def step(cache, k):
+        if write == "slice":
+            cache[:, :, 100:101] = k
+        elif write == "strided_slice":
+            cache[:, :, 7:13:3] = k
+        elif write == "select":
+            cache[:, :, 100] = k
+        elif write == "negative_select":
+            cache[:, :, -3] = k
+        else:
+            cache[:, 1] = k
+        return (cache * 0.5).sum(-1)
+
+    shapes = {"slice": (1, 4, 1, 32), "strided_slice": (1, 4, 2, 32), "select": (1, 4, 32),
+              "negative_select": (1, 4, 32), "whole_dim": (1, 512, 32)}
+    cache, k = torch.randn(1, 4, 512, 32), torch.randn(*shapes[write])
+    expected_cache = cache.clone()
+    expected = step(expected_cache, k)
+    device_cache = cache.to("tpu")
+    got = torch.compile(step, backend="tpu", fullgraph=True, dynamic=False)(device_cache, k.to("tpu"))
+    torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close(device_cache.cpu(), expected_cache)

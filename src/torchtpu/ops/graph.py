@@ -26,6 +26,7 @@ from jax import lax
 from torch import fx
 
 from . import dtypes as dt
+from . import indexing
 from .misc import assert_async
 from .table import LOWERINGS, apply
 
@@ -215,17 +216,27 @@ def _split_with_sizes(val, a, sizes, dim=0):
 # cat, stack, pads, index/index_put, gather/scatter... come from the main lowering table.
 
 
+# A small slab written into a large array (`cache[:, :, p] = k` in a compiled decode step) goes as a
+# scatter at flat offsets, as index_copy does (ops/indexing.py: XLA:CPU runs that in place, the slab
+# form copied the whole array several times).
 @graph_lowering("slice_scatter")
 def _slice_scatter(val, a, src, dim=0, start=None, end=None, step=1):
     dim %= a.ndim
     start, end, step = slice(start, end, step).indices(a.shape[dim])
-    return a.at[(slice(None),) * dim + (slice(start, end, step),)].set(src.astype(a.dtype))
+    src = src.astype(a.dtype)
+    if src.size and indexing.flat_scatter_pays(a.size, src.size):
+        return indexing.flat_set(a, dim, jnp.arange(start, end, step), src)
+    return a.at[(slice(None),) * dim + (slice(start, end, step),)].set(src)
 
 
 @graph_lowering("select_scatter")
 def _select_scatter(val, a, src, dim, index):
     dim %= a.ndim
-    return a.at[(slice(None),) * dim + (index,)].set(src.astype(a.dtype))
+    src = src.astype(a.dtype)
+    if isinstance(index, int) and indexing.flat_scatter_pays(a.size, src.size):
+        index %= a.shape[dim]
+        return indexing.flat_set(a, dim, jnp.array([index]), jnp.expand_dims(src, dim))
+    return a.at[(slice(None),) * dim + (index,)].set(src)
 
 
 @graph_lowering("diagonal_scatter")

@@ -61,7 +61,7 @@ def index_put(x, indices, values, accumulate=False, unsafe=False):
         pos = jnp.where(pos < 0, pos + x.shape[d], pos)
         slab = x.shape[:d] + (pos.shape[0],) + x.shape[d + 1:]
         if flat_scatter_pays(x.size, math.prod(slab)):
-            return _flat_set(x, d, pos, jnp.broadcast_to(values, slab))
+            return flat_set(x, d, pos, jnp.broadcast_to(values, slab))
     return x.at[idx].set(values)
 
 
@@ -251,7 +251,7 @@ def index_copy(x, dim, index, source):
     _check(index, x.shape[dim], dim, False)
     source = jnp.broadcast_to(source, x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1:]).astype(x.dtype)
     if flat_scatter_pays(x.size, source.size):
-        return _flat_set(x, dim, index, source)
+        return flat_set(x, dim, index, source)
     return x.at[_along(dim, x.ndim, index)].set(source)
 
 
@@ -260,7 +260,7 @@ def flat_scatter_pays(total, part):
     return total >= FLAT_SCATTER_MIN and part * FLAT_SCATTER_RATIO <= total
 
 
-def _flat_set(x, dim, index, source):
+def flat_set(x, dim, index, source):
     """x with x[..., index[j], ...] (along dim) = source[..., j, ...], as a scatter at flat offsets."""
     at = _flat_offsets(x.shape, dim, index, source.shape).reshape(-1)
     return x.reshape(-1).at[at].set(source.reshape(-1), mode="drop").reshape(x.shape)
