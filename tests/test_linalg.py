@@ -412,3 +412,55 @@ def test_compiled_solve_and_cholesky():
     a, b = _square((2,), 4, torch.float32), torch.randn(2, 4, 3)
     compiled = torch.compile(f, backend="tpu")
     torch.testing.assert_close(compiled(a.to(DEV), b.to(DEV)).cpu(), f(a, b), rtol=1e-4, atol=1e-4)
+
+
+# ---- least squares: "gels" (the default on tpu, as on CUDA) and "gelsy", against the CPU's same driver
+@pytest.mark.parametrize("driver", [None, "gels", "gelsy"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shapes", [((5, 3), (5, 2)), ((3, 5), (3, 2)), ((4, 4), (4, 1)), ((5, 3), (5,)),
+                                    ((2, 1, 6, 3), (2, 4, 6, 2)), ((2, 3, 5, 3), (2, 3, 5))])
+def test_lstsq_matches_cpu(driver, dtype, shapes):
+    gen = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(*s, dtype=dtype, generator=gen) for s in shapes)
+    expected = torch.linalg.lstsq(a, b, driver=driver or "gels")
+    got = torch.linalg.lstsq(a.to("tpu"), b.to("tpu"), driver=driver)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else {}
+    for g, e in zip(got, expected):  # solution, residuals, rank, singular values: shapes and dtypes too
+        torch.testing.assert_close(g.cpu(), e, **tol)
+
+
+def test_lstsq_rank_deficient_gelsy_backward_and_errors():
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn(6, 2, generator=gen) @ torch.randn(2, 4, generator=gen)   # rank 2
+    b = torch.randn(6, 3, generator=gen)
+    expected = torch.linalg.lstsq(a, b, driver="gelsy")
+    got = torch.linalg.lstsq(a.to("tpu"), b.to("tpu"), driver="gelsy")
+    assert got.rank.item() == expected.rank.item() == 2
+    torch.testing.assert_close(got.solution.cpu(), expected.solution, rtol=1e-4, atol=1e-4)
+
+    a = torch.randn(5, 3, generator=gen, requires_grad=True)
+    b = torch.randn(5, 2, generator=gen)
+    torch.linalg.lstsq(a, b, driver="gels").solution.square().sum().backward()
+    at = a.detach().to("tpu").requires_grad_()
+    torch.linalg.lstsq(at, b.to("tpu")).solution.square().sum().backward()
+    torch.testing.assert_close(at.grad.cpu(), a.grad, rtol=1e-4, atol=1e-4)
+
+    x = torch.randn(5, 3, device="tpu")
+    with pytest.raises(NotImplementedError, match="gelsd"):
+        torch.linalg.lstsq(x, torch.randn(5, 2, device="tpu"), driver="gelsd")
+    with pytest.raises(RuntimeError, match="should match"):
+        torch.linalg.lstsq(x, torch.randn(4, 2, device="tpu"))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.linalg.lstsq(x, torch.randn(5, 2, device="tpu", dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="driver"):
+        torch.linalg.lstsq(x, torch.randn(5, 2, device="tpu"), driver="foo")
+
+
+def test_compiled_lstsq_breaks_the_graph_and_runs_eagerly():
+    # PyTorch tags linalg_lstsq "dynamic_output_shape" (the CPU's gelsd residuals), so Dynamo will not
+    # trace it: without fullgraph it is a graph break and the op runs eagerly on tpu
+    gen = torch.Generator().manual_seed(5)
+    a, b = torch.randn(6, 3, generator=gen), torch.randn(6, 2, generator=gen)
+    f = torch.compile(lambda a, b: torch.linalg.lstsq(a, b).solution * 2, backend="tpu")
+    torch.testing.assert_close(f(a.to("tpu"), b.to("tpu")).cpu(), torch.linalg.lstsq(a, b, driver="gels").solution * 2,
+                               rtol=1e-4, atol=1e-4)

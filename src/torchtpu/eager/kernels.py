@@ -388,9 +388,40 @@ def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
     return a.new_empty(shape, dtype=out_dtype or a.dtype)
 
 
+def _lstsq_meta(a, b, rcond=None, *, driver=None):
+    """Output of `linalg_lstsq` on "tpu" (PyTorch has no meta kernel): CUDA's default driver "gels"
+    (the CPU's is "gelsy"), and PyTorch's argument checks. See ops/linalg.py: linalg_lstsq."""
+    driver = "gels" if driver is None else driver
+    torch._check(driver in ("gels", "gelsy", "gelsd", "gelss"), lambda: (
+        f"torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss), but got {driver}"))
+    if driver in ("gelsd", "gelss"):
+        raise NotImplementedError(f"torch.linalg.lstsq: driver {driver!r} is not supported on tpu (its residuals "
+                                  f"exist only for full-rank inputs, a shape that depends on the values); "
+                                  f"use 'gels' or 'gelsy'")
+    torch._check(a.dim() >= 2, lambda: "torch.linalg.lstsq: input must have at least 2 dimensions.")
+    torch._check(a.dim() >= b.dim() and a.dim() - b.dim() <= 1, lambda: (
+        "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1"))
+    torch._check(a.dtype.is_floating_point or a.dtype.is_complex, lambda: (
+        f"torch.linalg.lstsq: Expected input to have floating point or complex dtype, but got {a.dtype}"))
+    torch._check(a.dtype == b.dtype, lambda: (
+        f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got input with dtype "
+        f"{a.dtype} and other with dtype {b.dtype}"))
+    vector = b.dim() == a.dim() - 1
+    m, n = a.shape[-2:]
+    torch._check(b.shape[-1 if vector else -2] == m, lambda: (
+        f"torch.linalg.lstsq: input.size(-2) should match other.size({-1 if vector else -2})"))
+    k = 1 if vector else b.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-1 if vector else -2])
+    real = a.dtype.to_real()
+    solution = a.new_empty((*batch, n) if vector else (*batch, n, k))
+    residuals = a.new_empty((*batch, k) if driver == "gels" and m > n else (0,), dtype=real)
+    rank = a.new_empty(a.shape[:-2] if driver == "gelsy" else (0,), dtype=torch.int64)  # A's batch
+    return solution, residuals, rank, a.new_empty((0,), dtype=real)
+
+
 # Meta functions the eager engine uses instead of PyTorch's for "tpu" (build.py), and that Dynamo's
 # fake tensors on "tpu" use (_register_fake_overrides).
-META_OVERRIDES = {"_grouped_mm.default": _grouped_mm_meta}
+META_OVERRIDES = {"_grouped_mm.default": _grouped_mm_meta, "linalg_lstsq.default": _lstsq_meta}
 
 
 def _sub_check(a, b, *_, **__):
@@ -422,7 +453,8 @@ def _register_fake_overrides():
         device = next(d for d in devices if d.type == "tpu")
         with fake_impls.in_kernel_invocation_manager(fake_mode):
             out = ops[func](*args, **kwargs)
-        return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, out, device)
+        return pytree.tree_map_only(
+            torch.Tensor, lambda t: fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t, device), out)
 
     fake_impls.register_op_impl(lambda func: func in ops)(fake_impl)
 

@@ -447,6 +447,40 @@ def linalg_solve_ex(a, b, left=True, check_errors=False):
     return (x[..., 0] if vector else x), lu, pivots, info
 
 
+@lowering("linalg_lstsq")
+def linalg_lstsq(a, b, rcond=None, driver=None):
+    """min ||A X - B||. The default driver is "gels", as on CUDA (the CPU's default is "gelsy"): QR of a
+    full-rank A, residuals when m > n, rank and singular values empty. "gelsy" (rank-revealing, here
+    through the SVD with singular values at most rcond * the largest treated as zero: the minimum-norm
+    solution of the truncated problem) returns the rank and no residuals, as LAPACK's. "gelsd" and
+    "gelss" return residuals only when every matrix has full rank, a shape that depends on the values:
+    not supported (CUDA supports only "gels")."""
+    _lapack_dtype(a, "linalg_lstsq")   # (the other checks: eager/kernels.py, _lstsq_meta)
+    driver = "gels" if driver is None else driver
+    vector = b.ndim == a.ndim - 1
+    b = b[..., None] if vector else b
+    m, n = a.shape[-2:]
+    real = jnp.finfo(a.dtype).dtype
+    no_rank, no_sv = _empty(jnp.int64), _empty(real)
+    if driver == "gels":
+        a, b = _broadcast_batch((a, 2), (b, 2))
+        if m >= n:   # R x = Q^H b
+            q, r = jnp.linalg.qr(a)
+            x = _tri_solve(r, _exact_mm(_mH(q), b), upper=True)
+        else:        # the minimum-norm solution: A^H = Q R, x = Q R^-H b
+            q, r = jnp.linalg.qr(_mH(a))
+            x = _exact_mm(q, _tri_solve(r, b, upper=True, transpose=True, conjugate=True))
+        residuals = (jnp.abs(_exact_mm(a, x) - b) ** 2).sum(-2) if m > n else _empty(real)
+        return (x[..., 0] if vector else x), residuals, no_rank, no_sv
+    u, sv, vh = jnp.linalg.svd(a, full_matrices=False)   # A's own batch: the rank is A's, not broadcast
+    cutoff = (jnp.finfo(real).eps * max(m, n) if rcond is None or rcond < 0 else rcond) * sv[..., :1]
+    keep = sv > cutoff
+    inverse = jnp.where(keep, 1 / jnp.where(keep, sv, 1), 0).astype(a.dtype)
+    u, inverse, vh, b = _broadcast_batch((u, 2), (inverse, 1), (vh, 2), (b, 2))
+    x = _exact_mm(_mH(vh), inverse[..., None] * _exact_mm(_mH(u), b))
+    return (x[..., 0] if vector else x), _empty(real), keep.sum(-1).astype(jnp.int64), no_sv
+
+
 # ---- spectral decompositions and QR (signs and phases are free: PyTorch documents them so)
 @lowering("_linalg_eigh")
 def linalg_eigh(a, UPLO="L", compute_v=True):
