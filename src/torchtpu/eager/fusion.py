@@ -18,7 +18,8 @@ say (see MIN_OPS). Flushing is where the gain is:
   "strict" mode costs instead of compiling a graph per step, the trap of torch_xla's lazy tensors.
 
 Only executables that already ran once are queued (their number of results is known then), so an
-op's first call, and PyTorch's errors for bad arguments, happen at the op as in "strict" mode.
+op's first call, and PyTorch's errors for bad arguments, happen at the op as in "strict" mode; an
+executable not queued recently ("cold", below) is not queued either but runs at once.
 """
 from __future__ import annotations
 
