@@ -127,13 +127,8 @@ def defer(entry, inputs, scalars, device):
         step = len(segment.plan)
         segment.plan.append((entry.fn, sources))
         segment.scalars.append(scalars)
-        if entry.n_results == 1:  # the common case, without a generator's frame
-            p = Pending(segment, step, 0)
-            results = (p,)
-            segment.results.append([weakref.ref(p)])
-        else:
-            results = tuple([Pending(segment, step, i) for i in range(entry.n_results)])
-            segment.results.append([weakref.ref(p) for p in results])
+        results = tuple([Pending(segment, step, i) for i in range(entry.n_results)])
+        segment.results.append([weakref.ref(p) for p in results])
         counters.fused_ops += 1
         if step + 1 >= MIN_OPS and (entry.anchor or step + 1 >= LIMIT):
             _flush(segment)
