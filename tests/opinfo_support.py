@@ -25,7 +25,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64,
-          torch.int64, torch.int32, torch.uint8, torch.bool]
+          torch.int64, torch.int32, torch.uint8, torch.bool, torch.complex64, torch.complex128]
 
 # (rtol, atol) per dtype; integers and bool must match exactly
 TOLERANCES = {
@@ -33,6 +33,8 @@ TOLERANCES = {
     torch.float32: (1e-4, 1e-5),
     torch.float16: (1e-2, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
+    torch.complex128: (1e-7, 1e-7),
+    torch.complex64: (1e-4, 1e-5),
 }
 GRAD_TOLERANCE = (1e-3, 1e-4)
 # out= reuses the functional lowering plus a write: checked at one float and one integer dtype
@@ -66,10 +68,6 @@ def out_of_scope(name: str) -> str | None:
     """Why an OpInfo is not part of the parity sweep, or None when it is."""
     if name.startswith("sparse.") or name == "to_sparse":
         return "sparse layouts are not supported on tpu"
-    if name.startswith("fft.") and name not in ("fft.fftshift", "fft.ifftshift") or name in ("stft", "istft"):
-        return "FFTs take or produce complex tensors (complex dtypes are out of scope)"
-    if name in ("view_as_complex", "view_as_real", "complex", "polar"):
-        return "complex tensors are out of scope"
     if name in LINALG_NOT_LOWERED:
         return "linalg op without an XLA lowering (LDL, general eigensolver; geqrf)"
     if name in LINALG_LSTSQ:
@@ -147,10 +145,6 @@ def _clone(x):
 
 class _SampleOutOfScope(Exception):
     pass
-
-
-def _has_complex(x):
-    return any(isinstance(t, torch.Tensor) and t.is_complex() for t in pytree.tree_leaves(x))
 
 
 def _spread(samples, n):
@@ -331,8 +325,6 @@ def _run_samples(op, dtype, max_samples, requires_grad, one):
     """Apply `one(sample)` to each sample the CPU accepts; returns the number compared."""
     n = 0
     for sample in _samples(op, dtype, requires_grad, max_samples):
-        if _has_complex((sample.input, sample.args, sample.kwargs)):
-            continue
         try:
             if one(sample) is False:
                 continue
@@ -360,7 +352,7 @@ def _draws_random(sample):
 def _check_forward(op, dtype, max_samples, random):
     def one(sample):
         ok, expected = _cpu_or_none(lambda: _call(op, sample, "cpu")[3])
-        if not ok or _has_complex(expected):
+        if not ok:
             return False
         _, _, _, actual = _call(op, sample, "tpu")
         actual = _reconcile_indices(op.name, sample, actual, expected)
@@ -383,7 +375,7 @@ def _check_inplace(op, dtype, max_samples, random):
                 out = fn(inp, *args, **kwargs)
             return inp, out
         ok, expected = _cpu_or_none(cpu)
-        if not ok or _has_complex(expected):
+        if not ok:
             return False
         inp, args, kwargs = _place(op, sample, "tpu")
         inp = _clone(inp)
@@ -403,7 +395,7 @@ def _check_out(op, dtype, random):
 
     def one(sample):
         ok, expected = _cpu_or_none(lambda: _call(op, sample, "cpu")[3])
-        if not ok or _has_complex(expected):
+        if not ok:
             return False
         if isinstance(expected, torch.Tensor):
             out = torch.empty_like(expected, device="tpu")
@@ -444,7 +436,7 @@ def _check_grad(op, dtype, max_samples, random):
 
     def one(sample):
         ok, expected = _cpu_or_none(lambda: grads(sample, "cpu"))
-        if not ok or expected is None or _has_complex(expected[1]):
+        if not ok or expected is None:
             return False
         _, actual = grads(sample, "tpu", expected[0])
         for i, (a, e) in enumerate(zip(actual, expected[1])):

@@ -4,7 +4,7 @@ Default run: a representative subset (elementwise arithmetic with PyTorch's inte
 math, comparisons, reductions, scans, sorting, linalg, foreach, factories) at float32, int64 and
 bfloat16 plus float32 gradients; a few minutes on 2 cores.
 Full sweep: `pytest -m slow tests/test_opinfo.py` (every in-scope OpInfo, every CPU dtype among
-float32, bfloat16, float16, float64, int64, int32, uint8, bool). `python tools/op_coverage.py`
+float32, bfloat16, float16, float64, int64, int32, uint8, bool, complex64, complex128). `python tools/op_coverage.py`
 runs the same checks in chunked subprocesses and writes docs/op_coverage.md.
 """
 from __future__ import annotations
@@ -27,6 +27,15 @@ FAST_OPS = [
     "matmul", "addmm", "arange", "linspace", "full",
 ]
 FAST_DTYPES = [torch.float32, torch.int64, torch.bfloat16]
+# complex arithmetic, the reductions whose complex results differ in kind (var is real, logsumexp
+# takes the principal log), conjugating products, complex construction and FFTs; complex64 (and
+# float32 for the ops that build complex values from real ones)
+FAST_COMPLEX_OPS = [
+    "add", "mul", "div.no_rounding_mode", "exp", "log", "sqrt", "abs", "angle", "sgn", "reciprocal",
+    "sum", "mean", "var", "std", "logsumexp", "logaddexp", "cumsum", "matmul", "vdot", "eq", "where",
+    "conj_physical", "view_as_real", "view_as_complex", "complex", "polar",
+    "fft.fft", "fft.ifft", "fft.rfft", "fft.irfft", "fft.fft2", "fft.hfft",
+]
 
 
 def _params(names, dtypes, max_per_op=None):
@@ -67,6 +76,19 @@ def test_opinfo_fast(op, dtype, kind):
     _run(op, dtype, kind, max_samples=2 if dtype == torch.float32 and kind in ("forward", "grad") else 1)
 
 
+def _complex_params():
+    out = []
+    for name in FAST_COMPLEX_OPS:
+        dtype = torch.complex64 if torch.complex64 in S.cpu_dtypes(OPS[name]) else torch.float32
+        out += [p for p in _params([name], [dtype]) if p.values[2] != "grad"]
+    return out
+
+
+@pytest.mark.parametrize("op,dtype,kind", _complex_params())
+def test_opinfo_fast_complex(op, dtype, kind):
+    _run(op, dtype, kind, max_samples=2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("op,dtype,kind", _params(list(OPS), S.DTYPES))
 def test_opinfo_sweep(op, dtype, kind):
@@ -94,8 +116,9 @@ def test_out_of_scope_is_explicit():
     for name, op in OPS.items():
         why = S.out_of_scope(name)
         assert why is None or len(why) > 10
-    assert S.out_of_scope("linalg.svd") and S.out_of_scope("to_sparse") and S.out_of_scope("fft.fft")
+    assert S.out_of_scope("linalg.svd") and S.out_of_scope("to_sparse")
     assert S.out_of_scope("linalg.vector_norm") is None and S.out_of_scope("sum") is None
+    assert S.out_of_scope("fft.fft") is None and S.out_of_scope("view_as_real") is None
 
 
 # ------------------------------------------------------------------ _foreach_* (the optimizer family)

@@ -28,7 +28,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 DEFAULT_STATE = os.path.join(ROOT, "build", "op_coverage")
-DTYPE_NAMES = ["float32", "bfloat16", "float16", "float64", "int64", "int32", "uint8", "bool"]
+DTYPE_NAMES = ["float32", "bfloat16", "float16", "float64", "int64", "int32", "uint8", "bool", "complex64",
+               "complex128"]
 KINDS = ["forward", "inplace", "out", "grad"]
 
 
@@ -216,7 +217,8 @@ def report(args, meta, command):
              f"(op, dtype), spread over the OpInfo's sample list).\n")
     L.append("Each (op, dtype) runs the OpInfo samples on the CPU and on `tpu` and compares values, shapes "
              "and dtypes with `torch.testing.assert_close` (float32 rtol 1e-4/atol 1e-5, float16 1e-2/1e-3, "
-             "bfloat16 1.6e-2/1e-2, float64 1e-7, integers and bool exact). *In-place* also compares the "
+             "bfloat16 1.6e-2/1e-2, float64 1e-7, complex64/complex128 as float32/float64, integers and bool exact). "
+             "*In-place* also compares the "
              "mutated input, *out=* the out tensor(s), *gradient* (float32) the gradients of every input "
              "for random cotangents. Random ops are compared on shape and dtype only. Denominators count "
              "(op, dtype) pairs whose samples the CPU accepts. Test harness: `tests/opinfo_support.py`; "

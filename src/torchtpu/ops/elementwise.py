@@ -150,9 +150,11 @@ def neg(a):
     return -a
 
 
-@lowering("abs", promote=KIND.DEFAULT)
+@lowering("abs", promote=KIND.COMPLEX_TO_FLOAT)
 def abs_(a):
-    return jnp.abs(a) if a.dtype != jnp.bool_ else a
+    if a.dtype == jnp.bool_:   # as the CPU and CUDA kernels
+        raise NotImplementedError("\"abs_tpu\" not implemented for 'Bool'")
+    return jnp.abs(a)
 
 
 @lowering("sign", promote=KIND.DEFAULT)
@@ -391,8 +393,10 @@ for _name, _fn in {
     _unary(_name, _fn)
 
 
-@lowering("angle", promote=KIND.INT_TO_FLOAT)
+@lowering("angle", promote=KIND.INT_TO_FLOAT, keep_result_dtype=True)  # complex -> real
 def angle(a):
+    if jnp.iscomplexobj(a):
+        return jnp.angle(a)   # atan2(imag, real): a real result
     return jnp.where(jnp.isnan(a), a, jnp.where(a < 0, jnp.pi, 0).astype(a.dtype))
 
 
@@ -467,7 +471,23 @@ def xlog1py(a, b):
 
 @lowering("logaddexp", promote=KIND.INT_TO_FLOAT)
 def logaddexp(a, b):
+    if jnp.iscomplexobj(a):
+        return _complex_logaddexp(a, b)
     return jnp.logaddexp(a, b)
+
+
+def _complex_logaddexp(a, b):
+    # as PyTorch's CPU kernel: max + log1p(exp(min - max)), max/min by real part, so the imaginary
+    # part is not folded into (-pi, pi]; a NaN anywhere gives NaN; equal infinite real parts use the
+    # plain formula (-inf: min itself)
+    a, b = jnp.broadcast_arrays(a, b)
+    a_first = a.real < b.real
+    lo, hi = jnp.where(a_first, a, b), jnp.where(a_first, b, a)
+    out = hi + jnp.log1p(jnp.exp(lo - hi))
+    both_inf = jnp.isinf(lo.real) & (lo.real == hi.real)
+    out = jnp.where(both_inf, jnp.where(lo.real < 0, lo, jnp.log(jnp.exp(lo) + jnp.exp(hi))), out)
+    nan = jnp.isnan(a.real) | jnp.isnan(a.imag) | jnp.isnan(b.real) | jnp.isnan(b.imag)
+    return jnp.where(nan, jnp.full_like(out, complex(jnp.nan, jnp.nan)), out)
 
 
 @lowering("logaddexp2", promote=KIND.INT_TO_FLOAT)
@@ -506,3 +526,33 @@ def _isin(elements, tests, invert):
           promote_args=(0, 1))
 def isin(elements, tests, assume_unique=False, invert=False):
     return _isin(jnp.asarray(elements), jnp.asarray(tests), invert)
+
+
+# ---------------------------------------------------------------- complex construction
+@lowering("conj_physical")
+def conj_physical(a):
+    return jnp.conj(a) if jnp.iscomplexobj(a) else a
+
+
+_FLOAT_NAMES = {jnp.dtype(jnp.float16): "Half", jnp.dtype(jnp.float32): "Float", jnp.dtype(jnp.float64): "Double"}
+
+
+def _complex_parts(a, b):
+    """PyTorch's checks for the two real parts of torch.complex / torch.polar."""
+    names = [_FLOAT_NAMES.get(jnp.dtype(x.dtype), str(jnp.dtype(x.dtype))) for x in (a, b)]
+    if not all(jnp.dtype(x.dtype) in _FLOAT_NAMES for x in (a, b)):
+        raise RuntimeError(f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second argument")
+    return jnp.broadcast_arrays(a, b)
+
+
+@lowering("complex")
+def complex_(real, imag):
+    return lax.complex(*_complex_parts(real, imag))
+
+
+@lowering("polar")
+def polar(abs_, angle_):
+    abs_, angle_ = _complex_parts(abs_, angle_)
+    return lax.complex(abs_ * jnp.cos(angle_), abs_ * jnp.sin(angle_))

@@ -102,6 +102,16 @@ def _conj(val, a):
     return jnp.conj(a) if jnp.iscomplexobj(a) else a
 
 
+@graph_lowering("view_as_real", "view_as_real_copy")
+def _view_as_real(val, a):
+    return jnp.stack([a.real, a.imag], axis=-1)
+
+
+@graph_lowering("view_as_complex", "view_as_complex_copy")
+def _view_as_complex(val, a):
+    return lax.complex(a[..., 0], a[..., 1])
+
+
 @graph_lowering("_neg_view", "_neg_view_copy")
 def _neg_view(val, a):
     return -a

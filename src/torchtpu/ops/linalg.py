@@ -28,9 +28,14 @@ def matmul(a, b):
     return jnp.matmul(a, b, precision=precision(), preferred_element_type=_acc(a)).astype(a.dtype)
 
 
-@lowering("mm", "bmm", "matmul", "dot", "vdot", "mv")
+@lowering("mm", "bmm", "matmul", "dot", "mv")
 def mm(a, b):
     return matmul(a, b)
+
+
+@lowering("vdot")
+def vdot(a, b):
+    return matmul(jnp.conj(a), b)   # conjugates its first argument (a no-op for real dtypes)
 
 
 def _scaled_sum(c, prod, beta, alpha):

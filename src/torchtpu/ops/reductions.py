@@ -128,10 +128,12 @@ def var(a, dim=None, correction=None, keepdim=False):
     x = a.astype(_opmath(a.dtype))
     mu = jnp.mean(x, axis=axis, keepdims=True)
     centered = x - mu
+    if jnp.iscomplexobj(centered):   # |x - mean|^2: the variance of a complex tensor is real
+        centered = jnp.abs(centered)
     ss = jnp.sum(centered * centered, axis=axis, keepdims=keepdim)
     ddof = 1 if correction is None else correction
     # PyTorch divides by max(0, N - correction): inf or nan when nothing is left, never negative
-    return (ss / jnp.maximum(_count(a, axis) - ddof, 0)).astype(a.dtype)
+    return (ss / jnp.maximum(_count(a, axis) - ddof, 0)).astype(ss.dtype if jnp.iscomplexobj(a) else a.dtype)
 
 
 @lowering("std.correction")
@@ -173,11 +175,13 @@ def count_nonzero(a, dim=None):
 
 @lowering("logsumexp")
 def logsumexp(a, dim, keepdim=False):
-    if not jnp.issubdtype(a.dtype, jnp.floating):
+    if not jnp.issubdtype(a.dtype, jnp.inexact):
         a = a.astype(jnp.float32)
     x = a.astype(_opmath(a.dtype))
     axis = _dims(a, dim)
-    m = jnp.max(x, axis=axis, keepdims=True) if x.size else jnp.zeros((1,) * x.ndim, x.dtype)
+    # the shift is the largest real part (complex too: log's principal branch does not depend on it)
+    re = x.real if jnp.iscomplexobj(x) else x
+    m = jnp.max(re, axis=axis, keepdims=True) if x.size else jnp.zeros((1,) * x.ndim, re.dtype)
     m = jnp.where(jnp.isinf(m), 0, m)  # all -inf (or an inf) rows: PyTorch's answer comes from the sum
     out = jnp.log(jnp.sum(jnp.exp(x - m), axis=axis, keepdims=True)) + m
     if not keepdim:

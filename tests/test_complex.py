@@ -1,0 +1,105 @@
+"""Complex tensors on the tpu device vs the CPU: the edges the OpInfo samples (small random values)
+do not reach — infinities and NaNs in logaddexp/angle, real results of complex reductions, views
+that alias a complex storage as floats and back — and PyTorch's errors for torch.complex/polar."""
+import math
+
+import pytest
+import torch
+
+TPU = "tpu"
+COMPLEX = [torch.complex64, torch.complex128]
+INF, NAN = math.inf, math.nan
+
+
+def _same(fn, *inputs):
+    expected = fn(*inputs)
+    actual = fn(*[x.to(TPU) for x in inputs])
+    assert actual.device.type == TPU and actual.dtype == expected.dtype
+    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_logaddexp_infinities_and_nans(dtype):
+    special = [complex(-INF, 1), complex(INF, 2), complex(NAN, 0), complex(1, NAN), 1 + 1j, complex(-INF, 0),
+               complex(INF, -1), 3 - 2j]
+    other = [complex(-INF, 3), complex(INF, 1), 1, 1, 1 + 1j, 2 + 5j, 0.5j, complex(-INF, 2)]
+    a = torch.cat([torch.tensor(special, dtype=dtype), torch.randn(40, dtype=dtype) * 4])
+    b = torch.cat([torch.tensor(other, dtype=dtype), torch.randn(40, dtype=dtype) * 4])
+    _same(torch.logaddexp, a, b)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_angle_is_real_and_keeps_signed_zeros(dtype):
+    x = torch.tensor([complex(NAN, 1), complex(-1, 0.0), complex(-1, -0.0), 0j, complex(-0.0, 0), 1j, -2j],
+                     dtype=dtype)
+    _same(torch.angle, torch.cat([x, torch.randn(20, dtype=dtype)]))
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+@pytest.mark.parametrize("fn", ["var", "std", "var_mean", "std_mean"])
+def test_complex_variance_is_real(dtype, fn):
+    x = torch.randn(5, 7, dtype=dtype) * 3 + (2 - 1j)
+    f = getattr(torch, fn)
+    for kwargs in ({}, {"dim": 1}, {"dim": 0, "correction": 0}, {"dim": (0, 1), "keepdim": True}):
+        _same(lambda t: torch.stack(f(t, **kwargs)) if fn.endswith("_mean") else f(t, **kwargs), x)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_logsumexp_principal_branch_and_vdot_conjugates(dtype):
+    x = torch.randn(4, 9, dtype=dtype) * 5
+    _same(lambda t: torch.logsumexp(t, 1), x)
+    _same(lambda t: torch.logsumexp(t, (0, 1)), x)
+    v, w = torch.randn(11, dtype=dtype), torch.randn(11, dtype=dtype)
+    _same(torch.vdot, v, w)
+    _same(lambda a, b: torch.linalg.vecdot(a, b), x, x.flip(0))
+
+
+def test_views_alias_complex_storage():
+    x = torch.randn(4, dtype=torch.complex64)
+    xt = x.to(TPU)
+    for t in (x, xt):
+        torch.view_as_real(t)[1, 0] = 7.0
+        t.real.mul_(2)
+        t.imag[2] = -3
+    torch.testing.assert_close(xt.cpu(), x, rtol=0, atol=0)
+    f = torch.randn(3, 2)
+    ft = f.to(TPU)
+    for t in (f, ft):
+        torch.view_as_complex(t).mul_(1j)
+    torch.testing.assert_close(ft.cpu(), f, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_complex_polar_conj_physical(dtype):
+    r, i = torch.randn(3, 4, dtype=dtype), torch.randn(4, dtype=dtype)
+    _same(torch.complex, r, i)
+    _same(torch.polar, r.abs(), i)
+    c = torch.complex(r, r.flip(0))
+    _same(torch.conj_physical, c)
+    _same(lambda t: t.clone().conj_physical_(), c)
+
+
+@pytest.mark.parametrize("fn", [torch.complex, torch.polar])
+def test_complex_constructors_reject_mixed_dtypes_as_the_cpu(fn):
+    a, b = torch.rand(3), torch.rand(3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="Expected object of scalar type Float but got scalar type Double"):
+        fn(a, b)
+    with pytest.raises(RuntimeError, match="Expected object of scalar type Float but got scalar type Double"):
+        fn(a.to(TPU), b.to(TPU))
+
+
+def test_abs_of_bool_raises_as_the_cpu():
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        torch.abs(torch.ones(2, dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        torch.abs(torch.ones(2, dtype=torch.bool, device=TPU))
+
+
+def test_compiled_complex_graph():
+    def f(x):
+        spec = torch.fft.rfft(x)
+        return spec.abs() + torch.angle(spec) + torch.view_as_real(spec * (1 - 2j)).sum(-1)
+
+    x = torch.randn(3, 16)
+    compiled = torch.compile(f, backend="tpu", fullgraph=True)
+    torch.testing.assert_close(compiled(x.to(TPU)).cpu(), f(x), rtol=1e-4, atol=1e-4)
