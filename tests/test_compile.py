@@ -391,3 +391,12 @@ def test_compiled_slab_writes_into_a_large_cache_match_cpu(write):
     got = torch.compile(step, backend="tpu", fullgraph=True, dynamic=False)(device_cache, k.to("tpu"))
     torch.testing.assert_close(got.cpu(), expected)
     torch.testing.assert_close(device_cache.cpu(), expected_cache)
+
+
+@pytest.mark.parametrize("shape,dim,size,step", [((10,), 0, 3, 2), ((4, 9, 3), 1, 4, 1), ((4, 9, 3), -1, 3, 3),
+                                                 ((2, 5), 0, 2, 5), ((), 0, 1, 1)])
+def test_compiled_unfold_windows(shape, dim, size, step):
+    # overlapping windows (step < size) and a 0-d input, inside a graph with a consumer
+    x = torch.randn(shape)
+    f = lambda t: t.unfold(dim, size, step) * 2  # noqa: E731
+    torch.testing.assert_close(torch.compile(f, backend="tpu", fullgraph=True)(x.to("tpu")).cpu(), f(x))

@@ -205,6 +205,17 @@ def test_compile():
     torch.testing.assert_close([a.cpu() for a in actual], list(expected), **_tol(x.dtype))
 
 
+def test_compiled_stft_stays_in_the_graph():
+    # stft frames the signal with unfold: a compiled graph lowers it (no fallback to eager)
+    import warnings
+    x, w = torch.randn(2, 400), torch.hann_window(64)
+    f = lambda a, win: torch.stft(a, 64, hop_length=16, window=win, return_complex=True).abs()  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        actual = torch.compile(f, backend="tpu", fullgraph=True)(x.to(TPU), w.to(TPU))
+    torch.testing.assert_close(actual.cpu(), f(x, w), **_tol(x.dtype))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("fn", [FFT.fft, FFT.rfft, FFT.irfft, FFT.fftn], ids=lambda f: f.__name__)
 def test_low_precision_raises_like_cpu(fn, dtype):

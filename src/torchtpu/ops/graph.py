@@ -129,6 +129,18 @@ def _view_dtype(val, a, dtype):
     return out.reshape(tuple(a.shape[:-1]) + (-1,)) if a.ndim else out.reshape(())
 
 
+@graph_lowering("unfold", "unfold_copy")
+def _unfold(val, a, dim, size, step):
+    # windows of `size` every `step` along dim -> dim holds the windows, a new last axis their elements
+    if a.ndim == 0:
+        return a.reshape(1)
+    dim %= a.ndim
+    count = (a.shape[dim] - size) // step + 1
+    index = jnp.arange(count)[:, None] * step + jnp.arange(size)[None, :]
+    windows = jnp.take(a, index, axis=dim)          # (..., count, size, ...)
+    return jnp.moveaxis(windows, dim + 1, -1)
+
+
 @graph_lowering("t", "t_copy")
 def _t(val, a):
     return a.T if a.ndim == 2 else a
