@@ -7,7 +7,7 @@ dtype on the CPU and on "tpu" and compares them with `torch.testing.assert_close
 - kind "forward":  the function variant: values, shapes, dtypes.
 - kind "inplace":  `op.inplace_variant` on a copy of the input: the mutated input and the result.
 - kind "out":      the out= variant (first sample only): the out tensor(s).
-- kind "grad":     float32 only: gradients of every input that requires grad, for random
+- kind "grad":     float32 and complex64: gradients of every input that requires grad, for random
                    cotangents, through `torch.autograd.grad`.
 
 Random ops are compared on shape and dtype only (their values cannot match the CPU's generator;
@@ -37,6 +37,8 @@ TOLERANCES = {
     torch.complex64: (1e-4, 1e-5),
 }
 GRAD_TOLERANCE = (1e-3, 1e-4)
+# gradients are checked at float32 and complex64 (complex autograd has its own conjugations)
+GRAD_DTYPES = (torch.float32, torch.complex64)
 # out= reuses the functional lowering plus a write: checked at one float and one integer dtype
 OUT_DTYPES = (torch.float32, torch.int64)
 
@@ -466,6 +468,6 @@ def kinds_for(op, dtype):
         kinds.append("inplace")
     if op.supports_out and dtype in OUT_DTYPES:
         kinds.append("out")
-    if dtype == torch.float32 and op.supports_autograd and op_id(op) not in RANDOM_OPS:
+    if dtype in GRAD_DTYPES and op.supports_autograd and op_id(op) not in RANDOM_OPS:
         kinds.append("grad")
     return kinds

@@ -31,7 +31,8 @@ FAST_DTYPES = [torch.float32, torch.int64, torch.bfloat16]
 # takes the principal log), conjugating products, complex construction and FFTs; complex64 (and
 # float32 for the ops that build complex values from real ones)
 FAST_COMPLEX_OPS = [
-    "add", "mul", "div.no_rounding_mode", "exp", "log", "sqrt", "abs", "angle", "sgn", "reciprocal",
+    "add", "mul", "div.no_rounding_mode", "exp", "log", "sqrt", "abs", "angle", "sgn", "reciprocal", "tanh",
+    "sigmoid",
     "sum", "mean", "var", "std", "logsumexp", "logaddexp", "cumsum", "matmul", "vdot", "eq", "where",
     "conj_physical", "view_as_real", "view_as_complex", "complex", "polar",
     "fft.fft", "fft.ifft", "fft.rfft", "fft.irfft", "fft.fft2", "fft.hfft",
@@ -80,7 +81,7 @@ def _complex_params():
     out = []
     for name in FAST_COMPLEX_OPS:
         dtype = torch.complex64 if torch.complex64 in S.cpu_dtypes(OPS[name]) else torch.float32
-        out += [p for p in _params([name], [dtype]) if p.values[2] != "grad"]
+        out += _params([name], [dtype])
     return out
 
 

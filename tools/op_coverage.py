@@ -219,14 +219,14 @@ def report(args, meta, command):
              "and dtypes with `torch.testing.assert_close` (float32 rtol 1e-4/atol 1e-5, float16 1e-2/1e-3, "
              "bfloat16 1.6e-2/1e-2, float64 1e-7, complex64/complex128 as float32/float64, integers and bool exact). "
              "*In-place* also compares the "
-             "mutated input, *out=* the out tensor(s), *gradient* (float32) the gradients of every input "
+             "mutated input, *out=* the out tensor(s), *gradient* (float32, complex64) the gradients of every input "
              "for random cotangents. Random ops are compared on shape and dtype only. Denominators count "
              "(op, dtype) pairs whose samples the CPU accepts. Test harness: `tests/opinfo_support.py`; "
              "the same checks run under `pytest -m slow tests/test_opinfo.py`.\n")
     L.append("## Summary\n")
     L.append(f"- OpInfos: {len(ops)}; in scope: {len(scoped)}; out of scope: {len(oos)} (listed below)")
     L.append(f"- **Forward parity: {_pct(fwd_p, fwd_t)}** of (op, dtype) pairs")
-    L.append(f"- **Gradient parity (float32): {_pct(grad_p, grad_t)}** of differentiable ops")
+    L.append(f"- **Gradient parity (float32, complex64): {_pct(grad_p, grad_t)}** of (differentiable op, dtype) pairs")
     ip, it = total("inplace")
     op_, ot = total("out")
     L.append(f"- In-place variants: {_pct(ip, it)}; out= variants: {_pct(op_, ot)}")

@@ -56,12 +56,12 @@ def silu_backward(grad, a):
 
 @lowering("sigmoid_backward", promote=KIND.DEFAULT)
 def sigmoid_backward(grad, out):
-    return grad * out * (1 - out)
+    return grad * jnp.conj(out * (1 - out))   # conj: PyTorch's complex (Wirtinger) convention
 
 
 @lowering("tanh_backward", promote=KIND.DEFAULT)
 def tanh_backward(grad, out):
-    return grad * (1 - out * out)
+    return grad * jnp.conj(1 - out * out)
 
 
 @lowering("_softmax")
