@@ -103,3 +103,21 @@ def test_compiled_complex_graph():
     x = torch.randn(3, 16)
     compiled = torch.compile(f, backend="tpu", fullgraph=True)
     torch.testing.assert_close(compiled(x.to(TPU)).cpu(), f(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.Adam(p, lr=0.1), lambda p: torch.optim.AdamW(p, lr=0.1, foreach=False),
+                                  lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)], ids=["adam", "adamw", "sgd"])
+def test_optimizer_steps_on_complex_parameters(make):
+    # the optimizers view complex parameters and states as real pairs (view_as_real)
+    results = []
+    for device in ("cpu", TPU):
+        torch.manual_seed(0)
+        w = torch.randn(4, 3, dtype=torch.complex64).to(device).requires_grad_()
+        x = torch.randn(5, 4, dtype=torch.complex64).to(device)
+        opt = make([w])
+        for _ in range(3):
+            opt.zero_grad()
+            (x @ w).abs().pow(2).sum().backward()
+            opt.step()
+        results.append(w.detach().cpu())
+    torch.testing.assert_close(results[1], results[0], rtol=1e-4, atol=1e-5)
