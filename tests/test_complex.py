@@ -121,3 +121,35 @@ def test_optimizer_steps_on_complex_parameters(make):
             opt.step()
         results.append(w.detach().cpu())
     torch.testing.assert_close(results[1], results[0], rtol=1e-4, atol=1e-5)
+
+
+REAL_ONLY_CALLS = {
+    "lt": lambda c: torch.lt(c, c), "gt_": lambda c: c.clone().gt_(0), "maximum": lambda c: torch.maximum(c, c),
+    "clamp": lambda c: torch.clamp(c, 0, 1), "max": lambda c: c.max(), "max.dim": lambda c: c.max(0),
+    "argmax": lambda c: c.argmax(), "sort": lambda c: c.sort(), "argsort": lambda c: c.argsort(),
+    "topk": lambda c: c.topk(2), "median": lambda c: c.median(), "cummax": lambda c: c.cummax(0),
+    "unique": lambda c: torch.unique(c), "round": lambda c: c.round(), "sign": lambda c: c.sign(),
+    "floor": lambda c: c.floor(), "remainder": lambda c: c % c, "relu": lambda c: torch.relu(c),
+    "softmax": lambda c: c.softmax(0), "erf": lambda c: torch.erf(c), "nansum": lambda c: c.nansum(),
+    "bitwise_and": lambda c: torch.bitwise_and(c, c), "leaky_relu": lambda c: torch.nn.functional.leaky_relu(c),
+    "mse_loss": lambda c: torch.nn.functional.mse_loss(c, c),
+    "avg_pool1d": lambda c: torch.nn.functional.avg_pool1d(c.reshape(1, 1, -1), 2),
+    "interpolate": lambda c: torch.nn.functional.interpolate(c.reshape(1, 1, -1), scale_factor=2.0),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL_ONLY_CALLS))
+def test_ops_without_complex_meaning_raise_as_the_cpu(name):
+    # orderings, rounding, activations: the CPU and CUDA refuse complex inputs, and so does tpu
+    # (JAX would order complex numbers lexicographically and answer)
+    fn, c = REAL_ONLY_CALLS[name], torch.randn(6, dtype=torch.complex64)
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        fn(c)
+    with pytest.raises(NotImplementedError, match="not implemented for 'ComplexFloat'"):
+        fn(c.to(TPU))
+
+
+def test_compiled_ops_without_complex_meaning_raise():
+    c = torch.randn(6, dtype=torch.complex128, device=TPU)
+    with pytest.raises(Exception, match="not implemented for 'ComplexDouble'"):
+        torch.compile(lambda t: t.sort().values * 2, backend="tpu", fullgraph=True)(c)

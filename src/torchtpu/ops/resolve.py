@@ -11,7 +11,7 @@ import functools
 import torch
 
 from .dtypes import to_jax
-from .table import LOWERINGS, apply
+from .table import LOWERINGS, apply, reject_complex
 
 
 class NotLowered(NotImplementedError):
@@ -88,6 +88,8 @@ def _resolve_name(qualified):
 def resolve(op, meta_args, meta_kwargs):
     """A function (args, kwargs) -> outputs (+ new values of mutated arguments) in JAX."""
     name = op_name(op)
+    # before any lowering, twin or decomposition: a decomposed real-only op would compute on complex
+    reject_complex(name, (*meta_args, *meta_kwargs.values()))
     low = LOWERINGS.get(name)
     if low is not None:
         fn = functools.partial(_call_lowering, low)
