@@ -83,7 +83,7 @@ REAL_ONLY = frozenset({
     "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d",
     "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa", "mse_loss", "smooth_l1_loss", "huber_loss",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "nll_loss_forward", "nll_loss2d_forward",
-    "multi_margin_loss", "multilabel_margin_loss_forward", "_segment_reduce", "index_reduce",
+    "multi_margin_loss", "multilabel_margin_loss_forward", "segment_reduce", "index_reduce",
     "special_airy_ai", "special_bessel_j0", "special_bessel_j1", "special_bessel_y0", "special_bessel_y1",
     "special_erfcx", "special_modified_bessel_i0", "special_modified_bessel_i1", "special_modified_bessel_k0",
     "special_modified_bessel_k1", "special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k1",
