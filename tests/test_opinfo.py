@@ -177,3 +177,35 @@ def test_foreach_inplace(name, args):
     fn(a, *args(b, c))
     fn(ta, *args(tb, tc))
     S.compare(ta, a, torch.float32, what=name)
+
+
+# ------------------------------------------------------------------ complex inputs the CPU refuses
+def _real_only_ops():
+    return [pytest.param(op, id=S.op_id(op)) for op in op_db
+            if not S.out_of_scope(S.op_id(op)) and S.op_id(op) not in S.RANDOM_OPS
+            and torch.complex64 not in op.supported_dtypes("cpu")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", _real_only_ops())
+def test_complex_refused_where_the_cpu_refuses(op):
+    """An op whose CPU kernel refuses a complex sample must not answer on tpu (ops/table.py: REAL_ONLY)."""
+    try:
+        samples = list(op.sample_inputs("cpu", torch.complex64))[:2]
+    except Exception:  # noqa: BLE001 - no complex samples for this op
+        pytest.skip("no complex64 samples")
+    for sample in samples:
+        try:
+            S._call(op, sample, "cpu")
+            continue  # the CPU takes this sample (its tensors may not be complex at all)
+        except Exception as e:  # noqa: BLE001
+            refusal = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        with pytest.raises(Exception) as on_tpu:
+            S._call(op, sample, "tpu")
+        said = str(on_tpu.value).strip()
+        # a readable refusal: it names the complex dtype, or the op tpu lacks, or it is PyTorch's own
+        # (raised before torchtpu reaches the op)
+        readable = "omplex" in said or "is not implemented for the tpu device" in said
+        assert readable or (refusal and said.startswith(refusal)), (refusal, said[:200])
+        return
+    pytest.skip("the CPU accepts every complex64 sample")

@@ -435,10 +435,18 @@ def _sub_check(a, b, *_, **__):
                            "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
 
 
+def _fft_r2c_check(a, *_, **__):
+    """The CPU's words for a complex input to a real-to-complex FFT (ihfft2/ihfftn of a complex tensor);
+    PyTorch's meta kernel fails it with an unworded check."""
+    if a.is_complex():
+        kind = "ComplexFloat" if a.dtype == torch.complex64 else "ComplexDouble"
+        raise RuntimeError(f"Only supports floating-point dtypes, but found: {kind}")
+
+
 # Argument checks of CPU/CUDA kernels that PyTorch's meta kernels do not make, run on the meta
 # arguments before the op is built (build.py).
 META_CHECKS = {"sub.Tensor": _sub_check, "sub.Scalar": _sub_check, "rsub.Tensor": _sub_check,
-               "rsub.Scalar": _sub_check}
+               "rsub.Scalar": _sub_check, "_fft_r2c.default": _fft_r2c_check}
 
 
 def _register_fake_overrides():

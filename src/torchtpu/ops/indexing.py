@@ -186,6 +186,9 @@ def _scatter_reduce(x, at, v, reduce, include_self):
 
 @lowering("scatter_reduce.two")
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    if reduce in ("amax", "amin") and jnp.iscomplexobj(x):   # no order on complex numbers (as the CPU)
+        kind = "ComplexFloat" if x.dtype == jnp.complex64 else "ComplexDouble"
+        raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{kind}'")
     at, _ = _scatter_target(x, dim, index)
     return _scatter_reduce(x, at, _src(src, index, x.dtype), reduce, include_self)
 

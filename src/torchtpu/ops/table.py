@@ -87,7 +87,8 @@ REAL_ONLY = frozenset({
     "special_airy_ai", "special_bessel_j0", "special_bessel_j1", "special_bessel_y0", "special_bessel_y1",
     "special_erfcx", "special_modified_bessel_i0", "special_modified_bessel_i1", "special_modified_bessel_k0",
     "special_modified_bessel_k1", "special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k1",
-    "special_spherical_bessel_j0",
+    "special_spherical_bessel_j0", "gcd", "lcm", "adaptive_max_pool1d", "adaptive_max_pool2d",
+    "adaptive_max_pool3d", "hash_tensor",
 })
 _COMPLEX_NAMES = {"complex64": "ComplexFloat", "complex128": "ComplexDouble"}
 
