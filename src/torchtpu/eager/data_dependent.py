@@ -141,8 +141,7 @@ def masked_select(self, mask):
 def _unique_impl(self, dim, sort, return_inverse, return_counts, inverse_shape):
     _check_tpu(self)
     if self.is_complex():   # complex numbers have no order to sort by: the CPU and CUDA raise
-        name = "ComplexFloat" if self.dtype == torch.complex64 else "ComplexDouble"
-        raise NotImplementedError(f"\"unique\" not implemented for '{name}'")
+        raise NotImplementedError(f"\"unique\" not implemented for '{dt.scalar_type_name(self.dtype)}'")
     shape = tuple(self.shape)
     if dim is not None:
         dim = dim % max(self.dim(), 1)

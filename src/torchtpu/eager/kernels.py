@@ -439,8 +439,7 @@ def _fft_r2c_check(a, *_, **__):
     """The CPU's words for a complex input to a real-to-complex FFT (ihfft2/ihfftn of a complex tensor);
     PyTorch's meta kernel fails it with an unworded check."""
     if a.is_complex():
-        kind = "ComplexFloat" if a.dtype == torch.complex64 else "ComplexDouble"
-        raise RuntimeError(f"Only supports floating-point dtypes, but found: {kind}")
+        raise RuntimeError(f"Only supports floating-point dtypes, but found: {dt.scalar_type_name(a.dtype)}")
 
 
 # Argument checks of CPU/CUDA kernels that PyTorch's meta kernels do not make, run on the meta

@@ -48,6 +48,21 @@ def to_torch(dtype) -> torch.dtype:
     return TO_TORCH[jnp.dtype(dtype)]
 
 
+# PyTorch's C++ ScalarType names, which its kernels' dtype errors print ("... not implemented for 'Half'")
+_SCALAR_TYPE_NAMES = {
+    torch.float16: "Half", torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16",
+    torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble", torch.bool: "Bool",
+    torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int", torch.int64: "Long",
+}
+
+
+def scalar_type_name(dtype) -> str:
+    """PyTorch's ScalarType name of a torch or JAX dtype, as its error messages spell it."""
+    if not isinstance(dtype, torch.dtype):
+        dtype = TO_TORCH.get(jnp.dtype(dtype), dtype)
+    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
 _META_BY_KIND = {}
 
 

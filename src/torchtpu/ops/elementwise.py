@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .dtypes import operand_facts, promote
+from .dtypes import operand_facts, promote, scalar_type_name
 from .table import KIND, Lowering, apply, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -534,13 +534,13 @@ def conj_physical(a):
     return jnp.conj(a) if jnp.iscomplexobj(a) else a
 
 
-_FLOAT_NAMES = {jnp.dtype(jnp.float16): "Half", jnp.dtype(jnp.float32): "Float", jnp.dtype(jnp.float64): "Double"}
+_COMPLEX_PARTS = {jnp.dtype(jnp.float16), jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)}
 
 
 def _complex_parts(a, b):
     """PyTorch's checks for the two real parts of torch.complex / torch.polar."""
-    names = [_FLOAT_NAMES.get(jnp.dtype(x.dtype), str(jnp.dtype(x.dtype))) for x in (a, b)]
-    if not all(jnp.dtype(x.dtype) in _FLOAT_NAMES for x in (a, b)):
+    names = [scalar_type_name(x.dtype) for x in (a, b)]
+    if not all(jnp.dtype(x.dtype) in _COMPLEX_PARTS for x in (a, b)):
         raise RuntimeError(f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}")
     if a.dtype != b.dtype:
         raise RuntimeError(f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second argument")

@@ -14,20 +14,20 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+from .dtypes import scalar_type_name
 from .table import lowering
 
 # jnp's norm= names for PyTorch's modes; an inverse transform scales the other way round
 _FORWARD_NORM = {0: "backward", 1: "ortho", 2: "forward"}
 _INVERSE_NORM = {0: "forward", 1: "ortho", 2: "backward"}
 _SUPPORTED = {jnp.dtype(t) for t in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128)}
-_NAMES = {jnp.dtype(jnp.float16): "Half", jnp.dtype(jnp.bfloat16): "BFloat16"}
 
 
 def _check_dtype(x, op):
     # the CPU has no half-precision FFTs (PyTorch's meta kernels let Half through to _fft_r2c)
     if x.dtype not in _SUPPORTED:
-        name = _NAMES.get(x.dtype, str(x.dtype))
-        raise RuntimeError(f"{op}: the tpu device, like the CPU, doesn't support FFTs of tensors of type: {name}")
+        raise RuntimeError(f"{op}: the tpu device, like the CPU, doesn't support FFTs of tensors of type: "
+                           f"{scalar_type_name(x.dtype)}")
 
 
 def _axes(x, dim):

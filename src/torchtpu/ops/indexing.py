@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .checks import require_index
+from .dtypes import scalar_type_name
 from .table import lowering
 
 
@@ -187,8 +188,7 @@ def _scatter_reduce(x, at, v, reduce, include_self):
 @lowering("scatter_reduce.two")
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if reduce in ("amax", "amin") and jnp.iscomplexobj(x):   # no order on complex numbers (as the CPU)
-        kind = "ComplexFloat" if x.dtype == jnp.complex64 else "ComplexDouble"
-        raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{kind}'")
+        raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{scalar_type_name(x.dtype)}'")
     at, _ = _scatter_target(x, dim, index)
     return _scatter_reduce(x, at, _src(src, index, x.dtype), reduce, include_self)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from .dtypes import KIND, operand_facts, promote
+from .dtypes import KIND, operand_facts, promote, scalar_type_name
 
 __all__ = ["lowering", "LOWERINGS", "Lowering", "KIND", "apply"]
 
@@ -90,7 +90,6 @@ REAL_ONLY = frozenset({
     "special_spherical_bessel_j0", "gcd", "lcm", "adaptive_max_pool1d", "adaptive_max_pool2d",
     "adaptive_max_pool3d", "hash_tensor",
 })
-_COMPLEX_NAMES = {"complex64": "ComplexFloat", "complex128": "ComplexDouble"}
 
 
 def reject_complex(name, values):
@@ -100,10 +99,10 @@ def reject_complex(name, values):
     base = base[:-1] if base.endswith("_") and not base.endswith("__") else base
     if base not in REAL_ONLY:
         return
-    for v in values:
-        kind = _COMPLEX_NAMES.get(str(getattr(v, "dtype", "")).replace("torch.", ""))
-        if kind is not None:
-            raise NotImplementedError(f'"{base}_tpu" not implemented for \'{kind}\'')
+    for v in values:   # torch (meta) tensors or JAX arrays: their dtype names agree
+        kind = str(getattr(v, "dtype", "")).replace("torch.", "")
+        if kind in ("complex64", "complex128"):
+            raise NotImplementedError(f'"{base}_tpu" not implemented for \'{scalar_type_name(kind)}\'')
 
 
 def apply(low: Lowering, args, kwargs):
