@@ -5,7 +5,8 @@
 Two loops from the main job (`python -m torchtpu`): an eager AdamW training step of the 106k-parameter
 character Transformer (read back every `--steps` steps, as a loss print would), and its sampling
 step (argmax of logits + Gumbel noise, read back at the end). Each round runs every variant once,
-interleaved; a warm-up round first compiles (eager executables, and the fused mode's segments).
+interleaved; a warm-up round first compiles (eager executables, and the fused mode's segments, whose
+background compiles the script then waits for).
 Prints the median ms per step and the ratios.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 
 import torchtpu
 from torchtpu.__main__ import TEXT, TinyLM
+from torchtpu.eager import fusion
 
 
 def setup(device):
@@ -85,6 +87,14 @@ def main():
             if round_:  # round 0 warms up
                 times[name]["train"].append(dt_train / args.steps * 1e3)
                 times[name]["sample"].append(dt_sample / args.steps * 1e3)
+            else:
+                print(f"warm-up round, {name}: train {dt_train / args.steps * 1e3:.2f} ms/step, "
+                      f"sample {dt_sample / args.steps * 1e3:.2f} ms/step", flush=True)
+        if not round_:
+            # the fused mode compiles its segments on a background thread: time the steady state
+            t = time.perf_counter()
+            fusion.wait_for_compiles()
+            print(f"fused segments still compiling after the warm-up round: waited {time.perf_counter() - t:.1f} s")
     print(f"{'variant':<12}{'train ms/step':>15}{'sample ms/step':>16}{'last loss':>11}")
     for name in variants:
         tr, sa = statistics.median(times[name]["train"]), statistics.median(times[name]["sample"])

@@ -9,7 +9,10 @@ from torchtpu.storage.records import Pending, record_of
 
 
 @pytest.fixture
-def fused():
+def fused(monkeypatch):
+    # segments compile in the flush that decides to (not on the background thread), so the counts
+    # below are exact; test_background_compiles_keep_the_loop_running covers the default
+    monkeypatch.setattr(fusion, "COMPILE", "now")
     with torchtpu.eager_mode("fused"):
         yield
     torchtpu.eager.fusion.flush_all()
@@ -39,6 +42,27 @@ def test_a_repeated_loop_compiles_one_executable_and_matches_cpu(fused):
     # 5th, 6th: reused
     assert _count("fused_compiles") - compiles == 1
     assert _count("fused_runs") - runs == 3
+
+
+def test_background_compiles_keep_the_loop_running(monkeypatch):
+    monkeypatch.setattr(fusion, "COMPILE", "background")
+    a, b = torch.randn(24, 32), torch.randn(32, 8)   # shapes no other test compiles
+    expected = _step(a, b)
+    da, db = a.to("tpu"), b.to("tpu")
+    handed = []
+    real = fusion._compile_later
+    monkeypatch.setattr(fusion, "_compile_later", lambda *args: (handed.append(args[0]), real(*args)))
+    with torchtpu.eager_mode("fused"):
+        compiles, runs = _count("fused_compiles"), _count("fused_runs")
+        for _ in range(6):   # the segment runs op by op while the thread compiles it
+            assert_close(_step(da, db).cpu(), expected)
+        assert len(handed) == 1
+        fusion.wait_for_compiles(timeout=300)
+        assert _count("fused_compiles") - compiles == 1
+        for _ in range(2):   # ... and as one executable once it is ready
+            assert_close(_step(da, db).cpu(), expected)
+        assert _count("fused_runs") - runs >= 2
+    fusion.flush_all()
 
 
 def test_in_place_writes_through_views_are_kept(fused):

@@ -17,12 +17,19 @@ say (see MIN_OPS). Flushing is where the gain is:
   shapes change every step (a growing KV cache, generate()'s growing token list) costs what the
   "strict" mode costs instead of compiling a graph per step, the trap of torch_xla's lazy tensors.
 
+The compile of a segment (seconds for a long one) happens on a background thread: until it is
+ready the segment keeps running op by op, so a loop's first iterations cost what "strict" mode
+costs instead of stalling while XLA compiles (TORCHTPU_FUSED_COMPILE=now compiles in the flush).
+
 Only executables that already ran once are queued (their number of results is known then), so an
 op's first call, and PyTorch's errors for bad arguments, happen at the op as in "strict" mode; an
 executable not queued recently ("cold", below) is not queued either but runs at once.
 """
 from __future__ import annotations
 
+import atexit
+import os
+import queue
 import threading
 import weakref
 
@@ -60,6 +67,11 @@ RECENT = 16
 HOT_SYNCS = 8
 COLD_CALLS = 4
 _MAX_KEYS = 4096     # segments remembered as seen before that memory is cleared
+# "background" (default): segments compile on a worker thread while they keep running op by op;
+# "now": in the flush that decides to compile (deterministic counts, for tests).
+COMPILE = os.environ.get("TORCHTPU_FUSED_COMPILE", "background").lower()
+if COMPILE not in ("background", "now"):
+    raise RuntimeError(f"TORCHTPU_FUSED_COMPILE={COMPILE!r}: expected 'background' or 'now'")
 
 
 class _Segment:
@@ -86,6 +98,10 @@ _seen: dict[tuple, int] = {}   # segment key -> the flush that last ran it op by
 _flushes = [0]
 _syncs = [0]   # host reads of device values, and flushes asked for by synchronize or a mode switch
 _compiled: dict[tuple, object] = {}
+_compiling: dict = {}      # keys handed to the compile thread and not back yet -> flush last seen
+_epoch = [0]               # bumped by forget(): compiles started before it are dropped
+_unnoted = [0]             # background compiles not yet counted by engine.note_executable
+_FAILED = object()         # a segment whose compile failed: it keeps running op by op
 
 
 def defer(entry, inputs, scalars, device):
@@ -145,6 +161,18 @@ def forget():
     with _lock:
         _compiled.clear()
         _seen.clear()
+        _compiling.clear()
+        _epoch[0] += 1
+
+
+def wait_for_compiles(timeout=None):
+    """Block until the background compiles started so far are done (tests, benchmarks)."""
+    with _lock:
+        if not _compiling:
+            return
+        done = threading.Event()
+        _jobs().put((None, done))
+    done.wait(timeout)
 
 
 def flush_all():
@@ -168,18 +196,27 @@ def _flush(segment: _Segment):
         return
     key = (segment.device, tuple(segment.plan), live)
     fn = _compiled.get(key)
-    if fn is None and len(segment.plan) > 1:  # (one op is already one executable)
+    if _unnoted[0]:
+        _note_background_compiles()
+    if key in _compiling:
+        _compiling[key] = _flushes[0]   # still wanted: the compile thread skips segments gone stale
+    elif fn is None and len(segment.plan) > 1:  # (one op is already one executable)
         last = _seen.get(key)
         if last is not None and _flushes[0] - last <= RECENT:
-            fn = _compiled[key] = _fuse(segment.plan, live, segment.device)
             del _seen[key]
-            counters.fused_compiles += 1
-            from .engine import note_executable
-            note_executable()
+            if COMPILE == "now":
+                fn = _compiled[key] = _fuse(segment.plan, live, segment.device)
+                counters.fused_compiles += 1
+                from .engine import note_executable
+                note_executable()
+            else:
+                _compile_later(key, segment, live)
         else:
             if len(_seen) >= _MAX_KEYS:
                 _seen.clear()
             _seen[key] = _flushes[0]
+    if fn is _FAILED:
+        fn = None
     if fn is None:  # op by op through the ops' own executables
         values = _replay(segment.plan, live, segment.external, segment.scalars)
     else:
@@ -204,3 +241,79 @@ def _replay(plan, live, external, scalars):
 def _fuse(plan, live, device):
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
     return jax.jit(lambda external, scalars: _replay(plan, live, external, scalars), out_shardings=sharding)
+
+
+# ---------------------------------------------------------------- background compiles
+_thread: list = []   # (queue, thread) of the compile thread, started on first use
+
+
+def _jobs():
+    if not _thread:
+        q = queue.SimpleQueue()
+        t = threading.Thread(target=_compile_loop, args=(q,), name="torchtpu-fused-compile", daemon=True)
+        t.start()
+        _thread.append((q, t))
+        atexit.register(_stop)
+    return _thread[0][0]
+
+
+def _stop():
+    """At exit: let the compile in progress finish (a daemon thread killed inside XLA aborts the
+    process) and drop the queued ones."""
+    q, t = _thread[0]
+    _epoch[0] += 1
+    q.put(("stop", None))
+    t.join()
+
+
+def _abstract(x):
+    """What a lowering needs of an argument: shape, dtype and placement of an array (holding the array
+    would keep its buffer alive and defeat donation); Python and NumPy scalars as they are."""
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type)
+    if type(x) is tuple:
+        return tuple(_abstract(y) for y in x)
+    return x
+
+
+def _compile_later(key, segment, live):
+    _compiling[key] = _flushes[0]
+    fused = _fuse(segment.plan, live, segment.device)
+    external = [_abstract(a) for a in segment.external]
+    scalars = [_abstract(sc) for sc in segment.scalars]
+    _jobs().put(((key, fused, external, scalars, _epoch[0]), None))
+
+
+def _compile_loop(q):
+    while True:
+        job, done = q.get()
+        if job == "stop":
+            return
+        if job is None:       # wait_for_compiles: every job queued before it has finished
+            done.set()
+            continue
+        key, fused, external, scalars, epoch = job
+        with _lock:
+            last = _compiling.get(key)
+            if epoch != _epoch[0] or last is None:
+                continue
+            if _flushes[0] - last > RECENT:   # not run since it was queued: not a loop's body after all
+                del _compiling[key]
+                continue
+        try:
+            fn = fused.lower(external, scalars).compile()
+        except Exception:     # noqa: BLE001 -- the segment keeps running op by op, as before
+            fn = _FAILED
+        with _lock:
+            if epoch == _epoch[0] and _compiling.pop(key, None) is not None:
+                _compiled[key] = fn
+                if fn is not _FAILED:
+                    counters.fused_compiles += 1
+                    _unnoted[0] += 1
+
+
+def _note_background_compiles():
+    from .engine import note_executable
+    while _unnoted[0]:
+        _unnoted[0] -= 1
+        note_executable()
