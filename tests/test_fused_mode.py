@@ -1,4 +1,9 @@
 """The "fused" eager mode (eager/fusion.py): queued ops, repeated stretches run as one executable."""
+import os
+import subprocess
+import sys
+import threading
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -234,3 +239,52 @@ def test_two_growing_appends_per_step_leave_the_rest_of_the_step_compiled(fused)
     assert _count("fused_compiles") == compiles   # steady state: nothing new
     assert _count("fused_cold_ops") - cold >= 20  # both appends of every step ran at once
     assert _count("fused_runs") - runs >= 10, _count("fused_runs") - runs  # every step ran a compiled segment
+
+
+def test_forgetting_executables_drops_compiles_in_flight(monkeypatch):
+    monkeypatch.setattr(fusion, "COMPILE", "background")
+    a, b = torch.randn(20, 32), torch.randn(32, 8)   # shapes no other test compiles
+    expected = _step(a, b)
+    da, db = a.to("tpu"), b.to("tpu")
+    gate = threading.Event()
+    real_lower = fusion._fuse
+
+    def slow_fuse(*args):   # hold the compile thread until forget() has run
+        fused = real_lower(*args)
+
+        class Held:
+            def lower(self, *a):
+                gate.wait(60)
+                return fused.lower(*a)
+        return Held()
+
+    monkeypatch.setattr(fusion, "_fuse", slow_fuse)
+    with torchtpu.eager_mode("fused"):
+        for _ in range(4):
+            assert_close(_step(da, db).cpu(), expected)
+        assert fusion._compiling
+        fusion.forget()
+        gate.set()
+        fusion.wait_for_compiles(timeout=300)
+        assert not fusion._compiled     # the compile started before forget() was not installed
+        assert_close(_step(da, db).cpu(), expected)
+    fusion.flush_all()
+
+
+def test_exiting_with_a_compile_in_flight_exits_cleanly():
+    script = (
+        "import torch, torchtpu\n"
+        "from torchtpu.eager import fusion\n"
+        "a, b = torch.randn(28, 32, device='tpu'), torch.randn(32, 8, device='tpu')\n"
+        "with torchtpu.eager_mode('fused'):\n"
+        "    for _ in range(5):\n"
+        "        (torch.nn.functional.gelu(a @ b).softmax(-1) * 2 + 1).sum(0).cpu()\n"
+        "assert fusion.COMPILE == 'background'\n"
+        "print('queued', len(fusion._compiling) + len(fusion._compiled))\n"
+    )
+    env = dict(os.environ, TORCHTPU_COMPILE_CACHE="0")
+    env.pop("TORCHTPU_FUSED_COMPILE", None)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "queued 1" in done.stdout
+    assert "terminate" not in done.stderr and "Fatal" not in done.stderr
