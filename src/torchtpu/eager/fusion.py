@@ -215,13 +215,17 @@ def _flush(segment: _Segment):
             if len(_seen) >= _MAX_KEYS:
                 _seen.clear()
             _seen[key] = _flushes[0]
-    if fn is _FAILED:
-        fn = None
-    if fn is None:  # op by op through the ops' own executables
+    values = None
+    if fn is not None and fn is not _FAILED:
+        try:
+            values = fn(segment.external, segment.scalars)
+            counters.fused_runs += 1
+        except TypeError:
+            # an executable compiled ahead of time takes exactly the argument types it was lowered
+            # for (a Python scalar's type, say); a mismatch is refused before it runs: replay instead
+            _compiled[key] = _FAILED
+    if values is None:  # op by op through the ops' own executables
         values = _replay(segment.plan, live, segment.external, segment.scalars)
-    else:
-        counters.fused_runs += 1
-        values = fn(segment.external, segment.scalars)
     for (s, i), v in zip(live, values):
         p = segment.results[s][i]()
         if p is not None:
