@@ -198,23 +198,24 @@ def _flush(segment: _Segment):
     fn = _compiled.get(key)
     if _unnoted[0]:
         _note_background_compiles()
-    if key in _compiling:
-        _compiling[key] = _flushes[0]   # still wanted: the compile thread skips segments gone stale
-    elif fn is None and len(segment.plan) > 1:  # (one op is already one executable)
-        last = _seen.get(key)
-        if last is not None and _flushes[0] - last <= RECENT:
-            del _seen[key]
-            if COMPILE == "now":
-                fn = _compiled[key] = _fuse(segment.plan, live, segment.device)
-                counters.fused_compiles += 1
-                from .engine import note_executable
-                note_executable()
+    if fn is None:   # (a compiled segment is never also queued: the thread moves it across)
+        if key in _compiling:
+            _compiling[key] = _flushes[0]   # still wanted: the compile thread skips segments gone stale
+        elif len(segment.plan) > 1:  # (one op is already one executable)
+            last = _seen.get(key)
+            if last is not None and _flushes[0] - last <= RECENT:
+                del _seen[key]
+                if COMPILE == "now":
+                    fn = _compiled[key] = _fuse(segment.plan, live, segment.device)
+                    counters.fused_compiles += 1
+                    from .engine import note_executable
+                    note_executable()
+                else:
+                    _compile_later(key, segment, live)
             else:
-                _compile_later(key, segment, live)
-        else:
-            if len(_seen) >= _MAX_KEYS:
-                _seen.clear()
-            _seen[key] = _flushes[0]
+                if len(_seen) >= _MAX_KEYS:
+                    _seen.clear()
+                _seen[key] = _flushes[0]
     values = None
     if fn is not None and fn is not _FAILED:
         try:
@@ -249,6 +250,7 @@ def _fuse(plan, live, device):
 
 # ---------------------------------------------------------------- background compiles
 _thread: list = []   # (queue, thread) of the compile thread, started on first use
+_STOP = object()     # the job that ends the compile thread (at exit)
 
 
 def _jobs():
@@ -266,7 +268,7 @@ def _stop():
     process) and drop the queued ones."""
     q, t = _thread[0]
     _epoch[0] += 1
-    q.put(("stop", None))
+    q.put((_STOP, None))
     t.join()
 
 
@@ -291,7 +293,7 @@ def _compile_later(key, segment, live):
 def _compile_loop(q):
     while True:
         job, done = q.get()
-        if job == "stop":
+        if job is _STOP:
             return
         if job is None:       # wait_for_compiles: every job queued before it has finished
             done.set()
