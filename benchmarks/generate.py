@@ -1,15 +1,23 @@
 """Greedy decoding tokens/s of a small Llama-shaped model: "tpu" eager, "tpu" compiled with a static
 cache, and torch CPU eager, measured side by side in one run.
 
-    python benchmarks/generate.py [--hidden 256 --layers 4 --prompt 32 --new-tokens 32 --batch 1 --rounds 8]
+    python benchmarks/generate.py [--preset smollm-135m|tiny] [--hidden ... --layers ... --vocab ...]
+                                  [--prompt 32 --new-tokens 32 --batch 1 --rounds 8]
 
-The model is built from a config (random weights, no download). Each "tpu" mode runs once to
-warm up (XLA compiles per shape; with the dynamic cache every decode step is a new shape), then
-`--repeats` timed runs; the median is printed. Generation ends in a host copy of the tokens, so
-each timed run includes all device work. All modes must produce the CPU's tokens. The last line
-alternates torch CPU, the compiled forward, and the compiled forward with generate()'s own per-token
-ops in the "fused" eager mode, `--rounds` times in the same process: the ratios to trust on a shared
-machine whose speed drifts between the sequential rows.
+The model is built from a config (random weights, no download). The default preset has the shape of
+SmolLM-135M (hidden 576, 30 layers, 9 heads / 3 key-value heads, MLP 1536, vocabulary 49,152, tied
+embeddings: 134.5 M parameters), the smallest Llama-architecture model in common use; about 8
+minutes on 2 cores, most of it the first runs' compiles. `--preset tiny` (hidden 256, 4 layers,
+vocabulary 1,024: 2.9 M parameters) measures per-token framework overhead: there the forward is a
+fraction of a millisecond of arithmetic and `generate()`'s own ~30 small per-token ops set the
+pace. Flags given explicitly override the preset's values.
+
+Each "tpu" mode runs once to warm up (XLA compiles per shape; with the dynamic cache every decode
+step is a new shape), then `--repeats` timed runs; the median is printed. Generation ends in a host
+copy of the tokens, so each timed run includes all device work. All modes must produce the CPU's
+tokens. The last line alternates torch CPU, the compiled forward, and the compiled forward with
+generate()'s own per-token ops in the "fused" eager mode, `--rounds` times in the same process: the
+ratios to trust on a shared machine whose speed drifts between the sequential rows.
 """
 from __future__ import annotations
 
@@ -23,11 +31,18 @@ import torch
 from torchtpu.eager import fusion
 
 
+# Model shapes; the flags of the same names override them.
+PRESETS = {
+    "smollm-135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tied=True),
+    "tiny": dict(hidden=256, layers=4, heads=8, kv_heads=4, intermediate=512, vocab=1024, tied=False),
+}
+
+
 def build(args):
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 2,
+    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
                       num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                      num_key_value_heads=max(1, args.heads // 2), max_position_embeddings=512,
+                      num_key_value_heads=args.kv_heads, tie_word_embeddings=args.tied, max_position_embeddings=512,
                       pad_token_id=0, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
@@ -64,10 +79,13 @@ def measure(name, model, ids, args, results, reference=None, **kw):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="smollm-135m")
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--kv-heads", type=int, help="key/value heads")
+    p.add_argument("--intermediate", type=int, help="MLP width")
+    p.add_argument("--vocab", type=int)
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--batch", type=int, default=1)
@@ -77,13 +95,16 @@ def main():
     p.add_argument("--rounds", type=int, default=8,
                    help="interleaved rounds of cpu eager vs tpu compiled forward at the end (0: none)")
     args = p.parse_args()
+    for name, value in PRESETS[args.preset].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     cpu = build(args)
     ids = torch.randint(3, args.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
     n_params = sum(p.numel() for p in cpu.parameters())
-    print(f"Llama-shaped model: {n_params / 1e6:.2f} M params, hidden {args.hidden}, {args.layers} layers; "
+    print(f"Llama-shaped model ({args.preset}): {n_params / 1e6:.2f} M params, hidden {args.hidden}, {args.layers} layers; "
           f"batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens; XLA platform "
           f"{torch.tpu.platform()}, torch threads {torch.get_num_threads()}")
     results = {}
