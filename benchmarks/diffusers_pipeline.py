@@ -1,9 +1,11 @@
 """End-to-end Diffusers pipeline time: torch CPU vs "tpu" eager vs "tpu" with a compiled denoiser.
 
     TORCHTPU_COMPILE_CACHE=0 python benchmarks/diffusers_pipeline.py [--kinds sd3,sd,flux] [--size 64] [--steps 4] [--reps 3]
+                                                                     [--scale tiny|small]
 
 Tiny random components (tests/diffusers_tiny.py), so absolute numbers measure framework overhead
-plus small convolutions/matmuls, not a real model. For each pipeline, in one process: the first call
+plus small convolutions/matmuls, not a real model. `--scale small` (use `--size 256`) builds
+components with the real pipelines' proportions at 1-9 M parameters (see `small_build`). For each pipeline, in one process: the first call
 (eager executables / Dynamo + XLA compile) and the steady state (median of --reps calls, the three
 variants interleaved), all with output_type="np" (which synchronizes). Ratios are against the
 compiled steady state. "tpu compiled" compiles the denoiser only (the usage docs/diffusers.md shows);
@@ -26,6 +28,62 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import diffusers_tiny as tiny  # noqa: E402
 
 
+# --scale small: the proportions of the real pipelines at a few million parameters: a VAE that
+# downsamples 8x (so a 256x256 image is a 32x32 latent, 256 tokens after SD3's 2x2 patches or Flux's
+# packing), attention heads of 64 channels, a few transformer layers, wider text encoders. The tiny
+# test components (--scale tiny) have a VAE without downsampling (a 64x64 image is 4,096 tokens)
+# and 8-channel heads: their SD3 is one head-dim-8 attention over 4,096 tokens and little else.
+def small_vae(latent_channels, **kw):
+    return tiny._vae((16, 32, 32, 32), latent_channels, 16, **kw)
+
+
+def small_build(kind):
+    import diffusers
+    from diffusers import (EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel,
+                           SD3Transformer2DModel, UNet2DConditionModel)
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    torch.manual_seed(0)
+    if kind == "sd3":
+        parts = dict(
+            transformer=SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=16, num_layers=4,
+                                              attention_head_dim=64, num_attention_heads=4, caption_projection_dim=256,
+                                              joint_attention_dim=256, pooled_projection_dim=128, out_channels=16),
+            scheduler=FlowMatchEulerDiscreteScheduler(),
+            vae=small_vae(16, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False),
+            text_encoder=CLIPTextModelWithProjection(tiny.clip_text_config(hidden=64, projection=64)),
+            tokenizer=tiny.clip_tokenizer(),
+            text_encoder_2=CLIPTextModelWithProjection(tiny.clip_text_config(hidden=64, projection=64)),
+            tokenizer_2=tiny.clip_tokenizer(), text_encoder_3=tiny.t5_encoder(d_model=256),
+            tokenizer_3=tiny.t5_tokenizer())
+        pipe = diffusers.StableDiffusion3Pipeline(**parts)
+    elif kind == "sd":
+        parts = dict(
+            unet=UNet2DConditionModel(block_out_channels=(32, 64), layers_per_block=1, sample_size=32, in_channels=4,
+                                      out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                                      up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=64,
+                                      norm_num_groups=32, attention_head_dim=1),
+            scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                             timestep_spacing="leading", steps_offset=1),
+            vae=small_vae(4), text_encoder=CLIPTextModel(tiny.clip_text_config(hidden=64, projection=64)),
+            tokenizer=tiny.clip_tokenizer(), safety_checker=None, feature_extractor=None, image_encoder=None)
+        pipe = diffusers.StableDiffusionPipeline(**parts, requires_safety_checker=False)
+    elif kind == "flux":
+        parts = dict(
+            transformer=FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2,
+                                               attention_head_dim=64, num_attention_heads=4, joint_attention_dim=256,
+                                               pooled_projection_dim=64, axes_dims_rope=[16, 24, 24]),
+            scheduler=FlowMatchEulerDiscreteScheduler(),
+            vae=small_vae(16, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False),
+            text_encoder=CLIPTextModel(tiny.clip_text_config(hidden=64, projection=64)), tokenizer=tiny.clip_tokenizer(),
+            text_encoder_2=tiny.t5_encoder(d_model=256), tokenizer_2=tiny.t5_tokenizer())
+        pipe = diffusers.FluxPipeline(**parts)
+    else:
+        raise ValueError(kind)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def call(pipe, kind, args):
     t0 = time.perf_counter()
     img = pipe(**tiny.call_kwargs(kind, steps=args.steps, size=args.size)).images
@@ -42,11 +100,12 @@ def compile_all(pipe):
 
 
 def bench(kind, args):
-    cpu = tiny.build(kind)
-    eager = tiny.build(kind).to("tpu")
-    comp = tiny.build(kind).to("tpu")
+    build = tiny.build if args.scale == "tiny" else small_build
+    cpu = build(kind)
+    eager = build(kind).to("tpu")
+    comp = build(kind).to("tpu")
     tiny.denoiser(comp).compile(backend="tpu", fullgraph=True, dynamic=False)
-    comp_all = tiny.build(kind).to("tpu")
+    comp_all = build(kind).to("tpu")
     tiny.denoiser(comp_all).compile(backend="tpu", fullgraph=True, dynamic=False)
     variants = {"torch CPU": cpu, "tpu eager": eager, "tpu compiled": comp, "tpu compiled all": compile_all(comp_all)}
     first, imgs = {}, {}
@@ -77,6 +136,7 @@ def main():
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--scale", choices=("tiny", "small"), default="tiny")
     args = p.parse_args()
     torchtpu.integrations.install()
     print(f"torch {torch.__version__}, XLA platform {torch.tpu.platform()}, {torch.get_num_threads()} CPU threads")
