@@ -5,10 +5,11 @@
 
 Tiny random components (tests/diffusers_tiny.py), so absolute numbers measure framework overhead
 plus small convolutions/matmuls, not a real model. `--scale small` (use `--size 256`) builds
-components with the real pipelines' proportions at 1-9 M parameters (see `small_build`). For each pipeline, in one process: the first call
-(eager executables / Dynamo + XLA compile) and the steady state (median of --reps calls, the three
-variants interleaved), all with output_type="np" (which synchronizes). Ratios are against the
-compiled steady state. "tpu compiled" compiles the denoiser only (the usage docs/diffusers.md shows);
+components with the real pipelines' proportions at 1-9 M parameters (see `small_build`). For each
+pipeline, in one process: the first call (eager executables / Dynamo + XLA compile) and the steady
+state (median of --reps calls, the variants interleaved), all with output_type="np" (which
+synchronizes). Ratios are against the compiled steady state. "tpu compiled" compiles the denoiser
+only (the usage docs/diffusers.md shows);
 "tpu compiled all" also compiles the VAE decoder and the text encoders, which otherwise run eagerly
 (at 64x64 they cost Flux about as much as its four denoiser steps).
 """
