@@ -5,7 +5,7 @@ from __future__ import annotations
 class Counters:
     __slots__ = ("eager_compiles", "eager_cache_hits", "h2d_bytes", "d2h_bytes", "h2d_transfers",
                  "d2h_transfers", "cpu_fallbacks", "compiled_graphs", "compiled_xla_compiles",
-                 "compiled_cache_hits", "fused_ops", "fused_compiles", "fused_runs", "fused_cold_ops",
+                 "compiled_cache_hits", "fused_ops", "fused_compiles", "fused_runs", "fused_cold_ops", "fused_compile_failures",
                  "executables_forgotten", "eager_constants_reused", "eager_donations",
                  "eager_results_reused")
 

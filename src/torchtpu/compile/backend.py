@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import warnings
+from itertools import starmap
 
 import jax
 import jax.numpy as jnp
@@ -28,15 +29,16 @@ import torch
 from ..metrics import counters as _counters
 from ..device import platform
 from ..device.state import current_device
-from ..eager import asserts, views
+from ..eager import asserts
 from ..eager.engine import scalar_key
+from ..eager.executable import (Program, TensorArg, ValueArg, commit, flat_output, input_buffers, is_partial,
+                                key_tensor, tensor_arg, traced_function)
 from ..eager.kernels import META_CHECKS
 from ..eager.random import next_rng_args
-from ..ops import checks, linalg
 from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram, node_op_name
 from ..ops.resolve import NotLowered
-from ..storage.records import RECORDS, Pending, donatable, new_tensor, set_buffer
+from ..storage.records import RECORDS, donatable, new_tensor
 from . import options
 
 log = logging.getLogger("torchtpu.compile")
@@ -114,51 +116,7 @@ class CompiledGraph:
     def __call__(self, *call_args):
         # boxed (one list, which we clear) or, when Dynamo's wrappers hide `_boxed_call`, unboxed
         args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
-        parts = []
-        slot_of = {}
-        records = []
-        cpu_vals = []
-        offsets = []  # non-zero storage offsets are traced: `unet(x, timesteps[i])` compiles once
-        device = -1
-        for a in args:
-            if isinstance(a, _Tensor):
-                # a storage address in RECORDS is a tpu storage (addresses are invented, never host
-                # memory: storage/records.py); look there first, the device only for the others
-                address = a.untyped_storage().data_ptr()
-                r = RECORDS.get(address)
-                if r is None:
-                    if a.device.type == "tpu":
-                        raise RuntimeError("torchtpu: compiled graph got a tpu tensor whose storage torchtpu does not know")
-                    cpu_vals.append(a)
-                    parts.append(("C", a.dtype, tuple(a.shape)))
-                    continue
-                slot = slot_of.get(address)
-                if slot is None:
-                    slot = slot_of[address] = len(records)
-                    records.append(r)
-                    parts.append(("B", r.dtype, r.numel))
-                    if device != r.device_index:
-                        if device >= 0:
-                            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least "
-                                               f"two devices, tpu:{device} and tpu:{r.device_index}!")
-                        device = r.device_index
-                off = a.storage_offset()
-                if off or a.numel() != r.numel:  # part of its storage: the offset is traced
-                    offsets.append(off)
-                    off = -1
-                # (torch.Size hashes and compares as the tuple of its sizes)
-                parts.append(("T", a.dtype, a.shape, a.stride(), off, slot))
-                if a.is_conj() or a.is_neg():  # lazily conjugated/negated input views
-                    parts.append(("bits", a.is_conj(), a.is_neg()))
-            elif isinstance(a, (bool, int, float)) or a is None:
-                parts.append(("S", *scalar_key((a,))))  # exact: -0.0 and 0.0 apart, NaN matching NaN
-            elif isinstance(a, torch.SymInt):
-                v = int(a)
-                parts.append(("S", int, v))
-            else:
-                parts.append(("V", repr(a)))
-        parts.append(("P", linalg.PRECISION_EPOCH[0]))  # set_float32_matmul_precision changes lowerings
-        key = tuple(parts)
+        key, records, cpu_vals, offsets, device = self._key(args)
         entry = self.cache.get(key)
         if entry is None:
             entry = self._build(key, args, records, device)
@@ -166,11 +124,7 @@ class CompiledGraph:
             _counters.compiled_cache_hits += 1
         dev = device if device >= 0 else current_device()
         # `dyn` holds the only extra reference to each buffer, so donation safety is a refcount check
-        dyn = [r._buffer for r in records]
-        for i, b in enumerate(dyn):
-            if b is None or type(b) is Pending:  # never written, or queued by the "fused" eager mode
-                b = records[i].buffer
-                dyn[i] = b if b is not None else _zeros(records[i].numel, records[i].dtype, records[i].device_index)
+        dyn = input_buffers(records)
         for c in cpu_vals:
             dyn.append(_host_value(c, dev))
         if self.program.random:
@@ -185,23 +139,13 @@ class CompiledGraph:
             _last_captured[0] = self
         if isinstance(args, list):
             args.clear()  # boxed calling convention: the caller's list no longer keeps inputs alive
-        results = fn(*dyn)
-        del dyn
+        results = _call(fn, dyn, entry, records)
         if entry.checks:
             asserts.note(results[-1], entry.checks, self.where)
-        nout = len(entry.outs)
-        for slot, buf in zip(entry.mutated_slots, results[nout:]):
-            set_buffer(records[slot], buf)
         if entry.cpu_mutations:  # a sync point: the host waits for these values
-            base = nout + len(entry.mutated_slots)
-            for j, value in zip(entry.cpu_mutations, results[base:]):
-                c = cpu_vals[j]
-                host = np.asarray(value)
-                _counters.d2h_bytes += host.nbytes
-                _counters.d2h_transfers += 1
-                c.copy_(dt.cpu_from_numpy(host.reshape(tuple(c.shape)), c.dtype))
+            _copy_to_host(entry, results, cpu_vals)
         outputs = []
-        it = iter(results[:nout])
+        it = iter(results[:len(entry.outs)])
         for o in entry.outs:
             if o[0] == "T":
                 _, shape, dtype, stride = o
@@ -209,6 +153,37 @@ class CompiledGraph:
             else:
                 outputs.append(o[1])
         return outputs
+
+    def _key(self, args):
+        """The cache key of a call (the same tensor keys as eager ops: executable.key_tensor), the
+        storages' records, the CPU tensors, the traced offsets and the device."""
+        parts = []
+        slot_of = {}
+        records = []
+        cpu_vals = []
+        offsets = []  # non-zero storage offsets are traced: `unet(x, timesteps[i])` compiles once
+        device = -1
+        for a in args:
+            if isinstance(a, _Tensor):
+                # a storage address in RECORDS is a tpu storage (addresses are invented, never host
+                # memory: storage/records.py); look there first, the device only for the others
+                address = a.untyped_storage().data_ptr()
+                r = RECORDS.get(address)
+                if r is not None:
+                    device = key_tensor(a, r, address, parts, slot_of, records, offsets, device, self.where)
+                elif a.device.type == "tpu":
+                    raise RuntimeError("torchtpu: compiled graph got a tpu tensor whose storage torchtpu does not know")
+                else:
+                    cpu_vals.append(a)
+                    parts.append(("C", a.dtype, tuple(a.shape)))
+            elif isinstance(a, (bool, int, float)) or a is None:
+                parts.append(("S", *scalar_key((a,))))  # exact: -0.0 and 0.0 apart, NaN matching NaN
+            elif isinstance(a, torch.SymInt):
+                parts.append(("S", int, int(a)))
+            else:
+                parts.append(("V", repr(a)))
+        parts.append(("P", torch.get_float32_matmul_precision()))  # the lowerings of matmuls read it
+        return tuple(parts), records, cpu_vals, offsets, device
 
     # ------------------------------------------------------------------ cache miss
     def _build(self, key, args, records, device):
@@ -229,113 +204,43 @@ class CompiledGraph:
 
     def _trace(self, key, args, records, device):
         program = self.program
-        arg_specs = []  # per graph input: ("T", slot, layout) | ("TB", slot, layout, conj/neg bits) | ("C", j) | ("S", value)
-        n_cpu = 0
-        n_off = 0  # traced storage offsets, in input order (a layout holds ("dyn", k) for those)
-        for a in args:
-            if isinstance(a, _Tensor) and a.device.type == "tpu":
-                r = RECORDS[a.untyped_storage().data_ptr()]
-                slot = records.index(r)
-                off = a.storage_offset()
-                if off or a.numel() != r.numel:
-                    off, n_off = ("dyn", n_off), n_off + 1
-                layout = (tuple(a.shape), tuple(a.stride()), off, dt.to_jax(a.dtype), r.numel)
-                arg_specs.append(("T", slot, layout) if not (a.is_conj() or a.is_neg())
-                                 else ("TB", slot, layout, (a.is_conj(), a.is_neg())))
-            elif isinstance(a, _Tensor):
-                arg_specs.append(("C", n_cpu, None))
-                n_cpu += 1
-            elif isinstance(a, torch.SymInt):
-                arg_specs.append(("S", int(a), None))
-            else:
-                arg_specs.append(("S", a, None))
+        template, n_cpu, n_off = _template(args, records)
         nb = len(records)
         # which buffers the graph writes: its mutated placeholders, through their views
-        mutated_slots = sorted({arg_specs[i][1] for i in program.mutated_placeholders
-                                if arg_specs[i][0] in ("T", "TB")})
+        written = [i for i in program.mutated_placeholders if type(template[i]) is TensorArg]
+        mutated_slots = sorted({template[i].slot for i in written})
         # CPU inputs the graph writes (the optimizer's `step` counters): new values go back by copy_
-        cpu_mutations = [i for i in program.mutated_placeholders if arg_specs[i][0] == "C"]
+        cpu_mutations = [i for i in program.mutated_placeholders if type(template[i]) is ValueArg]
         outs_meta = []  # filled while tracing
-        layouts_by_out = [_out_layout(v) for v in self.out_vals]
-        rand = program.random
 
-        def at(layout, offsets):
-            off = layout[2]
-            return layout if type(off) is not tuple else layout[:2] + (offsets[off[1]],) + layout[3:]
-
-        def fused(*dyn):
-            buffers = list(dyn[:nb])
-            cpu = dyn[nb:nb + n_cpu]
-            offsets = dyn[len(dyn) - n_off:]
-            key = None
-            if rand:
-                rng = dyn[nb + n_cpu]
-                key = jax.random.fold_in(jax.random.fold_in(jax.random.key(rng[0]), rng[1]), rng[2])
-            inputs = []
-            for kind, x, layout, *bits in arg_specs:
-                if kind == "T":
-                    inputs.append(views.read(buffers[x], at(layout, offsets)))
-                elif kind == "TB":
-                    inputs.append(views.apply_bits(views.read(buffers[x], at(layout, offsets)), bits[0]))
-                elif kind == "C":
-                    inputs.append(cpu[x])
-                else:
-                    inputs.append(x)
-            with checks.collecting() as found:
-                outputs, mutations = program.run(inputs, key)
-            flags, entry.checks = checks.verdict(found)
-            if not isinstance(outputs, (list, tuple)):
-                outputs = [outputs]
-            flat = []
-            outs_meta.clear()
-            for i, v in enumerate(outputs):
-                lay = layouts_by_out[i] if i < len(layouts_by_out) else None
-                if hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, (int, float, bool)):
-                    v = jnp.asarray(v)
-                    tdtype = lay[1] if lay is not None else dt.to_torch(v.dtype)
-                    jd = dt.to_jax(tdtype)
-                    if v.dtype != jd:
-                        v = v.astype(jd)
-                    shape = tuple(v.shape)
-                    if lay is not None and lay[2] is not None and lay[0] == shape:
-                        flat.append(jnp.transpose(v, lay[3]).reshape(-1))
-                        outs_meta.append(("T", shape, tdtype, lay[2]))
-                    else:
-                        flat.append(v.reshape(-1))
-                        outs_meta.append(("T", shape, tdtype, None))
-                else:
-                    outs_meta.append(("V", v))
-            for i in program.mutated_placeholders:
-                if arg_specs[i][0] in ("T", "TB"):
-                    _, slot, layout, *bits = arg_specs[i]
-                    value = views.apply_bits(mutations[i], bits[0]) if bits else mutations[i]
-                    buffers[slot] = views.write(buffers[slot], at(layout, offsets), value)
-            return (tuple(flat) + tuple(buffers[s] for s in mutated_slots)
-                    + tuple(jnp.asarray(mutations[i]) for i in cpu_mutations) + (() if flags is None else (flags,)))
+        def run(inputs, key):
+            outputs, mutations = program.run(inputs, key)
+            return (outputs if isinstance(outputs, (list, tuple)) else [outputs],
+                    [mutations[i] for i in written], [jnp.asarray(mutations[i]) for i in cpu_mutations])
 
         entry = Entry()
+        entry.checks = ()
+        traced = traced_function(Program(
+            n_buffers=nb, n_values=n_cpu, random=program.random, n_offsets=n_off, template=template, run=run,
+            outputs=_output_caster([_out_layout(v) for v in self.out_vals], outs_meta),
+            writes=[tuple(template[i]) for i in written], mutated_slots=mutated_slots,
+            on_checks=lambda messages: setattr(entry, "checks", messages)))
         entry.mutated_slots = mutated_slots
         entry.donate = bool(mutated_slots) and options.donation_enabled()
         entry.n_cpu = n_cpu
-        entry.cpu_mutations = [arg_specs[i][1] for i in cpu_mutations]
-        entry.fused = fused
+        cpu_index = [i for i, v in enumerate(template) if type(v) is ValueArg]
+        entry.cpu_mutations = [cpu_index.index(i) for i in cpu_mutations]
+        entry.fused = traced
         dev = device if device >= 0 else current_device()
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(dev))
-        sample = [jax.ShapeDtypeStruct((r.numel,), dt.to_jax(r.dtype), sharding=sharding) for r in records]
-        for a in args:
-            if isinstance(a, _Tensor) and a.device.type != "tpu":
-                sample.append(jax.ShapeDtypeStruct(tuple(a.shape), dt.to_jax(a.dtype), sharding=sharding))
-        if rand:
-            sample.append(jax.ShapeDtypeStruct((3,), np.uint32))
-        sample.extend(jax.ShapeDtypeStruct((), np.int64) for _ in range(n_off))
-        entry.sample = sample
-        jitted = jax.jit(fused, donate_argnums=tuple(mutated_slots) if entry.donate else (),
+        entry.sample = _sample(args, records, sharding, program.random, n_off)
+        jitted = jax.jit(traced, donate_argnums=tuple(mutated_slots) if entry.donate else (),
                          out_shardings=sharding if nb == 0 else None)
         # trace and compile now: the output metadata is known, and compile time lands here
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
             t0 = time.perf_counter()
-            lowered = jitted.lower(*sample)
+            lowered = jitted.lower(*entry.sample)
             t1 = time.perf_counter()
             options._maybe_dump(self, lowered)
             entry.fn = lowered.compile()
@@ -352,26 +257,6 @@ class CompiledGraph:
         _counters.compiled_xla_compiles += 1
         return entry.fn_plain
 
-    def raw_inputs(self, args):
-        """(executable, jax inputs) for a call with `args`: for benchmarks that time XLA alone."""
-        records, cpu_vals = [], []
-        device = -1
-        for a in args:
-            if isinstance(a, _Tensor) and a.device.type == "tpu":
-                r = RECORDS[a.untyped_storage().data_ptr()]
-                if r not in records:
-                    records.append(r)
-                device = r.device_index
-            elif isinstance(a, _Tensor):
-                cpu_vals.append(a)
-        entry = self.last_entry
-        dev = max(device, 0)
-        dyn = [r.buffer if r.buffer is not None else _zeros(r.numel, r.dtype, r.device_index) for r in records]
-        dyn += [_host_value(c, dev) for c in cpu_vals]
-        if self.program.random:
-            dyn.append(next_rng_args(dev))
-        return (entry.fn_plain or self._plain(entry)), dyn
-
 
 _last_captured = [None]
 
@@ -381,9 +266,83 @@ def last_captured():
     return _last_captured[0]
 
 
-def _zeros(numel, dtype, device_index):
-    from ..eager.engine import _zeros as engine_zeros
-    return engine_zeros(numel, dtype, device_index)
+def _template(args, records):
+    """The executable's argument specs, one per graph input (eager/executable.py), the number of
+    CPU tensor inputs and of traced offsets."""
+    template = []
+    n_cpu = n_off = 0
+    for a in args:
+        if isinstance(a, _Tensor) and a.device.type == "tpu":
+            r = RECORDS[a.untyped_storage().data_ptr()]
+            dyn = None
+            if is_partial(a, r):
+                dyn, n_off = n_off, n_off + 1
+            template.append(tensor_arg(a, records.index(r), r, dyn))
+        elif isinstance(a, _Tensor):
+            template.append(ValueArg())
+            n_cpu += 1
+        else:
+            template.append(int(a) if isinstance(a, torch.SymInt) else a)
+    return template, n_cpu, n_off
+
+
+def _sample(args, records, sharding, random, n_off):
+    """Abstract arguments to lower the executable with, in its calling order."""
+    sample = [jax.ShapeDtypeStruct((r.numel,), dt.to_jax(r.dtype), sharding=sharding) for r in records]
+    for a in args:
+        if isinstance(a, _Tensor) and a.device.type != "tpu":
+            sample.append(jax.ShapeDtypeStruct(tuple(a.shape), dt.to_jax(a.dtype), sharding=sharding))
+    if random:
+        sample.append(jax.ShapeDtypeStruct((3,), np.uint32))
+    sample.extend(jax.ShapeDtypeStruct((), np.int64) for _ in range(n_off))
+    return sample
+
+
+def _output_caster(layouts, outs_meta):
+    """Outputs in the memory order PyTorch expects (a transposed output stays transposed); fills
+    `outs_meta` with ("T", shape, dtype, stride) or ("V", value) per graph output while tracing."""
+    def cast(outputs):
+        flat = []
+        outs_meta.clear()
+        for i, v in enumerate(outputs):
+            if not (hasattr(v, "shape") and hasattr(v, "dtype")) or isinstance(v, (int, float, bool)):
+                outs_meta.append(("V", v))
+                continue
+            lay = layouts[i] if i < len(layouts) else None
+            tdtype = lay[1] if lay is not None else dt.to_torch(jnp.asarray(v).dtype)
+            shape = tuple(v.shape)
+            strided = lay is not None and lay[2] is not None and lay[0] == shape
+            flat.append(flat_output(v, dt.to_jax(tdtype), order=lay[3] if strided else None))
+            outs_meta.append(("T", shape, tdtype, lay[2] if strided else None))
+        return flat
+    return cast
+
+
+def _call(fn, dyn, entry, records):
+    """Run the executable; the written storages get their new buffers even if an interrupt arrives
+    as it returns (their old buffers may be donated: the records must not keep them)."""
+    slots = entry.mutated_slots
+    box = []
+    try:
+        # starmap calls fn from C and extend stores the result before Python code (a pending signal
+        # handler) runs again
+        box.extend(starmap(fn, (dyn,)))
+    finally:
+        del dyn[:]
+        if box and slots:
+            nout = len(entry.outs)
+            commit([records[s] for s in slots], box[0][nout:nout + len(slots)])
+    return box[0]
+
+
+def _copy_to_host(entry, results, cpu_vals):
+    base = len(entry.outs) + len(entry.mutated_slots)
+    for j, value in zip(entry.cpu_mutations, results[base:]):
+        c = cpu_vals[j]
+        host = np.asarray(value)
+        _counters.d2h_bytes += host.nbytes
+        _counters.d2h_transfers += 1
+        c.copy_(dt.cpu_from_numpy(host.reshape(tuple(c.shape)), c.dtype))
 
 
 def _host_value(t, dev):
@@ -393,42 +352,47 @@ def _host_value(t, dev):
     return jax.device_put(host, platform.jax_device(dev))
 
 
+def _inputs_of_key(key):
+    """The per-input parts of a call key (tensor parts start with their dtype; see _key)."""
+    return [p for p in key if isinstance(p[0], torch.dtype) or p[0] in ("C", "S", "V")]
+
+
 def _log_recompile(graph, old, new):
     reasons = []
     if old is None:
         reasons.append("first signature")
     else:
-        oi = [p for p in old if p[0] in ("T", "C", "S", "V")]
-        ni = [p for p in new if p[0] in ("T", "C", "S", "V")]
+        oi, ni = _inputs_of_key(old), _inputs_of_key(new)
         if len(oi) != len(ni):
             reasons.append(f"number of inputs {len(oi)} -> {len(ni)}")
         for i, (a, b) in enumerate(zip(oi, ni)):
-            if a == b:
-                continue
-            if a[0] == b[0] == "T":
-                what = []
-                if a[1] != b[1]:
-                    what.append(f"dtype {a[1]} -> {b[1]}")
-                if a[2] != b[2]:
-                    what.append(f"shape {list(a[2])} -> {list(b[2])}")
-                if a[3] != b[3] or a[4] != b[4]:
-                    what.append(f"layout stride={a[3]} offset={a[4]} -> stride={b[3]} offset={b[4]}")
-                if a[5] != b[5]:
-                    what.append("storage sharing with other inputs changed")
-                reasons.append(f"input {i}: " + ", ".join(what or ["storage changed"]))
-            else:
-                reasons.append(f"input {i}: {a[1:]} -> {b[1:]}")
-        ob = [p for p in old if p[0] == "B"]
-        nb = [p for p in new if p[0] == "B"]
-        for j, (a, b) in enumerate(zip(ob, nb)):
             if a != b:
-                reasons.append(f"storage {j}: {a[2]} x {a[1]} -> {b[2]} x {b[1]} elements")
+                reasons.append(f"input {i}: " + _tensor_change(a, b) if isinstance(a[0], torch.dtype)
+                               and isinstance(b[0], torch.dtype) else f"input {i}: {a[1:]} -> {b[1:]}")
+        if old[-1] != new[-1]:
+            reasons.append(f"float32 matmul precision {old[-1][1]} -> {new[-1][1]}")
         if not reasons:
             reasons.append("input storages changed")
     msg = (f"torchtpu: recompiling graph {graph.id} ({graph.kind}, {len(graph.cache)} signature(s) cached): "
            + "; ".join(reasons))
     log.warning(msg)
     print(msg, file=sys.stderr)
+
+
+def _tensor_change(a, b):
+    """What differs between two tensor keys (dtype, shape, stride, offset, slot, storage dtype, numel)."""
+    what = []
+    if a[0] != b[0]:
+        what.append(f"dtype {a[0]} -> {b[0]}")
+    if a[1] != b[1]:
+        what.append(f"shape {list(a[1])} -> {list(b[1])}")
+    if a[2] != b[2] or a[3] != b[3]:
+        what.append(f"layout stride={a[2]} offset={a[3]} -> stride={b[2]} offset={b[3]}")
+    if a[4] != b[4]:
+        what.append("storage sharing with other inputs changed")
+    if a[5:] != b[5:]:
+        what.append(f"storage {a[6]} x {a[5]} -> {b[6]} x {b[5]} elements")
+    return ", ".join(what or ["storage changed"])
 
 
 # ------------------------------------------------------------------ the Dynamo backend

@@ -18,6 +18,9 @@ import os
 import pathlib
 import sys
 
+from ..eager.persistent_cache import (DEFAULT_MIN_COMPILE_TIME_S, cache_dir, ensure_persistent_cache,  # noqa: F401
+                                      set_persistent_cache)
+
 __all__ = ["dump_stablehlo", "set_xla_flags", "set_persistent_cache", "log_recompiles", "donate_buffers",
            "eager_fallback", "cache_dir", "counters"]
 
@@ -34,8 +37,6 @@ _state = {
     "log_recompiles": _env_flag("TORCHTPU_LOG_RECOMPILES", False),
     "donate": _env_flag("TORCHTPU_COMPILE_DONATE", True),
     "eager_fallback": _env_flag("TORCHTPU_COMPILE_EAGER_FALLBACK", True),
-    "cache_dir": None,
-    "cache_set": False,
 }
 
 
@@ -110,11 +111,6 @@ def eager_fallback_enabled():
     return _state["eager_fallback"]
 
 
-def cache_dir():
-    """The on-disk XLA compilation cache in use, or None."""
-    return _state["cache_dir"]
-
-
 def counters():
     """The compile counters (compiled_graphs, compiled_xla_compiles, compiled_cache_hits)."""
     from ..metrics import metrics
@@ -122,48 +118,7 @@ def counters():
     return {k: v for k, v in m.items() if k.startswith("compiled_")}
 
 
-def set_persistent_cache(path=None, min_compile_time_s: float | None = None):
-    """Use `path` for JAX's persistent compilation cache (None turns it off)."""
-    import jax
-    try:
-        from jax._src import compilation_cache as cc
-    except ImportError:  # pragma: no cover
-        cc = None
-    if path is None:
-        jax.config.update("jax_compilation_cache_dir", None)
-        _state["cache_dir"] = None
-    else:
-        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
-        jax.config.update("jax_compilation_cache_dir", str(path))
-        _state["cache_dir"] = str(path)
-    if min_compile_time_s is not None:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_s))
-    if cc is not None and hasattr(cc, "reset_cache"):
-        cc.reset_cache()  # JAX decides once whether to use a cache: make it look again
-    _state["cache_set"] = True
-
-
-# Executables that took at least this long to compile go to the default on-disk cache (JAX's own
-# default, 1 s, would skip almost every eager op and many graphs; an eager op's compile is ~50 ms and
-# its entry a few KB: a second process replaying a decoding loop measured 16.0 s -> 5.3 s).
-DEFAULT_MIN_COMPILE_TIME_S = 0.0
-
-
 def _ensure_persistent_cache():
-    """Called at the first eager build or graph compile: the default on-disk cache unless turned off."""
+    """Called at the first graph compile: Dynamo's recompile logs as asked, the on-disk cache."""
     _sync_dynamo_logs()
-    if _state["cache_set"]:
-        return
-    _state["cache_set"] = True
-    if not _env_flag("TORCHTPU_COMPILE_CACHE", True):
-        return
-    import jax
-    if jax.config.jax_compilation_cache_dir:  # the user configured JAX directly
-        _state["cache_dir"] = jax.config.jax_compilation_cache_dir
-        return
-    path = os.environ.get("TORCHTPU_COMPILE_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "torchtpu", "xla")
-    try:
-        set_persistent_cache(path, min_compile_time_s=DEFAULT_MIN_COMPILE_TIME_S)
-    except Exception:  # noqa: BLE001 - an unwritable home must not break compilation
-        _state["cache_dir"] = None
+    ensure_persistent_cache()

@@ -3,34 +3,35 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import NamedTuple
 
 import jax
 import torch
 from torch.utils import _pytree as pytree
 
 from ..device import platform
-from ..ops import checks
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS
-from . import fusion, views
-from .engine import CONSTANT_BYTES, DONATE_BYTES, MEMO_BYTES, Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
+from . import fusion
+from .engine import (CONSTANT_BYTES, DONATE_BYTES, FOREIGN, LIST, MEMO_BYTES, SCALAR, TENSOR, Entry, NeedsResize,
+                     SpecializeScalars, arg_kind)
+from .executable import Program, ValueArg, count_values, flat_output, is_partial, tensor_arg, traced_function
 from .kernels import META_CHECKS, META_OVERRIDES
+from .persistent_cache import ensure_persistent_cache
 
 
 def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
-    """Map the arguments the way OpKernel._flatten classified them."""
+    """Map the arguments as the engine keyed them (engine.arg_kind: the one classification)."""
 
     def one(a, is_scalar_arg):
-        if isinstance(a, torch.Tensor):
-            if RECORDS.get(a.untyped_storage().data_ptr()) is None:
-                return on_cpu_scalar(a)
+        kind = arg_kind(a, is_scalar_arg)
+        if kind is TENSOR:
             return on_tensor(a)
-        if type(a) in _SCALAR_TYPES and is_scalar_arg:
+        if kind is FOREIGN:   # (the engine let through only CPU scalars)
+            return on_cpu_scalar(a)
+        if kind is SCALAR:
             return on_scalar(a)
-        if type(a) in (list, tuple) and a and (isinstance(a[0], torch.Tensor) or a[0] is None and any(
-                isinstance(x, torch.Tensor) for x in a)):
+        if kind is LIST:
             return [one(x, False) for x in a]
         return on_other(a)
 
@@ -39,78 +40,82 @@ def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
     return new_args, new_kwargs
 
 
-class _TensorArg(NamedTuple):
-    slot: int
-    layout: tuple
-    bits: tuple = (False, False)
-
-
-def _bits(t):
-    """(conjugate, negative): the lazy bits of `x.conj()` / `x.conj().imag` views, which hold the
-    storage's values conjugated or negated (PyTorch resolves them only for ops that ignore them)."""
-    return (t.is_conj(), t.is_neg())
-
-
-class _ScalarArg(NamedTuple):
-    value: object  # the Python value when the kernel specializes on scalars, else None
-
-
-class _CpuScalar(NamedTuple):
-    dtype: object
-
-
 def _meta_other(o):
     if isinstance(o, torch.device):
         return torch.device("meta")
     return None if isinstance(o, torch.Generator) else o
 
 
-class _DynOffset(NamedTuple):
-    index: int  # which of the executable's traced offsets
-
-
-def _partial(t):
-    """A view into part of its storage: the engine traces its offset (see OpKernel.__call__)."""
-    return t.storage_offset() or t.numel() != RECORDS[t.untyped_storage().data_ptr()].numel
-
-
-def _layout(t, record, dyn_offset):
-    off = t.storage_offset()
-    return (tuple(t.shape), tuple(t.stride()), _DynOffset(dyn_offset[id(t)]) if _partial(t) else off,
-            dt.to_jax(t.dtype), record.numel)
-
-
-def _at(layout, offsets):
-    """The layout with its traced offset filled in."""
-    off = layout[2]
-    return layout if type(off) is not _DynOffset else layout[:2] + (offsets[off.index],) + layout[3:]
+def _record(t):
+    return RECORDS[t.untyped_storage().data_ptr()]
 
 
 _cache_ready = [False]
 
 
-def build_entry(kernel, key, args, kwargs, bufs, device):
+def build_entry(kernel, key, args, kwargs, records, device):
+    """The cache entry of one call signature: PyTorch's meta answer, then the executable."""
     if not _cache_ready[0]:  # the on-disk XLA cache serves eager executables too
-        from ..compile import options
-        options._ensure_persistent_cache()
+        ensure_persistent_cache()
         _cache_ready[0] = True
-    slot_of = {id(r): i for i, r in enumerate(bufs)}
-    # the engine passes each non-zero storage offset as a traced value, in argument order
+    slot_of = {id(r): i for i, r in enumerate(records)}
+    dyn_offset = _dynamic_offsets(kernel, args, kwargs)
+    compute, meta_out = _meta_call(kernel, args, kwargs)
+    entry = Entry()
+    entry.anchor = zlib.crc32(repr((kernel.name, key)).encode()) % fusion.ANCHOR_EVERY == 0
+    outs = _returns_of(kernel, entry, meta_out)
+    writes = _writes(kernel, compute, args, kwargs, slot_of, dyn_offset)
+    entry.mutated_slots = sorted({slot for slot, _, _ in writes})
+
+    # The executable must not hold on to this call's tensors (their storages would never be
+    # freed): it closes over a template of slots, layouts and static values only.
+    def tensor_slot(t):
+        r = _record(t)
+        return tensor_arg(t, slot_of[id(r)], r, dyn_offset.get(id(t)))
+
+    specialize = kernel.specialize_scalars
+    template = _walk(kernel, args, kwargs, tensor_slot,
+                     lambda s: ValueArg(static=s) if specialize else ValueArg(),
+                     lambda c: ValueArg(dt.to_jax(c.dtype)),
+                     lambda o: dt.to_jax(o) if isinstance(o, torch.dtype) else o)
+    n_values = count_values(template)
+    program = Program(
+        n_buffers=len(records), n_values=n_values, random=kernel.random, n_offsets=len(dyn_offset),
+        template=template, run=_runner(kernel, compute, len(outs), len(writes)),
+        outputs=_output_caster(kernel, outs), writes=writes, mutated_slots=entry.mutated_slots,
+        on_checks=lambda messages: setattr(entry, "checks", messages))
+    _choose_reuse(kernel, entry, records, outs, writes)
+    fn = traced_function(program)
+    if not records:
+        index = device if device >= 0 else 0
+        entry.fn = jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)))
+    else:
+        entry.fn = jax.jit(fn)
+        if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):
+            entry.traced = fn
+    return entry
+
+
+def _dynamic_offsets(kernel, args, kwargs):
+    """id(tensor) -> index of its traced offset: the engine passes the storage offsets of partial
+    views as traced values, in argument order."""
     dyn_offset = {}
-    n_offsets = 0
 
-    def count_offset(t):
-        nonlocal n_offsets
-        if _partial(t):
-            dyn_offset.setdefault(id(t), n_offsets)
-            n_offsets += 1
+    def count(t):
+        if is_partial(t, _record(t)) and id(t) not in dyn_offset:
+            dyn_offset[id(t)] = len(dyn_offset)
 
-    _walk(kernel, args, kwargs, count_offset, lambda s: s, lambda c: c, lambda o: o)
-    # 1. PyTorch's own answer for shapes, dtypes and errors: run the op on meta tensors.
+    _walk(kernel, args, kwargs, count, lambda s: s, lambda c: c, lambda o: o)
+    return dyn_offset
+
+
+def _meta_call(kernel, args, kwargs):
+    """PyTorch's own answer for shapes, dtypes and errors: run the op on meta tensors. Returns the
+    JAX computation and the meta result."""
     bases = {}
 
     def meta_tensor(t):
-        r = RECORDS[t.untyped_storage().data_ptr()]
+        r = _record(t)
         base = bases.get(id(r))
         if base is None:
             base = bases[id(r)] = torch.empty(r.numel, dtype=r.dtype, device="meta")
@@ -132,8 +137,11 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
     resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]
     if resized:
         _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized)
+    return compute, meta_out
 
-    # 2. which outputs are new tensors, and how the returns nest
+
+def _returns_of(kernel, entry, meta_out):
+    """Which returns are new tensors, and how they nest; fills entry.outs/spec/nones."""
     schema = kernel.op._schema
     rets = meta_out if len(schema.returns) != 1 else (meta_out,)
     outs, spec, nones = [], [], []
@@ -143,111 +151,66 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
         else:
             leaves, s = pytree.tree_flatten(value)
             # undefined outputs (None: a backward's output_mask False) stay None, on both sides
-            outs.extend((tuple(m.shape), m.dtype) for m in leaves
-                        if m is not None)
+            outs.extend((tuple(m.shape), m.dtype) for m in leaves if m is not None)
             nones.append(tuple(m is None for m in leaves))
             spec.append(s)
-    n_fn = len(outs)
-    entry = Entry()
-    entry.anchor = zlib.crc32(repr((kernel.name, key)).encode()) % fusion.ANCHOR_EVERY == 0
     entry.outs = outs
     entry.nones = tuple(nones) if any(any(n) for n in nones) else None
     # None: the op returns exactly one new tensor (the fast path)
     entry.spec = None if (len(spec) == 1 and not isinstance(spec[0], str) and spec[0].num_leaves == 1
                           and spec[0].is_leaf() and len(schema.returns) == 1) else spec
+    return outs
 
-    # 3. where in-place results go
-    mutable_targets = []  # (slot, layout, bits) for each written tensor, in schema order
-    for i, name, kwarg_only in kernel.mutable:
-        value = kwargs.get(name) if (kwarg_only or i >= len(args)) else args[i]
+
+def _writes(kernel, compute, args, kwargs, slot_of, dyn_offset):
+    """(slot, layout, bits) of each tensor the op writes, in schema order, then the lowering's extra
+    mutations."""
+    targets = [(kwargs.get(name) if (kwarg_only or i >= len(args)) else args[i])
+               for i, name, kwarg_only in kernel.mutable]
+    targets += [kwargs.get(name) if i >= len(args) else args[i]
+                for i, name in getattr(compute, "extra_mutations", ())]
+    writes = []
+    for value in targets:
         for t in (value if isinstance(value, (list, tuple)) else [value]):
-            if t is None:
-                continue
-            r = RECORDS[t.untyped_storage().data_ptr()]
-            mutable_targets.append((slot_of[id(r)], _layout(t, r, dyn_offset), _bits(t)))
-    for i, name in getattr(compute, "extra_mutations", ()):
-        t = kwargs.get(name) if i >= len(args) else args[i]
-        if t is not None:
-            r = RECORDS[t.untyped_storage().data_ptr()]
-            mutable_targets.append((slot_of[id(r)], _layout(t, r, dyn_offset), _bits(t)))
-    mutated_slots = sorted({s for s, _, _ in mutable_targets})
-    entry.mutated_slots = mutated_slots
-    nb = len(bufs)
-    out_dtypes = [dt.to_jax(o[1]) for o in outs]
+            if t is not None:
+                r = _record(t)
+                writes.append(tuple(tensor_arg(t, slot_of[id(r)], r, dyn_offset.get(id(t)))))
+    return writes
 
-    # The executable must not hold on to this call's tensors (their storages would never be
-    # freed): it closes over a template of slots, layouts and static values only.
-    def tensor_slot(t):
-        r = RECORDS[t.untyped_storage().data_ptr()]
-        return _TensorArg(slot_of[id(r)], _layout(t, r, dyn_offset), _bits(t))
 
-    template = _walk(kernel, args, kwargs, tensor_slot,
-                     lambda s: _ScalarArg(s if kernel.specialize_scalars else None),
-                     lambda c: _CpuScalar(dt.to_jax(c.dtype)),
-                     lambda o: dt.to_jax(o) if isinstance(o, torch.dtype) else o)
-
-    def traced_args(buffers, scalars, offsets):
-        it = iter(scalars)
-
-        def fill(v):
-            if isinstance(v, _TensorArg):
-                return views.apply_bits(views.read(buffers[v.slot], _at(v.layout, offsets)), v.bits)
-            if isinstance(v, _ScalarArg):
-                traced = next(it)
-                return v.value if kernel.specialize_scalars else traced  # specialized: value is in the key
-            if isinstance(v, _CpuScalar):
-                return jax.numpy.asarray(next(it), v.dtype)
-            if type(v) is list:
-                return [fill(x) for x in v]
-            return v
-
-        t_args, t_kwargs = template
-        return [fill(v) for v in t_args], {k: fill(v) for k, v in t_kwargs.items()}
-
-    def fused(*dyn):
-        buffers = list(dyn[:nb])
-        scalars = dyn[nb:len(dyn) - n_offsets]
-        offsets = dyn[len(dyn) - n_offsets:]
-        rng = scalars[-1] if kernel.random else None
-        a, k = traced_args(buffers, scalars[:-1] if kernel.random else scalars, offsets)
-        if rng is not None:
-            k["key"] = jax.random.fold_in(jax.random.fold_in(jax.random.key(rng[0]), rng[1]), rng[2])
-        with checks.collecting() as found:
-            result = compute(a, k)
-        flags, entry.checks = checks.verdict(found)
+def _runner(kernel, compute, n_out, n_writes):
+    def run(arguments, key):
+        a, k = arguments
+        if key is not None:
+            k["key"] = key
+        result = compute(a, k)
         leaves = [v for v in pytree.tree_leaves(result) if v is not None]
-        if len(leaves) != n_fn + len(mutable_targets):
+        if len(leaves) != n_out + n_writes:
             raise AssertionError(f"torchtpu: lowering of aten::{kernel.name} returned {len(leaves)} "
-                                 f"values, expected {n_fn} outputs + {len(mutable_targets)} mutations")
-        functional = []
-        for v, (shape, _), d in zip(leaves[:n_fn], outs, out_dtypes):
-            v = jax.numpy.asarray(v)
-            if v.dtype != d:
-                v = v.astype(d)
-            if v.shape != shape:
-                v = jax.numpy.broadcast_to(v, shape) if v.size == 1 or v.ndim < len(shape) else v
-                if v.shape != shape:
-                    raise AssertionError(f"torchtpu: lowering of aten::{kernel.name} returned shape "
-                                         f"{v.shape}, PyTorch expects {shape}")
-            functional.append(v.reshape(-1))  # storages hold flat buffers
-        for (slot, layout, bits), v in zip(mutable_targets, leaves[n_fn:]):
-            buffers[slot] = views.write(buffers[slot], _at(layout, offsets), views.apply_bits(v, bits))
-        return tuple(functional) + tuple(buffers[s] for s in mutated_slots) + (() if flags is None else (flags,))
+                                 f"values, expected {n_out} outputs + {n_writes} mutations")
+        return leaves[:n_out], leaves[n_out:], ()
+    return run
 
+
+def _output_caster(kernel, outs):
+    dtypes = [dt.to_jax(dtype) for _, dtype in outs]
+    where = f"aten::{kernel.name}"
+
+    def cast(values):
+        return [flat_output(v, d, shape, where=where) for v, (shape, _), d in zip(values, outs, dtypes)]
+    return cast
+
+
+def _choose_reuse(kernel, entry, records, outs, writes):
+    """Small ops without tensor inputs keep their results per scalar value (Entry.consts), other
+    small deterministic ones their last results per input buffers (Entry.memo)."""
+    if kernel.random or writes:
+        return
     out_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in outs)
-    if nb == 0 and not kernel.random and not mutable_targets and out_bytes <= CONSTANT_BYTES:
+    if not records and out_bytes <= CONSTANT_BYTES:
         entry.consts = {}
-    elif nb and not kernel.random and not mutable_targets and \
-            out_bytes + sum(r.nbytes for r in bufs) <= MEMO_BYTES:
+    elif records and out_bytes + sum(r.nbytes for r in records) <= MEMO_BYTES:
         entry.memo = {}
-    if nb == 0:
-        index = device if device >= 0 else 0
-        entry.fn = jax.jit(fused, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)))
-    else:
-        entry.fn = jax.jit(fused)
-        if any(bufs[s].nbytes >= DONATE_BYTES for s in mutated_slots):
-            entry.traced = fused
-    return entry
 
 
 def _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized):

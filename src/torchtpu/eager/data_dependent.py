@@ -15,6 +15,7 @@ import torch
 
 from ..ops import dtypes as dt
 from ..storage.records import new_tensor, record_of
+from .executable import device_mismatch, zeros
 
 aten = torch.ops.aten
 
@@ -28,20 +29,14 @@ def _flat(t: torch.Tensor):
         r = record_of(t)
     buf = r.buffer
     if buf is None:
-        buf = _zeros(r.numel, dt.to_jax(t.dtype), r.device_index)
+        buf = zeros(r.numel, r.dtype, r.device_index)
     return buf, r.device_index
-
-
-def _zeros(n, dtype, index):
-    from ..device import platform
-    return jax.device_put(jnp.zeros((n,), dtype), platform.jax_device(index))
 
 
 def _check_tpu(*ts):
     for t in ts:
         if t.device.type != "tpu":
-            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
-                               f"devices, tpu and {t.device}!")
+            device_mismatch("a data-dependent op", "tpu", t.device)
 
 
 # ------------------------------------------------------------------ executables (cached per shape)
@@ -153,9 +148,9 @@ def _unique_impl(self, dim, sort, return_inverse, return_counts, inverse_shape):
     vshape = (n,) if dim is None else shape[:dim] + (n,) + shape[dim + 1:]
     out = new_tensor(vshape, self.dtype, dev, values)
     inv = new_tensor(inverse_shape, torch.int64, dev, inverse) if return_inverse else \
-        new_tensor((0,), torch.int64, dev, _zeros(0, jnp.int64, dev))
+        new_tensor((0,), torch.int64, dev, zeros(0, torch.int64, dev))
     cnt = new_tensor((n,), torch.int64, dev, counts) if return_counts else \
-        new_tensor((0,), torch.int64, dev, _zeros(0, jnp.int64, dev))
+        new_tensor((0,), torch.int64, dev, zeros(0, torch.int64, dev))
     return out, inv, cnt
 
 

@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import threading
 import warnings
+from itertools import starmap
 
 import jax
 import torch
 from torch.utils import _pytree as pytree
 
+from ..device.state import current_device
 from ..metrics import counters
-from ..device import platform
-from ..ops import dtypes as dt
-from ..storage.records import RECORDS, Pending, donatable, new_tensor, set_buffer
+from ..storage.records import RECORDS, Pending, donatable, new_tensor
 from . import asserts, fusion
+from .executable import commit, device_mismatch, input_buffers, key_tensor
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
-from ..device.state import current_device
 
 
 class SpecializeScalars(Exception):
@@ -46,6 +46,25 @@ _PLAIN = frozenset({type(None), bool, str, torch.dtype, torch.layout, torch.memo
 
 class TpuOpError(RuntimeError):
     pass
+
+
+# How an argument travels (the one classification: the engine keys by it, build.py traces by it)
+TENSOR = "tensor"     # a tpu tensor: a buffer slot and a view layout
+FOREIGN = "foreign"   # another device's tensor: a CPU scalar travels as a traced value, others raise
+SCALAR = "scalar"     # a Python number in a Scalar/Tensor position: a traced value
+LIST = "list"         # a list of tensors (and Nones)
+OTHER = "other"       # anything else: part of the key, baked into the executable
+
+
+def arg_kind(a, is_scalar_arg):
+    if isinstance(a, _Tensor):
+        return TENSOR if RECORDS.get(a.untyped_storage().data_ptr()) is not None else FOREIGN
+    if type(a) in _SCALAR_TYPES and is_scalar_arg:
+        return SCALAR
+    if (type(a) is list or type(a) is tuple) and a and (
+            isinstance(a[0], _Tensor) or a[0] is None and any(isinstance(x, _Tensor) for x in a)):
+        return LIST
+    return OTHER
 
 
 # XLA:CPU maps each loaded executable into memory with about three mappings, and Linux caps a process
@@ -169,6 +188,8 @@ class OpKernel:
         self.aliased_returns = [_aliased_name(schema, r) for r in schema.returns]
         self.random = False  # set at registration: the lowering takes a PRNG key
         self.specialize_scalars = False  # set when the op runs through a traced decomposition
+        # set when its lowering read torch's float32 matmul precision: the setting keys the cache
+        self.precision_sensitive = False
         self.lock = threading.RLock()
         _KERNELS.append(self)
 
@@ -176,42 +197,30 @@ class OpKernel:
     def __call__(self, *args, **kwargs):
         parts = []
         slot_of = {}
-        bufs = []
+        records = []
         scalars = []
         offsets = []  # non-zero storage offsets travel as traced values: x[i] in a loop compiles once
         device = -1
         scalar_pos = self.scalar_pos
         for i, a in enumerate(args):
-            if isinstance(a, _Tensor):  # the common case, inlined
+            if isinstance(a, _Tensor):  # the common case first
                 address = a.untyped_storage().data_ptr()
                 r = RECORDS.get(address)
                 if r is not None:
-                    slot = slot_of.get(address)
-                    if slot is None:
-                        slot = slot_of[address] = len(bufs)
-                        bufs.append(r)
-                        if device != r.device_index:
-                            if device >= 0:
-                                _device_mismatch(self.name, device, r.device_index)
-                            device = r.device_index
-                    off = a.storage_offset()
-                    if off or a.numel() != r.numel:  # part of its storage: the offset is traced
-                        offsets.append(off)
-                        off = -1
-                    parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.numel))
-                    if a.is_conj() or a.is_neg():  # lazily conjugated/negated views (build.py: _bits)
-                        parts.append((a.is_conj(), a.is_neg()))
+                    device = key_tensor(a, r, address, parts, slot_of, records, offsets, device, self.where)
                     continue
-            device = self._flatten(a, parts, slot_of, bufs, scalars, offsets, device, i in scalar_pos)
+            device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, i in scalar_pos)
         if kwargs:
             for k, a in kwargs.items():
                 parts.append(k)
-                device = self._flatten(a, parts, slot_of, bufs, scalars, offsets, device, k in self.scalar_names)
+                device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, k in self.scalar_names)
+        if self.precision_sensitive:
+            parts.append(torch.get_float32_matmul_precision())
         key = tuple(parts)
         entry = self.cache.get(key)
         if entry is None:
             try:
-                entry = self._build(key, args, kwargs, bufs, device)
+                entry = self._build(key, args, kwargs, records, device)
             except NeedsResize as e:
                 for t, shape in e.resizes:
                     t.resize_(shape)
@@ -222,50 +231,38 @@ class OpKernel:
             note_executable()
         else:
             counters.eager_cache_hits += 1
-        mode = _mode[0]
         dev = device if device >= 0 else 0
-        if entry.consts is not None:
-            results = _constant(entry, scalars)
-        else:
-            deferred = mode == "fused" and entry.n_results is not None
-            inputs = []
-            for r in bufs:
-                # fused mode queues behind pending results (raw `_buffer`); otherwise the record's
-                # `buffer` property runs any queue first
-                b = r._buffer if deferred else r.buffer
-                if b is None:
-                    b = _zeros(r.numel, r.dtype, r.device_index)
-                    set_buffer(r, b)
-                inputs.append(b)
-            b = None  # (the donation check counts references to the input buffers)
-            if self.random:
-                scalars.append(self._rng_args(args, kwargs, device))
-            if deferred:
-                results = fusion.defer(entry, inputs, (*scalars, *offsets), dev)
-            if not deferred or results is None:  # strict, or a "cold" op in fused mode: it runs now
-                if deferred:
-                    inputs = [b.get() if type(b) is Pending else b for b in inputs]
-                if entry.memo is not None:
-                    results = _memoized(entry, inputs, scalars, offsets)
-                else:
-                    fn = entry.fn
-                    if entry.traced is not None and donatable(inputs, entry.mutated_slots):
-                        fn = entry.fn_donating or _donating(entry)
-                        counters.eager_donations += 1
-                    results = fn(*inputs, *scalars, *offsets)
-                    entry.n_results = len(results)
-        if entry.checks:
-            asserts.note(results[-1], entry.checks, self.where)
-        if mode == "debug":
-            jax.block_until_ready(results)
+        results = self._run(entry, records, scalars, offsets, dev, args, kwargs)
         outs = entry.outs
-        if entry.mutated_slots:
-            for slot, buf in zip(entry.mutated_slots, results[len(outs):]):
-                set_buffer(bufs[slot], buf)
         out_tensors = [new_tensor(shape, dtype, dev, buf) for (shape, dtype), buf in zip(outs, results)]
         if entry.spec is None:
             return out_tensors[0]
         return self._returns(entry, out_tensors, args, kwargs)
+
+    def _run(self, entry, records, scalars, offsets, dev, args, kwargs):
+        """Call (or, in the fused mode, queue) the executable and give the written storages their
+        new buffers; the results."""
+        mode = _mode[0]
+        if entry.consts is not None:
+            results = _constant(entry, scalars)
+        else:
+            deferred = mode == "fused" and entry.n_results is not None
+            inputs = input_buffers(records, deferred)
+            if self.random:
+                scalars.append(self._rng_args(args, kwargs, dev))
+            results = None
+            if deferred:
+                results = fusion.defer(entry, inputs, (*scalars, *offsets), dev,
+                                       [records[s] for s in entry.mutated_slots])
+            if results is None:  # strict, or a "cold" op in fused mode: it runs now
+                if deferred:
+                    inputs = [b.get() if type(b) is Pending else b for b in inputs]
+                results = _execute(entry, inputs, scalars, offsets, records)
+        if entry.checks:
+            asserts.note(results[-1], entry.checks, self.where)
+        if mode == "debug":
+            jax.block_until_ready(results)
+        return results
 
     def _rng_args(self, args, kwargs, device):
         gen = kwargs.get("generator")
@@ -286,43 +283,28 @@ class OpKernel:
             # `b * 1` have different result dtypes)
             parts.append(("V", a) if ta is not bool else ("V", bool, a))
             return device
-        if isinstance(a, _Tensor):
+        kind = arg_kind(a, is_scalar_arg)
+        if kind is TENSOR:
             address = a.untyped_storage().data_ptr()
-            r = RECORDS.get(address)
-            if r is None:
-                return self._foreign_tensor(a, parts, scalars, device)
-            slot = slot_of.get(address)
-            if slot is None:
-                slot = slot_of[address] = len(bufs)
-                bufs.append(r)
-                if device != r.device_index:
-                    if device >= 0:
-                        _device_mismatch(self.name, device, r.device_index)
-                    device = r.device_index
-            off = a.storage_offset()
-            if off or a.numel() != r.numel:  # part of its storage: the offset is traced
-                offsets.append(off)
-                off = -1
-            parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.numel))
-            if a.is_conj() or a.is_neg():
-                parts.append((a.is_conj(), a.is_neg()))
-        elif type(a) in _SCALAR_TYPES and is_scalar_arg:
+            return key_tensor(a, RECORDS[address], address, parts, slot_of, bufs, offsets, device, self.where)
+        if kind is FOREIGN:
+            return self._foreign_tensor(a, parts, scalars, device)
+        if kind is SCALAR:
             scalars.append(a)
             # decomposed ops bake scalars into their graph, so their values must key the cache
             parts.append(("S", *scalar_key((a,))) if self.specialize_scalars else ("S", type(a)))
-        elif type(a) is list or type(a) is tuple:
-            if a and (isinstance(a[0], _Tensor) or a[0] is None and any(isinstance(x, _Tensor) for x in a)):
-                parts.append(("L", len(a)))
-                for x in a:
-                    device = self._flatten(x, parts, slot_of, bufs, scalars, offsets, device, False)
-            else:
-                parts.append(("V", tuple(a)))
+        elif kind is LIST:
+            parts.append(("L", len(a)))
+            for x in a:
+                device = self._flatten(x, parts, slot_of, bufs, scalars, offsets, device, False)
+        elif ta is list or ta is tuple:
+            parts.append(("V", tuple(a)))
         elif isinstance(a, torch.device):
             parts.append(("V", a))
             if a.type == "tpu":
                 index = current_device() if a.index is None else a.index
                 if device >= 0 and index != device:
-                    _device_mismatch(self.name, device, index)
+                    device_mismatch(self.where, device, index)
                 device = index
         elif isinstance(a, torch.Generator):
             parts.append(("G",))
@@ -342,10 +324,7 @@ class OpKernel:
             return device
         if a.device.type == "tpu":
             raise TpuOpError(f"torchtpu: aten::{self.name} got a tpu tensor whose storage torchtpu does not know")
-        here = f"tpu:{device}" if device >= 0 else "tpu:0"
-        raise RuntimeError(
-            f"Expected all tensors to be on the same device, but found at least two devices, "
-            f"{here} and {a.device}! (when checking arguments for aten::{self.name})")
+        device_mismatch(self.where, max(device, 0), a.device)
 
     def _returns(self, entry, out_tensors, args, kwargs):
         it = iter(out_tensors)
@@ -429,6 +408,33 @@ def _memoized(entry, inputs, scalars, offsets):
     return results
 
 
+def _execute(entry, inputs, scalars, offsets, records):
+    """Run the executable now; the written storages get their new buffers even if an interrupt
+    arrives as it returns (a donated input is gone: the record must not keep it)."""
+    if entry.memo is not None:
+        return _memoized(entry, inputs, scalars, offsets)
+    fn = entry.fn
+    slots = entry.mutated_slots
+    if not slots:
+        results = fn(*inputs, *scalars, *offsets)
+        entry.n_results = len(results)
+        return results
+    if entry.traced is not None and donatable(inputs, slots):
+        fn = entry.fn_donating or _donating(entry)
+        counters.eager_donations += 1
+    box = []
+    try:
+        # starmap calls fn from C and extend stores its result before Python code (and a pending
+        # signal handler) runs again
+        box.extend(starmap(fn, ((*inputs, *scalars, *offsets),)))
+    finally:
+        if box:
+            results = box[0]
+            commit([records[s] for s in slots], results[len(entry.outs):len(entry.outs) + len(slots)])
+    entry.n_results = len(results)
+    return results
+
+
 def _donating(entry):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -450,36 +456,3 @@ def _aliased_arg(schema, name, args, kwargs):
         if a.name == name:
             return kwargs[name] if a.kwarg_only or i >= len(args) else args[i]
     raise AssertionError(name)
-
-
-def _device_mismatch(name, a, b):
-    raise RuntimeError(
-        f"Expected all tensors to be on the same device, but found at least two devices, "
-        f"tpu:{a} and tpu:{b}! (when checking arguments for aten::{name})")
-
-
-_zeros_cache = {}
-# Zero buffers of at most CONSTANT_BYTES are kept (arrays are immutable, and a kept one is never
-# donated): `new_ones`, `empty(...).fill_()` and copies into a fresh `empty` write a storage that was
-# never written, whose zeros would otherwise cost an executable call each time.
-_zeros_kept = {}
-
-
-def _zeros(numel, dtype, device_index):
-    small = numel * dtype.itemsize <= CONSTANT_BYTES
-    if small:
-        kept = _zeros_kept.get((numel, dtype, device_index))
-        if kept is not None:
-            return kept
-    fn = _zeros_cache.get((dtype, device_index))
-    if fn is None:
-        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
-        jd = dt.to_jax(dtype)
-        fn = _zeros_cache[(dtype, device_index)] = jax.jit(
-            lambda n: jax.numpy.zeros((n,), jd), static_argnums=0, out_shardings=sharding)
-    zeros = fn(numel)
-    if small:
-        if len(_zeros_kept) >= 256:
-            _zeros_kept.clear()
-        _zeros_kept[(numel, dtype, device_index)] = zeros
-    return zeros

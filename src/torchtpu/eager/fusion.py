@@ -31,13 +31,16 @@ import atexit
 import os
 import queue
 import threading
+import warnings
 import weakref
+from itertools import repeat
 
 import jax
 
 from ..device import platform
 from ..metrics import counters
 from ..storage.records import Pending
+from .executable import commit
 
 # Where a segment ends without being asked. The cuts depend on the ops, not on a count from wherever
 # the stream began, so a loop that never synchronizes (an eager training loop read every 50 steps) is
@@ -75,15 +78,18 @@ if COMPILE not in ("background", "now"):
 
 
 class _Segment:
-    __slots__ = ("device", "plan", "scalars", "external", "external_ids", "results", "done")
+    __slots__ = ("device", "steps", "external", "external_ids", "undo", "undo_ids", "done")
 
     def __init__(self, device):
         self.device = device
-        self.plan = []          # (executable, sources) per step: with the live results, the key
-        self.scalars = []       # each step's traced scalars
+        # per step, one tuple (appended in one C call, so an interrupt queues a step whole or not at
+        # all): (executable, sources, traced scalars, weak references to its Pending results);
+        # (executable, sources) of each step, with the live results, make the segment's key
+        self.steps = []
         self.external = []      # concrete input arrays, in first-use order
         self.external_ids = {}  # id(array) -> index in external
-        self.results = []       # per step, weak references to its Pending results
+        self.undo = []          # (record, buffer before this segment) of each storage it writes
+        self.undo_ids = set()
         self.done = False
 
     def flush(self):
@@ -102,11 +108,13 @@ _compiling: dict = {}      # keys handed to the compile thread and not back yet 
 _epoch = [0]               # bumped by forget(): compiles started before it are dropped
 _unnoted = [0]             # background compiles not yet counted by engine.note_executable
 _FAILED = object()         # a segment whose compile failed: it keeps running op by op
+failures: list = []        # (segment key, exception) of the last background compiles that failed
 
 
-def defer(entry, inputs, scalars, device):
-    """Queue `entry.fn(*inputs, *scalars)` and return one Pending per result; None for a cold op,
-    which the caller runs now as in "strict" mode (its queued inputs are ready by then)."""
+def defer(entry, inputs, scalars, device, mutated=()):
+    """Queue `entry.fn(*inputs, *scalars)` and return one Pending per result, giving the storages
+    in `mutated` (the op's written records) their Pending buffers; None for a cold op, which the
+    caller runs now as in "strict" mode (its queued inputs are ready by then)."""
     with _lock:
         now = _syncs[0]
         if entry.last_sync != now:  # its first call in this sync window decides
@@ -124,31 +132,40 @@ def defer(entry, inputs, scalars, device):
             return None
         if segment is None:
             segment = _open[device] = _Segment(device)
-        elif len(segment.plan) >= MIN_OPS and segment.plan[0][0] is entry.fn:
+        elif len(segment.steps) >= MIN_OPS and segment.steps[0][0] is entry.fn:
             _flush(segment)
             segment = _open[device] = _Segment(device)
-        sources = []
-        for b in inputs:
-            if type(b) is Pending:
-                if b.segment is segment:
-                    sources.append((b.step, b.index))
-                    continue
-                b = b.get()
-            index = segment.external_ids.get(id(b))
-            if index is None:
-                index = segment.external_ids[id(b)] = len(segment.external)
-                segment.external.append(b)
-            sources.append(index)
-        sources = tuple(sources)
-        step = len(segment.plan)
-        segment.plan.append((entry.fn, sources))
-        segment.scalars.append(scalars)
+        sources = tuple(_sources(segment, inputs))
+        step = len(segment.steps)
         results = tuple([Pending(segment, step, i) for i in range(entry.n_results)])
-        segment.results.append([weakref.ref(p) for p in results])
+        for r in mutated:   # what to restore if the segment cannot run
+            if id(r) not in segment.undo_ids:
+                segment.undo.append((r, r._buffer))
+                segment.undo_ids.add(id(r))
+        segment.steps.append((entry.fn, sources, scalars, [weakref.ref(p) for p in results]))
+        if mutated:
+            n = len(entry.outs)
+            commit(mutated, results[n:n + len(mutated)])
         counters.fused_ops += 1
         if step + 1 >= MIN_OPS and (entry.anchor or step + 1 >= LIMIT):
             _flush(segment)
         return results
+
+
+def _sources(segment, inputs):
+    """Where each input comes from: (step, index) of a result queued in `segment`, or the index of a
+    concrete array in its external inputs."""
+    for b in inputs:
+        if type(b) is Pending:
+            if b.segment is segment:
+                yield (b.step, b.index)
+                continue
+            b = b.get()
+        index = segment.external_ids.get(id(b))
+        if index is None:
+            segment.external.append(b)   # (then the index: an interrupt leaves no index to nothing)
+            index = segment.external_ids[id(b)] = len(segment.external) - 1
+        yield index
 
 
 def count_sync():
@@ -183,55 +200,97 @@ def flush_all():
 
 
 def _flush(segment: _Segment):
+    """Run the segment's queued steps and give their live Pending results their values. All or
+    nothing: an interrupt while it runs reruns it (the steps are pure functions of arrays the segment
+    holds) and is raised after; any other error restores the storages it wrote to their buffers from
+    before the segment, and is raised."""
     if segment.done:  # another thread ran it while this one waited for the lock
         return
-    segment.done = True
-    if _open.get(segment.device) is segment:
-        del _open[segment.device]
-    if not segment.plan:
+    try:
+        segment.done = True
+        if _open.get(segment.device) is segment:
+            del _open[segment.device]
+        if not segment.steps:
+            return
+        _flushes[0] += 1
+        live = tuple((s, i) for s, step in enumerate(segment.steps) for i, r in enumerate(step[3])
+                     if r() is not None)
+        if not live:  # nothing anyone can observe: every result was dropped or overwritten
+            return
+        plan = tuple((fn, sources) for fn, sources, _, _ in segment.steps)
+        key = (segment.device, plan, live)
+        fn = _executable_for(segment, key, plan, live)
+        scalars = [step[2] for step in segment.steps]
+        interrupted = None
+        for attempt in (0, 1):
+            try:
+                values = _run(fn, key, plan, live, segment.external, scalars)
+                break
+            except KeyboardInterrupt as e:   # complete the segment once more, then deliver it
+                if attempt:
+                    raise
+                interrupted = e
+        pendings = [segment.steps[s][3][i]() for s, i in live]
+        kept = [(p, v) for p, v in zip(pendings, values) if p is not None]
+        # in C: every Pending gets its value, or (an interrupt before this line) none
+        list(map(setattr, [p for p, _ in kept], repeat("value"), [v for _, v in kept]))
+    except BaseException:
+        _undo(segment)
+        raise
+    segment.external = segment.external_ids = segment.undo = None   # (results keep the segment)
+    if interrupted is not None:
+        raise interrupted
+
+
+def _undo(segment):
+    """The storages the segment wrote get back their buffers from before it (those no later write
+    replaced)."""
+    if not segment.undo:
         return
-    _flushes[0] += 1
-    live = tuple((s, i) for s, refs in enumerate(segment.results) for i, r in enumerate(refs) if r() is not None)
-    if not live:  # nothing anyone can observe: every result was dropped or overwritten
-        return
-    key = (segment.device, tuple(segment.plan), live)
+    undo = [(r, old) for r, old in segment.undo if type(r._buffer) is Pending and r._buffer.segment is segment
+            and r._buffer.value is None]
+    list(map(setattr, [r for r, _ in undo], repeat("_buffer"), [old for _, old in undo]))
+    segment.undo = []
+
+
+def _executable_for(segment, key, plan, live):
+    """The segment's compiled executable if it has one, else None (it runs op by op); decides
+    whether to compile it (see RECENT)."""
     fn = _compiled.get(key)
     if _unnoted[0]:
         _note_background_compiles()
-    if fn is None:   # (a compiled segment is never also queued: the thread moves it across)
-        if key in _compiling:
-            _compiling[key] = _flushes[0]   # still wanted: the compile thread skips segments gone stale
-        elif len(segment.plan) > 1:  # (one op is already one executable)
-            last = _seen.get(key)
-            if last is not None and _flushes[0] - last <= RECENT:
-                del _seen[key]
-                if COMPILE == "now":
-                    fn = _compiled[key] = _fuse(segment.plan, live, segment.device)
-                    counters.fused_compiles += 1
-                    from .engine import note_executable
-                    note_executable()
-                else:
-                    _compile_later(key, segment, live)
+    if fn is not None:   # (a compiled segment is never also queued: the thread moves it across)
+        return fn
+    if key in _compiling:
+        _compiling[key] = _flushes[0]   # still wanted: the compile thread skips segments gone stale
+    elif len(plan) > 1:  # (one op is already one executable)
+        last = _seen.get(key)
+        if last is not None and _flushes[0] - last <= RECENT:
+            del _seen[key]
+            if COMPILE == "now":
+                fn = _compiled[key] = _fuse(plan, live, segment.device)
+                counters.fused_compiles += 1
+                _note_executable()
             else:
-                if len(_seen) >= _MAX_KEYS:
-                    _seen.clear()
-                _seen[key] = _flushes[0]
-    values = None
+                _compile_later(key, segment, plan, live)
+        else:
+            if len(_seen) >= _MAX_KEYS:
+                _seen.clear()
+            _seen[key] = _flushes[0]
+    return fn
+
+
+def _run(fn, key, plan, live, external, scalars):
     if fn is not None and fn is not _FAILED:
         try:
-            values = fn(segment.external, segment.scalars)
+            values = fn(external, scalars)
             counters.fused_runs += 1
+            return values
         except TypeError:
             # an executable compiled ahead of time takes exactly the argument types it was lowered
             # for (a Python scalar's type, say); a mismatch is refused before it runs: replay instead
             _compiled[key] = _FAILED
-    if values is None:  # op by op through the ops' own executables
-        values = _replay(segment.plan, live, segment.external, segment.scalars)
-    for (s, i), v in zip(live, values):
-        p = segment.results[s][i]()
-        if p is not None:
-            p.value = v
-            p.segment = None
+    return _replay(plan, live, external, scalars)   # op by op through the ops' own executables
 
 
 def _replay(plan, live, external, scalars):
@@ -282,11 +341,11 @@ def _abstract(x):
     return x
 
 
-def _compile_later(key, segment, live):
+def _compile_later(key, segment, plan, live):
     _compiling[key] = _flushes[0]
-    fused = _fuse(segment.plan, live, segment.device)
+    fused = _fuse(plan, live, segment.device)
     external = [_abstract(a) for a in segment.external]
-    scalars = [_abstract(sc) for sc in segment.scalars]
+    scalars = [_abstract(step[2]) for step in segment.steps]
     _jobs().put(((key, fused, external, scalars, _epoch[0]), None))
 
 
@@ -308,8 +367,9 @@ def _compile_loop(q):
                 continue
         try:
             fn = fused.lower(external, scalars).compile()
-        except Exception:     # noqa: BLE001 -- the segment keeps running op by op, as before
+        except Exception as e:   # noqa: BLE001 -- any compile failure: the segment keeps running op by op
             fn = _FAILED
+            _note_failure(key, e)
         with _lock:
             if epoch == _epoch[0] and _compiling.pop(key, None) is not None:
                 _compiled[key] = fn
@@ -318,8 +378,22 @@ def _compile_loop(q):
                     _unnoted[0] += 1
 
 
+def _note_failure(key, error):
+    """A segment that failed to compile keeps running op by op (as correct, only slower): say so once
+    per segment, and keep the last few errors in `failures` for inspection."""
+    counters.fused_compile_failures += 1
+    failures.append((key, error))
+    del failures[:-8]
+    warnings.warn(f"torchtpu: a fused segment of {len(key[1])} ops failed to compile and runs op by op: "
+                  f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=1)
+
+
+def _note_executable():
+    from .engine import note_executable   # (engine imports this module)
+    note_executable()
+
+
 def _note_background_compiles():
-    from .engine import note_executable
     while _unnoted[0]:
         _unnoted[0] -= 1
-        note_executable()
+        _note_executable()

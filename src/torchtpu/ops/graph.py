@@ -124,7 +124,7 @@ def _view(val, a, size, *rest):
 
 @graph_lowering("view.dtype")
 def _view_dtype(val, a, dtype):
-    from ..eager.views import bitcast
+    from .views import bitcast
     out = bitcast(a.reshape(-1), dtype)
     return out.reshape(tuple(a.shape[:-1]) + (-1,)) if a.ndim else out.reshape(())
 
@@ -200,7 +200,7 @@ def _narrow(val, a, dim, start, length):
 @graph_lowering("as_strided", "as_strided_copy")
 def _as_strided(val, a, size, stride, storage_offset=None):
     # A graph value has no storage of its own: read the strides against its contiguous elements.
-    from ..eager.views import read
+    from .views import read
     flat = a.reshape(-1)
     return read(flat, (tuple(size), tuple(stride), storage_offset or 0, flat.dtype, flat.shape[0]))
 
@@ -724,7 +724,7 @@ def _constant(t):
         return t
     if t.device.type == "tpu":
         from ..storage.records import record_of
-        from ..eager.views import read
+        from .views import read
         r = record_of(t)
         flat = r.buffer if r.buffer is not None else jnp.zeros((r.numel,), dt.to_jax(r.dtype))
         return read(flat, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), dt.to_jax(t.dtype), r.numel))

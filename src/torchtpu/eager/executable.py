@@ -1,0 +1,246 @@
+"""The one builder of device executables, shared by eager ops, the fused mode and compiled graphs.
+
+An executable takes the flat buffers of the storages it touches, then its traced values (Python
+scalars, CPU scalars and host arrays, in argument order), then the PRNG state if the op draws
+random numbers, then the traced storage offsets of partial views:
+
+    (buffers..., values..., [rng], offsets...) -> (outputs..., mutated buffers..., extras..., [verdict])
+
+Inside, it reads each tensor argument through its view (layout and lazy conj/neg bits), runs the
+computation, casts each output to the dtype PyTorch expects and flattens it (storages hold flat
+buffers), writes in-place results back through their views, and returns the verdict of the
+device-side checks (ops/checks.py) the computation stated, if any. The host side (`key_tensor`,
+`input_buffers`, `commit`) keys the cache, gathers the buffers and records the results.
+"""
+from __future__ import annotations
+
+from itertools import repeat
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ..device import platform
+from ..ops import checks, views
+from ..ops import dtypes as dt
+from ..storage.records import Pending, stats
+
+_TRACED = object()
+
+
+# ---------------------------------------------------------------- argument specs
+class DynOffset(NamedTuple):
+    index: int  # which of the executable's traced offsets holds the view's storage offset
+
+
+class TensorArg(NamedTuple):
+    slot: int            # which input buffer
+    layout: tuple        # (shape, stride, offset | DynOffset, jax dtype, numel of the storage)
+    bits: tuple = (False, False)   # (conjugate, negative): lazily conjugated/negated views
+
+
+class ValueArg(NamedTuple):
+    """An argument that travels as a traced value: a Python scalar, a CPU scalar tensor's value
+    (made an array of `dtype`) or a host array (`dtype` None: as it comes)."""
+    dtype: object = None
+    static: object = _TRACED   # the value baked in instead (an op specialized on its scalars)
+
+
+def is_partial(t, record):
+    """A view of part of its storage: its offset travels as a traced value, so `x[i]` in a loop
+    reuses one executable."""
+    return bool(t.storage_offset()) or t.numel() != record.numel
+
+
+def layout_of(t, record, dyn_index=None):
+    offset = DynOffset(dyn_index) if dyn_index is not None else t.storage_offset()
+    return (tuple(t.shape), tuple(t.stride()), offset, dt.to_jax(t.dtype), record.numel)
+
+
+def tensor_arg(t, slot, record, dyn_index=None):
+    return TensorArg(slot, layout_of(t, record, dyn_index), (t.is_conj(), t.is_neg()))
+
+
+def at(layout, offsets):
+    """The layout with its traced offset filled in."""
+    off = layout[2]
+    return layout if type(off) is not DynOffset else layout[:2] + (offsets[off.index],) + layout[3:]
+
+
+def rng_key(rng):
+    """The PRNG key of a draw: rng = (seed, stream, counter) (eager/random.py)."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(rng[0]), rng[1]), rng[2])
+
+
+def flat_output(v, dtype, shape=None, order=None, where="op"):
+    """An output as its storage holds it: cast to `dtype`, broadcast to `shape` (a lowering may
+    return a scalar or a broadcastable value), transposed to the memory `order` of a strided output,
+    flattened."""
+    v = jnp.asarray(v)
+    if v.dtype != dtype:
+        v = v.astype(dtype)
+    if shape is not None and v.shape != shape:
+        if v.size == 1 or v.ndim < len(shape):
+            v = jnp.broadcast_to(v, shape)
+        if v.shape != shape:
+            raise AssertionError(f"torchtpu: lowering of {where} returned shape {v.shape}, PyTorch expects {shape}")
+    if order is not None:
+        v = jnp.transpose(v, order)
+    return v.reshape(-1)
+
+
+class Program(NamedTuple):
+    """What an executable does, in the terms of its arguments."""
+    n_buffers: int
+    n_values: int
+    random: bool
+    n_offsets: int
+    template: object      # the computation's arguments: a list (or (args, kwargs)) of specs and statics
+    # run(arguments, rng key or None) -> (output values, values written through `writes`, extras)
+    run: Callable
+    outputs: Callable     # output values -> flat arrays (see flat_output)
+    writes: list          # (slot, layout, bits) per written view, in the order run returns them
+    mutated_slots: list   # buffers returned after the outputs, in this order
+    on_checks: Callable   # receives the messages of the device-side checks, at trace time
+
+
+def _fill(spec, buffers, values, offsets):
+    t = type(spec)
+    if t is TensorArg:
+        return views.apply_bits(views.read(buffers[spec.slot], at(spec.layout, offsets)), spec.bits)
+    if t is ValueArg:
+        v = next(values)
+        if spec.static is not _TRACED:
+            return spec.static
+        return v if spec.dtype is None else jnp.asarray(v, spec.dtype)
+    if t is list:
+        return [_fill(x, buffers, values, offsets) for x in spec]
+    if t is tuple and spec and type(spec[0]) is list and type(spec[-1]) is dict:  # (args, kwargs)
+        return (_fill(spec[0], buffers, values, offsets),
+                {k: _fill(v, buffers, values, offsets) for k, v in spec[1].items()})
+    return spec
+
+
+def count_values(spec):
+    """How many traced values a template takes."""
+    t = type(spec)
+    if t is ValueArg:
+        return 1
+    if t is list:
+        return sum(count_values(x) for x in spec)
+    if t is tuple and spec and type(spec[0]) is list and type(spec[-1]) is dict:
+        return count_values(spec[0]) + sum(count_values(v) for v in spec[1].values())
+    return 0
+
+
+def traced_function(p: Program):
+    """The function to jit for program `p` (see the module docstring for its signature)."""
+    nb, nv, n_off = p.n_buffers, p.n_values, p.n_offsets
+
+    def executable(*dyn):
+        buffers = list(dyn[:nb])
+        values = iter(dyn[nb:nb + nv])
+        key = rng_key(dyn[nb + nv]) if p.random else None
+        offsets = dyn[len(dyn) - n_off:] if n_off else ()
+        arguments = _fill(p.template, buffers, values, offsets)
+        with checks.collecting() as found:
+            outs, written, extras = p.run(arguments, key)
+        flags, messages = checks.verdict(found)
+        p.on_checks(messages)
+        flat = p.outputs(outs)
+        for (slot, layout, bits), v in zip(p.writes, written):
+            new = views.write(buffers[slot], at(layout, offsets), views.apply_bits(v, bits))
+            # a write whose check failed is not committed: the storage keeps its old value
+            buffers[slot] = new if flags is None else jnp.where(flags == 0, new, buffers[slot])
+        return (*flat, *(buffers[s] for s in p.mutated_slots), *extras, *(() if flags is None else (flags,)))
+
+    return executable
+
+
+# ---------------------------------------------------------------- host side
+def device_mismatch(where, a, b):
+    """PyTorch's error for tensors of two devices in one op (`where`: aten::add.Tensor)."""
+    raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                       f"{_name(a)} and {_name(b)}! (when checking arguments for {where})")
+
+
+def _name(d):
+    return f"tpu:{d}" if type(d) is int else str(d)
+
+
+def key_tensor(a, r, address, parts, slot_of, records, offsets, device, where):
+    """Key tensor `a` (record `r` at storage `address`) into `parts`; returns the call's device.
+    A storage seen before in the call reuses its slot, so aliasing is part of the key."""
+    slot = slot_of.get(address)
+    if slot is None:
+        slot = slot_of[address] = len(records)
+        records.append(r)
+        if device != r.device_index:
+            if device >= 0:
+                device_mismatch(where, device, r.device_index)
+            device = r.device_index
+    off = a.storage_offset()
+    if off or a.numel() != r.numel:  # part of its storage: the offset is traced
+        offsets.append(off)
+        off = -1
+    # (torch.Size hashes and compares as the tuple of its sizes)
+    parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.numel))
+    if a.is_conj() or a.is_neg():
+        parts.append((a.is_conj(), a.is_neg()))
+    return device
+
+
+def input_buffers(records, deferred=False):
+    """The buffers to call an executable with. `deferred` (the fused mode queues the call) keeps
+    queued results as they are; otherwise reading a queued buffer runs its queue. A storage never
+    written reads as zeros (and keeps them)."""
+    inputs = []
+    for r in records:
+        b = r._buffer
+        if b is None:
+            b = zeros(r.numel, r.dtype, r.device_index)
+            stats(r.device_index).materialized += r.nbytes
+            r._buffer = b
+        elif type(b) is Pending and not deferred:
+            b = r.buffer
+        inputs.append(b)
+    return inputs
+
+
+def commit(records, buffers):
+    """Give `records` their new `buffers`. Called once the executable returned (or was queued):
+    the assignments run in C, with no point where an interrupt could leave some records updated
+    and others holding buffers the executable took over (donated)."""
+    for r in records:
+        if r._buffer is None:
+            stats(r.device_index).materialized += r.nbytes
+    list(map(setattr, records, repeat("_buffer"), buffers))
+
+
+# Zero buffers of at most SMALL_ZEROS bytes are kept (arrays are immutable, and a kept one is never
+# donated: its refcount is too high): `new_ones`, `empty(...).fill_()` and copies into a fresh
+# `empty` write a storage that was never written, whose zeros would otherwise cost a call each time.
+SMALL_ZEROS = 1 << 14
+_zeros_fns = {}
+_zeros_kept = {}
+
+
+def zeros(numel, dtype, device_index):
+    """A flat buffer of `numel` zeros of torch dtype `dtype` on tpu:`device_index`."""
+    small = numel * dtype.itemsize <= SMALL_ZEROS
+    if small:
+        kept = _zeros_kept.get((numel, dtype, device_index))
+        if kept is not None:
+            return kept
+    fn = _zeros_fns.get((dtype, device_index))
+    if fn is None:
+        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
+        jd = dt.to_jax(dtype)
+        fn = _zeros_fns[(dtype, device_index)] = jax.jit(
+            lambda n: jnp.zeros((n,), jd), static_argnums=0, out_shardings=sharding)
+    z = fn(numel)
+    if small:
+        if len(_zeros_kept) >= 256:
+            _zeros_kept.clear()
+        _zeros_kept[(numel, dtype, device_index)] = z
+    return z
