@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 import warnings
-from itertools import starmap
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +30,7 @@ from ..device import platform
 from ..device.state import current_device
 from ..eager import asserts
 from ..eager.engine import scalar_key
-from ..eager.executable import (Program, TensorArg, ValueArg, commit, flat_output, input_buffers, is_partial,
+from ..eager.executable import (Program, TensorArg, ValueArg, call_and_commit, flat_output, input_buffers, is_partial,
                                 key_tensor, tensor_arg, traced_function)
 from ..eager.kernels import META_CHECKS
 from ..eager.random import next_rng_args
@@ -224,7 +223,7 @@ class CompiledGraph:
             n_buffers=nb, n_values=n_cpu, random=program.random, n_offsets=n_off, template=template, run=run,
             outputs=_output_caster([_out_layout(v) for v in self.out_vals], outs_meta),
             writes=[tuple(template[i]) for i in written], mutated_slots=mutated_slots,
-            on_checks=lambda messages: setattr(entry, "checks", messages)))
+            on_trace=lambda messages, _: setattr(entry, "checks", messages)))
         entry.mutated_slots = mutated_slots
         entry.donate = bool(mutated_slots) and options.donation_enabled()
         entry.n_cpu = n_cpu
@@ -319,20 +318,13 @@ def _output_caster(layouts, outs_meta):
 
 
 def _call(fn, dyn, entry, records):
-    """Run the executable; the written storages get their new buffers even if an interrupt arrives
-    as it returns (their old buffers may be donated: the records must not keep them)."""
+    """Run the executable; the written storages get their new buffers in the same C-level step
+    (eager/executable.py: call_and_commit), so an interrupt cannot leave donated buffers behind."""
     slots = entry.mutated_slots
-    box = []
     try:
-        # starmap calls fn from C and extend stores the result before Python code (a pending signal
-        # handler) runs again
-        box.extend(starmap(fn, (dyn,)))
+        return call_and_commit(fn, dyn, [records[s] for s in slots], len(entry.outs))
     finally:
         del dyn[:]
-        if box and slots:
-            nout = len(entry.outs)
-            commit([records[s] for s in slots], box[0][nout:nout + len(slots)])
-    return box[0]
 
 
 def _copy_to_host(entry, results, cpu_vals):

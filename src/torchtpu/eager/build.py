@@ -83,7 +83,7 @@ def build_entry(kernel, key, args, kwargs, records, device):
         n_buffers=len(records), n_values=n_values, random=kernel.random, n_offsets=len(dyn_offset),
         template=template, run=_runner(kernel, compute, len(outs), len(writes)),
         outputs=_output_caster(kernel, outs), writes=writes, mutated_slots=entry.mutated_slots,
-        on_checks=lambda messages: setattr(entry, "checks", messages))
+        on_trace=lambda messages, read_precision: _traced(kernel, entry, messages, read_precision))
     _choose_reuse(kernel, entry, records, outs, writes)
     fn = traced_function(program)
     if not records:
@@ -94,6 +94,12 @@ def build_entry(kernel, key, args, kwargs, records, device):
         if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):
             entry.traced = fn
     return entry
+
+
+def _traced(kernel, entry, messages, read_precision):
+    entry.checks = messages
+    if read_precision:   # from now on the setting keys this op's executables
+        kernel.precision_sensitive = True
 
 
 def _dynamic_offsets(kernel, args, kwargs):

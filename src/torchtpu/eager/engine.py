@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 import warnings
-from itertools import starmap
 
 import jax
 import torch
@@ -23,7 +22,7 @@ from ..device.state import current_device
 from ..metrics import counters
 from ..storage.records import RECORDS, Pending, donatable, new_tensor
 from . import asserts, fusion
-from .executable import commit, device_mismatch, input_buffers, key_tensor
+from .executable import call_and_commit, device_mismatch, input_buffers, key_tensor
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
 
@@ -152,7 +151,7 @@ class Entry:
 
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
                  "cold", "window_calls",
-                 "consts", "memo", "memo_misses", "traced", "fn_donating")
+                 "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -171,6 +170,7 @@ class Entry:
         self.memo_misses = 0      # calls that found nothing in `memo` before its first hit
         self.traced = None        # in-place ops on large storages: the function fn jits, for fn_donating
         self.fn_donating = None   # fn with the mutated storages' buffers donated (built on first use)
+        self.donating_ran = False  # whether fn_donating completed a call (then it is traced)
 
 
 class OpKernel:
@@ -232,7 +232,12 @@ class OpKernel:
         else:
             counters.eager_cache_hits += 1
         dev = device if device >= 0 else 0
-        results = self._run(entry, records, scalars, offsets, dev, args, kwargs)
+        try:
+            results = self._run(entry, records, scalars, offsets, dev, args, kwargs)
+        except BaseException:
+            if entry.n_results is None:   # failed or interrupted while JAX traced it: build afresh
+                self.cache.pop(key, None)
+            raise
         outs = entry.outs
         out_tensors = [new_tensor(shape, dtype, dev, buf) for (shape, dtype), buf in zip(outs, results)]
         if entry.spec is None:
@@ -419,18 +424,18 @@ def _execute(entry, inputs, scalars, offsets, records):
         results = fn(*inputs, *scalars, *offsets)
         entry.n_results = len(results)
         return results
-    if entry.traced is not None and donatable(inputs, slots):
+    donating = entry.traced is not None and donatable(inputs, slots)
+    if donating:
         fn = entry.fn_donating or _donating(entry)
         counters.eager_donations += 1
-    box = []
     try:
-        # starmap calls fn from C and extend stores its result before Python code (and a pending
-        # signal handler) runs again
-        box.extend(starmap(fn, ((*inputs, *scalars, *offsets),)))
-    finally:
-        if box:
-            results = box[0]
-            commit([records[s] for s in slots], results[len(entry.outs):len(entry.outs) + len(slots)])
+        results = call_and_commit(fn, (*inputs, *scalars, *offsets), [records[s] for s in slots], len(entry.outs))
+    except BaseException:
+        if donating and not entry.donating_ran:
+            entry.fn_donating = None   # failed or interrupted while JAX traced it: a fresh jit next time
+        raise
+    if donating:
+        entry.donating_ran = True
     entry.n_results = len(results)
     return results
 
@@ -438,7 +443,9 @@ def _execute(entry, inputs, scalars, offsets, records):
 def _donating(entry):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        entry.fn_donating = jax.jit(entry.traced, donate_argnums=tuple(entry.mutated_slots))
+        traced = entry.traced
+        # (a new function each time: JAX keys its trace cache on the function)
+        entry.fn_donating = jax.jit(lambda *dyn: traced(*dyn), donate_argnums=tuple(entry.mutated_slots))
     return entry.fn_donating
 
 

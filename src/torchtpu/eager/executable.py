@@ -14,14 +14,15 @@ device-side checks (ops/checks.py) the computation stated, if any. The host side
 """
 from __future__ import annotations
 
-from itertools import repeat
+from collections import deque
+from itertools import chain, islice, repeat, starmap
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from ..device import platform
-from ..ops import checks, views
+from ..ops import checks, linalg, views
 from ..ops import dtypes as dt
 from ..storage.records import Pending, stats
 
@@ -101,7 +102,9 @@ class Program(NamedTuple):
     outputs: Callable     # output values -> flat arrays (see flat_output)
     writes: list          # (slot, layout, bits) per written view, in the order run returns them
     mutated_slots: list   # buffers returned after the outputs, in this order
-    on_checks: Callable   # receives the messages of the device-side checks, at trace time
+    # at trace time: the messages of the device-side checks, and whether the computation read
+    # torch's float32 matmul precision (then that setting must key the executable)
+    on_trace: Callable
 
 
 def _fill(spec, buffers, values, offsets):
@@ -143,10 +146,11 @@ def traced_function(p: Program):
         key = rng_key(dyn[nb + nv]) if p.random else None
         offsets = dyn[len(dyn) - n_off:] if n_off else ()
         arguments = _fill(p.template, buffers, values, offsets)
+        reads = linalg.PRECISION_READS[0]
         with checks.collecting() as found:
             outs, written, extras = p.run(arguments, key)
         flags, messages = checks.verdict(found)
-        p.on_checks(messages)
+        p.on_trace(messages, linalg.PRECISION_READS[0] != reads)
         flat = p.outputs(outs)
         for (slot, layout, bits), v in zip(p.writes, written):
             new = views.write(buffers[slot], at(layout, offsets), views.apply_bits(v, bits))
@@ -208,13 +212,27 @@ def input_buffers(records, deferred=False):
 
 
 def commit(records, buffers):
-    """Give `records` their new `buffers`. Called once the executable returned (or was queued):
-    the assignments run in C, with no point where an interrupt could leave some records updated
-    and others holding buffers the executable took over (donated)."""
+    """Give `records` their new `buffers` (the assignments run in C)."""
     for r in records:
         if r._buffer is None:
             stats(r.device_index).materialized += r.nbytes
-    list(map(setattr, records, repeat("_buffer"), buffers))
+    _consume(map(setattr, records, repeat("_buffer"), buffers))
+
+
+_consume = deque(maxlen=0).extend
+
+
+def call_and_commit(fn, args, records, first):
+    """`fn(*args)`, giving `records` (none of them unwritten) the results from index `first` on.
+    The call and the assignments happen inside one C-level iteration, with no Python code between
+    them where a signal handler could raise (Ctrl-C): either the records keep their old buffers (the
+    call did not happen), or they hold the new ones. Never a buffer the executable took over."""
+    if not records:
+        return fn(*args)
+    box = {}
+    results = map(box.setdefault, repeat(0), starmap(fn, (args,)))
+    _consume(map(setattr, records, repeat("_buffer"), islice(chain.from_iterable(results), first, None)))
+    return box[0]
 
 
 # Zero buffers of at most SMALL_ZEROS bytes are kept (arrays are immutable, and a kept one is never

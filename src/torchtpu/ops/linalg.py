@@ -11,11 +11,14 @@ from .table import KIND, lowering
 import torch
 
 
-PRECISION_EPOCH = [0]  # bumped by torch.set_float32_matmul_precision (see eager/kernels.py)
+# reads of the setting: tracing an executable notes whether its computation read it (then the
+# setting is part of that executable's cache key: eager/executable.py)
+PRECISION_READS = [0]
 
 
 def precision():
     """PyTorch's float32 matmul setting as XLA precision (XLA's TPU default would be bf16 passes)."""
+    PRECISION_READS[0] += 1
     setting = torch.get_float32_matmul_precision()
     return {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH}.get(setting, lax.Precision.DEFAULT)
 
