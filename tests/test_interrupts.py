@@ -1,4 +1,4 @@
-"""Interrupts (Ctrl-C) and errors between or during ops leave every tensor with its old or new value.
+"""Interrupts (Ctrl-C) and failed checks between or during ops leave every tensor with its old or new value.
 
 Each test runs in a subprocess: it installs a SIGALRM handler that raises KeyboardInterrupt and fires
 it at seeded pseudo-random moments, bounded in number."""
@@ -100,3 +100,14 @@ def test_interrupted_in_place_loop_keeps_whole_updates(mode):
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_interrupted_training_matches_a_cpu_replay(mode):
     _run(TRAIN_LOOP, mode)
+
+
+def test_a_write_whose_check_failed_is_not_committed():
+    import torch
+    from torchtpu.eager import asserts
+    x = torch.zeros(5, device="tpu")
+    x.index_add_(0, torch.tensor([1, 7], device="tpu"), torch.ones(2, device="tpu"))
+    with pytest.raises(asserts.DeviceAssertError, match="index_add_"):
+        x.cpu()
+    # CPU raises before writing anything; a partial update ([0, 1, 0, 0, 0]) would be silent damage
+    assert x.cpu().tolist() == [0.0] * 5

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..storage.records import Pending
+from .fusion import Pending
 from .modes import _mode
 
 # Verdicts waiting for a synchronization, checked together: one executable stacks them (padded to a

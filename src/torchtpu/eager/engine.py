@@ -20,8 +20,9 @@ from torch.utils import _pytree as pytree
 
 from ..device.state import current_device
 from ..metrics import counters
-from ..storage.records import RECORDS, Pending, donatable, new_tensor
+from ..storage.records import RECORDS, donatable, new_tensor
 from . import asserts, fusion
+from .fusion import Pending
 from .executable import call_and_commit, device_mismatch, input_buffers, key_tensor
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from ..device import platform
 from ..ops import checks, linalg, views
 from ..ops import dtypes as dt
-from ..storage.records import Pending, stats
+from ..storage.records import stats
+from .fusion import Pending
 
 _TRACED = object()
 

@@ -33,14 +33,14 @@ import queue
 import threading
 import warnings
 import weakref
+from collections import deque
 from itertools import repeat
 
 import jax
 
 from ..device import platform
 from ..metrics import counters
-from ..storage.records import Pending
-from .executable import commit
+from ..storage.records import Placeholder
 
 # Where a segment ends without being asked. The cuts depend on the ops, not on a count from wherever
 # the stream began, so a loop that never synchronizes (an eager training loop read every 50 steps) is
@@ -77,6 +77,27 @@ if COMPILE not in ("background", "now"):
     raise RuntimeError(f"TORCHTPU_FUSED_COMPILE={COMPILE!r}: expected 'background' or 'now'")
 
 
+class Pending(Placeholder):
+    """A buffer that a queued op will produce: `get()` runs the segment it belongs to, if it has not
+    run yet, and returns the array."""
+
+    __slots__ = ("segment", "step", "index", "value", "__weakref__")
+
+    def __init__(self, segment, step, index):
+        self.segment = segment
+        self.step = step
+        self.index = index
+        self.value = None
+
+    def get(self):
+        if self.value is None:
+            self.segment.flush()
+            if self.value is None:
+                raise RuntimeError("torchtpu: this tensor has no value: the queued ops that compute it "
+                                   "failed when they ran (see the earlier error)")
+        return self.value
+
+
 class _Segment:
     __slots__ = ("device", "steps", "external", "external_ids", "undo", "undo_ids", "done")
 
@@ -107,6 +128,7 @@ _compiled: dict[tuple, object] = {}
 _compiling: dict = {}      # keys handed to the compile thread and not back yet -> flush last seen
 _epoch = [0]               # bumped by forget(): compiles started before it are dropped
 _unnoted = [0]             # background compiles not yet counted by engine.note_executable
+_consume = deque(maxlen=0).extend
 _FAILED = object()         # a segment whose compile failed: it keeps running op by op
 failures: list = []        # (segment key, exception) of the last background compiles that failed
 
@@ -143,9 +165,9 @@ def defer(entry, inputs, scalars, device, mutated=()):
                 segment.undo.append((r, r._buffer))
                 segment.undo_ids.add(id(r))
         segment.steps.append((entry.fn, sources, scalars, [weakref.ref(p) for p in results]))
-        if mutated:
+        if mutated:   # (their buffers are never None here: eager/executable.py input_buffers)
             n = len(entry.outs)
-            commit(mutated, results[n:n + len(mutated)])
+            _consume(map(setattr, mutated, repeat("_buffer"), results[n:n + len(mutated)]))
         counters.fused_ops += 1
         if step + 1 >= MIN_OPS and (entry.anchor or step + 1 >= LIMIT):
             _flush(segment)

@@ -21,8 +21,9 @@ from ..ops import dtypes as dt
 from ..ops import factories
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS
-from ..storage.records import RECORDS, Pending, contiguous_strides, new_tensor, record_of, set_buffer
+from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
 from . import asserts, fusion
+from .fusion import Pending
 from .engine import CONSTANT_BYTES, OpKernel, scalar_key
 
 aten = torch.ops.aten

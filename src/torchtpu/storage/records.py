@@ -28,33 +28,22 @@ _make_storage = torch._C._construct_storage_from_data_pointer
 _PAGE = 4096
 
 
-class Pending:
-    """A buffer that an op queued by the "fused" eager mode will produce (eager/fusion.py):
-    `get()` runs the queue it belongs to, if it has not run yet, and returns the array."""
+class Placeholder:
+    """A buffer that a higher layer will produce (the "fused" eager mode's queued results:
+    eager/fusion.py): `get()` produces it. The storage layer knows nothing more of it."""
 
-    __slots__ = ("segment", "step", "index", "value", "__weakref__")
-
-    def __init__(self, segment, step, index):
-        self.segment = segment
-        self.step = step
-        self.index = index
-        self.value = None
+    __slots__ = ()
 
     def get(self):
-        if self.value is None:
-            self.segment.flush()
-            if self.value is None:
-                raise RuntimeError("torchtpu: this tensor has no value: the queued ops that compute it "
-                                   "failed when they ran (see the earlier error)")
-        return self.value
+        raise NotImplementedError
 
 
 class StorageRecord:
     __slots__ = ("_buffer", "dtype", "numel", "nbytes", "device_index", "ref", "__weakref__")
 
     def __init__(self, dtype, numel, nbytes, device_index, buffer):
-        # flat jax.Array of `numel` elements of torch dtype `dtype`, or None; in the "fused" eager
-        # mode possibly a Pending (eager/fusion.py), which reading `buffer` turns into the array
+        # flat jax.Array of `numel` elements of torch dtype `dtype`, or None; or a Placeholder,
+        # which reading `buffer` turns into the array
         self._buffer = buffer
         self.dtype = dtype            # torch dtype of the elements the buffer holds
         self.numel = numel
@@ -65,7 +54,7 @@ class StorageRecord:
     @property
     def buffer(self):
         b = self._buffer
-        if type(b) is Pending:
+        if isinstance(b, Placeholder):
             b = self._buffer = b.get()
         return b
 
