@@ -18,15 +18,14 @@ import os
 import pathlib
 import sys
 
+from .. import config
+
 __all__ = ["dump_stablehlo", "set_xla_flags", "set_persistent_cache", "log_recompiles", "donate_buffers",
            "eager_fallback", "cache_dir", "counters"]
 
 
-def _env_flag(name, default):
-    v = os.environ.get(name)
-    if v is None:
-        return default
-    return v not in ("", "0", "false", "False", "off")
+def _env_flag(name, default=None):
+    return config.get(name)
 
 
 _state = {
@@ -161,7 +160,7 @@ def _ensure_persistent_cache():
     if jax.config.jax_compilation_cache_dir:  # the user configured JAX directly
         _state["cache_dir"] = jax.config.jax_compilation_cache_dir
         return
-    path = os.environ.get("TORCHTPU_COMPILE_CACHE_DIR") or os.path.join(
+    path = config.get("TORCHTPU_COMPILE_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "torchtpu", "xla")
     try:
         set_persistent_cache(path, min_compile_time_s=DEFAULT_MIN_COMPILE_TIME_S)

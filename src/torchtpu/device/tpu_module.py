@@ -15,7 +15,7 @@ from ..compile import options as compiler  # noqa: F401  (torch.tpu.compiler)
 def is_available() -> bool:
     try:
         return _platform.device_count() > 0
-    except RuntimeError:
+    except (RuntimeError, ValueError):  # no XLA platform, or a bad TORCHTPU_* setting
         return False
 
 
