@@ -117,7 +117,7 @@ def at_import() -> None:
         if target.exists():
             # Until the platform is up the device count is unknown: an upper bound (the engine
             # starts one idle thread per counted device); set exactly by at_platform_ready.
-            _load(target, max(configured, 8))
+            _load(target, configured or 8)
         elif policy == "on" or configured > 1:
             _build_and_load(max(configured, 1))
     except Exception as e:  # never break `import torch`
