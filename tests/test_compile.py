@@ -8,7 +8,6 @@ import torch.nn.functional as F
 
 import torchtpu
 import torchtpu.compile  # noqa: F401  (registers the backend where the entry point is not installed)
-from torchtpu.ops.table import LOWERINGS
 
 TOL = dict(rtol=2e-4, atol=2e-5)
 
@@ -76,8 +75,6 @@ def test_recompile_log(capfd):
     assert "recompiling graph" in err and "storage" in err
 
 
-@pytest.mark.xfail("convolution.default" not in LOWERINGS, reason="aten::convolution has no lowering yet",
-                   strict=False)
 def test_small_cnn():
     x = torch.randn(2, 3, 16, 16)
     make = lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2),

@@ -9,6 +9,8 @@ runs the same checks in chunked subprocesses and writes docs/op_coverage.md.
 """
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
@@ -53,12 +55,13 @@ def _params(names, dtypes, max_per_op=None):
                 continue
             for kind in S.kinds_for(op, dtype):
                 pid = f"{name}-{str(dtype)[6:]}-{kind}"
-                marks = [pytest.mark.xfail(reason=KNOWN[pid], strict=False)] if pid in KNOWN else []
+                marks = [pytest.mark.xfail(reason=KNOWN[pid], strict=True)] if pid in KNOWN else []
                 out.append(pytest.param(op, dtype, kind, id=pid, marks=marks))
     return out
 
 
-# Known differences, reported in docs/op_coverage.md (not strict: they depend on the random sample).
+# Known differences, reported in docs/op_coverage.md. Their samples are seeded (`_run`), so they
+# fail the same way every run and the xfail is strict: a fix shows up as XPASS.
 KNOWN = {
     "logcumsumexp-float32-grad": "PyTorch's logcumsumexp backward is ill-conditioned on some samples: "
                                  "up to 3e-3 apart in a few elements",
@@ -66,6 +69,11 @@ KNOWN = {
 
 
 def _run(op, dtype, kind, max_samples):
+    pid = f"{S.op_id(op)}-{str(dtype)[6:]}-{kind}"
+    if pid in KNOWN:
+        # OpInfo draws its samples from torch's global generator: a known difference is checked
+        # on fixed samples, so its strict xfail reports a fix (XPASS) instead of passing either way.
+        torch.manual_seed(zlib.crc32(pid.encode()))
     r = S.check(op, dtype, kind, max_samples=max_samples, timeout=90)
     if r.status in ("n/a", "no_samples"):
         pytest.skip(r.reason or "not applicable")

@@ -182,8 +182,20 @@ def test_segment_reduce_with_gradients(reduce, initial):
             torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("mode,dims", [("bilinear", 2), ("nearest", 2), ("bicubic", 2), ("bilinear", 3), ("nearest", 3)])
+def _grid_sample_params():
+    # Default run: every mode in float32 (values and gradients) and one low-precision case per
+    # rounding path; the full dtype x mode grid runs under `-m slow`.
+    fast = {(torch.float32, m, d) for m, d in _GRID_MODES} | {(torch.bfloat16, "bilinear", 2),
+                                                              (torch.float16, "nearest", 3)}
+    return [pytest.param(dt, m, d, id=f"{str(dt)[6:]}-{m}-{d}d",
+                         marks=() if (dt, m, d) in fast else pytest.mark.slow)
+            for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16) for m, d in _GRID_MODES]
+
+
+_GRID_MODES = [("bilinear", 2), ("nearest", 2), ("bicubic", 2), ("bilinear", 3), ("nearest", 3)]
+
+
+@pytest.mark.parametrize("dtype,mode,dims", _grid_sample_params())
 def test_grid_sample_matches_cpu_rounding_and_gradients(dtype, mode, dims):
     F = torch.nn.functional
     x = torch.randn((2, 3, 5, 7, 6) if dims == 3 else (2, 3, 5, 9)).to(dtype)

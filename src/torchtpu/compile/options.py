@@ -20,16 +20,14 @@ import sys
 
 from ..eager.persistent_cache import (DEFAULT_MIN_COMPILE_TIME_S, cache_dir, ensure_persistent_cache,  # noqa: F401
                                       set_persistent_cache)
+from .. import config
 
 __all__ = ["dump_stablehlo", "set_xla_flags", "set_persistent_cache", "log_recompiles", "donate_buffers",
            "eager_fallback", "cache_dir", "counters"]
 
 
-def _env_flag(name, default):
-    v = os.environ.get(name)
-    if v is None:
-        return default
-    return v not in ("", "0", "false", "False", "off")
+def _env_flag(name, default=None):
+    return config.get(name)
 
 
 _state = {

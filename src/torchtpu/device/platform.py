@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import threading
 
+from .. import config
+
 _lock = threading.Lock()
 _devices = None
 _platform = None
@@ -16,7 +18,7 @@ _platform = None
 
 def _configure_jax():
     """Settings that must be in place before JAX creates its backends."""
-    n = os.environ.get("TORCHTPU_NUM_DEVICES")
+    n = config.get("TORCHTPU_NUM_DEVICES")
     if n:
         flags = os.environ.get("XLA_FLAGS", "")
         if "xla_force_host_platform_device_count" not in flags:
@@ -35,9 +37,7 @@ def _configure_jax():
 
 def _pick():
     jax = _configure_jax()
-    requested = os.environ.get("TORCHTPU_PLATFORM", "").strip().lower() or None
-    if requested not in (None, "cpu", "gpu", "cuda", "tpu"):
-        raise RuntimeError(f"TORCHTPU_PLATFORM={requested!r}: expected one of cpu, gpu, tpu")
+    requested = config.get("TORCHTPU_PLATFORM")
     if requested == "cuda":
         requested = "gpu"
     order = [requested] if requested else ["tpu", "cpu"]
@@ -49,8 +49,8 @@ def _pick():
             errors.append(f"{name}: {e}")
             continue
         if devs:
-            if name == "cpu" and os.environ.get("TORCHTPU_NUM_DEVICES"):
-                devs = devs[: int(os.environ["TORCHTPU_NUM_DEVICES"])]
+            if name == "cpu" and config.get("TORCHTPU_NUM_DEVICES"):
+                devs = devs[: config.get("TORCHTPU_NUM_DEVICES")]
             return name, list(devs)
     raise RuntimeError("torchtpu: no XLA platform available (" + "; ".join(errors) + ")")
 
@@ -60,7 +60,10 @@ def ensure():
     if _devices is None:
         with _lock:
             if _devices is None:
+                config.check()  # a bad TORCHTPU_* value surfaces here, naming the variable
                 _platform, _devices = _pick()
+                from . import native
+                native.at_platform_ready(len(_devices))
     return _devices
 
 

@@ -54,6 +54,8 @@ def install():
     sys.modules.setdefault("torch.tpu", tpu_module)
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    from . import native
+    native.at_import()  # replaces that guard with the C++ one when it is built (multi-device)
     from ..storage import host_storage
     from . import autocast
     host_storage.install()

@@ -1,4 +1,7 @@
-"""The current device (per thread, as CUDA's) and device-index validation."""
+"""The current device (per thread, as CUDA's) and device-index validation.
+
+With the C++ device guard loaded (native.py) the index lives there, so PyTorch's C++ (the autograd
+engine's device threads, torch.accelerator) and torchtpu read the same value."""
 from __future__ import annotations
 
 import threading
@@ -6,16 +9,28 @@ import threading
 from . import platform
 
 _local = threading.local()
+_native = [None]
+
+
+def use_native(lib) -> None:
+    _native[0] = lib
 
 
 def current_device() -> int:
+    lib = _native[0]
+    if lib is not None:
+        return lib.torchtpu_get_device()
     return getattr(_local, "index", 0)
 
 
 def set_device(device) -> None:
     index = device_index(device)
     platform.jax_device(index)  # validates
-    _local.index = index
+    lib = _native[0]
+    if lib is not None:
+        lib.torchtpu_set_device(index)
+    else:
+        _local.index = index
 
 
 def device_index(device, optional=False) -> int:

@@ -1,7 +1,6 @@
 """`torch.tpu`: the device module, with CUDA's names where we offer the same thing."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 
@@ -16,7 +15,7 @@ from ..compile import options as compiler  # noqa: F401  (torch.tpu.compiler)
 def is_available() -> bool:
     try:
         return _platform.device_count() > 0
-    except RuntimeError:
+    except (RuntimeError, ValueError):  # no XLA platform, or a bad TORCHTPU_* setting
         return False
 
 
@@ -180,18 +179,49 @@ def max_memory_reserved(device=None) -> int:
     return max_memory_allocated(device)
 
 
-def memory_stats(device=None) -> dict:
+def nested_memory_stats(device=None) -> dict:
+    """Allocator statistics in the nested form of c10's DeviceStats (what the
+    `torch._C._accelerator_getDeviceStats` builtin returns; `memory_stats` flattens it)."""
     from ..storage.records import stats
     s = stats(_index(device))
+    current = s.num_alloc - s.num_free
+    # Nothing is cached: reserved == allocated, one segment per live buffer.
+    count = {"current": current, "allocated": s.num_alloc, "freed": s.num_free}
+    s_bytes = {"current": s.allocated, "peak": s.peak}
     return {
-        "allocated_bytes.all.current": s.allocated,
-        "allocated_bytes.all.peak": s.peak,
-        "allocation.all.allocated": s.num_alloc,
-        "allocation.all.freed": s.num_free,
-        "allocation.all.current": s.num_alloc - s.num_free,
-        "reserved_bytes.all.current": s.allocated,
-        "materialized_bytes.all.current": s.materialized,
+        "allocation": {"all": dict(count)},
+        "segment": {"all": dict(count)},
+        "active": {"all": dict(count)},
+        "allocated_bytes": {"all": dict(s_bytes)},
+        "reserved_bytes": {"all": dict(s_bytes)},
+        "active_bytes": {"all": dict(s_bytes)},
+        "requested_bytes": {"all": dict(s_bytes)},
+        "materialized_bytes": {"all": {"current": s.materialized}},
+        "num_alloc_retries": 0,
+        "num_ooms": 0,
     }
+
+
+def memory_stats(device=None) -> dict:
+    """Flat statistics as `torch.cuda.memory_stats` names them ("allocated_bytes.all.current")."""
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat[prefix] = value
+
+    walk("", nested_memory_stats(device))
+    return dict(sorted(flat.items()))
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    from ..storage.records import stats
+    s = stats(_index(device))
+    s.num_alloc -= s.num_free
+    s.num_free = 0
 
 
 def empty_cache() -> None:
@@ -199,28 +229,34 @@ def empty_cache() -> None:
 
 
 def mem_get_info(device=None):
+    """(free, total) bytes. Free never goes below zero (a lazily allocated tensor that was
+    never materialised can exceed the device)."""
     props = get_device_properties(device)
-    return props.total_memory - memory_allocated(device), props.total_memory
+    return max(props.total_memory - memory_allocated(device), 0), props.total_memory
 
 
 # ------------------------------------------------------------------ streams and events
-class Stream:
-    """The device's single in-order queue. XLA orders work by data dependencies, so every
-    stream is the default stream; `synchronize`/`query` are honest about queued work."""
+class Stream(torch.Stream):
+    """The device's single in-order queue, a `torch.Stream`. XLA orders work by data
+    dependencies, so every stream is the default stream; `synchronize`/`query` are honest about
+    queued work."""
 
-    def __init__(self, device=None, priority: int = 0):
-        self.device = torch.device("tpu", _index(device))
-        self.priority = priority
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        index = _index(device)
+        return super().__new__(cls, device=torch.device("tpu", index), priority=priority)
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        pass
 
     def synchronize(self):
-        synchronize(self.device)
+        synchronize(self.device_index)
 
     def query(self) -> bool:
         from ..storage.records import live_buffers
-        return all(b.is_ready() for b in live_buffers(self.device.index))
+        return all(b.is_ready() for b in live_buffers(self.device_index))
 
     def wait_stream(self, stream):
-        pass
+        pass  # one queue: work on `stream` is already ordered before work queued later
 
     def wait_event(self, event):
         pass
@@ -231,7 +267,7 @@ class Stream:
         return event
 
     def __eq__(self, other):
-        return isinstance(other, Stream) and other.device == self.device
+        return isinstance(other, torch.Stream) and other.device == self.device
 
     def __hash__(self):
         return hash(self.device)
@@ -248,24 +284,56 @@ def default_stream(device=None) -> Stream:
     return Stream(device)
 
 
-@contextlib.contextmanager
-def stream(s):
-    yield s
+def set_stream(stream) -> None:
+    """Every stream is the default stream; only the device must be a tpu."""
+    if not isinstance(stream, torch.Stream) or stream.device.type != "tpu":
+        raise ValueError(f"set_stream expects a tpu stream, got {stream!r}")
+    _index(stream.device)
 
 
-class Event:
-    """Marks the work queued so far. With enable_timing=True, `record` waits for that work and
-    notes the time, so `elapsed_time` measures device work between two events (in ms)."""
+class StreamContext:
+    """`with torch.tpu.stream(s):` — work inside is queued on `s` (every stream is the default)."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        self.enable_timing = enable_timing
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        if self.stream is not None:
+            set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc):
+        return False
+
+
+def stream(stream) -> StreamContext:
+    return StreamContext(stream)
+
+
+class Event(torch.Event):
+    """Marks the work queued so far, a `torch.Event`. With enable_timing=True, `record` waits
+    for that work and notes the time, so `elapsed_time` measures device work between two events
+    (in ms)."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self = super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
         self._pending = None
         self._time = None
+        self._timing = enable_timing
+        return self
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        pass
+
+    @property
+    def enable_timing(self) -> bool:
+        return self._timing
 
     def record(self, stream=None):
         from ..storage.records import live_buffers
-        index = stream.device.index if stream is not None else current_device()
-        if self.enable_timing:
+        index = stream.device_index if stream is not None else current_device()
+        if self._timing:
             synchronize(index)
             self._time = time.perf_counter()
             self._pending = []
@@ -286,10 +354,13 @@ class Event:
     def wait(self, stream=None):
         self.synchronize()
 
-    def elapsed_time(self, end: "Event") -> float:
-        if self._time is None or end._time is None:
+    def elapsed_time(self, end_event) -> float:
+        if self._time is None or getattr(end_event, "_time", None) is None:
             raise RuntimeError("elapsed_time needs two recorded events created with enable_timing=True")
-        return (end._time - self._time) * 1000.0
+        return (end_event._time - self._time) * 1000.0
+
+    def __repr__(self):
+        return f"<torch.tpu.Event enable_timing={self._timing}>"
 
 
 # ------------------------------------------------------------------ backend-specific

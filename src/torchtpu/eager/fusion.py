@@ -28,7 +28,6 @@ executable not queued recently ("cold", below) is not queued either but runs at 
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import threading
 import warnings
@@ -38,6 +37,7 @@ from itertools import repeat
 
 import jax
 
+from .. import config
 from ..device import platform
 from ..metrics import counters
 from ..storage.records import Placeholder
@@ -72,9 +72,7 @@ COLD_CALLS = 4
 _MAX_KEYS = 4096     # segments remembered as seen before that memory is cleared
 # "background" (default): segments compile on a worker thread while they keep running op by op;
 # "now": in the flush that decides to compile (deterministic counts, for tests).
-COMPILE = os.environ.get("TORCHTPU_FUSED_COMPILE", "background").lower()
-if COMPILE not in ("background", "now"):
-    raise RuntimeError(f"TORCHTPU_FUSED_COMPILE={COMPILE!r}: expected 'background' or 'now'")
+COMPILE = config.get("TORCHTPU_FUSED_COMPILE")
 
 
 class Pending(Placeholder):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import warnings
 
 import jax
@@ -14,7 +13,7 @@ from torch._C import DispatchKey, DispatchKeySet
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.utils import _pytree as pytree
 
-from .. import metrics
+from .. import config, metrics
 from ..device import platform
 from ..device.state import current_device
 from ..ops import dtypes as dt
@@ -31,7 +30,7 @@ CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
 _lib = None
 _fallback_lib = None
 KERNELS: dict = {}  # OpOverload -> OpKernel
-_cpu_fallback = [os.environ.get("TORCHTPU_CPU_FALLBACK", "0") not in ("", "0", "false", "False")]
+_cpu_fallback = [config.get("TORCHTPU_CPU_FALLBACK")]
 
 
 def _impl(name, fn):

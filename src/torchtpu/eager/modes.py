@@ -4,12 +4,11 @@ that repeats runs as one XLA executable: eager/fusion.py). TORCHTPU_EAGER_MODE s
 from __future__ import annotations
 
 import contextlib
-import os
+
+from .. import config
 
 _MODES = ("strict", "debug", "fused")
-_mode = [os.environ.get("TORCHTPU_EAGER_MODE", "strict").lower()]
-if _mode[0] not in _MODES:
-    raise RuntimeError(f"TORCHTPU_EAGER_MODE={_mode[0]!r}: expected one of {', '.join(_MODES)}")
+_mode = [config.get("TORCHTPU_EAGER_MODE")]  # a bad value: warned, the default, raised at first use
 
 
 def current_mode() -> str:

@@ -9,19 +9,14 @@ from __future__ import annotations
 import os
 import pathlib
 
+from .. import config
+
 _state = {"cache_dir": None, "cache_set": False}
 
 # Executables that took at least this long to compile go to the default on-disk cache (JAX's own
 # default, 1 s, would skip almost every eager op and many graphs; an eager op's compile is ~50 ms and
 # its entry a few KB: a second process replaying a decoding loop measured 16.0 s -> 5.3 s).
 DEFAULT_MIN_COMPILE_TIME_S = 0.0
-
-
-def _env_flag(name, default):
-    v = os.environ.get(name)
-    if v is None:
-        return default
-    return v not in ("", "0", "false", "False", "off")
 
 
 def cache_dir():
@@ -55,13 +50,13 @@ def ensure_persistent_cache():
     if _state["cache_set"]:
         return
     _state["cache_set"] = True
-    if not _env_flag("TORCHTPU_COMPILE_CACHE", True):
+    if not config.get("TORCHTPU_COMPILE_CACHE"):
         return
     import jax
     if jax.config.jax_compilation_cache_dir:  # the user configured JAX directly
         _state["cache_dir"] = jax.config.jax_compilation_cache_dir
         return
-    path = os.environ.get("TORCHTPU_COMPILE_CACHE_DIR") or os.path.join(
+    path = config.get("TORCHTPU_COMPILE_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "torchtpu", "xla")
     try:
         set_persistent_cache(path, min_compile_time_s=DEFAULT_MIN_COMPILE_TIME_S)

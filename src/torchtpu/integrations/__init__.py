@@ -1,16 +1,15 @@
-"""Integrations with libraries on top of PyTorch (Hugging Face Transformers, Accelerate).
+"""Integrations with PyTorch's own extension points and the libraries on top of it.
 
-`install()` is cheap and imports none of those libraries: it arranges for small adjustments to
-be made when (and if) they are imported: DataLoader pinning is skipped for "tpu", Accelerate's
-default device is "tpu". See docs/transformers.md.
+`install()` is cheap and imports none of those libraries: every change to another library's code
+lives in `patches.py` (with the releases it was checked against); patches of libraries that are not
+imported yet are applied when (and if) they are. See docs/transformers.md.
 """
 from __future__ import annotations
 
 
 def install() -> None:
-    from . import accelerate, dataloader
-    dataloader.install()
-    accelerate.install()
+    from . import patches
+    patches.install()
 
 
 __all__ = ["install"]

@@ -1,0 +1,191 @@
+"""Every change torchtpu makes to another library's code, in one place.
+
+Each patch names the thing it replaces, the releases it was checked against, and why. A patch
+whose target has gone missing or changed shape is not applied and is listed in `problems()`;
+tests/test_patches.py fails on any problem, so a new release that moves a target is caught in CI
+instead of silently changing behaviour for users. Nothing here may break `import torch`.
+
+torch.accelerator (torch 2.11 .. 2.13). `torch.accelerator`'s functions are thin Python wrappers
+over `torch._C._accelerator_*` builtins, which for a PrivateUse1 backend reach C++ interfaces that
+a backend written in Python cannot provide (a `c10::DeviceAllocator`, a stream-aware
+`DeviceGuardImpl`): `empty_cache()` and `memory_stats()` hit "Allocator for tpu is not a
+DeviceAllocator", `synchronize()` "Backend doesn't support synchronizing all streams",
+`set_device_index()` is ignored. We wrap those builtins: when the current accelerator is "tpu" the
+wrapper answers from `torch.tpu`, otherwise it calls the original. Wrapping the builtins (not the
+`torch.accelerator` functions) keeps PyTorch's own argument handling and covers every caller,
+including `from torch.accelerator import empty_cache`. docs/design.md ("torch.accelerator")
+weighs this against a C++ extension.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .._import_hooks import when_imported
+
+_applied: list[str] = []
+_problems: list[str] = []
+_installed = [False]
+
+
+def _is_tpu() -> bool:
+    acc = _get_accelerator()
+    return acc is not None and acc.type == "tpu"
+
+
+_get_accelerator = torch._C._accelerator_getAccelerator
+
+
+def _tpu():
+    from ..device import tpu_module
+    return tpu_module
+
+
+# ------------------------------------------------------------------ torch.accelerator
+def _device_stats(index):
+    """The nested form `torch.accelerator.memory_stats` flattens ("allocated_bytes.all.current")."""
+    return _tpu().nested_memory_stats(index)
+
+
+def _exchange_device(index):
+    tpu = _tpu()
+    previous = tpu.current_device()
+    if index >= 0 and index != previous:
+        tpu.set_device(index)
+    return previous
+
+
+def _set_device_index(index):
+    if index >= 0:  # a negative index is a no-op, as on CUDA
+        _tpu().set_device(index)
+
+
+# builtin name -> replacement used when the current accelerator is "tpu"
+_ACCELERATOR = {
+    "_accelerator_isAllocatorInitialized": lambda: True,
+    "_accelerator_emptyCache": lambda: _tpu().empty_cache(),
+    "_accelerator_getDeviceStats": _device_stats,
+    "_accelerator_resetAccumulatedStats": lambda index: _tpu().reset_accumulated_memory_stats(index),
+    "_accelerator_resetPeakStats": lambda index: _tpu().reset_peak_memory_stats(index),
+    "_accelerator_getMemoryInfo": lambda index: _tpu().mem_get_info(index),
+    "_accelerator_synchronizeDevice": lambda index: _tpu().synchronize(index),
+    "_accelerator_getDeviceIndex": lambda: _tpu().current_device(),
+    "_accelerator_setDeviceIndex": _set_device_index,
+    "_accelerator_exchangeDevice": _exchange_device,
+    "_accelerator_maybeExchangeDevice": _exchange_device,
+    "_accelerator_getStream": lambda index: _tpu().current_stream(index),
+    "_accelerator_setStream": lambda stream: _tpu().set_stream(stream),
+}
+ACCELERATOR_CHECKED = ("2.11", "2.13")
+
+
+def _wrap(original, replacement):
+    def wrapper(*args):
+        if _is_tpu():
+            return replacement(*args)
+        return original(*args)
+
+    wrapper.__name__ = original.__name__
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original
+    wrapper._torchtpu = True
+    return wrapper
+
+
+def _patch_accelerator() -> None:
+    for name, replacement in _ACCELERATOR.items():
+        original = getattr(torch._C, name, None)
+        if original is None:
+            _problems.append(f"torch._C.{name} is missing (checked against torch "
+                             f"{'..'.join(ACCELERATOR_CHECKED)}, this is {torch.__version__})")
+            continue
+        if getattr(original, "_torchtpu", False):
+            continue
+        if type(original).__name__ != "builtin_function_or_method":
+            _problems.append(f"torch._C.{name} is no longer a builtin ({type(original).__name__})")
+            continue
+        setattr(torch._C, name, _wrap(original, replacement))
+        _applied.append(f"torch._C.{name}")
+
+
+# ------------------------------------------------------------------ accelerate (1.10 .. 1.16)
+def _accelerate_default_device(module) -> None:
+    """`accelerate.state.PartialState.default_device` knows a fixed list of device types and
+    otherwise answers "cpu"; when that list finds nothing and PyTorch's current accelerator is
+    "tpu", answer "tpu" (an explicit `cpu=True`, `ACCELERATE_TORCH_DEVICE`, CUDA... win)."""
+    cls = getattr(module, "PartialState", None)
+    prop = cls.__dict__.get("default_device") if cls is not None else None
+    if not isinstance(prop, property):
+        _problems.append("accelerate.state.PartialState.default_device is no longer a property "
+                         "(checked against accelerate 1.10 .. 1.16)")
+        return
+    if getattr(prop.fget, "_torchtpu", False):
+        return
+    original = prop.fget
+
+    def default_device(self):
+        device = original(self)
+        if device.type == "cpu" and _is_tpu():
+            return torch.device("tpu", _tpu().current_device())
+        return device
+
+    default_device._torchtpu = True
+    default_device.__doc__ = original.__doc__
+    cls.default_device = property(default_device)
+    _applied.append("accelerate.state.PartialState.default_device")
+
+
+# ------------------------------------------------------------------ DataLoader (torch 2.11 .. 2.13)
+_pin_warned = [False]
+
+
+def _dataloader_pinning() -> None:
+    """`DataLoader(pin_memory=True)` pins for the current accelerator, which for a PrivateUse1
+    backend needs a C++ pinned-memory allocator ("implement `getPinnedMemoryAllocator`"). Host
+    copies to "tpu" go through `jax.device_put` and gain nothing from page-locked memory, so the
+    iterator turns pinning off with a one-time warning (what PyTorch does for MPS)."""
+    from torch.utils.data import dataloader
+
+    cls = getattr(dataloader, "_BaseDataLoaderIter", None)
+    if cls is None:
+        _problems.append("torch.utils.data.dataloader._BaseDataLoaderIter is missing")
+        return
+    original = cls.__init__
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def __init__(self, loader, *args, **kwargs):
+        original(self, loader, *args, **kwargs)
+        if getattr(self, "_pin_memory", False) and getattr(self, "_pin_memory_device", None) == "tpu":
+            self._pin_memory = False
+            if not _pin_warned[0]:
+                _pin_warned[0] = True
+                warnings.warn("torchtpu: 'pin_memory' is not used on tpu (host copies go through XLA); "
+                              "batches are not pinned.", stacklevel=2)
+
+    __init__._torchtpu = True
+    cls.__init__ = __init__
+    _applied.append("torch.utils.data.dataloader._BaseDataLoaderIter.__init__")
+
+
+def install() -> None:
+    """Idempotent and cheap: imports none of the patched libraries that are not loaded yet."""
+    if _installed[0]:
+        return
+    _installed[0] = True
+    for patch in (_patch_accelerator, _dataloader_pinning):
+        try:
+            patch()
+        except Exception as e:  # never break `import torch`
+            _problems.append(f"{patch.__name__}: {type(e).__name__}: {e}")
+    when_imported("accelerate.state", _accelerate_default_device)
+
+
+def applied() -> list[str]:
+    return list(_applied)
+
+
+def problems() -> list[str]:
+    """Patches that could not be applied because their target changed (empty when all is well)."""
+    return list(_problems)
