@@ -156,6 +156,8 @@ class TpuProcessGroup(dist.ProcessGroup):
         self._pair_meshes = {}
         self._checked = set()
         self._checks = 0
+        self._group_name = group_name
+        self._group_desc = ""
 
     # names and plumbing -------------------------------------------------------
     def getBackendName(self):
@@ -163,6 +165,28 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def _get_backend_name(self):
         return "tpu_dist"
+
+    # PyTorch keeps a group's name and description in its C++ backends, which a Python group has
+    # none of: keep them here (DeviceMesh and functional collectives look groups up by name)
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    def getGroupName(self):
+        return self._group_name
+
+    @property
+    def group_name(self):
+        return self._group_name
+
+    def _set_group_desc(self, desc):
+        self._group_desc = desc
+
+    def getGroupDesc(self):
+        return self._group_desc
+
+    @property
+    def group_desc(self):
+        return self._group_desc
 
     @property
     def global_ranks(self):
