@@ -20,9 +20,11 @@ def test_backend_registered_for_tpu():
     ("subgroups", 4),     # new_group, a 2x2 DeviceMesh, uneven all_to_all
     ("ddp", 2),           # DDP on 2 ranks == one process on the full batch
     ("backend_strings", 2),   # "cpu:gloo,tpu:tpu_dist" through a tcp:// store, no torchrun env
+    ("dtensor", 2),       # distribute_tensor, redistribute, ColwiseParallel/RowwiseParallel
+    ("fsdp", 2),          # fully_shard + MixedPrecisionPolicy parity, distributed checkpoint save/load
 ])
-def test_scenario(scenario, nprocs):
-    check(launch(scenario, nprocs, timeout=150), scenario)
+def test_scenario(scenario, nprocs, tmp_path):
+    check(launch(scenario, nprocs, timeout=150, env={"TORCHTPU_TEST_TMP": str(tmp_path)}), scenario)
 
 
 def test_mismatched_shapes_raise():

@@ -20,3 +20,5 @@ def register():
         dist.Backend.register_backend(name, _create, extended_api=True, devices=["tpu", "cpu"])
     # register_backend keeps a device's existing default: "tpu" defaults to ours
     dist.Backend.default_device_backend_map["tpu"] = "tpu_dist"
+    from . import fsdp
+    fsdp.install()   # FSDP2's storage resizes, for tpu tensors (when FSDP2 is imported)
