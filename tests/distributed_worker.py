@@ -204,6 +204,19 @@ def subgroups():
         dist.all_reduce(z, group=grp)
         assert_close(z.cpu(), sum(make(r, (2, 3), torch.float32) for r in ranks), msg=name)
 
+    # topology_aware_mesh (torch.tpu.distributed): on XLA:CPU the layout is rank order
+    from torchtpu.distributed.api import spmd_safe, topology_aware_mesh
+    tmesh = topology_aware_mesh("tpu", (2, 2), mesh_dim_names=("a", "b"))
+    assert tmesh.mesh.tolist() == [[0, 1], [2, 3]], tmesh.mesh
+    z = make(RANK, (5,), torch.float32).to(dev)
+
+    @spmd_safe
+    def reduce_b(t):
+        dist.all_reduce(t, group=tmesh.get_group("b"))
+        return t
+    reduce_b(z)
+    assert_close(z.cpu(), make(lo, (5,), torch.float32) + make(lo + 1, (5,), torch.float32))
+
     # uneven all_to_all_single: rank i sends (i + j + 1) rows to rank j
     ins = [[i + j + 1 for j in range(WORLD)] for i in range(WORLD)]
     data = [make(i, (sum(ins[i]), 2), torch.float32) for i in range(WORLD)]

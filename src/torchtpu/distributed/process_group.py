@@ -18,7 +18,7 @@ from torch.futures import Future
 from ..device import platform
 from ..ops import dtypes
 from ..storage import records
-from . import collectives
+from . import api, collectives
 
 _RED = {dist.ReduceOp.SUM: "SUM", dist.ReduceOp.AVG: "AVG", dist.ReduceOp.MAX: "MAX",
         dist.ReduceOp.MIN: "MIN", dist.ReduceOp.PRODUCT: "PRODUCT", dist.ReduceOp.BAND: "BAND",
@@ -212,7 +212,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         a mismatch (different shapes or dtypes across ranks) raises here instead of corrupting or
         hanging the XLA collective. Later calls with these shapes skip the check (it costs a store
         round trip)."""
-        if sig in self._checked or self.size() == 1:
+        if sig in self._checked or self.size() == 1 or api.in_spmd_safe():
             return
         self._checks += 1
         key = f"torchtpu_sig/{self._checks}"
