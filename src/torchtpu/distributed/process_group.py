@@ -110,16 +110,18 @@ class TpuWork(dist.Work):
         if self._done:
             return True
         limit = _seconds(timeout) or self._timeout
-        deadline = time.monotonic() + limit
-        pause = 1e-5
+        start = time.monotonic()
+        deadline = start + limit
+        # A blocking wait on the arrays could not time out; poll instead: yield the GIL (not sleep)
+        # for the first milliseconds, where collectives finish, then sleep in short steps.
         while not self.is_completed():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise RuntimeError(
                     f"torchtpu.distributed: {self._what} did not complete within {limit:.1f} s (the "
                     "process group's timeout): a rank may have died, not joined, or issued a "
                     "different collective")
-            time.sleep(pause)
-            pause = min(pause * 2, 0.01)
+            time.sleep(0 if now - start < 0.02 else 5e-4)
         self._arrays = ()
         return True
 
