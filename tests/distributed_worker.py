@@ -402,6 +402,42 @@ def fsdp():
     dist.destroy_process_group()
 
 
+
+@scenario
+def hf_tp_plan():
+    """Transformers under torchrun: from_pretrained(path, tp_plan="auto") of a tiny Llama saved by
+    rank 0 gives the unsharded model's logits and greedy tokens."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    path = os.environ["TORCHTPU_TEST_TMP"]
+    ready = os.path.join(path, "config.json")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    reference = LlamaForCausalLM(config).eval()
+    if RANK == 0:
+        reference.save_pretrained(path)
+    import time
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(path, "model.safetensors")) or not os.path.exists(ready):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(0.5)
+    model = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
+    assert dist.get_world_size() == WORLD and next(model.parameters()).device.type == "tpu"
+    gate = model.model.layers[0].mlp.gate_proj.weight
+    local = gate.to_local() if hasattr(gate, "to_local") else gate
+    assert local.shape[0] == config.intermediate_size // WORLD, local.shape   # really sharded
+    ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = model(ids.to("tpu")).logits
+        want = reference(ids).logits
+    assert_close(logits.cpu(), want, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        tokens = model.generate(ids.to("tpu"), max_new_tokens=5, do_sample=False)
+        want_tokens = reference.generate(ids, max_new_tokens=5, do_sample=False)
+    assert tokens.cpu().tolist() == want_tokens.tolist()
+    dist.destroy_process_group()
+
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]]()
     print(f"OK {sys.argv[1]} rank {RANK}", flush=True)

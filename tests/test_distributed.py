@@ -37,3 +37,8 @@ def test_rank_that_never_joins_makes_others_raise():
     results = launch("straggler", 2, timeout=120)
     rc, out = results[0]
     assert rc == 0 and "TIMEOUT-RAISED" in out, out[-4000:]
+
+
+@pytest.mark.slow   # ~1-2.5 min on a loaded 2-core machine (Transformers' import and load on 2 ranks)
+def test_transformers_tp_plan_auto(tmp_path):
+    check(launch("hf_tp_plan", 2, timeout=300, env={"TORCHTPU_TEST_TMP": str(tmp_path)}), "hf_tp_plan")
