@@ -103,6 +103,14 @@ def collectives():
         want = reduce_cpu(ins, "MAX")[4 * RANK:4 * RANK + 4]
         assert_close(o2.cpu(), want, msg=f"reduce_scatter MAX {dtype}")
 
+    dist.destroy_process_group()
+
+
+@scenario
+def collectives_more():
+    from torchtpu.distributed import collectives as coll
+    dist.init_process_group("tpu")
+    dev = torch.device("tpu", 0)
     # views: a transposed slice all-reduced in place changes its base
     base = make(RANK, (4, 6), torch.float32).to(dev)
     view = base.t()[1:4]
@@ -437,6 +445,29 @@ def hf_tp_plan():
         want_tokens = reference.generate(ids, max_new_tokens=5, do_sample=False)
     assert tokens.cpu().tolist() == want_tokens.tolist()
     dist.destroy_process_group()
+
+
+@scenario
+def multihost():
+    """Under torchrun --nnodes 2 (two agents on this machine, c10d rendezvous): the JAX coordinator
+    comes from torchrun's MASTER_ADDR/MASTER_PORT; every rank sees one device as tpu:0."""
+    assert "TORCHTPU_COORDINATOR_ADDRESS" not in os.environ
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    x = make(rank, (6,), torch.float32).to("tpu")     # the first tpu op joins the JAX job
+    import jax
+    assert jax.process_count() == world and jax.process_index() == rank
+    assert torch.tpu.device_count() == 1
+    dist.init_process_group()
+    dist.all_reduce(x)
+    assert_close(x.cpu(), sum(make(r, (6,), torch.float32) for r in range(world)))
+    mesh = __import__("torch.distributed.device_mesh", fromlist=["x"]).init_device_mesh(
+        "tpu", (2, world // 2), mesh_dim_names=("node", "local"))
+    y = make(rank, (3,), torch.float32).to("tpu")
+    grp = mesh.get_group("local")
+    dist.all_reduce(y, group=grp)
+    assert_close(y.cpu(), sum(make(r, (3,), torch.float32) for r in dist.get_process_group_ranks(grp)))
+    dist.destroy_process_group()
+    print(f"OK multihost rank {rank}", flush=True)
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]]()
