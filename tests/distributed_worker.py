@@ -293,6 +293,30 @@ def straggler():
 
 
 @scenario
+def dies():
+    """Rank 1 dies after joining: rank 0's next collective raises within the group's timeout."""
+    import datetime
+    import time
+    dist.init_process_group("tpu_dist", timeout=datetime.timedelta(seconds=5))
+    x = torch.ones(3, device="tpu")
+    dist.all_reduce(x)          # both alive: works
+    torch.tpu.synchronize()
+    if RANK == 1:
+        os._exit(3)
+    time.sleep(1)
+    for shape in (3, 5):        # a collective already compiled (XLA's transport notices), and a new one
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(shape, device="tpu"))
+        except RuntimeError as e:
+            assert time.monotonic() - t0 < 20
+            print("DEAD-RANK-RAISED", e, flush=True)
+        else:
+            raise AssertionError("no error")
+    os._exit(0)   # (a normal exit would wait for the dead rank at JAX's shutdown barrier)
+
+
+@scenario
 def ddp():
     """DDP on WORLD ranks, each on its slice of the batch, equals one process on the whole batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP

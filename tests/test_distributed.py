@@ -34,6 +34,13 @@ def test_mismatched_shapes_raise():
     assert all("MISMATCH-RAISED" in out for _, out in results)
 
 
+def test_rank_that_dies_makes_others_raise():
+    results = launch("dies", 2, timeout=120)
+    rc, out = results[0]
+    assert rc == 0 and "DEAD-RANK-RAISED" in out, out[-4000:]
+    assert results[1][0] == 3
+
+
 def test_rank_that_never_joins_makes_others_raise():
     results = launch("straggler", 2, timeout=120)
     rc, out = results[0]

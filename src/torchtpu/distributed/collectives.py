@@ -188,7 +188,11 @@ class GroupMesh:
             local = jax.device_put(local, self.local_device)
         g = jax.make_array_from_single_device_arrays((self.size * n,), self.sharding, [local])
         _counts["calls"] += 1
-        return exe(g).addressable_data(0)
+        try:
+            return exe(g).addressable_data(0)
+        except Exception as e:  # noqa: BLE001 - XLA's transport errors, reworded
+            raise RuntimeError(f"torchtpu.distributed: {kind} over ranks {list(self.ranks)} failed (a rank "
+                               f"may have died or left the job): {e}") from e
 
 
 _has_vma = []
