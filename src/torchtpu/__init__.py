@@ -24,6 +24,8 @@ def _load():
     install_hooks()  # registers backend="tpu" with Dynamo when Dynamo is first imported
     from . import integrations
     integrations.install()  # tied weights across .to("tpu"), DataLoader pinning, accelerate's device
+    from .distributed import register as register_distributed
+    register_distributed()  # process-group backends "tpu_dist" and "tpu" for torch.distributed
 
 
 def _autoload():

@@ -30,6 +30,8 @@ VARIABLES: dict[str, tuple] = {
     "TORCHTPU_COMPILE_DONATE": ("bool", True, None, "compiled graphs donate the inputs they overwrite"),
     "TORCHTPU_COMPILE_EAGER_FALLBACK": ("bool", True, None,
                                         "a graph with an op without lowering runs op by op"),
+    "TORCHTPU_COORDINATOR_TIMEOUT": ("seconds", 300.0, None,
+                                     "how long a distributed process waits for JAX's coordinator"),
     "TORCHTPU_NATIVE": ("choice", "auto", ("auto", "on", "off"),
                         "the C++ device guard (docs/design.md): auto builds it when >1 device"),
 }
@@ -114,6 +116,14 @@ def _parse(kind, raw, choices):
         if n < 1:
             raise ConfigError("expected a whole number >= 1")
         return n
+    if kind == "seconds":
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise ConfigError("expected a number of seconds > 0") from None
+        if not seconds > 0:
+            raise ConfigError("expected a number of seconds > 0")
+        return seconds
     if kind == "choice":
         low = raw.lower()
         if low not in choices:

@@ -3,6 +3,12 @@
 TPU when JAX sees one; otherwise what TORCHTPU_PLATFORM asks for (cpu, gpu or tpu), defaulting
 to the CPU. TORCHTPU_NUM_DEVICES=N asks XLA:CPU for N virtual devices, for development and tests.
 The choice is made once, lazily, the first time a device is needed.
+
+Multi-controller (one process per chip, `torchrun`): JAX's distributed runtime must be joined before
+JAX creates its backends, so when torchrun's environment names a job of several processes the first
+device use joins it (`join_multi_controller`), and each process then owns its local device(s) only:
+its chip is `tpu:0`. torchtpu.distributed calls `join_multi_controller` itself when
+`init_process_group` comes first in a process launched without that environment.
 """
 from __future__ import annotations
 
@@ -14,6 +20,56 @@ from .. import config
 _lock = threading.Lock()
 _devices = None
 _platform = None
+_multi_controller = None   # (coordinator address, number of processes, this process's id) once joined
+
+
+def _launch_env():
+    """(coordinator, num_processes, process_id) from torchrun's environment, or None for one process.
+    The coordinator listens on MASTER_PORT + 1 (the c10d store has MASTER_PORT) unless
+    TORCHTPU_COORDINATOR_ADDRESS says where; TORCHTPU_MULTI_CONTROLLER=0 turns joining off."""
+    env = os.environ
+    if env.get("TORCHTPU_MULTI_CONTROLLER", "1") == "0":
+        return None
+    try:
+        world, rank = int(env["WORLD_SIZE"]), int(env["RANK"])
+    except (KeyError, ValueError):
+        return None
+    if world <= 1:
+        return None
+    coordinator = env.get("TORCHTPU_COORDINATOR_ADDRESS")
+    if not coordinator:
+        if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+            return None
+        coordinator = f"{env['MASTER_ADDR']}:{int(env['MASTER_PORT']) + 1}"
+    return coordinator, world, rank
+
+
+def join_multi_controller(coordinator: str, num_processes: int, process_id: int, timeout_s: float = 300.0):
+    """Join JAX's multi-controller runtime (before any backend exists). Idempotent for the same job."""
+    global _multi_controller
+    job = (coordinator, int(num_processes), int(process_id))
+    if _multi_controller is not None:
+        if _multi_controller[1:] != job[1:]:
+            raise RuntimeError(f"torchtpu: this process already joined a job of {_multi_controller[1]} "
+                               f"processes as process {_multi_controller[2]}; cannot join {job}")
+        return
+    if _devices is not None:
+        raise RuntimeError(
+            "torchtpu: the tpu device was initialised for a single process before joining a job of "
+            f"{num_processes} processes: call torch.distributed.init_process_group before the first "
+            "tpu tensor, or launch with torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+    import jax
+
+    # XLA:CPU's cross-process collectives (harmless on TPU/GPU, where XLA brings its own)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=job[1], process_id=job[2],
+                               initialization_timeout=max(1, int(timeout_s)))
+    _multi_controller = job
+
+
+def multi_controller():
+    """(coordinator, num_processes, process_id) of the JAX job this process joined, or None."""
+    return _multi_controller
 
 
 def _configure_jax():
@@ -37,6 +93,10 @@ def _configure_jax():
 
 def _pick():
     jax = _configure_jax()
+    if _multi_controller is None:
+        job = _launch_env()
+        if job is not None:
+            join_multi_controller(*job, timeout_s=config.get("TORCHTPU_COORDINATOR_TIMEOUT"))
     requested = config.get("TORCHTPU_PLATFORM")
     if requested == "cuda":
         requested = "gpu"
@@ -44,7 +104,8 @@ def _pick():
     errors = []
     for name in order:
         try:
-            devs = jax.devices(name)
+            # in a multi-controller job a process drives its own devices only: they are its tpu:0..
+            devs = jax.local_devices(backend=name) if _multi_controller else jax.devices(name)
         except RuntimeError as e:
             errors.append(f"{name}: {e}")
             continue
