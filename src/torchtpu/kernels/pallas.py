@@ -442,21 +442,78 @@ def _cpu_jit(spec, tree, array_positions, statics):
     return jax.jit(run)
 
 
-def _autograd_fast_path(cdef, kernel):
-    """The op's autograd kernel on "tpu": without a tensor that requires grad it goes straight to the
-    op's engine kernel (no autograd.Function, no redispatch), as cheap as a built-in op's C++ autograd
-    kernel; otherwise PyTorch's custom-op autograd (the registered backward or the jax.vjp one)."""
+def _autograd_function(cdef):
+    """An autograd.Function running the op below autograd and differentiating it with the op's registered
+    backward (`register_autograd`: the jax.vjp one unless the user gave their own)."""
     from torch._library import autograd as library_autograd
-    slow = library_autograd.make_autograd_impl(cdef._opoverload, cdef)
+    from torch._library import utils as library_utils
+    op = cdef._opoverload
+    below = torch._C._AutoDispatchBelowAutograd
+    keyword_only = library_utils.has_kwarg_only_args(op._schema)
+
+    def forward(ctx, *args):
+        kwargs = args[-1]
+        args = args[:-1]
+        with below():
+            result = op(*args, **kwargs)
+        if cdef._setup_context_fn:
+            inputs, kw = library_utils.fill_defaults(op._schema, args, kwargs)
+            if keyword_only:
+                cdef._setup_context_fn(ctx=ctx, inputs=inputs, keyword_only_inputs=kw, output=result)
+            else:
+                cdef._setup_context_fn(ctx=ctx, inputs=inputs, output=result)
+        return result
+
+    def backward(ctx, *grads):
+        if cdef._backward_fn is None:
+            raise RuntimeError(f"Trying to backward through {op} but no autograd formula was registered")
+        needs = ctx.needs_input_grad
+        try:
+            ctx.needs_input_grad = needs[:-1]
+            result = cdef._backward_fn(ctx, *grads)
+        finally:
+            ctx.needs_input_grad = needs
+        return (*result, None) if isinstance(result, tuple) else (result, None)
+
+    fn = type(f"JaxOpBackward_{op._namespace}_{op._opname}", (torch.autograd.Function,),
+              {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    if any(library_utils.is_tensorlist_like_type(a.type) for a in (*op._schema.arguments, *op._schema.returns)):
+        fn = library_autograd.supports_tensorlist(fn)
+    return fn
+
+
+def _autograd_fast_path(cdef, kernel):
+    """The op's autograd kernel on "tpu". Without a tensor that requires grad, plain tpu tensors and no
+    Python dispatch mode it calls the op's engine kernel itself: one Python frame between the
+    dispatcher and the engine, as a built-in op has behind its C++ autograd kernel (going through
+    PyTorch's generated custom-op autograd kernel and a redispatch crosses into Python twice, ~12 us
+    more per call). Under torch.compile (fake tensors, modes) it calls the op below autograd; with
+    gradients it runs the op's autograd.Function."""
+    function = _autograd_function(cdef)
     below = torch._C._AutoDispatchBelowAutograd
     any_requires_grad = torch._C._any_requires_grad
     is_grad_enabled = torch._C.is_grad_enabled
+    modes = torch._C._len_torch_dispatch_stack
+    op = cdef._opoverload
+    tensor = torch.Tensor
 
-    def autograd_kernel(keyset, *args, **kwargs):
+    def plain(args):
+        for a in args:
+            if isinstance(a, tensor):
+                if type(a) is not tensor:
+                    return False
+            elif type(a) is list or type(a) is tuple:
+                if any(isinstance(t, tensor) and type(t) is not tensor for t in a):
+                    return False
+        return True
+
+    def autograd_kernel(*args, **kwargs):
         if is_grad_enabled() and any_requires_grad(*args):
-            return slow(keyset, *args, **kwargs)
-        with below():
+            return function.apply(*args, kwargs)
+        if not modes() and plain(args):
             return kernel(*args, **kwargs)
+        with below():
+            return op(*args, **kwargs)
 
     return autograd_kernel
 
@@ -488,7 +545,7 @@ def _install_autograd(cdef, kernel, spec: _Spec, vjp_op):
 
     cdef.register_autograd(backward, setup_context=setup_context)
     fast = _autograd_fast_path(cdef, kernel)
-    cdef._lib.impl(cdef._name, fast, "AutogradPrivateUse1", with_keyset=True)
+    cdef._lib.impl(cdef._name, fast, "AutogradPrivateUse1")
 
 
 def _make_vjp_spec(spec: _Spec):
