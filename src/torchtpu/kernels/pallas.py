@@ -130,6 +130,9 @@ def _classify(param: inspect.Parameter, where: str) -> _Param:
                         f"their Python type (int, float, bool, str, a dtype, ...)")
     if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
         raise TypeError(f"jax_op {where}: *args/**kwargs ({param.name!r}) cannot form an operator schema")
+    if isinstance(ann, str):
+        raise TypeError(f"jax_op {where}: the annotation {ann!r} of parameter {param.name!r} cannot be evaluated "
+                        f"(a name that is not a module-level global, under `from __future__ import annotations`?)")
     base, optional = _split_optional(ann)
     kw = param.kind is param.KEYWORD_ONLY
     default = param.default
@@ -234,7 +237,23 @@ def _signature(fn):
     try:
         return inspect.signature(target, eval_str=True)
     except (NameError, TypeError):
-        return inspect.signature(target)
+        pass
+    # a name in some annotation is not a global (a class local to a function, with
+    # `from __future__ import annotations`): evaluate the others one by one
+    sig = inspect.signature(target)
+    namespace = getattr(inspect.unwrap(target) if not isinstance(target, functools.partial) else target.func,
+                        "__globals__", {})
+
+    def evaluate(ann):
+        if not isinstance(ann, str):
+            return ann
+        try:
+            return eval(ann, namespace)  # noqa: S307 - what eval_str does, per annotation
+        except Exception:  # noqa: BLE001 - reported by _classify with the annotation's text
+            return ann
+
+    params = [p.replace(annotation=evaluate(p.annotation)) for p in sig.parameters.values()]
+    return sig.replace(parameters=params, return_annotation=evaluate(sig.return_annotation))
 
 
 # ---------------------------------------------------------------- static values: schema -> JAX
@@ -395,7 +414,11 @@ def _define(qualname: str, spec: _Spec, schema: str, fake=None, tags=()):
                           torch.device("meta"))
             jargs = [_map_tensors(a, _abstract) for a in args]
             jkw = {k: _map_tensors(v, _abstract) for k, v in kwargs.items()}
-            shapes = jax.eval_shape(lambda *a, **k: spec.run(a, k), *jargs, **jkw)
+            leaves, tree = jax.tree_util.tree_flatten((jargs, jkw), is_leaf=lambda x: x is None)
+            arrays = tuple(i for i, v in enumerate(leaves) if isinstance(v, jax.ShapeDtypeStruct))
+            statics = tuple((i, v if not isinstance(v, list) else tuple(v)) for i, v in enumerate(leaves)
+                            if i not in arrays)
+            shapes = jax.eval_shape(_runner(spec, tree, arrays, statics), *[leaves[i] for i in arrays])
 
             def empty(s):
                 return torch.empty(s.shape, dtype=dt.to_torch(s.dtype), device=device)
@@ -431,6 +454,11 @@ def _cpu_executable(spec, args, kwargs):
 
 @functools.lru_cache(maxsize=256)
 def _cpu_jit(spec, tree, array_positions, statics):
+    return jax.jit(_runner(spec, tree, array_positions, statics))
+
+
+def _runner(spec, tree, array_positions, statics):
+    """The JAX function of the arrays alone, the static leaves of (args, kwargs) closed over."""
     def run(*arrays):
         leaves = [None] * (len(array_positions) + len(statics))
         for i, a in zip(array_positions, arrays):
@@ -439,7 +467,7 @@ def _cpu_jit(spec, tree, array_positions, statics):
             leaves[i] = v
         a, k = jax.tree_util.tree_unflatten(tree, leaves)
         return spec.run(a, k)
-    return jax.jit(run)
+    return run
 
 
 def _autograd_function(cdef):
@@ -647,11 +675,28 @@ def _register(name, fn, donate_argnums, mesh, input_partition_specs, output_part
         vname = f"{name}_jax_vjp"
         vcdef, _ = _define(vname, vspec, _schema(vspec.params, "Tensor[]"))
         _install_autograd(cdef, kernel, spec, vcdef)
+    if any(p.kind == "static" for p in params):
+        cdef.__class__ = JaxOpDef
     cdef.mesh = mesh
     cdef.input_partition_specs = input_partition_specs
     cdef.output_partition_specs = output_partition_specs
     cdef.jax_function = fn
     return cdef
+
+
+class JaxOpDef(torch._library.custom_ops.CustomOpDef):
+    """The CustomOpDef of a jax_op with static parameters: a call also takes what the JAX function would
+    (JAX/numpy dtypes, Enum members) and hands PyTorch's schema its types."""
+
+    def __call__(self, *args, **kwargs):
+        return self._opoverload(*[_caller_value(a) for a in args],
+                                **{k: _caller_value(v) for k, v in kwargs.items()})
+
+
+def _trace_calls_in_dynamo(decorators):
+    # torchtpu's files are skipped by Dynamo (they run the device); a JaxOpDef call only converts
+    # arguments and calls the op, which Dynamo must see to put the op into the graph
+    JaxOpDef.__call__ = decorators.dont_skip_tracing(JaxOpDef.__call__)
 
 
 def _donated_positions(name, donate_argnums, params):
@@ -862,3 +907,8 @@ def get_pallas_mesh(axis_names, mesh_shape=None, process_group=None):
     if len(mesh_shape) != len(axis_names):
         raise ValueError(f"get_pallas_mesh: {len(axis_names)} axis names for a mesh of shape {tuple(mesh_shape)}")
     return jax.sharding.Mesh(np.array(devices).reshape(tuple(mesh_shape)), tuple(axis_names))
+
+
+from .._import_hooks import when_imported  # noqa: E402
+
+when_imported("torch._dynamo.decorators", _trace_calls_in_dynamo)
