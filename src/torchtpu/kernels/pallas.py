@@ -684,19 +684,38 @@ def _register(name, fn, donate_argnums, mesh, input_partition_specs, output_part
     return cdef
 
 
+def dynamo_traceable(fn):
+    """`fn` with its code marked as coming from outside torchtpu. Dynamo skips torchtpu's files (they run
+    the device, compile/__init__.py), so a call into them from compiled code is a graph break; a thin
+    wrapper that only converts arguments and calls torch ops must be traced instead, so that the ops land
+    in the graph. (`torch._dynamo.dont_skip_tracing` would do it too, at ~20 us per eager call.) The
+    function must call nothing else of torchtpu on the traced path."""
+    code = fn.__code__.replace(co_filename=f"<torchtpu.kernels:{fn.__name__}>")
+    traced = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    traced.__kwdefaults__ = fn.__kwdefaults__
+    functools.update_wrapper(traced, fn, updated=())
+    del traced.__wrapped__
+    return traced
+
+
+_SCHEMA_VALUES = (torch.Tensor, bool, int, float, str, torch.dtype, torch.device, type(None))
+
+
 class JaxOpDef(torch._library.custom_ops.CustomOpDef):
     """The CustomOpDef of a jax_op with static parameters: a call also takes what the JAX function would
     (JAX/numpy dtypes, Enum members) and hands PyTorch's schema its types."""
 
+    @dynamo_traceable
     def __call__(self, *args, **kwargs):
+        for a in (*args, *kwargs.values()):
+            if not isinstance(a, _SCHEMA_VALUES) and not (type(a) in (list, tuple) and all(
+                    isinstance(x, _SCHEMA_VALUES) for x in a)):
+                return self._convert_and_call(args, kwargs)
+        return self._opoverload(*args, **kwargs)
+
+    def _convert_and_call(self, args, kwargs):
         return self._opoverload(*[_caller_value(a) for a in args],
                                 **{k: _caller_value(v) for k, v in kwargs.items()})
-
-
-def _trace_calls_in_dynamo(decorators):
-    # torchtpu's files are skipped by Dynamo (they run the device); a JaxOpDef call only converts
-    # arguments and calls the op, which Dynamo must see to put the op into the graph
-    JaxOpDef.__call__ = decorators.dont_skip_tracing(JaxOpDef.__call__)
 
 
 def _donated_positions(name, donate_argnums, params):
@@ -908,7 +927,3 @@ def get_pallas_mesh(axis_names, mesh_shape=None, process_group=None):
         raise ValueError(f"get_pallas_mesh: {len(axis_names)} axis names for a mesh of shape {tuple(mesh_shape)}")
     return jax.sharding.Mesh(np.array(devices).reshape(tuple(mesh_shape)), tuple(axis_names))
 
-
-from .._import_hooks import when_imported  # noqa: E402
-
-when_imported("torch._dynamo.decorators", _trace_calls_in_dynamo)
