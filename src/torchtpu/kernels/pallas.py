@@ -552,10 +552,15 @@ def _install_autograd(cdef, kernel, spec: _Spec, vjp_op):
     def setup_context(ctx, inputs, output, keyword_only_inputs=None):
         ctx.jax_inputs = inputs
         ctx.jax_kwargs = keyword_only_inputs or {}
+        outs = list(output) if isinstance(output, (list, tuple)) else [output]
+        ctx.jax_outputs = [(o.shape, o.dtype, o.device) for o in outs]
 
     def backward(ctx, *grads):
         inputs = ctx.jax_inputs
-        cotangents = [g for g in grads]
+        if spec.returns == "Tensor[]":   # one list of gradients for the list of outputs
+            grads = list(grads[0])
+        cotangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+                      for g, (shape, dtype, device) in zip(grads, ctx.jax_outputs)]
         flat = vjp_op(cotangents, *inputs, **ctx.jax_kwargs)
         it = iter(flat)
         result = []
