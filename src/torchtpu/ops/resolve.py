@@ -19,7 +19,11 @@ class NotLowered(NotImplementedError):
 
 
 def op_name(op) -> str:
-    return f"{op._schema.name.split('::')[1]}.{op._schema.overload_name or 'default'}"
+    """"add.Tensor" for aten ops, "ns.op.default" for other namespaces (a jax_op's "ns::op"), as in graphs
+    (graph.py: node_op_name), so a custom op's lowering cannot collide with an aten op of the same name."""
+    ns, _, name = op._schema.name.partition("::")
+    base = f"{name}.{op._schema.overload_name or 'default'}"
+    return base if ns == "aten" else f"{ns}.{base}"
 
 
 def _out_names(op):
