@@ -14,7 +14,7 @@ from ..ops import checks
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS
-from . import fusion, views
+from . import fusion, overlap, views
 from .engine import CONSTANT_BYTES, DONATE_BYTES, MEMO_BYTES, Entry, NeedsResize, SpecializeScalars, _SCALAR_TYPES
 from .kernels import META_CHECKS, META_OVERRIDES
 
@@ -149,6 +149,7 @@ def build_entry(kernel, key, args, kwargs, bufs, device):
             spec.append(s)
     n_fn = len(outs)
     entry = Entry()
+    entry.overlap = overlap.guard(kernel, args, kwargs, dyn_offset)  # PyTorch's overlapping-write errors
     entry.anchor = zlib.crc32(repr((kernel.name, key)).encode()) % fusion.ANCHOR_EVERY == 0
     entry.outs = outs
     entry.nones = tuple(nones) if any(any(n) for n in nones) else None

@@ -133,7 +133,7 @@ class Entry:
 
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
                  "cold", "window_calls",
-                 "consts", "memo", "memo_misses", "traced", "fn_donating")
+                 "consts", "memo", "memo_misses", "traced", "fn_donating", "overlap")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -152,6 +152,7 @@ class Entry:
         self.memo_misses = 0      # calls that found nothing in `memo` before its first hit
         self.traced = None        # in-place ops on large storages: the function fn jits, for fn_donating
         self.fn_donating = None   # fn with the mutated storages' buffers donated (built on first use)
+        self.overlap = None       # a written tensor shares its storage with an input: eager/overlap.py
 
 
 class OpKernel:
@@ -222,6 +223,8 @@ class OpKernel:
             note_executable()
         else:
             counters.eager_cache_hits += 1
+            if entry.overlap is not None:
+                entry.overlap(offsets)
         mode = _mode[0]
         dev = device if device >= 0 else 0
         if entry.consts is not None:
