@@ -12,7 +12,7 @@ from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS
-from . import fusion
+from . import fusion, overlap
 from .engine import (CONSTANT_BYTES, DONATE_BYTES, FOREIGN, LIST, MEMO_BYTES, SCALAR, TENSOR, Entry, NeedsResize,
                      SpecializeScalars, arg_kind)
 from .executable import Program, ValueArg, count_values, flat_output, is_partial, tensor_arg, traced_function
@@ -62,6 +62,7 @@ def build_entry(kernel, key, args, kwargs, records, device):
     dyn_offset = _dynamic_offsets(kernel, args, kwargs)
     compute, meta_out = _meta_call(kernel, args, kwargs)
     entry = Entry()
+    entry.overlap = overlap.guard(kernel, args, kwargs, dyn_offset)  # PyTorch's overlapping-write errors
     entry.anchor = zlib.crc32(repr((kernel.name, key)).encode()) % fusion.ANCHOR_EVERY == 0
     outs = _returns_of(kernel, entry, meta_out)
     writes = _writes(kernel, compute, args, kwargs, slot_of, dyn_offset)

@@ -152,7 +152,7 @@ class Entry:
 
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
                  "cold", "window_calls",
-                 "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran")
+                 "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -172,6 +172,7 @@ class Entry:
         self.traced = None        # in-place ops on large storages: the function fn jits, for fn_donating
         self.fn_donating = None   # fn with the mutated storages' buffers donated (built on first use)
         self.donating_ran = False  # whether fn_donating completed a call (then it is traced)
+        self.overlap = None       # a written tensor shares its storage with an input: eager/overlap.py
 
 
 class OpKernel:
@@ -232,6 +233,8 @@ class OpKernel:
             note_executable()
         else:
             counters.eager_cache_hits += 1
+            if entry.overlap is not None:
+                entry.overlap(offsets)
         dev = device if device >= 0 else 0
         try:
             results = self._run(entry, records, scalars, offsets, dev, args, kwargs)

@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from .dtypes import to_jax
+from .dtypes import scalar_type_name, to_jax
 from .table import LOWERINGS, apply, reject_complex
 
 
@@ -104,6 +104,8 @@ def resolve(op, meta_args, meta_kwargs):
     if twin is not None:
         func, outs, order = twin
         adapt = functools.partial(_twin_args, op, func, outs, order)
+        if not outs:
+            _check_inplace_cast(op, func, meta_args, meta_kwargs, adapt)
         inner = resolve(func, *adapt(meta_args, meta_kwargs))
         fn = functools.partial(_call_twin, inner, adapt)
         fn.extra_mutations = getattr(inner, "extra_mutations", ())
@@ -116,6 +118,28 @@ def resolve(op, meta_args, meta_kwargs):
     raise NotLowered(
         f"torchtpu: aten::{name} is not implemented for the tpu device. Set TORCHTPU_CPU_FALLBACK=1 "
         f"(or torchtpu.set_cpu_fallback(True)) to run it on the CPU, or file an issue.")
+
+
+def _check_inplace_cast(op, func, meta_args, meta_kwargs, adapt):
+    """An elementwise in-place op (`x *= 2.5` on an int64 x) whose result type cannot be cast to its
+    tensor's type raises, as PyTorch's TensorIterator does on the CPU and CUDA (its meta kernels do not
+    check, and a cast in the executable would silently truncate)."""
+    low = LOWERINGS.get(op_name(func))
+    if low is None or low.promote is None:
+        return
+    written = next((meta_args[i] if i < len(meta_args) else meta_kwargs.get(a.name))
+                   for i, a in enumerate(op._schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write)
+    try:
+        twin_args, twin_kwargs = adapt(meta_args, meta_kwargs)
+        result = func(*twin_args, **twin_kwargs)
+    except Exception:  # noqa: BLE001 - the op's own checks report bad arguments later
+        return
+    result = result[0] if isinstance(result, (tuple, list)) else result
+    if isinstance(written, torch.Tensor) and isinstance(result, torch.Tensor) and \
+            not torch.can_cast(result.dtype, written.dtype):
+        raise RuntimeError(f"result type {scalar_type_name(result.dtype)} can't be cast to the desired output "
+                           f"type {scalar_type_name(written.dtype)}")
 
 
 def _twin_args(op, func, outs, order, args, kwargs):
