@@ -11,7 +11,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "src" / "torchtpu"
 
 # lowest first; a module may import modules of its own layer or of a lower one
 LAYERS = [
-    {"metrics", "_import_hooks"},   # counters and import hooks: no torchtpu imports of their own
+    {"metrics", "_import_hooks", "config"},   # counters, import hooks, TORCHTPU_* variables: no torchtpu imports
     {"device"},
     {"storage"},
     {"ops"},
