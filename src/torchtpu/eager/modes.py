@@ -12,10 +12,6 @@ if _mode[0] not in _MODES:
     raise RuntimeError(f"TORCHTPU_EAGER_MODE={_mode[0]!r}: expected one of {', '.join(_MODES)}")
 
 
-def current_mode() -> str:
-    return _mode[0]
-
-
 def set_eager_mode(mode: str):
     mode = str(mode).lower()
     if mode not in _MODES:
