@@ -10,7 +10,8 @@ from torch.testing import assert_close
 
 import torchtpu
 from torchtpu.eager import fusion
-from torchtpu.storage.records import Pending, record_of
+from torchtpu.eager.fusion import Pending
+from torchtpu.storage.records import record_of
 
 
 @pytest.fixture

@@ -221,45 +221,48 @@ def flush_all():
 
 def _flush(segment: _Segment):
     """Run the segment's queued steps and give their live Pending results their values. All or
-    nothing: an interrupt while it runs reruns it (the steps are pure functions of arrays the segment
-    holds) and is raised after; any other error restores the storages it wrote to their buffers from
-    before the segment, and is raised."""
+    nothing: an interrupt (Ctrl-C) while it runs completes it (its steps are pure functions of arrays
+    the segment holds, so running them again is safe) and is raised after; any other error restores
+    the storages it wrote to their buffers from before the segment, and is raised."""
     if segment.done:  # another thread ran it while this one waited for the lock
         return
-    try:
-        segment.done = True
-        if _open.get(segment.device) is segment:
-            del _open[segment.device]
-        if not segment.steps:
-            return
-        _flushes[0] += 1
-        live = tuple((s, i) for s, step in enumerate(segment.steps) for i, r in enumerate(step[3])
-                     if r() is not None)
-        if not live:  # nothing anyone can observe: every result was dropped or overwritten
-            return
-        plan = tuple((fn, sources) for fn, sources, _, _ in segment.steps)
-        key = (segment.device, plan, live)
-        fn = _executable_for(segment, key, plan, live)
-        scalars = [step[2] for step in segment.steps]
-        interrupted = None
-        for attempt in (0, 1):
-            try:
-                values = _run(fn, key, plan, live, segment.external, scalars)
-                break
-            except KeyboardInterrupt as e:   # complete the segment once more, then deliver it
-                if attempt:
-                    raise
-                interrupted = e
-        pendings = [segment.steps[s][3][i]() for s, i in live]
-        kept = [(p, v) for p, v in zip(pendings, values) if p is not None]
-        # in C: every Pending gets its value, or (an interrupt before this line) none
-        list(map(setattr, [p for p, _ in kept], repeat("value"), [v for _, v in kept]))
-    except BaseException:
-        _undo(segment)
-        raise
+    segment.done = True
+    interrupted = None
+    for attempt in range(3):
+        try:
+            _run_segment(segment)
+            break
+        except KeyboardInterrupt as e:
+            if attempt == 2:   # asked three times: give up the segment
+                _undo(segment)
+                raise
+            interrupted = e
+        except BaseException:
+            _undo(segment)
+            raise
     segment.external = segment.external_ids = segment.undo = None   # (results keep the segment)
     if interrupted is not None:
         raise interrupted
+
+
+def _run_segment(segment):
+    if _open.get(segment.device) is segment:
+        del _open[segment.device]
+    if not segment.steps:
+        return
+    _flushes[0] += 1
+    live = tuple((s, i) for s, step in enumerate(segment.steps) for i, r in enumerate(step[3])
+                 if r() is not None)
+    if not live:  # nothing anyone can observe: every result was dropped or overwritten
+        return
+    plan = tuple((fn, sources) for fn, sources, _, _ in segment.steps)
+    key = (segment.device, plan, live)
+    fn = _executable_for(segment, key, plan, live)
+    values = _run(fn, key, plan, live, segment.external, [step[2] for step in segment.steps])
+    pendings = [segment.steps[s][3][i]() for s, i in live]
+    kept = [(p, v) for p, v in zip(pendings, values) if p is not None]
+    # in C: every Pending gets its value, or (an interrupt before this line) none
+    _consume(map(setattr, [p for p, _ in kept], repeat("value"), [v for _, v in kept]))
 
 
 def _undo(segment):

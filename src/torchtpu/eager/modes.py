@@ -11,10 +11,6 @@ _MODES = ("strict", "debug", "fused")
 _mode = [config.get("TORCHTPU_EAGER_MODE")]  # a bad value: warned, the default, raised at first use
 
 
-def current_mode() -> str:
-    return _mode[0]
-
-
 def set_eager_mode(mode: str):
     mode = str(mode).lower()
     if mode not in _MODES:

@@ -91,12 +91,21 @@ def decomposed(op, meta_args, meta_kwargs):
     if op in stack:
         return None  # a decomposition that needs itself
     stack.append(op)
+    _active.failure = None
     try:
         return _trace(op, impl, meta_args, meta_kwargs, mutable)
-    except Exception:  # noqa: BLE001 - anything PyTorch cannot trace means "no decomposition"
+    except AssertionError:   # our own invariant broke while tracing: a bug, not a missing op
+        raise
+    except Exception as e:  # noqa: BLE001 - what PyTorch cannot trace means "no decomposition";
+        _active.failure = e   # resolve() chains it to its NotLowered, so the reason is not lost
         return None
     finally:
         stack.pop()
+
+
+def last_failure():
+    """Why the last `decomposed` call in this thread found no decomposition (an exception), or None."""
+    return getattr(_active, "failure", None)
 
 
 def _graph_lowering_fn(op, fn, meta_args, meta_kwargs):

@@ -405,10 +405,6 @@ def _meta_arg(a):
     return a
 
 
-def _is_random_lowering(low):
-    return low is not None and low.random
-
-
 class _Step:
     __slots__ = ("node", "fn", "kind", "random_index", "mutates")
 

@@ -111,13 +111,13 @@ def resolve(op, meta_args, meta_kwargs):
         fn.extra_mutations = getattr(inner, "extra_mutations", ())
         fn.specialize_scalars = getattr(inner, "specialize_scalars", False)
         return fn
-    from .decompose import decomposed
+    from .decompose import decomposed, last_failure
     fn = decomposed(op, meta_args, meta_kwargs)
     if fn is not None:
         return fn
     raise NotLowered(
         f"torchtpu: aten::{name} is not implemented for the tpu device. Set TORCHTPU_CPU_FALLBACK=1 "
-        f"(or torchtpu.set_cpu_fallback(True)) to run it on the CPU, or file an issue.")
+        f"(or torchtpu.set_cpu_fallback(True)) to run it on the CPU, or file an issue.") from last_failure()
 
 
 def _check_inplace_cast(op, func, meta_args, meta_kwargs, adapt):

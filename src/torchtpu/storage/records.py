@@ -16,7 +16,6 @@ import weakref
 import torch
 from torch._C import DispatchKey, DispatchKeySet
 
-from ..device import platform
 
 CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
@@ -204,7 +203,3 @@ def contiguous_strides(shape):
         acc *= d if d > 1 else 1
     strides.reverse()
     return strides
-
-
-def check_device_index(index: int):
-    platform.jax_device(index)  # raises with the index and the device count
