@@ -19,6 +19,8 @@ def _load():
     from . import ops  # noqa: F401  (fills the lowering table)
 
     registration.install()
+    from . import api
+    api.install()  # torch.tpu, before anything asks PyTorch for the device module
     kernels.register_all()
     from .compile import install_hooks
     install_hooks()  # registers backend="tpu" with Dynamo when Dynamo is first imported
@@ -35,7 +37,7 @@ def _autoload():
 
 _load()
 
-from .device.tpu_module import platform  # noqa: E402
+from .device.platform import platform  # noqa: E402
 from .eager.kernels import set_cpu_fallback  # noqa: E402
 from .eager.modes import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
 from .metrics import metrics, reset_metrics  # noqa: E402

@@ -40,8 +40,7 @@ VARIABLES: dict[str, tuple] = {
 ALIASES: dict[str, tuple[str, dict]] = {
     "TORCH_TPU_LAUNCH_BLOCKING": ("TORCHTPU_EAGER_MODE", {True: "debug"}),
     "TORCH_TPU_DEFER_AND_FUSE": ("TORCHTPU_EAGER_MODE", {True: "fused"}),
-    "TORCH_TPU_COMPILATION_CACHE_DIR": ("TORCHTPU_COMPILE_CACHE_DIR", None),
-    "TORCH_TPU_NUM_DEVICES": ("TORCHTPU_NUM_DEVICES", None),
+    "TORCH_TPU_TIER2_COMPILATION_CACHE": ("TORCHTPU_COMPILE_CACHE_DIR", None),  # its on-disk cache
 }
 
 _errors: dict[str, str] = {}

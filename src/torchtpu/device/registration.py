@@ -1,4 +1,5 @@
-"""Make PrivateUse1 the "tpu" device: rename it, install hooks, the device guard and `torch.tpu`."""
+"""Make PrivateUse1 the "tpu" device: rename it, install the hooks and the device guard.
+(`torch.tpu` itself is registered by torchtpu.api, above every layer.)"""
 from __future__ import annotations
 
 import sys
@@ -44,14 +45,10 @@ def install():
     if _installed[0]:
         return
     _installed[0] = True
-    from . import tpu_module
-
     if torch._C._get_privateuse1_backend_name() != "tpu":
         torch.utils.rename_privateuse1_backend("tpu")
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                          for_packed_sequence=True, for_storage=True)
-    torch._register_device_module("tpu", tpu_module)
-    sys.modules.setdefault("torch.tpu", tpu_module)
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     from . import native

@@ -1,7 +1,9 @@
-"""`torch.tpu`: the device module, with CUDA's names where we offer the same thing."""
+"""The device layer's functions behind `torch.tpu` (the public module is built in torchtpu.api,
+on top of every layer): CUDA's names where we offer the same thing."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import torch
@@ -9,7 +11,6 @@ import torch
 from . import platform as _platform
 from .platform import is_initialized, device_count  # noqa: F401
 from .state import current_device, set_device, device_index
-from ..compile import options as compiler  # noqa: F401  (torch.tpu.compiler)
 
 
 def is_available() -> bool:
@@ -70,10 +71,14 @@ class DeviceProperties:
     device_kind: str
     jax_device_id: int
     total_memory: int
+    multi_processor_count: int = 1  # TensorCores of a TPU chip; host cores on XLA:CPU
+    major: int = 0
+    minor: int = 0
 
     def __repr__(self):
         return (f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
-                f"total_memory={self.total_memory // (1 << 20)}MB)")
+                f"total_memory={self.total_memory // (1 << 20)}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
 
 
 def get_device_properties(device=None) -> DeviceProperties:
@@ -84,17 +89,24 @@ def get_device_properties(device=None) -> DeviceProperties:
     except Exception:
         pass
     if not total:
-        import os
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return DeviceProperties(get_device_name(device), d.platform, d.device_kind, d.id, total)
+    cores = getattr(d, "num_cores", None) or (os.cpu_count() if d.platform == "cpu" else 1) or 1
+    return DeviceProperties(get_device_name(device), d.platform, d.device_kind, d.id, total, int(cores))
 
 
 def get_device_capability(device=None):
     return (0, 0)
 
 
+# TorchTPU's list (autocast accepts any of them as its target dtype); bf16 is the one to use.
+_AMP_DTYPES = (torch.bfloat16, torch.bool, torch.complex128, torch.complex64, torch.float16, torch.float32,
+               torch.float64, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
+               torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.int16, torch.int32, torch.int64, torch.int8,
+               torch.uint16, torch.uint32, torch.uint64, torch.uint8)
+
+
 def get_amp_supported_dtype():
-    return [torch.bfloat16, torch.float16]
+    return list(_AMP_DTYPES)
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
@@ -367,22 +379,6 @@ class Event(torch.Event):
 def platform() -> str:
     """The XLA platform backing "tpu": 'tpu', 'gpu' or 'cpu'."""
     return _platform.platform()
-
-
-def set_eager_mode(mode: str) -> None:
-    from ..eager.modes import set_eager_mode as _set
-    _set(mode)
-
-
-def get_eager_mode() -> str:
-    from ..eager.modes import get_eager_mode as _get
-    return _get()
-
-
-def eager_mode(mode: str):
-    """Context manager: run the block in eager mode `mode` ("strict", "debug" or "fused")."""
-    from ..eager.modes import eager_mode as _ctx
-    return _ctx(mode)
 
 
 def _is_in_bad_fork() -> bool:

@@ -4,6 +4,7 @@ that repeats runs as one XLA executable: eager/fusion.py). TORCHTPU_EAGER_MODE s
 from __future__ import annotations
 
 import contextlib
+import enum
 
 from .. import config
 
@@ -11,11 +12,51 @@ _MODES = ("strict", "debug", "fused")
 _mode = [config.get("TORCHTPU_EAGER_MODE")]  # a bad value: warned, the default, raised at first use
 
 
-def set_eager_mode(mode: str):
-    mode = str(mode).lower()
-    if mode not in _MODES:
-        raise ValueError(f"unknown eager mode {mode!r}: expected one of {', '.join(_MODES)}")
-    _switch(mode)
+class EagerMode(str, enum.Enum):
+    """TorchTPU's names for the eager modes (the values are ours, so either form compares equal)."""
+
+    DEFER_NEVER = "strict"
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "debug"
+    DEFER_AND_FUSE = "fused"
+
+    def __str__(self):
+        return self.value
+
+    def __call__(self, mode):
+        """`torch.tpu.eager_mode("fused")` used as a context manager (our earlier form)."""
+        return eager_mode(mode)
+
+
+def _name(mode) -> str:
+    if isinstance(mode, EagerMode):
+        return mode.value
+    name = str(mode).lower()
+    if name not in _MODES:
+        raise ValueError(f"unknown eager mode {mode!r}: expected one of {', '.join(_MODES)} "
+                         f"or a torch.tpu.EagerMode")
+    return name
+
+
+class _ModeChange:
+    """What `set_eager_mode` returns: the mode is set at once; used as a context manager, the
+    previous mode comes back on exit (TorchTPU's form)."""
+
+    def __init__(self, previous):
+        self.previous = previous
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _switch(self.previous)
+        return False
+
+
+def set_eager_mode(mode) -> _ModeChange:
+    name = _name(mode)
+    previous = _mode[0]
+    _switch(name)
+    return _ModeChange(previous)
 
 
 def _switch(mode):
@@ -29,8 +70,12 @@ def get_eager_mode() -> str:
     return _mode[0]
 
 
+def current_enum() -> EagerMode:
+    return EagerMode(_mode[0])
+
+
 @contextlib.contextmanager
-def eager_mode(mode: str):
+def eager_mode(mode):
     old = _mode[0]
     set_eager_mode(mode)
     try:
