@@ -275,21 +275,27 @@ def mismatch():
 
 @scenario
 def straggler():
-    """Rank 1 never enters the collective: rank 0 raises within the group's timeout."""
+    """Rank 1 stops entering collectives: rank 0 raises within the group's timeout, both for a
+    collective it has run before (the XLA launch waits with the timeout) and for a new one (the
+    ranks' signature check through the store times out)."""
     import datetime
     import time
     dist.init_process_group("tpu_dist", timeout=datetime.timedelta(seconds=5))
+    dist.all_reduce(torch.ones(3, device="tpu"))
+    torch.tpu.synchronize()
     if RANK == 1:
-        time.sleep(30)
-        return
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(torch.ones(3, device="tpu"))
-    except RuntimeError as e:
-        assert time.monotonic() - t0 < 20
-        print("TIMEOUT-RAISED", e, flush=True)
+        time.sleep(40)
         os._exit(0)
-    raise AssertionError("no error")
+    for shape in (3, 7):
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(shape, device="tpu"))
+        except RuntimeError as e:
+            assert time.monotonic() - t0 < 20
+            print("TIMEOUT-RAISED", e, flush=True)
+        else:
+            raise AssertionError("no error")
+    os._exit(0)
 
 
 @scenario
