@@ -8,7 +8,6 @@ device buffers, never through the host. CPU tensors given to the same group (obj
 from __future__ import annotations
 
 import datetime
-import math
 import time
 
 import torch
