@@ -48,3 +48,40 @@ def test_public_facade():
     tdist = pytest.importorskip("torch.tpu.distributed")
     assert tdist.topology_aware_mesh is api.topology_aware_mesh
     assert tdist.set_tpu_launch_env is api.set_tpu_launch_env and tdist.spmd_safe is api.spmd_safe
+
+
+def test_single_process_group_in_process():
+    """A world of one, in this process: every collective is the identity, on the device."""
+    import torch.distributed as dist
+    from torch.testing import assert_close
+    from torchtpu.distributed import collectives
+    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert dist.get_backend() == "tpu_dist"
+        x = torch.randn(3, 4)
+        t = x.to("tpu")
+        calls = collectives.calls()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        assert_close(t.cpu(), x)
+        out = torch.empty(3, 4, device="tpu")
+        dist.all_gather_into_tensor(out, t)
+        assert_close(out.cpu(), x)
+        dist.reduce_scatter_tensor(out, t * 2)
+        assert_close(out.cpu(), x * 2)
+        o = torch.empty(3, 4, device="tpu")
+        dist.all_to_all_single(o, t, [3], [3])
+        assert_close(o.cpu(), x)
+        assert collectives.calls() > calls
+        with pytest.raises(ValueError, match="all_gather_into_tensor"):
+            dist.all_gather_into_tensor(torch.empty(5, device="tpu"), t)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_joining_after_the_device_started_raises_clearly():
+    import datetime
+    import torch.distributed as dist
+    from torchtpu.distributed import process_group
+    torch.ones(1, device="tpu").cpu()    # the device is up, for one process
+    with pytest.raises(RuntimeError, match="call init_process_group before the first tpu tensor"):
+        process_group._ensure_joined(dist.HashStore(), 0, 2, [0, 1], datetime.timedelta(seconds=5))

@@ -12,6 +12,8 @@ Each executable is compiled once per (op, static arguments, element count, dtype
 """
 from __future__ import annotations
 
+import concurrent.futures
+import queue
 import threading
 
 import jax
@@ -180,8 +182,9 @@ class GroupMesh:
                     _counts["compiles"] += 1
         return exe
 
-    def run(self, kind, static, local):
-        """Run collective `kind` on this process's flat buffer `local`; this process's flat result."""
+    def run(self, kind, static, local, timeout_s=None):
+        """Run collective `kind` on this process's flat buffer `local`; this process's flat result.
+        Raises RuntimeError if it has not started within `timeout_s` seconds (see _call)."""
         n = local.shape[0]
         exe = self.executable(kind, static, n, local.dtype)
         if local.devices() != {self.local_device}:
@@ -189,10 +192,48 @@ class GroupMesh:
         g = jax.make_array_from_single_device_arrays((self.size * n,), self.sharding, [local])
         _counts["calls"] += 1
         try:
-            return exe(g).addressable_data(0)
+            out = _call(exe, g, timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise RuntimeError(
+                f"torchtpu.distributed: {kind} over ranks {list(self.ranks)} did not complete within "
+                f"{timeout_s:.1f} s (the process group's timeout): a rank may have died, not joined, or "
+                "issued a different collective") from None
         except Exception as e:  # noqa: BLE001 - XLA's transport errors, reworded
             raise RuntimeError(f"torchtpu.distributed: {kind} over ranks {list(self.ranks)} failed (a rank "
                                f"may have died or left the job): {e}") from e
+        return out.addressable_data(0)
+
+
+# XLA:CPU runs a collective inside the call that launches it (the call returns when the peers have
+# taken part), so a peer that never arrives would block the caller forever, past any timeout. There
+# the call goes to one daemon thread (one, so collectives keep their order) and the caller waits for
+# it with the group's timeout. On TPU/GPU a launch returns at once and Work.wait polls readiness.
+_queue = None
+
+
+def _collective_thread():
+    while True:
+        fut, exe, arg = _queue.get()
+        if not fut.set_running_or_notify_cancel():
+            continue
+        try:
+            fut.set_result(exe(arg))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+            fut.set_exception(e)
+
+
+def _call(exe, arg, timeout_s):
+    global _queue
+    if not timeout_s or arg.sharding.mesh.devices.flat[0].platform != "cpu":
+        return exe(arg)
+    if _queue is None:
+        with _lock:
+            if _queue is None:
+                _queue = queue.SimpleQueue()
+                threading.Thread(target=_collective_thread, name="torchtpu-collectives", daemon=True).start()
+    fut = concurrent.futures.Future()
+    _queue.put((fut, exe, arg))
+    return fut.result(timeout_s)
 
 
 _has_vma = []

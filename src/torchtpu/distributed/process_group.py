@@ -8,7 +8,6 @@ device buffers, never through the host. CPU tensors given to the same group (obj
 from __future__ import annotations
 
 import datetime
-import math
 import time
 
 import torch
@@ -240,7 +239,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         flat = tensor_or_flat if dtype is not None else flat_value(tensor_or_flat)
         dtype = dtype if dtype is not None else tensor_or_flat.dtype
         self._check_signature((kind, static, int(flat.shape[0]), str(dtype)))
-        return self.mesh().run(kind, static, flat)
+        return self.mesh().run(kind, static, flat, self._timeout_s)
 
     # collectives ---------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -512,7 +511,8 @@ class TpuProcessGroup(dist.ProcessGroup):
         outs = []
         for t in tensors:
             if t.numel():
-                outs.append(self._pair(self.rank(), dst).run("permute", (((0, 1),),), flat_value(t)))
+                outs.append(self._pair(self.rank(), dst).run("permute", (((0, 1),),), flat_value(t),
+                                                             self._timeout_s))
         return self._work(outs, list(tensors), f"send to rank {dst}")
 
     def recv(self, tensors, src, tag=0):
@@ -521,7 +521,8 @@ class TpuProcessGroup(dist.ProcessGroup):
         outs = []
         for t in tensors:
             if t.numel():
-                out = self._pair(src, self.rank()).run("permute", (((0, 1),),), flat_value(t))
+                out = self._pair(src, self.rank()).run("permute", (((0, 1),),), flat_value(t),
+                                                       self._timeout_s)
                 assign(t, out)
                 outs.append(out)
         return self._work(outs, list(tensors), f"recv from rank {src}")
