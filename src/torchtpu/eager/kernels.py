@@ -18,7 +18,7 @@ from .. import metrics
 from ..device import platform
 from ..device.state import current_device
 from ..ops import dtypes as dt
-from ..ops import factories
+from ..ops import argument_checks, factories
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS
 from ..storage.records import RECORDS, Pending, contiguous_strides, new_tensor, record_of, set_buffer
@@ -86,10 +86,14 @@ def _device_index(device):
 
 def _resize_(self, size, memory_format=None):
     size = tuple(size)
+    if memory_format is torch.preserve_format:
+        raise RuntimeError("Unsupported memory formatPreserve")
     r = record_of(self)
     needed = (int(np.prod(size)) + self.storage_offset()) * self.element_size()
     strides = contiguous_strides(size)
-    if needed <= r.nbytes:
+    if size == tuple(self.shape):
+        pass   # the same sizes keep their strides (a transposed tensor stays transposed), as PyTorch's resize_
+    elif needed <= r.nbytes:
         aten.set_.source_Storage_storage_offset.redispatch(
             CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, strides)
     else:  # grow: a new storage keeping the old elements in front, as PyTorch does
@@ -100,7 +104,7 @@ def _resize_(self, size, memory_format=None):
                 set_buffer(record_of(fresh), jax.numpy.pad(old, (0, fresh.numel() - old.shape[0])))
         aten.set_.source_Storage_storage_offset.redispatch(
             CPU_KEYS, self, fresh.untyped_storage(), self.storage_offset(), size, strides)
-    if memory_format is not None and memory_format not in (torch.contiguous_format, torch.preserve_format):
+    if memory_format is not None:   # restrides even at the same sizes, as PyTorch's empty_tensor_restride
         st = torch.empty(size, device="meta").contiguous(memory_format=memory_format).stride()
         aten.set_.source_Storage_storage_offset.redispatch(
             CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, st)
@@ -594,6 +598,7 @@ def register_all():
         kernel = kernel_for(op)
         if name in data_dependent.MASK_ARGUMENT_OPS:  # boolean masks become indices first
             kernel = data_dependent.with_masks(kernel, data_dependent.MASK_ARGUMENT_OPS[name])
+        kernel = argument_checks.wrap(name, kernel)   # host checks of Scalar arguments (pow, fill)
         _impl(op, kernel)
     data_dependent.register(_impl)
     attention.register()
