@@ -272,3 +272,24 @@ def test_index_tensor_dtype(dtype):
     _same_error(lambda: x[i], lambda: x.to(D)[i.to(D)])
     _same_error(lambda: x.clone().index_put_((i,), torch.tensor(1.)),
                 lambda: x.to(D).index_put_((i.to(D),), torch.tensor(1., device=D)))
+
+
+# ---------------------------------------------------------------- 11: out of memory is PyTorch's error
+def test_out_of_memory_is_torch_error_and_free_memory_is_not_negative():
+    lazy = torch.empty(10 ** 12, device=D)   # holds no device memory until written
+    free, total = torch.tpu.mem_get_info()
+    assert 0 <= free <= total
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory"):
+        torch.zeros(10 ** 12, device=D)
+    with pytest.raises(torch.OutOfMemoryError):
+        lazy.add_(1)
+    del lazy
+    x = torch.randn(4)
+    torch.testing.assert_close((x.to(D) * 2).cpu(), x * 2)   # the device still works
+
+
+def test_negative_sizes():
+    for fn in (lambda d: torch.empty(-1, device=d), lambda d: torch.empty(2, -3, device=d),
+               lambda d: torch.empty_strided((-1,), (1,), device=d), lambda d: torch.randn(-1, device=d),
+               lambda d: torch.zeros(-2, device=d), lambda d: torch.ones(3, device=d).new_empty((-1,))):
+        _same_error(lambda: fn("cpu"), lambda: fn(D))

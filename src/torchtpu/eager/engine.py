@@ -22,7 +22,7 @@ from ..metrics import counters
 from ..device import platform
 from ..ops import dtypes as dt
 from ..storage.records import RECORDS, Pending, donatable, new_tensor, set_buffer
-from . import asserts, fusion
+from . import asserts, errors, fusion
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
 from ..device.state import current_device
@@ -255,7 +255,11 @@ class OpKernel:
                     if entry.traced is not None and donatable(inputs, entry.mutated_slots):
                         fn = entry.fn_donating or _donating(entry)
                         counters.eager_donations += 1
-                    results = fn(*inputs, *scalars, *offsets)
+                    try:
+                        results = fn(*inputs, *scalars, *offsets)
+                    except jax.errors.JaxRuntimeError as e:
+                        errors.raise_out_of_memory(e)   # torch.OutOfMemoryError, as CUDA
+                        raise
                     entry.n_results = len(results)
         if entry.checks:
             asserts.note(results[-1], entry.checks, self.where)
@@ -480,7 +484,11 @@ def _zeros(numel, dtype, device_index):
         jd = dt.to_jax(dtype)
         fn = _zeros_cache[(dtype, device_index)] = jax.jit(
             lambda n: jax.numpy.zeros((n,), jd), static_argnums=0, out_shardings=sharding)
-    zeros = fn(numel)
+    try:
+        zeros = fn(numel)
+    except jax.errors.JaxRuntimeError as e:
+        errors.raise_out_of_memory(e)
+        raise
     if small:
         if len(_zeros_kept) >= 256:
             _zeros_kept.clear()
