@@ -140,3 +140,156 @@ def test_non_overlapping_and_full_overlap_writes_work():
         torch.testing.assert_close(actual.cpu(), expected)
     y = torch.randn(3, 1)
     torch.testing.assert_close(y.to(D).expand(3, 4).fill_(2.0).cpu(), y.clone().expand(3, 4).fill_(2.0))
+
+
+# ---------------------------------------------------------------- 5: checks the CPU makes
+def _raises_at_op_or_sync(fn, match):
+    """The tpu call raises `match` at the op, or (a value on the device: a device-side assert, as on
+    CUDA) at the next synchronization."""
+    with pytest.raises(RuntimeError, match=match):
+        out = fn()
+        torch.tpu.synchronize()
+        (out[0] if isinstance(out, tuple) else out).cpu()
+
+
+def test_masked_scatter_too_few_source_values():
+    _raises_at_op_or_sync(lambda: torch.zeros(5, device=D).masked_scatter(
+        torch.ones(5, dtype=torch.bool, device=D), torch.ones(2, device=D)), "source < number of ones in mask")
+    m = torch.rand(6) > 0.5
+    x, src = torch.randn(6), torch.randn(6)
+    torch.testing.assert_close(x.to(D).masked_scatter(m.to(D), src.to(D)).cpu(), x.masked_scatter(m, src))
+
+
+def test_pow_integer_negative_exponent():
+    for base in (torch.tensor([1, 2, 3]), torch.tensor([True, False])):
+        _same_error(lambda: torch.pow(base, -1), lambda: torch.pow(base.to(D), -1))
+        _same_error(lambda: base.clone().pow_(-2), lambda: base.to(D).pow_(-2))
+    x = torch.tensor([1, 2, 3])
+    for e in (2, 0, -1.0):   # the same executable first, then values the CPU accepts
+        torch.testing.assert_close(torch.pow(x.to(D), e).cpu(), torch.pow(x, e))
+    e = torch.tensor([-1, 1, 2])
+    torch.testing.assert_close(torch.pow(x.to(D), e.to(D)).cpu(), torch.pow(x, e))
+
+
+def test_random_ranges():
+    _same_error(lambda: torch.randint(5, 2, (3,)), lambda: torch.randint(5, 2, (3,), device=D))
+    _same_error(lambda: torch.empty(3).random_(4, 4), lambda: torch.empty(3, device=D).random_(4, 4))
+    _same_error(lambda: torch.empty(3).uniform_(2, 1), lambda: torch.empty(3, device=D).uniform_(2, 1))
+    v = torch.empty(1000, device=D).uniform_(2, 2.5).cpu()
+    assert 2 <= v.min() and v.max() <= 2.5
+    r = torch.randint(2, 5, (1000,), device=D).cpu()
+    assert set(r.tolist()) == {2, 3, 4}
+
+
+@pytest.mark.parametrize("dtype,value", [(torch.int8, 300), (torch.int8, -129), (torch.uint8, -256),
+                                         (torch.int32, 2 ** 31), (torch.float16, 1e6), (torch.int8, float("nan")),
+                                         (torch.float32, 1 + 1j), (torch.bfloat16, 1e39)])
+def test_fill_value_overflow(dtype, value):
+    _same_error(lambda: torch.zeros(3, dtype=dtype).fill_(value), lambda: torch.zeros(3, dtype=dtype, device=D).fill_(value))
+    _same_error(lambda: torch.full((3,), value, dtype=dtype), lambda: torch.full((3,), value, dtype=dtype, device=D))
+    m = torch.tensor([True, False, True])
+    _same_error(lambda: torch.zeros(3, dtype=dtype).masked_fill(m, value),
+                lambda: torch.zeros(3, dtype=dtype, device=D).masked_fill(m.to(D), value))
+
+
+def test_fill_values_the_cpu_converts():
+    for dtype, value in ((torch.uint8, -1), (torch.bool, 2), (torch.float16, float("inf")), (torch.int8, 127),
+                         (torch.int8, 5)):
+        expected = torch.zeros(3, dtype=dtype).fill_(value)
+        torch.testing.assert_close(torch.zeros(3, dtype=dtype, device=D).fill_(value).cpu(), expected)
+
+
+def test_segment_reduce_lengths_beyond_the_data():
+    data = torch.randn(4)
+    _raises_at_op_or_sync(lambda: torch.segment_reduce(data.to(D), "sum", lengths=torch.tensor([3, 3], device=D)),
+                          "sum to data.size")
+    _raises_at_op_or_sync(lambda: torch.segment_reduce(data.to(D), "sum", lengths=torch.tensor([5, -1], device=D)),
+                          "negative")
+    lengths = torch.tensor([1, 3])
+    torch.testing.assert_close(torch.segment_reduce(data.to(D), "sum", lengths=lengths.to(D)).cpu(),
+                               torch.segment_reduce(data, "sum", lengths=lengths))
+
+
+def test_embedding_bag_offsets_beyond_the_input():
+    w = torch.randn(5, 3)
+    _raises_at_op_or_sync(lambda: F.embedding_bag(torch.tensor([1, 2], device=D), w.to(D),
+                                                  torch.tensor([0, 5], device=D)), "offsets\\[-1\\]")
+    _raises_at_op_or_sync(lambda: F.embedding_bag(torch.tensor([1, 2], device=D), w.to(D),
+                                                  torch.tensor([1, 2], device=D)), "offsets\\[0\\]")
+    i, o = torch.tensor([1, 2, 4]), torch.tensor([0, 1])
+    torch.testing.assert_close(F.embedding_bag(i.to(D), w.to(D), o.to(D)).cpu(), F.embedding_bag(i, w, o))
+
+
+def test_native_dropout_p_out_of_range():
+    x = torch.randn(3)
+    for p in (1.5, -0.5):
+        _same_error(lambda: torch.native_dropout(x, p, True), lambda: torch.native_dropout(x.to(D), p, True))
+    out, mask = torch.native_dropout(x.to(D), 1.5, False)   # not training: no draw, as on the CPU
+    torch.testing.assert_close(out.cpu(), x)
+
+
+def test_addcmul_integer_value_is_converted():
+    a, b, c = torch.tensor([1, 2, -3]), torch.tensor([1, 2, 5]), torch.tensor([1, 2, 7])
+    for value in (0.5, 2.7, -1.5, 3):
+        torch.testing.assert_close(torch.addcmul(a.to(D), b.to(D), c.to(D), value=value).cpu(),
+                                   torch.addcmul(a, b, c, value=value))
+
+
+# ---------------------------------------------------------------- 7: resize_ to the same shape
+def test_resize_same_shape_keeps_strides():
+    for make in (lambda d: torch.arange(6., device=d).reshape(2, 3).t(),
+                 lambda d: torch.arange(12., device=d).reshape(3, 4)[:, 1:3]):
+        expected, actual = make("cpu"), make(D)
+        expected.resize_(expected.shape)
+        actual.resize_(actual.shape)
+        assert actual.stride() == expected.stride()
+        torch.testing.assert_close(actual.cpu(), expected)
+    expected = torch.arange(6.).reshape(2, 3).t().resize_(3, 2, memory_format=torch.contiguous_format)
+    actual = torch.arange(6., device=D).reshape(2, 3).t().resize_(3, 2, memory_format=torch.contiguous_format)
+    assert actual.stride() == expected.stride()
+    _same_error(lambda: torch.ones(2).resize_(2, memory_format=torch.preserve_format),
+                lambda: torch.ones(2, device=D).resize_(2, memory_format=torch.preserve_format))
+
+
+# ---------------------------------------------------------------- 9: float8 e4m3fn saturates
+def test_float8_e4m3fn_overflow_saturates():
+    x = torch.tensor([100., 448., 464., 500., -1000., 1e30, float("inf"), -float("inf"), float("nan"), 0.3])
+    for src in (x, x.bfloat16(), x.half()):
+        expected = src.to(torch.float8_e4m3fn).float()
+        torch.testing.assert_close(src.to(D).to(torch.float8_e4m3fn).float().cpu(), expected, equal_nan=True)
+    i = torch.tensor([300, 1000, -5000])
+    torch.testing.assert_close(i.to(D).to(torch.float8_e4m3fn).float().cpu(), i.to(torch.float8_e4m3fn).float())
+    y = torch.tensor([57344., 60000., 61440., 1e6])
+    torch.testing.assert_close(y.to(D).to(torch.float8_e5m2).float().cpu(), y.to(torch.float8_e5m2).float())
+    compiled = torch.compile(lambda a: a.to(torch.float8_e4m3fn).float(), backend="tpu")
+    torch.testing.assert_close(compiled(x.to(D)).cpu(), x.to(torch.float8_e4m3fn).float(), equal_nan=True)
+
+
+# ---------------------------------------------------------------- 12: PyTorch's errors
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.float32])
+def test_index_tensor_dtype(dtype):
+    x, i = torch.randn(5), torch.tensor([1, 2], dtype=dtype)
+    _same_error(lambda: x[i], lambda: x.to(D)[i.to(D)])
+    _same_error(lambda: x.clone().index_put_((i,), torch.tensor(1.)),
+                lambda: x.to(D).index_put_((i.to(D),), torch.tensor(1., device=D)))
+
+
+# ---------------------------------------------------------------- 11: out of memory is PyTorch's error
+def test_out_of_memory_is_torch_error_and_free_memory_is_not_negative():
+    lazy = torch.empty(10 ** 12, device=D)   # holds no device memory until written
+    free, total = torch.tpu.mem_get_info()
+    assert 0 <= free <= total
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory"):
+        torch.zeros(10 ** 12, device=D)
+    with pytest.raises(torch.OutOfMemoryError):
+        lazy.add_(1)
+    del lazy
+    x = torch.randn(4)
+    torch.testing.assert_close((x.to(D) * 2).cpu(), x * 2)   # the device still works
+
+
+def test_negative_sizes():
+    for fn in (lambda d: torch.empty(-1, device=d), lambda d: torch.empty(2, -3, device=d),
+               lambda d: torch.empty_strided((-1,), (1,), device=d), lambda d: torch.randn(-1, device=d),
+               lambda d: torch.zeros(-2, device=d), lambda d: torch.ones(3, device=d).new_empty((-1,))):
+        _same_error(lambda: fn("cpu"), lambda: fn(D))

@@ -241,10 +241,11 @@ def empty_cache() -> None:
 
 
 def mem_get_info(device=None):
-    """(free, total) bytes. Free never goes below zero (a lazily allocated tensor that was
-    never materialised can exceed the device)."""
+    """(free, total) bytes. Free counts the storages that hold a buffer (a lazy `empty(<huge>)` holds
+    no device memory until written), never below zero."""
+    from ..storage.records import stats
     props = get_device_properties(device)
-    return max(props.total_memory - memory_allocated(device), 0), props.total_memory
+    return max(props.total_memory - stats(_index(device)).materialized, 0), props.total_memory
 
 
 # ------------------------------------------------------------------ streams and events

@@ -220,6 +220,17 @@ def _long_indices(indices, device):
     return out
 
 
+_INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.uint8, torch.bool})
+
+
+def _check_index_dtypes(indices):
+    """PyTorch's error for index tensors of other dtypes (int8, int16, floats), before they reach a
+    lowering (an int8 index would otherwise be taken for a mask by nonzero's meta kernel)."""
+    for i in indices:
+        if i is not None and i.dtype not in _INDEX_DTYPES:
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+
+
 def _check_mask_shapes(self, indices):
     # PyTorch's message for a mask that does not match the indexed dims
     d = 0
@@ -238,6 +249,8 @@ def _check_mask_shapes(self, indices):
 def with_masks(engine_kernel, position):
     def kernel(*args, **kwargs):
         indices = args[position] if len(args) > position else kwargs.get("indices")
+        if indices is not None:
+            _check_index_dtypes(indices)
         longs = _long_indices(indices, args[0].device) if indices is not None else None
         if longs is not None:
             _check_mask_shapes(args[0], indices)

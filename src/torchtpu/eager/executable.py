@@ -26,6 +26,7 @@ from ..ops import checks, linalg, views
 from ..ops import dtypes as dt
 from ..storage.records import stats
 from .fusion import Pending
+from . import errors
 
 _TRACED = object()
 
@@ -228,12 +229,16 @@ def call_and_commit(fn, args, records, first):
     The call and the assignments happen inside one C-level iteration, with no Python code between
     them where a signal handler could raise (Ctrl-C): either the records keep their old buffers (the
     call did not happen), or they hold the new ones. Never a buffer the executable took over."""
-    if not records:
-        return fn(*args)
-    box = {}
-    results = map(box.setdefault, repeat(0), starmap(fn, (args,)))
-    _consume(map(setattr, records, repeat("_buffer"), islice(chain.from_iterable(results), first, None)))
-    return box[0]
+    try:
+        if not records:
+            return fn(*args)
+        box = {}
+        results = map(box.setdefault, repeat(0), starmap(fn, (args,)))
+        _consume(map(setattr, records, repeat("_buffer"), islice(chain.from_iterable(results), first, None)))
+        return box[0]
+    except jax.errors.JaxRuntimeError as e:
+        errors.raise_out_of_memory(e)   # torch.OutOfMemoryError, as on CUDA
+        raise
 
 
 # Zero buffers of at most SMALL_ZEROS bytes are kept (arrays are immutable, and a kept one is never
@@ -257,7 +262,11 @@ def zeros(numel, dtype, device_index):
         jd = dt.to_jax(dtype)
         fn = _zeros_fns[(dtype, device_index)] = jax.jit(
             lambda n: jnp.zeros((n,), jd), static_argnums=0, out_shardings=sharding)
-    z = fn(numel)
+    try:
+        z = fn(numel)
+    except jax.errors.JaxRuntimeError as e:
+        errors.raise_out_of_memory(e)
+        raise
     if small:
         if len(_zeros_kept) >= 256:
             _zeros_kept.clear()

@@ -17,11 +17,11 @@ from .. import config, metrics
 from ..device import platform
 from ..device.state import current_device
 from ..ops import dtypes as dt
-from ..ops import factories
+from ..ops import argument_checks, factories
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS
 from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
-from . import asserts, fusion
+from . import asserts, errors, fusion
 from .fusion import Pending
 from .engine import CONSTANT_BYTES, OpKernel, scalar_key
 
@@ -51,7 +51,15 @@ def _redispatch_to_cpu(op):
     return functools.partial(op._handle.redispatch_boxed, CPU_KEYS)
 
 
+def _check_sizes(size):
+    """PyTorch's error for a negative size (before it reaches the storage constructor)."""
+    for n in size:
+        if n < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {n}: {list(size)}")
+
+
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _check_sizes(size)
     index = _device_index(device)
     t = new_tensor(tuple(size), dtype or torch.get_default_dtype(), index)
     if memory_format is not None and memory_format not in (torch.contiguous_format, torch.preserve_format):
@@ -65,6 +73,7 @@ def _restride(t, memory_format):
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_sizes(size)
     index = _device_index(device)
     dtype = dtype or torch.get_default_dtype()
     size, stride = tuple(size), tuple(stride)
@@ -86,10 +95,17 @@ def _device_index(device):
 
 def _resize_(self, size, memory_format=None):
     size = tuple(size)
+    if any(n < 0 for n in size):
+        raise RuntimeError("numel: integer multiplication overflow" if len(size) == 1 else
+                           f"Trying to create tensor with negative dimension {min(size)}: {list(size)}")
+    if memory_format is torch.preserve_format:
+        raise RuntimeError("Unsupported memory formatPreserve")
     r = record_of(self)
     needed = (int(np.prod(size)) + self.storage_offset()) * self.element_size()
     strides = contiguous_strides(size)
-    if needed <= r.nbytes:
+    if size == tuple(self.shape):
+        pass   # the same sizes keep their strides (a transposed tensor stays transposed), as PyTorch's resize_
+    elif needed <= r.nbytes:
         aten.set_.source_Storage_storage_offset.redispatch(
             CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, strides)
     else:  # grow: a new storage keeping the old elements in front, as PyTorch does
@@ -100,7 +116,7 @@ def _resize_(self, size, memory_format=None):
                 set_buffer(record_of(fresh), jax.numpy.pad(old, (0, fresh.numel() - old.shape[0])))
         aten.set_.source_Storage_storage_offset.redispatch(
             CPU_KEYS, self, fresh.untyped_storage(), self.storage_offset(), size, strides)
-    if memory_format is not None and memory_format not in (torch.contiguous_format, torch.preserve_format):
+    if memory_format is not None:   # restrides even at the same sizes, as PyTorch's empty_tensor_restride
         st = torch.empty(size, device="meta").contiguous(memory_format=memory_format).stride()
         aten.set_.source_Storage_storage_offset.redispatch(
             CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, st)
@@ -127,7 +143,11 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     if r.buffer is None:
         out = np.zeros(tuple(t.shape), dt.to_jax(t.dtype))
     else:
-        out = np.asarray(r.buffer).reshape(tuple(t.shape))
+        try:
+            out = np.asarray(r.buffer).reshape(tuple(t.shape))
+        except jax.errors.JaxRuntimeError as e:   # an asynchronous allocation failure surfaces here
+            errors.raise_out_of_memory(e)
+            raise
     metrics.counters.d2h_bytes += out.nbytes
     metrics.counters.d2h_transfers += 1
     return out
@@ -578,6 +598,7 @@ def register_all():
         kernel = kernel_for(op)
         if name in data_dependent.MASK_ARGUMENT_OPS:  # boolean masks become indices first
             kernel = data_dependent.with_masks(kernel, data_dependent.MASK_ARGUMENT_OPS[name])
+        kernel = argument_checks.wrap(name, kernel)   # host checks of Scalar arguments (pow, fill)
         _impl(op, kernel)
     data_dependent.register(_impl)
     attention.register()

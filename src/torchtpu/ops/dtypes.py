@@ -44,6 +44,22 @@ def to_jax(dtype: torch.dtype):
                         f"(supported: {', '.join(str(d).replace('torch.', '') for d in TO_JAX)})") from None
 
 
+_E4M3FN = jnp.dtype(ml_dtypes.float8_e4m3fn)
+_E4M3FN_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+
+
+def convert(v, dtype):
+    """`v` converted to the jnp `dtype` as PyTorch converts: float8_e4m3fn (no infinity) saturates to
+    +-448 where XLA gives NaN (infinities too, as PyTorch's CPU kernel); NaN stays NaN."""
+    dtype = jnp.dtype(dtype)
+    if dtype == _E4M3FN and v.dtype != _E4M3FN and v.dtype != jnp.bool_:
+        if jnp.issubdtype(v.dtype, jnp.complexfloating):
+            v = jnp.real(v)
+        v = jnp.clip(v, -_E4M3FN_MAX, _E4M3FN_MAX) if jnp.issubdtype(v.dtype, jnp.integer) else \
+            jnp.where(jnp.isnan(v), v, jnp.clip(v, -_E4M3FN_MAX, _E4M3FN_MAX))
+    return v.astype(dtype)
+
+
 def to_torch(dtype) -> torch.dtype:
     return TO_TORCH[jnp.dtype(dtype)]
 

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .dtypes import operand_facts, promote, scalar_type_name
+from .dtypes import convert, operand_facts, promote, scalar_type_name
 from .table import KIND, Lowering, apply, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -224,6 +224,8 @@ def lerp(a, b, w):
 
 @lowering("addcmul", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
 def addcmul(a, t1, t2, value=1):
+    if not jnp.issubdtype(a.dtype, jnp.inexact):
+        value = jnp.asarray(value).astype(a.dtype)   # the CPU converts value to the integer type: 0.5 -> 0
     return a + value * t1 * t2
 
 
@@ -353,7 +355,7 @@ def nan_to_num(a, nan=None, posinf=None, neginf=None):
 # ---------------------------------------------------------------- copies and fills
 @lowering("copy")
 def copy(self, src, non_blocking=False):
-    return jnp.broadcast_to(src, self.shape).astype(self.dtype)
+    return convert(jnp.broadcast_to(src, self.shape), self.dtype)
 
 
 @lowering("clone")

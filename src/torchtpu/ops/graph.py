@@ -274,7 +274,7 @@ def _diagonal_scatter(val, a, src, offset=0, dim1=0, dim2=1):
 # ---------------------------------------------------------------- factories and casts
 @graph_lowering("_to_copy", "to.dtype", "to.dtype_layout", "to.device", "_to_dim_order_copy")
 def _to_copy(val, a, *args, **kw):
-    return a.astype(_jdtype(val, a.dtype)) if hasattr(a, "astype") else jnp.asarray(a, _jdtype(val))
+    return dt.convert(a, _jdtype(val, a.dtype)) if hasattr(a, "astype") else jnp.asarray(a, _jdtype(val))
 
 
 @graph_lowering("empty.memory_format", "empty_strided", "zeros", "new_zeros", "new_empty", "new_empty_strided",
@@ -315,7 +315,7 @@ def _iota(val, length, *, start, step, dtype, device=None, requires_grad=False):
 
 @graph_lowering("prims.convert_element_type.default")
 def _convert(val, a, dtype):
-    return jnp.asarray(a).astype(dtype)
+    return dt.convert(jnp.asarray(a), dtype)
 
 
 @graph_lowering("prims.broadcast_in_dim.default")

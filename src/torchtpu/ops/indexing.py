@@ -12,7 +12,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from .checks import require_index
+from .checks import require, require_index
 from .dtypes import scalar_type_name
 from .table import lowering
 
@@ -299,6 +299,8 @@ def masked_scatter(x, mask, source):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     x = jnp.broadcast_to(x, shape)
     m = jnp.broadcast_to(mask, shape).reshape(-1)
+    require(jnp.sum(m, dtype=jnp.int64) <= source.size, "masked_scatter: Number of elements of source < number "
+                                                        "of ones in mask")
     # the k-th True takes the k-th element of source
     pos = jnp.clip(jnp.cumsum(m.astype(jnp.int64)) - 1, 0, max(source.size - 1, 0))
     src = source.reshape(-1).astype(x.dtype)

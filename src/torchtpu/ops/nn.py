@@ -1048,6 +1048,11 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     """(out, offset2bag, bag_size, max_indices), shaped as PyTorch's meta kernel says."""
     _check_rows(indices, weight.shape[0])
+    if offsets.shape[0]:
+        require(offsets[0] == 0, "embedding_bag: offsets[0] has to be 0, i.e., the first sequence in the "
+                                 "mini-batch has to start from position 0")
+        require(offsets[-1] <= indices.shape[0], f"embedding_bag: offsets[-1] can not be greater than input's "
+                                                 f"length {indices.shape[0]}")
     bag, n_bags = _bag_of(indices, offsets, include_last_offset)
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, jnp.bool_)
     rows = _f32(weight)[indices]                                   # (n, D)

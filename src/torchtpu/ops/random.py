@@ -16,6 +16,8 @@ def _float(a):
 
 @lowering("uniform", random=True)
 def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
+    if from_ > to:   # (floats: keyed, so known when the executable is built)
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
     u = jax.random.uniform(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
     return (from_ + u * (to - from_)).astype(a.dtype)
 
@@ -50,6 +52,8 @@ def bernoulli(a, generator=None, *, key):
 
 @lowering("native_dropout", random=True)
 def native_dropout(a, p, train, *, key):
+    if train is not False and not 0 <= 1 - p <= 1:   # PyTorch keeps each element with bernoulli_(1 - p)
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={1 - p:g}")
     if not train or p == 0:
         return a, jnp.ones(a.shape, jnp.bool_)
     keep = jax.random.uniform(key, a.shape, jnp.float32) >= p
@@ -113,11 +117,15 @@ def _default_high(dtype):
 
 @lowering("random.from", random=True)
 def random_from(a, from_, to=None, generator=None, *, key):
+    if to is not None and from_ >= to:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
     return _random_ints(key, a, from_, _default_high(a.dtype) if to is None else to)
 
 
 @lowering("random.to", random=True)
 def random_to(a, to, generator=None, *, key):
+    if to <= 0:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
     return _random_ints(key, a, 0, to)
 
 

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .checks import require_index
+from .checks import require, require_index
 from .table import KIND, lowering
 
 
@@ -576,6 +576,16 @@ def _segment_reduce(data, reduce, lengths, offsets, axis, initial):
 
 @lowering("segment_reduce")
 def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    size = data.shape[axis % data.ndim]
+    if lengths is not None:
+        require(lengths >= 0, "segment_reduce(): lengths contains negative value!")
+        if not unsafe:
+            require(jnp.sum(lengths, axis=-1) == size, "segment_reduce(): Expected all rows of lengths along "
+                    "axis to sum to data.size(lengths.dim()-1) when !unsafe.")
+    elif offsets is not None and offsets.shape[-1] and not unsafe:
+        require(jnp.diff(offsets, axis=-1) >= 0, "segment_reduce(): lengths contains negative value!")
+        require((offsets[..., 0] == 0) & (offsets[..., -1] == size), "segment_reduce(): Expected all rows of "
+                "offsets to start at 0 and end at data.size(axis) when !unsafe.")
     return _segment_reduce(data, reduce, lengths, offsets, axis, initial)
 
 

@@ -1,0 +1,111 @@
+"""Checks on an op's Scalar arguments that PyTorch's CPU and CUDA kernels make on the host.
+
+A Scalar argument travels into the eager executable as a traced value (a changing fill value or
+exponent must not recompile), so its value is not known when the executable is built: these checks
+run per call, before the op, and only for the ops listed in CHECKS (a check costs about a
+microsecond). Values known at build time (ints and floats that key the cache) are checked by the
+lowerings themselves; values on the device by device-side asserts (ops/checks.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["CHECKS", "wrap", "check_convertible", "overflows"]
+
+# the C++ type names PyTorch's "value cannot be converted to type ... without overflow" prints
+_CPP_NAMES = {
+    torch.int8: "int8_t", torch.uint8: "uint8_t", torch.int16: "int16_t", torch.uint16: "uint16_t",
+    torch.int32: "int", torch.uint32: "uint32_t", torch.int64: "int64_t", torch.uint64: "uint64_t",
+    torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16", torch.float32: "float",
+    torch.float64: "double", torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>",
+    torch.float8_e4m3fn: "c10::Float8_e4m3fn", torch.float8_e5m2: "c10::Float8_e5m2",
+}
+_NO_INFINITY = (torch.float8_e4m3fn,)
+_REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def overflows(value, dtype: torch.dtype) -> bool:
+    """Whether PyTorch's checked conversion of the Python number `value` to `dtype` overflows
+    (c10's `overflows<To, From>`): integers out of range (unsigned types let negatives down to -max
+    wrap), finite floats beyond the largest finite value, NaN into an integer type, a complex value
+    with an imaginary part into a real type. Nothing overflows bool."""
+    if dtype == torch.bool or isinstance(value, bool):
+        return False
+    if isinstance(value, complex):
+        if not dtype.is_complex and value.imag != 0:
+            return True
+        return overflows(value.real, dtype) or (dtype.is_complex and overflows(value.imag, dtype))
+    dtype = _REAL_OF.get(dtype, dtype)
+    if dtype.is_floating_point:
+        if math.isnan(value):
+            return False
+        if math.isinf(value):
+            return dtype in _NO_INFINITY
+        info = torch.finfo(dtype)
+        return value < info.min or value > info.max
+    info = torch.iinfo(dtype)
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    if info.min == 0 and isinstance(value, int) and value < 0:
+        return value > info.max or -value > info.max
+    return value < info.min or value > info.max
+
+
+def check_convertible(value, dtype):
+    """Raise PyTorch's error where the number `value` does not fit `dtype`."""
+    if isinstance(value, (bool, int, float, complex)) and overflows(value, dtype):
+        raise RuntimeError(f"value cannot be converted to type {_CPP_NAMES.get(dtype, dtype)} without overflow")
+
+
+def _arg(args, kwargs, position, name):
+    return args[position] if len(args) > position else kwargs.get(name)
+
+
+def _fill_value(position):
+    def check(*args, **kwargs):
+        self, value = args[0], _arg(args, kwargs, position, "value")
+        if isinstance(self, torch.Tensor):
+            check_convertible(value, self.dtype)
+    return check
+
+
+def _factory_value(position, name):
+    def check(*args, **kwargs):
+        out = kwargs.get("out")
+        dtype = out.dtype if isinstance(out, torch.Tensor) else kwargs.get("dtype")
+        if dtype is not None:
+            check_convertible(_arg(args, kwargs, position, name), dtype)
+    return check
+
+
+def _pow_exponent(*args, **kwargs):
+    self, exponent = args[0], _arg(args, kwargs, 1, "exponent")
+    if (isinstance(exponent, int) and exponent < 0 and isinstance(self, torch.Tensor)
+            and not self.dtype.is_floating_point and not self.dtype.is_complex):
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+
+
+# ATen overload -> check of its (args, kwargs)
+CHECKS = {
+    "fill.Scalar": _fill_value(1), "fill_.Scalar": _fill_value(1),
+    "masked_fill.Scalar": _fill_value(2), "masked_fill_.Scalar": _fill_value(2),
+    "index_fill.int_Scalar": _fill_value(3), "index_fill_.int_Scalar": _fill_value(3),
+    "full.default": _factory_value(1, "fill_value"), "full.out": _factory_value(1, "fill_value"),
+    "scalar_tensor.default": _factory_value(0, "s"),
+    "pow.Tensor_Scalar": _pow_exponent, "pow_.Scalar": _pow_exponent, "pow.Tensor_Scalar_out": _pow_exponent,
+}
+
+
+def wrap(name: str, kernel):
+    """`kernel` with the host check of the overload `name` in front, or `kernel` itself without one."""
+    check = CHECKS.get(name)
+    if check is None:
+        return kernel
+
+    def checked(*args, **kwargs):
+        check(*args, **kwargs)
+        return kernel(*args, **kwargs)
+
+    return checked
