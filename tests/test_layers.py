@@ -19,7 +19,7 @@ LAYERS = [
     {"compile"},
     {"distributed", "kernels"},
     {"integrations"},
-    {"__init__", "__main__", "tpu"},   # the package's entry points and the torch.tpu facade
+    {"__init__", "__main__", "api"},   # the package's entry points and the torch.tpu facade
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 
