@@ -27,7 +27,6 @@ LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 EXCEPTIONS = {
     # the torch.tpu facade, still in device/ until helper "accel"'s torch.tpu package replaces it
     ("device/tpu_module.py", "eager"), ("device/tpu_module.py", "storage"),
-    ("device/tpu_module.py", "compile"),
     # the backend's registration (device/, helper "accel") installs the host-storage hooks; it
     # belongs in the package's entry point, above every layer
     ("device/registration.py", "storage"),

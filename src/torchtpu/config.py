@@ -30,6 +30,10 @@ VARIABLES: dict[str, tuple] = {
     "TORCHTPU_COMPILE_DONATE": ("bool", True, None, "compiled graphs donate the inputs they overwrite"),
     "TORCHTPU_COMPILE_EAGER_FALLBACK": ("bool", True, None,
                                         "a graph with an op without lowering runs op by op"),
+    "TORCHTPU_MULTI_CONTROLLER": ("bool", True, None,
+                                  "under torchrun (WORLD_SIZE > 1), join JAX's multi-controller job"),
+    "TORCHTPU_COORDINATOR_ADDRESS": ("text", None, None,
+                                     "host:port of JAX's coordinator (default MASTER_ADDR:MASTER_PORT+1)"),
     "TORCHTPU_COORDINATOR_TIMEOUT": ("seconds", 300.0, None,
                                      "how long a distributed process waits for JAX's coordinator"),
     "TORCHTPU_NATIVE": ("choice", "auto", ("auto", "on", "off"),
@@ -128,6 +132,8 @@ def _parse(kind, raw, choices):
         if low not in choices:
             raise ConfigError(f"expected one of {', '.join(choices)}")
         return low
+    if kind == "text":
+        return raw
     return os.path.expanduser(raw)  # path
 
 

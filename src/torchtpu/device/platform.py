@@ -28,7 +28,7 @@ def _launch_env():
     The coordinator listens on MASTER_PORT + 1 (the c10d store has MASTER_PORT) unless
     TORCHTPU_COORDINATOR_ADDRESS says where; TORCHTPU_MULTI_CONTROLLER=0 turns joining off."""
     env = os.environ
-    if env.get("TORCHTPU_MULTI_CONTROLLER", "1") == "0":
+    if not config.get("TORCHTPU_MULTI_CONTROLLER"):
         return None
     try:
         world, rank = int(env["WORLD_SIZE"]), int(env["RANK"])
@@ -36,7 +36,7 @@ def _launch_env():
         return None
     if world <= 1:
         return None
-    coordinator = env.get("TORCHTPU_COORDINATOR_ADDRESS")
+    coordinator = config.get("TORCHTPU_COORDINATOR_ADDRESS")
     if not coordinator:
         if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
             return None
