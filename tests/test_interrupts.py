@@ -89,6 +89,10 @@ def _run(code, mode):
                TORCHTPU_FUSED_COMPILE="now")
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code).replace("MODE", repr(mode))],
                           env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode == -6 and "terminate called without an active exception" in proc.stderr:
+        # known, not fixed yet (docs/design.md): an interrupt landing in some part of PyTorch's C++
+        # aborts the process; what this test checks (no tensor left damaged) it cannot tell then
+        pytest.xfail("SIGABRT: an interrupt inside PyTorch's C++ ('terminate called without an active exception')")
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 

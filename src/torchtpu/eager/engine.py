@@ -216,25 +216,35 @@ class OpKernel:
             for k, a in kwargs.items():
                 parts.append(k)
                 device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, k in self.scalar_names)
-        if self.precision_sensitive:
+        keyed_precision = self.precision_sensitive
+        if keyed_precision:
             parts.append(torch.get_float32_matmul_precision())
         key = tuple(parts)
         entry = self.cache.get(key)
         if entry is None:
-            try:
-                entry = self._build(key, args, kwargs, records, device)
-            except NeedsResize as e:
-                for t, shape in e.resizes:
-                    t.resize_(shape)
-                return self(*args, **kwargs)
-            except SpecializeScalars:
-                return self(*args, **kwargs)
-            counters.eager_compiles += 1
-            note_executable()
-        else:
-            counters.eager_cache_hits += 1
-            if entry.overlap is not None:
-                entry.overlap(offsets)
+            return self._first_call(key, keyed_precision, args, kwargs, records, scalars, offsets, device)
+        counters.eager_cache_hits += 1
+        if entry.overlap is not None:   # PyTorch's partial-overlap error for writes (eager/overlap.py)
+            entry.overlap(offsets)
+        dev = device if device >= 0 else 0
+        results = self._run(entry, records, scalars, offsets, dev, args, kwargs)
+        if entry.spec is None:   # exactly one new tensor
+            shape, dtype = entry.outs[0]
+            return new_tensor(shape, dtype, dev, results[0])
+        return self._returns(entry, results, dev, args, kwargs)
+
+    def _first_call(self, key, keyed_precision, args, kwargs, records, scalars, offsets, device):
+        """A cache miss: build the entry, run it (JAX traces it then), keep it."""
+        try:
+            entry = self._build(key, args, kwargs, records, device)
+        except NeedsResize as e:
+            for t, shape in e.resizes:
+                t.resize_(shape)
+            return self(*args, **kwargs)
+        except SpecializeScalars:
+            return self(*args, **kwargs)
+        counters.eager_compiles += 1
+        note_executable()
         dev = device if device >= 0 else 0
         try:
             results = self._run(entry, records, scalars, offsets, dev, args, kwargs)
@@ -242,11 +252,13 @@ class OpKernel:
             if entry.n_results is None:   # failed or interrupted while JAX traced it: build afresh
                 self.cache.pop(key, None)
             raise
-        outs = entry.outs
-        out_tensors = [new_tensor(shape, dtype, dev, buf) for (shape, dtype), buf in zip(outs, results)]
+        if self.precision_sensitive and not keyed_precision:
+            # the trace read the matmul precision: from now on the setting is part of the key
+            self.cache[(*key, torch.get_float32_matmul_precision())] = entry
         if entry.spec is None:
-            return out_tensors[0]
-        return self._returns(entry, out_tensors, args, kwargs)
+            shape, dtype = entry.outs[0]
+            return new_tensor(shape, dtype, dev, results[0])
+        return self._returns(entry, results, dev, args, kwargs)
 
     def _run(self, entry, records, scalars, offsets, dev, args, kwargs):
         """Call (or, in the fused mode, queue) the executable and give the written storages their
@@ -335,8 +347,10 @@ class OpKernel:
             raise TpuOpError(f"torchtpu: aten::{self.name} got a tpu tensor whose storage torchtpu does not know")
         device_mismatch(self.where, max(device, 0), a.device)
 
-    def _returns(self, entry, out_tensors, args, kwargs):
-        it = iter(out_tensors)
+    def _returns(self, entry, results, dev, args, kwargs):
+        """The op's returns: new tensors over the results, the aliased arguments, Nones, as nested
+        as the schema says."""
+        it = (new_tensor(shape, dtype, dev, buf) for (shape, dtype), buf in zip(entry.outs, results))
         values = []
         nones = iter(entry.nones) if entry.nones is not None else None
         for aliased, ret in zip(self.aliased_returns, entry.spec):
