@@ -156,3 +156,12 @@ def test_plain_torch_compile_uses_the_tpu_backend():
     torch.testing.assert_close(m[0].weight.grad.cpu(), grad, rtol=1e-3, atol=1e-4)
     with pytest.raises(Exception, match="do not apply to tpu tensors"):
         torch.compile(m, mode="max-autotune")(x.to("tpu"))
+
+
+def test_info_reports_versions_devices_and_self_check(capsys):
+    from torchtpu.__main__ import info
+    assert info() == 0
+    out = capsys.readouterr().out
+    for needle in ("torch ", "jax ", "platform: XLA:", "tpu:0", "eager mode: strict", "C++ device guard:",
+                   "self-check: ok (matmul, autograd, torch.compile, synchronize)"):
+        assert needle in out, needle
