@@ -312,20 +312,13 @@ def _run_on_cpu(op, args, kwargs):
     return tree_map(back, out)
 
 
-def _follow_matmul_precision():
+def on_matmul_precision_change():
     """Executables bake in the XLA precision of PyTorch's float32 matmul setting: when the setting
-    changes, forget them (a rare call; nothing to check per op)."""
+    changes (integrations/patches.py wraps torch.set_float32_matmul_precision), forget them."""
     from ..ops import linalg
-    original = torch.set_float32_matmul_precision
-
-    def set_float32_matmul_precision(precision):
-        original(precision)
-        linalg.PRECISION_EPOCH[0] += 1
-        for kernel in KERNELS.values():
-            kernel.cache.clear()
-
-    set_float32_matmul_precision.__doc__ = original.__doc__
-    torch.set_float32_matmul_precision = set_float32_matmul_precision
+    linalg.PRECISION_EPOCH[0] += 1
+    for kernel in KERNELS.values():
+        kernel.cache.clear()
 
 
 def _to_copy(self, *, non_blocking=False, **kwargs):
@@ -596,7 +589,6 @@ def register_all():
         _impl(op, kernel)
     data_dependent.register(_impl)
     attention.register()
-    _follow_matmul_precision()
     # copy_ between tpu tensors goes through the engine (fused view read/write and cast)
     KERNELS[aten.copy_.default] = OpKernel(aten.copy_.default)
     kernel_for(aten.clone.default)  # what _clone runs when it cannot share

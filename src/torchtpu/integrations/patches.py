@@ -208,12 +208,36 @@ def _default_backend_for_tpu() -> None:
     _applied.append("torch._TorchCompileInductorWrapper.__call__")
 
 
+# ------------------------------------------------------------------ matmul precision (torch 2.11 .. 2.13)
+def _follow_matmul_precision() -> None:
+    """Our executables bake in the XLA precision of `torch.set_float32_matmul_precision`'s
+    setting; PyTorch offers no notification when it changes, so the setter tells the eager layer."""
+    original = getattr(torch, "set_float32_matmul_precision", None)
+    if original is None:
+        _problems.append("torch.set_float32_matmul_precision is missing (checked against torch 2.13)")
+        return
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def set_float32_matmul_precision(precision):
+        original(precision)
+        from ..eager import kernels
+        kernels.on_matmul_precision_change()
+
+    set_float32_matmul_precision.__doc__ = original.__doc__
+    set_float32_matmul_precision.__wrapped__ = original
+    set_float32_matmul_precision._torchtpu = True
+    torch.set_float32_matmul_precision = set_float32_matmul_precision
+    _applied.append("torch.set_float32_matmul_precision")
+
+
 def install() -> None:
     """Idempotent and cheap: imports none of the patched libraries that are not loaded yet."""
     if _installed[0]:
         return
     _installed[0] = True
-    for patch in (_patch_accelerator, _dataloader_pinning, _default_backend_for_tpu):
+    for patch in (_patch_accelerator, _dataloader_pinning, _default_backend_for_tpu,
+                  _follow_matmul_precision):
         try:
             patch()
         except Exception as e:  # never break `import torch`
