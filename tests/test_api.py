@@ -136,3 +136,32 @@ def test_device_of():
         assert torch.tpu.current_device() == x.device.index
     with torch.tpu.device_of(torch.ones(2)):  # not a tpu tensor: no change
         assert torch.tpu.current_device() == 0
+
+
+def test_plain_torch_compile_uses_the_tpu_backend():
+    import torchtpu
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    ref = m(x)
+    ref.sum().backward()
+    grad = m[0].weight.grad.clone()
+    m.zero_grad()
+    m.to("tpu")
+    before = torchtpu.metrics()["compiled_graphs"]
+    out = torch.compile(m)(x.to("tpu"))          # no backend named
+    out.sum().backward()
+    assert torchtpu.metrics()["compiled_graphs"] > before
+    torch.testing.assert_close(out.cpu(), ref, rtol=2e-4, atol=2e-5)
+    torch.testing.assert_close(m[0].weight.grad.cpu(), grad, rtol=1e-3, atol=1e-4)
+    with pytest.raises(Exception, match="do not apply to tpu tensors"):
+        torch.compile(m, mode="max-autotune")(x.to("tpu"))
+
+
+def test_info_reports_versions_devices_and_self_check(capsys):
+    from torchtpu.__main__ import info
+    assert info() == 0
+    out = capsys.readouterr().out
+    for needle in ("torch ", "jax ", "platform: XLA:", "tpu:0", "eager mode: strict", "C++ device guard:",
+                   "self-check: ok (matmul, autograd, torch.compile, synchronize)"):
+        assert needle in out, needle

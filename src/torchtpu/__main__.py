@@ -1,4 +1,5 @@
 """`python -m torchtpu`: show the device, train a tiny character-level Transformer on "tpu", sample.
+`python -m torchtpu info`: versions, devices, settings and a short self-check, for bug reports.
 
 Plain PyTorch code; the only torchtpu-specific thing is the device string. No downloads: the
 training text ships below. About a minute on two CPU cores (XLA:CPU).
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 
 import torch
@@ -59,7 +61,74 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
+def info() -> int:
+    """`python -m torchtpu info`: what a bug report needs, and a 10-second self-check."""
+    import importlib.metadata as md
+    import platform as host
+    import sys
+
+    import torchtpu
+    from torchtpu import config
+    from torchtpu.compile import options
+    from torchtpu.device import native
+    from torchtpu.integrations import patches
+
+    def version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    print(f"torchtpu {torchtpu.__version__} ({torchtpu.__file__})")
+    print(f"python {sys.version.split()[0]} on {host.platform()}")
+    for name in ("torch", "jax", "jaxlib", "numpy", "transformers", "accelerate", "diffusers", "kernels"):
+        print(f"  {name:13s}{version(name)}")
+    set_vars = {k: v for k, v in os.environ.items() if k.startswith(("TORCHTPU_", "TORCH_TPU_", "XLA_FLAGS"))}
+    print("environment:", ", ".join(f"{k}={v}" for k, v in sorted(set_vars.items())) or "(no TORCHTPU_* set)")
+    try:
+        config.check()
+        print(f"platform: XLA:{torch.tpu.platform().upper()}, {torch.tpu.device_count()} device(s)")
+        for i in range(torch.tpu.device_count()):
+            print(f"  tpu:{i}  {torch.tpu.get_device_properties(i)}")
+    except Exception as e:  # noqa: BLE001 - report, do not crash: this is the bug-report tool
+        print(f"platform: unavailable: {e}")
+        return 1
+    print(f"eager mode: {torch.tpu.get_eager_mode()}")
+    print(f"compile cache: {options.cache_dir() or ('off' if not config.get('TORCHTPU_COMPILE_CACHE') else 'on first compile')}")
+    print(f"C++ device guard: {'loaded' if native.loaded() else (native.problem() or 'not needed (one device)')}")
+    print(f"patches: {len(patches.applied())} applied" + (f", PROBLEMS: {patches.problems()}" if patches.problems() else ""))
+
+    start = time.perf_counter()
+    checks = []
+    try:
+        torch.manual_seed(0)
+        a, b = torch.randn(64, 64), torch.randn(64, 64)
+        torch.testing.assert_close((a.to("tpu") @ b.to("tpu")).cpu(), a @ b, rtol=1e-4, atol=1e-4)
+        checks.append("matmul")
+        x = torch.randn(8, 16, device="tpu", requires_grad=True)
+        loss = F.gelu(x).square().mean()
+        loss.backward()
+        xc = x.detach().cpu().requires_grad_()
+        F.gelu(xc).square().mean().backward()
+        torch.testing.assert_close(x.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-5)
+        checks.append("autograd")
+        compiled = torch.compile(nn.Linear(16, 4).to("tpu"), backend="tpu")
+        compiled(x.detach()).sum().item()
+        checks.append("torch.compile")
+        torch.accelerator.synchronize()
+        checks.append("synchronize")
+    except Exception as e:  # noqa: BLE001
+        print(f"self-check FAILED after {checks}: {type(e).__name__}: {e}")
+        return 1
+    print(f"self-check: ok ({', '.join(checks)}) in {time.perf_counter() - start:.1f}s")
+    return 0
+
+
 def main(argv=None):
+    import sys
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["info"]:
+        raise SystemExit(info())
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--device", default="tpu")

@@ -169,12 +169,51 @@ def _dataloader_pinning() -> None:
     _applied.append("torch.utils.data.dataloader._BaseDataLoaderIter.__init__")
 
 
+# ------------------------------------------------------------------ torch.compile (torch 2.11 .. 2.13)
+def _on_tpu(model, inputs) -> bool:
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            return True
+    tensors = getattr(model, "parameters", None)
+    return any(p.device.type == "tpu" for p in tensors()) if tensors else False
+
+
+def _default_backend_for_tpu() -> None:
+    """`torch.compile(model)` names no backend, so Dynamo hands each graph to Inductor's wrapper,
+    which cannot generate code for "tpu" ("No module named 'torch_tpu'"). When a graph's inputs are
+    tpu tensors the wrapper hands it to our backend instead (TorchTPU does the same); Inductor's
+    `mode=`/`options=` mean nothing to XLA, so with tpu inputs they are an error that says so."""
+    cls = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if cls is None or not callable(cls.__dict__.get("__call__")):
+        _problems.append("torch._TorchCompileInductorWrapper.__call__ is missing (checked against torch 2.13)")
+        return
+    original = cls.__call__
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def __call__(self, model_, inputs_, **kwargs):
+        if not _on_tpu(model_, inputs_):
+            return original(self, model_, inputs_, **kwargs)
+        if self.config:
+            raise RuntimeError(
+                f"torch.compile: Inductor options {sorted(self.config)} (from mode= or options=) do not apply "
+                "to tpu tensors, which compile with the 'tpu' backend (XLA); drop them, or pass "
+                "backend='tpu' and configure XLA through torch.tpu.compiler")
+        from ..compile import tpu_backend
+        return tpu_backend(model_, inputs_)
+
+    __call__._torchtpu = True
+    __call__.__wrapped__ = original
+    cls.__call__ = __call__
+    _applied.append("torch._TorchCompileInductorWrapper.__call__")
+
+
 def install() -> None:
     """Idempotent and cheap: imports none of the patched libraries that are not loaded yet."""
     if _installed[0]:
         return
     _installed[0] = True
-    for patch in (_patch_accelerator, _dataloader_pinning):
+    for patch in (_patch_accelerator, _dataloader_pinning, _default_backend_for_tpu):
         try:
             patch()
         except Exception as e:  # never break `import torch`
