@@ -144,7 +144,9 @@ def main():
         for label, impl in eager_modes[-2:]:
             compiled = copy.deepcopy(cpu).to("tpu")
             set_experts(compiled, impl)
-            compiled.forward = torch.compile(compiled.forward, backend="tpu", fullgraph=True)
+            # dynamic=False: prefill and decode are two static graphs (a jax_op's shapes come from
+            # jax.eval_shape, which needs concrete sizes)
+            compiled.forward = torch.compile(compiled.forward, backend="tpu", fullgraph=True, dynamic=False)
             measure(f"tpu compiled {label} (static cache)", compiled, ids_t, args, results, ref,
                     cache_implementation="static", disable_compile=True)
 
