@@ -56,8 +56,10 @@ RANDOM_OPS = {
 
 # linalg ops without a lowering: XLA has no LDL factorization nor least squares, and its general
 # (non-symmetric) eigensolver exists on CPU only, not on TPU; geqrf has no meta kernel
-LINALG_NOT_LOWERED = {"linalg.ldl_factor", "linalg.ldl_factor_ex", "linalg.ldl_solve", "linalg.eig",
-                      "linalg.eigvals", "geqrf"}
+LINALG_NOT_LOWERED = {"linalg.ldl_factor", "linalg.ldl_factor_ex", "linalg.ldl_solve", "geqrf"}
+# the general eigensolver: lowered where XLA has one (the CPU platform), not on TPU; its backward is not
+# lowered. Compared with the CPU in tests/test_correctness_edge.py
+LINALG_EIG = {"linalg.eig", "linalg.eigvals"}
 # least squares: drivers "gels" (CUDA's default, and ours) and "gelsy" are lowered and compared with the
 # CPU in tests/test_linalg.py; the OpInfo samples also ask for "gelsd"/"gelss", which raise on tpu
 LINALG_LSTSQ = {"linalg.lstsq", "linalg.lstsq.grad_oriented"}
@@ -73,7 +75,10 @@ def out_of_scope(name: str) -> str | None:
     if name == "chalf":
         return "complex32 is not a tpu dtype (JAX has none): converting raises a TypeError naming the supported dtypes"
     if name in LINALG_NOT_LOWERED:
-        return "linalg op without an XLA lowering (LDL, general eigensolver; geqrf)"
+        return "linalg op without an XLA lowering (LDL; geqrf)"
+    if name in LINALG_EIG:
+        return ("general eigensolver: XLA has one on the CPU platform only (not on TPU); forward compared in "
+                "tests/test_correctness_edge.py")
     if name in LINALG_LSTSQ:
         return ("least squares: drivers gels and gelsy are compared in tests/test_linalg.py; the samples' "
                 "gelsd/gelss are not supported on tpu (data-dependent residuals)")

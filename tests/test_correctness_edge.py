@@ -293,3 +293,106 @@ def test_negative_sizes():
                lambda d: torch.empty_strided((-1,), (1,), device=d), lambda d: torch.randn(-1, device=d),
                lambda d: torch.zeros(-2, device=d), lambda d: torch.ones(3, device=d).new_empty((-1,))):
         _same_error(lambda: fn("cpu"), lambda: fn(D))
+
+
+# ---------------------------------------------------------------- 10: OpInfo edge cases
+def test_gather_empty_index_of_any_rank():
+    x = torch.randn(5)
+    for shape in ((0, 2), (3, 0), (0,)):
+        i = torch.empty(shape, dtype=torch.long)
+        expected = torch.gather(x, 0, i)
+        actual = torch.gather(x.to(D), 0, i.to(D)).cpu()
+        assert actual.shape == expected.shape and actual.dtype == expected.dtype
+
+
+def test_as_strided_of_partial_views():
+    base = torch.randn(20)
+    for view in (lambda t: t[3:], lambda t: t[2:17].view(3, 5)[1:]):
+        for size, stride, offset in (((3, 3), (2, 1), 1), ((2, 4), (1, 2), 5), ((4,), (3,), None)):
+            cpu, tpu = view(base.clone()), view(base.to(D))
+            torch.testing.assert_close(tpu.as_strided(size, stride, offset).cpu(), cpu.as_strided(size, stride, offset))
+
+
+def _bf16_ops():
+    b = torch.bfloat16
+    return {
+        "addbmm": (lambda s, x, y: torch.addbmm(s, x, y),
+                   (torch.randn(5, 10, dtype=b) * 3, torch.randn(8, 5, 7, dtype=b) * 3, torch.randn(8, 7, 10, dtype=b) * 3)),
+        "conv_transpose2d": (lambda x, w: F.conv_transpose2d(x, w, stride=2),
+                             (torch.randn(2, 4, 5, 5, dtype=b) * 3, torch.randn(4, 3, 3, 3, dtype=b) * 3)),
+        "instance_norm": (lambda x: F.instance_norm(x), (torch.randn(3, 2, 3, 4, dtype=b) * 3,)),
+    }
+
+
+@pytest.mark.parametrize("name", ["addbmm", "conv_transpose2d", "instance_norm"])
+def test_bf16_accumulates_in_float32(name):
+    """bfloat16 products and normalizations accumulate in float32 (as the TPU's MXU and CUDA do) and
+    round once: the result is within half a bfloat16 ulp of the exact (float64) value. The CPU kernels
+    round between partial sums (addbmm adds one bf16 matrix product per batch), so they differ from it
+    by a few ulps of the largest values, and never come closer to the exact value than tpu."""
+    fn, xs = _bf16_ops()[name]
+    exact = fn(*(x.double() for x in xs))
+    cpu = fn(*xs).double()
+    tpu = fn(*(x.to(D) for x in xs)).cpu()
+    assert tpu.dtype == torch.bfloat16
+    err = (tpu.double() - exact).abs()
+    assert bool((err <= 2 ** -8 * exact.abs() + 2e-3).all()), err.max()
+    assert err.max() <= (cpu - exact).abs().max() + 1e-6
+    # and near the CPU's, on the scale of the values (the CPU's roundings add up where partial sums cancel)
+    torch.testing.assert_close(tpu.double(), cpu, rtol=0, atol=2 ** -6 * float(exact.abs().max()))
+
+
+# ---------------------------------------------------------------- 14: lowerings users hit
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+def test_embedding_max_norm_renormalizes_the_named_rows(dtype, norm_type):
+    w = torch.randn(6, 4, dtype=dtype) * 2
+    i = torch.tensor([[1, 2], [2, 5]])
+    wt = w.to(D)
+    expected = F.embedding(i, w, max_norm=1.5, norm_type=norm_type)
+    actual = F.embedding(i.to(D), wt, max_norm=1.5, norm_type=norm_type)
+    torch.testing.assert_close(actual.cpu(), expected)
+    torch.testing.assert_close(wt.cpu(), w)   # the weight itself is renormalized in place, as on the CPU
+    layer = torch.nn.Embedding(6, 4, max_norm=1.0)
+    layer_t = torch.nn.Embedding(6, 4, max_norm=1.0).to(D)
+    layer_t.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(layer_t(i.to(D)).cpu(), layer(i))
+
+
+def test_linalg_eig_on_the_cpu_platform():
+    from torchtpu.device import platform
+    a = torch.randn(2, 4, 4)
+    if platform.platform() != "cpu":
+        with pytest.raises(NotImplementedError, match="no XLA lowering"):
+            torch.linalg.eigvals(a.to(D))
+        return
+    w, v = torch.linalg.eig(a)
+    wt, vt = torch.linalg.eig(a.to(D))
+    assert wt.dtype == w.dtype and vt.dtype == v.dtype
+
+    def ordered(values):   # the solvers may list eigenvalues in different orders
+        key = values.real * 1e4 + values.imag
+        return values.gather(-1, key.argsort(-1))
+
+    torch.testing.assert_close(ordered(wt.cpu()), ordered(w), rtol=1e-4, atol=1e-4)
+    # eigenvectors (free up to a phase): unit norm, and A v = w v
+    vc = vt.cpu()
+    torch.testing.assert_close(torch.linalg.vector_norm(vc, dim=-2), torch.ones(2, 4), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(a.to(torch.complex64) @ vc, vc * wt.cpu().unsqueeze(-2), rtol=1e-3, atol=1e-3)
+    c = torch.randn(3, 3, dtype=torch.complex64)
+    torch.testing.assert_close(ordered(torch.linalg.eigvals(c.to(D)).cpu()), ordered(torch.linalg.eigvals(c)),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_sparse_and_quantized_say_the_layout_is_not_supported(fallback):
+    import torchtpu
+    x = torch.randn(3, device=D)
+    torchtpu.set_cpu_fallback(fallback)
+    try:
+        for fn, what in ((lambda: x.to_sparse(), "sparse layouts"), (lambda: x.to_sparse_csr(), "sparse layouts"),
+                         (lambda: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8), "quantized tensors")):
+            with pytest.raises(NotImplementedError, match=f"{what} are not supported on the tpu device"):
+                fn()
+    finally:
+        torchtpu.set_cpu_fallback(False)

@@ -291,9 +291,24 @@ def _fallback(op, *args, **kwargs):
         return k(*args, **kwargs)
     except NotLowered:
         KERNELS.pop(op, None)
+        _refuse_layout(op)
         if not _cpu_fallback[0]:
             raise
     return _run_on_cpu(op, args, kwargs)
+
+
+# Ops that make or take sparse, quantized or MKL-DNN tensors: tpu tensors are dense (strided) only,
+# and a CPU fallback could not bring such a result back to the device.
+_LAYOUT_WORDS = (("sparse", "sparse layouts"), ("quantize", "quantized tensors"), ("mkldnn", "the mkldnn layout"))
+
+
+def _refuse_layout(op):
+    name = op_name(op)
+    for word, what in _LAYOUT_WORDS:
+        if word in name:
+            raise NotImplementedError(
+                f"torchtpu: aten::{name}: {what} are not supported on the tpu device (tpu tensors are dense "
+                f"and strided); keep such tensors on the CPU")
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,6 +29,8 @@ PARTIAL = ("unsupported operation: some elements of the input tensor and the wri
            "single memory location. Please clone() the tensor before performing the operation.")
 
 _EXTRA = {"copy_.default"}   # elementwise writes whose functional twin has no promoting lowering
+# promoting lowerings whose CPU kernels are BLAS calls, not TensorIterator loops: no overlap checks there
+_NOT_ELEMENTWISE = {"addmm", "addbmm", "baddbmm", "addmv", "addr"}
 
 
 def _elementwise(op) -> bool:
@@ -38,8 +40,9 @@ def _elementwise(op) -> bool:
     twin = functional_twin(op)
     if twin is None:
         return False
-    low = LOWERINGS.get(op_name(twin[0]))
-    return low is not None and low.promote is not None
+    name = op_name(twin[0])
+    low = LOWERINGS.get(name)
+    return low is not None and low.promote is not None and name.split(".")[0] not in _NOT_ELEMENTWISE
 
 
 def has_internal_overlap(t: torch.Tensor) -> bool:

@@ -97,6 +97,8 @@ def _fit(src, shape):
 
 @lowering("gather")
 def gather(x, dim, index, sparse_grad=False):
+    if index.size == 0:   # PyTorch lets an empty index have any number of dimensions
+        return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
         return x.reshape(index.shape) if index.ndim == 0 else jnp.broadcast_to(x, index.shape)
     dim = _dim(dim, x.ndim)

@@ -497,6 +497,30 @@ def linalg_eigh(a, UPLO="L", compute_v=True):
     return values, (vectors if compute_v else _empty(a.dtype))
 
 
+def _general_eig(a, kernel, vectors):
+    """XLA's nonsymmetric eigensolver (LAPACK geev, PyTorch's CPU kernel too: unit-norm eigenvectors)
+    exists on the CPU platform only; on TPU the op says so instead of failing inside XLA."""
+    _lapack_dtype(a, kernel)
+    from ..device import platform
+    if platform.platform() != "cpu":
+        raise NotImplementedError(
+            f"torchtpu: aten::{kernel} (torch.linalg.eig/eigvals) has no XLA lowering on the "
+            f"{platform.platform()} platform (XLA's general eigensolver runs on CPU only): compute it on "
+            f"the CPU (x.cpu()), or use torch.linalg.eigh for symmetric/Hermitian matrices")
+    w, v = jnp.linalg.eig(a)
+    return (w, v) if vectors else w
+
+
+@lowering("linalg_eig")
+def linalg_eig(a):
+    return _general_eig(a, "linalg_eig", True)
+
+
+@lowering("_linalg_eigvals")
+def linalg_eigvals(a):
+    return _general_eig(a, "linalg_eigvals", False)
+
+
 @lowering("linalg_qr")
 def linalg_qr(a, mode="reduced"):
     _lapack_dtype(a, "geqrf")

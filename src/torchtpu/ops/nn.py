@@ -128,6 +128,18 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return jnp.take(weight, indices, axis=0)
 
 
+@lowering("embedding_renorm")
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """The rows that `indices` name, scaled to norm max_norm where their norm exceeds it (as PyTorch:
+    scale = max_norm / (norm + 1e-7)); other rows unchanged. `F.embedding(max_norm=)` calls it in place."""
+    _check_rows(indices, weight.shape[0])
+    w = _f32(weight)
+    named = jnp.zeros((weight.shape[0],), jnp.bool_).at[indices.reshape(-1)].set(True)
+    norm = jnp.linalg.norm(w, ord=norm_type, axis=-1)
+    scale = jnp.where(named & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
+    return (w * scale[:, None].astype(w.dtype)).astype(weight.dtype)
+
+
 def _check_rows(indices, rows):
     require_index(indices, rows, False, f"index out of range in self (an embedding of {rows} rows takes "
                                         f"indices 0..{rows - 1})")
