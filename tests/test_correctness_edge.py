@@ -62,6 +62,15 @@ def test_sdpa_bool_mask_math_path_and_grad():
         torch.testing.assert_close(tpu.grad.cpu(), cpu.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_sdpa_broadcast_heads_bool_mask_compiled():
+    q, k, v = torch.randn(2, 4, 12, 16), torch.randn(2, 1, 12, 16), torch.randn(2, 1, 12, 16)
+    m = torch.ones(12, 12, dtype=torch.bool).tril()
+    fn = torch.compile(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), backend="tpu")
+    torch.testing.assert_close(fn(q.to(D), k.to(D), v.to(D), m.to(D)).cpu(),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=m))
+
+
 # ---------------------------------------------------------------- 4: in-place ops with an impossible cast
 @pytest.mark.parametrize("case", [
     lambda x: x.mul_(2.5),
