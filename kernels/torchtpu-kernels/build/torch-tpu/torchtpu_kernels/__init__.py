@@ -49,7 +49,16 @@ def swiglu_mlp(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) ->
 @jax_op("torchtpu_kernels::moe_experts")
 def moe_experts(hidden: jax.Array, top_k_index: jax.Array, top_k_weights: jax.Array, gate_up_proj: jax.Array,
                 down_proj: jax.Array) -> jax.Array:
-    """hidden (T, H), top_k_index/top_k_weights (T, K), gate_up_proj (E, 2I, H), down_proj (E, H, I)."""
+    """hidden (T, H), top_k_index/top_k_weights (T, K) (distinct experts per token, as top-k gives),
+    gate_up_proj (E, 2I, H), down_proj (E, H, I) -> (T, H).
+
+    On TPU: XLA's ragged dot over the rows sorted by expert. Elsewhere XLA lowers a ragged dot as if every
+    group spanned all rows (measured on XLA:CPU, (512, 256) x (64, 256, 256): 398 ms against 2.1 ms for the
+    rows' actual work), so there each expert gets a batch of T slots instead (a token picks an expert at
+    most once, so T slots always suffice): E x T rows of work instead of E x T x K."""
+    from torchtpu.device import platform
+    if platform.jax_device(0).platform != "tpu":
+        return _experts_by_slots(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj)
     tokens, k = top_k_index.shape
     experts = gate_up_proj.shape[0]
     ids = top_k_index.reshape(-1)
@@ -64,6 +73,20 @@ def moe_experts(hidden: jax.Array, top_k_index: jax.Array, top_k_weights: jax.Ar
     out = out * top_k_weights.reshape(-1)[order][:, None].astype(out.dtype)
     result = jnp.zeros((tokens, hidden.shape[1]), out.dtype).at[order // k].add(out)
     return result.astype(hidden.dtype)
+
+
+def _experts_by_slots(hidden, ids, weights, gate_up_proj, down_proj):
+    tokens = ids.shape[0]
+    experts = gate_up_proj.shape[0]
+    chosen = jax.nn.one_hot(ids, experts, dtype=jnp.int32).sum(1)          # (T, E): 0/1
+    slot = jnp.take_along_axis(jnp.cumsum(chosen, axis=0) - chosen, ids, axis=1)   # (T, K): row in the expert's batch
+    rows = jnp.broadcast_to(hidden[:, None, :], ids.shape + hidden.shape[-1:])
+    batch = jnp.zeros((experts, tokens, hidden.shape[1]), hidden.dtype).at[ids, slot].set(rows)
+    prec = lax.Precision.HIGHEST
+    gate, up = jnp.split(jnp.einsum("eth,eoh->eto", batch, gate_up_proj, precision=prec), 2, axis=-1)
+    out = jnp.einsum("eti,ehi->eth", jax.nn.silu(gate) * up, down_proj, precision=prec)   # (E, T, H)
+    picked = out[ids, slot] * weights[..., None].astype(out.dtype)                        # (T, K, H)
+    return picked.sum(1).astype(hidden.dtype)
 
 
 @jax_op("torchtpu_kernels::attention")
