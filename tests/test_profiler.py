@@ -73,3 +73,20 @@ def test_config_signature_and_errors():
 def test_public_name():
     profiler = pytest.importorskip("torch.tpu.profiler")
     assert profiler.TpuProfilerConfig is TpuProfilerConfig and profiler.__all__ == ["TpuProfilerConfig"]
+
+
+def test_profiling_changes_no_result(tmp_path):
+    config = TpuProfilerConfig(run_dir=tmp_path)
+    compiled = torch.compile(lambda x: torch.sin(x) * 2 + 1)
+
+    def work():
+        torch.manual_seed(0)
+        x = torch.randn(16, device="tpu")
+        return [t.cpu() for t in (x, torch.nn.functional.dropout(x, 0.5), compiled(x))]
+
+    plain = work()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], experimental_config=config):
+        profiled = work()
+    for a, b in zip(plain, profiled):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(plain[2], torch.sin(plain[0]) * 2 + 1)
