@@ -159,3 +159,17 @@ def test_public_names():
     optimizers = pytest.importorskip("torch.tpu.optimizers")
     assert optimizers.AdamW is AdamW and optimizers.Sgd is SGD and optimizers.SGD is SGD
     assert issubclass(AdamW, torch.optim.AdamW) and issubclass(SGD, torch.optim.Optimizer)
+
+
+def test_failed_step_leaves_the_state_as_it_was():
+    p = torch.randn(4, device="tpu", requires_grad=True)
+    bad = torch.randn(4, requires_grad=True)   # on cpu: the step fails after p's group was prepared
+    p.grad, bad.grad = torch.ones(4, device="tpu"), torch.ones(4)
+    before = p.detach().cpu()
+    adamw = AdamW([{"params": [p]}, {"params": [bad]}], lr=0.1)
+    sgd = SGD([{"params": [p]}, {"params": [bad]}], lr=0.1, momentum=0.9)
+    for opt in (adamw, sgd):
+        with pytest.raises(RuntimeError, match="parameter 1 is on cpu"):
+            opt.step()
+    assert float(adamw.state[p]["step"]) == 0 and "momentum_buffer" not in sgd.state[p]
+    torch.testing.assert_close(p.detach().cpu(), before)

@@ -76,6 +76,20 @@ class _FusedStep:
         if not hasattr(self, "_executables"):
             self._executables = {}
         params, grads, states, scalars, static = [], [], [], [], []
+        self._after, self._undo = [], []   # state changes to keep on success / revert on failure
+        try:
+            self._step_fused(params, grads, states, scalars, static)
+        except BaseException:
+            for undo in self._undo:
+                undo()
+            raise
+        finally:
+            after, self._after, self._undo = self._after, [], []
+        for done in after:
+            done()
+        return loss
+
+    def _step_fused(self, params, grads, states, scalars, static):
         index = 0
         for group in self.param_groups:
             with_grad = []
@@ -97,7 +111,7 @@ class _FusedStep:
             scalars += group_scalars
             static += [group_static] * len(with_grad)
         if not params:
-            return loss
+            return
         device = params[0].device
         for i, p in enumerate(params):
             if p.device != device:
@@ -122,7 +136,6 @@ class _FusedStep:
             self.executables_built = len(self._executables)
         host = np.asarray(scalars, dtype=np.float64).astype(np.float32)
         call_and_commit(fn, (buffers, grad_buffers, host), updated, 0)
-        return loss
 
     def _build(self, static, counts, donate):
         update = self._update
@@ -182,8 +195,9 @@ class AdamW(_FusedStep, torch.optim.AdamW):
                                        f"{s.device}) does not match its parameter ({p.dtype}, "
                                        f"{tuple(p.shape)}, {p.device})")
                 self._check_param(0, s)
-            state["step"] += 1   # a CPU tensor, as in torch's non-capturable path
-            step = float(state["step"])
+            step_t = state["step"]   # a CPU tensor, as in torch's non-capturable path
+            step = float(step_t) + 1
+            self._after.append(lambda t=step_t: t.add_(1))
             bias_correction1 = 1 - beta1 ** step
             bias_correction2 = 1 - beta2 ** step
             scalars.append((1 - lr * wd, lr / bias_correction1, bias_correction2 ** 0.5))
@@ -243,6 +257,7 @@ class SGD(_FusedStep, torch.optim.SGD):
                 first = buf is None
                 if first:   # torch clones the grad on the first step; the executable reads a flag
                     buf = state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    self._undo.append(lambda state=state: state.pop("momentum_buffer", None))
                 self._check_param(0, buf)
                 states.append([buf])
                 scalars.append((lr, 1.0 if first else 0.0))
