@@ -17,7 +17,7 @@ LAYERS = [
     {"ops"},
     {"eager"},
     {"compile"},
-    {"distributed", "kernels"},
+    {"distributed", "kernels", "optim", "profiling"},
     {"integrations"},
     {"__init__", "__main__", "api"},   # the package's entry points and the torch.tpu facade
 ]

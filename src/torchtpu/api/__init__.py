@@ -75,7 +75,9 @@ SUBMODULES: dict[str, str] = {
     "compiler": "torchtpu.compile.options",
     "distributed": "torchtpu.distributed.api",
     "ops": "torchtpu.kernels.ops",
+    "optimizers": "torchtpu.optim",
     "pallas": "torchtpu.kernels.pallas",
+    "profiler": "torchtpu.profiling",
 }
 
 
