@@ -208,12 +208,47 @@ def _default_backend_for_tpu() -> None:
     _applied.append("torch._TorchCompileInductorWrapper.__call__")
 
 
+def _profiler_trace_window() -> None:
+    """torch.profiler (torch 2.11 .. 2.13) has no hook for a PrivateUse1 device trace: its
+    `_KinetoProfile.start_trace`/`stop_trace` bracket the profiled window, and we start and stop JAX's
+    profiler there (torchtpu/profiling: only for profiles that ask for PrivateUse1 activity or carry
+    a TpuProfilerConfig; imported only when a profile starts)."""
+    from torch.profiler import profiler as torch_profiler
+    kineto = getattr(torch_profiler, "_KinetoProfile", None)
+    if kineto is None or not callable(getattr(kineto, "start_trace", None)) or \
+            not callable(getattr(kineto, "stop_trace", None)):
+        _problems.append("torch.profiler.profiler._KinetoProfile.start_trace/stop_trace are missing "
+                         "(checked against torch 2.13)")
+        return
+    original_start, original_stop = kineto.start_trace, kineto.stop_trace
+    if getattr(original_start, "_torchtpu", False):
+        return
+
+    def start_trace(self):
+        original_start(self)
+        from .. import profiling
+        profiling.start(self)
+
+    def stop_trace(self):
+        try:
+            from .. import profiling
+            profiling.stop(self)
+        finally:
+            original_stop(self)
+
+    for new, old in ((start_trace, original_start), (stop_trace, original_stop)):
+        new._torchtpu = True
+        new.__wrapped__ = old
+    kineto.start_trace, kineto.stop_trace = start_trace, stop_trace
+    _applied.append("torch.profiler.profiler._KinetoProfile.start_trace/stop_trace")
+
+
 def install() -> None:
     """Idempotent and cheap: imports none of the patched libraries that are not loaded yet."""
     if _installed[0]:
         return
     _installed[0] = True
-    for patch in (_patch_accelerator, _dataloader_pinning, _default_backend_for_tpu):
+    for patch in (_patch_accelerator, _dataloader_pinning, _default_backend_for_tpu, _profiler_trace_window):
         try:
             patch()
         except Exception as e:  # never break `import torch`

@@ -10,8 +10,8 @@ it (`aten::mm`), so the XLA executions on the timeline carry PyTorch op names; o
 nothing is wrapped and the eager path is untouched (the annotation is a dispatch mode pushed only for
 the profiled window).
 
-The start/stop hook is installed on `torch.profiler`'s `_KinetoProfile` when this module is
-imported (`install()`; it is idempotent). A profile whose activities include PrivateUse1 but that
+`start`/`stop` are called from `torch.profiler`'s trace window by a patch in
+integrations/patches.py (installed with the backend, so a plain PrivateUse1 profile records too). A profile whose activities include PrivateUse1 but that
 has no TpuProfilerConfig records to `tempfile.gettempdir()/torchtpu_profile`. JAX allows one trace
 at a time: while another one is running, the profile records only PyTorch's trace, with a warning.
 """
@@ -170,32 +170,3 @@ def _trace_files(run_dir):
     for root, _, files in os.walk(run_dir):
         found.update(os.path.join(root, f) for f in files)
     return found
-
-
-_installed = False
-
-
-def install():
-    """Hook `start` / `stop` into torch.profiler's trace window (idempotent)."""
-    global _installed
-    if _installed:
-        return
-    from torch.profiler import profiler as torch_profiler
-    kineto = torch_profiler._KinetoProfile
-    original_start, original_stop = kineto.start_trace, kineto.stop_trace
-
-    def start_trace(self):
-        original_start(self)
-        start(self)
-
-    def stop_trace(self):
-        try:
-            stop(self)
-        finally:
-            original_stop(self)
-
-    kineto.start_trace, kineto.stop_trace = start_trace, stop_trace
-    _installed = True
-
-
-install()
