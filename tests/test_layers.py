@@ -23,14 +23,8 @@ LAYERS = [
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 
-# Upward imports that remain, each with why. Keep this list short; every entry is a debt.
-EXCEPTIONS = {
-    # the torch.tpu facade, still in device/ until helper "accel"'s torch.tpu package replaces it
-    ("device/tpu_module.py", "eager"), ("device/tpu_module.py", "storage"),
-    # the backend's registration (device/, helper "accel") installs the host-storage hooks; it
-    # belongs in the package's entry point, above every layer
-    ("device/registration.py", "storage"),
-}
+# Upward imports that remain, each with why (none today). Every entry would be a debt.
+EXCEPTIONS: set = set()
 
 
 def _top(module_path: pathlib.Path) -> str:

@@ -19,6 +19,8 @@ def _load():
     from . import ops  # noqa: F401  (fills the lowering table)
 
     registration.install()
+    from .storage import host_storage
+    host_storage.install()  # tpu storages move whole to and from the host (torch.load, .cpu())
     from . import api
     api.install()  # torch.tpu, before anything asks PyTorch for the device module
     kernels.register_all()

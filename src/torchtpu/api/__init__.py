@@ -15,7 +15,7 @@ import importlib.machinery
 import sys
 import types
 
-_DEVICE = "torchtpu.device.tpu_module"
+_DEVICE = "torchtpu.eager.device_module"
 _FACADE = "torchtpu.api.tpu"
 
 # name -> "module:attribute" (keep sorted; tests/test_api.py checks the order and TorchTPU parity)

@@ -6,7 +6,7 @@ import enum
 
 import torch
 
-from ..device import tpu_module
+from ..eager import device_module as tpu_module
 
 
 class Precision(enum.Enum):

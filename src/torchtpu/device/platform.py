@@ -153,3 +153,10 @@ def jax_device(index: int):
             f"Invalid device index tpu:{index}: there are {len(devs)} tpu device(s) "
             f"(valid indices 0..{len(devs) - 1}, XLA platform {_platform!r})")
     return devs[index]
+
+
+def is_available() -> bool:
+    try:
+        return device_count() > 0
+    except (RuntimeError, ValueError):  # no XLA platform, or a bad TORCHTPU_* setting
+        return False

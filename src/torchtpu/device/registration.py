@@ -12,8 +12,8 @@ _installed = [False]
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
     def is_available(self) -> bool:
-        from . import tpu_module
-        return tpu_module.is_available()
+        from . import platform
+        return platform.is_available()
 
     def has_primary_context(self, dev_id) -> bool:
         return True
@@ -34,8 +34,8 @@ def _backends_module():
     m.is_built = lambda: True
 
     def is_available():
-        from . import tpu_module
-        return tpu_module.is_available()
+        from . import platform
+        return platform.is_available()
 
     m.is_available = is_available
     return m
@@ -53,9 +53,7 @@ def install():
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     from . import native
     native.at_import()  # replaces that guard with the C++ one when it is built (multi-device)
-    from ..storage import host_storage
     from . import autocast
-    host_storage.install()
     autocast.install()
     torch.backends.tpu = _backends_module()
     sys.modules.setdefault("torch.backends.tpu", torch.backends.tpu)

@@ -38,8 +38,8 @@ _get_accelerator = torch._C._accelerator_getAccelerator
 
 
 def _tpu():
-    from ..device import tpu_module
-    return tpu_module
+    from ..eager import device_module
+    return device_module
 
 
 # ------------------------------------------------------------------ torch.accelerator

@@ -1,5 +1,6 @@
-"""The device layer's functions behind `torch.tpu` (the public module is built in torchtpu.api,
-on top of every layer): CUDA's names where we offer the same thing."""
+"""The runtime's functions behind `torch.tpu` (the public module is built in torchtpu.api, on top of
+every layer): CUDA's names where we offer the same thing. They live in the runtime layer because
+synchronizing, memory statistics, the generator and streams need the eager engine and storages."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,16 +9,9 @@ import time
 
 import torch
 
-from . import platform as _platform
-from .platform import is_initialized, device_count  # noqa: F401
-from .state import current_device, set_device, device_index
-
-
-def is_available() -> bool:
-    try:
-        return _platform.device_count() > 0
-    except (RuntimeError, ValueError):  # no XLA platform, or a bad TORCHTPU_* setting
-        return False
+from ..device import platform as _platform
+from ..device.platform import device_count, is_available, is_initialized  # noqa: F401
+from ..device.state import current_device, set_device, device_index
 
 
 def init() -> None:
@@ -52,7 +46,7 @@ def synchronize(device=None) -> None:
     """Wait for all work queued on `device` (the current one by default)."""
     import jax
 
-    from ..eager import asserts, fusion
+    from . import asserts, fusion
     from ..storage.records import live_buffers
     fusion.flush_all()
     jax.block_until_ready(live_buffers(_index(device)))
@@ -115,40 +109,40 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 # ------------------------------------------------------------------ random numbers
 def manual_seed(seed: int) -> None:
-    from ..eager import random
+    from . import random
     random.manual_seed(seed, current_device())
 
 
 def manual_seed_all(seed: int) -> None:
-    from ..eager import random
+    from . import random
     for i in range(device_count()):
         random.manual_seed(seed, i)
 
 
 def seed() -> int:
-    from ..eager import random
+    from . import random
     return random.seed(current_device())
 
 
 def seed_all() -> None:
-    from ..eager import random
+    from . import random
     value = random.seed(0)
     for i in range(1, device_count()):
         random.manual_seed(value, i)
 
 
 def initial_seed() -> int:
-    from ..eager import random
+    from . import random
     return random.initial_seed(current_device())
 
 
 def get_rng_state(device="tpu") -> torch.Tensor:
-    from ..eager import random
+    from . import random
     return random.get_rng_state(_index(device))
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
-    from ..eager import random
+    from . import random
     random.set_rng_state(new_state, _index(device))
 
 
@@ -358,7 +352,7 @@ class Event(torch.Event):
 
     def synchronize(self):
         import jax
-        from ..eager import asserts
+        from . import asserts
         if self._pending:
             jax.block_until_ready(self._pending)
         self._pending = []
