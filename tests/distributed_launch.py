@@ -20,6 +20,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def without_virtual_devices(xla_flags: str) -> str:
+    """XLA_FLAGS less the virtual-device count that a parent process which used "tpu" with
+    TORCHTPU_NUM_DEVICES passed on to XLA: each rank has one device, as on a TPU host."""
+    return " ".join(f for f in xla_flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
+
+
 def launch(scenario, nprocs=2, timeout=120, env=None, script=None, args=()):
     """Run `scenario` on `nprocs` ranks; returns [(returncode, output)] per rank."""
     port, coordinator = free_port(), free_port()
@@ -28,6 +34,7 @@ def launch(scenario, nprocs=2, timeout=120, env=None, script=None, args=()):
         for rank in range(nprocs):
             e = dict(os.environ)
             e.pop("TORCHTPU_NUM_DEVICES", None)   # one device per process, as on a TPU host
+            e["XLA_FLAGS"] = without_virtual_devices(e.get("XLA_FLAGS", ""))
             e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs),
                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                      TORCHTPU_COORDINATOR_ADDRESS=f"127.0.0.1:{coordinator}",

@@ -59,11 +59,12 @@ def test_two_hosts_through_torchrun_rendezvous(tmp_path):
     import os
     import subprocess
     import sys
-    from distributed_launch import HERE, SRC, free_port, _kill
+    from distributed_launch import HERE, SRC, _kill, free_port, without_virtual_devices
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(HERE)]), OMP_NUM_THREADS="1")
     env.pop("TORCHTPU_NUM_DEVICES", None)
     env.pop("TORCHTPU_COORDINATOR_ADDRESS", None)
+    env["XLA_FLAGS"] = without_virtual_devices(env.get("XLA_FLAGS", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t",
            "--master-addr", "127.0.0.1", str(HERE / "distributed_worker.py"), "multihost"]
