@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 import torchtpu
+from generate import run  # greedy generate() of exactly args.new_tokens tokens (benchmarks/generate.py)
 
 REPO = Path(__file__).resolve().parents[1] / "kernels" / "torchtpu-kernels"
 
@@ -47,13 +48,6 @@ def set_experts(model, impl):
     for m in model.modules():
         if hasattr(m, "config"):
             m.config._experts_implementation = impl
-
-
-def run(model, ids, args, **kw):
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                             min_new_tokens=args.new_tokens, do_sample=False, **kw)
-    return out.cpu()
 
 
 def measure(name, model, ids, args, results, reference=None, **kw):
