@@ -26,15 +26,11 @@ __all__ = ["dump_stablehlo", "set_xla_flags", "set_persistent_cache", "log_recom
            "eager_fallback", "cache_dir", "counters"]
 
 
-def _env_flag(name, default=None):
-    return config.get(name)
-
-
 _state = {
     "dump": None,
-    "log_recompiles": _env_flag("TORCHTPU_LOG_RECOMPILES", False),
-    "donate": _env_flag("TORCHTPU_COMPILE_DONATE", True),
-    "eager_fallback": _env_flag("TORCHTPU_COMPILE_EAGER_FALLBACK", True),
+    "log_recompiles": config.get("TORCHTPU_LOG_RECOMPILES"),
+    "donate": config.get("TORCHTPU_COMPILE_DONATE"),
+    "eager_fallback": config.get("TORCHTPU_COMPILE_EAGER_FALLBACK"),
 }
 
 
