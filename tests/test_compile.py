@@ -397,3 +397,52 @@ def test_compiled_unfold_windows(shape, dim, size, step):
     x = torch.randn(shape)
     f = lambda t: t.unfold(dim, size, step) * 2  # noqa: E731
     torch.testing.assert_close(torch.compile(f, backend="tpu", fullgraph=True)(x.to("tpu")).cpu(), f(x))
+
+
+class _Counter:
+    def __init__(self, n):
+        self.n = n
+
+
+def _step(x, buf, state):
+    # an int attribute Dynamo keeps dynamic (as Transformers' cache position): it updates, it is
+    # returned, it offsets values and it selects a branch, next to an in-place write of an input
+    n = state.n
+    state.n = n + 1
+    buf.add_(1)
+    shifted = x + torch.arange(4, device=x.device) + max(n - 3, 0)
+    return (shifted * 2 if n >= 3 else shifted - n), n + 1
+
+
+def test_dynamic_int_input_is_a_traced_value_not_a_recompile():
+    with torch.compiler.config.patch(dynamic_sources=r".*\.n$"):
+        step = torch.compile(_step, backend="tpu", dynamic=False)
+        x, buf = torch.randn(4), torch.zeros(3)
+        xt, buft = x.to("tpu"), buf.to("tpu")
+        s_cpu, s_tpu = _Counter(0), _Counter(0)
+        before = _counts()
+        for _ in range(7):
+            want, n_cpu = _step(x, buf, s_cpu)
+            got, n_tpu = step(xt, buft, s_tpu)
+            torch.testing.assert_close(got.cpu(), want)
+            assert type(n_tpu) is int and n_tpu == n_cpu == s_tpu.n
+        torch.testing.assert_close(buft.cpu(), buf)
+    compiles = _counts()[0] - before[0]
+    # Dynamo makes a graph per branch (n < 3, n >= 3); our backend one executable per graph,
+    # at most one more for a first call whose written buffer is shared (not donatable)
+    assert compiles <= 4, compiles
+
+
+def _narrow_step(x, state):
+    n = state.n
+    state.n = n + 1
+    return x.narrow(0, n, 2) * 2
+
+
+def test_dynamic_int_that_an_op_needs_static_is_baked_in():
+    with torch.compiler.config.patch(dynamic_sources=r".*\.n$"):
+        step = torch.compile(_narrow_step, backend="tpu", dynamic=False)
+        x = torch.randn(8)
+        s_cpu, s_tpu = _Counter(0), _Counter(0)
+        for _ in range(4):
+            torch.testing.assert_close(step(x.to("tpu"), s_tpu).cpu(), _narrow_step(x, s_cpu))

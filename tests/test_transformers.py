@@ -280,6 +280,54 @@ def test_generate_auto_compiles_static_cache_on_tpu(pair):
     assert torchtpu.metrics()["compiled_graphs"] > before
 
 
+def _gemma4(seed=0):
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    torch.manual_seed(seed)
+    cfg = Gemma4TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+                           layer_types=["sliding_attention", "full_attention"], vocab_size_per_layer_input=VOCAB,
+                           hidden_size_per_layer_input=8, max_position_embeddings=64, pad_token_id=0,
+                           bos_token_id=1, eos_token_id=2)
+    return Gemma4ForCausalLM(cfg).eval()
+
+
+def _decode_counts(model, ids, mask, new_tokens):
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, cache_implementation="static")
+    before = torchtpu.metrics()
+    out = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    after = torchtpu.metrics()
+    return out, {k: after[k] - before[k] for k in ("compiled_graphs", "compiled_xla_compiles", "compiled_cache_hits",
+                                                   "eager_compiles")}
+
+
+@pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered")
+@pytest.mark.parametrize("arch", ["llama", "gemma4"])
+def test_static_cache_decode_compiles_one_graph(arch):
+    # generate() compiles the decode step itself for a static cache on "tpu". Gemma 4's sliding-window
+    # layers count tokens in a Python int: without our integration every token of the first window
+    # was a new graph. Prompts shorter and longer than the window (4) both cross into a full window.
+    if arch == "gemma4" and not hasattr(transformers, "Gemma4ForCausalLM"):
+        pytest.skip("this transformers has no Gemma 4")
+    cpu = _model(seed=5) if arch == "llama" else _gemma4(seed=5)
+    model = copy.deepcopy(cpu).to("tpu")
+    torch._dynamo.reset()
+    for prompt in (3, 6):
+        ids, mask = _batch(torch.Generator().manual_seed(prompt), seq=prompt)
+        ref = cpu.generate(input_ids=ids, attention_mask=mask, max_new_tokens=9, min_new_tokens=9, do_sample=False,
+                           cache_implementation="static")
+        got, counts = _decode_counts(model, ids.to("tpu"), mask.to("tpu"), 9)
+        assert got.cpu().tolist() == ref.tolist(), (arch, prompt)
+        if prompt == 3:
+            # one decode graph (prefill runs eager); at most a second executable of it for a first
+            # call whose cache buffers are shared (not donatable)
+            assert counts["compiled_graphs"] == 1 and counts["compiled_xla_compiles"] <= 2, counts
+    # steady state: the same shapes again compile nothing, eager or compiled; one executable per step
+    ids, mask = _batch(torch.Generator().manual_seed(7), seq=6)
+    _, counts = _decode_counts(model, ids.to("tpu"), mask.to("tpu"), 9)
+    assert counts == {"compiled_graphs": 0, "compiled_xla_compiles": 0, "compiled_cache_hits": 8,
+                      "eager_compiles": 0}, counts
+
+
 # ------------------------------------------------------------------ training
 def _train_data(n=8, seq=8, seed=21):
     gen = torch.Generator().manual_seed(seed)

@@ -85,8 +85,83 @@ def _out_layout(val):
 
 
 class Entry:
-    __slots__ = ("fn", "fn_plain", "donate", "outs", "mutated_slots", "n_cpu", "fused", "sample", "cpu_mutations",
-                 "checks")
+    __slots__ = ("fn", "fn_plain", "donate", "outs", "n_arrays", "mutated_slots", "n_cpu", "fused", "sample",
+                 "cpu_mutations", "checks")
+
+
+def _host_int_outputs(graph, out_vals):
+    """For each graph output that is a symbolic int (`cache.cumulative_length_int += 1` returns its
+    new value): a function of the call's arguments computing it on the host from the graph's own
+    int arithmetic, so the value comes back without a device round trip. {output index: fn}."""
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+    ph_index = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
+    found = {}
+    for i, (node, val) in enumerate(zip(outs, out_vals)):
+        if isinstance(val, torch.SymInt) and isinstance(node, torch.fx.Node):
+            fn = _host_int_fn(node, ph_index)
+            if fn is not None:
+                found[i] = fn
+    return found
+
+
+def _host_int_fn(node, ph_index):
+    """`args -> int` evaluating `node` from int placeholders and Python arithmetic, or None."""
+    if node.op == "placeholder":
+        i = ph_index[node]
+        return lambda args: args[i]
+    val = node.meta.get("val")
+    if type(val) is int:
+        return lambda args: val
+    target = node.target
+    if node.op != "call_function" or node.kwargs or not (
+            getattr(target, "__module__", "") in ("_operator", "operator", "math", "builtins")
+            or target in (torch.sym_max, torch.sym_min, torch.sym_not)):
+        return None
+    parts = []
+    for a in node.args:
+        if isinstance(a, torch.fx.Node):
+            f = _host_int_fn(a, ph_index)
+            if f is None:
+                return None
+            parts.append(f)
+        elif type(a) in (int, bool):
+            parts.append(lambda args, a=a: a)
+        else:
+            return None
+    return lambda args: target(*[f(args) for f in parts])
+
+
+class _Rekey(Exception):
+    """The graph stopped tracing its int inputs: the call's key must be built again."""
+
+
+def _free_symbols(value):
+    """The shape symbols a graph value's sizes, strides and offset use (empty when all are ints)."""
+    found = set()
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            found |= _free_symbols(v)
+    elif isinstance(value, _Tensor):
+        for x in (*value.shape, *value.stride(), value.storage_offset()):
+            if isinstance(x, torch.SymInt):
+                found |= x.node.expr.free_symbols
+    return found
+
+
+def _value_int_inputs(graph):
+    """Placeholders holding a symbolic int that no tensor's shape depends on (a cache position, an
+    offset Dynamo was told to keep dynamic): they travel as traced scalars, so a new value reuses
+    the executable instead of compiling one per value. Ints a shape depends on stay baked in."""
+    in_shapes = set()
+    for node in graph.nodes:
+        in_shapes |= _free_symbols(node.meta.get("val"))
+    found = set()
+    for i, node in enumerate(n for n in graph.nodes if n.op == "placeholder"):
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt) and val.node.expr.is_Symbol and val.node.expr not in in_shapes:
+            found.add(i)
+    return frozenset(found)
 
 
 class CompiledGraph:
@@ -106,6 +181,8 @@ class CompiledGraph:
         outs = out_node.args[0]
         self.out_vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else n
                          for n in (outs if isinstance(outs, (list, tuple)) else [outs])]
+        self.value_ints = _value_int_inputs(gm.graph)
+        self.host_ints = _host_int_outputs(gm.graph, self.out_vals) if self.value_ints else {}
         self.cache = {}
         self.last_key = None
         self.lock = threading.RLock()
@@ -118,14 +195,18 @@ class CompiledGraph:
         key, records, cpu_vals, offsets, device = self._key(args)
         entry = self.cache.get(key)
         if entry is None:
-            entry = self._build(key, args, records, device)
+            try:
+                entry = self._build(key, args, records, device)
+            except _Rekey:
+                key, records, cpu_vals, offsets, device = self._key(args)
+                entry = self._build(key, args, records, device)
         else:
             _counters.compiled_cache_hits += 1
         dev = device if device >= 0 else current_device()
         # `dyn` holds the only extra reference to each buffer, so donation safety is a refcount check
         dyn = input_buffers(records)
         for c in cpu_vals:
-            dyn.append(_host_value(c, dev))
+            dyn.append(c if type(c) is int else _host_value(c, dev))
         if self.program.random:
             dyn.append(next_rng_args(dev))
         dyn.extend(np.int64(o) for o in offsets)
@@ -136,6 +217,7 @@ class CompiledGraph:
             self.captured = (fn, list(dyn))
             self.captured_inputs = list(args)
             _last_captured[0] = self
+        host_ints = {i: f(args) for i, f in self.host_ints.items()} if self.value_ints else None
         if isinstance(args, list):
             args.clear()  # boxed calling convention: the caller's list no longer keeps inputs alive
         results = _call(fn, dyn, entry, records)
@@ -144,11 +226,13 @@ class CompiledGraph:
         if entry.cpu_mutations:  # a sync point: the host waits for these values
             _copy_to_host(entry, results, cpu_vals)
         outputs = []
-        it = iter(results[:len(entry.outs)])
+        it = iter(results[:entry.n_arrays])
         for o in entry.outs:
             if o[0] == "T":
                 _, shape, dtype, stride = o
                 outputs.append(new_tensor(shape, dtype, dev, next(it), stride=stride))
+            elif o[0] == "H":
+                outputs.append(host_ints[len(outputs)])
             else:
                 outputs.append(o[1])
         return outputs
@@ -162,7 +246,8 @@ class CompiledGraph:
         cpu_vals = []
         offsets = []  # non-zero storage offsets are traced: `unet(x, timesteps[i])` compiles once
         device = -1
-        for a in args:
+        value_ints = self.value_ints
+        for i, a in enumerate(args):
             if isinstance(a, _Tensor):
                 # a storage address in RECORDS is a tpu storage (addresses are invented, never host
                 # memory: storage/records.py); look there first, the device only for the others
@@ -175,6 +260,9 @@ class CompiledGraph:
                 else:
                     cpu_vals.append(a)
                     parts.append(("C", a.dtype, tuple(a.shape)))
+            elif i in value_ints:
+                cpu_vals.append(int(a))   # traced: its value is not part of the key
+                parts.append(("I",))
             elif isinstance(a, (bool, int, float)) or a is None:
                 parts.append(("S", *scalar_key((a,))))  # exact: -0.0 and 0.0 apart, NaN matching NaN
             elif isinstance(a, torch.SymInt):
@@ -202,8 +290,20 @@ class CompiledGraph:
             return entry
 
     def _trace(self, key, args, records, device):
+        try:
+            return self._trace_with(key, args, records, device, self.value_ints)
+        except Exception:
+            if not self.value_ints:
+                raise
+            # an op needs one of those ints as a Python value (a concretization error, usually):
+            # bake them all in from now on, the key then holding their values
+            log.debug("torchtpu compile: graph %d needs its int inputs static", self.id, exc_info=True)
+            self.value_ints = frozenset()
+            raise _Rekey() from None
+
+    def _trace_with(self, key, args, records, device, value_ints):
         program = self.program
-        template, n_cpu, n_off = _template(args, records)
+        template, n_cpu, n_off = _template(args, records, value_ints)
         nb = len(records)
         # which buffers the graph writes: its mutated placeholders, through their views
         written = [i for i in program.mutated_placeholders if type(template[i]) is TensorArg]
@@ -221,7 +321,8 @@ class CompiledGraph:
         entry.checks = ()
         traced = traced_function(Program(
             n_buffers=nb, n_values=n_cpu, random=program.random, n_offsets=n_off, template=template, run=run,
-            outputs=_output_caster([_out_layout(v) for v in self.out_vals], outs_meta),
+            outputs=_output_caster([_out_layout(v) for v in self.out_vals], outs_meta,
+                                   self.host_ints if value_ints else {}),
             writes=[tuple(template[i]) for i in written], mutated_slots=mutated_slots,
             on_trace=lambda messages, _: setattr(entry, "checks", messages)))
         entry.mutated_slots = mutated_slots
@@ -232,7 +333,7 @@ class CompiledGraph:
         entry.fused = traced
         dev = device if device >= 0 else current_device()
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(dev))
-        entry.sample = _sample(args, records, sharding, program.random, n_off)
+        entry.sample = _sample(args, records, sharding, program.random, n_off, value_ints)
         jitted = jax.jit(traced, donate_argnums=tuple(mutated_slots) if entry.donate else (),
                          out_shardings=sharding if nb == 0 else None)
         # trace and compile now: the output metadata is known, and compile time lands here
@@ -248,6 +349,7 @@ class CompiledGraph:
         TIMES["xla_compile_s"] += t2 - t1
         entry.fn_plain = None if entry.donate else entry.fn
         entry.outs = list(outs_meta)
+        entry.n_arrays = sum(o[0] == "T" for o in entry.outs)
         return entry
 
     def _plain(self, entry):
@@ -265,19 +367,19 @@ def last_captured():
     return _last_captured[0]
 
 
-def _template(args, records):
+def _template(args, records, value_ints):
     """The executable's argument specs, one per graph input (eager/executable.py), the number of
-    CPU tensor inputs and of traced offsets."""
+    traced values (CPU tensors and `value_ints`) and of traced offsets."""
     template = []
     n_cpu = n_off = 0
-    for a in args:
+    for i, a in enumerate(args):
         if isinstance(a, _Tensor) and a.device.type == "tpu":
             r = RECORDS[a.untyped_storage().data_ptr()]
             dyn = None
             if is_partial(a, r):
                 dyn, n_off = n_off, n_off + 1
             template.append(tensor_arg(a, records.index(r), r, dyn))
-        elif isinstance(a, _Tensor):
+        elif isinstance(a, _Tensor) or i in value_ints:
             template.append(ValueArg())
             n_cpu += 1
         else:
@@ -285,25 +387,31 @@ def _template(args, records):
     return template, n_cpu, n_off
 
 
-def _sample(args, records, sharding, random, n_off):
+def _sample(args, records, sharding, random, n_off, value_ints):
     """Abstract arguments to lower the executable with, in its calling order."""
     sample = [jax.ShapeDtypeStruct((r.numel,), dt.to_jax(r.dtype), sharding=sharding) for r in records]
-    for a in args:
+    for i, a in enumerate(args):
         if isinstance(a, _Tensor) and a.device.type != "tpu":
             sample.append(jax.ShapeDtypeStruct(tuple(a.shape), dt.to_jax(a.dtype), sharding=sharding))
+        elif i in value_ints:   # a Python int: weakly typed, as JAX takes it
+            sample.append(jax.ShapeDtypeStruct((), np.int64, weak_type=True))
     if random:
         sample.append(jax.ShapeDtypeStruct((3,), np.uint32))
     sample.extend(jax.ShapeDtypeStruct((), np.int64) for _ in range(n_off))
     return sample
 
 
-def _output_caster(layouts, outs_meta):
+def _output_caster(layouts, outs_meta, host_ints):
     """Outputs in the memory order PyTorch expects (a transposed output stays transposed); fills
-    `outs_meta` with ("T", shape, dtype, stride) or ("V", value) per graph output while tracing."""
+    `outs_meta` with ("T", shape, dtype, stride), ("V", value) or ("H",) (an int the host computes:
+    `host_ints`) per graph output while tracing."""
     def cast(outputs):
         flat = []
         outs_meta.clear()
         for i, v in enumerate(outputs):
+            if i in host_ints:
+                outs_meta.append(("H",))
+                continue
             if not (hasattr(v, "shape") and hasattr(v, "dtype")) or isinstance(v, (int, float, bool)):
                 outs_meta.append(("V", v))
                 continue
@@ -322,13 +430,13 @@ def _call(fn, dyn, entry, records):
     (eager/executable.py: call_and_commit), so an interrupt cannot leave donated buffers behind."""
     slots = entry.mutated_slots
     try:
-        return call_and_commit(fn, dyn, [records[s] for s in slots], len(entry.outs))
+        return call_and_commit(fn, dyn, [records[s] for s in slots], entry.n_arrays)
     finally:
         del dyn[:]
 
 
 def _copy_to_host(entry, results, cpu_vals):
-    base = len(entry.outs) + len(entry.mutated_slots)
+    base = entry.n_arrays + len(entry.mutated_slots)
     for j, value in zip(entry.cpu_mutations, results[base:]):
         c = cpu_vals[j]
         host = np.asarray(value)

@@ -243,6 +243,116 @@ def _profiler_trace_window() -> None:
     _applied.append("torch.profiler.profiler._KinetoProfile.start_trace/stop_trace")
 
 
+# ------------------------------------------------------------------ transformers (5.23 .. 5.24)
+# Dynamo keeps these int attributes of Transformers' caches dynamic in tpu decode graphs
+# (a regular expression over Dynamo's source names, as `torch.compiler.config.dynamic_sources` takes).
+DYNAMIC_CACHE_INTS = r".*\.cumulative_length_int$"
+
+
+def _sliding_window_decode(module) -> None:
+    """Transformers' sliding-window static cache (`StaticSlidingWindowLayer`) counts the tokens it
+    has seen in a Python int, `cumulative_length_int`, which its `update` and `get_mask_sizes` read.
+    `generate()` compiles the decode step for "tpu" with `dynamic=False`, so Dynamo bakes that int
+    into the graph and compiles a new graph for every token (Gemma 2/3/4, Mistral: 11 graphs for 8
+    tokens, then Dynamo's recompile limit sends decoding back to eager). For tpu models the compiled
+    call runs with the int marked dynamic (`torch.compiler.config.dynamic_sources`, scoped to the
+    call): Dynamo guards on the cache's state (filling / full) instead of the count, and our backend
+    passes the int to the executable as a traced scalar (compile/backend.py), so a decode step reuses
+    one graph. Wraps `PreTrainedModel.get_compiled_call`."""
+    cls = getattr(module, "PreTrainedModel", None)
+    original = getattr(cls, "get_compiled_call", None) if cls is not None else None
+    config = getattr(torch.compiler, "config", None)
+    if original is None or config is None or not hasattr(config, "dynamic_sources"):
+        _problems.append("transformers PreTrainedModel.get_compiled_call or torch.compiler.config.dynamic_sources "
+                         "is missing (checked against transformers 5.23 .. 5.24, torch 2.13)")
+        return
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def get_compiled_call(self, compile_config):
+        compiled = original(self, compile_config)
+        device = getattr(self, "device", None)
+        if getattr(device, "type", None) != "tpu":
+            return compiled
+        wrapped = getattr(self, "_torchtpu_compiled_call", None)
+        if wrapped is not None and wrapped.__wrapped__ is compiled:
+            return wrapped
+
+        def call(*args, **kwargs):
+            sources = config.dynamic_sources
+            extra = sources + "," + DYNAMIC_CACHE_INTS if sources else DYNAMIC_CACHE_INTS
+            with config.patch(dynamic_sources=extra):
+                return compiled(*args, **kwargs)
+
+        call.__wrapped__ = compiled
+        self._torchtpu_compiled_call = call
+        return call
+
+    get_compiled_call._torchtpu = True
+    get_compiled_call.__wrapped__ = original
+    get_compiled_call.__doc__ = original.__doc__
+    cls.get_compiled_call = get_compiled_call
+    _applied.append("transformers.modeling_utils.PreTrainedModel.get_compiled_call")
+
+
+def _sliding_window_layer(module) -> None:
+    """With the count dynamic (above), `StaticSlidingWindowLayer.update` still branches on whether
+    the window is full, so decoding compiles two graphs: one while the window fills, one after.
+    For one-token updates of a tpu cache this replaces the branch by arithmetic that computes both
+    outcomes and selects one (`torch.where`), and `get_mask_sizes` by its one-token case written
+    with `max` (`kv_length` is the window either way): one decode graph for the whole generation,
+    with the same cache contents and masks as the original. Prefill, multi-token updates and other
+    devices run the original code. Checked against transformers 5.23 .. 5.24."""
+    cls = getattr(module, "StaticSlidingWindowLayer", None)
+    update = cls.__dict__.get("update") if cls is not None else None
+    mask_sizes = cls.__dict__.get("get_mask_sizes") if cls is not None else None
+    if update is None or mask_sizes is None:
+        _problems.append("transformers.cache_utils.StaticSlidingWindowLayer.update/get_mask_sizes is missing "
+                         "(checked against transformers 5.23 .. 5.24)")
+        return
+    if getattr(update, "_torchtpu", False):
+        return
+
+    def _one_tpu_token(layer, key_states):
+        return (layer.is_initialized and key_states.shape[-2] == 1 and layer.keys.device.type == "tpu"
+                and layer.keys.shape[-2] == layer.max_cache_len)
+
+    def new_update(self, key_states, value_states, *args, **kwargs):
+        if not _one_tpu_token(self, key_states):
+            return update(self, key_states, value_states, *args, **kwargs)
+        window = self.max_cache_len
+        seen = self.cumulative_length_int
+        self.cumulative_length_int = seen + 1
+        position = torch.scalar_tensor(seen, dtype=torch.long, device=self.keys.device)
+        full = position >= window
+        slot = position.clamp(max=window - 1).reshape(1)
+        for cache, new in ((self.keys, key_states), (self.values, value_states)):
+            shifted = torch.cat((cache[:, :, 1:], new), dim=-2)       # full: drop the oldest
+            filled = cache.index_copy(2, slot, new)                   # filling: write at `seen`
+            cache.copy_(torch.where(full, shifted, filled))
+        self.cumulative_length.add_((~full).to(self.cumulative_length.dtype))
+        return self.keys, self.values
+
+    def new_get_mask_sizes(self, query_length):
+        if not (query_length == 1 and self.is_initialized and self.keys.device.type == "tpu"
+                and self.keys.shape[-2] == self.max_cache_len):
+            return mask_sizes(self, query_length)
+        return self.max_cache_len, max(self.cumulative_length_int - self.max_cache_len + 1, 0)
+
+    # torchtpu's files are on Dynamo's skip list (a backend is not user code): these two are traced
+    traced = getattr(torch._dynamo, "dont_skip_tracing", None)
+    if traced is None:
+        _problems.append("torch._dynamo.dont_skip_tracing is missing (checked against torch 2.13)")
+        return
+    new_update, new_get_mask_sizes = traced(new_update), traced(new_get_mask_sizes)
+    for new, old in ((new_update, update), (new_get_mask_sizes, mask_sizes)):
+        new._torchtpu = True
+        new.__wrapped__ = old
+        new.__doc__ = old.__doc__
+    cls.update, cls.get_mask_sizes = new_update, new_get_mask_sizes
+    _applied.append("transformers.cache_utils.StaticSlidingWindowLayer.update/get_mask_sizes")
+
+
 def install() -> None:
     """Idempotent and cheap: imports none of the patched libraries that are not loaded yet."""
     if _installed[0]:
@@ -254,6 +364,8 @@ def install() -> None:
         except Exception as e:  # never break `import torch`
             _problems.append(f"{patch.__name__}: {type(e).__name__}: {e}")
     when_imported("accelerate.state", _accelerate_default_device)
+    when_imported("transformers.modeling_utils", _sliding_window_decode)
+    when_imported("transformers.cache_utils", _sliding_window_layer)
 
 
 def applied() -> list[str]:

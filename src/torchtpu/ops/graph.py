@@ -506,6 +506,23 @@ def _data_dependent_message(node):
             f"the op runs in eager mode on the device.")
 
 
+# torch's symbolic-int functions and their JAX forms: a graph's int input can be a traced value
+# (compile/backend.py: ints no shape depends on), which torch.sym_max and friends reject
+_TRACED_SYM_FUNCTIONS = {torch.sym_max: jnp.maximum, torch.sym_min: jnp.minimum, torch.sym_not: jnp.logical_not,
+                         torch.sym_ite: jnp.where}
+
+
+def _sym_function(target):
+    traced = _TRACED_SYM_FUNCTIONS[target]
+
+    def sym(*args):
+        if any(isinstance(a, jax.Array) for a in args):
+            return traced(*args)
+        return target(*args)
+
+    return sym
+
+
 class GraphProgram:
     """A planned FX graph: `run(inputs, key)` evaluates it on JAX values (inside a trace).
 
@@ -601,6 +618,9 @@ class GraphProgram:
             elif isinstance(target, type) and issubclass(target, tuple):  # return_types namedtuples
                 s.kind = "python"
                 s.fn = lambda *a, **k: tuple(a) + tuple(k.values())
+            elif target in _TRACED_SYM_FUNCTIONS:
+                s.kind = "python"
+                s.fn = _sym_function(target)
             elif callable(target) and "sym" in getattr(target, "__name__", ""):
                 s.kind = "python"
                 s.fn = target
