@@ -26,6 +26,7 @@ PUBLIC: dict[str, str] = {
     "Stream": f"{_DEVICE}:Stream",
     "current_device": f"{_DEVICE}:current_device",
     "current_stream": f"{_DEVICE}:current_stream",
+    "default_generators": f"{_DEVICE}:default_generators",
     "default_stream": f"{_DEVICE}:default_stream",
     "device": f"{_DEVICE}:device",
     "device_count": f"{_DEVICE}:device_count",

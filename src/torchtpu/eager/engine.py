@@ -291,10 +291,10 @@ class OpKernel:
             gen = next((a for a in args if isinstance(a, torch.Generator)), None)
         if gen is None:
             return next_rng_args(device if device >= 0 else 0)
-        if gen.device.type != "cpu":
-            raise RuntimeError(f"aten::{self.name}: expected a 'cpu' or default generator, got {gen.device}")
-        # torch.Generator("tpu") needs a C++ hook PyTorch does not expose to Python backends; a
-        # CPU generator seeds this draw instead (reproducible, and it advances the generator).
+        if gen.device.type not in ("tpu", "cpu"):
+            raise RuntimeError(f"aten::{self.name}: expected a 'tpu' (or 'cpu') generator, got {gen.device}")
+        # a tpu generator advances like the default one; a CPU generator seeds this draw instead
+        # (reproducible, and it advances the generator): eager/random.py
         return generator_rng_args(gen)
 
     def _flatten(self, a, parts, slot_of, bufs, scalars, offsets, device, is_scalar_arg):
