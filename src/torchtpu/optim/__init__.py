@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..eager import xla_options
 from ..eager.executable import call_and_commit, input_buffers
 from ..storage.records import donatable, record_of
 
@@ -129,7 +130,7 @@ class _FusedStep:
         buffers = [b if b.committed else jax.device_put(b, place) for b in buffers]
         grad_buffers = [b if b.committed else jax.device_put(b, place) for b in grad_buffers]
         layout = tuple((tuple(p.shape), p.dtype) for p in params)
-        key = (layout, tuple(static), counts, donate, device)
+        key = (layout, tuple(static), counts, donate, device, xla_options.active())
         fn = self._executables.get(key)
         if fn is None:
             fn = self._executables[key] = self._build(tuple(static), counts, donate)
@@ -152,7 +153,7 @@ class _FusedStep:
                 new_states += s
             return tuple(new_params) + tuple(new_states)
 
-        return jax.jit(fused, donate_argnums=(0,) if donate else ())
+        return jax.jit(fused, donate_argnums=(0,) if donate else (), compiler_options=xla_options.jax_options())
 
 
 def _rounded(dtype):
