@@ -13,7 +13,7 @@ It is compiled here, not at `pip install`: building at install time would need t
 isolated build environment (a multi-GB download) and a compiler on every machine. Instead:
 
 - the sources are compiled once against the installed torch's headers (plain `c++`, no ninja, no
-  pybind11; about 8 s of CPU, the ATen headers of the hooks being most of it) into
+  pybind11; about 3.5 s of CPU with -O1) into
   ~/.cache/torchtpu/native (next to TORCHTPU_COMPILE_CACHE_DIR when that is set), keyed by torch
   version, ABI flag and source hash, and loaded with ctypes in milliseconds;
 - TORCHTPU_NATIVE=auto (default) and =on: load the cached build at import, or build it then (once per
