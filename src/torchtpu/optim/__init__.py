@@ -322,6 +322,16 @@ def _newton_schulz(update, coefficients, steps, eps):
     return (x.T if wide else x), normalised
 
 
+def _muon_lr_ratio(adjust_lr_fn, shape):
+    """torch.optim.Muon's learning-rate adjustment for an (A, B) matrix (its documented formulas)."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return math.sqrt(max(1, rows / cols))       # Keller Jordan's
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))     # Moonshot's
+    return 1.0
+
+
 class Muon(_FusedStep, torch.optim.Muon):
     """`torch.optim.Muon` (same arguments, state_dict and numerics: momentum, Newton-Schulz
     orthogonalisation of the 2-D update in bfloat16, decoupled weight decay, the shape-adjusted
@@ -349,7 +359,7 @@ class Muon(_FusedStep, torch.optim.Muon):
             buf = state["momentum_buffer"]
             self._check_param(0, buf)
             states.append([buf])
-            adjusted = torch.optim._muon._adjust_lr(lr, group["adjust_lr_fn"], p.shape)
+            adjusted = lr * _muon_lr_ratio(group["adjust_lr_fn"], p.shape)
             scalars.append((1 - lr * wd, adjusted))
         static = (momentum, bool(group["nesterov"]), coefficients, float(group["eps"]), steps)
         return states, scalars, [(*static, tuple(p.shape)) for p in params]   # buffers are flat
