@@ -31,18 +31,15 @@ TORCHTPU = {
 }
 
 # Deliberately absent from torch.tpu itself, with the reason (reviewed when one lands).
-ABSENT = {
-    "allow_excess_precision": "needs per-executable XLA compiler options in the eager engine",
-    "default_generators": "torch.Generator('tpu') needs a C++ generator hook (docs/design.md)",
-}
+ABSENT: dict[str, str] = {}
+# Present only with torchtpu's C++ extension (a compiler on the machine, docs/design.md).
+NEEDS_NATIVE = {"default_generators"}
 # Submodules: names we offer (or deliberately not, with the reason). ops/distributed/pallas are
 # backed by other helpers' modules and offer what their __all__ lists.
 SUBMODULE_ABSENT = {
-    "torch.tpu.compiler": {"custom_compiler_options": "needs per-executable compiler options in the engine"},
     "torch.tpu.optimizers": {
-        "Muon": "not built: AdamW and Sgd (= SGD) are the fused optimizers offered so far",
         "Optimizer": "TorchTPU's is a stateless functional base for SingleTraceTrainer; ours are "
-                     "torch.optim.Optimizer subclasses (AdamW, SGD) with a fused step",
+                     "torch.optim.Optimizer subclasses (AdamW, SGD, Muon) with a fused step",
         "SingleTraceTrainer": "not built: it traces forward+backward+step as one program, which "
                               "torch.compile with our backend already does",
     },
@@ -64,8 +61,13 @@ def test_declaration_is_sorted_and_is_the_whole_surface():
 def test_torchtpu_parity():
     missing = [n for n in TORCHTPU["torch.tpu"] if n not in torch.tpu.__all__ and n not in ABSENT]
     assert missing == []
+    from torchtpu.device import native
     for name in TORCHTPU["torch.tpu"]:
         if name in ABSENT or name == "topology_aware_mesh":
+            continue
+        if name in NEEDS_NATIVE and not native.generators_available():
+            with pytest.raises(AttributeError, match="C\\+\\+ extension"):
+                getattr(torch.tpu, name)
             continue
         getattr(torch.tpu, name)
     for module, names in TORCHTPU.items():

@@ -95,7 +95,8 @@ def info() -> int:
         return 1
     print(f"eager mode: {torch.tpu.get_eager_mode()}")
     print(f"compile cache: {options.cache_dir() or ('off' if not config.get('TORCHTPU_COMPILE_CACHE') else 'on first compile')}")
-    print(f"C++ device guard: {'loaded' if native.loaded() else (native.problem() or 'not needed (one device)')}")
+    print(f"C++ device guard: {'loaded' if native.loaded() else (native.problem() or 'TORCHTPU_NATIVE=off')}; "
+          f"torch.Generator('tpu'): {'yes' if native.generators_available() else 'no'}")
     print(f"patches: {len(patches.applied())} applied" + (f", PROBLEMS: {patches.problems()}" if patches.problems() else ""))
 
     start = time.perf_counter()

@@ -37,7 +37,7 @@ VARIABLES: dict[str, tuple] = {
     "TORCHTPU_COORDINATOR_TIMEOUT": ("seconds", 300.0, None,
                                      "how long a distributed process waits for JAX's coordinator"),
     "TORCHTPU_NATIVE": ("choice", "auto", ("auto", "on", "off"),
-                        "the C++ device guard (docs/design.md): auto builds it when >1 device"),
+                        "the C++ extension: device guard, generators (docs/design.md); auto/on build it once at import"),
 }
 
 # TorchTPU's names -> (our name, value mapping): a set TorchTPU flag selects our setting.

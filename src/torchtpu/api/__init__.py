@@ -26,6 +26,7 @@ PUBLIC: dict[str, str] = {
     "Stream": f"{_DEVICE}:Stream",
     "current_device": f"{_DEVICE}:current_device",
     "current_stream": f"{_DEVICE}:current_stream",
+    "default_generators": f"{_DEVICE}:default_generators",
     "default_stream": f"{_DEVICE}:default_stream",
     "device": f"{_DEVICE}:device",
     "device_count": f"{_DEVICE}:device_count",
@@ -68,7 +69,7 @@ PUBLIC: dict[str, str] = {
     "topology_aware_mesh": "torchtpu.distributed.api:topology_aware_mesh",
 }
 
-PROPERTIES = ("eager_mode",)
+PROPERTIES = ("allow_excess_precision", "eager_mode")
 
 # torch.tpu.<name> -> the internal module behind it (owned by the helper that wrote it)
 SUBMODULES: dict[str, str] = {
@@ -94,6 +95,18 @@ def _resolve(target: str):
 
 class TpuModule(types.ModuleType):
     """The type of `torch.tpu`: lazy attributes, and `eager_mode` as a property."""
+
+    @property
+    def allow_excess_precision(self) -> bool:
+        """Whether XLA may compute in a wider type than the program's (TorchTPU's property; maps to
+        XLA's xla_allow_excess_precision for every executable built after a change)."""
+        from ..compile import options
+        return options.get_allow_excess_precision()
+
+    @allow_excess_precision.setter
+    def allow_excess_precision(self, value: bool):
+        from ..compile import options
+        options.set_allow_excess_precision(value)
 
     @property
     def eager_mode(self):

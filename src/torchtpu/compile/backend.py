@@ -28,7 +28,8 @@ import torch
 from ..metrics import counters as _counters
 from ..device import platform
 from ..device.state import current_device
-from ..eager import asserts
+from ..eager import asserts, xla_options
+from ..eager.xla_options import _active as _xla_active
 from ..eager.engine import scalar_key
 from ..eager.executable import (Program, TensorArg, ValueArg, call_and_commit, flat_output, input_buffers, is_partial,
                                 key_tensor, tensor_arg, traced_function)
@@ -86,7 +87,7 @@ def _out_layout(val):
 
 class Entry:
     __slots__ = ("fn", "fn_plain", "donate", "outs", "n_arrays", "mutated_slots", "n_cpu", "fused", "sample",
-                 "cpu_mutations", "checks")
+                 "cpu_mutations", "checks", "xla")
 
 
 def _host_int_outputs(graph, out_vals):
@@ -270,6 +271,8 @@ class CompiledGraph:
             else:
                 parts.append(("V", repr(a)))
         parts.append(("P", torch.get_float32_matmul_precision()))  # the lowerings of matmuls read it
+        if _xla_active[0]:   # XLA compiler options (eager/xla_options.py)
+            parts.append(("X", _xla_active[0]))
         return tuple(parts), records, cpu_vals, offsets, device
 
     # ------------------------------------------------------------------ cache miss
@@ -343,7 +346,8 @@ class CompiledGraph:
             lowered = jitted.lower(*entry.sample)
             t1 = time.perf_counter()
             options._maybe_dump(self, lowered)
-            entry.fn = lowered.compile()
+            entry.xla = xla_options.jax_options()   # keyed in _key
+            entry.fn = lowered.compile(entry.xla)
             t2 = time.perf_counter()
         TIMES["trace_s"] += t1 - t0
         TIMES["xla_compile_s"] += t2 - t1
@@ -354,7 +358,7 @@ class CompiledGraph:
 
     def _plain(self, entry):
         """The same executable without donation, for calls whose buffers are shared elsewhere."""
-        entry.fn_plain = jax.jit(entry.fused).lower(*entry.sample).compile()
+        entry.fn_plain = jax.jit(entry.fused).lower(*entry.sample).compile(entry.xla)
         _counters.compiled_xla_compiles += 1
         return entry.fn_plain
 

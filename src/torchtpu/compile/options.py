@@ -5,6 +5,8 @@
     torch.tpu.compiler.set_xla_flags("--xla_cpu_use_thunk_runtime=false")  # before the first XLA use
     torch.tpu.compiler.set_persistent_cache("/path")  # or None to turn it off
     torch.tpu.compiler.log_recompiles(True)         # also env TORCHTPU_LOG_RECOMPILES=1
+    with torch.tpu.compiler.custom_compiler_options({"xla_optimization_level": "O1"}):
+        ...                                         # executables built here use those XLA options
 
 Environment: TORCHTPU_COMPILE_CACHE=0 turns the on-disk XLA cache off (default directory
 ~/.cache/torchtpu/xla, or TORCHTPU_COMPILE_CACHE_DIR); TORCHTPU_LOG_RECOMPILES=1 logs why a graph
@@ -14,16 +16,19 @@ lowering an error instead of running that graph op by op in eager mode.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import re
 import sys
 
 from ..eager.persistent_cache import (DEFAULT_MIN_COMPILE_TIME_S, cache_dir, ensure_persistent_cache,  # noqa: F401
                                       set_persistent_cache)
+from ..eager import xla_options
 from .. import config
 
-__all__ = ["dump_stablehlo", "set_xla_flags", "set_persistent_cache", "log_recompiles", "donate_buffers",
-           "eager_fallback", "cache_dir", "counters"]
+__all__ = ["cache_dir", "counters", "custom_compiler_options", "donate_buffers", "dump_stablehlo", "eager_fallback",
+           "log_recompiles", "set_persistent_cache", "set_xla_flags"]
 
 
 _state = {
@@ -116,3 +121,59 @@ def _ensure_persistent_cache():
     """Called at the first graph compile: Dynamo's recompile logs as asked, the on-disk cache."""
     _sync_dynamo_logs()
     ensure_persistent_cache()
+
+
+@contextlib.contextmanager
+def custom_compiler_options(options: dict[str, str]):
+    """Compile the executables built inside the block with these XLA compiler options (TorchTPU's
+    `torch.tpu.compiler.custom_compiler_options`).
+
+    `options` maps XLA option names to values: any DebugOptions field (`"xla_cpu_enable_fast_math":
+    "false"`, `"xla_dump_to": "/tmp/dump"`, ...) and `"xla_optimization_level"` /
+    `"xla_memory_fitting_level"` ('O0'..'O3'). Eager ops, compiled graphs (torch.compile(backend="tpu"))
+    and the fused optimizers run in the block with executables compiled with these options; their
+    caches key on the options, so code outside the block keeps its executables. Nested blocks merge,
+    the inner options winning. A misspelled option raises here, naming it. In the fused eager mode the
+    ops inside the block run op by op (a fused segment is compiled with one set of options). Not for
+    use inside a function being compiled by torch.compile (a graph is one executable: wrap the call).
+    The setting is process-wide, not per thread. Executables outside the one builder keep XLA's
+    defaults: the size steps of data-dependent ops (nonzero, masked_select) and jax_op/Pallas kernels.
+    """
+    import torch
+    if torch.compiler.is_compiling():
+        raise RuntimeError("torch.tpu.compiler.custom_compiler_options cannot be used inside a function "
+                           "being compiled: a compiled graph is one executable with one set of XLA "
+                           "options; enter the context around the call of the compiled function")
+    layer = xla_options.push(options)
+    try:
+        yield
+    finally:
+        xla_options.pop(layer)
+
+
+_EXCESS = "xla_allow_excess_precision"
+
+
+def _excess_precision_from_flags():
+    """XLA_FLAGS' --xla_allow_excess_precision, or XLA's default (True) when it is not set."""
+    found = re.findall(r"--xla_allow_excess_precision(?:=(\S*))?", os.environ.get("XLA_FLAGS", ""))
+    if not found:
+        return True
+    return found[-1].lower() not in ("false", "0")
+
+
+def get_allow_excess_precision() -> bool:
+    """`torch.tpu.allow_excess_precision`: whether XLA may keep intermediate values in a wider type
+    than the program's (bf16 math carried out in f32 without rounding between ops): the value set
+    through the property, else XLA_FLAGS' --xla_allow_excess_precision, else XLA's default, True."""
+    value = xla_options.base(_EXCESS)
+    return _excess_precision_from_flags() if value is None else value
+
+
+def set_allow_excess_precision(value: bool):
+    """Set it for every executable built from now on (each cache keys on it: a changed value builds
+    new executables once, the old ones are found again when it changes back)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"torch.tpu.allow_excess_precision must be True or False, got {value!r}")
+    # the same value as XLA's own setting needs no option (and keeps the executables already built)
+    xla_options.set_base(_EXCESS, None if value == _excess_precision_from_flags() else value)

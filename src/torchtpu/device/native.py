@@ -1,18 +1,27 @@
-"""The optional C++ device guard (csrc/tpu_guard.cpp): built at run time, loaded with ctypes.
+"""The optional C++ extension (csrc/): built at run time, loaded with ctypes.
 
-PyTorch's Python-level PrivateUse1 guard reports one device and index 0 to C++, so the autograd
-engine has one "tpu" queue and backward on tpu:1 fails its INTERNAL ASSERT. The fix needs a C++
-`DeviceGuardImplInterface`. It is compiled here, not at `pip install`: building at install time would
-need torch in pip's isolated build environment (a multi-GB download) and a compiler on every
-machine. Instead:
+Two things PyTorch only reads from C++ need it:
+- the device guard (csrc/tpu_guard.cpp). PyTorch's Python-level PrivateUse1 guard reports one device
+  and index 0 to C++, so the autograd engine has one "tpu" queue and backward on tpu:1 fails its
+  INTERNAL ASSERT;
+- the PrivateUse1 hooks with a generator (csrc/tpu_hooks.cpp): `torch.Generator("tpu")` and
+  `torch.tpu.default_generators` need `getNewGenerator`/`getDefaultGenerator`, which the Python hooks
+  object does not forward. PyTorch accepts one hooks object per process, so the C++ one must be
+  registered at `import torch`, before the Python one would be (registration.py).
 
-- the source is compiled once against the installed torch's c10 headers (about 2.5 s of CPU, plain
-  `c++`, no ninja, no pybind11) into ~/.cache/torchtpu/native (next to TORCHTPU_COMPILE_CACHE_DIR
-  when that is set), keyed by torch version and source hash, and loaded with ctypes in milliseconds;
-- TORCHTPU_NATIVE=auto (default): load a cached build at import; build it when more than one device
-  is configured (TORCHTPU_NUM_DEVICES > 1, or the platform finds several devices). With one device
-  the Python guard is exact, so a machine without a compiler loses nothing there;
-- without a compiler, or with TORCHTPU_NATIVE=off, everything else works and a multi-device setup
+It is compiled here, not at `pip install`: building at install time would need torch in pip's
+isolated build environment (a multi-GB download) and a compiler on every machine. Instead:
+
+- the sources are compiled once against the installed torch's headers (plain `c++`, no ninja, no
+  pybind11; about 3.5 s of CPU with -O1) into
+  ~/.cache/torchtpu/native (next to TORCHTPU_COMPILE_CACHE_DIR when that is set), keyed by torch
+  version, ABI flag and source hash, and loaded with ctypes in milliseconds;
+- TORCHTPU_NATIVE=auto (default) and =on: load the cached build at import, or build it then (once per
+  torch version; a file lock makes concurrent processes wait for one build). =off: never;
+- without a compiler, or with TORCHTPU_NATIVE=off, everything else works: the Python hooks and guard
+  are registered, `torch.tpu.default_generators` raises naming the reason, `torch.Generator("tpu")`
+  raises PyTorch's own "register PrivateUse1HooksInterface ... getNewGenerator" error (nothing in
+  Python can intercept it), random ops use the Python default generators, and a multi-device setup
   gets one warning saying that backward on tpu:1.. needs the C++ guard.
 """
 from __future__ import annotations
@@ -27,8 +36,12 @@ import tempfile
 import threading
 import warnings
 
-_SOURCE = pathlib.Path(__file__).with_name("csrc") / "tpu_guard.cpp"
+_CSRC = pathlib.Path(__file__).with_name("csrc")
+_SOURCES = (_CSRC / "tpu_guard.cpp", _CSRC / "tpu_hooks.cpp")
 _ABI = 1
+_AVAILABLE_FN = ctypes.CFUNCTYPE(ctypes.c_int)
+_callbacks = []   # ctypes callbacks handed to C++: they must live as long as the process
+_hooks = [False]  # whether the C++ PrivateUse1 hooks (generators) are registered
 _lock = threading.Lock()
 _lib = [None]
 _tried_build = [False]
@@ -45,9 +58,9 @@ def _cache_dir() -> pathlib.Path:
 
 def _target() -> pathlib.Path:
     import torch
-    key = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES) + torch.__version__.encode()
                          + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()).hexdigest()[:16]
-    return _cache_dir() / f"tpu_guard-{key}.so"
+    return _cache_dir() / f"tpu_native-{key}.so"
 
 
 def compiler() -> str | None:
@@ -58,7 +71,9 @@ def compiler() -> str | None:
 
 
 def build() -> pathlib.Path:
-    """Compile the guard into the cache (atomically: concurrent processes may race)."""
+    """Compile the extension into the cache (atomically, under a file lock: concurrent processes
+    wait for one build)."""
+    import fcntl
     import torch
     cxx = compiler()
     if cxx is None:
@@ -66,30 +81,50 @@ def build() -> pathlib.Path:
     root = pathlib.Path(torch.__file__).parent
     target = _target()
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC",
-           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           f"-I{root / 'include'}", str(_SOURCE), f"-L{root / 'lib'}", "-lc10",
-           f"-Wl,-rpath,{root / 'lib'}", "-o", tmp]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():   # another process built it while this one waited
+            return target
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        cmd = [cxx, "-O1", "-std=c++17", "-w", "-shared", "-fPIC",
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+               f"-I{root / 'include'}", *map(str, _SOURCES), f"-L{root / 'lib'}", "-lc10", "-ltorch_cpu",
+               f"-Wl,-rpath,{root / 'lib'}", "-o", tmp]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return target
+
+
+def _is_available() -> int:
+    """torch's C++ asks the hooks whether the device is available: the platform answers."""
+    try:
+        from . import platform
+        return int(bool(platform.is_available()))
+    except BaseException:  # noqa: BLE001 - an exception must not cross into C++
+        return 0
 
 
 def _load(path: pathlib.Path, device_count: int) -> None:
     lib = ctypes.CDLL(str(path))
-    if lib.torchtpu_guard_abi() != _ABI:
+    if lib.torchtpu_guard_abi() != _ABI or lib.torchtpu_hooks_abi() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
     lib.torchtpu_get_device.restype = ctypes.c_int
     from . import state
     index = state.current_device()
+    callback = _AVAILABLE_FN(_is_available)
+    _callbacks.append(callback)
+    if lib.torchtpu_register_hooks(callback):
+        _hooks[0] = True
+    elif _problem[0] is None:
+        _problem[0] = ("PyTorch's PrivateUse1 hooks were registered before the C++ extension loaded: "
+                       "no torch.Generator('tpu')")
     lib.torchtpu_register_guard(device_count)
     lib.torchtpu_set_device(index)
     _lib[0] = lib
@@ -101,29 +136,51 @@ def loaded() -> bool:
 
 
 def problem() -> str | None:
-    """Why the C++ guard is not in use (None when it is, or was not needed yet)."""
+    """Why the C++ extension (or its generator hooks) is not in use; None when it is."""
     return _problem[0]
+
+
+def generators_available() -> bool:
+    """Whether `torch.Generator("tpu")` works: the C++ hooks are registered."""
+    return _hooks[0]
+
+
+def new_default_generator(index: int):
+    """A Python `torch.Generator` over the C++ default generator of tpu:index (the one PyTorch's
+    `getDefaultGenerator` returns), or an error naming why there is none."""
+    import torch
+    if not _hooks[0]:
+        raise RuntimeError(
+            "torch.Generator('tpu') and torch.tpu.default_generators need torchtpu's C++ extension, "
+            f"which is not loaded: {_problem[0] or 'TORCHTPU_NATIVE=off'}. Install a C++ compiler "
+            "(g++, or set CXX) and run `python -m torchtpu info`; random ops still work with the "
+            "default seed (torch.manual_seed) or a CPU torch.Generator passed as generator=.")
+    lib = _lib[0]
+    lib.torchtpu_next_new_is_default(1)
+    try:
+        return torch.Generator(f"tpu:{index}")
+    finally:
+        lib.torchtpu_next_new_is_default(0)
 
 
 def at_import() -> None:
     """Called by `import torch` (through registration.install): cheap unless a build is needed."""
     from .. import config
     policy = config.get("TORCHTPU_NATIVE")
-    if policy == "off" or not _SOURCE.exists():
+    if policy == "off":
+        return
+    if not all(p.exists() for p in _SOURCES):
+        _problem[0] = "the C++ sources are not part of this installation"
         return
     configured = config.get("TORCHTPU_NUM_DEVICES") or 0
     try:
-        target = _target()
-        if target.exists():
-            # Until the platform is up the device count is unknown: an upper bound (the engine
-            # starts one idle thread per counted device); set exactly by at_platform_ready.
-            _load(target, configured or 8)
-        elif policy == "on" or configured > 1:
-            _build_and_load(max(configured, 1))
+        # Until the platform is up the device count is unknown: an upper bound (the engine starts
+        # one idle thread per counted device); set exactly by at_platform_ready.
+        _build_and_load(configured or 8)
     except Exception as e:  # never break `import torch`
         _problem[0] = f"{type(e).__name__}: {e}"
         if policy == "on":
-            warnings.warn(f"torchtpu: TORCHTPU_NATIVE=on but the C++ device guard failed: {e}",
+            warnings.warn(f"torchtpu: TORCHTPU_NATIVE=on but the C++ extension failed: {e}",
                           RuntimeWarning, stacklevel=2)
 
 

@@ -49,10 +49,12 @@ def install():
         torch.utils.rename_privateuse1_backend("tpu")
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                          for_packed_sequence=True, for_storage=True)
-    torch._C._acc.register_python_privateuseone_hook(_Hooks())
-    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     from . import native
-    native.at_import()  # replaces that guard with the C++ one when it is built (multi-device)
+    # first: the C++ hooks (generators) and guard, when the extension loads or builds. PyTorch takes
+    # one hooks object per process, so the Python ones below are registered only without it.
+    native.at_import()
+    torch._C._acc.register_python_privateuseone_hook(_Hooks())   # False (a no-op) after the C++ ones
+    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     from . import autocast
     autocast.install()
     torch.backends.tpu = _backends_module()

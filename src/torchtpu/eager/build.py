@@ -12,7 +12,7 @@ from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS
-from . import fusion, overlap
+from . import fusion, overlap, xla_options
 from .engine import (CONSTANT_BYTES, DONATE_BYTES, FOREIGN, LIST, MEMO_BYTES, SCALAR, TENSOR, Entry, NeedsResize,
                      SpecializeScalars, arg_kind)
 from .executable import Program, ValueArg, count_values, flat_output, is_partial, tensor_arg, traced_function
@@ -87,11 +87,13 @@ def build_entry(kernel, key, args, kwargs, records, device):
         on_trace=lambda messages, read_precision: _traced(kernel, entry, messages, read_precision))
     _choose_reuse(kernel, entry, records, outs, writes)
     fn = traced_function(program)
+    entry.xla = xla_options.jax_options()   # the engine keyed this entry on them (OpKernel.__call__)
     if not records:
         index = device if device >= 0 else 0
-        entry.fn = jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)))
+        entry.fn = jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)),
+                           compiler_options=entry.xla)
     else:
-        entry.fn = jax.jit(fn)
+        entry.fn = jax.jit(fn, compiler_options=entry.xla)
         if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):
             entry.traced = fn
     return entry

@@ -146,6 +146,25 @@ def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
     random.set_rng_state(new_state, _index(device))
 
 
+def _default_generators() -> tuple:
+    """One `torch.Generator` per device, each the state behind the device's default random draws
+    (CUDA's `torch.cuda.default_generators`); needs the C++ extension (device/native.py)."""
+    from ..device import native
+    from . import random
+    if not native.generators_available():
+        native.new_default_generator(0)   # raises, naming why there is none
+    return tuple(random.default(i) for i in range(device_count()))
+
+
+def __getattr__(name):
+    if name == "default_generators":   # built on first access: it needs the devices and the extension
+        try:
+            return _default_generators()
+        except RuntimeError as e:
+            raise AttributeError(str(e)) from e
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def get_rng_state_all():
     return [get_rng_state(i) for i in range(device_count())]
 

@@ -26,6 +26,7 @@ from .fusion import Pending
 from .executable import call_and_commit, device_mismatch, input_buffers, key_tensor
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
+from .xla_options import _active as _xla_active
 
 
 class SpecializeScalars(Exception):
@@ -152,7 +153,7 @@ class Entry:
 
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
                  "cold", "window_calls",
-                 "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap")
+                 "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap", "xla")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -173,6 +174,7 @@ class Entry:
         self.fn_donating = None   # fn with the mutated storages' buffers donated (built on first use)
         self.donating_ran = False  # whether fn_donating completed a call (then it is traced)
         self.overlap = None       # a written tensor shares its storage with an input: eager/overlap.py
+        self.xla = None           # the XLA compiler options it was built with (eager/xla_options.py)
 
 
 class OpKernel:
@@ -219,6 +221,8 @@ class OpKernel:
         keyed_precision = self.precision_sensitive
         if keyed_precision:
             parts.append(torch.get_float32_matmul_precision())
+        if _xla_active[0]:   # torch.tpu.compiler.custom_compiler_options / allow_excess_precision
+            parts.append(_xla_active[0])
         key = tuple(parts)
         entry = self.cache.get(key)
         if entry is None:
@@ -267,7 +271,8 @@ class OpKernel:
         if entry.consts is not None:
             results = _constant(entry, scalars)
         else:
-            deferred = mode == "fused" and entry.n_results is not None
+            # (an op built with XLA options runs as in strict mode: a fused segment has one set)
+            deferred = mode == "fused" and entry.n_results is not None and entry.xla is None
             inputs = input_buffers(records, deferred)
             if self.random:
                 scalars.append(self._rng_args(args, kwargs, dev))
@@ -291,10 +296,10 @@ class OpKernel:
             gen = next((a for a in args if isinstance(a, torch.Generator)), None)
         if gen is None:
             return next_rng_args(device if device >= 0 else 0)
-        if gen.device.type != "cpu":
-            raise RuntimeError(f"aten::{self.name}: expected a 'cpu' or default generator, got {gen.device}")
-        # torch.Generator("tpu") needs a C++ hook PyTorch does not expose to Python backends; a
-        # CPU generator seeds this draw instead (reproducible, and it advances the generator).
+        if gen.device.type not in ("tpu", "cpu"):
+            raise RuntimeError(f"aten::{self.name}: expected a 'tpu' (or 'cpu') generator, got {gen.device}")
+        # a tpu generator advances like the default one; a CPU generator seeds this draw instead
+        # (reproducible, and it advances the generator): eager/random.py
         return generator_rng_args(gen)
 
     def _flatten(self, a, parts, slot_of, bufs, scalars, offsets, device, is_scalar_arg):
@@ -463,7 +468,8 @@ def _donating(entry):
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         traced = entry.traced
         # (a new function each time: JAX keys its trace cache on the function)
-        entry.fn_donating = jax.jit(lambda *dyn: traced(*dyn), donate_argnums=tuple(entry.mutated_slots))
+        entry.fn_donating = jax.jit(lambda *dyn: traced(*dyn), donate_argnums=tuple(entry.mutated_slots),
+                                    compiler_options=entry.xla)
     return entry.fn_donating
 
 

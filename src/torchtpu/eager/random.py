@@ -1,7 +1,18 @@
-"""The per-device default generator: a seed and a counter (Philox-style, like CUDA's).
+"""The device generators: a seed and a counter (Philox-style, like CUDA's).
 
-Each random op takes the next counter value; the executable derives its PRNG key from
-(seed, counter) on the device, so drawing numbers costs no extra dispatch and never recompiles.
+Each random op takes the generator's next counter value (`offset`); the executable derives its PRNG
+key from (seed, offset) on the device, so drawing numbers costs no extra dispatch and never
+recompiles.
+
+With torchtpu's C++ extension loaded (device/native.py) the state lives in C++ `GeneratorImpl`s:
+`torch.Generator("tpu")` makes one, and the default generator of each device is the one PyTorch's
+`getDefaultGenerator` returns, wrapped once as a Python `torch.Generator`
+(`torch.tpu.default_generators`). Without it, each device's default state is a `HostGenerator`
+with the same methods, so seeding and random ops work the same; only `torch.Generator("tpu")`
+and `default_generators` are missing.
+
+State layout (get_rng_state/set_rng_state, Generator.get_state/set_state): CUDA's 16 bytes, the
+seed (uint64) then the offset (int64).
 """
 from __future__ import annotations
 
@@ -11,61 +22,111 @@ import numpy as np
 import torch
 
 _DEFAULT_SEED = 67280421310721  # PyTorch's default_rng_seed_val
+_STATE_BYTES = 16
 
 
-class GeneratorState:
-    __slots__ = ("seed", "offset")
+class HostGenerator:
+    """A device's default generator state kept in Python (no C++ extension): the subset of
+    `torch.Generator`'s methods the device uses."""
 
-    def __init__(self, seed=_DEFAULT_SEED):
-        self.seed = seed
-        self.offset = 0
+    __slots__ = ("_seed", "_offset", "device")
+
+    def __init__(self, index: int):
+        self._seed = _DEFAULT_SEED
+        self._offset = 0
+        self.device = torch.device("tpu", index)
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def manual_seed(self, seed):
+        self._seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self._offset = 0
+        return self
+
+    def seed(self) -> int:
+        value = _pyrandom.getrandbits(64)
+        self.manual_seed(value)
+        return value
+
+    def get_offset(self) -> int:
+        return self._offset
+
+    def set_offset(self, offset: int):
+        self._offset = int(offset)
+        return self
+
+    def get_state(self) -> torch.Tensor:
+        raw = np.array([self._seed], np.uint64).tobytes() + np.array([self._offset], np.int64).tobytes()
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+    def set_state(self, new_state: torch.Tensor):
+        if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8 or new_state.device.type != "cpu":
+            raise TypeError("RNG state must be a torch.ByteTensor on the CPU")
+        if new_state.numel() != _STATE_BYTES:
+            raise RuntimeError(f"RNG state is wrong size: expected {_STATE_BYTES} bytes (seed, offset) for a "
+                               f"tpu generator, got {new_state.numel()}")
+        raw = new_state.contiguous().numpy().tobytes()
+        offset = int(np.frombuffer(raw[8:], np.int64)[0])
+        if offset < 0:
+            raise RuntimeError(f"RNG state has a negative offset: {offset}")
+        self._seed = int(np.frombuffer(raw[:8], np.uint64)[0])
+        self._offset = offset
+        return self
 
 
-_states: dict[int, GeneratorState] = {}
+_defaults: dict[int, object] = {}
 
 
-def state(device_index: int) -> GeneratorState:
-    s = _states.get(device_index)
-    if s is None:
-        s = _states[device_index] = GeneratorState()
-    return s
+def default(device_index: int):
+    """The default generator of tpu:device_index (a torch.Generator, or a HostGenerator)."""
+    g = _defaults.get(device_index)
+    if g is None:
+        from ..device import native
+        g = native.new_default_generator(device_index) if native.generators_available() \
+            else HostGenerator(device_index)
+        g = _defaults.setdefault(device_index, g)
+    return g
+
+
+def _draw(g):
+    """The (seed lo, seed hi, counter) of the next draw from `g`, which advances by one."""
+    seed = g.initial_seed()
+    offset = g.get_offset()
+    g.set_offset(offset + 1)
+    return np.array([seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF], dtype=np.uint32)
 
 
 def next_rng_args(device_index: int):
-    s = _states.get(device_index) or state(device_index)
-    offset = s.offset
-    s.offset += 1
-    return np.array([s.seed & 0xFFFFFFFF, s.seed >> 32, offset & 0xFFFFFFFF], dtype=np.uint32)
+    return _draw(_defaults.get(device_index) or default(device_index))
 
 
 def manual_seed(seed: int, device_index: int):
-    s = state(device_index)
-    s.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-    s.offset = 0
+    default(device_index).manual_seed(int(seed))
 
 
 def seed(device_index: int) -> int:
-    value = _pyrandom.getrandbits(63)
-    manual_seed(value, device_index)
-    return value
+    return default(device_index).seed()
 
 
 def initial_seed(device_index: int) -> int:
-    return state(device_index).seed
+    return default(device_index).initial_seed()
 
 
 def get_rng_state(device_index: int) -> torch.Tensor:
-    s = state(device_index)
-    return torch.tensor([s.seed, s.offset], dtype=torch.int64).view(torch.uint8)
+    return default(device_index).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device_index: int):
-    values = new_state.detach().cpu().contiguous().view(torch.int64)
-    s = state(device_index)
-    s.seed, s.offset = int(values[0]), int(values[1])
+    if not isinstance(new_state, torch.Tensor):
+        raise TypeError(f"expected a torch.ByteTensor as the RNG state, got {type(new_state).__name__}")
+    default(device_index).set_state(new_state.detach().to("cpu").contiguous())
 
 
 def generator_rng_args(gen: torch.Generator):
-    """(seed lo, seed hi, 0) drawn from a CPU generator, for a random op given `generator=`."""
+    """The draw of a random op given `generator=`: a tpu generator advances like the default one; a
+    CPU generator seeds this draw instead ((seed lo, seed hi, 0) from its next random number)."""
+    if gen.device.type == "tpu":
+        return _draw(gen)
     seed = int(torch.randint(0, 2**63 - 1, (1,), generator=gen))
     return np.array([seed & 0xFFFFFFFF, seed >> 32, 0], dtype=np.uint32)

@@ -1,6 +1,6 @@
-"""`torch.tpu.optimizers`: AdamW and SGD whose `step()` is ONE XLA executable for all parameters.
+"""`torch.tpu.optimizers`: AdamW, SGD and Muon whose `step()` is ONE XLA executable for all parameters.
 
-They are `torch.optim.AdamW` / `torch.optim.SGD` subclasses: same constructor, param groups,
+They are `torch.optim.AdamW` / `torch.optim.SGD` / `torch.optim.Muon` subclasses: same constructor, param groups,
 hooks, `state_dict` / `load_state_dict` (the state keys and their CPU `step` tensors are torch's),
 and the numerics of torch's single-tensor path, op by op (each torch op rounds to the parameter's
 dtype; the scalars torch computes in Python doubles are computed here in doubles too). Only `step()`
@@ -24,10 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..eager import xla_options
 from ..eager.executable import call_and_commit, input_buffers
 from ..storage.records import donatable, record_of
 
-__all__ = ["AdamW", "SGD", "Sgd"]
+__all__ = ["AdamW", "Muon", "SGD", "Sgd"]
 
 
 def _f32(x):
@@ -109,7 +110,8 @@ class _FusedStep:
             grads += [self._dense_grad(p.grad) for p in with_grad]
             states += group_states
             scalars += group_scalars
-            static += [group_static] * len(with_grad)
+            # one static signature for the group, or (a list) one per parameter
+            static += group_static if isinstance(group_static, list) else [group_static] * len(with_grad)
         if not params:
             return
         device = params[0].device
@@ -129,7 +131,7 @@ class _FusedStep:
         buffers = [b if b.committed else jax.device_put(b, place) for b in buffers]
         grad_buffers = [b if b.committed else jax.device_put(b, place) for b in grad_buffers]
         layout = tuple((tuple(p.shape), p.dtype) for p in params)
-        key = (layout, tuple(static), counts, donate, device)
+        key = (layout, tuple(static), counts, donate, device, xla_options.active())
         fn = self._executables.get(key)
         if fn is None:
             fn = self._executables[key] = self._build(tuple(static), counts, donate)
@@ -152,7 +154,7 @@ class _FusedStep:
                 new_states += s
             return tuple(new_params) + tuple(new_states)
 
-        return jax.jit(fused, donate_argnums=(0,) if donate else ())
+        return jax.jit(fused, donate_argnums=(0,) if donate else (), compiler_options=xla_options.jax_options())
 
 
 def _rounded(dtype):
@@ -288,3 +290,94 @@ class SGD(_FusedStep, torch.optim.SGD):
 
 
 Sgd = SGD   # TorchTPU's name
+
+
+def _lerp(start, end, weight, out):
+    """torch's lerp (by the side of 0.5 its weight is on), computed in float32, rounded by `out`."""
+    if weight < 0.5:
+        return out(_f32(start) + weight * (_f32(end) - _f32(start)))
+    return out(_f32(end) - (_f32(end) - _f32(start)) * (1 - weight))
+
+
+def _mm(a, b):
+    """A bfloat16 matmul as torch's CPU kernel does it: float32 accumulation."""
+    return jnp.matmul(a, b, preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
+
+
+def _newton_schulz(update, coefficients, steps, eps):
+    """torch.optim._muon._zeropower_via_newtonschulz, op by op in bfloat16 (each op rounds): the
+    orthogonalised update, and the normalised input (torch divides it in place: see Muon._update)."""
+    a, b, c = coefficients
+    bf16 = _rounded(jnp.bfloat16)
+    x = update.astype(jnp.bfloat16)
+    norm = bf16(jnp.sqrt(jnp.sum(jnp.square(_f32(x)))))
+    x = normalised = bf16(_f32(x) / _f32(jnp.maximum(norm, bf16(jnp.float32(eps)))))
+    wide = x.shape[0] > x.shape[1]
+    if wide:
+        x = x.T
+    for _ in range(steps):
+        gram = bf16(_mm(x, x.T))
+        gram_update = bf16(b * _f32(gram) + c * _mm(gram, gram))    # addmm(gram, gram, gram, beta=b, alpha=c)
+        x = bf16(a * _f32(x) + _mm(gram_update, x))                # addmm(x, gram_update, x, beta=a)
+    return (x.T if wide else x), normalised
+
+
+def _muon_lr_ratio(adjust_lr_fn, shape):
+    """torch.optim.Muon's learning-rate adjustment for an (A, B) matrix (its documented formulas)."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return math.sqrt(max(1, rows / cols))       # Keller Jordan's
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))     # Moonshot's
+    return 1.0
+
+
+class Muon(_FusedStep, torch.optim.Muon):
+    """`torch.optim.Muon` (same arguments, state_dict and numerics: momentum, Newton-Schulz
+    orthogonalisation of the 2-D update in bfloat16, decoupled weight decay, the shape-adjusted
+    learning rate), one executable per step for all parameters. TorchTPU names it
+    `torch.tpu.optimizers.Muon` too; its own is a functional (ParamGroup) optimizer."""
+
+    def _prepare(self, group, params):
+        lr = float(group["lr"])
+        momentum = float(group["momentum"])
+        wd = float(group["weight_decay"])
+        coefficients = tuple(float(v) for v in group["ns_coefficients"])
+        steps = int(group["ns_steps"])
+        if steps >= 100:
+            raise ValueError("Number of steps must be less than 100 for computational efficiency")
+        if len(coefficients) != 3:
+            raise ValueError("Coefficients must be a tuple of exactly 3 values")
+        states, scalars = [], []
+        for p in params:
+            if p.grad.ndim != 2:
+                raise ValueError("Param gradient must be a 2D matrix")
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                self._undo.append(lambda state=state: state.pop("momentum_buffer", None))
+            buf = state["momentum_buffer"]
+            self._check_param(0, buf)
+            states.append([buf])
+            adjusted = lr * _muon_lr_ratio(group["adjust_lr_fn"], p.shape)
+            scalars.append((1 - lr * wd, adjusted))
+        static = (momentum, bool(group["nesterov"]), coefficients, float(group["eps"]), steps)
+        return states, scalars, [(*static, tuple(p.shape)) for p in params]   # buffers are flat
+
+    @staticmethod
+    def _update(static, param, grad, states, scalars):
+        momentum, nesterov, coefficients, eps, steps, shape = static
+        out = _rounded(param.dtype)
+        decay_factor, adjusted_lr = scalars[0], scalars[1]
+        buf = _lerp(states[0], grad, 1 - momentum, out)
+        update = _lerp(grad, buf, momentum, out) if nesterov else buf
+        ortho, normalised = _newton_schulz(update.reshape(shape), coefficients, steps, eps)
+        if not nesterov and buf.dtype == jnp.bfloat16:
+            # torch.optim.Muon (every device): without nesterov the update *is* the momentum buffer,
+            # `.bfloat16()` of a bfloat16 tensor is that tensor, and Newton-Schulz divides it by its
+            # norm in place, so the buffer torch keeps is the normalised one. Kept for parity.
+            buf = normalised.reshape(-1)
+        update = ortho.reshape(-1)
+        param = out(_f32(param) * decay_factor)
+        param = out(_f32(param) + (-adjusted_lr) * _f32(update))
+        return param, [buf]

@@ -1,0 +1,156 @@
+// PyTorch's PrivateUse1 hooks for "tpu" in C++, with a c10 GeneratorImpl, so that
+// `torch.Generator("tpu")` and `torch.tpu.default_generators` exist. PyTorch asks these hooks for
+// new and default generators (`getNewGenerator`, `getDefaultGenerator`); the hooks object a Python
+// backend can register (torch._C._acc.PrivateUse1Hooks) forwards neither, and PyTorch accepts one
+// hooks object per process, so this one is registered *instead of* the Python one, before it
+// (device/registration.py). `isAvailable` calls back into Python (device/platform.py).
+//
+// The state is what torchtpu's eager RNG (eager/random.py) needs, as on CUDA: a 64-bit seed and a
+// counter (`offset`) that every random op advances by one; the executable derives its PRNG key from
+// (seed, offset) on the device. get_state/set_state use CUDA's 16-byte layout: seed (uint64) then
+// offset (int64), native byte order. Built at run time by torchtpu/device/native.py and loaded
+// with ctypes (plain C entry points, no pybind11).
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/GeneratorImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <array>
+#include <mutex>
+
+namespace {
+
+using c10::Device;
+using c10::DeviceIndex;
+using c10::DeviceType;
+
+constexpr uint64_t kDefaultSeed = 67280421310721ULL;  // PyTorch's default_rng_seed_val
+constexpr int64_t kStateBytes = 16;
+
+struct TpuGeneratorImpl final : public c10::GeneratorImpl {
+  explicit TpuGeneratorImpl(DeviceIndex index)
+      : c10::GeneratorImpl(Device(DeviceType::PrivateUse1, index),
+                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+  }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK(state.dtype() == caffe2::TypeMeta::Make<uint8_t>() &&
+                    state.device_type() == DeviceType::CPU,
+                "RNG state must be a torch.ByteTensor on the CPU");
+    TORCH_CHECK(state.numel() == kStateBytes, "RNG state is wrong size: expected ", kStateBytes,
+                " bytes (seed, offset) for a tpu generator, got ", state.numel());
+    TORCH_CHECK(state.is_contiguous(), "RNG state must be contiguous");
+    const char* p = static_cast<const char*>(state.data());
+    uint64_t seed;
+    int64_t offset;
+    std::memcpy(&seed, p, 8);
+    std::memcpy(&offset, p + 8, 8);
+    TORCH_CHECK(offset >= 0, "RNG state has a negative offset: ", offset);
+    seed_ = seed;
+    offset_ = static_cast<uint64_t>(offset);
+  }
+
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    c10::Storage storage(c10::Storage::use_byte_size_t(), kStateBytes, c10::GetCPUAllocator(),
+                         /*resizable=*/true);
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+        caffe2::TypeMeta::Make<uint8_t>());
+    impl->set_sizes_contiguous({kStateBytes});
+    char* p = static_cast<char*>(impl->mutable_data());
+    int64_t offset = static_cast<int64_t>(offset_);
+    std::memcpy(p, &seed_, 8);
+    std::memcpy(p + 8, &offset, 8);
+    return impl;
+  }
+
+ private:
+  TpuGeneratorImpl* clone_impl() const override {
+    auto* g = new TpuGeneratorImpl(device().index());
+    g->seed_ = seed_;
+    g->offset_ = offset_;
+    return g;
+  }
+
+  uint64_t seed_ = kDefaultSeed;
+  uint64_t offset_ = 0;
+};
+
+constexpr int kMaxDevices = 64;
+thread_local int t_hand_out_default = 0;  // see torchtpu_next_new_is_default
+
+DeviceIndex resolve(DeviceIndex index) {
+  if (index < 0) {  // "tpu" without an index: the current device, as CUDA does
+    index = c10::impl::getDeviceGuardImpl(DeviceType::PrivateUse1)->getDevice().index();
+    if (index < 0) index = 0;
+  }
+  TORCH_CHECK(index < kMaxDevices, "tpu device index ", static_cast<int>(index), " is out of range");
+  return index;
+}
+
+using AvailableFn = int (*)();
+
+struct TpuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return is_available_ != nullptr && is_available_() != 0; }
+  bool hasPrimaryContext(DeviceIndex) const override { return true; }
+  void init() const override {}
+
+  const at::Generator& getDefaultGenerator(DeviceIndex index) const override {
+    index = resolve(index);
+    std::call_once(default_once_[index], [&] {
+      defaults_[index] = at::make_generator<TpuGeneratorImpl>(index);
+    });
+    return defaults_[index];
+  }
+
+  at::Generator getNewGenerator(DeviceIndex index) const override {
+    index = resolve(index);
+    if (t_hand_out_default) {  // torchtpu's Python side wraps the default generator itself
+      t_hand_out_default = 0;
+      return getDefaultGenerator(index);
+    }
+    return at::make_generator<TpuGeneratorImpl>(index);
+  }
+
+  AvailableFn is_available_ = nullptr;
+
+ private:
+  mutable std::array<at::Generator, kMaxDevices> defaults_;
+  mutable std::array<std::once_flag, kMaxDevices> default_once_;
+};
+
+TpuHooks* g_hooks = nullptr;
+
+}  // namespace
+
+extern "C" {
+int torchtpu_hooks_abi() { return 1; }
+// 1: registered; 0: PyTorch already had PrivateUse1 hooks (registered once per process).
+int torchtpu_register_hooks(AvailableFn is_available) {
+  if (at::isPrivateUse1HooksRegistered()) return 0;
+  g_hooks = new TpuHooks();  // lives as long as the process, as PyTorch expects
+  g_hooks->is_available_ = is_available;
+  at::RegisterPrivateUse1HooksInterface(g_hooks);
+  return 1;
+}
+// With on = 1, the next getNewGenerator on this thread returns the default generator of its device,
+// so that `torch.Generator("tpu:i")` right after this call is a Python object over it; 0 clears it.
+void torchtpu_next_new_is_default(int on) { t_hand_out_default = on; }
+}

@@ -1,0 +1,131 @@
+"""XLA compiler options of the executables built from now on (eager ops, compiled graphs, the fused
+optimizers): `torch.tpu.compiler.custom_compiler_options` (a context) and
+`torch.tpu.allow_excess_precision` (a process-wide setting) both land here.
+
+The options in force are one sorted tuple (`active()`, () when none): every executable cache that
+honours them keys on it, so entering a context builds (or finds) executables compiled with those
+options and leaving it finds the old ones again; nothing is recompiled in place. `jax_options()` is
+the same as the dict JAX's `jax.jit(..., compiler_options=)` / `Lowered.compile()` take.
+
+Names: any field of XLA's DebugOptions (`xla_*`, as in XLA_FLAGS without the dashes), plus
+TorchTPU's `xla_optimization_level` and `xla_memory_fitting_level` ('O0'..'O3', XLA's EffortLevel),
+which are ExecutableBuildOptions and go to JAX as `optimization_level` / `memory_fitting_level`
+(JAX's own spellings, and `exec_time_optimization_effort` / `memory_fitting_effort` (floats in
+[-1, 1]), are accepted too). Values: strings as XLA parses them ('true'/'false' in any case are
+booleans), or Python bools, ints and floats. A new set of options is checked once by compiling a
+trivial function, so a misspelled name raises at the `with` line, naming it.
+
+The state is process-wide (like torch.set_float32_matmul_precision), not per thread.
+"""
+from __future__ import annotations
+
+_active = [()]     # the options in force: sorted ((name, value), ...); part of cache keys
+_jax = [None]      # the same as JAX's compiler_options dict, or None when there are none
+_base: dict = {}   # process-wide settings (allow_excess_precision)
+_stack: list = []  # the custom_compiler_options contexts, innermost last
+_checked: set = set()
+
+_LEVELS = {"O0": 9, "O1": 19, "O2": 29, "O3": 39}   # XLA's EffortLevel values
+_BUILD_LEVELS = {"xla_optimization_level": "optimization_level",
+                 "xla_memory_fitting_level": "memory_fitting_level",
+                 "optimization_level": "optimization_level",
+                 "memory_fitting_level": "memory_fitting_level"}
+_BUILD_EFFORTS = ("exec_time_optimization_effort", "memory_fitting_effort")
+
+
+def active() -> tuple:
+    return _active[0]
+
+
+def jax_options():
+    return _jax[0]
+
+
+def normalize(options, where="torch.tpu.compiler.custom_compiler_options") -> dict:
+    """The options as JAX takes them; a clear error for a malformed name or value."""
+    if not isinstance(options, dict):
+        raise TypeError(f"{where}: expected a dict of XLA option names to values, got {type(options).__name__}")
+    out = {}
+    for name, value in options.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{where}: option names are strings, got {name!r}")
+        if name in _BUILD_LEVELS:
+            level = value.upper() if isinstance(value, str) else value
+            if level not in _LEVELS:
+                raise ValueError(f"{where}: {name} must be one of 'O0', 'O1', 'O2', 'O3', got {value!r}")
+            out[_BUILD_LEVELS[name]] = _LEVELS[level]
+            continue
+        if name in _BUILD_EFFORTS:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise TypeError(f"{where}: {name} must be a float in [-1, 1], got {value!r}")
+            try:
+                effort = float(value)
+            except ValueError:
+                raise ValueError(f"{where}: {name} must be a float in [-1, 1], got {value!r}") from None
+            if not -1.0 <= effort <= 1.0:
+                raise ValueError(f"{where}: {name} must be a float in [-1, 1], got {value!r}")
+            out[name] = effort
+            continue
+        if not name.startswith("xla_"):
+            raise ValueError(f"{where}: unknown option {name!r}: XLA's options are DebugOptions fields named "
+                             "xla_* (as in XLA_FLAGS, without the dashes), or xla_optimization_level / "
+                             "xla_memory_fitting_level")
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        elif not isinstance(value, (str, bool, int, float)):
+            raise TypeError(f"{where}: the value of {name} must be a string, bool, int or float, got {value!r}")
+        out[name] = value
+    return out
+
+
+def _check(options: dict, where: str):
+    """Compile a trivial function with these options once: XLA names a bad option or value."""
+    key = tuple(sorted(options.items()))
+    if not options or key in _checked:
+        return
+    import jax
+    import numpy as np
+    probe = {k: v for k, v in options.items() if not k.startswith("xla_dump")}  # no stray dumps
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=probe or None).lower(np.float32(0)).compile()
+    except Exception as e:  # noqa: BLE001 - JaxRuntimeError: INVALID_ARGUMENT: No such compile option
+        raise ValueError(f"{where}: XLA rejected {options}: {e}") from None
+    _checked.add(key)
+
+
+def _refresh():
+    merged = dict(_base)
+    for layer in _stack:
+        merged.update(layer)
+    _active[0] = tuple(sorted(merged.items()))
+    _jax[0] = merged or None
+
+
+def push(options: dict, where="torch.tpu.compiler.custom_compiler_options") -> dict:
+    """Enter a context of options (merged over the outer ones, the inner ones winning)."""
+    layer = normalize(options, where)
+    _check(layer, where)
+    _stack.append(layer)
+    _refresh()
+    return layer
+
+
+def pop(layer: dict):
+    for i in range(len(_stack) - 1, -1, -1):
+        if _stack[i] is layer:
+            del _stack[i]
+            break
+    _refresh()
+
+
+def set_base(name: str, value):
+    """A process-wide option (None removes it)."""
+    if value is None:
+        _base.pop(name, None)
+    else:
+        _base[name] = value
+    _refresh()
+
+
+def base(name: str):
+    return _base.get(name)
