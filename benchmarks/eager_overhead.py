@@ -3,7 +3,9 @@
     python benchmarks/eager_overhead.py [--iters 2000]
 
 Each figure is the median over several timed batches of `iters` calls, synchronised at the end
-of each batch (JAX dispatch is asynchronous). Machines are noisy: compare the ratios.
+of each batch (JAX dispatch is asynchronous). "tpu" runs each op in the strict eager mode (one
+executable per op) and in the fused mode (ops queued and run as compiled segments; TorchTPU's
+DEFER_AND_FUSE). Machines are noisy: compare the ratios.
 """
 from __future__ import annotations
 
@@ -18,16 +20,21 @@ import torch.nn.functional as F
 
 
 def timed(fn, sync, iters, repeats=7):
+    """Median µs per call; every result is kept until the batch's sync, so none is dead code (the
+    fused mode skips ops whose results nobody can read, and XLA would drop them from a segment)."""
     for _ in range(50):
         fn()
     sync()
     samples = []
     for _ in range(repeats):
+        kept = []
+        keep = kept.append
         start = time.perf_counter()
         for _ in range(iters):
-            fn()
+            keep(fn())
         sync()
         samples.append((time.perf_counter() - start) / iters * 1e6)
+        del kept
     return statistics.median(samples)
 
 
@@ -46,6 +53,7 @@ def main():
 
     def jax_inplace():
         box["j"] = box["j"].at[:, 4:12].add(b_j[:, :8])
+        return box["j"]
 
     def no_sync():
         pass
@@ -63,6 +71,7 @@ def main():
 
     def jit_inplace():
         box["j"] = jit_inplace_fn(box["j"], b_j)
+        return box["j"]
 
     # (tpu, raw JAX eager, one precompiled jax.jit call, torch CPU)
     cases = {
@@ -77,15 +86,18 @@ def main():
     }
     print(f"torch {torch.__version__}, jax {jax.__version__}, XLA platform {torch.tpu.platform()}, "
           f"{n} calls per batch, median of 7 batches (us per call)")
-    print(f"{'op':24s} {'tpu':>8s} {'JAX eager':>10s} {'JAX jit':>8s} {'torch CPU':>10s} "
-          f"{'tpu/JAX eager':>14s} {'tpu/JAX jit':>12s} {'tpu/CPU':>8s}")
+    print(f"{'op':24s} {'tpu':>8s} {'tpu fused':>10s} {'JAX eager':>10s} {'JAX jit':>8s} {'torch CPU':>10s} "
+          f"{'tpu/JAX eager':>14s} {'fused/JAX eager':>16s} {'tpu/JAX jit':>12s} {'tpu/CPU':>8s}")
     for name, (tpu_fn, jax_fn, jit_fn, cpu_fn) in cases.items():
-        t_tpu = timed(tpu_fn, tpu_sync, n)
+        with torch.tpu.set_eager_mode("strict"):
+            t_tpu = timed(tpu_fn, tpu_sync, n)
+        with torch.tpu.set_eager_mode("fused"):
+            t_fused = timed(tpu_fn, tpu_sync, n)
         t_jax = timed(jax_fn, jax_sync, n)
         t_jit = timed(jit_fn, jax_sync, n)
         t_cpu = timed(cpu_fn, no_sync, n)
-        print(f"{name:24s} {t_tpu:8.1f} {t_jax:10.1f} {t_jit:8.1f} {t_cpu:10.1f} "
-              f"{t_tpu / t_jax:14.2f} {t_tpu / t_jit:12.2f} {t_tpu / t_cpu:8.2f}")
+        print(f"{name:24s} {t_tpu:8.1f} {t_fused:10.1f} {t_jax:10.1f} {t_jit:8.1f} {t_cpu:10.1f} "
+              f"{t_tpu / t_jax:14.2f} {t_fused / t_jax:16.2f} {t_tpu / t_jit:12.2f} {t_tpu / t_cpu:8.2f}")
 
 
 if __name__ == "__main__":
