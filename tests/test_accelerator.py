@@ -74,3 +74,21 @@ def test_device_index_follows_set_device():
     with pytest.raises(RuntimeError, match="Invalid device index"):
         torch.accelerator.set_device_index(torch.tpu.device_count())
     assert torch.get_device_module("tpu") is torch.tpu
+
+
+def test_dynamo_device_interface_is_the_runtime():
+    """Dynamo/Inductor look devices up here (streams, events, properties, dtype support); torch's
+    own TpuInterface, written for Google's torch_tpu package, reports "tpu" unavailable."""
+    from torch._dynamo.device_interface import get_interface_for_device
+    interface = get_interface_for_device(torch.device("tpu"))
+    assert interface.is_available()
+    assert interface.device_count() == torch.tpu.device_count()
+    assert interface.current_device() == torch.tpu.current_device()
+    assert issubclass(interface.Stream, torch.Stream) and issubclass(interface.Event, torch.Event)
+    assert interface.current_stream().device.type == "tpu"
+    assert interface.get_device_properties().multi_processor_count >= 1
+    assert interface.is_dtype_supported(torch.bfloat16) and not interface.is_dtype_supported(torch.complex32)
+    if torch.tpu.platform() != "tpu":
+        assert interface.is_dtype_supported(torch.float64)
+    assert interface.exchange_device(0) == torch.tpu.current_device()
+    interface.synchronize()

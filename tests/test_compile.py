@@ -1,5 +1,6 @@
 """torch.compile(backend="tpu"): compiled vs eager-on-device vs CPU, caching, mutations, training."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -446,3 +447,24 @@ def test_dynamic_int_that_an_op_needs_static_is_baked_in():
         s_cpu, s_tpu = _Counter(0), _Counter(0)
         for _ in range(4):
             torch.testing.assert_close(step(x.to("tpu"), s_tpu).cpu(), _narrow_step(x, s_cpu))
+
+
+def test_activation_checkpoint_with_dropout_replays_the_same_draw():
+    """torch.utils.checkpoint under torch.compile: AOTAutograd saves the RNG state of a random op
+    (run_and_save_rng_state) and the backward recomputes it with that state (run_with_rng_state);
+    both must be lowered, and the backward must see the forward's dropout mask."""
+    from torch.utils.checkpoint import checkpoint
+    p = 0.5
+    w = torch.randn(256, device="tpu", requires_grad=True)
+    x, c = torch.randn(256, device="tpu"), torch.randn(256, device="tpu")
+
+    def f(x):
+        return checkpoint(lambda y: F.dropout(y * w, p, training=True), x, use_reentrant=False)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="torchtpu")
+        out = torch.compile(f, backend="tpu", fullgraph=True)(x)
+        (out * c).sum().backward()
+    kept = (out != 0).float()
+    assert 0 < kept.sum() < 256
+    torch.testing.assert_close(w.grad.cpu(), (c * x * kept / (1 - p)).cpu())

@@ -44,6 +44,12 @@ def install_hooks():
     _installed[0] = True
     when_imported("torch._dynamo.backends.registry", _on_registry)
     when_imported("torch._dynamo.trace_rules", _on_trace_rules)
+    when_imported("torch._dynamo.device_interface", _on_device_interface)
+
+
+def _on_device_interface(module):
+    from .device_interface import register as register_device_interface
+    register_device_interface(module)
 
 
 def register():

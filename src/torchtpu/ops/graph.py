@@ -523,6 +523,23 @@ def _sym_function(target):
     return sym
 
 
+def _rng_state_step(node):
+    """(kind, lowering) of the RNG higher-order ops AOTAutograd emits for activation checkpointing
+    (torch.utils.checkpoint recomputes a random op in the backward with the forward's draw), or the
+    reason it cannot be lowered. The saved state is the op's JAX key data, so the replay draws the
+    same numbers from the same key."""
+    name = getattr(node.target, "__name__", str(node.target))
+    kinds = {"run_and_save_rng_state": ("rng_save", 0), "run_with_rng_state": ("rng_replay", 1)}
+    if name not in kinds:
+        return f"torchtpu: higher-order op {name} is not supported in compiled graphs yet"
+    kind, op_position = kinds[name]
+    op = node.args[op_position]
+    low = LOWERINGS.get(node_op_name(op)) if isinstance(op, torch._ops.OpOverload) else None
+    if low is None or not low.random:
+        return f"torchtpu: {name} of {op} is not supported in compiled graphs (no random lowering)"
+    return kind, low
+
+
 class GraphProgram:
     """A planned FX graph: `run(inputs, key)` evaluates it on JAX values (inside a trace).
 
@@ -609,8 +626,14 @@ class GraphProgram:
                 s.kind = "getitem"
                 s.fn = None
             elif isinstance(target, torch._ops.HigherOrderOperator):
-                unsupported.append(f"torchtpu: higher-order op {target} is not supported in compiled graphs yet")
-                continue
+                rng = _rng_state_step(node)
+                if isinstance(rng, str):
+                    unsupported.append(rng)
+                    continue
+                s.kind, s.fn = rng
+                if s.kind == "rng_save":
+                    s.random_index = n_random
+                    n_random += 1
             elif callable(target) and getattr(target, "__module__", "") in ("_operator", "operator", "math",
                                                                                "builtins"):
                 s.kind = "python"
@@ -681,6 +704,11 @@ class GraphProgram:
                         env[target_node] = out
                         if target_node in self.ph_index:
                             mutations[self.ph_index[target_node]] = out
+            elif kind == "rng_save":     # run_and_save_rng_state(op, *args): (state, op's value)
+                op_key = jax.random.fold_in(key, s.random_index)
+                out = (jax.random.key_data(op_key), apply(s.fn, args[1:], dict(kwargs, key=op_key)))
+            elif kind == "rng_replay":   # run_with_rng_state(state, op, *args): op's value again
+                out = apply(s.fn, args[2:], dict(kwargs, key=jax.random.wrap_key_data(args[0])))
             elif kind == "getitem":
                 out = args[0][args[1]]
             elif kind == "copy_":
