@@ -73,6 +73,46 @@ def addr(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, jnp.outer(a, b), beta, alpha)
 
 
+def ragged_dot(a, b, sizes, **kw):
+    """`lax.ragged_dot(a, b, sizes)`: rows of `a` (m, k) in consecutive groups of `sizes` (g,), each
+    multiplied by its own `b[i]` (k, n); rows past the groups are zero. TPUs have a ragged-dot unit;
+    XLA:CPU and XLA:GPU expand it to every group over every row (g times the work: 100x slower on a
+    Mixture-of-Experts decode step), so there the rows go through in tiles of one group each."""
+    from ..device.platform import platform
+    if platform() == "tpu" or b.shape[0] == 1:
+        return lax.ragged_dot(a, b, sizes, **kw)
+    return _ragged_dot_tiled(a, b, sizes, **kw)
+
+
+def _ragged_dot_tiled(a, b, sizes, preferred_element_type=None, precision=None):
+    """Static shapes whatever the routing: with tiles of `t` rows, group i needs ceil(sizes[i] / t)
+    tiles, so ceil(m / t) + g tiles always suffice; a scan multiplies each tile by its group's matrix
+    (rows beyond the group masked) and adds it into its rows. Work: m + g * t rows instead of m * g."""
+    m, g = a.shape[0], b.shape[0]
+    t = min(128, max(8, 1 << max(0, (m // g - 1)).bit_length()))
+    sizes = sizes.astype(jnp.int32)
+    tiles = (sizes + t - 1) // t
+    tiles_end = jnp.cumsum(tiles)
+    first_row = jnp.cumsum(sizes) - sizes
+    tile = jnp.arange(-(-m // t) + g, dtype=jnp.int32)
+    group = jnp.minimum(jnp.searchsorted(tiles_end, tile, side="right"), g - 1).astype(jnp.int32)
+    within = tile - (tiles_end[group] - tiles[group])
+    row = first_row[group] + within * t
+    rows_used = jnp.where(tile < tiles_end[-1], jnp.clip(sizes[group] - within * t, 0, t), 0)
+    acc = preferred_element_type or a.dtype
+    padded = jnp.concatenate([a, jnp.zeros((t, a.shape[1]), a.dtype)])
+
+    def add_tile(out, step):
+        i, r, used = step
+        y = jnp.dot(lax.dynamic_slice_in_dim(padded, r, t), b[i], precision=precision,
+                    preferred_element_type=acc)
+        y = jnp.where((jnp.arange(t) < used)[:, None], y, jnp.zeros((), y.dtype))
+        return lax.dynamic_update_slice_in_dim(out, lax.dynamic_slice_in_dim(out, r, t) + y, r, 0), None
+
+    out, _ = lax.scan(add_tile, jnp.zeros((m + t, b.shape[2]), acc), (group, row, rows_used))
+    return out[:m]
+
+
 @lowering("_grouped_mm")
 def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     """Mixture-of-experts matmuls with static shapes: `offs` (cumulative group ends, on the device)
@@ -89,7 +129,7 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
         return matmul(a, b).astype(dtype)
     sizes = jnp.diff(offs.astype(jnp.int32), prepend=0)
     if a.ndim == 2 and b.ndim == 3:
-        out = lax.ragged_dot(a, b, sizes, **kw)
+        out = ragged_dot(a, b, sizes, **kw)
     elif a.ndim == 3 and b.ndim == 2:
         out = lax.ragged_dot(b.T, jnp.swapaxes(a, 1, 2), sizes, **kw).T
     else:
