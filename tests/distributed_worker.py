@@ -436,6 +436,23 @@ def compiled_collectives():
             assert_close(g_, w_.to(dtype), **tol(dtype), msg=f"output {i} {dtype} vs CPU")
             assert_close(g_, e_, **tol(dtype), msg=f"output {i} {dtype} vs eager")
 
+    # all_to_all_single with uneven splits (graph constants): rank r sends r + j + 1 rows to rank j
+    def a2a(t, out_splits, in_splits):
+        return funcol.all_to_all_single(t, out_splits, in_splits, W) * 1
+    ca2a = torch.compile(a2a, backend="tpu", fullgraph=True)
+    ins = [[r + j + 1 for j in range(WORLD)] for r in range(WORLD)]
+    for dtype in (torch.float32,):   # it moves rows: the dtype does not matter (bits, as above)
+        xs = [make(r, (sum(ins[r]), 2), dtype, salt=3) for r in range(WORLD)]
+        want = torch.cat([xs[j][sum(ins[j][:RANK]):sum(ins[j][:RANK + 1])] for j in range(WORLD)])
+        outs_ = [ins[j][RANK] for j in range(WORLD)]
+        x = xs[RANK].to("tpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ca2a(x, outs_, ins[RANK])
+        got = _one_executable(ca2a, x, outs_, ins[RANK]).cpu()
+        assert_close(got, want, msg=f"uneven all_to_all_single {dtype}")
+        assert_close(got, a2a(x, outs_, ins[RANK]).cpu(), msg=f"uneven all_to_all_single {dtype} vs eager")
+
     # no graph break, one graph
     x = make(RANK, (4, 3), torch.float32).to("tpu")
     explained = torch._dynamo.explain(f)(x, make(RANK, (5,), torch.float32).to("tpu"))

@@ -22,9 +22,12 @@ of the mesh through the c10d store, so a rank that traced something else raises 
 instead of hanging XLA; on XLA:CPU the run goes through the collective thread with the group's
 timeout, as eager collectives do (collectives.call_bounded).
 
+all_to_all_single with uneven splits (constants of the graph) pads every block to one size the
+group's ranks agree on when the executable is built (one eager all-reduce MAX), exchanges, unpads.
+
 What falls back to the op-by-op eager graph (with the compile layer's warning): a group whose
-backend is not tpu_dist, groups that are not the axes of one mesh, all_to_all_single with uneven
-splits, unsupported reduce ops.
+backend is not tpu_dist, groups that are not the axes of one mesh, all_to_all_single with
+data-dependent splits, unsupported reduce ops.
 """
 from __future__ import annotations
 
@@ -71,6 +74,7 @@ def place(gm):
         return None
     _install_lowerings()
     names = []
+    uneven = {}   # group name -> the largest block (rows) of its uneven all_to_all_singles here
     for n in nodes:
         short = n.target._schema.name.split("::")[1]
         if short not in _LOWERINGS:
@@ -81,12 +85,15 @@ def place(gm):
             raise NotLowered(f"torchtpu.distributed: reduce op {op!r} of {n.target} is not supported on tpu")
         if short == "all_to_all_single":
             splits = list(args["output_split_sizes"] or []) + list(args["input_split_sizes"] or [])
-            if any(not isinstance(s, int) for s in splits) or len(set(splits)) > 1:
-                raise NotLowered("torchtpu.distributed: all_to_all_single with uneven (or symbolic) splits is "
-                                 "not lowered into compiled graphs yet")
+            if any(type(s) is not int for s in splits):
+                raise NotLowered("torchtpu.distributed: all_to_all_single with data-dependent (symbolic) splits "
+                                 "cannot be one static XLA program")
+            if len(set(splits)) > 1:
+                name = args["group_name"]
+                uneven[name] = max(uneven.get(name, 0), *splits)
         if "group_name" in args and args["group_name"] not in names:
             names.append(args["group_name"])
-    return Placement(names)
+    return Placement(names, uneven)
 
 
 def _named_args(node):
@@ -114,7 +121,9 @@ def _tpu_group(name):
 class Placement:
     """A graph's process mesh: group name -> (mesh axis, group size); compiles the SPMD executable."""
 
-    def __init__(self, group_names):
+    def __init__(self, group_names, uneven=None):
+        self.uneven = dict(uneven or {})
+        self.blocks = {}     # group name -> padded block (rows) of its uneven all_to_alls, per build
         self.groups = {}     # group name -> (axis name, size)
         self.backends = []   # one TpuProcessGroup per distinct group: signature checks, timeouts
         lines = []           # distinct groups' global ranks, in group-rank order
@@ -161,6 +170,7 @@ class Placement:
         global_sample = [jax.ShapeDtypeStruct((G * shp[0],) + shp[1:], s.dtype, sharding=sharding,
                                               weak_type=getattr(s, "weak_type", False))
                          for s, shp in zip(sample, local_shapes)]
+        self.blocks = {name: self._agreed_block(name, rows) for name, rows in self.uneven.items()}
         _tracing.plan, _tracing.log = self, []
         try:
             lowered = jax.jit(fn).lower(*global_sample)
@@ -188,6 +198,15 @@ class Placement:
             return [o.addressable_data(0).reshape(()) if sc else o.addressable_data(0)
                     for o, sc in zip(outs, scalar_out)]
         return call, lowered
+
+    def _agreed_block(self, name, rows):
+        """The block size (rows) every rank of group `name` pads its uneven all_to_all blocks to: the
+        largest block of any rank (one eager all-reduce MAX at build time, as all ranks build the
+        graph together), rounded up to a power of two so that changing splits rarely recompile."""
+        _, backend = _tpu_group(name)
+        local = jax.device_put(np.array([rows], np.int64), self.local_device)
+        m = int(np.asarray(backend._run("all_reduce", ("MAX",), local, torch.int64))[0])
+        return 1 << max(m - 1, 0).bit_length()
 
     def _agree(self, traced_collectives):
         """Every rank of every group must have traced the same collectives on the same mesh."""
@@ -273,9 +292,32 @@ def _reduce_scatter(val, x, reduce_op, group_size, group_name):
 
 
 def _all_to_all(val, x, output_split_sizes, input_split_sizes, group_name):
-    axis, size = _group(group_name, "all_to_all", x)
-    # even splits (place() sends the uneven ones to the eager graph): block j of dim 0 goes to rank j
-    return collectives._body("all_to_all", (), size, axis)(x.reshape(-1)).reshape(x.shape)
+    plan = _tracing.plan
+    size = plan.axis(group_name)[1] if plan is not None else 1
+    rows_in = list(input_split_sizes) or [x.shape[0] // size] * size
+    rows_out = list(output_split_sizes) or [val.shape[0] // size] * size
+    if len(set(rows_in + rows_out)) <= 1:
+        # even splits: block j of dim 0 goes to rank j
+        axis, size = _group(group_name, "all_to_all", x)
+        return collectives._body("all_to_all", (), size, axis)(x.reshape(-1)).reshape(x.shape)
+    # uneven: pad every block to the group's agreed block size m, exchange, drop the padding (the
+    # split sizes are constants of the graph, so the packing and unpacking are static gathers)
+    m = plan.blocks[group_name]
+    rest = tuple(x.shape[1:])
+    src = np.full(size * m, -1, np.int64)
+    start = 0
+    for j, c in enumerate(rows_in):
+        src[j * m: j * m + c] = np.arange(start, start + c)
+        start += c
+    if x.shape[0]:
+        valid = jnp.asarray(src >= 0).reshape((-1,) + (1,) * len(rest))
+        packed = jnp.where(valid, x[np.clip(src, 0, x.shape[0] - 1)], jnp.zeros((), x.dtype))
+    else:
+        packed = jnp.zeros((size * m,) + rest, x.dtype)
+    axis, size = _group(group_name, "all_to_all", packed)
+    got = collectives._body("all_to_all", (), size, axis)(packed.reshape(-1)).reshape((size * m,) + rest)
+    dst = np.concatenate([np.arange(j * m, j * m + c) for j, c in enumerate(rows_out)] + [np.zeros(0, np.int64)])
+    return got[dst.astype(np.int64)]
 
 
 def _broadcast(val, x, src, group_name):
