@@ -140,7 +140,8 @@ class Placement:
         self.grid, self.axis_names = _mesh_grid(lines)
         self.mesh = Mesh(np.vectorize(collectives.device_of_process, otypes=[object])(self.grid), self.axis_names)
         self.size = self.grid.size
-        self.timeout_s = max(b._timeout_s for b in self.backends)
+        # a world of one has no peer to wait for: no hand-off to the collective thread
+        self.timeout_s = max(b._timeout_s for b in self.backends) if self.grid.size > 1 else 0.0
         self.local_device = collectives.device_of_process(jax.process_index())
 
     def axis(self, group_name):
