@@ -401,7 +401,7 @@ def _one_executable(fn, *args):
 def compiled_collectives():
     """Functional collectives under torch.compile(backend="tpu", fullgraph=True) lower into ONE
     executable (an SPMD program over the process mesh): same values as eager and the CPU, no graph
-    break, no eager collective, no fallback; DTensor Colwise/Rowwise compiled matches one process."""
+    break, no eager collective, no fallback; a mismatch across ranks raises."""
     import warnings
 
     import torch.distributed._functional_collectives as funcol
@@ -458,7 +458,28 @@ def compiled_collectives():
     explained = torch._dynamo.explain(f)(x, make(RANK, (5,), torch.float32).to("tpu"))
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained
 
-    # DTensor: ColwiseParallel then RowwiseParallel, compiled with fullgraph: one executable
+    # a rank that traced different collectives raises a clear error instead of hanging XLA
+    @torch.compile(backend="tpu", fullgraph=True)
+    def g(t):
+        return funcol.all_reduce(t, "sum", W)
+    try:
+        g(torch.ones(3 + RANK, device="tpu"))
+    except RuntimeError as e:
+        assert "mismatched collective" in str(e), e
+    else:
+        raise AssertionError("a mismatched compiled collective did not raise")
+    dist.destroy_process_group()
+
+
+@scenario
+def compiled_dtensor():
+    """DTensor ColwiseParallel then RowwiseParallel, compiled with fullgraph: the inference graph is
+    one executable with its all_reduce inside; training (forward and backward graphs, each with a
+    collective) matches one process."""
+    import warnings
+
+    from torchtpu.distributed import compiled
+    dist.init_process_group()
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     mesh = init_device_mesh("tpu", (WORLD,))
@@ -475,24 +496,20 @@ def compiled_collectives():
         out = _one_executable(ctp, x.to("tpu"))
         assert_close(out.cpu(), reference(x), rtol=1e-5, atol=1e-5)
     before = compiled.compiles()
-    out = ctp(x.to("tpu"))           # training: forward graph with the collective, backward too
-    out.sum().backward()
-    reference(x).sum().backward()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*runs in eager mode")   # the op-by-op fallback
+        # training: the forward graph has the all_reduce, the backward one too (the input's gradient
+        # is the sum of the ranks' partial ones, ColwiseParallel's replicated input)
+        xt = x.to("tpu").requires_grad_()
+        out = ctp(xt)
+        out.sum().backward()
+    assert compiled.compiles() == before + 2, (before, compiled.compiles())
+    xr = x.clone().requires_grad_()
+    reference(xr).sum().backward()
+    assert_close(xt.grad.cpu(), xr.grad, rtol=1e-5, atol=1e-5)
     assert_close(out.detach().cpu(), reference(x).detach(), rtol=1e-5, atol=1e-5)
     assert_close(tp[0].weight.grad.full_tensor().cpu(), reference[0].weight.grad, rtol=1e-5, atol=1e-5)
     assert_close(tp[2].weight.grad.full_tensor().cpu(), reference[2].weight.grad, rtol=1e-5, atol=1e-5)
-    assert compiled.compiles() > before, compiled.compiles()
-
-    # a rank that traced different collectives raises a clear error instead of hanging XLA
-    @torch.compile(backend="tpu", fullgraph=True)
-    def g(t):
-        return funcol.all_reduce(t, "sum", W)
-    try:
-        g(torch.ones(3 + RANK, device="tpu"))
-    except RuntimeError as e:
-        assert "mismatched collective" in str(e), e
-    else:
-        raise AssertionError("a mismatched compiled collective did not raise")
     dist.destroy_process_group()
 
 
