@@ -26,8 +26,8 @@ all_to_all_single with uneven splits (constants of the graph) pads every block t
 group's ranks agree on when the executable is built (one eager all-reduce MAX), exchanges, unpads.
 
 What falls back to the op-by-op eager graph (with the compile layer's warning): a group whose
-backend is not tpu_dist, groups that are not the axes of one mesh, all_to_all_single with
-data-dependent splits, unsupported reduce ops.
+backend is not tpu_dist, groups that are not the axes of one mesh, unsupported reduce ops.
+all_to_all_single with symbolic splits raises (a data-dependent shape, as elsewhere in compile).
 """
 from __future__ import annotations
 
