@@ -436,11 +436,12 @@ def compiled_collectives():
             assert_close(g_, w_.to(dtype), **tol(dtype), msg=f"output {i} {dtype} vs CPU")
             assert_close(g_, e_, **tol(dtype), msg=f"output {i} {dtype} vs eager")
 
-    # all_to_all_single with uneven splits (graph constants): rank r sends r + j + 1 rows to rank j
+    # all_to_all_single with uneven splits (graph constants): rank r sends 2 + (r * j) % 3 rows to
+    # rank j, so rank 0's splits are even and rank 1's are not (both must exchange one block size)
     def a2a(t, out_splits, in_splits):
         return funcol.all_to_all_single(t, out_splits, in_splits, W) * 1
     ca2a = torch.compile(a2a, backend="tpu", fullgraph=True)
-    ins = [[r + j + 1 for j in range(WORLD)] for r in range(WORLD)]
+    ins = [[2 + (r * j) % 3 for j in range(WORLD)] for r in range(WORLD)]
     for dtype in (torch.float32,):   # it moves rows: the dtype does not matter (bits, as above)
         xs = [make(r, (sum(ins[r]), 2), dtype, salt=3) for r in range(WORLD)]
         want = torch.cat([xs[j][sum(ins[j][:RANK]):sum(ins[j][:RANK + 1])] for j in range(WORLD)])

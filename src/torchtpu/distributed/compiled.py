@@ -22,8 +22,10 @@ of the mesh through the c10d store, so a rank that traced something else raises 
 instead of hanging XLA; on XLA:CPU the run goes through the collective thread with the group's
 timeout, as eager collectives do (collectives.call_bounded).
 
-all_to_all_single with uneven splits (constants of the graph) pads every block to one size the
-group's ranks agree on when the executable is built (one eager all-reduce MAX), exchanges, unpads.
+all_to_all_single with split sizes (constants of the graph; one rank's may be even while another's
+are not) pads every block to one size the group's ranks agree on when the executable is built (one
+eager all-reduce MAX), exchanges, unpads; where this rank's blocks already have that size it
+exchanges them as they are.
 
 What falls back to the op-by-op eager graph (with the compile layer's warning): a group whose
 backend is not tpu_dist, groups that are not the axes of one mesh, unsupported reduce ops.
@@ -74,7 +76,7 @@ def place(gm):
         return None
     _install_lowerings()
     names = []
-    uneven = {}   # group name -> the largest block (rows) of its uneven all_to_all_singles here
+    blocks = {}   # group name -> the largest block (rows) of its all_to_all_singles with given splits
     for n in nodes:
         short = n.target._schema.name.split("::")[1]
         if short not in _LOWERINGS:
@@ -88,12 +90,12 @@ def place(gm):
             if any(type(s) is not int for s in splits):
                 raise NotLowered("torchtpu.distributed: all_to_all_single with data-dependent (symbolic) splits "
                                  "cannot be one static XLA program")
-            if len(set(splits)) > 1:
+            if splits:   # this rank's splits may be even while another's are not: all ranks agree (Placement)
                 name = args["group_name"]
-                uneven[name] = max(uneven.get(name, 0), *splits)
+                blocks[name] = max(blocks.get(name, 0), *splits)
         if "group_name" in args and args["group_name"] not in names:
             names.append(args["group_name"])
-    return Placement(names, uneven)
+    return Placement(names, blocks)
 
 
 def _named_args(node):
@@ -121,9 +123,9 @@ def _tpu_group(name):
 class Placement:
     """A graph's process mesh: group name -> (mesh axis, group size); compiles the SPMD executable."""
 
-    def __init__(self, group_names, uneven=None):
-        self.uneven = dict(uneven or {})
-        self.blocks = {}     # group name -> padded block (rows) of its uneven all_to_alls, per build
+    def __init__(self, group_names, local_blocks=None):
+        self.local_blocks = dict(local_blocks or {})
+        self.blocks = {}     # group name -> block (rows) its all_to_alls pad to, agreed per build
         self.groups = {}     # group name -> (axis name, size)
         self.backends = []   # one TpuProcessGroup per distinct group: signature checks, timeouts
         lines = []           # distinct groups' global ranks, in group-rank order
@@ -171,7 +173,7 @@ class Placement:
         global_sample = [jax.ShapeDtypeStruct((G * shp[0],) + shp[1:], s.dtype, sharding=sharding,
                                               weak_type=getattr(s, "weak_type", False))
                          for s, shp in zip(sample, local_shapes)]
-        self.blocks = {name: self._agreed_block(name, rows) for name, rows in self.uneven.items()}
+        self.blocks = {name: self._agreed_block(name, rows) for name, rows in self.local_blocks.items()}
         _tracing.plan, _tracing.log = self, []
         try:
             lowered = jax.jit(fn).lower(*global_sample)
@@ -201,13 +203,12 @@ class Placement:
         return call, lowered
 
     def _agreed_block(self, name, rows):
-        """The block size (rows) every rank of group `name` pads its uneven all_to_all blocks to: the
-        largest block of any rank (one eager all-reduce MAX at build time, as all ranks build the
-        graph together), rounded up to a power of two so that changing splits rarely recompile."""
+        """The block size (rows) every rank of group `name` pads its all_to_all blocks to: the largest
+        block of any rank (one eager all-reduce MAX at build time, as all ranks build the graph
+        together; the splits are constants of the graph, so new splits mean a new build anyway)."""
         _, backend = _tpu_group(name)
         local = jax.device_put(np.array([rows], np.int64), self.local_device)
-        m = int(np.asarray(backend._run("all_reduce", ("MAX",), local, torch.int64))[0])
-        return 1 << max(m - 1, 0).bit_length()
+        return int(np.asarray(backend._run("all_reduce", ("MAX",), local, torch.int64))[0])
 
     def _agree(self, traced_collectives):
         """Every rank of every group must have traced the same collectives on the same mesh."""
@@ -294,16 +295,16 @@ def _reduce_scatter(val, x, reduce_op, group_size, group_name):
 
 def _all_to_all(val, x, output_split_sizes, input_split_sizes, group_name):
     plan = _tracing.plan
-    size = plan.axis(group_name)[1] if plan is not None else 1
-    rows_in = list(input_split_sizes) or [x.shape[0] // size] * size
-    rows_out = list(output_split_sizes) or [val.shape[0] // size] * size
-    if len(set(rows_in + rows_out)) <= 1:
-        # even splits: block j of dim 0 goes to rank j
+    m = plan.blocks.get(group_name) if plan is not None else None
+    if m is None or (set(input_split_sizes) | set(output_split_sizes)) == {m}:
+        # even splits of the agreed block (or none given: even): block j of dim 0 goes to rank j
         axis, size = _group(group_name, "all_to_all", x)
         return collectives._body("all_to_all", (), size, axis)(x.reshape(-1)).reshape(x.shape)
     # uneven: pad every block to the group's agreed block size m, exchange, drop the padding (the
     # split sizes are constants of the graph, so the packing and unpacking are static gathers)
-    m = plan.blocks[group_name]
+    size = plan.axis(group_name)[1]
+    rows_in = list(input_split_sizes) or [x.shape[0] // size] * size
+    rows_out = list(output_split_sizes) or [val.shape[0] // size] * size
     rest = tuple(x.shape[1:])
     src = np.full(size * m, -1, np.int64)
     start = 0
