@@ -115,7 +115,7 @@ def fmod(a, b):
 
 
 @lowering("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", promote=KIND.DEFAULT)
-def pow_(a, b):
+def power(a, b):
     if _is_int(a) and _is_int(b):
         if isinstance(b, int) and b >= 0:
             return lax.integer_pow(a, b)
@@ -151,7 +151,7 @@ def neg(a):
 
 
 @lowering("abs", promote=KIND.COMPLEX_TO_FLOAT)
-def abs_(a):
+def absolute(a):
     if a.dtype == jnp.bool_:   # as the CPU and CUDA kernels
         raise NotImplementedError("\"abs_tpu\" not implemented for 'Bool'")
     return jnp.abs(a)
@@ -284,7 +284,7 @@ for _name, _fn in {"floor": jnp.floor, "ceil": jnp.ceil, "trunc": jnp.trunc, "fr
 
 
 @lowering("round", promote=KIND.DEFAULT)
-def round_(a):
+def round_half_even(a):
     return a if _is_int(a) else jnp.round(a)
 
 
@@ -550,7 +550,7 @@ def _complex_parts(a, b):
 
 
 @lowering("complex")
-def complex_(real, imag):
+def make_complex(real, imag):
     return lax.complex(*_complex_parts(real, imag))
 
 

@@ -130,7 +130,7 @@ def random_to(a, to, generator=None, *, key):
 
 
 @lowering("random", random=True)
-def random_(a, generator=None, *, key):
+def random_in_default_range(a, generator=None, *, key):
     return _random_ints(key, a, 0, _default_high(a.dtype))
 
 

@@ -31,7 +31,7 @@ def _opmath(d):
 
 
 @lowering("sum", "sum.dim_IntList")
-def sum_(a, dim=None, keepdim=False, dtype=None):
+def sum_reduction(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
     acc = jnp.float32 if d in (jnp.float16, jnp.bfloat16) else d
     return jnp.sum(a.astype(acc), axis=_dims(a, dim), keepdims=keepdim).astype(d)
@@ -104,12 +104,12 @@ def min_dim(a, dim, keepdim=False):
 
 
 @lowering("any", "any.dim", "any.dims")
-def any_(a, dim=None, keepdim=False):
+def any_reduction(a, dim=None, keepdim=False):
     return jnp.any(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
 @lowering("all", "all.dim", "all.dims")
-def all_(a, dim=None, keepdim=False):
+def all_reduction(a, dim=None, keepdim=False):
     return jnp.all(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
