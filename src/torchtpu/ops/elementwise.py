@@ -254,22 +254,47 @@ def clamp_max(a, max):
 
 
 # ---------------------------------------------------------------- unary float math
-def _unary(name, fn, kind=KIND.INT_TO_FLOAT):
-    lowering(name, promote=kind)(fn)
+def _unary(name, fn, kind=KIND.INT_TO_FLOAT, **facts):
+    """Register the JAX function `fn` itself as the lowering of `name` (a declaration per line, so the
+    op's name finds it)."""
+    lowering(name, promote=kind, **facts)(fn)
 
 
-for _name, _fn in {
-    "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
-    "log10": jnp.log10, "log1p": jnp.log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
-    "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
-    "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
-    "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
-    "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfc": jax.scipy.special.erfc,
-    "erfinv": jax.scipy.special.erfinv, "lgamma": jax.scipy.special.gammaln,
-    "digamma": lambda x: _digamma(x), "i0": jax.scipy.special.i0, "sinc": jnp.sinc,
-    "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg,
-}.items():
-    _unary(_name, _fn)
+_unary("exp", jnp.exp)
+_unary("exp2", jnp.exp2)
+_unary("expm1", jnp.expm1)
+_unary("log", jnp.log)
+_unary("log2", jnp.log2)
+_unary("log10", jnp.log10)
+_unary("log1p", jnp.log1p)
+_unary("sqrt", jnp.sqrt)
+_unary("rsqrt", lax.rsqrt)
+_unary("sin", jnp.sin)
+_unary("cos", jnp.cos)
+_unary("tan", jnp.tan)
+_unary("asin", jnp.arcsin)
+_unary("acos", jnp.arccos)
+_unary("atan", jnp.arctan)
+_unary("sinh", jnp.sinh)
+_unary("cosh", jnp.cosh)
+_unary("tanh", jnp.tanh)
+_unary("asinh", jnp.arcsinh)
+_unary("acosh", jnp.arccosh)
+_unary("atanh", jnp.arctanh)
+_unary("sigmoid", jax.nn.sigmoid)
+_unary("erf", jax.scipy.special.erf)
+_unary("erfc", jax.scipy.special.erfc)
+_unary("erfinv", jax.scipy.special.erfinv)
+_unary("lgamma", jax.scipy.special.gammaln)
+_unary("i0", jax.scipy.special.i0)
+_unary("sinc", jnp.sinc)
+_unary("deg2rad", jnp.deg2rad)
+_unary("rad2deg", jnp.rad2deg)
+
+
+@lowering("digamma", promote=KIND.INT_TO_FLOAT)
+def digamma(x):
+    return _digamma(x)
 
 
 @lowering("logit", promote=KIND.INT_TO_FLOAT)
@@ -279,8 +304,24 @@ def logit(a, eps=None):
     return jnp.log(a / (1 - a))
 
 
-for _name, _fn in {"floor": jnp.floor, "ceil": jnp.ceil, "trunc": jnp.trunc, "frac": lambda x: x - jnp.trunc(x)}.items():
-    lowering(_name, promote=KIND.DEFAULT)(lambda a, _fn=_fn: a if _is_int(a) else _fn(a))
+@lowering("floor", promote=KIND.DEFAULT)
+def floor(a):
+    return a if _is_int(a) else jnp.floor(a)
+
+
+@lowering("ceil", promote=KIND.DEFAULT)
+def ceil(a):
+    return a if _is_int(a) else jnp.ceil(a)
+
+
+@lowering("trunc", promote=KIND.DEFAULT)
+def trunc(a):
+    return a if _is_int(a) else jnp.trunc(a)
+
+
+@lowering("frac", promote=KIND.DEFAULT)
+def frac(a):
+    return a if _is_int(a) else a - jnp.trunc(a)
 
 
 @lowering("round", promote=KIND.DEFAULT)
@@ -295,14 +336,49 @@ def round_decimals(a, decimals=0):
 
 
 # ---------------------------------------------------------------- comparisons and logic
-for _name, _fn in {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
-                   "gt": jnp.greater, "ge": jnp.greater_equal}.items():
-    lowering(f"{_name}.Tensor", f"{_name}.Scalar", promote=KIND.ALWAYS_BOOL, keep_result_dtype=False)(
-        lambda a, b, _fn=_fn: _fn(a, b))
+@lowering("eq.Tensor", "eq.Scalar", promote=KIND.ALWAYS_BOOL)
+def eq(a, b):
+    return jnp.equal(a, b)
 
-for _name, _fn in {"logical_and": jnp.logical_and, "logical_or": jnp.logical_or,
-                   "logical_xor": jnp.logical_xor}.items():
-    lowering(_name)(lambda a, b, _fn=_fn: _fn(a, b))
+
+@lowering("ne.Tensor", "ne.Scalar", promote=KIND.ALWAYS_BOOL)
+def ne(a, b):
+    return jnp.not_equal(a, b)
+
+
+@lowering("lt.Tensor", "lt.Scalar", promote=KIND.ALWAYS_BOOL)
+def lt(a, b):
+    return jnp.less(a, b)
+
+
+@lowering("le.Tensor", "le.Scalar", promote=KIND.ALWAYS_BOOL)
+def le(a, b):
+    return jnp.less_equal(a, b)
+
+
+@lowering("gt.Tensor", "gt.Scalar", promote=KIND.ALWAYS_BOOL)
+def gt(a, b):
+    return jnp.greater(a, b)
+
+
+@lowering("ge.Tensor", "ge.Scalar", promote=KIND.ALWAYS_BOOL)
+def ge(a, b):
+    return jnp.greater_equal(a, b)
+
+
+@lowering("logical_and")
+def logical_and(a, b):
+    return jnp.logical_and(a, b)
+
+
+@lowering("logical_or")
+def logical_or(a, b):
+    return jnp.logical_or(a, b)
+
+
+@lowering("logical_xor")
+def logical_xor(a, b):
+    return jnp.logical_xor(a, b)
 
 
 @lowering("logical_not")
@@ -310,15 +386,56 @@ def logical_not(a):
     return jnp.logical_not(a)
 
 
-for _name in ("isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit"):
-    lowering(_name)(lambda a, _f=getattr(jnp, _name): _f(a) if jnp.issubdtype(a.dtype, jnp.inexact)
-                    else (jnp.ones_like(a, jnp.bool_) if _f is jnp.isfinite else
-                          (a < 0) if _f is jnp.signbit else jnp.zeros_like(a, jnp.bool_)))
+def _float_test(test, a, for_integers):
+    """`test(a)` for floating and complex `a`; integers and bools are finite, never NaN nor infinite."""
+    if jnp.issubdtype(a.dtype, jnp.inexact):
+        return test(a)
+    return jnp.ones_like(a, jnp.bool_) if for_integers else jnp.zeros_like(a, jnp.bool_)
 
-for _name, _fn in {"bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or,
-                   "bitwise_xor": jnp.bitwise_xor}.items():
-    lowering(f"{_name}.Tensor", f"{_name}.Scalar", f"{_name}.Scalar_Tensor", promote=KIND.DEFAULT)(
-        lambda a, b, _fn=_fn: _fn(a, b))
+
+@lowering("isnan")
+def isnan(a):
+    return _float_test(jnp.isnan, a, False)
+
+
+@lowering("isinf")
+def isinf(a):
+    return _float_test(jnp.isinf, a, False)
+
+
+@lowering("isfinite")
+def isfinite(a):
+    return _float_test(jnp.isfinite, a, True)
+
+
+@lowering("isposinf")
+def isposinf(a):
+    return _float_test(jnp.isposinf, a, False)
+
+
+@lowering("isneginf")
+def isneginf(a):
+    return _float_test(jnp.isneginf, a, False)
+
+
+@lowering("signbit")
+def signbit(a):
+    return jnp.signbit(a) if jnp.issubdtype(a.dtype, jnp.inexact) else a < 0
+
+
+@lowering("bitwise_and.Tensor", "bitwise_and.Scalar", "bitwise_and.Scalar_Tensor", promote=KIND.DEFAULT)
+def bitwise_and(a, b):
+    return jnp.bitwise_and(a, b)
+
+
+@lowering("bitwise_or.Tensor", "bitwise_or.Scalar", "bitwise_or.Scalar_Tensor", promote=KIND.DEFAULT)
+def bitwise_or(a, b):
+    return jnp.bitwise_or(a, b)
+
+
+@lowering("bitwise_xor.Tensor", "bitwise_xor.Scalar", "bitwise_xor.Scalar_Tensor", promote=KIND.DEFAULT)
+def bitwise_xor(a, b):
+    return jnp.bitwise_xor(a, b)
 
 
 @lowering("bitwise_not", promote=KIND.DEFAULT)
@@ -386,13 +503,19 @@ def lift_fresh_copy(a):
 # ---------------------------------------------------------------- more math (special functions)
 _special = jax.scipy.special
 
-for _name, _fn in {
-    "special_i0e": _special.i0e, "special_i1": _special.i1, "special_i1e": _special.i1e,
-    "special_ndtr": _special.ndtr, "special_ndtri": _special.ndtri, "special_log_ndtr": _special.log_ndtr,
-    "special_entr": _special.entr, "special_erfcx": _special.erfcx,
-    "special_spherical_bessel_j0": lambda x: jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x)),
-}.items():
-    _unary(_name, _fn)
+_unary("special_i0e", _special.i0e)
+_unary("special_i1", _special.i1)
+_unary("special_i1e", _special.i1e)
+_unary("special_ndtr", _special.ndtr)
+_unary("special_ndtri", _special.ndtri)
+_unary("special_log_ndtr", _special.log_ndtr)
+_unary("special_entr", _special.entr)
+_unary("special_erfcx", _special.erfcx)
+
+
+@lowering("special_spherical_bessel_j0", promote=KIND.INT_TO_FLOAT)
+def spherical_bessel_j0(x):
+    return jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x))
 
 
 @lowering("angle", promote=KIND.INT_TO_FLOAT, keep_result_dtype=True)  # complex -> real

@@ -1411,16 +1411,23 @@ def _grid_sampler_backward(sample, grad, x, grid, interpolation_mode, padding_mo
             gg.astype(grid.dtype) if output_mask[1] else jnp.zeros(grid.shape, grid.dtype))
 
 
-for _nd, _sample in ((2, _grid_sample), (3, _grid_sample_3d)):
-    def _make_grid_sampler(sample):
-        def forward(x, grid, interpolation_mode, padding_mode, align_corners):
-            return sample(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
+@lowering("grid_sampler_2d")
+def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
 
-        def backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-            return _grid_sampler_backward(sample, grad, x, grid, interpolation_mode, padding_mode, align_corners,
-                                          output_mask)
-        return forward, backward
 
-    _fw, _bw = _make_grid_sampler(_sample)
-    lowering(f"grid_sampler_{_nd}d")(_fw)
-    lowering(f"grid_sampler_{_nd}d_backward")(_bw)
+@lowering("grid_sampler_2d_backward")
+def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    return _grid_sampler_backward(_grid_sample, grad, x, grid, interpolation_mode, padding_mode, align_corners,
+                                  output_mask)
+
+
+@lowering("grid_sampler_3d")
+def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample_3d(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
+
+
+@lowering("grid_sampler_3d_backward")
+def grid_sampler_3d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    return _grid_sampler_backward(_grid_sample_3d, grad, x, grid, interpolation_mode, padding_mode, align_corners,
+                                  output_mask)
