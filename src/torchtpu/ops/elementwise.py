@@ -95,12 +95,12 @@ def div_mode(a, b, rounding_mode=None):
     return apply(_DIV_MODE, (a, b), {"rounding_mode": rounding_mode})
 
 
-@lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT)
+@lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT, real_only=True)
 def floor_divide(a, b):
     return _floor_div(a, b)
 
 
-@lowering("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=KIND.DEFAULT)
+@lowering("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
 def remainder(a, b):
     if _is_int(a) and _is_int(b):
         r = jnp.fmod(a, b)
@@ -109,7 +109,7 @@ def remainder(a, b):
     return jnp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 
 
-@lowering("fmod.Tensor", "fmod.Scalar", promote=KIND.DEFAULT)
+@lowering("fmod.Tensor", "fmod.Scalar", promote=KIND.DEFAULT, real_only=True)
 def fmod(a, b):
     return jnp.fmod(a, b)
 
@@ -157,7 +157,7 @@ def absolute(a):
     return jnp.abs(a)
 
 
-@lowering("sign", promote=KIND.DEFAULT)
+@lowering("sign", promote=KIND.DEFAULT, real_only=True)
 def sign(a):
     return jnp.sign(a) if a.dtype != jnp.bool_ else a
 
@@ -177,7 +177,7 @@ def square(a):
     return a * a
 
 
-@lowering("copysign.Tensor", "copysign.Scalar", promote=KIND.INT_TO_FLOAT)
+@lowering("copysign.Tensor", "copysign.Scalar", promote=KIND.INT_TO_FLOAT, real_only=True)
 def copysign(a, b):
     return jnp.copysign(a, b)
 
@@ -187,32 +187,32 @@ def hypot(a, b):
     return jnp.hypot(a, b)
 
 
-@lowering("atan2", promote=KIND.INT_TO_FLOAT)
+@lowering("atan2", promote=KIND.INT_TO_FLOAT, real_only=True)
 def atan2(a, b):
     return jnp.arctan2(a, b)
 
 
-@lowering("maximum", promote=KIND.DEFAULT)
+@lowering("maximum", promote=KIND.DEFAULT, real_only=True)
 def maximum(a, b):
     return jnp.maximum(a, b)
 
 
-@lowering("minimum", promote=KIND.DEFAULT)
+@lowering("minimum", promote=KIND.DEFAULT, real_only=True)
 def minimum(a, b):
     return jnp.minimum(a, b)
 
 
-@lowering("fmax", promote=KIND.DEFAULT)
+@lowering("fmax", promote=KIND.DEFAULT, real_only=True)
 def fmax(a, b):
     return jnp.fmax(a, b)
 
 
-@lowering("fmin", promote=KIND.DEFAULT)
+@lowering("fmin", promote=KIND.DEFAULT, real_only=True)
 def fmin(a, b):
     return jnp.fmin(a, b)
 
 
-@lowering("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote=KIND.INT_TO_FLOAT)
+@lowering("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote=KIND.INT_TO_FLOAT, real_only=True)
 def xlogy(a, b):
     return jax.scipy.special.xlogy(a, b)
 
@@ -234,7 +234,7 @@ def addcdiv(a, t1, t2, value=1):
     return a + value * (t1 / t2)
 
 
-@lowering("clamp", "clamp.Tensor", promote=KIND.DEFAULT)
+@lowering("clamp", "clamp.Tensor", promote=KIND.DEFAULT, real_only=True)
 def clamp(a, min=None, max=None):
     if min is not None:
         a = jnp.where(jnp.isnan(a), a, jnp.maximum(a, min)) if jnp.issubdtype(a.dtype, jnp.floating) else jnp.maximum(a, min)
@@ -243,12 +243,12 @@ def clamp(a, min=None, max=None):
     return a
 
 
-@lowering("clamp_min", "clamp_min.Tensor", promote=KIND.DEFAULT)
+@lowering("clamp_min", "clamp_min.Tensor", promote=KIND.DEFAULT, real_only=True)
 def clamp_min(a, min):
     return clamp(a, min=min)
 
 
-@lowering("clamp_max", "clamp_max.Tensor", promote=KIND.DEFAULT)
+@lowering("clamp_max", "clamp_max.Tensor", promote=KIND.DEFAULT, real_only=True)
 def clamp_max(a, max):
     return clamp(a, max=max)
 
@@ -282,54 +282,54 @@ _unary("asinh", jnp.arcsinh)
 _unary("acosh", jnp.arccosh)
 _unary("atanh", jnp.arctanh)
 _unary("sigmoid", jax.nn.sigmoid)
-_unary("erf", jax.scipy.special.erf)
-_unary("erfc", jax.scipy.special.erfc)
-_unary("erfinv", jax.scipy.special.erfinv)
-_unary("lgamma", jax.scipy.special.gammaln)
+_unary("erf", jax.scipy.special.erf, real_only=True)
+_unary("erfc", jax.scipy.special.erfc, real_only=True)
+_unary("erfinv", jax.scipy.special.erfinv, real_only=True)
+_unary("lgamma", jax.scipy.special.gammaln, real_only=True)
 _unary("i0", jax.scipy.special.i0)
 _unary("sinc", jnp.sinc)
 _unary("deg2rad", jnp.deg2rad)
 _unary("rad2deg", jnp.rad2deg)
 
 
-@lowering("digamma", promote=KIND.INT_TO_FLOAT)
+@lowering("digamma", promote=KIND.INT_TO_FLOAT, real_only=True)
 def digamma(x):
     return _digamma(x)
 
 
-@lowering("logit", promote=KIND.INT_TO_FLOAT)
+@lowering("logit", promote=KIND.INT_TO_FLOAT, real_only=True)
 def logit(a, eps=None):
     if eps is not None:
         a = jnp.clip(a, eps, 1 - eps)
     return jnp.log(a / (1 - a))
 
 
-@lowering("floor", promote=KIND.DEFAULT)
+@lowering("floor", promote=KIND.DEFAULT, real_only=True)
 def floor(a):
     return a if _is_int(a) else jnp.floor(a)
 
 
-@lowering("ceil", promote=KIND.DEFAULT)
+@lowering("ceil", promote=KIND.DEFAULT, real_only=True)
 def ceil(a):
     return a if _is_int(a) else jnp.ceil(a)
 
 
-@lowering("trunc", promote=KIND.DEFAULT)
+@lowering("trunc", promote=KIND.DEFAULT, real_only=True)
 def trunc(a):
     return a if _is_int(a) else jnp.trunc(a)
 
 
-@lowering("frac", promote=KIND.DEFAULT)
+@lowering("frac", promote=KIND.DEFAULT, real_only=True)
 def frac(a):
     return a if _is_int(a) else a - jnp.trunc(a)
 
 
-@lowering("round", promote=KIND.DEFAULT)
+@lowering("round", promote=KIND.DEFAULT, real_only=True)
 def round_half_even(a):
     return a if _is_int(a) else jnp.round(a)
 
 
-@lowering("round.decimals", promote=KIND.DEFAULT)
+@lowering("round.decimals", promote=KIND.DEFAULT, real_only=True)
 def round_decimals(a, decimals=0):
     scale = 10.0 ** decimals
     return jnp.round(a * scale) / scale
@@ -346,22 +346,22 @@ def ne(a, b):
     return jnp.not_equal(a, b)
 
 
-@lowering("lt.Tensor", "lt.Scalar", promote=KIND.ALWAYS_BOOL)
+@lowering("lt.Tensor", "lt.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
 def lt(a, b):
     return jnp.less(a, b)
 
 
-@lowering("le.Tensor", "le.Scalar", promote=KIND.ALWAYS_BOOL)
+@lowering("le.Tensor", "le.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
 def le(a, b):
     return jnp.less_equal(a, b)
 
 
-@lowering("gt.Tensor", "gt.Scalar", promote=KIND.ALWAYS_BOOL)
+@lowering("gt.Tensor", "gt.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
 def gt(a, b):
     return jnp.greater(a, b)
 
 
-@lowering("ge.Tensor", "ge.Scalar", promote=KIND.ALWAYS_BOOL)
+@lowering("ge.Tensor", "ge.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
 def ge(a, b):
     return jnp.greater_equal(a, b)
 
@@ -418,40 +418,42 @@ def isneginf(a):
     return _float_test(jnp.isneginf, a, False)
 
 
-@lowering("signbit")
+@lowering("signbit", real_only=True)
 def signbit(a):
     return jnp.signbit(a) if jnp.issubdtype(a.dtype, jnp.inexact) else a < 0
 
 
-@lowering("bitwise_and.Tensor", "bitwise_and.Scalar", "bitwise_and.Scalar_Tensor", promote=KIND.DEFAULT)
+@lowering("bitwise_and.Tensor", "bitwise_and.Scalar", "bitwise_and.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
 def bitwise_and(a, b):
     return jnp.bitwise_and(a, b)
 
 
-@lowering("bitwise_or.Tensor", "bitwise_or.Scalar", "bitwise_or.Scalar_Tensor", promote=KIND.DEFAULT)
+@lowering("bitwise_or.Tensor", "bitwise_or.Scalar", "bitwise_or.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
 def bitwise_or(a, b):
     return jnp.bitwise_or(a, b)
 
 
-@lowering("bitwise_xor.Tensor", "bitwise_xor.Scalar", "bitwise_xor.Scalar_Tensor", promote=KIND.DEFAULT)
+@lowering("bitwise_xor.Tensor", "bitwise_xor.Scalar", "bitwise_xor.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
 def bitwise_xor(a, b):
     return jnp.bitwise_xor(a, b)
 
 
-@lowering("bitwise_not", promote=KIND.DEFAULT)
+@lowering("bitwise_not", promote=KIND.DEFAULT, real_only=True)
 def bitwise_not(a):
     return jnp.logical_not(a) if a.dtype == jnp.bool_ else jnp.bitwise_not(a)
 
 
 @lowering("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar", "bitwise_left_shift.Scalar_Tensor",
-          "__lshift__.Tensor", "__lshift__.Scalar", promote=KIND.DEFAULT)
+          promote=KIND.DEFAULT, real_only=True)
+@lowering("__lshift__.Tensor", "__lshift__.Scalar", promote=KIND.DEFAULT)
 def lshift(a, b):
     bits = jnp.iinfo(a.dtype).bits
     return jnp.where((b >= bits) | (b < 0), jnp.zeros_like(a), jnp.left_shift(a, jnp.clip(b, 0, bits - 1)))
 
 
 @lowering("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar", "bitwise_right_shift.Scalar_Tensor",
-          "__rshift__.Tensor", "__rshift__.Scalar", promote=KIND.DEFAULT)
+          promote=KIND.DEFAULT, real_only=True)
+@lowering("__rshift__.Tensor", "__rshift__.Scalar", promote=KIND.DEFAULT)
 def rshift(a, b):
     bits = jnp.iinfo(a.dtype).bits
     return jnp.right_shift(a, jnp.clip(b, 0, bits - 1))
@@ -510,10 +512,10 @@ _unary("special_ndtr", _special.ndtr)
 _unary("special_ndtri", _special.ndtri)
 _unary("special_log_ndtr", _special.log_ndtr)
 _unary("special_entr", _special.entr)
-_unary("special_erfcx", _special.erfcx)
+_unary("special_erfcx", _special.erfcx, real_only=True)
 
 
-@lowering("special_spherical_bessel_j0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_spherical_bessel_j0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def spherical_bessel_j0(x):
     return jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x))
 
@@ -589,7 +591,7 @@ def zeta(x, q):
 
 
 @lowering("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar",
-          promote=KIND.INT_TO_FLOAT)
+          promote=KIND.INT_TO_FLOAT, real_only=True)
 def xlog1py(a, b):
     return _special.xlog1py(a, b)
 
@@ -620,7 +622,7 @@ def logaddexp2(a, b):
     return jnp.logaddexp2(a, b)
 
 
-@lowering("heaviside", promote=KIND.DEFAULT)
+@lowering("heaviside", promote=KIND.DEFAULT, real_only=True)
 def heaviside(a, values):
     return jnp.where(a == 0, values, (a > 0).astype(a.dtype))
 
@@ -630,12 +632,12 @@ def ldexp(a, b):
     return a * jnp.exp2(b)
 
 
-@lowering("gcd", promote=KIND.DEFAULT)
+@lowering("gcd", promote=KIND.DEFAULT, real_only=True)
 def gcd(a, b):
     return jnp.gcd(a, b)
 
 
-@lowering("lcm", promote=KIND.DEFAULT)
+@lowering("lcm", promote=KIND.DEFAULT, real_only=True)
 def lcm(a, b):
     g = jnp.gcd(a, b)
     return jnp.abs(jnp.where(g == 0, 0, a // jnp.where(g == 0, 1, g) * b))

@@ -282,7 +282,7 @@ def index_fill(x, dim, index, value):
     return x.at[_along(dim, x.ndim, index)].set(jnp.asarray(value).astype(x.dtype))
 
 
-@lowering("index_reduce")
+@lowering("index_reduce", real_only=True)
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     if x.ndim == 0:
         x, source = x.reshape(1), source.reshape(1)

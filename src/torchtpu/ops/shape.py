@@ -295,12 +295,12 @@ def _scales(scales, output_size):
     return (list(scales) + [None] * nd)[:nd]
 
 
-@lowering("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d")
+@lowering("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", real_only=True)
 def upsample_nearest(x, output_size, *scales):
     return _nearest(x, output_size, _scales(scales, output_size), False)
 
 
-@lowering("_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d")
+@lowering("_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", real_only=True)
 def upsample_nearest_exact(x, output_size, *scales):
     return _nearest(x, output_size, _scales(scales, output_size), True)
 
@@ -318,7 +318,7 @@ def upsample_nearest_exact_backward(grad, output_size, input_size, *scales):
     return _resample_backward(lambda v: _nearest(v, output_size, sc, True), grad, input_size)
 
 
-@lowering("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d")
+@lowering("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", real_only=True)
 def upsample_linear(x, output_size, align_corners, *scales):
     return _linear(x, output_size, align_corners, _scales(scales, output_size))
 
@@ -329,7 +329,7 @@ def upsample_linear_backward(grad, output_size, input_size, align_corners, *scal
     return _resample_backward(lambda v: _linear(v, output_size, align_corners, sc), grad, input_size)
 
 
-@lowering("upsample_bicubic2d")
+@lowering("upsample_bicubic2d", real_only=True)
 def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=None):
     return _bicubic(x, output_size, align_corners, (scales_h, scales_w))
 
@@ -377,7 +377,7 @@ def _resample_aa(x, output_size, align_corners, scales, interp_size, kernel):
     return y.astype(x.dtype)
 
 
-@lowering("_upsample_bilinear2d_aa")
+@lowering("_upsample_bilinear2d_aa", real_only=True)
 def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
     return _resample_aa(x, output_size, align_corners, (scales_h, scales_w), 2, _aa_triangle)
 
@@ -388,7 +388,7 @@ def upsample_bilinear2d_aa_backward(grad, output_size, input_size, align_corners
         lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w), 2, _aa_triangle), grad, input_size)
 
 
-@lowering("_upsample_bicubic2d_aa")
+@lowering("_upsample_bicubic2d_aa", real_only=True)
 def upsample_bicubic2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
     return _resample_aa(x, output_size, align_corners, (scales_h, scales_w), 4, _aa_cubic)
 

@@ -339,17 +339,17 @@ def _j1(x):
     return jnp.where(neg, -out, out)
 
 
-@lowering("special_bessel_j0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_bessel_j0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def bessel_j0(x):
     return _j0(x)
 
 
-@lowering("special_bessel_j1", promote=KIND.INT_TO_FLOAT)
+@lowering("special_bessel_j1", promote=KIND.INT_TO_FLOAT, real_only=True)
 def bessel_j1(x):
     return _j1(x)
 
 
-@lowering("special_bessel_y0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_bessel_y0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def bessel_y0(x):
     xx = x * x
     small = _horner(_Y0_YP, xx) / _horner(_Y0_YQ, xx) + _2_PI * jnp.log(x) * _j0(x)
@@ -358,7 +358,7 @@ def bessel_y0(x):
     return jnp.where(x <= 5, small, big).astype(x.dtype)
 
 
-@lowering("special_bessel_y1", promote=KIND.INT_TO_FLOAT)
+@lowering("special_bessel_y1", promote=KIND.INT_TO_FLOAT, real_only=True)
 def bessel_y1(x):
     xx = x * x
     small = x * (_horner(_Y1_YP, xx) / _horner(_Y1_YQ, xx)) + _2_PI * (_j1(x) * jnp.log(x) - 1 / x)
@@ -464,35 +464,35 @@ def _k1_small(x):
     return jnp.log(0.5 * x) * _i1(x) + _clenshaw(_K1_A, x * x - 2) / x
 
 
-@lowering("special_modified_bessel_i0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_modified_bessel_i0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def modified_bessel_i0(x):
     return _i0(x)
 
 
-@lowering("special_modified_bessel_i1", promote=KIND.INT_TO_FLOAT)
+@lowering("special_modified_bessel_i1", promote=KIND.INT_TO_FLOAT, real_only=True)
 def modified_bessel_i1(x):
     return _i1(x)
 
 
-@lowering("special_modified_bessel_k0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_modified_bessel_k0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def modified_bessel_k0(x):
     big = jnp.exp(-x) * _clenshaw(_K0_B, 8 / x - 2) / jnp.sqrt(x)
     return _k_domain(x, jnp.where(x <= 2, _k0_small(x), big)).astype(x.dtype)
 
 
-@lowering("special_modified_bessel_k1", promote=KIND.INT_TO_FLOAT)
+@lowering("special_modified_bessel_k1", promote=KIND.INT_TO_FLOAT, real_only=True)
 def modified_bessel_k1(x):
     big = jnp.exp(-x) * _clenshaw(_K1_B, 8 / x - 2) / jnp.sqrt(x)
     return _k_domain(x, jnp.where(x <= 2, _k1_small(x), big)).astype(x.dtype)
 
 
-@lowering("special_scaled_modified_bessel_k0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_scaled_modified_bessel_k0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def scaled_modified_bessel_k0(x):
     big = _clenshaw(_K0_B, 8 / x - 2) / jnp.sqrt(x)
     return _k_domain(x, jnp.where(x <= 2, _k0_small(x) * jnp.exp(x), big)).astype(x.dtype)
 
 
-@lowering("special_scaled_modified_bessel_k1", promote=KIND.INT_TO_FLOAT)
+@lowering("special_scaled_modified_bessel_k1", promote=KIND.INT_TO_FLOAT, real_only=True)
 def scaled_modified_bessel_k1(x):
     big = _clenshaw(_K1_B, 8 / x - 2) / jnp.sqrt(x)
     return _k_domain(x, jnp.where(x <= 2, _k1_small(x) * jnp.exp(x), big)).astype(x.dtype)
@@ -553,7 +553,7 @@ def _airy_series(x):
     return 0.355028053887817239260 * f - 0.258819403792806798405 * g
 
 
-@lowering("special_airy_ai", promote=KIND.INT_TO_FLOAT)
+@lowering("special_airy_ai", promote=KIND.INT_TO_FLOAT, real_only=True)
 def airy_ai(x):
     # x < -2.09: oscillatory asymptotic expansion in z = 1 / zeta
     xn = jnp.where(x < -2.09, x, -3.0)  # keep the unused lanes finite and cheap
