@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .dtypes import convert, operand_facts, promote, scalar_type_name
+from .argument_checks import fill_value_check, pow_exponent_check
 from .table import KIND, Lowering, apply, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -114,7 +115,9 @@ def fmod(a, b):
     return jnp.fmod(a, b)
 
 
-@lowering("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", promote=KIND.DEFAULT)
+@lowering("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", promote=KIND.DEFAULT,
+          host_check={"pow.Tensor_Scalar": pow_exponent_check, "pow_.Scalar": pow_exponent_check,
+                      "pow.Tensor_Scalar_out": pow_exponent_check})
 def power(a, b):
     if _is_int(a) and _is_int(b):
         if isinstance(b, int) and b >= 0:
@@ -482,7 +485,8 @@ def clone(a, memory_format=None):
     return a
 
 
-@lowering("fill.Scalar", "fill.Tensor")
+@lowering("fill.Scalar", "fill.Tensor",
+          host_check={"fill.Scalar": fill_value_check(1), "fill_.Scalar": fill_value_check(1)})
 def fill(a, value):
     return jnp.full(a.shape, value, a.dtype)
 
@@ -492,7 +496,8 @@ def zero(a):
     return jnp.zeros(a.shape, a.dtype)
 
 
-@lowering("masked_fill.Scalar", "masked_fill.Tensor")
+@lowering("masked_fill.Scalar", "masked_fill.Tensor",
+          host_check={"masked_fill.Scalar": fill_value_check(2), "masked_fill_.Scalar": fill_value_check(2)})
 def masked_fill(a, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(a.dtype), a)
 

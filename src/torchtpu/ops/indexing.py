@@ -14,6 +14,7 @@ from jax import lax
 
 from .checks import require, require_index
 from .dtypes import scalar_type_name
+from .argument_checks import fill_value_check
 from .table import lowering
 
 
@@ -271,7 +272,8 @@ def flat_set(x, dim, index, source):
     return x.reshape(-1).at[at].set(source.reshape(-1), mode="drop").reshape(x.shape)
 
 
-@lowering("index_fill.int_Scalar", "index_fill.int_Tensor")
+@lowering("index_fill.int_Scalar", "index_fill.int_Tensor",
+          host_check={"index_fill.int_Scalar": fill_value_check(3), "index_fill_.int_Scalar": fill_value_check(3)})
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
         return jnp.asarray(value, x.dtype).reshape(())
