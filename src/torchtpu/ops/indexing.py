@@ -45,12 +45,15 @@ def _advanced(indices, x_shape):
     return tuple(out)
 
 
-@lowering("index.Tensor")
+# mask_args: the index list (argument 1) may hold boolean masks, which the eager kernel turns into
+# indices first (their shapes depend on values; eager/data_dependent.py)
+@lowering("index.Tensor", mask_args=1)
 def index(x, indices):
     return x[_advanced(indices, x.shape)]
 
 
-@lowering("index_put", "_index_put_impl")
+@lowering("index_put", "_index_put_impl",
+          mask_args={"index_put.default": 1, "index_put_.default": 1, "_index_put_impl_.default": 1})
 def index_put(x, indices, values, accumulate=False, unsafe=False):
     idx = _advanced(indices, x.shape)
     values = values.astype(x.dtype)
