@@ -3,8 +3,9 @@
 A Scalar argument travels into the eager executable as a traced value (a changing fill value or
 exponent must not recompile), so its value is not known when the executable is built: these checks
 run per call, before the op, and only for the ops that declare one (`@lowering(..., host_check=...)`,
-gathered in CHECKS; a check costs about a microsecond). Values known at build time (ints and floats that key the cache) are checked by the
-lowerings themselves; values on the device by device-side asserts (ops/checks.py).
+gathered in CHECKS; a check costs about a microsecond). Values known at build time (ints and floats
+that key the cache) are checked by the lowerings themselves; values on the device by device-side
+asserts (ops/checks.py).
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from .dtypes import convert, operand_facts, promote, scalar_type_name
@@ -17,12 +18,23 @@ def add(a, b, alpha=1):
     return a + b * alpha if not (isinstance(alpha, int) and alpha == 1) else a + b
 
 
-@lowering("sub.Tensor", "sub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1))
+def _sub_check(a, b, *_, **__):
+    """PyTorch's sub_check, which its meta kernels leave out: bool operands are refused."""
+    bools = sum(x.dtype == torch.bool if isinstance(x, torch.Tensor) else type(x) is bool for x in (a, b))
+    if bools == 2:
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                           "Use the `^` or `logical_xor()` operator instead.")
+    if bools:
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
+                           "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+
+
+@lowering("sub.Tensor", "sub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1), meta_check=_sub_check)
 def sub(a, b, alpha=1):
     return a - b * alpha if not (isinstance(alpha, int) and alpha == 1) else a - b
 
 
-@lowering("rsub.Tensor", "rsub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1))
+@lowering("rsub.Tensor", "rsub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1), meta_check=_sub_check)
 def rsub(a, b, alpha=1):
     return b - a * alpha if not (isinstance(alpha, int) and alpha == 1) else b - a
 

@@ -6,6 +6,7 @@ import math
 import jax
 import numpy as np
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from .checks import require, require_index
@@ -395,7 +396,12 @@ def fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
     return _max_pool_backward(grad, x, 2, indices)
 
 
-@lowering("fractional_max_pool3d_backward")
+def _grad_input_meta(grad, self, *args, **kwargs):
+    """Meta kernel (PyTorch ships none) of a backward op whose result has its input's shape and dtype."""
+    return torch.empty_like(self)
+
+
+@lowering("fractional_max_pool3d_backward", missing_meta=_grad_input_meta)
 def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
     return _max_pool_backward(grad, x, 3, indices)
 
@@ -865,7 +871,7 @@ def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     return _multi_margin(x, target, p, margin, weight, reduction)
 
 
-@lowering("multi_margin_loss_backward")
+@lowering("multi_margin_loss_backward", missing_meta=_grad_input_meta)
 def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
     _, vjp = jax.vjp(lambda v: _multi_margin(v, target, p, margin, weight, reduction).astype(jnp.float32), _f32(x))
     return vjp(_f32(grad))[0].astype(x.dtype)
@@ -891,7 +897,7 @@ def multilabel_margin_loss_forward(x, target, reduction):
     return _multilabel_margin(x, target, reduction)
 
 
-@lowering("multilabel_margin_loss_backward")
+@lowering("multilabel_margin_loss_backward", missing_meta=_grad_input_meta)
 def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
     _, vjp = jax.vjp(lambda v: _multilabel_margin(v, target, reduction, is_target)[0].astype(jnp.float32), _f32(x))
     return vjp(_f32(grad))[0].astype(x.dtype)

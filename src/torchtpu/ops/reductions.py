@@ -501,7 +501,25 @@ def _histogram_counts(x, idx, valid, weight, bins, density, edges):
     return hist
 
 
-@lowering("histogram.bin_ct")
+# Meta kernels of histogram, which PyTorch ships without one (the engine needs the output shapes)
+def _histogram_bin_ct_meta(self, bins=100, *, range=None, weight=None, density=False):
+    return self.new_empty((bins,)), self.new_empty((bins + 1,))
+
+
+def _histogram_bin_ct_out_meta(self, bins=100, *, range=None, weight=None, density=False, hist, bin_edges):
+    return hist.resize_((bins,)), bin_edges.resize_((bins + 1,))
+
+
+def _histogram_bins_tensor_meta(self, bins, *, weight=None, density=False):
+    return self.new_empty((bins.shape[0] - 1,)), self.new_empty((bins.shape[0],))
+
+
+def _histogram_bins_tensor_out_meta(self, bins, *, weight=None, density=False, hist, bin_edges):
+    return hist.resize_((bins.shape[0] - 1,)), bin_edges.resize_((bins.shape[0],))
+
+
+@lowering("histogram.bin_ct", missing_meta={"histogram.bin_ct": _histogram_bin_ct_meta,
+                                            "histogram.bin_ct_out": _histogram_bin_ct_out_meta})
 def histogram(a, bins=100, range=None, weight=None, density=False):
     from .factories import linspace
     x = a.reshape(-1)
@@ -522,7 +540,8 @@ def histogram(a, bins=100, range=None, weight=None, density=False):
     return _histogram_counts(x, pos, valid, weight, bins, density, edges), edges
 
 
-@lowering("histogram.bins_tensor")
+@lowering("histogram.bins_tensor", missing_meta={"histogram.bins_tensor": _histogram_bins_tensor_meta,
+                                                 "histogram.bins_tensor_out": _histogram_bins_tensor_out_meta})
 def histogram_bins_tensor(a, bins, weight=None, density=False):
     x, edges = a.reshape(-1), bins.astype(a.dtype)
     n = edges.shape[0] - 1
