@@ -58,17 +58,17 @@ def _scaled_sum(c, prod, beta, alpha):
     return (c + out).astype(d)
 
 
-@lowering("addmm", "baddbmm", "addmv", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+@lowering("addmm", "baddbmm", "addmv", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True)
 def addmm(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, matmul(a, b), beta, alpha)
 
 
-@lowering("addbmm", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+@lowering("addbmm", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True)
 def addbmm(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, matmul(a, b).sum(0), beta, alpha)
 
 
-@lowering("addr", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+@lowering("addr", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True)
 def addr(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, jnp.outer(a, b), beta, alpha)
 

@@ -17,6 +17,8 @@ Every other fact about an op is declared here too, as an argument of `@lowering`
 finds all of them (docs/design.md, "Adding an op"):
 
     real_only=True          complex inputs raise, as PyTorch's CPU and CUDA kernels (reject_complex)
+    blas=True               a promoting op whose CPU kernel is a BLAS call, not an elementwise loop: its
+                            in-place and out= writes skip the memory-overlap checks (eager/overlap.py)
     host_check=f            f(*args, **kwargs) checks Scalar arguments on the host per call (argument_checks.py)
     meta_check=f            an argument check PyTorch's meta kernel leaves out, run before the op is built
     meta=f                  the meta function the engine and Dynamo's fake tensors use on "tpu" instead of PyTorch's
@@ -51,6 +53,7 @@ class Lowering:
     static_scalars: bool = False        # Scalars decide shapes (arange): compile per value
     traced: tuple = ()                  # names of float/int arguments to trace like Scalars (lr)
     real_only: bool = False             # complex inputs raise (REAL_ONLY)
+    blas: bool = False                  # promotes, but the CPU kernel is a BLAS call, not an elementwise loop
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -69,7 +72,7 @@ def _full_name(name):
 
 
 def lowering(*names, promote=None, promote_args=None, random=False, keep_result_dtype=False, mutates=(),
-             static_scalars=False, traced=(), real_only=False, **facts):
+             static_scalars=False, traced=(), real_only=False, blas=False, **facts):
     """Register `fn` as the lowering of the ATen ops `names` ("add.Tensor", "relu.default", ...), with
     the facts about those ops (the module docstring lists them)."""
     unknown = set(facts) - set(FACT_KINDS)
@@ -82,7 +85,7 @@ def lowering(*names, promote=None, promote_args=None, random=False, keep_result_
             if full in LOWERINGS:
                 raise ValueError(f"two lowerings for aten::{full}")
             LOWERINGS[full] = Lowering(full, fn, promote, promote_args, random, keep_result_dtype, mutates,
-                                       static_scalars, tuple(traced), real_only)
+                                       static_scalars, tuple(traced), real_only, blas)
             if real_only:
                 _REAL_ONLY[full.split(".")[0]] = True
         for kind, value in facts.items():
