@@ -79,34 +79,38 @@ def lowering(*names, promote=None, promote_args=None, random=False, keep_result_
     if unknown:
         raise TypeError(f"unknown op facts {sorted(unknown)}")
     full_names = [_full_name(n) for n in names]
+    declared = {kind: _per_overload(kind, value, full_names) for kind, value in facts.items()}
 
     def register(fn):
+        # every check before the first write: a refused declaration leaves the tables as they were
         for full in full_names:
             if full in LOWERINGS:
                 raise ValueError(f"two lowerings for aten::{full}")
+        for kind, values in declared.items():
+            for name in values:
+                if name in _FACTS[kind]:
+                    raise ValueError(f"{kind} of aten::{name} declared twice")
+        for full in full_names:
             LOWERINGS[full] = Lowering(full, fn, promote, promote_args, random, keep_result_dtype, mutates,
                                        static_scalars, tuple(traced), real_only, blas)
             if real_only:
                 _REAL_ONLY[full.split(".")[0]] = True
-        for kind, value in facts.items():
-            _declare(kind, value, full_names)
+        for kind, values in declared.items():
+            _FACTS[kind].update(values)
+            FACT_OWNERS[kind].update(dict.fromkeys(values, full_names[0]))
         return fn
 
     return register
 
 
-def _declare(kind, value, full_names):
+def _per_overload(kind, value, full_names):
+    """{overload: fact} from one value (for every name of the decorator) or a dict by overload name."""
     if kind == "inplace_variant":   # maps the in-place overload to this (single) functional one
         (functional,) = full_names
-        value = {value: functional}
-    elif not isinstance(value, dict):
-        value = dict.fromkeys(full_names, value)
-    for name, fact in value.items():
-        name = _full_name(name)
-        if name in _FACTS[kind]:
-            raise ValueError(f"{kind} of aten::{name} declared twice")
-        _FACTS[kind][name] = fact
-        FACT_OWNERS[kind][name] = full_names[0]
+        return {_full_name(value): functional}
+    if not isinstance(value, dict):
+        return dict.fromkeys(full_names, value)
+    return {_full_name(name): fact for name, fact in value.items()}
 
 
 def declared_facts(kind: str) -> types.MappingProxyType:
