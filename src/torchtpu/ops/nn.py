@@ -1422,23 +1422,16 @@ def _grid_sampler_backward(sample, grad, x, grid, interpolation_mode, padding_mo
             gg.astype(grid.dtype) if output_mask[1] else jnp.zeros(grid.shape, grid.dtype))
 
 
-@lowering("grid_sampler_2d")
-def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
-    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
+def _sampler(x):
+    return _grid_sample if x.ndim == 4 else _grid_sample_3d   # (N, C, H, W) or (N, C, D, H, W)
 
 
-@lowering("grid_sampler_2d_backward")
-def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    return _grid_sampler_backward(_grid_sample, grad, x, grid, interpolation_mode, padding_mode, align_corners,
-                                  output_mask)
+@lowering("grid_sampler_2d", "grid_sampler_3d")
+def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _sampler(x)(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
 
 
-@lowering("grid_sampler_3d")
-def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
-    return _grid_sample_3d(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
-
-
-@lowering("grid_sampler_3d_backward")
-def grid_sampler_3d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    return _grid_sampler_backward(_grid_sample_3d, grad, x, grid, interpolation_mode, padding_mode, align_corners,
+@lowering("grid_sampler_2d_backward", "grid_sampler_3d_backward")
+def grid_sampler_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    return _grid_sampler_backward(_sampler(x), grad, x, grid, interpolation_mode, padding_mode, align_corners,
                                   output_mask)
