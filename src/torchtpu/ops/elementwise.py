@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .dtypes import convert, operand_facts, promote, scalar_type_name
 from .argument_checks import fill_value_check, pow_exponent_check
+from .dtypes import convert, operand_facts, promote, scalar_type_name
 from .table import KIND, Lowering, apply, lowering
 
 # ---------------------------------------------------------------- arithmetic
