@@ -91,3 +91,10 @@ def test_a_fact_for_an_overload_without_lowering_would_be_caught():
     assert _reaches("pow_.Scalar", owner) and _reaches("pow.Tensor_Scalar_out", owner)
     assert not _reaches("sub.Tensor", owner)          # another lowering's op
     assert not _reaches("hash_tensor.default", owner)  # no lowering at all
+
+
+def test_no_lowering_is_named_like_an_inplace_op():
+    """A trailing `_` means in-place (ops/resolve.py derives `foo_` from `foo`): a lowering of a functional
+    op named `pow_` would read as the in-place one."""
+    named = {getattr(low.fn, "__name__", "") for low in LOWERINGS.values()}
+    assert sorted(n for n in named if n.endswith("_") and not n.endswith("__")) == []
