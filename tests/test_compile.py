@@ -468,3 +468,36 @@ def test_activation_checkpoint_with_dropout_replays_the_same_draw():
     kept = (out != 0).float()
     assert 0 < kept.sum() < 256
     torch.testing.assert_close(w.grad.cpu(), (c * x * kept / (1 - p)).cpu())
+
+
+_SECOND_PROCESS = r'''
+import json
+import jax.monitoring
+import torch
+counts = {"hits": 0, "misses": 0}
+def listen(event, **kw):
+    if event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
+    if event == "/jax/compilation_cache/cache_misses": counts["misses"] += 1
+jax.monitoring.register_event_listener(listen)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("tpu")
+x = torch.randn(8, 16, device="tpu")
+model(x).sum().item()                                                   # eager ops
+torch.compile(model, backend="tpu", fullgraph=True)(x).sum().item()    # a compiled graph
+print(json.dumps(counts))
+'''
+
+
+def test_second_process_compiles_nothing_the_disk_cache_holds(tmp_path):
+    """The persistent XLA cache is on by default: a second process running the same eager ops and
+    compiled graph loads every executable from disk instead of compiling it again."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, TORCHTPU_COMPILE_CACHE="1", TORCHTPU_COMPILE_CACHE_DIR=str(tmp_path / "xla"))
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env, capture_output=True,
+                                      text=True, timeout=300, check=True).stdout.strip().splitlines()[-1])
+            for _ in range(2)]
+    assert runs[0]["misses"] > 0 and runs[0]["hits"] == 0, runs
+    assert runs[1] == {"hits": runs[0]["misses"], "misses": 0}, runs
