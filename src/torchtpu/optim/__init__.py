@@ -28,7 +28,7 @@ from ..eager import xla_options
 from ..eager.executable import call_and_commit, input_buffers
 from ..storage.records import donatable, record_of
 
-__all__ = ["AdamW", "Muon", "SGD", "Sgd"]
+__all__ = ["AdamW", "Muon", "SGD", "Sgd", "SingleTraceTrainer"]
 
 
 def _f32(x):
@@ -400,3 +400,6 @@ class Muon(_FusedStep, torch.optim.Muon):
         param = out(_f32(param) * decay_factor)
         param = out(_f32(param) + (-adjusted_lr) * _f32(update))
         return param, [buf]
+
+
+from .trainer import SingleTraceTrainer  # noqa: E402  (it builds on _FusedStep above)
