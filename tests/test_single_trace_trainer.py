@@ -54,6 +54,10 @@ def test_mlp_matches_cpu_one_executable_across_lr_schedule(kind):
     trainer = SingleTraceTrainer(tpu, opt)
     data = _batches(6)
     step = trainer.make_compiled_train_step(data[0][0].to("tpu"), data[0][1].to("tpu"))
+    # clones of whole storages share the parameters' buffers: the step copies those it donates,
+    # so the clones keep the old values (and no second executable is built for them)
+    snapshot = [p.detach().clone() for p in tpu.parameters()]
+    initial = [p.detach().clone() for p in cpu.parameters()]
     losses = []
     with _Compiles() as compiles:
         for i, (x, y) in enumerate(data):
@@ -69,6 +73,9 @@ def test_mlp_matches_cpu_one_executable_across_lr_schedule(kind):
                 compiles.events.clear()
     assert compiles.events == []   # steps 2..6 (each with another lr): no XLA compile at all
     assert trainer.executables_built == 1 and trainer.graphs_traced == 1
+    assert trainer.buffers_copied == len(snapshot)
+    for old, want in zip(snapshot, initial):
+        torch.testing.assert_close(old.cpu(), want)
     for lc, lt in losses:
         assert lt.device.type == "tpu" and lt.shape == ()
         torch.testing.assert_close(lt.cpu(), lc)
@@ -252,11 +259,11 @@ def test_bad_input_is_a_clear_error():
     with_targets = trainer.make_compiled_train_step(x, y)
     with pytest.raises(ValueError, match="got no targets"):
         with_targets(x)
-    with pytest.raises(RuntimeError, match="is on cpu; train_step takes tpu tensors"):
+    with pytest.raises(RuntimeError, match="an input tensor .shape .6, 8.. is on cpu; the step takes tpu tensors"):
         with_targets(x.cpu(), y)
     with pytest.raises(TypeError, match="may hold tensors, Python scalars"):
         trainer.make_compiled_train_step((x, object()))
-    with pytest.raises(RuntimeError, match="parameter '0.weight' is on cpu"):
+    with pytest.raises(RuntimeError, match="parameter '0.weight' .shape .16, 8.. is on cpu"):
         SingleTraceTrainer(_mlp()).make_compiled_train_step(x.cpu())
     with pytest.raises(TypeError, match="loss must be a floating-point tensor of one element"):
         SingleTraceTrainer(model, compute_loss_fn=lambda m, a, k: m(*a)).make_compiled_train_step(x)

@@ -189,6 +189,55 @@ def _trace(loss_module, params, buffers, inputs, rebuild, diff):
     return gm, list(reached)
 
 
+def _key(t, parts, slot_of, records, offsets, device, what="a tensor"):
+    """key_tensor (eager/executable.py) for a tensor of the step, with the trainer's error for others."""
+    address = t.untyped_storage().data_ptr()
+    r = RECORDS.get(address)
+    if r is None:
+        if t.device.type != "tpu":
+            raise RuntimeError(f"{_WHERE}: {what} (shape {tuple(t.shape)}) is on {t.device}; the step "
+                               f"takes tpu tensors (move the model and the inputs to tpu)")
+        raise RuntimeError(f"{_WHERE}: a tpu tensor (shape {tuple(t.shape)}) whose storage torchtpu does not know")
+    return key_tensor(t, r, address, parts, slot_of, records, offsets, device, _WHERE)
+
+
+class _Call:
+    """One call's inputs: the graph's placeholders (parameters, buffers, input tensors) keyed as
+    eager ops key theirs, the Python values baked into the trace, and the graph's cache key."""
+    __slots__ = ("placeholders", "inputs", "rebuild", "diff", "graph_key", "parts", "slot_of", "records",
+                 "offsets", "device")
+
+    def __init__(self, trainer, leaves, spec):
+        inputs, mask, statics = [], [], []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                inputs.append(leaf)
+                mask.append(True)
+            else:
+                statics.append(leaf)
+                mask.append(False)
+        in_optimizer = trainer._in_optimizer
+        self.diff = tuple(i for i, p in enumerate(trainer._params)
+                          if p.requires_grad and (in_optimizer is None or id(p) in in_optimizer))
+        self.inputs = inputs
+        self.placeholders = [*trainer._params, *trainer._buffers, *inputs]
+        self.parts, self.slot_of, self.records, self.offsets = [], {}, [], []
+        device = -1
+        names = (*trainer._names, *trainer._buffer_names)
+        for i, t in enumerate(self.placeholders):
+            what = f"{'parameter' if i < len(trainer._names) else 'buffer'} {names[i]!r}" if i < len(names) \
+                else "an input tensor"
+            device = _key(t, self.parts, self.slot_of, self.records, self.offsets, device, what)
+        self.device = device
+        self.graph_key = (spec, tuple(mask), tuple(_static_key(s) for s in statics), trainer.model.training,
+                          self.diff, tuple(self.parts))
+
+        def rebuild(traced):
+            it, st = iter(traced), iter(statics)
+            return pytree.tree_unflatten([next(it) if m else next(st) for m in mask], spec)
+        self.rebuild = rebuild
+
+
 class _Entry:
     __slots__ = ("fn", "donate", "mutated_slots", "outs", "checks", "where")
 
@@ -218,21 +267,30 @@ class SingleTraceTrainer:
         self.compute_loss_fn = compute_loss_fn
         self._note_compile_fn(compile_fn)
         self._loss_module = _LossOf(model, compute_loss_fn)
+        # The parameter and buffer set is fixed here, as an optimizer fixes its parameters (a walk of
+        # the module tree per step would cost more than the rest of the host side).
         named = dict(model.named_parameters())   # tied parameters once, under their first name
         self._names = list(named)
-        self._index = {id(p): i for i, p in enumerate(named.values())}
+        self._params = list(named.values())
+        self._buffer_names = [n for n, _ in model.named_buffers()]
+        self._buffers = [b for _, b in model.named_buffers()]
+        self._index = {id(p): i for i, p in enumerate(self._params)}
+        self._in_optimizer = None
         if optimizer is not None:
+            self._in_optimizer = set()
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     if id(p) not in self._index:
                         raise ValueError(f"{_WHERE}: the optimizer holds a parameter (shape "
                                          f"{tuple(p.shape)}) that is not one of the model's; build it "
                                          f"on model.parameters()")
+                    self._in_optimizer.add(id(p))
         self._graphs = {}
         self._entries = {}
         self._lock = threading.RLock()
         self.graphs_traced = 0       # traces of forward + backward (one per input signature)
         self.executables_built = 0   # XLA executables (tests count recompiles)
+        self.buffers_copied = 0      # shared buffers copied so that the step could donate them
 
     @staticmethod
     def _note_compile_fn(compile_fn):
@@ -243,7 +301,7 @@ class SingleTraceTrainer:
     @property
     def params(self):
         """The model's parameters by their original names."""
-        return dict(self.model.named_parameters())
+        return dict(zip(self._names, self._params))
 
     @property
     def param_group(self):
@@ -263,13 +321,14 @@ class SingleTraceTrainer:
         built at the first call, when the optimizer's state exists. Inputs of another shape trace
         and build again; another structure (or targets the example had not) is an error."""
         self._note_compile_fn(compile_fn)
-        args, kwargs = _as_call(example_inputs)
-        _, spec = pytree.tree_flatten((args, kwargs, example_targets))
         with_targets = example_targets is not None
         if with_targets and self.compute_loss_fn is not None:
             raise ValueError(f"{_WHERE}: compute_loss_fn is called as (model, args, kwargs); pass the "
                              f"targets inside the inputs instead of as targets")
-        self._graph_for(self._signature(args, kwargs, example_targets)[0])
+        args, kwargs = _as_call(example_inputs)
+        leaves, spec = pytree.tree_flatten((args, kwargs, example_targets))
+        call = _Call(self, leaves, spec)
+        self._graph_for(call)
 
         def train_step(inputs, targets=None):
             if (targets is not None) != with_targets:
@@ -281,107 +340,62 @@ class SingleTraceTrainer:
             if call_spec != spec:
                 raise ValueError(f"{_WHERE}: train_step inputs have another structure than the example "
                                  f"given to make_compiled_train_step (example {spec}, got {call_spec})")
-            return self._step(*self._signature_of(leaves, call_spec))
+            return self._step(_Call(self, leaves, spec))
 
         train_step.trainer = self
         return train_step
 
-    # ---------------------------------------------------------------- signatures
-    def _signature(self, args, kwargs, targets):
-        leaves, spec = pytree.tree_flatten((args, kwargs, targets))
-        return self._signature_of(leaves, spec)
-
-    def _signature_of(self, leaves, spec):
-        """((the graph's key, params, buffers, input tensors, rebuild), diff indices)."""
-        model = self.model
-        named = dict(model.named_parameters())
-        if list(named) != self._names or any(self._index.get(id(p)) != i for i, p in enumerate(named.values())):
-            raise RuntimeError(f"{_WHERE}: the model's parameters changed since the trainer was made; "
-                               f"make a new SingleTraceTrainer")
-        buffers = dict(model.named_buffers())
-        tensors, mask, statics = [], [], []
-        for leaf in leaves:
-            if isinstance(leaf, torch.Tensor):
-                tensors.append(leaf)
-                mask.append(True)
-            else:
-                statics.append(leaf)
-                mask.append(False)
-        if self.optimizer is not None:
-            in_opt = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
-            diff = tuple(i for i, p in enumerate(named.values()) if p.requires_grad and id(p) in in_opt)
-        else:
-            diff = tuple(i for i, p in enumerate(named.values()) if p.requires_grad)
-        key = (spec, tuple(mask), tuple(_static_key(s) for s in statics), model.training, diff, tuple(buffers),
-               tuple((t.dtype, t.shape) for t in tensors),
-               tuple((p.dtype, p.shape) for p in (*named.values(), *buffers.values())))
-
-        def rebuild(traced):
-            it, st = iter(traced), iter(statics)
-            return pytree.tree_unflatten([next(it) if m else next(st) for m in mask], spec)
-
-        return (key, named, buffers, tensors, rebuild), diff
-
-    def _graph_for(self, signature):
-        key, named, buffers, tensors, rebuild = signature
-        graph = self._graphs.get(key)
+    # ---------------------------------------------------------------- the graph of a call
+    def _graph_for(self, call):
+        graph = self._graphs.get(call.graph_key)
         if graph is not None:
             return graph
         with self._lock:
-            graph = self._graphs.get(key)
-            if graph is not None:
-                return graph
-            diff = key[4]
-            for what, group in (("parameter", named), ("buffer", buffers)):
-                for name, t in group.items():
-                    if t.device.type != "tpu":
-                        raise RuntimeError(f"{_WHERE}: {what} {name!r} is on {t.device}; move the model "
-                                           f"to tpu first")
-            for t in tensors:
-                if t.device.type != "tpu":
-                    raise RuntimeError(f"{_WHERE}: a tensor (shape {tuple(t.shape)}) is on {t.device}; "
-                                       f"train_step takes tpu tensors")
-            t0 = time.perf_counter()
-            gm, reached = _trace(self._loss_module, named, buffers, tensors, rebuild, list(diff))
-            _check_arguments(gm.graph)
-            graph = _Graph()
-            graph.gm = gm
-            graph.program = GraphProgram(gm.graph, gm)
-            graph.grad_of = {i: j for j, i in enumerate(reached)}   # param index -> gradient output
-            out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-            metas = [n.meta.get("val") for n in out_node.args[0]]
-            graph.loss_meta, graph.grad_meta = metas[0], metas[1:]
-            graph.mutated = list(graph.program.mutated_placeholders)
-            for i in graph.mutated:
-                if i < len(named) and i in graph.grad_of:
-                    raise RuntimeError(f"{_WHERE}: the forward writes parameter {self._names[i]!r} in place; "
-                                       f"a trained parameter cannot also be a written one")
-            self._graphs[key] = graph
-            self.graphs_traced += 1
-            log.debug("%s: traced forward+backward in %.2fs (%d nodes)", _WHERE, time.perf_counter() - t0,
-                      len(gm.graph.nodes))
+            graph = self._graphs.get(call.graph_key)
+            if graph is None:
+                graph = self._graphs[call.graph_key] = self._trace_graph(call)
+                self.graphs_traced += 1
             return graph
 
+    def _trace_graph(self, call):
+        t0 = time.perf_counter()
+        n_p = len(self._params)
+        gm, reached = _trace(self._loss_module, dict(zip(self._names, self._params)),
+                             dict(zip(self._buffer_names, self._buffers)), call.inputs, call.rebuild, list(call.diff))
+        _check_arguments(gm.graph)
+        graph = _Graph()
+        graph.gm = gm
+        graph.program = GraphProgram(gm.graph, gm)
+        graph.grad_of = {i: j for j, i in enumerate(reached)}   # param index -> gradient output
+        out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        metas = [n.meta.get("val") for n in out_node.args[0]]
+        graph.loss_meta, graph.grad_meta = metas[0], metas[1:]
+        graph.mutated = list(graph.program.mutated_placeholders)
+        for i in graph.mutated:
+            if i < n_p and i in graph.grad_of:
+                raise RuntimeError(f"{_WHERE}: the forward writes parameter {self._names[i]!r} in place; "
+                                   f"a trained parameter cannot also be a written one")
+        log.debug("%s: traced forward+backward in %.2fs (%d nodes)", _WHERE, time.perf_counter() - t0,
+                  len(gm.graph.nodes))
+        return graph
+
     # ---------------------------------------------------------------- a step
-    def _step(self, signature, diff):
-        graph = self._graph_for(signature)
-        _, named, buffers, inputs, _ = signature
-        params = list(named.values())
-        placeholders = [*params, *buffers.values(), *inputs]
+    def _step(self, call):
+        graph = self._graph_for(call)
+        params = self._params
         optimizer = self.optimizer
-        grads_in, states, scalars, static, plan = [], [], [], [], []
+        grads_in, states, scalars, static = [], [], [], []
         if optimizer is not None:
             for hook in (*_optim._global_optimizer_pre_hooks.values(), *optimizer._optimizer_step_pre_hooks.values()):
                 hook(optimizer, (), {})   # a trainer step is the optimizer's step (no arguments to change)
             optimizer._after, optimizer._undo = [], []
         try:
             if optimizer is not None:
-                grad_of = graph.grad_of
-                updated, states, scalars, static = optimizer._plan(
-                    lambda index, p: self._index[id(p)] in grad_of)
+                grad_of, index = graph.grad_of, self._index
+                updated, states, scalars, static = optimizer._plan(lambda i, p: index[id(p)] in grad_of)
                 if not updated:
                     raise RuntimeError(f"{_WHERE}: no parameter of the optimizer gets a gradient from the loss")
-                plan = [self._index[id(p)] for p in updated]
+                plan = [index[id(p)] for p in updated]
             else:
                 plan = list(graph.grad_of)
                 grads_in = [params[i].grad for i in plan]
@@ -390,7 +404,7 @@ class SingleTraceTrainer:
                                           or g.device != params[i].device):
                         raise RuntimeError(f"{_WHERE}: parameter {self._names[i]!r}'s grad ({g.dtype}, "
                                            f"{tuple(g.shape)}, {g.device}) does not match it")
-            loss = self._call(graph, placeholders, plan, grads_in, states, scalars, static)
+            loss = self._call(call, graph, plan, grads_in, states, scalars, static)
         except BaseException:
             if optimizer is not None:
                 for undo in optimizer._undo:
@@ -406,27 +420,20 @@ class SingleTraceTrainer:
                 hook(optimizer, (), {})
         return loss
 
-    def _call(self, graph, placeholders, plan, grads_in, states, scalars, static):
-        parts, slot_of, records, offsets = [], {}, [], []
-        device = -1
-        tensors = [*placeholders, *(g for g in grads_in if g is not None), *(s for per in states for s in per)]
-        for t in tensors:
-            address = t.untyped_storage().data_ptr()
-            r = RECORDS.get(address)
-            if r is None:
-                if t.device.type != "tpu":
-                    raise RuntimeError(f"{_WHERE}: a tensor (shape {tuple(t.shape)}) is on {t.device}; "
-                                       f"train_step takes tpu tensors")
-                raise RuntimeError(f"{_WHERE}: a tpu tensor (shape {tuple(t.shape)}) whose storage torchtpu "
-                                   f"does not know")
-            device = key_tensor(t, r, address, parts, slot_of, records, offsets, device, _WHERE)
+    def _call(self, call, graph, plan, grads_in, states, scalars, static):
+        parts, records, offsets = call.parts, call.records, call.offsets
+        device = call.device
+        extra = [*(g for g in grads_in if g is not None), *(s for per in states for s in per)]
+        for t in extra:
+            device = _key(t, parts, call.slot_of, records, offsets, device)
+        tensors = call.placeholders + extra
         counts = tuple(len(per) for per in states)
         host = np.asarray(scalars, dtype=np.float64).astype(np.float32) if self.optimizer is not None else None
         key = (id(graph), tuple(parts), tuple(g is not None for g in grads_in), tuple(static), counts,
                torch.get_float32_matmul_precision(), xla_options.active())
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._build(key, graph, tensors, len(placeholders), plan, grads_in, counts, static,
+            entry = self._build(key, graph, tensors, len(call.placeholders), plan, grads_in, counts, static,
                                 host, records, device)
         dyn = input_buffers(records)
         if entry.donate:
@@ -435,6 +442,7 @@ class SingleTraceTrainer:
             for s in entry.mutated_slots:
                 if not donatable(dyn, (s,)):
                     dyn[s] = jax.device_put(dyn[s], dyn[s].sharding, may_alias=False)
+                    self.buffers_copied += 1
         if host is not None:
             dyn.append(host)
         if graph.program.random:
@@ -449,10 +457,9 @@ class SingleTraceTrainer:
         outs = [new_tensor(shape, dtype, device, buffer) for (shape, dtype), buffer in zip(entry.outs, results)]
         if self.optimizer is None:
             fresh = iter(outs[1:])
-            params = placeholders
             for i, g in zip(plan, grads_in):
                 if g is None:
-                    params[i].grad = next(fresh)
+                    self._params[i].grad = next(fresh)
         return outs[0]
 
     def _build(self, key, graph, tensors, n_ph, plan, grads_in, counts, static, host, records, device):
