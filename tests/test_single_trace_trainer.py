@@ -269,3 +269,28 @@ def test_bad_input_is_a_clear_error():
         SingleTraceTrainer(model, compute_loss_fn=lambda m, a, k: m(*a)).make_compiled_train_step(x)
     with pytest.warns(UserWarning, match="compile_fn is accepted for TorchTPU compatibility and not used"):
         SingleTraceTrainer(model, compile_fn=torch.compile)
+
+
+def test_failed_step_leaves_parameters_and_optimizer_state_as_they_were(monkeypatch):
+    from torchtpu.optim import trainer as trainer_module
+    model = _mlp(12).to("tpu")
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    adamw = AdamW(model.parameters(), lr=0.1)
+    x, y = (t.to("tpu") for t in _batches(1, seed=13)[0])
+    before = [p.detach().cpu() for p in model.parameters()]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_module, "call_and_commit", interrupted)
+    for o in (opt, adamw):
+        step = SingleTraceTrainer(model, o).make_compiled_train_step(x, y)
+        with pytest.raises(KeyboardInterrupt):
+            step(x, y)
+    assert not any("momentum_buffer" in st for st in opt.state.values())   # SGD's first-step buffers taken back
+    assert all(float(st["step"]) == 0 for st in adamw.state.values())   # AdamW's count did not move
+    for old, p in zip(before, model.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), old)
+    monkeypatch.undo()
+    step(x, y)   # and the step runs from there
+    assert all(float(st["step"]) == 1 for st in adamw.state.values())
