@@ -111,21 +111,25 @@ def test_plain_optimizer_step_continues_after_trainer_steps():
 def test_tiny_llama_matches_cpu_adamw():
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                      tie_word_embeddings=True)
     torch.manual_seed(0)
     cpu = transformers.LlamaForCausalLM(config)
     tpu = copy.deepcopy(cpu).to("tpu")
+    assert tpu.lm_head.weight is tpu.model.embed_tokens.weight   # one parameter under two names
     ref, opt = torch.optim.AdamW(cpu.parameters(), lr=3e-3), AdamW(tpu.parameters(), lr=3e-3)
     trainer = SingleTraceTrainer(tpu, opt)
     g = torch.Generator().manual_seed(5)
-    batches = [torch.randint(0, 64, (2, 8), generator=g) for _ in range(3)]
-    step = trainer.make_compiled_train_step({"input_ids": batches[0].to("tpu"), "labels": batches[0].to("tpu")})
-    for ids in batches:
+    data = torch.randint(0, 64, (6, 8), generator=g)
+    on_tpu = data.to("tpu")   # each batch a view into it: its storage offset travels traced
+    step = trainer.make_compiled_train_step({"input_ids": on_tpu[0:2], "labels": on_tpu[0:2]})
+    for i in range(0, 6, 2):
+        ids = data[i:i + 2]
         ref.zero_grad()
         loss = cpu(input_ids=ids, labels=ids).loss   # out.loss: the default rule's choice
         loss.backward()
         ref.step()
-        got = step({"input_ids": ids.to("tpu"), "labels": ids.to("tpu")})
+        got = step({"input_ids": on_tpu[i:i + 2], "labels": on_tpu[i:i + 2]})
         torch.testing.assert_close(got.cpu(), loss.detach(), rtol=1e-5, atol=1e-5)
     # AdamW divides by sqrt(v): last-bit differences of the gradients move parameters by ~1e-6 * lr
     _close_params(cpu, tpu, rtol=1e-4, atol=5e-5)

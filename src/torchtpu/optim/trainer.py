@@ -223,11 +223,15 @@ class _Call:
         self.placeholders = [*trainer._params, *trainer._buffers, *inputs]
         self.parts, self.slot_of, self.records, self.offsets = [], {}, [], []
         device = -1
-        names = (*trainer._names, *trainer._buffer_names)
         for i, t in enumerate(self.placeholders):
-            what = f"{'parameter' if i < len(trainer._names) else 'buffer'} {names[i]!r}" if i < len(names) \
-                else "an input tensor"
-            device = _key(t, self.parts, self.slot_of, self.records, self.offsets, device, what)
+            try:
+                device = _key(t, self.parts, self.slot_of, self.records, self.offsets, device, "an input tensor")
+            except RuntimeError:
+                names = (*trainer._names, *trainer._buffer_names)
+                if i < len(names):   # the error again, naming the parameter or buffer
+                    what = f"{'parameter' if i < len(trainer._names) else 'buffer'} {names[i]!r}"
+                    _key(t, [], {}, [], [], -1, what)
+                raise
         self.device = device
         self.graph_key = (spec, tuple(mask), tuple(_static_key(s) for s in statics), trainer.model.training,
                           self.diff, tuple(self.parts))
