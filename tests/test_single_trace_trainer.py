@@ -249,6 +249,24 @@ def test_dropout_draws_new_masks_each_step():
     assert trainer.graphs_traced == 2
 
 
+def test_autocast_around_the_call_selects_its_own_trace():
+    cpu = _mlp(14)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    trainer = SingleTraceTrainer(tpu)
+    x = torch.randn(5, 8)
+    step = trainer.make_compiled_train_step(x.to("tpu"))
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        loss = step(x.to("tpu"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = cpu(x).mean()
+    ref.backward()
+    assert loss.dtype == ref.dtype == torch.bfloat16 and trainer.graphs_traced == 2
+    torch.testing.assert_close(loss.cpu(), ref.detach())
+    for pc, pt in zip(cpu.parameters(), tpu.parameters()):
+        assert pt.grad.dtype == torch.float32
+        torch.testing.assert_close(pt.grad.cpu(), pc.grad, rtol=2e-2, atol=2e-2)
+
+
 def test_bad_input_is_a_clear_error():
     model = _mlp().to("tpu")
     x, y = (t.to("tpu") for t in _batches(1)[0])

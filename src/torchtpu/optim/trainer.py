@@ -27,7 +27,8 @@ with `optimizer=None` the step computes them and accumulates them into `param.gr
 Parameters that do not reach the loss get no gradient and are skipped by the optimizer, as in
 torch.optim (a None grad). The parameter set and the loss are fixed by the trainer; what the
 model computes is traced once per input signature and `model.training` value (dropout and
-BatchNorm follow the mode at trace time; switching `model.eval()` builds a second step).
+BatchNorm follow the mode at trace time; switching `model.eval()` builds a second step), and so
+does `torch.autocast("tpu")` around the call (its casts are traced).
 
 `compile_fn` is accepted for TorchTPU compatibility and not used: TorchTPU hands its functional step
 to a compiler (torch.compile by default); here the step is always one XLA executable built from the
@@ -233,8 +234,10 @@ class _Call:
                     _key(t, [], {}, [], [], -1, what)
                 raise
         self.device = device
+        # autocast is traced into the graph (its casts are ATen ops), so its state selects the trace
+        autocast = torch.is_autocast_enabled("tpu") and torch.get_autocast_dtype("tpu")
         self.graph_key = (spec, tuple(mask), tuple(_static_key(s) for s in statics), trainer.model.training,
-                          self.diff, tuple(self.parts))
+                          autocast, self.diff, tuple(self.parts))
 
         def rebuild(traced):
             it, st = iter(traced), iter(statics)
