@@ -267,6 +267,11 @@ def test_autocast_around_the_call_selects_its_own_trace():
         torch.testing.assert_close(pt.grad.cpu(), pc.grad, rtol=2e-2, atol=2e-2)
 
 
+class _NoTensorOut(torch.nn.Module):
+    def forward(self, x):
+        return {"count": 3}
+
+
 def test_bad_input_is_a_clear_error():
     model = _mlp().to("tpu")
     x, y = (t.to("tpu") for t in _batches(1)[0])
@@ -289,6 +294,11 @@ def test_bad_input_is_a_clear_error():
         SingleTraceTrainer(_mlp()).make_compiled_train_step(x.cpu())
     with pytest.raises(TypeError, match="loss must be a floating-point tensor of one element"):
         SingleTraceTrainer(model, compute_loss_fn=lambda m, a, k: m(*a)).make_compiled_train_step(x)
+    with pytest.raises(RuntimeError, match="reads a tensor's value on the host while it is traced"):
+        SingleTraceTrainer(model, compute_loss_fn=lambda m, a, k: m(*a).mean() * float(m(*a).sum() > 0)
+                           ).make_compiled_train_step(x)
+    with pytest.raises(TypeError, match="no tensor to take a loss from"):
+        SingleTraceTrainer(_NoTensorOut()).make_compiled_train_step(x)
     with pytest.warns(UserWarning, match="compile_fn is accepted for TorchTPU compatibility and not used"):
         SingleTraceTrainer(model, compile_fn=torch.compile)
 

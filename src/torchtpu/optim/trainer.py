@@ -30,9 +30,10 @@ model computes is traced once per input signature and `model.training` value (dr
 BatchNorm follow the mode at trace time; switching `model.eval()` builds a second step), and so
 does `torch.autocast("tpu")` around the call (its casts are traced).
 
-`compile_fn` is accepted for TorchTPU compatibility and not used: TorchTPU hands its functional step
-to a compiler (torch.compile by default); here the step is always one XLA executable built from the
-traced ATen graph, so there is nothing to hand over. Passing one warns once.
+`compile_fn` is accepted for TorchTPU compatibility and not used: the step is always compiled from
+the traced ATen graph to one XLA executable, with the optimizer's update inside it, so there is no
+Python step function to hand to another compiler. Passing one warns (Python shows it once per call
+site).
 """
 from __future__ import annotations
 
@@ -86,8 +87,7 @@ def _main_output(out):
         value = _field(out, name)
         if isinstance(value, torch.Tensor):
             return value
-    values = out.values() if isinstance(out, collections.abc.Mapping) else out
-    for leaf in pytree.tree_leaves(list(values) if isinstance(values, collections.abc.ValuesView) else values):
+    for leaf in pytree.tree_leaves(list(out.values()) if isinstance(out, collections.abc.Mapping) else out):
         if isinstance(leaf, torch.Tensor):
             return leaf
     raise TypeError(f"{_WHERE}: the model returned {type(out).__name__} with no tensor to take a loss "
