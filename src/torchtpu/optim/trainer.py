@@ -217,7 +217,8 @@ class _Call:
             else:
                 statics.append(leaf)
                 mask.append(False)
-        in_optimizer = trainer._in_optimizer
+        optimizer = trainer.optimizer   # (read per call: a param group may be added later)
+        in_optimizer = None if optimizer is None else {id(p) for g in optimizer.param_groups for p in g["params"]}
         self.diff = tuple(i for i, p in enumerate(trainer._params)
                           if p.requires_grad and (in_optimizer is None or id(p) in in_optimizer))
         self.inputs = inputs
@@ -282,22 +283,23 @@ class SingleTraceTrainer:
         self._buffer_names = [n for n, _ in model.named_buffers()]
         self._buffers = [b for _, b in model.named_buffers()]
         self._index = {id(p): i for i, p in enumerate(self._params)}
-        self._in_optimizer = None
         if optimizer is not None:
-            self._in_optimizer = set()
             for group in optimizer.param_groups:
                 for p in group["params"]:
-                    if id(p) not in self._index:
-                        raise ValueError(f"{_WHERE}: the optimizer holds a parameter (shape "
-                                         f"{tuple(p.shape)}) that is not one of the model's; build it "
-                                         f"on model.parameters()")
-                    self._in_optimizer.add(id(p))
+                    self._index_of(p)
         self._graphs = {}
         self._entries = {}
         self._lock = threading.RLock()
         self.graphs_traced = 0       # traces of forward + backward (one per input signature)
         self.executables_built = 0   # XLA executables (tests count recompiles)
         self.buffers_copied = 0      # shared buffers copied so that the step could donate them
+
+    def _index_of(self, p):
+        i = self._index.get(id(p))
+        if i is None:
+            raise ValueError(f"{_WHERE}: the optimizer holds a parameter (shape {tuple(p.shape)}) that is "
+                             f"not one of the model's; build it on model.parameters()")
+        return i
 
     @staticmethod
     def _note_compile_fn(compile_fn):
@@ -398,11 +400,11 @@ class SingleTraceTrainer:
             optimizer._after, optimizer._undo = [], []
         try:
             if optimizer is not None:
-                grad_of, index = graph.grad_of, self._index
-                updated, states, scalars, static = optimizer._plan(lambda i, p: index[id(p)] in grad_of)
+                grad_of, index_of = graph.grad_of, self._index_of
+                updated, states, scalars, static = optimizer._plan(lambda i, p: index_of(p) in grad_of)
                 if not updated:
                     raise RuntimeError(f"{_WHERE}: no parameter of the optimizer gets a gradient from the loss")
-                plan = [index[id(p)] for p in updated]
+                plan = [index_of(p) for p in updated]
             else:
                 plan = list(graph.grad_of)
                 grads_in = [params[i].grad for i in plan]
