@@ -438,7 +438,7 @@ class SingleTraceTrainer:
         tensors = call.placeholders + extra
         counts = tuple(len(per) for per in states)
         host = np.asarray(scalars, dtype=np.float64).astype(np.float32) if self.optimizer is not None else None
-        key = (id(graph), tuple(parts), tuple(g is not None for g in grads_in), tuple(static), counts,
+        key = (id(graph), tuple(parts), tuple(plan), tuple(g is not None for g in grads_in), tuple(static), counts,
                torch.get_float32_matmul_precision(), xla_options.active())
         entry = self._entries.get(key)
         if entry is None:
@@ -446,8 +446,8 @@ class SingleTraceTrainer:
                                 host, records, device)
         dyn = input_buffers(records)
         if entry.donate:
-            # a buffer held elsewhere too (fresh zero states share a kept constant; a clone shares its
-            # source's buffer) is copied rather than given up: one executable, always donating
+            # a buffer held elsewhere too (a clone of a whole storage shares its source's buffer; small
+            # constants are kept and shared) is copied rather than given up: one executable, always donating
             for s in entry.mutated_slots:
                 if not donatable(dyn, (s,)):
                     dyn[s] = jax.device_put(dyn[s], dyn[s].sharding, may_alias=False)
