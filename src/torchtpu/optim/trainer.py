@@ -51,7 +51,6 @@ from torch.optim import optimizer as _optim
 from torch.utils import _pytree as pytree
 
 from ..compile import options
-from ..compile.backend import _check_arguments, decompositions
 from ..device import platform
 from ..eager import asserts, xla_options
 from ..eager.engine import scalar_key
@@ -60,7 +59,6 @@ from ..eager.executable import (Program, ValueArg, call_and_commit, flat_output,
 from ..eager.random import next_rng_args
 from ..metrics import counters
 from ..ops import dtypes as dt
-from ..ops.graph import GraphProgram
 from ..storage.records import RECORDS, donatable, new_tensor
 
 __all__ = ["SingleTraceTrainer"]
@@ -150,6 +148,8 @@ def _trace(loss_module, params, buffers, inputs, rebuild, diff):
     that reach it], functionalized. Returns the graph and which of `diff` got a gradient."""
     from torch._dispatch.python import enable_python_dispatcher
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ..compile.backend import decompositions   # (here: importing torch.tpu.optimizers stays cheap)
 
     names = [f"model.{n}" for n in params]
     bnames = [f"model.{n}" for n in buffers]
@@ -367,6 +367,8 @@ class SingleTraceTrainer:
             return graph
 
     def _trace_graph(self, call):
+        from ..compile.backend import _check_arguments
+        from ..ops.graph import GraphProgram
         t0 = time.perf_counter()
         n_p = len(self._params)
         gm, reached = _trace(self._loss_module, dict(zip(self._names, self._params)),
