@@ -326,3 +326,18 @@ def test_failed_step_leaves_parameters_and_optimizer_state_as_they_were(monkeypa
     monkeypatch.undo()
     step(x, y)   # and the step runs from there
     assert all(float(st["step"]) == 1 for st in adamw.state.values())
+
+
+def test_device_side_assert_is_reported_and_commits_nothing():
+    from torchtpu.eager.asserts import DeviceAssertError
+    torch.manual_seed(15)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 1)).to("tpu")
+    step = SingleTraceTrainer(model, AdamW(model.parameters(), lr=0.1)).make_compiled_train_step(
+        torch.tensor([1, 2, 3], device="tpu"))
+    step(torch.tensor([1, 2, 3], device="tpu"))
+    before = [p.detach().cpu() for p in model.parameters()]
+    with pytest.raises(DeviceAssertError, match="SingleTraceTrainer step: index out of range"):
+        step(torch.tensor([1, 20, 3], device="tpu"))   # as on CUDA: reported at the next sync
+        torch.tpu.synchronize()
+    for old, p in zip(before, model.parameters()):
+        assert torch.equal(p.detach().cpu(), old)   # the failed step wrote nothing
