@@ -21,7 +21,10 @@ def test_backend_registered_for_tpu():
     ("subgroups", 4),     # new_group, a 2x2 DeviceMesh, uneven all_to_all
     ("ddp", 2),           # DDP on 2 ranks == one process on the full batch
     ("backend_strings", 2),   # "cpu:gloo,tpu:tpu_dist" through a tcp:// store, no torchrun env
-    ("dtensor", 2),       # distribute_tensor, redistribute, Colwise/Rowwise; funcol under torch.compile
+    ("dtensor", 2),       # distribute_tensor, redistribute, Colwise/Rowwise
+    ("compiled_collectives", 2),   # funcol under torch.compile(fullgraph): one SPMD executable
+    ("compiled_dtensor", 2),       # DTensor Colwise/Rowwise compiled: forward and backward graphs
+    ("compiled_collectives_2d", 4),   # one graph over both axes of a 2x2 mesh; SequenceParallel block
     ("fsdp", 2),          # fully_shard + MixedPrecisionPolicy parity, distributed checkpoint save/load
     ("dtensor_2d", 4),    # dp x tp mesh: SequenceParallel + Colwise/Rowwise, outputs and grads
 ])

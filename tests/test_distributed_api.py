@@ -85,3 +85,38 @@ def test_joining_after_the_device_started_raises_clearly():
     torch.ones(1, device="tpu").cpu()    # the device is up, for one process
     with pytest.raises(RuntimeError, match="call init_process_group before the first tpu tensor"):
         process_group._ensure_joined(dist.HashStore(), 0, 2, [0, 1], datetime.timedelta(seconds=5))
+
+
+def test_compiled_functional_collectives_world_of_one():
+    """A world of one, in this process: a compiled graph with functional collectives runs as one
+    SPMD executable (no fallback warning, no eager collective), with the identity's values."""
+    import warnings
+
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.testing import assert_close
+    from torchtpu.distributed import collectives, compiled
+    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        W = dist.group.WORLD
+
+        def f(t):
+            s = funcol.all_reduce(t * 2, "avg", W)
+            g = funcol.all_gather_tensor(t, 0, W)
+            return s + 1, funcol.reduce_scatter_tensor(g, "max", 0, W), funcol.broadcast(t, 0, W)
+
+        cf = torch.compile(f, backend="tpu", fullgraph=True)
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            x = (torch.randn(4, 3) * 10).to(dtype)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")   # the op-by-op fallback warns
+                cf(x.to("tpu"))
+                before = (compiled.compiles(), compiled.calls(), collectives.calls())
+                s, rs, b = cf(x.to("tpu"))
+            assert (compiled.compiles(), compiled.calls(), collectives.calls()) == (
+                before[0], before[1] + 1, before[2])
+            assert_close(s.cpu(), x * 2 + 1)
+            assert_close(rs.cpu(), x)
+            assert_close(b.cpu(), x)
+    finally:
+        dist.destroy_process_group()

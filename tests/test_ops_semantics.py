@@ -274,6 +274,24 @@ def test_grouped_mm_modes_and_gradients(shapes):
     torch.testing.assert_close(tb.grad.cpu(), b.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("routing", ["random", "one expert", "empty tail"])
+def test_grouped_mm_with_many_uneven_groups(routing, dtype):
+    """Mixture-of-experts routing: 16 experts, empty groups, one expert taking every row, rows past
+    the last offset (the tiled path off TPU must cover each group's rows exactly once)."""
+    m, g = 70, 16
+    counts = {"random": torch.bincount(torch.randint(0, g, (m,)), minlength=g),
+              "one expert": torch.zeros(g, dtype=torch.long).index_fill_(0, torch.tensor([5]), m),
+              "empty tail": torch.bincount(torch.randint(0, g - 3, (m - 9,)), minlength=g)}[routing]
+    offs = counts.cumsum(0).to(torch.int32)
+    a, b = torch.randn(m, 24, dtype=dtype), torch.randn(g, 24, 40, dtype=dtype)
+    expected = torch._grouped_mm(a, b, offs=offs)
+    actual = torch._grouped_mm(a.to(DEV), b.to(DEV), offs=offs.to(DEV)).cpu()
+    used = int(offs[-1])
+    torch.testing.assert_close(actual[:used], expected[:used])
+    assert not actual[used:].any()
+
+
 def test_lazily_conjugated_and_negated_views():
     """x.conj(), x.mH and x.conj().imag are views with PyTorch's conjugate/negative bits: every read,
     write and copy through them sees the conjugated (negated) values."""

@@ -10,7 +10,26 @@ from __future__ import annotations
 from .._import_hooks import when_imported
 from . import options  # noqa: F401
 
-__all__ = ["tpu_backend", "register", "install_hooks", "options"]
+__all__ = ["tpu_backend", "register", "install_hooks", "options", "register_graph_placer"]
+
+# Higher layers that need a graph compiled as something other than one single-device program (the
+# distributed layer: graphs with functional collectives become SPMD programs over a process mesh)
+# register a placer here, so that compile never imports them. A placer is called with each FX graph
+# before it is planned and returns None (not its business) or a placement: an object with
+# `compile(traced, sample, xla_options) -> (call, lowered)`, where `traced` is the executable
+# builder's function (eager/executable.py) for this process's buffers and `sample` its abstract
+# arguments, and `call(*buffers_and_values)` returns this process's results in the builder's order.
+# It may raise ops.resolve.NotLowered to send the graph to the eager fallback.
+_PLACERS: list = []
+
+
+def register_graph_placer(placer) -> None:
+    if placer not in _PLACERS:
+        _PLACERS.append(placer)
+
+
+def graph_placers() -> tuple:
+    return tuple(_PLACERS)
 
 _SKIPPED = ("torchtpu", "jax", "jaxlib")
 

@@ -39,7 +39,7 @@ from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram, node_op_name
 from ..ops.resolve import NotLowered
 from ..storage.records import RECORDS, donatable, new_tensor
-from . import options
+from . import graph_placers, options
 
 log = logging.getLogger("torchtpu.compile")
 _Tensor = torch.Tensor
@@ -177,6 +177,13 @@ class CompiledGraph:
         self.id = next(_graph_ids)
         self.where = f"compiled graph {self.id} ({kind})"  # names it in device-side assert messages
         _check_arguments(gm.graph)
+        # a higher layer may take the graph over (distributed: functional collectives make it an
+        # SPMD program over the process mesh; compile/__init__.py: register_graph_placer)
+        self.placement = None
+        for placer in graph_placers():
+            self.placement = placer(gm)
+            if self.placement is not None:
+                break
         self.program = GraphProgram(gm.graph, gm)
         out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         outs = out_node.args[0]
@@ -337,6 +344,8 @@ class CompiledGraph:
         dev = device if device >= 0 else current_device()
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(dev))
         entry.sample = _sample(args, records, sharding, program.random, n_off, value_ints)
+        if self.placement is not None:
+            return self._placed(entry, traced, outs_meta)
         jitted = jax.jit(traced, donate_argnums=tuple(mutated_slots) if entry.donate else (),
                          out_shardings=sharding if nb == 0 else None)
         # trace and compile now: the output metadata is known, and compile time lands here
@@ -352,6 +361,20 @@ class CompiledGraph:
         TIMES["trace_s"] += t1 - t0
         TIMES["xla_compile_s"] += t2 - t1
         entry.fn_plain = None if entry.donate else entry.fn
+        entry.outs = list(outs_meta)
+        entry.n_arrays = sum(o[0] == "T" for o in entry.outs)
+        return entry
+
+    def _placed(self, entry, traced, outs_meta):
+        """The executable as the graph's placement compiles it (no donation: its buffers are this
+        process's shards of global arrays)."""
+        entry.donate = False
+        entry.xla = xla_options.jax_options()   # keyed in _key
+        t0 = time.perf_counter()
+        entry.fn, lowered = self.placement.compile(traced, entry.sample, entry.xla)
+        options._maybe_dump(self, lowered)
+        TIMES["xla_compile_s"] += time.perf_counter() - t0
+        entry.fn_plain = entry.fn
         entry.outs = list(outs_meta)
         entry.n_arrays = sum(o[0] == "T" for o in entry.outs)
         return entry

@@ -12,6 +12,16 @@ def _create(dist_backend_opts, backend_options=None):
     return create(dist_backend_opts, backend_options)
 
 
+def _place(gm):
+    """Compile-layer placer (compile.register_graph_placer): graphs with functional collectives
+    become SPMD executables over the process mesh (compiled.py)."""
+    if not any(getattr(n.target, "namespace", None) in ("_c10d_functional", "_c10d_functional_autograd")
+               for n in gm.graph.nodes if n.op == "call_function"):
+        return None
+    from .compiled import place
+    return place(gm)
+
+
 def register():
     import torch.distributed as dist
     if not dist.is_available() or "TPU_DIST" in dist.Backend._plugins:
@@ -22,3 +32,5 @@ def register():
     dist.Backend.default_device_backend_map["tpu"] = "tpu_dist"
     from . import fsdp
     fsdp.install()   # FSDP2's storage resizes, for tpu tensors (when FSDP2 is imported)
+    from ..compile import register_graph_placer
+    register_graph_placer(_place)   # functional collectives inside compiled graphs

@@ -74,28 +74,29 @@ def _from_bits(b, dtype):
     return lax.bitcast_convert_type(b, dtype)
 
 
-def _reduce(x, op, size):
-    """All-reduce of this shard's x over the group axis with torch's ReduceOp name `op`."""
+def _reduce(x, op, size, axis=AXIS):
+    """All-reduce of this shard's x over mesh axis `axis` (the group's) with torch's ReduceOp name
+    `op` (compiled graphs name their group's axis; eager collectives use AXIS)."""
     if x.dtype == jnp.bool_:
         # torch reduces bools as bytes: SUM/MAX are "any", MIN/PRODUCT are "all"
         b = x.astype(jnp.uint8)
-        return (lax.pmax(b, AXIS) if op in ("SUM", "MAX", "AVG") else lax.pmin(b, AXIS)) != 0
+        return (lax.pmax(b, axis) if op in ("SUM", "MAX", "AVG") else lax.pmin(b, axis)) != 0
     if op == "SUM":
-        return lax.psum(x, AXIS)
+        return lax.psum(x, axis)
     if op == "AVG":
-        s = lax.psum(x, AXIS)
+        s = lax.psum(x, axis)
         if jnp.issubdtype(x.dtype, jnp.integer):
             return (s // size).astype(x.dtype)
         return (s / size).astype(x.dtype)
     if op == "MAX":
-        return lax.pmax(x, AXIS)
+        return lax.pmax(x, axis)
     if op == "MIN":
-        return lax.pmin(x, AXIS)
+        return lax.pmin(x, axis)
     if op == "PRODUCT":
         # XLA has no product all-reduce: gather the group's shards and multiply them locally
-        return jnp.prod(lax.all_gather(x, AXIS), axis=0).astype(x.dtype)
+        return jnp.prod(lax.all_gather(x, axis), axis=0).astype(x.dtype)
     if op in ("BAND", "BOR", "BXOR"):
-        g = lax.all_gather(x, AXIS)
+        g = lax.all_gather(x, axis)
         f = {"BAND": jnp.bitwise_and, "BOR": jnp.bitwise_or, "BXOR": jnp.bitwise_xor}[op]
         out = g[0]
         for i in range(1, size):
@@ -104,49 +105,50 @@ def _reduce(x, op, size):
     raise ValueError(f"torchtpu.distributed: unsupported reduce op {op}")
 
 
-def _body(kind, static, size):
-    """The per-shard function of collective `kind` (x is this process's flat buffer)."""
+def _body(kind, static, size, axis=AXIS):
+    """The per-shard function of collective `kind` over mesh axis `axis` (x is this process's flat
+    buffer; all_gather and reduce_scatter also take any shape, working on dim 0)."""
     if kind == "all_reduce":
         (op,) = static
-        return lambda x: _reduce(x, op, size)
+        return lambda x: _reduce(x, op, size, axis)
     if kind == "all_gather":
-        return lambda x: lax.all_gather(x, AXIS, tiled=True)
+        return lambda x: lax.all_gather(x, axis, tiled=True)
     if kind == "reduce_scatter":
         (op,) = static
 
         def rs(x):
             n = x.shape[0] // size
             if op == "SUM" and x.dtype != jnp.bool_:
-                return lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
+                return lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True)
             if op == "AVG" and jnp.issubdtype(x.dtype, jnp.inexact):
-                return (lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True) / size).astype(x.dtype)
+                return (lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True) / size).astype(x.dtype)
             # other reductions: reduce everything, keep this rank's block
-            full = _reduce(x, op, size)
-            return lax.dynamic_slice_in_dim(full, lax.axis_index(AXIS) * n, n)
+            full = _reduce(x, op, size, axis)
+            return lax.dynamic_slice_in_dim(full, lax.axis_index(axis) * n, n)
         return rs
     if kind == "broadcast":
         (src,) = static
 
         def bc(x):
             b = _to_bits(x)
-            b = jnp.where(lax.axis_index(AXIS) == src, b, jnp.zeros_like(b))
-            return _from_bits(lax.psum(b, AXIS), x.dtype)
+            b = jnp.where(lax.axis_index(axis) == src, b, jnp.zeros_like(b))
+            return _from_bits(lax.psum(b, axis), x.dtype)
         return bc
     if kind == "scatter":
         (src,) = static
 
         def sc(x):  # x: src's G blocks (others: anything of the same size)
             b = _to_bits(x)
-            b = jnp.where(lax.axis_index(AXIS) == src, b, jnp.zeros_like(b))
-            return _from_bits(lax.psum_scatter(b, AXIS, scatter_dimension=0, tiled=True), x.dtype)
+            b = jnp.where(lax.axis_index(axis) == src, b, jnp.zeros_like(b))
+            return _from_bits(lax.psum_scatter(b, axis, scatter_dimension=0, tiled=True), x.dtype)
         return sc
     if kind == "all_to_all":
         def a2a(x):
-            return lax.all_to_all(x.reshape(size, -1), AXIS, 0, 0, tiled=True).reshape(-1)
+            return lax.all_to_all(x.reshape(size, -1), axis, 0, 0, tiled=True).reshape(-1)
         return a2a
     if kind == "permute":
         (pairs,) = static
-        return lambda x: lax.ppermute(x, AXIS, perm=list(pairs))
+        return lambda x: lax.ppermute(x, axis, perm=list(pairs))
     raise ValueError(kind)
 
 
@@ -213,26 +215,33 @@ _queue = None
 
 def _collective_thread():
     while True:
-        fut, exe, arg = _queue.get()
+        fut, exe, args = _queue.get()
         if not fut.set_running_or_notify_cancel():
             continue
         try:
-            fut.set_result(exe(arg))
+            fut.set_result(exe(*args))
         except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
             fut.set_exception(e)
 
 
 def _call(exe, arg, timeout_s):
+    return call_bounded(exe, (arg,), timeout_s, arg.sharding.mesh.devices.flat[0].platform)
+
+
+def call_bounded(exe, args, timeout_s, platform_name):
+    """`exe(*args)` for an executable containing collectives; on XLA:CPU on the collective thread,
+    raising concurrent.futures.TimeoutError when it has not completed within `timeout_s` seconds.
+    Eager collectives and compiled graphs share the thread, so their collectives keep their order."""
     global _queue
-    if not timeout_s or arg.sharding.mesh.devices.flat[0].platform != "cpu":
-        return exe(arg)
+    if not timeout_s or platform_name != "cpu":
+        return exe(*args)
     if _queue is None:
         with _lock:
             if _queue is None:
                 _queue = queue.SimpleQueue()
                 threading.Thread(target=_collective_thread, name="torchtpu-collectives", daemon=True).start()
     fut = concurrent.futures.Future()
-    _queue.put((fut, exe, arg))
+    _queue.put((fut, exe, args))
     return fut.result(timeout_s)
 
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import torch
 
 from ..ops import dtypes as dt
+from ..ops.table import declared_facts
 from ..storage.records import new_tensor, record_of
 from .executable import device_mismatch, zeros
 
@@ -263,9 +264,9 @@ def with_masks(engine_kernel, position):
 
 
 # ------------------------------------------------------------------ fused attention
-# index ops whose index list may hold boolean masks: (op name, position of the index list)
-MASK_ARGUMENT_OPS = {"index.Tensor": 1, "index_put.default": 1, "index_put_.default": 1,
-                     "_index_put_impl_.default": 1}
+# index ops whose index list may hold boolean masks: op name -> position of the index list
+# (declared with mask_args= on their lowerings, ops/indexing.py)
+MASK_ARGUMENT_OPS = declared_facts("mask_args")
 
 
 @functools.partial(jax.jit, static_argnums=(2,))

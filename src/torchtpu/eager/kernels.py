@@ -19,7 +19,7 @@ from ..device.state import current_device
 from ..ops import dtypes as dt
 from ..ops import argument_checks, factories
 from ..ops.resolve import NotLowered, functional_twin, op_name
-from ..ops.table import LOWERINGS
+from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
 from . import asserts, errors, fusion
 from .fusion import Pending
@@ -368,103 +368,14 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
                                         non_blocking=non_blocking, **kwargs)
 
 
-# Ops PyTorch ships without a Meta kernel; the engine needs one for shapes and dtypes.
-_MISSING_META = {
-    "multilabel_margin_loss_backward": lambda grad, self, target, reduction, is_target: torch.empty_like(self),
-    "multi_margin_loss_backward": lambda grad, self, *args, **kwargs: torch.empty_like(self),
-    "fractional_max_pool3d_backward": lambda grad, self, *args, **kwargs: torch.empty_like(self),
-    "histogram.bin_ct": lambda self, bins=100, *, range=None, weight=None, density=False: (
-        self.new_empty((bins,)), self.new_empty((bins + 1,))),
-    "histogram.bins_tensor": lambda self, bins, *, weight=None, density=False: (
-        self.new_empty((bins.shape[0] - 1,)), self.new_empty((bins.shape[0],))),
-    "histogram.bin_ct_out": lambda self, bins=100, *, range=None, weight=None, density=False, hist, bin_edges: (
-        hist.resize_((bins,)), bin_edges.resize_((bins + 1,))),
-    "histogram.bins_tensor_out": lambda self, bins, *, weight=None, density=False, hist, bin_edges: (
-        hist.resize_((bins.shape[0] - 1,)), bin_edges.resize_((bins.shape[0],))),
-}
-
-
-def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
-    """Output of `_grouped_mm`. PyTorch's meta states the CUDA kernel's limits (bf16 only, 16-byte
-    aligned strides); the lowering takes every floating dtype and layout, which Transformers relies on
-    for "tpu" (eager and compiled)."""
-    torch._check(a.dim() in (2, 3) and b.dim() in (2, 3),
-                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={a.dim()} and mat_b.dim()={b.dim()}")
-    torch._check(a.dim() == 2 and b.dim() == 2 or a.size(-1) == b.size(-2),
-                 lambda: "contraction dimension of mat_a and mat_b must match")
-    torch._check((offs is not None) == (a.dim() == 2 or b.dim() == 2),
-                 lambda: "offs must be given exactly when mat_a or mat_b is 2D")
-    torch._check(offs is None or (offs.dim() == 1 and offs.dtype == torch.int32),
-                 lambda: "offs must be a 1D int32 tensor")
-    torch._check(bias is None, lambda: "Bias not supported yet")
-    if a.dim() == 2 and b.dim() == 2:
-        shape = (offs.size(0), a.size(0), b.size(1))
-    elif a.dim() == 3 and b.dim() == 3:
-        torch._check(a.size(0) == b.size(0), lambda: "batch sizes of mat_a and mat_b must match")
-        shape = (a.size(0), a.size(1), b.size(2))
-    else:
-        shape = (a.size(-2), b.size(-1))
-    return a.new_empty(shape, dtype=out_dtype or a.dtype)
-
-
-def _lstsq_meta(a, b, rcond=None, *, driver=None):
-    """Output of `linalg_lstsq` on "tpu" (PyTorch has no meta kernel): CUDA's default driver "gels"
-    (the CPU's is "gelsy"), and PyTorch's argument checks. See ops/linalg.py: linalg_lstsq."""
-    driver = "gels" if driver is None else driver
-    torch._check(driver in ("gels", "gelsy", "gelsd", "gelss"), lambda: (
-        f"torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss), but got {driver}"))
-    if driver in ("gelsd", "gelss"):
-        raise NotImplementedError(f"torch.linalg.lstsq: driver {driver!r} is not supported on tpu (its residuals "
-                                  f"exist only for full-rank inputs, a shape that depends on the values); "
-                                  f"use 'gels' or 'gelsy'")
-    torch._check(a.dim() >= 2, lambda: "torch.linalg.lstsq: input must have at least 2 dimensions.")
-    torch._check(a.dim() >= b.dim() and a.dim() - b.dim() <= 1, lambda: (
-        "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1"))
-    torch._check(a.dtype.is_floating_point or a.dtype.is_complex, lambda: (
-        f"torch.linalg.lstsq: Expected input to have floating point or complex dtype, but got {a.dtype}"))
-    torch._check(a.dtype == b.dtype, lambda: (
-        f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got input with dtype "
-        f"{a.dtype} and other with dtype {b.dtype}"))
-    vector = b.dim() == a.dim() - 1
-    m, n = a.shape[-2:]
-    torch._check(b.shape[-1 if vector else -2] == m, lambda: (
-        f"torch.linalg.lstsq: input.size(-2) should match other.size({-1 if vector else -2})"))
-    k = 1 if vector else b.shape[-1]
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-1 if vector else -2])
-    real = a.dtype.to_real()
-    solution = a.new_empty((*batch, n) if vector else (*batch, n, k))
-    residuals = a.new_empty((*batch, k) if driver == "gels" and m > n else (0,), dtype=real)
-    rank = a.new_empty(a.shape[:-2] if driver == "gelsy" else (0,), dtype=torch.int64)  # A's batch
-    return solution, residuals, rank, a.new_empty((0,), dtype=real)
-
-
-# Meta functions the eager engine uses instead of PyTorch's for "tpu" (build.py), and that Dynamo's
-# fake tensors on "tpu" use (_register_fake_overrides).
-META_OVERRIDES = {"_grouped_mm.default": _grouped_mm_meta, "linalg_lstsq.default": _lstsq_meta}
-
-
-def _sub_check(a, b, *_, **__):
-    """PyTorch's sub_check, which its meta kernels leave out: bool operands are refused."""
-    bools = sum(x.dtype == torch.bool if isinstance(x, torch.Tensor) else type(x) is bool for x in (a, b))
-    if bools == 2:
-        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
-                           "Use the `^` or `logical_xor()` operator instead.")
-    if bools:
-        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
-                           "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
-
-
-def _fft_r2c_check(a, *_, **__):
-    """The CPU's words for a complex input to a real-to-complex FFT (ihfft2/ihfftn of a complex tensor);
-    PyTorch's meta kernel fails it with an unworded check."""
-    if a.is_complex():
-        raise RuntimeError(f"Only supports floating-point dtypes, but found: {dt.scalar_type_name(a.dtype)}")
-
-
-# Argument checks of CPU/CUDA kernels that PyTorch's meta kernels do not make, run on the meta
-# arguments before the op is built (build.py).
-META_CHECKS = {"sub.Tensor": _sub_check, "sub.Scalar": _sub_check, "rsub.Tensor": _sub_check,
-               "rsub.Scalar": _sub_check, "_fft_r2c.default": _fft_r2c_check}
+# Meta kernels for ops PyTorch ships without one (the engine needs shapes and dtypes), meta functions
+# the eager engine (build.py) and Dynamo's fake tensors on "tpu" (_register_fake_overrides) use instead
+# of PyTorch's, and argument checks of CPU/CUDA kernels that PyTorch's meta kernels do not make, run on
+# the meta arguments before the op is built (build.py): each declared with the op's lowering
+# (`missing_meta=`, `meta=`, `meta_check=`).
+_MISSING_META = declared_facts("missing_meta")
+META_OVERRIDES = declared_facts("meta")
+META_CHECKS = declared_facts("meta_check")
 
 
 def _register_fake_overrides():
@@ -487,6 +398,7 @@ def _register_fake_overrides():
 
 def _register_missing_meta():
     for name, fn in _MISSING_META.items():
+        name = name.removesuffix(".default")   # the dispatcher names a default overload by its op alone
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
             _lib.impl(name, fn, "Meta")
 

@@ -1,7 +1,7 @@
 """PyTorch's memory-overlap checks for in-place and out= writes (ATen's MemOverlap.cpp rules).
 
 An elementwise op (a TensorIterator op on the CPU and CUDA: the lowerings with PyTorch's type
-promotion, and copy_) refuses to write
+promotion except those declared `blas=True`, and copy_) refuses to write
 - into a tensor whose elements share memory (`x.expand(3, 4).add_(1)`, `out=` an expanded view):
   "more than one element of the written-to tensor refers to a single memory location";
 - into a tensor that partly overlaps one of its inputs (`x[1:].add_(x[:-1])`, `x.copy_(x.t())`):
@@ -29,8 +29,6 @@ PARTIAL = ("unsupported operation: some elements of the input tensor and the wri
            "single memory location. Please clone() the tensor before performing the operation.")
 
 _EXTRA = {"copy_.default"}   # elementwise writes whose functional twin has no promoting lowering
-# promoting lowerings whose CPU kernels are BLAS calls, not TensorIterator loops: no overlap checks there
-_NOT_ELEMENTWISE = {"addmm", "addbmm", "baddbmm", "addmv", "addr"}
 
 
 def _elementwise(op) -> bool:
@@ -42,7 +40,8 @@ def _elementwise(op) -> bool:
         return False
     name = op_name(twin[0])
     low = LOWERINGS.get(name)
-    return low is not None and low.promote is not None and name.split(".")[0] not in _NOT_ELEMENTWISE
+    # promoting lowerings declared blas=True (addmm, ...) are BLAS calls on the CPU, not TensorIterator loops
+    return low is not None and low.promote is not None and not low.blas
 
 
 def has_internal_overlap(t: torch.Tensor) -> bool:

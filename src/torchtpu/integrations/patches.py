@@ -136,6 +136,116 @@ def _accelerate_default_device(module) -> None:
     _applied.append("accelerate.state.PartialState.default_device")
 
 
+# ------------------------------------------------------------------ accelerate: data parallel on tpu
+_MULTI_TPU = "MULTI_TPU"
+
+
+def _multi_tpu_member(distributed_type):
+    """`DistributedType.MULTI_TPU`, added to accelerate's str enum (an enum cannot be extended by
+    subclassing, and accelerate compares members by identity and by their string value)."""
+    member = distributed_type._value2member_map_.get(_MULTI_TPU)
+    if member is None:
+        member = str.__new__(distributed_type, _MULTI_TPU)
+        member._name_ = member._value_ = _MULTI_TPU
+        distributed_type._member_map_[_MULTI_TPU] = member
+        distributed_type._value2member_map_[_MULTI_TPU] = member
+        distributed_type._member_names_.append(_MULTI_TPU)
+        type.__setattr__(distributed_type, _MULTI_TPU, member)
+    return member
+
+
+def _accelerate_data_parallel(state_module) -> None:
+    """accelerate (checked against 1.16) decides multi-process training from fixed lists of device
+    types; under torchrun on "tpu" it finds none, reports DistributedType.NO, and Trainer trains each
+    rank alone with no gradient synchronisation. Here "tpu" becomes one more such device type:
+    `DistributedType.MULTI_TPU` with the `tpu_dist` process group, one device per process (each rank
+    sees its chip as tpu:0), barriers, collectives and RNG broadcasts as for GPUs, and DDP."""
+    import accelerate.utils.constants as constants
+    from accelerate.utils.dataclasses import DistributedType
+    cls = getattr(state_module, "PartialState", None)
+    needed = (cls is not None and callable(getattr(cls, "set_device", None))
+              and callable(getattr(cls, "wait_for_everyone", None))
+              and isinstance(getattr(constants, "TORCH_DISTRIBUTED_BACKENDS", None), dict)
+              and isinstance(getattr(constants, "CUDA_DISTRIBUTED_TYPES", None), list)
+              and isinstance(getattr(constants, "TORCH_DISTRIBUTED_OPERATION_TYPES", None), list))
+    if not needed:
+        _problems.append("accelerate's PartialState.set_device/wait_for_everyone or its distributed constants "
+                         "changed (checked against accelerate 1.16)")
+        return
+    if getattr(cls.set_device, "_torchtpu", False):
+        return
+    multi_tpu = _multi_tpu_member(DistributedType)
+    constants.TORCH_DISTRIBUTED_BACKENDS.setdefault("tpu", "tpu_dist")
+    for names in (constants.CUDA_DISTRIBUTED_TYPES,   # read only to broadcast RNG states on the device
+                  constants.TORCH_DISTRIBUTED_OPERATION_TYPES):
+        if _MULTI_TPU not in names:
+            names.append(_MULTI_TPU)
+    set_device, wait_for_everyone = cls.set_device, cls.wait_for_everyone
+
+    def new_set_device(self):
+        if self.device is None and self.distributed_type == multi_tpu:
+            self.device = torch.device("tpu", self.local_process_index % _tpu().device_count())
+            _tpu().set_device(self.device)
+            return
+        return set_device(self)
+
+    def new_wait_for_everyone(self):
+        if self.distributed_type == multi_tpu:
+            torch.distributed.barrier()
+            return
+        return wait_for_everyone(self)
+
+    for new, old in ((new_set_device, set_device), (new_wait_for_everyone, wait_for_everyone)):
+        new._torchtpu = True
+        new.__wrapped__ = old
+        new.__doc__ = old.__doc__
+    cls.set_device, cls.wait_for_everyone = new_set_device, new_wait_for_everyone
+    _applied.append("accelerate.state.PartialState.set_device/wait_for_everyone, DistributedType.MULTI_TPU")
+
+
+def _accelerate_ddp(accelerator_module) -> None:
+    """`Accelerator.multi_device` lists device types (checked against accelerate 1.16), and
+    `prepare_model` gives DDP `device_ids=[local rank]`, right for one process per GPU of a host but
+    not for "tpu", where every process sees its one chip as tpu:0: DDP gets no device_ids there (the
+    model and its inputs are already on the process's device)."""
+    from accelerate.utils.dataclasses import DistributedType
+    cls = getattr(accelerator_module, "Accelerator", None)
+    prop = cls.__dict__.get("multi_device") if cls is not None else None
+    prepare_model = getattr(cls, "prepare_model", None)
+    if not isinstance(prop, property) or not callable(prepare_model):
+        _problems.append("accelerate.Accelerator.multi_device/prepare_model changed (checked against accelerate 1.16)")
+        return
+    if getattr(prop.fget, "_torchtpu", False):
+        return
+    multi_tpu = _multi_tpu_member(DistributedType)
+    multi_device = prop.fget
+
+    def new_multi_device(self):
+        return multi_device(self) or (self.use_distributed and self.distributed_type == multi_tpu)
+
+    def new_prepare_model(self, *args, **kwargs):
+        if self.distributed_type != multi_tpu:
+            return prepare_model(self, *args, **kwargs)
+        import os
+        bypass = os.environ.get("ACCELERATE_BYPASS_DEVICE_MAP")
+        os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"   # read there only: DDP without device_ids
+        try:
+            return prepare_model(self, *args, **kwargs)
+        finally:
+            if bypass is None:
+                os.environ.pop("ACCELERATE_BYPASS_DEVICE_MAP", None)
+            else:
+                os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = bypass
+
+    for new, old in ((new_multi_device, multi_device), (new_prepare_model, prepare_model)):
+        new._torchtpu = True
+        new.__wrapped__ = old
+        new.__doc__ = old.__doc__
+    cls.multi_device = property(new_multi_device)
+    cls.prepare_model = new_prepare_model
+    _applied.append("accelerate.Accelerator.multi_device/prepare_model")
+
+
 # ------------------------------------------------------------------ DataLoader (torch 2.11 .. 2.13)
 _pin_warned = [False]
 
@@ -364,6 +474,8 @@ def install() -> None:
         except Exception as e:  # never break `import torch`
             _problems.append(f"{patch.__name__}: {type(e).__name__}: {e}")
     when_imported("accelerate.state", _accelerate_default_device)
+    when_imported("accelerate.state", _accelerate_data_parallel)
+    when_imported("accelerate.accelerator", _accelerate_ddp)
     when_imported("transformers.modeling_utils", _sliding_window_decode)
     when_imported("transformers.cache_utils", _sliding_window_layer)
 

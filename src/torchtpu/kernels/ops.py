@@ -29,8 +29,8 @@ def _accumulate(a):
 
 @jax_op("tpu::_ragged_dot")
 def _ragged_dot(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
-    out = lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=linalg.precision(),
-                         preferred_element_type=_accumulate(lhs))
+    out = linalg.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=linalg.precision(),
+                            preferred_element_type=_accumulate(lhs))
     return out.astype(lhs.dtype)
 
 

@@ -2,9 +2,10 @@
 
 A Scalar argument travels into the eager executable as a traced value (a changing fill value or
 exponent must not recompile), so its value is not known when the executable is built: these checks
-run per call, before the op, and only for the ops listed in CHECKS (a check costs about a
-microsecond). Values known at build time (ints and floats that key the cache) are checked by the
-lowerings themselves; values on the device by device-side asserts (ops/checks.py).
+run per call, before the op, and only for the ops that declare one (`@lowering(..., host_check=...)`,
+gathered in CHECKS; a check costs about a microsecond). Values known at build time (ints and floats
+that key the cache) are checked by the lowerings themselves; values on the device by device-side
+asserts (ops/checks.py).
 """
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import math
 
 import torch
 
-__all__ = ["CHECKS", "wrap", "check_convertible", "overflows"]
+from .table import declared_facts
+
+__all__ = ["CHECKS", "wrap", "check_convertible", "overflows", "fill_value_check", "factory_value_check",
+           "pow_exponent_check"]
 
 # the C++ type names PyTorch's "value cannot be converted to type ... without overflow" prints
 _CPP_NAMES = {
@@ -63,7 +67,8 @@ def _arg(args, kwargs, position, name):
     return args[position] if len(args) > position else kwargs.get(name)
 
 
-def _fill_value(position):
+def fill_value_check(position):
+    """The fill value (argument `position`) must fit the filled tensor's dtype."""
     def check(*args, **kwargs):
         self, value = args[0], _arg(args, kwargs, position, "value")
         if isinstance(self, torch.Tensor):
@@ -71,7 +76,8 @@ def _fill_value(position):
     return check
 
 
-def _factory_value(position, name):
+def factory_value_check(position, name):
+    """The value (argument `position`, or keyword `name`) must fit the dtype asked for (or out='s)."""
     def check(*args, **kwargs):
         out = kwargs.get("out")
         dtype = out.dtype if isinstance(out, torch.Tensor) else kwargs.get("dtype")
@@ -80,22 +86,15 @@ def _factory_value(position, name):
     return check
 
 
-def _pow_exponent(*args, **kwargs):
+def pow_exponent_check(*args, **kwargs):
     self, exponent = args[0], _arg(args, kwargs, 1, "exponent")
     if (isinstance(exponent, int) and exponent < 0 and isinstance(self, torch.Tensor)
             and not self.dtype.is_floating_point and not self.dtype.is_complex):
         raise RuntimeError("Integers to negative integer powers are not allowed.")
 
 
-# ATen overload -> check of its (args, kwargs)
-CHECKS = {
-    "fill.Scalar": _fill_value(1), "fill_.Scalar": _fill_value(1),
-    "masked_fill.Scalar": _fill_value(2), "masked_fill_.Scalar": _fill_value(2),
-    "index_fill.int_Scalar": _fill_value(3), "index_fill_.int_Scalar": _fill_value(3),
-    "full.default": _factory_value(1, "fill_value"), "full.out": _factory_value(1, "fill_value"),
-    "scalar_tensor.default": _factory_value(0, "s"),
-    "pow.Tensor_Scalar": _pow_exponent, "pow_.Scalar": _pow_exponent, "pow.Tensor_Scalar_out": _pow_exponent,
-}
+# ATen overload -> check of its (args, kwargs), as declared with the lowerings
+CHECKS = declared_facts("host_check")
 
 
 def wrap(name: str, kernel):

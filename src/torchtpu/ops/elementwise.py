@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
+from .argument_checks import fill_value_check, pow_exponent_check
 from .dtypes import convert, operand_facts, promote, scalar_type_name
 from .table import KIND, Lowering, apply, lowering
 
@@ -16,12 +18,23 @@ def add(a, b, alpha=1):
     return a + b * alpha if not (isinstance(alpha, int) and alpha == 1) else a + b
 
 
-@lowering("sub.Tensor", "sub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1))
+def _sub_check(a, b, *_, **__):
+    """PyTorch's sub_check, which its meta kernels leave out: bool operands are refused."""
+    bools = sum(x.dtype == torch.bool if isinstance(x, torch.Tensor) else type(x) is bool for x in (a, b))
+    if bools == 2:
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                           "Use the `^` or `logical_xor()` operator instead.")
+    if bools:
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
+                           "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+
+
+@lowering("sub.Tensor", "sub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1), meta_check=_sub_check)
 def sub(a, b, alpha=1):
     return a - b * alpha if not (isinstance(alpha, int) and alpha == 1) else a - b
 
 
-@lowering("rsub.Tensor", "rsub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1))
+@lowering("rsub.Tensor", "rsub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1), meta_check=_sub_check)
 def rsub(a, b, alpha=1):
     return b - a * alpha if not (isinstance(alpha, int) and alpha == 1) else b - a
 
@@ -95,12 +108,12 @@ def div_mode(a, b, rounding_mode=None):
     return apply(_DIV_MODE, (a, b), {"rounding_mode": rounding_mode})
 
 
-@lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT)
+@lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT, real_only=True)
 def floor_divide(a, b):
     return _floor_div(a, b)
 
 
-@lowering("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=KIND.DEFAULT)
+@lowering("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
 def remainder(a, b):
     if _is_int(a) and _is_int(b):
         r = jnp.fmod(a, b)
@@ -109,13 +122,15 @@ def remainder(a, b):
     return jnp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 
 
-@lowering("fmod.Tensor", "fmod.Scalar", promote=KIND.DEFAULT)
+@lowering("fmod.Tensor", "fmod.Scalar", promote=KIND.DEFAULT, real_only=True)
 def fmod(a, b):
     return jnp.fmod(a, b)
 
 
-@lowering("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", promote=KIND.DEFAULT)
-def pow_(a, b):
+@lowering("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", promote=KIND.DEFAULT,
+          host_check={"pow.Tensor_Scalar": pow_exponent_check, "pow_.Scalar": pow_exponent_check,
+                      "pow.Tensor_Scalar_out": pow_exponent_check})
+def power(a, b):
     if _is_int(a) and _is_int(b):
         if isinstance(b, int) and b >= 0:
             return lax.integer_pow(a, b)
@@ -151,13 +166,13 @@ def neg(a):
 
 
 @lowering("abs", promote=KIND.COMPLEX_TO_FLOAT)
-def abs_(a):
+def absolute(a):
     if a.dtype == jnp.bool_:   # as the CPU and CUDA kernels
         raise NotImplementedError("\"abs_tpu\" not implemented for 'Bool'")
     return jnp.abs(a)
 
 
-@lowering("sign", promote=KIND.DEFAULT)
+@lowering("sign", promote=KIND.DEFAULT, real_only=True)
 def sign(a):
     return jnp.sign(a) if a.dtype != jnp.bool_ else a
 
@@ -177,7 +192,7 @@ def square(a):
     return a * a
 
 
-@lowering("copysign.Tensor", "copysign.Scalar", promote=KIND.INT_TO_FLOAT)
+@lowering("copysign.Tensor", "copysign.Scalar", promote=KIND.INT_TO_FLOAT, real_only=True)
 def copysign(a, b):
     return jnp.copysign(a, b)
 
@@ -187,32 +202,32 @@ def hypot(a, b):
     return jnp.hypot(a, b)
 
 
-@lowering("atan2", promote=KIND.INT_TO_FLOAT)
+@lowering("atan2", promote=KIND.INT_TO_FLOAT, real_only=True)
 def atan2(a, b):
     return jnp.arctan2(a, b)
 
 
-@lowering("maximum", promote=KIND.DEFAULT)
+@lowering("maximum", promote=KIND.DEFAULT, real_only=True)
 def maximum(a, b):
     return jnp.maximum(a, b)
 
 
-@lowering("minimum", promote=KIND.DEFAULT)
+@lowering("minimum", promote=KIND.DEFAULT, real_only=True)
 def minimum(a, b):
     return jnp.minimum(a, b)
 
 
-@lowering("fmax", promote=KIND.DEFAULT)
+@lowering("fmax", promote=KIND.DEFAULT, real_only=True)
 def fmax(a, b):
     return jnp.fmax(a, b)
 
 
-@lowering("fmin", promote=KIND.DEFAULT)
+@lowering("fmin", promote=KIND.DEFAULT, real_only=True)
 def fmin(a, b):
     return jnp.fmin(a, b)
 
 
-@lowering("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote=KIND.INT_TO_FLOAT)
+@lowering("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote=KIND.INT_TO_FLOAT, real_only=True)
 def xlogy(a, b):
     return jax.scipy.special.xlogy(a, b)
 
@@ -234,7 +249,7 @@ def addcdiv(a, t1, t2, value=1):
     return a + value * (t1 / t2)
 
 
-@lowering("clamp", "clamp.Tensor", promote=KIND.DEFAULT)
+@lowering("clamp", "clamp.Tensor", promote=KIND.DEFAULT, real_only=True)
 def clamp(a, min=None, max=None):
     if min is not None:
         a = jnp.where(jnp.isnan(a), a, jnp.maximum(a, min)) if jnp.issubdtype(a.dtype, jnp.floating) else jnp.maximum(a, min)
@@ -243,66 +258,142 @@ def clamp(a, min=None, max=None):
     return a
 
 
-@lowering("clamp_min", "clamp_min.Tensor", promote=KIND.DEFAULT)
+@lowering("clamp_min", "clamp_min.Tensor", promote=KIND.DEFAULT, real_only=True)
 def clamp_min(a, min):
     return clamp(a, min=min)
 
 
-@lowering("clamp_max", "clamp_max.Tensor", promote=KIND.DEFAULT)
+@lowering("clamp_max", "clamp_max.Tensor", promote=KIND.DEFAULT, real_only=True)
 def clamp_max(a, max):
     return clamp(a, max=max)
 
 
 # ---------------------------------------------------------------- unary float math
-def _unary(name, fn, kind=KIND.INT_TO_FLOAT):
-    lowering(name, promote=kind)(fn)
+def _unary(name, fn, kind=KIND.INT_TO_FLOAT, **facts):
+    """Register the JAX function `fn` itself as the lowering of `name` (a declaration per line, so the
+    op's name finds it)."""
+    lowering(name, promote=kind, **facts)(fn)
 
 
-for _name, _fn in {
-    "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
-    "log10": jnp.log10, "log1p": jnp.log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
-    "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
-    "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
-    "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
-    "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfc": jax.scipy.special.erfc,
-    "erfinv": jax.scipy.special.erfinv, "lgamma": jax.scipy.special.gammaln,
-    "digamma": lambda x: _digamma(x), "i0": jax.scipy.special.i0, "sinc": jnp.sinc,
-    "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg,
-}.items():
-    _unary(_name, _fn)
+_unary("exp", jnp.exp)
+_unary("exp2", jnp.exp2)
+_unary("expm1", jnp.expm1)
+_unary("log", jnp.log)
+_unary("log2", jnp.log2)
+_unary("log10", jnp.log10)
+_unary("log1p", jnp.log1p)
+_unary("sqrt", jnp.sqrt)
+_unary("rsqrt", lax.rsqrt)
+_unary("sin", jnp.sin)
+_unary("cos", jnp.cos)
+_unary("tan", jnp.tan)
+_unary("asin", jnp.arcsin)
+_unary("acos", jnp.arccos)
+_unary("atan", jnp.arctan)
+_unary("sinh", jnp.sinh)
+_unary("cosh", jnp.cosh)
+_unary("tanh", jnp.tanh)
+_unary("asinh", jnp.arcsinh)
+_unary("acosh", jnp.arccosh)
+_unary("atanh", jnp.arctanh)
+_unary("sigmoid", jax.nn.sigmoid)
+_unary("erf", jax.scipy.special.erf, real_only=True)
+_unary("erfc", jax.scipy.special.erfc, real_only=True)
+_unary("erfinv", jax.scipy.special.erfinv, real_only=True)
+_unary("lgamma", jax.scipy.special.gammaln, real_only=True)
+_unary("i0", jax.scipy.special.i0)
+_unary("sinc", jnp.sinc)
+_unary("deg2rad", jnp.deg2rad)
+_unary("rad2deg", jnp.rad2deg)
 
 
-@lowering("logit", promote=KIND.INT_TO_FLOAT)
+@lowering("digamma", promote=KIND.INT_TO_FLOAT, real_only=True)
+def digamma(x):
+    return _digamma(x)
+
+
+@lowering("logit", promote=KIND.INT_TO_FLOAT, real_only=True)
 def logit(a, eps=None):
     if eps is not None:
         a = jnp.clip(a, eps, 1 - eps)
     return jnp.log(a / (1 - a))
 
 
-for _name, _fn in {"floor": jnp.floor, "ceil": jnp.ceil, "trunc": jnp.trunc, "frac": lambda x: x - jnp.trunc(x)}.items():
-    lowering(_name, promote=KIND.DEFAULT)(lambda a, _fn=_fn: a if _is_int(a) else _fn(a))
+@lowering("floor", promote=KIND.DEFAULT, real_only=True)
+def floor(a):
+    return a if _is_int(a) else jnp.floor(a)
 
 
-@lowering("round", promote=KIND.DEFAULT)
-def round_(a):
+@lowering("ceil", promote=KIND.DEFAULT, real_only=True)
+def ceil(a):
+    return a if _is_int(a) else jnp.ceil(a)
+
+
+@lowering("trunc", promote=KIND.DEFAULT, real_only=True)
+def trunc(a):
+    return a if _is_int(a) else jnp.trunc(a)
+
+
+@lowering("frac", promote=KIND.DEFAULT, real_only=True)
+def frac(a):
+    return a if _is_int(a) else a - jnp.trunc(a)
+
+
+@lowering("round", promote=KIND.DEFAULT, real_only=True)
+def round_half_even(a):
     return a if _is_int(a) else jnp.round(a)
 
 
-@lowering("round.decimals", promote=KIND.DEFAULT)
+@lowering("round.decimals", promote=KIND.DEFAULT, real_only=True)
 def round_decimals(a, decimals=0):
     scale = 10.0 ** decimals
     return jnp.round(a * scale) / scale
 
 
 # ---------------------------------------------------------------- comparisons and logic
-for _name, _fn in {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
-                   "gt": jnp.greater, "ge": jnp.greater_equal}.items():
-    lowering(f"{_name}.Tensor", f"{_name}.Scalar", promote=KIND.ALWAYS_BOOL, keep_result_dtype=False)(
-        lambda a, b, _fn=_fn: _fn(a, b))
+@lowering("eq.Tensor", "eq.Scalar", promote=KIND.ALWAYS_BOOL)
+def eq(a, b):
+    return jnp.equal(a, b)
 
-for _name, _fn in {"logical_and": jnp.logical_and, "logical_or": jnp.logical_or,
-                   "logical_xor": jnp.logical_xor}.items():
-    lowering(_name)(lambda a, b, _fn=_fn: _fn(a, b))
+
+@lowering("ne.Tensor", "ne.Scalar", promote=KIND.ALWAYS_BOOL)
+def ne(a, b):
+    return jnp.not_equal(a, b)
+
+
+@lowering("lt.Tensor", "lt.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+def lt(a, b):
+    return jnp.less(a, b)
+
+
+@lowering("le.Tensor", "le.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+def le(a, b):
+    return jnp.less_equal(a, b)
+
+
+@lowering("gt.Tensor", "gt.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+def gt(a, b):
+    return jnp.greater(a, b)
+
+
+@lowering("ge.Tensor", "ge.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+def ge(a, b):
+    return jnp.greater_equal(a, b)
+
+
+@lowering("logical_and")
+def logical_and(a, b):
+    return jnp.logical_and(a, b)
+
+
+@lowering("logical_or")
+def logical_or(a, b):
+    return jnp.logical_or(a, b)
+
+
+@lowering("logical_xor")
+def logical_xor(a, b):
+    return jnp.logical_xor(a, b)
 
 
 @lowering("logical_not")
@@ -310,31 +401,74 @@ def logical_not(a):
     return jnp.logical_not(a)
 
 
-for _name in ("isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit"):
-    lowering(_name)(lambda a, _f=getattr(jnp, _name): _f(a) if jnp.issubdtype(a.dtype, jnp.inexact)
-                    else (jnp.ones_like(a, jnp.bool_) if _f is jnp.isfinite else
-                          (a < 0) if _f is jnp.signbit else jnp.zeros_like(a, jnp.bool_)))
-
-for _name, _fn in {"bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or,
-                   "bitwise_xor": jnp.bitwise_xor}.items():
-    lowering(f"{_name}.Tensor", f"{_name}.Scalar", f"{_name}.Scalar_Tensor", promote=KIND.DEFAULT)(
-        lambda a, b, _fn=_fn: _fn(a, b))
+def _float_test(test, a, for_integers):
+    """`test(a)` for floating and complex `a`; integers and bools are finite, never NaN nor infinite."""
+    if jnp.issubdtype(a.dtype, jnp.inexact):
+        return test(a)
+    return jnp.ones_like(a, jnp.bool_) if for_integers else jnp.zeros_like(a, jnp.bool_)
 
 
-@lowering("bitwise_not", promote=KIND.DEFAULT)
+@lowering("isnan")
+def isnan(a):
+    return _float_test(jnp.isnan, a, False)
+
+
+@lowering("isinf")
+def isinf(a):
+    return _float_test(jnp.isinf, a, False)
+
+
+@lowering("isfinite")
+def isfinite(a):
+    return _float_test(jnp.isfinite, a, True)
+
+
+@lowering("isposinf")
+def isposinf(a):
+    return _float_test(jnp.isposinf, a, False)
+
+
+@lowering("isneginf")
+def isneginf(a):
+    return _float_test(jnp.isneginf, a, False)
+
+
+@lowering("signbit", real_only=True)
+def signbit(a):
+    return jnp.signbit(a) if jnp.issubdtype(a.dtype, jnp.inexact) else a < 0
+
+
+@lowering("bitwise_and.Tensor", "bitwise_and.Scalar", "bitwise_and.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+def bitwise_and(a, b):
+    return jnp.bitwise_and(a, b)
+
+
+@lowering("bitwise_or.Tensor", "bitwise_or.Scalar", "bitwise_or.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+def bitwise_or(a, b):
+    return jnp.bitwise_or(a, b)
+
+
+@lowering("bitwise_xor.Tensor", "bitwise_xor.Scalar", "bitwise_xor.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+def bitwise_xor(a, b):
+    return jnp.bitwise_xor(a, b)
+
+
+@lowering("bitwise_not", promote=KIND.DEFAULT, real_only=True)
 def bitwise_not(a):
     return jnp.logical_not(a) if a.dtype == jnp.bool_ else jnp.bitwise_not(a)
 
 
 @lowering("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar", "bitwise_left_shift.Scalar_Tensor",
-          "__lshift__.Tensor", "__lshift__.Scalar", promote=KIND.DEFAULT)
+          promote=KIND.DEFAULT, real_only=True)
+@lowering("__lshift__.Tensor", "__lshift__.Scalar", promote=KIND.DEFAULT)
 def lshift(a, b):
     bits = jnp.iinfo(a.dtype).bits
     return jnp.where((b >= bits) | (b < 0), jnp.zeros_like(a), jnp.left_shift(a, jnp.clip(b, 0, bits - 1)))
 
 
 @lowering("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar", "bitwise_right_shift.Scalar_Tensor",
-          "__rshift__.Tensor", "__rshift__.Scalar", promote=KIND.DEFAULT)
+          promote=KIND.DEFAULT, real_only=True)
+@lowering("__rshift__.Tensor", "__rshift__.Scalar", promote=KIND.DEFAULT)
 def rshift(a, b):
     bits = jnp.iinfo(a.dtype).bits
     return jnp.right_shift(a, jnp.clip(b, 0, bits - 1))
@@ -363,7 +497,8 @@ def clone(a, memory_format=None):
     return a
 
 
-@lowering("fill.Scalar", "fill.Tensor")
+@lowering("fill.Scalar", "fill.Tensor",
+          host_check={"fill.Scalar": fill_value_check(1), "fill_.Scalar": fill_value_check(1)})
 def fill(a, value):
     return jnp.full(a.shape, value, a.dtype)
 
@@ -373,7 +508,8 @@ def zero(a):
     return jnp.zeros(a.shape, a.dtype)
 
 
-@lowering("masked_fill.Scalar", "masked_fill.Tensor")
+@lowering("masked_fill.Scalar", "masked_fill.Tensor",
+          host_check={"masked_fill.Scalar": fill_value_check(2), "masked_fill_.Scalar": fill_value_check(2)})
 def masked_fill(a, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(a.dtype), a)
 
@@ -386,13 +522,19 @@ def lift_fresh_copy(a):
 # ---------------------------------------------------------------- more math (special functions)
 _special = jax.scipy.special
 
-for _name, _fn in {
-    "special_i0e": _special.i0e, "special_i1": _special.i1, "special_i1e": _special.i1e,
-    "special_ndtr": _special.ndtr, "special_ndtri": _special.ndtri, "special_log_ndtr": _special.log_ndtr,
-    "special_entr": _special.entr, "special_erfcx": _special.erfcx,
-    "special_spherical_bessel_j0": lambda x: jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x)),
-}.items():
-    _unary(_name, _fn)
+_unary("special_i0e", _special.i0e)
+_unary("special_i1", _special.i1)
+_unary("special_i1e", _special.i1e)
+_unary("special_ndtr", _special.ndtr)
+_unary("special_ndtri", _special.ndtri)
+_unary("special_log_ndtr", _special.log_ndtr)
+_unary("special_entr", _special.entr)
+_unary("special_erfcx", _special.erfcx, real_only=True)
+
+
+@lowering("special_spherical_bessel_j0", promote=KIND.INT_TO_FLOAT, real_only=True)
+def spherical_bessel_j0(x):
+    return jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x))
 
 
 @lowering("angle", promote=KIND.INT_TO_FLOAT, keep_result_dtype=True)  # complex -> real
@@ -466,7 +608,7 @@ def zeta(x, q):
 
 
 @lowering("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar",
-          promote=KIND.INT_TO_FLOAT)
+          promote=KIND.INT_TO_FLOAT, real_only=True)
 def xlog1py(a, b):
     return _special.xlog1py(a, b)
 
@@ -497,7 +639,7 @@ def logaddexp2(a, b):
     return jnp.logaddexp2(a, b)
 
 
-@lowering("heaviside", promote=KIND.DEFAULT)
+@lowering("heaviside", promote=KIND.DEFAULT, real_only=True)
 def heaviside(a, values):
     return jnp.where(a == 0, values, (a > 0).astype(a.dtype))
 
@@ -507,12 +649,12 @@ def ldexp(a, b):
     return a * jnp.exp2(b)
 
 
-@lowering("gcd", promote=KIND.DEFAULT)
+@lowering("gcd", promote=KIND.DEFAULT, real_only=True)
 def gcd(a, b):
     return jnp.gcd(a, b)
 
 
-@lowering("lcm", promote=KIND.DEFAULT)
+@lowering("lcm", promote=KIND.DEFAULT, real_only=True)
 def lcm(a, b):
     g = jnp.gcd(a, b)
     return jnp.abs(jnp.where(g == 0, 0, a // jnp.where(g == 0, 1, g) * b))
@@ -550,7 +692,7 @@ def _complex_parts(a, b):
 
 
 @lowering("complex")
-def complex_(real, imag):
+def make_complex(real, imag):
     return lax.complex(*_complex_parts(real, imag))
 
 

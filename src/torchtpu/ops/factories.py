@@ -7,11 +7,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .argument_checks import factory_value_check
 from .table import KIND, lowering
 
 
 
-@lowering("full")
+@lowering("full", host_check={"full.default": factory_value_check(1, "fill_value"),
+                               "full.out": factory_value_check(1, "fill_value")})
 def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.full(tuple(size), fill_value, dtype or jnp.float32)
 
@@ -22,7 +24,7 @@ def efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory
     return jnp.zeros(tuple(size), dtype or jnp.float32)
 
 
-@lowering("scalar_tensor")
+@lowering("scalar_tensor", host_check=factory_value_check(0, "s"))
 def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(s, dtype or jnp.float32)
 

@@ -45,7 +45,14 @@ def fft_c2c(self, dim, normalization, forward):
     return jnp.fft.ifftn(self, axes=axes, norm=_INVERSE_NORM[normalization])
 
 
-@lowering("_fft_r2c")
+def _fft_r2c_check(a, *_, **__):
+    """The CPU's words for a complex input to a real-to-complex FFT (ihfft2/ihfftn of a complex tensor);
+    PyTorch's meta kernel fails it with an unworded check."""
+    if a.is_complex():
+        raise RuntimeError(f"Only supports floating-point dtypes, but found: {scalar_type_name(a.dtype)}")
+
+
+@lowering("_fft_r2c", meta_check=_fft_r2c_check)
 def fft_r2c(self, dim, normalization, onesided):
     _check_dtype(self, "_fft_r2c")
     axes = _axes(self, dim)

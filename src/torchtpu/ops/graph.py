@@ -39,10 +39,17 @@ class UnsupportedInGraph(NotImplementedError):
     pass
 
 
-def graph_lowering(*names):
+# graph lowerings that take a `key=` PRNG key (declared with `random=True`)
+_RANDOM_GRAPH_OPS: set = set()
+
+
+def graph_lowering(*names, random=False):
     def register(fn):
         for name in names:
-            GRAPH_LOWERINGS[name if name.count(".") >= 1 else name + ".default"] = fn
+            full = name if name.count(".") >= 1 else name + ".default"
+            GRAPH_LOWERINGS[full] = fn
+            if random:
+                _RANDOM_GRAPH_OPS.add(full)
         return fn
     return register
 
@@ -356,19 +363,16 @@ def _prims_var(val, a, dims, correction=1, *, output_dtype=None):
 
 
 # ---------------------------------------------------------------- random ops without a table lowering
-@graph_lowering("rand_like", "rand", "rand.default")
+@graph_lowering("rand_like", "rand", random=True)
 def _rand(val, *args, key, **kw):
     d = _jdtype(val)
     return jax.random.uniform(key, _size_from_args(args), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(d)
 
 
-@graph_lowering("randn_like", "randn")
+@graph_lowering("randn_like", "randn", random=True)
 def _randn(val, *args, key, **kw):
     d = _jdtype(val)
     return jax.random.normal(key, _size_from_args(args), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(d)
-
-
-_RANDOM_GRAPH_OPS = {"rand_like.default", "rand.default", "randn_like.default", "randn.default"}
 
 
 # ---------------------------------------------------------------- no-ops and checks

@@ -14,6 +14,7 @@ from jax import lax
 
 from .checks import require, require_index
 from .dtypes import scalar_type_name
+from .argument_checks import fill_value_check
 from .table import lowering
 
 
@@ -44,12 +45,15 @@ def _advanced(indices, x_shape):
     return tuple(out)
 
 
-@lowering("index.Tensor")
+# mask_args: the index list (argument 1) may hold boolean masks, which the eager kernel turns into
+# indices first (their shapes depend on values; eager/data_dependent.py)
+@lowering("index.Tensor", mask_args=1)
 def index(x, indices):
     return x[_advanced(indices, x.shape)]
 
 
-@lowering("index_put", "_index_put_impl")
+@lowering("index_put", "_index_put_impl",
+          mask_args={"index_put.default": 1, "index_put_.default": 1, "_index_put_impl_.default": 1})
 def index_put(x, indices, values, accumulate=False, unsafe=False):
     idx = _advanced(indices, x.shape)
     values = values.astype(x.dtype)
@@ -271,7 +275,8 @@ def flat_set(x, dim, index, source):
     return x.reshape(-1).at[at].set(source.reshape(-1), mode="drop").reshape(x.shape)
 
 
-@lowering("index_fill.int_Scalar", "index_fill.int_Tensor")
+@lowering("index_fill.int_Scalar", "index_fill.int_Tensor",
+          host_check={"index_fill.int_Scalar": fill_value_check(3), "index_fill_.int_Scalar": fill_value_check(3)})
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
         return jnp.asarray(value, x.dtype).reshape(())
@@ -282,7 +287,7 @@ def index_fill(x, dim, index, value):
     return x.at[_along(dim, x.ndim, index)].set(jnp.asarray(value).astype(x.dtype))
 
 
-@lowering("index_reduce")
+@lowering("index_reduce", real_only=True)
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     if x.ndim == 0:
         x, source = x.reshape(1), source.reshape(1)

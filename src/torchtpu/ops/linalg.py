@@ -58,22 +58,85 @@ def _scaled_sum(c, prod, beta, alpha):
     return (c + out).astype(d)
 
 
-@lowering("addmm", "baddbmm", "addmv", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+@lowering("addmm", "baddbmm", "addmv", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True)
 def addmm(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, matmul(a, b), beta, alpha)
 
 
-@lowering("addbmm", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+@lowering("addbmm", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True)
 def addbmm(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, matmul(a, b).sum(0), beta, alpha)
 
 
-@lowering("addr", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+@lowering("addr", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True)
 def addr(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, jnp.outer(a, b), beta, alpha)
 
 
-@lowering("_grouped_mm")
+def ragged_dot(a, b, sizes, **kw):
+    """`lax.ragged_dot(a, b, sizes)`: rows of `a` (m, k) in consecutive groups of `sizes` (g,), each
+    multiplied by its own `b[i]` (k, n); rows past the groups are zero. TPUs have a ragged-dot unit;
+    XLA:CPU and XLA:GPU expand it to every group over every row (g times the work: 100x slower on a
+    Mixture-of-Experts decode step), so there the rows go through in tiles of one group each."""
+    from ..device.platform import platform
+    if platform() == "tpu" or b.shape[0] == 1:
+        return lax.ragged_dot(a, b, sizes, **kw)
+    return _ragged_dot_tiled(a, b, sizes, **kw)
+
+
+def _ragged_dot_tiled(a, b, sizes, preferred_element_type=None, precision=None):
+    """Static shapes whatever the routing: with tiles of `t` rows, group i needs ceil(sizes[i] / t)
+    tiles, so ceil(m / t) + g tiles always suffice; a scan multiplies each tile by its group's matrix
+    (rows beyond the group masked) and adds it into its rows. Work: m + g * t rows instead of m * g."""
+    m, g = a.shape[0], b.shape[0]
+    t = min(128, max(8, 1 << max(0, (m // g - 1)).bit_length()))
+    sizes = sizes.astype(jnp.int32)
+    tiles = (sizes + t - 1) // t
+    tiles_end = jnp.cumsum(tiles)
+    first_row = jnp.cumsum(sizes) - sizes
+    tile = jnp.arange(-(-m // t) + g, dtype=jnp.int32)
+    group = jnp.minimum(jnp.searchsorted(tiles_end, tile, side="right"), g - 1).astype(jnp.int32)
+    within = tile - (tiles_end[group] - tiles[group])
+    row = first_row[group] + within * t
+    rows_used = jnp.where(tile < tiles_end[-1], jnp.clip(sizes[group] - within * t, 0, t), 0)
+    acc = preferred_element_type or a.dtype
+    padded = jnp.concatenate([a, jnp.zeros((t, a.shape[1]), a.dtype)])
+
+    def add_tile(out, step):
+        i, r, used = step
+        y = jnp.dot(lax.dynamic_slice_in_dim(padded, r, t), b[i], precision=precision,
+                    preferred_element_type=acc)
+        y = jnp.where((jnp.arange(t) < used)[:, None], y, jnp.zeros((), y.dtype))
+        return lax.dynamic_update_slice_in_dim(out, lax.dynamic_slice_in_dim(out, r, t) + y, r, 0), None
+
+    out, _ = lax.scan(add_tile, jnp.zeros((m + t, b.shape[2]), acc), (group, row, rows_used))
+    return out[:m]
+
+
+def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
+    """Output of `_grouped_mm`. PyTorch's meta states the CUDA kernel's limits (bf16 only, 16-byte
+    aligned strides); the lowering takes every floating dtype and layout, which Transformers relies on
+    for "tpu" (eager and compiled)."""
+    torch._check(a.dim() in (2, 3) and b.dim() in (2, 3),
+                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={a.dim()} and mat_b.dim()={b.dim()}")
+    torch._check(a.dim() == 2 and b.dim() == 2 or a.size(-1) == b.size(-2),
+                 lambda: "contraction dimension of mat_a and mat_b must match")
+    torch._check((offs is not None) == (a.dim() == 2 or b.dim() == 2),
+                 lambda: "offs must be given exactly when mat_a or mat_b is 2D")
+    torch._check(offs is None or (offs.dim() == 1 and offs.dtype == torch.int32),
+                 lambda: "offs must be a 1D int32 tensor")
+    torch._check(bias is None, lambda: "Bias not supported yet")
+    if a.dim() == 2 and b.dim() == 2:
+        shape = (offs.size(0), a.size(0), b.size(1))
+    elif a.dim() == 3 and b.dim() == 3:
+        torch._check(a.size(0) == b.size(0), lambda: "batch sizes of mat_a and mat_b must match")
+        shape = (a.size(0), a.size(1), b.size(2))
+    else:
+        shape = (a.size(-2), b.size(-1))
+    return a.new_empty(shape, dtype=out_dtype or a.dtype)
+
+
+@lowering("_grouped_mm", meta=_grouped_mm_meta)
 def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     """Mixture-of-experts matmuls with static shapes: `offs` (cumulative group ends, on the device)
     splits one dimension into groups, and XLA's ragged dot multiplies each group by its own matrix, so
@@ -89,7 +152,7 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
         return matmul(a, b).astype(dtype)
     sizes = jnp.diff(offs.astype(jnp.int32), prepend=0)
     if a.ndim == 2 and b.ndim == 3:
-        out = lax.ragged_dot(a, b, sizes, **kw)
+        out = ragged_dot(a, b, sizes, **kw)
     elif a.ndim == 3 and b.ndim == 2:
         out = lax.ragged_dot(b.T, jnp.swapaxes(a, 1, 2), sizes, **kw).T
     else:
@@ -455,7 +518,38 @@ def linalg_solve_ex(a, b, left=True, check_errors=False):
     return (x[..., 0] if vector else x), lu, pivots, info
 
 
-@lowering("linalg_lstsq")
+def _lstsq_meta(a, b, rcond=None, *, driver=None):
+    """Output of `linalg_lstsq` on "tpu" (PyTorch has no meta kernel): CUDA's default driver "gels"
+    (the CPU's is "gelsy"), and PyTorch's argument checks. See linalg_lstsq below."""
+    driver = "gels" if driver is None else driver
+    torch._check(driver in ("gels", "gelsy", "gelsd", "gelss"), lambda: (
+        f"torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss), but got {driver}"))
+    if driver in ("gelsd", "gelss"):
+        raise NotImplementedError(f"torch.linalg.lstsq: driver {driver!r} is not supported on tpu (its residuals "
+                                  f"exist only for full-rank inputs, a shape that depends on the values); "
+                                  f"use 'gels' or 'gelsy'")
+    torch._check(a.dim() >= 2, lambda: "torch.linalg.lstsq: input must have at least 2 dimensions.")
+    torch._check(a.dim() >= b.dim() and a.dim() - b.dim() <= 1, lambda: (
+        "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1"))
+    torch._check(a.dtype.is_floating_point or a.dtype.is_complex, lambda: (
+        f"torch.linalg.lstsq: Expected input to have floating point or complex dtype, but got {a.dtype}"))
+    torch._check(a.dtype == b.dtype, lambda: (
+        f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got input with dtype "
+        f"{a.dtype} and other with dtype {b.dtype}"))
+    vector = b.dim() == a.dim() - 1
+    m, n = a.shape[-2:]
+    torch._check(b.shape[-1 if vector else -2] == m, lambda: (
+        f"torch.linalg.lstsq: input.size(-2) should match other.size({-1 if vector else -2})"))
+    k = 1 if vector else b.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-1 if vector else -2])
+    real = a.dtype.to_real()
+    solution = a.new_empty((*batch, n) if vector else (*batch, n, k))
+    residuals = a.new_empty((*batch, k) if driver == "gels" and m > n else (0,), dtype=real)
+    rank = a.new_empty(a.shape[:-2] if driver == "gelsy" else (0,), dtype=torch.int64)  # A's batch
+    return solution, residuals, rank, a.new_empty((0,), dtype=real)
+
+
+@lowering("linalg_lstsq", meta=_lstsq_meta)
 def linalg_lstsq(a, b, rcond=None, driver=None):
     """min ||A X - B||. The default driver is "gels", as on CUDA (the CPU's default is "gelsy"): QR of a
     full-rank A, residuals when m > n, rank and singular values empty. "gelsy" (rank-revealing, here

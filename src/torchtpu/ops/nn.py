@@ -6,23 +6,24 @@ import math
 import jax
 import numpy as np
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from .checks import require, require_index
 from .shape import cubic_coeffs
-from .table import KIND, lowering
+from .table import KIND, lowering, real_only_without_lowering
 
 
 def _f32(a):
     return a.astype(jnp.float32) if a.dtype in (jnp.float16, jnp.bfloat16) else a
 
 
-@lowering("relu", promote=KIND.DEFAULT)
+@lowering("relu", promote=KIND.DEFAULT, real_only=True)
 def relu(a):
     return jnp.maximum(a, 0)
 
 
-@lowering("threshold", promote=KIND.DEFAULT, promote_args=(0,))
+@lowering("threshold", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def threshold(a, threshold, value):
     return jnp.where(a <= threshold, value, a)
 
@@ -64,13 +65,13 @@ def tanh_backward(grad, out):
     return grad * jnp.conj(1 - out * out)
 
 
-@lowering("_softmax")
+@lowering("_softmax", real_only=True)
 def softmax(a, dim, half_to_float=False):
     out = jax.nn.softmax(_f32(a), axis=dim) if a.ndim else jnp.ones_like(_f32(a))
     return out if half_to_float else out.astype(a.dtype)
 
 
-@lowering("_log_softmax")
+@lowering("_log_softmax", real_only=True)
 def log_softmax(a, dim, half_to_float=False):
     out = jax.nn.log_softmax(_f32(a), axis=dim) if a.ndim else jnp.zeros_like(_f32(a))
     return out if half_to_float else out.astype(a.dtype)
@@ -88,7 +89,7 @@ def log_softmax_backward(grad, out, dim, input_dtype):
     return (g - jnp.exp(o) * jnp.sum(g, axis=dim if g.ndim else None, keepdims=True)).astype(input_dtype)
 
 
-@lowering("native_layer_norm")
+@lowering("native_layer_norm", real_only=True)
 def native_layer_norm(a, normalized_shape, weight, bias, eps):
     axes = tuple(range(a.ndim - len(normalized_shape), a.ndim))
     x = _f32(a)
@@ -157,7 +158,7 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
     return jnp.zeros((num_weights, grad.shape[-1]), g.dtype).at[idx].add(g).astype(grad.dtype)
 
 
-@lowering("nll_loss_forward", "nll_loss2d_forward")
+@lowering("nll_loss_forward", "nll_loss2d_forward", real_only=True)
 def nll_loss_forward(a, target, weight, reduction, ignore_index):
     x = a if a.ndim > 1 else a[None]
     t = target if target.ndim else target[None]
@@ -395,17 +396,22 @@ def fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
     return _max_pool_backward(grad, x, 2, indices)
 
 
-@lowering("fractional_max_pool3d_backward")
+def _grad_input_meta(grad, self, *args, **kwargs):
+    """Meta kernel (PyTorch ships none) of a backward op whose result has its input's shape and dtype."""
+    return torch.empty_like(self)
+
+
+@lowering("fractional_max_pool3d_backward", missing_meta=_grad_input_meta)
 def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
     return _max_pool_backward(grad, x, 3, indices)
 
 
-@lowering("max_pool2d_with_indices")
+@lowering("max_pool2d_with_indices", real_only=True)
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     return _max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-@lowering("max_pool3d_with_indices")
+@lowering("max_pool3d_with_indices", real_only=True)
 def max_pool3d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     return _max_pool(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
 
@@ -461,13 +467,18 @@ def _windows_count(padded_ones, nd, k, s, p, outs):
     return jnp.stack(slices, 0), outs
 
 
-@lowering("avg_pool2d")
+# composite pools: they decompose into the lowered ones before reaching the backend
+real_only_without_lowering("avg_pool1d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
+                           "adaptive_max_pool1d")
+
+
+@lowering("avg_pool2d", real_only=True)
 def avg_pool2d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
-@lowering("avg_pool3d")
+@lowering("avg_pool3d", real_only=True)
 def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
@@ -510,12 +521,12 @@ def _adaptive_avg(x, nd, output_size):
     return out.astype(x.dtype)
 
 
-@lowering("_adaptive_avg_pool2d")
+@lowering("_adaptive_avg_pool2d", real_only=True)
 def adaptive_avg_pool2d(x, output_size):
     return _adaptive_avg(x, 2, output_size)
 
 
-@lowering("_adaptive_avg_pool3d")
+@lowering("_adaptive_avg_pool3d", real_only=True)
 def adaptive_avg_pool3d(x, output_size):
     return _adaptive_avg(x, 3, output_size)
 
@@ -575,12 +586,12 @@ def _adaptive_max(x, nd, output_size):
     return out, ind
 
 
-@lowering("adaptive_max_pool2d")
+@lowering("adaptive_max_pool2d", real_only=True)
 def adaptive_max_pool2d(x, output_size):
     return _adaptive_max(x, 2, output_size)
 
 
-@lowering("adaptive_max_pool3d")
+@lowering("adaptive_max_pool3d", real_only=True)
 def adaptive_max_pool3d(x, output_size):
     return _adaptive_max(x, 3, output_size)
 
@@ -631,18 +642,18 @@ def _drop_none(*values):
     return tuple(v for v in values if v is not None)
 
 
-@lowering("native_batch_norm", mutates=((3, "running_mean"), (4, "running_var")))
+@lowering("native_batch_norm", mutates=((3, "running_mean"), (4, "running_var")), real_only=True)
 def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     out, mean, invstd, rm, rv = _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps)
     return (out, mean, invstd) + _drop_none(rm, rv)
 
 
-@lowering("_native_batch_norm_legit")
+@lowering("_native_batch_norm_legit", real_only=True)
 def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
     return native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lowering("_native_batch_norm_legit.no_stats")
+@lowering("_native_batch_norm_legit.no_stats", real_only=True)
 def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
     return _bn_forward(x, weight, bias, None, None, True, momentum, eps)[:3]
 
@@ -652,18 +663,18 @@ def native_batch_norm_legit_functional(x, weight, bias, running_mean, running_va
     return _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lowering("_native_batch_norm_legit_no_training")
+@lowering("_native_batch_norm_legit_no_training", real_only=True)
 def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     return _bn_forward(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
 
-@lowering("_batch_norm_with_update")
+@lowering("_batch_norm_with_update", real_only=True)
 def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
     out, mean, invstd, rm, rv = _bn_forward(x, weight, bias, running_mean, running_var, True, momentum, eps)
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8), rm, rv
 
 
-@lowering("_batch_norm_no_update")
+@lowering("_batch_norm_no_update", real_only=True)
 def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
     if running_mean is None:
         out, mean, invstd, _, _ = _bn_forward(x, weight, bias, None, None, True, momentum, eps)
@@ -716,7 +727,7 @@ def _group_norm(x, weight, bias, n, c, hxw, group, eps):
     return out.reshape(x.shape), mean, rstd
 
 
-@lowering("native_group_norm")
+@lowering("native_group_norm", real_only=True)
 def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
     out, mean, rstd = _group_norm(x, weight, bias, n, c, hxw, group, eps)
     return out.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
@@ -754,7 +765,7 @@ def _loss_grad(grad, x, reduction):
     return g / x.size if reduction == 1 else g
 
 
-@lowering("mse_loss")
+@lowering("mse_loss", real_only=True)
 def mse_loss(x, t, reduction=1):
     return _reduce(jnp.square(_f32(x) - _f32(t)), reduction, x.dtype)
 
@@ -769,7 +780,7 @@ def _smooth_l1(d, beta):
     return jnp.where(a < beta, 0.5 * d * d / jnp.where(beta == 0, 1, beta), a - 0.5 * beta)
 
 
-@lowering("smooth_l1_loss")
+@lowering("smooth_l1_loss", real_only=True)
 def smooth_l1_loss(x, t, reduction=1, beta=1.0):
     d = _f32(x) - _f32(t)
     return _reduce(jnp.abs(d) if beta == 0 else _smooth_l1(d, beta), reduction, x.dtype)
@@ -782,7 +793,7 @@ def smooth_l1_loss_backward(grad, x, t, reduction, beta):
     return (g * _loss_grad(grad, x, reduction)).astype(x.dtype)
 
 
-@lowering("huber_loss")
+@lowering("huber_loss", real_only=True)
 def huber_loss(x, t, reduction=1, delta=1.0):
     d = _f32(x) - _f32(t)
     a = jnp.abs(d)
@@ -796,7 +807,7 @@ def huber_loss_backward(grad, x, t, reduction, delta):
     return (g * _loss_grad(grad, x, reduction)).astype(x.dtype)
 
 
-@lowering("binary_cross_entropy")
+@lowering("binary_cross_entropy", real_only=True)
 def binary_cross_entropy(x, t, weight=None, reduction=1):
     xf, tf = _f32(x), _f32(t)
     require((xf >= 0) & (xf <= 1), "all elements of input should be between 0 and 1")
@@ -816,7 +827,7 @@ def binary_cross_entropy_backward(grad, x, t, weight=None, reduction=1):
     return g.astype(x.dtype)
 
 
-@lowering("binary_cross_entropy_with_logits")
+@lowering("binary_cross_entropy_with_logits", real_only=True)
 def binary_cross_entropy_with_logits(x, t, weight=None, pos_weight=None, reduction=1):
     xf, tf = _f32(x), _f32(t)
     softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(xf))) + jnp.maximum(-xf, 0)   # log(1 + exp(-x))
@@ -854,13 +865,13 @@ def _multi_margin(x, target, p, margin, weight, reduction):
     return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype)
 
 
-@lowering("multi_margin_loss")
+@lowering("multi_margin_loss", real_only=True)
 def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     require_index(target, x.shape[-1] if x.ndim else 1, False, "target out of range")
     return _multi_margin(x, target, p, margin, weight, reduction)
 
 
-@lowering("multi_margin_loss_backward")
+@lowering("multi_margin_loss_backward", missing_meta=_grad_input_meta)
 def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
     _, vjp = jax.vjp(lambda v: _multi_margin(v, target, p, margin, weight, reduction).astype(jnp.float32), _f32(x))
     return vjp(_f32(grad))[0].astype(x.dtype)
@@ -879,21 +890,21 @@ def _multilabel_margin(x, target, reduction, is_target=None):
     return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype), is_target.reshape(x.shape)
 
 
-@lowering("multilabel_margin_loss_forward")
+@lowering("multilabel_margin_loss_forward", real_only=True)
 def multilabel_margin_loss_forward(x, target, reduction):
     c = x.shape[-1] if x.ndim else 1
     require((target >= -1) & (target < c), "argument #2 'target' is out of range")   # -1 ends the list
     return _multilabel_margin(x, target, reduction)
 
 
-@lowering("multilabel_margin_loss_backward")
+@lowering("multilabel_margin_loss_backward", missing_meta=_grad_input_meta)
 def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
     _, vjp = jax.vjp(lambda v: _multilabel_margin(v, target, reduction, is_target)[0].astype(jnp.float32), _f32(x))
     return vjp(_f32(grad))[0].astype(x.dtype)
 
 
 # ---------------------------------------------------------------- activations
-@lowering("leaky_relu", promote=KIND.DEFAULT, promote_args=(0,))
+@lowering("leaky_relu", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def leaky_relu(a, negative_slope=0.01):
     return jnp.where(a > 0, a, a * negative_slope)
 
@@ -903,7 +914,7 @@ def leaky_relu_backward(grad, a, negative_slope, self_is_result):
     return jnp.where(a > 0, grad, grad * negative_slope)
 
 
-@lowering("elu", promote=KIND.DEFAULT, promote_args=(0,))
+@lowering("elu", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def elu(a, alpha=1, scale=1, input_scale=1):
     x = _f32(a)
     return jnp.where(x > 0, x * scale, jnp.expm1(x * input_scale) * alpha * scale).astype(a.dtype)
@@ -919,7 +930,7 @@ def elu_backward(grad, alpha, scale, input_scale, is_result, x):
     return jnp.where(v > 0 if not is_result else v > 0, g * scale, neg).astype(grad.dtype)
 
 
-@lowering("hardtanh", promote=KIND.DEFAULT, promote_args=(0,))
+@lowering("hardtanh", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def hardtanh(a, min_val=-1, max_val=1):
     return jnp.minimum(jnp.maximum(a, min_val), max_val).astype(a.dtype)
 
@@ -929,7 +940,7 @@ def hardtanh_backward(grad, a, min_val, max_val):
     return jnp.where((a <= min_val) | (a >= max_val), 0, grad).astype(grad.dtype)
 
 
-@lowering("hardswish", promote=KIND.DEFAULT)
+@lowering("hardswish", promote=KIND.DEFAULT, real_only=True)
 def hardswish(a):
     x = _f32(a)
     return (x * jnp.clip(x + 3, 0, 6) / 6).astype(a.dtype)
@@ -941,7 +952,7 @@ def hardswish_backward(grad, a):
     return jnp.where(x < -3, 0, jnp.where(x <= 3, g * (x / 3 + 0.5), g)).astype(grad.dtype)
 
 
-@lowering("hardsigmoid", promote=KIND.DEFAULT)
+@lowering("hardsigmoid", promote=KIND.DEFAULT, real_only=True)
 def hardsigmoid(a):
     return (jnp.clip(_f32(a) + 3, 0, 6) / 6).astype(a.dtype)
 
@@ -951,7 +962,7 @@ def hardsigmoid_backward(grad, a):
     return jnp.where((a > -3) & (a < 3), _f32(grad) / 6, 0).astype(grad.dtype)
 
 
-@lowering("softplus", promote=KIND.DEFAULT, promote_args=(0,))
+@lowering("softplus", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def softplus(a, beta=1, threshold=20):
     x = _f32(a)
     return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta).astype(a.dtype)
@@ -964,7 +975,7 @@ def softplus_backward(grad, a, beta, threshold):
     return jnp.where(x * beta > threshold, g, g * z / (z + 1)).astype(grad.dtype)
 
 
-@lowering("mish", promote=KIND.DEFAULT)
+@lowering("mish", promote=KIND.DEFAULT, real_only=True)
 def mish(a):
     x = _f32(a)
     return (x * jnp.tanh(jax.nn.softplus(x))).astype(a.dtype)
@@ -977,7 +988,7 @@ def mish_backward(grad, a):
     return (g * (t + x * jax.nn.sigmoid(x) * (1 - t * t))).astype(grad.dtype)
 
 
-@lowering("glu")
+@lowering("glu", real_only=True)
 def glu(a, dim=-1):
     x, gate = jnp.split(a, 2, axis=dim)
     return (_f32(x) * jax.nn.sigmoid(_f32(gate))).astype(a.dtype)
@@ -989,7 +1000,7 @@ def glu_backward(grad, a, dim):
     return vjp(_f32(grad))[0].astype(a.dtype)
 
 
-@lowering("_prelu_kernel", promote=KIND.DEFAULT)
+@lowering("_prelu_kernel", promote=KIND.DEFAULT, real_only=True)
 def prelu_kernel(a, weight):
     return jnp.where(a > 0, a, weight * a)
 
@@ -1000,7 +1011,7 @@ def prelu_kernel_backward(grad, a, weight):
             jnp.where(a > 0, 0, a * grad).astype(weight.dtype))
 
 
-@lowering("log_sigmoid_forward")
+@lowering("log_sigmoid_forward", real_only=True)
 def log_sigmoid_forward(a):
     x = _f32(a)
     out = jnp.minimum(x, 0) - jnp.log1p(jnp.exp(-jnp.abs(x)))
@@ -1012,7 +1023,7 @@ def log_sigmoid_backward(grad, a, buffer):
     return (_f32(grad) * jax.nn.sigmoid(-_f32(a))).astype(grad.dtype)
 
 
-@lowering("softshrink", promote=KIND.DEFAULT, promote_args=(0,))
+@lowering("softshrink", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def softshrink(a, lambd=0.5):
     return jnp.where(a > lambd, a - lambd, jnp.where(a < -lambd, a + lambd, 0)).astype(a.dtype)
 
@@ -1022,7 +1033,7 @@ def softshrink_backward(grad, a, lambd):
     return jnp.where((a >= -lambd) & (a <= lambd), 0, grad).astype(grad.dtype)
 
 
-@lowering("hardshrink", promote=KIND.DEFAULT, promote_args=(0,))
+@lowering("hardshrink", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def hardshrink(a, lambd=0.5):
     return jnp.where((a >= -lambd) & (a <= lambd), 0, a).astype(a.dtype)
 
@@ -1032,7 +1043,7 @@ def hardshrink_backward(grad, a, lambd):
     return jnp.where((a >= -lambd) & (a <= lambd), 0, grad).astype(grad.dtype)
 
 
-@lowering("rrelu_with_noise", random=True)
+@lowering("rrelu_with_noise", random=True, real_only=True)
 def rrelu_with_noise(a, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
     if training:
         r = jax.random.uniform(key, a.shape, jnp.float32, 0, 1) * (upper - lower) + lower
@@ -1411,16 +1422,16 @@ def _grid_sampler_backward(sample, grad, x, grid, interpolation_mode, padding_mo
             gg.astype(grid.dtype) if output_mask[1] else jnp.zeros(grid.shape, grid.dtype))
 
 
-for _nd, _sample in ((2, _grid_sample), (3, _grid_sample_3d)):
-    def _make_grid_sampler(sample):
-        def forward(x, grid, interpolation_mode, padding_mode, align_corners):
-            return sample(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
+def _sampler(x):
+    return _grid_sample if x.ndim == 4 else _grid_sample_3d   # (N, C, H, W) or (N, C, D, H, W)
 
-        def backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-            return _grid_sampler_backward(sample, grad, x, grid, interpolation_mode, padding_mode, align_corners,
-                                          output_mask)
-        return forward, backward
 
-    _fw, _bw = _make_grid_sampler(_sample)
-    lowering(f"grid_sampler_{_nd}d")(_fw)
-    lowering(f"grid_sampler_{_nd}d_backward")(_bw)
+@lowering("grid_sampler_2d", "grid_sampler_3d")
+def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _sampler(x)(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
+
+
+@lowering("grid_sampler_2d_backward", "grid_sampler_3d_backward")
+def grid_sampler_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    return _grid_sampler_backward(_sampler(x), grad, x, grid, interpolation_mode, padding_mode, align_corners,
+                                  output_mask)

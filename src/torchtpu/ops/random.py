@@ -22,7 +22,7 @@ def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
     return (from_ + u * (to - from_)).astype(a.dtype)
 
 
-@lowering("normal_functional", random=True)
+@lowering("normal_functional", random=True, inplace_variant="normal_.default")
 def normal(a, mean=0.0, std=1.0, generator=None, *, key):
     z = jax.random.normal(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
     return (mean + z * std).astype(a.dtype)
@@ -32,7 +32,7 @@ def _check_probabilities(p):
     require((p >= 0) & (p <= 1), "Expected p_in >= 0 && p_in <= 1: every probability must be in [0, 1]")
 
 
-@lowering("bernoulli.p", random=True)
+@lowering("bernoulli.p", random=True, inplace_variant="bernoulli_.float")
 def bernoulli_p(a, p=0.5, generator=None, *, key):
     require((p >= 0) & (p <= 1), "bernoulli_ expects p to be in [0, 1]")
     return (jax.random.uniform(key, a.shape, jnp.float32) < p).astype(a.dtype)
@@ -130,7 +130,7 @@ def random_to(a, to, generator=None, *, key):
 
 
 @lowering("random", random=True)
-def random_(a, generator=None, *, key):
+def random_in_default_range(a, generator=None, *, key):
     return _random_ints(key, a, 0, _default_high(a.dtype))
 
 

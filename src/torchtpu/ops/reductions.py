@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .checks import require, require_index
-from .table import KIND, lowering
+from .table import KIND, lowering, real_only_without_lowering
 
 
 def _dims(a, dim):
@@ -31,7 +31,7 @@ def _opmath(d):
 
 
 @lowering("sum", "sum.dim_IntList")
-def sum_(a, dim=None, keepdim=False, dtype=None):
+def sum_reduction(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
     acc = jnp.float32 if d in (jnp.float16, jnp.bfloat16) else d
     return jnp.sum(a.astype(acc), axis=_dims(a, dim), keepdims=keepdim).astype(d)
@@ -50,22 +50,22 @@ def prod(a, dim=None, keepdim=False, dtype=None):
     return jnp.prod(a.astype(_opmath(d)), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
-@lowering("amax")
+@lowering("amax", real_only=True)
 def amax(a, dim=(), keepdim=False):
     return jnp.max(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
-@lowering("amin")
+@lowering("amin", real_only=True)
 def amin(a, dim=(), keepdim=False):
     return jnp.min(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
-@lowering("max")
+@lowering("max", real_only=True)
 def max_all(a):
     return jnp.max(a)
 
 
-@lowering("min")
+@lowering("min", real_only=True)
 def min_all(a):
     return jnp.min(a)
 
@@ -77,17 +77,17 @@ def _arg_reduce(a, dim, keepdim, fn):
     return fn(a, axis=d, keepdims=keepdim).astype(jnp.int64) if a.ndim else jnp.zeros((), jnp.int64)
 
 
-@lowering("argmax")
+@lowering("argmax", real_only=True)
 def argmax(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmax)
 
 
-@lowering("argmin")
+@lowering("argmin", real_only=True)
 def argmin(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmin)
 
 
-@lowering("max.dim")
+@lowering("max.dim", real_only=True)
 def max_dim(a, dim, keepdim=False):
     d = dim % max(a.ndim, 1)
     if a.ndim == 0:
@@ -95,7 +95,7 @@ def max_dim(a, dim, keepdim=False):
     return jnp.max(a, axis=d, keepdims=keepdim), jnp.argmax(a, axis=d, keepdims=keepdim).astype(jnp.int64)
 
 
-@lowering("min.dim")
+@lowering("min.dim", real_only=True)
 def min_dim(a, dim, keepdim=False):
     d = dim % max(a.ndim, 1)
     if a.ndim == 0:
@@ -104,12 +104,12 @@ def min_dim(a, dim, keepdim=False):
 
 
 @lowering("any", "any.dim", "any.dims")
-def any_(a, dim=None, keepdim=False):
+def any_reduction(a, dim=None, keepdim=False):
     return jnp.any(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
 @lowering("all", "all.dim", "all.dims")
-def all_(a, dim=None, keepdim=False):
+def all_reduction(a, dim=None, keepdim=False):
     return jnp.all(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
@@ -151,7 +151,7 @@ def std_mean(a, dim=None, correction=None, keepdim=False):
     return std(a, dim, correction, keepdim), mean(a, dim, keepdim)
 
 
-@lowering("nansum")
+@lowering("nansum", real_only=True)
 def nansum(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
     x = a.astype(_opmath(d))
@@ -160,7 +160,7 @@ def nansum(a, dim=None, keepdim=False, dtype=None):
     return jnp.sum(x, axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
-@lowering("aminmax")
+@lowering("aminmax", real_only=True)
 def aminmax(a, dim=None, keepdim=False):
     axis = None if dim is None else _dims(a, dim)
     if dim is None and keepdim:
@@ -236,17 +236,21 @@ def _cum_extreme(a, dim, better):
     return v, i
 
 
-@lowering("cummax")
+@lowering("cummax", real_only=True)
 def cummax(a, dim):
     return _cum_extreme(a, dim, lambda r, l: r >= l)
 
 
-@lowering("cummin")
+@lowering("cummin", real_only=True)
 def cummin(a, dim):
     return _cum_extreme(a, dim, lambda r, l: r <= l)
 
 
 # ---------------------------------------------------------------- sorting and selection
+# unique's values decide its shape (eager/data_dependent.py implements it); hash_tensor is not lowered
+real_only_without_lowering("_unique2", "unique_dim", "unique_consecutive", "hash_tensor")
+
+
 def _sort(a, axis, descending):
     """Stable sort along `axis` -> (values, int64 indices); NaN sorts as the largest value."""
     if a.ndim == 0:
@@ -262,17 +266,17 @@ def _sort(a, axis, descending):
     return keys.astype(a.dtype), idx
 
 
-@lowering("sort")
+@lowering("sort", real_only=True)
 def sort(a, dim=-1, descending=False):
     return _sort(a, _axis(a, dim), descending)
 
 
-@lowering("sort.stable")
+@lowering("sort.stable", real_only=True)
 def sort_stable(a, stable=None, dim=-1, descending=False):
     return _sort(a, _axis(a, dim), descending)
 
 
-@lowering("topk")
+@lowering("topk", real_only=True)
 def topk(a, k, dim=-1, largest=True, sorted=True):
     if a.ndim == 0:
         return a, jnp.zeros((), jnp.int64)
@@ -293,7 +297,7 @@ def _pick(v, i, pos, axis, keepdim):
     return v, i
 
 
-@lowering("kthvalue")
+@lowering("kthvalue", real_only=True)
 def kthvalue(a, k, dim=-1, keepdim=False):
     if a.ndim == 0:
         return a, jnp.zeros((), jnp.int64)
@@ -320,27 +324,27 @@ def _median(a, dim, keepdim, ignore_nan):
     return _pick(v, i, (n - 1) // 2, axis, keepdim)
 
 
-@lowering("median.dim")
+@lowering("median.dim", real_only=True)
 def median_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, False)
 
 
-@lowering("nanmedian.dim")
+@lowering("nanmedian.dim", real_only=True)
 def nanmedian_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, True)
 
 
-@lowering("median")
+@lowering("median", real_only=True)
 def median(a):
     return _median(a.reshape(-1), 0, False, False)[0]
 
 
-@lowering("nanmedian")
+@lowering("nanmedian", real_only=True)
 def nanmedian(a):
     return _median(a.reshape(-1), 0, False, True)[0]
 
 
-@lowering("mode")
+@lowering("mode", real_only=True)
 def mode(a, dim=-1, keepdim=False):
     """Most frequent value (the smallest among equally frequent ones) and its last index."""
     if a.ndim == 0:
@@ -381,14 +385,14 @@ def _searchsorted(seq, values, right, sorter):
     return out.reshape(values.shape)
 
 
-@lowering("searchsorted.Tensor")
+@lowering("searchsorted.Tensor", real_only=True)
 def searchsorted(seq, values, out_int32=False, right=False, side=None, sorter=None):
     right = right or side == "right"
     out = _searchsorted(seq, values, right, sorter)
     return out.astype(jnp.int32 if out_int32 else jnp.int64)
 
 
-@lowering("searchsorted.Scalar")
+@lowering("searchsorted.Scalar", real_only=True)
 def searchsorted_scalar(seq, value, out_int32=False, right=False, side=None, sorter=None):
     right = right or side == "right"
     value = jnp.asarray(value, seq.dtype) if not hasattr(value, "shape") or value.ndim == 0 else value
@@ -397,13 +401,13 @@ def searchsorted_scalar(seq, value, out_int32=False, right=False, side=None, sor
     return out.astype(jnp.int32 if out_int32 else jnp.int64)
 
 
-@lowering("bucketize.Tensor")
+@lowering("bucketize.Tensor", real_only=True)
 def bucketize(values, boundaries, out_int32=False, right=False):
     out = _searchsorted(boundaries, values, right, None)
     return out.astype(jnp.int32 if out_int32 else jnp.int64)
 
 
-@lowering("bucketize.Scalar")
+@lowering("bucketize.Scalar", real_only=True)
 def bucketize_scalar(value, boundaries, out_int32=False, right=False):
     out = _searchsorted(boundaries, jnp.asarray(value, boundaries.dtype), right, None)
     return out.astype(jnp.int32 if out_int32 else jnp.int64)
@@ -473,7 +477,7 @@ def renorm(a, p, dim, maxnorm):
     return (x * scale).astype(a.dtype)
 
 
-@lowering("histc")
+@lowering("histc", real_only=True)
 def histc(a, bins=100, min=0, max=0):
     # PyTorch: min == max means the data's own range; values outside [min, max] are ignored
     x = a.astype(jnp.float32) if not jnp.issubdtype(a.dtype, jnp.floating) else a
@@ -497,7 +501,25 @@ def _histogram_counts(x, idx, valid, weight, bins, density, edges):
     return hist
 
 
-@lowering("histogram.bin_ct")
+# Meta kernels of histogram, which PyTorch ships without one (the engine needs the output shapes)
+def _histogram_bin_ct_meta(self, bins=100, *, range=None, weight=None, density=False):
+    return self.new_empty((bins,)), self.new_empty((bins + 1,))
+
+
+def _histogram_bin_ct_out_meta(self, bins=100, *, range=None, weight=None, density=False, hist, bin_edges):
+    return hist.resize_((bins,)), bin_edges.resize_((bins + 1,))
+
+
+def _histogram_bins_tensor_meta(self, bins, *, weight=None, density=False):
+    return self.new_empty((bins.shape[0] - 1,)), self.new_empty((bins.shape[0],))
+
+
+def _histogram_bins_tensor_out_meta(self, bins, *, weight=None, density=False, hist, bin_edges):
+    return hist.resize_((bins.shape[0] - 1,)), bin_edges.resize_((bins.shape[0],))
+
+
+@lowering("histogram.bin_ct", missing_meta={"histogram.bin_ct": _histogram_bin_ct_meta,
+                                            "histogram.bin_ct_out": _histogram_bin_ct_out_meta})
 def histogram(a, bins=100, range=None, weight=None, density=False):
     from .factories import linspace
     x = a.reshape(-1)
@@ -518,7 +540,8 @@ def histogram(a, bins=100, range=None, weight=None, density=False):
     return _histogram_counts(x, pos, valid, weight, bins, density, edges), edges
 
 
-@lowering("histogram.bins_tensor")
+@lowering("histogram.bins_tensor", missing_meta={"histogram.bins_tensor": _histogram_bins_tensor_meta,
+                                                 "histogram.bins_tensor_out": _histogram_bins_tensor_out_meta})
 def histogram_bins_tensor(a, bins, weight=None, density=False):
     x, edges = a.reshape(-1), bins.astype(a.dtype)
     n = edges.shape[0] - 1
@@ -574,7 +597,7 @@ def _segment_reduce(data, reduce, lengths, offsets, axis, initial):
     return out.astype(data.dtype)
 
 
-@lowering("segment_reduce")
+@lowering("segment_reduce", real_only=True)
 def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
     size = data.shape[axis % data.ndim]
     if lengths is not None:

@@ -11,7 +11,7 @@ import functools
 import torch
 
 from .dtypes import scalar_type_name, to_jax
-from .table import LOWERINGS, apply, reject_complex
+from .table import LOWERINGS, apply, declared_facts, reject_complex
 
 
 class NotLowered(NotImplementedError):
@@ -31,8 +31,9 @@ def _out_names(op):
             and a.alias_info.is_write]
 
 
-# in-place ops whose functional variant does not follow the `foo_` -> `foo` naming
-_INPLACE_TWINS = {"normal_.default": "normal_functional.default", "bernoulli_.float": "bernoulli.p"}
+# in-place ops whose functional variant does not follow the `foo_` -> `foo` naming (declared with
+# `inplace_variant=` on the functional op's lowering)
+_INPLACE_TWINS = declared_facts("inplace_variant")
 _FACTORY_KWARGS = {"dtype", "layout", "device", "pin_memory"}
 
 

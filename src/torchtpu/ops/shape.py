@@ -86,11 +86,24 @@ def _pad_backward(grad, x, padding, mode):
     return vjp(_f32(grad))[0].astype(x.dtype)
 
 
-for _nd in (1, 2, 3):
-    lowering(f"reflection_pad{_nd}d")(lambda x, padding: _mode_pad(x, padding, "reflect"))
-    lowering(f"replication_pad{_nd}d")(lambda x, padding: _mode_pad(x, padding, "edge"))
-    lowering(f"reflection_pad{_nd}d_backward")(lambda g, x, padding: _pad_backward(g, x, padding, "reflect"))
-    lowering(f"replication_pad{_nd}d_backward")(lambda g, x, padding: _pad_backward(g, x, padding, "edge"))
+@lowering("reflection_pad1d", "reflection_pad2d", "reflection_pad3d")
+def reflection_pad(x, padding):
+    return _mode_pad(x, padding, "reflect")
+
+
+@lowering("replication_pad1d", "replication_pad2d", "replication_pad3d")
+def replication_pad(x, padding):
+    return _mode_pad(x, padding, "edge")
+
+
+@lowering("reflection_pad1d_backward", "reflection_pad2d_backward", "reflection_pad3d_backward")
+def reflection_pad_backward(grad, x, padding):
+    return _pad_backward(grad, x, padding, "reflect")
+
+
+@lowering("replication_pad1d_backward", "replication_pad2d_backward", "replication_pad3d_backward")
+def replication_pad_backward(grad, x, padding):
+    return _pad_backward(grad, x, padding, "edge")
 
 
 # ---------------------------------------------------------------- rearrangements
@@ -276,44 +289,47 @@ def _resample_backward(fn, grad, input_size):
     return vjp(_f32(grad))[0].astype(grad.dtype)
 
 
-for _nd in (1, 2, 3):
-    _sfx = {1: "1d", 2: "2d", 3: "3d"}[_nd]
-
-    def _make(nd):
-        def nearest(x, output_size, *scales):
-            return _nearest(x, output_size, (list(scales) + [None] * nd)[:nd], False)
-
-        def nearest_exact(x, output_size, *scales):
-            return _nearest(x, output_size, (list(scales) + [None] * nd)[:nd], True)
-
-        def nearest_bw(grad, output_size, input_size, *scales):
-            sc = (list(scales) + [None] * nd)[:nd]
-            return _resample_backward(lambda v: _nearest(v, output_size, sc, False), grad, input_size)
-
-        def nearest_exact_bw(grad, output_size, input_size, *scales):
-            sc = (list(scales) + [None] * nd)[:nd]
-            return _resample_backward(lambda v: _nearest(v, output_size, sc, True), grad, input_size)
-
-        def linear(x, output_size, align_corners, *scales):
-            return _linear(x, output_size, align_corners, (list(scales) + [None] * nd)[:nd])
-
-        def linear_bw(grad, output_size, input_size, align_corners, *scales):
-            sc = (list(scales) + [None] * nd)[:nd]
-            return _resample_backward(lambda v: _linear(v, output_size, align_corners, sc), grad, input_size)
-
-        return nearest, nearest_exact, nearest_bw, nearest_exact_bw, linear, linear_bw
-
-    _n, _ne, _nb, _neb, _l, _lb = _make(_nd)
-    lowering(f"upsample_nearest{_sfx}")(_n)
-    lowering(f"_upsample_nearest_exact{_sfx}")(_ne)
-    lowering(f"upsample_nearest{_sfx}_backward")(_nb)
-    lowering(f"_upsample_nearest_exact{_sfx}_backward")(_neb)
-    _lin = {1: "upsample_linear1d", 2: "upsample_bilinear2d", 3: "upsample_trilinear3d"}[_nd]
-    lowering(_lin)(_l)
-    lowering(f"{_lin}_backward")(_lb)
+def _scales(scales, output_size):
+    """The optional scale factors, one per resampled dimension (output_size has one size per dimension)."""
+    nd = len(output_size)
+    return (list(scales) + [None] * nd)[:nd]
 
 
-@lowering("upsample_bicubic2d")
+@lowering("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", real_only=True)
+def upsample_nearest(x, output_size, *scales):
+    return _nearest(x, output_size, _scales(scales, output_size), False)
+
+
+@lowering("_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", real_only=True)
+def upsample_nearest_exact(x, output_size, *scales):
+    return _nearest(x, output_size, _scales(scales, output_size), True)
+
+
+@lowering("upsample_nearest1d_backward", "upsample_nearest2d_backward", "upsample_nearest3d_backward")
+def upsample_nearest_backward(grad, output_size, input_size, *scales):
+    sc = _scales(scales, output_size)
+    return _resample_backward(lambda v: _nearest(v, output_size, sc, False), grad, input_size)
+
+
+@lowering("_upsample_nearest_exact1d_backward", "_upsample_nearest_exact2d_backward",
+          "_upsample_nearest_exact3d_backward")
+def upsample_nearest_exact_backward(grad, output_size, input_size, *scales):
+    sc = _scales(scales, output_size)
+    return _resample_backward(lambda v: _nearest(v, output_size, sc, True), grad, input_size)
+
+
+@lowering("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", real_only=True)
+def upsample_linear(x, output_size, align_corners, *scales):
+    return _linear(x, output_size, align_corners, _scales(scales, output_size))
+
+
+@lowering("upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_trilinear3d_backward")
+def upsample_linear_backward(grad, output_size, input_size, align_corners, *scales):
+    sc = _scales(scales, output_size)
+    return _resample_backward(lambda v: _linear(v, output_size, align_corners, sc), grad, input_size)
+
+
+@lowering("upsample_bicubic2d", real_only=True)
 def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=None):
     return _bicubic(x, output_size, align_corners, (scales_h, scales_w))
 
@@ -361,16 +377,23 @@ def _resample_aa(x, output_size, align_corners, scales, interp_size, kernel):
     return y.astype(x.dtype)
 
 
-for _name, _size, _kernel in (("_upsample_bilinear2d_aa", 2, _aa_triangle), ("_upsample_bicubic2d_aa", 4, _aa_cubic)):
-    def _make_aa(size, kernel):
-        def forward(x, output_size, align_corners, scales_h=None, scales_w=None):
-            return _resample_aa(x, output_size, align_corners, (scales_h, scales_w), size, kernel)
+@lowering("_upsample_bilinear2d_aa", real_only=True)
+def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_aa(x, output_size, align_corners, (scales_h, scales_w), 2, _aa_triangle)
 
-        def backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
-            return _resample_backward(lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w),
-                                                             size, kernel), grad, input_size)
-        return forward, backward
 
-    _fw, _bw = _make_aa(_size, _kernel)
-    lowering(_name)(_fw)
-    lowering(f"{_name}_backward")(_bw)
+@lowering("_upsample_bilinear2d_aa_backward")
+def upsample_bilinear2d_aa_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_backward(
+        lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w), 2, _aa_triangle), grad, input_size)
+
+
+@lowering("_upsample_bicubic2d_aa", real_only=True)
+def upsample_bicubic2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_aa(x, output_size, align_corners, (scales_h, scales_w), 4, _aa_cubic)
+
+
+@lowering("_upsample_bicubic2d_aa_backward")
+def upsample_bicubic2d_aa_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_backward(
+        lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w), 4, _aa_cubic), grad, input_size)

@@ -83,8 +83,8 @@ def _recurrence(step, q, count, stop_on_nan=True):
 
 
 def _binary_lowering(name):
-    return lowering(f"special_{name}", f"special_{name}.x_scalar", f"special_{name}.n_scalar",
-                    promote=KIND.INT_TO_FLOAT)
+    """The lowering of `name` (its tensor-tensor overload) and of its two overloads with a Scalar."""
+    return lowering(name, f"{name}.x_scalar", f"{name}.n_scalar", promote=KIND.INT_TO_FLOAT)
 
 
 # ---------------------------------------------------------------- Chebyshev polynomials
@@ -134,14 +134,14 @@ def _alternating(n, v):
     return jnp.where(n % 2 == 0, v, -v)
 
 
-@_binary_lowering("chebyshev_polynomial_t")
+@_binary_lowering("special_chebyshev_polynomial_t")
 def chebyshev_polynomial_t(x, n):
     x, n = _operands(x, n)
     edge = jnp.where((x > 0) | (n % 2 == 0), 1.0, -1.0)
     return _chebyshev(x, n, x, x, 6, _t_closed(x, n), [(jnp.abs(x) == 1, edge)])
 
 
-@_binary_lowering("chebyshev_polynomial_u")
+@_binary_lowering("special_chebyshev_polynomial_u")
 def chebyshev_polynomial_u(x, n):
     x, n = _operands(x, n)
     n1 = _f(n + 1, x)
@@ -149,7 +149,7 @@ def chebyshev_polynomial_u(x, n):
     return _chebyshev(x, n, x, x + x, 8, _u_closed(x, n, x), [(jnp.abs(x) == 1, edge)])
 
 
-@_binary_lowering("chebyshev_polynomial_v")
+@_binary_lowering("special_chebyshev_polynomial_v")
 def chebyshev_polynomial_v(x, n):
     x, n = _operands(x, n)
     odd = _alternating(n, _f(n + n + 1, x))
@@ -157,7 +157,7 @@ def chebyshev_polynomial_v(x, n):
     return _chebyshev(x, n, x, x + x - 1, 8, _v_closed(x, n, odd), [(jnp.abs(x) == 1, edge)])
 
 
-@_binary_lowering("chebyshev_polynomial_w")
+@_binary_lowering("special_chebyshev_polynomial_w")
 def chebyshev_polynomial_w(x, n):
     x, n = _operands(x, n)
     edge = jnp.where(x > 0, _f(n + n + 1, x), _alternating(n, jnp.ones_like(x)))
@@ -166,7 +166,7 @@ def chebyshev_polynomial_w(x, n):
 
 # The shifted family: the same in y = 2x - 1, with special cases at x == 0 and x == 1.
 
-@_binary_lowering("shifted_chebyshev_polynomial_t")
+@_binary_lowering("special_shifted_chebyshev_polynomial_t")
 def shifted_chebyshev_polynomial_t(x, n):
     x, n = _operands(x, n)
     y = x + x - 1
@@ -174,7 +174,7 @@ def shifted_chebyshev_polynomial_t(x, n):
                       [(x == 0, _alternating(n, jnp.ones_like(x))), (x == 1, 1)])
 
 
-@_binary_lowering("shifted_chebyshev_polynomial_u")
+@_binary_lowering("special_shifted_chebyshev_polynomial_u")
 def shifted_chebyshev_polynomial_u(x, n):
     x, n = _operands(x, n)
     y = x + x - 1
@@ -182,7 +182,7 @@ def shifted_chebyshev_polynomial_u(x, n):
     return _chebyshev(x, n, y, y + y, 6, _u_closed(x, n, y), [(x == 0, _alternating(n, n1)), (x == 1, n1)])
 
 
-@_binary_lowering("shifted_chebyshev_polynomial_v")
+@_binary_lowering("special_shifted_chebyshev_polynomial_v")
 def shifted_chebyshev_polynomial_v(x, n):
     x, n = _operands(x, n)
     y = x + x - 1
@@ -190,7 +190,7 @@ def shifted_chebyshev_polynomial_v(x, n):
     return _chebyshev(x, n, y, y + y - 1, 6, _v_closed(x, n, odd), [(x == 0, odd), (x == 1, 1)])
 
 
-@_binary_lowering("shifted_chebyshev_polynomial_w")
+@_binary_lowering("special_shifted_chebyshev_polynomial_w")
 def shifted_chebyshev_polynomial_w(x, n):
     x, n = _operands(x, n)
     y = x + x - 1
@@ -208,7 +208,7 @@ def _hermite_limit(x):
     return 128 if x.dtype == jnp.float32 else 512
 
 
-@_binary_lowering("hermite_polynomial_h")
+@_binary_lowering("special_hermite_polynomial_h")
 def hermite_polynomial_h(x, n):
     x, n = _operands(x, n)
     big = n > _hermite_limit(x)
@@ -219,7 +219,7 @@ def hermite_polynomial_h(x, n):
     return jnp.where(n < 0, 0, out).astype(x.dtype)
 
 
-@_binary_lowering("hermite_polynomial_he")
+@_binary_lowering("special_hermite_polynomial_he")
 def hermite_polynomial_he(x, n):
     x, n = _operands(x, n)
     big = n > _hermite_limit(x)
@@ -229,7 +229,7 @@ def hermite_polynomial_he(x, n):
     return jnp.where(n < 0, 0, out).astype(x.dtype)
 
 
-@_binary_lowering("laguerre_polynomial_l")
+@_binary_lowering("special_laguerre_polynomial_l")
 def laguerre_polynomial_l(x, n):
     x, n = _operands(x, n)
     one_minus_x = 1 - x
@@ -240,7 +240,7 @@ def laguerre_polynomial_l(x, n):
     return jnp.where(n < 0, 0, out).astype(x.dtype)
 
 
-@_binary_lowering("legendre_polynomial_p")
+@_binary_lowering("special_legendre_polynomial_p")
 def legendre_polynomial_p(x, n):
     x, n = _operands(x, n)
     edge = jnp.abs(x) == 1
@@ -339,17 +339,17 @@ def _j1(x):
     return jnp.where(neg, -out, out)
 
 
-@lowering("special_bessel_j0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_bessel_j0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def bessel_j0(x):
     return _j0(x)
 
 
-@lowering("special_bessel_j1", promote=KIND.INT_TO_FLOAT)
+@lowering("special_bessel_j1", promote=KIND.INT_TO_FLOAT, real_only=True)
 def bessel_j1(x):
     return _j1(x)
 
 
-@lowering("special_bessel_y0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_bessel_y0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def bessel_y0(x):
     xx = x * x
     small = _horner(_Y0_YP, xx) / _horner(_Y0_YQ, xx) + _2_PI * jnp.log(x) * _j0(x)
@@ -358,7 +358,7 @@ def bessel_y0(x):
     return jnp.where(x <= 5, small, big).astype(x.dtype)
 
 
-@lowering("special_bessel_y1", promote=KIND.INT_TO_FLOAT)
+@lowering("special_bessel_y1", promote=KIND.INT_TO_FLOAT, real_only=True)
 def bessel_y1(x):
     xx = x * x
     small = x * (_horner(_Y1_YP, xx) / _horner(_Y1_YQ, xx)) + _2_PI * (_j1(x) * jnp.log(x) - 1 / x)
@@ -464,35 +464,35 @@ def _k1_small(x):
     return jnp.log(0.5 * x) * _i1(x) + _clenshaw(_K1_A, x * x - 2) / x
 
 
-@lowering("special_modified_bessel_i0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_modified_bessel_i0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def modified_bessel_i0(x):
     return _i0(x)
 
 
-@lowering("special_modified_bessel_i1", promote=KIND.INT_TO_FLOAT)
+@lowering("special_modified_bessel_i1", promote=KIND.INT_TO_FLOAT, real_only=True)
 def modified_bessel_i1(x):
     return _i1(x)
 
 
-@lowering("special_modified_bessel_k0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_modified_bessel_k0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def modified_bessel_k0(x):
     big = jnp.exp(-x) * _clenshaw(_K0_B, 8 / x - 2) / jnp.sqrt(x)
     return _k_domain(x, jnp.where(x <= 2, _k0_small(x), big)).astype(x.dtype)
 
 
-@lowering("special_modified_bessel_k1", promote=KIND.INT_TO_FLOAT)
+@lowering("special_modified_bessel_k1", promote=KIND.INT_TO_FLOAT, real_only=True)
 def modified_bessel_k1(x):
     big = jnp.exp(-x) * _clenshaw(_K1_B, 8 / x - 2) / jnp.sqrt(x)
     return _k_domain(x, jnp.where(x <= 2, _k1_small(x), big)).astype(x.dtype)
 
 
-@lowering("special_scaled_modified_bessel_k0", promote=KIND.INT_TO_FLOAT)
+@lowering("special_scaled_modified_bessel_k0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def scaled_modified_bessel_k0(x):
     big = _clenshaw(_K0_B, 8 / x - 2) / jnp.sqrt(x)
     return _k_domain(x, jnp.where(x <= 2, _k0_small(x) * jnp.exp(x), big)).astype(x.dtype)
 
 
-@lowering("special_scaled_modified_bessel_k1", promote=KIND.INT_TO_FLOAT)
+@lowering("special_scaled_modified_bessel_k1", promote=KIND.INT_TO_FLOAT, real_only=True)
 def scaled_modified_bessel_k1(x):
     big = _clenshaw(_K1_B, 8 / x - 2) / jnp.sqrt(x)
     return _k_domain(x, jnp.where(x <= 2, _k1_small(x) * jnp.exp(x), big)).astype(x.dtype)
@@ -553,7 +553,7 @@ def _airy_series(x):
     return 0.355028053887817239260 * f - 0.258819403792806798405 * g
 
 
-@lowering("special_airy_ai", promote=KIND.INT_TO_FLOAT)
+@lowering("special_airy_ai", promote=KIND.INT_TO_FLOAT, real_only=True)
 def airy_ai(x):
     # x < -2.09: oscillatory asymptotic expansion in z = 1 / zeta
     xn = jnp.where(x < -2.09, x, -3.0)  # keep the unused lanes finite and cheap

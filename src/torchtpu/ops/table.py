@@ -12,15 +12,33 @@ arrays (a tuple for several outputs). It holds no PyTorch objects.
 operands arrive already cast to the computation dtype (float32 for half types, as PyTorch's opmath),
 the result is cast to PyTorch's result dtype. In-place (`add_`) and `out=` variants are derived from
 the functional op: nobody writes them by hand. `random=True` lowerings receive a `key=` PRNG key.
+
+Every other fact about an op is declared here too, as an argument of `@lowering`, so the op's name
+finds all of them (docs/design.md, "Adding an op"):
+
+    real_only=True          complex inputs raise, as PyTorch's CPU and CUDA kernels (reject_complex)
+    blas=True               a promoting op whose CPU kernel is a BLAS call, not an elementwise loop: its
+                            in-place and out= writes skip the memory-overlap checks (eager/overlap.py)
+    host_check=f            f(*args, **kwargs) checks Scalar arguments on the host per call (argument_checks.py)
+    meta_check=f            an argument check PyTorch's meta kernel leaves out, run before the op is built
+    meta=f                  the meta function the engine and Dynamo's fake tensors use on "tpu" instead of PyTorch's
+    missing_meta=f          a Meta kernel registered for an op PyTorch ships without one
+    mask_args=i             position of an index list whose boolean masks become indices first (eager)
+    inplace_variant="foo_.ov"  the in-place overload whose functional twin this is, where the names do not say
+
+A per-overload fact is one value for every name of the decorator, or a dict from overload names (the
+decorator's own, or their in-place and out= variants, named explicitly) to values. The tables other
+layers read (REAL_ONLY, declared_facts(...)) are read-only views derived from these declarations.
 """
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Callable
 
 from .dtypes import KIND, operand_facts, promote, scalar_type_name
 
-__all__ = ["lowering", "LOWERINGS", "Lowering", "KIND", "apply"]
+__all__ = ["lowering", "LOWERINGS", "Lowering", "KIND", "apply", "declared_facts", "real_only_without_lowering"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,25 +52,80 @@ class Lowering:
     mutates: tuple = ()                 # ((position, name), ...) written although the schema says not
     static_scalars: bool = False        # Scalars decide shapes (arange): compile per value
     traced: tuple = ()                  # names of float/int arguments to trace like Scalars (lr)
+    real_only: bool = False             # complex inputs raise (REAL_ONLY)
+    blas: bool = False                  # promotes, but the CPU kernel is a BLAS call, not an elementwise loop
 
 
 LOWERINGS: dict[str, Lowering] = {}
 
+# the facts declared per overload with `@lowering(..., kind=value)`: kind -> {overload: value}
+FACT_KINDS = ("host_check", "meta_check", "meta", "missing_meta", "mask_args", "inplace_variant")
+_FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
+# overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
+FACT_OWNERS: dict[str, dict[str, str]] = {kind: {} for kind in FACT_KINDS}
+_REAL_ONLY: dict[str, bool] = {}   # base name -> True
+_REAL_ONLY_WITHOUT_LOWERING: set = set()
+
+
+def _full_name(name):
+    return name if "." in name else name + ".default"
+
 
 def lowering(*names, promote=None, promote_args=None, random=False, keep_result_dtype=False, mutates=(),
-             static_scalars=False, traced=()):
-    """Register `fn` as the lowering of the ATen ops `names` ("add.Tensor", "relu.default", ...)."""
+             static_scalars=False, traced=(), real_only=False, blas=False, **facts):
+    """Register `fn` as the lowering of the ATen ops `names` ("add.Tensor", "relu.default", ...), with
+    the facts about those ops (the module docstring lists them)."""
+    unknown = set(facts) - set(FACT_KINDS)
+    if unknown:
+        raise TypeError(f"unknown op facts {sorted(unknown)}")
+    full_names = [_full_name(n) for n in names]
+    declared = {kind: _per_overload(kind, value, full_names) for kind, value in facts.items()}
 
     def register(fn):
-        for name in names:
-            full = name if "." in name else name + ".default"
+        # every check before the first write: a refused declaration leaves the tables as they were
+        for full in full_names:
             if full in LOWERINGS:
                 raise ValueError(f"two lowerings for aten::{full}")
+        for kind, values in declared.items():
+            for name in values:
+                if name in _FACTS[kind]:
+                    raise ValueError(f"{kind} of aten::{name} declared twice")
+        for full in full_names:
             LOWERINGS[full] = Lowering(full, fn, promote, promote_args, random, keep_result_dtype, mutates,
-                                       static_scalars, tuple(traced))
+                                       static_scalars, tuple(traced), real_only, blas)
+            if real_only:
+                _REAL_ONLY[full.split(".")[0]] = True
+        for kind, values in declared.items():
+            _FACTS[kind].update(values)
+            FACT_OWNERS[kind].update(dict.fromkeys(values, full_names[0]))
         return fn
 
     return register
+
+
+def _per_overload(kind, value, full_names):
+    """{overload: fact} from one value (for every name of the decorator) or a dict by overload name."""
+    if kind == "inplace_variant":   # maps the in-place overload to this (single) functional one
+        (functional,) = full_names
+        return {_full_name(value): functional}
+    if not isinstance(value, dict):
+        return dict.fromkeys(full_names, value)
+    return {_full_name(name): fact for name, fact in value.items()}
+
+
+def declared_facts(kind: str) -> types.MappingProxyType:
+    """{overload: value} of one fact kind, as declared with the lowerings (a read-only view)."""
+    return types.MappingProxyType(_FACTS[kind])
+
+
+def real_only_without_lowering(*names):
+    """Declare real-only ATen ops (base names) that have no lowering of their own: composites that
+    decompose before reaching the backend, and ops the eager layer implements by hand."""
+    for name in names:
+        if name in _REAL_ONLY_WITHOUT_LOWERING:
+            raise ValueError(f"real_only of aten::{name} declared twice")
+        _REAL_ONLY_WITHOUT_LOWERING.add(name)
+        _REAL_ONLY[name] = True
 
 
 def _cast(v, dtype):
@@ -61,35 +134,11 @@ def _cast(v, dtype):
     return v
 
 
-# ATen ops whose CPU and CUDA kernels reject complex inputs (orderings, rounding, activations and
-# special functions with no complex meaning). Their lowerings would compute something (JAX orders
-# complex numbers lexicographically), so complex inputs raise here, as on those devices.
-REAL_ONLY = frozenset({
-    "lt", "le", "gt", "ge", "maximum", "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max",
-    "max", "min", "amax", "amin", "aminmax", "argmax", "argmin", "sort", "topk", "kthvalue", "median",
-    "nanmedian", "mode", "cummax", "cummin", "_unique2", "unique_dim", "unique_consecutive",
-    "searchsorted", "bucketize", "histc", "round", "sign", "signbit", "floor", "ceil", "trunc", "frac",
-    "remainder", "fmod", "floor_divide", "copysign", "heaviside", "atan2", "xlogy", "special_xlog1py",
-    "logit", "nansum", "erf", "erfc", "erfinv", "lgamma", "digamma", "relu", "_softmax", "_log_softmax",
-    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift",
-    "elu", "glu", "hardshrink", "softshrink", "hardtanh", "leaky_relu", "log_sigmoid_forward", "mish",
-    "softplus", "threshold", "_prelu_kernel", "rrelu_with_noise", "hardsigmoid", "hardswish",
-    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
-    "_batch_norm_with_update", "_batch_norm_no_update", "native_group_norm", "native_layer_norm",
-    "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "_adaptive_avg_pool2d",
-    "_adaptive_avg_pool3d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "max_pool2d_with_indices",
-    "max_pool3d_with_indices", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
-    "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
-    "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d",
-    "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa", "mse_loss", "smooth_l1_loss", "huber_loss",
-    "binary_cross_entropy", "binary_cross_entropy_with_logits", "nll_loss_forward", "nll_loss2d_forward",
-    "multi_margin_loss", "multilabel_margin_loss_forward", "segment_reduce", "index_reduce",
-    "special_airy_ai", "special_bessel_j0", "special_bessel_j1", "special_bessel_y0", "special_bessel_y1",
-    "special_erfcx", "special_modified_bessel_i0", "special_modified_bessel_i1", "special_modified_bessel_k0",
-    "special_modified_bessel_k1", "special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k1",
-    "special_spherical_bessel_j0", "gcd", "lcm", "adaptive_max_pool1d", "adaptive_max_pool2d",
-    "adaptive_max_pool3d", "hash_tensor",
-})
+# ATen ops (base names) whose CPU and CUDA kernels reject complex inputs (orderings, rounding,
+# activations and special functions with no complex meaning), from `real_only=True` on their lowerings
+# and real_only_without_lowering(...). Their lowerings would compute something (JAX orders complex
+# numbers lexicographically), so complex inputs raise here, as on those devices.
+REAL_ONLY = types.MappingProxyType(_REAL_ONLY)
 
 
 def reject_complex(name, values):

@@ -20,6 +20,7 @@
 
 #include <cstring>
 #include <array>
+#include <map>
 #include <mutex>
 
 namespace {
@@ -106,6 +107,52 @@ DeviceIndex resolve(DeviceIndex index) {
 
 using AvailableFn = int (*)();
 
+// "Pinned" host memory for tpu: host-to-device copies go through PJRT, which gains nothing from
+// page-locked memory, so this is the CPU allocator plus a record of which blocks were asked for
+// pinned, so that `x.pin_memory().is_pinned()` holds and code that pins (DDP's reducer with
+// find_unused_parameters, DataLoader(pin_memory=True)) works as on CUDA.
+class PinnedHostAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::DataPtr inner = c10::GetCPUAllocator()->allocate(nbytes);
+    void* data = inner.get();
+    auto* ctx = new Block{std::move(inner), this};
+    if (data != nullptr) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_[reinterpret_cast<uintptr_t>(data)] = nbytes;
+    }
+    return {data, ctx, &PinnedHostAllocator::release, c10::Device(DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+  bool contains(const void* ptr) {
+    auto address = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = blocks_.upper_bound(address);
+    if (it == blocks_.begin()) return false;
+    --it;
+    return address < it->first + std::max<size_t>(it->second, 1);
+  }
+
+ private:
+  struct Block {
+    c10::DataPtr inner;
+    PinnedHostAllocator* owner;
+  };
+  static void release(void* ctx) {
+    auto* block = static_cast<Block*>(ctx);
+    if (block->inner.get() != nullptr) {
+      std::lock_guard<std::mutex> lock(block->owner->mutex_);
+      block->owner->blocks_.erase(reinterpret_cast<uintptr_t>(block->inner.get()));
+    }
+    delete block;
+  }
+  std::mutex mutex_;
+  std::map<uintptr_t, size_t> blocks_;
+};
+
 struct TpuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return is_available_ != nullptr && is_available_() != 0; }
@@ -129,9 +176,13 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
     return at::make_generator<TpuGeneratorImpl>(index);
   }
 
+  at::Allocator* getPinnedMemoryAllocator() const override { return &pinned_; }
+  bool isPinnedPtr(const void* data) const override { return pinned_.contains(data); }
+
   AvailableFn is_available_ = nullptr;
 
  private:
+  mutable PinnedHostAllocator pinned_;
   mutable std::array<at::Generator, kMaxDevices> defaults_;
   mutable std::array<std::once_flag, kMaxDevices> default_once_;
 };
