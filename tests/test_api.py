@@ -40,8 +40,6 @@ SUBMODULE_ABSENT = {
     "torch.tpu.optimizers": {
         "Optimizer": "TorchTPU's is a stateless functional base for SingleTraceTrainer; ours are "
                      "torch.optim.Optimizer subclasses (AdamW, SGD, Muon) with a fused step",
-        "SingleTraceTrainer": "not built: it traces forward+backward+step as one program, which "
-                              "torch.compile with our backend already does",
     },
 }
 NOT_YET = {"torch.tpu.distributed", "torch.tpu.ops", "torch.tpu.pallas"}

@@ -28,7 +28,7 @@ from ..eager import xla_options
 from ..eager.executable import call_and_commit, input_buffers
 from ..storage.records import donatable, record_of
 
-__all__ = ["AdamW", "Muon", "SGD", "Sgd"]
+__all__ = ["AdamW", "Muon", "SGD", "Sgd", "SingleTraceTrainer"]
 
 
 def _f32(x):
@@ -90,28 +90,45 @@ class _FusedStep:
             done()
         return loss
 
-    def _step_fused(self, params, grads, states, scalars, static):
+    def _plan(self, select):
+        """The update of the parameters `select(index, p)` picks, group by group: (params, their
+        state tensors in `_update`'s order, host scalars, static signatures), one entry per parameter.
+        Shared by `step()` and `SingleTraceTrainer` (optim/trainer.py), which differ only in where
+        the gradients come from."""
+        params, states, scalars, static = [], [], [], []
         index = 0
         for group in self.param_groups:
-            with_grad = []
+            chosen = []
             for p in group["params"]:
-                if p.grad is not None:
+                if select(index, p):
                     self._check_param(index, p)
-                    if p.grad.dtype != p.dtype or p.grad.shape != p.shape or p.grad.device != p.device:
-                        raise RuntimeError(f"{self._where()}: parameter {index}'s grad ({p.grad.dtype}, "
-                                           f"{tuple(p.grad.shape)}, {p.grad.device}) does not match it "
-                                           f"({p.dtype}, {tuple(p.shape)}, {p.device})")
-                    with_grad.append(p)
+                    chosen.append(p)
                 index += 1
-            if not with_grad:
+            if not chosen:
                 continue
-            group_states, group_scalars, group_static = self._prepare(group, with_grad)
-            params += with_grad
-            grads += [self._dense_grad(p.grad) for p in with_grad]
+            group_states, group_scalars, group_static = self._prepare(group, chosen)
+            params += chosen
             states += group_states
             scalars += group_scalars
             # one static signature for the group, or (a list) one per parameter
-            static += group_static if isinstance(group_static, list) else [group_static] * len(with_grad)
+            static += group_static if isinstance(group_static, list) else [group_static] * len(chosen)
+        return params, states, scalars, static
+
+    def _step_fused(self, params, grads, states, scalars, static):
+        def with_grad(index, p):
+            if p.grad is None:
+                return False
+            if p.grad.dtype != p.dtype or p.grad.shape != p.shape or p.grad.device != p.device:
+                self._check_param(index, p)
+                raise RuntimeError(f"{self._where()}: parameter {index}'s grad ({p.grad.dtype}, "
+                                   f"{tuple(p.grad.shape)}, {p.grad.device}) does not match it "
+                                   f"({p.dtype}, {tuple(p.shape)}, {p.device})")
+            return True
+
+        planned = self._plan(with_grad)
+        for into, got in zip((params, states, scalars, static), planned):
+            into += got
+        grads += [self._dense_grad(p.grad) for p in params]
         if not params:
             return
         device = params[0].device
@@ -350,11 +367,13 @@ class Muon(_FusedStep, torch.optim.Muon):
             raise ValueError("Coefficients must be a tuple of exactly 3 values")
         states, scalars = [], []
         for p in params:
-            if p.grad.ndim != 2:
+            # (the parameter's shape and dtype, not its grad's: step() checked they agree, and
+            # SingleTraceTrainer has no grad tensor to look at)
+            if p.ndim != 2:
                 raise ValueError("Param gradient must be a 2D matrix")
             state = self.state[p]
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 self._undo.append(lambda state=state: state.pop("momentum_buffer", None))
             buf = state["momentum_buffer"]
             self._check_param(0, buf)
@@ -381,3 +400,6 @@ class Muon(_FusedStep, torch.optim.Muon):
         param = out(_f32(param) * decay_factor)
         param = out(_f32(param) + (-adjusted_lr) * _f32(update))
         return param, [buf]
+
+
+from .trainer import SingleTraceTrainer  # noqa: E402  (it builds on _FusedStep above)
