@@ -372,6 +372,7 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
 _MISSING_META = {
     "multilabel_margin_loss_backward": lambda grad, self, target, reduction, is_target: torch.empty_like(self),
     "multi_margin_loss_backward": lambda grad, self, *args, **kwargs: torch.empty_like(self),
+    "_ctc_loss_backward": lambda grad, log_probs, *args, **kwargs: torch.empty_like(log_probs),
     "fractional_max_pool3d_backward": lambda grad, self, *args, **kwargs: torch.empty_like(self),
     "histogram.bin_ct": lambda self, bins=100, *, range=None, weight=None, density=False: (
         self.new_empty((bins,)), self.new_empty((bins + 1,))),

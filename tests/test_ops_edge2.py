@@ -1,0 +1,80 @@
+"""Issue 24, the op-level items left: lowerings users hit (ctc_loss, LDL), batch norm's saved
+statistics in eval mode, bfloat16 accumulation. Values and gradients against the CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+D = "tpu"
+
+
+def _same_error(fn, match=None):
+    """fn("cpu") and fn("tpu") raise the same kind of error with the CPU's first line (or `match`)."""
+    with pytest.raises(Exception) as on_cpu:
+        fn("cpu")
+    with pytest.raises(type(on_cpu.value)) as on_tpu:
+        fn(D)
+    expected = match if match is not None else str(on_cpu.value).splitlines()[0]
+    assert expected in str(on_tpu.value), (str(on_cpu.value), str(on_tpu.value))
+
+
+# ---------------------------------------------------------------- ctc_loss
+def _ctc_case(dtype, flat, blank=0, il=(9, 6, 2, 7), tl=(4, 2, 3, 0), classes=6, steps=9):
+    n, s = len(il), max(tl) + 1
+    lp = torch.randn(steps, n, classes, dtype=dtype).log_softmax(2)
+    tg = torch.randint(0, classes, (n, s))
+    tg[::2, 0] = blank                      # a target equal to blank, as the CPU accepts
+    tg[1, 1] = tg[1, 0]                     # a repeated label (needs a blank between)
+    if flat:
+        tg = torch.cat([tg[i, :tl[i]] for i in range(n)])
+    return lp, tg, list(il), list(tl)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("flat", [False, True], ids=["padded", "concatenated"])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss_and_gradient_match_the_cpu(dtype, flat, reduction, zero_infinity):
+    # row 2 has a target longer than its input (infinite loss; NaN gradients unless zero_infinity)
+    lp, tg, il, tl = _ctc_case(dtype, flat, blank=3 if flat else 0)
+    blank = 3 if flat else 0
+    grad_out, results = None, []
+    for d in ("cpu", D):
+        x = lp.detach().to(d).requires_grad_()
+        loss = F.ctc_loss(x, tg.to(d), il, tl, blank=blank, reduction=reduction, zero_infinity=zero_infinity)
+        grad_out = torch.randn(loss.shape, dtype=dtype) if grad_out is None else grad_out
+        loss.backward(grad_out.to(d))
+        results.append((loss.detach().cpu(), x.grad.cpu()))
+    (loss_cpu, grad_cpu), (loss_tpu, grad_tpu) = results
+    torch.testing.assert_close(loss_tpu, loss_cpu, equal_nan=True)
+    torch.testing.assert_close(grad_tpu, grad_cpu, equal_nan=True)
+
+
+def test_ctc_loss_tensor_lengths_unbatched_and_empty_inputs():
+    lp, tg, il, tl = _ctc_case(torch.float32, False)
+    for fn in (lambda d: F.ctc_loss(lp.to(d), tg.to(d), torch.tensor(il).to(d), torch.tensor(tl).to(d)),
+               lambda d: F.ctc_loss(lp[:, 0].to(d), tg[0, :tl[0]].to(d), il[:1], tl[:1], reduction="none"),
+               lambda d: F.ctc_loss(lp.to(d), tg.to(d), [0, 0, 5, 5], [0, 2, 0, 1], reduction="none")):
+        torch.testing.assert_close(fn(D).cpu(), fn("cpu"))
+
+
+def test_ctc_loss_bad_input_raises_as_on_the_cpu():
+    lp, tg, il, tl = _ctc_case(torch.float32, False)
+    for fn in (lambda d: F.ctc_loss(lp.to(d), tg.to(d), [10] + il[1:], tl),                # input length > T
+               lambda d: F.ctc_loss(lp.to(d), tg.to(d), il, [6] + tl[1:]),                 # target length > S
+               lambda d: F.ctc_loss(lp.to(d), tg.to(d), [-1] + il[1:], tl),
+               lambda d: F.ctc_loss(lp.to(d), tg.to(d), il[:3], tl),
+               lambda d: F.ctc_loss(lp.to(d), tg.to(d), il, tl, blank=6),
+               lambda d: F.ctc_loss(lp.to(d), tg.flatten()[:3].to(d), il, tl),
+               lambda d: F.ctc_loss(lp[:0].to(d), tg.to(d), [0] * 4, [0] * 4)):
+        _same_error(fn)
+    _same_error(lambda d: F.ctc_loss(lp.bfloat16().to(d), tg.to(d), il, tl), match="not implemented for 'BFloat16'")
+
+
+def test_ctc_loss_target_out_of_range_is_a_device_assert():
+    from torchtpu.eager.asserts import DeviceAssertError
+    lp, tg, il, tl = _ctc_case(torch.float32, False)
+    tg[1, 1] = 6
+    with pytest.raises(DeviceAssertError, match="targets must be class indices"):
+        F.ctc_loss(lp.to(D), tg.to(D), il, tl).item()
