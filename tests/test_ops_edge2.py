@@ -78,3 +78,59 @@ def test_ctc_loss_target_out_of_range_is_a_device_assert():
     tg[1, 1] = 6
     with pytest.raises(DeviceAssertError, match="targets must be class indices"):
         F.ctc_loss(lp.to(D), tg.to(D), il, tl).item()
+
+
+# ---------------------------------------------------------------- LDL (Bunch-Kaufman)
+def _symmetric(n, dtype, batch=(), indefinite_start=False):
+    a = torch.randn(*batch, n, n, dtype=dtype)
+    a = a + a.mT
+    if indefinite_start:          # zeros on the first diagonal entries: 2x2 pivots from the start
+        a[..., 0, 0] = a[..., 1, 1] = 0
+    return a
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64, torch.complex128])
+@pytest.mark.parametrize("n,batch,indefinite_start", [(1, (), False), (2, (), True), (5, (), False),
+                                                      (9, (3,), True), (17, (2, 2), False), (70, (), False)])
+def test_ldl_factor_matches_lapack_and_solves(dtype, n, batch, indefinite_start):
+    a = _symmetric(n, dtype, batch, indefinite_start)
+    ld, piv, info = torch.linalg.ldl_factor_ex(a)
+    ld_t, piv_t, info_t = (x.cpu() for x in torch.linalg.ldl_factor_ex(a.to(D)))
+    assert piv_t.dtype == torch.int32 and info_t.dtype == torch.int32
+    torch.testing.assert_close(piv_t, piv)                 # the same 1x1 and 2x2 pivots, same swaps
+    torch.testing.assert_close(info_t, info)
+    tol = dict(rtol=1e-3, atol=1e-3) if dtype in (torch.float32, torch.complex64) else {}
+    torch.testing.assert_close(ld_t, ld, **tol)
+    b = torch.randn(*batch, n, 3, dtype=dtype)
+    x_t = torch.linalg.ldl_solve(ld.to(D), piv.to(D), b.to(D)).cpu()
+    torch.testing.assert_close(x_t, torch.linalg.ldl_solve(ld, piv, b), **tol)
+    torch.testing.assert_close(a @ x_t, b, **(tol or dict(rtol=1e-7, atol=1e-7)))
+
+
+def test_ldl_indefinite_matrices_take_2x2_pivots():
+    torch.manual_seed(0)
+    seen_two = False
+    for _ in range(5):
+        a = _symmetric(8, torch.float64)
+        ld, piv = torch.linalg.ldl_factor(a)
+        ld_t, piv_t = (x.cpu() for x in torch.linalg.ldl_factor(a.to(D)))
+        torch.testing.assert_close(piv_t, piv)
+        torch.testing.assert_close(ld_t, ld)
+        seen_two |= bool((piv < 0).any())
+    assert seen_two
+
+
+def test_ldl_hermitian_flag_singular_and_bad_input():
+    a = _symmetric(6, torch.float32)
+    for got, want in zip(torch.linalg.ldl_factor_ex(a.to(D), hermitian=True), torch.linalg.ldl_factor_ex(a, hermitian=True)):
+        torch.testing.assert_close(got.cpu(), want)
+    s = _symmetric(4, torch.float64)
+    s[:, 2] = s[2, :] = 0                                   # singular: info names the zero column
+    for got, want in zip(torch.linalg.ldl_factor_ex(s.to(D)), torch.linalg.ldl_factor_ex(s)):
+        torch.testing.assert_close(got.cpu(), want)
+    _same_error(lambda d: torch.linalg.ldl_factor(torch.randn(3, 4, device=d)))
+    _same_error(lambda d: torch.linalg.ldl_factor(torch.randn(3, 3, device=d).half()), match="not implemented for 'Half'")
+    _same_error(lambda d: torch.linalg.ldl_solve(torch.randn(3, 3, device=d), torch.ones(3, dtype=torch.int32, device=d),
+                                                 torch.randn(4, 2, device=d)))
+    with pytest.raises(NotImplementedError, match="hermitian=True for complex"):
+        torch.linalg.ldl_factor(torch.randn(3, 3, dtype=torch.complex64, device=D), hermitian=True)
