@@ -134,3 +134,41 @@ def test_ldl_hermitian_flag_singular_and_bad_input():
                                                  torch.randn(4, 2, device=d)))
     with pytest.raises(NotImplementedError, match="hermitian=True for complex"):
         torch.linalg.ldl_factor(torch.randn(3, 3, dtype=torch.complex64, device=D), hermitian=True)
+
+
+# ---------------------------------------------------------------- batch norm
+@pytest.mark.parametrize("training", [False, True])
+def test_batch_norm_float64_keeps_float64(training):
+    """float64 input is normalized in float64 (the statistics were rounded to float32 before)."""
+    x = torch.randn(4, 3, 5, dtype=torch.float64) * 100 + 1000
+    w, b = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    rm, rv = torch.randn(3, dtype=torch.float64) + 1000, torch.rand(3, dtype=torch.float64) * 1e4 + 1
+    rm_t, rv_t = rm.to(D), rv.to(D)
+    out = torch.ops.aten.native_batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5)
+    out_t = torch.ops.aten.native_batch_norm(x.to(D), w.to(D), b.to(D), rm_t, rv_t, training, 0.1, 1e-5)
+    torch.testing.assert_close(out_t[0].cpu(), out[0])
+    torch.testing.assert_close(rm_t.cpu(), rm)
+    torch.testing.assert_close(rv_t.cpu(), rv)
+    if training:
+        torch.testing.assert_close(out_t[1].cpu(), out[1])
+        torch.testing.assert_close(out_t[2].cpu(), out[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_eval_saved_statistics_follow_cuda(dtype):
+    """Eval mode: the CPU returns empty (0,) saved statistics in the input dtype; CUDA (and PyTorch's
+    meta kernel, which torch.compile's fake tensors use on every device) return running_mean and
+    1/sqrt(running_var + eps), shape (C,), in the accumulation dtype. tpu follows CUDA."""
+    x = torch.randn(4, 3, 5, dtype=dtype)
+    w, b, rm, rv = (torch.randn(3, dtype=dtype) for _ in range(4))
+    rv = rv.abs() + 0.5
+    acc = torch.float32
+    for fn in (lambda *a: torch.ops.aten.native_batch_norm(*a, False, 0.1, 1e-5),
+               lambda *a: torch.ops.aten._native_batch_norm_legit_no_training(*a, 0.1, 1e-5),
+               lambda *a: torch.ops.aten._batch_norm_no_update(*a, 0.1, 1e-5)):
+        cpu = fn(x, w, b, rm, rv)
+        tpu = [t.cpu() for t in fn(*(t.to(D) for t in (x, w, b, rm, rv)))]
+        torch.testing.assert_close(tpu[0], cpu[0])
+        assert cpu[1].shape == (0,) and cpu[1].dtype == dtype
+        torch.testing.assert_close(tpu[1], rm.to(acc))
+        torch.testing.assert_close(tpu[2], torch.rsqrt(rv.to(acc) + 1e-5))

@@ -591,13 +591,15 @@ def _bn_shape(x):
 
 
 def _bn_apply(x, weight, bias, mean, invstd):
-    """(x - mean) * invstd * weight + bias in float32, statistics per channel (dim 1)."""
+    """(x - mean) * invstd * weight + bias in float32 (float64 for float64 input), statistics per
+    channel (dim 1)."""
     s = _bn_shape(x)
-    out = (_f32(x) - mean.astype(jnp.float32).reshape(s)) * invstd.astype(jnp.float32).reshape(s)
+    xf = _f32(x)
+    out = (xf - mean.astype(xf.dtype).reshape(s)) * invstd.astype(xf.dtype).reshape(s)
     if weight is not None:
-        out = out * weight.astype(jnp.float32).reshape(s)
+        out = out * weight.astype(xf.dtype).reshape(s)
     if bias is not None:
-        out = out + bias.astype(jnp.float32).reshape(s)
+        out = out + bias.astype(xf.dtype).reshape(s)
     return out
 
 
@@ -610,7 +612,7 @@ def _bn_stats(x, eps):
 
 
 def _bn_update(running, stat, momentum):
-    return (running.astype(jnp.float32) * (1 - momentum) + stat * momentum).astype(running.dtype)
+    return (running.astype(stat.dtype) * (1 - momentum) + stat * momentum).astype(running.dtype)
 
 
 def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps):
@@ -621,10 +623,14 @@ def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, 
         rm = _bn_update(running_mean, mean, momentum) if running_mean is not None else None
         rv = _bn_update(running_var, var * (n / max(n - 1, 1)), momentum) if running_var is not None else None
         return _bn_apply(x, weight, bias, mean, invstd).astype(x.dtype), mean, invstd, rm, rv
-    invstd = lax.rsqrt(running_var.astype(jnp.float32) + eps)
+    acc = _f32(x).dtype
+    invstd = lax.rsqrt(running_var.astype(acc) + eps)
     out = _bn_apply(x, weight, bias, running_mean, invstd).astype(x.dtype)
-    # (the CPU kernel returns empty statistics in eval mode; the meta kernel says (C,))
-    return out, running_mean.astype(jnp.float32), invstd, running_mean, running_var
+    # Eval mode's saved statistics follow CUDA and PyTorch's meta kernel (which fake tensors under
+    # torch.compile use on every device): running_mean and 1/sqrt(running_var + eps), shape (C,), in
+    # the accumulation dtype (float32 for half types). The CPU kernel returns empty (0,) tensors in
+    # the input dtype instead; nothing reads them (the backward in eval mode uses the running stats).
+    return out, running_mean.astype(acc), invstd, running_mean, running_var
 
 
 def _drop_none(*values):
@@ -673,17 +679,18 @@ def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, e
 
 
 def _bn_backward(grad, x, weight, running_mean, running_var, train, eps, mask):
-    w = weight if weight is not None else jnp.ones((x.shape[1],), jnp.float32)
-    b = jnp.zeros((x.shape[1],), jnp.float32)
+    acc = _f32(x).dtype
+    w = weight if weight is not None else jnp.ones((x.shape[1],), acc)
+    b = jnp.zeros((x.shape[1],), acc)
 
     def f(x_, w_, b_):
         if train:
             mean, _, invstd = _bn_stats(x_, eps)
         else:
-            mean, invstd = running_mean, lax.rsqrt(running_var.astype(jnp.float32) + eps)
+            mean, invstd = running_mean, lax.rsqrt(running_var.astype(acc) + eps)
         return _bn_apply(x_, w_, b_, mean, invstd)
 
-    _, vjp = jax.vjp(f, _f32(x), w.astype(jnp.float32), b)
+    _, vjp = jax.vjp(f, _f32(x), w.astype(acc), b)
     gx, gw, gb = vjp(_f32(grad))
     return (gx.astype(x.dtype) if mask[0] else None,
             gw.astype(w.dtype) if mask[1] else None,
