@@ -172,3 +172,22 @@ def test_batch_norm_eval_saved_statistics_follow_cuda(dtype):
         assert cpu[1].shape == (0,) and cpu[1].dtype == dtype
         torch.testing.assert_close(tpu[1], rm.to(acc))
         torch.testing.assert_close(tpu[2], torch.rsqrt(rv.to(acc) + 1e-5))
+
+
+# ---------------------------------------------------------------- bfloat16 accumulation
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, -2), (0, 1)])
+def test_addbmm_half_rounds_once_per_batch_as_pytorch(dtype, beta, alpha):
+    """PyTorch's addbmm (CPU and CUDA share addbmm_impl_) adds one addmm per batch into the result,
+    each rounded to the half type; summing every product in float32 first differed by several ulps."""
+    c = torch.randn(5, 10, dtype=dtype) * 3
+    x, y = torch.randn(8, 5, 7, dtype=dtype) * 3, torch.randn(8, 7, 10, dtype=dtype) * 3
+    expected = torch.addbmm(c, x, y, beta=beta, alpha=alpha)
+    actual = torch.addbmm(c.to(D), x.to(D), y.to(D), beta=beta, alpha=alpha).cpu()
+    scale = float(expected.abs().max())
+    # the same roundings: at most an ulp apart where the float32 products' summation orders differ
+    torch.testing.assert_close(actual, expected, rtol=0, atol=scale * 2 ** -7)
+    torch.testing.assert_close(actual.cpu(), expected, **({"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}))
+    t = c.to(D)
+    t.addbmm_(x.to(D), y.to(D), beta=beta, alpha=alpha)
+    torch.testing.assert_close(t.cpu(), actual, rtol=0, atol=0)

@@ -63,8 +63,24 @@ def addmm(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, matmul(a, b), beta, alpha)
 
 
-@lowering("addbmm", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+def _addbmm_half(c, a, b, beta, alpha):
+    """addbmm for float16/bfloat16: PyTorch's kernel (addbmm_impl_, the same for CPU and CUDA) adds one
+    addmm per batch into the result, each accumulated in float32 and rounded to the half type, so
+    the result carries a rounding per batch; summing every product in float32 first (as before)
+    differed from both by several ulps of the largest values."""
+    d = c.dtype
+    prods = matmul(a.astype(jnp.float32), b.astype(jnp.float32))   # float32 products, as opmath
+    acc = jnp.broadcast_to(c, prods.shape[1:]).astype(jnp.float32)
+    first = _scaled_sum(acc, prods[0] if prods.shape[0] else jnp.zeros_like(acc), beta, alpha).astype(d)
+    out, _ = lax.scan(lambda r, p: (_scaled_sum(r.astype(jnp.float32), p, 1, alpha).astype(d), None),
+                      first, prods[1:])
+    return out
+
+
+@lowering("addbmm")
 def addbmm(c, a, b, beta=1, alpha=1):
+    if c.dtype in (jnp.bfloat16, jnp.float16):
+        return _addbmm_half(c, a, b, beta, alpha)
     return _scaled_sum(c, matmul(a, b).sum(0), beta, alpha)
 
 
