@@ -191,3 +191,18 @@ def test_addbmm_half_rounds_once_per_batch_as_pytorch(dtype, beta, alpha):
     t = c.to(D)
     t.addbmm_(x.to(D), y.to(D), beta=beta, alpha=alpha)
     torch.testing.assert_close(t.cpu(), actual, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- complex32
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(3, dtype=torch.complex64).chalf().to(D),
+    lambda: torch.empty(3, dtype=torch.chalf, device=D),
+    lambda: torch.zeros(2, 3, dtype=torch.chalf, device=D),
+    lambda: torch.empty_strided((2, 3), (1, 2), dtype=torch.chalf, device=D),
+    lambda: torch.randn(3, device=D).to(torch.chalf),
+], ids=["from_cpu", "empty", "zeros", "empty_strided", "convert"])
+def test_complex32_says_it_is_not_a_tpu_dtype(make):
+    """complex32 has no JAX dtype (docs/design.md): every way of making one on tpu raises our TypeError
+    naming the supported dtypes, not numpy's or a confusing one at a later op."""
+    with pytest.raises(TypeError, match="dtype torch.complex32 is not supported on the tpu device"):
+        make()
