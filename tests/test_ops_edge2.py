@@ -132,8 +132,26 @@ def test_ldl_hermitian_flag_singular_and_bad_input():
     _same_error(lambda d: torch.linalg.ldl_factor(torch.randn(3, 3, device=d).half()), match="not implemented for 'Half'")
     _same_error(lambda d: torch.linalg.ldl_solve(torch.randn(3, 3, device=d), torch.ones(3, dtype=torch.int32, device=d),
                                                  torch.randn(4, 2, device=d)))
-    with pytest.raises(NotImplementedError, match="hermitian=True for complex"):
-        torch.linalg.ldl_factor(torch.randn(3, 3, dtype=torch.complex64, device=D), hermitian=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("n,batch,indefinite_start", [(2, (), True), (9, (3,), True), (17, (), False)])
+def test_ldl_complex_hermitian_matches_lapack_and_solves(dtype, n, batch, indefinite_start):
+    """hermitian=True (LAPACK's ?hetrf/?hetrs): conjugated updates, a real diagonal."""
+    a = torch.randn(*batch, n, n, dtype=dtype)
+    a = a + a.mH
+    if indefinite_start:
+        a[..., 0, 0] = a[..., 1, 1] = 0
+    ld, piv, info = torch.linalg.ldl_factor_ex(a, hermitian=True)
+    ld_t, piv_t, info_t = (x.cpu() for x in torch.linalg.ldl_factor_ex(a.to(D), hermitian=True))
+    torch.testing.assert_close(piv_t, piv)
+    torch.testing.assert_close(info_t, info)
+    tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.complex64 else {}
+    torch.testing.assert_close(ld_t, ld, **tol)
+    b = torch.randn(*batch, n, 2, dtype=dtype)
+    x_t = torch.linalg.ldl_solve(ld.to(D), piv.to(D), b.to(D), hermitian=True).cpu()
+    torch.testing.assert_close(x_t, torch.linalg.ldl_solve(ld, piv, b, hermitian=True), **tol)
+    torch.testing.assert_close(a @ x_t, b, **(tol or dict(rtol=1e-7, atol=1e-7)))
 
 
 # ---------------------------------------------------------------- batch norm

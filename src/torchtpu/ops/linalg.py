@@ -468,8 +468,9 @@ def _cabs1(x):
     return jnp.abs(x.real) + jnp.abs(x.imag) if jnp.iscomplexobj(x) else jnp.abs(x)
 
 
-def _ldl_one(a):
-    """One n x n symmetric matrix (its lower triangle): (LD, 1-based int32 pivots, info) as ?sytf2.
+def _ldl_one(a, herm=False):
+    """One n x n symmetric matrix (its lower triangle): (LD, 1-based int32 pivots, info) as ?sytf2
+    (?hetf2 for a complex Hermitian one, `herm`: conjugated mirror and updates, a real diagonal).
     A column loop: at column k pick a 1x1 or 2x2 pivot by Bunch-Kaufman's rule, swap it into place
     by a symmetric row/column interchange of the trailing block only (LAPACK's convention: earlier
     columns of L are not permuted), then eliminate. The trailing block is kept symmetric by mirroring
@@ -479,12 +480,18 @@ def _ldl_one(a):
     lower = idx[:, None] >= idx[None, :]
 
     def sym(m):
-        return jnp.where(lower, m, _mT(m))
+        if not herm:
+            return jnp.where(lower, m, _mT(m))
+        m = jnp.where(lower, m, jnp.conj(_mT(m)))
+        return jnp.where(idx[:, None] == idx[None, :], m.real.astype(m.dtype), m)   # ?hetf2 drops Im(diag)
+
+    re = (lambda v: v.real) if herm else (lambda v: v)
+    cj = jnp.conj if herm else (lambda v: v)
 
     def body(state):
         k, m, piv, info = state
         col = m[:, k]
-        absakk = _cabs1(m[k, k])
+        absakk = jnp.abs(m[k, k].real) if herm else _cabs1(m[k, k])
         below = idx > k
         mags = jnp.where(below, _cabs1(col), -1)
         imax = jnp.argmax(mags)                         # the first largest, as LAPACK's i?amax
@@ -493,7 +500,8 @@ def _ldl_one(a):
         rowmax = jnp.max(jnp.where((idx >= k) & (idx != imax), _cabs1(row), 0)).astype(absakk.dtype)
         zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
         one_here = zero | (absakk >= _BK_ALPHA * colmax) | (absakk * rowmax >= _BK_ALPHA * colmax * colmax)
-        take_imax = ~one_here & (_cabs1(m[imax, imax]) >= _BK_ALPHA * rowmax)
+        diag_imax = jnp.abs(m[imax, imax].real) if herm else _cabs1(m[imax, imax])
+        take_imax = ~one_here & (diag_imax >= _BK_ALPHA * rowmax)
         kstep = jnp.where(one_here | take_imax, 1, 2)
         kp = jnp.where(one_here, k, imax)
         kk = k + kstep - 1
@@ -503,22 +511,33 @@ def _ldl_one(a):
         m = jnp.where(trailing, m[p][:, p], m)
         col = m[:, k]
         # 1x1 pivot: L's column is the column over d11; the trailing block loses its rank-1 part
-        d11 = 1 / jnp.where(zero, 1, m[k, k])
+        d11 = 1 / jnp.where(zero, 1, re(m[k, k]))
         x = jnp.where(below, col, 0)
-        one = m + x[:, None] * (-d11 * x)[None, :]
+        one = m + x[:, None] * (-d11 * cj(x))[None, :]
         one = one.at[:, k].set(jnp.where(below, col * d11, col))
         # 2x2 pivot (LAPACK's update through wk, wkp1)
         col1 = m[:, k + 1 if n > 1 else 0]
         d21 = m[jnp.minimum(k + 1, n - 1), k]
         d21s = jnp.where(d21 == 0, 1, d21)
-        e11 = m[jnp.minimum(k + 1, n - 1), jnp.minimum(k + 1, n - 1)] / d21s
-        e22 = m[k, k] / d21s
-        t = 1 / (e11 * e22 - 1)
-        d21t = t / d21s
         below2 = idx > k + 1
-        wk = jnp.where(below2, d21t * (e11 * col - col1), 0)
-        wkp1 = jnp.where(below2, d21t * (e22 * col1 - col), 0)
-        two = m - (jnp.where(below2, col, 0)[:, None] * wk[None, :] + jnp.where(below2, col1, 0)[:, None] * wkp1[None, :])
+        if herm:   # ?hetf2: scaled by |d21|, the off-diagonal's phase kept in d21 / |d21|
+            dd = jnp.abs(d21s)
+            e11 = m[jnp.minimum(k + 1, n - 1), jnp.minimum(k + 1, n - 1)].real / dd
+            e22 = m[k, k].real / dd
+            t = 1 / (e11 * e22 - 1)
+            ph = d21s / dd
+            dd = t / dd
+            wk = jnp.where(below2, dd * (e11 * col - ph * col1), 0)
+            wkp1 = jnp.where(below2, dd * (e22 * col1 - jnp.conj(ph) * col), 0)
+        else:
+            e11 = m[jnp.minimum(k + 1, n - 1), jnp.minimum(k + 1, n - 1)] / d21s
+            e22 = m[k, k] / d21s
+            t = 1 / (e11 * e22 - 1)
+            d21t = t / d21s
+            wk = jnp.where(below2, d21t * (e11 * col - col1), 0)
+            wkp1 = jnp.where(below2, d21t * (e22 * col1 - col), 0)
+        two = m - (jnp.where(below2, col, 0)[:, None] * cj(wk)[None, :]
+                   + jnp.where(below2, col1, 0)[:, None] * cj(wkp1)[None, :])
         two = two.at[:, k].set(jnp.where(below2, wk, col))
         two = two.at[:, jnp.minimum(k + 1, n - 1)].set(jnp.where(below2, wkp1, col1))
         m = jnp.where(zero, m, jnp.where(kstep == 1, one, two))
@@ -542,13 +561,11 @@ def _ldl_dtype(a, kernel):
 @lowering("linalg_ldl_factor_ex")
 def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
     _ldl_dtype(a, "ldl_factor")
-    if hermitian and jnp.iscomplexobj(a):
-        raise NotImplementedError("torch.linalg.ldl_factor: hermitian=True for complex inputs is not "
-                                  "implemented on tpu (LAPACK's ?hetrf); symmetric (hermitian=False) is")
     n = a.shape[-1]
     if n == 0:
         return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
-    fn = _ldl_one
+    herm = bool(hermitian) and jnp.iscomplexobj(a)
+    fn = lambda m: _ldl_one(m, herm)   # noqa: E731
     for _ in range(a.ndim - 2):
         fn = jax.vmap(fn)
     ld, piv, info = fn(a)
@@ -557,8 +574,9 @@ def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
     return ld, piv, info
 
 
-def _ldl_solve_one(ld, piv, b):
-    """?sytrs, uplo='L': solve L D X = P B column by column of the factorization, then L^T X = ..."""
+def _ldl_solve_one(ld, piv, b, herm=False):
+    """?sytrs (?hetrs for `herm`), uplo='L': solve L D X = P B column by column of the factorization,
+    then L^T X = ... (L^H for ?hetrs)."""
     n = ld.shape[-1]
     idx = jnp.arange(n)
 
@@ -582,9 +600,10 @@ def _ldl_solve_one(ld, piv, b):
                   + jnp.where(below2, col1, 0)[:, None] * b[k1][None, :])
         akm1k = ld[k1, k]
         akm1k = jnp.where(akm1k == 0, 1, akm1k)
-        akm1, ak = ld[k, k] / akm1k, ld[k1, k1] / akm1k
+        akm1kc = jnp.conj(akm1k) if herm else akm1k
+        akm1, ak = ld[k, k] / akm1kc, ld[k1, k1] / akm1k   # D = [[d1, conj(c)], [c, d2]], c below
         denom = akm1 * ak - 1
-        bkm1, bk = tw[k] / akm1k, tw[k1] / akm1k
+        bkm1, bk = tw[k] / akm1kc, tw[k1] / akm1k
         tw = tw.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
         return k + jnp.where(two, 2, 1), jnp.where(two, tw, one)
 
@@ -596,8 +615,9 @@ def _ldl_solve_one(ld, piv, b):
         kp = jnp.where(two, -piv[k], piv[k]) - 1
         km1 = jnp.maximum(k - 1, 0)
         below = jnp.where(idx > k, 1, 0).astype(b.dtype)[:, None]
-        bk = b[k] - jnp.sum(ld[:, k][:, None] * below * b, 0)
-        bkm1 = b[km1] - jnp.sum(ld[:, km1][:, None] * below * b, 0)
+        lc = jnp.conj(ld) if herm else ld
+        bk = b[k] - jnp.sum(lc[:, k][:, None] * below * b, 0)
+        bkm1 = b[km1] - jnp.sum(lc[:, km1][:, None] * below * b, 0)
         b = b.at[k].set(bk)
         b = jnp.where(two, b.at[km1].set(bkm1), b)
         b = swap(b, k, kp)
@@ -610,14 +630,12 @@ def _ldl_solve_one(ld, piv, b):
 @lowering("linalg_ldl_solve")
 def linalg_ldl_solve(ld, pivots, b, hermitian=False):
     _ldl_dtype(ld, "ldl_solve")
-    if hermitian and jnp.iscomplexobj(ld):
-        raise NotImplementedError("torch.linalg.ldl_solve: hermitian=True for complex inputs is not "
-                                  "implemented on tpu (LAPACK's ?hetrs); symmetric (hermitian=False) is")
     if ld.shape[-1] == 0 or b.shape[-1] == 0:
         return jnp.broadcast_to(b, jnp.broadcast_shapes(ld.shape[:-2], b.shape[:-2]) + b.shape[-2:])
     (ld, b), piv = _broadcast_batch((ld, 2), (b, 2)), pivots
     piv = jnp.broadcast_to(piv, ld.shape[:-1])
-    fn = _ldl_solve_one
+    herm = bool(hermitian) and jnp.iscomplexobj(ld)
+    fn = lambda l_, p_, b_: _ldl_solve_one(l_, p_, b_, herm)   # noqa: E731
     for _ in range(ld.ndim - 2):
         fn = jax.vmap(fn)
     return fn(ld, piv, b.astype(ld.dtype))
