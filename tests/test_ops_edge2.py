@@ -72,6 +72,22 @@ def test_ctc_loss_bad_input_raises_as_on_the_cpu():
     _same_error(lambda d: F.ctc_loss(lp.bfloat16().to(d), tg.to(d), il, tl), match="not implemented for 'BFloat16'")
 
 
+@pytest.mark.slow
+def test_ctc_loss_compiled_with_gradient():
+    lp, tg, il, tl = _ctc_case(torch.float32, False)
+
+    def fn(x, t):
+        return F.ctc_loss(x.log_softmax(2), t, il, tl)
+
+    x = lp.clone().requires_grad_()
+    fn(x, tg).backward()
+    xt = lp.to(D).requires_grad_()
+    loss = torch.compile(fn, backend="tpu")(xt, tg.to(D))
+    loss.backward()
+    torch.testing.assert_close(loss.detach().cpu(), fn(lp, tg))
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, equal_nan=True)
+
+
 def test_ctc_loss_target_out_of_range_is_a_device_assert():
     from torchtpu.eager.asserts import DeviceAssertError
     lp, tg, il, tl = _ctc_case(torch.float32, False)
