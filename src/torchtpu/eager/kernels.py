@@ -61,6 +61,7 @@ def _check_sizes(size):
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_sizes(size)
     index = _device_index(device)
+    dt.to_jax(dtype or torch.get_default_dtype())   # complex32: our TypeError now, not a confusing one later
     t = new_tensor(tuple(size), dtype or torch.get_default_dtype(), index)
     if memory_format is not None and memory_format not in (torch.contiguous_format, torch.preserve_format):
         t = _restride(t, memory_format)
@@ -76,6 +77,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     _check_sizes(size)
     index = _device_index(device)
     dtype = dtype or torch.get_default_dtype()
+    dt.to_jax(dtype)
     size, stride = tuple(size), tuple(stride)
     extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
     if extent == math.prod(size):
@@ -213,6 +215,7 @@ def _copy_(self, src, non_blocking=False):
             src = src.cpu()
         if src.is_conj() or src.is_neg():
             src = src.resolve_conj().resolve_neg()
+        dt.to_jax(src.dtype)   # a dtype tpu has no arrays for (complex32) raises our TypeError, not numpy's
         host = dt.numpy_from_cpu(src.contiguous())
         index = self.device.index
         if tuple(src.shape) == tuple(self.shape):

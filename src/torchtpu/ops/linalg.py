@@ -63,8 +63,24 @@ def addmm(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, matmul(a, b), beta, alpha)
 
 
-@lowering("addbmm", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True)
+def _addbmm_half(c, a, b, beta, alpha):
+    """addbmm for float16/bfloat16: PyTorch's kernel (addbmm_impl_, the same for CPU and CUDA) adds one
+    addmm per batch into the result, each accumulated in float32 and rounded to the half type, so
+    the result carries a rounding per batch; summing every product in float32 first (as before)
+    differed from both by several ulps of the largest values."""
+    d = c.dtype
+    prods = matmul(a.astype(jnp.float32), b.astype(jnp.float32))   # float32 products, as opmath
+    acc = jnp.broadcast_to(c, prods.shape[1:]).astype(jnp.float32)
+    first = _scaled_sum(acc, prods[0] if prods.shape[0] else jnp.zeros_like(acc), beta, alpha).astype(d)
+    out, _ = lax.scan(lambda r, p: (_scaled_sum(r.astype(jnp.float32), p, 1, alpha).astype(d), None),
+                      first, prods[1:])
+    return out
+
+
+@lowering("addbmm", blas=True)
 def addbmm(c, a, b, beta=1, alpha=1):
+    if c.dtype in (jnp.bfloat16, jnp.float16):
+        return _addbmm_half(c, a, b, beta, alpha)
     return _scaled_sum(c, matmul(a, b).sum(0), beta, alpha)
 
 
@@ -464,6 +480,188 @@ def _lu_solve(lu, perm, b, left=True, adjoint=False):
 def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
     _lapack_dtype(lu, "lu_solve")
     return _lu_solve(lu, _pivots_to_perm(pivots, lu.shape[-1]), b, left, adjoint)
+
+
+# ---- LDL (Bunch-Kaufman), LAPACK's ?sytf2 with uplo='L' as PyTorch calls it
+_BK_ALPHA = (1 + 17 ** 0.5) / 8
+
+
+def _cabs1(x):
+    """LAPACK's pivot magnitude: |re| + |im| for complex (zsytf2's CABS1), |x| for real."""
+    return jnp.abs(x.real) + jnp.abs(x.imag) if jnp.iscomplexobj(x) else jnp.abs(x)
+
+
+def _ldl_one(a, herm=False):
+    """One n x n symmetric matrix (its lower triangle): (LD, 1-based int32 pivots, info) as ?sytf2
+    (?hetf2 for a complex Hermitian one, `herm`: conjugated mirror and updates, a real diagonal).
+    A column loop: at column k pick a 1x1 or 2x2 pivot by Bunch-Kaufman's rule, swap it into place
+    by a symmetric row/column interchange of the trailing block only (LAPACK's convention: earlier
+    columns of L are not permuted), then eliminate. The trailing block is kept symmetric by mirroring
+    its lower triangle, which is all LAPACK reads."""
+    n = a.shape[-1]
+    idx = jnp.arange(n)
+    lower = idx[:, None] >= idx[None, :]
+
+    def sym(m):
+        if not herm:
+            return jnp.where(lower, m, _mT(m))
+        m = jnp.where(lower, m, jnp.conj(_mT(m)))
+        return jnp.where(idx[:, None] == idx[None, :], m.real.astype(m.dtype), m)   # ?hetf2 drops Im(diag)
+
+    re = (lambda v: v.real) if herm else (lambda v: v)
+    cj = jnp.conj if herm else (lambda v: v)
+
+    def body(state):
+        k, m, piv, info = state
+        col = m[:, k]
+        absakk = jnp.abs(m[k, k].real) if herm else _cabs1(m[k, k])
+        below = idx > k
+        mags = jnp.where(below, _cabs1(col), -1)
+        imax = jnp.argmax(mags)                         # the first largest, as LAPACK's i?amax
+        colmax = jnp.where(k < n - 1, jnp.max(mags), 0).astype(absakk.dtype)
+        row = m[imax]                                   # the matrix is symmetric: row imax = column imax
+        rowmax = jnp.max(jnp.where((idx >= k) & (idx != imax), _cabs1(row), 0)).astype(absakk.dtype)
+        zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+        one_here = zero | (absakk >= _BK_ALPHA * colmax) | (absakk * rowmax >= _BK_ALPHA * colmax * colmax)
+        diag_imax = jnp.abs(m[imax, imax].real) if herm else _cabs1(m[imax, imax])
+        take_imax = ~one_here & (diag_imax >= _BK_ALPHA * rowmax)
+        kstep = jnp.where(one_here | take_imax, 1, 2)
+        kp = jnp.where(one_here, k, imax)
+        kk = k + kstep - 1
+        # interchange rows and columns kk and kp of the trailing block
+        p = jnp.where(idx == kk, kp, jnp.where(idx == kp, kk, idx))
+        trailing = (idx[:, None] >= k) & (idx[None, :] >= k)
+        m = jnp.where(trailing, m[p][:, p], m)
+        col = m[:, k]
+        # 1x1 pivot: L's column is the column over d11; the trailing block loses its rank-1 part
+        d11 = 1 / jnp.where(zero, 1, re(m[k, k]))
+        x = jnp.where(below, col, 0)
+        one = m + x[:, None] * (-d11 * cj(x))[None, :]
+        one = one.at[:, k].set(jnp.where(below, col * d11, col))
+        # 2x2 pivot (LAPACK's update through wk, wkp1)
+        col1 = m[:, k + 1 if n > 1 else 0]
+        d21 = m[jnp.minimum(k + 1, n - 1), k]
+        d21s = jnp.where(d21 == 0, 1, d21)
+        below2 = idx > k + 1
+        if herm:   # ?hetf2: scaled by |d21|, the off-diagonal's phase kept in d21 / |d21|
+            dd = jnp.abs(d21s)
+            e11 = m[jnp.minimum(k + 1, n - 1), jnp.minimum(k + 1, n - 1)].real / dd
+            e22 = m[k, k].real / dd
+            t = 1 / (e11 * e22 - 1)
+            ph = d21s / dd
+            dd = t / dd
+            wk = jnp.where(below2, dd * (e11 * col - ph * col1), 0)
+            wkp1 = jnp.where(below2, dd * (e22 * col1 - jnp.conj(ph) * col), 0)
+        else:
+            e11 = m[jnp.minimum(k + 1, n - 1), jnp.minimum(k + 1, n - 1)] / d21s
+            e22 = m[k, k] / d21s
+            t = 1 / (e11 * e22 - 1)
+            d21t = t / d21s
+            wk = jnp.where(below2, d21t * (e11 * col - col1), 0)
+            wkp1 = jnp.where(below2, d21t * (e22 * col1 - col), 0)
+        two = m - (jnp.where(below2, col, 0)[:, None] * cj(wk)[None, :]
+                   + jnp.where(below2, col1, 0)[:, None] * cj(wkp1)[None, :])
+        two = two.at[:, k].set(jnp.where(below2, wk, col))
+        two = two.at[:, jnp.minimum(k + 1, n - 1)].set(jnp.where(below2, wkp1, col1))
+        m = jnp.where(zero, m, jnp.where(kstep == 1, one, two))
+        m = sym(m)
+        kp = kp.astype(jnp.int32)
+        piv = jnp.where(kstep == 1, piv.at[k].set(kp + 1),
+                        piv.at[k].set(-(kp + 1)).at[jnp.minimum(k + 1, n - 1)].set(-(kp + 1)))
+        info = jnp.where(zero & (info == 0), k + 1, info)
+        return k + kstep, m, piv, info
+
+    _, m, piv, info = lax.while_loop(lambda s: s[0] < n, body,
+                                     (jnp.int32(0), sym(a), jnp.zeros((n,), jnp.int32), jnp.int32(0)))
+    return jnp.tril(m), piv, info
+
+
+def _ldl_dtype(a, kernel):
+    if a.dtype in _LOW_PRECISION:   # the CPU's error for these kernels is a NotImplementedError
+        raise NotImplementedError(f'"{kernel}_kernel_tpu" not implemented for \'{_LOW_PRECISION[a.dtype]}\'')
+
+
+@lowering("linalg_ldl_factor_ex")
+def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
+    _ldl_dtype(a, "ldl_factor")
+    n = a.shape[-1]
+    if n == 0:
+        return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
+    herm = bool(hermitian) and jnp.iscomplexobj(a)
+    fn = lambda m: _ldl_one(m, herm)   # noqa: E731
+    for _ in range(a.ndim - 2):
+        fn = jax.vmap(fn)
+    ld, piv, info = fn(a)
+    if check_errors:
+        linalg_check_errors(info, "torch.linalg.ldl_factor_ex", a.ndim == 2)
+    return ld, piv, info
+
+
+def _ldl_solve_one(ld, piv, b, herm=False):
+    """?sytrs (?hetrs for `herm`), uplo='L': solve L D X = P B column by column of the factorization,
+    then L^T X = ... (L^H for ?hetrs)."""
+    n = ld.shape[-1]
+    idx = jnp.arange(n)
+
+    def swap(b, i, j):
+        p = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
+        return b[p]
+
+    def forward(state):
+        k, b = state
+        two = piv[k] < 0
+        kp = jnp.where(two, -piv[k], piv[k]) - 1
+        k1 = jnp.minimum(k + 1, n - 1)
+        b = swap(b, jnp.where(two, k1, k), kp)
+        col, col1 = ld[:, k], ld[:, k1]
+        # 1x1
+        one = b - jnp.where(idx > k, col, 0)[:, None] * b[k][None, :]
+        one = one.at[k].set(one[k] / ld[k, k])
+        # 2x2
+        below2 = idx > k + 1
+        tw = b - (jnp.where(below2, col, 0)[:, None] * b[k][None, :]
+                  + jnp.where(below2, col1, 0)[:, None] * b[k1][None, :])
+        akm1k = ld[k1, k]
+        akm1k = jnp.where(akm1k == 0, 1, akm1k)
+        akm1kc = jnp.conj(akm1k) if herm else akm1k
+        akm1, ak = ld[k, k] / akm1kc, ld[k1, k1] / akm1k   # D = [[d1, conj(c)], [c, d2]], c below
+        denom = akm1 * ak - 1
+        bkm1, bk = tw[k] / akm1kc, tw[k1] / akm1k
+        tw = tw.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
+        return k + jnp.where(two, 2, 1), jnp.where(two, tw, one)
+
+    _, b = lax.while_loop(lambda s: s[0] < n, forward, (jnp.int32(0), b))
+
+    def backward(state):
+        k, b = state
+        two = piv[k] < 0
+        kp = jnp.where(two, -piv[k], piv[k]) - 1
+        km1 = jnp.maximum(k - 1, 0)
+        below = jnp.where(idx > k, 1, 0).astype(b.dtype)[:, None]
+        lc = jnp.conj(ld) if herm else ld
+        bk = b[k] - jnp.sum(lc[:, k][:, None] * below * b, 0)
+        bkm1 = b[km1] - jnp.sum(lc[:, km1][:, None] * below * b, 0)
+        b = b.at[k].set(bk)
+        b = jnp.where(two, b.at[km1].set(bkm1), b)
+        b = swap(b, k, kp)
+        return k - jnp.where(two, 2, 1), b
+
+    _, b = lax.while_loop(lambda s: s[0] >= 0, backward, (jnp.int32(n - 1), b))
+    return b
+
+
+@lowering("linalg_ldl_solve")
+def linalg_ldl_solve(ld, pivots, b, hermitian=False):
+    _ldl_dtype(ld, "ldl_solve")
+    if ld.shape[-1] == 0 or b.shape[-1] == 0:
+        return jnp.broadcast_to(b, jnp.broadcast_shapes(ld.shape[:-2], b.shape[:-2]) + b.shape[-2:])
+    (ld, b), piv = _broadcast_batch((ld, 2), (b, 2)), pivots
+    piv = jnp.broadcast_to(piv, ld.shape[:-1])
+    herm = bool(hermitian) and jnp.iscomplexobj(ld)
+    fn = lambda l_, p_, b_: _ldl_solve_one(l_, p_, b_, herm)   # noqa: E731
+    for _ in range(ld.ndim - 2):
+        fn = jax.vmap(fn)
+    return fn(ld, piv, b.astype(ld.dtype))
 
 
 # ---- determinants, inverse, solve

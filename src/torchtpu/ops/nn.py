@@ -602,13 +602,15 @@ def _bn_shape(x):
 
 
 def _bn_apply(x, weight, bias, mean, invstd):
-    """(x - mean) * invstd * weight + bias in float32, statistics per channel (dim 1)."""
+    """(x - mean) * invstd * weight + bias in float32 (float64 for float64 input), statistics per
+    channel (dim 1)."""
     s = _bn_shape(x)
-    out = (_f32(x) - mean.astype(jnp.float32).reshape(s)) * invstd.astype(jnp.float32).reshape(s)
+    xf = _f32(x)
+    out = (xf - mean.astype(xf.dtype).reshape(s)) * invstd.astype(xf.dtype).reshape(s)
     if weight is not None:
-        out = out * weight.astype(jnp.float32).reshape(s)
+        out = out * weight.astype(xf.dtype).reshape(s)
     if bias is not None:
-        out = out + bias.astype(jnp.float32).reshape(s)
+        out = out + bias.astype(xf.dtype).reshape(s)
     return out
 
 
@@ -621,7 +623,7 @@ def _bn_stats(x, eps):
 
 
 def _bn_update(running, stat, momentum):
-    return (running.astype(jnp.float32) * (1 - momentum) + stat * momentum).astype(running.dtype)
+    return (running.astype(stat.dtype) * (1 - momentum) + stat * momentum).astype(running.dtype)
 
 
 def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps):
@@ -632,10 +634,14 @@ def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, 
         rm = _bn_update(running_mean, mean, momentum) if running_mean is not None else None
         rv = _bn_update(running_var, var * (n / max(n - 1, 1)), momentum) if running_var is not None else None
         return _bn_apply(x, weight, bias, mean, invstd).astype(x.dtype), mean, invstd, rm, rv
-    invstd = lax.rsqrt(running_var.astype(jnp.float32) + eps)
+    acc = _f32(x).dtype
+    invstd = lax.rsqrt(running_var.astype(acc) + eps)
     out = _bn_apply(x, weight, bias, running_mean, invstd).astype(x.dtype)
-    # (the CPU kernel returns empty statistics in eval mode; the meta kernel says (C,))
-    return out, running_mean.astype(jnp.float32), invstd, running_mean, running_var
+    # Eval mode's saved statistics follow CUDA and PyTorch's meta kernel (which fake tensors under
+    # torch.compile use on every device): running_mean and 1/sqrt(running_var + eps), shape (C,), in
+    # the accumulation dtype (float32 for half types). The CPU kernel returns empty (0,) tensors in
+    # the input dtype instead; nothing reads them (the backward in eval mode uses the running stats).
+    return out, running_mean.astype(acc), invstd, running_mean, running_var
 
 
 def _drop_none(*values):
@@ -684,17 +690,18 @@ def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, e
 
 
 def _bn_backward(grad, x, weight, running_mean, running_var, train, eps, mask):
-    w = weight if weight is not None else jnp.ones((x.shape[1],), jnp.float32)
-    b = jnp.zeros((x.shape[1],), jnp.float32)
+    acc = _f32(x).dtype
+    w = weight if weight is not None else jnp.ones((x.shape[1],), acc)
+    b = jnp.zeros((x.shape[1],), acc)
 
     def f(x_, w_, b_):
         if train:
             mean, _, invstd = _bn_stats(x_, eps)
         else:
-            mean, invstd = running_mean, lax.rsqrt(running_var.astype(jnp.float32) + eps)
+            mean, invstd = running_mean, lax.rsqrt(running_var.astype(acc) + eps)
         return _bn_apply(x_, w_, b_, mean, invstd)
 
-    _, vjp = jax.vjp(f, _f32(x), w.astype(jnp.float32), b)
+    _, vjp = jax.vjp(f, _f32(x), w.astype(acc), b)
     gx, gw, gb = vjp(_f32(grad))
     return (gx.astype(x.dtype) if mask[0] else None,
             gw.astype(w.dtype) if mask[1] else None,
@@ -901,6 +908,139 @@ def multilabel_margin_loss_forward(x, target, reduction):
 def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
     _, vjp = jax.vjp(lambda v: _multilabel_margin(v, target, reduction, is_target)[0].astype(jnp.float32), _f32(x))
     return vjp(_f32(grad))[0].astype(x.dtype)
+
+
+# ---------------------------------------------------------------- CTC loss
+# PyTorch's CPU kernel (LossCTC.cpp), vectorized over the batch: log-space alpha (forward) and beta
+# (backward) recursions over time (Graves et al. 2006, eq. 6-16) with lax.scan. The extended target
+# l' is blank, l1, blank, l2, ..., blank (2 * max_target_length + 1 states); states beyond a row's
+# 2 * target_length and steps beyond its input_length take no part. The lengths are int lists in the
+# schema (ctc_loss moves tensor lengths to the host first, as on CUDA), so they are baked in.
+def _ctc_lse3(a, b, c):
+    """log(e^a + e^b + e^c) as the CPU kernel computes it (shift by the max, 0 when all are -inf)."""
+    m = jnp.maximum(jnp.maximum(a, b), c)
+    m = jnp.where(m == -jnp.inf, 0, m)
+    return jnp.log(jnp.exp(a - m) + jnp.exp(b - m) + jnp.exp(c - m)) + m
+
+
+def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
+    """(l' labels (N, S'), log_probs at l' (T, N, S') with -inf beyond each row's states, the mask of
+    states s whose s-2 transition is allowed (N, S'), input and target lengths as arrays)."""
+    if log_probs.size == 0:   # the CPU kernel's check; PyTorch's meta kernel does not make it
+        raise RuntimeError("log_probs tensor must not be empty")
+    n, classes = log_probs.shape[1], log_probs.shape[2]
+    tl = np.asarray(target_lengths, np.int64)
+    width = 2 * (int(tl.max()) if n else 0) + 1
+    j = np.arange(width // 2)
+    valid = j[None, :] < tl[:, None]                               # (N, max_target_length)
+    if targets.ndim == 1:                                          # concatenated targets
+        offsets = np.concatenate([[0], np.cumsum(tl)[:-1]]).astype(np.int64)
+        labels = targets[np.where(valid, offsets[:, None] + j[None, :], 0)] if valid.size else \
+            jnp.zeros(valid.shape, targets.dtype)
+    else:
+        labels = targets[:, :width // 2]
+    labels = labels.astype(jnp.int32)
+    require(~jnp.asarray(valid) | ((labels >= 0) & (labels < classes)),
+            f"ctc_loss: targets must be class indices in [0, {classes})")
+    labels = jnp.where(jnp.asarray(valid), labels, blank)
+    ext = jnp.full((n, width), blank, jnp.int32).at[:, 1::2].set(labels)
+    s = np.arange(width)
+    states = jnp.asarray(s[None, :] <= 2 * tl[:, None])            # (N, S')
+    lp_ext = jnp.take_along_axis(log_probs, jnp.broadcast_to(ext[None], (log_probs.shape[0],) + ext.shape), 2)
+    lp_ext = jnp.where(states[None], lp_ext, -jnp.inf)
+    skip = jnp.concatenate([jnp.zeros((n, 2), bool), ext[:, 2:] != ext[:, :-2]], 1) if width > 2 else \
+        jnp.zeros((n, width), bool)
+    return ext, lp_ext, skip, jnp.asarray(np.asarray(input_lengths, np.int64)), jnp.asarray(tl)
+
+
+def _ctc_alpha(lp_ext, skip, il):
+    """log alpha (T, N, S'); rows t >= input_length repeat the last computed one."""
+    ninf = jnp.full(lp_ext.shape[1:2] + (1,), -jnp.inf, lp_ext.dtype)
+    first = jnp.full(lp_ext.shape[1:], -jnp.inf, lp_ext.dtype)
+    first = first.at[:, :2].set(lp_ext[0, :, :2])
+
+    def step(alpha, xs):
+        t, lp_t = xs
+        a1 = jnp.concatenate([ninf, alpha[:, :-1]], 1)
+        a2 = jnp.where(skip, jnp.concatenate([ninf, ninf, alpha[:, :-2]], 1), -jnp.inf)
+        new = jnp.where((t < il)[:, None], _ctc_lse3(alpha, a1, a2) + lp_t, alpha)
+        return new, new
+
+    ts = jnp.arange(1, lp_ext.shape[0])
+    last, rest = lax.scan(step, first, (ts, lp_ext[1:]))
+    return jnp.concatenate([first[None], rest], 0), last
+
+
+def _ctc_nll(last, il, tl):
+    """-log p(l|x) from alpha at each row's last step: eq. (8)."""
+    n = last.shape[0]
+    idx = (2 * tl).astype(jnp.int32)
+    l1 = last[jnp.arange(n), idx]
+    l2 = jnp.where(tl > 0, last[jnp.arange(n), jnp.maximum(idx - 1, 0)], -jnp.inf)
+    m = jnp.maximum(l1, l2)
+    m = jnp.where(m == -jnp.inf, 0, m)
+    ll = jnp.log(jnp.exp(l1 - m) + jnp.exp(l2 - m)) + m
+    # no input steps: the empty target has probability 1, any other 0 (as the CPU kernel)
+    ll = jnp.where(il > 0, ll, jnp.where(tl == 0, 0, -jnp.inf).astype(ll.dtype))
+    return -ll
+
+
+def _ctc_loss_backward_meta(grad, log_probs, *args, **kwargs):
+    return torch.empty_like(log_probs)
+
+
+@lowering("_ctc_loss")
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    _, lp_ext, skip, il, tl = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    alpha, last = _ctc_alpha(lp_ext, skip, il)
+    # zero_infinity is applied by the composite ctc_loss around this op (where(res == inf, 0, res))
+    return _ctc_nll(last, il, tl), jnp.transpose(alpha, (1, 0, 2))
+
+
+@lowering("_ctc_loss_backward", missing_meta=_ctc_loss_backward_meta)
+def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank,
+                      zero_infinity=False):
+    ext, lp_ext, skip, il, tl = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    steps, n, width = lp_ext.shape
+    alpha = jnp.transpose(log_alpha, (1, 0, 2))
+    ninf = jnp.full((n, 1), -jnp.inf, lp_ext.dtype)
+    s = jnp.arange(width)
+    # beta at each row's last step: eq. (10), the final blank and the last label
+    end = jnp.where((s[None, :] == 2 * tl[:, None]) | ((s[None, :] == 2 * tl[:, None] - 1) & (tl[:, None] > 0)),
+                    0, -jnp.inf).astype(lp_ext.dtype)
+    skip_up = jnp.concatenate([skip[:, 2:], jnp.zeros((n, 2), bool)], 1)    # s -> s+2 allowed
+
+    def step(beta, xs):
+        t, lp_t = xs
+        b1 = jnp.concatenate([beta[:, 1:], ninf], 1)
+        b2 = jnp.where(skip_up, jnp.concatenate([beta[:, 2:], ninf, ninf], 1), -jnp.inf)
+        new = jnp.where((t == il - 1)[:, None], end + lp_t,
+                        jnp.where((t < il - 1)[:, None], _ctc_lse3(beta, b1, b2) + lp_t, -jnp.inf))
+        return new, new
+
+    _, beta = lax.scan(step, jnp.full((n, width), -jnp.inf, lp_ext.dtype),
+                       (jnp.arange(steps), lp_ext), reverse=True)
+    # log of sum over the states s with l'_s = c of alpha_t(s) beta_t(s): eq. (16)'s sum, per class
+    ab = alpha + beta                                                        # (T, N, S')
+    # a last target equal to blank (invalid input the CPU accepts): at the last step the CPU kernel
+    # assigns the last label's term over the final blank's instead of adding them; do the same
+    last_label = jnp.take_along_axis(ext, jnp.maximum(2 * tl - 1, 0).astype(jnp.int32)[:, None], 1)[:, 0]
+    overwritten = (tl > 0) & (last_label == blank)
+    ab = jnp.where((jnp.arange(steps)[:, None, None] == il[None, :, None] - 1) & overwritten[None, :, None]
+                   & (s == 2 * tl[:, None])[None], -jnp.inf, ab)
+    t_idx, n_idx = jnp.arange(steps)[:, None, None], jnp.arange(n)[None, :, None]
+    c_idx = jnp.broadcast_to(ext[None], ab.shape)
+    peak = jnp.full(log_probs.shape, -jnp.inf, ab.dtype).at[t_idx, n_idx, c_idx].max(ab)
+    shift = jnp.where(peak == -jnp.inf, 0, peak)
+    total = jnp.zeros(log_probs.shape, ab.dtype).at[t_idx, n_idx, c_idx].add(
+        jnp.exp(ab - shift[t_idx, n_idx, c_idx]))
+    lab = jnp.log(total) + shift
+    # the CPU's gradient (as if log_probs came from log_softmax): exp(lp) - exp(lab + nll - lp)
+    g = (jnp.exp(log_probs) - jnp.exp(lab + nll[None, :, None] - log_probs)) * grad[None, :, None]
+    keep = jnp.arange(steps)[:, None] < il[None, :]
+    if zero_infinity:
+        keep = keep & (nll != jnp.inf)[None, :]
+    return jnp.where(keep[..., None], g, 0).astype(log_probs.dtype)
 
 
 # ---------------------------------------------------------------- activations
