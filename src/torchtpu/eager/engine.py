@@ -15,6 +15,7 @@ import threading
 import warnings
 
 import jax
+import jax.numpy as jnp
 import torch
 from torch.utils import _pytree as pytree
 
@@ -22,6 +23,7 @@ from ..device.state import current_device
 from ..metrics import counters
 from ..storage.records import RECORDS, donatable, new_tensor
 from . import asserts, fusion
+from .asserts import FAILED as _failed
 from .fusion import Pending
 from .executable import call_and_commit, device_mismatch, input_buffers, key_tensor
 from .modes import _mode
@@ -153,7 +155,8 @@ class Entry:
 
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
                  "cold", "window_calls",
-                 "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap", "xla")
+                 "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap", "xla",
+                 "source", "fn_gated")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -175,6 +178,8 @@ class Entry:
         self.donating_ran = False  # whether fn_donating completed a call (then it is traced)
         self.overlap = None       # a written tensor shares its storage with an input: eager/overlap.py
         self.xla = None           # the XLA compiler options it was built with (eager/xla_options.py)
+        self.source = None        # in-place ops: the function fn jits, for fn_gated
+        self.fn_gated = None      # fn gated on unchecked device-side asserts (built on first use: _gated)
 
 
 class OpKernel:
@@ -223,6 +228,8 @@ class OpKernel:
             parts.append(torch.get_float32_matmul_precision())
         if _xla_active[0]:   # torch.tpu.compiler.custom_compiler_options / allow_excess_precision
             parts.append(_xla_active[0])
+        if _failed:   # a device-side assert failed on this device: sticky until cleared (eager/asserts.py)
+            asserts.raise_if_failed(device if device >= 0 else current_device())
         key = tuple(parts)
         entry = self.cache.get(key)
         if entry is None:
@@ -278,8 +285,15 @@ class OpKernel:
                 scalars.append(self._rng_args(args, kwargs, dev))
             results = None
             if deferred:
-                results = fusion.defer(entry, inputs, (*scalars, *offsets), dev,
-                                       [records[s] for s in entry.mutated_slots])
+                fn = None
+                queued = inputs
+                if entry.mutated_slots and entry.source is not None and asserts.gating():
+                    gate = asserts.poison(dev)   # (eager/asserts.py)
+                    if gate is not None:
+                        fn = entry.fn_gated or _gated(entry, len(inputs))
+                        queued = [*inputs, gate]
+                results = fusion.defer(entry, queued, (*scalars, *offsets), dev,
+                                       [records[s] for s in entry.mutated_slots], fn)
             if results is None:  # strict, or a "cold" op in fused mode: it runs now
                 if deferred:
                     inputs = [b.get() if type(b) is Pending else b for b in inputs]
@@ -447,6 +461,15 @@ def _execute(entry, inputs, scalars, offsets, records):
         results = fn(*inputs, *scalars, *offsets)
         entry.n_results = len(results)
         return results
+    gate = asserts.poison(records[slots[0]].device_index) if entry.source is not None and asserts.gating() \
+        else None
+    if gate is not None:
+        # unchecked device-side asserts: the writes keep the old values unless all of them passed
+        fn = entry.fn_gated or _gated(entry, len(inputs))
+        results = call_and_commit(fn, (*inputs, gate, *scalars, *offsets), [records[s] for s in slots],
+                                  len(entry.outs))
+        entry.n_results = len(results)
+        return results
     donating = entry.traced is not None and donatable(inputs, slots)
     if donating:
         fn = entry.fn_donating or _donating(entry)
@@ -461,6 +484,24 @@ def _execute(entry, inputs, scalars, offsets, records):
         entry.donating_ran = True
     entry.n_results = len(results)
     return results
+
+
+def _gated(entry, n_buffers):
+    """entry's executable taking one more argument after the buffers, the verdict of the checks not yet
+    read back (eager/asserts.py: poison): each written storage keeps its old buffer unless it is 0.
+    (Never donating: the old buffer is one of the two values.)"""
+    source, slots, first = entry.source, entry.mutated_slots, len(entry.outs)
+
+    def gated(*dyn):
+        buffers = dyn[:n_buffers]
+        results = list(source(*buffers, *dyn[n_buffers + 1:]))
+        ok = dyn[n_buffers] == 0
+        for i, s in enumerate(slots):
+            results[first + i] = jnp.where(ok, results[first + i], buffers[s])
+        return tuple(results)
+
+    entry.fn_gated = jax.jit(gated, compiler_options=entry.xla)
+    return entry.fn_gated
 
 
 def _donating(entry):

@@ -131,10 +131,11 @@ _FAILED = object()         # a segment whose compile failed: it keeps running op
 failures: list = []        # (segment key, exception) of the last background compiles that failed
 
 
-def defer(entry, inputs, scalars, device, mutated=()):
-    """Queue `entry.fn(*inputs, *scalars)` and return one Pending per result, giving the storages
+def defer(entry, inputs, scalars, device, mutated=(), fn=None):
+    """Queue `entry.fn(*inputs, *scalars)` (or `fn`: its gated form, eager/engine.py _gated) and return one Pending per result, giving the storages
     in `mutated` (the op's written records) their Pending buffers; None for a cold op, which the
     caller runs now as in "strict" mode (its queued inputs are ready by then)."""
+    fn = fn or entry.fn
     with _lock:
         now = _syncs[0]
         if entry.last_sync != now:  # its first call in this sync window decides
@@ -152,7 +153,7 @@ def defer(entry, inputs, scalars, device, mutated=()):
             return None
         if segment is None:
             segment = _open[device] = _Segment(device)
-        elif len(segment.steps) >= MIN_OPS and segment.steps[0][0] is entry.fn:
+        elif len(segment.steps) >= MIN_OPS and segment.steps[0][0] is fn:
             _flush(segment)
             segment = _open[device] = _Segment(device)
         sources = tuple(_sources(segment, inputs))
@@ -162,7 +163,7 @@ def defer(entry, inputs, scalars, device, mutated=()):
             if id(r) not in segment.undo_ids:
                 segment.undo.append((r, r._buffer))
                 segment.undo_ids.add(id(r))
-        segment.steps.append((entry.fn, sources, scalars, [weakref.ref(p) for p in results]))
+        segment.steps.append((fn, sources, scalars, [weakref.ref(p) for p in results]))
         if mutated:   # (their buffers are never None here: eager/executable.py input_buffers)
             n = len(entry.outs)
             _consume(map(setattr, mutated, repeat("_buffer"), results[n:n + len(mutated)]))
