@@ -196,7 +196,8 @@ def max_memory_allocated(device=None) -> int:
 def reset_peak_memory_stats(device=None) -> None:
     from ..storage.records import stats
     s = stats(_index(device))
-    s.peak = s.allocated
+    s.peak = s.allocated - s.failed   # (storages whose first write failed never count: MemoryStats)
+    s.peak_materialized = s.materialized
 
 
 def reset_max_memory_allocated(device=None) -> None:

@@ -22,7 +22,7 @@ from torch.utils import _pytree as pytree
 from ..device.state import current_device
 from ..metrics import counters
 from ..storage.records import RECORDS, donatable, new_tensor
-from . import asserts, fusion
+from . import asserts, errors, fusion
 from .asserts import FAILED as _failed
 from .fusion import Pending
 from .executable import call_and_commit, device_mismatch, input_buffers, key_tensor
@@ -274,6 +274,18 @@ class OpKernel:
     def _run(self, entry, records, scalars, offsets, dev, args, kwargs):
         """Call (or, in the fused mode, queue) the executable and give the written storages their
         new buffers; the results."""
+        try:
+            results = self._call(entry, records, scalars, offsets, dev, args, kwargs)
+        except jax.errors.JaxRuntimeError as e:
+            errors.raise_out_of_memory(e)   # torch.OutOfMemoryError, as on CUDA (`a.repeat(10**9)`)
+            raise
+        if entry.checks:
+            asserts.note(results[-1], entry.checks, self.where)
+        if _mode[0] == "debug":
+            jax.block_until_ready(results)
+        return results
+
+    def _call(self, entry, records, scalars, offsets, dev, args, kwargs):
         mode = _mode[0]
         if entry.consts is not None:
             results = _constant(entry, scalars)
@@ -298,10 +310,6 @@ class OpKernel:
                 if deferred:
                     inputs = [b.get() if type(b) is Pending else b for b in inputs]
                 results = _execute(entry, inputs, scalars, offsets, records)
-        if entry.checks:
-            asserts.note(results[-1], entry.checks, self.where)
-        if mode == "debug":
-            jax.block_until_ready(results)
         return results
 
     def _rng_args(self, args, kwargs, device):

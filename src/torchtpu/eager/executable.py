@@ -20,11 +20,12 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from ..device import platform
 from ..ops import checks, linalg, views
 from ..ops import dtypes as dt
-from ..storage.records import stats
+from ..storage.records import allocation_failed, materialize
 from .fusion import Pending
 from . import errors
 
@@ -204,8 +205,13 @@ def input_buffers(records, deferred=False):
     for r in records:
         b = r._buffer
         if b is None:
-            b = zeros(r.numel, r.dtype, r.device_index)
-            stats(r.device_index).materialized += r.nbytes
+            try:
+                b = zeros(r.numel, r.dtype, r.device_index)
+            except BaseException as e:
+                if isinstance(e, torch.OutOfMemoryError):
+                    allocation_failed(r)   # never counted in the peak (storage/records.py: MemoryStats)
+                raise
+            materialize(r)
             r._buffer = b
         elif type(b) is Pending and not deferred:
             b = r.buffer
@@ -217,7 +223,7 @@ def commit(records, buffers):
     """Give `records` their new `buffers` (the assignments run in C)."""
     for r in records:
         if r._buffer is None:
-            stats(r.device_index).materialized += r.nbytes
+            materialize(r)
     _consume(map(setattr, records, repeat("_buffer"), buffers))
 
 
