@@ -119,3 +119,30 @@ def test_a_write_whose_check_failed_is_not_committed():
     torch.tpu.clear_device_assert()
     # CPU raises before writing anything; a partial update ([0, 1, 0, 0, 0]) would be silent damage
     assert x.cpu().tolist() == [0.0] * 5
+
+
+GC_CALLBACK = """
+import gc, _thread, torch, torchtpu
+from jax._src.lib import _jax
+x = torch.ones(3, device="tpu")
+(x + 1).cpu()
+collect = _jax.collect_garbage
+# JAX's gc callback (_xla_gc_callback) calls _jax.collect_garbage: make that call trip SIGINT, so a
+# Ctrl-C lands inside the callback, deterministically (Python then runs the handler in the callback)
+_jax.collect_garbage = _thread.interrupt_main
+try:
+    gc.collect()
+finally:
+    _jax.collect_garbage = collect
+try:
+    x + 1
+except KeyboardInterrupt:
+    print("OK raised at the next op")
+"""
+
+
+def test_interrupt_in_a_gc_callback_is_not_lost():
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", GC_CALLBACK], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-4000:]

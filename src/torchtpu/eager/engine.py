@@ -22,13 +22,17 @@ from torch.utils import _pytree as pytree
 from ..device.state import current_device
 from ..metrics import counters
 from ..storage.records import RECORDS, donatable, new_tensor
-from . import asserts, errors, fusion
+from . import asserts, errors, fusion, interrupts
 from .asserts import FAILED as _failed
+from .interrupts import PENDING as _interrupted
 from .fusion import Pending
 from .executable import call_and_commit, device_mismatch, input_buffers, key_tensor
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
 from .xla_options import _active as _xla_active
+
+
+interrupts.install()
 
 
 class SpecializeScalars(Exception):
@@ -230,6 +234,8 @@ class OpKernel:
             parts.append(_xla_active[0])
         if _failed:   # a device-side assert failed on this device: sticky until cleared (eager/asserts.py)
             asserts.raise_if_failed(device if device >= 0 else current_device())
+        if _interrupted:   # a Ctrl-C Python could not raise where it landed (eager/interrupts.py)
+            interrupts.raise_pending()
         key = tuple(parts)
         entry = self.cache.get(key)
         if entry is None:

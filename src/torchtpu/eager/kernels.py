@@ -21,7 +21,7 @@ from ..ops import argument_checks, factories
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS
 from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
-from . import asserts, errors, fusion
+from . import asserts, errors, fusion, interrupts
 from .fusion import Pending
 from .engine import CONSTANT_BYTES, OpKernel, scalar_key
 
@@ -134,6 +134,8 @@ def _covers(t: torch.Tensor, r) -> bool:
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
     r = record_of(t)
+    if interrupts.PENDING:
+        interrupts.raise_pending()
     asserts.check(r.device_index)
     if not _covers(t, r):
         t = aten.clone.default(t, memory_format=torch.contiguous_format)
