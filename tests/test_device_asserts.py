@@ -241,3 +241,27 @@ def test_training_step_after_a_failed_check_commits_nothing(mode):
     for p, q in zip(model.parameters(), ref.parameters()):   # and they are the CPU's good steps
         torch.testing.assert_close(p.detach().cpu(), q.detach())
     # (AdamW's `step` counts on the host: it did advance for the failed step, as it would on CUDA)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_gated_writes_commit_after_passed_checks_and_not_after_failed_ones(dtype):
+    """While a check is unchecked, in-place writes run gated: a large storage (donated, written through
+    a partial view as a KV cache is) gets the write when the check passed, keeps its value when not."""
+    from torchtpu import metrics
+    cache = torch.zeros(4, 65536, dtype=dtype, device=DEV)   # >= 256 KiB: donated in place
+    table = torch.arange(12, device=DEV).reshape(4, 3).to(dtype)
+    expected = torch.zeros(4, 65536, dtype=dtype)
+    for step, bad in enumerate((False, False, True)):
+        row = table.index_select(0, torch.tensor([7 if bad else step], device=DEV))   # a checked op
+        donations = metrics()["eager_donations"]
+        cache[1 + step, :3] = row[0]          # a slab write through a view, gated
+        cache.add_(1)                         # a whole-storage write, gated
+        if bad:
+            with pytest.raises(asserts.DeviceAssertError, match="index_select"):
+                cache.cpu()
+            torch.tpu.clear_device_assert()
+        else:
+            expected[1 + step, :3] = table.cpu()[step]
+            expected += 1
+            assert metrics()["eager_donations"] > donations   # (the gated form still donates)
+        torch.testing.assert_close(cache.cpu(), expected)

@@ -15,7 +15,6 @@ import threading
 import warnings
 
 import jax
-import jax.numpy as jnp
 import torch
 from torch.utils import _pytree as pytree
 
@@ -160,7 +159,7 @@ class Entry:
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
                  "cold", "window_calls",
                  "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap", "xla",
-                 "source", "fn_gated")
+                 "source", "fn_gated", "fn_gated_donating", "gated_ran")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -182,8 +181,10 @@ class Entry:
         self.donating_ran = False  # whether fn_donating completed a call (then it is traced)
         self.overlap = None       # a written tensor shares its storage with an input: eager/overlap.py
         self.xla = None           # the XLA compiler options it was built with (eager/xla_options.py)
-        self.source = None        # in-place ops: the function fn jits, for fn_gated
+        self.source = None        # in-place ops: their Program, for fn_gated
         self.fn_gated = None      # fn gated on unchecked device-side asserts (built on first use: _gated)
+        self.fn_gated_donating = None   # the same, donating the written buffers
+        self.gated_ran = 0        # which gated forms completed a call (1 plain, 2 donating: then traced)
 
 
 class OpKernel:
@@ -308,7 +309,7 @@ class OpKernel:
                 if entry.mutated_slots and entry.source is not None and asserts.gating():
                     gate = asserts.poison(dev)   # (eager/asserts.py)
                     if gate is not None:
-                        fn = entry.fn_gated or _gated(entry, len(inputs))
+                        fn = entry.fn_gated or _gated(entry)
                         queued = [*inputs, gate]
                 results = fusion.defer(entry, queued, (*scalars, *offsets), dev,
                                        [records[s] for s in entry.mutated_slots], fn)
@@ -479,9 +480,21 @@ def _execute(entry, inputs, scalars, offsets, records):
         else None
     if gate is not None:
         # unchecked device-side asserts: the writes keep the old values unless all of them passed
-        fn = entry.fn_gated or _gated(entry, len(inputs))
-        results = call_and_commit(fn, (*inputs, gate, *scalars, *offsets), [records[s] for s in slots],
-                                  len(entry.outs))
+        donating = entry.traced is not None and donatable(inputs, slots)
+        fn = (entry.fn_gated_donating or _gated(entry, True)) if donating else (entry.fn_gated or _gated(entry))
+        if donating:
+            counters.eager_donations += 1
+        try:
+            results = call_and_commit(fn, (*inputs, gate, *scalars, *offsets), [records[s] for s in slots],
+                                      len(entry.outs))
+        except BaseException:
+            if not entry.gated_ran & (1 + donating):   # failed or interrupted while JAX traced it: a fresh jit
+                if donating:
+                    entry.fn_gated_donating = None
+                else:
+                    entry.fn_gated = None
+            raise
+        entry.gated_ran |= 1 + donating
         entry.n_results = len(results)
         return results
     donating = entry.traced is not None and donatable(inputs, slots)
@@ -500,22 +513,19 @@ def _execute(entry, inputs, scalars, offsets, records):
     return results
 
 
-def _gated(entry, n_buffers):
-    """entry's executable taking one more argument after the buffers, the verdict of the checks not yet
-    read back (eager/asserts.py: poison): each written storage keeps its old buffer unless it is 0.
-    (Never donating: the old buffer is one of the two values.)"""
-    source, slots, first = entry.source, entry.mutated_slots, len(entry.outs)
-
-    def gated(*dyn):
-        buffers = dyn[:n_buffers]
-        results = list(source(*buffers, *dyn[n_buffers + 1:]))
-        ok = dyn[n_buffers] == 0
-        for i, s in enumerate(slots):
-            results[first + i] = jnp.where(ok, results[first + i], buffers[s])
-        return tuple(results)
-
-    entry.fn_gated = jax.jit(gated, compiler_options=entry.xla)
-    return entry.fn_gated
+def _gated(entry, donating=False):
+    """entry's executable in its gated form (eager/executable.py: traced_function), donating the
+    written buffers or not; built on first use."""
+    from .executable import traced_function
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        fn = jax.jit(traced_function(entry.source, gated=True), compiler_options=entry.xla,
+                     donate_argnums=tuple(entry.mutated_slots) if donating else ())
+    if donating:
+        entry.fn_gated_donating = fn
+    else:
+        entry.fn_gated = fn
+    return fn
 
 
 def _donating(entry):
