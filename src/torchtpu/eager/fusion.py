@@ -352,7 +352,17 @@ def _stop():
     q, t = _thread[0]
     _epoch[0] += 1
     q.put((_STOP, None))
-    t.join()
+    # A Ctrl-C here must not cut the wait short: Python would then finalize with the thread inside
+    # XLA, and a thread that re-takes the GIL during finalization is ended with pthread_exit, whose
+    # unwinding through jaxlib's C++ aborts ("terminate called without an active exception").
+    interrupted = None
+    while t.is_alive():
+        try:
+            t.join()
+        except KeyboardInterrupt as e:
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
 
 
 def _abstract(x):
