@@ -132,9 +132,10 @@ failures: list = []        # (segment key, exception) of the last background com
 
 
 def defer(entry, inputs, scalars, device, mutated=(), fn=None):
-    """Queue `entry.fn(*inputs, *scalars)` (or `fn`: its gated form, eager/engine.py _gated) and return one Pending per result, giving the storages
-    in `mutated` (the op's written records) their Pending buffers; None for a cold op, which the
-    caller runs now as in "strict" mode (its queued inputs are ready by then)."""
+    """Queue `entry.fn(*inputs, *scalars)` (or `fn`, its gated form: eager/engine.py _gated) and return
+    one Pending per result, giving the storages in `mutated` (the op's written records) their Pending
+    buffers; None for a cold op, which the caller runs now as in "strict" mode (its queued inputs are
+    ready by then)."""
     fn = fn or entry.fn
     with _lock:
         now = _syncs[0]
