@@ -61,14 +61,21 @@ def test_index_range_matches_cpu(op, i):
         assert "out of" in str(tpu_value) or "Target" in str(tpu_value)
 
 
-def test_reported_at_the_next_sync_and_the_device_stays_usable():
+def test_reported_at_the_next_sync_sticky_until_cleared():
     x = torch.zeros(4, 3, device=DEV)
+    other = torch.ones(2, device="tpu:1")
     y = x.index_select(0, torch.tensor([7], device=DEV))    # queued: no error yet
     z = (x + 1).sum()                                         # unrelated work still queues
     with pytest.raises(asserts.DeviceAssertError, match=r"aten::index_select.*dimension 0 with size 4"):
         y.cpu()
-    assert z.item() == 12.0                                   # reported once, then gone
-    with pytest.raises(asserts.DeviceAssertError):
+    # sticky, as on CUDA: every later op and sync on that device raises the same error, naming the op
+    for later in (lambda: z.item(), lambda: x + 1, lambda: torch.ones(2, device=DEV), torch.tpu.synchronize):
+        with pytest.raises(asserts.DeviceAssertError, match=r"aten::index_select.*dimension 0 with size 4"):
+            later()
+    assert (other * 2).tolist() == [2.0, 2.0]                 # another device is not in the error state
+    torch.tpu.clear_device_assert()
+    assert z.item() == 12.0                                   # usable again
+    with pytest.raises(asserts.DeviceAssertError, match="gather"):
         x.gather(0, torch.tensor([[9, 0, 0]], device=DEV))
         torch.tpu.synchronize()
 
@@ -96,8 +103,10 @@ def test_compiled_graph_checks_its_indices():
     torch.testing.assert_close(ok, F.cross_entropy(emb(i).cpu(), t.cpu()))
     with pytest.raises(asserts.DeviceAssertError, match="compiled graph.*out of range"):
         fn(torch.tensor([1, 10], device=DEV), t).cpu()
+    torch.tpu.clear_device_assert()
     with pytest.raises(asserts.DeviceAssertError, match="Target is out of bounds"):
         fn(i, torch.tensor([0, 4], device=DEV)).cpu()
+    torch.tpu.clear_device_assert()
     assert fn(i, t).cpu().isfinite()
 
 
@@ -135,6 +144,7 @@ def test_value_checks_match_cpu(case):
         assert verdict == "error", f"{case} on {dev}: accepted"
         if dev == DEV:
             assert isinstance(error, asserts.DeviceAssertError), error
+            torch.tpu.clear_device_assert()
     bad, good = _value_cases("cpu")[case]
     if good is not None:
         torch.testing.assert_close(_value_cases(DEV)[case][1]().cpu(), good())
@@ -146,6 +156,7 @@ def test_assert_async_eager_and_compiled():
     with pytest.raises(asserts.DeviceAssertError, match="custom message"):
         torch._assert_async(torch.tensor(0, device=DEV), "custom message")
         torch.tpu.synchronize()
+    torch.tpu.clear_device_assert()
 
     def double_positive(a):
         torch._assert_async(a.sum() > 0, "sum must be positive")
@@ -155,3 +166,102 @@ def test_assert_async_eager_and_compiled():
     torch.testing.assert_close(fn(torch.ones(3, device=DEV)).cpu(), torch.full((3,), 2.0))
     with pytest.raises(asserts.DeviceAssertError, match="compiled graph.*sum must be positive"):
         fn(-torch.ones(3, device=DEV)).cpu()
+
+
+def test_raised_in_the_thread_that_caused_it():
+    import threading
+    x = torch.zeros(4, 3, device=DEV)
+    queued, synced, seen = threading.Event(), threading.Event(), {}
+
+    def worker():
+        y = x.index_select(0, torch.tensor([7], device=DEV))   # fails on the device, unreported yet
+        queued.set()
+        synced.wait(30)
+        try:
+            y.cpu()
+        except asserts.DeviceAssertError as e:
+            seen["worker"] = e
+
+    t = threading.Thread(target=worker)
+    t.start()
+    queued.wait(30)
+    seen["main"] = (x + 1).sum().item()     # this thread's sync does not receive the worker's error
+    synced.set()
+    t.join(30)
+    assert seen["main"] == 12.0
+    assert "index_select" in str(seen["worker"])
+    with pytest.raises(asserts.DeviceAssertError, match="index_select"):   # then sticky for everyone
+        x.sum().item()
+    torch.tpu.clear_device_assert()
+
+
+def _lm(dev, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10)).to(dev)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+
+def _step(model, opt, ids, target):
+    opt.zero_grad(set_to_none=False)   # (grads accumulate in place: gated too)
+    loss = F.cross_entropy(model(ids), target)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _device_state(model, opt):
+    return [p.detach().cpu().clone() for p in model.parameters()] + [
+        v.cpu().clone() for p in model.parameters() for k, v in opt.state[p].items() if k != "step"]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_training_step_after_a_failed_check_commits_nothing(mode):
+    """embedding(bad ids) -> loss -> backward -> AdamW step: the error is raised at the next sync,
+    and the step that depended on the failed check changed no parameter, gradient or moment."""
+    model, opt = _lm(DEV)
+    ref, ref_opt = _lm("cpu")
+    good = torch.randint(0, 10, (6,), generator=torch.Generator().manual_seed(1))
+    target = torch.randint(0, 10, (6,), generator=torch.Generator().manual_seed(2))
+    with torchtpu.eager_mode(mode):
+        for _ in range(3):   # warm: in the fused mode these ops are queued now
+            _step(model, opt, good.to(DEV), target.to(DEV)).item()
+            _step(ref, ref_opt, good, target)
+        before = _device_state(model, opt)
+        bad = good.clone()
+        bad[2] = 10
+        loss = _step(model, opt, bad.to(DEV), target.to(DEV))
+        with pytest.raises(asserts.DeviceAssertError, match="embedding"):
+            loss.item()
+        torch.tpu.clear_device_assert()
+        after = _device_state(model, opt)
+    for b, a in zip(before, after):
+        assert torch.equal(a, b)
+    for p in model.parameters():   # zero_grad ran before the failed op; the accumulation after it did not
+        assert not p.grad.cpu().any()
+    for p, q in zip(model.parameters(), ref.parameters()):   # and they are the CPU's good steps
+        torch.testing.assert_close(p.detach().cpu(), q.detach())
+    # (AdamW's `step` counts on the host: it did advance for the failed step, as it would on CUDA)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_gated_writes_commit_after_passed_checks_and_not_after_failed_ones(dtype):
+    """While a check is unchecked, in-place writes run gated: a large storage (donated, written through
+    a partial view as a KV cache is) gets the write when the check passed, keeps its value when not."""
+    from torchtpu import metrics
+    cache = torch.zeros(4, 65536, dtype=dtype, device=DEV)   # >= 256 KiB: donated in place
+    table = torch.arange(12, device=DEV).reshape(4, 3).to(dtype)
+    expected = torch.zeros(4, 65536, dtype=dtype)
+    for step, bad in enumerate((False, False, True)):
+        row = table.index_select(0, torch.tensor([7 if bad else step], device=DEV))   # a checked op
+        donations = metrics()["eager_donations"]
+        cache[1 + step, :3] = row[0]          # a slab write through a view, gated
+        cache.add_(1)                         # a whole-storage write, gated
+        if bad:
+            with pytest.raises(asserts.DeviceAssertError, match="index_select"):
+                cache.cpu()
+            torch.tpu.clear_device_assert()
+        else:
+            expected[1 + step, :3] = table.cpu()[step]
+            expected += 1
+            assert metrics()["eager_donations"] > donations   # (the gated form still donates)
+        torch.testing.assert_close(cache.cpu(), expected)

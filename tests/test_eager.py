@@ -349,6 +349,7 @@ def test_small_ops_reuse_results_of_the_same_buffers():
         torch.tpu.synchronize()
         with pytest.raises(Exception, match="out of"):
             table[bad].cpu()
+        torch.tpu.clear_device_assert()   # (sticky until cleared, as on CUDA)
 
 
 @pytest.mark.parametrize("shape,dim,n", [((1, 4, 4096, 8), 2, 1), ((2, 3, 1024, 8), 2, 3), ((4096, 8), 0, 2),

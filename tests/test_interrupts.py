@@ -45,45 +45,87 @@ import random, signal, torch, torchtpu
 torchtpu.set_eager_mode(MODE)
 random.seed(1)
 torch.manual_seed(0)
-# one trainable tensor: its update is one in-place op, applied whole or not at all (a model's
-# step is one op per parameter, and an interrupt may land between two of them)
-cpu = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-cpu[2].requires_grad_(False)
-dev = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Tanh(), torch.nn.Linear(64, 1)).to("tpu")
+def net():
+    return torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 1))
+cpu = net()
+cpu[4].requires_grad_(False)   # a frozen layer: must stay exactly as it was
+dev = net().to("tpu")
 dev.load_state_dict(cpu.state_dict())
-dev[2].requires_grad_(False)
-data = [(torch.randn(32, 64), torch.randn(32, 1)) for _ in range(4)]
-opt = torch.optim.SGD([dev[0].weight], lr=0.05)
-# warm up on a copy (same shapes, same executables): see ADD_LOOP
-import copy
+dev[4].requires_grad_(False)
+trained = [n for n, p in cpu.named_parameters() if p.requires_grad]   # 4 tensors, one update op each
+data = [(torch.randn(32, 32), torch.randn(32, 1)) for _ in range(4)]
+def make_opt(model):
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05)
+def step(model, opt, k, device):
+    x, y = data[k % 4]
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+    opt.step()
+opt = make_opt(dev)
+# warm up on a copy (same shapes, same executables): an interrupt inside a first-time import or trace
+# of JAX's own modules leaves JAX half-imported, a failure of JAX's (not of a tensor)
+import copy, time
 warm = copy.deepcopy(dev)
-warm_opt = torch.optim.SGD([warm[0].weight], lr=0.05)
-torch.nn.functional.mse_loss(warm(data[0][0].to("tpu")), data[0][1].to("tpu")).backward()
-warm_opt.step()
-warm[0].weight.cpu()
+warm_opt = make_opt(warm)
+for k in range(2):
+    step(warm, warm_opt, k, "tpu")
+    [p.cpu() for p in warm.parameters()]
+times = []
+for _ in range(3):   # (the fused mode compiles the segments of this pattern in the first rounds)
+    t0 = time.perf_counter()
+    for k in range(3):
+        step(warm, warm_opt, k, "tpu")
+    [p.cpu() for p in warm.parameters()]
+    times.append(time.perf_counter() - t0)
+# the timer fires within a round's first three steps, at a random point, however loaded the machine is
+step_time = min(times) / 3
 def ki(*a): raise KeyboardInterrupt
 signal.signal(signal.SIGALRM, ki)
-steps = 0
-for t in range(20):
-    signal.setitimer(signal.ITIMER_REAL, 0.005 + random.random() * 0.05)
-    try:
-        for _ in range(10):
-            x, y = data[steps % 4]
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.mse_loss(dev(x.to("tpu")), y.to("tpu")).backward()
-            opt.step()
-            steps += 1
+done = partial = applied = interrupts = 0
+for t in range(12):
+    start = {n: p.detach().cpu() for n, p in dev.named_parameters()}
+    calls = 0
+    try:   # (the timer fires once: an interrupt after the loop, before disarming it, is caught too)
+        signal.setitimer(signal.ITIMER_REAL, 0.001 + random.random() * 3 * step_time)
+        for _ in range(6):
+            step(dev, opt, done + calls, "tpu")
+            calls += 1
+        signal.setitimer(signal.ITIMER_REAL, 0)
     except KeyboardInterrupt:
-        pass
-    signal.setitimer(signal.ITIMER_REAL, 0)
-got = [p.detach().cpu() for p in dev.parameters()]   # every parameter still readable
-assert all(bool(torch.isfinite(g).all()) for g in got)
-# the frozen layer is untouched, exactly
-assert torch.equal(got[1], cpu[2].weight.detach()) and torch.equal(got[2], cpu[2].bias.detach())
-# (A comparison with a CPU replay of the completed steps is not made yet: in strict mode the trained
-# weight after an interrupted run differed from the replay of `steps` and `steps + 1` steps in some
-# runs; open, see the session report.)
-print("OK", steps)
+        interrupts += 1
+    got = {n: p.detach().cpu() for n, p in dev.named_parameters()}   # every parameter readable
+    # CPU replay of this round from the same start: `calls` completed steps, then the one that was
+    # running when the interrupt came (it may have completed before `calls += 1`, or partly: SGD
+    # updates one tensor per op). Each tensor must be its value after `calls` or after `calls + 1`
+    # steps; the next round starts from the device's state, so rounding differences do not accumulate.
+    ref = net()
+    ref.load_state_dict(start)
+    ref[4].requires_grad_(False)
+    ref_opt = make_opt(ref)
+    for k in range(calls):
+        step(ref, ref_opt, done + k, "cpu")
+    before = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    step(ref, ref_opt, done + calls, "cpu")
+    after = dict(ref.named_parameters())
+    which = set()
+    for n in got:
+        if n not in trained:
+            assert torch.equal(got[n], start[n]), n
+            continue
+        d_before = (got[n] - before[n]).abs().max().item()
+        d_after = (got[n] - after[n].detach()).abs().max().item()
+        assert min(d_before, d_after) < 1e-4, (t, n, calls, d_before, d_after)
+        which.add(d_after < d_before)
+    done += calls
+    if which == {True}:      # the running step completed (before `calls += 1` was reached)
+        done += 1
+        applied += 1
+    elif len(which) == 2:    # the interrupt landed between two tensors' updates: a partial step, as on the CPU
+        partial += 1
+        done += 1            # (the next round's replay starts from the device's state anyway)
+assert all(bool(torch.isfinite(p.detach().cpu()).all()) for p in dev.parameters())
+print("OK", done, interrupts, applied, partial)
 """
 
 
@@ -93,9 +135,9 @@ def _run(code, mode):
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code).replace("MODE", repr(mode))],
                           env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode == -6 and "terminate called without an active exception" in proc.stderr:
-        # known, not fixed yet (docs/design.md): an interrupt landing in some part of PyTorch's C++
-        # aborts the process; what this test checks (no tensor left damaged) it cannot tell then
-        pytest.xfail("SIGABRT: an interrupt inside PyTorch's C++ ('terminate called without an active exception')")
+        # seen rarely before, not reproduced since (docs/design.md: what the message means, what was
+        # contained); what this test checks (no tensor left damaged) it cannot tell then
+        pytest.xfail("SIGABRT: 'terminate called without an active exception' (docs/design.md)")
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
@@ -105,7 +147,7 @@ def test_interrupted_in_place_loop_keeps_whole_updates(mode):
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-def test_interrupted_training_leaves_parameters_readable(mode):
+def test_interrupted_training_matches_a_cpu_replay_of_the_completed_ops(mode):
     _run(TRAIN_LOOP, mode)
 
 
@@ -116,5 +158,33 @@ def test_a_write_whose_check_failed_is_not_committed():
     x.index_add_(0, torch.tensor([1, 7], device="tpu"), torch.ones(2, device="tpu"))
     with pytest.raises(asserts.DeviceAssertError, match="index_add_"):
         x.cpu()
+    torch.tpu.clear_device_assert()
     # CPU raises before writing anything; a partial update ([0, 1, 0, 0, 0]) would be silent damage
     assert x.cpu().tolist() == [0.0] * 5
+
+
+GC_CALLBACK = """
+import gc, _thread, torch, torchtpu
+from jax._src.lib import _jax
+x = torch.ones(3, device="tpu")
+(x + 1).cpu()
+collect = _jax.collect_garbage
+# JAX's gc callback (_xla_gc_callback) calls _jax.collect_garbage: make that call trip SIGINT, so a
+# Ctrl-C lands inside the callback, deterministically (Python then runs the handler in the callback)
+_jax.collect_garbage = _thread.interrupt_main
+try:
+    gc.collect()
+finally:
+    _jax.collect_garbage = collect
+try:
+    x + 1
+except KeyboardInterrupt:
+    print("OK raised at the next op")
+"""
+
+
+def test_interrupt_in_a_gc_callback_is_not_lost():
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", GC_CALLBACK], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-4000:]

@@ -24,6 +24,7 @@ PUBLIC: dict[str, str] = {
     "Event": f"{_DEVICE}:Event",
     "Precision": f"{_FACADE}:Precision",
     "Stream": f"{_DEVICE}:Stream",
+    "clear_device_assert": f"{_DEVICE}:clear_device_assert",
     "current_device": f"{_DEVICE}:current_device",
     "current_stream": f"{_DEVICE}:current_stream",
     "default_generators": f"{_DEVICE}:default_generators",

@@ -3,17 +3,37 @@
 An executable with checks returns one extra int32 scalar (0, or 1 + the first failed condition);
 `note` keeps it (it costs no wait) and the next synchronization (a copy to the host, `.item()`,
 `torch.tpu.synchronize()`) raises that condition's message, as CUDA reports a device-side assert at
-the next synchronizing call. In the "debug" eager mode the check runs at the op itself. Unlike
-CUDA, the device stays usable after the error.
+the next synchronizing call. In the "debug" eager mode the check runs at the op itself.
+
+Three promises beyond "reported at the next sync":
+
+- **Raised in the thread that caused it.** Verdicts wait in a per-thread list; a thread's sync
+  checks its own, so another thread's `.item()` never receives it. (Backward runs on autograd's
+  device threads for a caller we cannot name: its verdicts go to a shared list that the next sync of
+  any thread reports; with one thread calling backward, that is the caller.)
+- **Sticky, as on CUDA.** Once raised, every later op and sync on that device raises the same
+  error (naming the op) until `clear_error(device)` (`torch.tpu.clear_device_assert`). CUDA never
+  clears (its context is corrupt); here nothing was corrupted (next point), so clearing is safe.
+- **Writes that may depend on a failed check are not committed.** While unchecked verdicts exist,
+  eager in-place writes into existing storages run gated (`poison`): the executable also takes the
+  maximum of the verdicts the write may depend on (the thread's own and backward's; in backward,
+  every thread's) and keeps each written storage's old value unless it is 0. So
+  `embedding(bad ids) -> loss -> backward -> opt.step()` leaves the weights, gradients and AdamW
+  moments as they were before the failed op. Not gated: new tensors (they are new, and the sticky
+  error stops their use), host-side state (AdamW's `step` counter is a CPU tensor), and writes by
+  compiled graphs and `torch.tpu.optimizers` (their executables have no gate yet).
 """
 from __future__ import annotations
 
 import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
+from ..device import platform
 from .fusion import Pending
 from .modes import _mode
 
@@ -22,9 +42,39 @@ from .modes import _mode
 # (fetching each one costs ~25 µs). A loop that never reads a value back is checked every LIMIT
 # checked ops, so the list stays short.
 LIMIT = 256
-_pending = []   # (verdict array, messages, where)
-_lock = threading.Lock()
 _stackers = {}
+_combine = {}
+# device index -> the DeviceAssertError that put it in the error state (sticky until clear_error)
+FAILED: dict = {}
+
+
+class _State:
+    """One thread's unchecked verdicts."""
+    __slots__ = ("pending", "poison", "__weakref__")
+
+    def __init__(self):
+        self.pending = []   # (verdict array or Pending, messages, where)
+        self.poison = {}    # device index -> (_version when computed, gate value or None)
+
+
+_local = threading.local()
+_threads = weakref.WeakSet()   # every live thread's _State (discard, gating in autograd threads)
+# Backward runs a tpu graph on autograd's device threads, for the thread that called backward (which
+# waits): their verdicts go to this shared list, which the next check of any thread adopts.
+_autograd = _State()
+_in_backward = torch._C._current_graph_task_id
+_unchecked = [0]   # verdicts pending in all threads together (gating is free when 0)
+_version = [0]     # bumped whenever a pending list changes (poison caches on it)
+
+
+def _state():
+    if _in_backward() != -1:
+        return _autograd
+    s = getattr(_local, "s", None)
+    if s is None:
+        s = _local.s = _State()
+        _threads.add(s)
+    return s
 
 
 class DeviceAssertError(RuntimeError):
@@ -33,9 +83,56 @@ class DeviceAssertError(RuntimeError):
 
 def note(verdict, messages, where):
     """Keep an executable's verdict; `where` names the op or graph for the message."""
-    _pending.append((verdict, messages, where))
-    if len(_pending) >= LIMIT or _mode[0] == "debug":
+    pending = _state().pending
+    pending.append((verdict, messages, where))
+    _unchecked[0] += 1
+    _version[0] += 1
+    if len(pending) >= LIMIT or _mode[0] == "debug":
         check()
+
+
+def _device_index(verdict):
+    if type(verdict) is Pending:
+        return verdict.segment.device
+    return platform.devices().index(next(iter(verdict.devices())))
+
+
+def gating() -> bool:
+    """Whether some thread has verdicts not checked yet (then writes ask `poison` for their gate)."""
+    return _unchecked[0] > 0
+
+
+def poison(device_index):
+    """The gate of a write on tpu:`device_index`: the maximum of the unchecked verdicts it may depend
+    on (an int32 scalar array; a gated write keeps the old value unless it is 0), or None when there
+    are none. Those are this thread's and backward's; in backward (autograd's device threads work for
+    a thread we cannot name) every thread's. Queued verdicts (fused mode) are run first (their segment
+    flushes; no host wait)."""
+    state = _state()
+    cached = state.poison.get(device_index)
+    if cached is not None and cached[0] == _version[0]:
+        return cached[1]
+    if state is _autograd:
+        sources = [_autograd, *_threads]
+    else:
+        sources = [state, _autograd]
+    fresh = []
+    for src in sources:
+        for v, _, _ in list(src.pending):
+            if type(v) is Pending:
+                v = v.get()
+            if _device_index(v) == device_index:
+                fresh.append(v)
+    value = None
+    if fresh:
+        key = (device_index, len(fresh))
+        fn = _combine.get(key)
+        if fn is None:
+            sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
+            fn = _combine[key] = jax.jit(lambda *v: jnp.max(jnp.stack(v)), out_shardings=sharding)
+        value = fn(*fresh)
+    state.poison[device_index] = (_version[0], value)
+    return value
 
 
 def _stack(verdicts):
@@ -47,13 +144,30 @@ def _stack(verdicts):
     return fn(*verdicts)
 
 
-def check():
-    """Raise the first failed pending check (waits for the ops that produced them)."""
-    if not _pending:
+def raise_if_failed(device_index=None):
+    """Raise the sticky error of tpu:`device_index` (of any device when None), if it has one."""
+    if FAILED:
+        error = FAILED.get(device_index) if device_index is not None else next(iter(FAILED.values()))
+        if error is not None:
+            raise DeviceAssertError(str(error))
+
+
+def check(device_index=None):
+    """Raise the sticky error, or this thread's first failed pending check (waits for the ops that
+    produced them)."""
+    if FAILED:
+        raise_if_failed(device_index)
+    state = _state()
+    items = []
+    for src in (state, _autograd) if state is not _autograd else (state,):
+        if src.pending:
+            taken = src.pending[:]
+            del src.pending[:len(taken)]
+            items += taken
+    if not items:
         return
-    with _lock:
-        items = _pending[:]
-        del _pending[:len(items)]
+    _unchecked[0] -= len(items)
+    _version[0] += 1
     items = [(v.get() if type(v) is Pending else v, m, w) for v, m, w in items]
     by_device = {}
     for item in items:
@@ -63,15 +177,32 @@ def check():
         if len(verdicts) > 1:   # pad to a power of two: a few stacking executables per device
             verdicts += [verdicts[-1]] * ((1 << (len(verdicts) - 1).bit_length()) - len(verdicts))
         values = np.asarray(_stack(verdicts) if len(verdicts) > 1 else verdicts[0]).reshape(-1)
-        for value, (_, messages, where) in zip(values, group):
+        for value, (verdict, messages, where) in zip(values, group):
             if value:
-                raise DeviceAssertError(
+                error = DeviceAssertError(
                     f"device-side assert triggered in {where}: {messages[value - 1]}. The op ran "
                     f"asynchronously, so this is reported at the next synchronization; "
-                    f"torchtpu.set_eager_mode('debug') raises at the op itself")
+                    f"torchtpu.set_eager_mode('debug') raises at the op itself. Writes into existing "
+                    f"tensors issued after it were not committed; the device stays in this error "
+                    f"state (every op raises this) until torch.tpu.clear_device_assert()")
+                FAILED.setdefault(_device_index(verdict), error)
+                raise error
+
+
+def clear_error(device=None):
+    """Leave the error state of tpu:`device` (all devices when None), so the device can be used
+    again; tensors hold the values they had before the failed op's dependent writes."""
+    if device is None:
+        FAILED.clear()
+    else:
+        FAILED.pop(device, None)
 
 
 def discard():
-    """Forget pending checks (tests)."""
-    with _lock:
-        _pending.clear()
+    """Forget pending checks of every thread and the error state (tests)."""
+    for state in [_autograd, *_threads]:
+        state.pending.clear()
+        state.poison.clear()
+    _unchecked[0] = 0
+    _version[0] += 1
+    FAILED.clear()

@@ -94,6 +94,8 @@ def build_entry(kernel, key, args, kwargs, records, device):
                            compiler_options=entry.xla)
     else:
         entry.fn = jax.jit(fn, compiler_options=entry.xla)
+        if entry.mutated_slots:
+            entry.source = program   # (its gated form: engine._gated)
         if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):
             entry.traced = fn
     return entry

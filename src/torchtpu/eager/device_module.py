@@ -53,6 +53,14 @@ def synchronize(device=None) -> None:
     asserts.check()
 
 
+def clear_device_assert(device=None) -> None:
+    """Leave the error state a failed device-side assert put `device` in (every device when None).
+    CUDA cannot (its context is corrupt); here the writes that depended on the failed check were
+    not committed (eager/asserts.py), so the device's tensors hold consistent values."""
+    from . import asserts
+    asserts.clear_error(_index(device) if device is not None else None)
+
+
 def get_device_name(device=None) -> str:
     d = _platform.jax_device(_index(device))
     return f"{d.device_kind} (XLA {d.platform}:{d.id})"
@@ -188,7 +196,8 @@ def max_memory_allocated(device=None) -> int:
 def reset_peak_memory_stats(device=None) -> None:
     from ..storage.records import stats
     s = stats(_index(device))
-    s.peak = s.allocated
+    s.peak = s.allocated - s.failed   # (storages whose first write failed never count: MemoryStats)
+    s.peak_materialized = s.materialized
 
 
 def reset_max_memory_allocated(device=None) -> None:

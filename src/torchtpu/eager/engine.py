@@ -21,12 +21,17 @@ from torch.utils import _pytree as pytree
 from ..device.state import current_device
 from ..metrics import counters
 from ..storage.records import RECORDS, donatable, new_tensor
-from . import asserts, fusion
+from . import asserts, errors, fusion, interrupts
+from .asserts import FAILED as _failed
+from .interrupts import PENDING as _interrupted
 from .fusion import Pending
 from .executable import call_and_commit, device_mismatch, input_buffers, key_tensor
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
 from .xla_options import _active as _xla_active
+
+
+interrupts.install()
 
 
 class SpecializeScalars(Exception):
@@ -153,7 +158,8 @@ class Entry:
 
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
                  "cold", "window_calls",
-                 "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap", "xla")
+                 "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap", "xla",
+                 "source", "fn_gated", "fn_gated_donating", "gated_ran")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -175,6 +181,10 @@ class Entry:
         self.donating_ran = False  # whether fn_donating completed a call (then it is traced)
         self.overlap = None       # a written tensor shares its storage with an input: eager/overlap.py
         self.xla = None           # the XLA compiler options it was built with (eager/xla_options.py)
+        self.source = None        # in-place ops: their Program, for fn_gated
+        self.fn_gated = None      # fn gated on unchecked device-side asserts (built on first use: _gated)
+        self.fn_gated_donating = None   # the same, donating the written buffers
+        self.gated_ran = 0        # which gated forms completed a call (1 plain, 2 donating: then traced)
 
 
 class OpKernel:
@@ -223,6 +233,10 @@ class OpKernel:
             parts.append(torch.get_float32_matmul_precision())
         if _xla_active[0]:   # torch.tpu.compiler.custom_compiler_options / allow_excess_precision
             parts.append(_xla_active[0])
+        if _failed:   # a device-side assert failed on this device: sticky until cleared (eager/asserts.py)
+            asserts.raise_if_failed(device if device >= 0 else current_device())
+        if _interrupted:   # a Ctrl-C Python could not raise where it landed (eager/interrupts.py)
+            interrupts.raise_pending()
         key = tuple(parts)
         entry = self.cache.get(key)
         if entry is None:
@@ -267,6 +281,18 @@ class OpKernel:
     def _run(self, entry, records, scalars, offsets, dev, args, kwargs):
         """Call (or, in the fused mode, queue) the executable and give the written storages their
         new buffers; the results."""
+        try:
+            results = self._call(entry, records, scalars, offsets, dev, args, kwargs)
+        except jax.errors.JaxRuntimeError as e:
+            errors.raise_out_of_memory(e)   # torch.OutOfMemoryError, as on CUDA (`a.repeat(10**9)`)
+            raise
+        if entry.checks:
+            asserts.note(results[-1], entry.checks, self.where)
+        if _mode[0] == "debug":
+            jax.block_until_ready(results)
+        return results
+
+    def _call(self, entry, records, scalars, offsets, dev, args, kwargs):
         mode = _mode[0]
         if entry.consts is not None:
             results = _constant(entry, scalars)
@@ -278,16 +304,19 @@ class OpKernel:
                 scalars.append(self._rng_args(args, kwargs, dev))
             results = None
             if deferred:
-                results = fusion.defer(entry, inputs, (*scalars, *offsets), dev,
-                                       [records[s] for s in entry.mutated_slots])
+                fn = None
+                queued = inputs
+                if entry.mutated_slots and entry.source is not None and asserts.gating():
+                    gate = asserts.poison(dev)   # (eager/asserts.py)
+                    if gate is not None:
+                        fn = entry.fn_gated or _gated(entry)
+                        queued = [*inputs, gate]
+                results = fusion.defer(entry, queued, (*scalars, *offsets), dev,
+                                       [records[s] for s in entry.mutated_slots], fn)
             if results is None:  # strict, or a "cold" op in fused mode: it runs now
                 if deferred:
                     inputs = [b.get() if type(b) is Pending else b for b in inputs]
                 results = _execute(entry, inputs, scalars, offsets, records)
-        if entry.checks:
-            asserts.note(results[-1], entry.checks, self.where)
-        if mode == "debug":
-            jax.block_until_ready(results)
         return results
 
     def _rng_args(self, args, kwargs, device):
@@ -447,6 +476,27 @@ def _execute(entry, inputs, scalars, offsets, records):
         results = fn(*inputs, *scalars, *offsets)
         entry.n_results = len(results)
         return results
+    gate = asserts.poison(records[slots[0]].device_index) if entry.source is not None and asserts.gating() \
+        else None
+    if gate is not None:
+        # unchecked device-side asserts: the writes keep the old values unless all of them passed
+        donating = entry.traced is not None and donatable(inputs, slots)
+        fn = (entry.fn_gated_donating or _gated(entry, True)) if donating else (entry.fn_gated or _gated(entry))
+        if donating:
+            counters.eager_donations += 1
+        try:
+            results = call_and_commit(fn, (*inputs, gate, *scalars, *offsets), [records[s] for s in slots],
+                                      len(entry.outs))
+        except BaseException:
+            if not entry.gated_ran & (1 + donating):   # failed or interrupted while JAX traced it: a fresh jit
+                if donating:
+                    entry.fn_gated_donating = None
+                else:
+                    entry.fn_gated = None
+            raise
+        entry.gated_ran |= 1 + donating
+        entry.n_results = len(results)
+        return results
     donating = entry.traced is not None and donatable(inputs, slots)
     if donating:
         fn = entry.fn_donating or _donating(entry)
@@ -461,6 +511,21 @@ def _execute(entry, inputs, scalars, offsets, records):
         entry.donating_ran = True
     entry.n_results = len(results)
     return results
+
+
+def _gated(entry, donating=False):
+    """entry's executable in its gated form (eager/executable.py: traced_function), donating the
+    written buffers or not; built on first use."""
+    from .executable import traced_function
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        fn = jax.jit(traced_function(entry.source, gated=True), compiler_options=entry.xla,
+                     donate_argnums=tuple(entry.mutated_slots) if donating else ())
+    if donating:
+        entry.fn_gated_donating = fn
+    else:
+        entry.fn_gated = fn
+    return fn
 
 
 def _donating(entry):

@@ -20,11 +20,12 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from ..device import platform
 from ..ops import checks, linalg, views
 from ..ops import dtypes as dt
-from ..storage.records import stats
+from ..storage.records import allocation_failed, materialize
 from .fusion import Pending
 from . import errors
 
@@ -138,11 +139,17 @@ def count_values(spec):
     return 0
 
 
-def traced_function(p: Program):
-    """The function to jit for program `p` (see the module docstring for its signature)."""
+def traced_function(p: Program, gated=False):
+    """The function to jit for program `p` (see the module docstring for its signature). `gated`: it
+    takes one more argument after the buffers, the verdict of device-side checks not yet read back
+    (eager/asserts.py: poison), and each write keeps the view's old value unless it is 0 (the write
+    stays a write of the view, so XLA still updates a donated buffer in place)."""
     nb, nv, n_off = p.n_buffers, p.n_values, p.n_offsets
 
     def executable(*dyn):
+        if gated:
+            gate = dyn[nb]
+            dyn = dyn[:nb] + dyn[nb + 1:]
         buffers = list(dyn[:nb])
         values = iter(dyn[nb:nb + nv])
         key = rng_key(dyn[nb + nv]) if p.random else None
@@ -155,7 +162,11 @@ def traced_function(p: Program):
         p.on_trace(messages, linalg.PRECISION_READS[0] != reads)
         flat = p.outputs(outs)
         for (slot, layout, bits), v in zip(p.writes, written):
-            new = views.write(buffers[slot], at(layout, offsets), views.apply_bits(v, bits))
+            v = views.apply_bits(v, bits)
+            if gated:
+                old = views.read(buffers[slot], at(layout, offsets))
+                v = jnp.where(gate == 0, jnp.asarray(v).astype(old.dtype), old)
+            new = views.write(buffers[slot], at(layout, offsets), v)
             # a write whose check failed is not committed: the storage keeps its old value
             buffers[slot] = new if flags is None else jnp.where(flags == 0, new, buffers[slot])
         return (*flat, *(buffers[s] for s in p.mutated_slots), *extras, *(() if flags is None else (flags,)))
@@ -204,8 +215,13 @@ def input_buffers(records, deferred=False):
     for r in records:
         b = r._buffer
         if b is None:
-            b = zeros(r.numel, r.dtype, r.device_index)
-            stats(r.device_index).materialized += r.nbytes
+            try:
+                b = zeros(r.numel, r.dtype, r.device_index)
+            except BaseException as e:
+                if isinstance(e, torch.OutOfMemoryError):
+                    allocation_failed(r)   # never counted in the peak (storage/records.py: MemoryStats)
+                raise
+            materialize(r)
             r._buffer = b
         elif type(b) is Pending and not deferred:
             b = r.buffer
@@ -217,7 +233,7 @@ def commit(records, buffers):
     """Give `records` their new `buffers` (the assignments run in C)."""
     for r in records:
         if r._buffer is None:
-            stats(r.device_index).materialized += r.nbytes
+            materialize(r)
     _consume(map(setattr, records, repeat("_buffer"), buffers))
 
 

@@ -131,10 +131,12 @@ _FAILED = object()         # a segment whose compile failed: it keeps running op
 failures: list = []        # (segment key, exception) of the last background compiles that failed
 
 
-def defer(entry, inputs, scalars, device, mutated=()):
-    """Queue `entry.fn(*inputs, *scalars)` and return one Pending per result, giving the storages
-    in `mutated` (the op's written records) their Pending buffers; None for a cold op, which the
-    caller runs now as in "strict" mode (its queued inputs are ready by then)."""
+def defer(entry, inputs, scalars, device, mutated=(), fn=None):
+    """Queue `entry.fn(*inputs, *scalars)` (or `fn`, its gated form: eager/engine.py _gated) and return
+    one Pending per result, giving the storages in `mutated` (the op's written records) their Pending
+    buffers; None for a cold op, which the caller runs now as in "strict" mode (its queued inputs are
+    ready by then)."""
+    fn = fn or entry.fn
     with _lock:
         now = _syncs[0]
         if entry.last_sync != now:  # its first call in this sync window decides
@@ -152,7 +154,7 @@ def defer(entry, inputs, scalars, device, mutated=()):
             return None
         if segment is None:
             segment = _open[device] = _Segment(device)
-        elif len(segment.steps) >= MIN_OPS and segment.steps[0][0] is entry.fn:
+        elif len(segment.steps) >= MIN_OPS and segment.steps[0][0] is fn:
             _flush(segment)
             segment = _open[device] = _Segment(device)
         sources = tuple(_sources(segment, inputs))
@@ -162,7 +164,7 @@ def defer(entry, inputs, scalars, device, mutated=()):
             if id(r) not in segment.undo_ids:
                 segment.undo.append((r, r._buffer))
                 segment.undo_ids.add(id(r))
-        segment.steps.append((entry.fn, sources, scalars, [weakref.ref(p) for p in results]))
+        segment.steps.append((fn, sources, scalars, [weakref.ref(p) for p in results]))
         if mutated:   # (their buffers are never None here: eager/executable.py input_buffers)
             n = len(entry.outs)
             _consume(map(setattr, mutated, repeat("_buffer"), results[n:n + len(mutated)]))
@@ -351,7 +353,17 @@ def _stop():
     q, t = _thread[0]
     _epoch[0] += 1
     q.put((_STOP, None))
-    t.join()
+    # A Ctrl-C here must not cut the wait short: Python would then finalize with the thread inside
+    # XLA, and a thread that re-takes the GIL during finalization is ended with pthread_exit, whose
+    # unwinding through jaxlib's C++ aborts ("terminate called without an active exception").
+    interrupted = None
+    while t.is_alive():
+        try:
+            t.join()
+        except KeyboardInterrupt as e:
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
 
 
 def _abstract(x):

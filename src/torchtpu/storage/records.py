@@ -38,7 +38,7 @@ class Placeholder:
 
 
 class StorageRecord:
-    __slots__ = ("_buffer", "dtype", "numel", "nbytes", "device_index", "ref", "__weakref__")
+    __slots__ = ("_buffer", "dtype", "numel", "nbytes", "device_index", "ref", "oom", "__weakref__")
 
     def __init__(self, dtype, numel, nbytes, device_index, buffer):
         # flat jax.Array of `numel` elements of torch dtype `dtype`, or None; or a Placeholder,
@@ -49,6 +49,7 @@ class StorageRecord:
         self.nbytes = nbytes
         self.device_index = device_index
         self.ref = None
+        self.oom = False              # its first write failed for lack of memory (MemoryStats.failed)
 
     @property
     def buffer(self):
@@ -70,12 +71,19 @@ RECORDS: dict[int, StorageRecord] = {}
 
 
 class MemoryStats:
-    """Per-device counters in the names CUDA's `memory_stats()` uses."""
+    """Per-device counters in the names CUDA's `memory_stats()` uses.
 
-    __slots__ = ("allocated", "peak", "num_alloc", "num_free", "materialized")
+    A storage counts as allocated from its creation, as on CUDA, though it holds device memory only
+    from its first write (`materialized`). If that first write fails for lack of memory, the storage
+    is an allocation that failed, which CUDA would never have counted: it leaves the peak (the peak
+    falls back to the larger of the peak of materialized bytes and the old peak less its size) and
+    stays out of it (`failed`) until it is freed or a later write succeeds."""
+
+    __slots__ = ("allocated", "peak", "num_alloc", "num_free", "materialized", "peak_materialized", "failed")
 
     def __init__(self):
         self.allocated = self.peak = self.num_alloc = self.num_free = self.materialized = 0
+        self.peak_materialized = self.failed = 0
 
 
 _stats: dict[int, MemoryStats] = {}
@@ -97,6 +105,8 @@ def _on_free(ref):
         s.num_free += 1
         if record._buffer is not None:
             s.materialized -= record.nbytes
+        elif record.oom:
+            s.failed -= record.nbytes
 
 
 _seeds: dict[int, torch.Tensor] = {}
@@ -146,10 +156,12 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
     s = _stats.get(device_index) or stats(device_index)
     s.allocated += nbytes
     s.num_alloc += 1
-    if s.allocated > s.peak:
-        s.peak = s.allocated
+    if s.allocated - s.failed > s.peak:
+        s.peak = s.allocated - s.failed
     if buffer is not None:
         s.materialized += nbytes
+        if s.materialized > s.peak_materialized:
+            s.peak_materialized = s.materialized
     return t
 
 
@@ -177,8 +189,30 @@ def record_of(t: torch.Tensor) -> StorageRecord:
 
 def set_buffer(record: StorageRecord, buffer):
     if record._buffer is None:
-        stats(record.device_index).materialized += record.nbytes
+        materialize(record)
     record.buffer = buffer
+
+
+def materialize(record: StorageRecord):
+    """Count `record`, which held no buffer, as holding one (the caller gives it the buffer)."""
+    s = stats(record.device_index)
+    s.materialized += record.nbytes
+    if s.materialized > s.peak_materialized:
+        s.peak_materialized = s.materialized
+    if record.oom:   # an earlier first write failed; this one did not: it counts again
+        record.oom = False
+        s.failed -= record.nbytes
+        if s.allocated - s.failed > s.peak:
+            s.peak = s.allocated - s.failed
+
+
+def allocation_failed(record: StorageRecord):
+    """The first write of `record` (no buffer yet) failed for lack of memory: take it out of the peak."""
+    s = stats(record.device_index)
+    if record._buffer is None and not record.oom:
+        record.oom = True
+        s.failed += record.nbytes
+        s.peak = max(s.peak_materialized, s.peak - record.nbytes, s.allocated - s.failed)
 
 
 def donatable(buffers, slots):
