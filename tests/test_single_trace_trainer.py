@@ -339,5 +339,6 @@ def test_device_side_assert_is_reported_and_commits_nothing():
     with pytest.raises(DeviceAssertError, match="SingleTraceTrainer step: index out of range"):
         step(torch.tensor([1, 20, 3], device="tpu"))   # as on CUDA: reported at the next sync
         torch.tpu.synchronize()
+    torch.tpu.clear_device_assert()   # the error is sticky, as CUDA's
     for old, p in zip(before, model.parameters()):
         assert torch.equal(p.detach().cpu(), old)   # the failed step wrote nothing
