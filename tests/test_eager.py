@@ -121,12 +121,12 @@ def test_bad_input_gets_pytorch_errors():
 def test_unimplemented_op_names_aten_op_and_cpu_fallback():
     x = torch.randn(4, 4)
     a = (x @ x.mT).to("tpu")
-    op = torch.ops.aten.linalg_ldl_factor_ex.default  # XLA has no LDL factorization
-    with pytest.raises(NotImplementedError, match=r"aten::linalg_ldl_factor_ex.*TORCHTPU_CPU_FALLBACK"):
+    op = torch.ops.aten.geqrf.default  # LAPACK's Householder-form QR: not lowered
+    with pytest.raises(NotImplementedError, match=r"aten::geqrf.*TORCHTPU_CPU_FALLBACK"):
         op(a)
     torchtpu.set_cpu_fallback(True)
     try:
-        with pytest.warns(UserWarning, match="linalg_ldl_factor_ex"):
+        with pytest.warns(UserWarning, match="geqrf"):
             out = op(a)
         assert all(o.device.type == "tpu" for o in out)
         for got, expected in zip(out, op(a.cpu())):
