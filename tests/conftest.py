@@ -21,3 +21,35 @@ def _fresh_dynamo():
     asserts = sys.modules.get("torchtpu.eager.asserts")
     if asserts is not None:
         asserts.discard()
+
+
+# ------------------------------------------------------------------ parity with the CPU
+# The one helper the op tests compare a tpu result with PyTorch's CPU through (`from conftest import
+# assert_matches_cpu`); files that compare the same way everywhere bind their tolerances to it once.
+def _results(out):
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def assert_close_to_cpu(actual, expected, tol_for=None, **close):
+    """Each tpu result in `actual` (a tensor or a tuple/list of them) is on tpu and equal to the CPU's
+    in `expected`: same dtype, then torch.testing.assert_close with `close` (shape, values), or with
+    `tol_for(dtype)`, the tolerances for the CPU result's dtype."""
+    import torch
+
+    actual, expected = _results(actual), _results(expected)
+    assert len(actual) == len(expected), (len(actual), len(expected))
+    for a, e in zip(actual, expected):
+        assert a.device.type == "tpu", a.device
+        assert a.dtype == e.dtype, (a.dtype, e.dtype)
+        torch.testing.assert_close(a.cpu(), e, **close, **(tol_for(e.dtype) if tol_for else {}))
+
+
+def assert_matches_cpu(fn, *inputs, tol_for=None, **close):
+    """fn on the CPU inputs and on tpu copies of them (other arguments as they are) agree, as
+    assert_close_to_cpu says. Returns the tpu result."""
+    import torch
+
+    expected = fn(*inputs)
+    actual = fn(*[x.to("tpu") if isinstance(x, torch.Tensor) else x for x in inputs])
+    assert_close_to_cpu(actual, expected, tol_for, **close)
+    return actual

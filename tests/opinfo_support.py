@@ -281,7 +281,7 @@ def _reconcile_indices(name, sample, actual, expected):
 
 # Batch norm's saved statistics (outputs 1 and 2): tpu follows CUDA and PyTorch's meta kernel, shape
 # (C,) in the accumulation dtype (float32 for half types) in both modes; the CPU returns them in the
-# input dtype, and empty (0,) in eval mode (docs/design.md, ops/nn.py: _bn_forward). Checked here
+# input dtype, and empty (0,) in eval mode (docs/design.md, ops/normalization.py: _bn_forward). Checked here
 # against CUDA's convention; the CPU's values are compared where it has them.
 BATCH_NORM_SAVED_STATS = {"native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update"}
 

@@ -141,7 +141,7 @@ def test_grouped_query_lowering():
     """GQA straight through the lowerings (the eager layer hands grouped key/value heads to the op):
     dense and blockwise, against the dense lowering of explicitly repeated heads."""
     import jax.numpy as jnp
-    from torchtpu.ops import nn
+    from torchtpu.ops import attention
 
     rng = np.random.default_rng(10)
     q = jnp.asarray(rng.standard_normal((2, 4, 51, 8), np.float32))
@@ -152,10 +152,10 @@ def test_grouped_query_lowering():
     names = "MIN_SCORES", "TILE", "KV_ONE_PIECE", "KV_BLOCK", "CAUSAL_KV_BLOCK", "GROUP"
     old = [getattr(bw, n) for n in names]
     try:
-        out, lse = nn.sdpa_fused(q, ke, ve, 0.0, True)               # dense reference
-        grads = nn.sdpa_fused_backward(g, q, ke, ve, out, lse, 0.0, True)
-        out_g, lse_g = nn.sdpa_fused(q, k, v, 0.0, True)             # dense, grouped heads
-        grads_g = nn.sdpa_fused_backward(g, q, k, v, out_g, lse_g, 0.0, True)
+        out, lse = attention.sdpa_fused(q, ke, ve, 0.0, True)               # dense reference
+        grads = attention.sdpa_fused_backward(g, q, ke, ve, out, lse, 0.0, True)
+        out_g, lse_g = attention.sdpa_fused(q, k, v, 0.0, True)             # dense, grouped heads
+        grads_g = attention.sdpa_fused_backward(g, q, k, v, out_g, lse_g, 0.0, True)
         for n, value in zip(names, (0, 1024, 16, 16, 16, 4)):
             setattr(bw, n, value)
         assert bw._plan(2, 4, 51, 46, True)[0] == 4                 # tiles of 4 heads, key blocks of 16

@@ -331,7 +331,7 @@ def test_conjugate_views_inside_and_into_compiled_graphs():
 
 def test_grouped_query_attention_compiled():
     """SDPA with enable_gqa=True: the graph hands the 2 key/value heads to the attention op as they are
-    (ops/nn.py pairs each with its 4 query heads), forward and backward equal to the CPU's."""
+    (ops/attention.py pairs each with its 4 query heads), forward and backward equal to the CPU's."""
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 8, 6, 16), torch.randn(2, 2, 6, 16), torch.randn(2, 2, 6, 16)
 

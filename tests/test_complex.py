@@ -1,21 +1,19 @@
 """Complex tensors on the tpu device vs the CPU: the edges the OpInfo samples (small random values)
 do not reach — infinities and NaNs in logaddexp/angle, real results of complex reductions, views
 that alias a complex storage as floats and back — and PyTorch's errors for torch.complex/polar."""
+import functools
 import math
 
 import pytest
 import torch
+from conftest import assert_matches_cpu
 
 TPU = "tpu"
 COMPLEX = [torch.complex64, torch.complex128]
 INF, NAN = math.inf, math.nan
 
 
-def _same(fn, *inputs):
-    expected = fn(*inputs)
-    actual = fn(*[x.to(TPU) for x in inputs])
-    assert actual.device.type == TPU and actual.dtype == expected.dtype
-    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+_same = functools.partial(assert_matches_cpu, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)

@@ -5,8 +5,11 @@ tests go through the public API with padding and truncation (n=, s=), every norm
 even and odd lengths, plus the primitives themselves on input that is not Hermitian (whose
 imaginary DC/Nyquist parts the CPU's c2r ignores), gradients, torch.compile and dtype errors.
 """
+import functools
+
 import pytest
 import torch
+from conftest import assert_matches_cpu
 
 import torchtpu.compile  # noqa: F401  (registers the backend where the entry point is not installed)
 
@@ -23,13 +26,8 @@ def _tol(dtype):
 
 
 def _check(fn, *inputs, **kwargs):
-    """fn on the CPU and on the tpu device (same inputs): same dtype, shape and values."""
-    expected = fn(*inputs, **kwargs)
-    actual = fn(*[x.to(TPU) for x in inputs], **kwargs)
-    assert actual.device.type == TPU
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    torch.testing.assert_close(actual.cpu(), expected, **_tol(expected.dtype))
-    return actual
+    """fn(*inputs, **kwargs) on the CPU and on the tpu device: same dtype, shape and values."""
+    return assert_matches_cpu(functools.partial(fn, **kwargs), *inputs, tol_for=_tol)
 
 
 @pytest.mark.parametrize("dtype", REAL + COMPLEX, ids=str)

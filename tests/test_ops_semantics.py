@@ -1,15 +1,13 @@
 """Op semantics the OpInfo sweep found wrong once: each compared with the CPU on fresh inputs."""
 import pytest
 import torch
+from conftest import assert_matches_cpu
 
 DEV = "tpu"
 
 
-def same(fn, *args, tol=None, **kwargs):
-    expected = fn(*args, **kwargs)
-    actual = fn(*[a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
-    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True, **(tol or {}))
-    return actual
+def same(fn, *args, tol=None):
+    return assert_matches_cpu(fn, *args, equal_nan=True, **(tol or {}))
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])

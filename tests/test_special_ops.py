@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from conftest import assert_close_to_cpu
 
 S = torch.special
 TPU = "tpu"
@@ -42,10 +43,7 @@ def _run(fn, *args, **kwargs):
 
 
 def _close(actual, expected, **tol):
-    assert actual.device.type == TPU
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    tol = tol or TOL[expected.dtype]
-    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True, **tol)
+    assert_close_to_cpu(actual, expected, equal_nan=True, **(tol or TOL[expected.dtype]))
 
 
 def _poly_grid(name, dtype, gen):

@@ -37,7 +37,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if not enable_gqa or hq % hk or value.size(-3) != hk:
             return _math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         # grouped-query attention goes to the op as it is: the lowerings pair each key/value head with
-        # its query heads (ops/nn.py: _heads), so k and v are not repeated in memory
+        # its query heads (ops/attention.py: _heads), so k and v are not repeated in memory
     # bool masks go to the op as they are (the lowerings select -inf): no float copy of an (L, S) mask
     return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal,
                                                             attn_mask=attn_mask, scale=scale)[0]

@@ -1,6 +1,6 @@
 """Blockwise (flash-style) scaled dot-product attention for long sequences, forward and backward.
 
-The dense lowering (ops/nn.py, section "attention") materialises the (B, H, L, S) score matrix in
+The dense lowering (ops/attention.py) materialises the (B, H, L, S) score matrix in
 float32; at SD3's joint attention (2 x 4 x 4189 x 4189, 560 MB) XLA:CPU then spends its time moving
 scores through memory, not computing them. Here one loop step handles one (batch*head, query block)
 tile against the keys, so a tile of scores stays in cache. When S is long too, the keys are walked in

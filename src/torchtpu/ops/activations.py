@@ -1,0 +1,234 @@
+"""Lowerings: activations and their backward ops, softmax and log_softmax."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .nn_common import _f32
+from .table import KIND, lowering
+
+
+@lowering("relu", promote=KIND.DEFAULT, real_only=True)
+def relu(a):
+    return jnp.maximum(a, 0)
+
+
+@lowering("threshold", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+def threshold(a, threshold, value):
+    return jnp.where(a <= threshold, value, a)
+
+
+@lowering("threshold_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def threshold_backward(grad, a, threshold):
+    return jnp.where(a <= threshold, 0, grad)
+
+
+@lowering("gelu", promote=KIND.DEFAULT)
+def gelu(a, approximate="none"):
+    return jax.nn.gelu(a, approximate=approximate == "tanh")
+
+
+@lowering("gelu_backward", promote=KIND.DEFAULT)
+def gelu_backward(grad, a, approximate="none"):
+    _, vjp = jax.vjp(lambda x: jax.nn.gelu(x, approximate=approximate == "tanh"), a)
+    return vjp(grad)[0]
+
+
+@lowering("silu", promote=KIND.DEFAULT)
+def silu(a):
+    return a * jax.nn.sigmoid(a)
+
+
+@lowering("silu_backward", promote=KIND.DEFAULT)
+def silu_backward(grad, a):
+    s = jax.nn.sigmoid(a)
+    return grad * s * (1 + a * (1 - s))
+
+
+@lowering("sigmoid_backward", promote=KIND.DEFAULT)
+def sigmoid_backward(grad, out):
+    return grad * jnp.conj(out * (1 - out))   # conj: PyTorch's complex (Wirtinger) convention
+
+
+@lowering("tanh_backward", promote=KIND.DEFAULT)
+def tanh_backward(grad, out):
+    return grad * jnp.conj(1 - out * out)
+
+
+@lowering("_softmax", real_only=True)
+def softmax(a, dim, half_to_float=False):
+    out = jax.nn.softmax(_f32(a), axis=dim) if a.ndim else jnp.ones_like(_f32(a))
+    return out if half_to_float else out.astype(a.dtype)
+
+
+@lowering("_log_softmax", real_only=True)
+def log_softmax(a, dim, half_to_float=False):
+    out = jax.nn.log_softmax(_f32(a), axis=dim) if a.ndim else jnp.zeros_like(_f32(a))
+    return out if half_to_float else out.astype(a.dtype)
+
+
+@lowering("_softmax_backward_data")
+def softmax_backward(grad, out, dim, input_dtype):
+    g, o = _f32(grad), _f32(out)
+    return (o * (g - jnp.sum(g * o, axis=dim if g.ndim else None, keepdims=True))).astype(input_dtype)
+
+
+@lowering("_log_softmax_backward_data")
+def log_softmax_backward(grad, out, dim, input_dtype):
+    g, o = _f32(grad), _f32(out)
+    return (g - jnp.exp(o) * jnp.sum(g, axis=dim if g.ndim else None, keepdims=True)).astype(input_dtype)
+
+
+@lowering("leaky_relu", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+def leaky_relu(a, negative_slope=0.01):
+    return jnp.where(a > 0, a, a * negative_slope)
+
+
+@lowering("leaky_relu_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def leaky_relu_backward(grad, a, negative_slope, self_is_result):
+    return jnp.where(a > 0, grad, grad * negative_slope)
+
+
+@lowering("elu", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+def elu(a, alpha=1, scale=1, input_scale=1):
+    x = _f32(a)
+    return jnp.where(x > 0, x * scale, jnp.expm1(x * input_scale) * alpha * scale).astype(a.dtype)
+
+
+@lowering("elu_backward", promote=KIND.DEFAULT, promote_args=(0, 5))
+def elu_backward(grad, alpha, scale, input_scale, is_result, x):
+    g, v = _f32(grad), _f32(x)
+    if is_result:
+        neg = g * input_scale * (v + alpha * scale)
+    else:
+        neg = g * input_scale * alpha * scale * jnp.exp(v * input_scale)
+    return jnp.where(v > 0 if not is_result else v > 0, g * scale, neg).astype(grad.dtype)
+
+
+@lowering("hardtanh", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+def hardtanh(a, min_val=-1, max_val=1):
+    return jnp.minimum(jnp.maximum(a, min_val), max_val).astype(a.dtype)
+
+
+@lowering("hardtanh_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def hardtanh_backward(grad, a, min_val, max_val):
+    return jnp.where((a <= min_val) | (a >= max_val), 0, grad).astype(grad.dtype)
+
+
+@lowering("hardswish", promote=KIND.DEFAULT, real_only=True)
+def hardswish(a):
+    x = _f32(a)
+    return (x * jnp.clip(x + 3, 0, 6) / 6).astype(a.dtype)
+
+
+@lowering("hardswish_backward", promote=KIND.DEFAULT)
+def hardswish_backward(grad, a):
+    g, x = _f32(grad), _f32(a)
+    return jnp.where(x < -3, 0, jnp.where(x <= 3, g * (x / 3 + 0.5), g)).astype(grad.dtype)
+
+
+@lowering("hardsigmoid", promote=KIND.DEFAULT, real_only=True)
+def hardsigmoid(a):
+    return (jnp.clip(_f32(a) + 3, 0, 6) / 6).astype(a.dtype)
+
+
+@lowering("hardsigmoid_backward", promote=KIND.DEFAULT)
+def hardsigmoid_backward(grad, a):
+    return jnp.where((a > -3) & (a < 3), _f32(grad) / 6, 0).astype(grad.dtype)
+
+
+@lowering("softplus", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+def softplus(a, beta=1, threshold=20):
+    x = _f32(a)
+    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta).astype(a.dtype)
+
+
+@lowering("softplus_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def softplus_backward(grad, a, beta, threshold):
+    g, x = _f32(grad), _f32(a)
+    z = jnp.exp(x * beta)
+    return jnp.where(x * beta > threshold, g, g * z / (z + 1)).astype(grad.dtype)
+
+
+@lowering("mish", promote=KIND.DEFAULT, real_only=True)
+def mish(a):
+    x = _f32(a)
+    return (x * jnp.tanh(jax.nn.softplus(x))).astype(a.dtype)
+
+
+@lowering("mish_backward", promote=KIND.DEFAULT)
+def mish_backward(grad, a):
+    g, x = _f32(grad), _f32(a)
+    t = jnp.tanh(jax.nn.softplus(x))
+    return (g * (t + x * jax.nn.sigmoid(x) * (1 - t * t))).astype(grad.dtype)
+
+
+@lowering("glu", real_only=True)
+def glu(a, dim=-1):
+    x, gate = jnp.split(a, 2, axis=dim)
+    return (_f32(x) * jax.nn.sigmoid(_f32(gate))).astype(a.dtype)
+
+
+@lowering("glu_backward")
+def glu_backward(grad, a, dim):
+    _, vjp = jax.vjp(lambda v: glu(v, dim), _f32(a))
+    return vjp(_f32(grad))[0].astype(a.dtype)
+
+
+@lowering("_prelu_kernel", promote=KIND.DEFAULT, real_only=True)
+def prelu_kernel(a, weight):
+    return jnp.where(a > 0, a, weight * a)
+
+
+@lowering("_prelu_kernel_backward")
+def prelu_kernel_backward(grad, a, weight):
+    return (jnp.where(a > 0, grad, weight * grad).astype(a.dtype),
+            jnp.where(a > 0, 0, a * grad).astype(weight.dtype))
+
+
+@lowering("log_sigmoid_forward", real_only=True)
+def log_sigmoid_forward(a):
+    x = _f32(a)
+    out = jnp.minimum(x, 0) - jnp.log1p(jnp.exp(-jnp.abs(x)))
+    return out.astype(a.dtype), jnp.zeros((), a.dtype)   # PyTorch's buffer is empty on CPU
+
+
+@lowering("log_sigmoid_backward")
+def log_sigmoid_backward(grad, a, buffer):
+    return (_f32(grad) * jax.nn.sigmoid(-_f32(a))).astype(grad.dtype)
+
+
+@lowering("softshrink", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+def softshrink(a, lambd=0.5):
+    return jnp.where(a > lambd, a - lambd, jnp.where(a < -lambd, a + lambd, 0)).astype(a.dtype)
+
+
+@lowering("softshrink_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def softshrink_backward(grad, a, lambd):
+    return jnp.where((a >= -lambd) & (a <= lambd), 0, grad).astype(grad.dtype)
+
+
+@lowering("hardshrink", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+def hardshrink(a, lambd=0.5):
+    return jnp.where((a >= -lambd) & (a <= lambd), 0, a).astype(a.dtype)
+
+
+@lowering("hardshrink_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def hardshrink_backward(grad, a, lambd):
+    return jnp.where((a >= -lambd) & (a <= lambd), 0, grad).astype(grad.dtype)
+
+
+@lowering("rrelu_with_noise", random=True, real_only=True)
+def rrelu_with_noise(a, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
+    if training:
+        r = jax.random.uniform(key, a.shape, jnp.float32, 0, 1) * (upper - lower) + lower
+        new_noise = jnp.where(a >= 0, 1, r).astype(noise.dtype)
+        return (a * new_noise.astype(a.dtype)).astype(a.dtype), new_noise
+    return jnp.where(a >= 0, a, a * ((lower + upper) / 2)).astype(a.dtype), noise
+
+
+@lowering("rrelu_with_noise_backward")
+def rrelu_with_noise_backward(grad, a, noise, lower, upper, training, self_is_result):
+    if training:
+        return (grad * noise).astype(grad.dtype)
+    return jnp.where(a > 0, grad, grad * ((lower + upper) / 2)).astype(grad.dtype)

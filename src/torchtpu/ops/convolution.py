@@ -1,0 +1,66 @@
+"""Lowerings: convolution (plain and transposed, any groups) and its backward."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .nn_common import _low, _precision
+from .table import lowering
+
+
+def _conv_dims(nd):
+    spatial = "DHW"[3 - nd:] if nd <= 3 else None
+    return ("NC" + spatial, "OI" + spatial, "NC" + spatial)
+
+
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    """PyTorch's convolution (no bias) on batched input: the output in float32 for half inputs."""
+    nd = x.ndim - 2
+    stride, padding, dilation = (list(v) * nd if len(v) == 1 else list(v)
+                                 for v in (stride, padding, dilation))
+    acc = jnp.float32 if _low(x) else None
+    if not transposed:
+        return lax.conv_general_dilated(
+            x, w, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
+            feature_group_count=groups, dimension_numbers=_conv_dims(nd), precision=_precision(),
+            preferred_element_type=acc)
+    output_padding = list(output_padding) * nd if len(output_padding) == 1 else list(output_padding)
+    # transposed: a dilated-input convolution with the kernel flipped and its in/out swapped per group
+    cin, cout_g = w.shape[0], w.shape[1]
+    k = w.shape[2:]
+    w = w.reshape((groups, cin // groups, cout_g) + k)
+    w = jnp.swapaxes(w, 1, 2).reshape((groups * cout_g, cin // groups) + k)
+    w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
+            for kk, d, p, op in zip(k, dilation, padding, output_padding)]
+    return lax.conv_general_dilated(
+        x, w, window_strides=[1] * nd, padding=pads, lhs_dilation=stride, rhs_dilation=dilation,
+        feature_group_count=groups, dimension_numbers=_conv_dims(nd), precision=_precision(),
+        preferred_element_type=acc)
+
+
+@lowering("convolution", "convolution_overrideable")
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (x.ndim - 2))
+    return out.astype(x.dtype)
+
+
+@lowering("convolution_backward", "convolution_backward_overrideable")
+def convolution_backward(grad, x, w, *rest):
+    if len(rest) == 8:   # convolution_backward: bias_sizes first
+        _, stride, padding, dilation, transposed, output_padding, groups, mask = rest
+    else:                # convolution_backward_overrideable has no bias_sizes
+        stride, padding, dilation, transposed, output_padding, groups, mask = rest
+    dtype = x.dtype
+    acc = jnp.float32 if _low(x) else dtype
+
+    def f(x_, w_):
+        return _conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups).astype(acc)
+
+    _, vjp = jax.vjp(f, x, w)
+    gx, gw = vjp(grad.astype(acc))
+    gb = jnp.sum(grad.astype(acc), axis=(0,) + tuple(range(2, grad.ndim))).astype(dtype) if mask[2] else None
+    return (gx.astype(dtype) if mask[0] else None, gw.astype(w.dtype) if mask[1] else None, gb)
