@@ -14,17 +14,10 @@ import torch
 import torch.distributed as dist
 from torch.testing import assert_close
 
-RANK = int(os.environ.get("RANK", "0"))
-WORLD = int(os.environ.get("WORLD_SIZE", "1"))
-SCENARIOS = {}
+from distributed_worker import RANK, SCENARIOS, WORLD, scenario  # the same registry and environment
 
 
-def scenario(fn):
-    SCENARIOS[fn.__name__] = fn
-    return fn
-
-
-def shared_checkpoint(reference, weights_name):
+def shared_checkpoint(reference):
     """Rank 0 saves `reference`; the others wait for the file (bounded)."""
     path = os.environ["TORCHTPU_TEST_TMP"]
     if RANK == 0:
@@ -43,7 +36,7 @@ def causal_lm_tp_plan(config_class, model_class, **config):
     reference = model_class(config_class(vocab_size=128, hidden_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                          max_position_embeddings=64, **config)).eval()
-    path = shared_checkpoint(reference, "model.safetensors")
+    path = shared_checkpoint(reference)
     model = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
     assert next(model.parameters()).device.type == "tpu"
     q = model.model.layers[0].self_attn.q_proj.weight
@@ -85,7 +78,7 @@ def flux_tensor_parallel():
     reference = FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
                                        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
                                        pooled_projection_dim=32, axes_dims_rope=[4, 4, 8]).eval()
-    path = shared_checkpoint(reference, "diffusion_pytorch_model.safetensors")
+    path = shared_checkpoint(reference)
     model = FluxTransformer2DModel.from_pretrained(path, parallel_config=TensorParallelConfig(tp_degree=WORLD))
     weight = model.transformer_blocks[0].attn.to_q.weight
     local = weight.to_local() if hasattr(weight, "to_local") else weight

@@ -514,6 +514,35 @@ def compiled_dtensor():
     dist.destroy_process_group()
 
 
+def _sequence_parallel_block(tp_mesh):
+    """A norm -> up -> relu -> down block sharded on `tp_mesh` (SequenceParallel norm, Colwise up,
+    Rowwise down, sequence dim 1), and its unsharded copy on the CPU."""
+    import copy
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(8)
+            self.up = torch.nn.Linear(8, 16)
+            self.down = torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(self.norm(x))))
+
+    torch.manual_seed(0)
+    block = Block()
+    reference = copy.deepcopy(block)
+    parallelize_module(block.to("tpu"), tp_mesh, {
+        "norm": SequenceParallel(),
+        "up": ColwiseParallel(input_layouts=Shard(1)),
+        "down": RowwiseParallel(output_layouts=Shard(1)),
+    })
+    return block, reference
+
+
 @scenario
 def compiled_collectives_2d():
     """4 ranks, a 2x2 dp x tp mesh: one compiled graph with collectives over both dimensions runs
@@ -521,9 +550,6 @@ def compiled_collectives_2d():
     "tp") compiled with fullgraph matches the unsharded model."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                                   parallelize_module)
     dist.init_process_group()
     mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
     dp, tp = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
@@ -543,24 +569,7 @@ def compiled_collectives_2d():
     assert_close(got[0].cpu(), torch.cat([row_sum(0) * 2, row_sum(1) * 2]))
     assert_close(got[1].cpu(), torch.maximum(xs[rank_at(0, tp)], xs[rank_at(1, tp)]))
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = torch.nn.LayerNorm(8)
-            self.up = torch.nn.Linear(8, 16)
-            self.down = torch.nn.Linear(16, 8)
-
-        def forward(self, x):
-            return self.down(torch.relu(self.up(self.norm(x))))
-
-    torch.manual_seed(0)
-    block = Block()
-    reference = __import__("copy").deepcopy(block)
-    parallelize_module(block.to("tpu"), mesh["tp"], {
-        "norm": SequenceParallel(),
-        "up": ColwiseParallel(input_layouts=Shard(1)),
-        "down": RowwiseParallel(output_layouts=Shard(1)),
-    })
+    block, reference = _sequence_parallel_block(mesh["tp"])
     cblock = torch.compile(block, backend="tpu", fullgraph=True)
     x = make(dp, (2, 6, 8), torch.float32)
     with torch.no_grad():
@@ -575,31 +584,11 @@ def dtensor_2d():
     """A 2-D data x tensor mesh on 4 ranks: SequenceParallel + Colwise/Rowwise on the "tp" dimension,
     different data per "dp" row; outputs and gradients match the unsharded model."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                                   parallelize_module)
     dist.init_process_group()
     mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
     dp, tp = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = torch.nn.LayerNorm(8)
-            self.up = torch.nn.Linear(8, 16)
-            self.down = torch.nn.Linear(16, 8)
-
-        def forward(self, x):
-            return self.down(torch.relu(self.up(self.norm(x))))
-
-    torch.manual_seed(0)
-    block = Block()
-    reference = __import__("copy").deepcopy(block)
-    parallelize_module(block.to("tpu"), mesh["tp"], {
-        "norm": SequenceParallel(),
-        "up": ColwiseParallel(input_layouts=Shard(1)),
-        "down": RowwiseParallel(output_layouts=Shard(1)),
-    })
+    block, reference = _sequence_parallel_block(mesh["tp"])
     x = make(dp, (2, 6, 8), torch.float32)            # one batch per dp row, sequence of 6
     local_in = x[:, 3 * tp:3 * tp + 3]                 # this tp rank's half of the sequence
     out = block(local_in.to("tpu"))

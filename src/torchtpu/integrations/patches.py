@@ -37,6 +37,15 @@ def _is_tpu() -> bool:
 _get_accelerator = torch._C._accelerator_getAccelerator
 
 
+def _mark(new, old):
+    """`new` replaces `old`: it says so (`_torchtpu`, so a second install skips it) and keeps the
+    original reachable (`__wrapped__`) with its docstring."""
+    new._torchtpu = True
+    new.__wrapped__ = old
+    new.__doc__ = old.__doc__
+    return new
+
+
 def _tpu():
     from ..eager import device_module
     return device_module
@@ -87,9 +96,7 @@ def _wrap(original, replacement):
         return original(*args)
 
     wrapper.__name__ = original.__name__
-    wrapper.__doc__ = original.__doc__
-    wrapper.__wrapped__ = original
-    wrapper._torchtpu = True
+    _mark(wrapper, original)
     return wrapper
 
 
@@ -196,9 +203,7 @@ def _accelerate_data_parallel(state_module) -> None:
         return wait_for_everyone(self)
 
     for new, old in ((new_set_device, set_device), (new_wait_for_everyone, wait_for_everyone)):
-        new._torchtpu = True
-        new.__wrapped__ = old
-        new.__doc__ = old.__doc__
+        _mark(new, old)
     cls.set_device, cls.wait_for_everyone = new_set_device, new_wait_for_everyone
     _applied.append("accelerate.state.PartialState.set_device/wait_for_everyone, DistributedType.MULTI_TPU")
 
@@ -238,9 +243,7 @@ def _accelerate_ddp(accelerator_module) -> None:
                 os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = bypass
 
     for new, old in ((new_multi_device, multi_device), (new_prepare_model, prepare_model)):
-        new._torchtpu = True
-        new.__wrapped__ = old
-        new.__doc__ = old.__doc__
+        _mark(new, old)
     cls.multi_device = property(new_multi_device)
     cls.prepare_model = new_prepare_model
     _applied.append("accelerate.Accelerator.multi_device/prepare_model")
@@ -398,9 +401,7 @@ def _sliding_window_decode(module) -> None:
         self._torchtpu_compiled_call = call
         return call
 
-    get_compiled_call._torchtpu = True
-    get_compiled_call.__wrapped__ = original
-    get_compiled_call.__doc__ = original.__doc__
+    _mark(get_compiled_call, original)
     cls.get_compiled_call = get_compiled_call
     _applied.append("transformers.modeling_utils.PreTrainedModel.get_compiled_call")
 
@@ -456,9 +457,7 @@ def _sliding_window_layer(module) -> None:
         return
     new_update, new_get_mask_sizes = traced(new_update), traced(new_get_mask_sizes)
     for new, old in ((new_update, update), (new_get_mask_sizes, mask_sizes)):
-        new._torchtpu = True
-        new.__wrapped__ = old
-        new.__doc__ = old.__doc__
+        _mark(new, old)
     cls.update, cls.get_mask_sizes = new_update, new_get_mask_sizes
     _applied.append("transformers.cache_utils.StaticSlidingWindowLayer.update/get_mask_sizes")
 
