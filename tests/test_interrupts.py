@@ -25,14 +25,14 @@ x = torch.zeros(262144, device="tpu")   # large enough that in-place ops donate 
 torch.zeros(262144, device="tpu").add_(1).cpu()
 done = interrupts = 0
 for t in range(24):
-    signal.setitimer(signal.ITIMER_REAL, 0.002 + random.random() * 0.02)
-    try:
+    try:   # (the timer fires once: an interrupt after the loop, before disarming it, is caught too)
+        signal.setitimer(signal.ITIMER_REAL, 0.002 + random.random() * 0.02)
         for _ in range(300):
             x.add_(1)
             done += 1
+        signal.setitimer(signal.ITIMER_REAL, 0)
     except KeyboardInterrupt:
         interrupts += 1
-    signal.setitimer(signal.ITIMER_REAL, 0)
 v = x.cpu()
 assert bool((v == v[0]).all()), "x holds a mix of values"
 # an interrupt may land after an add_ completed and before `done += 1`
