@@ -1,47 +1,156 @@
-"""Host work of a compiled decode step: `CompiledGraph.__call__` minus the XLA executable call.
+"""Host work of a compiled decode step: `CompiledGraph.__call__` minus the XLA executable call, and
+what surrounds it in the step.
 
-    python benchmarks/compiled_decode_host.py [profile]
+    python benchmarks/compiled_decode_host.py [--rounds 6] [--steps 20] [--profile]
 
-compile_llama.py's model (hidden 512, 4 layers), a static cache, batch 1, 40 decode steps after 6
-warm-up steps; with an argument, a cProfile of 40 more steps.
+compile_llama.py's model (hidden 512, 4 layers), a static cache, batch 1, greedy decoding (each
+step's token ids are the previous step's argmax, a new tensor, as in `generate`). After warm-up,
+rounds of `--steps` decode steps alternate between the graph's fast key off (every call keyed
+input by input: the code before the fast key) and on (`CompiledGraph.fast_key`), so both run
+under the same machine load; the cache is reset between rounds (outside the timings). Per step,
+median over rounds, in wall time (perf_counter) and main-thread CPU time (thread_time: what the
+Python host work costs the calling thread, and far less noisy than wall time on a loaded machine):
+
+  step          the whole decode step: cache position tensor, compiled forward, argmax
+  forward       the torch.compile'd `model.forward` call
+   pre          forward entry to CompiledGraph.__call__ entry: Dynamo's guards, AOTAutograd's wrappers
+   __call__     CompiledGraph.__call__
+    executable  the XLA executable call inside it (jax's Compiled.__call__)
+    host work   __call__ minus the executable: keying, input buffers, donation check, outputs
+   post         __call__ exit to forward return: AOTAutograd's wrappers, the output object
+  outside       the step outside the forward (eager ops: position tensor, argmax)
+
+With --profile, a cProfile of 40 more steps (fast key on), sorted by internal time.
 """
-import time, sys, torch, torchtpu, cProfile, pstats
-from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
-from torchtpu.compile import backend as B
+import argparse
+import cProfile
 import gc
+import os
+import pstats
+import statistics
+import tempfile
+import time
+
+import torch
+import torchtpu  # noqa: F401
+from jax._src import stages
+from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+
+from torchtpu.compile import backend as B
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--rounds", type=int, default=6, help="rounds per mode (fast key off / on), alternating")
+ap.add_argument("--steps", type=int, default=20, help="decode steps per round (the cache holds 128)")
+ap.add_argument("--profile", action="store_true")
+ap.add_argument("profile_word", nargs="?", help="`profile`: as --profile (the old spelling)")
+opts = ap.parse_args()
+opts.profile = opts.profile or opts.profile_word == "profile"
+
 cfg = LlamaConfig(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
                   vocab_size=8000, intermediate_size=1408, max_position_embeddings=512)
 torch.manual_seed(0)
 m = LlamaForCausalLM(cfg).eval().to("tpu")
 cache = StaticCache(config=cfg, max_batch_size=1, max_cache_len=128, device="tpu", dtype=torch.float32)
 fwd = torch.compile(m.forward, backend="tpu", fullgraph=True)
-ids = torch.randint(0, 8000, (1, 1), device="tpu")
-def step(i):
+ids0 = torch.randint(0, 8000, (1, 1), device="tpu")
+
+pc, tt = time.perf_counter, time.thread_time
+acc = {}      # name -> [wall, cpu] summed over the round's steps
+mark = {"cw": 0.0, "cc": 0.0, "fw": 0.0, "fc": 0.0}
+calls = [0]
+
+
+def add(name, w, c):
+    a = acc.setdefault(name, [0.0, 0.0])
+    a[0] += w
+    a[1] += c
+
+
+orig_exec = stages.Compiled.__call__
+
+
+def timed_exec(*a, **k):
+    w, c = pc(), tt()
+    try:
+        return orig_exec(*a, **k)
+    finally:
+        add("executable", pc() - w, tt() - c)
+
+
+orig_call = B.CompiledGraph.__call__
+
+
+def timed_call(self, *a):
+    w, c = pc(), tt()
+    calls[0] += 1
+    add("pre", w - mark["fw"], c - mark["fc"])
+    try:
+        return orig_call(self, *a)
+    finally:
+        mark["cw"], mark["cc"] = pc(), tt()
+        add("__call__", mark["cw"] - w, mark["cc"] - c)
+
+
+def step(i, ids):
+    w0, c0 = pc(), tt()
     pos = torch.tensor([i], device="tpu")
+    mark["fw"], mark["fc"] = pc(), tt()
     with torch.no_grad():
         out = fwd(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)
-    return out.logits
-for i in range(6): step(i)
-torch.tpu.synchronize()
-# host time inside CompiledGraph.__call__ minus the executable call
-from jax._src import stages
-orig = stages.Compiled.__call__
-spent = {"call": 0.0}
-def timed(*a, **k):
-    t = time.perf_counter(); r = orig(*a, **k); spent["call"] += time.perf_counter() - t; return r
-stages.Compiled.__call__ = timed
-orig_call = B.CompiledGraph.__call__
-tot = {"t": 0.0, "n": 0}
-def wrap(self, *a):
-    t = time.perf_counter(); r = orig_call(self, *a); tot["t"] += time.perf_counter() - t; tot["n"] += 1; return r
-B.CompiledGraph.__call__ = wrap
-n = 40
-t0 = time.perf_counter()
-for i in range(6, 6 + n): step(i)
-torch.tpu.synchronize()
-el = time.perf_counter() - t0
-print(f"per step {el/n*1e3:.2f} ms; CompiledGraph.__call__ {tot['t']/n*1e3:.3f} ms/step ({tot['n']/n:.0f} calls/step), "
-      f"of which the executable call {spent['call']/n*1e3:.3f} ms: host work {(tot['t']-spent['call'])/n*1e3:.3f} ms/step")
-if len(sys.argv) > 1:
-    cProfile.run("for i in range(46, 86): step(i)", "compiled_decode_host.prof")
-    pstats.Stats("compiled_decode_host.prof").sort_stats("tottime").print_stats(20)
+    w1, c1 = pc(), tt()
+    add("forward", w1 - mark["fw"], c1 - mark["fc"])
+    add("post", w1 - mark["cw"], c1 - mark["cc"])
+    nxt = out.logits[:, -1:].argmax(-1)
+    add("step", pc() - w0, tt() - c0)
+    return nxt
+
+
+def run_round(steps):
+    cache.reset()
+    torch.tpu.synchronize()
+    gc.collect()
+    ids = ids0
+    for i in range(steps):
+        ids = step(i, ids)
+    torch.tpu.synchronize()
+
+
+for _ in range(2):   # warm-up: compile, then the fast key's first calls
+    run_round(6)
+stages.Compiled.__call__ = timed_exec
+B.CompiledGraph.__call__ = timed_call
+results = {False: [], True: []}
+for r in range(opts.rounds):
+    for fast in (False, True):
+        B.CompiledGraph.fast_key = fast
+        acc.clear()
+        run_round(opts.steps)
+        row = {k: (v[0] / opts.steps, v[1] / opts.steps) for k, v in acc.items()}
+        row["host work"] = (row["__call__"][0] - row["executable"][0], row["__call__"][1] - row["executable"][1])
+        row["outside"] = (row["step"][0] - row["forward"][0], row["step"][1] - row["forward"][1])
+        results[fast].append(row)
+B.CompiledGraph.fast_key = True
+
+names = ["step", "forward", " pre", " __call__", "  executable", "  host work", " post", "outside"]
+print(f"per decode step, ms, median of {opts.rounds} rounds x {opts.steps} steps (wall | main-thread CPU)")
+print(f"{'':14s} {'fast key off':>17s}   {'fast key on':>17s}")
+for n in names:
+    k = n.strip()
+    off = [statistics.median(r[k][j] for r in results[False]) * 1e3 for j in (0, 1)]
+    on = [statistics.median(r[k][j] for r in results[True]) * 1e3 for j in (0, 1)]
+    print(f"{n:14s} {off[0]:7.3f} | {off[1]:7.3f}   {on[0]:7.3f} | {on[1]:7.3f}")
+print(f"CompiledGraph calls per step: {calls[0] / (2 * opts.rounds * opts.steps):.2f}")
+
+if opts.profile:
+    stages.Compiled.__call__ = orig_exec
+    B.CompiledGraph.__call__ = orig_call
+    cache.reset()
+    prof = os.path.join(tempfile.gettempdir(), "compiled_decode_host.prof")
+    state = {"ids": ids0}
+
+    def steps():
+        for i in range(40):
+            state["ids"] = step(i, state["ids"])
+
+    cProfile.run("steps()", prof)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)

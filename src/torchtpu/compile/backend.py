@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
+from itertools import compress
+from operator import ne
 import sys
 import threading
 import time
@@ -24,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch._C._dynamo.guards import TensorGuards
 
 from ..metrics import counters as _counters
 from ..device import platform
@@ -170,6 +174,7 @@ class CompiledGraph:
 
     _boxed_call = True
     capture = False  # benchmarks: keep (executable, raw inputs) of the last call in `captured`
+    fast_key = True  # key a call like the last one in a few C-level passes (_FastKey); off: input by input
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str):
         self.gm = gm
@@ -193,6 +198,8 @@ class CompiledGraph:
         self.host_ints = _host_int_outputs(gm.graph, self.out_vals) if self.value_ints else {}
         self.cache = {}
         self.last_key = None
+        self._fast = None        # _FastKey of the last call (see there), or None
+        self._fast_misses = 0    # calls keyed the slow way since the last fast hit
         self.lock = threading.RLock()
         _counters.compiled_graphs += 1
 
@@ -200,24 +207,33 @@ class CompiledGraph:
     def __call__(self, *call_args):
         # boxed (one list, which we clear) or, when Dynamo's wrappers hide `_boxed_call`, unboxed
         args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
-        key, records, cpu_vals, offsets, device = self._key(args)
-        entry = self.cache.get(key)
-        if entry is None:
-            try:
-                entry = self._build(key, args, records, device)
-            except _Rekey:
-                key, records, cpu_vals, offsets, device = self._key(args)
-                entry = self._build(key, args, records, device)
-        else:
+        fast = self._fast
+        hit = fast.match(self, args) if fast is not None and len(args) == fast.n and self.fast_key else None
+        if hit is not None:
+            entry, records, cpu_vals, offsets = hit
+            dev = fast.device
             _counters.compiled_cache_hits += 1
-        dev = device if device >= 0 else current_device()
+        else:
+            key, records, cpu_vals, offsets, device = self._key(args)
+            entry = self.cache.get(key)
+            if entry is None:
+                try:
+                    entry = self._build(key, args, records, device)
+                except _Rekey:
+                    key, records, cpu_vals, offsets, device = self._key(args)
+                    entry = self._build(key, args, records, device)
+            else:
+                _counters.compiled_cache_hits += 1
+            dev = device if device >= 0 else current_device()
+            self._remember(args, key, entry, records, offsets, dev)
+            offsets = [np.int64(o) for o in offsets]
         # `dyn` holds the only extra reference to each buffer, so donation safety is a refcount check
         dyn = input_buffers(records)
         for c in cpu_vals:
             dyn.append(c if type(c) is int else _host_value(c, dev))
         if self.program.random:
             dyn.append(next_rng_args(dev))
-        dyn.extend(np.int64(o) for o in offsets)
+        dyn.extend(offsets)
         fn = entry.fn
         if entry.donate and not donatable(dyn, entry.mutated_slots):
             fn = entry.fn_plain or self._plain(entry)
@@ -244,6 +260,15 @@ class CompiledGraph:
             else:
                 outputs.append(o[1])
         return outputs
+
+    def _remember(self, args, key, entry, records, offsets, device):
+        """Keep what keying this call found as the graph's fast key (_FastKey), where the call fits
+        one: every argument a tpu tensor with elements, on its own storage, or an int `value_ints`
+        traces. A graph whose calls keep missing it stops building them."""
+        if self._fast_misses > _FAST_GIVE_UP or not self.fast_key:
+            return
+        self._fast_misses += 1
+        self._fast = _FastKey.of(args, key, entry, records, offsets, device, self.value_ints)
 
     def _key(self, args):
         """The cache key of a call (the same tensor keys as eager ops: executable.key_tensor), the
@@ -309,6 +334,7 @@ class CompiledGraph:
             # bake them all in from now on, the key then holding their values
             log.debug("torchtpu compile: graph %d needs its int inputs static", self.id, exc_info=True)
             self.value_ints = frozenset()
+            self._fast = None
             raise _Rekey() from None
 
     def _trace_with(self, key, args, records, device, value_ints):
@@ -387,6 +413,134 @@ class CompiledGraph:
 
 
 _last_captured = [None]
+_data_ptr = _Tensor.data_ptr
+_FAST_GIVE_UP = 64   # slow keyings in a row after which a graph stops building fast keys
+
+
+class _FastKey:
+    """The previous call's key and what it was built from, to key the next call in a few C-level
+    passes instead of one Python step per input (a decode step passes the same weights and cache
+    tensors each time: keying them was most of the call's host work).
+
+    A call matches when its tensors pass `guards` (PyTorch's C++ TensorGuards: type, dtype, device,
+    dispatch keys, so the conjugate and negative bits, sizes and strides) and their data pointers,
+    each its storage address plus its offset in bytes, are the remembered ones. An address names
+    one storage forever and storages' address ranges never overlap (storage/records.py), and a
+    tensor with elements lies inside its storage, so an unchanged data pointer is the same storage
+    at the same offset: the same record, slot and traced offset. A tensor whose pointer changed (the
+    next token's ids, `timesteps[i]`) is keyed again alone: its storage's record must have the
+    remembered dtype, size and device, its partial-view status must be the same, and its storage
+    must be no other argument's; otherwise the call is keyed the slow way. Matmul precision and
+    XLA options, which the key holds, are compared too. Nothing here keeps a tensor, a record or a
+    buffer alive: storages are remembered by address and looked up in RECORDS.
+
+    `state` (data pointers, storage addresses, traced offsets and their int64 scalars) is replaced
+    whole, never changed in place, so a thread reads one consistent snapshot."""
+
+    __slots__ = ("n", "pick", "ints", "guards", "state", "meta", "partial", "key", "entry", "device",
+                 "precision", "xla")
+
+    @classmethod
+    def of(cls, args, key, entry, records, offsets, device, value_ints):
+        tensor_at, int_at = [], []
+        for i, a in enumerate(args):
+            if isinstance(a, _Tensor):
+                tensor_at.append(i)
+            elif i in value_ints and type(a) is int:
+                int_at.append(i)
+            else:
+                return None
+        tensors = [args[i] for i in tensor_at]
+        if len(records) != len(tensors) or not tensors:   # storages shared between arguments; CPU tensors
+            return None
+        f = cls()
+        f.n = len(args)
+        f.pick = None if not int_at else _picker(tensor_at)
+        f.ints = _picker(int_at) if int_at else None
+        addresses = []
+        f.meta = []
+        f.partial = []
+        k = 0
+        for t, r in zip(tensors, records):
+            if t.numel() == 0:
+                return None   # its data pointer may lie past its storage
+            addresses.append(t.untyped_storage().data_ptr())
+            f.meta.append((r.dtype, r.numel, r.device_index))
+            if t.storage_offset() or t.numel() != r.numel:   # as key_tensor: a traced offset
+                f.partial.append(k)
+                k += 1
+            else:
+                f.partial.append(-1)
+        if k != len(offsets) or any(RECORDS.get(a) is not r for a, r in zip(addresses, records)):
+            return None
+        f.guards = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        f.state = (list(map(_data_ptr, tensors)), addresses, list(offsets), [np.int64(o) for o in offsets])
+        f.key = key
+        f.entry = entry
+        f.device = device
+        f.precision = key[-1][1] if key[-1][0] == "P" else key[-2][1]   # ("P", ...), then ("X", ...) if set
+        f.xla = _xla_active[0]
+        return f
+
+    def match(self, graph, args):
+        """(entry, records, CPU values, traced offsets) for `args` if they key as the remembered
+        call did, else None."""
+        tensors = args if self.pick is None else self.pick(args)
+        if not self.guards.check(*tensors):
+            return None
+        if torch.get_float32_matmul_precision() != self.precision or _xla_active[0] != self.xla:
+            return None
+        state = self.state
+        ptrs = list(map(_data_ptr, tensors))
+        if ptrs != state[0]:
+            state = self._moved(tensors, ptrs, state)
+            if state is None:
+                return None
+            self.state = state
+        if self.ints is None:
+            cpu_vals = []
+        else:
+            cpu_vals = list(self.ints(args))
+            if not all(type(v) is int for v in cpu_vals):
+                return None
+        graph._fast_misses = 0
+        return self.entry, list(map(RECORDS.__getitem__, state[1])), cpu_vals, state[3]
+
+    def _moved(self, tensors, ptrs, state):
+        """The state for `tensors`, some of which moved to other storages or offsets, or None if
+        that changes the key."""
+        old_ptrs, addresses, offsets, offset_vals = state
+        addresses = list(addresses)
+        new_offsets = list(offsets)
+        for j in compress(range(len(ptrs)), map(ne, ptrs, old_ptrs)):
+            t = tensors[j]
+            address = t.untyped_storage().data_ptr()
+            if address != addresses[j]:
+                if address in addresses:   # (conservative: also a storage another argument leaves now)
+                    return None
+                r = RECORDS.get(address)
+                if r is None or (r.dtype, r.numel, r.device_index) != self.meta[j]:
+                    return None
+                addresses[j] = address
+            numel = self.meta[j][1]
+            off = t.storage_offset()
+            k = self.partial[j]
+            if (k >= 0) != bool(off or t.numel() != numel):
+                return None
+            if k >= 0:
+                new_offsets[k] = off
+        if new_offsets != offsets:
+            offset_vals = [np.int64(o) for o in new_offsets]
+        return ptrs, addresses, new_offsets, offset_vals
+
+
+def _picker(positions):
+    """`args -> tuple of args[i] for i in positions` in C (itemgetter returns a lone item bare)."""
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda args: (args[i],)
+    return operator.itemgetter(*positions)
 
 
 def last_captured():
