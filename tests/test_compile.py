@@ -501,3 +501,134 @@ def test_second_process_compiles_nothing_the_disk_cache_holds(tmp_path):
             for _ in range(2)]
     assert runs[0]["misses"] > 0 and runs[0]["hits"] == 0, runs
     assert runs[1] == {"hits": runs[0]["misses"], "misses": 0}, runs
+
+
+# ---------------------------------------------------------------- the fast key (backend._FastKey)
+def _graph_of(fn, *args):
+    """The CompiledGraph `torch.compile(fn)` runs on `args`, and the argument list it got."""
+    from torchtpu.compile import backend as B
+    seen = {}
+    orig = B.CompiledGraph.__call__
+
+    def grab(self, *a):
+        seen["g"], seen["args"] = self, list(a[0]) if len(a) == 1 and type(a[0]) is list else list(a)
+        return orig(self, *a)
+
+    B.CompiledGraph.__call__ = grab
+    try:
+        torch.compile(fn, backend="tpu", dynamic=False)(*args)
+    finally:
+        B.CompiledGraph.__call__ = orig
+    return seen["g"], seen["args"]
+
+
+def _matadd(x, y):
+    return x @ y + 1
+
+
+def test_fast_key_reuses_the_key_of_the_same_tensors_and_rekeys_what_changed():
+    x, y = torch.randn(4, 4, device="tpu"), torch.randn(4, 4, device="tpu")
+    g, args = _graph_of(_matadd, x, y)
+    assert [a is b for a, b in zip(args, (x, y))] == [True, True]
+
+    def check(a, b, cpu_a, cpu_b):
+        out, = g([a, b])
+        torch.testing.assert_close(out.cpu(), cpu_a @ cpu_b + 1, **TOL)
+
+    xc, yc = x.cpu(), y.cpu()
+    compiles = _counts()[0]
+    check(x, y, xc, yc)
+    check(x, y, xc, yc)
+    assert g._fast is not None and g._fast_misses == 0, "the same tensors again: a fast hit"
+    assert g._fast.match(g, [x, y]) is not None
+    z = torch.randn(4, 4, device="tpu")
+    check(z, y, z.cpu(), yc)              # a new tensor, same layout: re-keyed alone, same executable
+    assert g._fast_misses == 0
+    check(y, x, yc, xc)                   # swapped storages: keyed the slow way, still right
+    check(x.t(), y, xc.t(), yc)           # same data pointer, other strides: the guards miss
+    check(x, x, xc, xc)                   # one storage twice: another key (slots alias)
+    check(x, y, xc, yc)
+    base = torch.randn(3, 4, 4)
+    bt = base.to("tpu")
+    for i in range(3):                    # partial views: the traced offset moves with the pointer
+        check(bt[i], y, base[i], yc)
+    assert g._fast_misses == 0, "bt[1], bt[2]: the same key, the offset traced"
+    w = torch.randn(4, 4, device="tpu")
+    x2 = torch.empty(4, 4, device="tpu")
+    x2.set_(w.untyped_storage(), 0, (4, 4), (4, 1))   # the same tensor object on another storage
+    check(x2, y, w.cpu(), yc)
+    check(w.view(torch.int32).view(torch.float32), y, w.cpu(), yc)
+    # x.t(), the alias and the partial views are new signatures; nothing else compiled
+    assert _counts()[0] - compiles <= 4
+
+
+def test_fast_key_follows_matmul_precision_and_conjugate_bits():
+    x, y = torch.randn(8, 8, device="tpu"), torch.randn(8, 8, device="tpu")
+    g, _ = _graph_of(_matadd, x, y)
+    g([x, y])
+    keys = len(g.cache)
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high" if old != "high" else "highest")
+        g([x, y])
+        assert len(g.cache) == keys + 1, "the precision is part of the key, fast or not"
+    finally:
+        torch.set_float32_matmul_precision(old)
+    g([x, y])
+    assert len(g.cache) == keys + 1
+    a = torch.randn(3, 3, dtype=torch.complex64)
+    b = torch.randn(3, 3, dtype=torch.complex64)
+    at, bt = a.to("tpu"), b.to("tpu")
+    gc_, _ = _graph_of(_matadd, at, bt)
+    for _ in range(2):
+        out, = gc_([at, bt])
+        torch.testing.assert_close(out.cpu(), a @ b + 1, **TOL)
+    out, = gc_([at.conj(), bt])           # the same pointer with the conjugate bit
+    torch.testing.assert_close(out.cpu(), a.conj() @ b + 1, **TOL)
+
+
+def _kv_write(cache, x, pos):
+    cache[:, pos].copy_(x)
+    return cache.sum(1)
+
+
+def test_fast_key_keeps_donation_a_refcount_check():
+    from torchtpu.storage.records import record_of
+    import numpy as np
+    cache, x = torch.zeros(2, 6, device="tpu"), torch.ones(2, device="tpu")
+    g, args = _graph_of(_kv_write, cache, x, 0)
+    assert len(args) == 2, args   # pos is baked in (dynamic=False)
+    for _ in range(3):
+        g([cache, x])
+    assert g._fast is not None and g._fast_misses == 0
+    entry = g._fast.entry
+    assert entry.donate
+    held = record_of(cache).buffer            # a second reference: this call must not donate
+    before = np.asarray(held).copy()
+    x.fill_(5.0)
+    g([cache, x])
+    assert entry.fn_plain is not None
+    np.testing.assert_array_equal(np.asarray(held), before)   # still alive and unchanged
+    assert float(cache[:, 0].sum().cpu()) == 10.0
+    del held
+    g([cache, x])
+    torch.testing.assert_close(cache.cpu()[:, 0], torch.full((2,), 5.0))
+
+
+def test_fast_key_with_traced_ints(monkeypatch):
+    from torchtpu.compile import backend as B
+    hits = []
+    match = B._FastKey.match
+    monkeypatch.setattr(B._FastKey, "match", lambda self, g, a: hits.append(match(self, g, a)) or hits[-1])
+    with torch.compiler.config.patch(dynamic_sources=r".*\.n$"):
+        step = torch.compile(_step, backend="tpu", dynamic=False)
+        x, buf = torch.randn(4), torch.zeros(3)
+        xt, buft = x.to("tpu"), buf.to("tpu")
+        s_cpu, s_tpu = _Counter(0), _Counter(0)
+        for _ in range(8):
+            want, n_cpu = _step(x, buf, s_cpu)
+            got, n_tpu = step(xt, buft, s_tpu)
+            torch.testing.assert_close(got.cpu(), want)
+            assert n_tpu == n_cpu
+        torch.testing.assert_close(buft.cpu(), buf)
+    assert sum(h is not None for h in hits) >= 3, hits   # the int travels; the key stays

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-from itertools import compress
+from itertools import compress, repeat
 from operator import ne
 import sys
 import threading
@@ -91,7 +91,20 @@ def _out_layout(val):
 
 class Entry:
     __slots__ = ("fn", "fn_plain", "donate", "outs", "n_arrays", "mutated_slots", "n_cpu", "fused", "sample",
-                 "cpu_mutations", "checks", "xla")
+                 "cpu_mutations", "checks", "xla", "written", "tensor_outs")
+
+    def finish(self, outs_meta):
+        """The per-call helpers, once the outputs are known: `written` picks the records the call
+        writes; `tensor_outs` (shapes, dtypes, strides), when every output is a tensor, builds the
+        outputs in one C-level pass."""
+        self.outs = list(outs_meta)
+        self.n_arrays = sum(o[0] == "T" for o in self.outs)
+        slots = self.mutated_slots
+        self.written = (lambda records: ()) if not slots else _picker(slots)
+        if self.outs and all(o[0] == "T" for o in self.outs):
+            self.tensor_outs = tuple(zip(*[o[1:] for o in self.outs]))
+        else:
+            self.tensor_outs = None
 
 
 def _host_int_outputs(graph, out_vals):
@@ -228,7 +241,7 @@ class CompiledGraph:
             self._remember(args, key, entry, records, offsets, dev)
             offsets = [np.int64(o) for o in offsets]
         # `dyn` holds the only extra reference to each buffer, so donation safety is a refcount check
-        dyn = input_buffers(records)
+        dyn = _input_buffers(records)
         for c in cpu_vals:
             dyn.append(c if type(c) is int else _host_value(c, dev))
         if self.program.random:
@@ -249,6 +262,9 @@ class CompiledGraph:
             asserts.note(results[-1], entry.checks, self.where)
         if entry.cpu_mutations:  # a sync point: the host waits for these values
             _copy_to_host(entry, results, cpu_vals)
+        if entry.tensor_outs is not None:
+            shapes, dtypes, strides = entry.tensor_outs
+            return list(map(new_tensor, shapes, dtypes, repeat(dev), results, strides))
         outputs = []
         it = iter(results[:entry.n_arrays])
         for o in entry.outs:
@@ -387,8 +403,7 @@ class CompiledGraph:
         TIMES["trace_s"] += t1 - t0
         TIMES["xla_compile_s"] += t2 - t1
         entry.fn_plain = None if entry.donate else entry.fn
-        entry.outs = list(outs_meta)
-        entry.n_arrays = sum(o[0] == "T" for o in entry.outs)
+        entry.finish(outs_meta)
         return entry
 
     def _placed(self, entry, traced, outs_meta):
@@ -401,8 +416,7 @@ class CompiledGraph:
         options._maybe_dump(self, lowered)
         TIMES["xla_compile_s"] += time.perf_counter() - t0
         entry.fn_plain = entry.fn
-        entry.outs = list(outs_meta)
-        entry.n_arrays = sum(o[0] == "T" for o in entry.outs)
+        entry.finish(outs_meta)
         return entry
 
     def _plain(self, entry):
@@ -413,6 +427,21 @@ class CompiledGraph:
 
 
 _last_captured = [None]
+_get_buffer = operator.attrgetter("_buffer")
+try:
+    from jax._src.array import ArrayImpl as _ArrayImpl
+    _ARRAYS = frozenset({_ArrayImpl})   # the concrete type of jax arrays
+except ImportError:   # pragma: no cover (another jax layout: input_buffers every time)
+    _ARRAYS = frozenset()
+
+
+def _input_buffers(records):
+    """executable.input_buffers in C-level passes when every record holds a plain array (no storage
+    never written, no queued result of the fused mode): the same list."""
+    dyn = list(map(_get_buffer, records))
+    if set(map(type, dyn)) <= _ARRAYS:
+        return dyn
+    return input_buffers(records)
 _data_ptr = _Tensor.data_ptr
 _FAST_GIVE_UP = 64   # slow keyings in a row after which a graph stops building fast keys
 
@@ -609,9 +638,8 @@ def _output_caster(layouts, outs_meta, host_ints):
 def _call(fn, dyn, entry, records):
     """Run the executable; the written storages get their new buffers in the same C-level step
     (eager/executable.py: call_and_commit), so an interrupt cannot leave donated buffers behind."""
-    slots = entry.mutated_slots
     try:
-        return call_and_commit(fn, dyn, [records[s] for s in slots], entry.n_arrays)
+        return call_and_commit(fn, dyn, entry.written(records), entry.n_arrays)
     finally:
         del dyn[:]
 
