@@ -544,7 +544,8 @@ def test_fast_key_reuses_the_key_of_the_same_tensors_and_rekeys_what_changed():
     z = torch.randn(4, 4, device="tpu")
     check(z, y, z.cpu(), yc)              # a new tensor, same layout: re-keyed alone, same executable
     assert g._fast_misses == 0
-    check(y, x, yc, xc)                   # swapped storages: keyed the slow way, still right
+    check(y, x, yc, xc)                   # swapped storages: both re-keyed, the same key
+    assert g._fast_misses == 0
     check(x.t(), y, xc.t(), yc)           # same data pointer, other strides: the guards miss
     check(x, x, xc, xc)                   # one storage twice: another key (slots alias)
     check(x, y, xc, yc)

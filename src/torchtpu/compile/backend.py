@@ -458,8 +458,8 @@ class _FastKey:
     tensor with elements lies inside its storage, so an unchanged data pointer is the same storage
     at the same offset: the same record, slot and traced offset. A tensor whose pointer changed (the
     next token's ids, `timesteps[i]`) is keyed again alone: its storage's record must have the
-    remembered dtype, size and device, its partial-view status must be the same, and its storage
-    must be no other argument's; otherwise the call is keyed the slow way. Matmul precision and
+    remembered dtype, size and device, its partial-view status must be the same, and no two
+    arguments may share a storage; otherwise the call is keyed the slow way. Matmul precision and
     XLA options, which the key holds, are compared too. Nothing here keeps a tensor, a record or a
     buffer alive: storages are remembered by address and looked up in RECORDS.
 
@@ -542,16 +542,16 @@ class _FastKey:
         old_ptrs, addresses, offsets, offset_vals = state
         addresses = list(addresses)
         new_offsets = list(offsets)
+        stored = False
         for j in compress(range(len(ptrs)), map(ne, ptrs, old_ptrs)):
             t = tensors[j]
             address = t.untyped_storage().data_ptr()
             if address != addresses[j]:
-                if address in addresses:   # (conservative: also a storage another argument leaves now)
-                    return None
                 r = RECORDS.get(address)
                 if r is None or (r.dtype, r.numel, r.device_index) != self.meta[j]:
                     return None
                 addresses[j] = address
+                stored = True
             numel = self.meta[j][1]
             off = t.storage_offset()
             k = self.partial[j]
@@ -559,6 +559,8 @@ class _FastKey:
                 return None
             if k >= 0:
                 new_offsets[k] = off
+        if stored and len(set(addresses)) != len(addresses):   # two arguments on one storage
+            return None
         if new_offsets != offsets:
             offset_vals = [np.int64(o) for o in new_offsets]
         return ptrs, addresses, new_offsets, offset_vals
