@@ -280,8 +280,9 @@ class CompiledGraph:
     def _remember(self, args, key, entry, records, offsets, device):
         """Keep what keying this call found as the graph's fast key (_FastKey), where the call fits
         one: every argument a tpu tensor with elements, on its own storage, or an int `value_ints`
-        traces. A graph whose calls keep missing it stops building them."""
+        traces. A graph whose calls keep missing it stops building them (and trying them)."""
         if self._fast_misses > _FAST_GIVE_UP or not self.fast_key:
+            self._fast = None
             return
         self._fast_misses += 1
         self._fast = _FastKey.of(args, key, entry, records, offsets, device, self.value_ints)
@@ -442,6 +443,8 @@ def _input_buffers(records):
     if set(map(type, dyn)) <= _ARRAYS:
         return dyn
     return input_buffers(records)
+
+
 _data_ptr = _Tensor.data_ptr
 _FAST_GIVE_UP = 64   # slow keyings in a row after which a graph stops building fast keys
 
