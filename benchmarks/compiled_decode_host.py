@@ -150,6 +150,19 @@ for n in names:
         cells.append(f" {w:7.3f} | {c:7.3f}  ")
     print(f"{n:14s}" + "".join(cells))
 print(f"CompiledGraph calls per step: {calls[0] / (len(MODES) * opts.rounds * opts.steps):.2f}")
+
+# the modes decode the same tokens
+tokens = {}
+for fast in (False, True):
+    B.CompiledGraph.fast_key = fast
+    cache.reset()
+    ids, seq = ids0, []
+    for i in range(opts.steps):
+        ids = step(i, ids)
+        seq.append(ids)
+    tokens[fast] = torch.cat(seq).flatten().tolist()
+assert tokens[False] == tokens[True], tokens
+print(f"same {opts.steps} tokens with the fast key off and on")
 if opts.profile:
     # main-thread CPU time per function (the C guard evaluation of Dynamo shows in compile_wrapper's
     # own time; AOTAutograd's wrappers as _runtime_wrapper and eval_frame's _fn around our __call__)

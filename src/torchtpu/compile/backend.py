@@ -9,7 +9,9 @@ A call passes the inputs' flat storage buffers (views are read inside the execut
 transposed or sliced input costs no separate step), writes input mutations (`copy_` into graph
 inputs: BatchNorm statistics, KV caches, optimizer state) back through the inputs' views in the same
 executable and gives the storages their new buffers, and wraps the outputs as new tpu tensors. No
-value crosses to the host.
+value crosses to the host. A call whose tensors are the previous call's, or lie on other storages
+the same way (a decode step: the same weights and cache, new token ids), reuses its key after a
+few C-level checks (_FastKey) instead of keying input by input.
 """
 from __future__ import annotations
 
