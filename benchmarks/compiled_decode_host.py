@@ -1,15 +1,17 @@
 """Host work of a compiled decode step: `CompiledGraph.__call__` minus the XLA executable call, and
 what surrounds it in the step.
 
-    python benchmarks/compiled_decode_host.py [--rounds 6] [--steps 20] [--profile]
+    python benchmarks/compiled_decode_host.py [--rounds 6] [--steps 20] [--guards] [--profile | profile]
 
 compile_llama.py's model (hidden 512, 4 layers), a static cache, batch 1, greedy decoding (each
 step's token ids are the previous step's argmax, a new tensor, as in `generate`). After warm-up,
 rounds of `--steps` decode steps alternate between the graph's fast key off (every call keyed
-input by input: the code before the fast key) and on (`CompiledGraph.fast_key`), so both run
-under the same machine load; the cache is reset between rounds (outside the timings). Per step,
-median over rounds, in wall time (perf_counter) and main-thread CPU time (thread_time: what the
-Python host work costs the calling thread, and far less noisy than wall time on a loaded machine):
+input by input, as before the fast key) and on (`CompiledGraph.fast_key`), so both run
+under the same machine load; the cache is reset between rounds (outside the timings). Per step:
+the median over rounds of wall time (perf_counter) and of main-thread CPU time (thread_time: what
+the Python host work costs the calling thread, far less noisy than wall time on a loaded machine,
+where the executable's compute threads preempt the host thread), and the CPU time of the best
+round (each row's minimum over rounds):
 
   step          the whole decode step: cache position tensor, compiled forward, argmax
   forward       the torch.compile'd `model.forward` call
@@ -23,7 +25,9 @@ Python host work costs the calling thread, and far less noisy than wall time on 
 With --guards, a third mode skips Dynamo's guards (unsafe in general; here the same tensors and
 the same cache entry every step), so `pre` less theirs is the cost of the guards, and what `pre` keeps
 is AOTAutograd's runtime wrappers and Dynamo's frame handling.
-With --profile, a cProfile of 40 more steps (fast key on), sorted by internal time.
+With --profile, a cProfile of 40 more steps (fast key on) in main-thread CPU time, by internal time.
+Run with PYTHONPATH pointing at an older checkout's src to compare against it (`fast_key` is then
+an attribute nothing reads: both columns are the old code).
 """
 import argparse
 import cProfile
@@ -140,14 +144,16 @@ for r in range(opts.rounds):
 B.CompiledGraph.fast_key = True
 
 names = ["step", "forward", " pre", " __call__", "  executable", "  host work", " post", "outside"]
-print(f"per decode step, ms, median of {opts.rounds} rounds x {opts.steps} steps (wall | main-thread CPU)")
-print(f"{'':14s}" + "".join(f" {name:>17s}  " for name, _, _ in MODES))
+print(f"per decode step, ms, over {opts.rounds} rounds x {opts.steps} steps: wall median | main-thread CPU "
+      f"median | CPU of the best round (the least disturbed: on a loaded machine the steadiest figure)")
+print(f"{'':14s}" + "".join(f" {name:>25s}  " for name, _, _ in MODES))
 for n in names:
     k = n.strip()
     cells = []
     for name, _, _ in MODES:
         w, c = (statistics.median(r[k][j] for r in results[name]) * 1e3 for j in (0, 1))
-        cells.append(f" {w:7.3f} | {c:7.3f}  ")
+        best = min(r[k][1] for r in results[name]) * 1e3
+        cells.append(f" {w:7.3f} | {c:6.3f} | {best:6.3f}  ")
     print(f"{n:14s}" + "".join(cells))
 print(f"CompiledGraph calls per step: {calls[0] / (len(MODES) * opts.rounds * opts.steps):.2f}")
 
