@@ -193,26 +193,51 @@ def _grid_sample_params():
 _GRID_MODES = [("bilinear", 2), ("nearest", 2), ("bicubic", 2), ("bilinear", 3), ("nearest", 3)]
 
 
+# Gradients compile a backward executable per padding and alignment: the default run checks every
+# padding and both alignments (not every pairing); the other pairings run under `-m slow`.
+_GRID_GRAD_DEFAULT = {("zeros", False), ("border", True), ("reflection", False)}
+
+
+def _grid_sample_inputs(dtype, dims):
+    x = torch.randn((2, 3, 5, 7, 6) if dims == 3 else (2, 3, 5, 9)).to(dtype)
+    grid = (torch.rand((2, 4, 3, 5, 3) if dims == 3 else (2, 4, 3, 2)) * 2.6 - 1.3).to(dtype)  # some outside
+    return x, grid
+
+
+def _check_grid_sample_gradients(x, grid, **kwargs):
+    F = torch.nn.functional
+    xc, gc = x.clone().requires_grad_(), grid.clone().requires_grad_()
+    out = F.grid_sample(xc, gc, **kwargs)
+    cot = torch.randn(out.shape)
+    expected = torch.autograd.grad(out, (xc, gc), cot)
+    xd, gd = x.to(DEV).requires_grad_(), grid.to(DEV).requires_grad_()
+    actual = torch.autograd.grad(F.grid_sample(xd, gd, **kwargs), (xd, gd), cot.to(DEV))
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.cpu(), e, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype,mode,dims", _grid_sample_params())
 def test_grid_sample_matches_cpu_rounding_and_gradients(dtype, mode, dims):
     F = torch.nn.functional
-    x = torch.randn((2, 3, 5, 7, 6) if dims == 3 else (2, 3, 5, 9)).to(dtype)
-    grid = (torch.rand((2, 4, 3, 5, 3) if dims == 3 else (2, 4, 3, 2)) * 2.6 - 1.3).to(dtype)  # some outside
+    x, grid = _grid_sample_inputs(dtype, dims)
     for padding in ("zeros", "border", "reflection"):
         for align in (True, False):
             kwargs = dict(mode=mode, padding_mode=padding, align_corners=align)
             # float16 may differ by an ulp in a rare element (the OpInfo tolerance for float16)
             tol = dict(atol=1e-3, rtol=1e-2) if dtype == torch.float16 else None
             same(lambda a, g: F.grid_sample(a, g, **kwargs), x, grid, tol=tol)
-            if dtype == torch.float32:
-                xc, gc = x.clone().requires_grad_(), grid.clone().requires_grad_()
-                out = F.grid_sample(xc, gc, **kwargs)
-                cot = torch.randn(out.shape)
-                expected = torch.autograd.grad(out, (xc, gc), cot)
-                xd, gd = x.to(DEV).requires_grad_(), grid.to(DEV).requires_grad_()
-                actual = torch.autograd.grad(F.grid_sample(xd, gd, **kwargs), (xd, gd), cot.to(DEV))
-                for a, e in zip(actual, expected):
-                    torch.testing.assert_close(a.cpu(), e, rtol=1e-4, atol=1e-4)
+            if dtype == torch.float32 and (padding, align) in _GRID_GRAD_DEFAULT:
+                _check_grid_sample_gradients(x, grid, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,dims", _GRID_MODES)
+def test_grid_sample_gradients_every_padding_and_alignment(mode, dims):
+    x, grid = _grid_sample_inputs(torch.float32, dims)
+    for padding in ("zeros", "border", "reflection"):
+        for align in (True, False):
+            if (padding, align) not in _GRID_GRAD_DEFAULT:
+                _check_grid_sample_gradients(x, grid, mode=mode, padding_mode=padding, align_corners=align)
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])

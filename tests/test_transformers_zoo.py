@@ -179,9 +179,11 @@ XFAIL: dict[str, str] = {}
 # Behind `-m slow` (the default run keeps a representative of each behaviour): the per-expert MoE
 # loop's forward/backward (data-dependent shapes; qwen3_moe keeps MoE, tests of nonzero/index_add_
 # keep the ops), and greedy decoding of the models whose cache path another model already covers
-# (gemma3: sliding + full attention caches; gpt2: learned positions; bart and whisper: seq2seq).
+# (gemma3: sliding + full attention caches; gpt2: learned positions; bart and whisper: seq2seq;
+# qwen3_moe's decode: forward_backward[qwen3_moe] keeps its experts, test_moe_compiles_to_one_graph
+# its compiled decode, tests/test_distributed_hf.py its greedy tokens sharded).
 SLOW = {("forward_backward", "qwen3_moe_loop"), ("greedy", "llama"), ("greedy", "mistral"), ("greedy", "qwen3"),
-        ("greedy", "qwen3_moe_loop"), ("greedy", "t5")}
+        ("greedy", "qwen3_moe"), ("greedy", "qwen3_moe_loop"), ("greedy", "t5")}
 
 
 def _params(names, test):
