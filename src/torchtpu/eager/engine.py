@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from ..device.state import current_device
 from ..metrics import counters
 from ..storage.records import RECORDS, donatable, new_tensor
-from . import asserts, errors, fusion, interrupts
+from . import asserts, errors, fastpath, fusion, interrupts
 from .asserts import FAILED as _failed
 from .interrupts import PENDING as _interrupted
 from .fusion import Pending
@@ -129,6 +129,7 @@ def forget_executables():
     """Drop every cached eager executable (and fused segment), freeing their device code."""
     for kernel in _KERNELS:
         kernel.cache.clear()
+    fastpath.clear()
     fusion.forget()
     jax.clear_caches()
     _executables[1] = 0
@@ -205,6 +206,7 @@ class OpKernel:
         # set when its lowering read torch's float32 matmul precision: the setting keys the cache
         self.precision_sensitive = False
         self.lock = threading.RLock()
+        self.last = None   # the entry of the latest call (eager/fastpath.py: describe)
         _KERNELS.append(self)
 
     # ---------------------------------------------------------------- hot path
@@ -242,6 +244,7 @@ class OpKernel:
         if entry is None:
             return self._first_call(key, keyed_precision, args, kwargs, records, scalars, offsets, device)
         counters.eager_cache_hits += 1
+        self.last = entry
         if entry.overlap is not None:   # PyTorch's partial-overlap error for writes (eager/overlap.py)
             entry.overlap(offsets)
         dev = device if device >= 0 else 0
@@ -263,6 +266,7 @@ class OpKernel:
             return self(*args, **kwargs)
         counters.eager_compiles += 1
         note_executable()
+        self.last = entry
         dev = device if device >= 0 else 0
         try:
             results = self._run(entry, records, scalars, offsets, dev, args, kwargs)

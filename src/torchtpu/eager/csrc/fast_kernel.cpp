@@ -1,0 +1,603 @@
+// The eager engine's C++ fast path (eager/fastpath.py): a boxed PrivateUse1 kernel in front of the
+// Python OpKernel (eager/engine.py) of one ATen overload.
+//
+// The Python kernel is registered on the spare PrivateUse3 key; this kernel, on PrivateUse1, holds
+// PyTorch's own boxed holder of it (getComputedKernelForDispatchKey) and falls back to it, so a
+// fallback behaves exactly as the Python kernel registered on PrivateUse1 did. The hot path builds
+// a key from the IValue stack (each argument as the Python kernel would see it: present or left at
+// its default, each tensor's dtype, sizes, strides, whether it is part of its storage, which
+// storage slot, the storage record's dtype and size; the non-tensor values; only the types of the
+// Scalar arguments, which travel as traced values), finds a "fast entry" that the Python side
+// described after running the same key (fastpath.describe: a plain executable with one new
+// output), calls its jitted function with the storages' buffers, the scalars and the offsets of
+// partial views, and makes the output tensor (storage/records.py: new_tensor). Anything else —
+// a key not seen yet, an entry that is not plain, a mode other than strict, a failed device-side
+// assert, a pending interrupt, XLA options in force, an unwritten or queued buffer, an error —
+// runs the Python kernel. The key is at least as fine as the Python kernel's, so the entry it
+// finds is the one the Python kernel would use.
+//
+// Loaded with ctypes.PyDLL (the GIL is held by every entry point called from Python).
+#include <Python.h>
+#include <structmember.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+constexpr int kAbi = 1;
+
+struct Config {
+  PyObject* records = nullptr;     // storage address -> StorageRecord
+  PyObject* mode = nullptr;        // eager/modes.py: _mode, [name]
+  PyObject* failed = nullptr;      // eager/asserts.py: FAILED
+  PyObject* pending = nullptr;     // eager/interrupts.py: PENDING
+  PyObject* xla_active = nullptr;  // eager/xla_options.py: _active
+  PyObject* counters = nullptr;    // metrics.counters
+  Py_ssize_t off_hits = -1;        // its eager_cache_hits slot
+  Py_ssize_t off_buffer = -1, off_dtype = -1, off_numel = -1, off_device = -1;  // StorageRecord slots
+  PyObject* new_tensor = nullptr;  // storage/records.py: new_tensor
+  PyObject* describe = nullptr;    // eager/fastpath.py: describe
+  PyTypeObject* array_type = nullptr;  // jax.Array's implementation type
+  PyObject* strict = nullptr;      // "strict"
+};
+
+Config C;
+bool g_enabled = false;
+long long g_fast_calls = 0, g_fallbacks = 0;
+
+enum : int64_t {
+  K_ABSENT = 1, K_NONE, K_TENSOR, K_CPU_SCALAR, K_SCALAR_INT, K_SCALAR_DOUBLE, K_SCALAR_BOOL,
+  K_SCALAR_COMPLEX, K_INT, K_DOUBLE, K_BOOL, K_STR, K_INT_LIST, K_DOUBLE_LIST, K_BOOL_LIST, K_LIST,
+};
+
+enum State { NEVER = 0, FAST = 1, LATER = 2 };
+constexpr int kLaterCalls = 48;      // a "later" entry (Entry.memo not given up yet) is asked again after this many calls
+constexpr size_t kMaxEntries = 4096; // per op; past it the table starts over
+
+struct FastEntry {
+  State state = NEVER;
+  int countdown = 0;
+  PyObject* fn = nullptr;     // owned
+  PyObject* shape = nullptr;  // owned
+  PyObject* dtype = nullptr;  // owned
+  void release() {
+    Py_CLEAR(fn);
+    Py_CLEAR(shape);
+    Py_CLEAR(dtype);
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& v) const noexcept {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int64_t x : v) {
+      h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+inline PyObject* slot_of(PyObject* obj, Py_ssize_t offset) {
+  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+}
+
+struct Gil {
+  PyGILState_STATE s;
+  Gil() : s(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(s); }
+};
+
+// One call's key and what the executable takes besides the buffers.
+struct Work {
+  std::vector<int64_t> key;
+  c10::SmallVector<const void*, 8> addresses;  // storage slot -> data pointer
+  c10::SmallVector<PyObject*, 8> records;      // storage slot -> record (borrowed: RECORDS holds it)
+  c10::SmallVector<PyObject*, 8> values;       // traced values (owned)
+  c10::SmallVector<int64_t, 8> offsets;        // storage offsets of partial views
+  long device = -1;
+  PyObject* device_obj = nullptr;              // borrowed from a record
+  ~Work() {
+    for (PyObject* v : values) Py_DECREF(v);
+  }
+};
+
+// why a call cannot take the fast path: a Python error is set only for ERROR
+enum Verdict { OK = 0, BAIL = 1, ERROR = 2 };
+
+class FastKernel;
+std::vector<FastKernel*> g_kernels;
+std::vector<std::unique_ptr<c10::RegistrationHandleRAII>> g_registrations;
+
+class FastKernel final : public c10::OperatorKernel {
+ public:
+  FastKernel(PyObject* kernel, std::vector<char> scalar, c10::SafeKernelFunction fallback,
+             const c10::FunctionSchema& schema)
+      : kernel_(kernel), scalar_(std::move(scalar)), fallback_(std::move(fallback)) {
+    Py_INCREF(kernel_);
+    const auto& arguments = schema.arguments();
+    n_args_ = arguments.size();
+    kwarg_only_start_ = static_cast<int64_t>(n_args_);
+    while (kwarg_only_start_ > 0 && arguments[kwarg_only_start_ - 1].kwarg_only()) {
+      kwarg_only_start_--;
+    }
+    for (const auto& a : arguments) {
+      defaults_.push_back(a.default_value());
+    }
+  }
+
+  void clear() {
+    for (auto& kv : table_) kv.second.release();
+    table_.clear();
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    if (!g_enabled || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+      fallback_.callBoxed(op, ks, stack);
+      return;
+    }
+    Gil gil;
+    if (!plain_strict()) {
+      g_fallbacks++;
+      fallback_.callBoxed(op, ks, stack);
+      return;
+    }
+    auto args = torch::jit::last(*stack, n_args_);
+    FastEntry* entry = nullptr;
+    std::vector<int64_t> key;
+    {
+      Work w;
+      Verdict v = build(args, w);
+      if (v == ERROR) {
+        PyErr_Clear();
+      }
+      if (v == OK) {
+        auto it = table_.find(w.key);
+        if (it != table_.end()) {
+          entry = &it->second;
+          if (entry->state == FAST) {
+            if (run(*entry, w, stack)) {
+              return;
+            }
+          } else if (entry->state == LATER && --entry->countdown <= 0) {
+            key = std::move(w.key);
+          }
+        } else {
+          key = std::move(w.key);
+        }
+      }
+    }
+    g_fallbacks++;
+    if (key.empty()) {
+      fallback_.callBoxed(op, ks, stack);
+      return;
+    }
+    // a key the table does not know yet (or asks again): run the Python kernel, then ask it what
+    // it ran, if the arguments still key the same way (the op did not change them)
+    std::vector<c10::IValue> saved(args.begin(), args.end());
+    fallback_.callBoxed(op, ks, stack);
+    Work again;
+    Verdict v = build(saved, again);
+    if (v == ERROR) {
+      PyErr_Clear();
+    }
+    if (v == OK && again.key == key) {
+      learn(std::move(key));
+    }
+  }
+
+ private:
+  static bool plain_strict() {
+    if (PyList_GET_SIZE(C.mode) < 1) return false;
+    PyObject* m = PyList_GET_ITEM(C.mode, 0);
+    if (m != C.strict && (!PyUnicode_Check(m) || PyUnicode_Compare(m, C.strict) != 0)) return false;
+    if (PyDict_GET_SIZE(C.failed) != 0 || PyList_GET_SIZE(C.pending) != 0) return false;
+    if (PyList_GET_SIZE(C.xla_active) < 1) return false;
+    PyObject* x = PyList_GET_ITEM(C.xla_active, 0);   // () when no options are in force
+    if (PyTuple_CheckExact(x)) return PyTuple_GET_SIZE(x) == 0;
+    return x == Py_None || x == Py_False;
+  }
+
+  bool present(c10::ArrayRef<c10::IValue> args, int64_t i, int64_t positional_end) const {
+    if (i < kwarg_only_start_) return i < positional_end;
+    return !is_default(args, i);
+  }
+
+  bool is_default(c10::ArrayRef<c10::IValue> args, int64_t i) const {
+    const auto& d = defaults_[i];
+    return d.has_value() && !(*d != args[i]);
+  }
+
+  Verdict tensor(const at::Tensor& t, Work& w) {
+    if (!t.defined()) {
+      w.key.push_back(K_NONE);
+      return OK;
+    }
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (impl->key_set().has(c10::DispatchKey::Python)) return BAIL;
+    c10::DeviceType dt = impl->device_type();
+    if (dt == c10::DeviceType::CPU) {
+      if (impl->dim() != 0 || t.is_conj() || t.is_neg()) return BAIL;
+      auto st = t.scalar_type();
+      if (st == c10::ScalarType::UInt64 || c10::isQIntType(st)) return BAIL;
+      c10::Scalar s = t.item();
+      PyObject* v;
+      if (s.isFloatingPoint()) v = PyFloat_FromDouble(s.toDouble());
+      else if (s.isBoolean()) v = PyBool_FromLong(s.toBool());
+      else if (s.isIntegral(false)) v = PyLong_FromLongLong(s.toLong());
+      else if (s.isComplex()) {
+        auto c = s.toComplexDouble();
+        v = PyComplex_FromDoubles(c.real(), c.imag());
+      } else return BAIL;
+      if (!v) return ERROR;
+      w.values.push_back(v);
+      w.key.push_back(K_CPU_SCALAR);
+      w.key.push_back(static_cast<int64_t>(st));
+      return OK;
+    }
+    if (dt != c10::DeviceType::PrivateUse1 || impl->layout() != c10::kStrided) return BAIL;
+    const void* address = impl->storage().data_ptr().get();
+    size_t slot = 0;
+    while (slot < w.addresses.size() && w.addresses[slot] != address) slot++;
+    PyObject* record;
+    if (slot == w.addresses.size()) {
+      PyObject* a = PyLong_FromVoidPtr(const_cast<void*>(address));
+      if (!a) return ERROR;
+      record = PyDict_GetItemWithError(C.records, a);
+      Py_DECREF(a);
+      if (!record) return PyErr_Occurred() ? ERROR : BAIL;
+      PyObject* dev = slot_of(record, C.off_device);
+      if (!dev || !PyLong_CheckExact(dev)) return BAIL;
+      long d = PyLong_AsLong(dev);
+      if (w.device >= 0 && d != w.device) return BAIL;  // the Python kernel raises PyTorch's error
+      w.device = d;
+      w.device_obj = dev;
+      w.addresses.push_back(address);
+      w.records.push_back(record);
+    } else {
+      record = w.records[slot];
+    }
+    PyObject* rdtype = slot_of(record, C.off_dtype);
+    PyObject* rnumel = slot_of(record, C.off_numel);
+    if (!rdtype || !rnumel || !PyLong_CheckExact(rnumel)) return BAIL;
+    int64_t numel = PyLong_AsLongLong(rnumel);
+    int64_t offset = impl->storage_offset();
+    bool partial = offset != 0 || impl->numel() != numel;
+    if (partial) w.offsets.push_back(offset);
+    auto sizes = impl->sizes();
+    auto strides = impl->strides();
+    w.key.push_back(K_TENSOR);
+    w.key.push_back(static_cast<int64_t>(t.scalar_type()));
+    w.key.push_back(static_cast<int64_t>(sizes.size()));
+    w.key.insert(w.key.end(), sizes.begin(), sizes.end());
+    w.key.insert(w.key.end(), strides.begin(), strides.end());
+    w.key.push_back(partial);
+    w.key.push_back(static_cast<int64_t>(slot));
+    w.key.push_back(reinterpret_cast<intptr_t>(rdtype));
+    w.key.push_back(numel);
+    w.key.push_back(t.is_conj() * 2 + t.is_neg());
+    return OK;
+  }
+
+  Verdict value(const c10::IValue& v, bool scalar, Work& w) {
+    if (v.isTensor()) return tensor(v.toTensor(), w);
+    if (v.isNone()) {
+      w.key.push_back(K_NONE);
+      return OK;
+    }
+    if (scalar && (v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble())) {
+      PyObject* o;
+      if (v.isDouble()) {
+        o = PyFloat_FromDouble(v.toDouble());
+        w.key.push_back(K_SCALAR_DOUBLE);
+      } else if (v.isBool()) {
+        o = PyBool_FromLong(v.toBool());
+        w.key.push_back(K_SCALAR_BOOL);
+      } else if (v.isInt()) {
+        o = PyLong_FromLongLong(v.toInt());
+        w.key.push_back(K_SCALAR_INT);
+      } else {
+        auto c = v.toComplexDouble();
+        o = PyComplex_FromDoubles(c.real(), c.imag());
+        w.key.push_back(K_SCALAR_COMPLEX);
+      }
+      if (!o) return ERROR;
+      w.values.push_back(o);
+      return OK;
+    }
+    if (v.isBool()) {
+      w.key.push_back(K_BOOL);
+      w.key.push_back(v.toBool());
+    } else if (v.isInt()) {
+      w.key.push_back(K_INT);
+      w.key.push_back(v.toInt());
+    } else if (v.isDouble()) {
+      double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      w.key.push_back(K_DOUBLE);
+      w.key.push_back(bits);
+    } else if (v.isString()) {
+      const std::string& s = v.toStringRef();
+      w.key.push_back(K_STR);
+      w.key.push_back(static_cast<int64_t>(s.size()));
+      for (size_t i = 0; i < s.size(); i += 8) {
+        int64_t chunk = 0;
+        std::memcpy(&chunk, s.data() + i, std::min<size_t>(8, s.size() - i));
+        w.key.push_back(chunk);
+      }
+    } else if (v.isIntList()) {
+      auto l = v.toIntList();
+      w.key.push_back(K_INT_LIST);
+      w.key.push_back(static_cast<int64_t>(l.size()));
+      for (int64_t x : l) w.key.push_back(x);
+    } else if (v.isDoubleList()) {
+      auto l = v.toDoubleList();
+      w.key.push_back(K_DOUBLE_LIST);
+      w.key.push_back(static_cast<int64_t>(l.size()));
+      for (double x : l) {
+        int64_t bits;
+        std::memcpy(&bits, &x, sizeof bits);
+        w.key.push_back(bits);
+      }
+    } else if (v.isBoolList()) {
+      auto l = v.toBoolList();
+      w.key.push_back(K_BOOL_LIST);
+      w.key.push_back(static_cast<int64_t>(l.size()));
+      for (bool x : l) w.key.push_back(x);
+    } else if (v.isList()) {   // Tensor[] and Tensor?[]
+      auto l = v.toListRef();
+      w.key.push_back(K_LIST);
+      w.key.push_back(static_cast<int64_t>(l.size()));
+      for (const auto& x : l) {
+        if (x.isNone()) {
+          w.key.push_back(K_NONE);
+        } else if (x.isTensor()) {
+          Verdict r = tensor(x.toTensor(), w);
+          if (r != OK) return r;
+        } else {
+          return BAIL;
+        }
+      }
+    } else {
+      return BAIL;   // a device, a generator, a SymInt, ...: the Python kernel
+    }
+    return OK;
+  }
+
+  Verdict build(c10::ArrayRef<c10::IValue> args, Work& w) {
+    w.key.reserve(64);
+    int64_t positional_end = kwarg_only_start_;
+    while (positional_end > 0 && is_default(args, positional_end - 1)) positional_end--;
+    for (int64_t i = 0; i < static_cast<int64_t>(n_args_); i++) {
+      if (!present(args, i, positional_end)) {
+        w.key.push_back(K_ABSENT);
+        continue;
+      }
+      Verdict r = value(args[i], scalar_[i], w);
+      if (r != OK) return r;
+    }
+    return w.device >= 0 ? OK : BAIL;   // tensor-free ops (factories) stay in Python
+  }
+
+  // Run a fast entry; false (nothing changed, no Python error set) sends the call to the Python kernel.
+  bool run(FastEntry& e, Work& w, torch::jit::Stack* stack) {
+    c10::SmallVector<PyObject*, 16> argv;
+    c10::SmallVector<PyObject*, 4> owned;
+    for (PyObject* r : w.records) {
+      PyObject* b = slot_of(r, C.off_buffer);
+      if (!b || Py_TYPE(b) != C.array_type) return false;   // unwritten (zeros) or queued: Python
+      argv.push_back(b);
+    }
+    for (PyObject* v : w.values) argv.push_back(v);
+    for (int64_t o : w.offsets) {
+      PyObject* p = PyLong_FromLongLong(o);
+      if (!p) {
+        for (PyObject* x : owned) Py_DECREF(x);
+        PyErr_Clear();
+        return false;
+      }
+      owned.push_back(p);
+      argv.push_back(p);
+    }
+    // (the entry may be dropped while the call runs: forget_executables)
+    PyObject* fn = e.fn;
+    PyObject* shape = e.shape;
+    PyObject* dtype = e.dtype;
+    Py_INCREF(fn);
+    Py_INCREF(shape);
+    Py_INCREF(dtype);
+    struct Drop {
+      PyObject* a; PyObject* b; PyObject* c;
+      ~Drop() { Py_DECREF(a); Py_DECREF(b); Py_DECREF(c); }
+    } drop{fn, shape, dtype};
+    PyObject* res = PyObject_Vectorcall(fn, argv.data(), argv.size(), nullptr);
+    for (PyObject* x : owned) Py_DECREF(x);
+    if (!res) {
+      if (PyErr_ExceptionMatches(PyExc_Exception)) {   // the Python kernel runs it again and raises as it does
+        PyErr_Clear();
+        return false;
+      }
+      throw python_error();   // KeyboardInterrupt and the like: nothing was written
+    }
+    PyObject* out = nullptr;
+    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 1) out = PyTuple_GET_ITEM(res, 0);
+    else if (PyList_Check(res) && PyList_GET_SIZE(res) == 1) out = PyList_GET_ITEM(res, 0);
+    if (!out) {
+      Py_DECREF(res);
+      return false;
+    }
+    PyObject* nargs[4] = {shape, dtype, w.device_obj, out};
+    PyObject* t = PyObject_Vectorcall(C.new_tensor, nargs, 4, nullptr);
+    Py_DECREF(res);
+    if (!t) throw python_error();
+    count_hit();
+    g_fast_calls++;
+    at::Tensor result = THPVariable_Unpack(t);
+    torch::jit::drop(*stack, n_args_);
+    torch::jit::push(*stack, std::move(result));
+    Py_DECREF(t);
+    return true;
+  }
+
+  static void count_hit() {
+    PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(C.counters) + C.off_hits);
+    PyObject* old = *p;
+    if (!old || !PyLong_CheckExact(old)) return;
+    PyObject* n = PyLong_FromLongLong(PyLong_AsLongLong(old) + 1);
+    if (!n) {
+      PyErr_Clear();
+      return;
+    }
+    *p = n;
+    Py_DECREF(old);
+  }
+
+  void learn(std::vector<int64_t> key) {
+    PyObject* d = PyObject_CallOneArg(C.describe, kernel_);
+    if (!d) {
+      PyErr_Clear();
+      return;
+    }
+    FastEntry e;
+    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 3) {
+      e.state = FAST;
+      e.fn = PyTuple_GET_ITEM(d, 0);
+      e.shape = PyTuple_GET_ITEM(d, 1);
+      e.dtype = PyTuple_GET_ITEM(d, 2);
+      Py_INCREF(e.fn);
+      Py_INCREF(e.shape);
+      Py_INCREF(e.dtype);
+    } else if (d == Py_True) {
+      e.state = LATER;
+      e.countdown = kLaterCalls;
+    }
+    Py_DECREF(d);
+    if (table_.size() >= kMaxEntries) clear();
+    auto it = table_.find(key);
+    if (it != table_.end()) {
+      it->second.release();
+      it->second = e;
+    } else {
+      table_.emplace(std::move(key), e);
+    }
+  }
+
+  PyObject* kernel_;
+  std::vector<char> scalar_;
+  c10::SafeKernelFunction fallback_;
+  size_t n_args_ = 0;
+  int64_t kwarg_only_start_ = 0;
+  std::vector<std::optional<c10::IValue>> defaults_;
+  std::unordered_map<std::vector<int64_t>, FastEntry, KeyHash> table_;
+};
+
+Py_ssize_t member_offset(PyObject* type, const char* name) {
+  PyObject* d = PyObject_GetAttrString(type, name);
+  if (!d) return -1;
+  Py_ssize_t off = -1;
+  if (Py_TYPE(d) == &PyMemberDescr_Type) {
+    PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+    if (m->type == T_OBJECT_EX || m->type == T_OBJECT) off = m->offset;
+  }
+  Py_DECREF(d);
+  if (off < 0) PyErr_Format(PyExc_TypeError, "torchtpu fast path: %s is not an object slot", name);
+  return off;
+}
+
+}  // namespace
+
+extern "C" {
+
+int torchtpu_fast_abi() { return kAbi; }
+
+// config: (RECORDS, _mode, FAILED, PENDING, _active, counters, StorageRecord, new_tensor, describe,
+//          jax array type)
+int torchtpu_fast_init(PyObject* config) {
+  if (!PyTuple_Check(config) || PyTuple_GET_SIZE(config) != 10) {
+    PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration");
+    return 0;
+  }
+  PyObject* items[10];
+  for (int i = 0; i < 10; i++) {
+    items[i] = PyTuple_GET_ITEM(config, i);
+    Py_INCREF(items[i]);
+  }
+  C.records = items[0];
+  C.mode = items[1];
+  C.failed = items[2];
+  C.pending = items[3];
+  C.xla_active = items[4];
+  C.counters = items[5];
+  PyObject* record_type = items[6];
+  C.new_tensor = items[7];
+  C.describe = items[8];
+  C.array_type = reinterpret_cast<PyTypeObject*>(items[9]);
+  if (!PyDict_Check(C.records) || !PyList_Check(C.mode) || !PyDict_Check(C.failed) ||
+      !PyList_Check(C.pending) || !PyList_Check(C.xla_active) || !PyType_Check(items[9])) {
+    PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration types");
+    return 0;
+  }
+  C.strict = PyUnicode_InternFromString("strict");
+  PyObject* counters_type = reinterpret_cast<PyObject*>(Py_TYPE(C.counters));
+  if ((C.off_hits = member_offset(counters_type, "eager_cache_hits")) < 0) return 0;
+  if ((C.off_buffer = member_offset(record_type, "_buffer")) < 0) return 0;
+  if ((C.off_dtype = member_offset(record_type, "dtype")) < 0) return 0;
+  if ((C.off_numel = member_offset(record_type, "numel")) < 0) return 0;
+  if ((C.off_device = member_offset(record_type, "device_index")) < 0) return 0;
+  return 1;
+}
+
+// Put the fast kernel of aten::name.overload on PrivateUse1 in front of `kernel`, the Python kernel
+// already registered on PrivateUse3. `scalar`: bytes, 1 for each argument whose numbers are traced.
+int torchtpu_fast_attach(const char* name, const char* overload, PyObject* kernel, PyObject* scalar) {
+  try {
+    auto handle = c10::Dispatcher::singleton().findSchema({std::string("aten::") + name, overload});
+    if (!handle.has_value()) {
+      PyErr_Format(PyExc_RuntimeError, "torchtpu fast path: no schema aten::%s.%s", name, overload);
+      return 0;
+    }
+    const auto& schema = handle->schema();
+    if (schema.returns().size() != 1 || !PyBytes_Check(scalar) ||
+        static_cast<size_t>(PyBytes_GET_SIZE(scalar)) != schema.arguments().size()) {
+      PyErr_SetString(PyExc_ValueError, "torchtpu fast path: unsupported schema");
+      return 0;
+    }
+    std::vector<char> flags(PyBytes_AS_STRING(scalar), PyBytes_AS_STRING(scalar) + PyBytes_GET_SIZE(scalar));
+    c10::SafeKernelFunction fallback = handle->getComputedKernelForDispatchKey(c10::DispatchKey::PrivateUse3);
+    auto functor = std::make_unique<FastKernel>(kernel, std::move(flags), std::move(fallback), schema);
+    g_kernels.push_back(functor.get());
+    auto reg = c10::Dispatcher::singleton().registerImpl(
+        handle->operator_name(), c10::DispatchKey::PrivateUse1,
+        c10::KernelFunction::makeFromBoxedFunctor(std::move(functor)), std::nullopt, nullptr,
+        "torchtpu eager fast path (eager/csrc/fast_kernel.cpp)");
+    g_registrations.push_back(std::make_unique<c10::RegistrationHandleRAII>(std::move(reg)));
+    return 1;
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "torchtpu fast path: %s", e.what());
+    return 0;
+  }
+}
+
+void torchtpu_fast_set_enabled(int on) { g_enabled = on != 0; }
+
+int torchtpu_fast_enabled() { return g_enabled; }
+
+// Forget every fast entry (the Python caches were cleared, or what keys them changed).
+void torchtpu_fast_clear() {
+  for (FastKernel* k : g_kernels) k->clear();
+}
+
+long long torchtpu_fast_calls() { return g_fast_calls; }
+long long torchtpu_fast_fallbacks() { return g_fallbacks; }
+
+}  // extern "C"
