@@ -27,9 +27,10 @@ from ..device import native
 from ..metrics import counters
 from ..storage.records import RECORDS, StorageRecord, new_tensor
 from . import asserts, interrupts, modes, xla_options
+from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 1
+_ABI = 2
 _lib = [None]
 _tried = [False]
 _problem = [None]
@@ -37,19 +38,28 @@ _problem = [None]
 
 def describe(kernel):
     """What the C++ fast path may do with the entry `kernel` just ran: (jitted function, output
-    shape, output dtype) for a plain entry; True to ask again later (its memo may give up); False
-    never."""
+    shape, output dtype, ()) for a plain entry with one new output; (jitted function, None, None,
+    written slots) for a plain in-place or out= entry (no new output, the written argument
+    returned); True to ask again later (its memo may give up); False never."""
     entry = getattr(kernel, "last", None)
     if entry is None or kernel.random or kernel.specialize_scalars or kernel.precision_sensitive:
         return False
-    if (entry.spec is not None or entry.mutated_slots or entry.checks or entry.consts is not None
-            or entry.overlap is not None or entry.xla is not None or entry.n_results != 1
-            or len(entry.outs) != 1 or entry.fn is None):
+    if (entry.checks or entry.consts is not None or entry.overlap is not None or entry.xla is not None
+            or entry.fn is None):
+        return False
+    if entry.mutated_slots:
+        # (entry.traced: a large storage, donated when nothing else holds its buffer; the Python kernel)
+        if (entry.outs or entry.traced is not None or entry.nones is not None or entry.spec is None
+                or len(entry.spec) != 1 or not isinstance(entry.spec[0], str)
+                or entry.n_results != len(entry.mutated_slots)):
+            return False
+        return (entry.fn, None, None, tuple(entry.mutated_slots))
+    if entry.spec is not None or entry.n_results != 1 or len(entry.outs) != 1:
         return False
     if entry.memo is not None:
         return True
     shape, dtype = entry.outs[0]
-    return (entry.fn, tuple(shape), dtype)
+    return (entry.fn, tuple(shape), dtype, ())
 
 
 def load() -> bool:
@@ -74,12 +84,13 @@ def load() -> bool:
         if lib.torchtpu_fast_abi() != _ABI:
             raise RuntimeError(f"{target}: unexpected ABI version")
         lib.torchtpu_fast_init.argtypes = [ctypes.py_object]
-        lib.torchtpu_fast_attach.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.py_object, ctypes.py_object]
+        lib.torchtpu_fast_attach.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.py_object, ctypes.py_object,
+                                             ctypes.c_int]
         lib.torchtpu_fast_set_enabled.argtypes = [ctypes.c_int]
         lib.torchtpu_fast_calls.restype = ctypes.c_longlong
         lib.torchtpu_fast_fallbacks.restype = ctypes.c_longlong
         if not lib.torchtpu_fast_init((RECORDS, modes._mode, asserts.FAILED, interrupts.PENDING, xla_options._active,
-                                       counters, StorageRecord, new_tensor, describe, ArrayImpl)):
+                                       counters, StorageRecord, new_tensor, describe, ArrayImpl, _unchecked)):
             raise RuntimeError("torchtpu_fast_init failed")
     except Exception as e:  # noqa: BLE001 - the Python kernels work without it
         _problem[0] = f"{type(e).__name__}: {e}"
@@ -89,12 +100,26 @@ def load() -> bool:
     return True
 
 
-def eligible(op) -> bool:
-    """Overloads the fast path may serve: aten, one Tensor return that aliases no argument."""
+def _alias_arg(op, kernel):
+    """The index of the argument an in-place or out= overload returns; -1 for a new tensor; None
+    when the fast path cannot serve the overload."""
     schema = op._schema
-    return (schema.name.startswith("aten::") and len(schema.returns) == 1
-            and str(schema.returns[0].type) == "Tensor" and schema.returns[0].alias_info is None
-            and not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments))
+    if not schema.name.startswith("aten::") or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
+        return None
+    writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if schema.returns[0].alias_info is None:
+        return -1 if not writes else None
+    name = kernel.aliased_returns[0]
+    for i, a in enumerate(schema.arguments):
+        if a.name == name and str(a.type) == "Tensor" and a.alias_info is not None and a.alias_info.is_write:
+            return i
+    return None
+
+
+def eligible(op, kernel) -> bool:
+    """Overloads the fast path may serve: aten, one Tensor return, which is new (a functional op)
+    or the argument it writes (an in-place or out= op)."""
+    return _alias_arg(op, kernel) is not None
 
 
 def attach(op, kernel) -> bool:
@@ -104,7 +129,11 @@ def attach(op, kernel) -> bool:
     flags = bytes((i in kernel.scalar_pos) if not a.kwarg_only else (a.name in kernel.scalar_names)
                   for i, a in enumerate(schema.arguments))
     name = schema.name.split("::", 1)[1].encode()
-    return bool(lib.torchtpu_fast_attach(name, schema.overload_name.encode(), kernel, flags))
+    try:
+        return bool(lib.torchtpu_fast_attach(name, schema.overload_name.encode(), kernel, flags,
+                                             _alias_arg(op, kernel)))
+    except Exception:  # noqa: BLE001 - the Python kernel is registered instead
+        return False
 
 
 def loaded() -> bool:

@@ -538,7 +538,7 @@ def register_all():
         if name in data_dependent.MASK_ARGUMENT_OPS:  # boolean masks become indices first
             kernel = data_dependent.with_masks(kernel, data_dependent.MASK_ARGUMENT_OPS[name])
         kernel = argument_checks.wrap(name, kernel)   # host checks of Scalar arguments (pow, fill)
-        if fast and kernel is plain and fastpath.eligible(op):
+        if fast and kernel is plain and fastpath.eligible(op, kernel):
             deferred.append((op, kernel))
         else:
             _impl(op, kernel)

@@ -34,7 +34,7 @@
 
 namespace {
 
-constexpr int kAbi = 1;
+constexpr int kAbi = 2;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -42,6 +42,7 @@ struct Config {
   PyObject* failed = nullptr;      // eager/asserts.py: FAILED
   PyObject* pending = nullptr;     // eager/interrupts.py: PENDING
   PyObject* xla_active = nullptr;  // eager/xla_options.py: _active
+  PyObject* unchecked = nullptr;   // eager/asserts.py: _unchecked, [unchecked verdicts] (writes are gated when > 0)
   PyObject* counters = nullptr;    // metrics.counters
   Py_ssize_t off_hits = -1;        // its eager_cache_hits slot
   Py_ssize_t off_buffer = -1, off_dtype = -1, off_numel = -1, off_device = -1;  // StorageRecord slots
@@ -68,8 +69,9 @@ struct FastEntry {
   State state = NEVER;
   int countdown = 0;
   PyObject* fn = nullptr;     // owned
-  PyObject* shape = nullptr;  // owned
+  PyObject* shape = nullptr;  // owned; None for an in-place op (no new output)
   PyObject* dtype = nullptr;  // owned
+  std::vector<int> mutated;   // storage slots that get the results as their new buffers
   void release() {
     Py_CLEAR(fn);
     Py_CLEAR(shape);
@@ -121,8 +123,8 @@ std::vector<std::unique_ptr<c10::RegistrationHandleRAII>> g_registrations;
 class FastKernel final : public c10::OperatorKernel {
  public:
   FastKernel(PyObject* kernel, std::vector<char> scalar, c10::SafeKernelFunction fallback,
-             const c10::FunctionSchema& schema)
-      : kernel_(kernel), scalar_(std::move(scalar)), fallback_(std::move(fallback)) {
+             const c10::FunctionSchema& schema, int alias_arg)
+      : kernel_(kernel), scalar_(std::move(scalar)), fallback_(std::move(fallback)), alias_arg_(alias_arg) {
     Py_INCREF(kernel_);
     const auto& arguments = schema.arguments();
     n_args_ = arguments.size();
@@ -391,6 +393,14 @@ class FastKernel final : public c10::OperatorKernel {
 
   // Run a fast entry; false (nothing changed, no Python error set) sends the call to the Python kernel.
   bool run(FastEntry& e, Work& w, torch::jit::Stack* stack) {
+    if (!e.mutated.empty()) {
+      // unchecked device-side asserts gate writes (eager/asserts.py: poison): the Python kernel
+      PyObject* u = PyList_GET_SIZE(C.unchecked) ? PyList_GET_ITEM(C.unchecked, 0) : nullptr;
+      if (!u || !PyLong_CheckExact(u) || PyLong_AsLong(u) != 0) return false;
+      for (int s : e.mutated) {
+        if (s < 0 || static_cast<size_t>(s) >= w.records.size()) return false;
+      }
+    }
     c10::SmallVector<PyObject*, 16> argv;
     c10::SmallVector<PyObject*, 4> owned;
     for (PyObject* r : w.records) {
@@ -429,14 +439,38 @@ class FastKernel final : public c10::OperatorKernel {
       }
       throw python_error();   // KeyboardInterrupt and the like: nothing was written
     }
-    PyObject* out = nullptr;
-    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 1) out = PyTuple_GET_ITEM(res, 0);
-    else if (PyList_Check(res) && PyList_GET_SIZE(res) == 1) out = PyList_GET_ITEM(res, 0);
-    if (!out) {
+    size_t n_results = (e.shape != Py_None ? 1 : 0) + e.mutated.size();
+    PyObject* const* items = nullptr;
+    if (PyTuple_Check(res) && static_cast<size_t>(PyTuple_GET_SIZE(res)) == n_results) {
+      items = &PyTuple_GET_ITEM(res, 0);
+    } else if (PyList_Check(res) && static_cast<size_t>(PyList_GET_SIZE(res)) == n_results) {
+      items = &PyList_GET_ITEM(res, 0);
+    }
+    if (!items) {
       Py_DECREF(res);
       return false;
     }
-    PyObject* nargs[4] = {shape, dtype, w.device_obj, out};
+    if (e.shape == Py_None) {
+      // an in-place op: the written storages get their new buffers here, with no Python code
+      // between the call's return and the last assignment (a Ctrl-C cannot land in between:
+      // eager/executable.py: call_and_commit); the old buffers are released after
+      c10::SmallVector<PyObject*, 4> old;
+      for (size_t i = 0; i < e.mutated.size(); i++) {
+        PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.records[e.mutated[i]]) + C.off_buffer);
+        old.push_back(*p);
+        Py_INCREF(items[i]);
+        *p = items[i];
+      }
+      c10::IValue returned = torch::jit::last(*stack, n_args_)[alias_arg_];
+      torch::jit::drop(*stack, n_args_);
+      torch::jit::push(*stack, std::move(returned));
+      count_hit();
+      g_fast_calls++;
+      Py_DECREF(res);
+      for (PyObject* o : old) Py_XDECREF(o);
+      return true;
+    }
+    PyObject* nargs[4] = {shape, dtype, w.device_obj, items[0]};
     PyObject* t = PyObject_Vectorcall(C.new_tensor, nargs, 4, nullptr);
     Py_DECREF(res);
     if (!t) throw python_error();
@@ -469,7 +503,17 @@ class FastKernel final : public c10::OperatorKernel {
       return;
     }
     FastEntry e;
-    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 3) {
+    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 4 && PyTuple_Check(PyTuple_GET_ITEM(d, 3))) {
+      PyObject* slots = PyTuple_GET_ITEM(d, 3);
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(slots); i++) {
+        e.mutated.push_back(static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(slots, i))));
+      }
+      if (PyErr_Occurred() || (PyTuple_GET_ITEM(d, 1) == Py_None) != !e.mutated.empty() ||
+          (!e.mutated.empty() && alias_arg_ < 0)) {
+        PyErr_Clear();
+        Py_DECREF(d);
+        return;
+      }
       e.state = FAST;
       e.fn = PyTuple_GET_ITEM(d, 0);
       e.shape = PyTuple_GET_ITEM(d, 1);
@@ -486,15 +530,16 @@ class FastKernel final : public c10::OperatorKernel {
     auto it = table_.find(key);
     if (it != table_.end()) {
       it->second.release();
-      it->second = e;
+      it->second = std::move(e);
     } else {
-      table_.emplace(std::move(key), e);
+      table_.emplace(std::move(key), std::move(e));
     }
   }
 
   PyObject* kernel_;
   std::vector<char> scalar_;
   c10::SafeKernelFunction fallback_;
+  int alias_arg_;   // the argument an in-place or out= op returns; -1: it returns a new tensor
   size_t n_args_ = 0;
   int64_t kwarg_only_start_ = 0;
   std::vector<std::optional<c10::IValue>> defaults_;
@@ -521,14 +566,14 @@ extern "C" {
 int torchtpu_fast_abi() { return kAbi; }
 
 // config: (RECORDS, _mode, FAILED, PENDING, _active, counters, StorageRecord, new_tensor, describe,
-//          jax array type)
+//          jax array type, _unchecked)
 int torchtpu_fast_init(PyObject* config) {
-  if (!PyTuple_Check(config) || PyTuple_GET_SIZE(config) != 10) {
+  if (!PyTuple_Check(config) || PyTuple_GET_SIZE(config) != 11) {
     PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration");
     return 0;
   }
-  PyObject* items[10];
-  for (int i = 0; i < 10; i++) {
+  PyObject* items[11];
+  for (int i = 0; i < 11; i++) {
     items[i] = PyTuple_GET_ITEM(config, i);
     Py_INCREF(items[i]);
   }
@@ -542,8 +587,10 @@ int torchtpu_fast_init(PyObject* config) {
   C.new_tensor = items[7];
   C.describe = items[8];
   C.array_type = reinterpret_cast<PyTypeObject*>(items[9]);
+  C.unchecked = items[10];
   if (!PyDict_Check(C.records) || !PyList_Check(C.mode) || !PyDict_Check(C.failed) ||
-      !PyList_Check(C.pending) || !PyList_Check(C.xla_active) || !PyType_Check(items[9])) {
+      !PyList_Check(C.pending) || !PyList_Check(C.xla_active) || !PyType_Check(items[9]) ||
+      !PyList_Check(C.unchecked)) {
     PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration types");
     return 0;
   }
@@ -558,8 +605,9 @@ int torchtpu_fast_init(PyObject* config) {
 }
 
 // Put the fast kernel of aten::name.overload on PrivateUse1 in front of `kernel`, the Python kernel
-// already registered on PrivateUse3. `scalar`: bytes, 1 for each argument whose numbers are traced.
-int torchtpu_fast_attach(const char* name, const char* overload, PyObject* kernel, PyObject* scalar) {
+// already registered on PrivateUse3. `scalar`: bytes, 1 for each argument whose numbers are traced;
+// `alias_arg`: the argument an in-place or out= overload returns, or -1.
+int torchtpu_fast_attach(const char* name, const char* overload, PyObject* kernel, PyObject* scalar, int alias_arg) {
   try {
     auto handle = c10::Dispatcher::singleton().findSchema({std::string("aten::") + name, overload});
     if (!handle.has_value()) {
@@ -574,7 +622,7 @@ int torchtpu_fast_attach(const char* name, const char* overload, PyObject* kerne
     }
     std::vector<char> flags(PyBytes_AS_STRING(scalar), PyBytes_AS_STRING(scalar) + PyBytes_GET_SIZE(scalar));
     c10::SafeKernelFunction fallback = handle->getComputedKernelForDispatchKey(c10::DispatchKey::PrivateUse3);
-    auto functor = std::make_unique<FastKernel>(kernel, std::move(flags), std::move(fallback), schema);
+    auto functor = std::make_unique<FastKernel>(kernel, std::move(flags), std::move(fallback), schema, alias_arg);
     g_kernels.push_back(functor.get());
     auto reg = c10::Dispatcher::singleton().registerImpl(
         handle->operator_name(), c10::DispatchKey::PrivateUse1,
