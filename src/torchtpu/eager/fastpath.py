@@ -25,12 +25,13 @@ import pathlib
 from .. import config
 from ..device import native
 from ..metrics import counters
+from ..storage import records
 from ..storage.records import RECORDS, StorageRecord, new_tensor
 from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 2
+_ABI = 3
 _lib = [None]
 _tried = [False]
 _problem = [None]
@@ -89,8 +90,11 @@ def load() -> bool:
         lib.torchtpu_fast_set_enabled.argtypes = [ctypes.c_int]
         lib.torchtpu_fast_calls.restype = ctypes.c_longlong
         lib.torchtpu_fast_fallbacks.restype = ctypes.c_longlong
+        # (the last tuple: what new_tensor touches, so outputs on tpu:0 are made in C++)
+        native_outputs = (records._bump, records._stats, records._StorageRef, records._on_free, records.MemoryStats)
         if not lib.torchtpu_fast_init((RECORDS, modes._mode, asserts.FAILED, interrupts.PENDING, xla_options._active,
-                                       counters, StorageRecord, new_tensor, describe, ArrayImpl, _unchecked)):
+                                       counters, StorageRecord, new_tensor, describe, ArrayImpl, _unchecked,
+                                       native_outputs)):
             raise RuntimeError("torchtpu_fast_init failed")
     except Exception as e:  # noqa: BLE001 - the Python kernels work without it
         _problem[0] = f"{type(e).__name__}: {e}"
@@ -154,6 +158,12 @@ def set_enabled(on: bool = True) -> bool:
     was = bool(lib.torchtpu_fast_enabled())
     lib.torchtpu_fast_set_enabled(int(bool(on)))
     return was
+
+
+def set_native_outputs(on: bool = True) -> bool:
+    """Make new outputs (tpu:0) in C++ (the default) or through `new_tensor`; the previous setting."""
+    lib = _lib[0]
+    return bool(lib.torchtpu_fast_native_outputs(int(bool(on)))) if lib is not None else False
 
 
 def clear():

@@ -24,7 +24,9 @@
 #include <ATen/core/stack.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
@@ -34,7 +36,7 @@
 
 namespace {
 
-constexpr int kAbi = 2;
+constexpr int kAbi = 3;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -50,6 +52,16 @@ struct Config {
   PyObject* describe = nullptr;    // eager/fastpath.py: describe
   PyTypeObject* array_type = nullptr;  // jax.Array's implementation type
   PyObject* strict = nullptr;      // "strict"
+  // what new_tensor (storage/records.py) touches, for making outputs here (tpu:0)
+  bool native_outputs = false;
+  PyObject* bump = nullptr;         // _bump: [next address]
+  PyObject* stats = nullptr;        // _stats: device index -> MemoryStats
+  PyObject* record_type = nullptr;  // StorageRecord
+  PyObject* ref_type = nullptr;     // _StorageRef
+  PyObject* on_free = nullptr;      // _on_free
+  Py_ssize_t off_ref = -1, off_address = -1;
+  Py_ssize_t off_allocated = -1, off_peak = -1, off_num_alloc = -1, off_materialized = -1,
+             off_peak_materialized = -1, off_failed = -1;
 };
 
 Config C;
@@ -72,6 +84,9 @@ struct FastEntry {
   PyObject* shape = nullptr;  // owned; None for an in-place op (no new output)
   PyObject* dtype = nullptr;  // owned
   std::vector<int> mutated;   // storage slots that get the results as their new buffers
+  std::vector<int64_t> sizes; // the new output's sizes, numel, bytes and dtype (native outputs)
+  int64_t numel = 0, nbytes = 0;
+  c10::ScalarType scalar_type = c10::ScalarType::Undefined;
   void release() {
     Py_CLEAR(fn);
     Py_CLEAR(shape);
@@ -470,16 +485,141 @@ class FastKernel final : public c10::OperatorKernel {
       for (PyObject* o : old) Py_XDECREF(o);
       return true;
     }
+    at::Tensor result;
+    if (C.native_outputs && w.device == 0 && e.scalar_type != c10::ScalarType::Undefined) {
+      result = new_output(e, w.device_obj, items[0]);   // throws python_error
+    }
+    if (result.defined()) {
+      Py_DECREF(res);
+      count_hit();
+      g_fast_calls++;
+      torch::jit::drop(*stack, n_args_);
+      torch::jit::push(*stack, std::move(result));
+      return true;
+    }
     PyObject* nargs[4] = {shape, dtype, w.device_obj, items[0]};
     PyObject* t = PyObject_Vectorcall(C.new_tensor, nargs, 4, nullptr);
     Py_DECREF(res);
     if (!t) throw python_error();
     count_hit();
     g_fast_calls++;
-    at::Tensor result = THPVariable_Unpack(t);
+    result = THPVariable_Unpack(t);
     torch::jit::drop(*stack, n_args_);
     torch::jit::push(*stack, std::move(result));
     Py_DECREF(t);
+    return true;
+  }
+
+  // storage/records.py: new_tensor(shape, dtype, 0, buffer), step for step: a storage at a fresh
+  // address (the bump counter, a guard page), the TensorImpl create_empty_tensor makes with that
+  // storage swapped in, its StorageRecord, the weak reference that frees the record with the
+  // storage, the memory statistics. No Python tensor object is made (PyTorch makes one if the
+  // result goes back to Python).
+  static at::Tensor new_output(const FastEntry& e, PyObject* device_obj, PyObject* buffer) {
+    constexpr int64_t kPage = 4096;
+    {
+      PyObject* key = PyLong_FromLong(0);
+      if (!key) throw python_error();
+      PyObject* s = PyDict_GetItemWithError(C.stats, key);
+      Py_DECREF(key);
+      if (!s) {
+        if (PyErr_Occurred()) throw python_error();
+        return at::Tensor();   // no statistics for tpu:0 yet: new_tensor makes them
+      }
+    }
+    PyObject* next = PyList_GET_SIZE(C.bump) ? PyList_GET_ITEM(C.bump, 0) : nullptr;
+    if (!next || !PyLong_CheckExact(next)) {
+      PyErr_SetString(PyExc_RuntimeError, "torchtpu fast path: bad address counter");
+      throw python_error();
+    }
+    int64_t address = PyLong_AsLongLong(next);
+    PyObject* advanced = PyLong_FromLongLong(address + ((e.nbytes + 2 * kPage - 1) / kPage) * kPage);
+    if (!advanced) throw python_error();
+    if (PyList_SetItem(C.bump, 0, advanced) < 0) throw python_error();   // steals `advanced`
+    c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(e.nbytes),
+                         at::DataPtr(reinterpret_cast<void*>(address), c10::Device(c10::DeviceType::PrivateUse1, 0)));
+    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+        caffe2::TypeMeta::fromScalarType(e.scalar_type));
+    t.unsafeGetTensorImpl()->set_sizes_contiguous(e.sizes);
+
+    PyObject* storage_obj = THPStorage_Wrap(storage);
+    if (!storage_obj) throw python_error();
+    PyObject* ref_args[2] = {storage_obj, C.on_free};
+    PyObject* ref = PyObject_Vectorcall(C.ref_type, ref_args, 2, nullptr);
+    Py_DECREF(storage_obj);
+    if (!ref) throw python_error();
+    PyObject* address_obj = PyLong_FromLongLong(address);
+    PyObject* numel_obj = PyLong_FromLongLong(e.numel);
+    PyObject* nbytes_obj = PyLong_FromLongLong(e.nbytes);
+    PyObject* record = nullptr;
+    if (address_obj && numel_obj && nbytes_obj) {
+      PyObject* rec_args[5] = {e.dtype, numel_obj, nbytes_obj, device_obj, buffer};
+      record = PyObject_Vectorcall(C.record_type, rec_args, 5, nullptr);
+    }
+    Py_XDECREF(numel_obj);
+    Py_XDECREF(nbytes_obj);
+    bool ok = record != nullptr;
+    if (ok) {
+      set_slot(ref, C.off_address, address_obj);   // ref.address = address
+      set_slot(record, C.off_ref, ref);            // record.ref = ref
+      ok = PyDict_SetItem(C.records, address_obj, record) == 0;
+    }
+    Py_XDECREF(address_obj);
+    Py_DECREF(ref);
+    Py_XDECREF(record);
+    if (!ok || !count_new(e.nbytes, buffer != Py_None)) throw python_error();
+    return t;
+  }
+
+  static void set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {
+    PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+    PyObject* old = *p;
+    Py_INCREF(value);
+    *p = value;
+    Py_XDECREF(old);
+  }
+
+  static bool add_slot(PyObject* obj, Py_ssize_t offset, int64_t delta, int64_t* now) {
+    PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+    if (!*p || !PyLong_CheckExact(*p)) {
+      PyErr_SetString(PyExc_RuntimeError, "torchtpu fast path: bad memory statistics");
+      return false;
+    }
+    int64_t v = PyLong_AsLongLong(*p) + delta;
+    if (delta) {
+      PyObject* n = PyLong_FromLongLong(v);
+      if (!n) return false;
+      PyObject* old = *p;
+      *p = n;
+      Py_DECREF(old);
+    }
+    if (now) *now = v;
+    return true;
+  }
+
+  // new_tensor's statistics: tpu:0's MemoryStats (made by the Python `stats` if missing)
+  static bool count_new(int64_t nbytes, bool materialized) {
+    PyObject* key = PyLong_FromLong(0);
+    if (!key) return false;
+    PyObject* s = PyDict_GetItemWithError(C.stats, key);
+    Py_DECREF(key);
+    if (!s) {
+      PyErr_SetString(PyExc_RuntimeError, "torchtpu fast path: no memory statistics for tpu:0");
+      return false;
+    }
+    int64_t allocated, failed, peak, mat, peak_mat;
+    if (!add_slot(s, C.off_allocated, nbytes, &allocated) || !add_slot(s, C.off_num_alloc, 1, nullptr) ||
+        !add_slot(s, C.off_failed, 0, &failed) || !add_slot(s, C.off_peak, 0, &peak)) {
+      return false;
+    }
+    if (allocated - failed > peak && !add_slot(s, C.off_peak, allocated - failed - peak, nullptr)) return false;
+    if (materialized) {
+      if (!add_slot(s, C.off_materialized, nbytes, &mat) || !add_slot(s, C.off_peak_materialized, 0, &peak_mat)) {
+        return false;
+      }
+      if (mat > peak_mat && !add_slot(s, C.off_peak_materialized, mat - peak_mat, nullptr)) return false;
+    }
     return true;
   }
 
@@ -518,6 +658,20 @@ class FastKernel final : public c10::OperatorKernel {
       e.fn = PyTuple_GET_ITEM(d, 0);
       e.shape = PyTuple_GET_ITEM(d, 1);
       e.dtype = PyTuple_GET_ITEM(d, 2);
+      if (PyTuple_Check(e.shape) && THPDtype_Check(e.dtype)) {
+        e.scalar_type = reinterpret_cast<THPDtype*>(e.dtype)->scalar_type;
+        e.numel = 1;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(e.shape); i++) {
+          int64_t n = PyLong_AsLongLong(PyTuple_GET_ITEM(e.shape, i));
+          e.sizes.push_back(n);
+          e.numel *= n;
+        }
+        e.nbytes = e.numel * static_cast<int64_t>(c10::elementSize(e.scalar_type));
+        if (PyErr_Occurred()) {
+          PyErr_Clear();
+          e.scalar_type = c10::ScalarType::Undefined;   // outputs through new_tensor
+        }
+      }
       Py_INCREF(e.fn);
       Py_INCREF(e.shape);
       Py_INCREF(e.dtype);
@@ -566,9 +720,10 @@ extern "C" {
 int torchtpu_fast_abi() { return kAbi; }
 
 // config: (RECORDS, _mode, FAILED, PENDING, _active, counters, StorageRecord, new_tensor, describe,
-//          jax array type, _unchecked)
+//          jax array type, _unchecked[, (_bump, _stats, _StorageRef, _on_free, MemoryStats)]): the last
+//          lets outputs on tpu:0 be made here instead of by new_tensor
 int torchtpu_fast_init(PyObject* config) {
-  if (!PyTuple_Check(config) || PyTuple_GET_SIZE(config) != 11) {
+  if (!PyTuple_Check(config) || (PyTuple_GET_SIZE(config) != 11 && PyTuple_GET_SIZE(config) != 12)) {
     PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration");
     return 0;
   }
@@ -595,6 +750,32 @@ int torchtpu_fast_init(PyObject* config) {
     return 0;
   }
   C.strict = PyUnicode_InternFromString("strict");
+  if (PyTuple_GET_SIZE(config) == 12) {   // (..., (_bump, _stats, _StorageRef, _on_free, MemoryStats))
+    PyObject* extra = PyTuple_GET_ITEM(config, 11);
+    if (PyTuple_Check(extra) && PyTuple_GET_SIZE(extra) == 5) {
+      C.bump = PyTuple_GET_ITEM(extra, 0);
+      C.stats = PyTuple_GET_ITEM(extra, 1);
+      C.ref_type = PyTuple_GET_ITEM(extra, 2);
+      C.on_free = PyTuple_GET_ITEM(extra, 3);
+      PyObject* stats_type = PyTuple_GET_ITEM(extra, 4);
+      C.record_type = record_type;
+      Py_INCREF(C.bump);
+      Py_INCREF(C.stats);
+      Py_INCREF(C.ref_type);
+      Py_INCREF(C.on_free);
+      Py_INCREF(C.record_type);
+      C.native_outputs = PyList_Check(C.bump) && PyDict_Check(C.stats) &&
+          (C.off_ref = member_offset(record_type, "ref")) >= 0 &&
+          (C.off_address = member_offset(C.ref_type, "address")) >= 0 &&
+          (C.off_allocated = member_offset(stats_type, "allocated")) >= 0 &&
+          (C.off_peak = member_offset(stats_type, "peak")) >= 0 &&
+          (C.off_num_alloc = member_offset(stats_type, "num_alloc")) >= 0 &&
+          (C.off_materialized = member_offset(stats_type, "materialized")) >= 0 &&
+          (C.off_peak_materialized = member_offset(stats_type, "peak_materialized")) >= 0 &&
+          (C.off_failed = member_offset(stats_type, "failed")) >= 0;
+      if (!C.native_outputs) PyErr_Clear();   // outputs through new_tensor
+    }
+  }
   PyObject* counters_type = reinterpret_cast<PyObject*>(Py_TYPE(C.counters));
   if ((C.off_hits = member_offset(counters_type, "eager_cache_hits")) < 0) return 0;
   if ((C.off_buffer = member_offset(record_type, "_buffer")) < 0) return 0;
@@ -639,6 +820,12 @@ int torchtpu_fast_attach(const char* name, const char* overload, PyObject* kerne
 void torchtpu_fast_set_enabled(int on) { g_enabled = on != 0; }
 
 int torchtpu_fast_enabled() { return g_enabled; }
+
+int torchtpu_fast_native_outputs(int on) {
+  int was = C.native_outputs;
+  if (on >= 0) C.native_outputs = on && C.off_failed >= 0;
+  return was;
+}
 
 // Forget every fast entry (the Python caches were cleared, or what keys them changed).
 void torchtpu_fast_clear() {
