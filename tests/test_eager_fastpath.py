@@ -139,3 +139,44 @@ def test_switched_off_by_environment():
                               env={**os.environ, **env})
         assert done.returncode == 0, done.stderr[-2000:]
         assert "False" in done.stdout and "[2.0, 2.0, 2.0]" in done.stdout, done.stdout
+
+
+def test_outputs_made_in_cpp_are_what_new_tensor_makes():
+    import gc
+    from torchtpu.storage import records as R
+    a, b = torch.randn(64, 64, device="tpu"), torch.randn(64, 64, device="tpu")
+    a + b
+    a + b
+
+    def stats():
+        s = R._stats[0]
+        return (s.allocated, s.num_alloc, s.num_free, s.materialized, s.peak, s.peak_materialized, s.failed)
+
+    def make(native):
+        was = fastpath.set_native_outputs(native)
+        try:
+            before, n = stats(), len(R.RECORDS)
+            c, served = _served(lambda: a + b)
+            assert served == 1
+            grown = tuple(x - y for x, y in zip(stats(), before))
+            st = c.untyped_storage()
+            rec = R.RECORDS[st.data_ptr()]
+            facts = dict(keys=str(torch._C._dispatch_keys(c)), storage=(st.resizable(), st.nbytes(), str(st.device)),
+                         layout=(tuple(c.shape), c.stride(), c.storage_offset(), c.dtype, c._version),
+                         record=(rec.dtype, rec.numel, rec.nbytes, rec.device_index, rec.oom, rec.ref.address,
+                                 rec.ref() is not None),
+                         grown=grown, records=len(R.RECORDS) - n, value=c.cpu())
+            address = st.data_ptr()
+            facts["record"] = facts["record"][:5] + (facts["record"][5] == address,) + facts["record"][6:]
+            del c, st, rec
+            gc.collect()
+            facts["freed"] = address not in R.RECORDS
+            facts["after_free"] = tuple(x - y for x, y in zip(stats(), before))
+            return facts
+        finally:
+            fastpath.set_native_outputs(was)
+
+    cpp, python = make(True), make(False)
+    torch.testing.assert_close(cpp.pop("value"), python.pop("value"), rtol=0, atol=0)
+    assert cpp == python
+    assert python["freed"] and python["grown"][0] == 64 * 64 * 4
