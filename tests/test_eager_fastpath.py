@@ -180,3 +180,30 @@ def test_outputs_made_in_cpp_are_what_new_tensor_makes():
     torch.testing.assert_close(cpp.pop("value"), python.pop("value"), rtol=0, atol=0)
     assert cpp == python
     assert python["freed"] and python["grown"][0] == 64 * 64 * 4
+
+
+def test_kept_device_scalars_give_the_same_results_and_compile_nothing():
+    import jax
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None)
+    a_c, b_c = torch.randn(64, 64), torch.randn(64, 64)
+    a, b = a_c.to("tpu"), b_c.to("tpu")
+    was = fastpath.set_cache_scalars(False)
+    try:
+        for alpha in (0.5, 0.25):   # Python numbers: the executables are built and called
+            a[:, 4:12].add_(b[:, :8], alpha=alpha)
+            a_c[:, 4:12].add_(b_c[:, :8], alpha=alpha)
+            (a * 2.5)[5:9] + b[5:9]
+        fastpath.set_cache_scalars(True)
+        del compiles[:]
+        for alpha in (0.5, 0.75, 0.5):   # kept device arrays (uncommitted, as JAX makes them)
+            _, served = _served(lambda: a[:, 4:12].add_(b[:, :8], alpha=alpha))
+            a_c[:, 4:12].add_(b_c[:, :8], alpha=alpha)
+            assert served == 1
+            got = (a * 2.5)[5:9] + b[5:9]
+        assert not compiles, compiles
+    finally:
+        fastpath.set_cache_scalars(was)
+    torch.testing.assert_close(a.cpu(), a_c)
+    torch.testing.assert_close(got.cpu(), (a_c * 2.5)[5:9] + b_c[5:9])

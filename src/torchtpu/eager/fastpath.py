@@ -31,7 +31,7 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 3
+_ABI = 4
 _lib = [None]
 _tried = [False]
 _problem = [None]
@@ -61,6 +61,24 @@ def describe(kernel):
         return True
     shape, dtype = entry.outs[0]
     return (entry.fn, tuple(shape), dtype, ())
+
+
+def device_scalar(value):
+    """A Python number as the device array JAX would make of it for a call: the C++ side keeps one
+    per value and passes it instead of the number, which JAX converts on every call (about 2.5 µs
+    each: a learning rate, `alpha`, the offsets of views). Uncommitted, as JAX's own conversion is
+    (a committed array is another argument mapping: a second compilation of every executable); the
+    number itself where JAX's default device is not tpu:0's."""
+    import jax
+    from ..device import platform
+    array = jax.device_put(value)
+    return array if array.devices() == {platform.jax_device(0)} else value
+
+
+def set_cache_scalars(on: bool = True) -> bool:
+    """Pass kept device arrays for traced numbers (the default) or the numbers; the previous setting."""
+    lib = _lib[0]
+    return bool(lib.torchtpu_fast_cache_scalars(int(bool(on)))) if lib is not None else False
 
 
 def load() -> bool:
@@ -94,7 +112,7 @@ def load() -> bool:
         native_outputs = (records._bump, records._stats, records._StorageRef, records._on_free, records.MemoryStats)
         if not lib.torchtpu_fast_init((RECORDS, modes._mode, asserts.FAILED, interrupts.PENDING, xla_options._active,
                                        counters, StorageRecord, new_tensor, describe, ArrayImpl, _unchecked,
-                                       native_outputs)):
+                                       native_outputs, device_scalar)):
             raise RuntimeError("torchtpu_fast_init failed")
     except Exception as e:  # noqa: BLE001 - the Python kernels work without it
         _problem[0] = f"{type(e).__name__}: {e}"

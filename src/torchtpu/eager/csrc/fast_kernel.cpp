@@ -36,7 +36,7 @@
 
 namespace {
 
-constexpr int kAbi = 3;
+constexpr int kAbi = 4;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -62,9 +62,60 @@ struct Config {
   Py_ssize_t off_ref = -1, off_address = -1;
   Py_ssize_t off_allocated = -1, off_peak = -1, off_num_alloc = -1, off_materialized = -1,
              off_peak_materialized = -1, off_failed = -1;
+  // device_scalar(number) -> that number as a device array on tpu:0 (eager/fastpath.py)
+  PyObject* device_scalar = nullptr;
 };
 
 Config C;
+
+// JAX converts every Python number argument to a device array on each call (about 2.5 us each):
+// the traced scalars and storage offsets of calls on tpu:0 are passed as kept device arrays of the
+// same (weakly typed) dtype instead, one per value, up to kMaxScalars values
+constexpr size_t kMaxScalars = 4096;
+struct ScalarKeyHash {
+  size_t operator()(const std::pair<int, int64_t>& k) const noexcept {
+    return std::hash<int64_t>()(k.second) * 31 + k.first;
+  }
+};
+std::unordered_map<std::pair<int, int64_t>, PyObject*, ScalarKeyHash> g_scalars;
+bool g_cache_scalars = true;
+
+void clear_scalars() {
+  for (auto& kv : g_scalars) Py_DECREF(kv.second);
+  g_scalars.clear();
+}
+
+// the kept device array for Python number `v` (borrowed), or `v` itself
+PyObject* device_scalar(PyObject* v) {
+  if (!g_cache_scalars || !C.device_scalar) return v;
+  std::pair<int, int64_t> key;
+  if (PyFloat_CheckExact(v)) {
+    double d = PyFloat_AS_DOUBLE(v);
+    std::memcpy(&key.second, &d, sizeof d);
+    key.first = 1;
+  } else if (PyLong_CheckExact(v)) {
+    int overflow = 0;
+    key.second = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (key.second == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return v;
+    }
+    key.first = 2;
+  } else {
+    return v;   // bools and complex numbers go as they are
+  }
+  auto it = g_scalars.find(key);
+  if (it != g_scalars.end()) return it->second;
+  PyObject* a = PyObject_CallOneArg(C.device_scalar, v);
+  if (!a) {
+    PyErr_Clear();
+    return v;
+  }
+  if (g_scalars.size() >= kMaxScalars) clear_scalars();
+  g_scalars.emplace(key, a);
+  return a;
+}
+
 bool g_enabled = false;
 long long g_fast_calls = 0, g_fallbacks = 0;
 
@@ -423,7 +474,8 @@ class FastKernel final : public c10::OperatorKernel {
       if (!b || Py_TYPE(b) != C.array_type) return false;   // unwritten (zeros) or queued: Python
       argv.push_back(b);
     }
-    for (PyObject* v : w.values) argv.push_back(v);
+    bool cached = w.device == 0;
+    for (PyObject* v : w.values) argv.push_back(cached ? device_scalar(v) : v);
     for (int64_t o : w.offsets) {
       PyObject* p = PyLong_FromLongLong(o);
       if (!p) {
@@ -432,7 +484,7 @@ class FastKernel final : public c10::OperatorKernel {
         return false;
       }
       owned.push_back(p);
-      argv.push_back(p);
+      argv.push_back(cached ? device_scalar(p) : p);
     }
     // (the entry may be dropped while the call runs: forget_executables)
     PyObject* fn = e.fn;
@@ -721,9 +773,9 @@ int torchtpu_fast_abi() { return kAbi; }
 
 // config: (RECORDS, _mode, FAILED, PENDING, _active, counters, StorageRecord, new_tensor, describe,
 //          jax array type, _unchecked[, (_bump, _stats, _StorageRef, _on_free, MemoryStats)]): the last
-//          lets outputs on tpu:0 be made here instead of by new_tensor
+//          lets outputs on tpu:0 be made here instead of by new_tensor[, device_scalar]
 int torchtpu_fast_init(PyObject* config) {
-  if (!PyTuple_Check(config) || (PyTuple_GET_SIZE(config) != 11 && PyTuple_GET_SIZE(config) != 12)) {
+  if (!PyTuple_Check(config) || (PyTuple_GET_SIZE(config) < 11 || PyTuple_GET_SIZE(config) > 13)) {
     PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration");
     return 0;
   }
@@ -750,7 +802,11 @@ int torchtpu_fast_init(PyObject* config) {
     return 0;
   }
   C.strict = PyUnicode_InternFromString("strict");
-  if (PyTuple_GET_SIZE(config) == 12) {   // (..., (_bump, _stats, _StorageRef, _on_free, MemoryStats))
+  if (PyTuple_GET_SIZE(config) == 13 && PyCallable_Check(PyTuple_GET_ITEM(config, 12))) {
+    C.device_scalar = PyTuple_GET_ITEM(config, 12);
+    Py_INCREF(C.device_scalar);
+  }
+  if (PyTuple_GET_SIZE(config) >= 12) {   // (..., (_bump, _stats, _StorageRef, _on_free, MemoryStats))
     PyObject* extra = PyTuple_GET_ITEM(config, 11);
     if (PyTuple_Check(extra) && PyTuple_GET_SIZE(extra) == 5) {
       C.bump = PyTuple_GET_ITEM(extra, 0);
@@ -830,6 +886,14 @@ int torchtpu_fast_native_outputs(int on) {
 // Forget every fast entry (the Python caches were cleared, or what keys them changed).
 void torchtpu_fast_clear() {
   for (FastKernel* k : g_kernels) k->clear();
+  clear_scalars();
+}
+
+int torchtpu_fast_cache_scalars(int on) {
+  int was = g_cache_scalars;
+  if (on >= 0) g_cache_scalars = on != 0;
+  if (!g_cache_scalars) clear_scalars();
+  return was;
 }
 
 long long torchtpu_fast_calls() { return g_fast_calls; }
