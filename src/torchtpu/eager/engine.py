@@ -95,6 +95,9 @@ MEMO_BYTES = 1 << 14
 MEMO_VALUES = 2
 MEMO_GIVE_UP = 32   # an op whose first 32 calls never repeat an earlier one stops keeping results
 _KERNELS: list = []
+# this thread's latest call: (kernel, entry), for the C++ fast path (eager/fastpath.py: describe),
+# which asks right after the Python kernel returns, in the same thread
+_last = threading.local()
 
 
 def _map_limit():
@@ -206,7 +209,6 @@ class OpKernel:
         # set when its lowering read torch's float32 matmul precision: the setting keys the cache
         self.precision_sensitive = False
         self.lock = threading.RLock()
-        self.last = None   # the entry of the latest call (eager/fastpath.py: describe)
         _KERNELS.append(self)
 
     # ---------------------------------------------------------------- hot path
@@ -244,7 +246,7 @@ class OpKernel:
         if entry is None:
             return self._first_call(key, keyed_precision, args, kwargs, records, scalars, offsets, device)
         counters.eager_cache_hits += 1
-        self.last = entry
+        _last.call = (self, entry)
         if entry.overlap is not None:   # PyTorch's partial-overlap error for writes (eager/overlap.py)
             entry.overlap(offsets)
         dev = device if device >= 0 else 0
@@ -266,7 +268,7 @@ class OpKernel:
             return self(*args, **kwargs)
         counters.eager_compiles += 1
         note_executable()
-        self.last = entry
+        _last.call = (self, entry)
         dev = device if device >= 0 else 0
         try:
             results = self._run(entry, records, scalars, offsets, dev, args, kwargs)

@@ -42,8 +42,12 @@ def describe(kernel):
     shape, output dtype, ()) for a plain entry with one new output; (jitted function, None, None,
     written slots) for a plain in-place or out= entry (no new output, the written argument
     returned); True to ask again later (its memo may give up); False never."""
-    entry = getattr(kernel, "last", None)
-    if entry is None or kernel.random or kernel.specialize_scalars or kernel.precision_sensitive:
+    from .engine import _last
+    kernel_and_entry = getattr(_last, "call", None)
+    if kernel_and_entry is None or kernel_and_entry[0] is not kernel:
+        return True   # (not this kernel's call: ask again later)
+    entry = kernel_and_entry[1]
+    if kernel.random or kernel.specialize_scalars or kernel.precision_sensitive:
         return False
     if (entry.checks or entry.consts is not None or entry.overlap is not None or entry.xla is not None
             or entry.fn is None):
