@@ -207,3 +207,26 @@ def test_kept_device_scalars_give_the_same_results_and_compile_nothing():
         fastpath.set_cache_scalars(was)
     torch.testing.assert_close(a.cpu(), a_c)
     torch.testing.assert_close(got.cpu(), (a_c * 2.5)[5:9] + b_c[5:9])
+
+
+def test_threads_running_one_op_on_different_shapes():
+    import threading
+    errors = []
+
+    def work(rows):
+        try:
+            p_c, q_c = torch.randn(rows, 64), torch.randn(rows, 64)
+            p, q = p_c.to("tpu"), q_c.to("tpu")
+            for _ in range(60):
+                r = p * q
+                assert r.shape == (rows, 64)
+            torch.testing.assert_close(r.cpu(), p_c * q_c)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(rows,)) for rows in (64, 96, 128, 160)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
