@@ -101,8 +101,21 @@ def load() -> bool:
     try:
         from jax._src.array import ArrayImpl
         target = native._target(_SOURCES, "tpu_fast", python=True)
+        failed = target.with_suffix(".failed")
         if not target.exists():
-            target = native.build(_SOURCES, "tpu_fast", python=True)
+            # a build that failed (no Python headers, say) is not tried again at every import (~20 s):
+            # delete the .failed file next to the library to retry
+            if failed.exists():
+                raise RuntimeError(f"building the fast path failed before; see {failed}")
+            try:
+                target = native.build(_SOURCES, "tpu_fast", python=True)
+            except Exception as e:
+                if native.compiler() is not None:
+                    try:
+                        failed.write_text(f"{type(e).__name__}: {e}\n")
+                    except OSError:
+                        pass
+                raise
         lib = ctypes.PyDLL(str(target))
         if lib.torchtpu_fast_abi() != _ABI:
             raise RuntimeError(f"{target}: unexpected ABI version")
