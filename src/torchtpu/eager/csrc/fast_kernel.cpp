@@ -85,7 +85,8 @@ void clear_scalars() {
   g_scalars.clear();
 }
 
-// the kept device array for Python number `v` (borrowed), or `v` itself
+// the kept device array for Python number `v` (borrowed), or `v` itself; nullptr with the error
+// set when Python raised something that is not an Exception (KeyboardInterrupt) meanwhile
 PyObject* device_scalar(PyObject* v) {
   if (!g_cache_scalars || !C.device_scalar) return v;
   std::pair<int, int64_t> key;
@@ -108,6 +109,7 @@ PyObject* device_scalar(PyObject* v) {
   if (it != g_scalars.end()) return it->second;
   PyObject* a = PyObject_CallOneArg(C.device_scalar, v);
   if (!a) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;   // a KeyboardInterrupt: raised
     PyErr_Clear();
     return v;
   }
@@ -468,23 +470,42 @@ class FastKernel final : public c10::OperatorKernel {
       }
     }
     c10::SmallVector<PyObject*, 16> argv;
-    c10::SmallVector<PyObject*, 4> owned;
+    struct Owned {
+      c10::SmallVector<PyObject*, 16> items;
+      ~Owned() { for (PyObject* x : items) Py_DECREF(x); }
+    } owned_;
+    auto& owned = owned_.items;
+    // (the arguments are held for the call: JAX may release the GIL while it runs, and another
+    // thread may give a record a new buffer or clear the kept scalars meanwhile)
     for (PyObject* r : w.records) {
       PyObject* b = slot_of(r, C.off_buffer);
       if (!b || Py_TYPE(b) != C.array_type) return false;   // unwritten (zeros) or queued: Python
+      Py_INCREF(b);
+      owned.push_back(b);
       argv.push_back(b);
     }
     bool cached = w.device == 0;
-    for (PyObject* v : w.values) argv.push_back(cached ? device_scalar(v) : v);
+    for (PyObject* v : w.values) {
+      PyObject* a = cached ? device_scalar(v) : v;
+      if (!a) throw python_error();   // nothing written yet
+      Py_INCREF(a);
+      owned.push_back(a);
+      argv.push_back(a);
+    }
     for (int64_t o : w.offsets) {
       PyObject* p = PyLong_FromLongLong(o);
       if (!p) {
-        for (PyObject* x : owned) Py_DECREF(x);
         PyErr_Clear();
         return false;
       }
       owned.push_back(p);
-      argv.push_back(cached ? device_scalar(p) : p);
+      PyObject* a = cached ? device_scalar(p) : p;
+      if (!a) throw python_error();
+      if (a != p) {
+        Py_INCREF(a);
+        owned.push_back(a);
+      }
+      argv.push_back(a);
     }
     // (the entry may be dropped while the call runs: forget_executables)
     PyObject* fn = e.fn;
@@ -498,7 +519,6 @@ class FastKernel final : public c10::OperatorKernel {
       ~Drop() { Py_DECREF(a); Py_DECREF(b); Py_DECREF(c); }
     } drop{fn, shape, dtype};
     PyObject* res = PyObject_Vectorcall(fn, argv.data(), argv.size(), nullptr);
-    for (PyObject* x : owned) Py_DECREF(x);
     if (!res) {
       if (PyErr_ExceptionMatches(PyExc_Exception)) {   // the Python kernel runs it again and raises as it does
         PyErr_Clear();
@@ -691,6 +711,9 @@ class FastKernel final : public c10::OperatorKernel {
   void learn(std::vector<int64_t> key) {
     PyObject* d = PyObject_CallOneArg(C.describe, kernel_);
     if (!d) {
+      // (the op has run; a KeyboardInterrupt that landed in describe is raised, as it would be
+      // had it landed just after the Python kernel returned)
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) throw python_error();
       PyErr_Clear();
       return;
     }
