@@ -97,6 +97,8 @@ def info() -> int:
     print(f"compile cache: {options.cache_dir() or ('off' if not config.get('TORCHTPU_COMPILE_CACHE') else 'on first compile')}")
     print(f"C++ device guard: {'loaded' if native.loaded() else (native.problem() or 'TORCHTPU_NATIVE=off')}; "
           f"torch.Generator('tpu'): {'yes' if native.generators_available() else 'no'}")
+    from .eager import fastpath
+    print(f"C++ eager fast path: {'loaded' if fastpath.loaded() else fastpath.problem()}")
     print(f"patches: {len(patches.applied())} applied" + (f", PROBLEMS: {patches.problems()}" if patches.problems() else ""))
 
     start = time.perf_counter()

@@ -38,6 +38,8 @@ VARIABLES: dict[str, tuple] = {
                                      "how long a distributed process waits for JAX's coordinator"),
     "TORCHTPU_NATIVE": ("choice", "auto", ("auto", "on", "off"),
                         "the C++ extension: device guard, generators (docs/design.md); auto/on build it once at import"),
+    "TORCHTPU_EAGER_FAST": ("bool", True, None,
+                            "the eager engine's C++ fast path (eager/fastpath.py; needs TORCHTPU_NATIVE not off)"),
 }
 
 # TorchTPU's names -> (our name, value mapping): a set TorchTPU flag selects our setting.

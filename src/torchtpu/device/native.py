@@ -56,11 +56,13 @@ def _cache_dir() -> pathlib.Path:
     return root / "native"
 
 
-def _target() -> pathlib.Path:
+def _target(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
+    import sys
     import torch
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES) + torch.__version__.encode()
-                         + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()).hexdigest()[:16]
-    return _cache_dir() / f"tpu_native-{key}.so"
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + torch.__version__.encode()
+                         + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()
+                         + (sys.version.encode() if python else b"")).hexdigest()[:16]
+    return _cache_dir() / f"{stem}-{key}.so"
 
 
 def compiler() -> str | None:
@@ -70,16 +72,19 @@ def compiler() -> str | None:
     return None
 
 
-def build() -> pathlib.Path:
-    """Compile the extension into the cache (atomically, under a file lock: concurrent processes
-    wait for one build)."""
+def build(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
+    """Compile the extension (or, given `sources` and `stem`, another library of torchtpu's C++
+    sources; `python`: one that includes Python's and torch's Python headers and links
+    libtorch_python) into the cache (atomically, under a file lock: concurrent processes wait for
+    one build)."""
     import fcntl
+    import sysconfig
     import torch
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     root = pathlib.Path(torch.__file__).parent
-    target = _target()
+    target = _target(sources, stem, python)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -87,10 +92,15 @@ def build() -> pathlib.Path:
             return target
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
-        cmd = [cxx, "-O1", "-std=c++17", "-w", "-shared", "-fPIC",
+        extra_includes, extra_libs = [], []
+        if python:
+            extra_includes = [f"-I{sysconfig.get_paths()['include']}",
+                              f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}"]
+            extra_libs = ["-ltorch", "-ltorch_python"]
+        cmd = [cxx, "-O2" if python else "-O1", "-std=c++17", "-w", "-shared", "-fPIC",
                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               f"-I{root / 'include'}", *map(str, _SOURCES), f"-L{root / 'lib'}", "-lc10", "-ltorch_cpu",
-               f"-Wl,-rpath,{root / 'lib'}", "-o", tmp]
+               f"-I{root / 'include'}", *extra_includes, *map(str, sources), f"-L{root / 'lib'}", "-lc10",
+               "-ltorch_cpu", *extra_libs, f"-Wl,-rpath,{root / 'lib'}", "-o", tmp]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             if done.returncode != 0:

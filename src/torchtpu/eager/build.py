@@ -12,7 +12,7 @@ from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS
-from . import fusion, overlap, xla_options
+from . import fastpath, fusion, overlap, xla_options
 from .engine import (CONSTANT_BYTES, DONATE_BYTES, FOREIGN, LIST, MEMO_BYTES, SCALAR, TENSOR, Entry, NeedsResize,
                      SpecializeScalars, arg_kind)
 from .executable import Program, ValueArg, count_values, flat_output, is_partial, tensor_arg, traced_function
@@ -105,6 +105,7 @@ def _traced(kernel, entry, messages, read_precision):
     entry.checks = messages
     if read_precision:   # from now on the setting keys this op's executables
         kernel.precision_sensitive = True
+        fastpath.clear()   # (the C++ fast path's keys do not hold it)
 
 
 def _dynamic_offsets(kernel, args, kwargs):
@@ -138,6 +139,7 @@ def _meta_call(kernel, args, kwargs):
     if getattr(compute, "specialize_scalars", False) and not kernel.specialize_scalars:
         kernel.specialize_scalars = True
         kernel.cache.clear()
+        fastpath.clear()
         raise SpecializeScalars()
     originals = [(m, tuple(m.shape)) for m in pytree.tree_leaves((meta_args, meta_kwargs))
                  if isinstance(m, torch.Tensor)]

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from ..device.state import current_device
 from ..metrics import counters
 from ..storage.records import RECORDS, donatable, new_tensor
-from . import asserts, errors, fusion, interrupts
+from . import asserts, errors, fastpath, fusion, interrupts
 from .asserts import FAILED as _failed
 from .interrupts import PENDING as _interrupted
 from .fusion import Pending
@@ -95,6 +95,9 @@ MEMO_BYTES = 1 << 14
 MEMO_VALUES = 2
 MEMO_GIVE_UP = 32   # an op whose first 32 calls never repeat an earlier one stops keeping results
 _KERNELS: list = []
+# this thread's latest call: (kernel, entry), for the C++ fast path (eager/fastpath.py: describe),
+# which asks right after the Python kernel returns, in the same thread
+_last = threading.local()
 
 
 def _map_limit():
@@ -129,6 +132,7 @@ def forget_executables():
     """Drop every cached eager executable (and fused segment), freeing their device code."""
     for kernel in _KERNELS:
         kernel.cache.clear()
+    fastpath.clear()
     fusion.forget()
     jax.clear_caches()
     _executables[1] = 0
@@ -242,6 +246,7 @@ class OpKernel:
         if entry is None:
             return self._first_call(key, keyed_precision, args, kwargs, records, scalars, offsets, device)
         counters.eager_cache_hits += 1
+        _last.call = (self, entry)
         if entry.overlap is not None:   # PyTorch's partial-overlap error for writes (eager/overlap.py)
             entry.overlap(offsets)
         dev = device if device >= 0 else 0
@@ -263,6 +268,7 @@ class OpKernel:
             return self(*args, **kwargs)
         counters.eager_compiles += 1
         note_executable()
+        _last.call = (self, entry)
         dev = device if device >= 0 else 0
         try:
             results = self._run(entry, records, scalars, offsets, dev, args, kwargs)

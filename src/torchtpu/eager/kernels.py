@@ -33,8 +33,12 @@ KERNELS: dict = {}  # OpOverload -> OpKernel
 _cpu_fallback = [config.get("TORCHTPU_CPU_FALLBACK")]
 
 
+_registered = set()   # overloads given a PrivateUse1 kernel by _impl ("add.Tensor", "nonzero.default")
+
+
 def _impl(name, fn):
     _lib.impl(name, fn, "PrivateUse1")
+    _registered.add(name if not isinstance(name, str) else name if "." in name else name + ".default")
 
 
 # ------------------------------------------------------------------ metadata-only ops
@@ -520,7 +524,9 @@ def register_all():
         _lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, key)
     _register_missing_meta()
     _register_fake_overrides()
-    from . import attention, data_dependent
+    from . import attention, data_dependent, fastpath
+    fast = fastpath.load()
+    deferred = []   # (op, kernel): the engine's kernel on PrivateUse3, the C++ fast path's on PrivateUse1
     manual = {"copy_", "resize_", "equal", "_local_scalar_dense", "clone"}
     for op in _all_overloads():
         name = op_name(op)
@@ -528,13 +534,22 @@ def register_all():
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
             continue  # decomposes before reaching the backend
-        kernel = kernel_for(op)
+        kernel = plain = kernel_for(op)
         if name in data_dependent.MASK_ARGUMENT_OPS:  # boolean masks become indices first
             kernel = data_dependent.with_masks(kernel, data_dependent.MASK_ARGUMENT_OPS[name])
         kernel = argument_checks.wrap(name, kernel)   # host checks of Scalar arguments (pow, fill)
-        _impl(op, kernel)
+        if fast and kernel is plain and fastpath.eligible(op, kernel):
+            deferred.append((op, kernel))
+        else:
+            _impl(op, kernel)
     data_dependent.register(_impl)
     attention.register()
+    for op, kernel in deferred:
+        if op in _registered or op_name(op) in _registered:   # a later registration took the overload over
+            continue
+        _lib.impl(op, kernel, "PrivateUse3")
+        if not fastpath.attach(op, kernel):
+            _impl(op, kernel)
     # copy_ between tpu tensors goes through the engine (fused view read/write and cast)
     KERNELS[aten.copy_.default] = OpKernel(aten.copy_.default)
     kernel_for(aten.clone.default)  # what _clone runs when it cannot share

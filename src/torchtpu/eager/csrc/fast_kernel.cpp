@@ -1,0 +1,925 @@
+// The eager engine's C++ fast path (eager/fastpath.py): a boxed PrivateUse1 kernel in front of the
+// Python OpKernel (eager/engine.py) of one ATen overload.
+//
+// The Python kernel is registered on the spare PrivateUse3 key; this kernel, on PrivateUse1, holds
+// PyTorch's own boxed holder of it (getComputedKernelForDispatchKey) and falls back to it, so a
+// fallback behaves exactly as the Python kernel registered on PrivateUse1 did. The hot path builds
+// a key from the IValue stack (each argument as the Python kernel would see it: present or left at
+// its default, each tensor's dtype, sizes, strides, whether it is part of its storage, which
+// storage slot, the storage record's dtype and size; the non-tensor values; only the types of the
+// Scalar arguments, which travel as traced values), finds a "fast entry" that the Python side
+// described after running the same key (fastpath.describe: a plain executable with one new
+// output), calls its jitted function with the storages' buffers, the scalars and the offsets of
+// partial views, and makes the output tensor (storage/records.py: new_tensor). Anything else —
+// a key not seen yet, an entry that is not plain, a mode other than strict, a failed device-side
+// assert, a pending interrupt, XLA options in force, an unwritten or queued buffer, an error —
+// runs the Python kernel. The key is at least as fine as the Python kernel's, so the entry it
+// finds is the one the Python kernel would use.
+//
+// Loaded with ctypes.PyDLL (the GIL is held by every entry point called from Python).
+#include <Python.h>
+#include <structmember.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+constexpr int kAbi = 4;
+
+struct Config {
+  PyObject* records = nullptr;     // storage address -> StorageRecord
+  PyObject* mode = nullptr;        // eager/modes.py: _mode, [name]
+  PyObject* failed = nullptr;      // eager/asserts.py: FAILED
+  PyObject* pending = nullptr;     // eager/interrupts.py: PENDING
+  PyObject* xla_active = nullptr;  // eager/xla_options.py: _active
+  PyObject* unchecked = nullptr;   // eager/asserts.py: _unchecked, [unchecked verdicts] (writes are gated when > 0)
+  PyObject* counters = nullptr;    // metrics.counters
+  Py_ssize_t off_hits = -1;        // its eager_cache_hits slot
+  Py_ssize_t off_buffer = -1, off_dtype = -1, off_numel = -1, off_device = -1;  // StorageRecord slots
+  PyObject* new_tensor = nullptr;  // storage/records.py: new_tensor
+  PyObject* describe = nullptr;    // eager/fastpath.py: describe
+  PyTypeObject* array_type = nullptr;  // jax.Array's implementation type
+  PyObject* strict = nullptr;      // "strict"
+  // what new_tensor (storage/records.py) touches, for making outputs here (tpu:0)
+  bool native_outputs = false;
+  PyObject* bump = nullptr;         // _bump: [next address]
+  PyObject* stats = nullptr;        // _stats: device index -> MemoryStats
+  PyObject* record_type = nullptr;  // StorageRecord
+  PyObject* ref_type = nullptr;     // _StorageRef
+  PyObject* on_free = nullptr;      // _on_free
+  Py_ssize_t off_ref = -1, off_address = -1;
+  Py_ssize_t off_allocated = -1, off_peak = -1, off_num_alloc = -1, off_materialized = -1,
+             off_peak_materialized = -1, off_failed = -1;
+  // device_scalar(number) -> that number as a device array on tpu:0 (eager/fastpath.py)
+  PyObject* device_scalar = nullptr;
+};
+
+Config C;
+
+// JAX converts every Python number argument to a device array on each call (about 2.5 us each):
+// the traced scalars and storage offsets of calls on tpu:0 are passed as kept device arrays of the
+// same (weakly typed) dtype instead, one per value, up to kMaxScalars values
+constexpr size_t kMaxScalars = 4096;
+struct ScalarKeyHash {
+  size_t operator()(const std::pair<int, int64_t>& k) const noexcept {
+    return std::hash<int64_t>()(k.second) * 31 + k.first;
+  }
+};
+std::unordered_map<std::pair<int, int64_t>, PyObject*, ScalarKeyHash> g_scalars;
+bool g_cache_scalars = true;
+
+void clear_scalars() {
+  for (auto& kv : g_scalars) Py_DECREF(kv.second);
+  g_scalars.clear();
+}
+
+// the kept device array for Python number `v` (borrowed), or `v` itself; nullptr with the error
+// set when Python raised something that is not an Exception (KeyboardInterrupt) meanwhile
+PyObject* device_scalar(PyObject* v) {
+  if (!g_cache_scalars || !C.device_scalar) return v;
+  std::pair<int, int64_t> key;
+  if (PyFloat_CheckExact(v)) {
+    double d = PyFloat_AS_DOUBLE(v);
+    std::memcpy(&key.second, &d, sizeof d);
+    key.first = 1;
+  } else if (PyLong_CheckExact(v)) {
+    int overflow = 0;
+    key.second = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (key.second == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return v;
+    }
+    key.first = 2;
+  } else {
+    return v;   // bools and complex numbers go as they are
+  }
+  auto it = g_scalars.find(key);
+  if (it != g_scalars.end()) return it->second;
+  PyObject* a = PyObject_CallOneArg(C.device_scalar, v);
+  if (!a) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;   // a KeyboardInterrupt: raised
+    PyErr_Clear();
+    return v;
+  }
+  if (g_scalars.size() >= kMaxScalars) clear_scalars();
+  g_scalars.emplace(key, a);
+  return a;
+}
+
+bool g_enabled = false;
+long long g_fast_calls = 0, g_fallbacks = 0;
+
+enum : int64_t {
+  K_ABSENT = 1, K_NONE, K_TENSOR, K_CPU_SCALAR, K_SCALAR_INT, K_SCALAR_DOUBLE, K_SCALAR_BOOL,
+  K_SCALAR_COMPLEX, K_INT, K_DOUBLE, K_BOOL, K_STR, K_INT_LIST, K_DOUBLE_LIST, K_BOOL_LIST, K_LIST,
+};
+
+enum State { NEVER = 0, FAST = 1, LATER = 2 };
+constexpr int kLaterCalls = 48;      // a "later" entry (Entry.memo not given up yet) is asked again after this many calls
+constexpr size_t kMaxEntries = 4096; // per op; past it the table starts over
+
+struct FastEntry {
+  State state = NEVER;
+  int countdown = 0;
+  PyObject* fn = nullptr;     // owned
+  PyObject* shape = nullptr;  // owned; None for an in-place op (no new output)
+  PyObject* dtype = nullptr;  // owned
+  std::vector<int> mutated;   // storage slots that get the results as their new buffers
+  std::vector<int64_t> sizes; // the new output's sizes, numel, bytes and dtype (native outputs)
+  int64_t numel = 0, nbytes = 0;
+  c10::ScalarType scalar_type = c10::ScalarType::Undefined;
+  void release() {
+    Py_CLEAR(fn);
+    Py_CLEAR(shape);
+    Py_CLEAR(dtype);
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& v) const noexcept {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int64_t x : v) {
+      h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+inline PyObject* slot_of(PyObject* obj, Py_ssize_t offset) {
+  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+}
+
+struct Gil {
+  PyGILState_STATE s;
+  Gil() : s(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(s); }
+};
+
+// One call's key and what the executable takes besides the buffers.
+struct Work {
+  std::vector<int64_t> key;
+  c10::SmallVector<const void*, 8> addresses;  // storage slot -> data pointer
+  c10::SmallVector<PyObject*, 8> records;      // storage slot -> record (borrowed: RECORDS holds it)
+  c10::SmallVector<PyObject*, 8> values;       // traced values (owned)
+  c10::SmallVector<int64_t, 8> offsets;        // storage offsets of partial views
+  long device = -1;
+  PyObject* device_obj = nullptr;              // borrowed from a record
+  ~Work() {
+    for (PyObject* v : values) Py_DECREF(v);
+  }
+};
+
+// why a call cannot take the fast path: a Python error is set only for ERROR
+enum Verdict { OK = 0, BAIL = 1, ERROR = 2 };
+
+class FastKernel;
+std::vector<FastKernel*> g_kernels;
+std::vector<std::unique_ptr<c10::RegistrationHandleRAII>> g_registrations;
+
+class FastKernel final : public c10::OperatorKernel {
+ public:
+  FastKernel(PyObject* kernel, std::vector<char> scalar, c10::SafeKernelFunction fallback,
+             const c10::FunctionSchema& schema, int alias_arg)
+      : kernel_(kernel), scalar_(std::move(scalar)), fallback_(std::move(fallback)), alias_arg_(alias_arg) {
+    Py_INCREF(kernel_);
+    const auto& arguments = schema.arguments();
+    n_args_ = arguments.size();
+    kwarg_only_start_ = static_cast<int64_t>(n_args_);
+    while (kwarg_only_start_ > 0 && arguments[kwarg_only_start_ - 1].kwarg_only()) {
+      kwarg_only_start_--;
+    }
+    for (const auto& a : arguments) {
+      defaults_.push_back(a.default_value());
+    }
+  }
+
+  void clear() {
+    for (auto& kv : table_) kv.second.release();
+    table_.clear();
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    if (!g_enabled || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+      fallback_.callBoxed(op, ks, stack);
+      return;
+    }
+    Gil gil;
+    if (!plain_strict()) {
+      g_fallbacks++;
+      fallback_.callBoxed(op, ks, stack);
+      return;
+    }
+    auto args = torch::jit::last(*stack, n_args_);
+    FastEntry* entry = nullptr;
+    std::vector<int64_t> key;
+    {
+      Work w;
+      Verdict v = build(args, w);
+      if (v == ERROR) {
+        PyErr_Clear();
+      }
+      if (v == OK) {
+        auto it = table_.find(w.key);
+        if (it != table_.end()) {
+          entry = &it->second;
+          if (entry->state == FAST) {
+            if (run(*entry, w, stack)) {
+              return;
+            }
+          } else if (entry->state == LATER && --entry->countdown <= 0) {
+            key = std::move(w.key);
+          }
+        } else {
+          key = std::move(w.key);
+        }
+      }
+    }
+    g_fallbacks++;
+    if (key.empty()) {
+      fallback_.callBoxed(op, ks, stack);
+      return;
+    }
+    // a key the table does not know yet (or asks again): run the Python kernel, then ask it what
+    // it ran, if the arguments still key the same way (the op did not change them)
+    std::vector<c10::IValue> saved(args.begin(), args.end());
+    fallback_.callBoxed(op, ks, stack);
+    Work again;
+    Verdict v = build(saved, again);
+    if (v == ERROR) {
+      PyErr_Clear();
+    }
+    if (v == OK && again.key == key) {
+      learn(std::move(key));
+    }
+  }
+
+ private:
+  static bool plain_strict() {
+    if (PyList_GET_SIZE(C.mode) < 1) return false;
+    PyObject* m = PyList_GET_ITEM(C.mode, 0);
+    if (m != C.strict && (!PyUnicode_Check(m) || PyUnicode_Compare(m, C.strict) != 0)) return false;
+    if (PyDict_GET_SIZE(C.failed) != 0 || PyList_GET_SIZE(C.pending) != 0) return false;
+    if (PyList_GET_SIZE(C.xla_active) < 1) return false;
+    PyObject* x = PyList_GET_ITEM(C.xla_active, 0);   // () when no options are in force
+    if (PyTuple_CheckExact(x)) return PyTuple_GET_SIZE(x) == 0;
+    return x == Py_None || x == Py_False;
+  }
+
+  bool present(c10::ArrayRef<c10::IValue> args, int64_t i, int64_t positional_end) const {
+    if (i < kwarg_only_start_) return i < positional_end;
+    return !is_default(args, i);
+  }
+
+  bool is_default(c10::ArrayRef<c10::IValue> args, int64_t i) const {
+    const auto& d = defaults_[i];
+    return d.has_value() && !(*d != args[i]);
+  }
+
+  Verdict tensor(const at::Tensor& t, Work& w) {
+    if (!t.defined()) {
+      w.key.push_back(K_NONE);
+      return OK;
+    }
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (impl->key_set().has(c10::DispatchKey::Python)) return BAIL;
+    c10::DeviceType dt = impl->device_type();
+    if (dt == c10::DeviceType::CPU) {
+      if (impl->dim() != 0 || t.is_conj() || t.is_neg()) return BAIL;
+      auto st = t.scalar_type();
+      if (st == c10::ScalarType::UInt64 || c10::isQIntType(st)) return BAIL;
+      c10::Scalar s = t.item();
+      PyObject* v;
+      if (s.isFloatingPoint()) v = PyFloat_FromDouble(s.toDouble());
+      else if (s.isBoolean()) v = PyBool_FromLong(s.toBool());
+      else if (s.isIntegral(false)) v = PyLong_FromLongLong(s.toLong());
+      else if (s.isComplex()) {
+        auto c = s.toComplexDouble();
+        v = PyComplex_FromDoubles(c.real(), c.imag());
+      } else return BAIL;
+      if (!v) return ERROR;
+      w.values.push_back(v);
+      w.key.push_back(K_CPU_SCALAR);
+      w.key.push_back(static_cast<int64_t>(st));
+      return OK;
+    }
+    if (dt != c10::DeviceType::PrivateUse1 || impl->layout() != c10::kStrided) return BAIL;
+    const void* address = impl->storage().data_ptr().get();
+    size_t slot = 0;
+    while (slot < w.addresses.size() && w.addresses[slot] != address) slot++;
+    PyObject* record;
+    if (slot == w.addresses.size()) {
+      PyObject* a = PyLong_FromVoidPtr(const_cast<void*>(address));
+      if (!a) return ERROR;
+      record = PyDict_GetItemWithError(C.records, a);
+      Py_DECREF(a);
+      if (!record) return PyErr_Occurred() ? ERROR : BAIL;
+      PyObject* dev = slot_of(record, C.off_device);
+      if (!dev || !PyLong_CheckExact(dev)) return BAIL;
+      long d = PyLong_AsLong(dev);
+      if (w.device >= 0 && d != w.device) return BAIL;  // the Python kernel raises PyTorch's error
+      w.device = d;
+      w.device_obj = dev;
+      w.addresses.push_back(address);
+      w.records.push_back(record);
+    } else {
+      record = w.records[slot];
+    }
+    PyObject* rdtype = slot_of(record, C.off_dtype);
+    PyObject* rnumel = slot_of(record, C.off_numel);
+    if (!rdtype || !rnumel || !PyLong_CheckExact(rnumel)) return BAIL;
+    int64_t numel = PyLong_AsLongLong(rnumel);
+    int64_t offset = impl->storage_offset();
+    bool partial = offset != 0 || impl->numel() != numel;
+    if (partial) w.offsets.push_back(offset);
+    auto sizes = impl->sizes();
+    auto strides = impl->strides();
+    w.key.push_back(K_TENSOR);
+    w.key.push_back(static_cast<int64_t>(t.scalar_type()));
+    w.key.push_back(static_cast<int64_t>(sizes.size()));
+    w.key.insert(w.key.end(), sizes.begin(), sizes.end());
+    w.key.insert(w.key.end(), strides.begin(), strides.end());
+    w.key.push_back(partial);
+    w.key.push_back(static_cast<int64_t>(slot));
+    w.key.push_back(reinterpret_cast<intptr_t>(rdtype));
+    w.key.push_back(numel);
+    w.key.push_back(t.is_conj() * 2 + t.is_neg());
+    return OK;
+  }
+
+  Verdict value(const c10::IValue& v, bool scalar, Work& w) {
+    if (v.isTensor()) return tensor(v.toTensor(), w);
+    if (v.isNone()) {
+      w.key.push_back(K_NONE);
+      return OK;
+    }
+    if (scalar && (v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble())) {
+      PyObject* o;
+      if (v.isDouble()) {
+        o = PyFloat_FromDouble(v.toDouble());
+        w.key.push_back(K_SCALAR_DOUBLE);
+      } else if (v.isBool()) {
+        o = PyBool_FromLong(v.toBool());
+        w.key.push_back(K_SCALAR_BOOL);
+      } else if (v.isInt()) {
+        o = PyLong_FromLongLong(v.toInt());
+        w.key.push_back(K_SCALAR_INT);
+      } else {
+        auto c = v.toComplexDouble();
+        o = PyComplex_FromDoubles(c.real(), c.imag());
+        w.key.push_back(K_SCALAR_COMPLEX);
+      }
+      if (!o) return ERROR;
+      w.values.push_back(o);
+      return OK;
+    }
+    if (v.isBool()) {
+      w.key.push_back(K_BOOL);
+      w.key.push_back(v.toBool());
+    } else if (v.isInt()) {
+      w.key.push_back(K_INT);
+      w.key.push_back(v.toInt());
+    } else if (v.isDouble()) {
+      double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      w.key.push_back(K_DOUBLE);
+      w.key.push_back(bits);
+    } else if (v.isString()) {
+      const std::string& s = v.toStringRef();
+      w.key.push_back(K_STR);
+      w.key.push_back(static_cast<int64_t>(s.size()));
+      for (size_t i = 0; i < s.size(); i += 8) {
+        int64_t chunk = 0;
+        std::memcpy(&chunk, s.data() + i, std::min<size_t>(8, s.size() - i));
+        w.key.push_back(chunk);
+      }
+    } else if (v.isIntList()) {
+      auto l = v.toIntList();
+      w.key.push_back(K_INT_LIST);
+      w.key.push_back(static_cast<int64_t>(l.size()));
+      for (int64_t x : l) w.key.push_back(x);
+    } else if (v.isDoubleList()) {
+      auto l = v.toDoubleList();
+      w.key.push_back(K_DOUBLE_LIST);
+      w.key.push_back(static_cast<int64_t>(l.size()));
+      for (double x : l) {
+        int64_t bits;
+        std::memcpy(&bits, &x, sizeof bits);
+        w.key.push_back(bits);
+      }
+    } else if (v.isBoolList()) {
+      auto l = v.toBoolList();
+      w.key.push_back(K_BOOL_LIST);
+      w.key.push_back(static_cast<int64_t>(l.size()));
+      for (bool x : l) w.key.push_back(x);
+    } else if (v.isList()) {   // Tensor[] and Tensor?[]
+      auto l = v.toListRef();
+      w.key.push_back(K_LIST);
+      w.key.push_back(static_cast<int64_t>(l.size()));
+      for (const auto& x : l) {
+        if (x.isNone()) {
+          w.key.push_back(K_NONE);
+        } else if (x.isTensor()) {
+          Verdict r = tensor(x.toTensor(), w);
+          if (r != OK) return r;
+        } else {
+          return BAIL;
+        }
+      }
+    } else {
+      return BAIL;   // a device, a generator, a SymInt, ...: the Python kernel
+    }
+    return OK;
+  }
+
+  Verdict build(c10::ArrayRef<c10::IValue> args, Work& w) {
+    w.key.reserve(64);
+    int64_t positional_end = kwarg_only_start_;
+    while (positional_end > 0 && is_default(args, positional_end - 1)) positional_end--;
+    for (int64_t i = 0; i < static_cast<int64_t>(n_args_); i++) {
+      if (!present(args, i, positional_end)) {
+        w.key.push_back(K_ABSENT);
+        continue;
+      }
+      Verdict r = value(args[i], scalar_[i], w);
+      if (r != OK) return r;
+    }
+    return w.device >= 0 ? OK : BAIL;   // tensor-free ops (factories) stay in Python
+  }
+
+  // Run a fast entry; false (nothing changed, no Python error set) sends the call to the Python kernel.
+  bool run(FastEntry& e, Work& w, torch::jit::Stack* stack) {
+    if (!e.mutated.empty()) {
+      // unchecked device-side asserts gate writes (eager/asserts.py: poison): the Python kernel
+      PyObject* u = PyList_GET_SIZE(C.unchecked) ? PyList_GET_ITEM(C.unchecked, 0) : nullptr;
+      if (!u || !PyLong_CheckExact(u) || PyLong_AsLong(u) != 0) return false;
+      for (int s : e.mutated) {
+        if (s < 0 || static_cast<size_t>(s) >= w.records.size()) return false;
+      }
+    }
+    c10::SmallVector<PyObject*, 16> argv;
+    struct Owned {
+      c10::SmallVector<PyObject*, 16> items;
+      ~Owned() { for (PyObject* x : items) Py_DECREF(x); }
+    } owned_;
+    auto& owned = owned_.items;
+    // (the arguments are held for the call: JAX may release the GIL while it runs, and another
+    // thread may give a record a new buffer or clear the kept scalars meanwhile)
+    for (PyObject* r : w.records) {
+      PyObject* b = slot_of(r, C.off_buffer);
+      if (!b || Py_TYPE(b) != C.array_type) return false;   // unwritten (zeros) or queued: Python
+      Py_INCREF(b);
+      owned.push_back(b);
+      argv.push_back(b);
+    }
+    bool cached = w.device == 0;
+    for (PyObject* v : w.values) {
+      PyObject* a = cached ? device_scalar(v) : v;
+      if (!a) throw python_error();   // nothing written yet
+      Py_INCREF(a);
+      owned.push_back(a);
+      argv.push_back(a);
+    }
+    for (int64_t o : w.offsets) {
+      PyObject* p = PyLong_FromLongLong(o);
+      if (!p) {
+        PyErr_Clear();
+        return false;
+      }
+      owned.push_back(p);
+      PyObject* a = cached ? device_scalar(p) : p;
+      if (!a) throw python_error();
+      if (a != p) {
+        Py_INCREF(a);
+        owned.push_back(a);
+      }
+      argv.push_back(a);
+    }
+    // (the entry may be dropped while the call runs: forget_executables)
+    PyObject* fn = e.fn;
+    PyObject* shape = e.shape;
+    PyObject* dtype = e.dtype;
+    Py_INCREF(fn);
+    Py_INCREF(shape);
+    Py_INCREF(dtype);
+    struct Drop {
+      PyObject* a; PyObject* b; PyObject* c;
+      ~Drop() { Py_DECREF(a); Py_DECREF(b); Py_DECREF(c); }
+    } drop{fn, shape, dtype};
+    PyObject* res = PyObject_Vectorcall(fn, argv.data(), argv.size(), nullptr);
+    if (!res) {
+      if (PyErr_ExceptionMatches(PyExc_Exception)) {   // the Python kernel runs it again and raises as it does
+        PyErr_Clear();
+        return false;
+      }
+      throw python_error();   // KeyboardInterrupt and the like: nothing was written
+    }
+    size_t n_results = (e.shape != Py_None ? 1 : 0) + e.mutated.size();
+    PyObject* const* items = nullptr;
+    if (PyTuple_Check(res) && static_cast<size_t>(PyTuple_GET_SIZE(res)) == n_results) {
+      items = &PyTuple_GET_ITEM(res, 0);
+    } else if (PyList_Check(res) && static_cast<size_t>(PyList_GET_SIZE(res)) == n_results) {
+      items = &PyList_GET_ITEM(res, 0);
+    }
+    if (!items) {
+      Py_DECREF(res);
+      return false;
+    }
+    if (e.shape == Py_None) {
+      // an in-place op: the written storages get their new buffers here, with no Python code
+      // between the call's return and the last assignment (a Ctrl-C cannot land in between:
+      // eager/executable.py: call_and_commit); the old buffers are released after
+      c10::SmallVector<PyObject*, 4> old;
+      for (size_t i = 0; i < e.mutated.size(); i++) {
+        PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.records[e.mutated[i]]) + C.off_buffer);
+        old.push_back(*p);
+        Py_INCREF(items[i]);
+        *p = items[i];
+      }
+      c10::IValue returned = torch::jit::last(*stack, n_args_)[alias_arg_];
+      torch::jit::drop(*stack, n_args_);
+      torch::jit::push(*stack, std::move(returned));
+      count_hit();
+      g_fast_calls++;
+      Py_DECREF(res);
+      for (PyObject* o : old) Py_XDECREF(o);
+      return true;
+    }
+    at::Tensor result;
+    if (C.native_outputs && w.device == 0 && e.scalar_type != c10::ScalarType::Undefined) {
+      result = new_output(e, w.device_obj, items[0]);   // throws python_error
+    }
+    if (result.defined()) {
+      Py_DECREF(res);
+      count_hit();
+      g_fast_calls++;
+      torch::jit::drop(*stack, n_args_);
+      torch::jit::push(*stack, std::move(result));
+      return true;
+    }
+    PyObject* nargs[4] = {shape, dtype, w.device_obj, items[0]};
+    PyObject* t = PyObject_Vectorcall(C.new_tensor, nargs, 4, nullptr);
+    Py_DECREF(res);
+    if (!t) throw python_error();
+    count_hit();
+    g_fast_calls++;
+    result = THPVariable_Unpack(t);
+    torch::jit::drop(*stack, n_args_);
+    torch::jit::push(*stack, std::move(result));
+    Py_DECREF(t);
+    return true;
+  }
+
+  // storage/records.py: new_tensor(shape, dtype, 0, buffer), step for step: a storage at a fresh
+  // address (the bump counter, a guard page), the TensorImpl create_empty_tensor makes with that
+  // storage swapped in, its StorageRecord, the weak reference that frees the record with the
+  // storage, the memory statistics. No Python tensor object is made (PyTorch makes one if the
+  // result goes back to Python).
+  static at::Tensor new_output(const FastEntry& e, PyObject* device_obj, PyObject* buffer) {
+    constexpr int64_t kPage = 4096;
+    {
+      PyObject* key = PyLong_FromLong(0);
+      if (!key) throw python_error();
+      PyObject* s = PyDict_GetItemWithError(C.stats, key);
+      Py_DECREF(key);
+      if (!s) {
+        if (PyErr_Occurred()) throw python_error();
+        return at::Tensor();   // no statistics for tpu:0 yet: new_tensor makes them
+      }
+    }
+    PyObject* next = PyList_GET_SIZE(C.bump) ? PyList_GET_ITEM(C.bump, 0) : nullptr;
+    if (!next || !PyLong_CheckExact(next)) {
+      PyErr_SetString(PyExc_RuntimeError, "torchtpu fast path: bad address counter");
+      throw python_error();
+    }
+    int64_t address = PyLong_AsLongLong(next);
+    PyObject* advanced = PyLong_FromLongLong(address + ((e.nbytes + 2 * kPage - 1) / kPage) * kPage);
+    if (!advanced) throw python_error();
+    if (PyList_SetItem(C.bump, 0, advanced) < 0) throw python_error();   // steals `advanced`
+    c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(e.nbytes),
+                         at::DataPtr(reinterpret_cast<void*>(address), c10::Device(c10::DeviceType::PrivateUse1, 0)));
+    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+        caffe2::TypeMeta::fromScalarType(e.scalar_type));
+    t.unsafeGetTensorImpl()->set_sizes_contiguous(e.sizes);
+
+    PyObject* storage_obj = THPStorage_Wrap(storage);
+    if (!storage_obj) throw python_error();
+    PyObject* ref_args[2] = {storage_obj, C.on_free};
+    PyObject* ref = PyObject_Vectorcall(C.ref_type, ref_args, 2, nullptr);
+    Py_DECREF(storage_obj);
+    if (!ref) throw python_error();
+    PyObject* address_obj = PyLong_FromLongLong(address);
+    PyObject* numel_obj = PyLong_FromLongLong(e.numel);
+    PyObject* nbytes_obj = PyLong_FromLongLong(e.nbytes);
+    PyObject* record = nullptr;
+    if (address_obj && numel_obj && nbytes_obj) {
+      PyObject* rec_args[5] = {e.dtype, numel_obj, nbytes_obj, device_obj, buffer};
+      record = PyObject_Vectorcall(C.record_type, rec_args, 5, nullptr);
+    }
+    Py_XDECREF(numel_obj);
+    Py_XDECREF(nbytes_obj);
+    bool ok = record != nullptr;
+    if (ok) {
+      set_slot(ref, C.off_address, address_obj);   // ref.address = address
+      set_slot(record, C.off_ref, ref);            // record.ref = ref
+      ok = PyDict_SetItem(C.records, address_obj, record) == 0;
+    }
+    Py_XDECREF(address_obj);
+    Py_DECREF(ref);
+    Py_XDECREF(record);
+    if (!ok || !count_new(e.nbytes, buffer != Py_None)) throw python_error();
+    return t;
+  }
+
+  static void set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {
+    PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+    PyObject* old = *p;
+    Py_INCREF(value);
+    *p = value;
+    Py_XDECREF(old);
+  }
+
+  static bool add_slot(PyObject* obj, Py_ssize_t offset, int64_t delta, int64_t* now) {
+    PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+    if (!*p || !PyLong_CheckExact(*p)) {
+      PyErr_SetString(PyExc_RuntimeError, "torchtpu fast path: bad memory statistics");
+      return false;
+    }
+    int64_t v = PyLong_AsLongLong(*p) + delta;
+    if (delta) {
+      PyObject* n = PyLong_FromLongLong(v);
+      if (!n) return false;
+      PyObject* old = *p;
+      *p = n;
+      Py_DECREF(old);
+    }
+    if (now) *now = v;
+    return true;
+  }
+
+  // new_tensor's statistics: tpu:0's MemoryStats (made by the Python `stats` if missing)
+  static bool count_new(int64_t nbytes, bool materialized) {
+    PyObject* key = PyLong_FromLong(0);
+    if (!key) return false;
+    PyObject* s = PyDict_GetItemWithError(C.stats, key);
+    Py_DECREF(key);
+    if (!s) {
+      PyErr_SetString(PyExc_RuntimeError, "torchtpu fast path: no memory statistics for tpu:0");
+      return false;
+    }
+    int64_t allocated, failed, peak, mat, peak_mat;
+    if (!add_slot(s, C.off_allocated, nbytes, &allocated) || !add_slot(s, C.off_num_alloc, 1, nullptr) ||
+        !add_slot(s, C.off_failed, 0, &failed) || !add_slot(s, C.off_peak, 0, &peak)) {
+      return false;
+    }
+    if (allocated - failed > peak && !add_slot(s, C.off_peak, allocated - failed - peak, nullptr)) return false;
+    if (materialized) {
+      if (!add_slot(s, C.off_materialized, nbytes, &mat) || !add_slot(s, C.off_peak_materialized, 0, &peak_mat)) {
+        return false;
+      }
+      if (mat > peak_mat && !add_slot(s, C.off_peak_materialized, mat - peak_mat, nullptr)) return false;
+    }
+    return true;
+  }
+
+  static void count_hit() {
+    PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(C.counters) + C.off_hits);
+    PyObject* old = *p;
+    if (!old || !PyLong_CheckExact(old)) return;
+    PyObject* n = PyLong_FromLongLong(PyLong_AsLongLong(old) + 1);
+    if (!n) {
+      PyErr_Clear();
+      return;
+    }
+    *p = n;
+    Py_DECREF(old);
+  }
+
+  void learn(std::vector<int64_t> key) {
+    PyObject* d = PyObject_CallOneArg(C.describe, kernel_);
+    if (!d) {
+      // (the op has run; a KeyboardInterrupt that landed in describe is raised, as it would be
+      // had it landed just after the Python kernel returned)
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) throw python_error();
+      PyErr_Clear();
+      return;
+    }
+    FastEntry e;
+    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 4 && PyTuple_Check(PyTuple_GET_ITEM(d, 3))) {
+      PyObject* slots = PyTuple_GET_ITEM(d, 3);
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(slots); i++) {
+        e.mutated.push_back(static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(slots, i))));
+      }
+      if (PyErr_Occurred() || (PyTuple_GET_ITEM(d, 1) == Py_None) != !e.mutated.empty() ||
+          (!e.mutated.empty() && alias_arg_ < 0)) {
+        PyErr_Clear();
+        Py_DECREF(d);
+        return;
+      }
+      e.state = FAST;
+      e.fn = PyTuple_GET_ITEM(d, 0);
+      e.shape = PyTuple_GET_ITEM(d, 1);
+      e.dtype = PyTuple_GET_ITEM(d, 2);
+      if (PyTuple_Check(e.shape) && THPDtype_Check(e.dtype)) {
+        e.scalar_type = reinterpret_cast<THPDtype*>(e.dtype)->scalar_type;
+        e.numel = 1;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(e.shape); i++) {
+          int64_t n = PyLong_AsLongLong(PyTuple_GET_ITEM(e.shape, i));
+          e.sizes.push_back(n);
+          e.numel *= n;
+        }
+        e.nbytes = e.numel * static_cast<int64_t>(c10::elementSize(e.scalar_type));
+        if (PyErr_Occurred()) {
+          PyErr_Clear();
+          e.scalar_type = c10::ScalarType::Undefined;   // outputs through new_tensor
+        }
+      }
+      Py_INCREF(e.fn);
+      Py_INCREF(e.shape);
+      Py_INCREF(e.dtype);
+    } else if (d == Py_True) {
+      e.state = LATER;
+      e.countdown = kLaterCalls;
+    }
+    Py_DECREF(d);
+    if (table_.size() >= kMaxEntries) clear();
+    auto it = table_.find(key);
+    if (it != table_.end()) {
+      it->second.release();
+      it->second = std::move(e);
+    } else {
+      table_.emplace(std::move(key), std::move(e));
+    }
+  }
+
+  PyObject* kernel_;
+  std::vector<char> scalar_;
+  c10::SafeKernelFunction fallback_;
+  int alias_arg_;   // the argument an in-place or out= op returns; -1: it returns a new tensor
+  size_t n_args_ = 0;
+  int64_t kwarg_only_start_ = 0;
+  std::vector<std::optional<c10::IValue>> defaults_;
+  std::unordered_map<std::vector<int64_t>, FastEntry, KeyHash> table_;
+};
+
+Py_ssize_t member_offset(PyObject* type, const char* name) {
+  PyObject* d = PyObject_GetAttrString(type, name);
+  if (!d) return -1;
+  Py_ssize_t off = -1;
+  if (Py_TYPE(d) == &PyMemberDescr_Type) {
+    PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+    if (m->type == T_OBJECT_EX || m->type == T_OBJECT) off = m->offset;
+  }
+  Py_DECREF(d);
+  if (off < 0) PyErr_Format(PyExc_TypeError, "torchtpu fast path: %s is not an object slot", name);
+  return off;
+}
+
+}  // namespace
+
+extern "C" {
+
+int torchtpu_fast_abi() { return kAbi; }
+
+// config: (RECORDS, _mode, FAILED, PENDING, _active, counters, StorageRecord, new_tensor, describe,
+//          jax array type, _unchecked[, (_bump, _stats, _StorageRef, _on_free, MemoryStats)]): the last
+//          lets outputs on tpu:0 be made here instead of by new_tensor[, device_scalar]
+int torchtpu_fast_init(PyObject* config) {
+  if (!PyTuple_Check(config) || (PyTuple_GET_SIZE(config) < 11 || PyTuple_GET_SIZE(config) > 13)) {
+    PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration");
+    return 0;
+  }
+  PyObject* items[11];
+  for (int i = 0; i < 11; i++) {
+    items[i] = PyTuple_GET_ITEM(config, i);
+    Py_INCREF(items[i]);
+  }
+  C.records = items[0];
+  C.mode = items[1];
+  C.failed = items[2];
+  C.pending = items[3];
+  C.xla_active = items[4];
+  C.counters = items[5];
+  PyObject* record_type = items[6];
+  C.new_tensor = items[7];
+  C.describe = items[8];
+  C.array_type = reinterpret_cast<PyTypeObject*>(items[9]);
+  C.unchecked = items[10];
+  if (!PyDict_Check(C.records) || !PyList_Check(C.mode) || !PyDict_Check(C.failed) ||
+      !PyList_Check(C.pending) || !PyList_Check(C.xla_active) || !PyType_Check(items[9]) ||
+      !PyList_Check(C.unchecked)) {
+    PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration types");
+    return 0;
+  }
+  C.strict = PyUnicode_InternFromString("strict");
+  if (PyTuple_GET_SIZE(config) == 13 && PyCallable_Check(PyTuple_GET_ITEM(config, 12))) {
+    C.device_scalar = PyTuple_GET_ITEM(config, 12);
+    Py_INCREF(C.device_scalar);
+  }
+  if (PyTuple_GET_SIZE(config) >= 12) {   // (..., (_bump, _stats, _StorageRef, _on_free, MemoryStats))
+    PyObject* extra = PyTuple_GET_ITEM(config, 11);
+    if (PyTuple_Check(extra) && PyTuple_GET_SIZE(extra) == 5) {
+      C.bump = PyTuple_GET_ITEM(extra, 0);
+      C.stats = PyTuple_GET_ITEM(extra, 1);
+      C.ref_type = PyTuple_GET_ITEM(extra, 2);
+      C.on_free = PyTuple_GET_ITEM(extra, 3);
+      PyObject* stats_type = PyTuple_GET_ITEM(extra, 4);
+      C.record_type = record_type;
+      Py_INCREF(C.bump);
+      Py_INCREF(C.stats);
+      Py_INCREF(C.ref_type);
+      Py_INCREF(C.on_free);
+      Py_INCREF(C.record_type);
+      C.native_outputs = PyList_Check(C.bump) && PyDict_Check(C.stats) &&
+          (C.off_ref = member_offset(record_type, "ref")) >= 0 &&
+          (C.off_address = member_offset(C.ref_type, "address")) >= 0 &&
+          (C.off_allocated = member_offset(stats_type, "allocated")) >= 0 &&
+          (C.off_peak = member_offset(stats_type, "peak")) >= 0 &&
+          (C.off_num_alloc = member_offset(stats_type, "num_alloc")) >= 0 &&
+          (C.off_materialized = member_offset(stats_type, "materialized")) >= 0 &&
+          (C.off_peak_materialized = member_offset(stats_type, "peak_materialized")) >= 0 &&
+          (C.off_failed = member_offset(stats_type, "failed")) >= 0;
+      if (!C.native_outputs) PyErr_Clear();   // outputs through new_tensor
+    }
+  }
+  PyObject* counters_type = reinterpret_cast<PyObject*>(Py_TYPE(C.counters));
+  if ((C.off_hits = member_offset(counters_type, "eager_cache_hits")) < 0) return 0;
+  if ((C.off_buffer = member_offset(record_type, "_buffer")) < 0) return 0;
+  if ((C.off_dtype = member_offset(record_type, "dtype")) < 0) return 0;
+  if ((C.off_numel = member_offset(record_type, "numel")) < 0) return 0;
+  if ((C.off_device = member_offset(record_type, "device_index")) < 0) return 0;
+  return 1;
+}
+
+// Put the fast kernel of aten::name.overload on PrivateUse1 in front of `kernel`, the Python kernel
+// already registered on PrivateUse3. `scalar`: bytes, 1 for each argument whose numbers are traced;
+// `alias_arg`: the argument an in-place or out= overload returns, or -1.
+int torchtpu_fast_attach(const char* name, const char* overload, PyObject* kernel, PyObject* scalar, int alias_arg) {
+  try {
+    auto handle = c10::Dispatcher::singleton().findSchema({std::string("aten::") + name, overload});
+    if (!handle.has_value()) {
+      PyErr_Format(PyExc_RuntimeError, "torchtpu fast path: no schema aten::%s.%s", name, overload);
+      return 0;
+    }
+    const auto& schema = handle->schema();
+    if (schema.returns().size() != 1 || !PyBytes_Check(scalar) ||
+        static_cast<size_t>(PyBytes_GET_SIZE(scalar)) != schema.arguments().size()) {
+      PyErr_SetString(PyExc_ValueError, "torchtpu fast path: unsupported schema");
+      return 0;
+    }
+    std::vector<char> flags(PyBytes_AS_STRING(scalar), PyBytes_AS_STRING(scalar) + PyBytes_GET_SIZE(scalar));
+    c10::SafeKernelFunction fallback = handle->getComputedKernelForDispatchKey(c10::DispatchKey::PrivateUse3);
+    auto functor = std::make_unique<FastKernel>(kernel, std::move(flags), std::move(fallback), schema, alias_arg);
+    g_kernels.push_back(functor.get());
+    auto reg = c10::Dispatcher::singleton().registerImpl(
+        handle->operator_name(), c10::DispatchKey::PrivateUse1,
+        c10::KernelFunction::makeFromBoxedFunctor(std::move(functor)), std::nullopt, nullptr,
+        "torchtpu eager fast path (eager/csrc/fast_kernel.cpp)");
+    g_registrations.push_back(std::make_unique<c10::RegistrationHandleRAII>(std::move(reg)));
+    return 1;
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "torchtpu fast path: %s", e.what());
+    return 0;
+  }
+}
+
+void torchtpu_fast_set_enabled(int on) { g_enabled = on != 0; }
+
+int torchtpu_fast_enabled() { return g_enabled; }
+
+int torchtpu_fast_native_outputs(int on) {
+  int was = C.native_outputs;
+  if (on >= 0) C.native_outputs = on && C.off_failed >= 0;
+  return was;
+}
+
+// Forget every fast entry (the Python caches were cleared, or what keys them changed).
+void torchtpu_fast_clear() {
+  for (FastKernel* k : g_kernels) k->clear();
+  clear_scalars();
+}
+
+int torchtpu_fast_cache_scalars(int on) {
+  int was = g_cache_scalars;
+  if (on >= 0) g_cache_scalars = on != 0;
+  if (!g_cache_scalars) clear_scalars();
+  return was;
+}
+
+long long torchtpu_fast_calls() { return g_fast_calls; }
+long long torchtpu_fast_fallbacks() { return g_fallbacks; }
+
+}  // extern "C"

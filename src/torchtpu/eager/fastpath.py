@@ -1,0 +1,214 @@
+"""The eager engine's C++ fast path (csrc/fast_kernel.cpp), in front of the Python kernels.
+
+A strict-mode eager op used to cost, besides the executable call itself, PyTorch's boxing of the
+arguments into Python objects, the engine's Python key building and lookup, and the output tensor:
+about twice raw JAX eager for a small `a + b`. The fast path is a C++ boxed kernel on PrivateUse1
+for each functional overload with one Tensor return; the engine's Python kernel moves to the spare
+PrivateUse3 key, where the C++ kernel finds PyTorch's own holder of it and falls back to it. The
+C++ kernel keys the call from the IValue stack (at least as finely as OpKernel.__call__ does) and,
+for a key whose entry is plain (strict mode; one new output; no device-side checks, constants,
+memo, overlap check, XLA options, random numbers, written inputs), calls the entry's jitted
+function itself and makes the output with `new_tensor`. Everything else runs the Python kernel,
+unchanged: a key seen for the first time (after which `describe` tells the C++ side whether the
+entry the Python kernel ran is plain), the fused and debug modes, a failed device-side assert, a
+pending interrupt, XLA options in force, an unwritten or queued input buffer, any error.
+
+TORCHTPU_EAGER_FAST=0 (or TORCHTPU_NATIVE=off, or no C++ compiler) registers the Python kernels on
+PrivateUse1 as before. The library is compiled once per torch/Python version and source hash, like
+the device extension (device/native.py), and links libtorch_python.
+"""
+from __future__ import annotations
+
+import ctypes
+import pathlib
+
+from .. import config
+from ..device import native
+from ..metrics import counters
+from ..storage import records
+from ..storage.records import RECORDS, StorageRecord, new_tensor
+from . import asserts, interrupts, modes, xla_options
+from .asserts import _unchecked
+
+_SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
+_ABI = 4
+_lib = [None]
+_tried = [False]
+_problem = [None]
+
+
+def describe(kernel):
+    """What the C++ fast path may do with the entry `kernel` just ran: (jitted function, output
+    shape, output dtype, ()) for a plain entry with one new output; (jitted function, None, None,
+    written slots) for a plain in-place or out= entry (no new output, the written argument
+    returned); True to ask again later (its memo may give up); False never."""
+    from .engine import _last
+    kernel_and_entry = getattr(_last, "call", None)
+    if kernel_and_entry is None or kernel_and_entry[0] is not kernel:
+        return True   # (not this kernel's call: ask again later)
+    entry = kernel_and_entry[1]
+    if kernel.random or kernel.specialize_scalars or kernel.precision_sensitive:
+        return False
+    if (entry.checks or entry.consts is not None or entry.overlap is not None or entry.xla is not None
+            or entry.fn is None):
+        return False
+    if entry.mutated_slots:
+        # (entry.traced: a large storage, donated when nothing else holds its buffer; the Python kernel)
+        if (entry.outs or entry.traced is not None or entry.nones is not None or entry.spec is None
+                or len(entry.spec) != 1 or not isinstance(entry.spec[0], str)
+                or entry.n_results != len(entry.mutated_slots)):
+            return False
+        return (entry.fn, None, None, tuple(entry.mutated_slots))
+    if entry.spec is not None or entry.n_results != 1 or len(entry.outs) != 1:
+        return False
+    if entry.memo is not None:
+        return True
+    shape, dtype = entry.outs[0]
+    return (entry.fn, tuple(shape), dtype, ())
+
+
+def device_scalar(value):
+    """A Python number as the device array JAX would make of it for a call: the C++ side keeps one
+    per value and passes it instead of the number, which JAX converts on every call (about 2.5 µs
+    each: a learning rate, `alpha`, the offsets of views). Uncommitted, as JAX's own conversion is
+    (a committed array is another argument mapping: a second compilation of every executable); the
+    number itself where JAX's default device is not tpu:0's."""
+    import jax
+    from ..device import platform
+    array = jax.device_put(value)
+    return array if array.devices() == {platform.jax_device(0)} else value
+
+
+def set_cache_scalars(on: bool = True) -> bool:
+    """Pass kept device arrays for traced numbers (the default) or the numbers; the previous setting."""
+    lib = _lib[0]
+    return bool(lib.torchtpu_fast_cache_scalars(int(bool(on)))) if lib is not None else False
+
+
+def load() -> bool:
+    """Build (once) and load the library; whether the fast path is available."""
+    if _lib[0] is not None:
+        return True
+    if _tried[0]:
+        return False
+    _tried[0] = True
+    if not config.get("TORCHTPU_EAGER_FAST"):
+        _problem[0] = "TORCHTPU_EAGER_FAST=0"
+        return False
+    if config.get("TORCHTPU_NATIVE") == "off":
+        _problem[0] = "TORCHTPU_NATIVE=off"
+        return False
+    try:
+        from jax._src.array import ArrayImpl
+        target = native._target(_SOURCES, "tpu_fast", python=True)
+        failed = target.with_suffix(".failed")
+        if not target.exists():
+            # a build that failed (no Python headers, say) is not tried again at every import (~20 s):
+            # delete the .failed file next to the library to retry
+            if failed.exists():
+                raise RuntimeError(f"building the fast path failed before; see {failed}")
+            try:
+                target = native.build(_SOURCES, "tpu_fast", python=True)
+            except Exception as e:
+                if native.compiler() is not None:
+                    try:
+                        failed.write_text(f"{type(e).__name__}: {e}\n")
+                    except OSError:
+                        pass
+                raise
+        lib = ctypes.PyDLL(str(target))
+        if lib.torchtpu_fast_abi() != _ABI:
+            raise RuntimeError(f"{target}: unexpected ABI version")
+        lib.torchtpu_fast_init.argtypes = [ctypes.py_object]
+        lib.torchtpu_fast_attach.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.py_object, ctypes.py_object,
+                                             ctypes.c_int]
+        lib.torchtpu_fast_set_enabled.argtypes = [ctypes.c_int]
+        lib.torchtpu_fast_calls.restype = ctypes.c_longlong
+        lib.torchtpu_fast_fallbacks.restype = ctypes.c_longlong
+        # (the last tuple: what new_tensor touches, so outputs on tpu:0 are made in C++)
+        native_outputs = (records._bump, records._stats, records._StorageRef, records._on_free, records.MemoryStats)
+        if not lib.torchtpu_fast_init((RECORDS, modes._mode, asserts.FAILED, interrupts.PENDING, xla_options._active,
+                                       counters, StorageRecord, new_tensor, describe, ArrayImpl, _unchecked,
+                                       native_outputs, device_scalar)):
+            raise RuntimeError("torchtpu_fast_init failed")
+    except Exception as e:  # noqa: BLE001 - the Python kernels work without it
+        _problem[0] = f"{type(e).__name__}: {e}"
+        return False
+    _lib[0] = lib
+    lib.torchtpu_fast_set_enabled(1)
+    return True
+
+
+def _alias_arg(op, kernel):
+    """The index of the argument an in-place or out= overload returns; -1 for a new tensor; None
+    when the fast path cannot serve the overload."""
+    schema = op._schema
+    if not schema.name.startswith("aten::") or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
+        return None
+    writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if schema.returns[0].alias_info is None:
+        return -1 if not writes else None
+    name = kernel.aliased_returns[0]
+    for i, a in enumerate(schema.arguments):
+        if a.name == name and str(a.type) == "Tensor" and a.alias_info is not None and a.alias_info.is_write:
+            return i
+    return None
+
+
+def eligible(op, kernel) -> bool:
+    """Overloads the fast path may serve: aten, one Tensor return, which is new (a functional op)
+    or the argument it writes (an in-place or out= op)."""
+    return _alias_arg(op, kernel) is not None
+
+
+def attach(op, kernel) -> bool:
+    """Put the C++ kernel on PrivateUse1 in front of `kernel` (already registered on PrivateUse3)."""
+    lib = _lib[0]
+    schema = op._schema
+    flags = bytes((i in kernel.scalar_pos) if not a.kwarg_only else (a.name in kernel.scalar_names)
+                  for i, a in enumerate(schema.arguments))
+    name = schema.name.split("::", 1)[1].encode()
+    try:
+        return bool(lib.torchtpu_fast_attach(name, schema.overload_name.encode(), kernel, flags,
+                                             _alias_arg(op, kernel)))
+    except Exception:  # noqa: BLE001 - the Python kernel is registered instead
+        return False
+
+
+def loaded() -> bool:
+    return _lib[0] is not None
+
+
+def problem():
+    """Why the fast path is not in use, or None."""
+    return _problem[0]
+
+
+def set_enabled(on: bool = True) -> bool:
+    """Turn the fast path on or off at run time (every call takes the Python kernel when off);
+    the previous setting."""
+    lib = _lib[0]
+    if lib is None:
+        return False
+    was = bool(lib.torchtpu_fast_enabled())
+    lib.torchtpu_fast_set_enabled(int(bool(on)))
+    return was
+
+
+def set_native_outputs(on: bool = True) -> bool:
+    """Make new outputs (tpu:0) in C++ (the default) or through `new_tensor`; the previous setting."""
+    lib = _lib[0]
+    return bool(lib.torchtpu_fast_native_outputs(int(bool(on)))) if lib is not None else False
+
+
+def clear():
+    """Forget every fast entry: the Python caches were cleared, or what keys them changed."""
+    if _lib[0] is not None:
+        _lib[0].torchtpu_fast_clear()
+
+
+def stats() -> dict:
+    lib = _lib[0]
+    if lib is None:
+        return {"fast_calls": 0, "fallbacks": 0}
+    return {"fast_calls": lib.torchtpu_fast_calls(), "fallbacks": lib.torchtpu_fast_fallbacks()}

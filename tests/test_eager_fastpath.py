@@ -1,0 +1,233 @@
+"""The eager engine's C++ fast path (eager/fastpath.py): it serves plain strict-mode calls with the
+results the Python kernel gives, counts them as cache hits, and leaves everything else to the
+Python kernel. (Ops whose inputs and results total at most 16 KiB keep their results in the
+Python kernel (Entry.memo) until that gives up: the tests use larger tensors.)"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu.eager import fastpath
+
+pytestmark = pytest.mark.skipif(not fastpath.loaded(), reason=f"no C++ fast path: {fastpath.problem()}")
+
+
+def _served(fn):
+    """fn's result and how many of its calls the C++ fast path served."""
+    before = fastpath.stats()["fast_calls"]
+    out = fn()
+    return out, fastpath.stats()["fast_calls"] - before
+
+
+def test_plain_ops_take_the_fast_path_and_match_the_python_kernel():
+    a_c, b_c = torch.randn(64, 64), torch.randn(64, 64)
+    a, b = a_c.to("tpu"), b_c.to("tpu")
+    a + b   # first call of the key: the Python kernel runs it and describes the entry
+    out, served = _served(lambda: [a + b, a.add(b, alpha=-0.25), a[2:5] * b[2:5], a.t() - b.t(), a * 3.5])
+    hits, compiles = torchtpu.metrics()["eager_cache_hits"], torchtpu.metrics()["eager_compiles"]
+    out, served = _served(lambda: [a + b, a.add(b, alpha=0.75), a[3:6] * b[3:6], a.t() - b.t(), a * 1.5])
+    assert served == 5
+    assert torchtpu.metrics()["eager_cache_hits"] - hits == 5   # counted as hits, as in Python
+    assert torchtpu.metrics()["eager_compiles"] == compiles
+    expected = [a_c + b_c, a_c.add(b_c, alpha=0.75), a_c[3:6] * b_c[3:6], a_c.t() - b_c.t(), a_c * 1.5]
+    for got, want in zip(out, expected):
+        assert got.device.type == "tpu" and got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got.cpu(), want)
+    fastpath.set_enabled(False)
+    try:
+        slow, served = _served(lambda: [a + b, a.add(b, alpha=0.75), a[3:6] * b[3:6], a.t() - b.t(), a * 1.5])
+    finally:
+        fastpath.set_enabled(True)
+    assert served == 0
+    for got, want in zip(out, slow):
+        torch.testing.assert_close(got.cpu(), want.cpu(), rtol=0, atol=0)
+
+
+def test_inplace_on_a_view_updates_the_base():
+    x_c = torch.randn(64, 64)
+    src_c = torch.randn(64, 4)
+    x, src = x_c.to("tpu"), src_c.to("tpu")
+    x[:, 2:6].add_(src)
+    x_c[:, 2:6].add_(src_c)
+    for i in range(3):
+        view = x[:, 2:6]
+        r, served = _served(lambda: view.mul_(1.5).add_(src, alpha=0.5 * i))
+        x_c[:, 2:6].mul_(1.5).add_(src_c, alpha=0.5 * i)
+        assert r is view
+    assert served == 2
+    torch.testing.assert_close(x.cpu(), x_c)
+    assert x[:, 2:6]._version == x[:, 2:6]._version   # (the version counter is PyTorch's: shared)
+
+
+def test_out_variant_returns_its_out_argument():
+    a, b = torch.randn(64, 64, device="tpu"), torch.randn(64, 64, device="tpu")
+    out = torch.empty(64, 64, device="tpu")
+    torch.add(a, b, out=out)
+    r, served = _served(lambda: torch.add(a, b, out=out))
+    assert r is out and served == 1
+    torch.testing.assert_close(out.cpu(), a.cpu() + b.cpu())
+
+
+def test_cpu_scalars_and_aliasing_key_the_call():
+    a = torch.randn(4096, device="tpu")
+    for value in (2.0, 3.0):
+        got, _ = _served(lambda: a * torch.tensor(value, dtype=torch.float64))
+        torch.testing.assert_close(got.cpu(), a.cpu() * value)
+    for _ in range(2):
+        same = a + a          # one storage in two slots: another key than a + b
+        torch.testing.assert_close(same.cpu(), a.cpu() * 2)
+        c = torch.randn(4096, device="tpu")
+        other = a + c
+        torch.testing.assert_close(other.cpu(), a.cpu() + c.cpu())
+
+
+def test_other_modes_and_states_take_the_python_kernel():
+    a, b = torch.randn(4096, device="tpu"), torch.randn(4096, device="tpu")
+    a + b
+    a + b
+    for mode in ("fused", "debug"):
+        with torch.tpu.eager_mode(mode):
+            got, served = _served(lambda: a + b)
+            assert served == 0
+            torch.testing.assert_close(got.cpu(), a.cpu() + b.cpu())
+    with torch.tpu.compiler.custom_compiler_options({"xla_cpu_enable_fast_math": False}):
+        got, served = _served(lambda: a + b)
+        assert served == 0
+    got, served = _served(lambda: a + b)
+    assert served == 1
+
+
+def test_errors_still_come_from_the_python_kernel():
+    a = torch.randn(4, device="tpu")
+    a + a
+    with pytest.raises(RuntimeError, match="broadcast"):
+        a + torch.randn(5, device="tpu")
+    with pytest.raises(RuntimeError, match="same device"):
+        a + torch.randn(4)
+
+
+def test_autograd_through_the_fast_path():
+    w_c = torch.randn(4096, requires_grad=True)
+    w = w_c.detach().to("tpu").requires_grad_()
+    for _ in range(3):
+        ((w * w + w) * 0.5).sum().backward()
+        ((w_c * w_c + w_c) * 0.5).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), w_c.grad)
+
+
+def test_forget_executables_clears_the_fast_entries():
+    from torchtpu.eager.engine import forget_executables
+    a, b = torch.randn(4096, device="tpu"), torch.randn(4096, device="tpu")
+    a - b
+    a - b
+    forget_executables()
+    got, served = _served(lambda: a - b)   # a key the C++ side no longer knows: Python first
+    assert served == 0
+    torch.testing.assert_close(got.cpu(), a.cpu() - b.cpu())
+    got, served = _served(lambda: a - b)
+    assert served == 1
+
+
+def test_switched_off_by_environment():
+    code = ("import torch; from torchtpu.eager import fastpath; a = torch.ones(3, device='tpu'); "
+            "print(fastpath.loaded(), fastpath.problem(), (a + a).cpu().tolist())")
+    for env in ({"TORCHTPU_EAGER_FAST": "0"}, {"TORCHTPU_NATIVE": "off"}):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "False" in done.stdout and "[2.0, 2.0, 2.0]" in done.stdout, done.stdout
+
+
+def test_outputs_made_in_cpp_are_what_new_tensor_makes():
+    import gc
+    from torchtpu.storage import records as R
+    a, b = torch.randn(64, 64, device="tpu"), torch.randn(64, 64, device="tpu")
+    a + b
+    a + b
+
+    def stats():
+        s = R._stats[0]
+        return (s.allocated, s.num_alloc, s.num_free, s.materialized, s.peak, s.peak_materialized, s.failed)
+
+    def make(native):
+        was = fastpath.set_native_outputs(native)
+        try:
+            gc.collect()   # (storages earlier tests left to the collector are freed now, not below)
+            before, n = stats(), len(R.RECORDS)
+            c, served = _served(lambda: a + b)
+            assert served == 1
+            grown = tuple(x - y for x, y in zip(stats(), before))
+            st = c.untyped_storage()
+            rec = R.RECORDS[st.data_ptr()]
+            facts = dict(keys=str(torch._C._dispatch_keys(c)), storage=(st.resizable(), st.nbytes(), str(st.device)),
+                         layout=(tuple(c.shape), c.stride(), c.storage_offset(), c.dtype, c._version),
+                         record=(rec.dtype, rec.numel, rec.nbytes, rec.device_index, rec.oom, rec.ref.address,
+                                 rec.ref() is not None),
+                         grown=grown, records=len(R.RECORDS) - n, value=c.cpu())
+            address = st.data_ptr()
+            facts["record"] = facts["record"][:5] + (facts["record"][5] == address,) + facts["record"][6:]
+            del c, st, rec
+            gc.collect()
+            facts["freed"] = address not in R.RECORDS
+            facts["after_free"] = tuple(x - y for x, y in zip(stats(), before))
+            return facts
+        finally:
+            fastpath.set_native_outputs(was)
+
+    cpp, python = make(True), make(False)
+    torch.testing.assert_close(cpp.pop("value"), python.pop("value"), rtol=0, atol=0)
+    assert cpp == python
+    assert python["freed"] and python["grown"][0] == 64 * 64 * 4
+
+
+def test_kept_device_scalars_give_the_same_results_and_compile_nothing():
+    import jax
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None)
+    a_c, b_c = torch.randn(64, 64), torch.randn(64, 64)
+    a, b = a_c.to("tpu"), b_c.to("tpu")
+    was = fastpath.set_cache_scalars(False)
+    try:
+        for alpha in (0.5, 0.25):   # Python numbers: the executables are built and called
+            a[:, 4:12].add_(b[:, :8], alpha=alpha)
+            a_c[:, 4:12].add_(b_c[:, :8], alpha=alpha)
+            (a * 2.5)[5:9] + b[5:9]
+        fastpath.set_cache_scalars(True)
+        del compiles[:]
+        for alpha in (0.5, 0.75, 0.5):   # kept device arrays (uncommitted, as JAX makes them)
+            _, served = _served(lambda: a[:, 4:12].add_(b[:, :8], alpha=alpha))
+            a_c[:, 4:12].add_(b_c[:, :8], alpha=alpha)
+            assert served == 1
+            got = (a * 2.5)[5:9] + b[5:9]
+        assert not compiles, compiles
+    finally:
+        fastpath.set_cache_scalars(was)
+    torch.testing.assert_close(a.cpu(), a_c)
+    torch.testing.assert_close(got.cpu(), (a_c * 2.5)[5:9] + b_c[5:9])
+
+
+def test_threads_running_one_op_on_different_shapes():
+    import threading
+    errors = []
+
+    def work(rows):
+        try:
+            p_c, q_c = torch.randn(rows, 64), torch.randn(rows, 64)
+            p, q = p_c.to("tpu"), q_c.to("tpu")
+            for _ in range(60):
+                r = p * q
+                assert r.shape == (rows, 64)
+            torch.testing.assert_close(r.cpu(), p_c * q_c)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(rows,)) for rows in (64, 96, 128, 160)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
