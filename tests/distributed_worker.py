@@ -723,6 +723,17 @@ def multihost():
     dist.destroy_process_group()
     print(f"OK multihost rank {rank}", flush=True)
 
+def run_scenarios(names):
+    """Run the comma-separated scenarios in order in this process (one launch pays the imports and
+    the device start once); each prints "OK name". The first failure ends the run: the other ranks
+    may be waiting in its collectives, so nothing after it could be trusted."""
+    for name in names.split(","):
+        print(f"BEGIN {name} rank {RANK}", flush=True)
+        SCENARIOS[name]()
+        if dist.is_initialized():
+            raise AssertionError(f"scenario {name} left the process group initialised")
+        print(f"OK {name} rank {RANK}", flush=True)
+
+
 if __name__ == "__main__":
-    SCENARIOS[sys.argv[1]]()
-    print(f"OK {sys.argv[1]} rank {RANK}", flush=True)
+    run_scenarios(sys.argv[1])
