@@ -14,13 +14,12 @@ import torch
 import torch.distributed as dist
 from torch.testing import assert_close
 
-from distributed_worker import RANK, WORLD, run_scenarios, scenario  # the same registry and environment
+from distributed_worker import RANK, WORLD, run_scenario, scenario  # the same registry and environment
 
 
 def shared_checkpoint(reference):
-    """Rank 0 saves `reference`; the others wait for the file (bounded). One folder per model class:
-    the scenarios of one launch share TORCHTPU_TEST_TMP."""
-    path = os.path.join(os.environ["TORCHTPU_TEST_TMP"], type(reference).__name__)
+    """Rank 0 saves `reference`; the others wait for the file (bounded)."""
+    path = os.environ["TORCHTPU_TEST_TMP"]
     if RANK == 0:
         reference.save_pretrained(path)
         open(os.path.join(path, "saved"), "w").close()
@@ -49,7 +48,6 @@ def causal_lm_tp_plan(config_class, model_class, **config):
         tokens = model.generate(ids.to("tpu"), max_new_tokens=5, do_sample=False)
         want = reference.generate(ids, max_new_tokens=5, do_sample=False)
     assert tokens.cpu().tolist() == want.tolist()
-    dist.destroy_process_group()   # Transformers started it; the launch's next scenario starts its own
     return model
 
 
@@ -113,7 +111,7 @@ def trainer_data_parallel():
     ids = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(1))
     data = [{"input_ids": ids, "labels": ids} for _ in range(8 * WORLD)]
     steps, lr = 3, 1e-2
-    args = TrainingArguments(output_dir=os.path.join(os.environ["TORCHTPU_TEST_TMP"], "trainer"), per_device_train_batch_size=2,
+    args = TrainingArguments(output_dir=os.environ["TORCHTPU_TEST_TMP"], per_device_train_batch_size=2,
                              max_steps=steps, learning_rate=lr, lr_scheduler_type="constant", weight_decay=0.0,
                              max_grad_norm=0.0, optim="adamw_torch", report_to=[], save_strategy="no",
                              logging_strategy="no", dataloader_num_workers=0, seed=0)
@@ -138,8 +136,7 @@ def trainer_data_parallel():
         dist.all_gather(everyone, mine)
         for other in everyone[1:]:
             assert torch.equal(other.cpu(), everyone[0].cpu()), name
-    dist.destroy_process_group()   # accelerate started it
 
 
 if __name__ == "__main__":
-    run_scenarios(sys.argv[1])
+    run_scenario(sys.argv[1])

@@ -74,32 +74,3 @@ def check(results, scenario):
     if bad:
         rank, rc, out = bad[0]
         raise AssertionError(f"{scenario}: rank {rank} exited {rc}\n{out[-6000:]}")
-
-
-class Batch:
-    """Scenarios that share one launch: each rank runs them in order in one process, so the imports
-    (torch, JAX, Transformers: ~10 s per launch on 2 cores) and the multi-controller start are paid
-    once. The first test that needs the batch launches it; each test then checks its own scenario's
-    part of every rank's output. A failure ends the launch, and the scenarios after it report that
-    they did not run and why."""
-
-    def __init__(self, scenarios, nprocs=2, timeout=300, script=None):
-        self.scenarios, self.nprocs, self.timeout, self.script = list(scenarios), nprocs, timeout, script
-        self.results = None
-
-    def check(self, scenario, tmp_path_factory):
-        assert scenario in self.scenarios, scenario
-        if self.results is None:
-            tmp = tmp_path_factory.mktemp("-".join(self.scenarios)[:40])
-            self.results = launch(",".join(self.scenarios), self.nprocs, self.timeout,
-                                  env={"TORCHTPU_TEST_TMP": str(tmp)}, script=self.script)
-        for rank, (rc, out) in enumerate(self.results):
-            if f"OK {scenario} rank " in out:
-                continue
-            begin = f"BEGIN {scenario} rank "
-            if begin not in out:
-                failed = next((s for s in self.scenarios if f"BEGIN {s} rank " in out
-                               and f"OK {s} rank " not in out), "the launch itself")
-                raise AssertionError(f"{scenario}: not run on rank {rank}: {failed} failed before it in the same "
-                                     f"launch (rank exited {rc})\n{out[-4000:]}")
-            raise AssertionError(f"{scenario}: rank {rank} exited {rc}\n{out[out.index(begin):][-6000:]}")

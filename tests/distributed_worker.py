@@ -723,17 +723,14 @@ def multihost():
     dist.destroy_process_group()
     print(f"OK multihost rank {rank}", flush=True)
 
-def run_scenarios(names):
-    """Run the comma-separated scenarios in order in this process (one launch pays the imports and
-    the device start once); each prints "OK name". The first failure ends the run: the other ranks
-    may be waiting in its collectives, so nothing after it could be trusted."""
-    for name in names.split(","):
-        print(f"BEGIN {name} rank {RANK}", flush=True)
-        SCENARIOS[name]()
-        if dist.is_initialized():
-            raise AssertionError(f"scenario {name} left the process group initialised")
-        print(f"OK {name} rank {RANK}", flush=True)
+
+def run_scenario(name):
+    """Run one scenario; "OK name rank R" says it passed. One scenario per launch: a default process
+    group destroyed and created again in one process still breaks on XLA:CPU's gloo collectives (a
+    reduce_scatter read timeout in the scenario after ddp, seen when scenarios shared a launch)."""
+    SCENARIOS[name]()
+    print(f"OK {name} rank {RANK}", flush=True)
 
 
 if __name__ == "__main__":
-    run_scenarios(sys.argv[1])
+    run_scenario(sys.argv[1])

@@ -1,13 +1,12 @@
 """torch.distributed on "tpu" (backend tpu_dist): multi-process tests, 2 and 4 ranks on 127.0.0.1.
 
-Each test runs one scenario of tests/distributed_worker.py, where every rank checks its results against
-CPU arithmetic, on ranks started as torchrun would (tests/distributed_launch.py); scenarios of one world
-size share a launch, those that end a rank or need their own environment have one each."""
+Each test starts its ranks as torchrun would (tests/distributed_launch.py) and runs one scenario of
+tests/distributed_worker.py, where every rank checks its results against CPU arithmetic."""
 import pytest
 import torch
 import torch.distributed as dist
 
-from distributed_launch import Batch, check, launch
+from distributed_launch import check, launch
 
 
 def test_backend_registered_for_tpu():
@@ -16,33 +15,21 @@ def test_backend_registered_for_tpu():
     assert dist.Backend.backend_capability["tpu_dist"] == ["tpu", "cpu"]
 
 
-# Scenarios of the same world size share one launch (distributed_launch.Batch); each is still its own test.
-BATCHES = {
-    2: Batch([
-        "collectives",        # every collective x dtype against CPU arithmetic
-        "collectives_more",   # views, async Work, gather/scatter/reduce, p2p, CPU tensors, no recompiles
-        "ddp",                # DDP on 2 ranks == one process on the full batch
-        "dtensor",            # distribute_tensor, redistribute, Colwise/Rowwise
-        "compiled_collectives",   # funcol under torch.compile(fullgraph): one SPMD executable
-        "compiled_dtensor",       # DTensor Colwise/Rowwise compiled: forward and backward graphs
-        "fsdp",               # fully_shard + MixedPrecisionPolicy parity, distributed checkpoint save/load
-    ], nprocs=2, timeout=600),
-    4: Batch([
-        "subgroups",          # new_group, a 2x2 DeviceMesh, uneven all_to_all
-        "compiled_collectives_2d",   # one graph over both axes of a 2x2 mesh; SequenceParallel block
-        "dtensor_2d",         # dp x tp mesh: SequenceParallel + Colwise/Rowwise, outputs and grads
-    ], nprocs=4, timeout=450),
-}
-
-
-@pytest.mark.parametrize("scenario,nprocs", [(s, n) for n, b in BATCHES.items() for s in b.scenarios])
-def test_scenario(scenario, nprocs, tmp_path_factory):
-    BATCHES[nprocs].check(scenario, tmp_path_factory)
-
-
-def test_backend_strings(tmp_path):
-    """"cpu:gloo,tpu:tpu_dist" through a tcp:// store, no torchrun environment: a launch of its own."""
-    check(launch("backend_strings", 2, timeout=150, env={"TORCHTPU_TEST_TMP": str(tmp_path)}), "backend_strings")
+@pytest.mark.parametrize("scenario,nprocs", [
+    ("collectives", 2),   # every collective x dtype against CPU arithmetic
+    ("collectives_more", 2),  # views, async Work, gather/scatter/reduce, p2p, CPU tensors, no recompiles
+    ("subgroups", 4),     # new_group, a 2x2 DeviceMesh, uneven all_to_all
+    ("ddp", 2),           # DDP on 2 ranks == one process on the full batch
+    ("backend_strings", 2),   # "cpu:gloo,tpu:tpu_dist" through a tcp:// store, no torchrun env
+    ("dtensor", 2),       # distribute_tensor, redistribute, Colwise/Rowwise
+    ("compiled_collectives", 2),   # funcol under torch.compile(fullgraph): one SPMD executable
+    ("compiled_dtensor", 2),       # DTensor Colwise/Rowwise compiled: forward and backward graphs
+    ("compiled_collectives_2d", 4),   # one graph over both axes of a 2x2 mesh; SequenceParallel block
+    ("fsdp", 2),          # fully_shard + MixedPrecisionPolicy parity, distributed checkpoint save/load
+    ("dtensor_2d", 4),    # dp x tp mesh: SequenceParallel + Colwise/Rowwise, outputs and grads
+])
+def test_scenario(scenario, nprocs, tmp_path):
+    check(launch(scenario, nprocs, timeout=150, env={"TORCHTPU_TEST_TMP": str(tmp_path)}), scenario)
 
 
 def test_mismatched_shapes_raise():

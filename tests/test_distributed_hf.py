@@ -4,30 +4,27 @@ Trainer's data parallelism through accelerate. Each rank checks against the unsh
 single-process run on the CPU (tests/distributed_hf_worker.py)."""
 import pytest
 
-from distributed_launch import HERE, Batch, check, launch
+from distributed_launch import HERE, check, launch
 
 WORKER = HERE / "distributed_hf_worker.py"
 
 
-# The default scenarios share one launch (distributed_launch.Batch): Transformers and Diffusers are
-# imported once per rank instead of once per test.
-BATCH = Batch(["qwen3_moe_tp_plan", "flux_tensor_parallel", "trainer_data_parallel"], nprocs=2, timeout=480,
-              script=WORKER)
+def run(name, tmp_path, timeout=240):
+    check(launch(name, 2, timeout=timeout, env={"TORCHTPU_TEST_TMP": str(tmp_path)}, script=WORKER), name)
 
 
-def test_qwen3_moe_tp_plan_auto(tmp_path_factory):
-    BATCH.check("qwen3_moe_tp_plan", tmp_path_factory)
+def test_qwen3_moe_tp_plan_auto(tmp_path):
+    run("qwen3_moe_tp_plan", tmp_path)
 
 
-def test_flux_transformer_tensor_parallel_config(tmp_path_factory):
-    BATCH.check("flux_tensor_parallel", tmp_path_factory)
+def test_flux_transformer_tensor_parallel_config(tmp_path):
+    run("flux_tensor_parallel", tmp_path)
 
 
-def test_trainer_data_parallel_matches_one_process(tmp_path_factory):
-    BATCH.check("trainer_data_parallel", tmp_path_factory)
+def test_trainer_data_parallel_matches_one_process(tmp_path):
+    run("trainer_data_parallel", tmp_path)
 
 
 @pytest.mark.slow   # the dense model's path is the MoE test's attention and Llama's (slow) test
 def test_qwen3_tp_plan_auto(tmp_path):
-    check(launch("qwen3_tp_plan", 2, timeout=240, env={"TORCHTPU_TEST_TMP": str(tmp_path)}, script=WORKER),
-          "qwen3_tp_plan")
+    run("qwen3_tp_plan", tmp_path)
