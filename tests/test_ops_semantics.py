@@ -65,13 +65,21 @@ def test_non_blocking_copy_to_cpu():
     torch.testing.assert_close(x.to("cpu", torch.float64, non_blocking=True), x.cpu().double())
 
 
-@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
-def test_cdist_and_pdist_gradients(p):
+_P_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")]
+# cdist and pdist share the p-norm and its gradient (one branch per kind of p): the default run checks
+# cdist for every p and pdist (its own pair indexing and scatter-add) for three; `-m slow` runs pdist
+# for the others (test_pdist_gradients_other_p).
+_PDIST_DEFAULT = (1.0, 2.0, 3.0)
+
+
+def _check_dist_gradients(p, cdist=True, pdist=True):
     x1, x2 = torch.randn(2, 5, 4), torch.randn(2, 6, 4)
     x2[0, 0] = x1[0, 0]  # a zero distance: the gradient there is 0, not NaN
     rows = torch.randn(7, 4)
     rows[3] = rows[1]
-    for fn, inputs in ((lambda a, b: torch.cdist(a, b, p), (x1, x2)), (lambda a: torch.pdist(a, p), (rows,))):
+    cases = ((lambda a, b: torch.cdist(a, b, p), (x1, x2)) if cdist else None,
+             (lambda a: torch.pdist(a, p), (rows,)) if pdist else None)
+    for fn, inputs in filter(None, cases):
         cpu = [t.clone().requires_grad_() for t in inputs]
         dev = [t.to(DEV).requires_grad_() for t in inputs]
         out = fn(*cpu)
@@ -82,6 +90,17 @@ def test_cdist_and_pdist_gradients(p):
         torch.testing.assert_close(actual_out.detach().cpu(), out.detach())
         for a, e in zip(actual, expected):
             torch.testing.assert_close(a.cpu(), e)
+
+
+@pytest.mark.parametrize("p", _P_VALUES)
+def test_cdist_and_pdist_gradients(p):
+    _check_dist_gradients(p, pdist=p in _PDIST_DEFAULT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("p", [p for p in _P_VALUES if p not in _PDIST_DEFAULT])
+def test_pdist_gradients_other_p(p):
+    _check_dist_gradients(p, cdist=False)
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
