@@ -31,10 +31,22 @@ def _ctc_case(dtype, flat, blank=0, il=(9, 6, 2, 7), tl=(4, 2, 3, 0), classes=6,
     return lp, tg, list(il), list(tl)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("flat", [False, True], ids=["padded", "concatenated"])
-@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("zero_infinity", [False, True])
+# Default run: six of the 24 combinations, a pairwise cover (every value of each parameter, and
+# every pair of values of two parameters, occurs at least once); `-m slow` runs the other 18.
+_CTC_DEFAULT = {("none", False, False, torch.float32), ("none", True, True, torch.float64),
+                ("mean", True, True, torch.float32), ("mean", False, False, torch.float64),
+                ("sum", False, True, torch.float32), ("sum", True, False, torch.float64)}
+
+
+def _ctc_params():
+    return [pytest.param(zero_infinity, reduction, flat, dtype,
+                         id=f"{zero_infinity}-{reduction}-{'concatenated' if flat else 'padded'}-dtype{i}",
+                         marks=() if (reduction, flat, zero_infinity, dtype) in _CTC_DEFAULT else pytest.mark.slow)
+            for zero_infinity in (False, True) for reduction in ("none", "mean", "sum")
+            for flat in (False, True) for i, dtype in enumerate((torch.float32, torch.float64))]
+
+
+@pytest.mark.parametrize("zero_infinity,reduction,flat,dtype", _ctc_params())
 def test_ctc_loss_and_gradient_match_the_cpu(dtype, flat, reduction, zero_infinity):
     # row 2 has a target longer than its input (infinite loss; NaN gradients unless zero_infinity)
     lp, tg, il, tl = _ctc_case(dtype, flat, blank=3 if flat else 0)
@@ -105,9 +117,23 @@ def _symmetric(n, dtype, batch=(), indefinite_start=False):
     return a
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64, torch.complex128])
-@pytest.mark.parametrize("n,batch,indefinite_start", [(1, (), False), (2, (), True), (5, (), False),
-                                                      (9, (3,), True), (17, (2, 2), False), (70, (), False)])
+# Each (size, dtype) compiles its own factor and solve loops (~1 s each cold). Default run: every
+# size / batch shape / 2x2-pivot start once and every dtype at least once (a diagonal of the grid);
+# `-m slow` runs the other 18 combinations.
+_LDL_DTYPES = [torch.float32, torch.float64, torch.complex64, torch.complex128]
+_LDL_CASES = [(1, (), False), (2, (), True), (5, (), False), (9, (3,), True), (17, (2, 2), False), (70, (), False)]
+_LDL_DEFAULT = {(1, torch.float32), (2, torch.complex64), (5, torch.float64), (9, torch.complex128),
+                (17, torch.float32), (70, torch.float64)}
+
+
+def _ldl_params():
+    return [pytest.param(n, batch, indefinite_start, dtype,
+                         id=f"{n}-batch{j}-{indefinite_start}-dtype{i}",
+                         marks=() if (n, dtype) in _LDL_DEFAULT else pytest.mark.slow)
+            for j, (n, batch, indefinite_start) in enumerate(_LDL_CASES) for i, dtype in enumerate(_LDL_DTYPES)]
+
+
+@pytest.mark.parametrize("n,batch,indefinite_start,dtype", _ldl_params())
 def test_ldl_factor_matches_lapack_and_solves(dtype, n, batch, indefinite_start):
     a = _symmetric(n, dtype, batch, indefinite_start)
     ld, piv, info = torch.linalg.ldl_factor_ex(a)
@@ -150,8 +176,18 @@ def test_ldl_hermitian_flag_singular_and_bad_input():
                                                  torch.randn(4, 2, device=d)))
 
 
-@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
-@pytest.mark.parametrize("n,batch,indefinite_start", [(2, (), True), (9, (3,), True), (17, (), False)])
+# Default run: each size once, both dtypes (alternating); `-m slow` runs the other three.
+_HERM_DEFAULT = {(2, torch.complex64), (9, torch.complex128), (17, torch.complex64)}
+
+
+def _herm_params():
+    return [pytest.param(n, batch, indefinite_start, dtype, id=f"{n}-batch{j}-{indefinite_start}-dtype{i}",
+                         marks=() if (n, dtype) in _HERM_DEFAULT else pytest.mark.slow)
+            for j, (n, batch, indefinite_start) in enumerate([(2, (), True), (9, (3,), True), (17, (), False)])
+            for i, dtype in enumerate((torch.complex64, torch.complex128))]
+
+
+@pytest.mark.parametrize("n,batch,indefinite_start,dtype", _herm_params())
 def test_ldl_complex_hermitian_matches_lapack_and_solves(dtype, n, batch, indefinite_start):
     """hermitian=True (LAPACK's ?hetrf/?hetrs): conjugated updates, a real diagonal."""
     a = torch.randn(*batch, n, n, dtype=dtype)

@@ -65,13 +65,21 @@ def test_non_blocking_copy_to_cpu():
     torch.testing.assert_close(x.to("cpu", torch.float64, non_blocking=True), x.cpu().double())
 
 
-@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
-def test_cdist_and_pdist_gradients(p):
+_P_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")]
+# cdist and pdist share the p-norm and its gradient (one branch per kind of p): the default run checks
+# cdist for every p and pdist (its own pair indexing and scatter-add) for three; `-m slow` runs pdist
+# for the others (test_pdist_gradients_other_p).
+_PDIST_DEFAULT = (1.0, 2.0, 3.0)
+
+
+def _check_dist_gradients(p, cdist=True, pdist=True):
     x1, x2 = torch.randn(2, 5, 4), torch.randn(2, 6, 4)
     x2[0, 0] = x1[0, 0]  # a zero distance: the gradient there is 0, not NaN
     rows = torch.randn(7, 4)
     rows[3] = rows[1]
-    for fn, inputs in ((lambda a, b: torch.cdist(a, b, p), (x1, x2)), (lambda a: torch.pdist(a, p), (rows,))):
+    cases = ((lambda a, b: torch.cdist(a, b, p), (x1, x2)) if cdist else None,
+             (lambda a: torch.pdist(a, p), (rows,)) if pdist else None)
+    for fn, inputs in filter(None, cases):
         cpu = [t.clone().requires_grad_() for t in inputs]
         dev = [t.to(DEV).requires_grad_() for t in inputs]
         out = fn(*cpu)
@@ -82,6 +90,17 @@ def test_cdist_and_pdist_gradients(p):
         torch.testing.assert_close(actual_out.detach().cpu(), out.detach())
         for a, e in zip(actual, expected):
             torch.testing.assert_close(a.cpu(), e)
+
+
+@pytest.mark.parametrize("p", _P_VALUES)
+def test_cdist_and_pdist_gradients(p):
+    _check_dist_gradients(p, pdist=p in _PDIST_DEFAULT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("p", [p for p in _P_VALUES if p not in _PDIST_DEFAULT])
+def test_pdist_gradients_other_p(p):
+    _check_dist_gradients(p, cdist=False)
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
@@ -182,20 +201,32 @@ def test_segment_reduce_with_gradients(reduce, initial):
 
 def _grid_sample_params():
     # Default run: every mode in float32 (values and gradients) and one low-precision case per
-    # rounding path; the full dtype x mode grid runs under `-m slow`.
+    # rounding path, each over the three (padding, alignment) pairs _grid_default_pairs picks for its
+    # mode; `-m slow` runs the full dtype x mode grid over all six pairs ("-all").
     fast = {(torch.float32, m, d) for m, d in _GRID_MODES} | {(torch.bfloat16, "bilinear", 2),
                                                               (torch.float16, "nearest", 3)}
-    return [pytest.param(dt, m, d, id=f"{str(dt)[6:]}-{m}-{d}d",
-                         marks=() if (dt, m, d) in fast else pytest.mark.slow)
-            for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16) for m, d in _GRID_MODES]
+    params = []
+    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for m, d in _GRID_MODES:
+            name = f"{str(dt)[6:]}-{m}-{d}d"
+            if (dt, m, d) in fast:
+                params.append(pytest.param(dt, m, d, False, id=name))
+            params.append(pytest.param(dt, m, d, True, id=f"{name}-all", marks=pytest.mark.slow))
+    return params
 
 
 _GRID_MODES = [("bilinear", 2), ("nearest", 2), ("bicubic", 2), ("bilinear", 3), ("nearest", 3)]
+_GRID_PAIRS = [(p, a) for p in ("zeros", "border", "reflection") for a in (True, False)]
 
 
-# Gradients compile a backward executable per padding and alignment: the default run checks every
-# padding and both alignments (not every pairing); the other pairings run under `-m slow`.
-_GRID_GRAD_DEFAULT = {("zeros", False), ("border", True), ("reflection", False)}
+def _grid_default_pairs(mode, dims):
+    """Every (padding, alignment) pair compiles its own forward and backward executables. The default
+    run takes three per mode: every padding, the alignments alternating, so that over the five modes
+    every padding meets both alignments; gradients are checked (float32) on the same three pairs.
+    The other pairs run under `-m slow` (values in the "-all" parameters, gradients in
+    test_grid_sample_gradients_every_padding_and_alignment)."""
+    shift = _GRID_MODES.index((mode, dims))
+    return {(p, (i + shift) % 2 == 0) for i, p in enumerate(("zeros", "border", "reflection"))}
 
 
 def _grid_sample_inputs(dtype, dims):
@@ -216,33 +247,45 @@ def _check_grid_sample_gradients(x, grid, **kwargs):
         torch.testing.assert_close(a.cpu(), e, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("dtype,mode,dims", _grid_sample_params())
-def test_grid_sample_matches_cpu_rounding_and_gradients(dtype, mode, dims):
+@pytest.mark.parametrize("dtype,mode,dims,every_pair", _grid_sample_params())
+def test_grid_sample_matches_cpu_rounding_and_gradients(dtype, mode, dims, every_pair):
     F = torch.nn.functional
     x, grid = _grid_sample_inputs(dtype, dims)
-    for padding in ("zeros", "border", "reflection"):
-        for align in (True, False):
-            kwargs = dict(mode=mode, padding_mode=padding, align_corners=align)
-            # float16 may differ by an ulp in a rare element (the OpInfo tolerance for float16)
-            tol = dict(atol=1e-3, rtol=1e-2) if dtype == torch.float16 else None
-            same(lambda a, g: F.grid_sample(a, g, **kwargs), x, grid, tol=tol)
-            if dtype == torch.float32 and (padding, align) in _GRID_GRAD_DEFAULT:
-                _check_grid_sample_gradients(x, grid, **kwargs)
+    default = _grid_default_pairs(mode, dims)
+    for padding, align in _GRID_PAIRS:
+        if not every_pair and (padding, align) not in default:
+            continue
+        kwargs = dict(mode=mode, padding_mode=padding, align_corners=align)
+        # float16 may differ by an ulp in a rare element (the OpInfo tolerance for float16)
+        tol = dict(atol=1e-3, rtol=1e-2) if dtype == torch.float16 else None
+        same(lambda a, g: F.grid_sample(a, g, **kwargs), x, grid, tol=tol)
+        if dtype == torch.float32 and (padding, align) in default:
+            _check_grid_sample_gradients(x, grid, **kwargs)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,dims", _GRID_MODES)
 def test_grid_sample_gradients_every_padding_and_alignment(mode, dims):
     x, grid = _grid_sample_inputs(torch.float32, dims)
-    for padding in ("zeros", "border", "reflection"):
-        for align in (True, False):
-            if (padding, align) not in _GRID_GRAD_DEFAULT:
-                _check_grid_sample_gradients(x, grid, mode=mode, padding_mode=padding, align_corners=align)
+    for padding, align in _GRID_PAIRS:
+        if (padding, align) not in _grid_default_pairs(mode, dims):
+            _check_grid_sample_gradients(x, grid, mode=mode, padding_mode=padding, align_corners=align)
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
-@pytest.mark.parametrize("size", [(3, 4), (20, 30), (9, 13)])
-@pytest.mark.parametrize("align_corners", [False, True])
+# Default run: a pairwise cover of mode x size x alignment (each size with both modes and both
+# alignments, each mode with both alignments), six of the twelve; `-m slow` runs the other six.
+_ANTIALIAS_DEFAULT = {("bilinear", 0, False), ("bicubic", 0, True), ("bilinear", 1, True),
+                      ("bicubic", 1, False), ("bilinear", 2, False), ("bicubic", 2, True)}
+
+
+def _antialias_params():
+    return [pytest.param(align, size, mode, id=f"{align}-size{i}-{mode}",
+                         marks=() if (mode, i, align) in _ANTIALIAS_DEFAULT else pytest.mark.slow)
+            for align in (False, True) for i, size in enumerate([(3, 4), (20, 30), (9, 13)])
+            for mode in ("bilinear", "bicubic")]
+
+
+@pytest.mark.parametrize("align_corners,size,mode", _antialias_params())
 def test_antialiased_interpolation_and_gradient(mode, size, align_corners):
     F = torch.nn.functional
     kwargs = dict(size=size, mode=mode, antialias=True, align_corners=align_corners)

@@ -83,8 +83,16 @@ INT_PAIRS = [(torch.int64, torch.int32), (torch.uint8, torch.int64), (torch.bool
              (torch.int32, torch.uint8), (torch.int64, torch.bool), (torch.int16, torch.int64)]
 
 
-@pytest.mark.parametrize("name,dtypes", [(name, INT_PAIRS[i % len(INT_PAIRS)]) for i, name in enumerate(POLYNOMIALS)],
-                         ids=lambda v: v if isinstance(v, str) else "-".join(str(d)[6:] for d in v))
+def _int_params(names, dtypes, ids):
+    """One integer dtype (pair) per op, rotating through `dtypes`. Integer operands take one
+    cast-to-float path for every op: the default run keeps the first round (every dtype once),
+    `-m slow` the ops after it (each op's float path is checked by its float tests)."""
+    return [pytest.param(name, dtypes[i % len(dtypes)], id=f"{name}-{ids(dtypes[i % len(dtypes)])}",
+                         marks=pytest.mark.slow if i >= len(dtypes) else ())
+            for i, name in enumerate(names)]
+
+
+@pytest.mark.parametrize("name,dtypes", _int_params(POLYNOMIALS, INT_PAIRS, lambda v: "-".join(str(d)[6:] for d in v)))
 def test_polynomial_integer(name, dtypes):
     """Integer and bool operands compute in the default float dtype, as on the CPU."""
     def values(dtype, lo, hi, shape):
@@ -147,9 +155,8 @@ def test_unary_float(name, dtype):
     _close(actual, expected)
 
 
-@pytest.mark.parametrize("name,dtype", [(name, (torch.int64, torch.uint8, torch.bool, torch.int32)[i % 4])
-                                        for i, name in enumerate(UNARY)],
-                         ids=lambda v: v if isinstance(v, str) else str(v)[6:])
+@pytest.mark.parametrize("name,dtype", _int_params(UNARY, (torch.int64, torch.uint8, torch.bool, torch.int32),
+                                                    lambda v: str(v)[6:]))
 def test_unary_integer(name, dtype):
     """Integer and bool inputs compute in the default float dtype (one integer dtype per op: they
     share the cast-then-float32 path, and the OpInfo sweep runs every (op, dtype) pair)."""
