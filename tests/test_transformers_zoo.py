@@ -185,9 +185,10 @@ XFAIL: dict[str, str] = {}
 # decoder variants another default test covers: llama (tests/test_transformers.py trains it step for
 # step against the CPU, test_finetune_loop_matches_cpu_step_for_step), mistral (sliding window:
 # gemma3 here), qwen3 (its q/k-norm attention is qwen3_moe's, here); and t5 (encoder-decoder training:
-# bart here; T5's relative-attention encoder: the sd3 and flux pipelines of tests/test_diffusers.py).
+# bart here; T5's relative-attention encoder: the sd3 and flux pipelines of tests/test_diffusers.py); vit
+# (clip's vision tower here: patch convolution, class token, position embeddings, encoder, backward).
 SLOW = {("forward_backward", "llama"), ("forward_backward", "mistral"), ("forward_backward", "qwen3"),
-        ("forward_backward", "t5"), ("forward_backward", "qwen3_moe_loop"), ("greedy", "llama"), ("greedy", "mistral"), ("greedy", "qwen3"),
+        ("forward_backward", "t5"), ("forward_backward", "vit"), ("forward_backward", "qwen3_moe_loop"), ("greedy", "llama"), ("greedy", "mistral"), ("greedy", "qwen3"),
         ("greedy", "qwen3_moe"), ("greedy", "qwen3_moe_loop"), ("greedy", "t5")}
 
 
