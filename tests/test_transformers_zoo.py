@@ -181,8 +181,14 @@ XFAIL: dict[str, str] = {}
 # keep the ops), and greedy decoding of the models whose cache path another model already covers
 # (gemma3: sliding + full attention caches; gpt2: learned positions; bart and whisper: seq2seq;
 # qwen3_moe's decode: forward_backward[qwen3_moe] keeps its experts, test_moe_compiles_to_one_graph
-# its compiled decode, tests/test_distributed_hf.py its greedy tokens sharded).
-SLOW = {("forward_backward", "qwen3_moe_loop"), ("greedy", "llama"), ("greedy", "mistral"), ("greedy", "qwen3"),
+# its compiled decode, tests/test_distributed_hf.py its greedy tokens sharded). Forward/backward of the
+# decoder variants another default test covers: llama (tests/test_transformers.py trains it step for
+# step against the CPU, test_finetune_loop_matches_cpu_step_for_step), mistral (sliding window:
+# gemma3 here), qwen3 (its q/k-norm attention is qwen3_moe's, here); and t5 (encoder-decoder training:
+# bart here; T5's relative-attention encoder: the sd3 and flux pipelines of tests/test_diffusers.py); vit
+# (clip's vision tower here: patch convolution, class token, position embeddings, encoder, backward).
+SLOW = {("forward_backward", "llama"), ("forward_backward", "mistral"), ("forward_backward", "qwen3"),
+        ("forward_backward", "t5"), ("forward_backward", "vit"), ("forward_backward", "qwen3_moe_loop"), ("greedy", "llama"), ("greedy", "mistral"), ("greedy", "qwen3"),
         ("greedy", "qwen3_moe"), ("greedy", "qwen3_moe_loop"), ("greedy", "t5")}
 
 
