@@ -274,6 +274,27 @@ def mismatch():
 
 
 @scenario
+def reinit():
+    """destroy_process_group, then init_process_group again while something still holds the first
+    group's store (a model's DeviceMesh would): env:// reuses that TCPStore server, so the first group's
+    signature keys are still in it. The new group's first collective, of another shape than the old
+    one's, must not read them (it raised "mismatched collective" against the old signature)."""
+    dist.init_process_group()
+    old_store = dist.distributed_c10d._get_default_store()
+    x = make(RANK, (12,), torch.float32).to("tpu")
+    dist.all_reduce(x)
+    assert_close(x.cpu(), sum(make(r, (12,), torch.float32) for r in range(WORLD)))
+    dist.destroy_process_group()
+    dist.init_process_group()
+    for shape in ((5,), (12,)):
+        y = make(RANK, shape, torch.float32, salt=1).to("tpu")
+        dist.all_reduce(y)
+        assert_close(y.cpu(), sum(make(r, shape, torch.float32, salt=1) for r in range(WORLD)))
+    dist.destroy_process_group()
+    del old_store
+
+
+@scenario
 def straggler():
     """Rank 1 stops entering collectives: rank 0 raises within the group's timeout, both for a
     collective it has run before (the XLA launch waits with the timeout) and for a new one (the

@@ -27,6 +27,7 @@ def test_backend_registered_for_tpu():
     ("compiled_collectives_2d", 4),   # one graph over both axes of a 2x2 mesh; SequenceParallel block
     ("fsdp", 2),          # fully_shard + MixedPrecisionPolicy parity, distributed checkpoint save/load
     ("dtensor_2d", 4),    # dp x tp mesh: SequenceParallel + Colwise/Rowwise, outputs and grads
+    ("reinit", 2),        # a second default group over the first one's store: no stale signatures
 ])
 def test_scenario(scenario, nprocs, tmp_path):
     check(launch(scenario, nprocs, timeout=150, env={"TORCHTPU_TEST_TMP": str(tmp_path)}), scenario)

@@ -157,6 +157,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         self._pair_meshes = {}
         self._checked = set()
         self._checks = 0
+        self._sig_prefix = None   # this incarnation's store namespace for the checks (_check_signature)
         self._group_name = group_name
         self._group_desc = ""
 
@@ -212,11 +213,21 @@ class TpuProcessGroup(dist.ProcessGroup):
         """Before a collective first runs with new shapes, check that every rank calls the same one:
         a mismatch (different shapes or dtypes across ranks) raises here instead of corrupting or
         hanging the XLA collective. Later calls with these shapes skip the check (it costs a store
-        round trip)."""
+        round trip).
+
+        The keys live in a namespace of their own per incarnation of the group: the store can outlive
+        the group (env:// hands out a multi-tenant TCPStore, and a new one on the same port reuses the
+        server while the old group's store is alive), so after destroy_process_group and a new
+        init_process_group the previous group's `torchtpu_sig/1/r`... are still there and a rank would
+        read another rank's old signature. Each rank counts the incarnations that checked a collective
+        in its own store key; every rank of a group creates its incarnations in the same order and
+        checks the first collective of each, so the counts agree."""
         if sig in self._checked or self.size() == 1 or api.in_spmd_safe():
             return
+        if self._sig_prefix is None:
+            self._sig_prefix = f"torchtpu_sig/{self._store.add(f'torchtpu_sig_incarnation/{self.rank()}', 1)}"
         self._checks += 1
-        key = f"torchtpu_sig/{self._checks}"
+        key = f"{self._sig_prefix}/{self._checks}"
         self._store.set(f"{key}/{self.rank()}", repr(sig))
         keys = [f"{key}/{r}" for r in range(self.size())]
         try:
