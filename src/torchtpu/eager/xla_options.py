@@ -24,6 +24,14 @@ _jax = [None]      # the same as JAX's compiler_options dict, or None when there
 _base: dict = {}   # process-wide settings (allow_excess_precision)
 _stack: list = []  # the custom_compiler_options contexts, innermost last
 _checked: set = set()
+_op = [None, None]  # (options in force, op_options() for them)
+_op_defaults: list = []   # [defaults] once probed
+
+# One eager op is a small program. XLA:CPU's older LLVM IR fusion emitters compile a small program
+# ~30% faster than the MLIR fusion emitters it defaults to (the eager op mix of benchmarks/
+# compile_time.py), while a whole graph (torch.compile's) compiles faster with the new ones: eager
+# op executables take the old ones on XLA:CPU; the user's options still win.
+_SMALL_PROGRAM_DEFAULTS = {"cpu": {"xla_cpu_use_fusion_emitters": False}}
 
 _LEVELS = {"O0": 9, "O1": 19, "O2": 29, "O3": 39}   # XLA's EffortLevel values
 _BUILD_LEVELS = {"xla_optimization_level": "optimization_level",
@@ -39,6 +47,30 @@ def active() -> tuple:
 
 def jax_options():
     return _jax[0]
+
+
+def op_options():
+    """The compiler options of one eager op's executable: the options in force over the platform's
+    defaults for small programs. Not part of cache keys: the defaults never change in a process."""
+    active = _active[0]
+    if _op[0] is not active:
+        merged = dict(_small_program_defaults())
+        merged.update(_jax[0] or {})
+        _op[:] = [active, merged or None]
+    return _op[1]
+
+
+def _small_program_defaults() -> dict:
+    if not _op_defaults:
+        from ..device import platform
+        defaults = _SMALL_PROGRAM_DEFAULTS.get(platform.platform(), {})
+        if defaults:   # a jaxlib whose XLA no longer has the option: XLA's own defaults
+            try:
+                _check(defaults, "")
+            except ValueError:
+                defaults = {}
+        _op_defaults.append(defaults)
+    return _op_defaults[0]
 
 
 def normalize(options, where="torch.tpu.compiler.custom_compiler_options") -> dict:
