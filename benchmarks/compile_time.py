@@ -60,7 +60,7 @@ def main():
     parser.add_argument("--shapes", type=int, default=6)
     args = parser.parse_args()
     print(f"platform {torch.tpu.platform()}; engine defaults for one-op executables: "
-          f"{xla_options.op_options() or 'none'}")
+          f"{xla_options.op_options(None) or 'none'}")
     first_calls(3, 2)   # warm: imports, the first executables, the lowering caches
     results = {"engine": [], "xla": []}
     base = 40

@@ -87,13 +87,13 @@ def build_entry(kernel, key, args, kwargs, records, device):
         on_trace=lambda messages, read_precision: _traced(kernel, entry, messages, read_precision))
     _choose_reuse(kernel, entry, records, outs, writes)
     fn = traced_function(program)
-    entry.xla = xla_options.op_options()   # the engine keyed this entry on the user's (OpKernel.__call__)
+    entry.xla = xla_options.jax_options()   # the engine keyed this entry on them (OpKernel.__call__)
     if not records:
         index = device if device >= 0 else 0
         entry.fn = jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)),
-                           compiler_options=entry.xla)
+                           compiler_options=xla_options.op_options(entry.xla))
     else:
-        entry.fn = jax.jit(fn, compiler_options=entry.xla)
+        entry.fn = jax.jit(fn, compiler_options=xla_options.op_options(entry.xla))
         if entry.mutated_slots:
             entry.source = program   # (its gated form: engine._gated)
         if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from ..device.state import current_device
 from ..metrics import counters
 from ..storage.records import RECORDS, donatable, new_tensor
-from . import asserts, errors, fastpath, fusion, interrupts
+from . import asserts, errors, fastpath, fusion, interrupts, xla_options
 from .asserts import FAILED as _failed
 from .interrupts import PENDING as _interrupted
 from .fusion import Pending
@@ -525,7 +525,8 @@ def _gated(entry, donating=False):
     from .executable import traced_function
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        fn = jax.jit(traced_function(entry.source, gated=True), compiler_options=entry.xla,
+        fn = jax.jit(traced_function(entry.source, gated=True),
+                     compiler_options=xla_options.op_options(entry.xla),
                      donate_argnums=tuple(entry.mutated_slots) if donating else ())
     if donating:
         entry.fn_gated_donating = fn
@@ -540,7 +541,7 @@ def _donating(entry):
         traced = entry.traced
         # (a new function each time: JAX keys its trace cache on the function)
         entry.fn_donating = jax.jit(lambda *dyn: traced(*dyn), donate_argnums=tuple(entry.mutated_slots),
-                                    compiler_options=entry.xla)
+                                    compiler_options=xla_options.op_options(entry.xla))
     return entry.fn_donating
 
 

@@ -24,7 +24,7 @@ _jax = [None]      # the same as JAX's compiler_options dict, or None when there
 _base: dict = {}   # process-wide settings (allow_excess_precision)
 _stack: list = []  # the custom_compiler_options contexts, innermost last
 _checked: set = set()
-_op = [None, None]  # (options in force, op_options() for them)
+_op = [None, None]  # (user options, op_options() for them)
 _op_defaults: list = []   # [defaults] once probed
 
 # One eager op is a small program. XLA:CPU's older LLVM IR fusion emitters compile a small program
@@ -49,14 +49,14 @@ def jax_options():
     return _jax[0]
 
 
-def op_options():
-    """The compiler options of one eager op's executable: the options in force over the platform's
-    defaults for small programs. Not part of cache keys: the defaults never change in a process."""
-    active = _active[0]
-    if _op[0] is not active:
+def op_options(user):
+    """The compiler options one eager op's executable is compiled with: `user` (what jax_options()
+    was when it was built; what keys it and what the fused mode and the C++ fast path look at)
+    merged over the platform's defaults for small programs, the user's winning."""
+    if _op[0] is not user or _op[1] is None:
         merged = dict(_small_program_defaults())
-        merged.update(_jax[0] or {})
-        _op[:] = [active, merged or None]
+        merged.update(user or {})
+        _op[:] = [user, merged or None]
     return _op[1]
 
 
