@@ -90,15 +90,46 @@ def build_entry(kernel, key, args, kwargs, records, device):
     entry.xla = xla_options.jax_options()   # the engine keyed this entry on them (OpKernel.__call__)
     if not records:
         index = device if device >= 0 else 0
-        entry.fn = jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(platform.jax_device(index)),
-                           compiler_options=entry.xla)
+        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
+        entry.fn = op_jit(entry, "fn", fn, out_shardings=sharding)
     else:
-        entry.fn = jax.jit(fn, compiler_options=entry.xla)
+        entry.fn = op_jit(entry, "fn", fn)
         if entry.mutated_slots:
             entry.source = program   # (its gated form: engine._gated)
         if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):
             entry.traced = fn
     return entry
+
+
+def op_jit(entry, attr, fn, **jit_kwargs):
+    """`jax.jit(fn)` for `entry.<attr>`, compiled with the options eager/xla_options.py's op_options
+    picks from what the op computes (known at its first call); the user's options (entry.xla) alone
+    where the platform has no defaults."""
+    if xla_options.op_options(entry.xla) == entry.xla:
+        return jax.jit(fn, compiler_options=entry.xla, **jit_kwargs)
+    return _OptionsAtFirstCall(entry, attr, fn, jit_kwargs)
+
+
+class _OptionsAtFirstCall:
+    """An op's executable until its first call, which traces the op, picks the compiler options from
+    its jaxpr, and puts the jitted function in `entry.<attr>` (the later calls go straight to it).
+    `__wrapped__`: what a fused segment traces (eager/fusion.py _nestable)."""
+
+    __slots__ = ("entry", "attr", "jit_kwargs", "jitted", "__wrapped__")
+
+    def __init__(self, entry, attr, fn, jit_kwargs):
+        self.entry, self.attr, self.jit_kwargs, self.jitted = entry, attr, jit_kwargs, None
+        self.__wrapped__ = fn
+
+    def __call__(self, *dyn):
+        jitted = self.jitted
+        if jitted is None:
+            user, fn = self.entry.xla, self.__wrapped__
+            traced = jax.jit(fn, compiler_options=user, **self.jit_kwargs).trace(*dyn)
+            jitted = self.jitted = jax.jit(fn, compiler_options=xla_options.op_options(user, traced.jaxpr),
+                                           **self.jit_kwargs)
+            setattr(self.entry, self.attr, jitted)
+        return jitted(*dyn)
 
 
 def _traced(kernel, entry, messages, read_precision):

@@ -522,11 +522,13 @@ def _execute(entry, inputs, scalars, offsets, records):
 def _gated(entry, donating=False):
     """entry's executable in its gated form (eager/executable.py: traced_function), donating the
     written buffers or not; built on first use."""
+    from .build import op_jit
     from .executable import traced_function
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        fn = jax.jit(traced_function(entry.source, gated=True), compiler_options=entry.xla,
-                     donate_argnums=tuple(entry.mutated_slots) if donating else ())
+        fn = op_jit(entry, "fn_gated_donating" if donating else "fn_gated",
+                    traced_function(entry.source, gated=True),
+                    donate_argnums=tuple(entry.mutated_slots) if donating else ())
     if donating:
         entry.fn_gated_donating = fn
     else:
@@ -535,12 +537,13 @@ def _gated(entry, donating=False):
 
 
 def _donating(entry):
+    from .build import op_jit
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         traced = entry.traced
         # (a new function each time: JAX keys its trace cache on the function)
-        entry.fn_donating = jax.jit(lambda *dyn: traced(*dyn), donate_argnums=tuple(entry.mutated_slots),
-                                    compiler_options=entry.xla)
+        entry.fn_donating = op_jit(entry, "fn_donating", lambda *dyn: traced(*dyn),
+                                   donate_argnums=tuple(entry.mutated_slots))
     return entry.fn_donating
 
 

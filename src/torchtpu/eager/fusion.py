@@ -329,7 +329,22 @@ def _replay(plan, live, external, scalars):
 
 def _fuse(plan, live, device):
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
+    plan = [(_nestable(fn), sources) for fn, sources in plan]
     return jax.jit(lambda external, scalars: _replay(plan, live, external, scalars), out_shardings=sharding)
+
+
+_twins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _nestable(fn):
+    """An op's executable as a segment's trace calls it: the same function jitted without compiler
+    options (JAX takes them on a top-level jit only, and one-op executables carry the engine's:
+    eager/xla_options.py op_options); the segment is compiled with its own."""
+    twin = _twins.get(fn)
+    if twin is None:
+        inner = getattr(fn, "__wrapped__", None)
+        twin = _twins[fn] = jax.jit(inner) if inner is not None else fn
+    return twin
 
 
 # ---------------------------------------------------------------- background compiles

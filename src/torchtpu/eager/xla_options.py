@@ -24,6 +24,19 @@ _jax = [None]      # the same as JAX's compiler_options dict, or None when there
 _base: dict = {}   # process-wide settings (allow_excess_precision)
 _stack: list = []  # the custom_compiler_options contexts, innermost last
 _checked: set = set()
+_op = [None, None]  # (user options, their merge over the small-program defaults)
+_op_defaults: list = []   # [defaults] once probed
+
+# One eager op is a small program. XLA:CPU's LLVM IR fusion emitters compile one without a
+# reduction ~30-45% faster than the MLIR fusion emitters XLA defaults to, and the code runs as fast
+# or faster (elementwise, copies, indexing); with a reduction the compile times are about equal and
+# the MLIR emitters' code is faster (softmax, layer_norm, max(dim): 1.4-1.7x at 512x1024); a whole
+# graph (torch.compile's) compiles faster with the MLIR emitters. So only one-op executables
+# without a reduction take the LLVM IR emitters, on XLA:CPU; the user's options still win
+# (benchmarks/compile_time.py, docs/design.md).
+_SMALL_PROGRAM_DEFAULTS = {"cpu": {"xla_cpu_use_fusion_emitters": False}}
+_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+                         "reduce_xor", "argmax", "argmin", "reduce"})
 
 _LEVELS = {"O0": 9, "O1": 19, "O2": 29, "O3": 39}   # XLA's EffortLevel values
 _BUILD_LEVELS = {"xla_optimization_level": "optimization_level",
@@ -39,6 +52,43 @@ def active() -> tuple:
 
 def jax_options():
     return _jax[0]
+
+
+def op_options(user, jaxpr=None):
+    """The compiler options one eager op's executable is compiled with, given `user` (what
+    jax_options() was when it was built: what keys it, and what the fused mode and the C++ fast path
+    look at) and, when known, its jaxpr: the user's options merged over the platform's defaults for
+    small programs without a reduction, the user's winning."""
+    if jaxpr is not None and _reduces(jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr):
+        return user
+    if _op[0] is not user or _op[1] is None:
+        merged = dict(_small_program_defaults())
+        merged.update(user or {})
+        _op[:] = [user, merged or None]
+    return _op[1]
+
+
+def _reduces(jaxpr) -> bool:
+    from jax.extend.core import jaxprs_in_params
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _REDUCTIONS:
+            return True
+        if any(_reduces(sub) for sub in jaxprs_in_params(eqn.params)):
+            return True
+    return False
+
+
+def _small_program_defaults() -> dict:
+    if not _op_defaults:
+        from ..device import platform
+        defaults = _SMALL_PROGRAM_DEFAULTS.get(platform.platform(), {})
+        if defaults:   # a jaxlib whose XLA no longer has the option: XLA's own defaults
+            try:
+                _check(defaults, "")
+            except ValueError:
+                defaults = {}
+        _op_defaults.append(defaults)
+    return _op_defaults[0]
 
 
 def normalize(options, where="torch.tpu.compiler.custom_compiler_options") -> dict:
