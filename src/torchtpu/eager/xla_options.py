@@ -24,7 +24,6 @@ _jax = [None]      # the same as JAX's compiler_options dict, or None when there
 _base: dict = {}   # process-wide settings (allow_excess_precision)
 _stack: list = []  # the custom_compiler_options contexts, innermost last
 _checked: set = set()
-_op = [None, None]  # (user options, their merge over the small-program defaults)
 _op_defaults: list = []   # [defaults] once probed
 
 # One eager op is a small program. XLA:CPU's LLVM IR fusion emitters compile one without a
@@ -59,16 +58,14 @@ def op_options(user, jaxpr=None):
     jax_options() was when it was built: what keys it, and what the fused mode and the C++ fast path
     look at) and, when known, its jaxpr: the user's options merged over the platform's defaults for
     small programs without a reduction, the user's winning."""
-    if jaxpr is not None and _reduces(jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr):
+    if jaxpr is not None and _reduces(jaxpr):   # (called when an op is built, not per call)
         return user
-    if _op[0] is not user or _op[1] is None:
-        merged = dict(_small_program_defaults())
-        merged.update(user or {})
-        _op[:] = [user, merged or None]
-    return _op[1]
+    merged = {**_small_program_defaults(), **(user or {})}
+    return merged or None
 
 
 def _reduces(jaxpr) -> bool:
+    """Whether a (closed) jaxpr or any jaxpr nested in its equations reduces."""
     from jax.extend.core import jaxprs_in_params
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _REDUCTIONS:
