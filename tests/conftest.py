@@ -27,7 +27,10 @@ def _available_memory_bytes():
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker per CPU core this process may run on (xdist's own default counts
-    physical cores, one on a 2-vCPU VM), fewer where memory would not hold them all."""
+    physical cores where psutil is installed: one on a 2-vCPU VM), fewer where memory would not
+    hold them all. PYTEST_XDIST_AUTO_NUM_WORKERS still decides when set (xdist reads it)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     memory = _available_memory_bytes()
     fit = cores if memory is None else max(1, memory // _WORKER_PEAK_BYTES)
