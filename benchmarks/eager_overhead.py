@@ -1,15 +1,16 @@
 """Per-op eager latency on "tpu" beside raw JAX eager and torch CPU, measured in one run.
 
-    python benchmarks/eager_overhead.py [--iters 2000]
+    python benchmarks/eager_overhead.py [--iters 2000 --rounds 7]
 
-Each figure is the median over several timed batches of `iters` calls, synchronised at the end
-of each batch (JAX dispatch is asynchronous). "tpu" runs each op in the strict eager mode (one
+Each round times a batch of `iters` calls of every variant in turn, each batch synchronised at its
+end on every result it made (JAX dispatch is asynchronous); figures are medians over the rounds. "tpu" runs each op in the strict eager mode (one
 executable per op) and in the fused mode (ops queued and run as compiled segments; TorchTPU's
 DEFER_AND_FUSE). Machines are noisy: compare the ratios.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -19,28 +20,34 @@ import torch
 import torch.nn.functional as F
 
 
-def timed(fn, sync, iters, repeats=7):
-    """Median µs per call; every result is kept until the batch's sync, so none is dead code (the
-    fused mode skips ops whose results nobody can read, and XLA would drop them from a segment)."""
-    for _ in range(50):
-        fn()
-    sync()
-    samples = []
-    for _ in range(repeats):
+def interleaved(variants, iters, rounds=7):
+    """µs per call of each variant in each round. A round times one batch of `iters` calls of every
+    variant in turn, so drift of a shared machine hits all of them alike; each batch ends with its
+    variant's sync, which waits for every result it kept (none is dead code: the fused mode skips
+    ops whose results nobody can read, and XLA:CPU runs larger ops asynchronously)."""
+    def batch(fn, sync, mode, n):
         kept = []
         keep = kept.append
-        start = time.perf_counter()
-        for _ in range(iters):
-            keep(fn())
-        sync()
-        samples.append((time.perf_counter() - start) / iters * 1e6)
-        del kept
-    return statistics.median(samples)
+        with mode():
+            start = time.perf_counter()
+            for _ in range(n):
+                keep(fn())
+            sync(kept)
+            return (time.perf_counter() - start) / n * 1e6
+
+    for fn, sync, mode in variants.values():
+        batch(fn, sync, mode, 50)
+    samples = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, (fn, sync, mode) in variants.items():
+            samples[name].append(batch(fn, sync, mode, iters))
+    return samples
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     n = args.iters
 
@@ -55,15 +62,14 @@ def main():
         box["j"] = box["j"].at[:, 4:12].add(b_j[:, :8])
         return box["j"]
 
-    def no_sync():
+    def no_sync(kept):
         pass
 
-    def tpu_sync():
+    def tpu_sync(kept):
         torch.tpu.synchronize()
 
-    def jax_sync():
-        box["j"].block_until_ready()
-        a_j.block_until_ready()
+    def jax_sync(kept):
+        jax.block_until_ready(kept)
 
     jit_add = jax.jit(jnp.add)
     jit_inplace_fn = jax.jit(lambda a, b: a.at[:, 4:12].add(b[:, :8]))
@@ -85,20 +91,28 @@ def main():
                                    lambda: F.gelu(F.linear(x_c, w_c, bias_c))),
     }
     print(f"torch {torch.__version__}, jax {jax.__version__}, XLA platform {torch.tpu.platform()}, "
-          f"{n} calls per batch, median of 7 batches (us per call)")
+          f"{n} calls per batch, {args.rounds} rounds of every variant in turn; µs per call and ratios: "
+          "medians over the rounds (a ratio is taken within each round)")
     print(f"{'op':24s} {'tpu':>8s} {'tpu fused':>10s} {'JAX eager':>10s} {'JAX jit':>8s} {'torch CPU':>10s} "
           f"{'tpu/JAX eager':>14s} {'fused/JAX eager':>16s} {'tpu/JAX jit':>12s} {'tpu/CPU':>8s}")
+    plain = contextlib.nullcontext
     for name, (tpu_fn, jax_fn, jit_fn, cpu_fn) in cases.items():
-        with torch.tpu.set_eager_mode("strict"):
-            t_tpu = timed(tpu_fn, tpu_sync, n)
-        with torch.tpu.set_eager_mode("fused"):
-            t_fused = timed(tpu_fn, tpu_sync, n)
-        t_jax = timed(jax_fn, jax_sync, n)
-        t_jit = timed(jit_fn, jax_sync, n)
-        t_cpu = timed(cpu_fn, no_sync, n)
-        print(f"{name:24s} {t_tpu:8.1f} {t_fused:10.1f} {t_jax:10.1f} {t_jit:8.1f} {t_cpu:10.1f} "
-              f"{t_tpu / t_jax:14.2f} {t_fused / t_jax:16.2f} {t_tpu / t_jit:12.2f} {t_tpu / t_cpu:8.2f}")
+        t = interleaved({
+            "tpu": (tpu_fn, tpu_sync, lambda: torch.tpu.set_eager_mode("strict")),
+            "fused": (tpu_fn, tpu_sync, lambda: torch.tpu.set_eager_mode("fused")),
+            "jax": (jax_fn, jax_sync, plain),
+            "jit": (jit_fn, jax_sync, plain),
+            "cpu": (cpu_fn, no_sync, plain),
+        }, n, args.rounds)
 
+        def median(key, over=None):
+            if over is None:
+                return statistics.median(t[key])
+            return statistics.median(a / b for a, b in zip(t[key], t[over]))
+
+        print(f"{name:24s} {median('tpu'):8.1f} {median('fused'):10.1f} {median('jax'):10.1f} "
+              f"{median('jit'):8.1f} {median('cpu'):10.1f} {median('tpu', 'jax'):14.2f} "
+              f"{median('fused', 'jax'):16.2f} {median('tpu', 'jit'):12.2f} {median('tpu', 'cpu'):8.2f}")
 
 if __name__ == "__main__":
     main()
