@@ -218,6 +218,33 @@ def test_kept_device_scalars_give_the_same_results_and_compile_nothing():
     torch.testing.assert_close(got.cpu(), (a_c * 2.5)[5:9] + b_c[5:9])
 
 
+def test_matmuls_take_the_fast_path_and_the_matmul_precision_keys_them():
+    """Matmul lowerings read torch.get_float32_matmul_precision(): the C++ key holds it, so a matmul
+    is served after its first call at each setting, and a change of setting is a new executable."""
+    a_c, b_c, w_c = torch.randn(64, 48), torch.randn(48, 64), torch.randn(32, 48)
+    a, b, w = a_c.to("tpu"), b_c.to("tpu"), w_c.to("tpu")
+    ops = [lambda x, y, z: x @ y, lambda x, y, z: torch.nn.functional.linear(x, z),
+           lambda x, y, z: torch.bmm(x[None], y[None])]
+    was = torch.get_float32_matmul_precision()
+    try:
+        for setting in ("highest", "medium", "highest"):
+            torch.set_float32_matmul_precision(setting)
+            compiles = torchtpu.metrics()["eager_compiles"]
+            first = [op(a, b, w) for op in ops]
+            new_executables = torchtpu.metrics()["eager_compiles"] - compiles
+            out, served = _served(lambda: [op(a, b, w) for op in ops])
+            assert served == len(ops), setting
+            for got, again, op in zip(first, out, ops):
+                want = op(a_c, b_c, w_c)
+                torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(again.cpu(), got.cpu(), atol=0, rtol=0)
+            if setting == "medium":
+                assert new_executables >= len(ops)   # not the executables built for "highest"
+    finally:
+        torch.set_float32_matmul_precision(was)
+    assert new_executables == 0   # back at "highest": the first executables, from the fast table
+
+
 def test_threads_running_one_op_on_different_shapes():
     import threading
     errors = []

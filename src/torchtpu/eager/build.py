@@ -134,9 +134,8 @@ class _OptionsAtFirstCall:
 
 def _traced(kernel, entry, messages, read_precision):
     entry.checks = messages
-    if read_precision:   # from now on the setting keys this op's executables
-        kernel.precision_sensitive = True
-        fastpath.clear()   # (the C++ fast path's keys do not hold it)
+    if read_precision:   # from now on the setting keys this op's executables (the C++ fast path's
+        kernel.precision_sensitive = True   # keys always hold it)
 
 
 def _dynamic_offsets(kernel, args, kwargs):

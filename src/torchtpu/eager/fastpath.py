@@ -47,7 +47,7 @@ def describe(kernel):
     if kernel_and_entry is None or kernel_and_entry[0] is not kernel:
         return True   # (not this kernel's call: ask again later)
     entry = kernel_and_entry[1]
-    if kernel.random or kernel.specialize_scalars or kernel.precision_sensitive:
+    if kernel.random or kernel.specialize_scalars:   # (the C++ key holds the matmul precision)
         return False
     if (entry.checks or entry.consts is not None or entry.overlap is not None or entry.xla is not None
             or entry.fn is None):

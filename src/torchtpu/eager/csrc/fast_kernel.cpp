@@ -7,7 +7,8 @@
 // a key from the IValue stack (each argument as the Python kernel would see it: present or left at
 // its default, each tensor's dtype, sizes, strides, whether it is part of its storage, which
 // storage slot, the storage record's dtype and size; the non-tensor values; only the types of the
-// Scalar arguments, which travel as traced values), finds a "fast entry" that the Python side
+// Scalar arguments, which travel as traced values; PyTorch's float32 matmul precision, which the
+// lowerings of matmuls read), finds a "fast entry" that the Python side
 // described after running the same key (fastpath.describe: a plain executable with one new
 // output), calls its jitted function with the storages' buffers, the scalars and the offsets of
 // partial views, and makes the output tensor (storage/records.py: new_tensor). Anything else —
@@ -20,6 +21,7 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -446,6 +448,9 @@ class FastKernel final : public c10::OperatorKernel {
 
   Verdict build(c10::ArrayRef<c10::IValue> args, Work& w) {
     w.key.reserve(64);
+    // torch.get_float32_matmul_precision(): it keys the executables of ops whose lowering reads it
+    // (OpKernel.precision_sensitive); every key holds it, so no entry outlives a change of it
+    w.key.push_back(static_cast<int64_t>(at::globalContext().float32MatmulPrecision()));
     int64_t positional_end = kwarg_only_start_;
     while (positional_end > 0 && is_default(args, positional_end - 1)) positional_end--;
     for (int64_t i = 0; i < static_cast<int64_t>(n_args_); i++) {
