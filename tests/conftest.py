@@ -38,6 +38,24 @@ def pytest_xdist_auto_num_workers(config):
 
 
 @pytest.fixture(autouse=True)
+def _seeded(request):
+    """Each test draws its random inputs from a seed of its own id, as PyTorch's suite seeds every
+    test: the inputs do not depend on which tests ran before it in the same process (pytest-xdist
+    hands tests to workers in a different order each run), so a failure reproduces alone."""
+    import random
+    import zlib
+
+    import torch
+
+    seed = zlib.crc32(request.node.nodeid.encode())
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles its own modules: forget earlier ones, as PyTorch's own suite does, so
     Dynamo's per-code-object recompile limit (8) counts one test's recompilations only."""

@@ -227,6 +227,16 @@ ACTIVATIONS = {
 BF16_ACTIVATIONS = {"elu", "gelu", "gelu_tanh", "glu", "hardswish", "mish", "softplus", "threshold"}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_piecewise_activations_at_their_kinks(dtype):
+    """Values and gradients exactly at the break points, where PyTorch picks one piece (hardswish's
+    gradient is 0 at -3 and 1 at 3): random inputs rarely land there, bfloat16 ones sometimes do."""
+    points = torch.tensor([-20., -6., -3., -2., -1., -0.7, -0.5, 0., 0.3, 0.5, 0.7, 1., 1.5, 3., 6., 20.])
+    for name in ("hardswish", "hardsigmoid", "hardtanh", "relu6", "relu", "leaky_relu", "elu", "threshold",
+                 "softplus", "hardshrink", "softshrink"):
+        check(ACTIVATIONS[name], points, dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype,tol,name", [
     pytest.param(*dt, name, id=f"{dt_id}-{name}",
                  marks=pytest.mark.slow if dt_id == "bf16" and name not in BF16_ACTIVATIONS else ())

@@ -123,8 +123,8 @@ def hardswish(a):
 
 @lowering("hardswish_backward", promote=KIND.DEFAULT)
 def hardswish_backward(grad, a):
-    g, x = _f32(grad), _f32(a)
-    return jnp.where(x < -3, 0, jnp.where(x <= 3, g * (x / 3 + 0.5), g)).astype(grad.dtype)
+    g, x = _f32(grad), _f32(a)   # at the kinks PyTorch takes the outer pieces: 0 at -3, g at 3
+    return jnp.where(x <= -3, 0, jnp.where(x < 3, g * (x / 3 + 0.5), g)).astype(grad.dtype)
 
 
 @lowering("hardsigmoid", promote=KIND.DEFAULT, real_only=True)
