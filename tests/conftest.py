@@ -25,12 +25,27 @@ def _available_memory_bytes():
     return None
 
 
+def _owns_an_accelerator():
+    """Whether "tpu" will run on TPU chips or a GPU: one process holds a TPU's chips (libtpu locks
+    them) and JAX takes most of a GPU's memory, so parallel workers would fail to start or share."""
+    import glob
+
+    platform = os.environ.get("TORCHTPU_PLATFORM", "").lower()
+    if platform in ("tpu", "gpu", "cuda"):
+        return True
+    # the default platform is TPU whenever JAX sees one: TPU VMs expose their chips as these nodes
+    return not platform and bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker per CPU core this process may run on (xdist's own default counts
     physical cores where psutil is installed: one on a 2-vCPU VM), fewer where memory would not
-    hold them all. PYTEST_XDIST_AUTO_NUM_WORKERS still decides when set (xdist reads it)."""
+    hold them all; one where the tests run on TPU chips or a GPU. PYTEST_XDIST_AUTO_NUM_WORKERS
+    still decides when set (xdist reads it)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
+    if _owns_an_accelerator():
+        return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     memory = _available_memory_bytes()
     fit = cores if memory is None else max(1, memory // _WORKER_PEAK_BYTES)
