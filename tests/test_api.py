@@ -125,6 +125,34 @@ def test_precision_scopes_float32_matmul():
             pass
 
 
+def test_pytorch_per_backend_fp32_precision_settings_do_not_break_tpu_ops():
+    """PyTorch 2.9+'s `torch.backends.*.fp32_precision` settings: while they disagree PyTorch's own
+    `get_float32_matmul_precision()` raises; "tpu" ops (eager, C++ fast path, compiled) still run and
+    match the CPU, following the generic `torch.backends.fp32_precision`."""
+    from torchtpu.ops.linalg import matmul_precision
+
+    backends = torch.backends
+    saved = (backends.fp32_precision, backends.cuda.matmul.fp32_precision, backends.mkldnn.matmul.fp32_precision)
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    compiled = torch.compile(lambda x, y: (x @ y).tanh(), backend="tpu")
+    try:
+        backends.cuda.matmul.fp32_precision = "tf32"   # CUDA's matmuls only: the backends now disagree
+        with pytest.raises(RuntimeError):
+            torch.get_float32_matmul_precision()
+        assert matmul_precision() == "highest"
+        backends.fp32_precision = "tf32"
+        assert matmul_precision() == "high"
+        for _ in range(2):   # the second time from the engine's caches
+            torch.testing.assert_close((ta + tb).cpu(), a + b)
+            torch.testing.assert_close((ta @ tb).cpu(), a @ b, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(compiled(ta, tb).cpu(), (a @ b).tanh(), atol=1e-4, rtol=1e-4)
+    finally:
+        torch.set_float32_matmul_precision("highest")
+        backends.fp32_precision, backends.cuda.matmul.fp32_precision, backends.mkldnn.matmul.fp32_precision = saved
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
 def test_device_properties_and_amp_dtypes():
     p = torch.tpu.get_device_properties(0)
     assert p.multi_processor_count >= 1 and p.total_memory > 0 and p.name

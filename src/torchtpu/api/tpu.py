@@ -7,6 +7,7 @@ import enum
 import torch
 
 from ..eager import device_module as tpu_module
+from ..ops.linalg import matmul_precision
 
 
 class Precision(enum.Enum):
@@ -25,7 +26,7 @@ def precision(mode: Precision):
     The same knob as `torch.set_float32_matmul_precision`, scoped to a block."""
     if not isinstance(mode, Precision):
         raise ValueError(f"expected a torch.tpu.Precision (DEFAULT, HIGH or HIGHEST), got {mode!r}")
-    previous = torch.get_float32_matmul_precision()
+    previous = matmul_precision()
     torch.set_float32_matmul_precision(mode.value)
     try:
         yield

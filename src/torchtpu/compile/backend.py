@@ -43,6 +43,7 @@ from ..eager.kernels import META_CHECKS
 from ..eager.random import next_rng_args
 from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram, node_op_name
+from ..ops.linalg import matmul_precision
 from ..ops.resolve import NotLowered
 from ..storage.records import RECORDS, donatable, new_tensor
 from . import graph_placers, options
@@ -321,7 +322,7 @@ class CompiledGraph:
                 parts.append(("S", int, int(a)))
             else:
                 parts.append(("V", repr(a)))
-        parts.append(("P", torch.get_float32_matmul_precision()))  # the lowerings of matmuls read it
+        parts.append(("P", matmul_precision()))  # the lowerings of matmuls read it
         if _xla_active[0]:   # XLA compiler options (eager/xla_options.py)
             parts.append(("X", _xla_active[0]))
         return tuple(parts), records, cpu_vals, offsets, device
@@ -523,7 +524,7 @@ class _FastKey:
         tensors = args if self.pick is None else self.pick(args)
         if not self.guards.check(*tensors):
             return None
-        if torch.get_float32_matmul_precision() != self.precision or _xla_active[0] != self.xla:
+        if matmul_precision() != self.precision or _xla_active[0] != self.xla:
             return None
         state = self.state
         ptrs = list(map(_data_ptr, tensors))

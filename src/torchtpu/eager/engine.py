@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 
 from ..device.state import current_device
 from ..metrics import counters
+from ..ops.linalg import matmul_precision as _matmul_precision
 from ..storage.records import RECORDS, donatable, new_tensor
 from . import asserts, errors, fastpath, fusion, interrupts
 from .asserts import FAILED as _failed
@@ -234,7 +235,7 @@ class OpKernel:
                 device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, k in self.scalar_names)
         keyed_precision = self.precision_sensitive
         if keyed_precision:
-            parts.append(torch.get_float32_matmul_precision())
+            parts.append(_matmul_precision())
         if _xla_active[0]:   # torch.tpu.compiler.custom_compiler_options / allow_excess_precision
             parts.append(_xla_active[0])
         if _failed:   # a device-side assert failed on this device: sticky until cleared (eager/asserts.py)
@@ -278,7 +279,7 @@ class OpKernel:
             raise
         if self.precision_sensitive and not keyed_precision:
             # the trace read the matmul precision: from now on the setting is part of the key
-            self.cache[(*key, torch.get_float32_matmul_precision())] = entry
+            self.cache[(*key, _matmul_precision())] = entry
         if entry.spec is None:
             shape, dtype = entry.outs[0]
             return new_tensor(shape, dtype, dev, results[0])

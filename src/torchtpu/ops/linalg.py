@@ -16,10 +16,25 @@ import torch
 PRECISION_READS = [0]
 
 
+# PyTorch's per-backend settings (torch.backends.fp32_precision and the like) in the legacy getter's terms
+_FP32_PRECISION_AS_MATMUL = {"tf32": "high", "bf16": "medium"}
+
+
+def matmul_precision():
+    """torch.get_float32_matmul_precision(), the setting "tpu" matmuls follow and their executables are
+    keyed on. PyTorch's getter raises when its per-backend settings disagree (say only
+    `torch.backends.cuda.matmul.fp32_precision = "tf32"` was set): then the generic
+    `torch.backends.fp32_precision` decides ("tf32" -> "high", "bf16" -> "medium", else "highest")."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return _FP32_PRECISION_AS_MATMUL.get(getattr(torch.backends, "fp32_precision", None), "highest")
+
+
 def precision():
     """PyTorch's float32 matmul setting as XLA precision (XLA's TPU default would be bf16 passes)."""
     PRECISION_READS[0] += 1
-    setting = torch.get_float32_matmul_precision()
+    setting = matmul_precision()
     return {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH}.get(setting, lax.Precision.DEFAULT)
 
 

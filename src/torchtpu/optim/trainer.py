@@ -59,6 +59,7 @@ from ..eager.executable import (Program, ValueArg, call_and_commit, flat_output,
 from ..eager.random import next_rng_args
 from ..metrics import counters
 from ..ops import dtypes as dt
+from ..ops.linalg import matmul_precision
 from ..storage.records import RECORDS, donatable, new_tensor
 
 __all__ = ["SingleTraceTrainer"]
@@ -441,7 +442,7 @@ class SingleTraceTrainer:
         counts = tuple(len(per) for per in states)
         host = np.asarray(scalars, dtype=np.float64).astype(np.float32) if self.optimizer is not None else None
         key = (id(graph), tuple(parts), tuple(plan), tuple(g is not None for g in grads_in), tuple(static), counts,
-               torch.get_float32_matmul_precision(), xla_options.active())
+               matmul_precision(), xla_options.active())
         entry = self._entries.get(key)
         if entry is None:
             entry = self._build(key, graph, tensors, len(call.placeholders), plan, grads_in, counts, static,

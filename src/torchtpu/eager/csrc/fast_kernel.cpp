@@ -449,8 +449,14 @@ class FastKernel final : public c10::OperatorKernel {
   Verdict build(c10::ArrayRef<c10::IValue> args, Work& w) {
     w.key.reserve(64);
     // torch.get_float32_matmul_precision(): it keys the executables of ops whose lowering reads it
-    // (OpKernel.precision_sensitive); every key holds it, so no entry outlives a change of it
-    w.key.push_back(static_cast<int64_t>(at::globalContext().float32MatmulPrecision()));
+    // (OpKernel.precision_sensitive); every key holds it, so no entry outlives a change of it. It
+    // raises while PyTorch's per-backend settings disagree: then the Python kernel runs every call
+    // (ops/linalg.py matmul_precision reads the generic setting instead)
+    try {
+      w.key.push_back(static_cast<int64_t>(at::globalContext().float32MatmulPrecision()));
+    } catch (const std::exception&) {
+      return BAIL;
+    }
     int64_t positional_end = kwarg_only_start_;
     while (positional_end > 0 && is_default(args, positional_end - 1)) positional_end--;
     for (int64_t i = 0; i < static_cast<int64_t>(n_args_); i++) {
