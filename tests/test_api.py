@@ -136,20 +136,26 @@ def test_pytorch_per_backend_fp32_precision_settings_do_not_break_tpu_ops():
     a, b = torch.randn(64, 64), torch.randn(64, 64)
     ta, tb = a.to("tpu"), b.to("tpu")
     compiled = torch.compile(lambda x, y: (x @ y).tanh(), backend="tpu")
+    # (torch.testing._internal freezes these flags when imported; its own tests mutate them so)
+    mutable = getattr(backends, "__allow_nonbracketed_mutation")
     try:
-        backends.cuda.matmul.fp32_precision = "tf32"   # CUDA's matmuls only: the backends now disagree
+        with mutable():
+            backends.cuda.matmul.fp32_precision = "tf32"   # CUDA's matmuls only: the backends now disagree
         with pytest.raises(RuntimeError):
             torch.get_float32_matmul_precision()
         assert matmul_precision() == "highest"
-        backends.fp32_precision = "tf32"
+        with mutable():
+            backends.fp32_precision = "tf32"
         assert matmul_precision() == "high"
         for _ in range(2):   # the second time from the engine's caches
             torch.testing.assert_close((ta + tb).cpu(), a + b)
             torch.testing.assert_close((ta @ tb).cpu(), a @ b, atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(compiled(ta, tb).cpu(), (a @ b).tanh(), atol=1e-4, rtol=1e-4)
     finally:
-        torch.set_float32_matmul_precision("highest")
-        backends.fp32_precision, backends.cuda.matmul.fp32_precision, backends.mkldnn.matmul.fp32_precision = saved
+        with mutable():
+            torch.set_float32_matmul_precision("highest")
+            (backends.fp32_precision, backends.cuda.matmul.fp32_precision,
+             backends.mkldnn.matmul.fp32_precision) = saved
     assert torch.get_float32_matmul_precision() == "highest"
 
 
