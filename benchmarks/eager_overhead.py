@@ -3,9 +3,10 @@
     python benchmarks/eager_overhead.py [--iters 2000 --rounds 7]
 
 Each round times a batch of `iters` calls of every variant in turn, each batch synchronised at its
-end on every result it made (JAX dispatch is asynchronous); figures are medians over the rounds. "tpu" runs each op in the strict eager mode (one
-executable per op) and in the fused mode (ops queued and run as compiled segments; TorchTPU's
-DEFER_AND_FUSE). Machines are noisy: compare the ratios.
+end on every result it made (JAX dispatch is asynchronous); figures are medians over the rounds.
+"tpu" runs each op in the strict eager mode (one executable per op) and in the fused mode (ops
+queued and run as compiled segments; TorchTPU's DEFER_AND_FUSE). Machines are noisy: compare the
+ratios.
 """
 from __future__ import annotations
 
@@ -113,6 +114,7 @@ def main():
         print(f"{name:24s} {median('tpu'):8.1f} {median('fused'):10.1f} {median('jax'):10.1f} "
               f"{median('jit'):8.1f} {median('cpu'):10.1f} {median('tpu', 'jax'):14.2f} "
               f"{median('fused', 'jax'):16.2f} {median('tpu', 'jit'):12.2f} {median('tpu', 'cpu'):8.2f}")
+
 
 if __name__ == "__main__":
     main()
