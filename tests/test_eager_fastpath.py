@@ -1,7 +1,7 @@
 """The eager engine's C++ fast path (eager/fastpath.py): it serves plain strict-mode calls with the
 results the Python kernel gives, counts them as cache hits, and leaves everything else to the
-Python kernel. (Ops whose inputs and results total at most 16 KiB keep their results in the
-Python kernel (Entry.memo) until that gives up: the tests use larger tensors.)"""
+Python kernel. (Ops whose inputs and results total at most 16 KiB keep their last results
+(Entry.memo): most tests use larger tensors; one checks the memo on the fast path.)"""
 import os
 import subprocess
 import sys
@@ -266,3 +266,68 @@ def test_threads_running_one_op_on_different_shapes():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_ops_with_several_results_take_the_fast_path():
+    """Functional ops whose returns are all new tensors (attention, var_mean, max.dim, layer norm)."""
+    F = torch.nn.functional
+    q_c, k_c, v_c, x_c = torch.randn(1, 8, 1, 64), torch.randn(1, 8, 40, 64), torch.randn(1, 8, 40, 64), \
+        torch.randn(64, 300)
+    q, k, v, x = q_c.to("tpu"), k_c.to("tpu"), v_c.to("tpu"), x_c.to("tpu")
+    ops = [lambda q, k, v, x: F.scaled_dot_product_attention(q, k, v),
+           lambda q, k, v, x: torch.var_mean(x, dim=1),
+           lambda q, k, v, x: tuple(x.max(dim=1)),
+           lambda q, k, v, x: F.layer_norm(x, (300,))]
+    first = [op(q, k, v, x) for op in ops]
+    out, served = _served(lambda: [op(q, k, v, x) for op in ops])
+    assert served == len(ops)
+    for got, again, op in zip(first, out, ops):
+        want = op(q_c, k_c, v_c, x_c)
+        torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), again), want)
+        torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), got), want)
+
+
+def test_device_side_checks_on_the_fast_path_still_raise_at_the_next_sync():
+    """An op with a device-side assert (embedding's index range) is served, its verdict kept: a bad
+    index raises at the next synchronization, naming the op, as from the Python kernel."""
+    from torchtpu.eager.asserts import DeviceAssertError
+    w_c = torch.randn(10, 4096)
+    w = w_c.to("tpu")
+    good, bad = torch.tensor([1, 2], device="tpu"), torch.tensor([1, 12], device="tpu")
+    torch.nn.functional.embedding(good, w)
+    out, served = _served(lambda: torch.nn.functional.embedding(good, w))
+    assert served == 1
+    torch.testing.assert_close(out.cpu(), w_c[[1, 2]])
+    _, served = _served(lambda: torch.nn.functional.embedding(bad, w))
+    assert served == 1
+    try:
+        with pytest.raises(DeviceAssertError, match="aten::embedding.default: index out of range"):
+            torch.tpu.synchronize()
+    finally:
+        torch.tpu.clear_device_assert()
+
+
+def test_host_checked_scalars_and_memoized_small_ops_take_the_fast_path():
+    """pow's exponent check cannot fail for a float tensor, so the call is served (an integer tensor
+    to a negative power still raises at every call); small ops keep their last results (Entry.memo)
+    and reuse them on the fast path, for the same inputs and numbers only."""
+    big_c, small_c = torch.randn(8192), torch.randn(64)
+    big, small = big_c.to("tpu"), small_c.to("tpu")
+    big.pow(2)
+    out, served = _served(lambda: big.pow(2))
+    assert served == 1
+    torch.testing.assert_close(out.cpu(), big_c.pow(2))
+    ints = torch.arange(5, device="tpu")
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="Integers to negative integer powers are not allowed"):
+            ints.pow(-1)
+    for value in (1.5, 2.5):
+        small + value
+    reused = torchtpu.metrics()["eager_results_reused"]
+    out, served = _served(lambda: [small + v for v in (1.5, 2.5, 1.5, -0.0, 0.0, 2.5)])
+    assert served == 6
+    assert torchtpu.metrics()["eager_results_reused"] > reused
+    for got, v in zip(out, (1.5, 2.5, 1.5, -0.0, 0.0, 2.5)):
+        torch.testing.assert_close(got.cpu(), small_c + v, rtol=0, atol=0)
+    small.add_(1.0)   # a new buffer: nothing kept for the old one applies
+    torch.testing.assert_close((small + 1.5).cpu(), small_c + 1.0 + 1.5, rtol=0, atol=0)

@@ -164,7 +164,7 @@ class Entry:
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
                  "cold", "window_calls",
                  "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap", "xla",
-                 "source", "fn_gated", "fn_gated_donating", "gated_ran")
+                 "source", "fn_gated", "fn_gated_donating", "gated_ran", "host_checked")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -190,6 +190,7 @@ class Entry:
         self.fn_gated = None      # fn gated on unchecked device-side asserts (built on first use: _gated)
         self.fn_gated_donating = None   # the same, donating the written buffers
         self.gated_ran = 0        # which gated forms completed a call (1 plain, 2 donating: then traced)
+        self.host_checked = False  # its kernel's host check may raise for some traced number: run per call
 
 
 class OpKernel:
@@ -209,11 +210,15 @@ class OpKernel:
         self.specialize_scalars = False  # set when the op runs through a traced decomposition
         # set when its lowering read torch's float32 matmul precision: the setting keys the cache
         self.precision_sensitive = False
+        # ops/argument_checks.py: a check of the op's Scalar arguments on the host, run per call
+        self.host_check = None
         self.lock = threading.RLock()
         _KERNELS.append(self)
 
     # ---------------------------------------------------------------- hot path
     def __call__(self, *args, **kwargs):
+        if self.host_check is not None:
+            self.host_check(*args, **kwargs)
         parts = []
         slot_of = {}
         records = []
@@ -269,6 +274,8 @@ class OpKernel:
             return self(*args, **kwargs)
         counters.eager_compiles += 1
         note_executable()
+        if self.host_check is not None:   # (the C++ fast path skips the check when it cannot raise)
+            entry.host_checked = getattr(self.host_check, "can_raise", _always)(*args, **kwargs)
         _last.call = (self, entry)
         dev = device if device >= 0 else 0
         try:
@@ -423,6 +430,10 @@ class OpKernel:
 DONATE_BYTES = 1 << 18
 
 
+def _always(*args, **kwargs):
+    return True
+
+
 def scalar_key(values):
     """A cache key for Python scalar values that keeps apart what == does not (-0.0 and 0.0, True and 1),
     so a key always returns the array computed for exactly those values."""
@@ -450,14 +461,34 @@ def _constant(entry, scalars):
 def _memoized(entry, inputs, scalars, offsets):
     """Run a small deterministic op, or return the results of its call with the same input buffers
     and scalar values if it is among the last MEMO_VALUES (see MEMO_BYTES)."""
+    return _memo(entry, (*map(id, inputs), *scalar_key(scalars), *offsets), inputs,
+                 lambda: entry.fn(*inputs, *scalars, *offsets))
+
+
+_ARGV = object()   # marks the memo keys of memoizing(): the identities of all the arguments
+
+
+def memoizing(entry):
+    """entry's executable as the C++ fast path calls it, (buffers..., scalars..., offsets...), through
+    the entry's memo. It keys on the identity of every argument: the fast path passes one kept
+    device array per number (eager/fastpath.py device_scalar), so a repeated call finds its results;
+    a number passed as a fresh Python object only misses (the memo holds the arguments it keys, so
+    an identity is never reused while its results are kept)."""
+    def call(*argv):
+        if entry.memo is None:   # given up
+            return entry.fn(*argv)
+        return _memo(entry, (_ARGV, *map(id, argv)), argv, lambda: entry.fn(*argv))
+    return call
+
+
+def _memo(entry, mkey, keep, run):
     memo = entry.memo
-    mkey = (*map(id, inputs), *scalar_key(scalars), *offsets)
     hit = memo.get(mkey)
     if hit is not None:
         counters.eager_results_reused += 1
         entry.memo_misses = -1   # it repeats: keep the memo for good
         return hit[1]
-    results = entry.fn(*inputs, *scalars, *offsets)
+    results = run()
     entry.n_results = len(results)
     if entry.checks:   # a verdict per call (an index out of range must raise every time): never kept
         entry.memo = None
@@ -468,7 +499,7 @@ def _memoized(entry, inputs, scalars, offsets):
             entry.memo_misses += 1
         if len(memo) >= MEMO_VALUES:
             memo.pop(next(iter(memo)), None)
-        memo[mkey] = (inputs, results)   # `inputs` keeps the buffers, and so their ids, alive
+        memo[mkey] = (keep, results)   # `keep` holds the arguments, and so their ids, alive
     return results
 
 

@@ -3,15 +3,17 @@
 A strict-mode eager op used to cost, besides the executable call itself, PyTorch's boxing of the
 arguments into Python objects, the engine's Python key building and lookup, and the output tensor:
 about twice raw JAX eager for a small `a + b`. The fast path is a C++ boxed kernel on PrivateUse1
-for each functional overload with one Tensor return; the engine's Python kernel moves to the spare
-PrivateUse3 key, where the C++ kernel finds PyTorch's own holder of it and falls back to it. The
-C++ kernel keys the call from the IValue stack (at least as finely as OpKernel.__call__ does) and,
-for a key whose entry is plain (strict mode; one new output; no device-side checks, constants,
-memo, overlap check, XLA options, random numbers, written inputs), calls the entry's jitted
-function itself and makes the output with `new_tensor`. Everything else runs the Python kernel,
-unchanged: a key seen for the first time (after which `describe` tells the C++ side whether the
-entry the Python kernel ran is plain), the fused and debug modes, a failed device-side assert, a
-pending interrupt, XLA options in force, an unwritten or queued input buffer, any error.
+for each functional overload whose returns are all Tensors, and each in-place or out= overload;
+the engine's Python kernel moves to the spare PrivateUse3 key, where the C++ kernel finds PyTorch's
+own holder of it and falls back to it. The C++ kernel keys the call from the IValue stack (at least
+as finely as OpKernel.__call__ does) and, for a key whose entry is plain (strict mode; returns that
+are all new outputs, or the written argument; no constants, overlap check, XLA options, random
+numbers, host check that could fail, donated or gated write), calls the entry's jitted function
+itself (through the entry's memo for small ops: engine.memoizing), keeps its device-side assert
+verdict if it has one, and makes the outputs as `new_tensor` does. Everything else runs the Python
+kernel, unchanged: a key seen for the first time (after which `describe` tells the C++ side whether
+the entry the Python kernel ran is plain), the fused and debug modes, a failed device-side assert,
+a pending interrupt, XLA options in force, an unwritten or queued input buffer, any error.
 
 TORCHTPU_EAGER_FAST=0 (or TORCHTPU_NATIVE=off, or no C++ compiler) registers the Python kernels on
 PrivateUse1 as before. The library is compiled once per torch/Python version and source hash, like
@@ -31,40 +33,45 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 4
+_ABI = 5
 _lib = [None]
 _tried = [False]
 _problem = [None]
 
 
 def describe(kernel):
-    """What the C++ fast path may do with the entry `kernel` just ran: (jitted function, output
-    shape, output dtype, ()) for a plain entry with one new output; (jitted function, None, None,
-    written slots) for a plain in-place or out= entry (no new output, the written argument
-    returned); True to ask again later (its memo may give up); False never."""
-    from .engine import _last
+    """What the C++ fast path may do with the entry `kernel` just ran: (jitted function, ((shape,
+    dtype) of each new output, ...), written slots, device-side check messages or None, the op's
+    name) for a plain entry: a functional op whose returns are all new tensors (written slots ()),
+    or an in-place or out= op (no new output; the written argument returned); True to ask again
+    later (the last call was not this kernel's); False never."""
+    from .engine import _last, memoizing
     kernel_and_entry = getattr(_last, "call", None)
     if kernel_and_entry is None or kernel_and_entry[0] is not kernel:
         return True   # (not this kernel's call: ask again later)
     entry = kernel_and_entry[1]
     if kernel.random or kernel.specialize_scalars:   # (the C++ key holds the matmul precision)
         return False
-    if (entry.checks or entry.consts is not None or entry.overlap is not None or entry.xla is not None
-            or entry.fn is None):
+    if (entry.consts is not None or entry.overlap is not None or entry.xla is not None or entry.fn is None
+            or entry.host_checked):
         return False
     if entry.mutated_slots:
-        # (entry.traced: a large storage, donated when nothing else holds its buffer; the Python kernel)
-        if (entry.outs or entry.traced is not None or entry.nones is not None or entry.spec is None
-                or len(entry.spec) != 1 or not isinstance(entry.spec[0], str)
+        # (entry.traced: a large storage, donated when nothing else holds its buffer; checks: writes
+        # are gated on unchecked verdicts; both take the Python kernel)
+        if (entry.checks or entry.outs or entry.traced is not None or entry.nones is not None
+                or entry.spec is None or len(entry.spec) != 1 or not isinstance(entry.spec[0], str)
                 or entry.n_results != len(entry.mutated_slots)):
             return False
-        return (entry.fn, None, None, tuple(entry.mutated_slots))
-    if entry.spec is not None or entry.n_results != 1 or len(entry.outs) != 1:
+        return (entry.fn, (), tuple(entry.mutated_slots), None, kernel.where)
+    n_returns = len(kernel.op._schema.returns)
+    if (entry.nones is not None or len(entry.outs) != n_returns
+            or entry.n_results != n_returns + bool(entry.checks)
+            or (entry.spec is not None and not all(type(s) is not str and s.is_leaf() for s in entry.spec))):
         return False
-    if entry.memo is not None:
-        return True
-    shape, dtype = entry.outs[0]
-    return (entry.fn, tuple(shape), dtype, ())
+    # (a small op keeps its last results, and a call with the same inputs reuses them: engine._memo)
+    fn = memoizing(entry) if entry.memo is not None else entry.fn
+    outs = tuple((tuple(shape), dtype) for shape, dtype in entry.outs)
+    return (fn, outs, (), tuple(entry.checks) if entry.checks else None, kernel.where)
 
 
 def device_scalar(value):
@@ -129,7 +136,7 @@ def load() -> bool:
         native_outputs = (records._bump, records._stats, records._StorageRef, records._on_free, records.MemoryStats)
         if not lib.torchtpu_fast_init((RECORDS, modes._mode, asserts.FAILED, interrupts.PENDING, xla_options._active,
                                        counters, StorageRecord, new_tensor, describe, ArrayImpl, _unchecked,
-                                       native_outputs, device_scalar)):
+                                       native_outputs, device_scalar, asserts.note)):
             raise RuntimeError("torchtpu_fast_init failed")
     except Exception as e:  # noqa: BLE001 - the Python kernels work without it
         _problem[0] = f"{type(e).__name__}: {e}"
@@ -140,14 +147,17 @@ def load() -> bool:
 
 
 def _alias_arg(op, kernel):
-    """The index of the argument an in-place or out= overload returns; -1 for a new tensor; None
-    when the fast path cannot serve the overload."""
+    """The index of the argument an in-place or out= overload returns; -1 for new tensors (one or
+    more); None when the fast path cannot serve the overload."""
     schema = op._schema
-    if not schema.name.startswith("aten::") or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
+    if (not schema.name.startswith("aten::") or not schema.returns
+            or any(str(r.type) != "Tensor" for r in schema.returns)):
         return None
     writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    if schema.returns[0].alias_info is None:
+    if all(r.alias_info is None for r in schema.returns):
         return -1 if not writes else None
+    if len(schema.returns) != 1:
+        return None
     name = kernel.aliased_returns[0]
     for i, a in enumerate(schema.arguments):
         if a.name == name and str(a.type) == "Tensor" and a.alias_info is not None and a.alias_info.is_write:
@@ -156,8 +166,8 @@ def _alias_arg(op, kernel):
 
 
 def eligible(op, kernel) -> bool:
-    """Overloads the fast path may serve: aten, one Tensor return, which is new (a functional op)
-    or the argument it writes (an in-place or out= op)."""
+    """Overloads the fast path may serve: aten, Tensor returns, which are all new (a functional op)
+    or one, the argument it writes (an in-place or out= op)."""
     return _alias_arg(op, kernel) is not None
 
 

@@ -537,7 +537,11 @@ def register_all():
         kernel = plain = kernel_for(op)
         if name in data_dependent.MASK_ARGUMENT_OPS:  # boolean masks become indices first
             kernel = data_dependent.with_masks(kernel, data_dependent.MASK_ARGUMENT_OPS[name])
-        kernel = argument_checks.wrap(name, kernel)   # host checks of Scalar arguments (pow, fill)
+        check = argument_checks.CHECKS.get(name)   # host checks of Scalar arguments (pow, fill)
+        if check is not None and kernel is plain:
+            plain.host_check = check   # the engine runs it (and knows when it cannot raise)
+        else:
+            kernel = argument_checks.wrap(name, kernel)
         if fast and kernel is plain and fastpath.eligible(op, kernel):
             deferred.append((op, kernel))
         else:

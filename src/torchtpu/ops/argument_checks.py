@@ -3,9 +3,11 @@
 A Scalar argument travels into the eager executable as a traced value (a changing fill value or
 exponent must not recompile), so its value is not known when the executable is built: these checks
 run per call, before the op, and only for the ops that declare one (`@lowering(..., host_check=...)`,
-gathered in CHECKS; a check costs about a microsecond). Values known at build time (ints and floats
-that key the cache) are checked by the lowerings themselves; values on the device by device-side
-asserts (ops/checks.py).
+gathered in CHECKS; a check costs about a microsecond). A check's optional `can_raise(*args,
+**kwargs)` says whether it can raise for some value of the numbers, given everything else about the
+call (types, dtypes): when it cannot, the eager engine's C++ fast path may skip it. Values known at
+build time (ints and floats that key the cache) are checked by the lowerings themselves; values on
+the device by device-side asserts (ops/checks.py).
 """
 from __future__ import annotations
 
@@ -91,6 +93,17 @@ def pow_exponent_check(*args, **kwargs):
     if (isinstance(exponent, int) and exponent < 0 and isinstance(self, torch.Tensor)
             and not self.dtype.is_floating_point and not self.dtype.is_complex):
         raise RuntimeError("Integers to negative integer powers are not allowed.")
+
+
+def _pow_check_can_raise(*args, **kwargs):
+    """Whether pow_exponent_check can raise for some value of an exponent of this type (the engine
+    runs it per call only then; the eager cache keys the type and the tensor's dtype)."""
+    self, exponent = args[0], _arg(args, kwargs, 1, "exponent")
+    return (type(exponent) is int and isinstance(self, torch.Tensor) and not self.dtype.is_floating_point
+            and not self.dtype.is_complex)
+
+
+pow_exponent_check.can_raise = _pow_check_can_raise
 
 
 # ATen overload -> check of its (args, kwargs), as declared with the lowerings

@@ -9,11 +9,13 @@
 // storage slot, the storage record's dtype and size; the non-tensor values; only the types of the
 // Scalar arguments, which travel as traced values; PyTorch's float32 matmul precision, which the
 // lowerings of matmuls read), finds a "fast entry" that the Python side
-// described after running the same key (fastpath.describe: a plain executable with one new
-// output), calls its jitted function with the storages' buffers, the scalars and the offsets of
-// partial views, and makes the output tensor (storage/records.py: new_tensor). Anything else —
-// a key not seen yet, an entry that is not plain, a mode other than strict, a failed device-side
-// assert, a pending interrupt, XLA options in force, an unwritten or queued buffer, an error —
+// described after running the same key (fastpath.describe: a plain executable whose returns are
+// all new outputs, or an in-place write), calls its jitted function with the storages' buffers,
+// the scalars and the offsets of partial views, keeps its device-side assert verdict if it has one
+// (eager/asserts.py: note), and makes the output tensors (storage/records.py: new_tensor).
+// Anything else — a key not seen yet, an entry that is not plain, a mode other than strict, a
+// failed device-side assert, a pending interrupt, XLA options in force, an unwritten or queued
+// buffer, a write while unchecked verdicts gate writes, an error —
 // runs the Python kernel. The key is at least as fine as the Python kernel's, so the entry it
 // finds is the one the Python kernel would use.
 //
@@ -38,7 +40,7 @@
 
 namespace {
 
-constexpr int kAbi = 4;
+constexpr int kAbi = 5;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -66,6 +68,8 @@ struct Config {
              off_peak_materialized = -1, off_failed = -1;
   // device_scalar(number) -> that number as a device array on tpu:0 (eager/fastpath.py)
   PyObject* device_scalar = nullptr;
+  // eager/asserts.py: note(verdict, messages, where), for ops with device-side checks
+  PyObject* note = nullptr;
 };
 
 Config C;
@@ -129,24 +133,43 @@ enum : int64_t {
 };
 
 enum State { NEVER = 0, FAST = 1, LATER = 2 };
-constexpr int kLaterCalls = 48;      // a "later" entry (Entry.memo not given up yet) is asked again after this many calls
+constexpr int kLaterCalls = 48;      // a "later" entry (its last call was not described) is asked again after this many calls
 constexpr size_t kMaxEntries = 4096; // per op; past it the table starts over
+
+// A new output of a fast entry: its (shape, dtype) as Python objects, and for making it here
+// (native outputs) its sizes, number of elements, bytes and dtype.
+struct Out {
+  PyObject* shape = nullptr;  // owned
+  PyObject* dtype = nullptr;  // owned
+  std::vector<int64_t> sizes;
+  int64_t numel = 0, nbytes = 0;
+  c10::ScalarType scalar_type = c10::ScalarType::Undefined;   // Undefined: made by new_tensor
+};
+
+// What a fast entry runs. Shared: a call holds it while JAX runs (and may release the GIL, when
+// another thread may clear the table).
+struct Plan {
+  PyObject* fn = nullptr;       // owned
+  std::vector<Out> outs;        // the new outputs, in order (none for an in-place op)
+  std::vector<int> mutated;     // storage slots that get the results after them as their new buffers
+  PyObject* checks = nullptr;   // owned: device-side assert messages (fn returns a verdict last), or null
+  PyObject* where = nullptr;    // owned: the op's name, for their message
+  ~Plan() {
+    if (!Py_IsInitialized()) return;   // (the process is exiting: Python is gone)
+    Py_XDECREF(fn);
+    for (Out& o : outs) {
+      Py_XDECREF(o.shape);
+      Py_XDECREF(o.dtype);
+    }
+    Py_XDECREF(checks);
+    Py_XDECREF(where);
+  }
+};
 
 struct FastEntry {
   State state = NEVER;
   int countdown = 0;
-  PyObject* fn = nullptr;     // owned
-  PyObject* shape = nullptr;  // owned; None for an in-place op (no new output)
-  PyObject* dtype = nullptr;  // owned
-  std::vector<int> mutated;   // storage slots that get the results as their new buffers
-  std::vector<int64_t> sizes; // the new output's sizes, numel, bytes and dtype (native outputs)
-  int64_t numel = 0, nbytes = 0;
-  c10::ScalarType scalar_type = c10::ScalarType::Undefined;
-  void release() {
-    Py_CLEAR(fn);
-    Py_CLEAR(shape);
-    Py_CLEAR(dtype);
-  }
+  std::shared_ptr<const Plan> plan;   // FAST entries
 };
 
 struct KeyHash {
@@ -194,7 +217,8 @@ class FastKernel final : public c10::OperatorKernel {
  public:
   FastKernel(PyObject* kernel, std::vector<char> scalar, c10::SafeKernelFunction fallback,
              const c10::FunctionSchema& schema, int alias_arg)
-      : kernel_(kernel), scalar_(std::move(scalar)), fallback_(std::move(fallback)), alias_arg_(alias_arg) {
+      : kernel_(kernel), scalar_(std::move(scalar)), fallback_(std::move(fallback)), alias_arg_(alias_arg),
+        n_returns_(schema.returns().size()) {
     Py_INCREF(kernel_);
     const auto& arguments = schema.arguments();
     n_args_ = arguments.size();
@@ -207,10 +231,7 @@ class FastKernel final : public c10::OperatorKernel {
     }
   }
 
-  void clear() {
-    for (auto& kv : table_) kv.second.release();
-    table_.clear();
-  }
+  void clear() { table_.clear(); }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     if (!g_enabled || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
@@ -472,11 +493,13 @@ class FastKernel final : public c10::OperatorKernel {
 
   // Run a fast entry; false (nothing changed, no Python error set) sends the call to the Python kernel.
   bool run(FastEntry& e, Work& w, torch::jit::Stack* stack) {
-    if (!e.mutated.empty()) {
+    std::shared_ptr<const Plan> held = e.plan;   // (the entry may be dropped while the call runs: forget_executables)
+    const Plan& p = *held;
+    if (!p.mutated.empty()) {
       // unchecked device-side asserts gate writes (eager/asserts.py: poison): the Python kernel
       PyObject* u = PyList_GET_SIZE(C.unchecked) ? PyList_GET_ITEM(C.unchecked, 0) : nullptr;
       if (!u || !PyLong_CheckExact(u) || PyLong_AsLong(u) != 0) return false;
-      for (int s : e.mutated) {
+      for (int s : p.mutated) {
         if (s < 0 || static_cast<size_t>(s) >= w.records.size()) return false;
       }
     }
@@ -504,32 +527,21 @@ class FastKernel final : public c10::OperatorKernel {
       argv.push_back(a);
     }
     for (int64_t o : w.offsets) {
-      PyObject* p = PyLong_FromLongLong(o);
-      if (!p) {
+      PyObject* n = PyLong_FromLongLong(o);
+      if (!n) {
         PyErr_Clear();
         return false;
       }
-      owned.push_back(p);
-      PyObject* a = cached ? device_scalar(p) : p;
+      owned.push_back(n);
+      PyObject* a = cached ? device_scalar(n) : n;
       if (!a) throw python_error();
-      if (a != p) {
+      if (a != n) {
         Py_INCREF(a);
         owned.push_back(a);
       }
       argv.push_back(a);
     }
-    // (the entry may be dropped while the call runs: forget_executables)
-    PyObject* fn = e.fn;
-    PyObject* shape = e.shape;
-    PyObject* dtype = e.dtype;
-    Py_INCREF(fn);
-    Py_INCREF(shape);
-    Py_INCREF(dtype);
-    struct Drop {
-      PyObject* a; PyObject* b; PyObject* c;
-      ~Drop() { Py_DECREF(a); Py_DECREF(b); Py_DECREF(c); }
-    } drop{fn, shape, dtype};
-    PyObject* res = PyObject_Vectorcall(fn, argv.data(), argv.size(), nullptr);
+    PyObject* res = PyObject_Vectorcall(p.fn, argv.data(), argv.size(), nullptr);
     if (!res) {
       if (PyErr_ExceptionMatches(PyExc_Exception)) {   // the Python kernel runs it again and raises as it does
         PyErr_Clear();
@@ -537,59 +549,66 @@ class FastKernel final : public c10::OperatorKernel {
       }
       throw python_error();   // KeyboardInterrupt and the like: nothing was written
     }
-    size_t n_results = (e.shape != Py_None ? 1 : 0) + e.mutated.size();
+    struct Result {
+      PyObject* r;
+      ~Result() { Py_DECREF(r); }
+    } result_{res};
+    size_t n_results = p.outs.size() + p.mutated.size() + (p.checks ? 1 : 0);
     PyObject* const* items = nullptr;
     if (PyTuple_Check(res) && static_cast<size_t>(PyTuple_GET_SIZE(res)) == n_results) {
       items = &PyTuple_GET_ITEM(res, 0);
     } else if (PyList_Check(res) && static_cast<size_t>(PyList_GET_SIZE(res)) == n_results) {
       items = &PyList_GET_ITEM(res, 0);
     }
-    if (!items) {
-      Py_DECREF(res);
-      return false;
-    }
-    if (e.shape == Py_None) {
+    if (!items) return false;
+    if (p.outs.empty()) {
       // an in-place op: the written storages get their new buffers here, with no Python code
       // between the call's return and the last assignment (a Ctrl-C cannot land in between:
       // eager/executable.py: call_and_commit); the old buffers are released after
       c10::SmallVector<PyObject*, 4> old;
-      for (size_t i = 0; i < e.mutated.size(); i++) {
-        PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.records[e.mutated[i]]) + C.off_buffer);
-        old.push_back(*p);
+      for (size_t i = 0; i < p.mutated.size(); i++) {
+        PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.records[p.mutated[i]]) + C.off_buffer);
+        old.push_back(*slot);
         Py_INCREF(items[i]);
-        *p = items[i];
+        *slot = items[i];
       }
       c10::IValue returned = torch::jit::last(*stack, n_args_)[alias_arg_];
       torch::jit::drop(*stack, n_args_);
       torch::jit::push(*stack, std::move(returned));
       count_hit();
       g_fast_calls++;
-      Py_DECREF(res);
       for (PyObject* o : old) Py_XDECREF(o);
       return true;
     }
-    at::Tensor result;
-    if (C.native_outputs && w.device == 0 && e.scalar_type != c10::ScalarType::Undefined) {
-      result = new_output(e, w.device_obj, items[0]);   // throws python_error
+    if (p.checks) {
+      // keep the verdict for the next synchronization (eager/asserts.py: note), as the Python
+      // kernel does; it may raise an earlier verdict's error (its list is full): the op's outputs
+      // are dropped then, as there
+      PyObject* nargs[3] = {items[p.outs.size()], p.checks, p.where};
+      PyObject* r = PyObject_Vectorcall(C.note, nargs, 3, nullptr);
+      if (!r) throw python_error();
+      Py_DECREF(r);
     }
-    if (result.defined()) {
-      Py_DECREF(res);
-      count_hit();
-      g_fast_calls++;
-      torch::jit::drop(*stack, n_args_);
-      torch::jit::push(*stack, std::move(result));
-      return true;
+    c10::SmallVector<at::Tensor, 2> results;
+    for (size_t i = 0; i < p.outs.size(); i++) {
+      const Out& o = p.outs[i];
+      at::Tensor t;
+      if (C.native_outputs && w.device == 0 && o.scalar_type != c10::ScalarType::Undefined) {
+        t = new_output(o, w.device_obj, items[i]);   // throws python_error
+      }
+      if (!t.defined()) {
+        PyObject* nargs[4] = {o.shape, o.dtype, w.device_obj, items[i]};
+        PyObject* made = PyObject_Vectorcall(C.new_tensor, nargs, 4, nullptr);
+        if (!made) throw python_error();
+        t = THPVariable_Unpack(made);
+        Py_DECREF(made);
+      }
+      results.push_back(std::move(t));
     }
-    PyObject* nargs[4] = {shape, dtype, w.device_obj, items[0]};
-    PyObject* t = PyObject_Vectorcall(C.new_tensor, nargs, 4, nullptr);
-    Py_DECREF(res);
-    if (!t) throw python_error();
     count_hit();
     g_fast_calls++;
-    result = THPVariable_Unpack(t);
     torch::jit::drop(*stack, n_args_);
-    torch::jit::push(*stack, std::move(result));
-    Py_DECREF(t);
+    for (at::Tensor& t : results) torch::jit::push(*stack, std::move(t));
     return true;
   }
 
@@ -598,7 +617,7 @@ class FastKernel final : public c10::OperatorKernel {
   // storage swapped in, its StorageRecord, the weak reference that frees the record with the
   // storage, the memory statistics. No Python tensor object is made (PyTorch makes one if the
   // result goes back to Python).
-  static at::Tensor new_output(const FastEntry& e, PyObject* device_obj, PyObject* buffer) {
+  static at::Tensor new_output(const Out& e, PyObject* device_obj, PyObject* buffer) {
     constexpr int64_t kPage = 4096;
     {
       PyObject* key = PyLong_FromLong(0);
@@ -719,6 +738,60 @@ class FastKernel final : public c10::OperatorKernel {
     Py_DECREF(old);
   }
 
+  // describe's (fn, ((shape, dtype), ...) of the new outputs, written slots, check messages or None,
+  // where) as a Plan; null (a Python error may be set) when it does not fit this overload
+  std::shared_ptr<Plan> describe_plan(PyObject* d) const {
+    PyObject* outs = PyTuple_GET_ITEM(d, 1);
+    PyObject* slots = PyTuple_GET_ITEM(d, 2);
+    PyObject* checks = PyTuple_GET_ITEM(d, 3);
+    if (!PyTuple_Check(outs) || !PyTuple_Check(slots)) return nullptr;
+    auto plan = std::make_shared<Plan>();
+    plan->fn = PyTuple_GET_ITEM(d, 0);
+    Py_INCREF(plan->fn);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(slots); i++) {
+      plan->mutated.push_back(static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(slots, i))));
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(outs); i++) {
+      PyObject* pair = PyTuple_GET_ITEM(outs, i);
+      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) return nullptr;
+      Out o;
+      o.shape = PyTuple_GET_ITEM(pair, 0);
+      o.dtype = PyTuple_GET_ITEM(pair, 1);
+      Py_INCREF(o.shape);
+      Py_INCREF(o.dtype);
+      if (PyTuple_Check(o.shape) && THPDtype_Check(o.dtype)) {
+        o.scalar_type = reinterpret_cast<THPDtype*>(o.dtype)->scalar_type;
+        o.numel = 1;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(o.shape); j++) {
+          int64_t n = PyLong_AsLongLong(PyTuple_GET_ITEM(o.shape, j));
+          o.sizes.push_back(n);
+          o.numel *= n;
+        }
+        o.nbytes = o.numel * static_cast<int64_t>(c10::elementSize(o.scalar_type));
+        if (PyErr_Occurred()) {
+          PyErr_Clear();
+          o.scalar_type = c10::ScalarType::Undefined;   // made by new_tensor
+        }
+      }
+      plan->outs.push_back(std::move(o));
+    }
+    if (checks != Py_None) {
+      if (!C.note || !plan->mutated.empty()) return nullptr;   // (gated writes: the Python kernel)
+      plan->checks = checks;
+      plan->where = PyTuple_GET_ITEM(d, 4);
+      Py_INCREF(plan->checks);
+      Py_INCREF(plan->where);
+    }
+    if (PyErr_Occurred()) return nullptr;
+    // an in-place or out= op writes and returns its argument; a functional one makes every return
+    bool in_place = !plan->mutated.empty();
+    if (in_place ? (!plan->outs.empty() || alias_arg_ < 0)
+                 : (alias_arg_ >= 0 || plan->outs.size() != n_returns_)) {
+      return nullptr;
+    }
+    return plan;
+  }
+
   void learn(std::vector<int64_t> key) {
     PyObject* d = PyObject_CallOneArg(C.describe, kernel_);
     if (!d) {
@@ -729,38 +802,15 @@ class FastKernel final : public c10::OperatorKernel {
       return;
     }
     FastEntry e;
-    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 4 && PyTuple_Check(PyTuple_GET_ITEM(d, 3))) {
-      PyObject* slots = PyTuple_GET_ITEM(d, 3);
-      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(slots); i++) {
-        e.mutated.push_back(static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(slots, i))));
-      }
-      if (PyErr_Occurred() || (PyTuple_GET_ITEM(d, 1) == Py_None) != !e.mutated.empty() ||
-          (!e.mutated.empty() && alias_arg_ < 0)) {
+    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 5) {
+      std::shared_ptr<Plan> plan = describe_plan(d);
+      if (!plan) {
         PyErr_Clear();
         Py_DECREF(d);
         return;
       }
       e.state = FAST;
-      e.fn = PyTuple_GET_ITEM(d, 0);
-      e.shape = PyTuple_GET_ITEM(d, 1);
-      e.dtype = PyTuple_GET_ITEM(d, 2);
-      if (PyTuple_Check(e.shape) && THPDtype_Check(e.dtype)) {
-        e.scalar_type = reinterpret_cast<THPDtype*>(e.dtype)->scalar_type;
-        e.numel = 1;
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(e.shape); i++) {
-          int64_t n = PyLong_AsLongLong(PyTuple_GET_ITEM(e.shape, i));
-          e.sizes.push_back(n);
-          e.numel *= n;
-        }
-        e.nbytes = e.numel * static_cast<int64_t>(c10::elementSize(e.scalar_type));
-        if (PyErr_Occurred()) {
-          PyErr_Clear();
-          e.scalar_type = c10::ScalarType::Undefined;   // outputs through new_tensor
-        }
-      }
-      Py_INCREF(e.fn);
-      Py_INCREF(e.shape);
-      Py_INCREF(e.dtype);
+      e.plan = std::move(plan);
     } else if (d == Py_True) {
       e.state = LATER;
       e.countdown = kLaterCalls;
@@ -769,7 +819,6 @@ class FastKernel final : public c10::OperatorKernel {
     if (table_.size() >= kMaxEntries) clear();
     auto it = table_.find(key);
     if (it != table_.end()) {
-      it->second.release();
       it->second = std::move(e);
     } else {
       table_.emplace(std::move(key), std::move(e));
@@ -779,7 +828,8 @@ class FastKernel final : public c10::OperatorKernel {
   PyObject* kernel_;
   std::vector<char> scalar_;
   c10::SafeKernelFunction fallback_;
-  int alias_arg_;   // the argument an in-place or out= op returns; -1: it returns a new tensor
+  int alias_arg_;   // the argument an in-place or out= op returns; -1: it returns new tensors
+  size_t n_returns_;
   size_t n_args_ = 0;
   int64_t kwarg_only_start_ = 0;
   std::vector<std::optional<c10::IValue>> defaults_;
@@ -807,9 +857,9 @@ int torchtpu_fast_abi() { return kAbi; }
 
 // config: (RECORDS, _mode, FAILED, PENDING, _active, counters, StorageRecord, new_tensor, describe,
 //          jax array type, _unchecked[, (_bump, _stats, _StorageRef, _on_free, MemoryStats)]): the last
-//          lets outputs on tpu:0 be made here instead of by new_tensor[, device_scalar]
+//          lets outputs on tpu:0 be made here instead of by new_tensor[, device_scalar[, note]]
 int torchtpu_fast_init(PyObject* config) {
-  if (!PyTuple_Check(config) || (PyTuple_GET_SIZE(config) < 11 || PyTuple_GET_SIZE(config) > 13)) {
+  if (!PyTuple_Check(config) || (PyTuple_GET_SIZE(config) < 11 || PyTuple_GET_SIZE(config) > 14)) {
     PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration");
     return 0;
   }
@@ -836,9 +886,13 @@ int torchtpu_fast_init(PyObject* config) {
     return 0;
   }
   C.strict = PyUnicode_InternFromString("strict");
-  if (PyTuple_GET_SIZE(config) == 13 && PyCallable_Check(PyTuple_GET_ITEM(config, 12))) {
+  if (PyTuple_GET_SIZE(config) >= 13 && PyCallable_Check(PyTuple_GET_ITEM(config, 12))) {
     C.device_scalar = PyTuple_GET_ITEM(config, 12);
     Py_INCREF(C.device_scalar);
+  }
+  if (PyTuple_GET_SIZE(config) == 14 && PyCallable_Check(PyTuple_GET_ITEM(config, 13))) {
+    C.note = PyTuple_GET_ITEM(config, 13);
+    Py_INCREF(C.note);
   }
   if (PyTuple_GET_SIZE(config) >= 12) {   // (..., (_bump, _stats, _StorageRef, _on_free, MemoryStats))
     PyObject* extra = PyTuple_GET_ITEM(config, 11);
@@ -886,7 +940,7 @@ int torchtpu_fast_attach(const char* name, const char* overload, PyObject* kerne
       return 0;
     }
     const auto& schema = handle->schema();
-    if (schema.returns().size() != 1 || !PyBytes_Check(scalar) ||
+    if (schema.returns().empty() || (alias_arg >= 0 && schema.returns().size() != 1) || !PyBytes_Check(scalar) ||
         static_cast<size_t>(PyBytes_GET_SIZE(scalar)) != schema.arguments().size()) {
       PyErr_SetString(PyExc_ValueError, "torchtpu fast path: unsupported schema");
       return 0;
