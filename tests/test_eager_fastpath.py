@@ -331,3 +331,34 @@ def test_host_checked_scalars_and_memoized_small_ops_take_the_fast_path():
         torch.testing.assert_close(got.cpu(), small_c + v, rtol=0, atol=0)
     small.add_(1.0)   # a new buffer: nothing kept for the old one applies
     torch.testing.assert_close((small + 1.5).cpu(), small_c + 1.0 + 1.5, rtol=0, atol=0)
+
+
+def test_writes_with_checks_and_gated_writes_take_the_fast_path():
+    """index_copy_ (a write with a device-side check) is served; while a failed verdict is not yet
+    checked, a later write is served in its gated form and keeps the old value, as from the Python
+    kernel (eager/asserts.py)."""
+    from torchtpu.eager.asserts import DeviceAssertError
+    cache_c, src_c, x_c = torch.zeros(4, 64, 32), torch.randn(4, 1, 32), torch.randn(2048)
+    cache, src, x, acc = cache_c.to("tpu"), src_c.to("tpu"), x_c.to("tpu"), torch.zeros(2048, device="tpu")
+    table = torch.randn(10, 2048, device="tpu")
+    good, bad = torch.tensor([1, 2], device="tpu"), torch.tensor([1, 12], device="tpu")
+    for position in (5, 6):
+        _, served = _served(lambda: cache.index_copy_(1, torch.tensor([position], device="tpu"), src))
+        cache_c.index_copy_(1, torch.tensor([position]), src_c)
+    assert served == 1
+    torch.testing.assert_close(cache.cpu(), cache_c, rtol=0, atol=0)
+    torch.nn.functional.embedding(good, table)
+    acc.add_(x)
+    torch.tpu.synchronize()
+    torch.nn.functional.embedding(bad, table)   # its verdict (failed) is not checked yet
+    _, served = _served(lambda: acc.add_(x))
+    assert served == 1
+    try:
+        with pytest.raises(DeviceAssertError, match="index out of range"):
+            torch.tpu.synchronize()
+    finally:
+        torch.tpu.clear_device_assert()
+    torch.testing.assert_close(acc.cpu(), x_c, rtol=0, atol=0)   # the gated add_ was not committed
+    _, served = _served(lambda: acc.add_(x))
+    assert served == 1
+    torch.testing.assert_close(acc.cpu(), x_c * 2)

@@ -551,6 +551,16 @@ def _execute(entry, inputs, scalars, offsets, records):
     return results
 
 
+def write_gate(entry):
+    """For the C++ fast path: gate(device index) of an in-place entry's write while unchecked
+    device-side verdicts exist: None when none of them can gate it there, else (entry's executable
+    in its gated form, the gate: an argument after the buffers), as _execute calls them."""
+    def gate(device_index):
+        value = asserts.poison(device_index)
+        return None if value is None else (entry.fn_gated or _gated(entry), value)
+    return gate
+
+
 def _gated(entry, donating=False):
     """entry's executable in its gated form (eager/executable.py: traced_function), donating the
     written buffers or not; built on first use."""

@@ -8,9 +8,10 @@ the engine's Python kernel moves to the spare PrivateUse3 key, where the C++ ker
 own holder of it and falls back to it. The C++ kernel keys the call from the IValue stack (at least
 as finely as OpKernel.__call__ does) and, for a key whose entry is plain (strict mode; returns that
 are all new outputs, or the written argument; no constants, overlap check, XLA options, random
-numbers, host check that could fail, donated or gated write), calls the entry's jitted function
-itself (through the entry's memo for small ops: engine.memoizing), keeps its device-side assert
-verdict if it has one, and makes the outputs as `new_tensor` does. Everything else runs the Python
+numbers, host check that could fail, donated write), calls the entry's jitted function itself
+(through the entry's memo for small ops: engine.memoizing; a write in its gated form while
+unchecked device-side verdicts exist: engine.write_gate), keeps its own verdict if it has checks,
+and makes the outputs as `new_tensor` does. Everything else runs the Python
 kernel, unchanged: a key seen for the first time (after which `describe` tells the C++ side whether
 the entry the Python kernel ran is plain), the fused and debug modes, a failed device-side assert,
 a pending interrupt, XLA options in force, an unwritten or queued input buffer, any error.
@@ -33,7 +34,7 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 5
+_ABI = 6
 _lib = [None]
 _tried = [False]
 _problem = [None]
@@ -42,10 +43,10 @@ _problem = [None]
 def describe(kernel):
     """What the C++ fast path may do with the entry `kernel` just ran: (jitted function, ((shape,
     dtype) of each new output, ...), written slots, device-side check messages or None, the op's
-    name) for a plain entry: a functional op whose returns are all new tensors (written slots ()),
-    or an in-place or out= op (no new output; the written argument returned); True to ask again
-    later (the last call was not this kernel's); False never."""
-    from .engine import _last, memoizing
+    name, its writes' gate or None) for a plain entry: a functional op whose returns are all new
+    tensors (written slots ()), or an in-place or out= op (no new output; the written argument
+    returned); True to ask again later (the last call was not this kernel's); False never."""
+    from .engine import _last, memoizing, write_gate
     kernel_and_entry = getattr(_last, "call", None)
     if kernel_and_entry is None or kernel_and_entry[0] is not kernel:
         return True   # (not this kernel's call: ask again later)
@@ -55,14 +56,15 @@ def describe(kernel):
     if (entry.consts is not None or entry.overlap is not None or entry.xla is not None or entry.fn is None
             or entry.host_checked):
         return False
+    checks = tuple(entry.checks) if entry.checks else None
     if entry.mutated_slots:
-        # (entry.traced: a large storage, donated when nothing else holds its buffer; checks: writes
-        # are gated on unchecked verdicts; both take the Python kernel)
-        if (entry.checks or entry.outs or entry.traced is not None or entry.nones is not None
+        # (entry.traced: a large storage, donated when nothing else holds its buffer: the Python kernel)
+        if (entry.outs or entry.traced is not None or entry.nones is not None
                 or entry.spec is None or len(entry.spec) != 1 or not isinstance(entry.spec[0], str)
-                or entry.n_results != len(entry.mutated_slots)):
+                or entry.n_results != len(entry.mutated_slots) + bool(checks)):
             return False
-        return (entry.fn, (), tuple(entry.mutated_slots), None, kernel.where)
+        gate = write_gate(entry) if entry.source is not None else None
+        return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate)
     n_returns = len(kernel.op._schema.returns)
     if (entry.nones is not None or len(entry.outs) != n_returns
             or entry.n_results != n_returns + bool(entry.checks)
@@ -71,7 +73,7 @@ def describe(kernel):
     # (a small op keeps its last results, and a call with the same inputs reuses them: engine._memo)
     fn = memoizing(entry) if entry.memo is not None else entry.fn
     outs = tuple((tuple(shape), dtype) for shape, dtype in entry.outs)
-    return (fn, outs, (), tuple(entry.checks) if entry.checks else None, kernel.where)
+    return (fn, outs, (), checks, kernel.where, None)
 
 
 def device_scalar(value):

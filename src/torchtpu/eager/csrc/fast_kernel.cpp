@@ -11,11 +11,12 @@
 // lowerings of matmuls read), finds a "fast entry" that the Python side
 // described after running the same key (fastpath.describe: a plain executable whose returns are
 // all new outputs, or an in-place write), calls its jitted function with the storages' buffers,
-// the scalars and the offsets of partial views, keeps its device-side assert verdict if it has one
-// (eager/asserts.py: note), and makes the output tensors (storage/records.py: new_tensor).
+// the scalars and the offsets of partial views (a write in its gated form while unchecked
+// device-side verdicts exist: eager/asserts.py), keeps its own verdict if it has checks
+// (asserts.note), and makes the output tensors (storage/records.py: new_tensor).
 // Anything else — a key not seen yet, an entry that is not plain, a mode other than strict, a
 // failed device-side assert, a pending interrupt, XLA options in force, an unwritten or queued
-// buffer, a write while unchecked verdicts gate writes, an error —
+// buffer, an error —
 // runs the Python kernel. The key is at least as fine as the Python kernel's, so the entry it
 // finds is the one the Python kernel would use.
 //
@@ -40,7 +41,7 @@
 
 namespace {
 
-constexpr int kAbi = 5;
+constexpr int kAbi = 6;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -154,6 +155,9 @@ struct Plan {
   std::vector<int> mutated;     // storage slots that get the results after them as their new buffers
   PyObject* checks = nullptr;   // owned: device-side assert messages (fn returns a verdict last), or null
   PyObject* where = nullptr;    // owned: the op's name, for their message
+  // owned, or null: a write's gate(device index) while unchecked verdicts exist (eager/asserts.py):
+  // None (nothing gates it there) or (fn in its gated form, the gate: an argument after the buffers)
+  PyObject* gate = nullptr;
   ~Plan() {
     if (!Py_IsInitialized()) return;   // (the process is exiting: Python is gone)
     Py_XDECREF(fn);
@@ -163,6 +167,7 @@ struct Plan {
     }
     Py_XDECREF(checks);
     Py_XDECREF(where);
+    Py_XDECREF(gate);
   }
 };
 
@@ -495,20 +500,36 @@ class FastKernel final : public c10::OperatorKernel {
   bool run(FastEntry& e, Work& w, torch::jit::Stack* stack) {
     std::shared_ptr<const Plan> held = e.plan;   // (the entry may be dropped while the call runs: forget_executables)
     const Plan& p = *held;
-    if (!p.mutated.empty()) {
-      // unchecked device-side asserts gate writes (eager/asserts.py: poison): the Python kernel
-      PyObject* u = PyList_GET_SIZE(C.unchecked) ? PyList_GET_ITEM(C.unchecked, 0) : nullptr;
-      if (!u || !PyLong_CheckExact(u) || PyLong_AsLong(u) != 0) return false;
-      for (int s : p.mutated) {
-        if (s < 0 || static_cast<size_t>(s) >= w.records.size()) return false;
-      }
-    }
     c10::SmallVector<PyObject*, 16> argv;
     struct Owned {
       c10::SmallVector<PyObject*, 16> items;
       ~Owned() { for (PyObject* x : items) Py_DECREF(x); }
     } owned_;
     auto& owned = owned_.items;
+    PyObject* fn = p.fn;
+    PyObject* gate = nullptr;
+    if (!p.mutated.empty()) {
+      for (int s : p.mutated) {
+        if (s < 0 || static_cast<size_t>(s) >= w.records.size()) return false;
+      }
+      // unchecked device-side asserts gate writes (eager/asserts.py: poison)
+      PyObject* u = PyList_GET_SIZE(C.unchecked) ? PyList_GET_ITEM(C.unchecked, 0) : nullptr;
+      if (!u || !PyLong_CheckExact(u)) return false;
+      if (p.gate && PyLong_AsLong(u) != 0) {
+        PyObject* g = PyObject_CallOneArg(p.gate, w.device_obj);
+        if (!g) {
+          if (!PyErr_ExceptionMatches(PyExc_Exception)) throw python_error();
+          PyErr_Clear();
+          return false;
+        }
+        owned.push_back(g);
+        if (g != Py_None) {
+          if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 2) return false;
+          fn = PyTuple_GET_ITEM(g, 0);
+          gate = PyTuple_GET_ITEM(g, 1);
+        }
+      }
+    }
     // (the arguments are held for the call: JAX may release the GIL while it runs, and another
     // thread may give a record a new buffer or clear the kept scalars meanwhile)
     for (PyObject* r : w.records) {
@@ -518,6 +539,7 @@ class FastKernel final : public c10::OperatorKernel {
       owned.push_back(b);
       argv.push_back(b);
     }
+    if (gate) argv.push_back(gate);   // (held by `g`)
     bool cached = w.device == 0;
     for (PyObject* v : w.values) {
       PyObject* a = cached ? device_scalar(v) : v;
@@ -541,7 +563,7 @@ class FastKernel final : public c10::OperatorKernel {
       }
       argv.push_back(a);
     }
-    PyObject* res = PyObject_Vectorcall(p.fn, argv.data(), argv.size(), nullptr);
+    PyObject* res = PyObject_Vectorcall(fn, argv.data(), argv.size(), nullptr);
     if (!res) {
       if (PyErr_ExceptionMatches(PyExc_Exception)) {   // the Python kernel runs it again and raises as it does
         PyErr_Clear();
@@ -572,23 +594,16 @@ class FastKernel final : public c10::OperatorKernel {
         Py_INCREF(items[i]);
         *slot = items[i];
       }
+      for (PyObject* o : old) Py_XDECREF(o);
+      note(p, items[p.mutated.size()]);   // (written: raised after the commit, as in Python)
       c10::IValue returned = torch::jit::last(*stack, n_args_)[alias_arg_];
       torch::jit::drop(*stack, n_args_);
       torch::jit::push(*stack, std::move(returned));
       count_hit();
       g_fast_calls++;
-      for (PyObject* o : old) Py_XDECREF(o);
       return true;
     }
-    if (p.checks) {
-      // keep the verdict for the next synchronization (eager/asserts.py: note), as the Python
-      // kernel does; it may raise an earlier verdict's error (its list is full): the op's outputs
-      // are dropped then, as there
-      PyObject* nargs[3] = {items[p.outs.size()], p.checks, p.where};
-      PyObject* r = PyObject_Vectorcall(C.note, nargs, 3, nullptr);
-      if (!r) throw python_error();
-      Py_DECREF(r);
-    }
+    note(p, items[p.outs.size()]);
     c10::SmallVector<at::Tensor, 2> results;
     for (size_t i = 0; i < p.outs.size(); i++) {
       const Out& o = p.outs[i];
@@ -610,6 +625,17 @@ class FastKernel final : public c10::OperatorKernel {
     torch::jit::drop(*stack, n_args_);
     for (at::Tensor& t : results) torch::jit::push(*stack, std::move(t));
     return true;
+  }
+
+  // Keep the verdict of a plan with device-side checks for the next synchronization
+  // (eager/asserts.py: note), as the Python kernel does; it may raise an earlier verdict's error
+  // (its list is full): the op's outputs are dropped then, as there.
+  static void note(const Plan& p, PyObject* verdict) {
+    if (!p.checks) return;
+    PyObject* nargs[3] = {verdict, p.checks, p.where};
+    PyObject* r = PyObject_Vectorcall(C.note, nargs, 3, nullptr);
+    if (!r) throw python_error();
+    Py_DECREF(r);
   }
 
   // storage/records.py: new_tensor(shape, dtype, 0, buffer), step for step: a storage at a fresh
@@ -739,7 +765,7 @@ class FastKernel final : public c10::OperatorKernel {
   }
 
   // describe's (fn, ((shape, dtype), ...) of the new outputs, written slots, check messages or None,
-  // where) as a Plan; null (a Python error may be set) when it does not fit this overload
+  // where, gate or None) as a Plan; null (a Python error may be set) when it does not fit this overload
   std::shared_ptr<Plan> describe_plan(PyObject* d) const {
     PyObject* outs = PyTuple_GET_ITEM(d, 1);
     PyObject* slots = PyTuple_GET_ITEM(d, 2);
@@ -776,11 +802,15 @@ class FastKernel final : public c10::OperatorKernel {
       plan->outs.push_back(std::move(o));
     }
     if (checks != Py_None) {
-      if (!C.note || !plan->mutated.empty()) return nullptr;   // (gated writes: the Python kernel)
+      if (!C.note) return nullptr;
       plan->checks = checks;
       plan->where = PyTuple_GET_ITEM(d, 4);
       Py_INCREF(plan->checks);
       Py_INCREF(plan->where);
+    }
+    if (PyTuple_GET_ITEM(d, 5) != Py_None) {
+      plan->gate = PyTuple_GET_ITEM(d, 5);
+      Py_INCREF(plan->gate);
     }
     if (PyErr_Occurred()) return nullptr;
     // an in-place or out= op writes and returns its argument; a functional one makes every return
@@ -802,7 +832,7 @@ class FastKernel final : public c10::OperatorKernel {
       return;
     }
     FastEntry e;
-    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 5) {
+    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 6) {
       std::shared_ptr<Plan> plan = describe_plan(d);
       if (!plan) {
         PyErr_Clear();
