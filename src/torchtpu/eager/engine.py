@@ -16,6 +16,7 @@ import warnings
 
 import jax
 import torch
+from jax._src.array import ArrayImpl
 from torch.utils import _pytree as pytree
 
 from ..device.state import current_device
@@ -461,23 +462,24 @@ def _constant(entry, scalars):
 def _memoized(entry, inputs, scalars, offsets):
     """Run a small deterministic op, or return the results of its call with the same input buffers
     and scalar values if it is among the last MEMO_VALUES (see MEMO_BYTES)."""
-    return _memo(entry, (*map(id, inputs), *scalar_key(scalars), *offsets), inputs,
+    return _memo(entry, (*map(id, inputs), *scalar_key((*scalars, *offsets))), inputs,
                  lambda: entry.fn(*inputs, *scalars, *offsets))
 
 
-_ARGV = object()   # marks the memo keys of memoizing(): the identities of all the arguments
-
-
 def memoizing(entry):
-    """entry's executable as the C++ fast path calls it, (buffers..., scalars..., offsets...), through
-    the entry's memo. It keys on the identity of every argument: the fast path passes one kept
-    device array per number (eager/fastpath.py device_scalar), so a repeated call finds its results;
-    a number passed as a fresh Python object only misses (the memo holds the arguments it keys, so
-    an identity is never reused while its results are kept)."""
+    """entry's executable as the C++ fast path calls it, (buffers..., numbers...), through the
+    entry's memo, with the key _memoized makes (the fast path passes this function the numbers
+    themselves, not kept device arrays: eager/fastpath.py describe)."""
     def call(*argv):
         if entry.memo is None:   # given up
             return entry.fn(*argv)
-        return _memo(entry, (_ARGV, *map(id, argv)), argv, lambda: entry.fn(*argv))
+        n = 0
+        for a in argv:   # the buffers come first, then the numbers (scalars, offsets)
+            if type(a) is not ArrayImpl:
+                break
+            n += 1
+        inputs = argv[:n]
+        return _memo(entry, (*map(id, inputs), *scalar_key(argv[n:])), inputs, lambda: entry.fn(*argv))
     return call
 
 
@@ -499,7 +501,7 @@ def _memo(entry, mkey, keep, run):
             entry.memo_misses += 1
         if len(memo) >= MEMO_VALUES:
             memo.pop(next(iter(memo)), None)
-        memo[mkey] = (keep, results)   # `keep` holds the arguments, and so their ids, alive
+        memo[mkey] = (keep, results)   # `keep` holds the input buffers, and so their ids, alive
     return results
 
 

@@ -34,7 +34,7 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 6
+_ABI = 7
 _lib = [None]
 _tried = [False]
 _problem = [None]
@@ -43,9 +43,10 @@ _problem = [None]
 def describe(kernel):
     """What the C++ fast path may do with the entry `kernel` just ran: (jitted function, ((shape,
     dtype) of each new output, ...), written slots, device-side check messages or None, the op's
-    name, its writes' gate or None) for a plain entry: a functional op whose returns are all new
-    tensors (written slots ()), or an in-place or out= op (no new output; the written argument
-    returned); True to ask again later (the last call was not this kernel's); False never."""
+    name, its writes' gate or None, whether the function takes the numbers themselves rather than
+    kept device arrays) for a plain entry: a functional op whose returns are all new tensors
+    (written slots ()), or an in-place or out= op (no new output; the written argument returned);
+    True to ask again later (the last call was not this kernel's); False never."""
     from .engine import _last, memoizing, write_gate
     kernel_and_entry = getattr(_last, "call", None)
     if kernel_and_entry is None or kernel_and_entry[0] is not kernel:
@@ -64,16 +65,16 @@ def describe(kernel):
                 or entry.n_results != len(entry.mutated_slots) + bool(checks)):
             return False
         gate = write_gate(entry) if entry.source is not None else None
-        return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate)
+        return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate, False)
     n_returns = len(kernel.op._schema.returns)
     if (entry.nones is not None or len(entry.outs) != n_returns
             or entry.n_results != n_returns + bool(entry.checks)
             or (entry.spec is not None and not all(type(s) is not str and s.is_leaf() for s in entry.spec))):
         return False
-    # (a small op keeps its last results, and a call with the same inputs reuses them: engine._memo)
-    fn = memoizing(entry) if entry.memo is not None else entry.fn
     outs = tuple((tuple(shape), dtype) for shape, dtype in entry.outs)
-    return (fn, outs, (), checks, kernel.where, None)
+    if entry.memo is not None:   # a small op keeps its last results: keyed on the numbers' values
+        return (memoizing(entry), outs, (), checks, kernel.where, None, True)
+    return (entry.fn, outs, (), checks, kernel.where, None, False)
 
 
 def device_scalar(value):

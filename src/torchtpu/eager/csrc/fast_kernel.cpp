@@ -41,7 +41,7 @@
 
 namespace {
 
-constexpr int kAbi = 6;
+constexpr int kAbi = 7;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -158,6 +158,7 @@ struct Plan {
   // owned, or null: a write's gate(device index) while unchecked verdicts exist (eager/asserts.py):
   // None (nothing gates it there) or (fn in its gated form, the gate: an argument after the buffers)
   PyObject* gate = nullptr;
+  bool raw_numbers = false;     // fn takes the numbers themselves, not kept device arrays (a memo keys them)
   ~Plan() {
     if (!Py_IsInitialized()) return;   // (the process is exiting: Python is gone)
     Py_XDECREF(fn);
@@ -540,7 +541,7 @@ class FastKernel final : public c10::OperatorKernel {
       argv.push_back(b);
     }
     if (gate) argv.push_back(gate);   // (held by `g`)
-    bool cached = w.device == 0;
+    bool cached = w.device == 0 && !p.raw_numbers;
     for (PyObject* v : w.values) {
       PyObject* a = cached ? device_scalar(v) : v;
       if (!a) throw python_error();   // nothing written yet
@@ -765,7 +766,7 @@ class FastKernel final : public c10::OperatorKernel {
   }
 
   // describe's (fn, ((shape, dtype), ...) of the new outputs, written slots, check messages or None,
-  // where, gate or None) as a Plan; null (a Python error may be set) when it does not fit this overload
+  // where, gate or None, raw numbers) as a Plan; null (a Python error may be set) when it does not fit this overload
   std::shared_ptr<Plan> describe_plan(PyObject* d) const {
     PyObject* outs = PyTuple_GET_ITEM(d, 1);
     PyObject* slots = PyTuple_GET_ITEM(d, 2);
@@ -812,6 +813,7 @@ class FastKernel final : public c10::OperatorKernel {
       plan->gate = PyTuple_GET_ITEM(d, 5);
       Py_INCREF(plan->gate);
     }
+    plan->raw_numbers = PyObject_IsTrue(PyTuple_GET_ITEM(d, 6)) == 1;
     if (PyErr_Occurred()) return nullptr;
     // an in-place or out= op writes and returns its argument; a functional one makes every return
     bool in_place = !plan->mutated.empty();
@@ -832,7 +834,7 @@ class FastKernel final : public c10::OperatorKernel {
       return;
     }
     FastEntry e;
-    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 6) {
+    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 7) {
       std::shared_ptr<Plan> plan = describe_plan(d);
       if (!plan) {
         PyErr_Clear();
