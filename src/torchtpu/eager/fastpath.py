@@ -34,7 +34,7 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 7
+_ABI = 8
 _lib = [None]
 _tried = [False]
 _problem = [None]
@@ -43,8 +43,8 @@ _problem = [None]
 def describe(kernel):
     """What the C++ fast path may do with the entry `kernel` just ran: (jitted function, ((shape,
     dtype) of each new output, ...), written slots, device-side check messages or None, the op's
-    name, its writes' gate or None, whether the function takes the numbers themselves rather than
-    kept device arrays) for a plain entry: a functional op whose returns are all new tensors
+    name, its writes' gate or None, and for an entry with a memo (entry, its executable), called
+    directly once the memo gives up, else None) for a plain entry: a functional op whose returns are all new tensors
     (written slots ()), or an in-place or out= op (no new output; the written argument returned);
     True to ask again later (the last call was not this kernel's); False never."""
     from .engine import _last, memoizing, write_gate
@@ -65,16 +65,17 @@ def describe(kernel):
                 or entry.n_results != len(entry.mutated_slots) + bool(checks)):
             return False
         gate = write_gate(entry) if entry.source is not None else None
-        return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate, False)
+        return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate, None)
     n_returns = len(kernel.op._schema.returns)
     if (entry.nones is not None or len(entry.outs) != n_returns
             or entry.n_results != n_returns + bool(entry.checks)
             or (entry.spec is not None and not all(type(s) is not str and s.is_leaf() for s in entry.spec))):
         return False
     outs = tuple((tuple(shape), dtype) for shape, dtype in entry.outs)
-    if entry.memo is not None:   # a small op keeps its last results: keyed on the numbers' values
-        return (memoizing(entry), outs, (), checks, kernel.where, None, True)
-    return (entry.fn, outs, (), checks, kernel.where, None, False)
+    if entry.memo is not None:   # a small op keeps its last results, keyed on the numbers' values:
+        # memoizing takes the numbers themselves, not kept device arrays
+        return (memoizing(entry), outs, (), checks, kernel.where, None, (entry, entry.fn))
+    return (entry.fn, outs, (), checks, kernel.where, None, None)
 
 
 def device_scalar(value):
@@ -110,6 +111,8 @@ def load() -> bool:
         return False
     try:
         from jax._src.array import ArrayImpl
+
+        from .engine import Entry
         target = native._target(_SOURCES, "tpu_fast", python=True)
         failed = target.with_suffix(".failed")
         if not target.exists():
@@ -139,7 +142,7 @@ def load() -> bool:
         native_outputs = (records._bump, records._stats, records._StorageRef, records._on_free, records.MemoryStats)
         if not lib.torchtpu_fast_init((RECORDS, modes._mode, asserts.FAILED, interrupts.PENDING, xla_options._active,
                                        counters, StorageRecord, new_tensor, describe, ArrayImpl, _unchecked,
-                                       native_outputs, device_scalar, asserts.note)):
+                                       native_outputs, device_scalar, asserts.note, Entry)):
             raise RuntimeError("torchtpu_fast_init failed")
     except Exception as e:  # noqa: BLE001 - the Python kernels work without it
         _problem[0] = f"{type(e).__name__}: {e}"

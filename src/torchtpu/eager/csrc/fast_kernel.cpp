@@ -41,7 +41,7 @@
 
 namespace {
 
-constexpr int kAbi = 7;
+constexpr int kAbi = 8;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -53,6 +53,7 @@ struct Config {
   PyObject* counters = nullptr;    // metrics.counters
   Py_ssize_t off_hits = -1;        // its eager_cache_hits slot
   Py_ssize_t off_buffer = -1, off_dtype = -1, off_numel = -1, off_device = -1;  // StorageRecord slots
+  Py_ssize_t off_memo = -1;        // engine Entry's memo slot
   PyObject* new_tensor = nullptr;  // storage/records.py: new_tensor
   PyObject* describe = nullptr;    // eager/fastpath.py: describe
   PyTypeObject* array_type = nullptr;  // jax.Array's implementation type
@@ -159,6 +160,10 @@ struct Plan {
   // None (nothing gates it there) or (fn in its gated form, the gate: an argument after the buffers)
   PyObject* gate = nullptr;
   bool raw_numbers = false;     // fn takes the numbers themselves, not kept device arrays (a memo keys them)
+  // owned, or null: a memo plan's engine Entry and its executable, called directly once the entry's
+  // memo has given up (Entry.memo None: its calls never repeated)
+  PyObject* memo_entry = nullptr;
+  PyObject* plain_fn = nullptr;
   ~Plan() {
     if (!Py_IsInitialized()) return;   // (the process is exiting: Python is gone)
     Py_XDECREF(fn);
@@ -169,6 +174,8 @@ struct Plan {
     Py_XDECREF(checks);
     Py_XDECREF(where);
     Py_XDECREF(gate);
+    Py_XDECREF(memo_entry);
+    Py_XDECREF(plain_fn);
   }
 };
 
@@ -508,6 +515,11 @@ class FastKernel final : public c10::OperatorKernel {
     } owned_;
     auto& owned = owned_.items;
     PyObject* fn = p.fn;
+    bool raw_numbers = p.raw_numbers;
+    if (p.memo_entry && slot_of(p.memo_entry, C.off_memo) == Py_None) {   // the memo gave up
+      fn = p.plain_fn;
+      raw_numbers = false;
+    }
     PyObject* gate = nullptr;
     if (!p.mutated.empty()) {
       for (int s : p.mutated) {
@@ -541,7 +553,7 @@ class FastKernel final : public c10::OperatorKernel {
       argv.push_back(b);
     }
     if (gate) argv.push_back(gate);   // (held by `g`)
-    bool cached = w.device == 0 && !p.raw_numbers;
+    bool cached = w.device == 0 && !raw_numbers;
     for (PyObject* v : w.values) {
       PyObject* a = cached ? device_scalar(v) : v;
       if (!a) throw python_error();   // nothing written yet
@@ -766,7 +778,7 @@ class FastKernel final : public c10::OperatorKernel {
   }
 
   // describe's (fn, ((shape, dtype), ...) of the new outputs, written slots, check messages or None,
-  // where, gate or None, raw numbers) as a Plan; null (a Python error may be set) when it does not fit this overload
+  // where, gate or None, None or (Entry, executable) of a memo) as a Plan; null (a Python error may be set) when it does not fit this overload
   std::shared_ptr<Plan> describe_plan(PyObject* d) const {
     PyObject* outs = PyTuple_GET_ITEM(d, 1);
     PyObject* slots = PyTuple_GET_ITEM(d, 2);
@@ -813,7 +825,15 @@ class FastKernel final : public c10::OperatorKernel {
       plan->gate = PyTuple_GET_ITEM(d, 5);
       Py_INCREF(plan->gate);
     }
-    plan->raw_numbers = PyObject_IsTrue(PyTuple_GET_ITEM(d, 6)) == 1;
+    PyObject* memo = PyTuple_GET_ITEM(d, 6);   // None, or (Entry, its executable)
+    if (memo != Py_None) {
+      if (!PyTuple_Check(memo) || PyTuple_GET_SIZE(memo) != 2 || C.off_memo < 0) return nullptr;
+      plan->raw_numbers = true;
+      plan->memo_entry = PyTuple_GET_ITEM(memo, 0);
+      plan->plain_fn = PyTuple_GET_ITEM(memo, 1);
+      Py_INCREF(plan->memo_entry);
+      Py_INCREF(plan->plain_fn);
+    }
     if (PyErr_Occurred()) return nullptr;
     // an in-place or out= op writes and returns its argument; a functional one makes every return
     bool in_place = !plan->mutated.empty();
@@ -889,9 +909,10 @@ int torchtpu_fast_abi() { return kAbi; }
 
 // config: (RECORDS, _mode, FAILED, PENDING, _active, counters, StorageRecord, new_tensor, describe,
 //          jax array type, _unchecked[, (_bump, _stats, _StorageRef, _on_free, MemoryStats)]): the last
-//          lets outputs on tpu:0 be made here instead of by new_tensor[, device_scalar[, note]]
+//          lets outputs on tpu:0 be made here instead of by new_tensor[, device_scalar[, note[,
+//          engine Entry type]]]
 int torchtpu_fast_init(PyObject* config) {
-  if (!PyTuple_Check(config) || (PyTuple_GET_SIZE(config) < 11 || PyTuple_GET_SIZE(config) > 14)) {
+  if (!PyTuple_Check(config) || (PyTuple_GET_SIZE(config) < 11 || PyTuple_GET_SIZE(config) > 15)) {
     PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration");
     return 0;
   }
@@ -922,9 +943,12 @@ int torchtpu_fast_init(PyObject* config) {
     C.device_scalar = PyTuple_GET_ITEM(config, 12);
     Py_INCREF(C.device_scalar);
   }
-  if (PyTuple_GET_SIZE(config) == 14 && PyCallable_Check(PyTuple_GET_ITEM(config, 13))) {
+  if (PyTuple_GET_SIZE(config) >= 14 && PyCallable_Check(PyTuple_GET_ITEM(config, 13))) {
     C.note = PyTuple_GET_ITEM(config, 13);
     Py_INCREF(C.note);
+  }
+  if (PyTuple_GET_SIZE(config) == 15 && PyType_Check(PyTuple_GET_ITEM(config, 14))) {
+    if ((C.off_memo = member_offset(PyTuple_GET_ITEM(config, 14), "memo")) < 0) return 0;
   }
   if (PyTuple_GET_SIZE(config) >= 12) {   // (..., (_bump, _stats, _StorageRef, _on_free, MemoryStats))
     PyObject* extra = PyTuple_GET_ITEM(config, 11);
