@@ -34,7 +34,7 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 8
+_ABI = 9
 _lib = [None]
 _tried = [False]
 _problem = [None]
@@ -43,8 +43,9 @@ _problem = [None]
 def describe(kernel):
     """What the C++ fast path may do with the entry `kernel` just ran: (jitted function, ((shape,
     dtype) of each new output, ...), written slots, device-side check messages or None, the op's
-    name, its writes' gate or None, and for an entry with a memo (entry, its executable), called
-    directly once the memo gives up, else None) for a plain entry: a functional op whose returns are all new tensors
+    name, its writes' gate or None, the entry (the "fused" mode queues it through OpKernel._run), and
+    for an entry with a memo its executable, called directly once the memo gives up, else None)
+    for a plain entry: a functional op whose returns are all new tensors
     (written slots ()), or an in-place or out= op (no new output; the written argument returned);
     True to ask again later (the last call was not this kernel's); False never."""
     from .engine import _last, memoizing, write_gate
@@ -65,7 +66,7 @@ def describe(kernel):
                 or entry.n_results != len(entry.mutated_slots) + bool(checks)):
             return False
         gate = write_gate(entry) if entry.source is not None else None
-        return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate, None)
+        return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate, entry, None)
     n_returns = len(kernel.op._schema.returns)
     if (entry.nones is not None or len(entry.outs) != n_returns
             or entry.n_results != n_returns + bool(entry.checks)
@@ -74,8 +75,8 @@ def describe(kernel):
     outs = tuple((tuple(shape), dtype) for shape, dtype in entry.outs)
     if entry.memo is not None:   # a small op keeps its last results, keyed on the numbers' values:
         # memoizing takes the numbers themselves, not kept device arrays
-        return (memoizing(entry), outs, (), checks, kernel.where, None, (entry, entry.fn))
-    return (entry.fn, outs, (), checks, kernel.where, None, None)
+        return (memoizing(entry), outs, (), checks, kernel.where, None, entry, entry.fn)
+    return (entry.fn, outs, (), checks, kernel.where, None, entry, None)
 
 
 def device_scalar(value):

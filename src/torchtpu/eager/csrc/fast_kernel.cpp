@@ -41,7 +41,7 @@
 
 namespace {
 
-constexpr int kAbi = 8;
+constexpr int kAbi = 9;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -58,6 +58,8 @@ struct Config {
   PyObject* describe = nullptr;    // eager/fastpath.py: describe
   PyTypeObject* array_type = nullptr;  // jax.Array's implementation type
   PyObject* strict = nullptr;      // "strict"
+  PyObject* fused = nullptr;       // "fused"
+  PyObject* run_name = nullptr;    // "_run": OpKernel._run
   // what new_tensor (storage/records.py) touches, for making outputs here (tpu:0)
   bool native_outputs = false;
   PyObject* bump = nullptr;         // _bump: [next address]
@@ -159,10 +161,10 @@ struct Plan {
   // owned, or null: a write's gate(device index) while unchecked verdicts exist (eager/asserts.py):
   // None (nothing gates it there) or (fn in its gated form, the gate: an argument after the buffers)
   PyObject* gate = nullptr;
-  bool raw_numbers = false;     // fn takes the numbers themselves, not kept device arrays (a memo keys them)
-  // owned, or null: a memo plan's engine Entry and its executable, called directly once the entry's
-  // memo has given up (Entry.memo None: its calls never repeated)
-  PyObject* memo_entry = nullptr;
+  PyObject* entry = nullptr;    // owned: the engine's Entry (the "fused" mode queues it: OpKernel._run)
+  // owned, or null: a memo plan's executable, called directly once the entry's memo has given up
+  // (Entry.memo None: its calls never repeated); a memo plan's fn takes the numbers themselves,
+  // not kept device arrays (the memo keys them)
   PyObject* plain_fn = nullptr;
   ~Plan() {
     if (!Py_IsInitialized()) return;   // (the process is exiting: Python is gone)
@@ -174,7 +176,7 @@ struct Plan {
     Py_XDECREF(checks);
     Py_XDECREF(where);
     Py_XDECREF(gate);
-    Py_XDECREF(memo_entry);
+    Py_XDECREF(entry);
     Py_XDECREF(plain_fn);
   }
 };
@@ -252,7 +254,8 @@ class FastKernel final : public c10::OperatorKernel {
       return;
     }
     Gil gil;
-    if (!plain_strict()) {
+    Mode mode = plain_mode();
+    if (mode == OTHER) {
       g_fallbacks++;
       fallback_.callBoxed(op, ks, stack);
       return;
@@ -271,7 +274,7 @@ class FastKernel final : public c10::OperatorKernel {
         if (it != table_.end()) {
           entry = &it->second;
           if (entry->state == FAST) {
-            if (run(*entry, w, stack)) {
+            if (mode == FUSED ? run_queued(*entry, w, stack) : run(*entry, w, stack)) {
               return;
             }
           } else if (entry->state == LATER && --entry->countdown <= 0) {
@@ -302,15 +305,84 @@ class FastKernel final : public c10::OperatorKernel {
   }
 
  private:
-  static bool plain_strict() {
-    if (PyList_GET_SIZE(C.mode) < 1) return false;
+  enum Mode { OTHER = 0, STRICT = 1, FUSED = 2 };
+
+  // The eager mode, when calls may take the fast path: strict or fused, no failed device-side
+  // assert, no pending interrupt, no XLA options in force; OTHER otherwise (debug mode included).
+  static Mode plain_mode() {
+    if (PyList_GET_SIZE(C.mode) < 1) return OTHER;
     PyObject* m = PyList_GET_ITEM(C.mode, 0);
-    if (m != C.strict && (!PyUnicode_Check(m) || PyUnicode_Compare(m, C.strict) != 0)) return false;
-    if (PyDict_GET_SIZE(C.failed) != 0 || PyList_GET_SIZE(C.pending) != 0) return false;
-    if (PyList_GET_SIZE(C.xla_active) < 1) return false;
+    Mode mode;
+    if (m == C.strict || (PyUnicode_Check(m) && PyUnicode_Compare(m, C.strict) == 0)) {
+      mode = STRICT;
+    } else if (m == C.fused || (PyUnicode_Check(m) && PyUnicode_Compare(m, C.fused) == 0)) {
+      mode = FUSED;
+    } else {
+      return OTHER;
+    }
+    if (PyDict_GET_SIZE(C.failed) != 0 || PyList_GET_SIZE(C.pending) != 0) return OTHER;
+    if (PyList_GET_SIZE(C.xla_active) < 1) return OTHER;
     PyObject* x = PyList_GET_ITEM(C.xla_active, 0);   // () when no options are in force
-    if (PyTuple_CheckExact(x)) return PyTuple_GET_SIZE(x) == 0;
-    return x == Py_None || x == Py_False;
+    if (PyTuple_CheckExact(x)) return PyTuple_GET_SIZE(x) == 0 ? mode : OTHER;
+    return x == Py_None || x == Py_False ? mode : OTHER;
+  }
+
+  // The "fused" mode: the engine queues the call (or runs it, a cold op: eager/fusion.py) with
+  // OpKernel._run(entry, records, scalars, offsets, device, None, None), as the Python kernel does
+  // once it has keyed the call; here the key, the lookup and the outputs cost no Python. Its errors
+  // are the Python kernel's (raised as they are: it would raise the same).
+  bool run_queued(FastEntry& e, Work& w, torch::jit::Stack* stack) {
+    std::shared_ptr<const Plan> held = e.plan;
+    const Plan& p = *held;
+    struct Refs {
+      PyObject* items[4] = {nullptr, nullptr, nullptr, nullptr};
+      ~Refs() { for (PyObject* x : items) Py_XDECREF(x); }
+    } refs;
+    PyObject*& records = refs.items[0];
+    PyObject*& scalars = refs.items[1];
+    PyObject*& offsets = refs.items[2];
+    records = PyList_New(static_cast<Py_ssize_t>(w.records.size()));
+    scalars = PyList_New(static_cast<Py_ssize_t>(w.values.size()));
+    offsets = PyList_New(static_cast<Py_ssize_t>(w.offsets.size()));
+    if (!records || !scalars || !offsets) throw python_error();
+    for (size_t i = 0; i < w.records.size(); i++) {
+      Py_INCREF(w.records[i]);
+      PyList_SET_ITEM(records, i, w.records[i]);
+    }
+    for (size_t i = 0; i < w.values.size(); i++) {
+      Py_INCREF(w.values[i]);
+      PyList_SET_ITEM(scalars, i, w.values[i]);
+    }
+    for (size_t i = 0; i < w.offsets.size(); i++) {
+      PyObject* n = PyLong_FromLongLong(w.offsets[i]);
+      if (!n) throw python_error();
+      PyList_SET_ITEM(offsets, i, n);
+    }
+    PyObject* argv[8] = {kernel_, p.entry, records, scalars, offsets, w.device_obj, Py_None, Py_None};
+    PyObject* res = PyObject_VectorcallMethod(C.run_name, argv, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    if (!res) throw python_error();
+    refs.items[3] = res;
+    PyObject* const* items = nullptr;
+    size_t n = p.outs.size() + p.mutated.size() + (p.checks ? 1 : 0);
+    if (PyTuple_Check(res) && static_cast<size_t>(PyTuple_GET_SIZE(res)) == n) {
+      items = &PyTuple_GET_ITEM(res, 0);
+    } else if (PyList_Check(res) && static_cast<size_t>(PyList_GET_SIZE(res)) == n) {
+      items = &PyList_GET_ITEM(res, 0);
+    }
+    if (!items) {   // (it ran: the writes are done, the outputs cannot be made)
+      PyErr_SetString(PyExc_RuntimeError, "torchtpu fast path: unexpected results from a queued op");
+      throw python_error();
+    }
+    count_hit();
+    g_fast_calls++;
+    if (p.outs.empty()) {   // (_run gave the written storages their queued or new buffers)
+      c10::IValue returned = torch::jit::last(*stack, n_args_)[alias_arg_];
+      torch::jit::drop(*stack, n_args_);
+      torch::jit::push(*stack, std::move(returned));
+      return true;
+    }
+    push_outputs(p, w, items, stack);
+    return true;
   }
 
   bool present(c10::ArrayRef<c10::IValue> args, int64_t i, int64_t positional_end) const {
@@ -515,8 +587,8 @@ class FastKernel final : public c10::OperatorKernel {
     } owned_;
     auto& owned = owned_.items;
     PyObject* fn = p.fn;
-    bool raw_numbers = p.raw_numbers;
-    if (p.memo_entry && slot_of(p.memo_entry, C.off_memo) == Py_None) {   // the memo gave up
+    bool raw_numbers = p.plain_fn != nullptr;
+    if (raw_numbers && slot_of(p.entry, C.off_memo) == Py_None) {   // the memo gave up
       fn = p.plain_fn;
       raw_numbers = false;
     }
@@ -617,6 +689,14 @@ class FastKernel final : public c10::OperatorKernel {
       return true;
     }
     note(p, items[p.outs.size()]);
+    count_hit();
+    g_fast_calls++;
+    push_outputs(p, w, items, stack);
+    return true;
+  }
+
+  // The new output tensors over the results `items`, in place of the arguments on the stack.
+  void push_outputs(const Plan& p, const Work& w, PyObject* const* items, torch::jit::Stack* stack) {
     c10::SmallVector<at::Tensor, 2> results;
     for (size_t i = 0; i < p.outs.size(); i++) {
       const Out& o = p.outs[i];
@@ -633,11 +713,8 @@ class FastKernel final : public c10::OperatorKernel {
       }
       results.push_back(std::move(t));
     }
-    count_hit();
-    g_fast_calls++;
     torch::jit::drop(*stack, n_args_);
     for (at::Tensor& t : results) torch::jit::push(*stack, std::move(t));
-    return true;
   }
 
   // Keep the verdict of a plan with device-side checks for the next synchronization
@@ -778,7 +855,7 @@ class FastKernel final : public c10::OperatorKernel {
   }
 
   // describe's (fn, ((shape, dtype), ...) of the new outputs, written slots, check messages or None,
-  // where, gate or None, None or (Entry, executable) of a memo) as a Plan; null (a Python error may be set) when it does not fit this overload
+  // where, gate or None, Entry, a memo plan's plain executable or None) as a Plan; null (a Python error may be set) when it does not fit this overload
   std::shared_ptr<Plan> describe_plan(PyObject* d) const {
     PyObject* outs = PyTuple_GET_ITEM(d, 1);
     PyObject* slots = PyTuple_GET_ITEM(d, 2);
@@ -825,13 +902,11 @@ class FastKernel final : public c10::OperatorKernel {
       plan->gate = PyTuple_GET_ITEM(d, 5);
       Py_INCREF(plan->gate);
     }
-    PyObject* memo = PyTuple_GET_ITEM(d, 6);   // None, or (Entry, its executable)
-    if (memo != Py_None) {
-      if (!PyTuple_Check(memo) || PyTuple_GET_SIZE(memo) != 2 || C.off_memo < 0) return nullptr;
-      plan->raw_numbers = true;
-      plan->memo_entry = PyTuple_GET_ITEM(memo, 0);
-      plan->plain_fn = PyTuple_GET_ITEM(memo, 1);
-      Py_INCREF(plan->memo_entry);
+    plan->entry = PyTuple_GET_ITEM(d, 6);
+    Py_INCREF(plan->entry);
+    if (PyTuple_GET_ITEM(d, 7) != Py_None) {
+      if (C.off_memo < 0) return nullptr;
+      plan->plain_fn = PyTuple_GET_ITEM(d, 7);
       Py_INCREF(plan->plain_fn);
     }
     if (PyErr_Occurred()) return nullptr;
@@ -854,7 +929,7 @@ class FastKernel final : public c10::OperatorKernel {
       return;
     }
     FastEntry e;
-    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 7) {
+    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 8) {
       std::shared_ptr<Plan> plan = describe_plan(d);
       if (!plan) {
         PyErr_Clear();
@@ -939,6 +1014,8 @@ int torchtpu_fast_init(PyObject* config) {
     return 0;
   }
   C.strict = PyUnicode_InternFromString("strict");
+  C.fused = PyUnicode_InternFromString("fused");
+  C.run_name = PyUnicode_InternFromString("_run");
   if (PyTuple_GET_SIZE(config) >= 13 && PyCallable_Check(PyTuple_GET_ITEM(config, 12))) {
     C.device_scalar = PyTuple_GET_ITEM(config, 12);
     Py_INCREF(C.device_scalar);
