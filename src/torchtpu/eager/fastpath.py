@@ -6,15 +6,17 @@ about twice raw JAX eager for a small `a + b`. The fast path is a C++ boxed kern
 for each functional overload whose returns are all Tensors, and each in-place or out= overload;
 the engine's Python kernel moves to the spare PrivateUse3 key, where the C++ kernel finds PyTorch's
 own holder of it and falls back to it. The C++ kernel keys the call from the IValue stack (at least
-as finely as OpKernel.__call__ does) and, for a key whose entry is plain (strict mode; returns that
-are all new outputs, or the written argument; no constants, overlap check, XLA options, random
-numbers, host check that could fail, donated write), calls the entry's jitted function itself
+as finely as OpKernel.__call__ does) and, for a key whose entry is plain (returns that are all new
+outputs, or the written argument; no constants, overlap check, XLA options, random numbers, host
+check that could fail, donated write), in strict mode calls the entry's jitted function itself
 (through the entry's memo for small ops: engine.memoizing; a write in its gated form while
 unchecked device-side verdicts exist: engine.write_gate), keeps its own verdict if it has checks,
-and makes the outputs as `new_tensor` does. Everything else runs the Python
-kernel, unchanged: a key seen for the first time (after which `describe` tells the C++ side whether
-the entry the Python kernel ran is plain), the fused and debug modes, a failed device-side assert,
-a pending interrupt, XLA options in force, an unwritten or queued input buffer, any error.
+and makes the outputs as `new_tensor` does; in the fused mode it hands the keyed call to
+`OpKernel._run`, which queues it (eager/fusion.py), and makes the outputs over the queued results.
+Everything else runs the Python kernel, unchanged: a key seen for the first time (after which
+`describe` tells the C++ side whether the entry the Python kernel ran is plain), the debug mode, a
+failed device-side assert, a pending interrupt, XLA options in force, in strict mode an unwritten or
+queued input buffer, any error in strict mode (the Python kernel runs the op again and raises).
 
 TORCHTPU_EAGER_FAST=0 (or TORCHTPU_NATIVE=off, or no C++ compiler) registers the Python kernels on
 PrivateUse1 as before. The library is compiled once per torch/Python version and source hash, like

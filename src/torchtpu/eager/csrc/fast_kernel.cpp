@@ -13,11 +13,11 @@
 // all new outputs, or an in-place write), calls its jitted function with the storages' buffers,
 // the scalars and the offsets of partial views (a write in its gated form while unchecked
 // device-side verdicts exist: eager/asserts.py), keeps its own verdict if it has checks
-// (asserts.note), and makes the output tensors (storage/records.py: new_tensor).
-// Anything else — a key not seen yet, an entry that is not plain, a mode other than strict, a
-// failed device-side assert, a pending interrupt, XLA options in force, an unwritten or queued
-// buffer, an error —
-// runs the Python kernel. The key is at least as fine as the Python kernel's, so the entry it
+// (asserts.note), and makes the output tensors (storage/records.py: new_tensor). In the "fused"
+// mode it hands the keyed call to OpKernel._run, which queues it, and makes the outputs over the
+// queued results. Anything else — a key not seen yet, an entry that is not plain, the debug mode,
+// a failed device-side assert, a pending interrupt, XLA options in force, in strict mode an
+// unwritten or queued buffer or an error — runs the Python kernel. The key is at least as fine as the Python kernel's, so the entry it
 // finds is the one the Python kernel would use.
 //
 // Loaded with ctypes.PyDLL (the GIL is held by every entry point called from Python).
