@@ -358,8 +358,9 @@ class FastKernel final : public c10::OperatorKernel {
       if (!n) throw python_error();
       PyList_SET_ITEM(offsets, i, n);
     }
-    PyObject* argv[8] = {kernel_, p.entry, records, scalars, offsets, w.device_obj, Py_None, Py_None};
-    PyObject* res = PyObject_VectorcallMethod(C.run_name, argv, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    // (argv[0] is the spare slot PY_VECTORCALL_ARGUMENTS_OFFSET lets the callee use)
+    PyObject* argv[9] = {nullptr, kernel_, p.entry, records, scalars, offsets, w.device_obj, Py_None, Py_None};
+    PyObject* res = PyObject_VectorcallMethod(C.run_name, argv + 1, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
     if (!res) throw python_error();
     refs.items[3] = res;
     PyObject* const* items = nullptr;
