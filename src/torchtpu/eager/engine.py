@@ -463,7 +463,7 @@ def _memoized(entry, inputs, scalars, offsets):
     """Run a small deterministic op, or return the results of its call with the same input buffers
     and scalar values if it is among the last MEMO_VALUES (see MEMO_BYTES)."""
     return _memo(entry, (*map(id, inputs), *scalar_key((*scalars, *offsets))), inputs,
-                 lambda: entry.fn(*inputs, *scalars, *offsets))
+                 (*inputs, *scalars, *offsets))
 
 
 def memoizing(entry):
@@ -479,18 +479,20 @@ def memoizing(entry):
                 break
             n += 1
         inputs = argv[:n]
-        return _memo(entry, (*map(id, inputs), *scalar_key(argv[n:])), inputs, lambda: entry.fn(*argv))
+        return _memo(entry, (*map(id, inputs), *scalar_key(argv[n:])), inputs, argv)
     return call
 
 
-def _memo(entry, mkey, keep, run):
+def _memo(entry, mkey, keep, argv):
+    """entry.fn(*argv), or its kept results for the memo key `mkey` (`keep`: what keeps the ids in
+    the key alive while the results are kept)."""
     memo = entry.memo
     hit = memo.get(mkey)
     if hit is not None:
         counters.eager_results_reused += 1
         entry.memo_misses = -1   # it repeats: keep the memo for good
         return hit[1]
-    results = run()
+    results = entry.fn(*argv)
     entry.n_results = len(results)
     if entry.checks:   # a verdict per call (an index out of range must raise every time): never kept
         entry.memo = None

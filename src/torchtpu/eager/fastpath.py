@@ -71,7 +71,7 @@ def describe(kernel):
         return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate, entry, None)
     n_returns = len(kernel.op._schema.returns)
     if (entry.nones is not None or len(entry.outs) != n_returns
-            or entry.n_results != n_returns + bool(entry.checks)
+            or entry.n_results != n_returns + bool(checks)
             or (entry.spec is not None and not all(type(s) is not str and s.is_leaf() for s in entry.spec))):
         return False
     outs = tuple((tuple(shape), dtype) for shape, dtype in entry.outs)
