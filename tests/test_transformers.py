@@ -285,6 +285,61 @@ def test_generate_auto_compiles_static_cache_on_tpu(pair):
     assert torchtpu.metrics()["compiled_graphs"] > before
 
 
+def test_generate_reads_its_stop_flag_one_step_late_on_tpu(pair, monkeypatch):
+    """transformers' DeferredStopCheck on tpu (integrations/patches.py): the host queues the next
+    step instead of waiting for each token's stop flag; early stops (EOS), the returned cache and a
+    streamer come out as on the CPU, which checks every step."""
+    from transformers.generation import utils as generation
+    from transformers.generation.streamers import BaseStreamer
+    from torchtpu.eager import kernels
+    cpu, tpu = pair
+    deferred, reads = [0], [0]
+    call, to_host = generation.DeferredStopCheck.__call__, kernels.to_host
+
+    def counted_call(self, *args):
+        deferred[0] += 1
+        return call(self, *args)
+
+    def counted_read(t):
+        reads[0] += 1
+        return to_host(t)
+
+    monkeypatch.setattr(generation.DeferredStopCheck, "__call__", counted_call)
+    monkeypatch.setattr(kernels, "to_host", counted_read)
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.seen = []
+
+        def put(self, value):
+            self.seen.append(value.tolist())
+
+        def end(self):
+            self.seen.append("end")
+
+    kw = dict(max_new_tokens=8, do_sample=False)
+    free = cpu.generate(**_gen_inputs(16), **kw)
+    eos = int(free[1, 6 + 3])   # the second row's 4th new token: it stops there, the first row goes on
+    for extra in (dict(), dict(return_dict_in_generate=True), dict(cache_implementation="static", disable_compile=True)):
+        ref_stream, got_stream = Collect(), Collect()
+        ref = cpu.generate(**_gen_inputs(16), eos_token_id=eos, streamer=ref_stream, **kw, **extra)
+        deferred[0] = reads[0] = 0
+        got = tpu.generate(**_gen_inputs(16, "tpu"), eos_token_id=eos, streamer=got_stream, **kw, **extra)
+        assert deferred[0] > 0
+        if extra.get("return_dict_in_generate"):
+            assert got.sequences.cpu().tolist() == ref.sequences.tolist()
+            assert got.past_key_values.get_seq_length() == ref.past_key_values.get_seq_length()
+        else:
+            assert got.cpu().tolist() == ref.tolist()
+        assert got_stream.seen == ref_stream.seen
+    # without a streamer, no blocking read per token (generate()'s set-up reads remain; with a dynamic
+    # cache and padding the model's own mask code reads `padding_mask.all()` every step, as on CUDA)
+    reads[0] = 0
+    tpu.generate(**_gen_inputs(16, "tpu"), max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                 cache_implementation="static", disable_compile=True)
+    assert reads[0] < 8
+
+
 def _gemma4(seed=0):
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
     torch.manual_seed(seed)

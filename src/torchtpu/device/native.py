@@ -4,6 +4,9 @@ Two things PyTorch only reads from C++ need it:
 - the device guard (csrc/tpu_guard.cpp). PyTorch's Python-level PrivateUse1 guard reports one device
   and index 0 to C++, so the autograd engine has one "tpu" queue and backward on tpu:1 fails its
   INTERNAL ASSERT;
+- device-generic events and stream synchronization: `torch.Event(device="tpu")` and
+  `torch.Stream(device="tpu")` call the device guard's event functions, which ask the runtime
+  (set_event_callbacks; eager/device_module.py answers);
 - the PrivateUse1 hooks with a generator (csrc/tpu_hooks.cpp): `torch.Generator("tpu")` and
   `torch.tpu.default_generators` need `getNewGenerator`/`getDefaultGenerator`, which the Python hooks
   object does not forward. PyTorch accepts one hooks object per process, so the C++ one must be
@@ -38,8 +41,19 @@ import warnings
 
 _CSRC = pathlib.Path(__file__).with_name("csrc")
 _SOURCES = (_CSRC / "tpu_guard.cpp", _CSRC / "tpu_hooks.cpp")
-_ABI = 1
+_ABI = 1         # tpu_hooks.cpp
+_GUARD_ABI = 2   # tpu_guard.cpp
 _AVAILABLE_FN = ctypes.CFUNCTYPE(ctypes.c_int)
+# the device guard's event callbacks (tpu_guard.cpp: Callbacks)
+_EVENT_FNS = (ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int),  # record
+              ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64),                               # query
+              ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64),                               # synchronize
+              ctypes.CFUNCTYPE(None, ctypes.c_int64),                                       # destroy
+              ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_int64, ctypes.c_int64),            # elapsed ms
+              ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int),                                 # sync device
+              ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int))                                 # query device
+_EVENT_FAILED = (-1, -1, -1, None, float("nan"), -1, -1)   # what each returns when it raised
+_event_callbacks = [None]   # the Python functions, set before or after the library loads
 _callbacks = []   # ctypes callbacks handed to C++: they must live as long as the process
 _hooks = [False]  # whether the C++ PrivateUse1 hooks (generators) are registered
 _lock = threading.Lock()
@@ -123,7 +137,7 @@ def _is_available() -> int:
 
 def _load(path: pathlib.Path, device_count: int) -> None:
     lib = ctypes.CDLL(str(path))
-    if lib.torchtpu_guard_abi() != _ABI or lib.torchtpu_hooks_abi() != _ABI:
+    if lib.torchtpu_guard_abi() != _GUARD_ABI or lib.torchtpu_hooks_abi() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
     lib.torchtpu_get_device.restype = ctypes.c_int
     from . import state
@@ -137,8 +151,42 @@ def _load(path: pathlib.Path, device_count: int) -> None:
                        "no torch.Generator('tpu')")
     lib.torchtpu_register_guard(device_count)
     lib.torchtpu_set_device(index)
+    lib.torchtpu_guard_set_callbacks.argtypes = list(_EVENT_FNS)
+    lib.torchtpu_guard_set_error.argtypes = [ctypes.c_char_p]
     _lib[0] = lib
     state.use_native(lib)
+    if _event_callbacks[0] is not None:
+        _install_event_callbacks(lib, _event_callbacks[0])
+
+
+def set_event_callbacks(*functions) -> None:
+    """The runtime's answers to the device guard's event and stream questions (record, query,
+    synchronize, destroy, elapsed, synchronize device, query device: tpu_guard.cpp's Callbacks).
+    An exception in one does not cross into C++: it becomes the message of the C++ error, which
+    PyTorch raises as a RuntimeError."""
+    _event_callbacks[0] = functions
+    if _lib[0] is not None:
+        _install_event_callbacks(_lib[0], functions)
+
+
+def _install_event_callbacks(lib, functions) -> None:
+    import atexit
+
+    def guarded(fn, failed):
+        def call(*args):
+            try:
+                return fn(*args)
+            except BaseException as e:  # noqa: BLE001 - an exception must not cross into C++
+                message = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+                lib.torchtpu_guard_set_error(message.encode("utf-8", "replace"))
+                return failed
+        return call
+
+    pointers = [kind(guarded(fn, failed)) for kind, fn, failed in zip(_EVENT_FNS, functions, _EVENT_FAILED)]
+    _callbacks.extend(pointers)
+    lib.torchtpu_guard_set_callbacks(*pointers)
+    # events destroyed while the interpreter shuts down must not call into it
+    atexit.register(lambda: lib.torchtpu_guard_set_callbacks(*(kind() for kind in _EVENT_FNS)))   # NULLs
 
 
 def loaded() -> bool:

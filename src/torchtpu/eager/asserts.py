@@ -53,7 +53,7 @@ class _State:
     __slots__ = ("pending", "poison", "known", "__weakref__")
 
     def __init__(self):
-        self.pending = []   # (verdict array or Pending, messages, where)
+        self.pending = []   # (verdict array or Pending, messages, where, number), in noting order
         self.poison = {}    # device index -> (_version when computed, gate value or None)
         self.known = {}     # id(verdict) -> (verdict, its value): pending verdicts already read (poison)
 
@@ -66,6 +66,7 @@ _autograd = _State()
 _in_backward = torch._C._current_graph_task_id
 _unchecked = [0]   # verdicts pending in all threads together (gating is free when 0)
 _version = [0]     # bumped whenever a pending list changes (poison caches on it)
+_noted = [0]       # verdicts noted so far (each pending item carries its number: `check(upto=)`)
 
 
 def _state():
@@ -85,7 +86,8 @@ class DeviceAssertError(RuntimeError):
 def note(verdict, messages, where):
     """Keep an executable's verdict; `where` names the op or graph for the message."""
     pending = _state().pending
-    pending.append((verdict, messages, where))
+    _noted[0] += 1
+    pending.append((verdict, messages, where, _noted[0]))
     _unchecked[0] += 1
     _version[0] += 1
     if len(pending) >= LIMIT or _mode[0] == "debug":
@@ -120,7 +122,7 @@ def poison(device_index):
         sources = [state, _autograd]
     fresh = []
     for src in sources:
-        for v, _, _ in list(src.pending):
+        for v, *_ in list(src.pending):
             if type(v) is Pending:
                 v = v.get()
             if _device_index(v) == device_index:
@@ -185,24 +187,32 @@ def raise_if_failed(device_index=None):
             raise DeviceAssertError(str(error))
 
 
-def check(device_index=None):
+def noted() -> int:
+    """The number of the newest verdict noted so far: `check(upto=noted())` later checks the ops
+    issued until now and waits for nothing issued after (an event's synchronize)."""
+    return _noted[0]
+
+
+def check(device_index=None, upto=None):
     """Raise the sticky error, or this thread's first failed pending check (waits for the ops that
-    produced them)."""
+    produced them; with `upto`, only for the verdicts numbered up to it: see `noted`)."""
     if FAILED:
         raise_if_failed(device_index)
     state = _state()
     items = []
     for src in (state, _autograd) if state is not _autograd else (state,):
         if src.pending:
-            taken = src.pending[:]
-            del src.pending[:len(taken)]
+            taken = src.pending[:] if upto is None else [item for item in src.pending if item[3] <= upto]
+            if not taken:
+                continue
+            del src.pending[:len(taken)]   # (a prefix: the list is in noting order)
             items += taken
             src.known.clear()
     if not items:
         return
     _unchecked[0] -= len(items)
     _version[0] += 1
-    items = [(v.get() if type(v) is Pending else v, m, w) for v, m, w in items]
+    items = [(v.get() if type(v) is Pending else v, m, w) for v, m, w, _ in items]
     by_device = {}
     for item in items:
         by_device.setdefault(next(iter(item[0].devices())), []).append(item)

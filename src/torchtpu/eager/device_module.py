@@ -4,11 +4,13 @@ synchronizing, memory statistics, the generator and streams need the eager engin
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 
 import torch
 
+from ..device import native as _native
 from ..device import platform as _platform
 from ..device.platform import device_count, is_available, is_initialized  # noqa: F401
 from ..device.state import current_device, set_device, device_index
@@ -46,10 +48,12 @@ def synchronize(device=None) -> None:
     """Wait for all work queued on `device` (the current one by default)."""
     import jax
 
-    from . import asserts, fusion
+    from . import asserts, fusion, host_copies
     from ..storage.records import live_buffers
+    index = _index(device)
     fusion.flush_all()
-    jax.block_until_ready(live_buffers(_index(device)))
+    jax.block_until_ready(live_buffers(index))
+    host_copies.finish(index)
     asserts.check()
 
 
@@ -271,6 +275,49 @@ def mem_get_info(device=None):
 
 
 # ------------------------------------------------------------------ streams and events
+class _Mark:
+    """What an event recorded: the device's buffers then (the work queued so far: XLA runs it in
+    data-dependency order, so "done" is "every buffer that existed is ready"), the newest
+    non-blocking host copy and device-side check then (eager/host_copies.py, asserts.py), and for a
+    timing event the time."""
+    __slots__ = ("device", "buffers", "copies", "verdicts", "time")
+
+    def __init__(self, device, timing):
+        from . import asserts, host_copies
+        from ..storage.records import live_buffers
+        self.device = device
+        if timing:   # the time the queued work ended: wait for it
+            synchronize(device)
+            self.buffers, self.time = [], time.perf_counter()
+        else:
+            self.buffers, self.time = live_buffers(device), None
+        self.copies = host_copies.last(device)
+        self.verdicts = asserts.noted()
+
+    def done(self) -> bool:
+        """Whether the marked work is done (then its host copies are written: `query` is a sync point)."""
+        from . import host_copies
+        if not (all(b.is_ready() for b in self.buffers) and host_copies.ready(self.device, self.copies)):
+            return False
+        self.wait()
+        return True
+
+    def wait(self):
+        import jax
+        from . import asserts, host_copies
+        if self.buffers:
+            jax.block_until_ready(self.buffers)
+            self.buffers = []
+        host_copies.finish(self.device, self.copies)
+        asserts.check(upto=self.verdicts)   # (not the checks of ops queued after the event: no wait for them)
+
+
+def _idle(index) -> bool:
+    from . import fusion
+    fusion.flush_all()
+    return _Mark(index, False).done()
+
+
 class Stream(torch.Stream):
     """The device's single in-order queue, a `torch.Stream`. XLA orders work by data
     dependencies, so every stream is the default stream; `synchronize`/`query` are honest about
@@ -287,8 +334,7 @@ class Stream(torch.Stream):
         synchronize(self.device_index)
 
     def query(self) -> bool:
-        from ..storage.records import live_buffers
-        return all(b.is_ready() for b in live_buffers(self.device_index))
+        return _idle(self.device_index)
 
     def wait_stream(self, stream):
         pass  # one queue: work on `stream` is already ordered before work queued later
@@ -345,16 +391,21 @@ def stream(stream) -> StreamContext:
     return StreamContext(stream)
 
 
+def _elapsed_ms(start, end) -> float:
+    if start is None or end is None or start.time is None or end.time is None:
+        raise RuntimeError("elapsed_time needs two recorded events created with enable_timing=True")
+    return (end.time - start.time) * 1000.0
+
+
 class Event(torch.Event):
     """Marks the work queued so far, a `torch.Event`. With enable_timing=True, `record` waits
     for that work and notes the time, so `elapsed_time` measures device work between two events
-    (in ms)."""
+    (in ms). (`torch.Event(device="tpu")` is the same event, through the C++ device guard.)"""
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self = super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking,
                                interprocess=interprocess)
-        self._pending = None
-        self._time = None
+        self._mark = None
         self._timing = enable_timing
         return self
 
@@ -366,36 +417,66 @@ class Event(torch.Event):
         return self._timing
 
     def record(self, stream=None):
-        from ..storage.records import live_buffers
-        index = stream.device_index if stream is not None else current_device()
-        if self._timing:
-            synchronize(index)
-            self._time = time.perf_counter()
-            self._pending = []
-        else:
-            self._pending = live_buffers(index)
+        self._mark = _Mark(stream.device_index if stream is not None else current_device(), self._timing)
 
     def query(self) -> bool:
-        return all(b.is_ready() for b in self._pending or ())
+        return self._mark is None or self._mark.done()
 
     def synchronize(self):
-        import jax
-        from . import asserts
-        if self._pending:
-            jax.block_until_ready(self._pending)
-        self._pending = []
-        asserts.check()
+        if self._mark is not None:
+            self._mark.wait()
 
     def wait(self, stream=None):
         self.synchronize()
 
     def elapsed_time(self, end_event) -> float:
-        if self._time is None or getattr(end_event, "_time", None) is None:
-            raise RuntimeError("elapsed_time needs two recorded events created with enable_timing=True")
-        return (end_event._time - self._time) * 1000.0
+        return _elapsed_ms(self._mark, getattr(end_event, "_mark", None))
 
     def __repr__(self):
         return f"<torch.tpu.Event enable_timing={self._timing}>"
+
+
+# `torch.Event(device="tpu")` and `torch.Stream(device="tpu")` reach the C++ device guard
+# (device/csrc/tpu_guard.cpp), which asks these: an event there is a number naming its _Mark.
+_native_marks: dict[int, _Mark] = {}
+_native_numbers = itertools.count(1)
+
+
+def _native_record(handle: int, device: int, timing: int) -> int:
+    if handle <= 0:
+        handle = next(_native_numbers)
+    _native_marks[handle] = _Mark(_index(device), bool(timing))
+    return handle
+
+
+def _native_query(handle: int) -> int:
+    mark = _native_marks.get(handle)
+    return int(mark is None or mark.done())
+
+
+def _native_synchronize(handle: int) -> int:
+    mark = _native_marks.get(handle)
+    if mark is not None:
+        mark.wait()
+    return 0
+
+
+def _native_elapsed(start: int, end: int) -> float:
+    return _elapsed_ms(_native_marks.get(start), _native_marks.get(end))
+
+
+def _native_synchronize_device(device: int) -> int:
+    synchronize(device)
+    return 0
+
+
+def _native_query_device(device: int) -> int:
+    return int(_idle(_index(device)))
+
+
+_native.set_event_callbacks(_native_record, _native_query, _native_synchronize,
+                            lambda handle: _native_marks.pop(handle, None), _native_elapsed,
+                            _native_synchronize_device, _native_query_device)
 
 
 # ------------------------------------------------------------------ backend-specific

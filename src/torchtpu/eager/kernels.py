@@ -21,7 +21,7 @@ from ..ops import argument_checks, factories
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
-from . import asserts, errors, fusion, interrupts
+from . import asserts, errors, fusion, host_copies, interrupts
 from .fusion import Pending
 from .engine import CONSTANT_BYTES, OpKernel, scalar_key
 
@@ -142,6 +142,8 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     r = record_of(t)
     if interrupts.PENDING:
         interrupts.raise_pending()
+    if host_copies.PENDING:   # earlier non-blocking copies to the host land first, as in CUDA's stream order
+        host_copies.finish(r.device_index)
     asserts.check(r.device_index)
     if not _covers(t, r):
         t = aten.clone.default(t, memory_format=torch.contiguous_format)
@@ -230,8 +232,25 @@ def _copy_(self, src, non_blocking=False):
         tmp = new_tensor(tuple(src.shape), src.dtype, index, _from_host(host, src.dtype, index))
         return KERNELS[aten.copy_.default](self, tmp)
     # device -> host
+    if non_blocking and tuple(self.shape) == tuple(src.shape) and src.numel() and self.is_pinned() \
+            and not (src.is_conj() or src.is_neg()):
+        return _copy_to_host_async(self, src)
     host = dt.cpu_from_numpy(to_host(src), src.dtype)
     return self.copy_(host)
+
+
+def _copy_to_host_async(dst, src):
+    """`dst.copy_(src, non_blocking=True)` into pinned host memory: the transfer starts now and
+    lands at the device's next sync point (eager/host_copies.py), as CUDA's does."""
+    r = record_of(src)
+    if not _covers(src, r):   # the values themselves, in order (a view runs one gather, queued)
+        src = aten.clone.default(src, memory_format=torch.contiguous_format)
+        r = record_of(src)
+    buffer = r.buffer
+    if buffer is None:   # never written: nothing on the device to wait for
+        return dst.copy_(dt.cpu_from_numpy(np.zeros(tuple(src.shape), dt.to_jax(src.dtype)), src.dtype))
+    host_copies.start(dst, buffer, tuple(src.shape), src.dtype, r.device_index)
+    return dst
 
 
 def _copy_from(self, dst, non_blocking=False):
