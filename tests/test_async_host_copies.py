@@ -123,3 +123,23 @@ def test_event_reports_device_asserts_of_the_work_it_covers_only():
     torch.tpu.clear_device_assert()
     asserts.discard()
     torch.tpu.synchronize()
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_later_writes_do_not_reach_a_copy_in_flight(mode):
+    """The copy reads the values of the moment it was issued, as in CUDA's stream order: an in-place
+    write queued after it (which could otherwise reuse the source's buffer) does not change it."""
+    c = torch.randn(32, 32)
+    with torch.tpu.eager_mode(mode):
+        x = c.to("tpu")
+        dst = torch.zeros(32, 32, pin_memory=True)
+        dst.copy_(x * 2, non_blocking=True)
+        src = x + 0
+        dst2 = torch.zeros(32, 32, pin_memory=True)
+        dst2.copy_(src, non_blocking=True)
+        src.add_(1)          # the copy's source storage, written in place
+        src.mul_(3)
+        torch.tpu.synchronize()
+    torch.testing.assert_close(dst, c * 2)
+    torch.testing.assert_close(dst2, c)
+    torch.testing.assert_close(src.cpu(), (c + 1) * 3)
