@@ -23,6 +23,7 @@ speed drifts between the sequential rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import time
@@ -148,18 +149,39 @@ def main():
         compiled, ids_t = interleaved
         static = dict(cache_implementation="static", disable_compile=True)
         modes = (("cpu", cpu, ids, {}, "strict"), ("tpu", compiled, ids_t, static, "strict"),
-                 ("tpu fused", compiled, ids_t, static, "fused"), ("tpu eager", tpu, ids_t, static, "strict"))
+                 ("tpu fused", compiled, ids_t, static, "fused"), ("tpu eager", tpu, ids_t, static, "strict"),
+                 ("tpu stop every token", compiled, ids_t, static, "every token"))
         tps = {name: [] for name, *_ in modes}
         for _ in range(args.rounds):
             for name, model, inputs, kw, mode in modes:
-                with torch.tpu.eager_mode(mode):
+                with stop_flag_read_every_token(mode == "every token"), \
+                        torch.tpu.eager_mode("strict" if mode == "every token" else mode):
                     start = time.perf_counter()
                     run(model, inputs, args, **kw)
                     tps[name].append(args.new_tokens * args.batch / (time.perf_counter() - start))
-        c, t, f, e = (statistics.median(tps[name]) for name, *_ in modes)
+        c, t, f, e, w = (statistics.median(tps[name]) for name, *_ in modes)
         print(f"\ninterleaved, {args.rounds} rounds: cpu eager {c:.1f} tok/s, tpu compiled fwd {t:.1f} tok/s, "
               f"ratio {t / c:.2f}x; with generate()'s own ops fused {f:.1f} tok/s, ratio {f / c:.2f}x; "
-              f"tpu eager (strict, static cache) {e:.1f} tok/s, {e / t:.2f} of compiled")
+              f"tpu eager (strict, static cache) {e:.1f} tok/s, {e / t:.2f} of compiled; compiled fwd with "
+              f"the stop flag read at every token {w:.1f} tok/s, ratio {w / c:.2f}x")
+
+
+@contextlib.contextmanager
+def stop_flag_read_every_token(on):
+    """generate() as before torchtpu enabled transformers' DeferredStopCheck for tpu
+    (integrations/patches.py): the host waits for each token's stop flag."""
+    from transformers.generation import utils
+    cls = getattr(utils, "DeferredStopCheck", None)
+    if not on or cls is None:
+        yield
+        return
+    supported = cls.__dict__["is_supported"]
+    cls.is_supported = staticmethod(lambda *args, **kwargs: False)
+    try:
+        yield
+    finally:
+        cls.is_supported = supported
+
 
 if __name__ == "__main__":
     main()
