@@ -143,3 +143,26 @@ def test_later_writes_do_not_reach_a_copy_in_flight(mode):
     torch.testing.assert_close(dst, c * 2)
     torch.testing.assert_close(dst2, c)
     torch.testing.assert_close(src.cpu(), (c + 1) * 3)
+
+
+def test_errors_in_a_generic_event_reach_the_caller(monkeypatch):
+    """The C++ guard asks Python; what Python raises there comes out of `torch.Event` as PyTorch's
+    RuntimeError naming it (a Ctrl-C while waiting too: no exception can leave a ctypes callback
+    as itself)."""
+    from torchtpu.eager import device_module
+    event = torch.Event(device="tpu")
+    event.record()
+
+    def fails(self):
+        raise ValueError("no such thing")
+
+    monkeypatch.setattr(device_module._Mark, "wait", fails)
+    with pytest.raises(RuntimeError, match="ValueError: no such thing"):
+        event.synchronize()
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(device_module._Mark, "wait", interrupted)
+    with pytest.raises(RuntimeError, match="KeyboardInterrupt: interrupted while waiting"):
+        event.synchronize()

@@ -177,7 +177,10 @@ def _install_event_callbacks(lib, functions) -> None:
             try:
                 return fn(*args)
             except BaseException as e:  # noqa: BLE001 - an exception must not cross into C++
-                message = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+                # (a Ctrl-C while waiting cannot leave as a KeyboardInterrupt: a ctypes callback
+                # swallows any exception, and one signalled again lands inside the callback)
+                message = ("KeyboardInterrupt: interrupted while waiting for the device" if isinstance(e, KeyboardInterrupt)
+                           else str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}")
                 lib.torchtpu_guard_set_error(message.encode("utf-8", "replace"))
                 return failed
         return call
