@@ -601,7 +601,8 @@ def _kv_write(cache, x, pos):
 def test_fast_key_keeps_donation_a_refcount_check():
     from torchtpu.storage.records import record_of
     import numpy as np
-    cache, x = torch.zeros(2, 6, device="tpu"), torch.ones(2, device="tpu")
+    # (256 KiB: smaller written storages are not donated, as in eager in-place ops)
+    cache, x = torch.zeros(2, 32768, device="tpu"), torch.ones(2, device="tpu")
     g, args = _graph_of(_kv_write, cache, x, 0)
     assert len(args) == 2, args   # pos is baked in (dynamic=False)
     for _ in range(3):
@@ -619,6 +620,37 @@ def test_fast_key_keeps_donation_a_refcount_check():
     del held
     g([cache, x])
     torch.testing.assert_close(cache.cpu()[:, 0], torch.full((2,), 5.0))
+
+
+def _cache_step(cache, pos, k):
+    cache.index_copy_(0, pos, k)
+    pos.add_(1)
+    return cache.sum()
+
+
+def test_large_written_storages_are_donated_when_a_small_one_is_shared(monkeypatch):
+    """A decode step writes its KV cache (large) and a position counter (small, often shared with a
+    kept memo result or a clone): the cache is still updated in place, not copied every call; an
+    event recorded in between (generate()'s per-token stop check) does not prevent it either."""
+    from torchtpu.compile import backend as B
+    verdicts = []
+    donatable = B.donatable
+    monkeypatch.setattr(B, "donatable", lambda dyn, slots: verdicts.append(donatable(dyn, slots)) or verdicts[-1])
+    step = torch.compile(_cache_step, backend="tpu", fullgraph=True)
+    cache_c, pos_c = torch.zeros(512, 256), torch.zeros(1, dtype=torch.long)   # 512 KiB
+    cache, pos = cache_c.to("tpu"), pos_c.to("tpu")
+    events = []
+    for i in range(4):
+        k = torch.randn(1, 256)
+        shared = pos.clone()      # shares the counter's buffer: the counter cannot be donated
+        events.append(torch.Event(device="tpu"))
+        events[-1].record()       # (still to be waited for while the step runs)
+        got = step(cache, pos, k.to("tpu"))
+        want = _cache_step(cache_c, pos_c, k)
+        torch.testing.assert_close(got.cpu(), want)
+        assert shared.item() == i
+    torch.testing.assert_close(cache.cpu(), cache_c)
+    assert len(verdicts) == 4 and all(verdicts), verdicts
 
 
 def test_fast_key_with_traced_ints(monkeypatch):

@@ -36,7 +36,7 @@ from ..device import platform
 from ..device.state import current_device
 from ..eager import asserts, xla_options
 from ..eager.xla_options import _active as _xla_active
-from ..eager.engine import scalar_key
+from ..eager.engine import DONATE_BYTES, scalar_key
 from ..eager.executable import (Program, TensorArg, ValueArg, call_and_commit, flat_output, input_buffers, is_partial,
                                 key_tensor, tensor_arg, traced_function)
 from ..eager.kernels import META_CHECKS
@@ -93,7 +93,7 @@ def _out_layout(val):
 
 
 class Entry:
-    __slots__ = ("fn", "fn_plain", "donate", "outs", "n_arrays", "mutated_slots", "n_cpu", "fused", "sample",
+    __slots__ = ("fn", "fn_plain", "donate", "donated_slots", "outs", "n_arrays", "mutated_slots", "n_cpu", "fused", "sample",
                  "cpu_mutations", "checks", "xla", "written", "tensor_outs")
 
     def finish(self, outs_meta):
@@ -251,7 +251,7 @@ class CompiledGraph:
             dyn.append(next_rng_args(dev))
         dyn.extend(offsets)
         fn = entry.fn
-        if entry.donate and not donatable(dyn, entry.mutated_slots):
+        if entry.donate and not donatable(dyn, entry.donated_slots):
             fn = entry.fn_plain or self._plain(entry)
         if CompiledGraph.capture and not entry.mutated_slots:
             self.captured = (fn, list(dyn))
@@ -382,7 +382,11 @@ class CompiledGraph:
             writes=[tuple(template[i]) for i in written], mutated_slots=mutated_slots,
             on_trace=lambda messages, _: setattr(entry, "checks", messages)))
         entry.mutated_slots = mutated_slots
-        entry.donate = bool(mutated_slots) and options.donation_enabled()
+        # the large written storages (a KV cache) are updated in place, as eager in-place ops do
+        # (engine.DONATE_BYTES); a small one (a cache's position counter), often shared with a kept
+        # memo result, must not keep the others from being donated
+        entry.donated_slots = tuple(s for s in mutated_slots if records[s].nbytes >= DONATE_BYTES)
+        entry.donate = bool(entry.donated_slots) and options.donation_enabled()
         entry.n_cpu = n_cpu
         cpu_index = [i for i, v in enumerate(template) if type(v) is ValueArg]
         entry.cpu_mutations = [cpu_index.index(i) for i in cpu_mutations]
@@ -392,7 +396,7 @@ class CompiledGraph:
         entry.sample = _sample(args, records, sharding, program.random, n_off, value_ints)
         if self.placement is not None:
             return self._placed(entry, traced, outs_meta)
-        jitted = jax.jit(traced, donate_argnums=tuple(mutated_slots) if entry.donate else (),
+        jitted = jax.jit(traced, donate_argnums=entry.donated_slots if entry.donate else (),
                          out_shardings=sharding if nb == 0 else None)
         # trace and compile now: the output metadata is known, and compile time lands here
         with warnings.catch_warnings():

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import os
 import time
+import weakref
 
 import torch
 
@@ -279,7 +280,10 @@ class _Mark:
     """What an event recorded: the device's buffers then (the work queued so far: XLA runs it in
     data-dependency order, so "done" is "every buffer that existed is ready"), the newest
     non-blocking host copy and device-side check then (eager/host_copies.py, asserts.py), and for a
-    timing event the time."""
+    timing event the time. The buffers are held weakly: a strong reference would keep later ops and
+    compiled graphs from donating them (a refcount check: storage/records.py), so a decode step
+    after `generate()`'s per-token event would copy its whole KV cache. A buffer freed or donated
+    since has no values left to wait for."""
     __slots__ = ("device", "buffers", "copies", "verdicts", "time")
 
     def __init__(self, device, timing):
@@ -290,14 +294,17 @@ class _Mark:
             synchronize(device)
             self.buffers, self.time = [], time.perf_counter()
         else:
-            self.buffers, self.time = live_buffers(device), None
+            self.buffers, self.time = list(map(weakref.ref, live_buffers(device))), None
         self.copies = host_copies.last(device)
         self.verdicts = asserts.noted()
+
+    def _alive(self):
+        return [b for ref in self.buffers if (b := ref()) is not None and not b.is_deleted()]
 
     def done(self) -> bool:
         """Whether the marked work is done (then its host copies are written: `query` is a sync point)."""
         from . import host_copies
-        if not (all(b.is_ready() for b in self.buffers) and host_copies.ready(self.device, self.copies)):
+        if not (all(b.is_ready() for b in self._alive()) and host_copies.ready(self.device, self.copies)):
             return False
         self.wait()
         return True
@@ -306,7 +313,13 @@ class _Mark:
         import jax
         from . import asserts, host_copies
         if self.buffers:
-            jax.block_until_ready(self.buffers)
+            alive = self._alive()
+            try:
+                jax.block_until_ready(alive)
+            except jax.errors.JaxRuntimeError:   # (one donated meanwhile by another thread; else raises again)
+                for b in alive:
+                    if not b.is_deleted():
+                        b.block_until_ready()
             self.buffers = []
         host_copies.finish(self.device, self.copies)
         asserts.check(upto=self.verdicts)   # (not the checks of ops queued after the event: no wait for them)
