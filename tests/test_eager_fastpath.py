@@ -387,3 +387,23 @@ def test_fused_mode_queues_through_the_fast_path():
         assert torchtpu.metrics()["fused_runs"] > runs   # the repeating segment ran compiled
         with pytest.raises(RuntimeError):
             x @ torch.randn(3, 3, device="tpu")
+
+
+def test_clones_of_views_take_the_fast_path_and_whole_storages_still_share():
+    """generate() clones a slice of its token ids every step: after the first call that clone is
+    served in C++; a clone of a whole storage still shares its buffer (no executable), and
+    preserve_format still keeps a transposed tensor's strides."""
+    from torchtpu.storage.records import record_of
+    c = torch.randn(3, 40)
+    x = c.to("tpu")
+    for i in range(4):
+        piece, served = _served(lambda: x[:, -1:].clone(memory_format=torch.contiguous_format))
+        if i:
+            assert served == 1
+        assert piece.is_contiguous() and torch.equal(piece.cpu(), c[:, -1:])
+        whole = x.clone()
+        assert record_of(whole)._buffer is record_of(x)._buffer   # shared, nothing ran
+        t = x.t().clone()
+        assert t.stride() == (1, 40) and torch.equal(t.cpu(), c.t())
+        t2 = x.t().clone(memory_format=torch.contiguous_format)
+        assert t2.stride() == (3, 1) and torch.equal(t2.cpu(), c.t())

@@ -23,7 +23,7 @@ from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
 from . import asserts, errors, fusion, host_copies, interrupts
 from .fusion import Pending
-from .engine import CONSTANT_BYTES, OpKernel, scalar_key
+from .engine import CONSTANT_BYTES, OpKernel, _last, scalar_key
 
 aten = torch.ops.aten
 CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
@@ -193,6 +193,8 @@ def _write_whole_or_copy(dst, buffer, dtype):
 # donate a buffer only when nothing else refers to it: storage/records.py, donatable). Transformers' generate() clones
 # and copies logits and token ids every step; this makes those ~6 us instead of ~15-20 (an XLA call).
 def _clone(self, *, memory_format=None):
+    # only the engine's clone kernel below says what ran (fastpath.describe): not an earlier call's
+    _last.call = None
     r = RECORDS.get(self.untyped_storage().data_ptr())
     if memory_format in (None, torch.preserve_format, torch.contiguous_format):
         if r is not None and r._buffer is not None and _covers(self, r):
@@ -525,7 +527,6 @@ def register_all():
     _impl("empty_strided", _empty_strided)
     _impl("resize_", _resize_)
     _impl("copy_", _copy_)
-    _impl("clone", _clone)
     _impl("_copy_from", _copy_from)
     _impl("_copy_from_and_resize", lambda self, dst: _copy_(dst.resize_(self.shape), self))
     _impl("_local_scalar_dense", _local_scalar_dense)
@@ -575,5 +576,13 @@ def register_all():
             _impl(op, kernel)
     # copy_ between tpu tensors goes through the engine (fused view read/write and cast)
     KERNELS[aten.copy_.default] = OpKernel(aten.copy_.default)
-    kernel_for(aten.clone.default)  # what _clone runs when it cannot share
+    # clone: _clone shares a whole storage's buffer and otherwise runs the engine's kernel, whose
+    # calls the C++ fast path then serves (generate() clones a slice of its token ids every step)
+    clone = kernel_for(aten.clone.default)
+    if fast and fastpath.eligible(aten.clone.default, clone):
+        _lib.impl(aten.clone.default, _clone, "PrivateUse3")
+        if not fastpath.attach(aten.clone.default, clone):
+            _impl("clone", _clone)
+    else:
+        _impl("clone", _clone)
     _fallback_lib.fallback(_fallback, "PrivateUse1")
