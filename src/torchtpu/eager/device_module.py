@@ -288,13 +288,12 @@ class _Mark:
 
     def __init__(self, device, timing):
         from . import asserts, host_copies
-        from ..storage.records import live_buffers
         self.device = device
         if timing:   # the time the queued work ended: wait for it
             synchronize(device)
             self.buffers, self.time = [], time.perf_counter()
         else:
-            self.buffers, self.time = list(map(weakref.ref, live_buffers(device))), None
+            self.buffers, self.time = _unfinished(device), None
         self.copies = host_copies.last(device)
         self.verdicts = asserts.noted()
 
@@ -323,6 +322,19 @@ class _Mark:
             self.buffers = []
         host_copies.finish(self.device, self.copies)
         asserts.check(upto=self.verdicts)   # (not the checks of ops queued after the event: no wait for them)
+
+
+def _unfinished(device):
+    """Weak references to the buffers of `device` still being computed (one already computed needs
+    no wait, ever: most of them, the weights, are)."""
+    from ..storage.records import RECORDS
+    found = []
+    for r in list(RECORDS.values()):
+        if r._buffer is not None and r.device_index == device:
+            b = r.buffer   # (a queued fused result runs its segment here)
+            if not b.is_ready():
+                found.append(weakref.ref(b))
+    return found
 
 
 def _idle(index) -> bool:
