@@ -320,7 +320,8 @@ def test_generate_reads_its_stop_flag_one_step_late_on_tpu(pair, monkeypatch):
     kw = dict(max_new_tokens=8, do_sample=False)
     free = cpu.generate(**_gen_inputs(16), **kw)
     eos = int(free[1, 6 + 3])   # the second row's 4th new token: it stops there, the first row goes on
-    for extra in (dict(), dict(return_dict_in_generate=True), dict(cache_implementation="static", disable_compile=True)):
+    for extra in (dict(), dict(return_dict_in_generate=True, output_scores=True, output_logits=True),
+                  dict(cache_implementation="static", disable_compile=True)):
         ref_stream, got_stream = Collect(), Collect()
         ref = cpu.generate(**_gen_inputs(16), eos_token_id=eos, streamer=ref_stream, **kw, **extra)
         deferred[0] = reads[0] = 0
@@ -329,6 +330,9 @@ def test_generate_reads_its_stop_flag_one_step_late_on_tpu(pair, monkeypatch):
         if extra.get("return_dict_in_generate"):
             assert got.sequences.cpu().tolist() == ref.sequences.tolist()
             assert got.past_key_values.get_seq_length() == ref.past_key_values.get_seq_length()
+            assert len(got.scores) == len(ref.scores) and len(got.logits) == len(ref.logits)   # the extra step undone
+            for mine, theirs in zip(got.scores + got.logits, ref.scores + ref.logits):
+                torch.testing.assert_close(mine.cpu(), theirs, atol=1e-4, rtol=1e-4)
         else:
             assert got.cpu().tolist() == ref.tolist()
         assert got_stream.seen == ref_stream.seen
