@@ -40,14 +40,22 @@ def test_non_blocking_copy_to_pinned_memory_lands_at_the_event(dtype):
 def test_each_sync_point_completes_earlier_copies():
     c = torch.randn(128, 128)
     x = c.to("tpu")
+    torch.tpu.synchronize()
+
+    def torch_tpu_event():
+        event = torch.tpu.Event()
+        event.record()
+        event.synchronize()
+
     for sync in (lambda: torch.tpu.synchronize(), lambda: torch.accelerator.synchronize(),
                  lambda: torch.Stream(device="tpu").synchronize(), lambda: torch.tpu.current_stream().synchronize(),
                  lambda: (x * 2).sum().item(),                       # a blocking read: stream order
-                 lambda: torch.tpu.Event().record() or None):        # (recorded, not waited: below)
+                 torch_tpu_event):
         dst = torch.zeros(128, 128, pin_memory=True)
         dst.copy_(x @ x, non_blocking=True)
+        assert _pending() == 1
         sync()
-        torch.tpu.synchronize()
+        assert _pending() == 0
         torch.testing.assert_close(dst, c @ c)
     # query() that answers True has written the copies the event covers
     dst = torch.zeros(128, 128, pin_memory=True)
