@@ -327,14 +327,8 @@ class _Mark:
 def _unfinished(device):
     """Weak references to the buffers of `device` still being computed (one already computed needs
     no wait, ever: most of them, the weights, are)."""
-    from ..storage.records import RECORDS
-    found = []
-    for r in list(RECORDS.values()):
-        if r._buffer is not None and r.device_index == device:
-            b = r.buffer   # (a queued fused result runs its segment here)
-            if not b.is_ready():
-                found.append(weakref.ref(b))
-    return found
+    from ..storage.records import live_buffers
+    return [weakref.ref(b) for b in live_buffers(device) if not b.is_ready()]
 
 
 def _idle(index) -> bool:

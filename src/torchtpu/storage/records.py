@@ -225,8 +225,9 @@ def donatable(buffers, slots):
 
 
 def live_buffers(device_index=None):
+    # (`buffer` resolves a queued fused result, running its segment: read once per record)
     return [r.buffer for r in list(RECORDS.values())
-            if r.buffer is not None and (device_index is None or r.device_index == device_index)]
+            if r._buffer is not None and (device_index is None or r.device_index == device_index)]
 
 
 def contiguous_strides(shape):
