@@ -137,6 +137,15 @@ def _covers(t: torch.Tensor, r) -> bool:
             and not t.is_conj() and not t.is_neg())
 
 
+def _whole(t: torch.Tensor, r):
+    """(t, its record), or for a tensor that is not all of its storage a contiguous copy of it (one
+    gather, queued) and its record: the record's flat buffer then holds exactly t's values."""
+    if _covers(t, r):
+        return t, r
+    t = aten.clone.default(t, memory_format=torch.contiguous_format)
+    return t, record_of(t)
+
+
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
     r = record_of(t)
@@ -145,9 +154,7 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     if host_copies.PENDING:   # earlier non-blocking copies to the host land first, as in CUDA's stream order
         host_copies.finish(r.device_index)
     asserts.check(r.device_index)
-    if not _covers(t, r):
-        t = aten.clone.default(t, memory_format=torch.contiguous_format)
-        r = record_of(t)
+    t, r = _whole(t, r)
     if type(r._buffer) is not Pending:  # (reading a queued value counts itself, when it runs the queue)
         fusion.count_sync()
     if r.buffer is None:
@@ -244,10 +251,7 @@ def _copy_(self, src, non_blocking=False):
 def _copy_to_host_async(dst, src):
     """`dst.copy_(src, non_blocking=True)` into pinned host memory: the transfer starts now and
     lands at the device's next sync point (eager/host_copies.py), as CUDA's does."""
-    r = record_of(src)
-    if not _covers(src, r):   # the values themselves, in order (a view runs one gather, queued)
-        src = aten.clone.default(src, memory_format=torch.contiguous_format)
-        r = record_of(src)
+    src, r = _whole(src, record_of(src))
     buffer = r.buffer
     if buffer is None:   # never written: nothing on the device to wait for
         return dst.copy_(dt.cpu_from_numpy(np.zeros(tuple(src.shape), dt.to_jax(src.dtype)), src.dtype))
