@@ -43,7 +43,33 @@ def _acc(a):
 
 
 def matmul(a, b):
-    return jnp.matmul(a, b, precision=precision(), preferred_element_type=_acc(a)).astype(a.dtype)
+    source = _transposed_from(b) if b.ndim == 2 and a.dtype == b.dtype else None
+    if source is not None:
+        # x @ W.T (nn.Linear): contract W's own last dim rather than a transposed W. XLA:CPU folds a
+        # transposed operand into the dot only where it calls Eigen (a matrix-matrix product); a
+        # matrix-vector product (batch-1 decoding) kept the transpose and either looped over W column
+        # by column or, with an add after it inside a fused segment, copied W transposed at every
+        # call (0.3-1 ms per 1-2 MB weight: docs/design.md, "x @ W.T").
+        out = lax.dot_general(a, source, (((a.ndim - 1,), (1,)), ((), ())), precision=precision(),
+                              preferred_element_type=_acc(a))
+    else:
+        out = jnp.matmul(a, b, precision=precision(), preferred_element_type=_acc(a))
+    return out.astype(a.dtype)
+
+
+def _transposed_from(b):
+    """x when `b` is being traced as the transpose of a 2-D x (an eager op's view `W.t()`, a graph's
+    `t` node), else None. Reads the equation that made `b`, which JAX 0.10's tracers keep
+    (`DynamicJaxprTracer.parent`, checked with jax 0.10.2); a JAX without it, or a concrete array,
+    gives None and jnp.matmul's form."""
+    eqn = getattr(b, "parent", None)
+    if getattr(eqn, "primitive", None) is not lax.transpose_p or eqn.params.get("permutation") != (1, 0):
+        return None
+    sources = getattr(eqn, "in_tracers", None)
+    source = sources[0] if sources else None
+    if getattr(source, "shape", None) != b.shape[::-1] or getattr(source, "dtype", None) != b.dtype:
+        return None
+    return source
 
 
 @lowering("mm", "bmm", "matmul", "dot", "mv")

@@ -1,0 +1,108 @@
+"""`x @ W.T` (every nn.Linear) contracts W as stored instead of transposing it (ops/linalg.py matmul):
+the lowering's form, XLA:CPU's code for it, and results against the CPU in eager, fused and compiled
+runs, forward and backward, for every dtype a linear layer takes."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+import torchtpu
+from torchtpu.eager import fusion
+from torchtpu.ops import linalg, views
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.complex64]
+
+
+def _dots(fn, *args):
+    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+    return jaxpr, [e for e in jaxpr.eqns if e.primitive is jax.lax.dot_general_p]
+
+
+@pytest.mark.parametrize("x_shape", [(512,), (1, 512), (2, 3, 512)])
+def test_a_transposed_weight_is_contracted_as_stored(x_shape):
+    x, w = jnp.ones(x_shape, jnp.float32), jnp.ones((1024, 512), jnp.float32)
+    jaxpr, (dot,) = _dots(lambda x, w: linalg.matmul(x, w.T), x, w)
+    assert dot.invars[1] is jaxpr.invars[1]   # W itself, not its transpose
+    assert dot.params["dimension_numbers"] == (((len(x_shape) - 1,), (1,)), ((), ()))
+    assert dot.outvars[0].aval.shape == x_shape[:-1] + (1024,)
+
+
+def test_other_operands_keep_jnp_matmul_form():
+    x, w = jnp.ones((4, 512), jnp.float32), jnp.ones((512, 1024), jnp.float32)
+    jaxpr, (dot,) = _dots(lambda x, w: linalg.matmul(x, w), x, w)        # row-major W: unchanged
+    assert dot.invars[1] is jaxpr.invars[1] and dot.params["dimension_numbers"][0] == ((1,), (0,))
+    y = jnp.ones((3, 512, 1024), jnp.float32)                          # batched: unchanged
+    _, (dot,) = _dots(lambda x, y: linalg.matmul(x, jnp.swapaxes(y, 1, 2)), jnp.ones((3, 4, 1024)), y)
+    assert dot.params["dimension_numbers"][0] == ((2,), (1,))
+    # concrete arrays (no trace) take jnp.matmul's form and give the same values
+    a, b = np.random.randn(4, 512).astype(np.float32), np.random.randn(1024, 512).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(linalg.matmul(jnp.asarray(a), jnp.asarray(b).T)), a @ b.T,
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(torchtpu.platform() != "cpu", reason="XLA:CPU's code for the eager view W.t()")
+def test_the_eager_view_of_a_transposed_weight_compiles_without_a_transpose():
+    # an eager op reads `W.t()` from W's flat storage (ops/views.py read); a residual add after the
+    # product is the pattern that made XLA:CPU copy W transposed at every call inside fused segments
+    layout = ((512, 1024), (1, 512), 0, jnp.float32, 1024 * 512)
+
+    def step(flat_w, x, h):
+        return h + linalg.matmul(jnp.where(x > 0, x, 0.5 * x), views.read(flat_w, layout))
+
+    args = (jnp.ones(1024 * 512, jnp.float32), jnp.ones((1, 512), jnp.float32), jnp.ones((1, 1024), jnp.float32))
+    hlo = jax.jit(step).lower(*args).compile().as_text()
+    assert "transpose(" not in hlo
+
+
+def _case(dtype, shape, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    kw = dict(generator=g, dtype=dtype)
+    return (torch.randn(*shape, 48, **kw), torch.randn(40, 48, **kw), torch.randn(40, **kw) if bias else None)
+
+
+def _tol(dtype):
+    return dict(rtol=2e-2, atol=2e-2) if dtype in (torch.bfloat16, torch.float16) else dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(), (1,), (3, 5)], ids=["1d", "row", "batched"])
+def test_linear_forward_and_backward_match_cpu(dtype, shape):
+    x, w, b = _case(dtype, shape)
+    grads = dtype in (torch.float32, torch.complex64)
+    leaves = [t.clone().requires_grad_(grads) for t in (x, w, b)]
+    ref = F.linear(*leaves)
+    dev = [t.detach().to("tpu").requires_grad_(grads) for t in leaves]
+    out = F.linear(*dev)
+    assert_close(out.cpu(), ref.detach(), **_tol(dtype))
+    assert_close((x.to("tpu") @ w.to("tpu").t()).cpu(), x @ w.t(), **_tol(dtype))
+    if x.dim() == 2:
+        assert_close(torch.addmm(b.to("tpu"), x.to("tpu"), w.to("tpu").t(), beta=0.5, alpha=-2).cpu(),
+                     torch.addmm(b, x, w.t(), beta=0.5, alpha=-2), **_tol(dtype))
+    if grads:
+        g = torch.randn(ref.shape, dtype=dtype)
+        ref.backward(g)
+        out.backward(g.to("tpu"))
+        for a, e in zip(dev, leaves):
+            assert_close(a.grad.cpu(), e.grad, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_layers_match_cpu_compiled_and_fused(dtype, monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(48, 64), torch.nn.GELU(), torch.nn.Linear(64, 48)).to(dtype)
+    x = torch.randn(1, 48, dtype=dtype)
+    expected = x + model(x)
+    tpu = model.to("tpu")
+    xd = x.to("tpu")
+    compiled = torch.compile(lambda v: v + tpu(v), backend="tpu", fullgraph=True)
+    with torch.no_grad():
+        assert_close(compiled(xd).cpu(), expected.detach(), **_tol(dtype))
+        monkeypatch.setattr(fusion, "COMPILE", "now")
+        runs = torchtpu.metrics()["fused_runs"]
+        with torchtpu.eager_mode("fused"):
+            for _ in range(6):   # queued, then run as one compiled segment
+                assert_close((xd + tpu(xd)).cpu(), expected.detach(), **_tol(dtype))
+        assert torchtpu.metrics()["fused_runs"] > runs
