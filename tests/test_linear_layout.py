@@ -30,13 +30,29 @@ def test_a_transposed_weight_is_contracted_as_stored(x_shape):
     assert dot.outvars[0].aval.shape == x_shape[:-1] + (1024,)
 
 
+def test_a_transposed_batch_of_keys_is_contracted_as_stored():
+    q, k = jnp.ones((2, 8, 3, 64), jnp.float32), jnp.ones((2, 8, 10, 64), jnp.float32)
+    jaxpr, (dot,) = _dots(lambda q, k: linalg.matmul(q, jnp.swapaxes(k, -1, -2)), q, k)
+    assert dot.invars[1] is jaxpr.invars[1]
+    assert dot.params["dimension_numbers"] == (((3,), (3,)), ((0, 1), (0, 1)))
+    # a graph's matmul decomposes into a reshape of the leading dims, then bmm
+    jaxpr, (dot,) = _dots(lambda q, k: linalg.matmul(q.reshape(16, 3, 64),
+                                                     jnp.swapaxes(k, -1, -2).reshape(16, 64, 10)), q, k)
+    assert not any(e.primitive is jax.lax.transpose_p and e.outvars[0] in dot.invars for e in jaxpr.eqns)
+    assert dot.params["dimension_numbers"] == (((2,), (2,)), ((0,), (0,)))
+
+
 def test_other_operands_keep_jnp_matmul_form():
-    x, w = jnp.ones((4, 512), jnp.float32), jnp.ones((512, 1024), jnp.float32)
-    jaxpr, (dot,) = _dots(lambda x, w: linalg.matmul(x, w), x, w)        # row-major W: unchanged
-    assert dot.invars[1] is jaxpr.invars[1] and dot.params["dimension_numbers"][0] == ((1,), (0,))
-    y = jnp.ones((3, 512, 1024), jnp.float32)                          # batched: unchanged
-    _, (dot,) = _dots(lambda x, y: linalg.matmul(x, jnp.swapaxes(y, 1, 2)), jnp.ones((3, 4, 1024)), y)
-    assert dot.params["dimension_numbers"][0] == ((2,), (1,))
+    def same_as_jnp(transform, *shapes):
+        args = [jnp.ones(s, jnp.float32) for s in shapes]
+        ours = jax.make_jaxpr(lambda x, y: linalg.matmul(x, transform(y)))(*args)
+        theirs = jax.make_jaxpr(lambda x, y: jnp.matmul(x, transform(y), precision=linalg.precision()))(*args)
+        assert str(ours) == str(theirs)
+
+    same_as_jnp(lambda w: w, (4, 512), (512, 1024))                                # row-major W
+    same_as_jnp(lambda y: jnp.swapaxes(y, 1, 2), (1, 4, 1024), (3, 512, 1024))      # broadcast batch
+    same_as_jnp(lambda y: jnp.transpose(y, (1, 0, 2))[:3], (3, 4, 3), (3, 512, 1024))   # other dims
+    same_as_jnp(lambda y: jnp.swapaxes(y, 1, 2).reshape(3, 512, 1024), (3, 4, 512), (3, 512, 1024))
     # concrete arrays (no trace) take jnp.matmul's form and give the same values
     a, b = np.random.randn(4, 512).astype(np.float32), np.random.randn(1024, 512).astype(np.float32)
     np.testing.assert_allclose(np.asarray(linalg.matmul(jnp.asarray(a), jnp.asarray(b).T)), a @ b.T,
@@ -87,6 +103,20 @@ def test_linear_forward_and_backward_match_cpu(dtype, shape):
         out.backward(g.to("tpu"))
         for a, e in zip(dev, leaves):
             assert_close(a.grad.cpu(), e.grad, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k_batch", [2, 1], ids=["same-batch", "broadcast"])
+def test_attention_scores_of_transposed_keys_match_cpu(dtype, k_batch):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, 3, 16, generator=g, dtype=dtype)
+    k = torch.randn(k_batch, 4, 7, 16, generator=g, dtype=dtype)
+    expected = torch.matmul(q, k.transpose(2, 3))
+    qd, kd = q.to("tpu"), k.to("tpu")
+    assert_close(torch.matmul(qd, kd.transpose(2, 3)).cpu(), expected, **_tol(dtype))
+    assert_close(torch.bmm(qd[0], kd[0].transpose(1, 2)).cpu(), torch.bmm(q[0], k[0].transpose(1, 2)), **_tol(dtype))
+    compiled = torch.compile(lambda a, b: torch.matmul(a, b.transpose(2, 3)), backend="tpu", fullgraph=True)
+    assert_close(compiled(qd, kd).cpu(), expected, **_tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -43,8 +43,8 @@ def _acc(a):
 
 
 def matmul(a, b):
-    source = _transposed_from(b) if b.ndim == 2 and a.dtype == b.dtype else None
-    if source is not None:
+    source = _transposed_from(b) if a.dtype == b.dtype else None
+    if source is not None and b.ndim == 2:
         # x @ W.T (nn.Linear): contract W's own last dim rather than a transposed W. XLA:CPU folds a
         # transposed operand into the dot only where it calls Eigen (a matrix-matrix product); a
         # matrix-vector product (batch-1 decoding) kept the transpose and either looped over W column
@@ -52,24 +52,55 @@ def matmul(a, b):
         # call (0.3-1 ms per 1-2 MB weight: docs/design.md, "x @ W.T").
         out = lax.dot_general(a, source, (((a.ndim - 1,), (1,)), ((), ())), precision=precision(),
                               preferred_element_type=_acc(a))
+    elif source is not None and a.shape[:-2] == b.shape[:-2]:
+        # q @ k.transpose(-2, -1) (eager attention): the same, batched; XLA:CPU copied k transposed
+        batch = tuple(range(a.ndim - 2))
+        out = lax.dot_general(a, source, (((a.ndim - 1,), (a.ndim - 1,)), (batch, batch)),
+                              precision=precision(), preferred_element_type=_acc(a))
     else:
         out = jnp.matmul(a, b, precision=precision(), preferred_element_type=_acc(a))
     return out.astype(a.dtype)
 
 
 def _transposed_from(b):
-    """x when `b` is being traced as the transpose of a 2-D x (an eager op's view `W.t()`, a graph's
-    `t` node), else None. Reads the equation that made `b`, which JAX 0.10's tracers keep
-    (`DynamicJaxprTracer.parent`, checked with jax 0.10.2); a JAX without it, or a concrete array,
-    gives None and jnp.matmul's form."""
-    eqn = getattr(b, "parent", None)
-    if getattr(eqn, "primitive", None) is not lax.transpose_p or eqn.params.get("permutation") != (1, 0):
+    """x when `b` is being traced as x with its last two dims swapped (an eager op's view `W.t()` or
+    `k.transpose(-2, -1)`, a graph's `t` node, or a graph's reshape of such a transpose that only
+    merges leading dims, as matmul's decomposition into bmm does), else None. Reads the equation
+    that made `b`, which JAX 0.10's tracers keep (`DynamicJaxprTracer.parent`, checked with jax
+    0.10.2); a JAX without it, or a concrete array, gives None and jnp.matmul's form."""
+    if b.ndim < 2:
         return None
-    sources = getattr(eqn, "in_tracers", None)
-    source = sources[0] if sources else None
-    if getattr(source, "shape", None) != b.shape[::-1] or getattr(source, "dtype", None) != b.dtype:
+    swapped = (*b.shape[:-2], b.shape[-1], b.shape[-2])
+    eqn, value = _made_by(b)
+    if eqn is lax.reshape_p:   # a reshape of the leading dims of a transpose
+        inner = value
+        if b.parent.params.get("dimensions") is not None or inner.ndim < 2 \
+                or tuple(inner.shape[-2:]) != tuple(b.shape[-2:]):
+            return None
+        eqn, value = _made_by(inner)
+        if eqn is not lax.transpose_p or _perm(inner) != _swap_last(inner.ndim):
+            return None
+        return value.reshape(swapped) if value.dtype == b.dtype else None
+    if eqn is not lax.transpose_p or _perm(b) != _swap_last(b.ndim):
         return None
-    return source
+    return value if tuple(value.shape) == swapped and value.dtype == b.dtype else None
+
+
+def _made_by(x):
+    """(primitive, first input) of the equation that made the tracer `x`, or (None, None)."""
+    eqn = getattr(x, "parent", None)
+    inputs = getattr(eqn, "in_tracers", None)
+    if not inputs or not hasattr(inputs[0], "shape"):
+        return None, None
+    return getattr(eqn, "primitive", None), inputs[0]
+
+
+def _perm(x):
+    return tuple(x.parent.params.get("permutation", ()))
+
+
+def _swap_last(n):
+    return (*range(n - 2), n - 1, n - 2)
 
 
 @lowering("mm", "bmm", "matmul", "dot", "mv")
