@@ -1,6 +1,7 @@
 """`x @ W.T` (every nn.Linear) contracts W as stored instead of transposing it (ops/linalg.py matmul):
 the lowering's form, XLA:CPU's code for it, and results against the CPU in eager, fused and compiled
-runs, forward and backward, for every dtype a linear layer takes."""
+runs, forward and backward, for every dtype a linear layer takes; matmuls of mixed dtypes raise as
+on the CPU."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -136,3 +137,28 @@ def test_linear_layers_match_cpu_compiled_and_fused(dtype, monkeypatch):
             for _ in range(6):   # queued, then run as one compiled segment
                 assert_close((xd + tpu(xd)).cpu(), expected.detach(), **_tol(dtype))
         assert torchtpu.metrics()["fused_runs"] > runs
+
+
+MIXED = {
+    "mm": lambda d, a, b, c: torch.mm(a.to(d), b.double().to(d)),
+    "matmul": lambda d, a, b, c: a.to(d) @ b.double().to(d),
+    "linear": lambda d, a, b, c: F.linear(a.to(d), b.t().to(torch.bfloat16).to(d)),
+    "mm_out": lambda d, a, b, c: torch.mm(a.to(d), b.half().to(d), out=torch.empty(3, 5, device=d)),
+    "mv": lambda d, a, b, c: torch.mv(a.to(d), b[:, 0].double().to(d)),
+    "addmm_self": lambda d, a, b, c: torch.addmm(c.double().to(d), a.to(d), b.to(d)),
+    "addmm_mat1": lambda d, a, b, c: torch.addmm(c.to(d), a.double().to(d), b.to(d)),
+    "addmm_": lambda d, a, b, c: c.clone().to(d).addmm_(a.to(d), b.double().to(d)),
+    "addbmm": lambda d, a, b, c: torch.addbmm(c.to(d), a[None].to(d), b[None].double().to(d)),
+}
+
+
+@pytest.mark.parametrize("case", MIXED)
+def test_matmuls_of_mixed_dtypes_raise_as_on_cpu(case):
+    # PyTorch's meta kernels leave these checks out: before, "tpu" promoted and returned a result
+    a, b, c = torch.randn(3, 4), torch.randn(4, 5), torch.randn(3, 5)
+    with pytest.raises(RuntimeError, match="same dtype") as on_cpu:
+        MIXED[case]("cpu", a, b, c)
+    with pytest.raises(RuntimeError, match="same dtype") as on_tpu:
+        MIXED[case]("tpu", a, b, c)
+    # the same words; the CPU's mm spells the types as C++ does ("float != double")
+    assert str(on_tpu.value).split(",")[0].lower() == str(on_cpu.value).split(",")[0].lower()

@@ -103,7 +103,34 @@ def _swap_last(n):
     return (*range(n - 2), n - 1, n - 2)
 
 
-@lowering("mm", "bmm", "matmul", "dot", "mv")
+def _name(t):
+    from .dtypes import scalar_type_name
+    return scalar_type_name(t.dtype)
+
+
+def _mm_dtypes(a, b, *_, **__):
+    """The CPU and CUDA kernels' dtype checks, which PyTorch's meta kernels leave out (mixed dtypes
+    would otherwise be promoted here)."""
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {_name(a)} != {_name(b)}")
+
+
+def _mv_dtypes(mat, vec, *_, **__):
+    if mat.dtype != vec.dtype:
+        raise RuntimeError(f"addmv input tensors must have the same dtype, but got {_name(vec)}, {_name(mat)}, "
+                           f"and {_name(vec)}")
+
+
+def _addmm_dtypes(c, a, b, *_, **__):
+    if c.dtype != b.dtype:
+        raise RuntimeError(f"self and mat2 must have the same dtype, but got {_name(c)} and {_name(b)}")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {_name(a)} and {_name(b)}")
+
+
+@lowering("mm", "bmm", "matmul", "dot", "mv",
+          meta_check={"mm": _mm_dtypes, "mm.out": _mm_dtypes, "matmul": _mm_dtypes, "matmul.out": _mm_dtypes,
+                      "mv": _mv_dtypes, "mv.out": _mv_dtypes})
 def mm(a, b):
     return matmul(a, b)
 
@@ -130,7 +157,8 @@ def _scaled_sum(c, prod, beta, alpha):
     return (c + out).astype(d)
 
 
-@lowering("addmm", "baddbmm", "addmv", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True)
+@lowering("addmm", "baddbmm", "addmv", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True,
+          meta_check={"addmm": _addmm_dtypes, "addmm_": _addmm_dtypes, "addmm.out": _addmm_dtypes})
 def addmm(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, matmul(a, b), beta, alpha)
 
@@ -149,7 +177,8 @@ def _addbmm_half(c, a, b, beta, alpha):
     return out
 
 
-@lowering("addbmm", blas=True)
+@lowering("addbmm", blas=True,
+          meta_check={"addbmm": _addmm_dtypes, "addbmm_": _addmm_dtypes, "addbmm.out": _addmm_dtypes})
 def addbmm(c, a, b, beta=1, alpha=1):
     if c.dtype in (jnp.bfloat16, jnp.float16):
         return _addbmm_half(c, a, b, beta, alpha)
