@@ -40,8 +40,8 @@ from .modes import _mode
 # Verdicts waiting for a synchronization, checked together: one executable stacks them (padded to a
 # power of two, so at most log2(LIMIT) + 1 of them per device), one transfer brings them to the host
 # (fetching each one costs ~25 µs); on XLA:CPU, where they already lie in host memory, each is read
-# as it is (~2 µs: no executable to run and wait for). A loop that never reads a value back is checked every LIMIT
-# checked ops, so the list stays short.
+# as it is (~2 µs: no executable to run and wait for). A loop that never reads a value back is
+# checked every LIMIT checked ops, so the list stays short.
 LIMIT = 256
 _stackers = {}
 _combine = {}

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .checks import require
+from .dtypes import scalar_type_name
 from .table import KIND, lowering
 
 import torch
@@ -104,7 +105,6 @@ def _swap_last(n):
 
 
 def _name(t):
-    from .dtypes import scalar_type_name
     return scalar_type_name(t.dtype)
 
 
