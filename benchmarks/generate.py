@@ -160,6 +160,8 @@ def main():
                     start = time.perf_counter()
                     run(model, inputs, args, **kw)
                     tps[name].append(args.new_tokens * args.batch / (time.perf_counter() - start))
+                if mode == "fused":   # (its background compiles must not run into the next mode's time)
+                    fusion.wait_for_compiles()
         c, t, f, e, w, fe = (statistics.median(tps[name]) for name, *_ in modes)
         print(f"\ninterleaved, {args.rounds} rounds: cpu eager {c:.1f} tok/s, tpu compiled fwd {t:.1f} tok/s, "
               f"ratio {t / c:.2f}x; with generate()'s own ops fused {f:.1f} tok/s, ratio {f / c:.2f}x; "
