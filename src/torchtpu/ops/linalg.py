@@ -71,7 +71,6 @@ def _transposed_from(b):
     0.10.2); a JAX without it, or a concrete array, gives None and jnp.matmul's form."""
     if b.ndim < 2:
         return None
-    swapped = (*b.shape[:-2], b.shape[-1], b.shape[-2])
     eqn, value = _made_by(b)
     if eqn is lax.reshape_p:   # a reshape of the leading dims of a transpose
         inner = value
@@ -81,10 +80,10 @@ def _transposed_from(b):
         eqn, value = _made_by(inner)
         if eqn is not lax.transpose_p or _perm(inner) != _swap_last(inner.ndim):
             return None
-        return value.reshape(swapped) if value.dtype == b.dtype else None
+        return value.reshape((*b.shape[:-2], b.shape[-1], b.shape[-2]))
     if eqn is not lax.transpose_p or _perm(b) != _swap_last(b.ndim):
         return None
-    return value if tuple(value.shape) == swapped and value.dtype == b.dtype else None
+    return value   # (a transpose keeps the dtype; its permutation fixes the shape)
 
 
 def _made_by(x):
