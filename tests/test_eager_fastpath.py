@@ -407,3 +407,27 @@ def test_clones_of_views_take_the_fast_path_and_whole_storages_still_share():
         assert t.stride() == (1, 40) and torch.equal(t.cpu(), c.t())
         t2 = x.t().clone(memory_format=torch.contiguous_format)
         assert t2.stride() == (3, 1) and torch.equal(t2.cpu(), c.t())
+
+
+def test_metadata_ops_are_served_in_cpp_and_share_the_storage():
+    """view, as_strided, _unsafe_view and friends (every composite view op ends in one of them) get a
+    C++ kernel on PrivateUse1 that hands them to the CPU kernel: no Python frame per view, the same
+    aliasing as before (a write through any view reaches the base)."""
+    for name in ("aten::view", "aten::as_strided", "aten::_unsafe_view", "aten::_reshape_alias", "aten::alias"):
+        line = [s for s in torch._C._dispatch_dump(name).splitlines() if s.startswith("PrivateUse1:")]
+        assert line and "metadata-only op" in line[0], (name, line)
+    c = torch.randn(4, 6)
+    x = c.to("tpu")
+    views = [x.view(6, 4), x.t(), x.unsqueeze(0), x[1:3, ::2], x.as_strided((2, 2), (6, 1), 1),
+             x.reshape(24), x.unfold(1, 2, 2), x.view(torch.int32)]
+    expected = [c.view(6, 4), c.t(), c.unsqueeze(0), c[1:3, ::2], c.as_strided((2, 2), (6, 1), 1),
+                c.reshape(24), c.unfold(1, 2, 2), c.view(torch.int32)]
+    for v, e in zip(views, expected):
+        assert v.device.type == "tpu" and v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert v.shape == e.shape and v.stride() == e.stride() and v.storage_offset() == e.storage_offset()
+        torch.testing.assert_close(v.cpu(), e)
+    x.t()[2, 1].fill_(7.0)
+    c.t()[2, 1].fill_(7.0)
+    torch.testing.assert_close(x.cpu(), c)
+    with pytest.raises(RuntimeError, match="view size is not compatible|invalid for input of size"):
+        x.t().view(24)

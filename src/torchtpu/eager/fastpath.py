@@ -138,6 +138,7 @@ def load() -> bool:
         lib.torchtpu_fast_init.argtypes = [ctypes.py_object]
         lib.torchtpu_fast_attach.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.py_object, ctypes.py_object,
                                              ctypes.c_int]
+        lib.torchtpu_fast_attach_metadata.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         lib.torchtpu_fast_set_enabled.argtypes = [ctypes.c_int]
         lib.torchtpu_fast_calls.restype = ctypes.c_longlong
         lib.torchtpu_fast_fallbacks.restype = ctypes.c_longlong
@@ -191,6 +192,20 @@ def attach(op, kernel) -> bool:
         return bool(lib.torchtpu_fast_attach(name, schema.overload_name.encode(), kernel, flags,
                                              _alias_arg(op, kernel)))
     except Exception:  # noqa: BLE001 - the Python kernel is registered instead
+        return False
+
+
+def attach_metadata(op) -> bool:
+    """Put a C++ kernel on PrivateUse1 that hands a metadata-only op (view, as_strided, ...) to its
+    CPU kernel, which shares the storage; False where the Python redispatch must serve it."""
+    lib = _lib[0]
+    if lib is None:
+        return False
+    schema = op._schema
+    try:
+        return bool(lib.torchtpu_fast_attach_metadata(schema.name.split("::", 1)[1].encode(),
+                                                      schema.overload_name.encode()))
+    except Exception:  # noqa: BLE001 - the Python redispatch is registered instead
         return False
 
 

@@ -50,8 +50,8 @@ _METADATA_OPS = ["as_strided", "view", "_reshape_alias", "alias", "unfold", "set
 
 
 def _redispatch_to_cpu(op):
-    # the C++ redispatch itself, bound to the CPU key: no Python frame between the dispatcher and
-    # PyTorch's CPU view kernel (views are a third of a transformer layer's eager ops)
+    # without the C++ fast path (which registers the same redispatch in C++: fastpath.attach_metadata):
+    # the C++ redispatch bound to the CPU key, called through one Python frame
     return functools.partial(op._handle.redispatch_boxed, CPU_KEYS)
 
 
@@ -522,11 +522,16 @@ def register_all():
         return
     _lib = torch.library.Library("aten", "IMPL")
     _fallback_lib = torch.library.Library("_", "IMPL")
+    from . import attention, data_dependent, fastpath
+    fast = fastpath.load()
     for name in _METADATA_OPS:
         packet, _, overload = name.partition(".")
         op = getattr(getattr(aten, packet, None), overload or "default", None)
         if op is not None:
-            _impl(name, _redispatch_to_cpu(op))
+            if fast and fastpath.attach_metadata(op):
+                _registered.add(name if "." in name else name + ".default")
+            else:
+                _impl(name, _redispatch_to_cpu(op))
     _impl("empty.memory_format", _empty_memory_format)
     _impl("empty_strided", _empty_strided)
     _impl("resize_", _resize_)
@@ -548,8 +553,6 @@ def register_all():
         _lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, key)
     _register_missing_meta()
     _register_fake_overrides()
-    from . import attention, data_dependent, fastpath
-    fast = fastpath.load()
     deferred = []   # (op, kernel): the engine's kernel on PrivateUse3, the C++ fast path's on PrivateUse1
     manual = {"copy_", "resize_", "equal", "_local_scalar_dense", "clone"}
     for op in _all_overloads():

@@ -1095,6 +1095,34 @@ int torchtpu_fast_attach(const char* name, const char* overload, PyObject* kerne
   }
 }
 
+// Put a kernel on PrivateUse1 for aten::name.overload, a metadata-only op (view, as_strided, ...),
+// that hands the call to the CPU kernel, which only sets sizes, strides and offset and shares the
+// storage: the redispatch without a Python frame (views are about a third of a decoder layer's ops).
+struct CpuMetadataKernel final : c10::OperatorKernel {
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
+};
+
+int torchtpu_fast_attach_metadata(const char* name, const char* overload) {
+  try {
+    auto handle = c10::Dispatcher::singleton().findSchema({std::string("aten::") + name, overload});
+    if (!handle.has_value()) {
+      PyErr_Format(PyExc_RuntimeError, "torchtpu fast path: no schema aten::%s.%s", name, overload);
+      return 0;
+    }
+    auto reg = c10::Dispatcher::singleton().registerImpl(
+        handle->operator_name(), c10::DispatchKey::PrivateUse1,
+        c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<CpuMetadataKernel>()), std::nullopt, nullptr,
+        "torchtpu metadata-only op (eager/csrc/fast_kernel.cpp)");
+    g_registrations.push_back(std::make_unique<c10::RegistrationHandleRAII>(std::move(reg)));
+    return 1;
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "torchtpu fast path: %s", e.what());
+    return 0;
+  }
+}
+
 void torchtpu_fast_set_enabled(int on) { g_enabled = on != 0; }
 
 int torchtpu_fast_enabled() { return g_enabled; }
