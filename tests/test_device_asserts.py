@@ -265,3 +265,28 @@ def test_gated_writes_commit_after_passed_checks_and_not_after_failed_ones(dtype
             expected += 1
             assert metrics()["eager_donations"] > donations   # (the gated form still donates)
         torch.testing.assert_close(cache.cpu(), expected)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_failed_check_after_many_passed_ones_still_gates_the_writes_after_it(mode):
+    """poison scans only the verdicts noted since its last call and forgets those it read as passed
+    (a decode step notes one per cache write): a failed check noted after many passed ones, each read
+    by a write, still gates every later write, and the next sync still reports it."""
+    table = torch.arange(24.0, device=DEV).reshape(8, 3)
+    with torch.tpu.eager_mode(mode):
+        acc = torch.zeros(8, 3, device=DEV)
+        expected = torch.zeros(8, 3)
+        for i in range(6):   # passed checks, each followed by a gated write
+            acc[i] += table.index_select(0, torch.tensor([i], device=DEV))[0]
+            expected[i] += table.cpu()[i]
+        bad = table.index_select(0, torch.tensor([9], device=DEV))
+        for i in range(3):   # writes after the failed check: none is committed
+            acc[i] += 100.0
+            acc.mul_(2.0)
+        with pytest.raises(asserts.DeviceAssertError, match="index_select"):
+            acc.cpu()
+        torch.tpu.clear_device_assert()
+        torch.testing.assert_close(acc.cpu(), expected)
+        acc += 1.0   # after the sync nothing gates: committed
+        torch.testing.assert_close(acc.cpu(), expected + 1)
+    del bad

@@ -51,12 +51,16 @@ FAILED: dict = {}
 
 class _State:
     """One thread's unchecked verdicts."""
-    __slots__ = ("pending", "poison", "known", "__weakref__")
+    __slots__ = ("pending", "poison", "cleared", "scan", "__weakref__")
 
     def __init__(self):
         self.pending = []   # (verdict array or Pending, messages, where, number), in noting order
         self.poison = {}    # device index -> (_version when computed, gate value or None)
-        self.known = {}     # id(verdict) -> (verdict, its value): pending verdicts already read (poison)
+        self.cleared = 0    # bumped when items leave `pending` (check, discard): `scan` starts over
+        # device index -> [cleared, items of `pending` scanned, their verdicts on that device that
+        # may still gate a write]: poison scans only the items noted since its last call, and on
+        # XLA:CPU drops the verdicts it read as passed (a decode step notes a verdict per cache write)
+        self.scan = {}
 
 
 _local = threading.local()
@@ -121,17 +125,20 @@ def poison(device_index):
         sources = [_autograd, *_threads]
     else:
         sources = [state, _autograd]
+    host_reads = _host_reads()
     fresh = []
-    for src in sources:
-        for v, *_ in list(src.pending):
-            if type(v) is Pending:
-                v = v.get()
-            if _device_index(v) == device_index:
-                fresh.append(v)
     value = None
-    if fresh and _host_reads():
-        fresh, value = _read_ready(state, fresh)
-    if fresh and value is None:
+    for src in sources:
+        # (another thread's list is scanned whole and left as it is: its owner may be scanning it)
+        verdicts = _scanned(src, device_index) if src is state else _on_device(src, device_index)
+        if host_reads and verdicts:
+            value = _read_ready(verdicts)
+            if value is not None:
+                break
+        fresh += verdicts
+    if value is None and len(fresh) == 1:
+        value = fresh[0]   # (the maximum of one verdict: no executable)
+    elif value is None and fresh:
         key = (device_index, len(fresh))
         fn = _combine.get(key)
         if fn is None:
@@ -156,23 +163,42 @@ def _host_reads() -> bool:
     return host
 
 
-def _read_ready(state, verdicts):
-    """(the verdicts still to combine, a failed verdict or None): the ready ones are read once
-    (`state.known`); they are still reported by `check` at the next synchronization."""
-    known = state.known
-    if len(known) > 2 * LIMIT:   # (verdicts another thread checked: forget them)
-        known.clear()
+def _scanned(src, device_index):
+    """The verdicts of `src`'s pending items on tpu:`device_index` that may still gate a write (a
+    list poison may shorten: _read_ready), scanning only the items noted since the last call."""
+    while True:
+        cleared = src.cleared
+        scan = src.scan.get(device_index)
+        if scan is None or scan[0] != cleared:
+            scan = src.scan[device_index] = [cleared, 0, []]
+        items = src.pending[scan[1]:]
+        if src.cleared != cleared:   # another thread checked src meanwhile (backward's list): again
+            continue
+        for v, *_ in items:
+            if type(v) is Pending:
+                v = v.get()
+            if _device_index(v) == device_index:
+                scan[2].append(v)
+        scan[1] += len(items)
+        return scan[2]
+
+
+def _on_device(src, device_index):
+    verdicts = [v.get() if type(v) is Pending else v for v, *_ in list(src.pending)]
+    return [v for v in verdicts if _device_index(v) == device_index]
+
+
+def _read_ready(verdicts):
+    """A failed verdict among the computed ones, or None; the computed verdicts that passed leave the
+    list (they no longer gate anything; `check` still reads them at the next synchronization)."""
     unread = []
     for v in verdicts:
-        k = known.get(id(v))
-        if k is None:
-            if not v.is_ready():
-                unread.append(v)
-                continue
-            k = known[id(v)] = (v, int(np.asarray(v)))   # (holding v keeps its id unique)
-        if k[1]:
-            return [], v   # a failed check: a non-zero gate is all a write needs
-    return unread, None
+        if not v.is_ready():
+            unread.append(v)
+        elif int(np.asarray(v)):
+            return v   # a failed check: a non-zero gate is all a write needs
+    verdicts[:] = unread
+    return None
 
 
 def _stack(verdicts):
@@ -211,8 +237,8 @@ def check(device_index=None, upto=None):
             if not taken:
                 continue
             del src.pending[:len(taken)]   # (a prefix: the list is in noting order)
+            src.cleared += 1
             items += taken
-            src.known.clear()
     if not items:
         return
     _unchecked[0] -= len(items)
@@ -257,7 +283,7 @@ def discard():
     for state in [_autograd, *_threads]:
         state.pending.clear()
         state.poison.clear()
-        state.known.clear()
+        state.cleared += 1
     _unchecked[0] = 0
     _version[0] += 1
     FAILED.clear()
