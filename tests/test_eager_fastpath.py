@@ -431,3 +431,50 @@ def test_metadata_ops_are_served_in_cpp_and_share_the_storage():
     torch.testing.assert_close(x.cpu(), c)
     with pytest.raises(RuntimeError, match="view size is not compatible|invalid for input of size"):
         x.t().view(24)
+
+
+_CONVERSIONS = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
+                torch.int8, torch.uint8, torch.bool, torch.complex64]
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+def test_dtype_conversions_take_the_fast_path_and_match_the_cpu(src):
+    """`x.to(dtype)` on the device (a bfloat16 model's norms convert twice each) is one engine
+    executable that the C++ fast path serves from the second call, with the CPU's values (a fresh
+    random input per dtype, fractions and negatives within every target's range: out of range a
+    float-to-integer conversion is undefined in PyTorch, and CPU and CUDA differ); complex to real
+    keeps PyTorch's path (it warns), a transposed tensor keeps its strides, `.to("cpu")` is unchanged."""
+    c = (torch.randn(6, 10) * 40).clamp(-120, 120).to(src) if src != torch.bool else torch.rand(6, 10) > 0.5
+    for dtype in _CONVERSIONS:
+        if dtype == src or (src.is_complex and not dtype.is_complex):
+            continue
+        if dtype == torch.uint8 and src != torch.bool:
+            c = c.abs()
+        x = c.to("tpu")
+        for i in range(3):
+            y, served = _served(lambda: x.to(dtype))
+            if i:
+                assert served == 1, dtype
+            assert y.dtype == dtype and y.device.type == "tpu"
+            torch.testing.assert_close(y.cpu(), c.to(dtype), rtol=0, atol=0)
+        t = x.t().to(dtype)
+        assert t.stride() == c.t().to(dtype).stride()
+        torch.testing.assert_close(t.cpu(), c.t().to(dtype), rtol=0, atol=0)
+        torch.testing.assert_close(x[2:4].to(dtype).cpu(), c[2:4].to(dtype), rtol=0, atol=0)
+    back = c.to("tpu").to("cpu", torch.complex128)
+    assert back.device.type == "cpu"
+    torch.testing.assert_close(back, c.to(torch.complex128))
+
+
+def test_dtype_conversion_keeps_autograd_and_complex_to_real_warns_as_on_cpu():
+    c = torch.randn(4, 5)
+    x = c.to("tpu").requires_grad_()
+    (x.to(torch.bfloat16).float() * 3).sum().backward()
+    assert x.grad.dtype == torch.float32
+    torch.testing.assert_close(x.grad.cpu(), torch.full((4, 5), 3.0))
+    z = torch.randn(3, dtype=torch.complex64)
+    with pytest.warns(UserWarning, match="discards the imaginary part") as caught:
+        r = z.to("tpu").to(torch.float32)
+    torch.testing.assert_close(r.cpu(), z.real)
+    # (JAX's own deprecation of an implicit complex-to-real astype is not what the user sees)
+    assert not [w for w in caught if "jnp.real" in str(w.message)]

@@ -215,6 +215,8 @@ def _clone(self, *, memory_format=None):
 
 
 def _copy_(self, src, non_blocking=False):
+    if src.is_complex() and not self.is_complex():
+        warnings.warn("Casting complex values to real discards the imaginary part", UserWarning, stacklevel=2)
     if self.device.type == "tpu" and src.device.type == "tpu":
         if self.device.index == src.device.index:
             rd, rs = record_of(self), record_of(src)
@@ -394,11 +396,21 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
         if non_blocking and device.type == "cpu":
             non_blocking = False
     dtype, layout = kwargs.get("dtype"), kwargs.get("layout")
-    if ((device is None or device == self.device) and (dtype is None or dtype == self.dtype)
-            and (layout is None or layout == torch.strided) and not kwargs.get("pin_memory")):
+    on_device = (device is None or device == self.device) and (layout is None or layout == torch.strided) \
+        and not kwargs.get("pin_memory")
+    if on_device and (dtype is None or dtype == self.dtype):
         # `x.to(copy=True)` on its own device is a clone: one executable at most (none for a whole
         # storage), not empty_strided + copy_ into it (which first fills the new storage)
         return _clone(self, memory_format=kwargs.get("memory_format"))
+    # only the engine's conversion kernel below says what ran (fastpath.describe)
+    _last.call = None
+    memory_format = kwargs.get("memory_format")
+    if (on_device and not (self.is_complex() and not dtype.is_complex)
+            and (memory_format is torch.contiguous_format or self.is_contiguous())):
+        # `x.to(dtype)` (bfloat16 models' norms do it twice each): one executable that the C++ fast
+        # path serves from its second call, not empty_strided + a Python copy_ (~50 µs). (Complex to
+        # real keeps PyTorch's path; a non-contiguous tensor's preserved strides too.)
+        return KERNELS[aten._to_copy.default](self, dtype=dtype)
     return aten._to_copy.default._op_dk(DispatchKey.CompositeExplicitAutograd, self,
                                         non_blocking=non_blocking, **kwargs)
 
@@ -540,7 +552,6 @@ def register_all():
     _impl("_copy_from_and_resize", lambda self, dst: _copy_(dst.resize_(self.shape), self))
     _impl("_local_scalar_dense", _local_scalar_dense)
     _impl("equal", _equal)
-    _impl("_to_copy", _to_copy)
     _impl("arange.start_step", _arange)
     # arange.default/.start are CompositeImplicit (they would decompose into empty + resize_ +
     # arange.start_out before the backend sees them): a backend kernel, and one on the Autograd key
@@ -554,7 +565,7 @@ def register_all():
     _register_missing_meta()
     _register_fake_overrides()
     deferred = []   # (op, kernel): the engine's kernel on PrivateUse3, the C++ fast path's on PrivateUse1
-    manual = {"copy_", "resize_", "equal", "_local_scalar_dense", "clone"}
+    manual = {"copy_", "resize_", "equal", "_local_scalar_dense", "clone", "_to_copy"}
     for op in _all_overloads():
         name = op_name(op)
         if name.split(".")[0] in manual or name in ("arange.start_step", "arange.start_out") or not _lowered(op):
@@ -592,4 +603,13 @@ def register_all():
             _impl("clone", _clone)
     else:
         _impl("clone", _clone)
+    # _to_copy likewise: `_to_copy` routes an on-device conversion to the engine's kernel, whose
+    # calls the C++ fast path then serves (bfloat16 models convert twice per norm)
+    to_copy = kernel_for(aten._to_copy.default)
+    if fast and fastpath.eligible(aten._to_copy.default, to_copy):
+        _lib.impl(aten._to_copy.default, _to_copy, "PrivateUse3")
+        if not fastpath.attach(aten._to_copy.default, to_copy):
+            _impl("_to_copy", _to_copy)
+    else:
+        _impl("_to_copy", _to_copy)
     _fallback_lib.fallback(_fallback, "PrivateUse1")

@@ -7,7 +7,7 @@ import torch
 from jax import lax
 
 from .argument_checks import fill_value_check, pow_exponent_check
-from .dtypes import convert, operand_facts, promote, scalar_type_name
+from .dtypes import convert, operand_facts, promote, scalar_type_name, to_jax
 from .table import KIND, Lowering, apply, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -495,6 +495,14 @@ def copy(self, src, non_blocking=False):
 @lowering("clone")
 def clone(a, memory_format=None):
     return a
+
+
+@lowering("_to_copy")
+def to_copy(a, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    """A conversion on the device: eager `x.to(dtype)` (eager/kernels.py `_to_copy` sends other copies,
+    to the host or another layout, elsewhere) and graphs' casts; the same conversion as `copy`."""
+    a = a if hasattr(a, "astype") else jnp.asarray(a)
+    return a if dtype is None else convert(a, to_jax(dtype) if isinstance(dtype, torch.dtype) else dtype)
 
 
 @lowering("fill.Scalar", "fill.Tensor",

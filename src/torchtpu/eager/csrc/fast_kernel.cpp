@@ -133,7 +133,7 @@ long long g_fast_calls = 0, g_fallbacks = 0;
 
 enum : int64_t {
   K_ABSENT = 1, K_NONE, K_TENSOR, K_CPU_SCALAR, K_SCALAR_INT, K_SCALAR_DOUBLE, K_SCALAR_BOOL,
-  K_SCALAR_COMPLEX, K_INT, K_DOUBLE, K_BOOL, K_STR, K_INT_LIST, K_DOUBLE_LIST, K_BOOL_LIST, K_LIST,
+  K_SCALAR_COMPLEX, K_INT, K_DOUBLE, K_BOOL, K_STR, K_INT_LIST, K_DOUBLE_LIST, K_BOOL_LIST, K_LIST, K_DEVICE,
 };
 
 enum State { NEVER = 0, FAST = 1, LATER = 2 };
@@ -547,8 +547,15 @@ class FastKernel final : public c10::OperatorKernel {
           return BAIL;
         }
       }
+    } else if (v.isDevice()) {
+      // only the device of the tensors before it (`x.to(dtype)` passes x's own): a factory's device,
+      // another device or an index to resolve are the Python kernel's
+      auto d = v.toDevice();
+      if (w.device < 0 || d.type() != c10::DeviceType::PrivateUse1 || d.index() != w.device) return BAIL;
+      w.key.push_back(K_DEVICE);
+      w.key.push_back(d.index());
     } else {
-      return BAIL;   // a device, a generator, a SymInt, ...: the Python kernel
+      return BAIL;   // a generator, a SymInt, ...: the Python kernel
     }
     return OK;
   }
