@@ -595,21 +595,14 @@ def register_all():
     # copy_ between tpu tensors goes through the engine (fused view read/write and cast)
     KERNELS[aten.copy_.default] = OpKernel(aten.copy_.default)
     # clone: _clone shares a whole storage's buffer and otherwise runs the engine's kernel, whose
-    # calls the C++ fast path then serves (generate() clones a slice of its token ids every step)
-    clone = kernel_for(aten.clone.default)
-    if fast and fastpath.eligible(aten.clone.default, clone):
-        _lib.impl(aten.clone.default, _clone, "PrivateUse3")
-        if not fastpath.attach(aten.clone.default, clone):
-            _impl("clone", _clone)
-    else:
-        _impl("clone", _clone)
-    # _to_copy likewise: `_to_copy` routes an on-device conversion to the engine's kernel, whose
-    # calls the C++ fast path then serves (bfloat16 models convert twice per norm)
-    to_copy = kernel_for(aten._to_copy.default)
-    if fast and fastpath.eligible(aten._to_copy.default, to_copy):
-        _lib.impl(aten._to_copy.default, _to_copy, "PrivateUse3")
-        if not fastpath.attach(aten._to_copy.default, to_copy):
-            _impl("_to_copy", _to_copy)
-    else:
-        _impl("_to_copy", _to_copy)
+    # calls the C++ fast path then serves (generate() clones a slice of its token ids every step);
+    # _to_copy likewise sends an on-device conversion to the engine's kernel (bfloat16 models
+    # convert twice per norm)
+    for op, python_kernel in ((aten.clone.default, _clone), (aten._to_copy.default, _to_copy)):
+        engine_kernel = kernel_for(op)
+        if fast and fastpath.eligible(op, engine_kernel):
+            _lib.impl(op, python_kernel, "PrivateUse3")
+            if fastpath.attach(op, engine_kernel):
+                continue
+        _impl(op, python_kernel)
     _fallback_lib.fallback(_fallback, "PrivateUse1")
