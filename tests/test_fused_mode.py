@@ -289,3 +289,25 @@ def test_exiting_with_a_compile_in_flight_exits_cleanly():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "queued 1" in done.stdout
     assert "terminate" not in done.stderr and "Fatal" not in done.stderr
+
+
+@pytest.mark.parametrize("mode", ["now", "background"])
+def test_compiled_segments_take_numbers_as_kept_arrays_and_keep_their_values(monkeypatch, mode):
+    """A compiled segment gets each step's Python numbers as kept device arrays (JAX would convert
+    every number at every call): the values still change per call, -0.0 and 0.0 stay apart (1 / x),
+    integers and floats keep their types, and the compile thread lowers for the same arguments."""
+    monkeypatch.setattr(fusion, "COMPILE", mode)
+    a = torch.randn(8, 16)
+    da = a.to("tpu")
+    scales = [0.5, 2.0, 3.25, 1.0, 7.0, -1.5, -0.0, 0.0, 0.25, -0.0]   # (zeros once compiled)
+    with torchtpu.eager_mode("fused"):
+        runs = _count("fused_runs")
+        for i, s in enumerate(scales):
+            y = ((da * s + i) / (s + 0.0)).clamp(-1e30, 1e30).sum(1) + (i % 3)
+            assert_close(y.cpu(), ((a * s + i) / (s + 0.0)).clamp(-1e30, 1e30).sum(1) + (i % 3))
+            if mode == "background" and i == 4:
+                fusion.wait_for_compiles()
+        assert _count("fused_runs") > runs   # compiled segments ran
+    assert not fusion.failures or all("kept" not in str(e) for _, e in fusion.failures)
+    kept = [k for k in fusion._kept if k[0] is float]
+    assert (float, (-0.0).hex()) in kept and (float, (0.0).hex()) in kept
