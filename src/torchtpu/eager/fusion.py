@@ -305,13 +305,17 @@ def _executable_for(segment, key, plan, live):
     return fn
 
 
-_kept: dict = {}   # (type, value) of a Python number -> the device array a compiled segment gets for it
+# (type, value) of a Python number -> the device array a compiled segment gets for it, or None for a
+# number seen once: a decoding step's numbers repeat, an optimizer's bias corrections change at every
+# step, and making an array (~15 µs) for a number used once costs more than JAX's conversion
+_kept: dict = {}
 
 
 def _as_arrays(scalars):
-    """Each step's Python numbers as kept device arrays, for a compiled segment: JAX converts a
-    number at every call (~1.7 µs each; a decoder layer's segment has ~8). The op-by-op replay keeps
-    the numbers: its ops' executables were traced with them (eager/fastpath.py device_scalar)."""
+    """Each step's Python numbers as kept device arrays, for a compiled segment, from their second
+    use: JAX converts a number at every call (~1.7 µs each; a decoder layer's segment has ~8), and
+    takes a weakly typed array of the same dtype where it was lowered for a number. The op-by-op
+    replay keeps the numbers: its ops' executables were traced with them (fastpath.device_scalar)."""
     from .fastpath import device_scalar
     out = []
     for step in scalars:
@@ -320,12 +324,15 @@ def _as_arrays(scalars):
             t = type(v)
             if t is int or t is float or t is bool:
                 k = (t, v.hex() if t is float else v)   # (-0.0 and 0.0, True and 1 kept apart)
-                a = _kept.get(k)
-                if a is None:
+                a = _kept.get(k, _kept)
+                if a is _kept:   # first use
                     if len(_kept) >= _MAX_KEYS:
                         _kept.clear()
+                    _kept[k] = None
+                elif a is None:
                     a = _kept[k] = device_scalar(v)
-                v = a
+                if a is not None and a is not _kept:
+                    v = a
             converted.append(v)
         out.append(tuple(converted))
     return out
