@@ -316,7 +316,6 @@ def _as_arrays(scalars):
     use: JAX converts a number at every call (~1.7 µs each; a decoder layer's segment has ~8), and
     takes a weakly typed array of the same dtype where it was lowered for a number. The op-by-op
     replay keeps the numbers: its ops' executables were traced with them (fastpath.device_scalar)."""
-    from .fastpath import device_scalar
     out = []
     for step in scalars:
         converted = []
@@ -324,14 +323,15 @@ def _as_arrays(scalars):
             t = type(v)
             if t is int or t is float or t is bool:
                 k = (t, v.hex() if t is float else v)   # (-0.0 and 0.0, True and 1 kept apart)
-                a = _kept.get(k, _kept)
-                if a is _kept:   # first use
+                if k not in _kept:   # first use: the number itself
                     if len(_kept) >= _MAX_KEYS:
                         _kept.clear()
                     _kept[k] = None
-                elif a is None:
-                    a = _kept[k] = device_scalar(v)
-                if a is not None and a is not _kept:
+                else:
+                    a = _kept[k]
+                    if a is None:
+                        from .fastpath import device_scalar
+                        a = _kept[k] = device_scalar(v)
                     v = a
             converted.append(v)
         out.append(tuple(converted))

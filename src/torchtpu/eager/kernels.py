@@ -38,6 +38,10 @@ _registered = set()   # overloads given a PrivateUse1 kernel by _impl ("add.Tens
 
 def _impl(name, fn):
     _lib.impl(name, fn, "PrivateUse1")
+    _note_registered(name)
+
+
+def _note_registered(name):
     _registered.add(name if not isinstance(name, str) else name if "." in name else name + ".default")
 
 
@@ -541,7 +545,7 @@ def register_all():
         op = getattr(getattr(aten, packet, None), overload or "default", None)
         if op is not None:
             if fast and fastpath.attach_metadata(op):
-                _registered.add(name if "." in name else name + ".default")
+                _note_registered(name)
             else:
                 _impl(name, _redispatch_to_cpu(op))
     _impl("empty.memory_format", _empty_memory_format)

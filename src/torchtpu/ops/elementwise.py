@@ -7,7 +7,7 @@ import torch
 from jax import lax
 
 from .argument_checks import fill_value_check, pow_exponent_check
-from .dtypes import convert, operand_facts, promote, scalar_type_name, to_jax
+from .dtypes import convert, operand_facts, promote, scalar_type_name
 from .table import KIND, Lowering, apply, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -502,7 +502,7 @@ def to_copy(a, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     """A conversion on the device: eager `x.to(dtype)` (eager/kernels.py `_to_copy` sends other copies,
     to the host or another layout, elsewhere) and graphs' casts; the same conversion as `copy`."""
     a = a if hasattr(a, "astype") else jnp.asarray(a)
-    return a if dtype is None else convert(a, to_jax(dtype) if isinstance(dtype, torch.dtype) else dtype)
+    return a if dtype is None else convert(a, dtype)   # (a jnp dtype: eager and graphs convert torch's)
 
 
 @lowering("fill.Scalar", "fill.Tensor",

@@ -279,7 +279,7 @@ def _diagonal_scatter(val, a, src, offset=0, dim1=0, dim2=1):
 
 
 # ---------------------------------------------------------------- factories and casts
-@graph_lowering("_to_copy", "to.dtype", "to.dtype_layout", "to.device", "_to_dim_order_copy")
+@graph_lowering("to.dtype", "to.dtype_layout", "to.device", "_to_dim_order_copy")   # (_to_copy: the main table)
 def _to_copy(val, a, *args, **kw):
     return dt.convert(a, _jdtype(val, a.dtype)) if hasattr(a, "astype") else jnp.asarray(a, _jdtype(val))
 
