@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..device import platform
+from . import fusion
 from .fusion import Pending
 from .modes import _mode
 
@@ -110,17 +111,22 @@ def gating() -> bool:
     return _unchecked[0] > 0
 
 
-def poison(device_index):
+def poison(device_index, queue=False):
     """The gate of a write on tpu:`device_index`: the maximum of the unchecked verdicts it may depend
     on (an int32 scalar array; a gated write keeps the old value unless it is 0), or None when there
     are none. Those are this thread's and backward's; in backward (autograd's device threads work for
-    a thread we cannot name) every thread's. Queued verdicts (fused mode) are run first (their segment
-    flushes; no host wait). On XLA:CPU the verdicts already computed are read instead of combined
-    (_read_ready): no gate when they all passed and none is still running."""
+    a thread we cannot name) every thread's. On XLA:CPU the verdicts already computed are read instead
+    of combined (_read_ready): no gate when they all passed and none is still running.
+
+    `queue` (a write the fused mode queues): verdicts still queued in this thread's list stay queued
+    and the gate may be a queued result (the maximum is queued too), so a gated write does not cut the
+    segment it joins (a decode step's cache writes would cut it eight times). Otherwise queued
+    verdicts are run first (their segment flushes; no host wait)."""
     state = _state()
     cached = state.poison.get(device_index)
     if cached is not None and cached[0] == _version[0]:
-        return cached[1]
+        value = cached[1]
+        return value.get() if not queue and type(value) is Pending else value
     if state is _autograd:
         sources = [_autograd, *_threads]
     else:
@@ -130,23 +136,59 @@ def poison(device_index):
     value = None
     for src in sources:
         # (another thread's list is scanned whole and left as it is: its owner may be scanning it)
-        verdicts = _scanned(src, device_index) if src is state else _on_device(src, device_index)
+        verdicts = _scanned(src, device_index, queue) if src is state else _on_device(src, device_index)
         if host_reads and verdicts:
             value = _read_ready(verdicts)
             if value is not None:
                 break
         fresh += verdicts
-    if value is None and len(fresh) == 1:
-        value = fresh[0]   # (the maximum of one verdict: no executable)
-    elif value is None and fresh:
-        key = (device_index, len(fresh))
-        fn = _combine.get(key)
-        if fn is None:
-            sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
-            fn = _combine[key] = jax.jit(lambda *v: jnp.max(jnp.stack(v)), out_shardings=sharding)
-        value = fn(*fresh)
+    if value is None and fresh:
+        if queue and any(fusion.queued(v) for v in fresh):
+            value = _queued_gate(fresh, device_index)
+        else:
+            fresh = [v.get() if type(v) is Pending else v for v in fresh]
+            value = fresh[0] if len(fresh) == 1 else _maximum(fresh, device_index)
+        if len(fresh) > 1 or value is not fresh[0]:
+            # the maximum stands for this thread's verdicts from now on: the next gate combines it
+            # with the newer ones only (it may hold backward's too: more than needed, never less)
+            scan = state.scan.get(device_index)
+            if scan is not None:
+                scan[2][:] = [value]
     state.poison[device_index] = (_version[0], value)
     return value
+
+
+def _queued_gate(fresh, device_index):
+    """The gate of a queued write when some of the verdicts are still queued: their maximum, queued in
+    the same segment, with that of the others (computed now; a zero when there are none) as one
+    more input. The queued steps depend only on how many verdicts are queued, not on which of the
+    others happen to be computed yet (_read_ready), so a loop's segments repeat and stay compiled."""
+    queued, done = [], []
+    for v in fresh:
+        (queued if fusion.queued(v) else done).append(v)
+    done = [v.get() if type(v) is Pending else v for v in done]
+    if not done:
+        base = _zeros.get(device_index)
+        if base is None:
+            base = _zeros[device_index] = jax.device_put(np.int32(0), platform.jax_device(device_index))
+    else:
+        base = done[0] if len(done) == 1 else _maximum(done, device_index)
+    value = fusion.queued_maximum([base, *queued], device_index)
+    if value is None:   # (not queued now: cold)
+        value = _maximum([base, *(v.get() for v in queued)], device_index)
+    return value
+
+
+_zeros: dict = {}
+
+
+def _maximum(verdicts, device_index):
+    key = (device_index, len(verdicts))
+    fn = _combine.get(key)
+    if fn is None:
+        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
+        fn = _combine[key] = jax.jit(lambda *v: jnp.max(jnp.stack(v)), out_shardings=sharding)
+    return fn(*verdicts)
 
 
 # Where arrays live in host memory (XLA:CPU), reading a verdict that is already computed costs ~2 µs
@@ -163,9 +205,10 @@ def _host_reads() -> bool:
     return host
 
 
-def _scanned(src, device_index):
+def _scanned(src, device_index, queue=False):
     """The verdicts of `src`'s pending items on tpu:`device_index` that may still gate a write (a
-    list poison may shorten: _read_ready), scanning only the items noted since the last call."""
+    list poison may shorten: _read_ready), scanning only the items noted since the last call; with
+    `queue`, those still queued stay queued results."""
     while True:
         cleared = src.cleared
         scan = src.scan.get(device_index)
@@ -175,7 +218,7 @@ def _scanned(src, device_index):
         if src.cleared != cleared:   # another thread checked src meanwhile (backward's list): again
             continue
         for v, *_ in items:
-            if type(v) is Pending:
+            if type(v) is Pending and not (queue and fusion.queued(v)):
                 v = v.get()
             if _device_index(v) == device_index:
                 scan[2].append(v)
@@ -190,9 +233,15 @@ def _on_device(src, device_index):
 
 def _read_ready(verdicts):
     """A failed verdict among the computed ones, or None; the computed verdicts that passed leave the
-    list (they no longer gate anything; `check` still reads them at the next synchronization)."""
+    list (they no longer gate anything; `check` still reads them at the next synchronization).
+    Queued verdicts (fused mode) count as not computed yet."""
     unread = []
     for v in verdicts:
+        if type(v) is Pending:
+            if fusion.queued(v):
+                unread.append(v)
+                continue
+            v = v.get()
         if not v.is_ready():
             unread.append(v)
         elif int(np.asarray(v)):

@@ -322,7 +322,7 @@ class OpKernel:
                 fn = None
                 queued = inputs
                 if entry.mutated_slots and entry.source is not None and asserts.gating():
-                    gate = asserts.poison(dev)   # (eager/asserts.py)
+                    gate = asserts.poison(dev, queue=True)   # (eager/asserts.py; may be queued)
                     if gate is not None:
                         fn = entry.fn_gated or _gated(entry)
                         queued = [*inputs, gate]

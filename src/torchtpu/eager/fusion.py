@@ -174,6 +174,40 @@ def defer(entry, inputs, scalars, device, mutated=(), fn=None):
         return results
 
 
+class _Combination:
+    """The maximum of `n` int32 verdicts on one device, queued like an op: a write's gate in this mode
+    (eager/asserts.py poison) without running the segment that computes the verdicts."""
+
+    __slots__ = ("fn", "n_results", "anchor", "last_sync", "cold", "window_calls")
+
+    def __init__(self, device, n):
+        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
+        self.fn = jax.jit(lambda *v: (jax.numpy.max(jax.numpy.stack(v)),), out_shardings=sharding)
+        self.n_results = 1
+        self.anchor = False
+        self.last_sync = -1 << 40
+        self.cold = True
+        self.window_calls = 0
+
+
+_combinations: dict = {}
+
+
+def queued_maximum(verdicts, device):
+    """The maximum of `verdicts` (arrays and this device's queued results) as a queued result, or None
+    where it cannot be queued now (a cold op: the caller computes it at once)."""
+    entry = _combinations.get((device, len(verdicts)))
+    if entry is None:
+        entry = _combinations[(device, len(verdicts))] = _Combination(device, len(verdicts))
+    results = defer(entry, verdicts, (), device)
+    return None if results is None else results[0]
+
+
+def queued(b) -> bool:
+    """Whether `b` is a result of a segment still open (not run yet)."""
+    return type(b) is Pending and b.value is None and not b.segment.done
+
+
 def _sources(segment, inputs):
     """Where each input comes from: (step, index) of a result queued in `segment`, or the index of a
     concrete array in its external inputs."""
