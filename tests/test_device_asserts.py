@@ -290,3 +290,42 @@ def test_a_failed_check_after_many_passed_ones_still_gates_the_writes_after_it(m
         acc += 1.0   # after the sync nothing gates: committed
         torch.testing.assert_close(acc.cpu(), expected + 1)
     del bad
+
+
+def test_fused_mode_gates_queued_writes_on_queued_checks_without_cutting_the_segment(monkeypatch):
+    """A decode-like step: a checked gather, then writes into existing tensors (a cache row, an
+    accumulator) gated on it. In the fused mode the gate is queued with them, so the step stays one
+    segment (one flush, compiled from its second run); a failed check in such a step still leaves
+    every write uncommitted and is reported at the sync."""
+    from torchtpu.eager import fusion
+    monkeypatch.setattr(fusion, "COMPILE", "now")
+    torch.manual_seed(0)
+    table = torch.randn(16, 8)
+    cache, acc = torch.zeros(6, 8), torch.zeros(8)
+    d_table, d_cache, d_acc = table.to(DEV), cache.to(DEV), acc.to(DEV)
+
+    def step(t, c, a, i, token):
+        row = t.index_select(0, token)                   # checked (an id outside the table fails)
+        c.index_copy_(0, torch.tensor([i % 6], device=c.device), row)   # checked, and gated
+        a.add_(row[0] * 0.5)                             # gated
+        a.mul_(0.9)                                      # gated
+
+    with torch.tpu.eager_mode("fused"):
+        flushes, compiled_runs = [], []
+        for i in range(12):
+            token = torch.tensor([(5 * i) % 16])
+            step(table, cache, acc, i, token)
+            before, runs = fusion._flushes[0], torchtpu.metrics()["fused_runs"]
+            step(d_table, d_cache, d_acc, i, token.to(DEV))
+            torch.testing.assert_close(d_acc.cpu(), acc)   # the sync: one flush, checks read
+            flushes.append(fusion._flushes[0] - before)
+            compiled_runs.append(torchtpu.metrics()["fused_runs"] - runs)
+        assert flushes[-4:] == [1, 1, 1, 1], flushes
+        assert compiled_runs[-4:] == [1, 1, 1, 1], compiled_runs
+        torch.testing.assert_close(d_cache.cpu(), cache)
+        step(d_table, d_cache, d_acc, 12, torch.tensor([16], device=DEV))   # out of range
+        with pytest.raises(asserts.DeviceAssertError, match="index_select"):
+            d_acc.cpu()
+        torch.tpu.clear_device_assert()
+    torch.testing.assert_close(d_acc.cpu(), acc)
+    torch.testing.assert_close(d_cache.cpu(), cache)
