@@ -12,12 +12,13 @@ vocabulary 1,024: 2.9 M parameters) measures per-token framework overhead: there
 fraction of a millisecond of arithmetic and `generate()`'s own ~30 small per-token ops set the
 pace. Flags given explicitly override the preset's values.
 
-Each "tpu" mode runs once to warm up (XLA compiles per shape; with the dynamic cache every decode
+The rows name the eager mode they run in: "strict" or "fused" (the default; for a compiled forward,
+the mode of generate()'s own per-token ops). Each "tpu" mode runs once to warm up (XLA compiles per shape; with the dynamic cache every decode
 step is a new shape), then `--repeats` timed runs; the median is printed. Generation ends in a host
 copy of the tokens, so each timed run includes all device work. All modes must produce the CPU's
 tokens. The last line alternates torch CPU, the compiled forward, the compiled forward with
 generate()'s own per-token ops in the "fused" eager mode, the eager model (static cache) in the
-default "strict" mode and in the "fused" mode, `--rounds` times in the same process: the ratios to trust on a shared machine whose
+"strict" mode and in the default "fused" mode, `--rounds` times in the same process: the ratios to trust on a shared machine whose
 speed drifts between the sequential rows.
 """
 from __future__ import annotations
@@ -114,11 +115,12 @@ def main():
 
     tpu = copy.deepcopy(cpu).to("tpu")
     ids_t = ids.to("tpu")
-    measure("tpu eager (dynamic cache)", tpu, ids_t, args, results, ref)
-    # transformers auto-compiles the decode step of a static cache on "tpu" (backend "tpu"):
-    # disable_compile=True keeps this mode eager
-    measure("tpu eager (static cache)", tpu, ids_t, args, results, ref, cache_implementation="static",
-            disable_compile=True)
+    with torch.tpu.eager_mode("strict"):   # (the default eager mode, fused, is measured below)
+        measure("tpu strict eager (dynamic cache)", tpu, ids_t, args, results, ref)
+        # transformers auto-compiles the decode step of a static cache on "tpu" (backend "tpu"):
+        # disable_compile=True keeps this mode eager
+        measure("tpu strict eager (static cache)", tpu, ids_t, args, results, ref, cache_implementation="static",
+                disable_compile=True)
     if args.skip_compiled:
         pass
     elif "tpu" not in torch._dynamo.list_backends():
@@ -126,16 +128,19 @@ def main():
     else:
         compiled = copy.deepcopy(cpu).to("tpu")
         compiled.forward = torch.compile(compiled.forward, backend="tpu", fullgraph=True)
-        measure("tpu compiled fwd (static cache)", compiled, ids_t, args, results, ref,
-                cache_implementation="static", disable_compile=True)
-        interleaved = (compiled, ids_t)
-        auto = copy.deepcopy(cpu).to("tpu")
-        measure("tpu generate auto-compile (static)", auto, ids_t, args, results, ref, cache_implementation="static")
+        with torch.tpu.eager_mode("strict"):   # (generate()'s own per-token ops)
+            measure("tpu compiled fwd (static cache)", compiled, ids_t, args, results, ref,
+                    cache_implementation="static", disable_compile=True)
+            interleaved = (compiled, ids_t)
+            auto = copy.deepcopy(cpu).to("tpu")
+            measure("tpu generate auto-compile (static)", auto, ids_t, args, results, ref,
+                    cache_implementation="static")
         # the same compiled forward, with generate()'s own per-token ops in the "fused" eager mode
         with torch.tpu.eager_mode("fused"):
             measure("tpu compiled fwd + fused eager", compiled, ids_t, args, results, ref,
                     cache_implementation="static", disable_compile=True)
-    with torch.tpu.eager_mode("fused"):
+    with torch.tpu.eager_mode("fused"):   # the default eager mode
+        measure("tpu fused eager (dynamic cache)", tpu, ids_t, args, results, ref)
         measure("tpu fused eager (static cache)", tpu, ids_t, args, results, ref, cache_implementation="static",
                 disable_compile=True)
 
@@ -165,8 +170,8 @@ def main():
         c, t, f, e, w, fe = (statistics.median(tps[name]) for name, *_ in modes)
         print(f"\ninterleaved, {args.rounds} rounds: cpu eager {c:.1f} tok/s, tpu compiled fwd {t:.1f} tok/s, "
               f"ratio {t / c:.2f}x; with generate()'s own ops fused {f:.1f} tok/s, ratio {f / c:.2f}x; "
-              f"tpu eager (strict, static cache) {e:.1f} tok/s, {e / t:.2f} of compiled; fused eager "
-              f"{fe:.1f} tok/s, {fe / t:.2f} of compiled; compiled fwd with the stop flag read at every token "
+              f"tpu strict eager (static cache) {e:.1f} tok/s, {e / t:.2f} of compiled; fused eager (the "
+              f"default) {fe:.1f} tok/s, {fe / t:.2f} of compiled; compiled fwd with the stop flag read at every token "
               f"{w:.1f} tok/s, ratio {w / c:.2f}x")
 
 

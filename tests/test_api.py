@@ -93,20 +93,20 @@ def test_missing_backing_module_is_a_clear_import_error(monkeypatch):
 
 def test_eager_mode_forms():
     tpu = torch.tpu
-    assert tpu.eager_mode == tpu.EagerMode.DEFER_NEVER == "strict"
-    with tpu.set_eager_mode(tpu.EagerMode.DEFER_AND_FUSE):
-        assert tpu.eager_mode is tpu.EagerMode.DEFER_AND_FUSE
+    assert tpu.eager_mode == tpu.EagerMode.DEFER_AND_FUSE == "fused"   # the default
+    with tpu.set_eager_mode(tpu.EagerMode.DEFER_NEVER):
+        assert tpu.eager_mode is tpu.EagerMode.DEFER_NEVER
         x = torch.ones(4, device="tpu") * 3
-    assert tpu.get_eager_mode() == "strict" and x.sum().item() == 12
+    assert tpu.get_eager_mode() == "fused" and x.sum().item() == 12
     tpu.eager_mode = "debug"
     try:
         assert tpu.eager_mode == tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
         assert callable(tpu.set_eager_mode)  # the property setter did not replace anything
     finally:
-        tpu.eager_mode = tpu.EagerMode.DEFER_NEVER
-    with tpu.eager_mode("fused"):  # our earlier form still works
-        assert tpu.get_eager_mode() == "fused"
-    assert tpu.get_eager_mode() == "strict"
+        tpu.eager_mode = tpu.EagerMode.DEFER_AND_FUSE
+    with tpu.eager_mode("strict"):  # our earlier form still works
+        assert tpu.get_eager_mode() == "strict"
+    assert tpu.get_eager_mode() == "fused"
     with pytest.raises(ValueError, match="unknown eager mode 'eager'"):
         tpu.set_eager_mode("eager")
 
@@ -201,6 +201,6 @@ def test_info_reports_versions_devices_and_self_check(capsys):
     from torchtpu.__main__ import info
     assert info() == 0
     out = capsys.readouterr().out
-    for needle in ("torch ", "jax ", "platform: XLA:", "tpu:0", "eager mode: strict", "C++ device guard:",
+    for needle in ("torch ", "jax ", "platform: XLA:", "tpu:0", "eager mode: fused", "C++ device guard:",
                    "self-check: ok (matmul, autograd, torch.compile, synchronize)"):
         assert needle in out, needle

@@ -42,6 +42,10 @@ def test_torchtpu_aliases(monkeypatch):
     monkeypatch.setenv("TORCH_TPU_LAUNCH_BLOCKING", "0")
     monkeypatch.setenv("TORCH_TPU_DEFER_AND_FUSE", "true")
     assert config.get("TORCHTPU_EAGER_MODE") == "fused"
+    monkeypatch.setenv("TORCH_TPU_DEFER_AND_FUSE", "0")   # the default is fused: 0 selects strict
+    assert config.get("TORCHTPU_EAGER_MODE") == "strict"
+    monkeypatch.delenv("TORCH_TPU_DEFER_AND_FUSE")
+    assert config.get("TORCHTPU_EAGER_MODE") == "fused"
 
 
 def _run(code, **env):

@@ -108,13 +108,13 @@ def test_autocast_bfloat16():
 
 def test_debug_mode_is_synchronous_and_switchable(monkeypatch):
     import torchtpu
-    assert torchtpu.get_eager_mode() == "strict"
+    assert torchtpu.get_eager_mode() == "fused"   # the default
     with torchtpu.eager_mode("debug"):
         assert torch.tpu.get_eager_mode() == "debug"
         x = torch.randn(3, device="tpu") + 1
         from torchtpu.storage.records import record_of
         assert record_of(x).buffer.is_ready()
-    assert torchtpu.get_eager_mode() == "strict"
+    assert torchtpu.get_eager_mode() == "fused"
     with pytest.raises(ValueError):
         torchtpu.set_eager_mode("turbo")
     out = subprocess.run([sys.executable, "-c", "import torch; print(torch.tpu.get_eager_mode())"],

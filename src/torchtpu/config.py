@@ -20,7 +20,7 @@ VARIABLES: dict[str, tuple] = {
     "TORCHTPU_PLATFORM": ("choice", None, ("cpu", "gpu", "cuda", "tpu"),
                           "which XLA platform backs \"tpu\" (default: TPU if JAX sees one, else CPU)"),
     "TORCHTPU_NUM_DEVICES": ("int", None, None, "N virtual XLA:CPU devices (tpu:0 .. tpu:N-1), N >= 1"),
-    "TORCHTPU_EAGER_MODE": ("choice", "strict", ("strict", "debug", "fused"), "the initial eager mode"),
+    "TORCHTPU_EAGER_MODE": ("choice", "fused", ("strict", "debug", "fused"), "the initial eager mode"),
     "TORCHTPU_FUSED_COMPILE": ("choice", "background", ("background", "now"),
                                "where the fused mode compiles a segment"),
     "TORCHTPU_CPU_FALLBACK": ("bool", False, None, "run ops without a tpu lowering on the CPU"),
@@ -48,7 +48,7 @@ VARIABLES: dict[str, tuple] = {
 # TorchTPU's names -> (our name, value mapping): a set TorchTPU flag selects our setting.
 ALIASES: dict[str, tuple[str, dict]] = {
     "TORCH_TPU_LAUNCH_BLOCKING": ("TORCHTPU_EAGER_MODE", {True: "debug"}),
-    "TORCH_TPU_DEFER_AND_FUSE": ("TORCHTPU_EAGER_MODE", {True: "fused"}),
+    "TORCH_TPU_DEFER_AND_FUSE": ("TORCHTPU_EAGER_MODE", {True: "fused", False: "strict"}),
     "TORCH_TPU_TIER2_COMPILATION_CACHE": ("TORCHTPU_COMPILE_CACHE_DIR", None),  # its on-disk cache
 }
 
@@ -73,10 +73,11 @@ def _raw(name: str):
         if mapping is None:
             return alias, v.strip()
         low = v.strip().lower()
-        if low in _FALSE:
-            continue
-        if low in _TRUE:
-            return alias, mapping[True]
+        if low in _TRUE or low in _FALSE:
+            value = mapping.get(low in _TRUE)   # (a flag set to 0 selects something only where mapped)
+            if value is None:
+                continue
+            return alias, value
         _record(alias, f"{alias}={v!r}: expected one of {', '.join(_TRUE + _FALSE)}")
     return name, None
 

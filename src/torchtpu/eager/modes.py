@@ -1,6 +1,7 @@
-"""Eager modes: "strict" (asynchronous, the default), "debug" (every op waits for its result,
-so an error surfaces at the op that caused it) and "fused" (ops are queued and each stretch of them
-that repeats runs as one XLA executable: eager/fusion.py). TORCHTPU_EAGER_MODE sets the initial mode."""
+"""Eager modes: "fused" (the default, TorchTPU's DEFER_AND_FUSE: ops are queued and each stretch of
+them that repeats runs as one XLA executable, the rest op by op: eager/fusion.py), "strict" (every op
+is called at once, asynchronously) and "debug" (every op waits for its result, so an error surfaces
+at the op that caused it). TORCHTPU_EAGER_MODE sets the initial mode."""
 from __future__ import annotations
 
 import contextlib
