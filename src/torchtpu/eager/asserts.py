@@ -45,7 +45,6 @@ from .modes import _mode
 # checked every LIMIT checked ops, so the list stays short.
 LIMIT = 256
 _stackers = {}
-_combine = {}
 # device index -> the DeviceAssertError that put it in the error state (sticky until clear_error)
 FAILED: dict = {}
 
@@ -147,7 +146,7 @@ def poison(device_index, queue=False):
             value = _queued_gate(fresh, device_index)
         else:
             fresh = [v.get() if type(v) is Pending else v for v in fresh]
-            value = fresh[0] if len(fresh) == 1 else _maximum(fresh, device_index)
+            value = fresh[0] if len(fresh) == 1 else fusion.maximum(fresh, device_index)
         if len(fresh) > 1 or value is not fresh[0]:
             # the maximum stands for this thread's verdicts from now on: the next gate combines it
             # with the newer ones only (it may hold backward's too: more than needed, never less)
@@ -172,23 +171,14 @@ def _queued_gate(fresh, device_index):
         if base is None:
             base = _zeros[device_index] = jax.device_put(np.int32(0), platform.jax_device(device_index))
     else:
-        base = done[0] if len(done) == 1 else _maximum(done, device_index)
+        base = done[0] if len(done) == 1 else fusion.maximum(done, device_index)
     value = fusion.queued_maximum([base, *queued], device_index)
     if value is None:   # (not queued now: cold)
-        value = _maximum([base, *(v.get() for v in queued)], device_index)
+        value = fusion.maximum([base, *(v.get() for v in queued)], device_index)
     return value
 
 
 _zeros: dict = {}
-
-
-def _maximum(verdicts, device_index):
-    key = (device_index, len(verdicts))
-    fn = _combine.get(key)
-    if fn is None:
-        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
-        fn = _combine[key] = jax.jit(lambda *v: jnp.max(jnp.stack(v)), out_shardings=sharding)
-    return fn(*verdicts)
 
 
 # Where arrays live in host memory (XLA:CPU), reading a verdict that is already computed costs ~2 µs

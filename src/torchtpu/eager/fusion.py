@@ -175,8 +175,8 @@ def defer(entry, inputs, scalars, device, mutated=(), fn=None):
 
 
 class _Combination:
-    """The maximum of `n` int32 verdicts on one device, queued like an op: a write's gate in this mode
-    (eager/asserts.py poison) without running the segment that computes the verdicts."""
+    """The maximum of `n` int32 verdicts on one device (eager/asserts.py poison: a write's gate), an
+    executable that is queued like an op (`queued_maximum`) or called at once (`maximum`)."""
 
     __slots__ = ("fn", "n_results", "anchor", "last_sync", "cold", "window_calls")
 
@@ -193,13 +193,22 @@ class _Combination:
 _combinations: dict = {}
 
 
+def _combination(device, n) -> _Combination:
+    entry = _combinations.get((device, n))
+    if entry is None:
+        entry = _combinations[(device, n)] = _Combination(device, n)
+    return entry
+
+
+def maximum(verdicts, device):
+    """The maximum of the arrays `verdicts`, computed now."""
+    return _combination(device, len(verdicts)).fn(*verdicts)[0]
+
+
 def queued_maximum(verdicts, device):
     """The maximum of `verdicts` (arrays and this device's queued results) as a queued result, or None
     where it cannot be queued now (a cold op: the caller computes it at once)."""
-    entry = _combinations.get((device, len(verdicts)))
-    if entry is None:
-        entry = _combinations[(device, len(verdicts))] = _Combination(device, len(verdicts))
-    results = defer(entry, verdicts, (), device)
+    results = defer(_combination(device, len(verdicts)), verdicts, (), device)
     return None if results is None else results[0]
 
 
