@@ -115,34 +115,36 @@ def poison(device_index, queue=False):
     on (an int32 scalar array; a gated write keeps the old value unless it is 0), or None when there
     are none. Those are this thread's and backward's; in backward (autograd's device threads work for
     a thread we cannot name) every thread's. On XLA:CPU the verdicts already computed are read instead
-    of combined (_read_ready): no gate when they all passed and none is still running.
+    of combined (_read_ready): no gate when they all passed and none is still running (not in the
+    fused mode).
 
     `queue` (a write the fused mode queues): verdicts still queued in this thread's list stay queued
     and the gate may be a queued result (the maximum is queued too), so a gated write does not cut the
-    segment it joins (a decode step's cache writes would cut it eight times). Otherwise queued
-    verdicts are run first (their segment flushes; no host wait)."""
+    segment it joins (a decode step's cache writes would cut it eight times); none is read
+    (_queued_gate). Otherwise queued verdicts are run first (their segment flushes; no host wait)."""
     state = _state()
     cached = state.poison.get(device_index)
-    if cached is not None and cached[0] == _version[0]:
-        value = cached[1]
-        return value.get() if not queue and type(value) is Pending else value
+    if cached is not None and cached[0] == _version[0] and cached[1] == queue:
+        return cached[2]
     if state is _autograd:
         sources = [_autograd, *_threads]
     else:
         sources = [state, _autograd]
-    host_reads = _host_reads()
+    # (the fused mode never reads them: whether a write is gated, and so which executable a segment
+    # queues, must not depend on which verdicts happen to be computed yet: _queued_gate)
+    reads = _host_reads() and not queue and _mode[0] != "fused"
     fresh = []
     value = None
     for src in sources:
         # (another thread's list is scanned whole and left as it is: its owner may be scanning it)
         verdicts = _scanned(src, device_index, queue) if src is state else _on_device(src, device_index)
-        if host_reads and verdicts:
+        if reads and verdicts:
             value = _read_ready(verdicts)
             if value is not None:
                 break
         fresh += verdicts
     if value is None and fresh:
-        if queue and any(fusion.queued(v) for v in fresh):
+        if queue:
             value = _queued_gate(fresh, device_index)
         else:
             fresh = [v.get() if type(v) is Pending else v for v in fresh]
@@ -153,19 +155,23 @@ def poison(device_index, queue=False):
             scan = state.scan.get(device_index)
             if scan is not None:
                 scan[2][:] = [value]
-    state.poison[device_index] = (_version[0], value)
+    state.poison[device_index] = (_version[0], queue, value)
     return value
 
 
 def _queued_gate(fresh, device_index):
-    """The gate of a queued write when some of the verdicts are still queued: their maximum, queued in
-    the same segment, with that of the others (computed now; a zero when there are none) as one
-    more input. The queued steps depend only on how many verdicts are queued, not on which of the
-    others happen to be computed yet (_read_ready), so a loop's segments repeat and stay compiled."""
+    """The gate of a queued write: the maximum of the verdicts still queued, queued in the same
+    segment, with that of the others (computed now; a zero when there are none) as one more input;
+    without queued verdicts, the others' maximum. What is queued depends only on the order of the
+    ops, never on which verdicts happen to be computed yet (poison does not read them here: a write
+    gated or not as they were ready made two segments that alternated, one of them never compiled),
+    so a loop's segments repeat and stay compiled."""
     queued, done = [], []
     for v in fresh:
         (queued if fusion.queued(v) else done).append(v)
     done = [v.get() if type(v) is Pending else v for v in done]
+    if not queued:
+        return done[0] if len(done) == 1 else fusion.maximum(done, device_index)
     if not done:
         base = _zeros.get(device_index)
         if base is None:
