@@ -330,3 +330,23 @@ def test_fused_mode_gates_queued_writes_on_queued_checks_without_cutting_the_seg
         torch.tpu.clear_device_assert()
     torch.testing.assert_close(d_acc.cpu(), acc)
     torch.testing.assert_close(d_cache.cpu(), cache)
+
+
+def test_fused_mode_gates_do_not_depend_on_which_verdicts_are_computed():
+    """While a verdict is unchecked, the fused mode gates every write, whether the verdict is computed
+    yet or not: the executable a segment queues must not depend on timing (a training step used to
+    alternate between a gated and an ungated segment, one of them never compiled). Strict mode on
+    XLA:CPU reads a computed verdict and drops the gate when it passed."""
+    table = torch.arange(12.0, device=DEV).reshape(4, 3)
+    with torch.tpu.eager_mode("strict"):
+        table.index_select(0, torch.tensor([1], device=DEV))   # a checked op: one unchecked verdict
+    verdict = asserts._state().pending[-1][0]
+    verdict.block_until_ready()   # computed, passed, not checked
+    with torch.tpu.eager_mode("fused"):
+        assert asserts.poison(0, queue=True) is not None
+        assert asserts.poison(0) is not None
+    with torch.tpu.eager_mode("strict"):
+        expected = None if torch.tpu.platform() == "cpu" else asserts.poison(0)
+        assert asserts.poison(0) is expected
+    torch.tpu.synchronize()
+    assert not asserts.gating()

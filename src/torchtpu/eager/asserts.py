@@ -123,16 +123,16 @@ def poison(device_index, queue=False):
     segment it joins (a decode step's cache writes would cut it eight times); none is read
     (_queued_gate). Otherwise queued verdicts are run first (their segment flushes; no host wait)."""
     state = _state()
+    # (the fused mode never reads them: whether a write is gated, and so which executable a segment
+    # queues, must not depend on which verdicts happen to be computed yet: _queued_gate)
+    reads = _host_reads() and not queue and _mode[0] != "fused"
     cached = state.poison.get(device_index)
-    if cached is not None and cached[0] == _version[0] and cached[1] == queue:
+    if cached is not None and cached[0] == _version[0] and cached[1] == (queue, reads):
         return cached[2]
     if state is _autograd:
         sources = [_autograd, *_threads]
     else:
         sources = [state, _autograd]
-    # (the fused mode never reads them: whether a write is gated, and so which executable a segment
-    # queues, must not depend on which verdicts happen to be computed yet: _queued_gate)
-    reads = _host_reads() and not queue and _mode[0] != "fused"
     fresh = []
     value = None
     for src in sources:
@@ -155,7 +155,7 @@ def poison(device_index, queue=False):
             scan = state.scan.get(device_index)
             if scan is not None:
                 scan[2][:] = [value]
-    state.poison[device_index] = (_version[0], queue, value)
+    state.poison[device_index] = (_version[0], (queue, reads), value)
     return value
 
 
