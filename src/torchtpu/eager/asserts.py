@@ -144,7 +144,7 @@ def poison(device_index, queue=False):
                 break
         fresh += verdicts
     if value is None and fresh:
-        if queue:
+        if queue and any(fusion.queued(v) for v in fresh):
             value = _queued_gate(fresh, device_index)
         else:
             fresh = [v.get() if type(v) is Pending else v for v in fresh]
@@ -160,9 +160,9 @@ def poison(device_index, queue=False):
 
 
 def _queued_gate(fresh, device_index):
-    """The gate of a queued write: the maximum of the verdicts still queued, queued in the same
-    segment, with that of the others (computed now; a zero when there are none) as one more input;
-    without queued verdicts, the others' maximum. What is queued depends only on the order of the
+    """The gate of a queued write when some verdicts are still queued: their maximum, queued in the
+    same segment, with that of the others (computed now; a zero when there are none) as one more
+    input. What is queued depends only on the order of the
     ops, never on which verdicts happen to be computed yet (poison does not read them here: a write
     gated or not as they were ready made two segments that alternated, one of them never compiled),
     so a loop's segments repeat and stay compiled."""
@@ -170,8 +170,6 @@ def _queued_gate(fresh, device_index):
     for v in fresh:
         (queued if fusion.queued(v) else done).append(v)
     done = [v.get() if type(v) is Pending else v for v in done]
-    if not queued:
-        return done[0] if len(done) == 1 else fusion.maximum(done, device_index)
     if not done:
         base = _zeros.get(device_index)
         if base is None:

@@ -55,8 +55,6 @@ def convert(v, dtype):
     if jnp.issubdtype(v.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
         v = jnp.real(v)   # (PyTorch keeps the real part; JAX's astype deprecates doing it implicitly)
     if dtype == _E4M3FN and v.dtype != _E4M3FN and v.dtype != jnp.bool_:
-        if jnp.issubdtype(v.dtype, jnp.complexfloating):
-            v = jnp.real(v)
         v = jnp.clip(v, -_E4M3FN_MAX, _E4M3FN_MAX) if jnp.issubdtype(v.dtype, jnp.integer) else \
             jnp.where(jnp.isnan(v), v, jnp.clip(v, -_E4M3FN_MAX, _E4M3FN_MAX))
     return v.astype(dtype)
