@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 
 import torchtpu
-from torchtpu.eager import fusion
+from torchtpu.eager import fastpath, fusion
 from torchtpu.eager.fusion import Pending
 from torchtpu.storage.records import record_of
 
@@ -48,6 +48,51 @@ def test_a_repeated_loop_compiles_one_executable_and_matches_cpu(fused):
     # 5th, 6th: reused
     assert _count("fused_compiles") - compiles == 1
     assert _count("fused_runs") - runs == 3
+
+
+@pytest.mark.skipif(not fastpath.loaded(), reason="the C++ fast path is not built here")
+def test_the_cpp_queue_makes_the_segments_the_python_queue_makes(fused):
+    # the fast path queues a loop's warm calls itself (csrc/fast_kernel.cpp queue); OpKernel._run
+    # queues the rest, and all of them when it is off: either way the same segment, so switching
+    # between them compiles nothing new, and results match the CPU's
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    expected = _step(a, b)
+    da, db = a.to("tpu"), b.to("tpu")
+    for _ in range(4):
+        _step(da, db).cpu()
+    compiles, runs = _count("fused_compiles"), _count("fused_runs")
+    was = fastpath.set_fused_queue(True)
+    try:
+        for on in (False, True, False, True, True):
+            fastpath.set_fused_queue(on)
+            queued_here, queued = fastpath.stats()["queued_here"], _count("fused_ops")
+            assert_close(_step(da, db).cpu(), expected)
+            here = fastpath.stats()["queued_here"] - queued_here
+            if on:   # (Python opens the segment; copy_ has no C++ kernel)
+                assert here >= _count("fused_ops") - queued - 2 > 0
+            else:
+                assert here == 0
+    finally:
+        fastpath.set_fused_queue(was)
+    assert _count("fused_compiles") == compiles
+    assert _count("fused_runs") - runs == 5
+
+
+def test_a_stretch_of_strict_mode_leaves_the_fused_loop_warm(fused):
+    # the "cold" clock counts the fused mode's synchronizations only: reads in strict mode (a
+    # compiled model's generate() in between, say) do not make a fused loop's ops cold again
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    expected = _step(a, b)
+    da, db = a.to("tpu"), b.to("tpu")
+    for _ in range(4):
+        _step(da, db).cpu()
+    cold, runs = _count("fused_cold_ops"), _count("fused_runs")
+    with torchtpu.eager_mode("strict"):
+        for _ in range(2 * fusion.HOT_SYNCS):
+            _step(da, db).cpu()
+    assert_close(_step(da, db).cpu(), expected)
+    assert _count("fused_cold_ops") == cold
+    assert _count("fused_runs") - runs == 1
 
 
 def test_background_compiles_keep_the_loop_running(monkeypatch):

@@ -11,8 +11,12 @@ outputs, or the written argument; no constants, overlap check, XLA options, rand
 check that could fail, donated write), in strict mode calls the entry's jitted function itself
 (through the entry's memo for small ops: engine.memoizing; a write in its gated form while
 unchecked device-side verdicts exist: engine.write_gate), keeps its own verdict if it has checks,
-and makes the outputs as `new_tensor` does; in the fused mode it hands the keyed call to
-`OpKernel._run`, which queues it (eager/fusion.py), and makes the outputs over the queued results.
+and makes the outputs as `new_tensor` does. In the fused mode it appends a warm op's call to the
+open segment itself, the step eager/fusion.py `defer` would append (about a third of a Python
+queued call's cost), and hands anything with a decision to make (an op's first call in a sync
+window that finds it cold, a segment to open or to end, a gated write, an input queued in another
+segment not run yet, the fusion lock held by another thread) to `OpKernel._run`, which queues it;
+either way it makes the outputs over the queued results.
 Everything else runs the Python kernel, unchanged: a key seen for the first time (after which
 `describe` tells the C++ side whether the entry the Python kernel ran is plain), the debug mode, a
 failed device-side assert, a pending interrupt, XLA options in force, in strict mode an unwritten or
@@ -36,7 +40,7 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 9
+_ABI = 10
 _lib = [None]
 _tried = [False]
 _problem = [None]
@@ -142,12 +146,19 @@ def load() -> bool:
         lib.torchtpu_fast_set_enabled.argtypes = [ctypes.c_int]
         lib.torchtpu_fast_calls.restype = ctypes.c_longlong
         lib.torchtpu_fast_fallbacks.restype = ctypes.c_longlong
+        lib.torchtpu_fast_queued_here.restype = ctypes.c_longlong
         # (the last tuple: what new_tensor touches, so outputs on tpu:0 are made in C++)
         native_outputs = (records._bump, records._stats, records._StorageRef, records._on_free, records.MemoryStats)
         if not lib.torchtpu_fast_init((RECORDS, modes._mode, asserts.FAILED, interrupts.PENDING, xla_options._active,
                                        counters, StorageRecord, new_tensor, describe, ArrayImpl, _unchecked,
                                        native_outputs, device_scalar, asserts.note, Entry)):
             raise RuntimeError("torchtpu_fast_init failed")
+        from . import fusion
+        lib.torchtpu_fast_init_fused.argtypes = [ctypes.py_object]
+        if not lib.torchtpu_fast_init_fused((fusion._open, fusion._syncs, fusion._lock, fusion.Pending,
+                                             fusion._Segment, Entry, fusion.MIN_OPS, fusion.LIMIT,
+                                             fusion.COLD_CALLS, fusion.HOT_SYNCS)):
+            raise RuntimeError("torchtpu_fast_init_fused failed")
     except Exception as e:  # noqa: BLE001 - the Python kernels work without it
         _problem[0] = f"{type(e).__name__}: {e}"
         return False
@@ -229,6 +240,12 @@ def set_enabled(on: bool = True) -> bool:
     return was
 
 
+def set_fused_queue(on: bool = True) -> bool:
+    """Queue fused-mode calls in C++ (the default) or through OpKernel._run; the previous setting."""
+    lib = _lib[0]
+    return bool(lib.torchtpu_fast_fused_queue(int(bool(on)))) if lib is not None else False
+
+
 def set_native_outputs(on: bool = True) -> bool:
     """Make new outputs (tpu:0) in C++ (the default) or through `new_tensor`; the previous setting."""
     lib = _lib[0]
@@ -244,5 +261,6 @@ def clear():
 def stats() -> dict:
     lib = _lib[0]
     if lib is None:
-        return {"fast_calls": 0, "fallbacks": 0}
-    return {"fast_calls": lib.torchtpu_fast_calls(), "fallbacks": lib.torchtpu_fast_fallbacks()}
+        return {"fast_calls": 0, "fallbacks": 0, "queued_here": 0}
+    return {"fast_calls": lib.torchtpu_fast_calls(), "fallbacks": lib.torchtpu_fast_fallbacks(),
+            "queued_here": lib.torchtpu_fast_queued_here()}

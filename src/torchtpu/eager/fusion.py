@@ -24,6 +24,10 @@ costs instead of stalling while XLA compiles (TORCHTPU_FUSED_COMPILE=now compile
 Only executables that already ran once are queued (their number of results is known then), so an
 op's first call, and PyTorch's errors for bad arguments, happen at the op as in "strict" mode; an
 executable not queued recently ("cold", below) is not queued either but runs at once.
+
+`defer` has a twin in C++ (csrc/fast_kernel.cpp FastKernel::queue), which appends a warm op's step
+when nothing is to decide and leaves every decision here: a change to the layout of a step, a
+`_Segment` or a `Pending`, or to when an op is cold, is a change to both.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from .. import config
 from ..device import platform
 from ..metrics import counters
 from ..storage.records import Placeholder
+from .modes import _mode
 
 # Where a segment ends without being asked. The cuts depend on the ops, not on a count from wherever
 # the stream began, so a loop that never synchronizes (an eager training loop read every 50 steps) is
@@ -234,8 +239,11 @@ def _sources(segment, inputs):
 
 
 def count_sync():
-    """A host read of a value that was not queued: a sync point all the same (the clock of "cold")."""
-    _syncs[0] += 1
+    """A host read of a value that was not queued: a sync point all the same (the clock of "cold").
+    Only in the fused mode: the clock is the fused mode's own, and a stretch of strict mode (a
+    compiled forward's generate(), say) must not find every op cold when the fused mode comes back."""
+    if _mode[0] == "fused":
+        _syncs[0] += 1
 
 
 def forget():

@@ -14,8 +14,9 @@
 // the scalars and the offsets of partial views (a write in its gated form while unchecked
 // device-side verdicts exist: eager/asserts.py), keeps its own verdict if it has checks
 // (asserts.note), and makes the output tensors (storage/records.py: new_tensor). In the "fused"
-// mode it hands the keyed call to OpKernel._run, which queues it, and makes the outputs over the
-// queued results. Anything else — a key not seen yet, an entry that is not plain, the debug mode,
+// mode it appends the call to the open segment itself, as eager/fusion.py defer does, when the op
+// is warm and nothing is to decide (FastKernel::queue); otherwise it hands the keyed call to
+// OpKernel._run, which queues it; then it makes the outputs over the queued results. Anything else — a key not seen yet, an entry that is not plain, the debug mode,
 // a failed device-side assert, a pending interrupt, XLA options in force, in strict mode an
 // unwritten or queued buffer or an error — runs the Python kernel. The key is at least as fine as the Python kernel's, so the entry it
 // finds is the one the Python kernel would use.
@@ -41,7 +42,7 @@
 
 namespace {
 
-constexpr int kAbi = 9;
+constexpr int kAbi = 10;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -77,6 +78,30 @@ struct Config {
 };
 
 Config C;
+
+// The "fused" mode's queue (eager/fusion.py defer), for the common case: torchtpu_fast_init_fused
+struct Fused {
+  bool ready = false;
+  PyObject* open = nullptr;      // fusion._open: device index -> the open _Segment
+  PyObject* syncs = nullptr;     // fusion._syncs: [synchronizations so far]
+  PyObject* acquire = nullptr;   // fusion._lock.acquire
+  PyObject* release = nullptr;   // fusion._lock.release
+  PyTypeObject* pending = nullptr;   // fusion.Pending
+  Py_ssize_t e_fn = -1, e_last_sync = -1, e_cold = -1, e_window_calls = -1, e_anchor = -1;   // Entry slots
+  Py_ssize_t s_steps = -1, s_external = -1, s_external_ids = -1, s_undo = -1, s_undo_ids = -1;   // _Segment
+  Py_ssize_t p_segment = -1, p_step = -1, p_index = -1, p_value = -1;   // Pending slots
+  Py_ssize_t c_fused_ops = -1;   // counters.fused_ops
+  long min_ops = 0, limit = 0, cold_calls = 0, hot_syncs = 0;
+};
+
+Fused F;
+
+void set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {   // steals `value`
+  PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+  PyObject* old = *p;
+  *p = value;
+  Py_XDECREF(old);
+}
 
 // JAX converts every Python number argument to a device array on each call (about 2.5 us each):
 // the traced scalars and storage offsets of calls on tpu:0 are passed as kept device arrays of the
@@ -129,7 +154,7 @@ PyObject* device_scalar(PyObject* v) {
 }
 
 bool g_enabled = false;
-long long g_fast_calls = 0, g_fallbacks = 0;
+long long g_fast_calls = 0, g_fallbacks = 0, g_queued_here = 0;
 
 enum : int64_t {
   K_ABSENT = 1, K_NONE, K_TENSOR, K_CPU_SCALAR, K_SCALAR_INT, K_SCALAR_DOUBLE, K_SCALAR_BOOL,
@@ -338,30 +363,33 @@ class FastKernel final : public c10::OperatorKernel {
       PyObject* items[4] = {nullptr, nullptr, nullptr, nullptr};
       ~Refs() { for (PyObject* x : items) Py_XDECREF(x); }
     } refs;
-    PyObject*& records = refs.items[0];
-    PyObject*& scalars = refs.items[1];
-    PyObject*& offsets = refs.items[2];
-    records = PyList_New(static_cast<Py_ssize_t>(w.records.size()));
-    scalars = PyList_New(static_cast<Py_ssize_t>(w.values.size()));
-    offsets = PyList_New(static_cast<Py_ssize_t>(w.offsets.size()));
-    if (!records || !scalars || !offsets) throw python_error();
-    for (size_t i = 0; i < w.records.size(); i++) {
-      Py_INCREF(w.records[i]);
-      PyList_SET_ITEM(records, i, w.records[i]);
+    PyObject* res = queue(p, w);
+    if (!res) {
+      PyObject*& records = refs.items[0];
+      PyObject*& scalars = refs.items[1];
+      PyObject*& offsets = refs.items[2];
+      records = PyList_New(static_cast<Py_ssize_t>(w.records.size()));
+      scalars = PyList_New(static_cast<Py_ssize_t>(w.values.size()));
+      offsets = PyList_New(static_cast<Py_ssize_t>(w.offsets.size()));
+      if (!records || !scalars || !offsets) throw python_error();
+      for (size_t i = 0; i < w.records.size(); i++) {
+        Py_INCREF(w.records[i]);
+        PyList_SET_ITEM(records, i, w.records[i]);
+      }
+      for (size_t i = 0; i < w.values.size(); i++) {
+        Py_INCREF(w.values[i]);
+        PyList_SET_ITEM(scalars, i, w.values[i]);
+      }
+      for (size_t i = 0; i < w.offsets.size(); i++) {
+        PyObject* n = PyLong_FromLongLong(w.offsets[i]);
+        if (!n) throw python_error();
+        PyList_SET_ITEM(offsets, i, n);
+      }
+      // (argv[0] is the spare slot PY_VECTORCALL_ARGUMENTS_OFFSET lets the callee use)
+      PyObject* argv[9] = {nullptr, kernel_, p.entry, records, scalars, offsets, w.device_obj, Py_None, Py_None};
+      res = PyObject_VectorcallMethod(C.run_name, argv + 1, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+      if (!res) throw python_error();
     }
-    for (size_t i = 0; i < w.values.size(); i++) {
-      Py_INCREF(w.values[i]);
-      PyList_SET_ITEM(scalars, i, w.values[i]);
-    }
-    for (size_t i = 0; i < w.offsets.size(); i++) {
-      PyObject* n = PyLong_FromLongLong(w.offsets[i]);
-      if (!n) throw python_error();
-      PyList_SET_ITEM(offsets, i, n);
-    }
-    // (argv[0] is the spare slot PY_VECTORCALL_ARGUMENTS_OFFSET lets the callee use)
-    PyObject* argv[9] = {nullptr, kernel_, p.entry, records, scalars, offsets, w.device_obj, Py_None, Py_None};
-    PyObject* res = PyObject_VectorcallMethod(C.run_name, argv + 1, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-    if (!res) throw python_error();
     refs.items[3] = res;
     PyObject* const* items = nullptr;
     size_t n = p.outs.size() + p.mutated.size() + (p.checks ? 1 : 0);
@@ -384,6 +412,201 @@ class FastKernel final : public c10::OperatorKernel {
     }
     push_outputs(p, w, items, stack);
     return true;
+  }
+
+  // eager/fusion.py defer, for the call the fast path keyed: the queued results (a new reference),
+  // or null (no error set) where the Python kernel must queue it, which it does as before: a
+  // decision to make (the op's first call in a sync window, a cold op, a gated write, a segment to
+  // open or to end, an input not written yet or queued elsewhere), the fusion lock held by another
+  // thread. The step it appends is the one defer appends, so segments queued here and there are
+  // the same segments. Runs no Python code but the lock's methods, the weak references' and
+  // asserts.note: no interrupt can land between its writes.
+  static PyObject* queue(const Plan& p, const Work& w) {
+    if (!F.ready || !p.entry || !w.device_obj) return nullptr;
+    PyObject* entry = p.entry;
+    if (!p.mutated.empty()) {
+      for (int s : p.mutated) {
+        if (s < 0 || static_cast<size_t>(s) >= w.records.size()) return nullptr;
+      }
+      PyObject* u = PyList_GET_SIZE(C.unchecked) ? PyList_GET_ITEM(C.unchecked, 0) : nullptr;
+      if (!u || !PyLong_CheckExact(u) || (p.gate && PyLong_AsLong(u) != 0)) return nullptr;   // gated: Python
+    }
+    PyObject* fn = slot_of(entry, F.e_fn);
+    PyObject* last = slot_of(entry, F.e_last_sync);
+    PyObject* calls_obj = slot_of(entry, F.e_window_calls);
+    PyObject* cold = slot_of(entry, F.e_cold);
+    PyObject* anchor = slot_of(entry, F.e_anchor);
+    PyObject* now = PyList_GET_SIZE(F.syncs) ? PyList_GET_ITEM(F.syncs, 0) : nullptr;
+    if (!fn || fn == Py_None || !last || !now || !calls_obj || !cold || !anchor || !PyLong_CheckExact(last) ||
+        !PyLong_CheckExact(now) || !PyLong_CheckExact(calls_obj)) {
+      return nullptr;
+    }
+    int overflow = 0;
+    long long last_sync = PyLong_AsLongLongAndOverflow(last, &overflow);
+    long long now_sync = PyLong_AsLongLongAndOverflow(now, &overflow);
+    long calls = PyLong_AsLong(calls_obj) + 1;
+    if (overflow || PyErr_Occurred()) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    bool new_window = last_sync != now_sync;
+    if (new_window) {   // its first call in this sync window decides whether it is cold
+      if (now_sync - last_sync > F.hot_syncs) return nullptr;   // cold: it runs now (Python)
+      calls = 1;
+    } else if (cold != Py_False && calls <= F.cold_calls) {
+      return nullptr;   // a cold op runs now
+    }
+    PyObject* got = PyObject_CallOneArg(F.acquire, Py_False);
+    if (!got) throw python_error();
+    bool held = got == Py_True;
+    Py_DECREF(got);
+    if (!held) return nullptr;   // (another thread is flushing: Python waits for the lock)
+    struct Unlock {
+      ~Unlock() {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject* r = PyObject_CallNoArgs(F.release);
+        if (r) Py_DECREF(r); else PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+      }
+    } unlock;
+    PyObject* segment = PyDict_GetItemWithError(F.open, w.device_obj);
+    if (!segment) {
+      if (PyErr_Occurred()) throw python_error();
+      return nullptr;   // (Python opens one)
+    }
+    PyObject* steps = slot_of(segment, F.s_steps);
+    PyObject* external = slot_of(segment, F.s_external);
+    PyObject* ids = slot_of(segment, F.s_external_ids);
+    PyObject* undo = slot_of(segment, F.s_undo);
+    PyObject* undo_ids = slot_of(segment, F.s_undo_ids);
+    if (!steps || !PyList_CheckExact(steps) || !external || !PyList_CheckExact(external) || !ids ||
+        !PyDict_CheckExact(ids) || !undo || !PyList_CheckExact(undo) || !undo_ids || !PySet_CheckExact(undo_ids)) {
+      return nullptr;
+    }
+    Py_ssize_t step = PyList_GET_SIZE(steps);
+    if (step >= F.min_ops) {   // a loop's next iteration ends the segment: Python
+      PyObject* first = PyList_GET_ITEM(steps, 0);
+      if (!PyTuple_Check(first) || PyTuple_GET_SIZE(first) < 1 || PyTuple_GET_ITEM(first, 0) == fn) return nullptr;
+    }
+    if (step + 1 >= F.min_ops && (anchor != Py_False || step + 1 >= F.limit)) return nullptr;   // it flushes
+    // the inputs: a result queued in this segment, or a concrete array (a result of a segment
+    // that ran: its value); anything else (unwritten, queued in a segment not run yet): Python
+    size_t n_in = w.records.size();
+    c10::SmallVector<PyObject*, 8> inputs;
+    for (size_t i = 0; i < n_in; i++) {
+      PyObject* b = slot_of(w.records[i], C.off_buffer);
+      if (!b || b == Py_None) return nullptr;
+      if (Py_TYPE(b) == F.pending && slot_of(b, F.p_segment) != segment) {
+        b = slot_of(b, F.p_value);
+        if (!b || b == Py_None) return nullptr;
+      }
+      inputs.push_back(b);
+    }
+    size_t n = p.outs.size() + p.mutated.size() + (p.checks ? 1 : 0);
+    struct Owned {
+      c10::SmallVector<PyObject*, 8> items;
+      ~Owned() { for (PyObject* x : items) Py_XDECREF(x); }
+    } owned_;
+    auto own = [&](PyObject* x) {
+      if (!x) throw python_error();
+      owned_.items.push_back(x);
+      return x;
+    };
+    PyObject* sources = own(PyTuple_New(static_cast<Py_ssize_t>(n_in)));
+    for (size_t i = 0; i < n_in; i++) {
+      PyObject* b = inputs[i];
+      PyObject* source;
+      if (Py_TYPE(b) == F.pending) {
+        source = PyTuple_Pack(2, slot_of(b, F.p_step), slot_of(b, F.p_index));
+        if (!source) throw python_error();
+      } else {
+        PyObject* id = own(PyLong_FromVoidPtr(b));
+        source = PyDict_GetItemWithError(ids, id);
+        if (source) {
+          Py_INCREF(source);
+        } else {
+          if (PyErr_Occurred()) throw python_error();
+          if (PyList_Append(external, b) < 0) throw python_error();
+          source = PyLong_FromSsize_t(PyList_GET_SIZE(external) - 1);
+          if (!source || PyDict_SetItem(ids, id, source) < 0) {
+            Py_XDECREF(source);
+            throw python_error();
+          }
+        }
+      }
+      PyTuple_SET_ITEM(sources, i, source);
+    }
+    PyObject* numbers = own(PyTuple_New(static_cast<Py_ssize_t>(w.values.size() + w.offsets.size())));
+    for (size_t i = 0; i < w.values.size(); i++) {
+      Py_INCREF(w.values[i]);
+      PyTuple_SET_ITEM(numbers, i, w.values[i]);
+    }
+    for (size_t i = 0; i < w.offsets.size(); i++) {
+      PyObject* o = PyLong_FromLongLong(w.offsets[i]);
+      if (!o) throw python_error();
+      PyTuple_SET_ITEM(numbers, w.values.size() + i, o);
+    }
+    PyObject* step_obj = own(PyLong_FromSsize_t(step));
+    PyObject* results = PyTuple_New(static_cast<Py_ssize_t>(n));   // returned: not in owned
+    if (!results) throw python_error();
+    struct Drop {
+      PyObject*& r;
+      ~Drop() { Py_XDECREF(r); }
+    } drop{results};
+    PyObject* weak = own(PyList_New(static_cast<Py_ssize_t>(n)));
+    for (size_t k = 0; k < n; k++) {
+      PyObject* pending = F.pending->tp_alloc(F.pending, 0);   // (Pending(segment, step, k): no __init__ to run)
+      if (!pending) throw python_error();
+      PyTuple_SET_ITEM(results, k, pending);
+      Py_INCREF(segment);
+      set_slot(pending, F.p_segment, segment);
+      Py_INCREF(step_obj);
+      set_slot(pending, F.p_step, step_obj);
+      PyObject* index = PyLong_FromSsize_t(static_cast<Py_ssize_t>(k));
+      if (!index) throw python_error();
+      set_slot(pending, F.p_index, index);
+      Py_INCREF(Py_None);
+      set_slot(pending, F.p_value, Py_None);
+      PyObject* ref = PyWeakref_NewRef(pending, nullptr);
+      if (!ref) throw python_error();
+      PyList_SET_ITEM(weak, k, ref);
+    }
+    for (int s : p.mutated) {   // what to restore if the segment cannot run
+      PyObject* r = w.records[s];
+      PyObject* id = own(PyLong_FromVoidPtr(r));
+      int seen = PySet_Contains(undo_ids, id);
+      if (seen < 0) throw python_error();
+      if (seen) continue;
+      PyObject* pair = own(PyTuple_Pack(2, r, slot_of(r, C.off_buffer)));
+      if (PyList_Append(undo, pair) < 0 || PySet_Add(undo_ids, id) < 0) throw python_error();
+    }
+    PyObject* queued = own(PyTuple_Pack(4, fn, sources, numbers, weak));
+    if (PyList_Append(steps, queued) < 0) throw python_error();
+    // the step is queued: from here on nothing can fail before the written storages get its results
+    PyObject* calls_now = PyLong_FromLong(calls);
+    if (calls_now) set_slot(entry, F.e_window_calls, calls_now); else PyErr_Clear();
+    if (new_window) {   // (as defer records a warm op's first call in a window)
+      Py_INCREF(now);
+      set_slot(entry, F.e_last_sync, now);
+      Py_INCREF(Py_False);
+      set_slot(entry, F.e_cold, Py_False);
+    }
+    c10::SmallVector<PyObject*, 4> old;
+    for (size_t i = 0; i < p.mutated.size(); i++) {
+      PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.records[p.mutated[i]]) + C.off_buffer);
+      old.push_back(*slot);
+      PyObject* item = PyTuple_GET_ITEM(results, p.outs.size() + i);
+      Py_INCREF(item);
+      *slot = item;
+    }
+    for (PyObject* o : old) Py_XDECREF(o);
+    add_counter(F.c_fused_ops);
+    g_queued_here++;
+    if (p.checks) note(p, PyTuple_GET_ITEM(results, n - 1));   // (queued: raised after, as in Python)
+    PyObject* out = results;
+    results = nullptr;   // (the caller's now)
+    return out;
   }
 
   bool present(c10::ArrayRef<c10::IValue> args, int64_t i, int64_t positional_end) const {
@@ -849,8 +1072,11 @@ class FastKernel final : public c10::OperatorKernel {
     return true;
   }
 
-  static void count_hit() {
-    PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(C.counters) + C.off_hits);
+  static void count_hit() { add_counter(C.off_hits); }
+
+  static void add_counter(Py_ssize_t offset) {
+    if (offset < 0) return;
+    PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(C.counters) + offset);
     PyObject* old = *p;
     if (!old || !PyLong_CheckExact(old)) return;
     PyObject* n = PyLong_FromLongLong(PyLong_AsLongLong(old) + 1);
@@ -1070,6 +1296,68 @@ int torchtpu_fast_init(PyObject* config) {
   return 1;
 }
 
+// The fused mode's queue (eager/fusion.py): (_open, _syncs, _lock, Pending, _Segment, Entry,
+// MIN_OPS, LIMIT, COLD_CALLS, HOT_SYNCS); after torchtpu_fast_init. Without it every queued call goes through
+// OpKernel._run.
+int torchtpu_fast_init_fused(PyObject* config) {
+  if (!C.counters || !PyTuple_Check(config) || PyTuple_GET_SIZE(config) != 10) {
+    PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad fused-mode configuration");
+    return 0;
+  }
+  PyObject* pending = PyTuple_GET_ITEM(config, 3);
+  PyObject* segment = PyTuple_GET_ITEM(config, 4);
+  PyObject* entry = PyTuple_GET_ITEM(config, 5);
+  PyObject* lock = PyTuple_GET_ITEM(config, 2);
+  Fused f;
+  f.open = PyTuple_GET_ITEM(config, 0);
+  f.syncs = PyTuple_GET_ITEM(config, 1);
+  if (!PyDict_Check(f.open) || !PyList_Check(f.syncs) || !PyType_Check(pending) || !PyType_Check(segment) ||
+      !PyType_Check(entry)) {
+    PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad fused-mode configuration types");
+    return 0;
+  }
+  f.pending = reinterpret_cast<PyTypeObject*>(pending);
+  f.min_ops = PyLong_AsLong(PyTuple_GET_ITEM(config, 6));
+  f.limit = PyLong_AsLong(PyTuple_GET_ITEM(config, 7));
+  f.cold_calls = PyLong_AsLong(PyTuple_GET_ITEM(config, 8));
+  f.hot_syncs = PyLong_AsLong(PyTuple_GET_ITEM(config, 9));
+  if (PyErr_Occurred()) return 0;
+  PyObject* counters_type = reinterpret_cast<PyObject*>(Py_TYPE(C.counters));
+  if ((f.e_fn = member_offset(entry, "fn")) < 0 || (f.e_last_sync = member_offset(entry, "last_sync")) < 0 ||
+      (f.e_cold = member_offset(entry, "cold")) < 0 || (f.e_window_calls = member_offset(entry, "window_calls")) < 0 ||
+      (f.e_anchor = member_offset(entry, "anchor")) < 0 || (f.s_steps = member_offset(segment, "steps")) < 0 ||
+      (f.s_external = member_offset(segment, "external")) < 0 ||
+      (f.s_external_ids = member_offset(segment, "external_ids")) < 0 ||
+      (f.s_undo = member_offset(segment, "undo")) < 0 || (f.s_undo_ids = member_offset(segment, "undo_ids")) < 0 ||
+      (f.p_segment = member_offset(pending, "segment")) < 0 || (f.p_step = member_offset(pending, "step")) < 0 ||
+      (f.p_index = member_offset(pending, "index")) < 0 || (f.p_value = member_offset(pending, "value")) < 0 ||
+      (f.c_fused_ops = member_offset(counters_type, "fused_ops")) < 0) {
+    return 0;
+  }
+  f.acquire = PyObject_GetAttrString(lock, "acquire");
+  f.release = PyObject_GetAttrString(lock, "release");
+  if (!f.acquire || !f.release) {
+    Py_XDECREF(f.acquire);
+    Py_XDECREF(f.release);
+    return 0;
+  }
+  Py_INCREF(f.open);
+  Py_INCREF(f.syncs);
+  Py_INCREF(pending);
+  f.ready = true;
+  F = f;
+  return 1;
+}
+
+// Queue fused-mode calls here (1, once configured) or through OpKernel._run (0); the previous setting.
+int torchtpu_fast_fused_queue(int on) {
+  static bool configured = false;
+  bool was = F.ready;
+  if (F.open) configured = true;
+  F.ready = on && configured;
+  return was;
+}
+
 // Put the fast kernel of aten::name.overload on PrivateUse1 in front of `kernel`, the Python kernel
 // already registered on PrivateUse3. `scalar`: bytes, 1 for each argument whose numbers are traced;
 // `alias_arg`: the argument an in-place or out= overload returns, or -1.
@@ -1155,5 +1443,6 @@ int torchtpu_fast_cache_scalars(int on) {
 
 long long torchtpu_fast_calls() { return g_fast_calls; }
 long long torchtpu_fast_fallbacks() { return g_fallbacks; }
+long long torchtpu_fast_queued_here() { return g_queued_here; }
 
 }  // extern "C"
