@@ -37,7 +37,8 @@ import threading
 import warnings
 import weakref
 from collections import deque
-from itertools import repeat
+from itertools import chain, compress, repeat
+from operator import is_not, itemgetter
 
 import jax
 
@@ -302,24 +303,37 @@ def _flush(segment: _Segment):
         raise interrupted
 
 
+# (a step is (executable, sources, numbers, weak references to its results): eager/fusion.py defer)
+_step_plan = itemgetter(0, 1)
+_step_numbers = itemgetter(2)
+_step_refs = itemgetter(3)
+_deref = weakref.ref.__call__
+
+
 def _run_segment(segment):
     if _open.get(segment.device) is segment:
         del _open[segment.device]
-    if not segment.steps:
+    steps = segment.steps
+    if not steps:
         return
     _flushes[0] += 1
-    live = tuple((s, i) for s, step in enumerate(segment.steps) for i, r in enumerate(step[3])
-                 if r() is not None)
-    if not live:  # nothing anyone can observe: every result was dropped or overwritten
+    # (C-level passes: a decoding step flushes ~7 segments of ~40 ops per token)
+    held = list(map(_deref, chain.from_iterable(map(_step_refs, steps))))   # each result's Pending, or None
+    live = bytes(map(is_not, held, repeat(None)))   # which results someone still holds
+    if 1 not in live:  # nothing anyone can observe: every result was dropped or overwritten
         return
-    plan = tuple((fn, sources) for fn, sources, _, _ in segment.steps)
+    plan = tuple(map(_step_plan, steps))
     key = (segment.device, plan, live)
     fn = _executable_for(segment, key, plan, live)
-    values = _run(fn, key, plan, live, segment.external, [step[2] for step in segment.steps])
-    pendings = [segment.steps[s][3][i]() for s, i in live]
-    kept = [(p, v) for p, v in zip(pendings, values) if p is not None]
+    values = _run(fn, key, plan, live, segment, list(map(_step_numbers, steps)))
     # in C: every Pending gets its value, or (an interrupt before this line) none
-    _consume(map(setattr, [p for p, _ in kept], repeat("value"), [v for _, v in kept]))
+    _consume(map(setattr, filter(None, held), repeat("value"), values))
+
+
+def _results(steps, live):
+    """(step, index) of each live result, in order, for `live` (one byte per result of `steps`)."""
+    where = [(s, i) for s, step in enumerate(steps) for i in range(len(step[3]))]
+    return tuple(compress(where, live))
 
 
 def _undo(segment):
@@ -347,12 +361,13 @@ def _executable_for(segment, key, plan, live):
         last = _seen.get(key)
         if last is not None and _flushes[0] - last <= RECENT:
             del _seen[key]
+            results = _results(segment.steps, live)
             if COMPILE == "now":
-                fn = _compiled[key] = _fuse(plan, live, segment.device)
+                fn = _compiled[key] = _fuse(plan, results, segment.device)
                 counters.fused_compiles += 1
                 _note_executable()
             else:
-                _compile_later(key, segment, plan, live)
+                _compile_later(key, segment, plan, results)
         else:
             if len(_seen) >= _MAX_KEYS:
                 _seen.clear()
@@ -371,39 +386,41 @@ def _as_arrays(scalars):
     use: JAX converts a number at every call (~1.7 µs each; a decoder layer's segment has ~8), and
     takes a weakly typed array of the same dtype where it was lowered for a number. The op-by-op
     replay keeps the numbers: its ops' executables were traced with them (fastpath.device_scalar)."""
-    out = []
-    for step in scalars:
-        converted = []
-        for v in step:
-            t = type(v)
-            if t is int or t is float or t is bool:
-                k = (t, v.hex() if t is float else v)   # (-0.0 and 0.0, True and 1 kept apart)
-                if k not in _kept:   # first use: the number itself
-                    if len(_kept) >= _MAX_KEYS:
-                        _kept.clear()
-                    _kept[k] = None
-                else:
-                    a = _kept[k]
-                    if a is None:
-                        from .fastpath import device_scalar
-                        a = _kept[k] = device_scalar(v)
-                    v = a
-            converted.append(v)
-        out.append(tuple(converted))
-    return out
+    return [_step_as_arrays(step) if step else step for step in scalars]
 
 
-def _run(fn, key, plan, live, external, scalars):
+def _step_as_arrays(step):
+    converted = []
+    for v in step:
+        t = type(v)
+        if t is int or t is float or t is bool:
+            k = (t, v.hex() if t is float else v)   # (-0.0 and 0.0, True and 1 kept apart)
+            if k not in _kept:   # first use: the number itself
+                if len(_kept) >= _MAX_KEYS:
+                    _kept.clear()
+                _kept[k] = None
+            else:
+                a = _kept[k]
+                if a is None:
+                    from .fastpath import device_scalar
+                    a = _kept[k] = device_scalar(v)
+                v = a
+        converted.append(v)
+    return tuple(converted)
+
+
+def _run(fn, key, plan, live, segment, scalars):
     if fn is not None and fn is not _FAILED:
         try:
-            values = fn(external, _as_arrays(scalars))
+            values = fn(segment.external, _as_arrays(scalars))
             counters.fused_runs += 1
             return values
         except TypeError:
             # an executable compiled ahead of time takes exactly the argument types it was lowered
             # for (a Python scalar's type, say); a mismatch is refused before it runs: replay instead
             _compiled[key] = _FAILED
-    return _replay(plan, live, external, scalars)   # op by op through the ops' own executables
+    # op by op through the ops' own executables
+    return _replay(plan, _results(segment.steps, live), segment.external, scalars)
 
 
 def _replay(plan, live, external, scalars):
