@@ -476,6 +476,16 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
     (PyTorch's composite would run empty, resize_ and arange.start_out: ~140 µs instead of ~20)."""
     if end is None:
         start, end = 0, start
+    # (generate()'s static cache asks for the same `arange(kv_length)` in every layer at every token:
+    # integer calls seen before skip the checks and the length, ~50 µs of Python)
+    seen = type(start) is int and type(end) is int and type(step) is int and (dtype is None or dtype is torch.int64)
+    if seen:
+        key = (start, end, step, device, current_device())
+        hit = _arange_seen.get(key)
+        if hit is not None:
+            n, jd, index = hit
+            metrics.counters.eager_cache_hits += 1
+            return new_tensor((n,), torch.int64, index, _arange_values(n, jd, index, start, step))
     d = dtype if dtype is not None else (
         torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype())
     if d.is_complex or d == torch.bool:
@@ -489,11 +499,16 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
     index = torch.device(device).index if device is not None else None
     if index is None:
         index = current_device()
+    if seen:
+        if len(_arange_seen) >= 256:
+            _arange_seen.clear()
+        _arange_seen[key] = (n, jd, index)
     metrics.counters.eager_cache_hits += 1
     return new_tensor((n,), d, index, _arange_values(n, jd, index, start, step))
 
 
 _arange_kept: dict = {}
+_arange_seen: dict = {}   # (start, end, step, device, current device) of integer calls -> (length, dtype, index)
 
 
 def _arange_values(n, jd, index, start, step):
