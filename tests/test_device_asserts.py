@@ -293,13 +293,20 @@ def test_a_failed_check_after_many_passed_ones_still_gates_the_writes_after_it(m
     del bad
 
 
-def test_fused_mode_gates_queued_writes_on_queued_checks_without_cutting_the_segment(monkeypatch):
+@pytest.mark.parametrize("cpp_queue", [True, False], ids=["cpp-queue", "python-queue"])
+def test_fused_mode_gates_queued_writes_on_queued_checks_without_cutting_the_segment(monkeypatch, request, cpp_queue):
     """A decode-like step: a checked gather, then writes into existing tensors (a cache row, an
     accumulator) gated on it. In the fused mode the gate is queued with them, so the step stays one
     segment (one flush, compiled from its second run); a failed check in such a step still leaves
-    every write uncommitted and is reported at the sync."""
-    from torchtpu.eager import fusion
+    every write uncommitted and is reported at the sync. The same whether the C++ fast path queues
+    the writes (the default) or OpKernel._run does."""
+    from torchtpu.eager import fastpath, fusion
     monkeypatch.setattr(fusion, "COMPILE", "now")
+    if fastpath.loaded():
+        was = fastpath.set_fused_queue(cpp_queue)
+        request.addfinalizer(lambda: fastpath.set_fused_queue(was))
+    elif cpp_queue:
+        pytest.skip("the C++ fast path is not built here")
     torch.manual_seed(0)
     table = torch.randn(16, 8)
     cache, acc = torch.zeros(6, 8), torch.zeros(8)
@@ -317,7 +324,10 @@ def test_fused_mode_gates_queued_writes_on_queued_checks_without_cutting_the_seg
             token = torch.tensor([(5 * i) % 16])
             step(table, cache, acc, i, token)
             before, runs = fusion._flushes[0], torchtpu.metrics()["fused_runs"]
+            queued_here = fastpath.stats()["queued_here"]
             step(d_table, d_cache, d_acc, i, token.to(DEV))
+            if i == 11:   # the three gated writes queued by the C++ fast path, or none of them
+                assert (fastpath.stats()["queued_here"] - queued_here >= 3) == cpp_queue
             torch.testing.assert_close(d_acc.cpu(), acc)   # the sync: one flush, checks read
             flushes.append(fusion._flushes[0] - before)
             compiled_runs.append(torchtpu.metrics()["fused_runs"] - runs)

@@ -556,11 +556,12 @@ def _execute(entry, inputs, scalars, offsets, records):
 
 
 def write_gate(entry):
-    """For the C++ fast path: gate(device index) of an in-place entry's write while unchecked
-    device-side verdicts exist: None when none of them can gate it there, else (entry's executable
-    in its gated form, the gate: an argument after the buffers), as _execute calls them."""
-    def gate(device_index):
-        value = asserts.poison(device_index)
+    """For the C++ fast path: gate(device index, queue=False) of an in-place entry's write while
+    unchecked device-side verdicts exist: None when none of them can gate it there, else (entry's
+    executable in its gated form, the gate: an argument after the buffers), as _execute calls them
+    (`queue`: as the fused mode queues them, OpKernel._call)."""
+    def gate(device_index, queue=False):
+        value = asserts.poison(device_index, queue=queue)
         return None if value is None else (entry.fn_gated or _gated(entry), value)
     return gate
 

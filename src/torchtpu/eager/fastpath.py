@@ -40,7 +40,7 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 10
+_ABI = 11
 _lib = [None]
 _tried = [False]
 _problem = [None]
@@ -49,8 +49,9 @@ _problem = [None]
 def describe(kernel):
     """What the C++ fast path may do with the entry `kernel` just ran: (jitted function, ((shape,
     dtype) of each new output, ...), written slots, device-side check messages or None, the op's
-    name, its writes' gate or None, the entry (the "fused" mode queues it through OpKernel._run), and
-    for an entry with a memo its executable, called directly once the memo gives up, else None)
+    name, its writes' gate or None, the entry (the "fused" mode queues it), for an entry with a memo
+    its executable, called directly once the memo gives up, else None, and whether only the fused
+    mode may take it: a write to a large storage, which strict mode's Python kernel donates)
     for a plain entry: a functional op whose returns are all new tensors
     (written slots ()), or an in-place or out= op (no new output; the written argument returned);
     True to ask again later (the last call was not this kernel's); False never."""
@@ -66,13 +67,15 @@ def describe(kernel):
         return False
     checks = tuple(entry.checks) if entry.checks else None
     if entry.mutated_slots:
-        # (entry.traced: a large storage, donated when nothing else holds its buffer: the Python kernel)
-        if (entry.outs or entry.traced is not None or entry.nones is not None
+        if (entry.outs or entry.nones is not None
                 or entry.spec is None or len(entry.spec) != 1 or not isinstance(entry.spec[0], str)
                 or entry.n_results != len(entry.mutated_slots) + bool(checks)):
             return False
         gate = write_gate(entry) if entry.source is not None else None
-        return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate, entry, None)
+        # (entry.traced: a large storage, donated when nothing else holds its buffer: strict mode's
+        # Python kernel)
+        return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate, entry, None,
+                entry.traced is not None)
     n_returns = len(kernel.op._schema.returns)
     if (entry.nones is not None or len(entry.outs) != n_returns
             or entry.n_results != n_returns + bool(checks)
@@ -81,8 +84,8 @@ def describe(kernel):
     outs = tuple((tuple(shape), dtype) for shape, dtype in entry.outs)
     if entry.memo is not None:   # a small op keeps its last results, keyed on the numbers' values:
         # memoizing takes the numbers themselves, not kept device arrays
-        return (memoizing(entry), outs, (), checks, kernel.where, None, entry, entry.fn)
-    return (entry.fn, outs, (), checks, kernel.where, None, entry, None)
+        return (memoizing(entry), outs, (), checks, kernel.where, None, entry, entry.fn, False)
+    return (entry.fn, outs, (), checks, kernel.where, None, entry, None, False)
 
 
 def device_scalar(value):

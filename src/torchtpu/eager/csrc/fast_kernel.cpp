@@ -42,7 +42,7 @@
 
 namespace {
 
-constexpr int kAbi = 10;
+constexpr int kAbi = 11;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -191,6 +191,9 @@ struct Plan {
   // (Entry.memo None: its calls never repeated); a memo plan's fn takes the numbers themselves,
   // not kept device arrays (the memo keys them)
   PyObject* plain_fn = nullptr;
+  // in strict mode the Python kernel runs it (an in-place write on a large storage, donated when
+  // nothing else holds its buffer); the fused mode queues it as any write
+  bool queue_only = false;
   ~Plan() {
     if (!Py_IsInitialized()) return;   // (the process is exiting: Python is gone)
     Py_XDECREF(fn);
@@ -299,7 +302,8 @@ class FastKernel final : public c10::OperatorKernel {
         if (it != table_.end()) {
           entry = &it->second;
           if (entry->state == FAST) {
-            if (mode == FUSED ? run_queued(*entry, w, stack) : run(*entry, w, stack)) {
+            if (mode == FUSED ? run_queued(*entry, w, stack)
+                              : !entry->plan->queue_only && run(*entry, w, stack)) {
               return;
             }
           } else if (entry->state == LATER && --entry->countdown <= 0) {
@@ -424,14 +428,32 @@ class FastKernel final : public c10::OperatorKernel {
   static PyObject* queue(const Plan& p, const Work& w) {
     if (!F.ready || !p.entry || !w.device_obj) return nullptr;
     PyObject* entry = p.entry;
+    PyObject* fn = slot_of(entry, F.e_fn);
+    PyObject* gate = nullptr;   // a gated write's gate (eager/asserts.py poison): one more input
+    struct Held {
+      PyObject* g = nullptr;
+      ~Held() { Py_XDECREF(g); }
+    } held_gate;
     if (!p.mutated.empty()) {
       for (int s : p.mutated) {
         if (s < 0 || static_cast<size_t>(s) >= w.records.size()) return nullptr;
       }
       PyObject* u = PyList_GET_SIZE(C.unchecked) ? PyList_GET_ITEM(C.unchecked, 0) : nullptr;
-      if (!u || !PyLong_CheckExact(u) || (p.gate && PyLong_AsLong(u) != 0)) return nullptr;   // gated: Python
+      if (!u || !PyLong_CheckExact(u)) return nullptr;
+      if (p.gate && PyLong_AsLong(u) != 0) {
+        // (first: poison may queue the gate itself, or run the open segment; OpKernel._call asks it
+        // the same question, answered from its cache, if this call ends up there after all)
+        PyObject* args[2] = {w.device_obj, Py_True};
+        PyObject* g = PyObject_Vectorcall(p.gate, args, 2, nullptr);
+        if (!g) throw python_error();
+        held_gate.g = g;
+        if (g != Py_None) {
+          if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 2) return nullptr;
+          fn = PyTuple_GET_ITEM(g, 0);
+          gate = PyTuple_GET_ITEM(g, 1);
+        }
+      }
     }
-    PyObject* fn = slot_of(entry, F.e_fn);
     PyObject* last = slot_of(entry, F.e_last_sync);
     PyObject* calls_obj = slot_of(entry, F.e_window_calls);
     PyObject* cold = slot_of(entry, F.e_cold);
@@ -492,10 +514,10 @@ class FastKernel final : public c10::OperatorKernel {
     if (step + 1 >= F.min_ops && (anchor != Py_False || step + 1 >= F.limit)) return nullptr;   // it flushes
     // the inputs: a result queued in this segment, or a concrete array (a result of a segment
     // that ran: its value); anything else (unwritten, queued in a segment not run yet): Python
-    size_t n_in = w.records.size();
     c10::SmallVector<PyObject*, 8> inputs;
-    for (size_t i = 0; i < n_in; i++) {
-      PyObject* b = slot_of(w.records[i], C.off_buffer);
+    for (size_t i = 0; i <= w.records.size(); i++) {
+      PyObject* b = i < w.records.size() ? slot_of(w.records[i], C.off_buffer) : gate;
+      if (i == w.records.size() && !gate) break;
       if (!b || b == Py_None) return nullptr;
       if (Py_TYPE(b) == F.pending && slot_of(b, F.p_segment) != segment) {
         b = slot_of(b, F.p_value);
@@ -503,6 +525,7 @@ class FastKernel final : public c10::OperatorKernel {
       }
       inputs.push_back(b);
     }
+    size_t n_in = inputs.size();
     size_t n = p.outs.size() + p.mutated.size() + (p.checks ? 1 : 0);
     struct Owned {
       c10::SmallVector<PyObject*, 8> items;
@@ -1143,6 +1166,7 @@ class FastKernel final : public c10::OperatorKernel {
       plan->plain_fn = PyTuple_GET_ITEM(d, 7);
       Py_INCREF(plan->plain_fn);
     }
+    plan->queue_only = PyTuple_GET_ITEM(d, 8) == Py_True;
     if (PyErr_Occurred()) return nullptr;
     // an in-place or out= op writes and returns its argument; a functional one makes every return
     bool in_place = !plan->mutated.empty();
@@ -1163,7 +1187,7 @@ class FastKernel final : public c10::OperatorKernel {
       return;
     }
     FastEntry e;
-    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 8) {
+    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 9) {
       std::shared_ptr<Plan> plan = describe_plan(d);
       if (!plan) {
         PyErr_Clear();
