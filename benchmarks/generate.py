@@ -18,8 +18,9 @@ step is a new shape), then `--repeats` timed runs; the median is printed. Genera
 copy of the tokens, so each timed run includes all device work. All modes must produce the CPU's
 tokens. The last line alternates torch CPU, the compiled forward, the compiled forward with
 generate()'s own per-token ops in the "fused" eager mode, the eager model (static cache) in the
-"strict" mode and in the default "fused" mode, `--rounds` times in the same process: the ratios to trust on a shared machine whose
-speed drifts between the sequential rows.
+"strict" mode and in the default "fused" mode, and the eager model as a user's plain `generate()`
+runs it (default "fused" mode, generate()'s default dynamic cache), `--rounds` times in the same
+process: the ratios to trust on a shared machine whose speed drifts between the sequential rows.
 """
 from __future__ import annotations
 
@@ -156,7 +157,8 @@ def main():
         modes = (("cpu", cpu, ids, {}, "strict"), ("tpu", compiled, ids_t, static, "strict"),
                  ("tpu fused", compiled, ids_t, static, "fused"), ("tpu eager", tpu, ids_t, static, "strict"),
                  ("tpu stop every token", compiled, ids_t, static, "every token"),
-                 ("tpu fused eager", tpu, ids_t, static, "fused"))
+                 ("tpu fused eager", tpu, ids_t, static, "fused"),
+                 ("tpu fused eager dynamic", tpu, ids_t, {}, "fused"))
         tps = {name: [] for name, *_ in modes}
         for _ in range(args.rounds):
             for name, model, inputs, kw, mode in modes:
@@ -167,11 +169,12 @@ def main():
                     tps[name].append(args.new_tokens * args.batch / (time.perf_counter() - start))
                 if mode == "fused":   # (its background compiles must not run into the next mode's time)
                     fusion.wait_for_compiles()
-        c, t, f, e, w, fe = (statistics.median(tps[name]) for name, *_ in modes)
+        c, t, f, e, w, fe, fd = (statistics.median(tps[name]) for name, *_ in modes)
         print(f"\ninterleaved, {args.rounds} rounds: cpu eager {c:.1f} tok/s, tpu compiled fwd {t:.1f} tok/s, "
               f"ratio {t / c:.2f}x; with generate()'s own ops fused {f:.1f} tok/s, ratio {f / c:.2f}x; "
               f"tpu strict eager (static cache) {e:.1f} tok/s, {e / t:.2f} of compiled; fused eager (the "
-              f"default) {fe:.1f} tok/s, {fe / t:.2f} of compiled; compiled fwd with the stop flag read at every token "
+              f"default) {fe:.1f} tok/s, {fe / t:.2f} of compiled, with generate()'s default dynamic cache {fd:.1f} "
+              f"tok/s, {fd / t:.2f} of compiled; compiled fwd with the stop flag read at every token "
               f"{w:.1f} tok/s, ratio {w / c:.2f}x")
 
 
