@@ -322,6 +322,12 @@ def _run_segment(segment):
     live = bytes(map(is_not, held, repeat(None)))   # which results someone still holds
     if 1 not in live:  # nothing anyone can observe: every result was dropped or overwritten
         return
+    if len(steps) == 1:   # one op is already one executable: nothing to key, compile or remember
+        fn, sources, numbers, _ = steps[0]
+        external = segment.external
+        values = list(compress(fn(*[external[s] for s in sources], *numbers), live))
+        _consume(map(setattr, filter(None, held), repeat("value"), values))
+        return
     plan = tuple(map(_step_plan, steps))
     key = (segment.device, plan, live)
     fn = _executable_for(segment, key, plan, live)
