@@ -1,4 +1,5 @@
 """The "fused" eager mode (eager/fusion.py): queued ops, repeated stretches run as one executable."""
+import copy
 import os
 import subprocess
 import sys
@@ -218,6 +219,39 @@ def test_a_training_loop_matches_strict_mode():
     assert_close(fused_losses, strict_losses)
     for s, f in zip(strict_params, fused_params):
         assert_close(f, s)
+
+
+def test_a_training_loop_that_rarely_syncs_compiles_nothing_once_warm(fused):
+    # cross_entropy and the embedding check their indices on the device: each step notes verdicts
+    # that stay unchecked until the loop reads a value (every 50 steps, say), and backward's
+    # in-place writes (the embedding's gradient) are gated on them. The gate must not combine one
+    # more verdict at every step: that compiled a new executable in every step (~40 ms each)
+    import jax
+    compiles = []
+    listener = lambda event, duration, **kwargs: compiles.append(event) if event.endswith("backend_compile_duration") else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+        data, target = torch.randint(0, 16, (32,)), torch.randint(0, 4, (32,))
+        models = [model, copy.deepcopy(model).to("tpu")]
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+        inputs = [(data, target), (data.to("tpu"), target.to("tpu"))]
+        per_step = []
+        for step in range(20):
+            before = len(compiles)
+            for m, opt, (x, y) in zip(models, opts, inputs):
+                loss = torch.nn.functional.cross_entropy(m(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            per_step.append(len(compiles) - before)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    # (the gates' combinations are compiled per power of two of their count: steps 8 and 16 may)
+    assert sum(per_step[-10:]) <= 2, str(per_step)
+    for p_cpu, p_tpu in zip(*(m.parameters() for m in models)):
+        assert_close(p_tpu.detach().cpu(), p_cpu.detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_greedy_generation_matches_cpu(fused):

@@ -137,7 +137,7 @@ def poison(device_index, queue=False):
     value = None
     for src in sources:
         # (another thread's list is scanned whole and left as it is: its owner may be scanning it)
-        verdicts = _scanned(src, device_index, queue) if src is state else _on_device(src, device_index)
+        verdicts = _scanned(src, device_index, queue) if src is state else _on_device(src, device_index, queue)
         if reads and verdicts:
             value = _read_ready(verdicts)
             if value is not None:
@@ -220,8 +220,24 @@ def _scanned(src, device_index, queue=False):
         return scan[2]
 
 
-def _on_device(src, device_index):
-    verdicts = [v.get() if type(v) is Pending else v for v, *_ in list(src.pending)]
+def _on_device(src, device_index, queue=False):
+    """Another thread's verdicts on tpu:`device_index`, read and never changed (its owner may be
+    scanning them): what its own gates last combined them to and those noted since, or its whole
+    list when it has not scanned since it was last checked; with `queue`, those still queued stay
+    queued results. (Backward gates on the forward's verdicts: a training loop that reads its loss
+    every 50 steps would otherwise combine one more at every step, a new gate and a new segment.)"""
+    cleared = src.cleared
+    scan = src.scan.get(device_index)
+    if scan is not None and scan[0] == cleared:
+        start = scan[1]               # (first: items the owner scans meanwhile are read twice, never missed)
+        combined = list(scan[2])
+        items = src.pending[start:]
+        if src.cleared != cleared:    # checked meanwhile: the whole list
+            combined, items = [], list(src.pending)
+    else:
+        combined, items = [], list(src.pending)
+    verdicts = combined + [v for v, *_ in items]
+    verdicts = [v.get() if type(v) is Pending and not (queue and fusion.queued(v)) else v for v in verdicts]
     return [v for v in verdicts if _device_index(v) == device_index]
 
 
