@@ -96,6 +96,37 @@ def test_a_stretch_of_strict_mode_leaves_the_fused_loop_warm(fused):
     assert _count("fused_runs") - runs == 1
 
 
+def test_threads_queueing_into_one_segment_match_cpu(fused):
+    # every thread's warm calls are queued by the C++ fast path into the device's one open segment
+    # (under the fusion lock, or by Python when another thread holds it): chains and in-place
+    # writes from four threads at once keep each thread's values
+    errors = []
+
+    def work(seed):
+        try:
+            g = torch.Generator().manual_seed(seed)
+            x_c, y_c = torch.randn(16, 8, generator=g), torch.randn(16, 8, generator=g)
+            x, y = x_c.to("tpu"), y_c.to("tpu")
+            for i in range(40):
+                x_c = x_c * 0.5 + y_c
+                x_c.add_(1.0)
+                x_c[:, :2] *= -1
+                x = x * 0.5 + y
+                x.add_(1.0)
+                x[:, :2] *= -1
+                if i % 10 == 9:
+                    assert_close(x.cpu(), x_c)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 def test_background_compiles_keep_the_loop_running(monkeypatch):
     monkeypatch.setattr(fusion, "COMPILE", "background")
     a, b = torch.randn(24, 32), torch.randn(32, 8)   # shapes no other test compiles
