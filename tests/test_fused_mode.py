@@ -51,16 +51,21 @@ def test_a_repeated_loop_compiles_one_executable_and_matches_cpu(fused):
     assert _count("fused_runs") - runs == 3
 
 
+def _warm_loop():
+    """_step's inputs on tpu and its CPU result, once the loop is warm (its segment compiled)."""
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    da, db = a.to("tpu"), b.to("tpu")
+    for _ in range(4):
+        _step(da, db).cpu()
+    return da, db, _step(a, b)
+
+
 @pytest.mark.skipif(not fastpath.loaded(), reason="the C++ fast path is not built here")
 def test_the_cpp_queue_makes_the_segments_the_python_queue_makes(fused):
     # the fast path queues a loop's warm calls itself (csrc/fast_kernel.cpp queue); OpKernel._run
     # queues the rest, and all of them when it is off: either way the same segment, so switching
     # between them compiles nothing new, and results match the CPU's
-    a, b = torch.randn(16, 32), torch.randn(32, 8)
-    expected = _step(a, b)
-    da, db = a.to("tpu"), b.to("tpu")
-    for _ in range(4):
-        _step(da, db).cpu()
+    da, db, expected = _warm_loop()
     compiles, runs = _count("fused_compiles"), _count("fused_runs")
     was = fastpath.set_fused_queue(True)
     try:
@@ -82,11 +87,7 @@ def test_the_cpp_queue_makes_the_segments_the_python_queue_makes(fused):
 def test_a_stretch_of_strict_mode_leaves_the_fused_loop_warm(fused):
     # the "cold" clock counts the fused mode's synchronizations only: reads in strict mode (a
     # compiled model's generate() in between, say) do not make a fused loop's ops cold again
-    a, b = torch.randn(16, 32), torch.randn(32, 8)
-    expected = _step(a, b)
-    da, db = a.to("tpu"), b.to("tpu")
-    for _ in range(4):
-        _step(da, db).cpu()
+    da, db, expected = _warm_loop()
     cold, runs = _count("fused_cold_ops"), _count("fused_runs")
     with torchtpu.eager_mode("strict"):
         for _ in range(2 * fusion.HOT_SYNCS):

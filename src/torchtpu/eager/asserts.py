@@ -136,7 +136,7 @@ def poison(device_index, queue=False):
     fresh = []
     value = None
     for src in sources:
-        # (another thread's list is scanned whole and left as it is: its owner may be scanning it)
+        # (another thread's list is read and left as it is: its owner may be scanning it)
         verdicts = _scanned(src, device_index, queue) if src is state else _on_device(src, device_index, queue)
         if reads and verdicts:
             value = _read_ready(verdicts)

@@ -477,7 +477,7 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
     if end is None:
         start, end = 0, start
     # (generate()'s static cache asks for the same `arange(kv_length)` in every layer at every token:
-    # integer calls seen before skip the checks and the length, ~50 µs of Python)
+    # integer calls seen before skip the checks and the length, 8.8 -> 6.3 µs in a tight loop)
     seen = type(start) is int and type(end) is int and type(step) is int and (dtype is None or dtype is torch.int64)
     if seen:
         key = (start, end, step, device, current_device())

@@ -16,10 +16,11 @@
 // (asserts.note), and makes the output tensors (storage/records.py: new_tensor). In the "fused"
 // mode it appends the call to the open segment itself, as eager/fusion.py defer does, when the op
 // is warm and nothing is to decide (FastKernel::queue); otherwise it hands the keyed call to
-// OpKernel._run, which queues it; then it makes the outputs over the queued results. Anything else — a key not seen yet, an entry that is not plain, the debug mode,
-// a failed device-side assert, a pending interrupt, XLA options in force, in strict mode an
-// unwritten or queued buffer or an error — runs the Python kernel. The key is at least as fine as the Python kernel's, so the entry it
-// finds is the one the Python kernel would use.
+// OpKernel._run, which queues it; then it makes the outputs over the queued results. Anything
+// else — a key not seen yet, an entry that is not plain, the debug mode, a failed device-side
+// assert, a pending interrupt, XLA options in force, in strict mode an unwritten or queued buffer,
+// a write strict mode donates, or an error — runs the Python kernel. The key is at least as fine
+// as the Python kernel's, so the entry it finds is the one the Python kernel would use.
 //
 // Loaded with ctypes.PyDLL (the GIL is held by every entry point called from Python).
 #include <Python.h>
@@ -1375,10 +1376,8 @@ int torchtpu_fast_init_fused(PyObject* config) {
 
 // Queue fused-mode calls here (1, once configured) or through OpKernel._run (0); the previous setting.
 int torchtpu_fast_fused_queue(int on) {
-  static bool configured = false;
   bool was = F.ready;
-  if (F.open) configured = true;
-  F.ready = on && configured;
+  F.ready = on && F.open != nullptr;
   return was;
 }
 
