@@ -464,6 +464,24 @@ class FastKernel final : public c10::OperatorKernel {
         !PyLong_CheckExact(now) || !PyLong_CheckExact(calls_obj)) {
       return nullptr;
     }
+    // (what is used below is held: an allocation may run the GC, whose finalizers may let another
+    // thread run and replace the sync count, a record's buffer or a gate)
+    struct Owned {
+      c10::SmallVector<PyObject*, 16> items;
+      ~Owned() { for (PyObject* x : items) Py_XDECREF(x); }
+    } owned_;
+    auto hold = [&](PyObject* x) {
+      Py_INCREF(x);
+      owned_.items.push_back(x);
+      return x;
+    };
+    auto own = [&](PyObject* x) {
+      if (!x) throw python_error();
+      owned_.items.push_back(x);
+      return x;
+    };
+    hold(fn);
+    hold(now);
     int overflow = 0;
     long long last_sync = PyLong_AsLongLongAndOverflow(last, &overflow);
     long long now_sync = PyLong_AsLongLongAndOverflow(now, &overflow);
@@ -507,6 +525,7 @@ class FastKernel final : public c10::OperatorKernel {
         !PyDict_CheckExact(ids) || !undo || !PyList_CheckExact(undo) || !undo_ids || !PySet_CheckExact(undo_ids)) {
       return nullptr;
     }
+    for (PyObject* x : {segment, steps, external, ids, undo, undo_ids}) hold(x);
     Py_ssize_t step = PyList_GET_SIZE(steps);
     if (step >= F.min_ops) {   // a loop's next iteration ends the segment: Python
       PyObject* first = PyList_GET_ITEM(steps, 0);
@@ -524,19 +543,10 @@ class FastKernel final : public c10::OperatorKernel {
         b = slot_of(b, F.p_value);
         if (!b || b == Py_None) return nullptr;
       }
-      inputs.push_back(b);
+      inputs.push_back(hold(b));
     }
     size_t n_in = inputs.size();
     size_t n = p.outs.size() + p.mutated.size() + (p.checks ? 1 : 0);
-    struct Owned {
-      c10::SmallVector<PyObject*, 8> items;
-      ~Owned() { for (PyObject* x : items) Py_XDECREF(x); }
-    } owned_;
-    auto own = [&](PyObject* x) {
-      if (!x) throw python_error();
-      owned_.items.push_back(x);
-      return x;
-    };
     PyObject* sources = own(PyTuple_New(static_cast<Py_ssize_t>(n_in)));
     for (size_t i = 0; i < n_in; i++) {
       PyObject* b = inputs[i];
