@@ -128,6 +128,28 @@ def test_threads_queueing_into_one_segment_match_cpu(fused):
     assert not errors, errors
 
 
+@pytest.mark.skipif(not fastpath.loaded(), reason="the C++ fast path is not built here")
+def test_strict_mode_reads_results_of_fused_segments_on_the_fast_path():
+    # after a fused stretch, storages hold their segments' results (Pending buffers with values)
+    # until written again: strict mode's C++ fast path reads those values instead of falling back
+    x = torch.randn(64, 64)
+    d = x.to("tpu")
+    with torchtpu.eager_mode("strict"):
+        d + 1.5   # (the key's first call: the fast path learns it)
+        d + 1.5
+    with torchtpu.eager_mode("fused"):
+        for _ in range(6):
+            y = d * 2.0
+        assert type(record_of(y)._buffer) is Pending
+    with torchtpu.eager_mode("strict"):
+        before = fastpath.stats()
+        z = y + 1.5
+        after = fastpath.stats()
+    assert after["fast_calls"] - before["fast_calls"] == 1
+    assert after["fallbacks"] == before["fallbacks"]
+    assert_close(z.cpu(), x * 2.0 + 1.5)
+
+
 def test_background_compiles_keep_the_loop_running(monkeypatch):
     monkeypatch.setattr(fusion, "COMPILE", "background")
     a, b = torch.randn(24, 32), torch.randn(32, 8)   # shapes no other test compiles

@@ -97,6 +97,18 @@ struct Fused {
 
 Fused F;
 
+// Releases fusion._lock (taken with acquire(False)) when it goes out of scope, keeping any Python
+// error set meanwhile
+struct FusionUnlock {
+  ~FusionUnlock() {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject* r = PyObject_CallNoArgs(F.release);
+    if (r) Py_DECREF(r); else PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+  }
+};
+
 void set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {   // steals `value`
   PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
   PyObject* old = *p;
@@ -502,15 +514,7 @@ class FastKernel final : public c10::OperatorKernel {
     bool held = got == Py_True;
     Py_DECREF(got);
     if (!held) return nullptr;   // (another thread is flushing: Python waits for the lock)
-    struct Unlock {
-      ~Unlock() {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyObject* r = PyObject_CallNoArgs(F.release);
-        if (r) Py_DECREF(r); else PyErr_Clear();
-        PyErr_Restore(type, value, tb);
-      }
-    } unlock;
+    FusionUnlock unlock;
     PyObject* segment = PyDict_GetItemWithError(F.open, w.device_obj);
     if (!segment) {
       if (PyErr_Occurred()) throw python_error();
@@ -884,6 +888,8 @@ class FastKernel final : public c10::OperatorKernel {
     // thread may give a record a new buffer or clear the kept scalars meanwhile)
     for (PyObject* r : w.records) {
       PyObject* b = slot_of(r, C.off_buffer);
+      // (a result of a fused segment that ran, before the mode changed: its value)
+      if (b && F.pending && Py_TYPE(b) == F.pending) b = slot_of(b, F.p_value);
       if (!b || Py_TYPE(b) != C.array_type) return false;   // unwritten (zeros) or queued: Python
       Py_INCREF(b);
       owned.push_back(b);
