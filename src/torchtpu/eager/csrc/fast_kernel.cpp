@@ -447,26 +447,9 @@ class FastKernel final : public c10::OperatorKernel {
       PyObject* g = nullptr;
       ~Held() { Py_XDECREF(g); }
     } held_gate;
-    if (!p.mutated.empty()) {
-      for (int s : p.mutated) {
-        if (s < 0 || static_cast<size_t>(s) >= w.records.size()) return nullptr;
-      }
-      PyObject* u = PyList_GET_SIZE(C.unchecked) ? PyList_GET_ITEM(C.unchecked, 0) : nullptr;
-      if (!u || !PyLong_CheckExact(u)) return nullptr;
-      if (p.gate && PyLong_AsLong(u) != 0) {
-        // (first: poison may queue the gate itself, or run the open segment; OpKernel._call asks it
-        // the same question, answered from its cache, if this call ends up there after all)
-        PyObject* args[2] = {w.device_obj, Py_True};
-        PyObject* g = PyObject_Vectorcall(p.gate, args, 2, nullptr);
-        if (!g) throw python_error();
-        held_gate.g = g;
-        if (g != Py_None) {
-          if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 2) return nullptr;
-          fn = PyTuple_GET_ITEM(g, 0);
-          gate = PyTuple_GET_ITEM(g, 1);
-        }
-      }
-    }
+    // (first: poison may queue the gate itself, or run the open segment; OpKernel._call asks it the
+    // same question, answered from its cache, if this call ends up there after all)
+    if (!p.mutated.empty() && write_gate(p, w, true, fn, gate, held_gate.g) != OK) return nullptr;
     PyObject* last = slot_of(entry, F.e_last_sync);
     PyObject* calls_obj = slot_of(entry, F.e_window_calls);
     PyObject* cold = slot_of(entry, F.e_cold);
@@ -845,6 +828,34 @@ class FastKernel final : public c10::OperatorKernel {
     return w.device >= 0 ? OK : BAIL;   // tensor-free ops (factories) stay in Python
   }
 
+  // A write's gate while unchecked device-side verdicts exist (eager/asserts.py poison, through
+  // engine.write_gate; `queue`: as the fused mode asks it): for a gated write, `fn` becomes its
+  // gated form and `gate` its extra argument (both held by `held`, a new reference). BAIL when the
+  // plan does not fit the call, or the gate raised an Exception (cleared: the Python kernel asks
+  // again and raises it); anything else the gate raises (KeyboardInterrupt) is raised.
+  static Verdict write_gate(const Plan& p, const Work& w, bool queue, PyObject*& fn, PyObject*& gate,
+                            PyObject*& held) {
+    for (int s : p.mutated) {
+      if (s < 0 || static_cast<size_t>(s) >= w.records.size()) return BAIL;
+    }
+    PyObject* u = PyList_GET_SIZE(C.unchecked) ? PyList_GET_ITEM(C.unchecked, 0) : nullptr;
+    if (!u || !PyLong_CheckExact(u)) return BAIL;
+    if (!p.gate || PyLong_AsLong(u) == 0) return OK;
+    PyObject* args[2] = {w.device_obj, Py_True};
+    PyObject* g = PyObject_Vectorcall(p.gate, args, queue ? 2 : 1, nullptr);
+    if (!g) {
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) throw python_error();
+      PyErr_Clear();
+      return BAIL;
+    }
+    held = g;
+    if (g == Py_None) return OK;
+    if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 2) return BAIL;
+    fn = PyTuple_GET_ITEM(g, 0);
+    gate = PyTuple_GET_ITEM(g, 1);
+    return OK;
+  }
+
   // Run a fast entry; false (nothing changed, no Python error set) sends the call to the Python kernel.
   bool run(FastEntry& e, Work& w, torch::jit::Stack* stack) {
     std::shared_ptr<const Plan> held = e.plan;   // (the entry may be dropped while the call runs: forget_executables)
@@ -863,26 +874,10 @@ class FastKernel final : public c10::OperatorKernel {
     }
     PyObject* gate = nullptr;
     if (!p.mutated.empty()) {
-      for (int s : p.mutated) {
-        if (s < 0 || static_cast<size_t>(s) >= w.records.size()) return false;
-      }
-      // unchecked device-side asserts gate writes (eager/asserts.py: poison)
-      PyObject* u = PyList_GET_SIZE(C.unchecked) ? PyList_GET_ITEM(C.unchecked, 0) : nullptr;
-      if (!u || !PyLong_CheckExact(u)) return false;
-      if (p.gate && PyLong_AsLong(u) != 0) {
-        PyObject* g = PyObject_CallOneArg(p.gate, w.device_obj);
-        if (!g) {
-          if (!PyErr_ExceptionMatches(PyExc_Exception)) throw python_error();
-          PyErr_Clear();
-          return false;
-        }
-        owned.push_back(g);
-        if (g != Py_None) {
-          if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 2) return false;
-          fn = PyTuple_GET_ITEM(g, 0);
-          gate = PyTuple_GET_ITEM(g, 1);
-        }
-      }
+      PyObject* g = nullptr;
+      Verdict v = write_gate(p, w, false, fn, gate, g);
+      if (g) owned.push_back(g);
+      if (v != OK) return false;
     }
     // (the arguments are held for the call: JAX may release the GIL while it runs, and another
     // thread may give a record a new buffer or clear the kept scalars meanwhile)
