@@ -531,7 +531,19 @@ def _matadd(x, y):
     return x @ y + 1
 
 
-def test_fast_key_reuses_the_key_of_the_same_tensors_and_rekeys_what_changed():
+@pytest.fixture(params=["cpp", "guards"])
+def fast_key_kind(request, monkeypatch):
+    """The fast key's one C++ pass (eager/fastpath.py graph_key_functions) or, without the C++
+    library, PyTorch's TensorGuards and data pointers."""
+    from torchtpu.eager import fastpath
+    if request.param == "cpp" and fastpath.graph_key_functions() is None:
+        pytest.skip(f"no C++ fast path: {fastpath.problem()}")
+    if request.param == "guards":
+        monkeypatch.setattr(fastpath, "_graph_functions", [None])
+    return request.param
+
+
+def test_fast_key_reuses_the_key_of_the_same_tensors_and_rekeys_what_changed(fast_key_kind):
     x, y = torch.randn(4, 4, device="tpu"), torch.randn(4, 4, device="tpu")
     g, args = _graph_of(_matadd, x, y)
     assert [a is b for a, b in zip(args, (x, y))] == [True, True]
@@ -568,7 +580,7 @@ def test_fast_key_reuses_the_key_of_the_same_tensors_and_rekeys_what_changed():
     assert _counts()[0] - compiles <= 4
 
 
-def test_fast_key_follows_matmul_precision_and_conjugate_bits():
+def test_fast_key_follows_matmul_precision_and_conjugate_bits(fast_key_kind):
     x, y = torch.randn(8, 8, device="tpu"), torch.randn(8, 8, device="tpu")
     g, _ = _graph_of(_matadd, x, y)
     g([x, y])
@@ -653,7 +665,7 @@ def test_large_written_storages_are_donated_when_a_small_one_is_shared(monkeypat
     assert len(verdicts) == 4 and all(verdicts), verdicts
 
 
-def test_fast_key_with_traced_ints(monkeypatch):
+def test_fast_key_with_traced_ints(monkeypatch, fast_key_kind):
     from torchtpu.compile import backend as B
     hits = []
     match = B._FastKey.match

@@ -37,6 +37,7 @@ from ..device.state import current_device
 from ..eager import asserts, xla_options
 from ..eager.xla_options import _active as _xla_active
 from ..eager.engine import DONATE_BYTES, scalar_key
+from ..eager.fastpath import graph_key_functions
 from ..eager.executable import (Program, TensorArg, ValueArg, call_and_commit, flat_output, input_buffers, is_partial,
                                 key_tensor, tensor_arg, traced_function)
 from ..eager.kernels import META_CHECKS
@@ -461,23 +462,25 @@ class _FastKey:
     passes instead of one Python step per input (a decode step passes the same weights and cache
     tensors each time: keying them was most of the call's host work).
 
-    A call matches when its tensors pass `guards` (PyTorch's C++ TensorGuards: type, dtype, device,
-    dispatch keys, so the conjugate and negative bits, sizes and strides) and their data pointers,
-    each its storage address plus its offset in bytes, are the remembered ones. An address names
-    one storage forever and storages' address ranges never overlap (storage/records.py), and a
-    tensor with elements lies inside its storage, so an unchanged data pointer is the same storage
-    at the same offset: the same record, slot and traced offset. A tensor whose pointer changed (the
-    next token's ids, `timesteps[i]`) is keyed again alone: its storage's record must have the
-    remembered dtype, size and device, its partial-view status must be the same, and no two
-    arguments may share a storage; otherwise the call is keyed the slow way. Matmul precision and
-    XLA options, which the key holds, are compared too. Nothing here keeps a tensor, a record or a
-    buffer alive: storages are remembered by address and looked up in RECORDS.
+    A call matches when its tensors are what the remembered ones were (dtype, device, conjugate and
+    negative bits, sizes and strides; eager/fastpath.py graph_key_functions, one C++ pass; without
+    the C++ library PyTorch's TensorGuards, which check that and more) and lie where they lay: each
+    its storage address and offset (the data pointer, without the library). An address names one
+    storage forever and storages' address ranges never overlap (storage/records.py), and a tensor
+    with elements lies inside its storage, so an unchanged place is the same storage at the same
+    offset: the same record, slot and traced offset. A tensor that moved (the next token's ids,
+    `timesteps[i]`) is keyed again alone: its storage's record must have the remembered dtype, size
+    and device, its partial-view status must be the same, and no two arguments may share a storage;
+    otherwise the call is keyed the slow way. Matmul precision and XLA options, which the key holds,
+    are compared too. Nothing here keeps a tensor, a record or a buffer alive: storages are
+    remembered by address and looked up in RECORDS.
 
-    `state` (data pointers, storage addresses, traced offsets and their int64 scalars) is replaced
-    whole, never changed in place, so a thread reads one consistent snapshot."""
+    `state` (where the tensors lie: the C++ fingerprint or the data pointers; storage addresses,
+    traced offsets and their int64 scalars) is replaced whole, never changed in place, so a thread
+    reads one consistent snapshot."""
 
-    __slots__ = ("n", "pick", "ints", "guards", "state", "meta", "partial", "key", "entry", "device",
-                 "precision", "xla")
+    __slots__ = ("n", "pick", "ints", "guards", "graph_match", "state", "meta", "partial", "key", "entry",
+                 "device", "precision", "xla")
 
     @classmethod
     def of(cls, args, key, entry, records, offsets, device, value_ints):
@@ -512,9 +515,17 @@ class _FastKey:
                 f.partial.append(-1)
         if k != len(offsets) or any(RECORDS.get(a) is not r for a, r in zip(addresses, records)):
             return None
-        f.guards = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                                dynamic_dims_strides=[list(t.stride()) for t in tensors])
-        f.state = (list(map(_data_ptr, tensors)), addresses, list(offsets), [np.int64(o) for o in offsets])
+        functions = graph_key_functions()
+        if functions is not None:
+            where = functions[0](tensors)
+            if where is None:
+                return None
+            f.guards, f.graph_match = None, functions[1]
+        else:
+            f.guards = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                    dynamic_dims_strides=[list(t.stride()) for t in tensors])
+            where = list(map(_data_ptr, tensors))
+        f.state = (where, addresses, list(offsets), [np.int64(o) for o in offsets])
         f.key = key
         f.entry = entry
         f.device = device
@@ -526,14 +537,22 @@ class _FastKey:
         """(entry, records, CPU values, traced offsets) for `args` if they key as the remembered
         call did, else None."""
         tensors = args if self.pick is None else self.pick(args)
-        if not self.guards.check(*tensors):
-            return None
+        state = self.state
+        if self.guards is None:
+            moved = self.graph_match(state[0], tensors)   # None, () or (fingerprint, moves)
+            if moved is None:
+                return None
+        else:
+            if not self.guards.check(*tensors):
+                return None
+            ptrs = list(map(_data_ptr, tensors))
+            moved = () if ptrs == state[0] else (ptrs, [
+                (j, tensors[j].untyped_storage().data_ptr(), tensors[j].storage_offset())
+                for j in compress(range(len(ptrs)), map(ne, ptrs, state[0]))])
         if matmul_precision() != self.precision or _xla_active[0] != self.xla:
             return None
-        state = self.state
-        ptrs = list(map(_data_ptr, tensors))
-        if ptrs != state[0]:
-            state = self._moved(tensors, ptrs, state)
+        if moved:
+            state = self._moved(tensors, moved, state)
             if state is None:
                 return None
             self.state = state
@@ -546,26 +565,24 @@ class _FastKey:
         graph._fast_misses = 0
         return self.entry, list(map(RECORDS.__getitem__, state[1])), cpu_vals, state[3]
 
-    def _moved(self, tensors, ptrs, state):
-        """The state for `tensors`, some of which moved to other storages or offsets, or None if
-        that changes the key."""
-        old_ptrs, addresses, offsets, offset_vals = state
+    def _moved(self, tensors, moved, state):
+        """The state for `tensors`, some of which moved to other storages or offsets (`moved`: where
+        they all lie now, and (index, storage address, offset) of each that moved), or None if that
+        changes the key."""
+        where, moves = moved
+        _, addresses, offsets, offset_vals = state
         addresses = list(addresses)
         new_offsets = list(offsets)
         stored = False
-        for j in compress(range(len(ptrs)), map(ne, ptrs, old_ptrs)):
-            t = tensors[j]
-            address = t.untyped_storage().data_ptr()
+        for j, address, off in moves:
             if address != addresses[j]:
                 r = RECORDS.get(address)
                 if r is None or (r.dtype, r.numel, r.device_index) != self.meta[j]:
                     return None
                 addresses[j] = address
                 stored = True
-            numel = self.meta[j][1]
-            off = t.storage_offset()
             k = self.partial[j]
-            if (k >= 0) != bool(off or t.numel() != numel):
+            if (k >= 0) != bool(off or tensors[j].numel() != self.meta[j][1]):
                 return None
             if k >= 0:
                 new_offsets[k] = off
@@ -573,7 +590,7 @@ class _FastKey:
             return None
         if new_offsets != offsets:
             offset_vals = [np.int64(o) for o in new_offsets]
-        return ptrs, addresses, new_offsets, offset_vals
+        return where, addresses, new_offsets, offset_vals
 
 
 def _picker(positions):

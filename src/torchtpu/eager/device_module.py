@@ -376,8 +376,16 @@ class Stream(torch.Stream):
         return f"<torch.tpu.Stream device={self.device}>"
 
 
+_streams = {}   # device index -> its stream (every stream is the default one)
+
+
 def current_stream(device=None) -> Stream:
-    return Stream(device)
+    # Dynamo's compiled frames ask for it at every call: one Stream per device, made once
+    index = device_index(device)
+    stream = _streams.get(index)
+    if stream is None:
+        stream = _streams[index] = Stream(index)
+    return stream
 
 
 def default_stream(device=None) -> Stream:

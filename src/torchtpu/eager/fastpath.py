@@ -40,8 +40,9 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 11
+_ABI = 12
 _lib = [None]
+_graph_functions = [None]
 _tried = [False]
 _problem = [None]
 
@@ -150,6 +151,7 @@ def load() -> bool:
         lib.torchtpu_fast_calls.restype = ctypes.c_longlong
         lib.torchtpu_fast_fallbacks.restype = ctypes.c_longlong
         lib.torchtpu_fast_queued_here.restype = ctypes.c_longlong
+        lib.torchtpu_graph_functions.restype = ctypes.py_object
         # (the last tuple: what new_tensor touches, so outputs on tpu:0 are made in C++)
         native_outputs = (records._bump, records._stats, records._StorageRef, records._on_free, records.MemoryStats)
         if not lib.torchtpu_fast_init((RECORDS, modes._mode, asserts.FAILED, interrupts.PENDING, xla_options._active,
@@ -166,6 +168,7 @@ def load() -> bool:
         _problem[0] = f"{type(e).__name__}: {e}"
         return False
     _lib[0] = lib
+    _graph_functions[0] = lib.torchtpu_graph_functions()
     lib.torchtpu_fast_set_enabled(1)
     return True
 
@@ -225,6 +228,12 @@ def attach_metadata(op) -> bool:
 
 def loaded() -> bool:
     return _lib[0] is not None
+
+
+def graph_key_functions():
+    """(graph_fingerprint, graph_match), compiled graphs' fast key in one C++ pass over a call's
+    tensors (compile/backend.py _FastKey), or None without the library."""
+    return _graph_functions[0]
 
 
 def problem():

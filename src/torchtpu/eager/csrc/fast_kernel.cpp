@@ -43,7 +43,7 @@
 
 namespace {
 
-constexpr int kAbi = 11;
+constexpr int kAbi = 12;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -1246,6 +1246,125 @@ Py_ssize_t member_offset(PyObject* type, const char* name) {
   return off;
 }
 
+// A compiled graph's fast key (compile/backend.py _FastKey): each tensor argument as int64s, its
+// storage address and offset (where it is), then its dtype, device index, conjugate and negative
+// bits, dim, sizes and strides (what it is). False for an argument the fast key does not take: not
+// a plain strided tpu tensor with elements.
+constexpr size_t kWhere = 2;
+
+bool graph_tensor(PyObject* obj, std::vector<int64_t>& out) noexcept {
+  if (!THPVariable_Check(obj)) return false;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (impl->device_type() != c10::DeviceType::PrivateUse1 || impl->layout() != c10::kStrided ||
+        impl->key_set().has(c10::DispatchKey::Python) || impl->numel() == 0 || !impl->has_storage()) {
+      return false;
+    }
+    auto sizes = impl->sizes();
+    auto strides = impl->strides();
+    out.push_back(reinterpret_cast<intptr_t>(impl->storage().data_ptr().get()));
+    out.push_back(impl->storage_offset());
+    out.push_back(static_cast<int64_t>(t.scalar_type()));
+    out.push_back(impl->device().index());
+    out.push_back(t.is_conj() * 2 + t.is_neg());
+    out.push_back(static_cast<int64_t>(sizes.size()));
+    out.insert(out.end(), sizes.begin(), sizes.end());
+    out.insert(out.end(), strides.begin(), strides.end());
+    return true;
+  } catch (const std::exception&) {   // sizes of a tensor that has no plain ones: not ours to key
+    return false;
+  }
+}
+
+PyObject* int64_bytes(const std::vector<int64_t>& v) {
+  return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+}
+
+// The fast key of a compiled graph's tensor arguments (a sequence): bytes, or None where one of
+// them is not a plain strided tpu tensor with elements.
+PyObject* graph_fingerprint(PyObject*, PyObject* tensors) {
+  PyObject* seq = PySequence_Fast(tensors, "torchtpu: a sequence of tensors");
+  if (!seq) return nullptr;
+  std::vector<int64_t> out;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    if (!graph_tensor(items[i], out)) {
+      Py_DECREF(seq);
+      Py_RETURN_NONE;
+    }
+  }
+  Py_DECREF(seq);
+  return int64_bytes(out);
+}
+
+// `tensors` against `fingerprint` (graph_fingerprint of an earlier call): None if what a
+// tensor is differs; () if every one is where it was; else (the new fingerprint, ((index, storage
+// address, offset) of each tensor that moved, ...)).
+PyObject* graph_match(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "graph_match(fingerprint, tensors)");
+    return nullptr;
+  }
+  PyObject* fingerprint = args[0];
+  PyObject* tensors = args[1];
+  if (!PyBytes_Check(fingerprint)) {
+    PyErr_SetString(PyExc_TypeError, "torchtpu: a fingerprint is bytes");
+    return nullptr;
+  }
+  PyObject* seq = PySequence_Fast(tensors, "torchtpu: a sequence of tensors");
+  if (!seq) return nullptr;
+  const int64_t* expected = reinterpret_cast<const int64_t*>(PyBytes_AS_STRING(fingerprint));
+  size_t total = PyBytes_GET_SIZE(fingerprint) / sizeof(int64_t);
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  std::vector<int64_t> got;
+  got.reserve(total);
+  std::vector<std::pair<Py_ssize_t, size_t>> moved;   // (argument, its place in the fingerprint)
+  bool same = true;
+  for (Py_ssize_t i = 0; i < n && same; i++) {
+    size_t at = got.size();
+    if (!graph_tensor(items[i], got) || got.size() > total) {
+      same = false;
+      break;
+    }
+    same = std::memcmp(got.data() + at + kWhere, expected + at + kWhere,
+                       (got.size() - at - kWhere) * sizeof(int64_t)) == 0;
+    if (got[at] != expected[at] || got[at + 1] != expected[at + 1]) moved.emplace_back(i, at);
+  }
+  Py_DECREF(seq);
+  if (!same || got.size() != total) Py_RETURN_NONE;
+  if (moved.empty()) return PyTuple_New(0);
+  PyObject* where = PyTuple_New(moved.size());
+  if (!where) return nullptr;
+  for (size_t k = 0; k < moved.size(); k++) {
+    size_t at = moved[k].second;
+    PyObject* item = Py_BuildValue("(nLL)", moved[k].first, static_cast<long long>(got[at]),
+                                   static_cast<long long>(got[at + 1]));
+    if (!item) {
+      Py_DECREF(where);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(where, k, item);
+  }
+  PyObject* fp = int64_bytes(got);
+  if (!fp) {
+    Py_DECREF(where);
+    return nullptr;
+  }
+  PyObject* result = PyTuple_Pack(2, fp, where);
+  Py_DECREF(fp);
+  Py_DECREF(where);
+  return result;
+}
+
+PyMethodDef kGraphMethods[] = {
+    {"graph_fingerprint", graph_fingerprint, METH_O, nullptr},
+    {"graph_match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(graph_match)), METH_FASTCALL,
+     nullptr},
+};
+
 }  // namespace
 
 extern "C" {
@@ -1478,5 +1597,10 @@ int torchtpu_fast_cache_scalars(int on) {
 long long torchtpu_fast_calls() { return g_fast_calls; }
 long long torchtpu_fast_fallbacks() { return g_fallbacks; }
 long long torchtpu_fast_queued_here() { return g_queued_here; }
+
+// (graph_fingerprint, graph_match): compile/backend.py _FastKey's one pass over a call's tensors.
+PyObject* torchtpu_graph_functions() {
+  return Py_BuildValue("(NN)", PyCFunction_New(&kGraphMethods[0], nullptr), PyCFunction_New(&kGraphMethods[1], nullptr));
+}
 
 }  // extern "C"
