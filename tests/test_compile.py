@@ -533,10 +533,10 @@ def _matadd(x, y):
 
 @pytest.fixture(params=["cpp", "guards"])
 def fast_key_kind(request, monkeypatch):
-    """The fast key's one C++ pass (eager/fastpath.py graph_key_functions) or, without the C++
+    """The fast key's one C++ pass (eager/fastpath.py graph_functions) or, without the C++
     library, PyTorch's TensorGuards and data pointers."""
     from torchtpu.eager import fastpath
-    if request.param == "cpp" and fastpath.graph_key_functions() is None:
+    if request.param == "cpp" and fastpath.graph_functions() is None:
         pytest.skip(f"no C++ fast path: {fastpath.problem()}")
     if request.param == "guards":
         monkeypatch.setattr(fastpath, "_graph_functions", [None])
@@ -682,3 +682,32 @@ def test_fast_key_with_traced_ints(monkeypatch, fast_key_kind):
             assert n_tpu == n_cpu
         torch.testing.assert_close(buft.cpu(), buf)
     assert sum(h is not None for h in hits) >= 3, hits   # the int travels; the key stays
+
+
+def _two_layouts(x):
+    return x + 1, (x * 2).t(), x.sum(0)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["cpp_outputs", "new_tensor"])
+def test_compiled_outputs_are_counted_freed_and_keep_their_layout(native, monkeypatch):
+    """A compiled graph's outputs (made in C++ where the fast path's library is loaded, else by
+    new_tensor) match the CPU's values and strides, count in memory_allocated and free with it."""
+    from torchtpu.eager import fastpath
+    if not native:
+        monkeypatch.setattr(fastpath, "_graph_functions", [None])
+    elif fastpath.graph_functions() is None:
+        pytest.skip(f"no C++ fast path: {fastpath.problem()}")
+    fn = torch.compile(_two_layouts, backend="tpu", fullgraph=True)
+    x_cpu = torch.randn(6, 5)
+    x = x_cpu.to("tpu")
+    fn(x)   # compile
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    outs = fn(x)
+    want = _two_layouts(x_cpu)
+    for got, w in zip(outs, want):
+        torch.testing.assert_close(got.cpu(), w)
+        assert got.device.type == "tpu" and got.stride() == w.stride() and got.shape == w.shape
+    assert torch.tpu.memory_allocated() - before == sum(w.numel() * w.element_size() for w in want)
+    del outs, got
+    assert torch.tpu.memory_allocated() == before

@@ -37,7 +37,7 @@ from ..device.state import current_device
 from ..eager import asserts, xla_options
 from ..eager.xla_options import _active as _xla_active
 from ..eager.engine import DONATE_BYTES, scalar_key
-from ..eager.fastpath import graph_key_functions
+from ..eager.fastpath import graph_functions
 from ..eager.executable import (Program, TensorArg, ValueArg, call_and_commit, flat_output, input_buffers, is_partial,
                                 key_tensor, tensor_arg, traced_function)
 from ..eager.kernels import META_CHECKS
@@ -95,7 +95,7 @@ def _out_layout(val):
 
 class Entry:
     __slots__ = ("fn", "fn_plain", "donate", "donated_slots", "outs", "n_arrays", "mutated_slots", "n_cpu", "fused", "sample",
-                 "cpu_mutations", "checks", "xla", "written", "tensor_outs")
+                 "cpu_mutations", "checks", "xla", "written", "tensor_outs", "make_outputs")
 
     def finish(self, outs_meta):
         """The per-call helpers, once the outputs are known: `written` picks the records the call
@@ -109,6 +109,13 @@ class Entry:
             self.tensor_outs = tuple(zip(*[o[1:] for o in self.outs]))
         else:
             self.tensor_outs = None
+        functions = graph_functions()
+        self.make_outputs = functions[2] if functions is not None else _new_tensors
+
+
+def _new_tensors(shapes, dtypes, strides, device, results):
+    """The outputs over `results` (what the C++ library's graph_outputs does, one by one)."""
+    return list(map(new_tensor, shapes, dtypes, repeat(device), results, strides))
 
 
 def _host_int_outputs(graph, out_vals):
@@ -267,8 +274,7 @@ class CompiledGraph:
         if entry.cpu_mutations:  # a sync point: the host waits for these values
             _copy_to_host(entry, results, cpu_vals)
         if entry.tensor_outs is not None:
-            shapes, dtypes, strides = entry.tensor_outs
-            return list(map(new_tensor, shapes, dtypes, repeat(dev), results, strides))
+            return entry.make_outputs(*entry.tensor_outs, dev, results)
         outputs = []
         it = iter(results[:entry.n_arrays])
         for o in entry.outs:
@@ -463,7 +469,7 @@ class _FastKey:
     tensors each time: keying them was most of the call's host work).
 
     A call matches when its tensors are what the remembered ones were (dtype, device, conjugate and
-    negative bits, sizes and strides; eager/fastpath.py graph_key_functions, one C++ pass; without
+    negative bits, sizes and strides; eager/fastpath.py graph_functions, one C++ pass; without
     the C++ library PyTorch's TensorGuards, which check that and more) and lie where they lay: each
     its storage address and offset (the data pointer, without the library). An address names one
     storage forever and storages' address ranges never overlap (storage/records.py), and a tensor
@@ -515,7 +521,7 @@ class _FastKey:
                 f.partial.append(-1)
         if k != len(offsets) or any(RECORDS.get(a) is not r for a, r in zip(addresses, records)):
             return None
-        functions = graph_key_functions()
+        functions = graph_functions()
         if functions is not None:
             where = functions[0](tensors)
             if where is None:

@@ -230,9 +230,10 @@ def loaded() -> bool:
     return _lib[0] is not None
 
 
-def graph_key_functions():
-    """(graph_fingerprint, graph_match), compiled graphs' fast key in one C++ pass over a call's
-    tensors (compile/backend.py _FastKey), or None without the library."""
+def graph_functions():
+    """(graph_fingerprint, graph_match, graph_outputs) for compiled graphs (compile/backend.py): the
+    fast key in one C++ pass over a call's tensors (_FastKey) and the outputs made as the fast
+    path's are; None without the library."""
     return _graph_functions[0]
 
 

@@ -266,10 +266,13 @@ struct Work {
 enum Verdict { OK = 0, BAIL = 1, ERROR = 2 };
 
 class FastKernel;
+PyObject* graph_outputs(PyObject*, PyObject* const*, Py_ssize_t);
 std::vector<FastKernel*> g_kernels;
 std::vector<std::unique_ptr<c10::RegistrationHandleRAII>> g_registrations;
 
 class FastKernel final : public c10::OperatorKernel {
+  friend PyObject* graph_outputs(PyObject*, PyObject* const*, Py_ssize_t);
+
  public:
   FastKernel(PyObject* kernel, std::vector<char> scalar, c10::SafeKernelFunction fallback,
              const c10::FunctionSchema& schema, int alias_arg)
@@ -1359,9 +1362,96 @@ PyObject* graph_match(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return result;
 }
 
+// Whether sizes `shape` with strides `stride` (None: contiguous) are the contiguous layout, size-1
+// dimensions taking any stride (storage/records.py is_dense).
+bool dense(PyObject* shape, PyObject* stride) {
+  if (stride == Py_None) return true;
+  if (!PyTuple_Check(stride) || PyTuple_GET_SIZE(stride) != PyTuple_GET_SIZE(shape)) return false;
+  int64_t expected = 1;
+  for (Py_ssize_t j = PyTuple_GET_SIZE(shape) - 1; j >= 0; j--) {
+    int64_t n = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, j));
+    int64_t st = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, j));
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    if (n != 1 && st != expected) return false;
+    expected *= n;
+  }
+  return true;
+}
+
+// compile/backend.py CompiledGraph: graph_outputs(shapes, dtypes, strides, device index, results),
+// the new output tensors over an executable's results, each made as storage/records.py new_tensor
+// makes it: here when contiguous on tpu:0 (native outputs), else by new_tensor.
+PyObject* graph_outputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
+      PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[0]) || PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "graph_outputs(shapes, dtypes, strides, device index, results)");
+    return nullptr;
+  }
+  PyObject* device = args[3];
+  PyObject* results = PySequence_Fast(args[4], "graph_outputs: results are a sequence");
+  if (!results) return nullptr;
+  Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
+  if (PySequence_Fast_GET_SIZE(results) < n) {
+    Py_DECREF(results);
+    PyErr_SetString(PyExc_ValueError, "graph_outputs: fewer results than outputs");
+    return nullptr;
+  }
+  bool native = C.native_outputs && PyLong_CheckExact(device) && PyLong_AsLong(device) == 0;
+  PyObject* out = PyList_New(n);
+  for (Py_ssize_t i = 0; out && i < n; i++) {
+    PyObject* shape = PyTuple_GET_ITEM(args[0], i);
+    PyObject* dtype = PyTuple_GET_ITEM(args[1], i);
+    PyObject* stride = PyTuple_GET_ITEM(args[2], i);
+    PyObject* buffer = PySequence_Fast_GET_ITEM(results, i);
+    PyObject* made = nullptr;
+    if (native && PyTuple_Check(shape) && THPDtype_Check(dtype) && dense(shape, stride)) {
+      Out o;   // borrowed shape and dtype: new_output only reads them
+      o.shape = shape;
+      o.dtype = dtype;
+      o.scalar_type = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+      o.numel = 1;
+      for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(shape); j++) {
+        o.sizes.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape, j)));
+        o.numel *= o.sizes.back();
+      }
+      o.nbytes = o.numel * static_cast<int64_t>(c10::elementSize(o.scalar_type));
+      if (!PyErr_Occurred()) {
+        try {
+          at::Tensor t = FastKernel::new_output(o, device, buffer);
+          if (t.defined()) made = THPVariable_Wrap(std::move(t));
+        } catch (python_error& e) {
+          e.restore();
+        } catch (const std::exception& e) {
+          PyErr_Format(PyExc_RuntimeError, "torchtpu: %s", e.what());
+        }
+      }
+      if (!made && PyErr_Occurred()) {
+        Py_CLEAR(out);
+        break;
+      }
+    }
+    if (!made) {
+      PyObject* nargs5[5] = {shape, dtype, device, buffer, stride};
+      made = PyObject_Vectorcall(C.new_tensor, nargs5, 5, nullptr);
+      if (!made) {
+        Py_CLEAR(out);
+        break;
+      }
+    }
+    PyList_SET_ITEM(out, i, made);
+  }
+  Py_DECREF(results);
+  return out;
+}
+
 PyMethodDef kGraphMethods[] = {
     {"graph_fingerprint", graph_fingerprint, METH_O, nullptr},
     {"graph_match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(graph_match)), METH_FASTCALL,
+     nullptr},
+    {"graph_outputs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(graph_outputs)), METH_FASTCALL,
      nullptr},
 };
 
@@ -1598,9 +1688,11 @@ long long torchtpu_fast_calls() { return g_fast_calls; }
 long long torchtpu_fast_fallbacks() { return g_fallbacks; }
 long long torchtpu_fast_queued_here() { return g_queued_here; }
 
-// (graph_fingerprint, graph_match): compile/backend.py _FastKey's one pass over a call's tensors.
+// (graph_fingerprint, graph_match, graph_outputs): compile/backend.py's fast key, one pass over a
+// call's tensors, and its outputs.
 PyObject* torchtpu_graph_functions() {
-  return Py_BuildValue("(NN)", PyCFunction_New(&kGraphMethods[0], nullptr), PyCFunction_New(&kGraphMethods[1], nullptr));
+  return Py_BuildValue("(NNN)", PyCFunction_New(&kGraphMethods[0], nullptr), PyCFunction_New(&kGraphMethods[1], nullptr),
+                       PyCFunction_New(&kGraphMethods[2], nullptr));
 }
 
 }  // extern "C"
