@@ -234,7 +234,9 @@ class CompiledGraph:
         fast = self._fast
         hit = fast.match(self, args) if fast is not None and len(args) == fast.n and self.fast_key else None
         if hit is not None:
-            entry, records, cpu_vals, offsets = hit
+            entry, records, dyn, cpu_vals, offsets = hit
+            if dyn is None:
+                dyn = _input_buffers(records)
             dev = fast.device
             _counters.compiled_cache_hits += 1
         else:
@@ -251,8 +253,8 @@ class CompiledGraph:
             dev = device if device >= 0 else current_device()
             self._remember(args, key, entry, records, offsets, dev)
             offsets = [np.int64(o) for o in offsets]
+            dyn = _input_buffers(records)
         # `dyn` holds the only extra reference to each buffer, so donation safety is a refcount check
-        dyn = _input_buffers(records)
         for c in cpu_vals:
             dyn.append(c if type(c) is int else _host_value(c, dev))
         if self.program.random:
@@ -485,8 +487,8 @@ class _FastKey:
     traced offsets and their int64 scalars) is replaced whole, never changed in place, so a thread
     reads one consistent snapshot."""
 
-    __slots__ = ("n", "pick", "ints", "guards", "graph_match", "state", "meta", "partial", "key", "entry",
-                 "device", "precision", "xla")
+    __slots__ = ("n", "pick", "ints", "guards", "graph_match", "graph_records", "state", "meta", "partial", "key",
+                 "entry", "device", "precision", "xla")
 
     @classmethod
     def of(cls, args, key, entry, records, offsets, device, value_ints):
@@ -526,7 +528,7 @@ class _FastKey:
             where = functions[0](tensors)
             if where is None:
                 return None
-            f.guards, f.graph_match = None, functions[1]
+            f.guards, f.graph_match, f.graph_records = None, functions[1], functions[3]
         else:
             f.guards = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
                                     dynamic_dims_strides=[list(t.stride()) for t in tensors])
@@ -540,8 +542,8 @@ class _FastKey:
         return f
 
     def match(self, graph, args):
-        """(entry, records, CPU values, traced offsets) for `args` if they key as the remembered
-        call did, else None."""
+        """(entry, records, their buffers or None (then input_buffers reads them), CPU values,
+        traced offsets) for `args` if they key as the remembered call did, else None."""
         tensors = args if self.pick is None else self.pick(args)
         state = self.state
         if self.guards is None:
@@ -569,7 +571,10 @@ class _FastKey:
             if not all(type(v) is int for v in cpu_vals):
                 return None
         graph._fast_misses = 0
-        return self.entry, list(map(RECORDS.__getitem__, state[1])), cpu_vals, state[3]
+        if self.guards is None:
+            records, buffers = self.graph_records(state[1])
+            return self.entry, records, buffers, cpu_vals, state[3]
+        return self.entry, list(map(RECORDS.__getitem__, state[1])), None, cpu_vals, state[3]
 
     def _moved(self, tensors, moved, state):
         """The state for `tensors`, some of which moved to other storages or offsets (`moved`: where
@@ -577,26 +582,29 @@ class _FastKey:
         changes the key."""
         where, moves = moved
         _, addresses, offsets, offset_vals = state
-        addresses = list(addresses)
-        new_offsets = list(offsets)
+        addresses = addresses.copy()
+        new_offsets = None
         stored = False
         for j, address, off in moves:
+            meta = self.meta[j]
             if address != addresses[j]:
                 r = RECORDS.get(address)
-                if r is None or (r.dtype, r.numel, r.device_index) != self.meta[j]:
+                if r is None or r.dtype != meta[0] or r.numel != meta[1] or r.device_index != meta[2]:
                     return None
                 addresses[j] = address
                 stored = True
             k = self.partial[j]
-            if (k >= 0) != bool(off or tensors[j].numel() != self.meta[j][1]):
+            if (k >= 0) != bool(off or tensors[j].numel() != meta[1]):
                 return None
             if k >= 0:
+                if new_offsets is None:
+                    new_offsets = offsets.copy()
                 new_offsets[k] = off
-        if stored and len(set(addresses)) != len(addresses):   # two arguments on one storage
+        if stored and any(addresses.count(a) > 1 for _, a, _ in moves):   # two arguments on one storage
             return None
-        if new_offsets != offsets:
-            offset_vals = [np.int64(o) for o in new_offsets]
-        return where, addresses, new_offsets, offset_vals
+        if new_offsets is None or new_offsets == offsets:
+            return where, addresses, offsets, offset_vals
+        return where, addresses, new_offsets, [np.int64(o) for o in new_offsets]
 
 
 def _picker(positions):

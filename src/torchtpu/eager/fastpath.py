@@ -231,9 +231,10 @@ def loaded() -> bool:
 
 
 def graph_functions():
-    """(graph_fingerprint, graph_match, graph_outputs) for compiled graphs (compile/backend.py): the
-    fast key in one C++ pass over a call's tensors (_FastKey) and the outputs made as the fast
-    path's are; None without the library."""
+    """(graph_fingerprint, graph_match, graph_outputs, graph_records) for compiled graphs
+    (compile/backend.py): the fast key in one C++ pass over a call's tensors (_FastKey), the outputs
+    made as the fast path's are, and the records and buffers of a call's storages; None without the
+    library."""
     return _graph_functions[0]
 
 

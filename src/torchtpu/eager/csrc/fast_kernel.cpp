@@ -1280,6 +1280,25 @@ bool graph_tensor(PyObject* obj, std::vector<int64_t>& out) noexcept {
   }
 }
 
+// Ask for the memory graph_tensor reads of each of `items` before reading it: a compiled call's
+// tensors (a decode step's 50-odd weights) are cold after the previous call's executable ran, and
+// reading them one after the other waits on three dependent cache misses per tensor (the Python
+// object, its TensorImpl, its StorageImpl); level by level, the misses of all tensors overlap.
+void prefetch_tensors(PyObject* const* items, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; i++) __builtin_prefetch(items[i]);
+  c10::SmallVector<c10::TensorImpl*, 64> impls;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    if (!THPVariable_Check(items[i])) return;
+    c10::TensorImpl* impl = THPVariable_Unpack(items[i]).unsafeGetTensorImpl();
+    const char* p = reinterpret_cast<const char*>(impl);
+    for (size_t off = 0; off < sizeof(c10::TensorImpl); off += 64) __builtin_prefetch(p + off);
+    impls.push_back(impl);
+  }
+  for (c10::TensorImpl* impl : impls) {
+    if (impl->has_storage()) __builtin_prefetch(impl->unsafe_storage().unsafeGetStorageImpl());
+  }
+}
+
 PyObject* int64_bytes(const std::vector<int64_t>& v) {
   return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
 }
@@ -1326,6 +1345,7 @@ PyObject* graph_match(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   got.reserve(total);
   std::vector<std::pair<Py_ssize_t, size_t>> moved;   // (argument, its place in the fingerprint)
   bool same = true;
+  prefetch_tensors(items, n);
   for (Py_ssize_t i = 0; i < n && same; i++) {
     size_t at = got.size();
     if (!graph_tensor(items[i], got) || got.size() > total) {
@@ -1447,12 +1467,62 @@ PyObject* graph_outputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return out;
 }
 
+// compile/backend.py _FastKey: graph_records(addresses), the storage records at `addresses`
+// (RECORDS keys) and their buffers, the executable's first arguments; (records, None) when one is
+// not a plain array (never written, or a queued result of the fused mode: input_buffers decides).
+PyObject* graph_records(PyObject*, PyObject* addresses) {
+  PyObject* seq = PySequence_Fast(addresses, "graph_records: a sequence of addresses");
+  if (!seq) return nullptr;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  PyObject* records = PyList_New(n);
+  for (Py_ssize_t i = 0; records && i < n; i++) {
+    PyObject* r = PyDict_GetItemWithError(C.records, items[i]);
+    if (!r) {
+      if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, items[i]);
+      Py_CLEAR(records);
+      break;
+    }
+    __builtin_prefetch(reinterpret_cast<char*>(r) + C.off_buffer);
+    Py_INCREF(r);
+    PyList_SET_ITEM(records, i, r);
+  }
+  Py_DECREF(seq);
+  if (!records) return nullptr;
+  PyObject** recs = PySequence_Fast_ITEMS(records);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* b = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(recs[i]) + C.off_buffer);
+    if (b) __builtin_prefetch(b);
+  }
+  PyObject* buffers = PyList_New(n);
+  for (Py_ssize_t i = 0; buffers && i < n; i++) {
+    PyObject* b = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(recs[i]) + C.off_buffer);
+    if (!b || Py_TYPE(b) != C.array_type) {
+      Py_CLEAR(buffers);
+      buffers = Py_None;
+      Py_INCREF(buffers);
+      break;
+    }
+    Py_INCREF(b);
+    PyList_SET_ITEM(buffers, i, b);
+  }
+  if (!buffers) {
+    Py_DECREF(records);
+    return nullptr;
+  }
+  PyObject* result = PyTuple_Pack(2, records, buffers);
+  Py_DECREF(records);
+  Py_DECREF(buffers);
+  return result;
+}
+
 PyMethodDef kGraphMethods[] = {
     {"graph_fingerprint", graph_fingerprint, METH_O, nullptr},
     {"graph_match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(graph_match)), METH_FASTCALL,
      nullptr},
     {"graph_outputs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(graph_outputs)), METH_FASTCALL,
      nullptr},
+    {"graph_records", graph_records, METH_O, nullptr},
 };
 
 }  // namespace
@@ -1688,11 +1758,11 @@ long long torchtpu_fast_calls() { return g_fast_calls; }
 long long torchtpu_fast_fallbacks() { return g_fallbacks; }
 long long torchtpu_fast_queued_here() { return g_queued_here; }
 
-// (graph_fingerprint, graph_match, graph_outputs): compile/backend.py's fast key, one pass over a
-// call's tensors, and its outputs.
+// (graph_fingerprint, graph_match, graph_outputs, graph_records): compile/backend.py's fast key,
+// one pass over a call's tensors, its outputs, and its input records and buffers.
 PyObject* torchtpu_graph_functions() {
-  return Py_BuildValue("(NNN)", PyCFunction_New(&kGraphMethods[0], nullptr), PyCFunction_New(&kGraphMethods[1], nullptr),
-                       PyCFunction_New(&kGraphMethods[2], nullptr));
+  return Py_BuildValue("(NNNN)", PyCFunction_New(&kGraphMethods[0], nullptr), PyCFunction_New(&kGraphMethods[1], nullptr),
+                       PyCFunction_New(&kGraphMethods[2], nullptr), PyCFunction_New(&kGraphMethods[3], nullptr));
 }
 
 }  // extern "C"
