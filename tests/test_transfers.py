@@ -115,3 +115,27 @@ def test_device_copy_is_independent_of_the_host_tensor():
     expected = c.clone()
     c.add_(100)
     torch.testing.assert_close(x.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_every_host_to_device_path_copies(dtype):
+    """`.to`, `copy_` into a tpu tensor, `torch.tensor(..., device=)` of a numpy array and a compiled
+    graph's CPU input all leave the device value alone when the host memory is written afterwards
+    (XLA:CPU would alias host memory if asked to)."""
+    import numpy as np
+    c = torch.randn(32, 48).to(dtype) if dtype is not torch.bool else torch.randn(32, 48) > 0
+    want = c.clone()
+    moved = c.to("tpu")
+    into = torch.empty_like(c, device="tpu").copy_(c)
+    strided = c[:, ::3].to("tpu")
+    n = np.ascontiguousarray(torch.arange(12).numpy())
+    from_numpy = torch.tensor(n, device="tpu")
+    scalar = torch.tensor(7, dtype=torch.int64)
+    graph = torch.compile(lambda x, s: x + s, backend="tpu")
+    out = graph(torch.ones(3, device="tpu"), scalar)   # a CPU scalar tensor: a traced host value
+    scalar.fill_(0)
+    c.zero_() if dtype is not torch.bool else c.fill_(False)
+    n[:] = -1
+    for got, expected in ((moved, want), (into, want), (strided, want[:, ::3]), (from_numpy, torch.arange(12))):
+        torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 8.0))

@@ -701,7 +701,7 @@ def _host_value(t, dev):
     host = dt.numpy_from_cpu(t.detach().contiguous())
     _counters.h2d_bytes += host.nbytes
     _counters.h2d_transfers += 1
-    return jax.device_put(host, platform.jax_device(dev))
+    return platform.put(host, dev)
 
 
 def _inputs_of_key(key):

@@ -164,6 +164,48 @@ def jax_device(index: int):
     return devs[index]
 
 
+_places = {}   # device index -> (jax device, its sharding)
+_avals = {}    # (shape, numpy dtype) -> jax aval
+
+
+def put(host, index: int):
+    """numpy array `host` as a committed array on tpu:`index` holding its own copy: the caller may
+    write `host` afterwards (it is often a view of a user's CPU tensor), and XLA:CPU would otherwise
+    alias it. What `jax.device_put(copy, device)` makes, by the jaxlib call under it
+    (batched_device_put) with the runtime copying during the call (IMMUTABLE_ONLY_DURING_CALL)
+    instead of a numpy copy first: ~3 µs instead of ~30 for a small tensor, where JAX's Python
+    dispatch was most of `torch.tensor([i], device="tpu")`."""
+    place = _places.get(index)
+    if place is None:
+        import jax
+        device = jax_device(index)
+        place = _places[index] = (device, jax.sharding.SingleDeviceSharding(device))
+    key = (host.shape, host.dtype)
+    aval = _avals.get(key)
+    if aval is None:
+        if _batched_put[0] is None:
+            _find_batched_put()
+        if _batched_put[0] is False:   # a jaxlib without it: JAX's own way
+            import jax
+            import numpy as np
+            return jax.device_put(np.array(host, order="C", copy=True), place[0])
+        from jax._src import core
+        aval = _avals.setdefault(key, core.ShapedArray(host.shape, host.dtype))
+    put_fn, during_call = _batched_put[0]
+    return put_fn(aval, place[1], [host], [place[0]], True, host_buffer_semantics=during_call)
+
+
+_batched_put = [None]   # (jaxlib's batched_device_put, IMMUTABLE_ONLY_DURING_CALL), or False
+
+
+def _find_batched_put():
+    try:
+        from jax._src.lib import _jax
+        _batched_put[0] = (_jax.batched_device_put, _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
+    except (ImportError, AttributeError):
+        _batched_put[0] = False
+
+
 def is_available() -> bool:
     try:
         return device_count() > 0

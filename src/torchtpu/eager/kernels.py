@@ -175,16 +175,11 @@ def to_host(t: torch.Tensor) -> np.ndarray:
 
 
 def _from_host(array: np.ndarray, dtype, index):
-    device = platform.jax_device(index)
-    if device.platform == "cpu":
-        # XLA:CPU may alias a numpy array instead of copying it ("zero copy"): the device tensor
-        # would then change when the user later writes to the CPU tensor. Give it its own copy.
-        flat = np.array(array, order="C", copy=True).reshape(-1)
-    else:
-        flat = np.ascontiguousarray(array).reshape(-1)
+    # (platform.put copies: the device tensor never aliases the user's CPU tensor)
+    flat = np.ascontiguousarray(array).reshape(-1)
     metrics.counters.h2d_bytes += flat.nbytes
     metrics.counters.h2d_transfers += 1
-    return jax.device_put(flat, device)
+    return platform.put(flat, index)
 
 
 def _write_whole_or_copy(dst, buffer, dtype):
@@ -231,7 +226,7 @@ def _copy_(self, src, non_blocking=False):
                 return self
             return KERNELS[aten.copy_.default](self, src)
         value = to_host(src) if src.numel() else np.zeros(tuple(src.shape), dt.to_jax(src.dtype))
-        moved = jax.device_put(value.reshape(-1), platform.jax_device(self.device.index))
+        moved = platform.put(np.ascontiguousarray(value).reshape(-1), self.device.index)
         return _write_whole_or_copy(self, moved, src.dtype) if tuple(src.shape) == tuple(self.shape) else \
             KERNELS[aten.copy_.default](self, new_tensor(tuple(src.shape), src.dtype, self.device.index, moved))
     if self.device.type == "tpu":  # host -> device
