@@ -6,7 +6,8 @@ stream's `synchronize()`, an event recorded after the copy (`synchronize()`, or 
 True), or any blocking read from the same device (`.item()`, `.cpu()`), which on CUDA's in-order
 stream also waits for the earlier copy. Until then the host tensor keeps its old values. A copy
 into pageable memory waits, as on CUDA. The transfer starts at once (`copy_to_host_async`), so the
-host can queue more work while the device computes the value and sends it: transformers'
+host can queue more work while the device computes the value and sends it (XLA:CPU's buffers are
+host memory: nothing to send, the value is read in place at the sync point): transformers'
 `generate()` reads its stop flag one token late this way (integrations/patches.py).
 """
 from __future__ import annotations
@@ -32,11 +33,26 @@ _last: dict[int, int] = {}   # device index -> number of its newest copy
 def start(dst, array, shape, dtype, device: int) -> None:
     """Start sending `array` (a tpu tensor's values: `shape`, `dtype`) to the host; written into
     the CPU tensor `dst` (same shape) at the next sync point of `device`."""
-    array.copy_to_host_async()
+    if not _host_is_device(device):
+        array.copy_to_host_async()
     with _lock:
         number = next(_numbers)
         PENDING.setdefault(device, collections.deque()).append((number, dst, array, shape, dtype))
         _last[device] = number
+
+
+_host_memory: dict[int, bool] = {}   # device index -> whether its buffers are host memory (XLA:CPU)
+
+
+def _host_is_device(device: int) -> bool:
+    """XLA:CPU's buffers are host memory: there is no transfer to start, and starting one on a value
+    still being computed costs ~30 µs (generate()'s stop flag, every token); the value is read in
+    place at the sync point."""
+    known = _host_memory.get(device)
+    if known is None:
+        from ..device import platform
+        known = _host_memory[device] = platform.jax_device(device).platform == "cpu"
+    return known
 
 
 def last(device: int) -> int:
