@@ -1376,10 +1376,7 @@ PyObject* graph_match(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_DECREF(where);
     return nullptr;
   }
-  PyObject* result = PyTuple_Pack(2, fp, where);
-  Py_DECREF(fp);
-  Py_DECREF(where);
-  return result;
+  return Py_BuildValue("(NN)", fp, where);   // (N: the tuple takes both references)
 }
 
 // Whether sizes `shape` with strides `stride` (None: contiguous) are the contiguous layout, size-1
@@ -1510,10 +1507,7 @@ PyObject* graph_records(PyObject*, PyObject* addresses) {
     Py_DECREF(records);
     return nullptr;
   }
-  PyObject* result = PyTuple_Pack(2, records, buffers);
-  Py_DECREF(records);
-  Py_DECREF(buffers);
-  return result;
+  return Py_BuildValue("(NN)", records, buffers);
 }
 
 PyMethodDef kGraphMethods[] = {
