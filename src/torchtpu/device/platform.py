@@ -166,6 +166,7 @@ def jax_device(index: int):
 
 _places = {}   # device index -> (jax device, its sharding)
 _avals = {}    # (shape, numpy dtype) -> jax aval
+_batched_put = []   # [(jaxlib's batched_device_put, IMMUTABLE_ONLY_DURING_CALL) or None] once looked up
 
 
 def put(host, index: int):
@@ -180,30 +181,23 @@ def put(host, index: int):
         import jax
         device = jax_device(index)
         place = _places[index] = (device, jax.sharding.SingleDeviceSharding(device))
+    if not _batched_put:
+        try:
+            from jax._src.lib import _jax
+            _batched_put.append((_jax.batched_device_put, _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL))
+        except (ImportError, AttributeError):   # another jaxlib layout: JAX's own way
+            _batched_put.append(None)
+    if _batched_put[0] is None:
+        import jax
+        import numpy as np
+        return jax.device_put(np.array(host, order="C", copy=True), place[0])
     key = (host.shape, host.dtype)
     aval = _avals.get(key)
     if aval is None:
-        if _batched_put[0] is None:
-            _find_batched_put()
-        if _batched_put[0] is False:   # a jaxlib without it: JAX's own way
-            import jax
-            import numpy as np
-            return jax.device_put(np.array(host, order="C", copy=True), place[0])
         from jax._src import core
         aval = _avals.setdefault(key, core.ShapedArray(host.shape, host.dtype))
     put_fn, during_call = _batched_put[0]
     return put_fn(aval, place[1], [host], [place[0]], True, host_buffer_semantics=during_call)
-
-
-_batched_put = [None]   # (jaxlib's batched_device_put, IMMUTABLE_ONLY_DURING_CALL), or False
-
-
-def _find_batched_put():
-    try:
-        from jax._src.lib import _jax
-        _batched_put[0] = (_jax.batched_device_put, _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
-    except (ImportError, AttributeError):
-        _batched_put[0] = False
 
 
 def is_available() -> bool:
