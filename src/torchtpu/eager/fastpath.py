@@ -40,7 +40,7 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 12
+_ABI = 13
 _lib = [None]
 _graph_functions = [None]
 _tried = [False]
@@ -152,8 +152,13 @@ def load() -> bool:
         lib.torchtpu_fast_fallbacks.restype = ctypes.c_longlong
         lib.torchtpu_fast_queued_here.restype = ctypes.c_longlong
         lib.torchtpu_graph_functions.restype = ctypes.py_object
-        # (the last tuple: what new_tensor touches, so outputs on tpu:0 are made in C++)
+        lib.torchtpu_storage_freed.restype = ctypes.py_object
+        # (the last tuple: what new_tensor touches, so outputs on tpu:0 are made in C++, their records
+        # slot by slot: only while these are StorageRecord's slots)
         native_outputs = (records._bump, records._stats, records._StorageRef, records._on_free, records.MemoryStats)
+        if set(StorageRecord.__slots__) != {"_buffer", "dtype", "numel", "nbytes", "device_index", "ref", "oom",
+                                            "__weakref__"}:
+            native_outputs = ()
         if not lib.torchtpu_fast_init((RECORDS, modes._mode, asserts.FAILED, interrupts.PENDING, xla_options._active,
                                        counters, StorageRecord, new_tensor, describe, ArrayImpl, _unchecked,
                                        native_outputs, device_scalar, asserts.note, Entry)):
@@ -169,6 +174,9 @@ def load() -> bool:
         return False
     _lib[0] = lib
     _graph_functions[0] = lib.torchtpu_graph_functions()
+    freed = lib.torchtpu_storage_freed()
+    if freed is not None:   # every storage made from now on, in Python too, is freed by it
+        records._on_free = freed
     lib.torchtpu_fast_set_enabled(1)
     return True
 
