@@ -147,6 +147,18 @@ def platform() -> str:
     return _platform
 
 
+def buffers_in_host_memory() -> bool:
+    """Whether device buffers are host memory (XLA:CPU): reading one is a host read, sending one to
+    the host has nothing to send. (Asked on hot paths: answered once.)"""
+    host = _host_memory[0]
+    if host is None:
+        host = _host_memory[0] = platform() == "cpu"
+    return host
+
+
+_host_memory = [None]
+
+
 def is_initialized() -> bool:
     return _devices is not None
 

@@ -189,14 +189,7 @@ _zeros: dict = {}
 # against ~20-40 µs for the executable that combines them: poison reads the ready ones, which
 # usually leaves nothing to combine (all passed: no gate; one failed: it is the gate). Elsewhere the
 # read is a device-to-host transfer: the combining executable, which needs no wait, is cheaper.
-_HOST_READS = [None]
-
-
-def _host_reads() -> bool:
-    host = _HOST_READS[0]
-    if host is None:
-        host = _HOST_READS[0] = platform.platform() == "cpu"
-    return host
+_host_reads = platform.buffers_in_host_memory
 
 
 def _scanned(src, device_index, queue=False):

@@ -53,7 +53,7 @@ def synchronize(device=None) -> None:
     from ..storage.records import live_buffers
     index = _index(device)
     fusion.flush_all()
-    jax.block_until_ready(live_buffers(index))
+    jax.block_until_ready(live_buffers(index, computing=True))
     host_copies.finish(index)
     asserts.check()
 
@@ -327,18 +327,8 @@ class _Mark:
 def _unfinished(device):
     """Weak references to the buffers of `device` still being computed (one already computed needs
     no wait, ever: most of them, the weights, are)."""
-    from jax._src.array import ArrayImpl
-    from ..storage.records import RECORDS
-    unfinished = []
-    for r in list(RECORDS.values()):   # (one pass: every event of generate()'s per-token stop check)
-        b = r._buffer
-        if b is None or r.device_index != device:
-            continue
-        if type(b) is not ArrayImpl:
-            b = r.buffer   # a queued result of the fused mode: runs its segment
-        if not b.is_ready():
-            unfinished.append(weakref.ref(b))
-    return unfinished
+    from ..storage.records import live_buffers
+    return [weakref.ref(b) for b in live_buffers(device, computing=True)]
 
 
 def _idle(index) -> bool:

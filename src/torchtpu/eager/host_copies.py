@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from .. import metrics
+from ..device import platform
 from ..ops import dtypes as dt
 from . import errors
 
@@ -33,26 +34,14 @@ _last: dict[int, int] = {}   # device index -> number of its newest copy
 def start(dst, array, shape, dtype, device: int) -> None:
     """Start sending `array` (a tpu tensor's values: `shape`, `dtype`) to the host; written into
     the CPU tensor `dst` (same shape) at the next sync point of `device`."""
-    if not _host_is_device(device):
+    # (XLA:CPU's buffers are host memory: nothing to send, and starting a transfer of a value still
+    # being computed costs ~30 µs: generate()'s stop flag, every token)
+    if not platform.buffers_in_host_memory():
         array.copy_to_host_async()
     with _lock:
         number = next(_numbers)
         PENDING.setdefault(device, collections.deque()).append((number, dst, array, shape, dtype))
         _last[device] = number
-
-
-_host_memory: dict[int, bool] = {}   # device index -> whether its buffers are host memory (XLA:CPU)
-
-
-def _host_is_device(device: int) -> bool:
-    """XLA:CPU's buffers are host memory: there is no transfer to start, and starting one on a value
-    still being computed costs ~30 µs (generate()'s stop flag, every token); the value is read in
-    place at the sync point."""
-    known = _host_memory.get(device)
-    if known is None:
-        from ..device import platform
-        known = _host_memory[device] = platform.jax_device(device).platform == "cpu"
-    return known
 
 
 def last(device: int) -> int:

@@ -224,10 +224,20 @@ def donatable(buffers, slots):
     return True
 
 
-def live_buffers(device_index=None):
-    # (`buffer` resolves a queued fused result, running its segment: read once per record)
-    return [r.buffer for r in list(RECORDS.values())
-            if r._buffer is not None and (device_index is None or r.device_index == device_index)]
+def live_buffers(device_index=None, computing=False):
+    """The buffers of the live storages (of tpu:`device_index`); with `computing`, only those still
+    being computed (what an event or a synchronize waits for: most buffers, the weights, were
+    computed long ago). One pass: generate()'s per-token stop check records an event every token."""
+    buffers = []
+    for r in list(RECORDS.values()):
+        b = r._buffer
+        if b is None or (device_index is not None and r.device_index != device_index):
+            continue
+        if isinstance(b, Placeholder):
+            b = r.buffer   # a queued result of the fused mode: runs its segment (read once per record)
+        if not computing or not b.is_ready():
+            buffers.append(b)
+    return buffers
 
 
 def contiguous_strides(shape):

@@ -181,11 +181,28 @@ constexpr size_t kMaxEntries = 4096; // per op; past it the table starts over
 // A new output of a fast entry: its (shape, dtype) as Python objects, and for making it here
 // (native outputs) its sizes, number of elements, bytes and dtype.
 struct Out {
-  PyObject* shape = nullptr;  // owned
-  PyObject* dtype = nullptr;  // owned
+  PyObject* shape = nullptr;  // owned (in a Plan)
+  PyObject* dtype = nullptr;  // owned (in a Plan)
   std::vector<int64_t> sizes;
   int64_t numel = 0, nbytes = 0;
   c10::ScalarType scalar_type = c10::ScalarType::Undefined;   // Undefined: made by new_tensor
+
+  // sizes, numel, nbytes and scalar_type from `shape` (a tuple of ints) and `dtype` (a torch.dtype);
+  // scalar_type stays Undefined where they are not that
+  void measure() {
+    if (!PyTuple_Check(shape) || !THPDtype_Check(dtype)) return;
+    numel = 1;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(shape); j++) {
+      sizes.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape, j)));
+      numel *= sizes.back();
+    }
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return;
+    }
+    scalar_type = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+    nbytes = numel * static_cast<int64_t>(c10::elementSize(scalar_type));
+  }
 };
 
 // What a fast entry runs. Shared: a call holds it while JAX runs (and may release the GIL, when
@@ -1159,20 +1176,7 @@ class FastKernel final : public c10::OperatorKernel {
       o.dtype = PyTuple_GET_ITEM(pair, 1);
       Py_INCREF(o.shape);
       Py_INCREF(o.dtype);
-      if (PyTuple_Check(o.shape) && THPDtype_Check(o.dtype)) {
-        o.scalar_type = reinterpret_cast<THPDtype*>(o.dtype)->scalar_type;
-        o.numel = 1;
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(o.shape); j++) {
-          int64_t n = PyLong_AsLongLong(PyTuple_GET_ITEM(o.shape, j));
-          o.sizes.push_back(n);
-          o.numel *= n;
-        }
-        o.nbytes = o.numel * static_cast<int64_t>(c10::elementSize(o.scalar_type));
-        if (PyErr_Occurred()) {
-          PyErr_Clear();
-          o.scalar_type = c10::ScalarType::Undefined;   // made by new_tensor
-        }
-      }
+      o.measure();
       plan->outs.push_back(std::move(o));
     }
     if (checks != Py_None) {
@@ -1436,26 +1440,18 @@ PyObject* graph_outputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* stride = PyTuple_GET_ITEM(args[2], i);
     PyObject* buffer = PySequence_Fast_GET_ITEM(results, i);
     PyObject* made = nullptr;
-    if (native && PyTuple_Check(shape) && THPDtype_Check(dtype) && dense(shape, stride)) {
-      Out o;   // borrowed shape and dtype: new_output only reads them
-      o.shape = shape;
-      o.dtype = dtype;
-      o.scalar_type = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
-      o.numel = 1;
-      for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(shape); j++) {
-        o.sizes.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape, j)));
-        o.numel *= o.sizes.back();
-      }
-      o.nbytes = o.numel * static_cast<int64_t>(c10::elementSize(o.scalar_type));
-      if (!PyErr_Occurred()) {
-        try {
-          at::Tensor t = FastKernel::new_output(o, device, buffer);
-          if (t.defined()) made = THPVariable_Wrap(std::move(t));
-        } catch (python_error& e) {
-          e.restore();
-        } catch (const std::exception& e) {
-          PyErr_Format(PyExc_RuntimeError, "torchtpu: %s", e.what());
-        }
+    Out o;   // borrowed shape and dtype: new_output only reads them
+    o.shape = shape;
+    o.dtype = dtype;
+    if (native) o.measure();
+    if (o.scalar_type != c10::ScalarType::Undefined && dense(shape, stride)) {
+      try {
+        at::Tensor t = FastKernel::new_output(o, device, buffer);
+        if (t.defined()) made = THPVariable_Wrap(std::move(t));
+      } catch (python_error& e) {
+        e.restore();
+      } catch (const std::exception& e) {
+        PyErr_Format(PyExc_RuntimeError, "torchtpu: %s", e.what());
       }
       if (!made && PyErr_Occurred()) {
         Py_CLEAR(out);
