@@ -315,6 +315,64 @@ def _float32_reference(op, sample, dtype, expected):
                            op(inp, *args, **kwargs))
 
 
+# A half-dtype result that misses the CPU's by more than the tolerance is still accepted when it is
+# at least as close as the CPU's to the same computation in float64 (PyTorch's own reference tests,
+# test_ops.py, judge a disagreement with a precise result the same way): the CPU's kernels often
+# round intermediates to the half dtype where tpu, like CUDA, accumulates in float32.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _precise(fn, sample, dtype, inplace=False):
+    """`fn` on the CPU with the sample's `dtype` tensors in float64 (for an in-place variant, the
+    mutated input)."""
+    up = lambda t: t.detach().double() if isinstance(t, torch.Tensor) and t.dtype == dtype else t  # noqa: E731
+    inp, args, kwargs = pytree.tree_map(up, (sample.input, sample.args, sample.kwargs))
+    if inplace:
+        inp = _clone(inp)   # (an input not of `dtype` was not copied by `up`)
+    with torch.no_grad():
+        out = fn(inp, *args, **kwargs)
+    return inp if inplace else out
+
+
+def _distance(a, reference):
+    a, reference = a.detach().cpu().double(), reference.detach().double()
+    both_nan = a.isnan() & reference.isnan()
+    d = (a - reference).abs().masked_fill(both_nan | (a == reference), 0)   # (equal infinities: 0)
+    return d.nan_to_num(nan=float("inf")).max().item() if d.numel() else 0.0
+
+
+def _no_less_accurate(actual, expected, precise, dtype):
+    """Whether each half-dtype leaf of `actual` is as close to `precise` as the CPU's `expected` is
+    (other leaves are compared as usual)."""
+    a_leaves, e_leaves = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
+    p_leaves = pytree.tree_leaves(precise)
+    if not (len(a_leaves) == len(e_leaves) == len(p_leaves)):
+        return False
+    for a, e, p in zip(a_leaves, e_leaves, p_leaves):
+        if isinstance(e, torch.Tensor) and e.dtype == dtype and isinstance(p, torch.Tensor) \
+                and p.shape == e.shape and p.is_floating_point():
+            if _distance(a, p) > _distance(e, p):
+                return False
+        else:
+            compare(a, e, dtype)
+    return True
+
+
+def _compare_half(fn, sample, dtype, actual, expected, random, what="output", inplace=False):
+    """compare(), with the precise-reference rule above for half dtypes."""
+    try:
+        compare(actual, expected, dtype, random, what)
+    except AssertionError:
+        if dtype not in HALF_DTYPES or random:
+            raise
+        try:
+            ok = _no_less_accurate(actual, expected, _precise(fn, sample, dtype, inplace), dtype)
+        except Exception:  # noqa: BLE001 - no float64 computation to judge by: the CPU's result decides
+            ok = False
+        if not ok:
+            raise
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     line = text[0] if text else ""
@@ -402,7 +460,7 @@ def _check_forward(op, dtype, max_samples, random):
         actual = _reconcile_indices(op.name, sample, actual, expected)
         actual = _reconcile_saved_stats(op_id(op), sample, actual, expected)
         expected = _float32_reference(op, sample, dtype, expected)
-        compare(actual, expected, dtype, random or _draws_random(sample))
+        _compare_half(op, sample, dtype, actual, expected, random or _draws_random(sample))
 
     n = _run_samples(op, dtype, max_samples, False, one)
     return Result("pass", samples=n) if n else Result("no_samples", "the CPU accepts no sample")
@@ -427,7 +485,7 @@ def _check_inplace(op, dtype, max_samples, random):
         inp = _clone(inp)
         with torch.no_grad():
             out = fn(inp, *args, **kwargs)
-        compare(inp, expected[0], dtype, random, "mutated input")
+        _compare_half(fn, sample, dtype, inp, expected[0], random, "mutated input", inplace=True)
         if isinstance(out, torch.Tensor) and out is not inp and not isinstance(inp, torch.Tensor):
             compare(out, expected[1], dtype, random, "inplace output")
 

@@ -238,6 +238,17 @@ def test_native_dropout_p_out_of_range():
     torch.testing.assert_close(out.cpu(), x)
 
 
+def test_native_dropout_backward_promotes_as_on_the_cpu():
+    # a bool or integer grad times the float scale is float32 (it was cast back: 2.0 became 1.0)
+    mask = torch.rand(6) > 0.5
+    for grad in (torch.rand(6) > 0.3, torch.randint(-3, 4, (6,)), torch.randn(6, dtype=torch.float16)):
+        for scale in (0.0, 1.0, 2.0, 1.25):
+            expected = torch.ops.aten.native_dropout_backward(grad, mask, scale)
+            actual = torch.ops.aten.native_dropout_backward(grad.to(D), mask.to(D), scale).cpu()
+            assert actual.dtype == expected.dtype
+            torch.testing.assert_close(actual, expected)
+
+
 def test_addcmul_integer_value_is_converted():
     a, b, c = torch.tensor([1, 2, -3]), torch.tensor([1, 2, 5]), torch.tensor([1, 2, 7])
     for value in (0.5, 2.7, -1.5, 3):

@@ -525,6 +525,18 @@ def test_interpolate_1d_3d():
     check(lambda a: F.interpolate(a, scale_factor=2, mode="nearest"), torch.randn(1, 2, 3, 4, 6))
 
 
+def test_interpolate_float64_keeps_float64_weights():
+    # the CPU computes source positions and weights in double for float64 data; weights rounded to
+    # float32 were ~1e-6 off
+    for fn, shape in [(lambda a: F.interpolate(a, size=(8, 7), mode="bilinear"), (2, 3, 5, 5)),
+                      (lambda a: F.interpolate(a, size=(8, 7), mode="bilinear", align_corners=True), (2, 3, 5, 5)),
+                      (lambda a: F.interpolate(a, scale_factor=1.7, mode="bicubic"), (2, 3, 5, 6)),
+                      (lambda a: F.interpolate(a, size=9, mode="linear"), (2, 3, 5)),
+                      (lambda a: F.interpolate(a, scale_factor=1.6, mode="trilinear"), (1, 2, 4, 4, 4))]:
+        x = torch.randn(shape, dtype=torch.float64)
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), rtol=1e-12, atol=1e-12)
+
+
 # Default run: every padding mode with one alignment each (both alignments occur); the other
 # three pairs run under `-m slow` (tests/test_ops_semantics.py sweeps grid_sample's modes further).
 @pytest.mark.parametrize("padding_mode,align", [

@@ -97,6 +97,20 @@ def test_cdist_and_pdist_gradients(p):
     _check_dist_gradients(p, pdist=p in _PDIST_DEFAULT)
 
 
+def test_cdist_gradient_with_nothing_to_compute():
+    # an empty broadcast batch, or no points on one side: zeros of each input's own shape
+    for sa, sb in [((0, 4, 5), (3, 5)), ((4, 5), (2, 0, 5)), ((1, 4, 5), (0, 3, 5)), ((2, 4, 0), (2, 3, 0)),
+                   ((4, 5), (2, 3, 5))]:
+        a, b = torch.randn(sa, requires_grad=True), torch.randn(sb, requires_grad=True)
+        ad, bd = (t.detach().to(DEV).requires_grad_() for t in (a, b))
+        out = torch.cdist(a, b)
+        g = torch.randn(out.shape)
+        out.backward(g)
+        torch.cdist(ad, bd).backward(g.to(DEV))
+        torch.testing.assert_close(ad.grad.cpu(), a.grad)
+        torch.testing.assert_close(bd.grad.cpu(), b.grad)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("p", [p for p in _P_VALUES if p not in _PDIST_DEFAULT])
 def test_pdist_gradients_other_p(p):

@@ -317,6 +317,11 @@ def _dist_grad(diff, dist, p):
 
 @lowering("_cdist_backward")
 def cdist_backward(grad, x1, x2, p, cdist):
+    """The gradient for x1 over the broadcast batch (autograd sums it down to x1's own batch), except
+    where there is nothing to compute (an empty broadcast batch or no points): zeros of x1's own
+    shape, as PyTorch's kernel returns."""
+    if 0 in (*cdist.shape, x1.shape[-1]):
+        return jnp.zeros(x1.shape, x1.dtype)
     g = _dist_grad(_pair_diff(x1, x2), jnp.expand_dims(cdist, -1), p) * jnp.expand_dims(grad, -1)
     return jnp.sum(g, axis=-2).astype(x1.dtype)
 

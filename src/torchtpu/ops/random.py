@@ -63,7 +63,9 @@ def native_dropout(a, p, train, *, key):
 
 @lowering("native_dropout_backward")
 def native_dropout_backward(grad, mask, scale):
-    return (grad * mask * scale).astype(grad.dtype)
+    # (PyTorch's type promotion: a bool or integer grad times the float scale is float32)
+    dtype = grad.dtype if jnp.issubdtype(grad.dtype, jnp.inexact) else jnp.float32
+    return (grad.astype(dtype) * mask * scale).astype(dtype)
 
 
 # ---------------------------------------------------------------- more distributions

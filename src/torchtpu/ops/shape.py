@@ -220,13 +220,19 @@ def _nearest(x, output_size, scales, exact):
     return x
 
 
-def _linear_weights(n_in, n_out, align_corners, scale):
-    s = np.float32(_scale(n_in, n_out, align_corners, scale))
-    dst = np.arange(n_out, dtype=np.float32)
-    src = s * dst if align_corners else np.maximum(s * (dst + np.float32(0.5)) - np.float32(0.5), 0)
+def _weight_dtype(x):
+    """The dtype PyTorch's CPU kernels compute resampling positions and weights in: double for
+    float64 data, float for everything else (half types compute in float)."""
+    return np.float64 if x.dtype == jnp.float64 else np.float32
+
+
+def _linear_weights(n_in, n_out, align_corners, scale, dtype=np.float32):
+    s = dtype(_scale(n_in, n_out, align_corners, scale))
+    dst = np.arange(n_out, dtype=dtype)
+    src = s * dst if align_corners else np.maximum(s * (dst + dtype(0.5)) - dtype(0.5), 0)
     i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
     i1 = np.minimum(i0 + 1, n_in - 1)
-    l1 = (src - i0).astype(np.float32)
+    l1 = (src - i0).astype(dtype)
     return i0, i1, 1 - l1, l1
 
 
@@ -235,7 +241,7 @@ def _linear(x, output_size, align_corners, scales):
     y = _f32(x)
     for i, n_out in enumerate(output_size):
         ax = y.ndim - nd + i
-        i0, i1, l0, l1 = _linear_weights(y.shape[ax], n_out, align_corners, scales[i])
+        i0, i1, l0, l1 = _linear_weights(y.shape[ax], n_out, align_corners, scales[i], _weight_dtype(x))
         shape = [1] * y.ndim
         shape[ax] = n_out
         y = (jnp.take(y, jnp.asarray(i0), axis=ax) * jnp.asarray(l0).reshape(shape)
@@ -264,21 +270,22 @@ def cubic_coeffs(t, a=-0.75, r=_same):
 
 def _bicubic(x, output_size, align_corners, scales):
     y = _f32(x)
+    dtype = _weight_dtype(x)
     for i, n_out in enumerate(output_size):
         ax = y.ndim - 2 + i
         n_in = y.shape[ax]
-        s = np.float32(_scale(n_in, n_out, align_corners, scales[i]))
-        dst = np.arange(n_out, dtype=np.float32)
-        src = s * dst if align_corners else s * (dst + np.float32(0.5)) - np.float32(0.5)
+        s = dtype(_scale(n_in, n_out, align_corners, scales[i]))
+        dst = np.arange(n_out, dtype=dtype)
+        src = s * dst if align_corners else s * (dst + dtype(0.5)) - dtype(0.5)
         f = np.floor(src)
-        t = (src - f).astype(np.float32)
+        t = (src - f).astype(dtype)
         f = f.astype(np.int64)
         shape = [1] * y.ndim
         shape[ax] = n_out
         acc = 0
         for k, c in enumerate(cubic_coeffs(t)):
             idx = np.clip(f - 1 + k, 0, n_in - 1)
-            acc = acc + jnp.take(y, jnp.asarray(idx), axis=ax) * jnp.asarray(c.astype(np.float32)).reshape(shape)
+            acc = acc + jnp.take(y, jnp.asarray(idx), axis=ax) * jnp.asarray(c.astype(dtype)).reshape(shape)
         y = acc
     return y.astype(x.dtype)
 
