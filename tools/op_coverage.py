@@ -217,8 +217,10 @@ def report(args, meta, command):
              f"(op, dtype), spread over the OpInfo's sample list).\n")
     L.append("Each (op, dtype) runs the OpInfo samples on the CPU and on `tpu` and compares values, shapes "
              "and dtypes with `torch.testing.assert_close` (float32 rtol 1e-4/atol 1e-5, float16 1e-2/1e-3, "
-             "bfloat16 1.6e-2/1e-2, float64 1e-7, complex64/complex128 as float32/float64, integers and bool exact). "
-             "*In-place* also compares the "
+             "bfloat16 1.6e-2/1e-2, float64 1e-7, complex64/complex128 as float32/float64, integers and bool exact); "
+             "a float16/bfloat16 result beyond those tolerances still matches when it is at least as close as the "
+             "CPU's to the same computation in float64 (the CPU rounds intermediates to the half dtype; PyTorch's "
+             "reference tests judge the same way). *In-place* also compares the "
              "mutated input, *out=* the out tensor(s), *gradient* (float32, complex64) the gradients of every input "
              "for random cotangents. Random ops are compared on shape and dtype only. Denominators count "
              "(op, dtype) pairs whose samples the CPU accepts. Test harness: `tests/opinfo_support.py`; "
