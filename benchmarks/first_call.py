@@ -118,17 +118,20 @@ def main():
     names = ["cold"] + [f"warm {i}" for i in range(1, opts.runs)]
     print("first-call latency, small Llama (hidden 512, 4 layers): seconds (XLA compiles run / "
           "executables served by the on-disk cache)")
-    print(f"{'':28s}" + "".join(f"{n:>24s}" for n in names))
+    ratio = len(runs) > 1   # the first warm process over the cold one, side by side
+    print(f"{'':28s}" + "".join(f"{n:>24s}" for n in names) + ("   warm 1 / cold" if ratio else ""))
     for p in PHASES:
         print(f"{p:28s}" + "".join(f"{r[p]['s']:9.2f} s ({r[p]['compiles']:3d} / {r[p]['hits']:3d})"
-                                   for _, r in runs))
+                                   for _, r in runs)
+              + (f"{runs[1][1][p]['s'] / runs[0][1][p]['s']:17.2f}" if ratio else ""))
     compiled = [p for p in PHASES if p.startswith("compiled")]
     for label, key in (("compiled: lowering to JAX", "trace_s"), ("compiled: XLA or its cache", "xla_compile_s")):
         print(f"{label:28s}" + "".join(f"{sum(r[p][key] for p in compiled):9.2f} s{'':13s}" for _, r in runs))
     print(f"{'compiled: Dynamo, AOT, rest':28s}" + "".join(
         f"{sum(r[p]['s'] - r[p]['trace_s'] - r[p]['xla_compile_s'] for p in compiled):9.2f} s{'':13s}"
         for _, r in runs))
-    print(f"{'whole process':28s}" + "".join(f"{t:9.2f} s{'':13s}" for t, _ in runs))
+    print(f"{'whole process':28s}" + "".join(f"{t:9.2f} s{'':13s}" for t, _ in runs)
+          + (f"{runs[1][0] / runs[0][0]:17.2f}" if ratio else ""))
 
 
 if __name__ == "__main__":
