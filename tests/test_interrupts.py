@@ -94,6 +94,9 @@ for t in range(12):
         signal.setitimer(signal.ITIMER_REAL, 0)
     except KeyboardInterrupt:
         interrupts += 1
+        # PyTorch's optimizer turns grad mode off for its step and back on in a `finally` that first
+        # calls torch._dynamo.graph_break(): an interrupt landing there leaves it off, on any device
+        torch.set_grad_enabled(True)
     got = {n: p.detach().cpu() for n, p in dev.named_parameters()}   # every parameter readable
     # CPU replay of this round from the same start: `calls` completed steps, then the one that was
     # running when the interrupt came (it may have completed before `calls += 1`, or partly: SGD
