@@ -12,6 +12,7 @@ its chip is `tpu:0`. torchtpu.distributed calls `join_multi_controller` itself w
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -145,6 +146,28 @@ def platform() -> str:
     """The XLA platform backing "tpu": 'tpu', 'gpu' or 'cpu'."""
     ensure()
     return _platform
+
+
+_trace_target = threading.local()
+
+
+def lowering_platform() -> str:
+    """The platform the program being traced is for: `platform()`, except while the TPU compile
+    check (TORCHTPU_TPU_COMPILE_CHECK) traces a program a second time as it would be on a TPU, when
+    it is 'tpu'. Lowerings that take a platform-specific branch (splash attention, Mosaic kernels,
+    bf16 arithmetic on the host) ask this, never `platform()`, so the check sees the TPU branch."""
+    return getattr(_trace_target, "name", None) or platform()
+
+
+@contextlib.contextmanager
+def tracing_for(name: str):
+    """Trace (in this thread) as if the device were XLA platform `name`: see lowering_platform()."""
+    previous = getattr(_trace_target, "name", None)
+    _trace_target.name = name
+    try:
+        yield
+    finally:
+        _trace_target.name = previous
 
 
 def buffers_in_host_memory() -> bool:
