@@ -47,6 +47,8 @@ class NeedsResize(Exception):
         self.resizes = resizes
 
 _Tensor = torch.Tensor
+_default_dtype = torch.get_default_dtype
+_FLOAT32 = torch.float32
 _SCALAR_TYPES = (bool, int, float, complex)
 # argument types that only ever key the cache as they are (checked by exact type, before isinstance)
 _PLAIN = frozenset({type(None), bool, str, torch.dtype, torch.layout, torch.memory_format})
@@ -239,6 +241,10 @@ class OpKernel:
             for k, a in kwargs.items():
                 parts.append(k)
                 device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, k in self.scalar_names)
+        if _default_dtype() is not _FLOAT32:
+            # the result dtype of `int / int`, `scalar_tensor(1)`, factories without dtype= (the C++
+            # fast path's keys always hold it)
+            parts.append(("D", _default_dtype()))
         keyed_precision = self.precision_sensitive
         if keyed_precision:
             parts.append(_matmul_precision())

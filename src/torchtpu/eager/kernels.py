@@ -427,7 +427,8 @@ META_CHECKS = declared_facts("meta_check")
 def _register_fake_overrides():
     from torch._subclasses import fake_impls
 
-    ops = {getattr(aten, n.split(".")[0]).default: fn for n, fn in META_OVERRIDES.items()}
+    ops = {getattr(getattr(aten, n.partition(".")[0]), n.partition(".")[2] or "default"): fn
+           for n, fn in META_OVERRIDES.items()}
 
     def fake_impl(fake_mode, func, *args, **kwargs):
         devices = {a.device for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}

@@ -3,34 +3,53 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from .argument_checks import factory_value_check
-from .table import KIND, lowering
+from .dtypes import to_jax
+from .table import lowering
+
+
+def default_float():
+    """torch.get_default_dtype() as a JAX dtype (the eager engine keys executables on it: engine.py)."""
+    return to_jax(torch.get_default_dtype())
+
+
+def _inferred_dtype(*values):
+    """The dtype PyTorch gives a factory without dtype= from its values: bool, int64, the default
+    complex dtype or the default float dtype."""
+    kinds = {jnp.asarray(v).dtype.kind for v in values}
+    if kinds == {"b"}:
+        return jnp.bool_
+    if kinds <= {"b", "i", "u"}:
+        return jnp.int64
+    if "c" in kinds:
+        return jnp.complex128 if default_float() == jnp.float64 else jnp.complex64
+    return default_float()
 
 
 
 @lowering("full", host_check={"full.default": factory_value_check(1, "fill_value"),
                                "full.out": factory_value_check(1, "fill_value")})
 def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.full(tuple(size), fill_value, dtype or jnp.float32)
+    return jnp.full(tuple(size), fill_value, dtype or _inferred_dtype(fill_value))
 
 
 @lowering("_efficientzerotensor")
 def efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory=None):
     # PyTorch's ZeroTensor is a CPU/CUDA storage-free optimisation; a dense zero is equivalent
-    return jnp.zeros(tuple(size), dtype or jnp.float32)
+    return jnp.zeros(tuple(size), dtype or default_float())
 
 
 @lowering("scalar_tensor", host_check=factory_value_check(0, "s"))
 def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.asarray(s, dtype or jnp.float32)
+    return jnp.asarray(s, dtype or default_float())
 
 
 def arange_dtype(start, end, step, dtype=None):
-    return dtype or (jnp.int64 if all(isinstance(v, int) for v in (start, end, step)) else jnp.float32)
+    return dtype or (jnp.int64 if all(isinstance(v, int) for v in (start, end, step)) else default_float())
 
 
 def arange_length(start, end, step, dtype):
@@ -59,15 +78,31 @@ def _arange_values(start, step, n, d):
     return (jnp.asarray(start, acc) + jnp.arange(n, dtype=acc) * jnp.asarray(step, acc)).astype(d)
 
 
-@lowering("arange.start_out")
+def _fill_out_meta(packet, overload):
+    """The meta function of a factory's out= overload on "tpu". PyTorch's CPU and CUDA kernels resize
+    `out` only when its element count differs from the result's, and otherwise fill it in its own
+    shape (a (2, 2) view of a wider tensor takes `arange(4)` row by row); PyTorch's meta function
+    resizes whenever the shape differs, which would move a view's writes onto other elements."""
+    def meta(*args, out, **kwargs):
+        scratch = torch.empty(out.numel(), dtype=out.dtype, device="meta")
+        getattr(getattr(torch.ops.aten, packet), overload)(*args, out=scratch, **kwargs)
+        if tuple(scratch.shape) != (out.numel(),):
+            out.resize_(scratch.shape)
+        return out
+    return meta
+
+
+@lowering("arange.start_out", meta=_fill_out_meta("arange", "start_out"))
 def arange_out(start, end, step=1, *, out):
-    # `out` arrives resized to PyTorch's length, so start and step stay traced: a decoding loop's
+    # `out` arrives sized to PyTorch's length, so start and step stay traced: a decoding loop's
     # `arange(pos, pos + n)` reuses one executable for every position
-    return _arange_values(start, step, out.shape[0], out.dtype)
+    return _arange_values(start, step, out.size, out.dtype).reshape(out.shape)
 
 
 def _compute_dtype(d):
     # PyTorch's CPU kernel steps in double for integers and in the (op-math) float type otherwise
+    if jnp.issubdtype(d, jnp.complexfloating):
+        return d
     if jnp.issubdtype(d, jnp.integer) or d == jnp.bool_ or d == jnp.float64:
         return jnp.float64
     return jnp.float32
@@ -81,13 +116,21 @@ def _ramp(start, end, steps, d):
     if steps == 1:
         return jnp.reshape(s, (1,))
     i = jnp.arange(steps, dtype=c)
-    step = (e - s) / (steps - 1)
+    # a true division: XLA turns a division by a constant into a multiplication by its reciprocal,
+    # and (999999 / 999999) became 0.99999..., truncating half of an integer ramp one too low
+    step = (e - s) / lax.optimization_barrier(jnp.asarray(steps - 1, c))
     return jnp.where(i < steps // 2, s + step * i, e - step * (steps - 1 - i))
+
+
+def _ramp_dtype(start, end):
+    # linspace/logspace without dtype=: the default complex dtype for complex ends, else the default
+    complex_ends = jnp.iscomplexobj(start) or jnp.iscomplexobj(end)
+    return _inferred_dtype(1j if complex_ends else 1.0)
 
 
 @lowering("linspace", "linspace.Tensor_Tensor", "linspace.Tensor_Scalar", "linspace.Scalar_Tensor")
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
-    d = dtype or jnp.float32
+    d = dtype or _ramp_dtype(start, end)
     if steps == 0:
         return jnp.zeros((0,), d)
     return _ramp(start, end, steps, d).astype(d)
@@ -95,7 +138,7 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
 
 @lowering("logspace", "logspace.Tensor_Tensor", "logspace.Tensor_Scalar", "logspace.Scalar_Tensor")
 def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
-    d = dtype or jnp.float32
+    d = dtype or _ramp_dtype(start, end)
     if steps == 0:
         return jnp.zeros((0,), d)
     c = _compute_dtype(d)
@@ -103,16 +146,21 @@ def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None,
 
 
 # out= factories have no functional twin with the same arguments (their dtype comes from `out`)
-@lowering("linspace.out", "linspace.Tensor_Tensor_out", "linspace.Tensor_Scalar_out", "linspace.Scalar_Tensor_out")
+_LINSPACE_OUTS = ("linspace.out", "linspace.Tensor_Tensor_out", "linspace.Tensor_Scalar_out",
+                  "linspace.Scalar_Tensor_out")
+_LOGSPACE_OUTS = tuple(n.replace("linspace", "logspace") for n in _LINSPACE_OUTS)
+
+
+@lowering(*_LINSPACE_OUTS, meta={n: _fill_out_meta(*n.split(".")) for n in _LINSPACE_OUTS})
 def linspace_out(start, end, steps, *, out):
-    return linspace(start, end, steps, dtype=out.dtype)
+    return linspace(start, end, steps, dtype=out.dtype).reshape(out.shape)
 
 
-@lowering("logspace.out", "logspace.Tensor_Tensor_out", "logspace.Tensor_Scalar_out", "logspace.Scalar_Tensor_out")
+@lowering(*_LOGSPACE_OUTS, meta={n: _fill_out_meta(*n.split(".")) for n in _LOGSPACE_OUTS})
 def logspace_out(start, end, steps, base=10.0, *, out):
-    return logspace(start, end, steps, base, dtype=out.dtype)
+    return logspace(start, end, steps, base, dtype=out.dtype).reshape(out.shape)
 
 
 @lowering("eye", "eye.m")
 def eye(n, m=None, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.eye(n, n if m is None else m, dtype=dtype or jnp.float32)
+    return jnp.eye(n, n if m is None else m, dtype=dtype or default_float())

@@ -837,6 +837,9 @@ class FastKernel final : public c10::OperatorKernel {
     } catch (const std::exception&) {
       return BAIL;
     }
+    // torch.get_default_dtype(): the result dtype of `int / int`, `scalar_tensor(1)`, a factory without
+    // dtype=, ... (the Python kernel's key holds it too, when it is not float32)
+    w.key.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
     int64_t positional_end = kwarg_only_start_;
     while (positional_end > 0 && is_default(args, positional_end - 1)) positional_end--;
     for (int64_t i = 0; i < static_cast<int64_t>(n_args_); i++) {

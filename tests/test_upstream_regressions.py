@@ -1,0 +1,76 @@
+"""Regressions found by running PyTorch's own device-generic test files on "tpu" (issue 47): each test
+compares against the CPU on the same inputs, and runs the eager kernels (a second call of the same
+signature is served by the C++ fast path where it is built)."""
+import pytest
+import torch
+from torch.testing import assert_close
+
+DEV = "tpu"
+
+
+def both(fn):
+    """fn(device) on the CPU and on tpu (twice: the cache miss and the cached executable), compared."""
+    expected = fn("cpu")
+    for _ in range(2):
+        got = fn(DEV)
+        assert_close(got.cpu() if isinstance(got, torch.Tensor) else got, expected, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ silent wrong results
+@pytest.mark.parametrize("factory", [
+    lambda out: torch.arange(0, 4, out=out),
+    lambda out: torch.linspace(-2.5, 3, 4, out=out),
+    lambda out: torch.logspace(0, 3, 4, out=out),
+])
+def test_factory_out_into_a_non_contiguous_view(factory):
+    def run(device):
+        x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0)).to(device)
+        factory(x.narrow(1, 1, 2))
+        return x
+    both(run)
+
+
+@pytest.mark.parametrize("default", [torch.float64, torch.float16])
+def test_cached_executables_follow_the_default_dtype(default):
+    a, b = torch.randint(1, 100, (5,)), torch.randint(1, 100, (5,))
+    value = torch.rand(()).item()
+
+    def run(device):
+        x, y = a.to(device), b.to(device)
+        results = [torch.div(x, y), torch.scalar_tensor(value, device=device), x / 3,
+                   torch.full((3,), value, device=device), torch.linspace(0, value, 5, device=device)]
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(default)
+        try:
+            results += [torch.div(x, y), torch.scalar_tensor(value, device=device), x / 3,
+                        torch.full((3,), value, device=device), torch.linspace(0, value, 5, device=device)]
+        finally:
+            torch.set_default_dtype(previous)
+        results.append(torch.div(x, y))
+        return [r.cpu() for r in results]
+
+    expected = run("cpu")
+    for _ in range(2):
+        got = run(DEV)
+        for g, e in zip(got, expected):
+            assert g.dtype == e.dtype
+            assert_close(g, e)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_linspace_matches_the_cpu(dtype):
+    both(lambda device: torch.linspace(0, 999999, 1000000, dtype=dtype, device=device))
+    start, end = torch.randint(-1000, 1000, (2,)).tolist()
+    steps = int(torch.randint(2, 50, ()))
+    both(lambda device: torch.linspace(start, end, steps, dtype=dtype, device=device))
+    both(lambda device: torch.logspace(0, 3, 7, base=2, dtype=dtype, device=device))
+
+
+@pytest.mark.parametrize("steps", [1, 5])
+def test_complex_linspace_keeps_the_imaginary_part(steps):
+    start, end = complex(*torch.randn(2).tolist()), complex(*torch.randn(2).tolist())
+    expected = torch.linspace(start, end, steps)
+    for _ in range(2):
+        got = torch.linspace(start, end, steps, device=DEV)
+        assert got.dtype == expected.dtype
+        assert_close(got.cpu(), expected)
