@@ -74,3 +74,26 @@ def test_complex_linspace_keeps_the_imaginary_part(steps):
         got = torch.linspace(start, end, steps, device=DEV)
         assert got.dtype == expected.dtype
         assert_close(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("op", [torch.relu, lambda t: torch.cat([t, t]), lambda t: torch.cat([t, t], 1),
+                                lambda t: t * 2 + t, torch.sigmoid])
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.channels_last_3d])
+def test_channels_last_outputs_keep_their_layout(op, memory_format):
+    shape = (2, 3, 4, 5) if memory_format is torch.channels_last else (2, 3, 4, 5, 2)
+    x = torch.randn(shape).to(memory_format=memory_format)
+    expected = op(x)
+    for _ in range(2):
+        got = op(x.to(DEV))
+        assert got.stride() == expected.stride()
+        assert_close(got.cpu(), expected)
+        assert_close(got.sum(dim=1).cpu(), expected.sum(dim=1))   # read back through the strides
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 3), (0, 3), (2, 0), (3, 0, 0, 2)])
+def test_empty_tensors_have_the_cpus_strides(shape):
+    expected = torch.empty(shape).stride()
+    for _ in range(2):
+        assert torch.empty(shape, device=DEV).stride() == expected
+        assert torch.zeros(shape, device=DEV).stride() == expected
+        assert (torch.ones(shape, device=DEV) * 2).stride() == (torch.ones(shape) * 2).stride()

@@ -83,7 +83,7 @@ def build_entry(kernel, key, args, kwargs, records, device):
     program = Program(
         n_buffers=len(records), n_values=n_values, random=kernel.random, n_offsets=len(dyn_offset),
         template=template, run=_runner(kernel, compute, len(outs), len(writes)),
-        outputs=_output_caster(kernel, outs), writes=writes, mutated_slots=entry.mutated_slots,
+        outputs=_output_caster(kernel, outs, entry.strides), writes=writes, mutated_slots=entry.mutated_slots,
         on_trace=lambda messages, read_precision: _traced(kernel, entry, messages, read_precision))
     _choose_reuse(kernel, entry, records, outs, writes)
     fn = traced_function(program)
@@ -187,7 +187,7 @@ def _returns_of(kernel, entry, meta_out):
     """Which returns are new tensors, and how they nest; fills entry.outs/spec/nones."""
     schema = kernel.op._schema
     rets = meta_out if len(schema.returns) != 1 else (meta_out,)
-    outs, spec, nones = [], [], []
+    outs, spec, nones, strides = [], [], [], []
     for alias_name, value in zip(kernel.aliased_returns, rets if schema.returns else ()):
         if alias_name is not None:
             spec.append(alias_name)
@@ -195,14 +195,33 @@ def _returns_of(kernel, entry, meta_out):
             leaves, s = pytree.tree_flatten(value)
             # undefined outputs (None: a backward's output_mask False) stay None, on both sides
             outs.extend((tuple(m.shape), m.dtype) for m in leaves if m is not None)
+            strides.extend(_channels_last_strides(m) for m in leaves if m is not None)
             nones.append(tuple(m is None for m in leaves))
             spec.append(s)
     entry.outs = outs
+    entry.strides = tuple(strides) if any(st is not None for st in strides) else None
     entry.nones = tuple(nones) if any(any(n) for n in nones) else None
     # None: the op returns exactly one new tensor (the fast path)
     entry.spec = None if (len(spec) == 1 and not isinstance(spec[0], str) and spec[0].num_leaves == 1
                           and spec[0].is_leaf() and len(schema.returns) == 1) else spec
     return outs
+
+
+_CHANNELS_LAST = {4: (torch.channels_last, (0, 2, 3, 1)), 5: (torch.channels_last_3d, (0, 2, 3, 4, 1))}
+
+
+def _channels_last_strides(m):
+    """The strides of a new output that PyTorch lays out channels_last (a ReLU, a cat, a conv of
+    channels_last inputs), else None: the output is contiguous."""
+    layout = _CHANNELS_LAST.get(m.dim())
+    if layout is None or m.is_contiguous() or not m.is_contiguous(memory_format=layout[0]):
+        return None
+    return tuple(m.stride())
+
+
+def _memory_order(stride):
+    """The dimensions of a channels_last output from outermost to innermost in memory."""
+    return _CHANNELS_LAST[len(stride)][1] if stride is not None else None
 
 
 def _writes(kernel, compute, args, kwargs, slot_of, dyn_offset):
@@ -235,12 +254,14 @@ def _runner(kernel, compute, n_out, n_writes):
     return run
 
 
-def _output_caster(kernel, outs):
+def _output_caster(kernel, outs, strides):
     dtypes = [dt.to_jax(dtype) for _, dtype in outs]
+    orders = [_memory_order(st) for st in strides] if strides is not None else [None] * len(outs)
     where = f"aten::{kernel.name}"
 
     def cast(values):
-        return [flat_output(v, d, shape, where=where) for v, (shape, _), d in zip(values, outs, dtypes)]
+        return [flat_output(v, d, shape, order, where=where)
+                for v, (shape, _), d, order in zip(values, outs, dtypes, orders)]
     return cast
 
 

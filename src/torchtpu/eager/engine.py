@@ -167,7 +167,7 @@ class Entry:
     __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
                  "cold", "window_calls",
                  "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap", "xla",
-                 "source", "fn_gated", "fn_gated_donating", "gated_ran", "host_checked")
+                 "source", "fn_gated", "fn_gated_donating", "gated_ran", "host_checked", "strides")
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
@@ -194,6 +194,7 @@ class Entry:
         self.fn_gated_donating = None   # the same, donating the written buffers
         self.gated_ran = 0        # which gated forms completed a call (1 plain, 2 donating: then traced)
         self.host_checked = False  # its kernel's host check may raise for some traced number: run per call
+        self.strides = None       # per new output, its strides where PyTorch keeps a channels_last layout
 
 
 class OpKernel:
@@ -264,7 +265,7 @@ class OpKernel:
             entry.overlap(offsets)
         dev = device if device >= 0 else 0
         results = self._run(entry, records, scalars, offsets, dev, args, kwargs)
-        if entry.spec is None:   # exactly one new tensor
+        if entry.spec is None and entry.strides is None:   # exactly one new contiguous tensor
             shape, dtype = entry.outs[0]
             return new_tensor(shape, dtype, dev, results[0])
         return self._returns(entry, results, dev, args, kwargs)
@@ -294,7 +295,7 @@ class OpKernel:
         if self.precision_sensitive and not keyed_precision:
             # the trace read the matmul precision: from now on the setting is part of the key
             self.cache[(*key, _matmul_precision())] = entry
-        if entry.spec is None:
+        if entry.spec is None and entry.strides is None:
             shape, dtype = entry.outs[0]
             return new_tensor(shape, dtype, dev, results[0])
         return self._returns(entry, results, dev, args, kwargs)
@@ -405,7 +406,11 @@ class OpKernel:
     def _returns(self, entry, results, dev, args, kwargs):
         """The op's returns: new tensors over the results, the aliased arguments, Nones, as nested
         as the schema says."""
-        it = (new_tensor(shape, dtype, dev, buf) for (shape, dtype), buf in zip(entry.outs, results))
+        strides = entry.strides or (None,) * len(entry.outs)
+        it = (new_tensor(shape, dtype, dev, buf, stride)
+              for (shape, dtype), buf, stride in zip(entry.outs, results, strides))
+        if entry.spec is None:
+            return next(it)
         values = []
         nones = iter(entry.nones) if entry.nones is not None else None
         for aliased, ret in zip(self.aliased_returns, entry.spec):

@@ -64,7 +64,7 @@ def describe(kernel):
     if kernel.random or kernel.specialize_scalars:   # (the C++ key holds the matmul precision)
         return False
     if (entry.consts is not None or entry.overlap is not None or entry.xla is not None or entry.fn is None
-            or entry.host_checked):
+            or entry.host_checked or entry.strides is not None):   # (C++ makes contiguous outputs only)
         return False
     checks = tuple(entry.checks) if entry.checks else None
     if entry.mutated_slots:

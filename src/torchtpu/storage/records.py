@@ -138,7 +138,9 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
     address = _bump[0]
     _bump[0] = address + ((nbytes + 2 * _PAGE - 1) // _PAGE) * _PAGE
     fresh = _make_storage(address, _DEVICES.get(device_index) or _device(device_index), nbytes)
-    if device_index == 0 and (stride is None or is_dense(shape, stride)):
+    # (create_empty_tensor gives a dimension before a zero-size one stride 0, PyTorch's contiguous
+    # strides count a zero-size dimension as 1: those take the slow path)
+    if device_index == 0 and numel and (stride is None or is_dense(shape, stride)):
         # Fast path (the engine's outputs): create_empty_tensor already has the sizes and
         # contiguous strides; give its storage our address and size instead of a `set_`.
         t = _create_empty(shape, dtype)
