@@ -10,6 +10,7 @@ Booleans accept 1/0, true/false, yes/no, on/off in any case; an empty value mean
 from __future__ import annotations
 
 import os
+import re
 import warnings
 
 _TRUE = ("1", "true", "yes", "on")
@@ -43,6 +44,9 @@ VARIABLES: dict[str, tuple] = {
     "TORCHTPU_JAX_TRACEBACKS": ("bool", False, None,
                                 "jaxlib's Python traceback on every array and executable call (`jax.Array.traceback`; "
                                 "walking the stack costs ~0.7 µs of each eager op)"),
+    "TORCHTPU_TPU_COMPILE_CHECK": ("topology", None, None,
+                                   "also compile every program for this TPU topology (e.g. v5e:2x2) with XLA:TPU "
+                                   "(libtpu, no chip needed; docs/tpu.md)"),
 }
 
 # TorchTPU's names -> (our name, value mapping): a set TorchTPU flag selects our setting.
@@ -140,6 +144,12 @@ def _parse(kind, raw, choices):
         return low
     if kind == "text":
         return raw
+    if kind == "topology":   # libtpu's names: generation:chips, e.g. v5e:2x2, v4:2x2x1
+        if raw.lower() in _FALSE:
+            return None
+        if not re.fullmatch(r"v\d+[a-z]*(:\d+(x\d+)*)?", raw.lower()):
+            raise ConfigError("expected a TPU topology such as v5e:2x2, v6e:2x2 or v4:2x2x1")
+        return raw.lower()
     return os.path.expanduser(raw)  # path
 
 

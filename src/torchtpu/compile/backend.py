@@ -34,7 +34,7 @@ from torch._C._dynamo.guards import TensorGuards
 from ..metrics import counters as _counters
 from ..device import platform
 from ..device.state import current_device
-from ..eager import asserts, xla_options
+from ..eager import asserts, tpu_check, xla_options
 from ..eager.xla_options import _active as _xla_active
 from ..eager.engine import DONATE_BYTES, scalar_key
 from ..eager.fastpath import graph_functions
@@ -419,6 +419,7 @@ class CompiledGraph:
             t2 = time.perf_counter()
         TIMES["trace_s"] += t1 - t0
         TIMES["xla_compile_s"] += t2 - t1
+        tpu_check.check(jitted, entry.sample, self.where)
         entry.fn_plain = None if entry.donate else entry.fn
         entry.finish(outs_meta)
         return entry
@@ -429,7 +430,7 @@ class CompiledGraph:
         entry.donate = False
         entry.xla = xla_options.jax_options()   # keyed in _key
         t0 = time.perf_counter()
-        entry.fn, lowered = self.placement.compile(traced, entry.sample, entry.xla)
+        entry.fn, lowered = self.placement.compile(traced, entry.sample, entry.xla, self.where)
         options._maybe_dump(self, lowered)
         TIMES["xla_compile_s"] += time.perf_counter() - t0
         entry.fn_plain = entry.fn

@@ -13,6 +13,7 @@ its chip is `tpu:0`. torchtpu.distributed calls `join_multi_controller` itself w
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import threading
 
@@ -110,7 +111,13 @@ def _pick():
     requested = config.get("TORCHTPU_PLATFORM")
     if requested == "cuda":
         requested = "gpu"
-    order = [requested] if requested else ["tpu", "cpu"]
+    if requested:
+        order = [requested]
+    elif tpu_chip_visible():
+        order = ["tpu", "cpu"]
+    else:
+        order = ["cpu"]
+        _host_only(jax)
     errors = []
     for name in order:
         try:
@@ -124,6 +131,38 @@ def _pick():
                 devs = devs[: config.get("TORCHTPU_NUM_DEVICES")]
             return name, list(devs)
     raise RuntimeError("torchtpu: no XLA platform available (" + "; ".join(errors) + ")")
+
+
+def tpu_chip_visible() -> bool:
+    """Whether this machine has a TPU chip: a PCI device of Google's vendor id (0x1ae0), as TPU VMs
+    expose their chips. Asked before JAX's "tpu" backend, which on a machine with libtpu installed and
+    no chip prints libtpu's start-up warnings to stderr at every first use of the device. (Also the
+    device nodes TPU VMs have: /dev/accel* on v4/v5p, /dev/vfio/* on v5e/v6e.)"""
+    if glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"):
+        return True
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(vendor) as f:
+                if f.read().strip() == "0x1ae0":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _host_only(jax):
+    """No chip and no platform asked for: JAX initialises the CPU backend alone (its default would
+    initialise every installed plugin, libtpu's included, to find no TPU). Left alone when the user
+    chose JAX's platforms, a GPU is present, or JAX's backends already exist."""
+    if os.environ.get("JAX_PLATFORMS") or os.path.exists("/dev/nvidia0") or os.path.exists("/dev/dxg"):
+        return
+    try:
+        from jax._src import xla_bridge
+        if xla_bridge.backends_are_initialized():
+            return
+    except (ImportError, AttributeError):
+        return
+    jax.config.update("jax_platforms", "cpu")
 
 
 def ensure():

@@ -22,6 +22,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from ..eager import tpu_check
+
 try:
     from jax import shard_map as _shard_map
 except ImportError:  # older JAX
@@ -180,6 +182,7 @@ class GroupMesh:
                                     in_specs=P(AXIS), out_specs=P(AXIS), **check)
                     aval = jax.ShapeDtypeStruct((self.size * n,), dtype, sharding=self.sharding)
                     exe = jax.jit(fn).lower(aval).compile()
+                    tpu_check.check(jax.jit(fn), (aval,), f"collective {kind} of {n} x {dtype} over ranks {self.ranks}")
                     self._executables[key] = exe
                     _counts["compiles"] += 1
         return exe

@@ -46,6 +46,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ..ops.graph import GRAPH_LOWERINGS
+from ..eager import tpu_check
 from ..ops.resolve import NotLowered
 from . import collectives
 
@@ -153,7 +154,7 @@ class Placement:
             raise RuntimeError(f"torchtpu.distributed: group {group_name!r} is not one this graph was "
                                f"placed for ({sorted(self.groups)})") from None
 
-    def compile(self, traced, sample, xla):
+    def compile(self, traced, sample, xla, name="compiled graph"):
         """(call, lowered): `traced` (this process's buffers and values -> results) as one SPMD
         executable over the mesh, and the function that calls it with this process's arrays."""
         spec = P(self.axis_names)       # the leading dimension split over every mesh axis
@@ -183,6 +184,12 @@ class Placement:
         self._agree(traced_collectives)
         exe = lowered.compile(xla)
         _counts["compiles"] += 1
+        if tpu_check.enabled():   # the same SPMD program, traced and compiled for the TPU topology
+            _tracing.plan, _tracing.log = self, []
+            try:
+                tpu_check.check(jax.jit(fn), global_sample, f"{name} over ranks {self.grid.reshape(-1).tolist()}")
+            finally:
+                _tracing.plan = _tracing.log = None
         dtypes = [s.dtype for s in sample]
         globals_of = [(G * shp[0],) + shp[1:] for shp in local_shapes]
         device, timeout_s, platform_name = self.local_device, self.timeout_s, self.local_device.platform

@@ -571,8 +571,8 @@ _jitted = {}
 def _local(name, fn):
     f = _jitted.get(name)
     if f is None:
-        import jax
-        f = _jitted[name] = jax.jit(fn)
+        from ..eager import tpu_check
+        f = _jitted[name] = tpu_check.jit(fn, f"process group helper {name}")
     return f
 
 
@@ -586,9 +586,10 @@ _slices = {}
 def _slice_jit(n):
     f = _slices.get(n)
     if f is None:
-        import jax
         from jax import lax
-        f = _slices[n] = jax.jit(lambda x, s: lax.dynamic_slice_in_dim(x, s, n))
+
+        from ..eager import tpu_check
+        f = _slices[n] = tpu_check.jit(lambda x, s: lax.dynamic_slice_in_dim(x, s, n), f"process group slice of {n}")
     return f
 
 

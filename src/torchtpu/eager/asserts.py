@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..device import platform
-from . import fusion
+from . import fusion, tpu_check
 from .fusion import Pending
 from .modes import _mode
 
@@ -258,7 +258,7 @@ def _stack(verdicts):
     key = (device, len(verdicts))
     fn = _stackers.get(key)
     if fn is None:
-        fn = _stackers[key] = jax.jit(lambda *v: jnp.stack(v))
+        fn = _stackers[key] = tpu_check.jit(lambda *v: jnp.stack(v), f"stack of {len(verdicts)} assert verdicts")
     return fn(*verdicts)
 
 

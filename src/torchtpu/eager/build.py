@@ -12,7 +12,7 @@ from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS
-from . import fastpath, fusion, overlap, xla_options
+from . import fastpath, fusion, overlap, tpu_check, xla_options
 from .engine import (CONSTANT_BYTES, DONATE_BYTES, FOREIGN, LIST, MEMO_BYTES, SCALAR, TENSOR, Entry, NeedsResize,
                      SpecializeScalars, arg_kind)
 from .executable import Program, ValueArg, count_values, flat_output, is_partial, tensor_arg, traced_function
@@ -88,12 +88,13 @@ def build_entry(kernel, key, args, kwargs, records, device):
     _choose_reuse(kernel, entry, records, outs, writes)
     fn = traced_function(program)
     entry.xla = xla_options.jax_options()   # the engine keyed this entry on them (OpKernel.__call__)
+    name = f"{kernel.op._schema.name.split('::')[0]}::{kernel.name}"   # (a custom op's own namespace)
     if not records:
         index = device if device >= 0 else 0
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
-        entry.fn = op_jit(entry, "fn", fn, out_shardings=sharding)
+        entry.fn = op_jit(entry, "fn", fn, name, out_shardings=sharding)
     else:
-        entry.fn = op_jit(entry, "fn", fn)
+        entry.fn = op_jit(entry, "fn", fn, name)
         if entry.mutated_slots:
             entry.source = program   # (its gated form: engine._gated)
         if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):
@@ -101,13 +102,17 @@ def build_entry(kernel, key, args, kwargs, records, device):
     return entry
 
 
-def op_jit(entry, attr, fn, **jit_kwargs):
+def op_jit(entry, attr, fn, name=None, **jit_kwargs):
     """`jax.jit(fn)` for `entry.<attr>`, compiled with the options eager/xla_options.py's op_options
     picks from what the op computes (known at its first call); the user's options (entry.xla) alone
     where the platform has no defaults."""
     if xla_options.op_options(entry.xla) == entry.xla:
-        return jax.jit(fn, compiler_options=entry.xla, **jit_kwargs)
-    return _OptionsAtFirstCall(entry, attr, fn, jit_kwargs)
+        run = jax.jit(fn, compiler_options=entry.xla, **jit_kwargs)
+    else:
+        run = _OptionsAtFirstCall(entry, attr, fn, jit_kwargs)
+    if tpu_check.enabled():   # (_OptionsAtFirstCall's first call then puts its jitted function in the wrapper)
+        return tpu_check.wrap(run, fn, name or getattr(entry.fn, "check_name", "an eager op"), **jit_kwargs)
+    return run
 
 
 class _OptionsAtFirstCall:
@@ -128,7 +133,11 @@ class _OptionsAtFirstCall:
             traced = jax.jit(fn, compiler_options=user, **self.jit_kwargs).trace(*dyn)
             jitted = self.jitted = jax.jit(fn, compiler_options=xla_options.op_options(user, traced.jaxpr),
                                            **self.jit_kwargs)
-            setattr(self.entry, self.attr, jitted)
+            current = getattr(self.entry, self.attr)
+            if getattr(current, "run", None) is self:   # the TPU compile check's wrapper: it keeps checking
+                current.run = jitted
+            else:
+                setattr(self.entry, self.attr, jitted)
         return jitted(*dyn)
 
 

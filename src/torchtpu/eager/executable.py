@@ -27,7 +27,7 @@ from ..ops import checks, linalg, views
 from ..ops import dtypes as dt
 from ..storage.records import allocation_failed, materialize
 from .fusion import Pending
-from . import errors
+from . import errors, tpu_check
 
 _TRACED = object()
 
@@ -276,8 +276,8 @@ def zeros(numel, dtype, device_index):
     if fn is None:
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
         jd = dt.to_jax(dtype)
-        fn = _zeros_fns[(dtype, device_index)] = jax.jit(
-            lambda n: jnp.zeros((n,), jd), static_argnums=0, out_shardings=sharding)
+        fn = _zeros_fns[(dtype, device_index)] = tpu_check.jit(
+            lambda n: jnp.zeros((n,), jd), f"zeros of {dtype}", static_argnums=0, out_shardings=sharding)
     try:
         z = fn(numel)
     except jax.errors.JaxRuntimeError as e:

@@ -46,6 +46,7 @@ from .. import config
 from ..device import platform
 from ..metrics import counters
 from ..storage.records import Placeholder
+from . import tpu_check
 from .modes import _mode
 
 # Where a segment ends without being asked. The cuts depend on the ops, not on a count from wherever
@@ -188,7 +189,8 @@ class _Combination:
 
     def __init__(self, device, n):
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
-        self.fn = jax.jit(lambda *v: (jax.numpy.max(jax.numpy.stack(v)),), out_shardings=sharding)
+        self.fn = tpu_check.jit(lambda *v: (jax.numpy.max(jax.numpy.stack(v)),), f"maximum of {n} assert verdicts",
+                                out_shardings=sharding)
         self.n_results = 1
         self.anchor = False
         self.last_sync = -1 << 40
@@ -346,6 +348,8 @@ def _run_segment(segment):
     values = _run(fn, key, plan, live, segment, list(map(_step_numbers, steps)))
     # in C: every Pending gets its value, or (an interrupt before this line) none
     _consume(map(setattr, filter(None, held), repeat("value"), values))
+    if _tpu_check_failure:   # raised once the segment's results are in place
+        raise _tpu_check_failure.pop()
 
 
 def _results(steps, live):
@@ -380,6 +384,8 @@ def _executable_for(segment, key, plan, live):
         if last is not None and _flushes[0] - last <= RECENT:
             del _seen[key]
             results = _results(segment.steps, live)
+            if tpu_check.enabled():
+                _check_for_tpu(segment, plan, results)
             if COMPILE == "now":
                 fn = _compiled[key] = _fuse(plan, results, segment.device)
                 counters.fused_compiles += 1
@@ -512,6 +518,21 @@ def _abstract(x):
     if type(x) is tuple:
         return tuple(_abstract(y) for y in x)
     return x
+
+
+_tpu_check_failure: list = []   # a segment's TPU compile check error, raised after it ran (_run_segment)
+
+
+def _check_for_tpu(segment, plan, live):
+    """The TPU compile check of a segment about to be compiled (eager/tpu_check.py)."""
+    fused = _fuse(plan, live, segment.device)
+    external = [_abstract(a) for a in segment.external]
+    scalars = [_abstract(step[2]) for step in segment.steps]   # (not _as_arrays: it counts uses)
+    ops = [getattr(fn, "check_name", "?") for fn, _ in plan]
+    name = f"fused segment of {len(plan)} ops ({', '.join(ops[:4])}{', ...' if len(ops) > 4 else ''})"
+    failure = tpu_check.check_failure(fused, (external, scalars), name)
+    if failure is not None:
+        _tpu_check_failure[:] = [failure]
 
 
 def _compile_later(key, segment, plan, live):

@@ -21,7 +21,7 @@ from ..ops import argument_checks, factories
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
-from . import asserts, errors, fusion, host_copies, interrupts
+from . import asserts, errors, fusion, host_copies, interrupts, tpu_check
 from .fusion import Pending
 from .engine import CONSTANT_BYTES, OpKernel, _last, scalar_key
 
@@ -463,7 +463,8 @@ def _arange_checks(start, end, step):
 def _arange_executable(n, jdtype, device_index):
     """One executable per (length, dtype, device): start and step are traced arguments."""
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
-    return jax.jit(lambda start, step: factories._arange_values(start, step, n, jdtype), out_shardings=sharding)
+    return tpu_check.jit(lambda start, step: factories._arange_values(start, step, n, jdtype),
+                         f"aten::arange of {n} x {jdtype}", out_shardings=sharding)
 
 
 def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..eager import tpu_check
 from ..ops import dtypes as dt
 from ..ops.table import LOWERINGS, Lowering
 
@@ -781,7 +782,8 @@ class _DonatingKernel(__import__("torchtpu.eager.engine", fromlist=["OpKernel"])
         if slots and traced is not None:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                fn = jax.jit(traced, donate_argnums=tuple(sorted(set(slots))))
+                fn = tpu_check.jit(traced, getattr(entry.fn, "check_name", f"jax_op {self.name}"),
+                                   donate_argnums=tuple(sorted(set(slots))))
             entry.fn = _Donating(fn)
             entry.memo = None     # a kept result would hold the donated (deleted) input
             entry.consts = None

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..eager import xla_options
+from ..eager import tpu_check, xla_options
 from ..eager.executable import call_and_commit, input_buffers
 from ..storage.records import donatable, record_of
 
@@ -171,7 +171,8 @@ class _FusedStep:
                 new_states += s
             return tuple(new_params) + tuple(new_states)
 
-        return jax.jit(fused, donate_argnums=(0,) if donate else (), compiler_options=xla_options.jax_options())
+        return tpu_check.jit(fused, f"fused {type(self).__name__} step", donate_argnums=(0,) if donate else (),
+                             compiler_options=xla_options.jax_options())
 
 
 def _rounded(dtype):

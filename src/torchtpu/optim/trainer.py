@@ -52,7 +52,7 @@ from torch.utils import _pytree as pytree
 
 from ..compile import options
 from ..device import platform
-from ..eager import asserts, xla_options
+from ..eager import asserts, tpu_check, xla_options
 from ..eager.engine import scalar_key
 from ..eager.executable import (Program, ValueArg, call_and_commit, flat_output, input_buffers, is_partial,
                                 key_tensor, tensor_arg, traced_function)
@@ -582,4 +582,5 @@ class SingleTraceTrainer:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
             entry.fn = jitted.lower(*sample).compile(xla_options.jax_options())
+        tpu_check.check(jitted, sample, entry.where)
         return entry

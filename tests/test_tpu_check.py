@@ -1,0 +1,168 @@
+"""The TPU compile check (TORCHTPU_TPU_COMPILE_CHECK, eager/tpu_check.py): programs torchtpu builds are
+also compiled by XLA:TPU for a topology (libtpu, no chip), while the results still come from the host."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+import torch
+
+pytest.importorskip("libtpu", reason="the TPU compile check needs libtpu (pip install torchtpu[tpu-check])")
+
+from torchtpu.eager import tpu_check
+
+TOPOLOGY = "v5e:2x2"
+
+
+@pytest.fixture
+def check(monkeypatch):
+    """The check on for this test (executables built meanwhile are checked); its results forgotten."""
+    monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", TOPOLOGY)
+    tpu_check.reset_for_test()
+    yield tpu_check
+    tpu_check.reset_for_test()
+
+
+def _fresh_shape():
+    """A shape no other test used: a new executable (cached ones were built before the check was on)."""
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    return (int(torch.randint(3, 40, (1,), generator=g)), int(torch.randint(41, 97, (1,), generator=g)))
+
+
+def _programs(report, prefix):
+    return [p for p in report.programs if p.name.startswith(prefix)]
+
+
+def test_eager_op_compiles_for_tpu_and_computes_on_host(check):
+    x = torch.randn(_fresh_shape())
+    y = torch.sin(x.to("tpu")) * 3
+    torch.testing.assert_close(y.cpu(), torch.sin(x) * 3)
+    report = check.report()
+    sin = _programs(report, "aten::sin.default")
+    assert sin and all(p.ok for p in sin), report.failures
+    assert sin[-1].cost.get("bytes accessed", 0) > 0   # XLA:TPU's cost analysis of the program
+    assert report.failed == 0 and report.topology == TOPOLOGY
+
+
+def test_compiled_graph_compiles_for_tpu(check):
+    shape = _fresh_shape()
+
+    def fn(a, b):
+        return torch.tanh(a @ b.T).sum(dim=0) + 1
+
+    a, b = torch.randn(shape), torch.randn(shape)
+    out = torch.compile(fn, backend="tpu", dynamic=False)(a.to("tpu"), b.to("tpu"))
+    torch.testing.assert_close(out.cpu(), fn(a, b), rtol=1e-4, atol=1e-4)
+    graphs = _programs(check.report(), "compiled graph")
+    assert graphs and all(p.ok for p in graphs), check.report().failures
+    assert graphs[-1].cost.get("flops", 0) > 0
+
+
+def test_fused_optimizer_step_compiles_for_tpu(check):
+    from torchtpu.optim import AdamW
+    shape = _fresh_shape()
+    cpu = [torch.randn(shape, requires_grad=True)]
+    tpu = [cpu[0].detach().to("tpu").requires_grad_()]
+    cpu_opt, tpu_opt = torch.optim.AdamW(cpu, lr=1e-2), AdamW(tpu, lr=1e-2)
+    for _ in range(2):
+        grad = torch.randn(shape)
+        cpu[0].grad, tpu[0].grad = grad.clone(), grad.to("tpu")
+        cpu_opt.step()
+        tpu_opt.step()
+    torch.testing.assert_close(tpu[0].detach().cpu(), cpu[0].detach())
+    steps = _programs(check.report(), "fused AdamW step")
+    assert steps and all(p.ok for p in steps), check.report().failures
+
+
+def _tpu_only_custom_call(name):
+    """A jax_op whose TPU branch calls a custom call XLA:TPU does not have (the host's branch is fine)."""
+    from torch.tpu.pallas import jax_op
+
+    from torchtpu.device.platform import lowering_platform
+
+    def f(x: jax.Array) -> jax.Array:
+        if lowering_platform() == "tpu":
+            return jax.ffi.ffi_call("torchtpu_test_no_such_target", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+        return x * 2
+
+    return jax_op(name, f)
+
+
+def test_program_xla_tpu_rejects_raises_naming_it(check):
+    op = _tpu_only_custom_call(f"tpucheck::rejected_{os.getpid()}")
+    x = torch.randn(_fresh_shape())
+    with pytest.raises(tpu_check.TpuCompileCheckError) as info:
+        op(x.to("tpu"))
+    error = info.value
+    assert isinstance(error, RuntimeError)
+    assert f"tpucheck::rejected_{os.getpid()}" in str(error) and TOPOLOGY in str(error)
+    assert "torchtpu_test_no_such_target" in str(error)   # XLA:TPU's own message
+    assert check.report().failed == 1
+    # the same op without the check computes on the host
+    os.environ.pop("TORCHTPU_TPU_COMPILE_CHECK")
+    y = torch.randn(_fresh_shape())
+    torch.testing.assert_close(op(y.to("tpu")).cpu(), y * 2)
+
+
+def test_compiler_abort_is_the_programs_failure_not_the_processes(check):
+    check._abort_next_for_test()
+    x = torch.randn(_fresh_shape())
+    with pytest.raises(tpu_check.TpuCompileCheckError, match=r"died \(signal 6\)") as info:
+        torch.cos(x.to("tpu"))
+    assert "aten::cos.default" in str(info.value)
+    assert "aborting" in info.value.xla_error   # the dead child's stderr is in the failure
+    # the process lives on, and the next program gets a new compiler process
+    y = torch.randn(_fresh_shape())
+    torch.testing.assert_close(torch.cos(y.to("tpu")).cpu(), torch.cos(y))
+    report = check.report()
+    assert report.failed == 1 and report.compiled >= 1
+
+
+def _run_python(code, **env):
+    full = {k: v for k, v in os.environ.items() if k != "TORCHTPU_TPU_COMPILE_CHECK"}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True, text=True,
+                          timeout=600, env=full)
+
+
+def test_exit_line_printed_once_and_libtpu_noise_kept_away():
+    done = _run_python("""
+        import torch
+        x = torch.randn(5, 7, device="tpu")
+        print(float((x @ x.T).sum()))
+        """, TORCHTPU_TPU_COMPILE_CHECK=TOPOLOGY)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("tpu compile check")]
+    assert len(lines) == 1, done.stderr
+    m = re.fullmatch(rf"tpu compile check \({TOPOLOGY}\): (\d+) programs compiled, 0 failed", lines[0])
+    assert m and int(m.group(1)) >= 2, lines
+    assert "TPU_ACCELERATOR_TYPE" not in done.stderr and "libtpu" not in done.stderr, done.stderr
+
+
+def test_no_chip_chooses_the_cpu_quietly():
+    """libtpu installed, no chip: the device is XLA:CPU and libtpu's start-up warnings never print."""
+    done = _run_python("""
+        import torch
+        print(torch.tpu.platform(), float(torch.ones(3, device="tpu").sum()))
+        """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["cpu", "3.0"]
+    assert "TPU_ACCELERATOR_TYPE" not in done.stderr and "libtpu" not in done.stderr, done.stderr
+    assert "tpu compile check" not in done.stderr
+
+
+def test_bad_topology_is_a_config_error(monkeypatch):
+    from torchtpu import config
+    monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", "a TPU please")
+    with pytest.warns(RuntimeWarning, match="TORCHTPU_TPU_COMPILE_CHECK"):
+        assert config.get("TORCHTPU_TPU_COMPILE_CHECK") is None
+    assert "TORCHTPU_TPU_COMPILE_CHECK" in config.errors()
+    monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", "V6E:2x2")
+    assert config.get("TORCHTPU_TPU_COMPILE_CHECK") == "v6e:2x2"
+    monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", "0")
+    assert config.get("TORCHTPU_TPU_COMPILE_CHECK") is None
