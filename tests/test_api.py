@@ -193,8 +193,8 @@ def test_plain_torch_compile_uses_the_tpu_backend():
     assert torchtpu.metrics()["compiled_graphs"] > before
     torch.testing.assert_close(out.cpu(), ref, rtol=2e-4, atol=2e-5)
     torch.testing.assert_close(m[0].weight.grad.cpu(), grad, rtol=1e-3, atol=1e-4)
-    with pytest.raises(Exception, match="do not apply to tpu tensors"):
-        torch.compile(m, mode="max-autotune")(x.to("tpu"))
+    # Inductor's modes configure its code generation: ignored for tpu graphs (compile/options.py)
+    torch.testing.assert_close(torch.compile(m, mode="max-autotune")(x.to("tpu")).cpu(), ref, rtol=2e-4, atol=2e-5)
 
 
 def test_info_reports_versions_devices_and_self_check(capsys):

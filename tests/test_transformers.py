@@ -560,3 +560,117 @@ def test_dataloader_pin_memory_on_tpu():
     batches = [b.to("tpu") for b in loader]
     assert [b.device.type for b in batches] == ["tpu", "tpu"]
     torch.testing.assert_close(torch.cat(batches).cpu(), data)
+
+
+# ------------------------------------------------------------------ Inductor settings and encoder-decoder caches
+def _compile_configs():
+    from transformers import CompileConfig
+    return {
+        # generate()'s CompileConfig defaults: Inductor, mode="reduce-overhead" (CUDA graphs)
+        "inductor-reduce-overhead": CompileConfig(),
+        "inductor-max-autotune-fullgraph": CompileConfig(fullgraph=True, mode="max-autotune"),
+        "tpu-with-inductor-options": CompileConfig(backend="tpu", mode=None, options={"triton.cudagraphs": True}),
+    }
+
+
+@pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered")
+@pytest.mark.parametrize("name", ["inductor-reduce-overhead", "inductor-max-autotune-fullgraph",
+                                  "tpu-with-inductor-options"])
+def test_generate_compiles_with_inductor_settings_on_tpu(pair, name, caplog, monkeypatch):
+    """Transformers' own compile tests pass CompileConfig() (mode="reduce-overhead") or Inductor modes and
+    options: on tpu they compile with the "tpu" backend, ignored with one info line, same tokens and
+    logits as the CPU (which does not compile)."""
+    from torchtpu.compile import options
+    cpu, _ = pair
+    model = copy.deepcopy(cpu).to("tpu")
+    monkeypatch.setattr(options, "_inductor_settings_logged", [False])
+    kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, cache_implementation="static",
+              return_dict_in_generate=True, output_scores=True, output_logits=True)
+    ref = cpu.generate(**_gen_inputs(17), **kw)
+    torch._dynamo.reset()
+    before = torchtpu.metrics()["compiled_graphs"]
+    with caplog.at_level("INFO", logger="torchtpu.compile"):
+        got = model.generate(**_gen_inputs(17, "tpu"), compile_config=_compile_configs()[name], **kw)
+        model.generate(**_gen_inputs(17, "tpu"), compile_config=_compile_configs()[name], **kw)
+    assert torchtpu.metrics()["compiled_graphs"] > before
+    assert got.sequences.cpu().tolist() == ref.sequences.tolist()
+    for mine, theirs in zip(got.logits, ref.logits, strict=True):
+        torch.testing.assert_close(mine.cpu(), theirs, atol=1e-4, rtol=1e-4)
+    ignored = [r for r in caplog.records if r.name == "torchtpu.compile" and "ignored" in r.getMessage()]
+    assert len(ignored) == 1 and ignored[0].levelname == "INFO"
+    assert "triton.cudagraphs" in ignored[0].getMessage() or "max_autotune" in ignored[0].getMessage()
+
+
+@pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered")
+def test_torch_compile_accepts_every_inductor_mode_on_tpu():
+    from torch._inductor import list_mode_options
+    torch.manual_seed(3)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    ref = mlp(x)
+    on_tpu = copy.deepcopy(mlp).to("tpu")
+    for mode in list_mode_options():
+        for backend in ("inductor", "tpu"):
+            torch._dynamo.reset()
+            got = torch.compile(on_tpu, backend=backend, mode=mode)(x.to("tpu"))
+            torch.testing.assert_close(got.cpu(), ref, atol=1e-5, rtol=1e-4, msg=f"{backend} {mode}")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown mode=.fastest."):
+        torch.compile(on_tpu, backend="tpu", mode="fastest")(x.to("tpu"))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown Inductor option"):
+        torch.compile(on_tpu, backend="tpu", options={"triton.cudagrafs": True})(x.to("tpu"))
+    torch._dynamo.reset()
+
+
+_CACHE_NAME = "cache" if "cache" in getattr(transformers.generation.utils.GenerateEncoderDecoderOutput,
+                                             "__dataclass_fields__", {}) else "past_key_values"
+
+
+def _t5_pair():
+    from transformers import T5Config, T5ForConditionalGeneration
+    torch.manual_seed(6)
+    config = T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                      relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    cpu = T5ForConditionalGeneration(config).eval()
+    return cpu, copy.deepcopy(cpu).to("tpu")
+
+
+@pytest.mark.parametrize("cache", ["dynamic-returned", "user-encoder-decoder-cache", "static-returned"])
+def test_t5_generate_with_a_returned_cache_matches_cpu(cache, monkeypatch):
+    """generate() on an encoder-decoder model with the cache returned: on tpu the stop check is deferred
+    (integrations/patches.py) only where Transformers can roll the cache back (an EncoderDecoderCache of
+    DynamicCaches), else checked every token as on CUDA; tokens, scores and cache length as on the CPU."""
+    from transformers import DynamicCache, EncoderDecoderCache
+    from transformers.generation import utils as generation
+    cpu, tpu = _t5_pair()
+    deferred = [0]
+    call = generation.DeferredStopCheck.__call__
+
+    def counted_call(self, *args):
+        deferred[0] += 1
+        return call(self, *args)
+
+    monkeypatch.setattr(generation.DeferredStopCheck, "__call__", counted_call)
+    ids = torch.randint(2, 99, (2, 7), generator=torch.Generator().manual_seed(4))
+    free = cpu.generate(ids, max_new_tokens=6, do_sample=False)
+    eos = int(free[1, 3])   # the second row stops early: the deferred check's rollback is exercised
+    kw = dict(max_new_tokens=6, do_sample=False, eos_token_id=eos, return_dict_in_generate=True,
+              output_scores=True)
+    if cache == "static-returned":
+        kw.update(cache_implementation="static", disable_compile=True)
+    results = []
+    for model, device in ((cpu, "cpu"), (tpu, "tpu")):
+        extra = {}
+        if cache == "user-encoder-decoder-cache":
+            # transformers 5.25 names generate()'s cache argument `cache` (5.24: `past_key_values`)
+            extra[_CACHE_NAME] = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        deferred[0] = 0
+        results.append(model.generate(ids.to(device), **kw, **extra))
+    ref, got = results
+    assert got.sequences.cpu().tolist() == ref.sequences.tolist()
+    assert len(got.scores) == len(ref.scores)
+    for mine, theirs in zip(got.scores, ref.scores):
+        torch.testing.assert_close(mine.cpu(), theirs, atol=1e-4, rtol=1e-4)
+    assert getattr(got, _CACHE_NAME).get_seq_length() == getattr(ref, _CACHE_NAME).get_seq_length()
+    assert (deferred[0] > 0) == (cache != "static-returned")

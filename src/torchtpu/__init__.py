@@ -19,15 +19,13 @@ def _load():
     from . import ops  # noqa: F401  (fills the lowering table)
 
     registration.install()
-    from .storage import host_storage
-    host_storage.install()  # tpu storages move whole to and from the host (torch.load, .cpu())
     from . import api
     api.install()  # torch.tpu, before anything asks PyTorch for the device module
     kernels.register_all()
     from .compile import install_hooks
     install_hooks()  # registers backend="tpu" with Dynamo when Dynamo is first imported
     from . import integrations
-    integrations.install()  # tied weights across .to("tpu"), DataLoader pinning, accelerate's device
+    integrations.install()  # patches (integrations/patches.py): storage moves, DataLoader pinning, accelerate
     from .distributed import register as register_distributed
     register_distributed()  # process-group backends "tpu_dist" and "tpu" for torch.distributed
 

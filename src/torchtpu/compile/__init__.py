@@ -35,7 +35,9 @@ _SKIPPED = ("torchtpu", "jax", "jaxlib")
 
 
 def tpu_backend(gm, example_inputs, **kwargs):
-    """The Dynamo backend "tpu" (the heavy modules load on the first compile)."""
+    """The Dynamo backend "tpu" (the heavy modules load on the first compile). `torch.compile(backend="tpu",
+    mode=..., options=...)` passes Inductor's settings here: checked, then ignored (options.py)."""
+    options.ignore_inductor_settings(kwargs.pop("mode", None), kwargs.pop("options", None))
     from .backend import tpu_backend as backend
     return backend(gm, example_inputs, **kwargs)
 

@@ -13,10 +13,17 @@ Environment: TORCHTPU_COMPILE_CACHE=0 turns the on-disk XLA cache off (default d
 compiled again (which input's shape, dtype or layout changed); TORCHTPU_COMPILE_DONATE=0 turns
 buffer donation off; TORCHTPU_COMPILE_EAGER_FALLBACK=0 makes a graph with an op that has no
 lowering an error instead of running that graph op by op in eager mode.
+
+Inductor's settings (`torch.compile(mode="reduce-overhead" | "max-autotune" | ..., options={...})`) are
+accepted for tpu tensors and ignored: they configure Inductor's code generation (Triton, CUDA graphs,
+autotuning), which XLA replaces. Libraries pass them on their own (Transformers' `generate()` compiles
+with `mode="reduce-overhead"`), so refusing them would break code that works on CUDA. The first time
+it happens one info-level line on the "torchtpu.compile" logger says what was ignored.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pathlib
 import re
@@ -28,7 +35,9 @@ from ..eager import xla_options
 from .. import config
 
 __all__ = ["cache_dir", "counters", "custom_compiler_options", "donate_buffers", "dump_stablehlo", "eager_fallback",
-           "log_recompiles", "set_persistent_cache", "set_xla_flags"]
+           "ignore_inductor_settings", "log_recompiles", "set_persistent_cache", "set_xla_flags"]
+
+_log = logging.getLogger("torchtpu.compile")
 
 
 _state = {
@@ -177,3 +186,55 @@ def set_allow_excess_precision(value: bool):
         raise TypeError(f"torch.tpu.allow_excess_precision must be True or False, got {value!r}")
     # the same value as XLA's own setting needs no option (and keeps the executables already built)
     xla_options.set_base(_EXCESS, None if value == _excess_precision_from_flags() else value)
+
+
+_inductor_settings_logged = [False]
+
+
+def _inductor_modes() -> dict:
+    from torch._inductor import list_mode_options
+    return list_mode_options()
+
+
+def ignore_inductor_settings(mode=None, options=None) -> dict:
+    """Accept torch.compile's Inductor settings for a tpu graph and drop them (see the module doc).
+
+    `mode` is one of Inductor's mode names (None and "default" mean none); `options` a dict of Inductor
+    config names, as `torch.compile(options=...)` takes. Checks them as Inductor would (an unknown mode
+    or option name is an error naming it: a typo should not pass silently on tpu and fail on CUDA), logs
+    the first non-empty settings once at info level, and returns the Inductor config they stand for."""
+    settings = {}
+    if mode is not None:
+        modes = _inductor_modes()
+        if not isinstance(mode, str) or mode not in modes:
+            raise ValueError(f"torch.compile: unknown mode={mode!r}; Inductor's modes are {sorted(modes)}")
+        settings.update(modes[mode])
+    if options is not None:
+        if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+            raise TypeError(f"torch.compile: options must be a dict of Inductor option names, got {options!r}")
+        from torch._inductor import config as inductor_config
+        known = inductor_config.get_config_copy()
+        unknown = sorted(k for k in options if k not in known)
+        if unknown:
+            raise ValueError(f"torch.compile: unknown Inductor option(s) {unknown} in options=")
+        settings.update(options)
+    if settings and not _inductor_settings_logged[0]:
+        _inductor_settings_logged[0] = True
+        shown = f"mode={mode!r}, " if mode not in (None, "default") else ""
+        _log.info("torch.compile on tpu: %sInductor options %s ignored (XLA compiles tpu graphs; they configure "
+                  "Inductor's code generation); logged once", shown, sorted(settings))
+    return settings
+
+
+# ---------------------------------------------------------------- the TPU compile check (docs/tpu.md)
+from ..eager.tpu_check import TpuCompileCheckError  # noqa: E402  (here: one block for the whole feature)
+
+__all__ += ["TpuCompileCheckError", "tpu_compile_check_report"]
+
+
+def tpu_compile_check_report():
+    """What TORCHTPU_TPU_COMPILE_CHECK=<topology> found so far: `.topology`, `.compiled`, `.failed`,
+    `.programs` (each `.name`, `.ok`, `.error`, `.cost`: XLA:TPU's cost analysis, e.g. 'flops' and
+    'bytes accessed', `.compile_seconds`) and `.failures`."""
+    from ..eager import tpu_check
+    return tpu_check.report()

@@ -1,11 +1,15 @@
-"""Every change torchtpu makes to another library's code, in one place.
+"""Every change torchtpu makes to another library's code (torch, accelerate, transformers), in one place.
 
-Each patch names the thing it replaces, the releases it was checked against, and why. A patch
-whose target has gone missing or changed shape is not applied and is listed in `problems()`;
-tests/test_patches.py fails on any problem, so a new release that moves a target is caught in CI
-instead of silently changing behaviour for users. Nothing here may break `import torch`.
+`PATCHES` (at the end) is the table: for each patch, what it changes, the library and the releases it
+was checked against (TORCH_CHECKED, ACCELERATE_CHECKED, TRANSFORMERS_CHECKED: the oldest is
+pyproject.toml's lower bound), and the module whose import applies it. With an installed release
+outside that range, `warnings.warn` says so once per library and the patch still applies where its
+target exists. A patch whose target has gone missing or changed shape is not applied: it is listed in
+`problems()` with a warning naming the target, never an error while torch or the library imports.
+tests/test_patches.py imports accelerate and transformers and checks that every patch is installed,
+so a new release that moves a target is caught in CI instead of silently changing behaviour.
 
-torch.accelerator (torch 2.11 .. 2.13). `torch.accelerator`'s functions are thin Python wrappers
+torch.accelerator (torch 2.13). `torch.accelerator`'s functions are thin Python wrappers
 over `torch._C._accelerator_*` builtins, which for a PrivateUse1 backend reach C++ interfaces that
 a backend written in Python cannot provide (a `c10::DeviceAllocator`, a stream-aware
 `DeviceGuardImpl`): `empty_cache()` and `memory_stats()` hit "Allocator for tpu is not a
@@ -18,11 +22,23 @@ weighs this against a C++ extension.
 """
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import inspect
+import re
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from .._import_hooks import when_imported
+
+# The releases the patches were checked against (major.minor, both included); the oldest is
+# pyproject.toml's lower bound (tests/test_patches.py checks that they agree, and docs/transformers.md).
+TORCH_CHECKED = ("2.13", "2.13")
+ACCELERATE_CHECKED = ("1.16", "1.16")
+TRANSFORMERS_CHECKED = ("5.24", "5.25")
 
 _applied: list[str] = []
 _problems: list[str] = []
@@ -86,7 +102,6 @@ _ACCELERATOR = {
     "_accelerator_getStream": lambda index: _tpu().current_stream(index),
     "_accelerator_setStream": lambda stream: _tpu().set_stream(stream),
 }
-ACCELERATOR_CHECKED = ("2.11", "2.13")
 
 
 def _wrap(original, replacement):
@@ -105,7 +120,7 @@ def _patch_accelerator() -> None:
         original = getattr(torch._C, name, None)
         if original is None:
             _problems.append(f"torch._C.{name} is missing (checked against torch "
-                             f"{'..'.join(ACCELERATOR_CHECKED)}, this is {torch.__version__})")
+                             f"{'..'.join(TORCH_CHECKED)}, this is {torch.__version__})")
             continue
         if getattr(original, "_torchtpu", False):
             continue
@@ -116,7 +131,7 @@ def _patch_accelerator() -> None:
         _applied.append(f"torch._C.{name}")
 
 
-# ------------------------------------------------------------------ accelerate (1.10 .. 1.16)
+# ------------------------------------------------------------------ accelerate (1.16)
 def _accelerate_default_device(module) -> None:
     """`accelerate.state.PartialState.default_device` knows a fixed list of device types and
     otherwise answers "cpu"; when that list finds nothing and PyTorch's current accelerator is
@@ -125,7 +140,7 @@ def _accelerate_default_device(module) -> None:
     prop = cls.__dict__.get("default_device") if cls is not None else None
     if not isinstance(prop, property):
         _problems.append("accelerate.state.PartialState.default_device is no longer a property "
-                         "(checked against accelerate 1.10 .. 1.16)")
+                         "(checked against accelerate 1.16)")
         return
     if getattr(prop.fget, "_torchtpu", False):
         return
@@ -249,7 +264,7 @@ def _accelerate_ddp(accelerator_module) -> None:
     _applied.append("accelerate.Accelerator.multi_device/prepare_model")
 
 
-# ------------------------------------------------------------------ DataLoader (torch 2.11 .. 2.13)
+# ------------------------------------------------------------------ DataLoader (torch 2.13)
 _pin_warned = [False]
 
 
@@ -282,7 +297,7 @@ def _dataloader_pinning() -> None:
     _applied.append("torch.utils.data.dataloader._BaseDataLoaderIter.__init__")
 
 
-# ------------------------------------------------------------------ torch.compile (torch 2.11 .. 2.13)
+# ------------------------------------------------------------------ torch.compile (torch 2.13)
 def _on_tpu(model, inputs) -> bool:
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.device.type == "tpu":
@@ -295,7 +310,9 @@ def _default_backend_for_tpu() -> None:
     """`torch.compile(model)` names no backend, so Dynamo hands each graph to Inductor's wrapper,
     which cannot generate code for "tpu" ("No module named 'torch_tpu'"). When a graph's inputs are
     tpu tensors the wrapper hands it to our backend instead (TorchTPU does the same); Inductor's
-    `mode=`/`options=` mean nothing to XLA, so with tpu inputs they are an error that says so."""
+    `mode=`/`options=` configure Inductor's code generation, which XLA replaces: with tpu inputs they
+    are ignored (compile/options.py, one info line), so `generate()`'s automatic compile with its
+    default `mode="reduce-overhead"` works as on CUDA."""
     cls = getattr(torch, "_TorchCompileInductorWrapper", None)
     if cls is None or not callable(cls.__dict__.get("__call__")):
         _problems.append("torch._TorchCompileInductorWrapper.__call__ is missing (checked against torch 2.13)")
@@ -307,12 +324,9 @@ def _default_backend_for_tpu() -> None:
     def __call__(self, model_, inputs_, **kwargs):
         if not _on_tpu(model_, inputs_):
             return original(self, model_, inputs_, **kwargs)
-        if self.config:
-            raise RuntimeError(
-                f"torch.compile: Inductor options {sorted(self.config)} (from mode= or options=) do not apply "
-                "to tpu tensors, which compile with the 'tpu' backend (XLA); drop them, or pass "
-                "backend='tpu' and configure XLA through torch.tpu.compiler")
-        from ..compile import tpu_backend
+        from ..compile import options, tpu_backend
+        # Inductor already checked mode and options against its own tables (torch.compile's wrapper)
+        options.ignore_inductor_settings(options=dict(self.config) if self.config else None)
         return tpu_backend(model_, inputs_)
 
     __call__._torchtpu = True
@@ -322,7 +336,7 @@ def _default_backend_for_tpu() -> None:
 
 
 def _profiler_trace_window() -> None:
-    """torch.profiler (torch 2.11 .. 2.13) has no hook for a PrivateUse1 device trace: its
+    """torch.profiler (torch 2.13) has no hook for a PrivateUse1 device trace: its
     `_KinetoProfile.start_trace`/`stop_trace` bracket the profiled window, and we start and stop JAX's
     profiler there (torchtpu/profiling: only for profiles that ask for PrivateUse1 activity or carry
     a TpuProfilerConfig; imported only when a profile starts)."""
@@ -356,7 +370,7 @@ def _profiler_trace_window() -> None:
     _applied.append("torch.profiler.profiler._KinetoProfile.start_trace/stop_trace")
 
 
-# ------------------------------------------------------------------ transformers (5.23 .. 5.25)
+# ------------------------------------------------------------------ transformers (5.24 .. 5.25)
 # Dynamo keeps these int attributes of Transformers' caches dynamic in tpu decode graphs
 # (a regular expression over Dynamo's source names, as `torch.compiler.config.dynamic_sources` takes).
 DYNAMIC_CACHE_INTS = r".*\.cumulative_length_int$"
@@ -377,7 +391,7 @@ def _sliding_window_decode(module) -> None:
     config = getattr(torch.compiler, "config", None)
     if original is None or config is None or not hasattr(config, "dynamic_sources"):
         _problems.append("transformers PreTrainedModel.get_compiled_call or torch.compiler.config.dynamic_sources "
-                         "is missing (checked against transformers 5.23 .. 5.24, torch 2.13)")
+                         "is missing (checked against transformers 5.24 .. 5.25, torch 2.13)")
         return
     if getattr(original, "_torchtpu", False):
         return
@@ -413,13 +427,13 @@ def _sliding_window_layer(module) -> None:
     outcomes and selects one (`torch.where`), and `get_mask_sizes` by its one-token case written
     with `max` (`kv_length` is the window either way): one decode graph for the whole generation,
     with the same cache contents and masks as the original. Prefill, multi-token updates and other
-    devices run the original code. Checked against transformers 5.23 .. 5.24."""
+    devices run the original code. Checked against transformers 5.24 .. 5.25."""
     cls = getattr(module, "StaticSlidingWindowLayer", None)
     update = cls.__dict__.get("update") if cls is not None else None
     mask_sizes = cls.__dict__.get("get_mask_sizes") if cls is not None else None
     if update is None or mask_sizes is None:
         _problems.append("transformers.cache_utils.StaticSlidingWindowLayer.update/get_mask_sizes is missing "
-                         "(checked against transformers 5.23 .. 5.24)")
+                         "(checked against transformers 5.24 .. 5.25)")
         return
     if getattr(update, "_torchtpu", False):
         return
@@ -472,7 +486,15 @@ def _deferred_stop_check(module) -> None:
     device_module.py), and a compiled decode of a small Llama is 8-25% faster with it on a 2-core
     XLA:CPU host (benchmarks/RESULTS.md). Enabled for tpu, with the same conditions on the cache as
     "mps" (the original decides them), and the host slots pinned: a copy into pageable memory waits,
-    as on CUDA. Releases before 5.25 have no DeferredStopCheck: nothing to do."""
+    as on CUDA. Releases before 5.25 have no DeferredStopCheck: nothing to do.
+
+    CUDA never takes this path (5.25 defers on "mps" only), and it has two bugs with a cache that
+    `generate()` returns (`return_dict_in_generate=True` or a user's cache) of an encoder-decoder model:
+    `EncoderDecoderCache.crop` refuses anything but two DynamicCaches (a static cache: TypeError), and
+    `finish` reads `cache.layers` unless `isinstance(cache, EncoderDecoderCache)` holds for the class
+    generation/utils.py imported (AttributeError otherwise). On tpu the stop is deferred with a returned
+    cache only where the rollback works: a cache with `layers`, or an EncoderDecoderCache of two
+    DynamicCaches; otherwise `generate()` checks each token as on CUDA (same tokens, one sync a token)."""
     cls = getattr(module, "DeferredStopCheck", None)
     if cls is None:
         return
@@ -485,9 +507,24 @@ def _deferred_stop_check(module) -> None:
         return
     original_supported = supported.__func__
     mps = torch.device("mps")   # a device name only: asks the original about the cache, never touches mps
+    signature = inspect.signature(original_supported)
+    encoder_decoder = getattr(module, "EncoderDecoderCache", None)
+    dynamic = getattr(module, "DynamicCache", None)
+
+    def rollback_works(cache) -> bool:
+        if encoder_decoder is not None and isinstance(cache, encoder_decoder):
+            parts = (cache.self_attention_cache, cache.cross_attention_cache)
+            return dynamic is not None and all(isinstance(part, dynamic) for part in parts)
+        return hasattr(cache, "layers")
 
     def is_supported(device, *args, **kwargs):
-        return original_supported(mps if getattr(device, "type", None) == "tpu" else device, *args, **kwargs)
+        if getattr(device, "type", None) != "tpu":
+            return original_supported(device, *args, **kwargs)
+        bound = signature.bind(mps, *args, **kwargs).arguments
+        cache = bound.get("cache")
+        if cache is not None and bound.get("cache_is_returned", True) and not rollback_works(cache):
+            return False
+        return original_supported(mps, *args, **kwargs)
 
     def __init__(self, input_ids, *args, **kwargs):
         init(self, input_ids, *args, **kwargs)
@@ -503,22 +540,137 @@ def _deferred_stop_check(module) -> None:
     _applied.append("transformers.generation.utils.DeferredStopCheck.is_supported/__init__")
 
 
+# ------------------------------------------------------------------ storage moves (torch 2.13)
+def _host_storage_moves() -> None:
+    """PyTorch moves a whole storage (`storage.to("tpu")`, `.tpu()`, `.clone()`, `torch.load(...,
+    map_location="tpu")`) by allocating through the device's C++ allocator, which a backend written in
+    Python cannot provide. `torch.storage._to` and `UntypedStorage.clone` are wrapped to go through
+    storage/host_storage.py for tpu storages (the original otherwise), `UntypedStorage.tpu` is added, and
+    a serialization location "tpu" is registered."""
+    from ..storage import host_storage
+    storage_module = torch.storage
+    original_to = getattr(storage_module, "_to", None)
+    original_clone = getattr(torch.UntypedStorage, "clone", None)
+    register_package = getattr(torch.serialization, "register_package", None)
+    if not callable(original_to) or not callable(original_clone) or not callable(register_package):
+        _problems.append("torch.storage._to, torch.UntypedStorage.clone or torch.serialization.register_package "
+                         f"is missing (checked against torch {'..'.join(TORCH_CHECKED)})")
+        return
+    if getattr(original_to, "_torchtpu", False):
+        return
+
+    def _to(self, device, non_blocking=False):
+        device = torch.device(device)
+        if device.type == "tpu":
+            return host_storage.storage_to_tpu(self, device, non_blocking)
+        return original_to(self, device, non_blocking)
+
+    def clone(self):
+        return host_storage.clone_tpu_storage(self) if self.device.type == "tpu" else original_clone(self)
+
+    def tpu(self, device=None, non_blocking=False):
+        return host_storage.storage_to_tpu(self, device, non_blocking)
+
+    _mark(_to, original_to)
+    _mark(clone, original_clone)
+    tpu._torchtpu = True
+    storage_module._to = _to
+    torch.UntypedStorage.clone = clone
+    torch.UntypedStorage.tpu = tpu
+    register_package(1, lambda obj: None, host_storage.deserialize)
+    _applied.append("torch.storage._to, torch.UntypedStorage.clone/.tpu, torch.serialization location 'tpu'")
+
+
+# ------------------------------------------------------------------ the table
+
+@dataclass(frozen=True)
+class Patch:
+    """One row of PATCHES: `apply` changes `marker` (a dotted name whose object then carries `_torchtpu`),
+    checked against releases `checked[0]` .. `checked[1]` (major.minor, both included) of `library`;
+    `module` names the module whose import applies it (None: applied by `install()`)."""
+    apply: Callable
+    library: str
+    checked: tuple[str, str]
+    marker: str
+    module: str | None = None
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(_patch_accelerator, "torch", TORCH_CHECKED, "torch._C._accelerator_emptyCache"),
+    Patch(_dataloader_pinning, "torch", TORCH_CHECKED, "torch.utils.data.dataloader._BaseDataLoaderIter.__init__"),
+    Patch(_default_backend_for_tpu, "torch", TORCH_CHECKED, "torch._TorchCompileInductorWrapper.__call__"),
+    Patch(_profiler_trace_window, "torch", TORCH_CHECKED, "torch.profiler.profiler._KinetoProfile.start_trace"),
+    Patch(_host_storage_moves, "torch", TORCH_CHECKED, "torch.UntypedStorage.clone"),
+    Patch(_accelerate_default_device, "accelerate", ACCELERATE_CHECKED,
+          "accelerate.state.PartialState.default_device", "accelerate.state"),
+    Patch(_accelerate_data_parallel, "accelerate", ACCELERATE_CHECKED,
+          "accelerate.state.PartialState.set_device", "accelerate.state"),
+    Patch(_accelerate_ddp, "accelerate", ACCELERATE_CHECKED,
+          "accelerate.accelerator.Accelerator.prepare_model", "accelerate.accelerator"),
+    Patch(_sliding_window_decode, "transformers", TRANSFORMERS_CHECKED,
+          "transformers.modeling_utils.PreTrainedModel.get_compiled_call", "transformers.modeling_utils"),
+    Patch(_sliding_window_layer, "transformers", TRANSFORMERS_CHECKED,
+          "transformers.cache_utils.StaticSlidingWindowLayer.update", "transformers.cache_utils"),
+    # DeferredStopCheck is new in 5.25: on 5.24 there is nothing to patch (and nothing is reported)
+    Patch(_deferred_stop_check, "transformers", ("5.25", "5.25"),
+          "transformers.generation.utils.DeferredStopCheck.is_supported", "transformers.generation.utils"),
+)
+
+_warned_libraries: set[str] = set()
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def installed_version(library: str) -> str | None:
+    try:
+        return importlib.metadata.version(library)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def in_checked_range(version: str | None, checked: tuple[str, str]) -> bool:
+    release = _release(version or "")
+    return release is not None and _release(checked[0]) <= release <= _release(checked[1])
+
+
+def _warn_outside_range(patch: Patch) -> None:
+    version = installed_version(patch.library)
+    if in_checked_range(version, patch.checked) or patch.library in _warned_libraries:
+        return
+    _warned_libraries.add(patch.library)
+    rows = [f"{p.marker} ({p.checked[0]}..{p.checked[1]})" for p in PATCHES if p.library == patch.library]
+    warnings.warn(f"torchtpu: {patch.library} {version} is outside the releases torchtpu's patches of it were "
+                  f"checked against: {', '.join(rows)}. They are applied where their targets exist; "
+                  "torchtpu.integrations.patches.problems() lists those that could not be.", stacklevel=3)
+
+
+def _run(patch: Patch, *module) -> None:
+    """Apply one patch: warn (once per library) outside its checked releases, and turn a target that is
+    gone or an exception into a problem and a warning, never an error while a library imports."""
+    _warn_outside_range(patch)
+    known = len(_problems)
+    try:
+        patch.apply(*module)
+    except Exception as e:  # noqa: BLE001 - a patch must never break the import of the library it patches
+        _problems.append(f"{patch.marker}: the patch failed with {type(e).__name__}: {e}")
+    for problem in _problems[known:]:
+        warnings.warn(f"torchtpu: not patched: {problem} (installed: {patch.library} "
+                      f"{installed_version(patch.library)})", stacklevel=3)
+
+
 def install() -> None:
     """Idempotent and cheap: imports none of the patched libraries that are not loaded yet."""
     if _installed[0]:
         return
     _installed[0] = True
-    for patch in (_patch_accelerator, _dataloader_pinning, _default_backend_for_tpu, _profiler_trace_window):
-        try:
-            patch()
-        except Exception as e:  # never break `import torch`
-            _problems.append(f"{patch.__name__}: {type(e).__name__}: {e}")
-    when_imported("accelerate.state", _accelerate_default_device)
-    when_imported("accelerate.state", _accelerate_data_parallel)
-    when_imported("accelerate.accelerator", _accelerate_ddp)
-    when_imported("transformers.modeling_utils", _sliding_window_decode)
-    when_imported("transformers.cache_utils", _sliding_window_layer)
-    when_imported("transformers.generation.utils", _deferred_stop_check)
+    for patch in PATCHES:
+        if patch.module is None:
+            _run(patch)
+        else:
+            when_imported(patch.module, functools.partial(_run, patch))
 
 
 def applied() -> list[str]:
@@ -528,3 +680,8 @@ def applied() -> list[str]:
 def problems() -> list[str]:
     """Patches that could not be applied because their target changed (empty when all is well)."""
     return list(_problems)
+
+
+def table() -> list[tuple[str, str, str, str]]:
+    """(library, oldest, newest checked release, what is patched): the rows docs/transformers.md lists."""
+    return [(p.library, p.checked[0], p.checked[1], p.marker) for p in PATCHES]

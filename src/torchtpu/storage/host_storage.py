@@ -2,7 +2,8 @@
 
 PyTorch moves a storage by allocating `torch.UntypedStorage(n, device="tpu")` through the device's
 C++ allocator, which a Python backend cannot provide. These paths instead allocate through the
-"tpu" empty kernel (a storage we own) and copy the bytes into it.
+"tpu" empty kernel (a storage we own) and copy the bytes into it. integrations/patches.py routes
+PyTorch's storage moves here (`torch.storage._to`, `UntypedStorage.clone`/`.tpu`, torch.load).
 """
 from __future__ import annotations
 
@@ -26,27 +27,8 @@ def clone_tpu_storage(storage):
     return src.clone().untyped_storage()
 
 
-def _deserialize(obj, location):
+def deserialize(obj, location):
+    """torch.load's restore function for the location "tpu" (registered by integrations/patches.py)."""
     if location.startswith("tpu"):
         return storage_to_tpu(obj, torch.device(location))
     return None
-
-
-def install():
-    original_to = torch.storage._to
-
-    def _to(self, device, non_blocking=False):
-        device = torch.device(device)
-        if device.type == "tpu":
-            return storage_to_tpu(self, device, non_blocking)
-        return original_to(self, device, non_blocking)
-
-    torch.storage._to = _to
-    original_clone = torch.UntypedStorage.clone
-
-    def clone(self):
-        return clone_tpu_storage(self) if self.device.type == "tpu" else original_clone(self)
-
-    torch.UntypedStorage.clone = clone
-    torch.UntypedStorage.tpu = lambda self, device=None, non_blocking=False: storage_to_tpu(self, device, non_blocking)
-    torch.serialization.register_package(1, lambda obj: None, _deserialize)
