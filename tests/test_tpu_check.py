@@ -42,7 +42,7 @@ def test_eager_op_compiles_for_tpu_and_computes_on_host(check):
     x = torch.randn(_fresh_shape())
     y = torch.sin(x.to("tpu")) * 3
     torch.testing.assert_close(y.cpu(), torch.sin(x) * 3)
-    report = check.report()
+    report = torch.tpu.compiler.tpu_compile_check_report()
     sin = _programs(report, "aten::sin.default")
     assert sin and all(p.ok for p in sin), report.failures
     assert sin[-1].cost.get("bytes accessed", 0) > 0   # XLA:TPU's cost analysis of the program
@@ -61,6 +61,18 @@ def test_compiled_graph_compiles_for_tpu(check):
     graphs = _programs(check.report(), "compiled graph")
     assert graphs and all(p.ok for p in graphs), check.report().failures
     assert graphs[-1].cost.get("flops", 0) > 0
+
+
+def test_data_dependent_helpers_compile_for_tpu():
+    """(A process of its own: the helpers are jitted when their module loads.)"""
+    done = _run_python("""
+        import torch
+        x = torch.randint(0, 4, (37,))
+        torch.testing.assert_close(x.to("tpu").nonzero().cpu(), x.nonzero())
+        print(sorted({p.name for p in torch.tpu.compiler.tpu_compile_check_report().programs if p.ok}))
+        """, TORCHTPU_TPU_COMPILE_CHECK=TOPOLOGY)
+    assert done.returncode == 0, done.stderr
+    assert "'data_dependent._count'" in done.stdout and "'data_dependent._nonzero'" in done.stdout, done.stdout
 
 
 def test_fused_optimizer_step_compiles_for_tpu(check):

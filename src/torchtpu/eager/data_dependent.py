@@ -7,15 +7,13 @@ the ordinary index / index_put kernels run.
 """
 from __future__ import annotations
 
-import functools
-
-import jax
 import jax.numpy as jnp
 import torch
 
 from ..ops import dtypes as dt
 from ..ops.table import declared_facts
 from ..storage.records import new_tensor, record_of
+from . import tpu_check
 from .executable import device_mismatch, zeros
 
 aten = torch.ops.aten
@@ -41,12 +39,12 @@ def _check_tpu(*ts):
 
 
 # ------------------------------------------------------------------ executables (cached per shape)
-@functools.partial(jax.jit, static_argnums=(1,))
+@tpu_check.jitting(static_argnums=(1,))
 def _count(buf, shape):
     return jnp.count_nonzero(buf.reshape(shape))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
+@tpu_check.jitting(static_argnums=(1, 2))
 def _nonzero(buf, shape, n):
     if not shape:  # a 0-d input has (n, 0) indices: nothing to compute
         return jnp.zeros((0,), jnp.int64)
@@ -56,7 +54,7 @@ def _nonzero(buf, shape, n):
     return jnp.stack([i.astype(jnp.int64) for i in idx], axis=1).reshape(-1)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+@tpu_check.jitting(static_argnums=(2, 3, 4))
 def _masked_select(xbuf, mbuf, xshape, mshape, n):
     shape = jnp.broadcast_shapes(xshape, mshape)
     x = jnp.broadcast_to(xbuf.reshape(xshape), shape).reshape(-1)
@@ -89,13 +87,13 @@ def _groups(x, dim, sort):
     return rows, perm, srt, start
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+@tpu_check.jitting(static_argnums=(1, 2, 3))
 def _unique_count(buf, shape, dim, sort):
     _, _, _, start = _groups(buf.reshape(shape), dim, sort)
     return jnp.sum(start.astype(jnp.int64))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+@tpu_check.jitting(static_argnums=(1, 2, 3, 4))
 def _unique(buf, shape, dim, sort, n):
     x = buf.reshape(shape)
     rows, perm, srt, start = _groups(x, dim, sort)
@@ -181,7 +179,7 @@ def unique_dim_consecutive(self, dim, return_inverse=False, return_counts=False)
     return unique_consecutive(self, return_inverse, return_counts, dim)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
+@tpu_check.jitting(static_argnums=(1,))
 def _repeat_indices(repeats, total):
     return jnp.repeat(jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats, total_repeat_length=total)
 
@@ -269,13 +267,13 @@ def with_masks(engine_kernel, position):
 MASK_ARGUMENT_OPS = declared_facts("mask_args")
 
 
-@functools.partial(jax.jit, static_argnums=(2,))
+@tpu_check.jitting(static_argnums=(2,))
 def _bincount(x, weights, n):
     ones = jnp.ones(x.shape, jnp.int64) if weights is None else weights
     return jnp.zeros((n,), ones.dtype).at[x].add(ones)
 
 
-@jax.jit
+@tpu_check.jitting()
 def _min_max(x):
     return jnp.min(x), jnp.max(x)
 

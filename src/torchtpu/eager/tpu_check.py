@@ -120,6 +120,12 @@ def jit(fn, name: str, **jit_kwargs):
     return wrap(jitted, fn, name, **jit_kwargs)
 
 
+def jitting(**jit_kwargs):
+    """`jit` as a decorator (`@functools.partial(jax.jit, ...)`'s place): the program is named after the
+    function."""
+    return lambda fn: jit(fn, f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", **jit_kwargs)
+
+
 def wrap(run, fn, name: str, **jit_kwargs):
     """`run` (fn's executable as the site built it) checked per signature; the check traces fn itself,
     jitted with `jit_kwargs` (compiler options dropped: they are the host's)."""
