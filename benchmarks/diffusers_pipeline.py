@@ -3,7 +3,7 @@
     TORCHTPU_COMPILE_CACHE=0 python benchmarks/diffusers_pipeline.py [--kinds sd3,sd,flux] [--size 64] [--steps 4] [--reps 3]
                                                                      [--scale tiny|small]
 
-Tiny random components (tests/diffusers_tiny.py), so absolute numbers measure framework overhead
+Tiny random components (torchtpu/integrations/diffusers_tiny.py), so absolute numbers measure framework overhead
 plus small convolutions/matmuls, not a real model. `--scale small` (use `--size 256`) builds
 components with the real pipelines' proportions at 1-9 M parameters (see `small_build`). For each
 pipeline, in one process: the first call (eager executables / Dynamo + XLA compile) and the steady
@@ -14,9 +14,7 @@ only (the usage docs/diffusers.md shows);
 (at 64x64 they cost Flux about as much as its four denoiser steps).
 """
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -24,9 +22,7 @@ import torch
 
 import torchtpu
 import torchtpu.integrations
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import diffusers_tiny as tiny  # noqa: E402
+from torchtpu.integrations import diffusers_tiny as tiny
 
 
 # --scale small: the proportions of the real pipelines at a few million parameters: a VAE that
@@ -40,8 +36,13 @@ def small_vae(latent_channels, **kw):
 
 def small_build(kind):
     import diffusers
-    from diffusers import (EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel,
-                           SD3Transformer2DModel, UNet2DConditionModel)
+    from diffusers import (
+        EulerDiscreteScheduler,
+        FlowMatchEulerDiscreteScheduler,
+        FluxTransformer2DModel,
+        SD3Transformer2DModel,
+        UNet2DConditionModel,
+    )
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     torch.manual_seed(0)

@@ -2,15 +2,13 @@
 
     python examples/diffusers_tiny.py [--kind sd3|sd|flux] [--size 32] [--steps 4]
 
-Runs on XLA:CPU in about a minute. The components are tiny and random (tests/diffusers_tiny.py builds
+Runs on XLA:CPU in about a minute. The components are tiny and random (torchtpu/integrations/diffusers_tiny.py builds
 them without downloads), so the "images" are noise; with real weights the code is the same:
 
     pipe = StableDiffusion3Pipeline.from_pretrained(path, torch_dtype=torch.bfloat16).to("tpu")
     pipe.transformer.compile(backend="tpu", fullgraph=True, dynamic=False)
 """
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
@@ -18,9 +16,7 @@ import torch
 
 import torchtpu
 import torchtpu.integrations
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import diffusers_tiny as tiny  # noqa: E402
+from torchtpu.integrations import diffusers_tiny as tiny
 
 
 def timed(pipe, kind, args):

@@ -1,14 +1,12 @@
 """Hugging Face Diffusers on "tpu": pipelines at parity with the CPU, a compiled denoiser without
 recompilations, one copy of the weights in device memory.
 
-Every pipeline is built from tiny random components (tests/diffusers_tiny.py): no downloads.
+Every pipeline is built from tiny random components (torchtpu/integrations/diffusers_tiny.py): no downloads.
 Images are compared with the CPU's for the same seed (a CPU generator draws the latents).
 """
 from __future__ import annotations
 
 import gc
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -24,8 +22,7 @@ import torchtpu.integrations  # noqa: E402
 # Tied parameters (T5's shared embedding) stay tied across `.to("tpu")`; idempotent.
 torchtpu.integrations.install()
 
-sys.path.insert(0, os.path.dirname(__file__))
-import diffusers_tiny as tiny  # noqa: E402
+from torchtpu.integrations import diffusers_tiny as tiny  # noqa: E402
 
 STEPS = 2
 F32_TOL = dict(atol=2e-4, rtol=0)

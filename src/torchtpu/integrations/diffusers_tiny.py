@@ -1,4 +1,5 @@
-"""Tiny, random, download-free Diffusers pipelines for tests, the example and the benchmark.
+"""Tiny, random, download-free Diffusers pipelines for tests, examples/diffusers_tiny.py and
+benchmarks/diffusers_pipeline.py (imported by none of torchtpu: diffusers and transformers are optional).
 
 Every component is built from a small config with a fixed seed; the tokenizers are built from
 small vocabularies in memory (a byte-level BPE CLIP tokenizer, a Unigram T5 tokenizer), so nothing
