@@ -14,14 +14,15 @@ import torch
 
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
-import accelerate.accelerator  # noqa: E402,F401  (applies the accelerate patches)
-import accelerate.state  # noqa: E402,F401
-import transformers.cache_utils  # noqa: E402,F401  (applies the transformers patches)
-import transformers.generation.utils  # noqa: E402,F401
-import transformers.modeling_utils  # noqa: E402,F401
+# imported for their side effect: importing them applies the accelerate and transformers patches
+import accelerate.accelerator
+import accelerate.state  # noqa: F401
+import transformers.cache_utils
+import transformers.generation.utils
+import transformers.modeling_utils  # noqa: F401
 
-import torchtpu.integrations  # noqa: E402
-from torchtpu.integrations import patches  # noqa: E402
+import torchtpu.integrations
+from torchtpu.integrations import patches
 
 torchtpu.integrations.install()
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -113,8 +114,9 @@ def test_a_patch_that_fails_is_reported_not_raised(monkeypatch):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         patches._run(row, types.ModuleType("fake"))
-    assert patches.problems() == ["fake.PreTrainedModel: the patch failed with AttributeError: "
-                                  "module 'fake' has no attribute 'PreTrainedModel'"]
+    expected = ("fake.PreTrainedModel: the patch failed with AttributeError: "
+                "module 'fake' has no attribute 'PreTrainedModel'")
+    assert patches.problems() == [expected]
     assert len(seen) == 1
 
 

@@ -584,8 +584,8 @@ def test_generate_compiles_with_inductor_settings_on_tpu(pair, name, caplog, mon
     cpu, _ = pair
     model = copy.deepcopy(cpu).to("tpu")
     monkeypatch.setattr(options, "_inductor_settings_logged", [False])
-    kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, cache_implementation="static",
-              return_dict_in_generate=True, output_scores=True, output_logits=True)
+    kw = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False, "cache_implementation": "static",
+          "return_dict_in_generate": True, "output_scores": True, "output_logits": True}
     ref = cpu.generate(**_gen_inputs(17), **kw)
     torch._dynamo.reset()
     before = torchtpu.metrics()["compiled_graphs"]
@@ -655,8 +655,8 @@ def test_t5_generate_with_a_returned_cache_matches_cpu(cache, monkeypatch):
     ids = torch.randint(2, 99, (2, 7), generator=torch.Generator().manual_seed(4))
     free = cpu.generate(ids, max_new_tokens=6, do_sample=False)
     eos = int(free[1, 3])   # the second row stops early: the deferred check's rollback is exercised
-    kw = dict(max_new_tokens=6, do_sample=False, eos_token_id=eos, return_dict_in_generate=True,
-              output_scores=True)
+    kw = {"max_new_tokens": 6, "do_sample": False, "eos_token_id": eos, "return_dict_in_generate": True,
+          "output_scores": True}
     if cache == "static-returned":
         kw.update(cache_implementation="static", disable_compile=True)
     results = []
