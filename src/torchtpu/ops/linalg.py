@@ -127,15 +127,31 @@ def _addmm_dtypes(c, a, b, *_, **__):
         raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {_name(a)} and {_name(b)}")
 
 
+_WIDE_INTEGERS = (jnp.int64, jnp.uint64)
+
+
+def _integer_product_check(x, kernel):
+    """XLA:TPU has no 64-bit integer dot product (compiling one fails): refused at the op when tracing
+    for a TPU, as CUDA refuses int64 matmuls ('"addmm_cuda" not implemented for 'Long''). XLA:CPU
+    computes them: there they keep working."""
+    if x.dtype in _WIDE_INTEGERS:
+        from ..device.platform import lowering_platform
+        if lowering_platform() == "tpu":
+            raise RuntimeError(f'"{kernel}_tpu" not implemented for \'{_name(x)}\': XLA:TPU has no 64-bit '
+                               f"integer matrix product (compute it in int32 or a floating dtype on the TPU)")
+
+
 @lowering("mm", "bmm", "matmul", "dot", "mv",
           meta_check={"mm": _mm_dtypes, "mm.out": _mm_dtypes, "matmul": _mm_dtypes, "matmul.out": _mm_dtypes,
                       "mv": _mv_dtypes, "mv.out": _mv_dtypes})
 def mm(a, b):
+    _integer_product_check(a, "mm")
     return matmul(a, b)
 
 
 @lowering("vdot")
 def vdot(a, b):
+    _integer_product_check(a, "vdot")
     return matmul(jnp.conj(a), b)   # conjugates its first argument (a no-op for real dtypes)
 
 
@@ -159,6 +175,7 @@ def _scaled_sum(c, prod, beta, alpha):
 @lowering("addmm", "baddbmm", "addmv", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True,
           meta_check={"addmm": _addmm_dtypes, "addmm_": _addmm_dtypes, "addmm.out": _addmm_dtypes})
 def addmm(c, a, b, beta=1, alpha=1):
+    _integer_product_check(a, "addmm")
     return _scaled_sum(c, matmul(a, b), beta, alpha)
 
 
@@ -179,6 +196,7 @@ def _addbmm_half(c, a, b, beta, alpha):
 @lowering("addbmm", blas=True,
           meta_check={"addbmm": _addmm_dtypes, "addbmm_": _addmm_dtypes, "addbmm.out": _addmm_dtypes})
 def addbmm(c, a, b, beta=1, alpha=1):
+    _integer_product_check(a, "addbmm")
     if c.dtype in (jnp.bfloat16, jnp.float16):
         return _addbmm_half(c, a, b, beta, alpha)
     return _scaled_sum(c, matmul(a, b).sum(0), beta, alpha)
@@ -194,8 +212,8 @@ def ragged_dot(a, b, sizes, **kw):
     multiplied by its own `b[i]` (k, n); rows past the groups are zero. TPUs have a ragged-dot unit;
     XLA:CPU and XLA:GPU expand it to every group over every row (g times the work: 100x slower on a
     Mixture-of-Experts decode step), so there the rows go through in tiles of one group each."""
-    from ..device.platform import platform
-    if platform() == "tpu" or b.shape[0] == 1:
+    from ..device.platform import lowering_platform
+    if lowering_platform() == "tpu" or b.shape[0] == 1:
         return lax.ragged_dot(a, b, sizes, **kw)
     return _ragged_dot_tiled(a, b, sizes, **kw)
 
@@ -877,7 +895,7 @@ def linalg_lstsq(a, b, rcond=None, driver=None):
             x = _exact_mm(q, _tri_solve(r, b, upper=True, transpose=True, conjugate=True))
         residuals = (jnp.abs(_exact_mm(a, x) - b) ** 2).sum(-2) if m > n else _empty(real)
         return (x[..., 0] if vector else x), residuals, no_rank, no_sv
-    u, sv, vh = jnp.linalg.svd(a, full_matrices=False)   # A's own batch: the rank is A's, not broadcast
+    u, sv, vh = _svd(a, full_matrices=False)   # A's own batch: the rank is A's, not broadcast
     cutoff = (jnp.finfo(real).eps * max(m, n) if rcond is None or rcond < 0 else rcond) * sv[..., :1]
     keep = sv > cutoff
     inverse = jnp.where(keep, 1 / jnp.where(keep, sv, 1), 0).astype(a.dtype)
@@ -898,11 +916,12 @@ def _general_eig(a, kernel, vectors):
     """XLA's nonsymmetric eigensolver (LAPACK geev, PyTorch's CPU kernel too: unit-norm eigenvectors)
     exists on the CPU platform only; on TPU the op says so instead of failing inside XLA."""
     _lapack_dtype(a, kernel)
-    from ..device import platform
-    if platform.platform() != "cpu":
+    from ..device.platform import lowering_platform
+    target = lowering_platform()
+    if target != "cpu":
         raise NotImplementedError(
             f"torchtpu: aten::{kernel} (torch.linalg.eig/eigvals) has no XLA lowering on the "
-            f"{platform.platform()} platform (XLA's general eigensolver runs on CPU only): compute it on "
+            f"{target} platform (XLA's general eigensolver runs on CPU only): compute it on "
             f"the CPU (x.cpu()), or use torch.linalg.eigh for symmetric/Hermitian matrices")
     w, v = jnp.linalg.eig(a)
     return (w, v) if vectors else w
@@ -941,12 +960,37 @@ def _real_diagonal(q, r):
     return q, r
 
 
+def _tpu_svd_module():
+    """JAX's TPU SVD (QDWH polar decomposition + eigh), the computation XLA:TPU's lowering of
+    lax.linalg.svd traces; None in a JAX without it."""
+    try:
+        from jax._src.tpu.linalg import svd as tpu_svd
+    except ImportError:
+        return None
+    return tpu_svd if hasattr(tpu_svd, "_svd_tpu") else None
+
+
+def _svd(a, full_matrices=False, compute_uv=True):
+    """(u, s, vh), or s alone, of `a`, as jnp.linalg.svd. For a TPU, single precision: JAX lowers its
+    SVD primitive for TPU by tracing the QDWH algorithm at lowering time, under the process's x64
+    setting, which torchtpu turns on: a sign matrix there becomes int64 and meets a float32 dot, which
+    XLA:TPU cannot compile (it aborts the process). Traced here instead, with 64-bit types off for
+    this computation only, the same algorithm has int32 indices; its float32 values are unchanged."""
+    from ..device.platform import lowering_platform
+    tpu_svd = _tpu_svd_module() if lowering_platform() == "tpu" else None
+    if tpu_svd is None or a.dtype not in (jnp.float32, jnp.complex64) or a.size == 0:
+        return jnp.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv)
+    with jax.enable_x64(False):
+        out = tpu_svd._svd_tpu(a, full_matrices=full_matrices, compute_uv=compute_uv, subset_by_index=None)
+    return (out[1], out[0], out[2]) if compute_uv else out[0]
+
+
 @lowering("_linalg_svd")
 def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
     _lapack_dtype(a, "linalg_svd")
     if not compute_uv:
-        return _empty(a.dtype), jnp.linalg.svd(a, compute_uv=False), _empty(a.dtype)
-    return tuple(jnp.linalg.svd(a, full_matrices=full_matrices))
+        return _empty(a.dtype), _svd(a, compute_uv=False), _empty(a.dtype)
+    return tuple(_svd(a, full_matrices=full_matrices))
 
 
 # ---- Householder products (the Q of geqrf's packed reflectors) and the matrix exponential
