@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .dtypes import scalar_type_name
 from .nn_common import _low, _precision
 from .table import lowering
 
@@ -14,8 +15,20 @@ def _conv_dims(nd):
     return ("NC" + spatial, "OI" + spatial, "NC" + spatial)
 
 
+def _integer_convolution_check(x):
+    """XLA:TPU has no 64-bit integer convolution (compiling one fails): refused at the op when tracing
+    for a TPU, in CUDA's words for a dtype a kernel lacks. XLA:CPU computes it, as the CPU does."""
+    if x.dtype in (jnp.int64, jnp.uint64):
+        from ..device.platform import lowering_platform
+        if lowering_platform() == "tpu":
+            raise RuntimeError(f'"convolution_tpu" not implemented for \'{scalar_type_name(x.dtype)}\': XLA:TPU '
+                               f"has no 64-bit integer convolution (compute it in int32 or a floating dtype "
+                               f"on the TPU)")
+
+
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     """PyTorch's convolution (no bias) on batched input: the output in float32 for half inputs."""
+    _integer_convolution_check(x)
     nd = x.ndim - 2
     stride, padding, dilation = (list(v) * nd if len(v) == 1 else list(v)
                                  for v in (stride, padding, dilation))

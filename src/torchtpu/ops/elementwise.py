@@ -56,15 +56,66 @@ def div(a, b):
 
 
 def _int_trunc_div(a, b):
-    a, b = jnp.broadcast_arrays(jnp.asarray(a), jnp.asarray(b, jnp.result_type(a)))
-    return lax.div(a, b)
+    return _int_trunc_divmod(a, b)[0]
+
+
+def _int_trunc_divmod(a, b):
+    """(quotient rounded toward zero, remainder with the sign of `a`) of integers, as C and PyTorch."""
+    dtype = jnp.result_type(a, b)
+    a, b = jnp.broadcast_arrays(jnp.asarray(a, dtype), jnp.asarray(b, dtype))
+    if a.dtype == jnp.int64 and _for_tpu():
+        return _tpu_int64_divmod(a, b)
+    return lax.div(a, b), lax.rem(a, b)
+
+
+def _for_tpu():
+    from ..device.platform import lowering_platform
+    return lowering_platform() == "tpu"
+
+
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _tpu_int64_divmod(a, b):
+    """int64 division for a TPU. XLA:TPU expands a 64-bit division into a large circuit: a program
+    with a floor_divide and a remainder of int64 index tensors took 48-86 s to compile. Index values
+    fit in 32 bits: then the division runs in int32 (exact: |a| < 2^31 leaves no overflow); otherwise
+    a binary long division over the 64 bits of the magnitudes, a loop XLA compiles in a moment."""
+    narrow = jnp.all((jnp.abs(a) <= _INT32_MAX) & (jnp.abs(b) <= _INT32_MAX))
+
+    def in_int32(a, b):
+        a32, b32 = a.astype(jnp.int32), b.astype(jnp.int32)
+        return lax.div(a32, b32).astype(jnp.int64), lax.rem(a32, b32).astype(jnp.int64)
+
+    return lax.cond(narrow, in_int32, _int64_long_division, a, b)
+
+
+def _int64_long_division(a, b):
+    """Truncating (quotient, remainder) of int64 arrays, one quotient bit per step from the top:
+    unsigned magnitudes (|-2^63| = 2^63 is exact in uint64), signs applied at the end. A zero
+    divisor gives -1 (or 1) and `a`, as a hardware divider might; PyTorch's CPU raises instead."""
+    u64 = jnp.uint64
+    top = jnp.asarray(63, u64)
+    magnitude_a = jnp.where(a < 0, -a, a).astype(u64)
+    magnitude_b = jnp.where(b < 0, -b, b).astype(u64)
+
+    def step(i, qr):
+        q, r = qr
+        shift = top - i.astype(u64)
+        r = (r << 1) | ((magnitude_a >> shift) & 1)
+        take = r >= magnitude_b
+        return q | (take.astype(u64) << shift), jnp.where(take, r - magnitude_b, r)
+
+    zero = jnp.zeros_like(magnitude_a)
+    q, r = lax.fori_loop(jnp.int32(0), jnp.int32(64), step, (zero, zero))
+    q, r = q.astype(jnp.int64), r.astype(jnp.int64)
+    return jnp.where((a < 0) != (b < 0), -q, q), jnp.where(a < 0, -r, r)
 
 
 def _floor_div(a, b):
     if _is_int(a) and _is_int(b):
         # Python semantics (round toward -inf), as PyTorch's floor_divide on integers
-        q = _int_trunc_div(a, b)
-        r = a - q * b
+        q, r = _int_trunc_divmod(a, b)
         if jnp.issubdtype(jnp.result_type(a), jnp.unsignedinteger):
             return q
         return jnp.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
@@ -116,7 +167,7 @@ def floor_divide(a, b):
 @lowering("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
 def remainder(a, b):
     if _is_int(a) and _is_int(b):
-        r = jnp.fmod(a, b)
+        r = _int_trunc_divmod(a, b)[1]
         return jnp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
     r = jnp.fmod(a, b)
     return jnp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
@@ -124,6 +175,8 @@ def remainder(a, b):
 
 @lowering("fmod.Tensor", "fmod.Scalar", promote=KIND.DEFAULT, real_only=True)
 def fmod(a, b):
+    if _is_int(a) and _is_int(b):
+        return _int_trunc_divmod(a, b)[1]
     return jnp.fmod(a, b)
 
 

@@ -21,6 +21,7 @@ from .table import lowering
 _FORWARD_NORM = {0: "backward", 1: "ortho", 2: "forward"}
 _INVERSE_NORM = {0: "forward", 1: "ortho", 2: "backward"}
 _SUPPORTED = {jnp.dtype(t) for t in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128)}
+_DOUBLE = {jnp.dtype(jnp.float64), jnp.dtype(jnp.complex128)}
 
 
 def _check_dtype(x, op):
@@ -28,6 +29,12 @@ def _check_dtype(x, op):
     if x.dtype not in _SUPPORTED:
         raise RuntimeError(f"{op}: the tpu device, like the CPU, doesn't support FFTs of tensors of type: "
                            f"{scalar_type_name(x.dtype)}")
+    if x.dtype in _DOUBLE:
+        from ..device.platform import lowering_platform
+        if lowering_platform() == "tpu":
+            # XLA:TPU's FFT takes complex64 only: a complex128 one fails to compile
+            raise RuntimeError(f"{op}: FFTs of {scalar_type_name(x.dtype)} tensors are not supported on a TPU "
+                               f"(XLA:TPU computes FFTs in single precision only): use float32/complex64")
 
 
 def _axes(x, dim):
