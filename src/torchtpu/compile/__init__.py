@@ -51,8 +51,8 @@ def _on_trace_rules(trace_rules):
     for name in _SKIPPED:
         try:
             trace_rules.add(name)
-        except Exception:  # noqa: BLE001 - a missing package is simply not skipped
-            pass
+        except (ImportError, ValueError):   # (importlib's find_spec on a broken package) not skipped, then:
+            pass                            # Dynamo would trace into it, slower but correct
 
 
 _installed = [False]

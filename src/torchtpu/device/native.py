@@ -240,8 +240,11 @@ def at_import() -> None:
         _build_and_load(configured or 8)
     except Exception as e:  # never break `import torch`
         _problem[0] = f"{type(e).__name__}: {e}"
-        if policy == "on":
-            warnings.warn(f"torchtpu: TORCHTPU_NATIVE=on but the C++ extension failed: {e}",
+        # without a compiler this is the documented degradation (quiet under auto); a compiler that
+        # failed, or a library that would not load, is a problem worth one line
+        if policy == "on" or compiler() is not None:
+            warnings.warn(f"torchtpu: the C++ extension failed ({_problem[0]}): no torch.Generator('tpu'), "
+                          "no backward on tpu:1 and above. TORCHTPU_NATIVE=off stops trying.",
                           RuntimeWarning, stacklevel=2)
 
 

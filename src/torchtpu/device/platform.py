@@ -83,7 +83,10 @@ def _configure_jax():
             os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(n)}".strip()
     import jax
 
-    # PyTorch's default integer type is int64; without x64 JAX would silently truncate it.
+    # PyTorch's default integer type is int64; without x64 JAX would silently truncate it. This is
+    # JAX's process-wide setting: the user's own JAX code sees it too (README, "What `import torch`
+    # changes"; docs/tpu.md, "64-bit types"). A thread-local policy (torchtpu's programs x64, the
+    # user's not) would have to wrap every call into an executable, the C++ fast path's included.
     jax.config.update("jax_enable_x64", True)
     if not config.get("TORCHTPU_JAX_TRACEBACKS"):
         # jaxlib walks the Python stack at every executable call to keep a traceback on each array
@@ -97,8 +100,8 @@ def _configure_jax():
     if n:
         try:
             jax.config.update("jax_num_cpu_devices", int(n))
-        except Exception:  # older JAX, or backends already up: the XLA flag above does the same
-            pass
+        except (AttributeError, RuntimeError):   # an older JAX without the option, or its backends already
+            pass                                # up: the XLA flag set above asks for the same devices
     return jax
 
 
@@ -207,6 +210,19 @@ def tracing_for(name: str):
         yield
     finally:
         _trace_target.name = previous
+
+
+def require_x64(program: str = "a tpu program"):
+    """Called while torchtpu traces a program: JAX's 64-bit types must be on in this thread. Inside a
+    user's `jax.enable_x64(False)` block (or after `jax.config.update("jax_enable_x64", False)`) JAX
+    would trace int64/float64 tensors' arithmetic and Python scalars in 32 bits and silently compute
+    wrong values; a cached executable is keyed on the setting, so only a new trace comes here."""
+    from jax._src import config as jax_config
+    if not jax_config.enable_x64.value:
+        raise RuntimeError(
+            f"torchtpu: {program} was traced with JAX's 64-bit types turned off (jax.enable_x64(False) or "
+            f"jax_enable_x64=False); tpu tensors need them (PyTorch's int64 and float64): run torch "
+            f"operations on the tpu device outside that block, or scope only your own JAX code with it")
 
 
 def buffers_in_host_memory() -> bool:

@@ -116,7 +116,7 @@ def _tpu_group(name):
         return pg, pg
     try:
         backend = pg._get_backend(torch.device("tpu"))
-    except Exception:  # noqa: BLE001 - no backend for tpu in this group
+    except RuntimeError:   # c10d's "No backend type associated with device type tpu": not a tpu group
         return pg, None
     return pg, backend if isinstance(backend, TpuProcessGroup) else None
 

@@ -8,6 +8,7 @@ device buffers, never through the host. CPU tensors given to the same group (obj
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 
 import torch
@@ -18,6 +19,8 @@ from ..device import platform
 from ..ops import dtypes
 from ..storage import records
 from . import api, collectives
+
+_log = logging.getLogger("torchtpu.distributed")
 
 _RED = {dist.ReduceOp.SUM: "SUM", dist.ReduceOp.AVG: "AVG", dist.ReduceOp.MAX: "MAX",
         dist.ReduceOp.MIN: "MIN", dist.ReduceOp.PRODUCT: "PRODUCT", dist.ReduceOp.BAND: "BAND",
@@ -556,8 +559,8 @@ class TpuProcessGroup(dist.ProcessGroup):
         if self._gloo is not None:
             try:
                 self._gloo.shutdown()
-            except Exception:  # noqa: BLE001 - best effort at teardown
-                pass
+            except Exception as e:  # noqa: BLE001 - best effort at teardown: the peers may be gone already
+                _log.debug("torchtpu.distributed: shutting down the gloo helper group failed: %s", e)
             self._gloo = None
 
     def abort(self):

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import os
 import time
+import warnings
 import weakref
 
 import torch
@@ -88,15 +89,23 @@ class DeviceProperties:
                 f"multi_processor_count={self.multi_processor_count})")
 
 
+_warned_total_memory: set = set()   # JAX device ids already warned about
+
+
 def get_device_properties(device=None) -> DeviceProperties:
     d = _platform.jax_device(_index(device))
-    total = 0
+    total, problem = 0, "no bytes_limit in its memory statistics"
     try:
         total = int((d.memory_stats() or {}).get("bytes_limit", 0))
-    except Exception:
-        pass
+    except (RuntimeError, NotImplementedError, AttributeError) as e:   # (JaxRuntimeError is a RuntimeError)
+        problem = f"{type(e).__name__}: {e}"
     if not total:
+        # XLA:CPU's device memory is the host's RAM (its memory_stats() is None): the right answer there
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if d.platform != "cpu" and d.id not in _warned_total_memory:
+            _warned_total_memory.add(d.id)
+            warnings.warn(f"torchtpu: could not read the memory size of {d} ({problem}); total_memory reports "
+                          "the host's RAM instead", RuntimeWarning, stacklevel=2)
     cores = getattr(d, "num_cores", None) or (os.cpu_count() if d.platform == "cpu" else 1) or 1
     return DeviceProperties(get_device_name(device), d.platform, d.device_kind, d.id, total, int(cores))
 

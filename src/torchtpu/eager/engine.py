@@ -126,7 +126,7 @@ def note_executable():
         try:
             with open("/proc/self/maps", "rb") as f:
                 crowded = f.read().count(b"\n") > _MAP_LIMIT // 2
-        except OSError:
+        except OSError:   # no /proc (not Linux): the executable count above decides alone
             pass
     if crowded:
         forget_executables()

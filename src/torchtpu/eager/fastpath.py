@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import pathlib
+import warnings
 
 from .. import config
 from ..device import native
@@ -137,7 +138,7 @@ def load() -> bool:
                 if native.compiler() is not None:
                     try:
                         failed.write_text(f"{type(e).__name__}: {e}\n")
-                    except OSError:
+                    except OSError:   # (a read-only cache: the build is tried again next time, nothing lost)
                         pass
                 raise
         lib = ctypes.PyDLL(str(target))
@@ -171,6 +172,12 @@ def load() -> bool:
             raise RuntimeError("torchtpu_fast_init_fused failed")
     except Exception as e:  # noqa: BLE001 - the Python kernels work without it
         _problem[0] = f"{type(e).__name__}: {e}"
+        # No compiler is the documented degradation, and a build that failed before was reported then:
+        # both stay quiet (`python -m torchtpu info` names the reason); anything else is said once here
+        if native.compiler() is not None and not str(e).startswith("building the fast path failed before"):
+            warnings.warn(f"torchtpu: the C++ eager fast path is off ({_problem[0]}); eager ops run through the "
+                          "Python kernels, about 2x slower per small op. TORCHTPU_EAGER_FAST=0 stops trying.",
+                          RuntimeWarning, stacklevel=2)
         return False
     _lib[0] = lib
     _graph_functions[0] = lib.torchtpu_graph_functions()
