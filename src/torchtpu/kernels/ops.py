@@ -5,7 +5,8 @@ compiled graphs, run on XLA:CPU for "cpu" tensors.
   dot; differentiable in lhs and rhs. `ragged_dot_weight_grad(lhs, grad_output, group_sizes)`: its
   gradient with respect to rhs.
 - `splash_sdpa(q, k, v, *, scale=None, is_causal=True, local_window_size=None, ...)`: attention with
-  TorchTPU's signature: the Pallas splash-attention kernel on TPU, XLA's softmax attention elsewhere.
+  TorchTPU's signature: the Pallas splash-attention kernel on TPU (ops/attention_splash.py), XLA's softmax
+  attention elsewhere and for what the kernel does not take (sequences under 128, rows with no key).
 - `optimization_barrier(inputs)`: XLA's optimization barrier around a list of tensors.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..ops import linalg
+from ..ops import attention_splash, linalg
 from .pallas import dynamo_traceable, jax_op
 
 __all__ = ["ragged_dot", "ragged_dot_weight_grad", "splash_sdpa", "optimization_barrier"]
@@ -29,7 +30,7 @@ def _accumulate(a):
 
 @jax_op("tpu::_ragged_dot")
 def _ragged_dot(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
-    out = linalg.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=linalg.precision(),
+    out = linalg.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=linalg.operand_precision(lhs, rhs),
                             preferred_element_type=_accumulate(lhs))
     return out.astype(lhs.dtype)
 
@@ -40,7 +41,8 @@ def _ragged_dot_weight_grad(lhs: jax.Array, grad_output: jax.Array, group_sizes:
     numbers = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((1,), (0,)), ((), ())),
                                             lhs_ragged_dimensions=[1], rhs_group_dimensions=[])
     out = lax.ragged_dot_general(lhs.T, grad_output, group_sizes.astype(jnp.int32), numbers,
-                                 precision=linalg.precision(), preferred_element_type=_accumulate(lhs))
+                                 precision=linalg.operand_precision(lhs, grad_output),
+                                 preferred_element_type=_accumulate(lhs))
     return out.astype(lhs.dtype)
 
 
@@ -91,15 +93,14 @@ def optimization_barrier(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 # ---------------------------------------------------------------- attention
-def _on_tpu() -> bool:
-    from ..device import platform
-    return platform.jax_device(0).platform == "tpu"
-
-
 def _xla_attention(q, k, v, scale, is_causal, local_window_size):
-    """Softmax attention in XLA (float32 softmax), q (b, h, s, d), k/v (b, h, t, d)."""
+    """Softmax attention in XLA (float32 softmax), q (b, h, s, d), k/v (b, h_kv, t, d), queries aligned to
+    the end of the keys."""
+    if k.shape[1] != q.shape[1]:   # grouped-query attention: query head i reads key head i // (h / h_kv)
+        k = jnp.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        v = jnp.repeat(v, q.shape[1] // v.shape[1], axis=1)
     s, t = q.shape[-2], k.shape[-2]
-    logits = jnp.einsum("bhsd,bhtd->bhst", q, k, precision=linalg.precision(),
+    logits = jnp.einsum("bhsd,bhtd->bhst", q, k, precision=linalg.operand_precision(q, k),
                         preferred_element_type=jnp.float32) * scale
     mask = None
     rows = jnp.arange(s)[:, None] + (t - s)     # queries aligned to the end of the keys
@@ -113,36 +114,20 @@ def _xla_attention(q, k, v, scale, is_causal, local_window_size):
         logits = jnp.where(mask, logits, -jnp.inf)
     weights = jax.nn.softmax(logits, axis=-1)
     weights = jnp.where(jnp.isnan(weights), 0.0, weights)   # fully masked rows give zeros
-    out = jnp.einsum("bhst,bhtd->bhsd", weights.astype(v.dtype) if v.dtype != jnp.float32 else weights, v,
-                     precision=linalg.precision(), preferred_element_type=jnp.float32)
+    weights = weights.astype(v.dtype) if v.dtype != jnp.float32 else weights
+    out = jnp.einsum("bhst,bhtd->bhsd", weights, v, precision=linalg.operand_precision(weights, v),
+                     preferred_element_type=jnp.float32)
     return out.astype(q.dtype)
-
-
-def _splash_attention(q, k, v, scale, is_causal, local_window_size, block_q, block_kv, block_kv_compute):
-    """The Pallas splash-attention kernel (TPU only). Written against JAX's
-    jax.experimental.pallas.ops.tpu.splash_attention; not exercised on this machine (no TPU)."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-    b, h, s, d = q.shape
-    t = k.shape[2]
-    if local_window_size is not None:
-        one = sm.LocalMask((s, t), (local_window_size - 1, 0 if is_causal else None), 0)
-    elif is_causal:
-        one = sm.CausalMask((s, t))
-    else:
-        one = sm.FullMask((s, t))
-    mask = sm.MultiHeadMask([one] * h)
-    sizes = sk.BlockSizes(block_q=min(block_q, s), block_kv=min(block_kv, t),
-                          block_kv_compute=min(block_kv_compute, t))
-    kernel = sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes)
-    return jax.vmap(kernel)(q * scale, k, v).astype(q.dtype)
 
 
 @jax_op("tpu::_splash_sdpa")
 def _splash_sdpa(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, is_causal: bool,
-                 local_window_size: Optional[int], block_q: int, block_kv: int, block_kv_compute: int) -> jax.Array:
-    if _on_tpu():
-        return _splash_attention(q, k, v, scale, is_causal, local_window_size, block_q, block_kv, block_kv_compute)
+                 local_window_size: int | None, block_q: int, block_kv: int, block_kv_compute: int) -> jax.Array:
+    # TorchTPU's splash_sdpa aligns the queries to the end of the keys: query i sits at key i + (t - s)
+    plan = attention_splash.plan(q, k, v, causal=is_causal, offset=k.shape[2] - q.shape[2],
+                                 window=local_window_size, block_q=block_q, block_kv=block_kv)
+    if plan is not None:
+        return attention_splash.attention(plan, q, k, v, scale)
     return _xla_attention(q, k, v, scale, is_causal, local_window_size)
 
 
@@ -154,16 +139,20 @@ def splash_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Opt
                 block_q_dq: Optional[int] = None, block_kv_dq: Optional[int] = None,
                 use_fused_bwd_kernel: bool = True, use_vmap_bwd: bool = True, q_layout: str = "HEAD_DIM_MINOR",
                 k_layout: str = "HEAD_DIM_MINOR", v_layout: str = "HEAD_DIM_MINOR") -> torch.Tensor:
-    """`F.scaled_dot_product_attention` for q (b, h, s, d), k/v (b, h_kv, t, d): TorchTPU's splash
-    attention signature. On TPU the Pallas splash-attention kernel, elsewhere XLA's softmax attention, with
-    the same results. GQA (h_kv dividing h) needs enable_gqa=True, as TorchTPU. The backward is jax.vjp of
-    the kernel (the backward block sizes and layouts are accepted for compatibility)."""
+    """`F.scaled_dot_product_attention` for q (b, h, s, d), k/v (b, h_kv, t, d), queries aligned to the end of
+    the keys: TorchTPU's splash attention signature. On TPU the Pallas splash-attention kernel, forward and
+    backward (any sequence length from 128: padded inside; bfloat16 or float32), elsewhere XLA's softmax
+    attention, with the same results. GQA (h_kv dividing h) needs enable_gqa=True, as TorchTPU; on TPU the key
+    heads are not repeated (splash's MQA kernel per key head). block_q / block_kv are used when they divide
+    the padded lengths; the backward uses the forward's blocks in splash's fused backward kernel, and the other
+    block sizes and the layouts are accepted for compatibility."""
     n_heads, n_kv = q.shape[1], k.shape[1]
     if enable_gqa != (n_heads != n_kv):
         raise ValueError(f"enable_gqa ({enable_gqa}) does not match inputs: n_heads={n_heads}, n_kv_heads={n_kv}")
-    if n_heads != n_kv:
-        k = k.repeat_interleave(n_heads // n_kv, dim=1)
-        v = v.repeat_interleave(n_heads // n_kv, dim=1)
+    if n_kv == 0 or n_heads % n_kv:
+        raise ValueError(f"splash_sdpa: the query heads ({n_heads}) must be a multiple of the key heads ({n_kv})")
+    if local_window_size is not None and local_window_size < 1:
+        raise ValueError(f"splash_sdpa: local_window_size must be at least 1, got {local_window_size}")
     if scale is None:
         scale = q.shape[-1] ** -0.5
     return _splash_sdpa(q, k, v, float(scale), bool(is_causal), local_window_size, block_q, block_kv,

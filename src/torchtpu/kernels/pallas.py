@@ -23,7 +23,10 @@ as the op's lowering in the project's one lowering table (ops/table.py), so:
 
 Pallas: a `pl.pallas_call` inside the function compiles natively on TPU (Mosaic) and GPU (Triton);
 on XLA:CPU, which has no Pallas compiler, this module registers a CPU lowering of `pallas_call`
-that runs the kernel through Pallas' interpreter, so the same code runs everywhere unchanged.
+that runs the kernel through Pallas' interpreter, so the same code runs everywhere unchanged. A
+`pallas_call` made by a jax_op's function traces its kernel and BlockSpec index maps with x64 off
+(ops/pallas_support.py): Mosaic has no 64-bit integers, and torchtpu's x64 setting would make every
+Python int in them an int64.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import torch
 
 from ..eager import tpu_check
 from ..ops import dtypes as dt
+from ..ops import pallas_support
 from ..ops.table import LOWERINGS, Lowering
 
 __all__ = ["jax_op", "custom_jax_kernel", "get_pallas_mesh"]
@@ -310,7 +314,9 @@ class _Spec:
         return out_kw
 
     def run(self, args, kwargs):
-        out = self.fn(**self.call_args(args, kwargs))
+        # a pl.pallas_call inside traces its kernel and index maps with 32-bit ints (Mosaic has no int64)
+        with pallas_support.pallas_calls_in_32_bits():
+            out = self.fn(**self.call_args(args, kwargs))
         return self.normalize(out)
 
     def normalize(self, out):
@@ -326,28 +332,11 @@ class _Spec:
 
 
 # ---------------------------------------------------------------- Pallas on XLA:CPU
-_pallas_ready = [False]
-
-
 def enable_pallas_interpret_on_cpu():
     """Register a CPU lowering of `pallas_call` that runs the kernel through Pallas' interpreter (XLA:CPU
     has no Pallas compiler; JAX would raise "Only interpret mode is supported on CPU backend"). TPU and
     GPU keep their native lowerings: the rule is registered for the "cpu" platform only."""
-    if _pallas_ready[0]:
-        return
-    _pallas_ready[0] = True
-    try:
-        from jax._src.interpreters import mlir
-        from jax._src.pallas import hlo_interpreter
-        from jax._src.pallas.pallas_call import pallas_call_p
-    except ImportError:  # a JAX without Pallas: nothing to enable
-        return
-
-    def cpu_lowering(ctx, *in_nodes, interpret=False, **params):
-        impl = functools.partial(hlo_interpreter.pallas_call_hlo_interpret, **params)
-        return mlir.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
-
-    mlir.register_lowering(pallas_call_p, cpu_lowering, platform="cpu")
+    pallas_support.enable_interpret_on_cpu()
 
 
 # ---------------------------------------------------------------- registration

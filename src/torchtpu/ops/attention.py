@@ -5,6 +5,8 @@ eager layer (eager/attention.py) routes it to these ATen ops, whose autograd for
 meta kernel PyTorch already has. Masks arrive additive (float) or as bool (True = attend).
 Large score matrices (B*H*L*S >= attention_blockwise.MIN_SCORES, e.g. SD3's joint attention) go
 blockwise with an online softmax instead of being materialised (ops/attention_blockwise.py).
+Traced for a TPU, causal or full attention without a mask or dropout runs JAX's Pallas splash-attention
+kernel, forward and backward (ops/attention_splash.py: any sequence length from its MIN_LENGTH up).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import attention_blockwise as _blockwise
+from . import attention_splash as _splash
 from .nn_common import _f32, _low, _precision
 from .table import lowering
 
@@ -41,8 +44,23 @@ def _attn_scores(q, k, is_causal, mask, scale):
     return scores, s
 
 
+def _splash_plan(q, k, v, dropout_p, is_causal, attn_mask):
+    """The splash plan when tracing for a TPU and the kernel takes the problem (PyTorch's causal mask is
+    top-left: offset 0), else None."""
+    if attn_mask is not None or dropout_p:
+        return None
+    return _splash.plan(q, k, v, causal=bool(is_causal))
+
+
+def _scale(q, scale):
+    return (1.0 / math.sqrt(q.shape[-1])) if scale is None else scale
+
+
 @lowering("_scaled_dot_product_flash_attention_for_cpu")
 def sdpa_fused(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    splash = _splash_plan(q, k, v, dropout_p, is_causal, attn_mask)
+    if splash is not None:
+        return _splash.forward(splash, q, k, v, _scale(q, scale))
     if _blockwise.eligible(q, k, v):
         return _blockwise.forward(q, k, v, attn_mask, is_causal, scale, _precision())
     scores, _ = _attn_scores(q, k, is_causal, attn_mask, scale)
@@ -60,6 +78,9 @@ def sdpa_fused(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=No
 
 @lowering("_scaled_dot_product_flash_attention_for_cpu_backward")
 def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask=None, scale=None):
+    splash = _splash_plan(q, k, v, dropout_p, is_causal, attn_mask)
+    if splash is not None:
+        return _splash.backward(splash, grad, q, k, v, _scale(q, scale))
     if _blockwise.eligible(q, k, v):
         return _blockwise.backward(grad, q, k, v, out, lse, attn_mask, is_causal, scale, _precision())
     scores, s = _attn_scores(q, k, is_causal, attn_mask, scale)

@@ -43,6 +43,16 @@ def _acc(a):
     return jnp.float32 if a.dtype in (jnp.float16, jnp.bfloat16) else None
 
 
+def operand_precision(*operands):
+    """XLA precision of a product of `operands`: PyTorch's float32 setting (`precision()`) when one is
+    wider than 16 bits; DEFAULT when all are bfloat16/float16, whose products are exact in the float32
+    accumulator that `preferred_element_type` asks for (and XLA:TPU's ragged dot rejects HIGHEST for
+    bfloat16 operands: Mosaic's "Bad lhs type")."""
+    if all(x.dtype in (jnp.float16, jnp.bfloat16) for x in operands):
+        return lax.Precision.DEFAULT
+    return precision()
+
+
 def matmul(a, b):
     source = _transposed_from(b) if a.dtype == b.dtype else None
     if source is not None and b.ndim == 2:
@@ -281,7 +291,7 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     if bias is not None:
         raise NotImplementedError("_grouped_mm: Bias not supported yet")
     dtype = out_dtype or a.dtype
-    kw = dict(precision=precision(), preferred_element_type=_acc(a) or a.dtype)
+    kw = dict(precision=operand_precision(a, b), preferred_element_type=_acc(a) or a.dtype)
     if a.ndim == 3 and b.ndim == 3:
         return matmul(a, b).astype(dtype)
     sizes = jnp.diff(offs.astype(jnp.int32), prepend=0)

@@ -30,6 +30,15 @@ def _f32(x):
     return x.astype(jnp.float32)
 
 
+def _dot_options(*operands):
+    """Precision and accumulation of a product: bfloat16/float16 operands at DEFAULT precision accumulating
+    in float32 (their products are exact there; XLA:TPU's ragged dot rejects HIGHEST for them), wider ones
+    at PyTorch's float32 matmul setting (torch.get_float32_matmul_precision())."""
+    from torchtpu.ops.linalg import operand_precision
+    half = all(x.dtype in (jnp.bfloat16, jnp.float16) for x in operands)
+    return {"precision": operand_precision(*operands), "preferred_element_type": jnp.float32 if half else None}
+
+
 @jax_op("torchtpu_kernels::rms_norm")
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     h = _f32(x)
@@ -41,9 +50,10 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 @jax_op("torchtpu_kernels::swiglu_mlp")
 def swiglu_mlp(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
     # weights as nn.Linear stores them: (out_features, in_features)
-    g = jnp.matmul(x, gate.T, precision=lax.Precision.HIGHEST)
-    u = jnp.matmul(x, up.T, precision=lax.Precision.HIGHEST)
-    return jnp.matmul(jax.nn.silu(g) * u, down.T, precision=lax.Precision.HIGHEST).astype(x.dtype)
+    g = jnp.matmul(x, gate.T, **_dot_options(x, gate))
+    u = jnp.matmul(x, up.T, **_dot_options(x, up))
+    h = (jax.nn.silu(g) * u).astype(jnp.promote_types(x.dtype, down.dtype))
+    return jnp.matmul(h, down.T, **_dot_options(h, down)).astype(x.dtype)
 
 
 @jax_op("torchtpu_kernels::moe_experts")
@@ -57,7 +67,7 @@ def moe_experts(hidden: jax.Array, top_k_index: jax.Array, top_k_weights: jax.Ar
     rows' actual work), so there each expert gets a batch of T slots instead (a token picks an expert at
     most once, so T slots always suffice): E x T rows of work instead of E x T x K."""
     from torchtpu.device import platform
-    if platform.jax_device(0).platform != "tpu":
+    if platform.lowering_platform() != "tpu":
         return _experts_by_slots(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj)
     tokens, k = top_k_index.shape
     experts = gate_up_proj.shape[0]
@@ -65,11 +75,11 @@ def moe_experts(hidden: jax.Array, top_k_index: jax.Array, top_k_weights: jax.Ar
     order = jnp.argsort(ids, stable=True)
     rows = hidden[order // k]                                   # (T*K, H), grouped by expert
     sizes = jnp.bincount(ids, length=experts).astype(jnp.int32)
-    prec = lax.Precision.HIGHEST
-    gate_up = lax.ragged_dot(rows, jnp.swapaxes(gate_up_proj, 1, 2), sizes, precision=prec)   # (T*K, 2I)
+    gate_up = lax.ragged_dot(rows, jnp.swapaxes(gate_up_proj, 1, 2), sizes,
+                             **_dot_options(rows, gate_up_proj))                            # (T*K, 2I)
     gate, up = jnp.split(gate_up, 2, axis=-1)
-    act = jax.nn.silu(gate) * up
-    out = lax.ragged_dot(act, jnp.swapaxes(down_proj, 1, 2), sizes, precision=prec)           # (T*K, H)
+    act = (jax.nn.silu(gate) * up).astype(jnp.promote_types(hidden.dtype, down_proj.dtype))
+    out = lax.ragged_dot(act, jnp.swapaxes(down_proj, 1, 2), sizes, **_dot_options(act, down_proj))   # (T*K, H)
     out = out * top_k_weights.reshape(-1)[order][:, None].astype(out.dtype)
     result = jnp.zeros((tokens, hidden.shape[1]), out.dtype).at[order // k].add(out)
     return result.astype(hidden.dtype)
@@ -82,16 +92,17 @@ def _experts_by_slots(hidden, ids, weights, gate_up_proj, down_proj):
     slot = jnp.take_along_axis(jnp.cumsum(chosen, axis=0) - chosen, ids, axis=1)   # (T, K): row in the expert's batch
     rows = jnp.broadcast_to(hidden[:, None, :], ids.shape + hidden.shape[-1:])
     batch = jnp.zeros((experts, tokens, hidden.shape[1]), hidden.dtype).at[ids, slot].set(rows)
-    prec = lax.Precision.HIGHEST
-    gate, up = jnp.split(jnp.einsum("eth,eoh->eto", batch, gate_up_proj, precision=prec), 2, axis=-1)
-    out = jnp.einsum("eti,ehi->eth", jax.nn.silu(gate) * up, down_proj, precision=prec)   # (E, T, H)
+    gate, up = jnp.split(jnp.einsum("eth,eoh->eto", batch, gate_up_proj, **_dot_options(batch, gate_up_proj)), 2,
+                         axis=-1)
+    act = (jax.nn.silu(gate) * up).astype(jnp.promote_types(hidden.dtype, down_proj.dtype))
+    out = jnp.einsum("eti,ehi->eth", act, down_proj, **_dot_options(act, down_proj))     # (E, T, H)
     picked = out[ids, slot] * weights[..., None].astype(out.dtype)                        # (T, K, H)
     return picked.sum(1).astype(hidden.dtype)
 
 
 @jax_op("torchtpu_kernels::attention")
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, is_causal: bool) -> jax.Array:
-    logits = jnp.einsum("bhsd,bhtd->bhst", q, k, precision=lax.Precision.HIGHEST,
+    logits = jnp.einsum("bhsd,bhtd->bhst", q, k, precision=_dot_options(q, k)["precision"],
                         preferred_element_type=jnp.float32) * scale
     if is_causal:
         s, t = q.shape[-2], k.shape[-2]
@@ -99,7 +110,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, is_causal:
         logits = jnp.where(mask, logits, -jnp.inf)
     weights = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum("bhst,bhtd->bhsd", weights, v.astype(jnp.float32),
-                      precision=lax.Precision.HIGHEST).astype(q.dtype)
+                      precision=_dot_options(weights)["precision"]).astype(q.dtype)
 
 
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):

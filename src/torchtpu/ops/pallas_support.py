@@ -1,0 +1,90 @@
+"""What Pallas kernels need to run under torchtpu: 32-bit index arithmetic, and a host implementation.
+
+- Mosaic (Pallas' TPU compiler) has no 64-bit integers. With `jax_enable_x64` on (torchtpu turns it on:
+  PyTorch's default integer is int64) every Python int a kernel or a BlockSpec index map meets becomes an
+  int64 constant, and the kernel fails to compile for TPU ("'arith.muli' op requires the same type for
+  all operands", "failed to legalize operation 'func.return'"). `kernel_tracing()` traces with x64 off,
+  which is what a Pallas TPU kernel is written for; `pallas_calls_in_32_bits()` does that for every
+  `pl.pallas_call` made while it is active (jax_op wraps the functions it traces in it), whatever the
+  process's x64 setting.
+- XLA:CPU has no Pallas compiler: `enable_interpret_on_cpu()` registers a "cpu" lowering of `pallas_call`
+  that runs the kernel through Pallas' HLO interpreter, so TPU kernels run (slowly, exactly) on the host.
+  TPU and GPU keep their native lowerings.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+
+import jax
+
+_state = threading.local()
+_interpret_ready = [False]
+_patched = [False]
+
+
+def kernel_tracing():
+    """Trace a Pallas TPU kernel (its body and index maps) with 32-bit Python ints."""
+    return jax.enable_x64(False)
+
+
+def enable_interpret_on_cpu():
+    """Register the host lowering of `pallas_call` (idempotent)."""
+    if _interpret_ready[0]:
+        return
+    _interpret_ready[0] = True
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.pallas import hlo_interpreter
+        from jax._src.pallas.pallas_call import pallas_call_p
+    except ImportError:  # a JAX without Pallas: nothing to enable
+        return
+
+    def cpu_lowering(ctx, *in_nodes, interpret=False, **params):
+        impl = functools.partial(hlo_interpreter.pallas_call_hlo_interpret, **params)
+        return mlir.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
+
+    mlir.register_lowering(pallas_call_p, cpu_lowering, platform="cpu")
+
+
+@contextlib.contextmanager
+def pallas_calls_in_32_bits():
+    """While active (in this thread), a `pl.pallas_call(...)(*args)` traces its kernel and index maps with
+    x64 off. Installed by wrapping the callable `pallas_call` builds (JAX 0.10's `_pallas_call`); on a JAX
+    without that function nothing changes."""
+    _install()
+    depth = getattr(_state, "depth", 0)
+    _state.depth = depth + 1
+    try:
+        yield
+    finally:
+        _state.depth = depth
+
+
+def _install():
+    if _patched[0]:
+        return
+    _patched[0] = True
+    try:
+        from jax._src.pallas import pallas_call as module
+    except ImportError:
+        return
+    build = getattr(module, "_pallas_call", None)
+    if build is None or getattr(build, "_torchtpu_32_bit", False):
+        return
+
+    @functools.wraps(build)
+    def build_32_bit(*args, **kwargs):
+        call = build(*args, **kwargs)
+
+        @functools.wraps(call)
+        def run(*operands):
+            if not getattr(_state, "depth", 0):
+                return call(*operands)
+            with kernel_tracing():
+                return call(*operands)
+        return run
+
+    build_32_bit._torchtpu_32_bit = True
+    module._pallas_call = build_32_bit
