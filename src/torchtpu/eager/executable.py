@@ -147,6 +147,7 @@ def traced_function(p: Program, gated=False):
     nb, nv, n_off = p.n_buffers, p.n_values, p.n_offsets
 
     def executable(*dyn):
+        platform.require_x64()   # (at trace time only: a cached executable never comes here)
         if gated:
             gate = dyn[nb]
             dyn = dyn[:nb] + dyn[nb + 1:]
@@ -276,8 +277,12 @@ def zeros(numel, dtype, device_index):
     if fn is None:
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
         jd = dt.to_jax(dtype)
+        def make_zeros(n):
+            platform.require_x64()
+            return jnp.zeros((n,), jd)
+
         fn = _zeros_fns[(dtype, device_index)] = tpu_check.jit(
-            lambda n: jnp.zeros((n,), jd), f"zeros of {dtype}", static_argnums=0, out_shardings=sharding)
+            make_zeros, f"zeros of {dtype}", static_argnums=0, out_shardings=sharding)
     try:
         z = fn(numel)
     except jax.errors.JaxRuntimeError as e:
