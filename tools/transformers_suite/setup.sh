@@ -5,11 +5,10 @@
 #   pip download transformers==$(python -c "import transformers; print(transformers.__version__)") \
 #       --no-binary :all: --no-deps -d /tmp/tf_sdist
 #   bash tools/transformers_suite/setup.sh /tmp/tf_sdist/transformers-*.tar.gz /tmp/tfsuite
-#   cd /tmp/tfsuite
-#   TRANSFORMERS_TEST_DEVICE=cpu python -m pytest -q tests/models/zoo --junitxml=cpu.xml
-#   TRANSFORMERS_TEST_BACKEND=torchtpu TRANSFORMERS_TEST_DEVICE=tpu TRANSFORMERS_TEST_DEVICE_SPEC=tpu_spec.py \
-#       python -m pytest -q tests/models/zoo --junitxml=tpu.xml
-#   python <this repo>/tools/transformers_suite/compare.py cpu.xml tpu.xml
+#   python tools/transformers_tests.py run /tmp/tfsuite tests/models/zoo --out /tmp/tfsuite_runs --markdown
+#
+# (tools/transformers_tests.py runs each file on "cpu" and on "tpu" and compares them by test id; it runs a
+# real Transformers checkout the same way.)
 #
 # The sdist ships tests/test_*_common.py but not tests/models/ nor tests/generation/: the generation
 # and export mixins are stubbed out (their tests are not run), the model testers are ours.

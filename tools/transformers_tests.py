@@ -1,0 +1,288 @@
+"""Run Transformers' own tests on "cpu" and on "tpu", as a new user would, and compare them by test id.
+
+    python tools/transformers_tests.py run /path/to/transformers tests/generation tests/models/gpt2 \
+        --out /tmp/tf_runs [-k EXPR] [--test-timeout 300] [--file-timeout 1800] [-- <more pytest args>]
+    python tools/transformers_tests.py report /tmp/tf_runs [--markdown]
+
+`run` takes a Transformers source checkout (nothing of it is copied here) and test files or folders
+inside it. Each test file runs in its own pytest process, once per device, from the checkout's root:
+"cpu" with TRANSFORMERS_TEST_DEVICE=cpu (the reference), "tpu" with TRANSFORMERS_TEST_DEVICE=tpu,
+TRANSFORMERS_TEST_BACKEND=torchtpu and the device spec of `python -m
+torchtpu.integrations.transformers_device_spec` (written into the checkout's root for the run, since
+Transformers imports the spec by bare file name, and removed afterwards). Results are written one test
+at a time by the pytest plugin below (a JSON line per test: a file that runs over --file-timeout keeps
+what finished), so a hang costs one file, not the run. A test that runs over --test-timeout fails
+with TimeoutError (a SIGALRM in the test's thread; a long XLA compile is interrupted when it returns
+to Python).
+
+`report` prints, per test file, what passed, failed and was skipped on each device, and the tests
+that pass on the CPU but not on tpu, grouped by cause (the exception type and first line of its
+message, with numbers and addresses blanked so that one cause groups many tests).
+
+Note: a checkout's conftest.py puts its own `src/` first on sys.path, so the tests run against the
+checkout's Transformers: check out the tag of the installed release (e.g. v5.25.0). For a machine
+without a checkout, tools/transformers_suite/setup.sh lays out the release sdist's common tests with
+tiny testers of ours; run it with this tool the same way.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+DEVICES = ("cpu", "tpu")
+SPEC_NAME = "torchtpu_device_spec.py"
+RESULTS_ENV = "TORCHTPU_TESTS_RESULTS"
+TIMEOUT_ENV = "TORCHTPU_TESTS_TEST_TIMEOUT"
+
+
+# ------------------------------------------------------------------ the pytest plugin (-p transformers_tests)
+def _crash_message(report) -> str:
+    longrepr = report.longrepr
+    if longrepr is None:
+        return ""
+    if isinstance(longrepr, tuple):            # a skip: (path, line, reason)
+        return str(longrepr[2])
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None and crash.message:
+        return crash.message
+    text = str(longrepr).strip().splitlines()
+    errors = [line[1:].strip() for line in text if line.startswith("E ")]
+    return errors[0] if errors else (text[-1] if text else "")
+
+
+class _Recorder:
+    """Writes each test's outcome as soon as it is known: {"id", "outcome", "message", "seconds"}."""
+
+    def __init__(self, path: str, test_timeout: float):
+        self.file = open(path, "a", buffering=1)  # noqa: SIM115 - open for the whole session
+        self.test_timeout = test_timeout
+        self.pending: dict[str, dict] = {}
+
+    def _write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self._write({"id": report.nodeid, "outcome": "error", "message": "collection: " + _crash_message(report),
+                         "seconds": 0.0})
+
+    def pytest_runtest_logreport(self, report):
+        record = self.pending.setdefault(report.nodeid, {"id": report.nodeid, "outcome": "passed", "message": "",
+                                                         "seconds": 0.0})
+        record["seconds"] += report.duration
+        if report.skipped and record["outcome"] == "passed":
+            record.update(outcome="skipped", message=_crash_message(report))
+        elif report.failed and record["outcome"] in ("passed", "skipped"):
+            record.update(outcome="failed" if report.when == "call" else "error", message=_crash_message(report))
+        if report.when == "teardown":
+            self._write(self.pending.pop(report.nodeid))
+
+    def pytest_runtest_setup(self, item):
+        if self.test_timeout > 0:
+            signal.signal(signal.SIGALRM, self._timed_out)
+            signal.setitimer(signal.ITIMER_REAL, self.test_timeout)
+
+    def pytest_runtest_teardown(self, item):
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _timed_out(self, signum, frame):
+        raise TimeoutError(f"test ran over {self.test_timeout:g} s (--test-timeout)")
+
+
+def pytest_configure(config):
+    path = os.environ.get(RESULTS_ENV)
+    if path:
+        config.pluginmanager.register(_Recorder(path, float(os.environ.get(TIMEOUT_ENV, "0"))), "torchtpu_recorder")
+
+
+# ------------------------------------------------------------------ run
+def _test_files(checkout: pathlib.Path, paths: list[str]) -> list[str]:
+    files = []
+    for given in paths:
+        path = (checkout / given).resolve()
+        if path.is_dir():
+            files += sorted(str(p.relative_to(checkout)) for p in path.rglob("test_*.py"))
+        elif path.is_file():
+            files.append(str(path.relative_to(checkout)))
+        else:
+            raise SystemExit(f"no test file or folder {given!r} in {checkout}")
+    return files
+
+
+def _device_env(device: str) -> dict:
+    env = dict(os.environ)
+    env["TRANSFORMERS_TEST_DEVICE"] = device
+    for name in ("TRANSFORMERS_TEST_BACKEND", "TRANSFORMERS_TEST_DEVICE_SPEC"):
+        env.pop(name, None)
+    if device == "tpu":
+        env["TRANSFORMERS_TEST_BACKEND"] = "torchtpu"
+        env["TRANSFORMERS_TEST_DEVICE_SPEC"] = SPEC_NAME
+    tools = str(pathlib.Path(__file__).resolve().parent)
+    env["PYTHONPATH"] = tools + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else tools
+    return env
+
+
+def _results_path(out: pathlib.Path, device: str, test_file: str) -> pathlib.Path:
+    return out / device / (test_file.replace("/", "+") + ".jsonl")
+
+
+def run(args) -> int:
+    checkout = pathlib.Path(args.checkout).resolve()
+    if not (checkout / "tests").is_dir():
+        raise SystemExit(f"{checkout} is not a Transformers checkout (no tests/ folder)")
+    out = pathlib.Path(args.out).resolve()
+    files = _test_files(checkout, args.paths)
+    devices = args.devices.split(",")
+    unknown = [d for d in devices if d not in DEVICES]
+    if unknown:
+        raise SystemExit(f"--devices: unknown {unknown}; choose from {DEVICES}")
+    spec = checkout / SPEC_NAME
+    subprocess.run([sys.executable, "-m", "torchtpu.integrations.transformers_device_spec", str(spec)],
+                   check=True, capture_output=True)
+    meta = {"checkout": str(checkout), "files": files, "k": args.k, "pytest_args": args.pytest_args}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps(meta, indent=1))
+    try:
+        for test_file in files:
+            for device in devices:
+                results = _results_path(out, device, test_file)
+                results.parent.mkdir(parents=True, exist_ok=True)
+                results.unlink(missing_ok=True)
+                env = _device_env(device)
+                env[RESULTS_ENV], env[TIMEOUT_ENV] = str(results), str(args.test_timeout)
+                command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "transformers_tests",
+                           *(["-n0"] if _has_xdist() else []), test_file]
+                if args.k:
+                    command += ["-k", args.k]
+                command += args.pytest_args
+                start = time.time()
+                try:
+                    done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, check=False,
+                                          timeout=args.file_timeout)
+                    status = f"rc={done.returncode}"
+                    if done.returncode not in (0, 1, 5):   # 2: interrupted, 3: internal error, 4: usage
+                        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+                        status += " " + " | ".join(tail)
+                except subprocess.TimeoutExpired:
+                    status = f"file ran over {args.file_timeout} s (--file-timeout): results so far kept"
+                    with open(results, "a") as f:
+                        f.write(json.dumps({"id": test_file, "outcome": "error", "seconds": args.file_timeout,
+                                            "message": "TimeoutError: " + status}) + "\n")
+                print(f"{device:4} {test_file}: {time.time() - start:.0f} s, {status}", flush=True)
+    finally:
+        spec.unlink(missing_ok=True)
+    print()
+    return report(argparse.Namespace(out=str(out), markdown=args.markdown))
+
+
+def _has_xdist() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("xdist") is not None
+
+
+# ------------------------------------------------------------------ report
+def _load(out: pathlib.Path, device: str) -> dict[str, dict[str, dict]]:
+    """{test file: {test id: record}} for one device."""
+    by_file: dict[str, dict[str, dict]] = {}
+    for path in sorted((out / device).glob("*.jsonl")):
+        test_file = path.name[: -len(".jsonl")].replace("+", "/")
+        records = by_file.setdefault(test_file, {})
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                records[record["id"]] = record
+    return by_file
+
+
+def cause_of(message: str) -> str:
+    """A failure's cause: the first line of its message with numbers, addresses and long quotes blanked."""
+    first = (message or "no message").strip().splitlines()[0] if (message or "").strip() else "no message"
+    first = re.sub(r"0x[0-9a-fA-F]+", "0x…", first)
+    first = re.sub(r"(?<![A-Za-z_])\d+(\.\d+)?(e[-+]?\d+)?", "N", first)
+    first = re.sub(r"'[^']{60,}'", "'…'", first)
+    return first[:160]
+
+
+def _counts(records: dict[str, dict]) -> collections.Counter:
+    return collections.Counter("failed" if r["outcome"] == "error" else r["outcome"] for r in records.values())
+
+
+def report(args) -> int:
+    out = pathlib.Path(args.out)
+    cpu, tpu = _load(out, "cpu"), _load(out, "tpu")
+    rows, regressions, tpu_only_fail, fixed = [], [], [], []
+    for test_file in sorted(set(cpu) | set(tpu)):
+        c, t = cpu.get(test_file, {}), tpu.get(test_file, {})
+        cc, tc = _counts(c), _counts(t)
+        lost = [i for i, r in c.items() if r["outcome"] == "passed" and t.get(i, {}).get("outcome") != "passed"]
+        regressions += [(i, t.get(i, {"outcome": "missing", "message": "not run on tpu (timeout or crash)"}))
+                        for i in lost]
+        tpu_only_fail += [(i, r) for i, r in t.items() if r["outcome"] in ("failed", "error") and i not in c]
+        fixed += [i for i, r in t.items() if r["outcome"] == "passed" and c.get(i, {}).get("outcome") == "failed"]
+        passing = sum(r["outcome"] == "passed" for r in c.values())
+        rows.append((test_file, len(c), cc["passed"], cc["failed"], cc["skipped"], len(t), tc["passed"], tc["failed"],
+                     tc["skipped"], f"{passing - len(lost)}/{passing}"))
+    header = ("file", "cpu run", "cpu pass", "cpu fail", "cpu skip", "tpu run", "tpu pass", "tpu fail", "tpu skip",
+              "cpu-passing that pass on tpu")
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row in rows:
+            print("| " + " | ".join(str(x) for x in row) + " |")
+    else:
+        for row in rows:
+            print(f"{row[0]}: cpu {row[2]} pass {row[3]} fail {row[4]} skip; tpu {row[6]} pass {row[7]} fail "
+                  f"{row[8]} skip; cpu-passing tests passing on tpu {row[9]}")
+    totals = [sum(r[i] for r in rows) for i in range(1, 9)]
+    print(f"\ntotal: cpu {totals[1]} pass / {totals[2]} fail / {totals[3]} skip; tpu {totals[5]} pass / "
+          f"{totals[6]} fail / {totals[7]} skip; {totals[1] - len(regressions)} of {totals[1]} cpu-passing tests "
+          f"pass on tpu; {len(fixed)} fail on cpu and pass on tpu")
+    for title, failures in (("cpu-passing tests that fail on tpu, by cause", regressions),
+                            ("tests run on tpu only (not on cpu) that fail, by cause", tpu_only_fail)):
+        if not failures:
+            continue
+        groups = collections.defaultdict(list)
+        for test_id, record in failures:
+            groups[cause_of(record.get("message", ""))].append(test_id)
+        print(f"\n{title}:")
+        for cause, ids in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            print(f"  [{len(ids)}] {cause}")
+            for test_id in ids:
+                print(f"      {test_id}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run test files of a checkout on cpu and tpu, then report")
+    p.add_argument("checkout", help="a Transformers source checkout (the folder that holds tests/)")
+    p.add_argument("paths", nargs="+", help="test files or folders, relative to the checkout")
+    p.add_argument("--out", default="transformers_test_runs", help="where the per-test results go")
+    p.add_argument("--devices", default="cpu,tpu")
+    p.add_argument("-k", default=None, help="pytest -k expression, for every file")
+    p.add_argument("--test-timeout", type=float, default=300, help="seconds per test (0: none)")
+    p.add_argument("--file-timeout", type=float, default=1800, help="seconds per test file and device")
+    p.add_argument("--markdown", action="store_true")
+    r = sub.add_parser("report", help="compare the results of a run")
+    r.add_argument("out")
+    r.add_argument("--markdown", action="store_true")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []   # after --: more pytest arguments (-x, ...)
+    args = parser.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
+    if args.command == "run":
+        args.pytest_args = extra
+        return run(args)
+    return report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
