@@ -97,3 +97,78 @@ def test_empty_tensors_have_the_cpus_strides(shape):
         assert torch.empty(shape, device=DEV).stride() == expected
         assert torch.zeros(shape, device=DEV).stride() == expected
         assert (torch.ones(shape, device=DEV) * 2).stride() == (torch.ones(shape) * 2).stride()
+
+
+# ------------------------------------------------------------------ inputs the CPU rejects
+def same_error(fn):
+    """fn(device) raises on the CPU and on tpu, with the same exception type and message."""
+    with pytest.raises(Exception) as cpu_error:
+        fn("cpu")
+    for _ in range(2):
+        with pytest.raises(type(cpu_error.value)) as tpu_error:
+            fn(DEV)
+        assert str(tpu_error.value) == str(cpu_error.value)
+
+
+@pytest.mark.parametrize("op", [torch.neg, torch.floor, torch.round, torch.sign, torch.trunc, torch.frac])
+def test_same_dtype_unary_out_rejects_another_dtype(op):
+    x = torch.randn(4)
+    same_error(lambda device: op(x.to(device), out=torch.empty(4, dtype=torch.float64, device=device)))
+    expected = op(x)
+    out = torch.empty(4, device=DEV)
+    op(x.to(DEV), out=out)
+    assert_close(out.cpu(), expected)
+
+
+def test_index_put_rejects_mismatched_dtypes():
+    values = torch.randn(2, dtype=torch.float64)
+    same_error(lambda device: torch.zeros(5, device=device).index_put_(
+        (torch.tensor([1, 3], device=device),), values.to(device)))
+    same_error(lambda device: torch.zeros(5, device=device).index_put_(
+        (torch.tensor([1, 3], device=device),), values.to(device), accumulate=True))
+    x = torch.randn(5)
+    both(lambda device: x.to(device).index_put((torch.tensor([1, 3], device=device),), values.float().to(device)))
+
+
+def test_rand_rejects_integer_dtypes():
+    same_error(lambda device: torch.rand(3, dtype=torch.int64, device=device))
+    same_error(lambda device: torch.empty(3, dtype=torch.int32, device=device).uniform_())
+
+
+@pytest.mark.parametrize("dtype, low, high", [(torch.int8, 0, 1000), (torch.int8, -200, 5), (torch.uint8, 0, 300),
+                                              (torch.int16, 0, 1 << 16), (torch.float16, 0, 1 << 17),
+                                              (torch.bool, 0, 3)])
+def test_random_bounds_follow_the_dtype(dtype, low, high):
+    same_error(lambda device: torch.empty(3, dtype=dtype, device=device).random_(low, high))
+    if dtype.is_floating_point:   # within the type but beyond its mantissa: a warning, as on the CPU
+        with pytest.warns(UserWarning, match="out of bounds"):
+            torch.empty(3, dtype=dtype, device=DEV).random_(0, (1 << 11) + 2)
+    values = torch.empty(100, dtype=dtype, device=DEV).random_(0, 2).cpu()
+    assert ((values == 0) | (values == 1)).all()
+
+
+def test_cat_out_overlapping_an_input_raises():
+    x = torch.randn(6)
+
+    def overlapping(device):
+        t = x.to(device)
+        return torch.cat([t[:2], t[2:4]], out=t[1:5])
+    same_error(overlapping)
+    base = torch.randn(4, 4)
+
+    def disjoint(device):   # the same storage, other elements: allowed
+        t = base.to(device)
+        torch.cat([t[0], t[1]], out=t[2:].reshape(-1))
+        return t
+    both(disjoint)
+
+
+@pytest.mark.parametrize("shape, dim", [((0, 3), 0), ((3, 0), 1), ((2, 0, 3), 1), ((0, 3), 1)])
+def test_unique_dim_of_an_empty_tensor(shape, dim):
+    if shape[dim] != 0:
+        same_error(lambda device: torch.unique(torch.empty(shape, device=device), dim=dim))
+        return
+    expected = torch.unique(torch.empty(shape), dim=dim, return_inverse=True, return_counts=True)
+    got = torch.unique(torch.empty(shape, device=DEV), dim=dim, return_inverse=True, return_counts=True)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and g.dtype == e.dtype

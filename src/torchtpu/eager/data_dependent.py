@@ -141,6 +141,12 @@ def _unique_impl(self, dim, sort, return_inverse, return_counts, inverse_shape):
         dim = dim % max(self.dim(), 1)
         if self.dim() == 0:
             raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got 1)")
+    if dim is not None and self.numel() == 0:   # as the CPU: nothing to group along an empty dim
+        if shape[dim] != 0:
+            raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique cannot be applied")
+        dev = self.device.index
+        empty = new_tensor((0,), torch.int64, dev, zeros(0, torch.int64, dev))
+        return new_tensor(shape, self.dtype, dev, zeros(0, self.dtype, dev)), empty, empty.clone()
     buf, dev = _flat(self)
     n = int(_unique_count(buf, shape, dim, sort))  # sync point
     values, inverse, counts = _unique(buf, shape, dim, sort, n)

@@ -18,7 +18,7 @@ import torch
 from .table import declared_facts
 
 __all__ = ["CHECKS", "wrap", "check_convertible", "overflows", "fill_value_check", "factory_value_check",
-           "pow_exponent_check"]
+           "pow_exponent_check", "same_dtype_out_check", "out_overlaps_inputs_check", "random_bounds_check"]
 
 # the C++ type names PyTorch's "value cannot be converted to type ... without overflow" prints
 _CPP_NAMES = {
@@ -104,6 +104,72 @@ def _pow_check_can_raise(*args, **kwargs):
 
 
 pow_exponent_check.can_raise = _pow_check_can_raise
+
+
+def same_dtype_out_check(self, *args, out=None, **kwargs):
+    """meta_check of the out= overloads of the unary ops whose CPU kernels require `out` in the input's
+    dtype (neg, sign, floor, round, bitwise_not, ...: TensorIterator's check_all_same_dtype), which
+    PyTorch's meta kernels do not check."""
+    if isinstance(out, torch.Tensor) and isinstance(self, torch.Tensor) and out.dtype != self.dtype:
+        from .dtypes import scalar_type_name
+        raise RuntimeError(f"Found dtype {scalar_type_name(out.dtype)} but expected {scalar_type_name(self.dtype)}")
+
+
+_INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single "
+                     "memory location. Please clone() the tensor before performing the operation.")
+_INPUT_OVERLAP = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                  "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def _byte_range(t):
+    start = t.storage_offset() * t.element_size()
+    return start, start + t.numel() * t.element_size()
+
+
+def _dense(t):
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+    return is_non_overlapping_and_dense_or_false(t)
+
+
+def out_overlaps_inputs_check(tensors, *args, out=None, **kwargs):
+    """host_check of `cat(out=)`: as ATen's assert_no_internal_overlap and assert_no_overlap, `out`
+    may neither overlap itself nor share any element with an input (storage offsets are traced
+    values in the eager key, so this runs per call)."""
+    if not isinstance(out, torch.Tensor) or out.numel() == 0:
+        return
+    if not _dense(out) and any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
+        raise RuntimeError(_INTERNAL_OVERLAP)
+    storage = out.untyped_storage().data_ptr()
+    for t in tensors:
+        if (isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() == storage
+                and _dense(out) and _dense(t)):
+            (a, b), (c, d) = _byte_range(out), _byte_range(t)
+            if a < d and c < b:
+                raise RuntimeError(_INPUT_OVERLAP)
+
+
+# the C++ type names of random_'s bounds errors
+_RANDOM_TYPE_NAMES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short int", "int32": "int",
+                      "int64": "long int", "uint16": "short unsigned int", "uint32": "unsigned int",
+                      "uint64": "long unsigned int", "float16": "c10::Half", "bfloat16": "c10::BFloat16",
+                      "float32": "float", "float64": "double", "bool": "bool"}
+
+
+def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None):
+    """random_(from, to)'s range against the tensor's dtype, as the CPU checks it: `from` and `to - 1`
+    within [lowest, highest] of the type, else an error; for a float type with `bits` of mantissa,
+    a warning beyond +-2^bits, where not every integer is representable."""
+    import warnings
+    name = _RANDOM_TYPE_NAMES.get(dtype_name, dtype_name)
+    for value, what in ((low, "from"), (None if high is None else high - 1, "to - 1")):
+        if value is None:
+            continue
+        if not lowest <= value <= highest:
+            raise RuntimeError(f"{what} is out of bounds for {name}")
+        if bits is not None and not -(1 << bits) <= value <= 1 << bits:
+            warnings.warn(f"{what} is out of bounds [-(2^{bits}), 2^{bits}]. Due to precision limitations {name} "
+                          f"can support discrete uniform distribution only within this range. This warning will "
+                          f"become an error in version 1.7 release, please fix the code in advance", stacklevel=2)
 
 
 # ATen overload -> check of its (args, kwargs), as declared with the lowerings

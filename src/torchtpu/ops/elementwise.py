@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import fill_value_check, pow_exponent_check
+from .argument_checks import fill_value_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, operand_facts, promote, scalar_type_name
 from .table import KIND, Lowering, apply, lowering
 
@@ -213,7 +213,7 @@ def _int_pow(a, b):
     return result
 
 
-@lowering("neg", promote=KIND.DEFAULT)
+@lowering("neg", promote=KIND.DEFAULT, meta_check={"neg.out": same_dtype_out_check})
 def neg(a):
     return -a
 
@@ -225,12 +225,12 @@ def absolute(a):
     return jnp.abs(a)
 
 
-@lowering("sign", promote=KIND.DEFAULT, real_only=True)
+@lowering("sign", promote=KIND.DEFAULT, real_only=True, meta_check={"sign.out": same_dtype_out_check})
 def sign(a):
     return jnp.sign(a) if a.dtype != jnp.bool_ else a
 
 
-@lowering("sgn", promote=KIND.DEFAULT)
+@lowering("sgn", promote=KIND.DEFAULT, meta_check={"sgn.out": same_dtype_out_check})
 def sgn(a):
     return jnp.sign(a) if a.dtype != jnp.bool_ else a
 
@@ -372,32 +372,33 @@ def logit(a, eps=None):
     return jnp.log(a / (1 - a))
 
 
-@lowering("floor", promote=KIND.DEFAULT, real_only=True)
+@lowering("floor", promote=KIND.DEFAULT, real_only=True, meta_check={"floor.out": same_dtype_out_check})
 def floor(a):
     return a if _is_int(a) else jnp.floor(a)
 
 
-@lowering("ceil", promote=KIND.DEFAULT, real_only=True)
+@lowering("ceil", promote=KIND.DEFAULT, real_only=True, meta_check={"ceil.out": same_dtype_out_check})
 def ceil(a):
     return a if _is_int(a) else jnp.ceil(a)
 
 
-@lowering("trunc", promote=KIND.DEFAULT, real_only=True)
+@lowering("trunc", promote=KIND.DEFAULT, real_only=True, meta_check={"trunc.out": same_dtype_out_check})
 def trunc(a):
     return a if _is_int(a) else jnp.trunc(a)
 
 
-@lowering("frac", promote=KIND.DEFAULT, real_only=True)
+@lowering("frac", promote=KIND.DEFAULT, real_only=True, meta_check={"frac.out": same_dtype_out_check})
 def frac(a):
     return a if _is_int(a) else a - jnp.trunc(a)
 
 
-@lowering("round", promote=KIND.DEFAULT, real_only=True)
+@lowering("round", promote=KIND.DEFAULT, real_only=True, meta_check={"round.out": same_dtype_out_check})
 def round_half_even(a):
     return a if _is_int(a) else jnp.round(a)
 
 
-@lowering("round.decimals", promote=KIND.DEFAULT, real_only=True)
+@lowering("round.decimals", promote=KIND.DEFAULT, real_only=True,
+          meta_check={"round.decimals_out": same_dtype_out_check})
 def round_decimals(a, decimals=0):
     scale = 10.0 ** decimals
     return jnp.round(a * scale) / scale
@@ -506,7 +507,7 @@ def bitwise_xor(a, b):
     return jnp.bitwise_xor(a, b)
 
 
-@lowering("bitwise_not", promote=KIND.DEFAULT, real_only=True)
+@lowering("bitwise_not", promote=KIND.DEFAULT, real_only=True, meta_check={"bitwise_not.out": same_dtype_out_check})
 def bitwise_not(a):
     return jnp.logical_not(a) if a.dtype == jnp.bool_ else jnp.bitwise_not(a)
 

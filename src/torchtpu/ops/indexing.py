@@ -55,6 +55,14 @@ def index(x, indices):
 @lowering("index_put", "_index_put_impl",
           mask_args={"index_put.default": 1, "index_put_.default": 1, "_index_put_impl_.default": 1})
 def index_put(x, indices, values, accumulate=False, unsafe=False):
+    if values.dtype != x.dtype:   # as the CPU and CUDA kernels (a float64 value into float32 raises)
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
+                           f"{scalar_type_name(x.dtype)} for the destination and {scalar_type_name(values.dtype)} "
+                           f"for the source.")
+    return _index_put(x, indices, values, accumulate)
+
+
+def _index_put(x, indices, values, accumulate=False):
     idx = _advanced(indices, x.shape)
     values = values.astype(x.dtype)
     if accumulate:
@@ -77,7 +85,7 @@ def unsafe_index(x, indices):
 
 @lowering("_unsafe_index_put")
 def unsafe_index_put(x, indices, values, accumulate=False):
-    return index_put(x, indices, values, accumulate)
+    return _index_put(x, indices, values, accumulate)
 
 
 def _dim(dim, ndim):

@@ -5,9 +5,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .argument_checks import random_bounds_check
 from .checks import require
-from .table import KIND, lowering
-
+from .dtypes import scalar_type_name
+from .table import lowering
 
 
 def _float(a):
@@ -16,6 +17,8 @@ def _float(a):
 
 @lowering("uniform", random=True)
 def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
+    if not jnp.issubdtype(a.dtype, jnp.inexact):   # `torch.rand(3, dtype=torch.int64)`, as the CPU
+        raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{scalar_type_name(a.dtype)}'")
     if from_ > to:   # (floats: keyed, so known when the executable is built)
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
     u = jax.random.uniform(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
@@ -117,10 +120,21 @@ def _default_high(dtype):
     return int(jnp.iinfo(dtype).max) + 1
 
 
+def _check_bounds(dtype, low, high):
+    if dtype == jnp.bool_:
+        return random_bounds_check("bool", low, high, lowest=0, highest=1)
+    if jnp.issubdtype(dtype, jnp.floating):
+        info = jnp.finfo(dtype)
+        return random_bounds_check(jnp.dtype(dtype).name, low, high, int(info.min), int(info.max), info.nmant + 1)
+    info = jnp.iinfo(dtype)
+    return random_bounds_check(jnp.dtype(dtype).name, low, high, lowest=int(info.min), highest=int(info.max))
+
+
 @lowering("random.from", random=True)
 def random_from(a, from_, to=None, generator=None, *, key):
     if to is not None and from_ >= to:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+    _check_bounds(a.dtype, from_, to)
     return _random_ints(key, a, from_, _default_high(a.dtype) if to is None else to)
 
 
@@ -128,6 +142,7 @@ def random_from(a, from_, to=None, generator=None, *, key):
 def random_to(a, to, generator=None, *, key):
     if to <= 0:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
+    _check_bounds(a.dtype, 0, to)
     return _random_ints(key, a, 0, to)
 
 

@@ -5,12 +5,12 @@ share storage (eager/kernels.py). These are the ops that produce new values.
 """
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .argument_checks import out_overlaps_inputs_check
 from .table import lowering
 
 
@@ -19,7 +19,7 @@ def _f32(a):
 
 
 # ---------------------------------------------------------------- concatenation
-@lowering("cat")
+@lowering("cat", host_check={"cat.out": out_overlaps_inputs_check})
 def cat(tensors, dim=0):
     # PyTorch skips legacy empty 1-D tensors of shape (0,) when the others have more dims
     full = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
