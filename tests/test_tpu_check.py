@@ -49,6 +49,18 @@ def test_eager_op_compiles_for_tpu_and_computes_on_host(check):
     assert report.failed == 0 and report.topology == TOPOLOGY
 
 
+def test_fused_segment_compiles_for_tpu(check):
+    """The fused mode's compiled segment of a loop's body is checked as one program."""
+    x = torch.randn(_fresh_shape())
+    xd = x.to("tpu")
+    for _ in range(6):
+        x, xd = (x * 0.5 + 1).tanh() - x.mean(), (xd * 0.5 + 1).tanh() - xd.mean()
+        torch.testing.assert_close(xd.cpu(), x)
+    segments = _programs(check.report(), "fused segment of")
+    assert segments and all(p.ok for p in segments), check.report().failures
+    assert "aten::tanh.default" in segments[-1].name
+
+
 def test_compiled_graph_compiles_for_tpu(check):
     shape = _fresh_shape()
 

@@ -134,7 +134,7 @@ def wrap(run, fn, name: str, **jit_kwargs):
 
 
 class _Checked:
-    __slots__ = ("__wrapped__", "check_name", "run", "seen", "traceable")
+    __slots__ = ("__wrapped__", "__weakref__", "check_name", "run", "seen", "traceable")   # (weakref: fusion._twins)
 
     def __init__(self, run, traceable, name, wrapped):
         self.run, self.traceable, self.check_name, self.seen = run, traceable, name, {}
@@ -318,6 +318,8 @@ class _Child:
         self.stderr.seek(0)
         tail = self.stderr.read().decode(errors="replace")[-_CHILD_STDERR_TAIL:]
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        self.proc.stdin.close()
+        self.proc.stdout.close()
         self.proc = None
         self.stderr.close()
         return f"the XLA:TPU compiler process died ({how}) while {doing}; its stderr ended with:\n{tail.strip()}"
@@ -330,6 +332,7 @@ class _Child:
                 proc.wait(timeout=30)
             except Exception:   # noqa: BLE001 -- at exit: a child that does not end is killed
                 proc.kill()
+            proc.stdout.close()
         if self.stderr is not None and not self.stderr.closed:
             self.stderr.close()
 
