@@ -53,7 +53,49 @@ def operand_precision(*operands):
     return precision()
 
 
+_HALF = (jnp.bfloat16, jnp.float16)
+
+
 def matmul(a, b):
+    if a.dtype in _HALF and b.dtype == a.dtype and _for_host():
+        return _host_half_matmul(a, b)
+    return _matmul(a, b)
+
+
+def _for_host():
+    from ..device.platform import lowering_platform
+    return lowering_platform() == "cpu"
+
+
+def _pad_rows(x, axis):
+    """x with one row of zeros appended along `axis` (a second row/column for the product)."""
+    zeros = jnp.zeros((*x.shape[:axis], 1, *x.shape[axis + 1:]), x.dtype)
+    return jnp.concatenate([x, zeros], axis=axis)
+
+
+def _host_half_matmul(a, b):
+    """A bfloat16/float16 product on XLA:CPU. XLA:CPU (jax 0.10) sends a dot with two or more rows and
+    columns to its YNNPACK library fusion, which reads the half operands as they are and accumulates in
+    float32; a matrix-vector product (one row of `a` or one column of `b`: every nn.Linear of a batch-1
+    decode step) goes instead to Eigen's float32 GEMV after converting the whole weight to float32 at
+    every call: 1x1024 by 151936x1024 (an LM head) 1.1-1.3 s against 0.11-0.15 s with a second row,
+    and torch CPU's bf16 0.13 s (benchmarks/RESULTS.md, bf16 on the host). So such a product gains a
+    row/column of zeros (the other rows' sums are unchanged) and keeps its own; the TPU trace, where
+    bf16 dots are native, never comes here."""
+    if b.ndim == 1:
+        return _host_half_matmul(a, b[:, None])[..., 0]
+    if a.ndim == 1:
+        return _host_half_matmul(a[None], b)[..., 0, :]
+    rows, cols = a.shape[-2], b.shape[-1]
+    if rows == 1:
+        a = _pad_rows(a, a.ndim - 2)
+    if cols == 1:
+        b = _pad_rows(b, b.ndim - 1)
+    out = _matmul(a, b)
+    return out[..., :rows, :cols] if (rows == 1 or cols == 1) else out
+
+
+def _matmul(a, b):
     source = _transposed_from(b) if a.dtype == b.dtype else None
     if source is not None and b.ndim == 2:
         # x @ W.T (nn.Linear): contract W's own last dim rather than a transposed W. XLA:CPU folds a

@@ -1,0 +1,166 @@
+"""bfloat16/float16 products on the host (XLA:CPU): a matrix-vector product gains a row of zeros so that
+XLA:CPU takes its half-precision library dot instead of converting the whole weight to float32 at
+every call (ops/linalg.py `_host_half_matmul`). Results against torch CPU within half-precision
+tolerance, eager and compiled, for every product shape a decoder makes; the same lowering traced for
+a TPU keeps its bf16 dots native."""
+import jax
+import jax.numpy as jnp
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+import torchtpu  # noqa: F401  (the tpu device)
+from torchtpu.device import platform
+from torchtpu.ops import linalg
+
+HALF = [torch.bfloat16, torch.float16]
+
+
+def _pair(*shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    cpu = torch.randn(*shape, generator=g).to(dtype)
+    return cpu, cpu.to("tpu")
+
+
+def _close(tpu, cpu):
+    # the CPU and XLA both accumulate in float32 and round once; summation order differs
+    assert tpu.dtype == cpu.dtype and tpu.shape == cpu.shape
+    assert_close(tpu.cpu().float(), cpu.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_linear_transposed_weight(dtype, rows):
+    x, xt = _pair(rows, 256, dtype=dtype, seed=1)
+    w, wt = _pair(384, 256, dtype=dtype, seed=2)
+    b, bt = _pair(384, dtype=dtype, seed=3)
+    _close(xt @ wt.T, x @ w.T)                       # mm of the view W.t()
+    _close(F.linear(xt, wt, bt), F.linear(x, w, b))  # addmm
+    _close(F.linear(xt[None], wt), F.linear(x[None], w))   # a 3-D input: matmul's reshape, then mm
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((1, 64), (64, 96)),          # one row, row-major weight
+    ((5, 64), (64, 1)),           # one column
+    ((1, 64), (64, 1)),           # both
+    ((64,), (64, 96)),            # vector @ matrix
+    ((96, 64), (64,)),            # mv
+    ((64,), (64,)),               # dot
+    ((4, 1, 64), (4, 64, 48)),    # bmm, one row per batch (attention's p @ v at decode)
+    ((4, 3, 64), (4, 64, 48)),
+    ((2, 4, 1, 64), (64, 48)),    # a batch broadcast against one matrix
+])
+def test_matmul_shapes(dtype, a_shape, b_shape):
+    a, at = _pair(*a_shape, dtype=dtype, seed=4)
+    b, bt = _pair(*b_shape, dtype=dtype, seed=5)
+    _close(at @ bt, a @ b)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_batched_keys_transposed(dtype, q_len):
+    q, qt = _pair(2, 8, q_len, 64, dtype=dtype, seed=6)
+    k, kt = _pair(2, 8, 40, 64, dtype=dtype, seed=7)
+    _close(qt @ kt.transpose(-2, -1), q @ k.transpose(-2, -1))
+    _close(torch.bmm(qt.flatten(0, 1), kt.flatten(0, 1).transpose(1, 2)),
+           torch.bmm(q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2)))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_addmm_baddbmm_addmv_scaled(dtype):
+    c, ct = _pair(1, 96, dtype=dtype, seed=8)
+    a, at = _pair(1, 64, dtype=dtype, seed=9)
+    b, bt = _pair(64, 96, dtype=dtype, seed=10)
+    _close(torch.addmm(ct, at, bt, beta=0.5, alpha=2.0), torch.addmm(c, a, b, beta=0.5, alpha=2.0))
+    v, vt = _pair(64, dtype=dtype, seed=11)
+    m, mt = _pair(96, 64, dtype=dtype, seed=12)
+    _close(torch.addmv(ct[0], mt, vt, beta=0.5), torch.addmv(c[0], m, v, beta=0.5))
+    c3, c3t = _pair(3, 1, 96, dtype=dtype, seed=13)
+    a3, a3t = _pair(3, 1, 64, dtype=dtype, seed=14)
+    b3, b3t = _pair(3, 64, 96, dtype=dtype, seed=15)
+    _close(torch.baddbmm(c3t, a3t, b3t), torch.baddbmm(c3, a3, b3))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_convolution(dtype, transposed):
+    x, xt = _pair(2, 8, 10, 10, dtype=dtype, seed=16)
+    w, wt = _pair(8, 6, 3, 3, dtype=dtype, seed=17)
+    b, bt = _pair(6, dtype=dtype, seed=18)
+    if transposed:
+        _close(F.conv_transpose2d(xt, wt, bt, stride=2), F.conv_transpose2d(x, w, b, stride=2))
+    else:
+        _close(F.conv2d(xt, wt.transpose(0, 1).contiguous(), bt, padding=1),
+               F.conv2d(x, w.transpose(0, 1).contiguous(), b, padding=1))
+
+
+def test_backward_of_a_one_row_linear():
+    x, xt = _pair(1, 128, dtype=torch.bfloat16, seed=19)
+    w, wt = _pair(64, 128, dtype=torch.bfloat16, seed=20)
+    x.requires_grad_(), w.requires_grad_(), xt.requires_grad_(), wt.requires_grad_()
+    F.linear(x, w).float().square().sum().backward()
+    F.linear(xt, wt).float().square().sum().backward()
+    _close(xt.grad, x.grad)
+    _close(wt.grad, w.grad)
+
+
+def test_compiled_decode_shaped_mlp():
+    torch.manual_seed(21)
+    cpu = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 256)).to(torch.bfloat16)
+    tpu = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 256)).to(torch.bfloat16)
+    tpu.load_state_dict(cpu.state_dict())
+    tpu = tpu.to("tpu")
+    compiled = torch.compile(tpu, backend="tpu")
+    for rows in (1, 4):
+        x, xt = _pair(1, rows, 256, dtype=torch.bfloat16, seed=22 + rows)
+        with torch.no_grad():
+            _close(compiled(xt), cpu(x))
+
+
+# --- the lowering's form: padded on the host, native bf16 when traced for a TPU
+
+
+def _dots(fn, *args):
+    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+    return [e for e in jaxpr.eqns if e.primitive is jax.lax.dot_general_p]
+
+
+def _linear_one_row():
+    # a new function per trace: JAX caches a function's trace per argument types, which would hand
+    # a trace made for one platform to the other
+    return lambda x, w: linalg.matmul(x, w.T)
+
+
+def test_host_trace_pads_a_one_row_product():
+    x, w = jnp.ones((1, 256), jnp.bfloat16), jnp.ones((384, 256), jnp.bfloat16)
+    with platform.tracing_for("cpu"):
+        (dot,) = _dots(_linear_one_row(), x, w)
+    lhs, rhs = (v.aval for v in dot.invars)
+    assert lhs.shape == (2, 256) and lhs.dtype == jnp.bfloat16 and rhs.shape == (384, 256)   # W as stored
+    assert dot.params["preferred_element_type"] == jnp.float32
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_tpu_trace_keeps_half_dots_native(dtype):
+    x, w = jnp.ones((1, 256), dtype), jnp.ones((384, 256), dtype)
+    q, k = jnp.ones((4, 1, 64), dtype), jnp.ones((4, 40, 64), dtype)
+    with platform.tracing_for("tpu"):
+        (dot,) = _dots(_linear_one_row(), x, w)
+        (bdot,) = _dots(lambda q, k: linalg.matmul(q, jnp.swapaxes(k, -1, -2)), q, k)
+        hlo = jax.jit(_linear_one_row()).lower(x, w).as_text()
+    for d, lhs_shape in ((dot, (1, 256)), (bdot, (4, 1, 64))):
+        lhs, rhs = (v.aval for v in d.invars)
+        assert lhs.shape == lhs_shape and lhs.dtype == dtype and rhs.dtype == dtype   # no zero row
+    assert dot.params["preferred_element_type"] == jnp.float32   # f32 accumulation, rounded once
+    name = {jnp.bfloat16: "bf16", jnp.float16: "f16"}[dtype]
+    assert f"tensor<1x256x{name}>, tensor<384x256x{name}>) -> tensor<1x384xf32>" in hlo
+    assert "concatenate" not in hlo
+
+
+def test_float32_is_not_padded():
+    x, w = jnp.ones((1, 256), jnp.float32), jnp.ones((384, 256), jnp.float32)
+    with platform.tracing_for("cpu"):
+        (dot,) = _dots(_linear_one_row(), x, w)
+    assert dot.invars[0].aval.shape == (1, 256)   # XLA:CPU's float32 GEMV is its fastest form
