@@ -172,3 +172,29 @@ def test_unique_dim_of_an_empty_tensor(shape, dim):
     got = torch.unique(torch.empty(shape, device=DEV), dim=dim, return_inverse=True, return_counts=True)
     for g, e in zip(got, expected):
         assert g.shape == e.shape and g.dtype == e.dtype
+
+
+# ------------------------------------------------------------------ crashes
+def test_storages_made_by_pytorch_itself():
+    import gc
+
+    from torchtpu.device import native
+    if not native.loaded():
+        pytest.skip("the C++ extension (the PrivateUse1 allocator) is not built here")
+    before = torch.tpu.memory_allocated()
+    values = torch.randint(0, 256, (8,), dtype=torch.uint8)
+    storage = torch.UntypedStorage(8, device=DEV)
+    assert storage.device.type == "tpu" and storage.nbytes() == 8
+    assert torch.tpu.memory_allocated() == before + 8
+    storage.copy_(values.untyped_storage())
+    assert storage.tolist() == values.tolist()
+    view = torch.tensor([], dtype=torch.uint8, device=DEV).set_(storage)
+    view.add_(1)
+    assert_close(torch.frombuffer(bytearray(storage.cpu()), dtype=torch.uint8), values + 1)
+    storage.fill_(3)
+    assert storage.clone().tolist() == [3] * 8
+    typed = torch.TypedStorage(4, dtype=torch.float32, device=DEV)
+    assert typed.size() == 4 and typed.device.type == "tpu"
+    del storage, view, typed
+    gc.collect()
+    assert torch.tpu.memory_allocated() == before

@@ -157,6 +157,8 @@ def _load(path: pathlib.Path, device_count: int) -> None:
     state.use_native(lib)
     if _event_callbacks[0] is not None:
         _install_event_callbacks(lib, _event_callbacks[0])
+    if _storage_callbacks[0] is not None:
+        _install_storage_callbacks(lib, *_storage_callbacks[0])
 
 
 def set_event_callbacks(*functions) -> None:
@@ -190,6 +192,44 @@ def _install_event_callbacks(lib, functions) -> None:
     lib.torchtpu_guard_set_callbacks(*pointers)
     # events destroyed while the interpreter shuts down must not call into it
     atexit.register(lambda: lib.torchtpu_guard_set_callbacks(*(kind() for kind in _EVENT_FNS)))   # NULLs
+
+
+_STORAGE_FNS = (ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int64)),  # allocate
+                ctypes.CFUNCTYPE(None, ctypes.c_uint64))                                             # free
+_storage_callbacks = [None]
+
+
+def set_storage_callbacks(allocate, free) -> None:
+    """The storage layer's answers to PyTorch's PrivateUse1 allocator (tpu_hooks.cpp), which makes the
+    storages PyTorch creates itself (`torch.UntypedStorage(n, device="tpu")`): allocate(nbytes) ->
+    (address, device index), free(address). Without the extension PyTorch has no allocator for "tpu"."""
+    _storage_callbacks[0] = (allocate, free)
+    if _lib[0] is not None:
+        _install_storage_callbacks(_lib[0], allocate, free)
+
+
+def _install_storage_callbacks(lib, allocate, free) -> None:
+    import atexit
+
+    def on_allocate(nbytes, index_out):
+        try:
+            address, index = allocate(nbytes)
+        except BaseException:  # noqa: BLE001 - an exception must not cross into C++ (0: PyTorch raises)
+            return 0
+        index_out[0] = index
+        return address
+
+    def on_free(address):
+        try:
+            free(address)
+        except BaseException:  # noqa: BLE001, S110 - nothing can be raised from a storage's deleter
+            pass
+
+    pointers = [kind(fn) for kind, fn in zip(_STORAGE_FNS, (on_allocate, on_free))]
+    _callbacks.extend(pointers)
+    lib.torchtpu_set_storage_callbacks(*pointers)
+    # storages freed while the interpreter shuts down must not call into it
+    atexit.register(lambda: lib.torchtpu_set_storage_callbacks(*(kind() for kind in _STORAGE_FNS)))
 
 
 def loaded() -> bool:

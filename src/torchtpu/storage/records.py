@@ -16,6 +16,8 @@ import weakref
 import torch
 from torch._C import DispatchKey, DispatchKeySet
 
+from ..device import native
+
 
 CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
@@ -98,7 +100,12 @@ def stats(device_index: int) -> MemoryStats:
 
 
 def _on_free(ref):
-    record = RECORDS.pop(ref.address, None)
+    free_storage(ref.address)
+
+
+def free_storage(address):
+    """The storage at `address` is gone: drop its record and count the bytes as freed."""
+    record = RECORDS.pop(address, None)
     if record is not None:
         s = _stats[record.device_index]
         s.allocated -= record.nbytes
@@ -250,3 +257,24 @@ def contiguous_strides(shape):
         acc *= d if d > 1 else 1
     strides.reverse()
     return strides
+
+
+def allocate_storage(nbytes):
+    """A storage PyTorch makes itself through the PrivateUse1 allocator (`torch.UntypedStorage(8,
+    device="tpu")`): a fresh address and its record (bytes, no buffer until written), on the current
+    device; (address, device index). free_storage drops it when PyTorch frees the storage."""
+    from ..device.state import current_device
+    index = current_device()
+    address = _bump[0]
+    _bump[0] = address + ((nbytes + 2 * _PAGE - 1) // _PAGE) * _PAGE
+    RECORDS[address] = StorageRecord(torch.uint8, nbytes, nbytes, index, None)
+    s = stats(index)
+    s.allocated += nbytes
+    s.num_alloc += 1
+    if s.allocated - s.failed > s.peak:
+        s.peak = s.allocated - s.failed
+    return address, index
+
+
+
+native.set_storage_callbacks(allocate_storage, free_storage)

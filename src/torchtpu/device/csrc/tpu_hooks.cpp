@@ -20,6 +20,7 @@
 
 #include <cstring>
 #include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -189,6 +190,39 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
 
 TpuHooks* g_hooks = nullptr;
 
+// The PrivateUse1 allocator, for the storages PyTorch makes itself (`torch.UntypedStorage(8,
+// device="tpu")`, `TypedStorage(..., device="tpu")`): without one PyTorch dereferences a null
+// allocator. The address is one the storage layer invents (storage/records.py allocate_storage,
+// which makes the storage's record); the deleter tells it the storage is gone. Both are Python
+// callbacks (ctypes takes the GIL); at exit they are cleared and a late deleter does nothing.
+using StorageAllocFn = uint64_t (*)(uint64_t nbytes, int64_t* device_index);
+using StorageFreeFn = void (*)(uint64_t address);
+std::atomic<StorageAllocFn> g_storage_alloc{nullptr};
+std::atomic<StorageFreeFn> g_storage_free{nullptr};
+
+class TpuStorageAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(std::size_t nbytes) override {
+    StorageAllocFn alloc = g_storage_alloc.load();
+    TORCH_CHECK(alloc != nullptr, "torchtpu: tpu storages can only be made while torchtpu is loaded");
+    int64_t index = 0;
+    uint64_t address = alloc(nbytes, &index);
+    TORCH_CHECK(address != 0, "torchtpu: could not make a tpu storage of ", nbytes, " bytes");
+    void* p = reinterpret_cast<void*>(address);
+    return {p, p, &TpuStorageAllocator::release, Device(DeviceType::PrivateUse1, static_cast<DeviceIndex>(index))};
+  }
+  static void release(void* ctx) {
+    StorageFreeFn free_fn = g_storage_free.load();
+    if (free_fn != nullptr) free_fn(reinterpret_cast<uint64_t>(ctx));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    TORCH_CHECK(false, "torchtpu: a tpu storage's bytes live on the device; copy it with copy_()");
+  }
+};
+
+TpuStorageAllocator g_storage_allocator;
+
 }  // namespace
 
 extern "C" {
@@ -204,4 +238,14 @@ int torchtpu_register_hooks(AvailableFn is_available) {
 // With on = 1, the next getNewGenerator on this thread returns the default generator of its device,
 // so that `torch.Generator("tpu:i")` right after this call is a Python object over it; 0 clears it.
 void torchtpu_next_new_is_default(int on) { t_hand_out_default = on; }
+// The storage layer's callbacks (NULLs at exit); the allocator is registered at the first call.
+void torchtpu_set_storage_callbacks(StorageAllocFn alloc, StorageFreeFn free_fn) {
+  g_storage_free.store(free_fn);
+  g_storage_alloc.store(alloc);
+  static bool registered = false;
+  if (!registered && alloc != nullptr) {
+    c10::SetAllocator(DeviceType::PrivateUse1, &g_storage_allocator);
+    registered = true;
+  }
+}
 }
