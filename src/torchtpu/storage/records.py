@@ -18,7 +18,6 @@ from torch._C import DispatchKey, DispatchKeySet
 
 from ..device import native
 
-
 CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 _redispatch_set = _set_storage._handle.redispatch_boxed
