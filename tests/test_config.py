@@ -99,3 +99,36 @@ def test_jax_tracebacks_are_off_unless_asked_for():
                               env={**os.environ, **env})
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip().splitlines()[-1] == expected
+
+
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+
+
+def _readme_environment_rows():
+    """variable name -> its row in the README's "## Environment" table (first cell: the name)."""
+    import re
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    section = text.split("\n## Environment\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        found = re.match(r"\| `(TORCHTPU_[A-Z0-9_]+)[^|]*\|", line)
+        if found:
+            assert found.group(1) not in rows, f"README lists {found.group(1)} twice"
+            rows[found.group(1)] = line
+    return rows
+
+
+def test_readme_environment_table_lists_every_variable():
+    """One table, one row per variable, the same set as config.VARIABLES: neither can drift."""
+    rows = _readme_environment_rows()
+    missing = sorted(set(config.VARIABLES) - set(rows))
+    unknown = sorted(set(rows) - set(config.VARIABLES))
+    assert not missing and not unknown, (f"README.md's Environment table lacks {missing} and lists {unknown} "
+                                         "that config.VARIABLES does not define")
+    for name, (kind, _default, choices, _meaning) in config.VARIABLES.items():
+        if kind == "choice":   # every accepted value is documented (an alias like cuda for gpu included)
+            absent = [c for c in choices if f"`{c}`" not in rows[name]]
+            assert not absent, f"README.md's row for {name} does not mention {absent}"
+    for alias in config.ALIASES:   # TorchTPU's names are documented next to ours
+        assert alias in "".join(rows.values()), f"README.md's Environment table does not mention {alias}"
