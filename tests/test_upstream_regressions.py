@@ -198,3 +198,18 @@ def test_storages_made_by_pytorch_itself():
     del storage, view, typed
     gc.collect()
     assert torch.tpu.memory_allocated() == before
+
+
+# ------------------------------------------------------------------ not lowered before
+@pytest.mark.parametrize("args, dtype", [((0, 5, 2), None), ((0, 5, 2), torch.int64), ((0, 1, 0.3), None),
+                                         ((5, -3, -1.5), torch.float64), ((0, 4), None)])
+def test_range(args, dtype):
+    with pytest.warns(UserWarning):
+        expected = torch.range(*args, dtype=dtype)
+    for _ in range(2):
+        with pytest.warns(UserWarning):
+            got = torch.range(*args, dtype=dtype, device=DEV)
+        assert got.dtype == expected.dtype
+        assert_close(got.cpu(), expected)
+    with pytest.raises(RuntimeError, match="step must be nonzero"), pytest.warns(UserWarning):
+        torch.range(0, 3, 0, device=DEV)

@@ -99,6 +99,22 @@ def arange_out(start, end, step=1, *, out):
     return _arange_values(start, step, out.size, out.dtype).reshape(out.shape)
 
 
+@lowering("range.step", static_scalars=True)
+def range_step(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    """torch.range (deprecated, end included): floor((end - start) / step) + 1 values, computed in
+    int64 for integer dtypes and in double otherwise, as PyTorch's CPU kernel."""
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if not all(math.isfinite(float(v)) for v in (start, end)):
+        raise RuntimeError(f"unsupported range: {start} -> {end}")
+    if not ((step > 0 and end >= start) or (step < 0 and end <= start)):
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    d = dtype or default_float()
+    n = math.floor((float(end) - float(start)) / float(step)) + 1
+    acc = jnp.int64 if jnp.issubdtype(d, jnp.integer) else jnp.float64
+    return (jnp.asarray(start, acc) + jnp.arange(n, dtype=acc) * jnp.asarray(step, acc)).astype(d)
+
+
 def _compute_dtype(d):
     # PyTorch's CPU kernel steps in double for integers and in the (op-math) float type otherwise
     if jnp.issubdtype(d, jnp.complexfloating):
