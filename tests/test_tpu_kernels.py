@@ -11,6 +11,7 @@ Each TPU compile takes a few seconds; the variants beyond one per kernel family 
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 
@@ -83,7 +84,7 @@ def _reference(q, k, v, grad, is_causal=False, mask=None, enable_gqa=False):
 
 def _tol(dtype):
     # bf16: the kernel rounds q*scale and the probabilities to bf16 before its products (as TPUs do)
-    return dict(rtol=2e-2, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    return {"rtol": 2e-2, "atol": 3e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
 
 
 def _splash_sdpa_on_host(q, k, v, grad, is_causal):
@@ -183,11 +184,15 @@ def test_splash_plan_routes_what_the_kernel_cannot_take_to_xla():
 
 def test_sdpa_on_tpu_traces_the_mosaic_kernel_and_elsewhere_does_not():
     q = jax.ShapeDtypeStruct((1, 2, 200, 64), jnp.bfloat16)
-    fwd = lambda q, k, v: attention_ops.sdpa_fused(q, k, v, 0.0, True)   # noqa: E731
+    fwd = lambda q, k, v: attention_ops.sdpa_fused(q, k, v, 0.0, True)
     assert "tpu_custom_call" in _tpu_text(fwd, q, q, q)
     assert "tpu_custom_call" not in jax.jit(fwd).trace(q, q, q).lower(lowering_platforms=("tpu",)).as_text()
+    # the backward runs splash's fused backward kernel on the forward's residuals: one kernel, no recomputation
+    lse = jax.ShapeDtypeStruct((1, 2, 200), jnp.float32)
+    bwd = lambda g, q, k, v, o, lse: attention_ops.sdpa_fused_backward(g, q, k, v, o, lse, 0.0, True)
+    assert _tpu_text(bwd, q, q, q, q, q, lse).count("tpu_custom_call") == 1
     mask = jax.ShapeDtypeStruct((200, 200), jnp.bool_)                       # an explicit mask: XLA attention
-    masked = lambda q, k, v, m: attention_ops.sdpa_fused(q, k, v, 0.0, False, m)   # noqa: E731
+    masked = lambda q, k, v, m: attention_ops.sdpa_fused(q, k, v, 0.0, False, m)
     assert "tpu_custom_call" not in _tpu_text(masked, q, q, q, mask)
 
 
@@ -281,11 +286,11 @@ def test_bf16_ragged_dot_and_grouped_mm_tpu_branch_match_float_references():
     grouped = _host_as_tpu(lambda a, b, o: linalg.grouped_mm(a, b, o), _to_jax(lhs), _to_jax(rhs), offs)
     assert fwd.dtype == grouped.dtype == jnp.bfloat16
     want = _ragged_reference(lhs, rhs, sizes).float()
-    tol = dict(rtol=1.6e-2, atol=5e-2)    # one bf16 rounding of a float32-accumulated sum of 64 products
+    tol = {"rtol": 1.6e-2, "atol": 5e-2}    # one bf16 rounding of a float32-accumulated sum of 64 products
     torch.testing.assert_close(_to_torch(fwd, torch.float32), want, **tol)
     torch.testing.assert_close(_to_torch(grouped, torch.float32), want, **tol)
     starts = [0, *sizes.cumsum(0).tolist()]
-    want_w = torch.stack([lhs[a:b].double().T @ grad[a:b].double() for a, b in zip(starts, starts[1:])]).float()
+    want_w = torch.stack([lhs[a:b].double().T @ grad[a:b].double() for a, b in itertools.pairwise(starts)]).float()
     torch.testing.assert_close(_to_torch(wgrad, torch.float32), want_w, **tol)
 
 

@@ -80,7 +80,7 @@ def sdpa_fused(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=No
 def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask=None, scale=None):
     splash = _splash_plan(q, k, v, dropout_p, is_causal, attn_mask)
     if splash is not None:
-        return _splash.backward(splash, grad, q, k, v, _scale(q, scale))
+        return _splash.backward(splash, grad, q, k, v, out, lse, _scale(q, scale))
     if _blockwise.eligible(q, k, v):
         return _blockwise.backward(grad, q, k, v, out, lse, attn_mask, is_causal, scale, _precision())
     scores, s = _attn_scores(q, k, is_causal, attn_mask, scale)

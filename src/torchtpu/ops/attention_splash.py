@@ -12,9 +12,9 @@ only, so that no row of the kernel is empty (an empty row's logsumexp is -inf, a
 padded rows' zero cotangents into NaN). The padded rows are cut off the result.
 
 x64: the kernel is traced with 32-bit Python ints (pallas_support.kernel_tracing), forward and backward, so it
-compiles for TPU whatever torchtpu's x64 setting. Gradients: `attention` is a custom_vjp whose backward runs the
-kernel's own fused dq/dk/dv kernels after recomputing its forward (the residuals of a first forward are not
-kept: scaled_dot_product_attention's backward receives only PyTorch's output and logsumexp).
+compiles for TPU whatever torchtpu's x64 setting. Gradients: scaled_dot_product_attention's backward lowering runs
+splash's fused dq/dk/dv kernel on the forward's output and logsumexp (`backward`); `attention` (splash_sdpa, a
+jax_op differentiated by jax.vjp) is a custom_vjp whose backward recomputes the forward inside splash's own VJP.
 
 On the host (XLA:CPU, tests under `platform.tracing_for("tpu")`) the kernel runs in Pallas' interpreter.
 """
@@ -212,7 +212,43 @@ def _attention_bwd(p, scale, saved, grad):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def backward(p: Plan, grad, q, k, v, scale):
-    """(dq, dk, dv) of `forward` for the output cotangent `grad`."""
-    _, pullback = jax.vjp(lambda q, k, v: attention(p, q, k, v, scale), q, k, v)
-    return pullback(grad.astype(q.dtype))
+def backward(p: Plan, grad, q, k, v, out, lse, scale):
+    """(dq, dk, dv) of `forward` for the output cotangent `grad`, given forward's `out` and `lse`: splash's
+    backward kernel on those residuals (its private `_splash_attention_bwd`; JAX versions without it recompute
+    the forward instead)."""
+    try:
+        return _backward_from_residuals(p, grad, q, k, v, out, lse, scale)
+    except (AttributeError, TypeError):   # the private entry point moved or changed its signature
+        _, pullback = jax.vjp(lambda q, k, v: attention(p, q, k, v, scale), q, k, v)
+        return pullback(grad.astype(q.dtype))
+
+
+def _backward_from_residuals(p: Plan, grad, q, k, v, out, lse, scale):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    splash_backward = sk._splash_attention_bwd
+    pallas_support.enable_interpret_on_cpu()
+    qs, kp, vp = _prepare(p, q, k, v, scale)
+    pad = p.q_pad - p.q_len
+    o, g = _pad(out.astype(q.dtype), p.q_pad), _pad(grad.astype(q.dtype), p.q_pad)
+    # padded rows: logsumexp +inf makes their probabilities exp(-inf) = 0 (their cotangents are 0 too)
+    lse = jnp.pad(lse.astype(jnp.float32), ((0, 0), (0, 0), (0, pad)), constant_values=jnp.inf)
+    with pallas_support.kernel_tracing():
+        kernel = _kernel(p, residuals=False)
+        kw = kernel.kwargs
+
+        def one(q1, k1, v1, o1, lse1, g1):
+            residuals = (q1, k1, v1, None, None, o1, lse1, kernel.dq_mask_info, kernel.dkv_mask_info)
+            grads = splash_backward(False, kw["mask_value"], kw["is_mqa"], kw["block_sizes"], None,
+                                    kw["mask_function"], kw["attn_logits_soft_cap"], kw["interpret"], residuals, g1)
+            return grads[3:6]
+
+        if p.kv_heads == p.heads:
+            dq, dk, dv = jax.vmap(one)(qs, kp, vp, o, lse, g)
+        else:
+            rep = p.heads // p.kv_heads
+            grouped = lambda a: a.reshape((p.batch, p.kv_heads, rep) + a.shape[2:])
+            dq, dk, dv = jax.vmap(jax.vmap(one))(grouped(qs), kp, vp, grouped(o), grouped(lse), grouped(g))
+            dq = dq.reshape((p.batch, p.heads) + dq.shape[3:])
+    # q entered as q * scale
+    dq = (dq[:, :, :p.q_len].astype(jnp.float32) * scale).astype(q.dtype)
+    return dq, dk[:, :, :p.kv_len].astype(k.dtype), dv[:, :, :p.kv_len].astype(v.dtype)
