@@ -60,7 +60,7 @@ def test_tpu_ops_inside_an_x64_off_block_raise_instead_of_truncating():
 
 
 # ---------------------------------------------------------------- int64 and float64 match the CPU
-@pytest.mark.parametrize("op", ["floor_divide", "remainder", "fmod", "trunc", "floor", "mul_add", "mm"])
+@pytest.mark.parametrize("op", ["floor_divide", "remainder", "fmod", "trunc", "floor", "mul_add"])
 def test_int64_ops_match_cpu(op):
     n = _fresh()
     a = torch.randint(-2**62, 2**62, (n, n))
@@ -70,7 +70,6 @@ def test_int64_ops_match_cpu(op):
         "trunc": lambda x, y: torch.div(x, y, rounding_mode="trunc"),
         "floor": lambda x, y: torch.div(x, y, rounding_mode="floor"),
         "mul_add": lambda x, y: x * 3 + y * (2**33),
-        "mm": lambda x, y: (x % 1000) @ (y % 1000),   # int64 matmul keeps working on XLA:CPU
     }
     expected = fns[op](a, b)
     actual = fns[op](a.to(D), b.to(D)).cpu()
@@ -111,10 +110,20 @@ def test_tpu_only_errors_raise_only_when_tracing_for_a_tpu(case):
 
 
 def test_int64_matmul_and_conv_on_the_host_match_cpu():
-    a = torch.randint(-1000, 1000, (2, 3, 6, 6))
+    """XLA:CPU computes them as the CPU does; under TORCHTPU_TPU_COMPILE_CHECK the TPU trace refuses them."""
+    from torchtpu.eager import tpu_check
+    a = torch.randint(-1000, 1000, (2, 3, _fresh(6, 12), 6))
     w = torch.randint(-1000, 1000, (4, 3, 2, 2))
-    torch.testing.assert_close(torch.nn.functional.conv2d(a.to(D), w.to(D)).cpu(), torch.nn.functional.conv2d(a, w))
-    torch.testing.assert_close((a[0, 0].to(D) @ a[1, 1].to(D)).cpu(), a[0, 0] @ a[1, 1])
+    cases = [(lambda: torch.nn.functional.conv2d(a.to(D), w.to(D)).cpu(), torch.nn.functional.conv2d(a, w),
+              r'"convolution_tpu" not implemented for \'Long\''),
+             (lambda: (a[0, 0].to(D) @ a[1, 1].T.to(D)).cpu(), a[0, 0] @ a[1, 1].T,
+              r'"mm_tpu" not implemented for \'Long\'')]
+    for run, expected, refusal in cases:
+        if tpu_check.enabled():
+            with pytest.raises(RuntimeError, match=refusal):
+                run()
+        else:
+            torch.testing.assert_close(run(), expected)
 
 
 # ---------------------------------------------------------------- the TPU branches compute the right values
