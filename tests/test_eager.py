@@ -389,7 +389,7 @@ def test_index_copy_of_a_slab_into_a_large_array(shape, dim, n):
 def test_writes_through_small_views_of_large_storages():
     """A slice of one position in a (1, 4, 4096, 8) cache, a column of a wide matrix, a strided patch:
     views covering a small part of a large block are written as a scatter at their own offsets
-    (eager/views.py); values equal the CPU's, at fixed and at changing (traced) offsets."""
+    (ops/views.py); values equal the CPU's, at fixed and at changing (traced) offsets."""
     gen = torch.Generator().manual_seed(5)
     for dtype in (torch.float32, torch.bfloat16, torch.int32):
         c = (torch.randn(1, 4, 4096, 8, generator=gen) * 10).to(dtype)
