@@ -213,3 +213,12 @@ def test_range(args, dtype):
         assert_close(got.cpu(), expected)
     with pytest.raises(RuntimeError, match="step must be nonzero"), pytest.warns(UserWarning):
         torch.range(0, 3, 0, device=DEV)
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(3, 3).to_sparse().to(DEV),
+                                  lambda: torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.tensor([1.0]), (2, 2),
+                                                                  device=DEV)])
+def test_sparse_layouts_raise_a_clear_error(make):
+    with pytest.raises(NotImplementedError, match="sparse layouts are not supported on the tpu device"):
+        make()
+    assert_close(torch.ones(3, device=DEV).sum().cpu(), torch.tensor(3.0))

@@ -338,6 +338,13 @@ def _fallback(op, *args, **kwargs):
 _LAYOUT_WORDS = (("sparse", "sparse layouts"), ("quantize", "quantized tensors"), ("mkldnn", "the mkldnn layout"))
 
 
+def _sparse_fallback(op, *args, **kwargs):
+    """The SparsePrivateUse1 key: every op reaching it makes or takes a sparse tpu tensor."""
+    raise NotImplementedError(
+        f"torchtpu: aten::{op_name(op)}: sparse layouts are not supported on the tpu device (tpu tensors are "
+        f"dense and strided); keep sparse tensors on the CPU, or call .to_dense() before moving them")
+
+
 def _refuse_layout(op):
     name = op_name(op)
     for word, what in _LAYOUT_WORDS:
@@ -622,3 +629,6 @@ def register_all():
                 continue
         _impl(op, python_kernel)
     _fallback_lib.fallback(_fallback, "PrivateUse1")
+    for key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
+        if hasattr(DispatchKey, key):
+            _fallback_lib.fallback(_sparse_fallback, key)
