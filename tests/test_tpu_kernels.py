@@ -411,3 +411,22 @@ def test_jax_op_gridded_pallas_kernel_on_tpu_device_under_the_compile_check(monk
     names = {p.name: p.ok for p in tpu_check.report().programs}
     tpu_check.reset_for_test()
     assert names.get("test_tpu_kernels::gridded.default") is True, names
+
+
+def test_jax_op_pallas_kernel_with_64_bit_values_keeps_them_on_the_host():
+    """A kernel reading int64 or float64 is no TPU kernel: it is traced with the process's x64, so its values
+    stay 64-bit on the host (only kernels of 32-bit values are traced with x64 off)."""
+    from jax.experimental import pallas as pl
+    from torch.tpu.pallas import jax_op
+
+    def affine(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 3 + 1
+
+    def pallas_affine(x: jax.Array) -> jax.Array:
+        return pl.pallas_call(affine, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    op = jax_op("test_tpu_kernels::affine64", pallas_affine)
+    big = torch.randint(-2 ** 40, 2 ** 40, (8, 128))
+    torch.testing.assert_close(op(big.to("tpu")).cpu(), big * 3 + 1, rtol=0, atol=0)
+    wide = torch.randn(8, 128, dtype=torch.float64)
+    torch.testing.assert_close(op(wide.to("tpu")).cpu(), wide * 3 + 1)

@@ -50,9 +50,9 @@ def enable_interpret_on_cpu():
 
 @contextlib.contextmanager
 def pallas_calls_in_32_bits():
-    """While active (in this thread), a `pl.pallas_call(...)(*args)` traces its kernel and index maps with
-    x64 off. Installed by wrapping the callable `pallas_call` builds (JAX 0.10's `_pallas_call`); on a JAX
-    without that function nothing changes."""
+    """While active (in this thread), a `pl.pallas_call(...)(*args)` whose operands and outputs are all 32-bit
+    or narrower traces its kernel and index maps with x64 off. Installed by wrapping the callable
+    `pallas_call` builds (JAX 0.10's `_pallas_call`); on a JAX without that function nothing changes."""
     _install()
     depth = getattr(_state, "depth", 0)
     _state.depth = depth + 1
@@ -60,6 +60,15 @@ def pallas_calls_in_32_bits():
         yield
     finally:
         _state.depth = depth
+
+
+_WIDE = frozenset(jax.numpy.dtype(t) for t in ("int64", "uint64", "float64", "complex128"))
+
+
+def _has_64_bit_values(tree):
+    """Whether a kernel reads or writes 64-bit values: then it is not a TPU kernel (Mosaic has none) and keeps
+    the process's x64 tracing, under which its int64/float64 arithmetic stays 64-bit on the host."""
+    return any(getattr(x, "dtype", None) in _WIDE for x in jax.tree_util.tree_leaves(tree))
 
 
 def _install():
@@ -75,12 +84,12 @@ def _install():
         return
 
     @functools.wraps(build)
-    def build_32_bit(*args, **kwargs):
-        call = build(*args, **kwargs)
+    def build_32_bit(kernel, out_shape, *args, **kwargs):
+        call = build(kernel, out_shape, *args, **kwargs)
 
         @functools.wraps(call)
         def run(*operands):
-            if not getattr(_state, "depth", 0):
+            if not getattr(_state, "depth", 0) or _has_64_bit_values((out_shape, operands)):
                 return call(*operands)
             with kernel_tracing():
                 return call(*operands)
