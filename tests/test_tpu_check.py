@@ -49,6 +49,39 @@ def test_eager_op_compiles_for_tpu_and_computes_on_host(check):
     assert report.failed == 0 and report.topology == TOPOLOGY
 
 
+@pytest.mark.parametrize("mode", ["strict", "debug", "fused", "compiled"])
+def test_training_compiles_for_tpu_in_every_mode(check, mode):
+    """A small MLP's training steps: every program of forward, backward and AdamW checked, results the CPU's."""
+    torch.manual_seed(0)
+    width = _fresh_shape()[1]
+    cpu = torch.nn.Sequential(torch.nn.Linear(12, width), torch.nn.GELU(), torch.nn.LayerNorm(width),
+                              torch.nn.Linear(width, 3))
+    dev = _copy_to_tpu(cpu)
+    step = (lambda m, x: m(x)) if mode != "compiled" else torch.compile(lambda m, x: m(x), backend="tpu")
+    cpu_opt, dev_opt = torch.optim.AdamW(cpu.parameters(), lr=1e-2), torch.optim.AdamW(dev.parameters(), lr=1e-2)
+    from torchtpu.eager.modes import eager_mode
+    with eager_mode("fused" if mode == "compiled" else mode):
+        for _ in range(3):
+            x, y = torch.randn(8, 12), torch.randint(0, 3, (8,))
+            for model, opt, xx, yy, fwd in ((cpu, cpu_opt, x, y, lambda m, x: m(x)),
+                                            (dev, dev_opt, x.to("tpu"), y.to("tpu"), step)):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(fwd(model, xx), yy).backward()
+                opt.step()
+    for p_cpu, p_dev in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(p_dev.detach().cpu(), p_cpu.detach(), rtol=1e-4, atol=1e-5)
+    report = check.report()
+    assert report.failed == 0, report.failures
+    assert report.compiled >= 10
+    if mode == "compiled":
+        assert _programs(report, "compiled graph")
+
+
+def _copy_to_tpu(model):
+    import copy
+    return copy.deepcopy(model).to("tpu")
+
+
 def test_fused_segment_compiles_for_tpu(check):
     """The fused mode's compiled segment of a loop's body is checked as one program."""
     x = torch.randn(_fresh_shape())
