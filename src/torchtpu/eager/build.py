@@ -12,7 +12,7 @@ from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS
-from . import fastpath, fusion, overlap, tpu_check, xla_options
+from . import fastpath, fusion, interrupts, overlap, tpu_check, xla_options
 from .engine import (CONSTANT_BYTES, DONATE_BYTES, FOREIGN, LIST, MEMO_BYTES, SCALAR, TENSOR, Entry, NeedsResize,
                      SpecializeScalars, arg_kind)
 from .executable import Program, ValueArg, count_values, flat_output, is_partial, tensor_arg, traced_function
@@ -57,6 +57,9 @@ def build_entry(kernel, key, args, kwargs, records, device):
     """The cache entry of one call signature: PyTorch's meta answer, then the executable."""
     if not _cache_ready[0]:  # the on-disk XLA cache serves eager executables too
         ensure_persistent_cache()
+        # at the first tpu executable, not at `import torch`: a process that never uses the device
+        # keeps its own sys.unraisablehook
+        interrupts.install()
         _cache_ready[0] = True
     slot_of = {id(r): i for i, r in enumerate(records)}
     dyn_offset = _dynamic_offsets(kernel, args, kwargs)

@@ -33,9 +33,6 @@ from .random import generator_rng_args, next_rng_args
 from .xla_options import _active as _xla_active
 
 
-interrupts.install()
-
-
 class SpecializeScalars(Exception):
     """The op's JAX function bakes its Scalar arguments in: key the cache on their values."""
 
