@@ -114,7 +114,7 @@ def test_from_pretrained_device_map_tpu_bf16(tmp_path):
 
 def test_from_pretrained_casting_checkpoint_frees_float32_copies(tmp_path):
     # a float32 checkpoint loaded as bfloat16: each tensor is staged in float32 then cast; fresh
-    # shapes (hidden 48), so the executables are built here (docs/design.md, "The eager engine": executables hold no tensor of their first call)
+    # shapes (hidden 48), so the executables are built here (docs/design.md, "The eager engine")
     _model(seed=4, hidden_size=48, intermediate_size=96).save_pretrained(tmp_path)
     model, peak, resident = _load_measured(tmp_path, device_map="tpu", dtype=torch.bfloat16)
     size = _params_bytes(model)
