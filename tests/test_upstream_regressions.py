@@ -223,3 +223,25 @@ def test_sparse_layouts_raise_a_clear_error(make):
     with pytest.raises(NotImplementedError, match="sparse layouts are not supported on the tpu device"):
         make()
     assert_close(torch.ones(3, device=DEV).sum().cpu(), torch.tensor(3.0))
+
+
+# ------------------------------------------------------------------ errors
+@pytest.mark.parametrize("index", [[5], [0, -4], [[1], [3]]])
+def test_host_indices_out_of_range_raise_index_error_at_the_op(index):
+    x = torch.randn(3, 4)
+    idx = torch.tensor(index)
+    same_error(lambda device: x.to(device)[idx])
+    same_error(lambda device: x.to(device).index_put_((idx,), torch.tensor(1.0, device=device)))
+    good = torch.tensor([2, -1])
+    both(lambda device: x.to(device)[good])
+
+
+def test_device_indices_out_of_range_raise_an_index_error():
+    from torchtpu.eager import asserts
+    x = torch.randn(3, device=DEV)
+    with pytest.raises(IndexError, match="out of bounds"):
+        x[torch.tensor([5], device=DEV)].cpu()
+    with pytest.raises(asserts.DeviceAssertError):   # (sticky until cleared, as on CUDA)
+        (x + 1).cpu()
+    torch.tpu.clear_device_assert()
+    assert_close((x + 1).cpu(), x.cpu() + 1)

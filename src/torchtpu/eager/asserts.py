@@ -88,6 +88,14 @@ class DeviceAssertError(RuntimeError):
     """A device-side assert: an op was given values it does not accept (an index out of range)."""
 
 
+class DeviceIndexError(DeviceAssertError, IndexError):
+    """A device-side assert on an index out of range: an IndexError, as the CPU raises for it."""
+
+
+def _error_type(message):
+    return DeviceIndexError if "index" in message and "out of" in message else DeviceAssertError
+
+
 def note(verdict, messages, where):
     """Keep an executable's verdict; `where` names the op or graph for the message."""
     pending = _state().pending
@@ -267,7 +275,7 @@ def raise_if_failed(device_index=None):
     if FAILED:
         error = FAILED.get(device_index) if device_index is not None else next(iter(FAILED.values()))
         if error is not None:
-            raise DeviceAssertError(str(error))
+            raise type(error)(str(error))
 
 
 def noted() -> int:
@@ -311,7 +319,7 @@ def check(device_index=None, upto=None):
             values = np.asarray(_stack(verdicts)).reshape(-1)
         for value, (verdict, messages, where) in zip(values, group):
             if value:
-                error = DeviceAssertError(
+                error = _error_type(messages[value - 1])(
                     f"device-side assert triggered in {where}: {messages[value - 1]}. The op ran "
                     f"asynchronously, so this is reported at the next synchronization; "
                     f"torchtpu.set_eager_mode('debug') raises at the op itself. Writes into existing "

@@ -236,6 +236,27 @@ def _check_index_dtypes(indices):
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
 
 
+def _check_host_indices(self, indices):
+    """Index tensors on the CPU (`x[[5]]`, `x[torch.tensor([5])]`) are known to the host: an index out of
+    range raises PyTorch's IndexError at the op, as on the CPU, not a device-side assert at the next
+    synchronization."""
+    dim = 0
+    for i in indices:
+        if i is None:
+            dim += 1
+            continue
+        if i.dtype in (torch.bool, torch.uint8):
+            dim += i.dim()
+            continue
+        if i.device.type == "cpu" and i.numel() and dim < self.dim():
+            size = self.shape[dim]
+            bad = (i < -size) | (i >= size)
+            if bad.any():
+                value = int(i[bad].reshape(-1)[0])
+                raise IndexError(f"index {value} is out of bounds for dimension {dim} with size {size}")
+        dim += 1
+
+
 def _check_mask_shapes(self, indices):
     # PyTorch's message for a mask that does not match the indexed dims
     d = 0
@@ -256,6 +277,7 @@ def with_masks(engine_kernel, position):
         indices = args[position] if len(args) > position else kwargs.get("indices")
         if indices is not None:
             _check_index_dtypes(indices)
+            _check_host_indices(args[0], indices)
         longs = _long_indices(indices, args[0].device) if indices is not None else None
         if longs is not None:
             _check_mask_shapes(args[0], indices)
