@@ -245,3 +245,13 @@ def test_device_indices_out_of_range_raise_an_index_error():
         (x + 1).cpu()
     torch.tpu.clear_device_assert()
     assert_close((x + 1).cpu(), x.cpu() + 1)
+
+
+@pytest.mark.parametrize("op", [
+    lambda t, s: t + s, lambda t, s: s * t, lambda t, s: torch.where(t > 0, t, s), lambda t, s: torch.maximum(t, s),
+    lambda t, s: t.masked_fill(t > 0, s), lambda t, s: t.index_fill(0, torch.tensor([0, 2], device=t.device), s),
+    lambda t, s: torch.lerp(t, t * 2, s), lambda t, s: torch.addcmul(t, t, t, value=2) * s,
+])
+def test_cpu_scalar_tensors_mix_with_tpu_tensors(op):
+    x, s = torch.randn(5), torch.randn(())
+    both(lambda device: op(x.to(device), s))

@@ -46,6 +46,12 @@ def _meta_other(o):
     return None if isinstance(o, torch.Generator) else o
 
 
+def _meta_cpu_scalar(c):
+    # a CPU 0-dim tensor mixes with tpu tensors as a scalar, as on CUDA (`masked_fill(m, torch.tensor(2.))`,
+    # `index_fill(0, i, torch.tensor(1.))`): PyTorch's meta kernels would see two devices
+    return torch.empty((), dtype=c.dtype, device="meta")
+
+
 def _record(t):
     return RECORDS[t.untyped_storage().data_ptr()]
 
@@ -176,7 +182,7 @@ def _meta_call(kernel, args, kwargs):
         src = base if t.dtype == r.dtype else base.view(t.dtype)
         return src.as_strided(t.shape, t.stride(), t.storage_offset())
 
-    meta_args, meta_kwargs = _walk(kernel, args, kwargs, meta_tensor, lambda s: s, lambda c: c, _meta_other)
+    meta_args, meta_kwargs = _walk(kernel, args, kwargs, meta_tensor, lambda s: s, _meta_cpu_scalar, _meta_other)
     compute = resolve(kernel.op, meta_args, meta_kwargs)  # first: an op we cannot lower fails here
     if getattr(compute, "specialize_scalars", False) and not kernel.specialize_scalars:
         kernel.specialize_scalars = True
