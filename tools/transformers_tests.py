@@ -180,7 +180,7 @@ def run(args) -> int:
     finally:
         spec.unlink(missing_ok=True)
     print()
-    return report(argparse.Namespace(out=str(out), markdown=args.markdown))
+    return report(argparse.Namespace(out=str(out), markdown=args.markdown, by_class=args.by_class))
 
 
 def _has_xdist() -> bool:
@@ -189,17 +189,18 @@ def _has_xdist() -> bool:
 
 
 # ------------------------------------------------------------------ report
-def _load(out: pathlib.Path, device: str) -> dict[str, dict[str, dict]]:
-    """{test file: {test id: record}} for one device."""
-    by_file: dict[str, dict[str, dict]] = {}
+def _load(out: pathlib.Path, device: str, by_class: bool = False) -> dict[str, dict[str, dict]]:
+    """{test file (or file::class): {test id: record}} for one device."""
+    groups: dict[str, dict[str, dict]] = {}
     for path in sorted((out / device).glob("*.jsonl")):
         test_file = path.name[: -len(".jsonl")].replace("+", "/")
-        records = by_file.setdefault(test_file, {})
         for line in path.read_text().splitlines():
             if line.strip():
                 record = json.loads(line)
-                records[record["id"]] = record
-    return by_file
+                parts = record["id"].split("::")
+                group = "::".join(parts[:2]) if by_class and len(parts) > 2 else test_file
+                groups.setdefault(group, {})[record["id"]] = record
+    return groups
 
 
 def cause_of(message: str) -> str:
@@ -217,16 +218,22 @@ def _counts(records: dict[str, dict]) -> collections.Counter:
 
 def report(args) -> int:
     out = pathlib.Path(args.out)
-    cpu, tpu = _load(out, "cpu"), _load(out, "tpu")
-    rows, regressions, tpu_only_fail, fixed = [], [], [], []
+    by_class = getattr(args, "by_class", False)
+    cpu, tpu = _load(out, "cpu", by_class), _load(out, "tpu", by_class)
+    rows, regressions, tpu_only_fail, fixed, tpu_only, both = [], [], [], [], [], []
     for test_file in sorted(set(cpu) | set(tpu)):
         c, t = cpu.get(test_file, {}), tpu.get(test_file, {})
         cc, tc = _counts(c), _counts(t)
         lost = [i for i, r in c.items() if r["outcome"] == "passed" and t.get(i, {}).get("outcome") != "passed"]
         regressions += [(i, t.get(i, {"outcome": "missing", "message": "not run on tpu (timeout or crash)"}))
                         for i in lost]
-        tpu_only_fail += [(i, r) for i, r in t.items() if r["outcome"] in ("failed", "error") and i not in c]
+        tpu_only_fail += [(i, r) for i, r in t.items() if r["outcome"] in ("failed", "error")
+                          and c.get(i, {}).get("outcome", "skipped") == "skipped"]
+        tpu_only += [r["outcome"] for i, r in t.items() if r["outcome"] != "skipped"
+                     and c.get(i, {}).get("outcome", "skipped") == "skipped"]
         fixed += [i for i, r in t.items() if r["outcome"] == "passed" and c.get(i, {}).get("outcome") == "failed"]
+        both += [(i, r) for i, r in c.items() if r["outcome"] in ("failed", "error")
+                 and t.get(i, {}).get("outcome") in ("failed", "error")]
         passing = sum(r["outcome"] == "passed" for r in c.values())
         rows.append((test_file, len(c), cc["passed"], cc["failed"], cc["skipped"], len(t), tc["passed"], tc["failed"],
                      tc["skipped"], f"{passing - len(lost)}/{passing}"))
@@ -244,9 +251,11 @@ def report(args) -> int:
     totals = [sum(r[i] for r in rows) for i in range(1, 9)]
     print(f"\ntotal: cpu {totals[1]} pass / {totals[2]} fail / {totals[3]} skip; tpu {totals[5]} pass / "
           f"{totals[6]} fail / {totals[7]} skip; {totals[1] - len(regressions)} of {totals[1]} cpu-passing tests "
-          f"pass on tpu; {len(fixed)} fail on cpu and pass on tpu")
+          f"pass on tpu; {len(fixed)} fail on cpu and pass on tpu; {len(tpu_only)} run on tpu only (skipped or "
+          f"absent on cpu: accelerator-only tests), {tpu_only.count('passed')} of them pass")
     for title, failures in (("cpu-passing tests that fail on tpu, by cause", regressions),
-                            ("tests run on tpu only (not on cpu) that fail, by cause", tpu_only_fail)):
+                            ("tests run on tpu only (skipped on cpu) that fail, by cause", tpu_only_fail),
+                            ("tests that fail on both devices (cpu's cause), by cause", both)):
         if not failures:
             continue
         groups = collections.defaultdict(list)
@@ -272,9 +281,11 @@ def main(argv=None) -> int:
     p.add_argument("--test-timeout", type=float, default=300, help="seconds per test (0: none)")
     p.add_argument("--file-timeout", type=float, default=1800, help="seconds per test file and device")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--by-class", action="store_true", help="one report row per test class instead of per file")
     r = sub.add_parser("report", help="compare the results of a run")
     r.add_argument("out")
     r.add_argument("--markdown", action="store_true")
+    r.add_argument("--by-class", action="store_true", help="one report row per test class instead of per file")
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []   # after --: more pytest arguments (-x, ...)
     args = parser.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
