@@ -255,3 +255,23 @@ def test_device_indices_out_of_range_raise_an_index_error():
 def test_cpu_scalar_tensors_mix_with_tpu_tensors(op):
     x, s = torch.randn(5), torch.randn(())
     both(lambda device: op(x.to(device), s))
+
+
+@pytest.mark.parametrize("make, shape", [(lambda: torch.nn.LazyLinear(3), (2, 5)),
+                                         (lambda: torch.nn.LazyConv2d(4, 3), (2, 3, 8, 8)),
+                                         (lambda: torch.nn.LazyBatchNorm1d(), (4, 6))])
+def test_lazy_modules_move_to_tpu(make, shape):
+    torch.manual_seed(0)
+    module = make().to(DEV)
+    x = torch.randn(shape)
+    y = module(x.to(DEV))
+    assert all(p.device.type == "tpu" for p in module.parameters())
+    torch.manual_seed(0)
+    reference = make()
+    reference(x)   # initialise the same shapes, then take the tpu module's values
+    reference.load_state_dict({k: v.cpu() for k, v in module.state_dict().items()})
+    if isinstance(reference, torch.nn.modules.batchnorm._BatchNorm):
+        reference.running_mean.zero_()
+        reference.running_var.fill_(1)
+        reference.num_batches_tracked.zero_()
+    assert_close(y.cpu(), reference(x))

@@ -213,7 +213,16 @@ def _clone(self, *, memory_format=None):
     return torch.empty(self.shape, dtype=self.dtype, device=self.device, memory_format=memory_format).copy_(self)
 
 
+def _plain(t):
+    """`t` as a plain Tensor: a subclass may hide what a kernel reads (a lazy module's
+    UninitializedParameter raises on `.shape`; PyTorch's CPU and CUDA kernels see the C++ tensor)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.as_subclass(torch.Tensor)
+
+
 def _copy_(self, src, non_blocking=False):
+    if type(src) is not torch.Tensor:
+        src = _plain(src)
     if src.is_complex() and not self.is_complex():
         warnings.warn("Casting complex values to real discards the imaginary part", UserWarning, stacklevel=2)
     if self.device.type == "tpu" and src.device.type == "tpu":
