@@ -151,17 +151,18 @@ def test_tpu_int64_division_is_exact():
             torch.testing.assert_close(torch.from_numpy(np.asarray(value)), reference, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("shape, full", [((3, 6, 4), False), ((2, 4, 7), True), ((5, 5), False)])
-def test_tpu_svd_matches_cpu(shape, full):
+@pytest.mark.parametrize("shape, full, dtype", [((3, 6, 4), False, torch.float32), ((2, 4, 7), True, torch.float32),
+                                                ((5, 5), False, torch.float32), ((2, 5, 3), False, torch.complex64)])
+def test_tpu_svd_matches_cpu(shape, full, dtype):
     """The TPU branch of the SVD (JAX's QDWH algorithm traced with x64 off locally), run on the host."""
-    a = torch.randn(shape)
+    a = torch.randn(shape, dtype=dtype)
     with platform.tracing_for("tpu"):
-        u, s, vh = (torch.from_numpy(np.asarray(v)) for v in
+        u, s, vh = (torch.from_numpy(np.array(v)) for v in
                     jax.jit(lambda x: linalg.linalg_svd(x, full_matrices=full))(a.numpy()))
-    assert u.dtype == s.dtype == vh.dtype == torch.float32
+    assert u.dtype == vh.dtype == dtype and s.dtype == torch.float32
     torch.testing.assert_close(s, torch.linalg.svdvals(a), rtol=1e-4, atol=1e-4)
     k = s.shape[-1]
-    torch.testing.assert_close((u[..., :k] * s[..., None, :]) @ vh[..., :k, :], a, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close((u[..., :k] * s[..., None, :].to(dtype)) @ vh[..., :k, :], a, rtol=1e-4, atol=1e-4)
     eye = torch.eye(u.shape[-1]).expand(*u.shape[:-2], u.shape[-1], u.shape[-1])
     torch.testing.assert_close(u.mH @ u, eye, rtol=1e-4, atol=1e-4)
 
