@@ -275,3 +275,20 @@ def test_lazy_modules_move_to_tpu(make, shape):
         reference.running_var.fill_(1)
         reference.num_batches_tracked.zero_()
     assert_close(y.cpu(), reference(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_inplace_shift_operators(dtype):
+    x = torch.randint(0, 50, (6,), dtype=dtype)
+    shifts = torch.randint(0, 3, (6,), dtype=dtype)
+
+    def run(device):
+        a = x.clone().to(device)
+        a <<= 2
+        b = a.clone()
+        b >>= torch.tensor(1, dtype=dtype)
+        c = a.clone()
+        c[1:4] <<= shifts.to(device)[1:4]
+        c >>= shifts.to(device)
+        return torch.stack([a, b, c])
+    both(run)

@@ -68,6 +68,11 @@ def functional_twin(op):
             if sig == want or (sig[:len(want)] == want and set(extra) <= _FACTORY_KWARGS):
                 return cand, tuple(outs), None
         return None
+    if base.startswith("__i") and base.endswith("__"):   # __ilshift__ / __irshift__: in-place __lshift__
+        cand = getattr(getattr(torch.ops.aten, "__" + base[3:], None), overload, None)
+        if cand is not None and _signature(cand._schema.arguments) == _signature(schema.arguments):
+            return cand, (), None
+        return None
     if not base.endswith("_") or base.endswith("__"):
         return None
     want = _signature(schema.arguments)
