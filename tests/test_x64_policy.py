@@ -163,7 +163,7 @@ def test_tpu_svd_matches_cpu(shape, full, dtype):
     torch.testing.assert_close(s, torch.linalg.svdvals(a), rtol=1e-4, atol=1e-4)
     k = s.shape[-1]
     torch.testing.assert_close((u[..., :k] * s[..., None, :].to(dtype)) @ vh[..., :k, :], a, rtol=1e-4, atol=1e-4)
-    eye = torch.eye(u.shape[-1]).expand(*u.shape[:-2], u.shape[-1], u.shape[-1])
+    eye = torch.eye(u.shape[-1], dtype=dtype).expand(*u.shape[:-2], u.shape[-1], u.shape[-1])
     torch.testing.assert_close(u.mH @ u, eye, rtol=1e-4, atol=1e-4)
 
 
