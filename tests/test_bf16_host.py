@@ -3,8 +3,11 @@ XLA:CPU takes its half-precision library dot instead of converting the whole wei
 every call (ops/linalg.py `_host_half_matmul`). Results against torch CPU within half-precision
 tolerance, eager and compiled, for every product shape a decoder makes; the same lowering traced for
 a TPU keeps its bf16 dots native."""
+import sys
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -164,3 +167,59 @@ def test_float32_is_not_padded():
     with platform.tracing_for("cpu"):
         (dot,) = _dots(_linear_one_row(), x, w)
     assert dot.invars[0].aval.shape == (1, 256)   # XLA:CPU's float32 GEMV is its fastest form
+
+
+# --- loading: a memory-mapped checkpoint's pages are given back once on the device (device/host_pages.py)
+
+
+def _resident_pages(t):
+    from torchtpu.device.host_pages import _PAGE, _PRESENT
+    start = -(-t.data_ptr() // _PAGE) * _PAGE
+    end = (t.data_ptr() + t.nbytes) // _PAGE * _PAGE
+    with open("/proc/self/pagemap", "rb", buffering=0) as f:
+        f.seek(start // _PAGE * 8)
+        entries = np.frombuffer(f.read((end - start) // _PAGE * 8), np.uint64)
+    return int(((entries & _PRESENT) != 0).sum())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/pagemap")
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mapped_checkpoint_pages_are_given_back(tmp_path, monkeypatch, chunked, dtype):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from torchtpu.device import host_pages
+    if chunked:   # (the chunked path for a tensor larger than a chunk, at a test's size)
+        monkeypatch.setattr(host_pages, "CHUNK_BYTES", 1 << 20)
+    g = torch.Generator().manual_seed(30)
+    weights = {"w": torch.randn(1237, 1031, generator=g).to(dtype), "b": torch.randn(7, generator=g).to(dtype)}
+    save_file(weights, str(tmp_path / "m.safetensors"))
+    with safe_open(str(tmp_path / "m.safetensors"), framework="pt", device="cpu") as f:
+        w, b = f.get_tensor("w"), f.get_tensor("b")
+        w.float().sum()   # resident, as a loader's reads make it
+        assert _resident_pages(w) > 0
+        wt, bt = w.to("tpu"), b.to("tpu")
+        assert _resident_pages(w) <= 2   # given back (a page at a chunk seam may stay)
+        assert_close(wt.cpu(), weights["w"], rtol=0, atol=0)
+        assert_close(bt.cpu(), weights["b"], rtol=0, atol=0)
+        assert_close(w, weights["w"], rtol=0, atol=0)   # the source still reads its values (from the file)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/pagemap")
+def test_written_mapped_pages_and_anonymous_memory_are_kept(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    save_file({"w": torch.randn(600, 1000)}, str(tmp_path / "m.safetensors"))
+    with safe_open(str(tmp_path / "m.safetensors"), framework="pt", device="cpu") as f:
+        w = f.get_tensor("w")
+        w[300:] += 1   # copy-on-write pages of the private mapping: this process's only copy
+        expected = w.clone()
+        resident = _resident_pages(w)
+        assert_close(w.to("tpu").cpu(), expected, rtol=0, atol=0)
+        assert _resident_pages(w) == resident
+        assert_close(w, expected, rtol=0, atol=0)
+    x = torch.randn(600, 1000)
+    resident = _resident_pages(x)
+    assert_close(x.to("tpu").cpu(), x, rtol=0, atol=0)
+    assert _resident_pages(x) == resident

@@ -14,7 +14,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 from torch.utils import _pytree as pytree
 
 from .. import config, metrics
-from ..device import platform
+from ..device import host_pages, platform
 from ..device.state import current_device
 from ..ops import dtypes as dt
 from ..ops import argument_checks, factories
@@ -179,7 +179,8 @@ def _from_host(array: np.ndarray, dtype, index):
     flat = np.ascontiguousarray(array).reshape(-1)
     metrics.counters.h2d_bytes += flat.nbytes
     metrics.counters.h2d_transfers += 1
-    return platform.put(flat, index)
+    # (a checkpoint's memory-mapped pages are given back as they are copied: device/host_pages.py)
+    return host_pages.put_releasing(flat, lambda part: platform.put(part, index))
 
 
 def _write_whole_or_copy(dst, buffer, dtype):
