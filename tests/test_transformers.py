@@ -674,3 +674,79 @@ def test_t5_generate_with_a_returned_cache_matches_cpu(cache, monkeypatch):
         torch.testing.assert_close(mine.cpu(), theirs, atol=1e-4, rtol=1e-4)
     assert getattr(got, _CACHE_NAME).get_seq_length() == getattr(ref, _CACHE_NAME).get_seq_length()
     assert (deferred[0] > 0) == (cache != "static-returned")
+
+
+# ------------------------------------------------------------------ logits processors and stopping criteria
+_VOCAB, _PROMPT = 40, 3
+
+
+def _logits_processors(device):
+    """Transformers' logits processors and warpers (those with no model, no randomness), built for `device`."""
+    from transformers import generation as g
+    encoder_ids = torch.tensor([[5, 6, 7, 5], [9, 9, 2, 11], [3, 4, 5, 6]], device=device)
+    return {
+        "min_length": g.MinLengthLogitsProcessor(10, eos_token_id=0, device=device),
+        "min_new_tokens": g.MinNewTokensLengthLogitsProcessor(_PROMPT, 5, eos_token_id=[0, 3], device=device),
+        "temperature": g.TemperatureLogitsWarper(0.7),
+        "repetition_penalty": g.RepetitionPenaltyLogitsProcessor(1.3),
+        "encoder_repetition_penalty": g.EncoderRepetitionPenaltyLogitsProcessor(1.5, encoder_input_ids=encoder_ids),
+        "top_k": g.TopKLogitsWarper(5),
+        "top_p": g.TopPLogitsWarper(0.8),
+        "top_h": g.TopHLogitsWarper(0.5),
+        "min_p": g.MinPLogitsWarper(0.1),
+        "typical": g.TypicalLogitsWarper(0.7),
+        "epsilon": g.EpsilonLogitsWarper(0.02),
+        "eta": g.EtaLogitsWarper(0.05, device=device),
+        "no_repeat_ngram": g.NoRepeatNGramLogitsProcessor(2),
+        "encoder_no_repeat_ngram": g.EncoderNoRepeatNGramLogitsProcessor(2, encoder_input_ids=encoder_ids),
+        "no_bad_words": g.NoBadWordsLogitsProcessor([[5], [6, 7]], eos_token_id=0),
+        "sequence_bias": g.SequenceBiasLogitsProcessor([[[5], 2.0], [[6, 7], -3.0]]),
+        "forced_bos": g.ForcedBOSTokenLogitsProcessor(1),
+        "forced_eos": g.ForcedEOSTokenLogitsProcessor(8, eos_token_id=[0, 2], device=device),
+        "inf_nan_remove": g.InfNanRemoveLogitsProcessor(),
+        "exponential_decay_length": g.ExponentialDecayLengthPenalty((2, 1.5), eos_token_id=0,
+                                                                    input_ids_seq_length=_PROMPT),
+        "logit_normalization": g.LogitNormalization(),
+        "prefix_constrained": g.PrefixConstrainedLogitsProcessor(lambda batch, ids: [int(ids[-1]) % 7, 11], 1),
+        "suppress_tokens": g.SuppressTokensLogitsProcessor([3, 4], device=device),
+        "suppress_tokens_at_begin": g.SuppressTokensAtBeginLogitsProcessor([3], begin_index=7, device=device),
+    }
+
+
+def test_logits_processors_match_cpu():
+    """Every model-free, deterministic logits processor on tpu scores, against the CPU: fresh random
+    scores (with an inf and a nan for InfNanRemove), ids that repeat (n-grams, penalties), lengths on
+    both sides of the length thresholds."""
+    gen = torch.Generator().manual_seed(31)
+    cpu_processors, tpu_processors = _logits_processors("cpu"), _logits_processors("tpu")
+    for length in (4, 7, 9):
+        ids = torch.randint(0, 12, (3, length), generator=gen)
+        ids[0, -2:] = torch.tensor([6, 7])   # a bad word sequence ends here
+        ids[1, -3:] = torch.tensor([5, 8, 5])  # "5" repeats: n-gram bans
+        scores = torch.randn(3, _VOCAB, generator=gen) * 3
+        scores[2, 9], scores[2, 10] = float("inf"), float("nan")
+        for name, processor in cpu_processors.items():
+            given = scores if name == "inf_nan_remove" else torch.nan_to_num(scores, nan=0.0, posinf=5.0)
+            ref = processor(ids.clone(), given.clone())
+            got = tpu_processors[name](ids.to("tpu"), given.to("tpu"))
+            assert got.device.type == "tpu", name
+            torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5, msg=f"{name} at length {length}")
+
+
+def test_stopping_criteria_match_cpu():
+    from transformers import generation as g
+    gen = torch.Generator().manual_seed(32)
+    criteria = {
+        "max_length": lambda device: g.MaxLengthCriteria(max_length=8),
+        "eos": lambda device: g.EosTokenCriteria(eos_token_id=[0, 3]),
+        "list": lambda device: g.StoppingCriteriaList([g.MaxLengthCriteria(9), g.EosTokenCriteria(0)]),
+    }
+    for length in (5, 8, 9):
+        ids = torch.randint(0, 6, (4, length), generator=gen)
+        ids[0, -1], ids[1, -1] = 0, 3
+        scores = torch.randn(4, _VOCAB, generator=gen)
+        for name, make in criteria.items():
+            ref = make("cpu")(ids, scores)
+            got = make("tpu")(ids.to("tpu"), scores.to("tpu"))
+            assert got.device.type == "tpu" and got.dtype == torch.bool, name
+            assert got.cpu().tolist() == ref.tolist(), f"{name} at length {length}"
