@@ -292,3 +292,16 @@ def test_inplace_shift_operators(dtype):
         c >>= shifts.to(device)
         return torch.stack([a, b, c])
     both(run)
+
+
+@pytest.mark.parametrize("op, dtype", [(lambda t: torch.gcd(t, t), torch.float32),
+                                       (lambda t: torch.bitwise_and(t, t), torch.float64),
+                                       (lambda t: torch.remainder(t, True), torch.bool)])
+def test_dtypes_jax_refuses_raise_torchs_error_type(op, dtype):
+    x = torch.randn(4).to(dtype)
+    with pytest.raises(Exception) as cpu_error:
+        op(x)
+    for _ in range(2):
+        with pytest.raises(type(cpu_error.value)) as tpu_error:
+            op(x.to(DEV))
+        assert str(tpu_error.value) == str(cpu_error.value).replace("_cpu", "_tpu")

@@ -285,10 +285,11 @@ class OpKernel:
         dev = device if device >= 0 else 0
         try:
             results = self._run(entry, records, scalars, offsets, dev, args, kwargs)
-        except BaseException:
+        except BaseException as e:
             if entry.n_results is None:   # failed or interrupted while JAX traced it: build afresh
                 self.cache.pop(key, None)
-            raise
+            if isinstance(e, (ValueError, TypeError)) and _raised_in_jax(e):
+                raise
         if self.precision_sensitive and not keyed_precision:
             # the trace read the matmul precision: from now on the setting is part of the key
             self.cache[(*key, _matmul_precision())] = entry
@@ -441,6 +442,26 @@ DONATE_BYTES = 1 << 18
 
 def _always(*args, **kwargs):
     return True
+
+
+def _raised_in_jax(error):
+    """Whether `error`, raised while the lowering was traced, is JAX's (a jnp function refusing a
+    dtype; JAX filters its own frames out of the traceback) rather than one of ours, which name
+    torchtpu."""
+    return not str(error).startswith("torchtpu")
+
+
+def _as_torch_error(kernel, error, args):
+    """JAX's ValueError/TypeError as the error type PyTorch raises: a dtype the op does not take is
+    NotImplementedError (a RuntimeError) named as the CPU names it ("gcd_cpu" not implemented for
+    'Float'), anything else a RuntimeError naming the op."""
+    message = str(error)
+    first = next((a for a in args if isinstance(a, _Tensor)), None)
+    if first is not None and ("dtype" in message or "must be integer" in message):
+        from ..ops.dtypes import scalar_type_name
+        base = kernel.name.split(".")[0].rstrip("_")
+        return NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(first.dtype)}'")
+    return TpuOpError(f"torchtpu: aten::{kernel.name}: {message}")
 
 
 def scalar_key(values):
