@@ -204,10 +204,12 @@ def _sdpa_train_step(is_causal):
     return step
 
 
-def test_sdpa_splash_compiles_for_tpu(compile_for):
-    """bf16 causal attention at a padded length, forward and backward, for v5e."""
+@pytest.mark.parametrize("x64", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_sdpa_splash_compiles_for_tpu(compile_for, x64):
+    """bf16 causal attention at a padded length, forward and backward, for v5e (whatever the x64 setting)."""
     x = jax.ShapeDtypeStruct((1, 2, 200, 128), jnp.bfloat16)
-    compile_for(V5E, _sdpa_train_step(True), x, x, x, x)
+    with jax.enable_x64(x64):
+        compile_for(V5E, _sdpa_train_step(True), x, x, x, x)
 
 
 @pytest.mark.slow
@@ -413,9 +415,11 @@ def test_jax_op_gridded_pallas_kernel_on_tpu_device_under_the_compile_check(monk
     assert names.get("test_tpu_kernels::gridded.default") is True, names
 
 
-def test_jax_op_pallas_kernel_with_64_bit_values_keeps_them_on_the_host():
+def test_jax_op_pallas_kernel_with_64_bit_values_keeps_them_on_the_host(monkeypatch):
     """A kernel reading int64 or float64 is no TPU kernel: it is traced with the process's x64, so its values
-    stay 64-bit on the host (only kernels of 32-bit values are traced with x64 off)."""
+    stay 64-bit on the host (only kernels of 32-bit values are traced with x64 off). (Host semantics: under
+    the TPU compile check it fails to compile for the TPU, as it should.)"""
+    monkeypatch.delenv("TORCHTPU_TPU_COMPILE_CHECK", raising=False)
     from jax.experimental import pallas as pl
     from torch.tpu.pallas import jax_op
 

@@ -76,7 +76,7 @@ def plan(q, k, v, *, causal: bool, offset: int = 0, window: int | None = None, b
     """The splash plan for q (b, h, s, d), k/v (b, h_kv, t, d), or None when splash does not apply (not tracing
     for a TPU, or a problem it does not take: see the module docstring)."""
     from ..device.platform import lowering_platform
-    if lowering_platform() != "tpu":
+    if lowering_platform() != "tpu" or not _splash_available():
         return None
     if not (q.ndim == k.ndim == v.ndim == 4) or not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
         return None
@@ -93,6 +93,18 @@ def plan(q, k, v, *, causal: bool, offset: int = 0, window: int | None = None, b
     q_pad, kv_pad = _round_up(s, BLOCK), _round_up(t, BLOCK)
     return Plan(b, h, h_kv, s, t, q_pad, kv_pad, bool(causal), int(offset), window,
                 _block(q_pad, block_q), _block(kv_pad, block_kv))
+
+
+@functools.lru_cache(maxsize=1)
+def _splash_available():
+    """Whether this JAX has the splash kernel with the pieces used here (else: XLA attention)."""
+    try:
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    except ImportError:
+        return False
+    return all(hasattr(sk, n) for n in ("make_splash_mha", "make_splash_mqa", "BlockSizes")) and hasattr(
+        sm, "_ComputableMask")
 
 
 def _mask_class():
