@@ -305,3 +305,48 @@ def test_dtypes_jax_refuses_raise_torchs_error_type(op, dtype):
         with pytest.raises(type(cpu_error.value)) as tpu_error:
             op(x.to(DEV))
         assert str(tpu_error.value) == str(cpu_error.value).replace("_cpu", "_tpu")
+
+
+# ------------------------------------------------------------------ tools/upstream_tests.py
+_GENERIC_FILE = '''
+import torch
+from torch.testing._internal.common_device_type import instantiate_device_type_tests, dtypes
+from torch.testing._internal.common_utils import TestCase
+
+
+class TestTiny(TestCase):
+    @dtypes(torch.float32, torch.int64)
+    def test_add(self, device, dtype):
+        x = torch.ones(3, dtype=dtype, device=device)
+        self.assertEqual((x + x).cpu(), torch.full((3,), 2, dtype=dtype))
+
+    def test_only_cpu_passes(self, device):
+        if device != "cpu":
+            raise ValueError(f"not on {device}")
+
+
+instantiate_device_type_tests(TestTiny, globals())
+'''
+
+
+def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[1] / "tools"
+    sys.path.insert(0, str(tools))
+    try:
+        import upstream_tests
+    finally:
+        sys.path.remove(str(tools))
+    assert (upstream_tests.common_name("t.py::TestFooPRIVATEUSE1::test_only_cpu_x_tpu_float32")
+            == upstream_tests.common_name("t.py::TestFooCPU::test_only_cpu_x_cpu_float32")
+            == "t.py::TestFoo::test_only_cpu_x_DEV_float32")
+    (tmp_path / "pytorch" / "test").mkdir(parents=True)
+    (tmp_path / "pytorch" / "test" / "test_tiny_generic.py").write_text(_GENERIC_FILE)
+    done = subprocess.run([sys.executable, str(tools / "upstream_tests.py"), "run", str(tmp_path / "pytorch"),
+                           "test/test_tiny_generic.py", "--out", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=600, check=True)
+    assert "2/3 cpu-passing tests pass on tpu" in done.stdout, done.stdout + done.stderr
+    assert "ValueError: not on tpu:N" in done.stdout

@@ -1,0 +1,203 @@
+"""Run PyTorch's own device-generic test files on "cpu" and on "tpu", and compare them by test name.
+
+    python tools/upstream_tests.py run /path/to/pytorch test/test_view_ops.py test/test_indexing.py \
+        --out /tmp/pt_runs [-k EXPR] [--test-timeout 300] [--file-timeout 3600] [-- <more pytest args>]
+    python tools/upstream_tests.py report /tmp/pt_runs [--markdown]
+
+`run` takes a PyTorch source checkout (only its `test/` folder is needed, at the tag of the installed
+torch: docs/upstream_tests.md; nothing of it is copied here) and test files inside it. Each file runs
+in its own pytest process once per device, from the checkout's `test/` folder (PyTorch's test files
+import their neighbours by bare name), with PYTORCH_TESTING_DEVICE_ONLY_FOR set to that device:
+`torch.testing._internal.common_device_type` then instantiates each device-generic class for that
+device only (TestFooCPU, or TestFooTPU through PrivateUse1TestBase once torch.tpu.is_available()).
+The checkout's conftest.py is not loaded (it wants PyTorch's CI plugins); the tests are unittest
+classes and need none of its fixtures. Results are written one test at a time by the recorder of
+tools/transformers_tests.py (a JSON line per test), so a file that hangs or crashes the process keeps
+what finished, and the run says how the process ended (a negative return code is the signal that
+killed it: -11 a segfault).
+
+`report` matches the two devices' results by test name with the device taken out (TestFooCPU::
+test_bar_cpu_float32 and TestFooTPU::test_bar_tpu_float32 are one test), prints per file how many of
+the tests that pass on the CPU also pass on tpu, and groups the rest by cause (the exception type and
+the first line of its message, numbers and addresses blanked).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+from transformers_tests import RESULTS_ENV, TIMEOUT_ENV, _has_xdist, cause_of
+
+DEVICES = ("cpu", "tpu")
+# PrivateUse1TestBase names its classes TestFooPRIVATEUSE1 (older releases: TestFooTPU)
+_CLASS_DEVICE = re.compile(r"(CPU|TPU|PRIVATEUSE1)(?=::|$)")
+_NAME_DEVICE = re.compile(r"(?<=_)(cpu|tpu)(?=_|$|\[)")
+
+
+def common_name(test_id: str) -> str:
+    """The test's name without its device: TestFooTPU::test_bar_tpu_float32 -> TestFoo::test_bar_DEV_float32."""
+    parts = test_id.split("::")
+    parts = [_CLASS_DEVICE.sub("", p) if i == len(parts) - 2 else p for i, p in enumerate(parts)]
+    found = list(_NAME_DEVICE.finditer(parts[-1]))
+    if found:   # the device suffix is the last device word (test_only_cpu_x_tpu_float32: the "tpu")
+        last = found[-1]
+        parts[-1] = parts[-1][:last.start()] + "DEV" + parts[-1][last.end():]
+    return "::".join(parts)
+
+
+# ------------------------------------------------------------------ run
+def _test_files(test_root: pathlib.Path, paths: list[str]) -> list[str]:
+    files = []
+    for given in paths:
+        path = pathlib.Path(given)
+        path = (test_root.parent / path) if path.parts and path.parts[0] == "test" else (test_root / path)
+        if path.is_dir():
+            files += sorted(str(p.relative_to(test_root)) for p in path.glob("test_*.py"))
+        elif path.is_file():
+            files.append(str(path.resolve().relative_to(test_root.resolve())))
+        else:
+            raise SystemExit(f"no test file or folder {given!r} under {test_root}")
+    return files
+
+
+def _device_env(device: str, results: pathlib.Path, test_timeout: float) -> dict:
+    env = dict(os.environ)
+    env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = device
+    env[RESULTS_ENV], env[TIMEOUT_ENV] = str(results), str(test_timeout)
+    tools = str(pathlib.Path(__file__).resolve().parent)
+    env["PYTHONPATH"] = tools + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def run(args) -> int:
+    checkout = pathlib.Path(args.checkout).resolve()
+    test_root = checkout / "test" if (checkout / "test").is_dir() else checkout
+    if not (test_root / "test_torch.py").is_file() and not any(test_root.glob("test_*.py")):
+        raise SystemExit(f"{checkout} holds no PyTorch test files (expected a checkout with test/)")
+    out = pathlib.Path(args.out).resolve()
+    files = _test_files(test_root, args.paths)
+    devices = args.devices.split(",")
+    unknown = [d for d in devices if d not in DEVICES]
+    if unknown:
+        raise SystemExit(f"--devices: unknown {unknown}; choose from {DEVICES}")
+    out.mkdir(parents=True, exist_ok=True)
+    endings = {}
+    for test_file in files:
+        for device in devices:
+            results = out / device / (test_file.replace("/", "+") + ".jsonl")
+            results.parent.mkdir(parents=True, exist_ok=True)
+            results.unlink(missing_ok=True)
+            command = [sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider",
+                       "-p", "transformers_tests", *(["-n0"] if _has_xdist() else []), test_file]
+            if args.k:
+                command += ["-k", args.k]
+            command += args.pytest_args
+            start = time.time()
+            try:
+                done = subprocess.run(command, cwd=test_root, env=_device_env(device, results, args.test_timeout),
+                                      capture_output=True, text=True, check=False, timeout=args.file_timeout)
+                ending = f"rc={done.returncode}"
+                if done.returncode not in (0, 1, 5):   # a signal (negative), an interrupt or a usage error
+                    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+                    ending += " " + " | ".join(tail)
+            except subprocess.TimeoutExpired:
+                ending = f"ran over {args.file_timeout:g} s (--file-timeout): results so far kept"
+            endings[f"{device} {test_file}"] = ending
+            print(f"{device:4} {test_file}: {time.time() - start:.0f} s, {ending}", flush=True)
+    (out / "run.json").write_text(json.dumps({"checkout": str(checkout), "files": files, "k": args.k,
+                                              "pytest_args": args.pytest_args, "endings": endings}, indent=1))
+    print()
+    return report(argparse.Namespace(out=str(out), markdown=args.markdown))
+
+
+# ------------------------------------------------------------------ report
+def _load(out: pathlib.Path, device: str) -> dict[str, dict[str, dict]]:
+    """{test file: {common test name: record}} for one device."""
+    files: dict[str, dict[str, dict]] = {}
+    for path in sorted((out / device).glob("*.jsonl")):
+        test_file = path.name[: -len(".jsonl")].replace("+", "/")
+        records = files.setdefault(test_file, {})
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                records[common_name(record["id"])] = record
+    return files
+
+
+def report(args) -> int:
+    out = pathlib.Path(args.out)
+    run_info = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+    endings = run_info.get("endings", {})
+    cpu, tpu = _load(out, "cpu"), _load(out, "tpu")
+    rows, lost_all = [], []
+    for test_file in sorted(set(cpu) | set(tpu)):
+        c, t = cpu.get(test_file, {}), tpu.get(test_file, {})
+        passing = [name for name, r in c.items() if r["outcome"] == "passed"]
+        lost = [(name, t.get(name, {"outcome": "missing", "message": "not run on tpu (the process crashed or "
+                                                                        "ran out of time before it)"}))
+                for name in passing if t.get(name, {}).get("outcome") != "passed"]
+        lost_all += [(name, record) for name, record in lost]
+        counts = collections.Counter(r["outcome"] for r in t.values())
+        rate = f"{(len(passing) - len(lost)) / len(passing):.1%}" if passing else "-"
+        rows.append((test_file, len(passing), len(passing) - len(lost), rate, counts["failed"] + counts["error"],
+                     counts["skipped"], endings.get(f"tpu {test_file}", "")))
+    header = ("file", "cpu pass", "of those, tpu pass", "rate", "tpu fail", "tpu skip", "tpu process")
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row in rows:
+            print("| " + " | ".join(str(x) for x in row) + " |")
+    else:
+        for row in rows:
+            print(f"{row[0]}: {row[2]}/{row[1]} cpu-passing tests pass on tpu ({row[3]}); tpu {row[4]} fail, "
+                  f"{row[5]} skip; {row[6]}")
+    total = sum(r[1] for r in rows)
+    print(f"\ntotal: {total - len(lost_all)} of {total} cpu-passing tests pass on tpu")
+    groups = collections.defaultdict(list)
+    for name, record in lost_all:
+        groups[cause_of(record.get("message", "")) if record["outcome"] != "missing"
+               else "missing: " + record["message"]].append(name)
+    if groups:
+        print("\ncpu-passing tests that do not pass on tpu, by cause:")
+        for cause, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            print(f"  [{len(names)}] {cause}")
+            for name in names[:5]:
+                print(f"      {name}")
+            if len(names) > 5:
+                print(f"      ... {len(names) - 5} more")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run test files of a PyTorch checkout on cpu and tpu, then report")
+    p.add_argument("checkout", help="a PyTorch source checkout (or its test/ folder)")
+    p.add_argument("paths", nargs="+", help="test files, relative to the checkout (test/test_x.py) or to test/")
+    p.add_argument("--out", default="upstream_test_runs", help="where the per-test results go")
+    p.add_argument("--devices", default="cpu,tpu")
+    p.add_argument("-k", default=None, help="pytest -k expression, for every file")
+    p.add_argument("--test-timeout", type=float, default=300, help="seconds per test (0: none)")
+    p.add_argument("--file-timeout", type=float, default=3600, help="seconds per test file and device")
+    p.add_argument("--markdown", action="store_true")
+    r = sub.add_parser("report", help="compare the results of a run")
+    r.add_argument("out")
+    r.add_argument("--markdown", action="store_true")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []   # after --: more pytest arguments (-x, ...)
+    args = parser.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
+    if args.command == "run":
+        args.pytest_args = extra
+        return run(args)
+    return report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
