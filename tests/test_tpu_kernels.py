@@ -333,21 +333,31 @@ def test_float32_ragged_dot_follows_the_matmul_precision_setting():
         torch.set_float32_matmul_precision(previous)
 
 
+def _hub():
+    """The Hub kernel package, loaded as tests/test_kernels_hub.py loads it (`kernels` caches it: its ops
+    are registered once per process)."""
+    import pathlib
+    kernels = pytest.importorskip("kernels")
+    return kernels.get_local_kernel(pathlib.Path(__file__).resolve().parent.parent / "kernels" / "torchtpu-kernels")
+
+
+def test_hub_moe_experts_tpu_branch_compiles_for_tpu(compile_for):
+    """The Hub kernel's MoE block in bf16, TPU branch (XLA's ragged dot at DEFAULT precision), for v5e."""
+    bf = jnp.bfloat16
+    args = (jax.ShapeDtypeStruct((32, 128), bf), jax.ShapeDtypeStruct((32, 2), jnp.int32),
+            jax.ShapeDtypeStruct((32, 2), bf), jax.ShapeDtypeStruct((4, 128, 128), bf),
+            jax.ShapeDtypeStruct((4, 128, 64), bf))
+    fn = _hub().moe_experts.jax_function
+    assert "ragged_dot" in _tpu_text(fn, *args)
+    compile_for(V5E, fn, *args)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("topology", [V5E, V6E])
 def test_hub_moe_experts_tpu_branch_compiles_and_matches(compile_for, topology):
     """The Hub kernel's MoE block: its TPU branch (XLA's ragged dot) in bf16 compiles for the TPU and, on the
     host, matches its float32 computation within bf16 tolerance."""
-    import importlib
-    import pathlib
-    import sys
-    root = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "torchtpu-kernels" / "build" / "torch-tpu"
-    sys.path.insert(0, str(root))
-    try:
-        hub = importlib.import_module("torchtpu_kernels")
-    finally:
-        sys.path.remove(str(root))
-    fn = hub.moe_experts.jax_function
+    fn = _hub().moe_experts.jax_function
     gen = torch.Generator().manual_seed(6)
     tokens, hidden, inter, experts, top_k = 64, 128, 64, 8, 2
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
