@@ -206,7 +206,7 @@ def _load(out: pathlib.Path, device: str, by_class: bool = False) -> dict[str, d
 def cause_of(message: str) -> str:
     """A failure's cause: the first line of its message with numbers, addresses and long quotes blanked."""
     first = (message or "no message").strip().splitlines()[0] if (message or "").strip() else "no message"
-    first = re.sub(r"0x[0-9a-fA-F]+", "0x…", first)
+    first = re.sub(r"0x[0-9a-fA-F]+", "ADDRESS", first)
     first = re.sub(r"(?<![A-Za-z_])\d+(\.\d+)?(e[-+]?\d+)?", "N", first)
     first = re.sub(r"'[^']{60,}'", "'…'", first)
     return first[:160]
