@@ -350,3 +350,17 @@ def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
                           capture_output=True, text=True, timeout=600, check=True)
     assert "2/3 cpu-passing tests pass on tpu" in done.stdout, done.stdout + done.stderr
     assert "ValueError: not on tpu:N" in done.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64])
+def test_storage_type_names_the_tpu_legacy_class(dtype):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # TypedStorage is deprecated
+        cpu_class = torch.empty(2, dtype=dtype).storage_type()
+        tpu_class = torch.empty(2, dtype=dtype, device=DEV).storage_type()
+        assert tpu_class is getattr(torch.tpu, cpu_class.__name__)
+        assert tpu_class.dtype == dtype
+        assert isinstance(torch.ones(2, dtype=dtype, device=DEV).storage(), tpu_class)
+        x = torch.randn(3).to(dtype)
+        assert x.to(DEV).storage().tolist() == x.storage().tolist()

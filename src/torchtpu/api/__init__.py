@@ -20,9 +20,21 @@ _FACADE = "torchtpu.api.tpu"
 
 # name -> "module:attribute" (keep sorted; tests/test_api.py checks the order and TorchTPU parity)
 PUBLIC: dict[str, str] = {
+    "BFloat16Storage": "torchtpu.storage.legacy:BFloat16Storage",
+    "BoolStorage": "torchtpu.storage.legacy:BoolStorage",
+    "ByteStorage": "torchtpu.storage.legacy:ByteStorage",
+    "CharStorage": "torchtpu.storage.legacy:CharStorage",
+    "ComplexDoubleStorage": "torchtpu.storage.legacy:ComplexDoubleStorage",
+    "ComplexFloatStorage": "torchtpu.storage.legacy:ComplexFloatStorage",
+    "DoubleStorage": "torchtpu.storage.legacy:DoubleStorage",
     "EagerMode": "torchtpu.eager.modes:EagerMode",
     "Event": f"{_DEVICE}:Event",
+    "FloatStorage": "torchtpu.storage.legacy:FloatStorage",
+    "HalfStorage": "torchtpu.storage.legacy:HalfStorage",
+    "IntStorage": "torchtpu.storage.legacy:IntStorage",
+    "LongStorage": "torchtpu.storage.legacy:LongStorage",
     "Precision": f"{_FACADE}:Precision",
+    "ShortStorage": "torchtpu.storage.legacy:ShortStorage",
     "Stream": f"{_DEVICE}:Stream",
     "clear_device_assert": f"{_DEVICE}:clear_device_assert",
     "current_device": f"{_DEVICE}:current_device",
