@@ -444,3 +444,24 @@ def test_jax_op_pallas_kernel_with_64_bit_values_keeps_them_on_the_host(monkeypa
     torch.testing.assert_close(op(big.to("tpu")).cpu(), big * 3 + 1, rtol=0, atol=0)
     wide = torch.randn(8, 128, dtype=torch.float64)
     torch.testing.assert_close(op(wide.to("tpu")).cpu(), wide * 3 + 1)
+
+
+def test_splash_sdpa_on_tpu_device_under_the_compile_check(monkeypatch):
+    """torch.tpu.ops.splash_sdpa on "tpu" tensors with the check on (GQA, sliding window, a padded length):
+    the op and its jax.vjp backward op compile for v5e with splash on the TPU trace; the host's results
+    equal torch CPU's."""
+    from torch.tpu.ops import splash_sdpa
+    monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", V5E)
+    tpu_check.reset_for_test()
+    s = 129 + int.from_bytes(os.urandom(1), "little") % 100   # a fresh shape: new executables, checked
+    q, k, v, grad = _qkv(1, 4, 2, s, s, 64, torch.float32, seed=7)
+    leaves = [x.to("tpu").requires_grad_() for x in (q, k, v)]
+    out = splash_sdpa(*leaves, is_causal=True, local_window_size=48, enable_gqa=True)
+    out.backward(grad.to("tpu"))
+    ref = _reference(q, k, v, grad, mask=_bottom_right_mask(s, s, True, 48), enable_gqa=True)
+    for got, want in zip((out, *(x.grad for x in leaves)), ref):
+        torch.testing.assert_close(got.detach().cpu(), want, **_tol(torch.float32))
+    names = {p.name: p.ok for p in tpu_check.report().programs}
+    tpu_check.reset_for_test()
+    assert names.get("tpu::_splash_sdpa.default") is True, names
+    assert names.get("tpu::_splash_sdpa_jax_vjp.default") is True, names
