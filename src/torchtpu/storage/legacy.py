@@ -31,4 +31,4 @@ def _legacy_class(name, dtype):
 for _name, _dtype in _DTYPES.items():
     globals()[_name] = _legacy_class(_name, _dtype)
 
-__all__ = sorted(_DTYPES)
+__all__ = list(_DTYPES)   # (the classes made above)
