@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import os
 import pickle
 import struct
@@ -77,6 +78,9 @@ _results: list = []
 _atexit = [False]
 _test_abort_next = [False]
 _jax_state = []                 # the JAX configuration value that keys JAX's caches on the TPU trace
+# (topology, StableHLO digest, replicas, partitions) -> the child's answer: the same program built again
+# (an op's donating form, an entry rebuilt after its cache was cleared) is not compiled again
+_compiled: dict = {}
 
 
 def topology() -> str | None:
@@ -134,7 +138,7 @@ def wrap(run, fn, name: str, **jit_kwargs):
 
 
 class _Checked:
-    __slots__ = ("__wrapped__", "__weakref__", "check_name", "run", "seen", "traceable")   # (weakref: fusion._twins)
+    __slots__ = ("__weakref__", "__wrapped__", "check_name", "run", "seen", "traceable")   # (weakref: fusion._twins)
 
     def __init__(self, run, traceable, name, wrapped):
         self.run, self.traceable, self.check_name, self.seen = run, traceable, name, {}
@@ -208,7 +212,13 @@ def _check_failure(traceable, args, kwargs, name):
         error = f"tracing for the TPU failed: {type(e).__name__}: {e}"
         _record(ProgramResult(name, False, error, {}, 0.0))
         return TpuCompileCheckError(name, topo, error, in_trace=True)
-    error, cost, seconds = _child.compile(topo, name, bytecode, replicas, partitions)
+    key = (topo, hashlib.sha256(bytecode).digest(), replicas, partitions)
+    known = _compiled.get(key)
+    if known is None or _test_abort_next[0]:
+        known = _child.compile(topo, name, bytecode, replicas, partitions)
+        if not known[0] or "compiler process died" not in known[0]:   # (a crash may be the machine's: retried)
+            _compiled[key] = known
+    error, cost, seconds = known
     _record(ProgramResult(name, error is None, error, cost, seconds))
     return None if error is None else TpuCompileCheckError(name, topo, error)
 
