@@ -14,7 +14,7 @@ padded rows' zero cotangents into NaN). The padded rows are cut off the result.
 x64: the kernel is traced with 32-bit Python ints (pallas_support.kernel_tracing), forward and backward, so it
 compiles for TPU whatever torchtpu's x64 setting. Gradients: scaled_dot_product_attention's backward lowering runs
 splash's fused dq/dk/dv kernel on the forward's output and logsumexp (`backward`); `attention` (splash_sdpa, a
-jax_op differentiated by jax.vjp) is a custom_vjp whose backward recomputes the forward inside splash's own VJP.
+jax_op differentiated by jax.vjp) is a custom_vjp with the same forward residuals and backward.
 
 On the host (XLA:CPU, tests under `platform.tracing_for("tpu")`) the kernel runs in Pallas' interpreter.
 """
@@ -195,7 +195,7 @@ def forward(p: Plan, q, k, v, scale):
 
 
 def attention(p: Plan, q, k, v, scale):
-    """The attention output, differentiable in q, k, v (splash's backward kernels)."""
+    """The attention output, differentiable in q, k, v (splash's fused backward kernel)."""
     return _attention(q, k, v, p, float(scale))
 
 
@@ -206,12 +206,17 @@ def _attention(q, k, v, p, scale):
 
 
 def _attention_fwd(q, k, v, p, scale):
-    return _attention(q, k, v, p, scale), (q, k, v)
+    out, lse = forward(p, q, k, v, scale)
+    return out, (q, k, v, out, lse)
 
 
 def _attention_bwd(p, scale, saved, grad):
-    q, k, v = saved
+    q, k, v, out, lse = saved
+    return backward(p, grad, q, k, v, out, lse, scale)
 
+
+def _recomputing_backward(p, grad, q, k, v, scale):
+    """(dq, dk, dv) through splash's own VJP, recomputing the forward (when its residual backward is absent)."""
     def padded(q, k, v):
         return _run(p, *_prepare(p, q, k, v, scale), residuals=False)[:, :, :p.q_len]
 
@@ -231,8 +236,7 @@ def backward(p: Plan, grad, q, k, v, out, lse, scale):
     try:
         return _backward_from_residuals(p, grad, q, k, v, out, lse, scale)
     except (AttributeError, TypeError):   # the private entry point moved or changed its signature
-        _, pullback = jax.vjp(lambda q, k, v: attention(p, q, k, v, scale), q, k, v)
-        return pullback(grad.astype(q.dtype))
+        return _recomputing_backward(p, grad, q, k, v, scale)
 
 
 def _backward_from_residuals(p: Plan, grad, q, k, v, out, lse, scale):
