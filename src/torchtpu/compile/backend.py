@@ -94,21 +94,25 @@ def _out_layout(val):
 
 
 class Entry:
-    __slots__ = ("fn", "fn_plain", "donate", "donated_slots", "outs", "n_arrays", "mutated_slots", "n_cpu", "fused", "sample",
-                 "cpu_mutations", "checks", "xla", "written", "tensor_outs", "make_outputs")
+    __slots__ = ("fn", "fn_plain", "donate", "donated_slots", "outs", "n_arrays", "mutated_slots", "n_cpu", "fused",
+                 "sample", "cpu_mutations", "checks", "xla", "written", "tensor_outs", "make_outputs",
+                 "array_positions")
 
     def finish(self, outs_meta):
         """The per-call helpers, once the outputs are known: `written` picks the records the call
-        writes; `tensor_outs` (shapes, dtypes, strides), when every output is a tensor, builds the
-        outputs in one C-level pass."""
+        writes; `tensor_outs` (shapes, dtypes, strides), when every output is a tensor the executable
+        returns or an alias made on the host ("A", _output_aliases), builds the returned ones in one
+        C-level pass; `array_positions` says where they go when aliases sit between them."""
         self.outs = list(outs_meta)
         self.n_arrays = sum(o[0] == "T" for o in self.outs)
         slots = self.mutated_slots
         self.written = (lambda records: ()) if not slots else _picker(slots)
-        if self.outs and all(o[0] == "T" for o in self.outs):
-            self.tensor_outs = tuple(zip(*[o[1:] for o in self.outs]))
+        arrays = [o for o in self.outs if o[0] == "T"]
+        if arrays and all(o[0] in "TA" for o in self.outs):
+            self.tensor_outs = tuple(zip(*[o[1:] for o in arrays]))
         else:
             self.tensor_outs = None
+        self.array_positions = [i for i, o in enumerate(self.outs) if o[0] == "T"]
         functions = graph_functions()
         self.make_outputs = functions[2] if functions is not None else _new_tensors
 
@@ -193,12 +197,127 @@ def _value_int_inputs(graph):
     return frozenset(found)
 
 
+_ALIAS_ONLY = frozenset({torch.ops.aten._unsafe_view.default})   # not views by schema; views on the device
+
+
+def _view_step(node):
+    """(op, other args, kwargs) if `node` is a view op (by schema, or `_unsafe_view`) of its first argument
+    whose other arguments are plain values (no graph values, no symbolic sizes), else None."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    if not (target.is_view or target in _ALIAS_ONLY) or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    def plain(a):
+        if isinstance(a, (list, tuple)):
+            return all(plain(x) for x in a)
+        return not isinstance(a, (torch.fx.Node, torch.SymInt, torch.SymFloat, torch.SymBool))
+
+    rest = tuple(node.args[1:])
+    if not plain(rest) or not plain(tuple(node.kwargs.values())):
+        return None
+    return target, rest, dict(node.kwargs)
+
+
+def _dense_at_zero(val):
+    """True when the backend returns the output `val` with exactly its meta strides (_out_layout)."""
+    if not isinstance(val, _Tensor):
+        return False
+    shape, stride = tuple(val.shape), tuple(val.stride())
+    return (all(type(x) is int for x in shape + stride) and val.storage_offset() == 0
+            and _dense_order(shape, stride) is not None)
+
+
+def _output_aliases(graph, mutated, out_vals):
+    """Graph outputs that are a graph input or another output, directly or through view ops: a training
+    forward returns every weight it saves for the backward (`primals_5`, `t(primals_5)`) and outputs
+    twice (`detach(rsqrt)` beside `rsqrt`, a cache tensor returned and saved). Returned by the executable,
+    each is a copy XLA makes per call (the forward of a 4-layer Llama copied 79 buffers, every weight);
+    made on the host as views of the input or of the other output, they cost a few microseconds each.
+
+    Returns (plan, input positions): the plan lists (output position, "in" or "out", index, view steps)
+    in an order where an output another one views comes first; "in" indexes the input positions."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    ph_index = {n: i for i, n in enumerate(placeholders)}
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+    mutated = set(mutated)
+
+    def to_input(node):
+        """(placeholder index, view steps from it) if `node` is an unmutated tpu input or a view of one."""
+        steps = []
+        while node.op != "placeholder":
+            step = _view_step(node)
+            if step is None:
+                return None
+            steps.append(step)
+            node = node.args[0]
+        val = node.meta.get("val")
+        if ph_index[node] in mutated or not isinstance(val, _Tensor) or val.device.type != "tpu":
+            return None
+        return ph_index[node], steps[::-1]
+
+    found = {}
+    first = {}   # node -> position of the output the executable returns for it
+    for pos, node in enumerate(outs):
+        if not isinstance(node, torch.fx.Node) or not isinstance(out_vals[pos], _Tensor):
+            continue
+        src = to_input(node)
+        if src is not None:
+            found[pos] = ("in", src[0], src[1])
+        elif node in first:
+            found[pos] = ("out", first[node], [])
+        else:
+            first[node] = pos
+    for pos, node in enumerate(outs):   # views of returned outputs
+        if pos in found or not isinstance(node, torch.fx.Node) or first.get(node) != pos:
+            continue
+        steps, cur = [], node
+        while True:
+            step = _view_step(cur)
+            if step is None:
+                break
+            steps.append(step)
+            cur = cur.args[0]
+            base = first.get(cur)
+            if base is not None and base not in found and _dense_at_zero(out_vals[base]):
+                found[pos] = ("out", base, steps[::-1])
+                break
+    inputs = sorted({src for kind, src, _ in found.values() if kind == "in"})
+    plan = [(pos, kind, inputs.index(src) if kind == "in" else src, steps)
+            for pos, (kind, src, steps) in sorted(found.items())]
+    # an output viewing another output: a base an alias points at is never an alias itself (above)
+    return plan, inputs
+
+
+def _with_aliases(made, positions, n_outs, plan, bases):
+    """All outputs: the executable's (`made`, at `positions`) and the aliases of the plan."""
+    outs = [None] * n_outs
+    for p, t in zip(positions, made):
+        outs[p] = t
+    return _fill_aliases(outs, plan, bases)
+
+
+def _fill_aliases(outs, plan, bases):
+    """Fill the plan's positions of `outs` with views of the inputs `bases` or of other outputs."""
+    alias = torch.ops.aten.alias.default
+    for pos, kind, src, steps in plan:
+        value = bases[src] if kind == "in" else outs[src]
+        if not steps:
+            value = alias(value)   # its own tensor object, sharing the storage
+        for op, rest, kwargs in steps:
+            value = op(value, *rest, **kwargs)
+        outs[pos] = value
+    return outs
+
+
 class CompiledGraph:
     """One AOTAutograd graph; called with the real (boxed) inputs."""
 
     _boxed_call = True
     capture = False  # benchmarks: keep (executable, raw inputs) of the last call in `captured`
     fast_key = True  # key a call like the last one in a few C-level passes (_FastKey); off: input by input
+    alias_outputs = True  # outputs that are inputs or views of inputs/outputs made on the host (_output_aliases)
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str):
         self.gm = gm
@@ -220,6 +339,11 @@ class CompiledGraph:
                          for n in (outs if isinstance(outs, (list, tuple)) else [outs])]
         self.value_ints = _value_int_inputs(gm.graph)
         self.host_ints = _host_int_outputs(gm.graph, self.out_vals) if self.value_ints else {}
+        self.alias_plan, self.alias_inputs = [], []
+        if CompiledGraph.alias_outputs and self.placement is None:
+            self.alias_plan, self.alias_inputs = _output_aliases(gm.graph, self.program.mutated_placeholders,
+                                                                 self.out_vals)
+        self.aliased = frozenset(p[0] for p in self.alias_plan)
         self.cache = {}
         self.last_key = None
         self._fast = None        # _FastKey of the last call (see there), or None
@@ -268,6 +392,7 @@ class CompiledGraph:
             self.captured_inputs = list(args)
             _last_captured[0] = self
         host_ints = {i: f(args) for i, f in self.host_ints.items()} if self.value_ints else None
+        bases = [args[i] for i in self.alias_inputs] if self.alias_plan else None
         if isinstance(args, list):
             args.clear()  # boxed calling convention: the caller's list no longer keeps inputs alive
         results = _call(fn, dyn, entry, records)
@@ -276,7 +401,10 @@ class CompiledGraph:
         if entry.cpu_mutations:  # a sync point: the host waits for these values
             _copy_to_host(entry, results, cpu_vals)
         if entry.tensor_outs is not None:
-            return entry.make_outputs(*entry.tensor_outs, dev, results)
+            made = entry.make_outputs(*entry.tensor_outs, dev, results)
+            if bases is None:
+                return made
+            return _with_aliases(made, entry.array_positions, len(entry.outs), self.alias_plan, bases)
         outputs = []
         it = iter(results[:entry.n_arrays])
         for o in entry.outs:
@@ -285,8 +413,12 @@ class CompiledGraph:
                 outputs.append(new_tensor(shape, dtype, dev, next(it), stride=stride))
             elif o[0] == "H":
                 outputs.append(host_ints[len(outputs)])
+            elif o[0] == "A":
+                outputs.append(None)   # filled below
             else:
                 outputs.append(o[1])
+        if bases is not None:
+            _fill_aliases(outputs, self.alias_plan, bases)
         return outputs
 
     def _remember(self, args, key, entry, records, offsets, device):
@@ -377,17 +509,21 @@ class CompiledGraph:
         cpu_mutations = [i for i in program.mutated_placeholders if type(template[i]) is ValueArg]
         outs_meta = []  # filled while tracing
 
+        aliased = self.aliased
+
         def run(inputs, key):
             outputs, mutations = program.run(inputs, key)
-            return (outputs if isinstance(outputs, (list, tuple)) else [outputs],
-                    [mutations[i] for i in written], [jnp.asarray(mutations[i]) for i in cpu_mutations])
+            outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+            if aliased:   # made on the host as views (_output_aliases): not returned, so not copied
+                outputs = [None if i in aliased else v for i, v in enumerate(outputs)]
+            return outputs, [mutations[i] for i in written], [jnp.asarray(mutations[i]) for i in cpu_mutations]
 
         entry = Entry()
         entry.checks = ()
         traced = traced_function(Program(
             n_buffers=nb, n_values=n_cpu, random=program.random, n_offsets=n_off, template=template, run=run,
             outputs=_output_caster([_out_layout(v) for v in self.out_vals], outs_meta,
-                                   self.host_ints if value_ints else {}),
+                                   self.host_ints if value_ints else {}, self.aliased),
             writes=[tuple(template[i]) for i in written], mutated_slots=mutated_slots,
             on_trace=lambda messages, _: setattr(entry, "checks", messages)))
         entry.mutated_slots = mutated_slots
@@ -417,6 +553,19 @@ class CompiledGraph:
             entry.xla = xla_options.jax_options()   # keyed in _key
             entry.fn = lowered.compile(entry.xla)
             t2 = time.perf_counter()
+            if entry.donate and _copies_donations(entry.fn, [records[s].nbytes for s in entry.donated_slots]):
+                # XLA copies the donated buffers instead of updating them in place (a fusion still reads
+                # an old value after the in-place write: an optimizer step recomputes its new moments
+                # from the old ones inside the parameter's update). The copies live in a temporary
+                # allocated, and page-faulted afresh, at every call: compiled AdamW of a 20M-parameter
+                # model had 175 MB of it, 43k page faults and a 3.5x slower step than without donating.
+                log.debug("torchtpu compile: graph %d copies its donated buffers: compiled without donation",
+                          self.id)
+                entry.donate = False
+                jitted = jax.jit(traced, out_shardings=sharding if nb == 0 else None)
+                entry.fn = jitted.lower(*entry.sample).compile(entry.xla)
+                _counters.compiled_xla_compiles += 1
+                t2 = time.perf_counter()
         TIMES["trace_s"] += t1 - t0
         TIMES["xla_compile_s"] += t2 - t1
         tpu_check.check(jitted, entry.sample, self.where)
@@ -445,6 +594,24 @@ class CompiledGraph:
 
 
 _last_captured = [None]
+
+
+# glibc serves an allocation this large or larger with a fresh mapping (its largest mmap threshold on 64-bit):
+# a temporary of that size is page-faulted afresh at every call; smaller ones are reused from the heap
+_FRESH_MAPPING_BYTES = 32 << 20
+
+
+def _copies_donations(compiled, donated_nbytes):
+    """True when the executable needs a large temporary (one page-faulted at every call) as large as a
+    quarter of what it was given to update in place: XLA copies the donated buffers rather than writing
+    them in place, and the copies cost more than not donating (a fresh output reuses freed memory)."""
+    try:
+        temp = compiled.memory_analysis().temp_size_in_bytes
+    except Exception:  # noqa: BLE001 - a backend without memory analysis: keep the donation
+        return False
+    return temp >= _FRESH_MAPPING_BYTES and temp * 4 >= sum(donated_nbytes)
+
+
 _get_buffer = operator.attrgetter("_buffer")
 try:
     from jax._src.array import ArrayImpl as _ArrayImpl
@@ -655,16 +822,19 @@ def _sample(args, records, sharding, random, n_off, value_ints):
     return sample
 
 
-def _output_caster(layouts, outs_meta, host_ints):
+def _output_caster(layouts, outs_meta, host_ints, aliased=frozenset()):
     """Outputs in the memory order PyTorch expects (a transposed output stays transposed); fills
-    `outs_meta` with ("T", shape, dtype, stride), ("V", value) or ("H",) (an int the host computes:
-    `host_ints`) per graph output while tracing."""
+    `outs_meta` with ("T", shape, dtype, stride), ("V", value), ("H",) (an int the host computes:
+    `host_ints`) or ("A",) (a view the host makes: `aliased`) per graph output while tracing."""
     def cast(outputs):
         flat = []
         outs_meta.clear()
         for i, v in enumerate(outputs):
             if i in host_ints:
                 outs_meta.append(("H",))
+                continue
+            if i in aliased:
+                outs_meta.append(("A",))
                 continue
             if not (hasattr(v, "shape") and hasattr(v, "dtype")) or isinstance(v, (int, float, bool)):
                 outs_meta.append(("V", v))
