@@ -636,11 +636,14 @@ def _t5_pair():
     return cpu, copy.deepcopy(cpu).to("tpu")
 
 
-@pytest.mark.parametrize("cache", ["dynamic-returned", "user-encoder-decoder-cache", "static-returned"])
-def test_t5_generate_with_a_returned_cache_matches_cpu(cache, monkeypatch):
-    """generate() on an encoder-decoder model with the cache returned: on tpu the stop check is deferred
-    (integrations/patches.py) only where Transformers can roll the cache back (an EncoderDecoderCache of
-    DynamicCaches), else checked every token as on CUDA; tokens, scores and cache length as on the CPU."""
+@pytest.mark.parametrize("cache", ["not-returned", "dynamic-returned", "user-encoder-decoder-cache", "static-returned",
+                                   "finish-without-isinstance"])
+def test_t5_generate_matches_cpu_with_and_without_a_returned_cache(cache, monkeypatch):
+    """generate() on an encoder-decoder model: on tpu the stop check is deferred (integrations/patches.py)
+    when no cache is returned, and checked every token, as on CUDA, when an EncoderDecoderCache is returned
+    (Transformers cannot roll it back: a TypeError for a static cache, and an AttributeError in revisions
+    whose DeferredStopCheck.finish reads `cache.layers` without testing for EncoderDecoderCache, which
+    "finish-without-isinstance" reproduces). Tokens, scores and the cache's length as on the CPU."""
     from transformers import DynamicCache, EncoderDecoderCache
     from transformers.generation import utils as generation
     cpu, tpu = _t5_pair()
@@ -652,11 +655,21 @@ def test_t5_generate_with_a_returned_cache_matches_cpu(cache, monkeypatch):
         return call(self, *args)
 
     monkeypatch.setattr(generation.DeferredStopCheck, "__call__", counted_call)
+    if cache == "finish-without-isinstance":   # a finish() that reads cache.layers whatever the cache
+        finish = generation.DeferredStopCheck.finish
+
+        def finish_reading_layers(self):
+            if self.cache is not None:
+                _ = self.cache.layers
+            return finish(self)
+
+        monkeypatch.setattr(generation.DeferredStopCheck, "finish", finish_reading_layers)
     ids = torch.randint(2, 99, (2, 7), generator=torch.Generator().manual_seed(4))
     free = cpu.generate(ids, max_new_tokens=6, do_sample=False)
-    eos = int(free[1, 3])   # the second row stops early: the deferred check's rollback is exercised
-    kw = {"max_new_tokens": 6, "do_sample": False, "eos_token_id": eos, "return_dict_in_generate": True,
-          "output_scores": True}
+    eos = int(free[1, 3])   # the second row stops early: a deferred check must undo its extra step
+    kw = {"max_new_tokens": 6, "do_sample": False, "eos_token_id": eos}
+    if cache != "not-returned":
+        kw.update(return_dict_in_generate=True, output_scores=True)
     if cache == "static-returned":
         kw.update(cache_implementation="static", disable_compile=True)
     results = []
@@ -668,12 +681,15 @@ def test_t5_generate_with_a_returned_cache_matches_cpu(cache, monkeypatch):
         deferred[0] = 0
         results.append(model.generate(ids.to(device), **kw, **extra))
     ref, got = results
+    assert (deferred[0] > 0) == (cache == "not-returned")
+    if cache == "not-returned":
+        assert got.cpu().tolist() == ref.tolist()
+        return
     assert got.sequences.cpu().tolist() == ref.sequences.tolist()
     assert len(got.scores) == len(ref.scores)
     for mine, theirs in zip(got.scores, ref.scores):
         torch.testing.assert_close(mine.cpu(), theirs, atol=1e-4, rtol=1e-4)
     assert getattr(got, _CACHE_NAME).get_seq_length() == getattr(ref, _CACHE_NAME).get_seq_length()
-    assert (deferred[0] > 0) == (cache != "static-returned")
 
 
 # ------------------------------------------------------------------ logits processors and stopping criteria

@@ -488,13 +488,14 @@ def _deferred_stop_check(module) -> None:
     "mps" (the original decides them), and the host slots pinned: a copy into pageable memory waits,
     as on CUDA. Releases before 5.25 have no DeferredStopCheck: nothing to do.
 
-    CUDA never takes this path (5.25 defers on "mps" only), and it has two bugs with a cache that
-    `generate()` returns (`return_dict_in_generate=True` or a user's cache) of an encoder-decoder model:
-    `EncoderDecoderCache.crop` refuses anything but two DynamicCaches (a static cache: TypeError), and
-    `finish` reads `cache.layers` unless `isinstance(cache, EncoderDecoderCache)` holds for the class
-    generation/utils.py imported (AttributeError otherwise). On tpu the stop is deferred with a returned
-    cache only where the rollback works: a cache with `layers`, or an EncoderDecoderCache of two
-    DynamicCaches; otherwise `generate()` checks each token as on CUDA (same tokens, one sync a token)."""
+    CUDA never takes this path (5.25 defers on "mps" only), and it breaks for encoder-decoder models whose
+    cache `generate()` returns (`return_dict_in_generate=True`, or a cache passed in): rolling the extra
+    step back calls `EncoderDecoderCache.crop`, which refuses anything but two DynamicCaches (a static
+    cache: TypeError), and `finish` reads `cache.layers`, which an EncoderDecoderCache lacks (5.25 tests
+    `isinstance(cache, EncoderDecoderCache)` first; other revisions do not: AttributeError). So on tpu the
+    stop is deferred with a returned cache only when that cache has `layers` (a decoder-only model's);
+    an encoder-decoder model returning its cache checks every token, as on CUDA (same tokens, one
+    host sync a token); without a returned cache there is nothing to roll back and it defers."""
     cls = getattr(module, "DeferredStopCheck", None)
     if cls is None:
         return
@@ -508,14 +509,10 @@ def _deferred_stop_check(module) -> None:
     original_supported = supported.__func__
     mps = torch.device("mps")   # a device name only: asks the original about the cache, never touches mps
     signature = inspect.signature(original_supported)
-    encoder_decoder = getattr(module, "EncoderDecoderCache", None)
-    dynamic = getattr(module, "DynamicCache", None)
 
     def rollback_works(cache) -> bool:
-        if encoder_decoder is not None and isinstance(cache, encoder_decoder):
-            parts = (cache.self_attention_cache, cache.cross_attention_cache)
-            return dynamic is not None and all(isinstance(part, dynamic) for part in parts)
-        return hasattr(cache, "layers")
+        # finish() reads cache.layers, which encoder-decoder caches (and caches of other shapes) lack
+        return hasattr(cache, "layers") and not hasattr(cache, "self_attention_cache")
 
     def is_supported(device, *args, **kwargs):
         if getattr(device, "type", None) != "tpu":
