@@ -1,5 +1,5 @@
-"""Transformers' own ModelTesterMixin (5.24 sdist) over tiny configs of a few zoo models.
-Run with TRANSFORMERS_TEST_DEVICE=cpu and =tpu and compare; tools/transformers_suite/setup.sh lays it out."""
+"""Transformers' own ModelTesterMixin (the release sdist's, 5.24 and 5.25) over tiny configs of a few zoo models.
+tools/transformers_suite/setup.sh lays it out; tools/transformers_tests.py runs it on cpu and tpu and compares."""
 import unittest
 
 import torch
