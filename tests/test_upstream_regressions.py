@@ -364,3 +364,15 @@ def test_storage_type_names_the_tpu_legacy_class(dtype):
         assert isinstance(torch.ones(2, dtype=dtype, device=DEV).storage(), tpu_class)
         x = torch.randn(3).to(dtype)
         assert x.to(DEV).storage().tolist() == x.storage().tolist()
+
+
+@pytest.mark.parametrize("dtype, kwargs", [(torch.float32, {}), (torch.float16, {"dim": 1}),
+                                           (torch.float64, {"dim": [0], "keepdim": True}), (torch.int32, {}),
+                                           (torch.uint8, {"dim": 0}), (torch.bool, {})])
+def test_hash_tensor(dtype, kwargs):
+    x = (torch.randn(4, 5) * 100).to(dtype)
+    expected = torch.hash_tensor(x, **kwargs)
+    for _ in range(2):
+        got = torch.hash_tensor(x.to(DEV), **kwargs)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert torch.equal(got.cpu(), expected)

@@ -247,8 +247,8 @@ def cummin(a, dim):
 
 
 # ---------------------------------------------------------------- sorting and selection
-# unique's values decide its shape (eager/data_dependent.py implements it); hash_tensor is not lowered
-real_only_without_lowering("_unique2", "unique_dim", "unique_consecutive", "hash_tensor")
+# unique's values decide its shape (eager/data_dependent.py implements it)
+real_only_without_lowering("_unique2", "unique_dim", "unique_consecutive")
 
 
 def _sort(a, axis, descending):
@@ -617,3 +617,19 @@ def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=No
     x = data.astype(jnp.float32) if data.dtype in (jnp.float16, jnp.bfloat16) else data
     _, vjp = jax.vjp(lambda v: _segment_reduce(v, reduce, lengths, offsets, axis, initial).astype(v.dtype), x)
     return vjp(grad.astype(x.dtype))[0].astype(data.dtype)
+
+
+@lowering("hash_tensor", real_only=True)
+def hash_tensor(x, dim=(), keepdim=False, mode=0):
+    """The xor of the elements' 64-bit patterns (floats widened to float64, integers to 64 bits), as a
+    uint64: PyTorch's mode 0, the only one."""
+    if mode != 0:
+        raise RuntimeError(f"hash_tensor only supports mode=0 (xor_sum), got {mode}")
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        wide = x.astype(jnp.float64)
+    else:
+        wide = x.astype(jnp.uint64 if jnp.issubdtype(x.dtype, jnp.unsignedinteger) else jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    axes = tuple(sorted({d % max(x.ndim, 1) for d in dim})) if dim else tuple(range(x.ndim))
+    out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, axes) if axes else bits
+    return jnp.expand_dims(out, axes) if keepdim and axes else out
