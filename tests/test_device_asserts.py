@@ -57,7 +57,8 @@ def test_index_range_matches_cpu(op, i):
     if cpu_verdict == "ok":
         torch.testing.assert_close(tpu_value, cpu_value)
     else:
-        assert isinstance(tpu_value, asserts.DeviceAssertError), tpu_value
+        # (index tensors the host knows raise PyTorch's IndexError at the op: eager/data_dependent.py)
+        assert isinstance(tpu_value, (asserts.DeviceAssertError, IndexError)), tpu_value
         assert "out of" in str(tpu_value) or "Target" in str(tpu_value)
 
 

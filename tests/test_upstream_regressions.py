@@ -376,3 +376,17 @@ def test_hash_tensor(dtype, kwargs):
         got = torch.hash_tensor(x.to(DEV), **kwargs)
         assert got.dtype == expected.dtype and got.shape == expected.shape
         assert torch.equal(got.cpu(), expected)
+
+
+def test_index_lists_and_uploaded_indices_are_checked_at_the_op():
+    x = torch.randn(3, 4)
+    same_error(lambda device: x.to(device)[[1, 5]])
+    same_error(lambda device: x.to(device)[torch.tensor([[0], [-7]], device=device)])
+    same_error(lambda device: x.to(device)[:, [4]])
+    both(lambda device: x.to(device)[[2, -1]])
+    idx = torch.tensor([1], device=DEV)
+    idx.add_(10)   # computed on the device: the host no longer knows it, the device checks it
+    y = x.to(DEV)[idx]
+    with pytest.raises(IndexError, match="out of bounds"):
+        y.cpu()
+    assert_close(x.to(DEV)[torch.tensor([0, 2], device=DEV)].cpu(), x[[0, 2]])

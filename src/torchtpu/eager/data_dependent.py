@@ -12,7 +12,7 @@ import torch
 
 from ..ops import dtypes as dt
 from ..ops.table import declared_facts
-from ..storage.records import new_tensor, record_of
+from ..storage.records import RECORDS, new_tensor, record_of
 from . import tpu_check
 from .executable import device_mismatch, zeros
 
@@ -236,25 +236,58 @@ def _check_index_dtypes(indices):
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
 
 
+# The host values of small integer tensors just copied from the host (`x[[5]]`: PyTorch makes the
+# index list a CPU tensor and copies it to the device), keyed by storage address: (the buffer they
+# became, the values). Valid while the storage still holds that buffer (a write gives it a new one).
+HOST_VALUES_ELEMENTS = 1024
+_HOST_VALUES: dict = {}
+
+
+def remember_host_values(address, buffer, values):
+    """Keep `values` (numpy) as the host copy of the storage at `address` while it holds `buffer`."""
+    if values.size <= HOST_VALUES_ELEMENTS and values.dtype.kind in "iu":
+        if len(_HOST_VALUES) >= 64:
+            _HOST_VALUES.pop(next(iter(_HOST_VALUES)))
+        _HOST_VALUES[address] = (buffer, values)
+
+
+def _host_values(t):
+    """A tpu index tensor's values as a CPU tensor if the host still knows them, else None."""
+    address = t.untyped_storage().data_ptr()
+    kept = _HOST_VALUES.get(address)
+    if kept is None:
+        return None
+    r = RECORDS.get(address)
+    if r is None or r._buffer is not kept[0] or t.storage_offset() or not t.is_contiguous() or t.numel() != r.numel:
+        return None
+    return torch.from_numpy(kept[1]).reshape(t.shape)
+
+
 def _check_host_indices(self, indices):
-    """Index tensors on the CPU (`x[[5]]`, `x[torch.tensor([5])]`) are known to the host: an index out of
-    range raises PyTorch's IndexError at the op, as on the CPU, not a device-side assert at the next
-    synchronization."""
+    """Index tensors whose values the host knows (on the CPU, or just copied from it: `x[[5]]`,
+    `x[torch.tensor([5], device="tpu")]`): an index out of range raises PyTorch's IndexError at the op,
+    as on the CPU, not a device-side assert at the next synchronization. (The CPU's message counts the
+    dimension among the indexed ones: `x[:, [9]]` is out of bounds "for dimension 0".)"""
     dim = 0
+    indexed = 0
     for i in indices:
         if i is None:
             dim += 1
             continue
         if i.dtype in (torch.bool, torch.uint8):
             dim += i.dim()
+            indexed += i.dim()
             continue
-        if i.device.type == "cpu" and i.numel() and dim < self.dim():
+        if i.device.type != "cpu" and i.numel():
+            i = _host_values(i) if _HOST_VALUES and i.numel() <= HOST_VALUES_ELEMENTS else None
+        if i is not None and i.device.type == "cpu" and i.numel() and dim < self.dim():
             size = self.shape[dim]
             bad = (i < -size) | (i >= size)
             if bad.any():
                 value = int(i[bad].reshape(-1)[0])
-                raise IndexError(f"index {value} is out of bounds for dimension {dim} with size {size}")
+                raise IndexError(f"index {value} is out of bounds for dimension {indexed} with size {size}")
         dim += 1
+        indexed += 1
 
 
 def _check_mask_shapes(self, indices):

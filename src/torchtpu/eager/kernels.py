@@ -248,7 +248,12 @@ def _copy_(self, src, non_blocking=False):
         host = dt.numpy_from_cpu(src.contiguous())
         index = self.device.index
         if tuple(src.shape) == tuple(self.shape):
-            return _write_whole_or_copy(self, _from_host(host, src.dtype, index), src.dtype)
+            buffer = _from_host(host, src.dtype, index)
+            from . import data_dependent
+            if src.dtype in _INDEX_DTYPES and host.size <= data_dependent.HOST_VALUES_ELEMENTS:
+                # an index list (`x[[5]]`): its range is checked on the host at the op (eager/data_dependent.py)
+                data_dependent.remember_host_values(self.untyped_storage().data_ptr(), buffer, host.reshape(-1))
+            return _write_whole_or_copy(self, buffer, src.dtype)
         tmp = new_tensor(tuple(src.shape), src.dtype, index, _from_host(host, src.dtype, index))
         return KERNELS[aten.copy_.default](self, tmp)
     # device -> host
@@ -257,6 +262,9 @@ def _copy_(self, src, non_blocking=False):
         return _copy_to_host_async(self, src)
     host = dt.cpu_from_numpy(to_host(src), src.dtype)
     return self.copy_(host)
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 def _copy_to_host_async(dst, src):
