@@ -201,12 +201,16 @@ def test_exit_line_printed_once_and_libtpu_noise_kept_away():
     assert "TPU_ACCELERATOR_TYPE" not in done.stderr and "libtpu" not in done.stderr, done.stderr
 
 
-def test_no_chip_chooses_the_cpu_quietly():
+@pytest.mark.parametrize("env", [{}, {"TORCHTPU_PLATFORM": "cpu"}], ids=["default", "cpu-asked"])
+def test_no_chip_chooses_the_cpu_quietly(env):
     """libtpu installed, no chip: the device is XLA:CPU and libtpu's start-up warnings never print."""
+    from torchtpu.device.platform import tpu_chip_visible
+    if tpu_chip_visible():
+        pytest.skip("this machine has a TPU chip")
     done = _run_python("""
         import torch
         print(torch.tpu.platform(), float(torch.ones(3, device="tpu").sum()))
-        """)
+        """, **env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["cpu", "3.0"]
     assert "TPU_ACCELERATOR_TYPE" not in done.stderr and "libtpu" not in done.stderr, done.stderr

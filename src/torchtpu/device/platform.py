@@ -116,6 +116,8 @@ def _pick():
         requested = "gpu"
     if requested:
         order = [requested]
+        if requested == "cpu":
+            _host_only(jax)
     elif tpu_chip_visible():
         order = ["tpu", "cpu"]
     else:
