@@ -180,7 +180,7 @@ def _from_host(array: np.ndarray, dtype, index):
     metrics.counters.h2d_bytes += flat.nbytes
     metrics.counters.h2d_transfers += 1
     # (a checkpoint's memory-mapped pages are given back as they are copied: device/host_pages.py)
-    return host_pages.put_releasing(flat, lambda part: platform.put(part, index))
+    return host_pages.put_releasing(flat, index, lambda part: platform.put(part, index))
 
 
 def _write_whole_or_copy(dst, buffer, dtype):
