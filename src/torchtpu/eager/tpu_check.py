@@ -156,7 +156,7 @@ class _Checked:
             return self.run(*args, **kwargs)
         if failure.in_trace:   # an error of the host's own trace keeps its type: the host traces first
             self.run(*args, **kwargs)
-        raise failure
+        raise failure.with_traceback(None)   # (the same error again: not the previous raise's frames)
 
     def lower(self, *args, **kwargs):
         return self.run.lower(*args, **kwargs)
