@@ -168,7 +168,7 @@ class Entry:
 
     def __init__(self):
         self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
-        self.outs = []            # (shape, dtype) of each new output (always contiguous)
+        self.outs = []            # (shape, dtype) of each new output (contiguous unless `strides` says)
         self.spec = None          # how returns nest; None: exactly one new tensor
         self.mutated_slots = []   # input slots whose storages get new buffers
         self.nones = None         # per return, which leaves are undefined (None)
