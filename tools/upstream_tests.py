@@ -67,9 +67,11 @@ def _test_files(test_root: pathlib.Path, paths: list[str]) -> list[str]:
     return files
 
 
-def _device_env(device: str, results: pathlib.Path, test_timeout: float) -> dict:
+def _device_env(device: str, results: pathlib.Path, test_timeout: float, eager_mode: str | None) -> dict:
     env = dict(os.environ)
     env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = device
+    if eager_mode:
+        env["TORCHTPU_EAGER_MODE"] = eager_mode
     env[RESULTS_ENV], env[TIMEOUT_ENV] = str(results), str(test_timeout)
     tools = str(pathlib.Path(__file__).resolve().parent)
     env["PYTHONPATH"] = tools + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -101,7 +103,7 @@ def run(args) -> int:
             command += args.pytest_args
             start = time.time()
             try:
-                done = subprocess.run(command, cwd=test_root, env=_device_env(device, results, args.test_timeout),
+                done = subprocess.run(command, cwd=test_root, env=_device_env(device, results, args.test_timeout, args.eager_mode),
                                       capture_output=True, text=True, check=False, timeout=args.file_timeout)
                 ending = f"rc={done.returncode}"
                 if done.returncode not in (0, 1, 5):   # a signal (negative), an interrupt or a usage error
@@ -186,6 +188,9 @@ def main(argv=None) -> int:
     p.add_argument("-k", default=None, help="pytest -k expression, for every file")
     p.add_argument("--test-timeout", type=float, default=300, help="seconds per test (0: none)")
     p.add_argument("--file-timeout", type=float, default=3600, help="seconds per test file and device")
+    p.add_argument("--eager-mode", default=None, choices=("fused", "strict", "debug"),
+                   help="TORCHTPU_EAGER_MODE for the run (gradcheck's reentrancy check wants strict: a fused "
+                        "segment rounds differently from its ops run one by one)")
     p.add_argument("--markdown", action="store_true")
     r = sub.add_parser("report", help="compare the results of a run")
     r.add_argument("out")
