@@ -408,3 +408,23 @@ def test_batch_norm_training_double_backward(affine):
     with torchtpu.eager_mode("strict"):
         assert torch.autograd.gradcheck(fn, inputs)
         assert torch.autograd.gradgradcheck(fn, inputs)
+
+
+def test_complex32_is_a_clear_error():
+    with pytest.raises(TypeError, match="complex32 is not supported on the tpu device"):
+        torch.zeros(3, dtype=torch.complex32, device=DEV)
+    with pytest.raises(TypeError, match="complex32 is not supported on the tpu device"):
+        torch.zeros(3, dtype=torch.complex32).to(DEV)
+
+
+def test_tensor_subclasses_move_to_tpu():
+    class Tagged(torch.Tensor):
+        pass
+
+    x = torch.randn(3).as_subclass(Tagged)
+    moved = x.to(DEV)
+    assert type(moved) is Tagged
+    assert_close(moved.cpu().as_subclass(torch.Tensor), x.as_subclass(torch.Tensor))
+    on_device = torch.randn(4, device=DEV)
+    view = on_device.as_subclass(Tagged)
+    assert type(view) is Tagged and view.untyped_storage().data_ptr() == on_device.untyped_storage().data_ptr()

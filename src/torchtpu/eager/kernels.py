@@ -53,6 +53,10 @@ _METADATA_OPS = ["as_strided", "view", "_reshape_alias", "alias", "unfold", "set
                  "_unsafe_view", "lift_fresh", "_nested_view_from_buffer", "view_as_real", "view_as_complex"]
 
 
+# metadata ops whose CompositeExplicitAutograd kernel serves any device when no C++ fast path is built
+_COMPOSITE_METADATA_OPS = ("alias",)
+
+
 def _redispatch_to_cpu(op):
     # without the C++ fast path (which registers the same redispatch in C++: fastpath.attach_metadata):
     # the C++ redispatch bound to the CPU key, called through one Python frame
@@ -583,6 +587,9 @@ def register_all():
         if op is not None:
             if fast and fastpath.attach_metadata(op):
                 _note_registered(name)
+            elif name in _COMPOSITE_METADATA_OPS:
+                pass   # PyTorch's own C++ kernel: a Python kernel's result keeps its Python object, and
+                # `as_subclass` (every tensor subclass's `.to("tpu")`) then refuses to re-type it
             else:
                 _impl(name, _redispatch_to_cpu(op))
     _impl("empty.memory_format", _empty_memory_format)
