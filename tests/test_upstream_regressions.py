@@ -428,3 +428,13 @@ def test_tensor_subclasses_move_to_tpu():
     on_device = torch.randn(4, device=DEV)
     view = on_device.as_subclass(Tagged)
     assert type(view) is Tagged and view.untyped_storage().data_ptr() == on_device.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("factory", [
+    lambda out: torch.arange(0, 3, out=out),
+    lambda out: torch.linspace(0, 1, 3, out=out),
+    lambda out: torch.logspace(0, 1, 3, out=out),
+    lambda out: torch.cat([torch.ones(2, device=out.device), torch.ones(1, device=out.device)], out=out),
+])
+def test_factory_out_into_an_expanded_tensor_raises(factory):
+    same_error(lambda device: factory(torch.zeros(1, device=device).expand(3)))

@@ -18,7 +18,8 @@ import torch
 from .table import declared_facts
 
 __all__ = ["CHECKS", "wrap", "check_convertible", "overflows", "fill_value_check", "factory_value_check",
-           "pow_exponent_check", "same_dtype_out_check", "out_overlaps_inputs_check", "random_bounds_check"]
+           "pow_exponent_check", "same_dtype_out_check", "out_overlaps_inputs_check", "random_bounds_check",
+           "no_internal_overlap"]
 
 # the C++ type names PyTorch's "value cannot be converted to type ... without overflow" prints
 _CPP_NAMES = {
@@ -131,14 +132,20 @@ def _dense(t):
     return is_non_overlapping_and_dense_or_false(t)
 
 
+def no_internal_overlap(t):
+    """ATen's assert_no_internal_overlap: a written tensor whose elements share memory (an expanded
+    view: a dimension of size > 1 with stride 0) is refused."""
+    if not _dense(t) and any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+        raise RuntimeError(_INTERNAL_OVERLAP)
+
+
 def out_overlaps_inputs_check(tensors, *args, out=None, **kwargs):
     """host_check of `cat(out=)`: as ATen's assert_no_internal_overlap and assert_no_overlap, `out`
     may neither overlap itself nor share any element with an input (storage offsets are traced
     values in the eager key, so this runs per call)."""
     if not isinstance(out, torch.Tensor) or out.numel() == 0:
         return
-    if not _dense(out) and any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
-        raise RuntimeError(_INTERNAL_OVERLAP)
+    no_internal_overlap(out)
     storage = out.untyped_storage().data_ptr()
     for t in tensors:
         if (isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() == storage

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import factory_value_check
+from .argument_checks import factory_value_check, no_internal_overlap
 from .dtypes import to_jax
 from .table import lowering
 
@@ -84,6 +84,7 @@ def _fill_out_meta(packet, overload):
     shape (a (2, 2) view of a wider tensor takes `arange(4)` row by row); PyTorch's meta function
     resizes whenever the shape differs, which would move a view's writes onto other elements."""
     def meta(*args, out, **kwargs):
+        no_internal_overlap(out)   # (an expanded `out`: the CPU refuses to write it)
         scratch = torch.empty(out.numel(), dtype=out.dtype, device="meta")
         getattr(getattr(torch.ops.aten, packet), overload)(*args, out=scratch, **kwargs)
         if tuple(scratch.shape) != (out.numel(),):
