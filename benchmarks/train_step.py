@@ -92,7 +92,7 @@ def main():
                 t0 = time.perf_counter()
                 for i in range(done, done + args.steps):
                     loss = step(i)
-                    losses[kind].append(loss)
+                    losses[kind].append(loss.detach())
                 torch.tpu.synchronize()
                 losses[kind][-1] = losses[kind][-1].item()   # the round's sync point: the device's work is timed
                 times.setdefault(kind, []).append((time.perf_counter() - t0) / args.steps)
