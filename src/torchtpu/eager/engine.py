@@ -289,7 +289,8 @@ class OpKernel:
             if entry.n_results is None:   # failed or interrupted while JAX traced it: build afresh
                 self.cache.pop(key, None)
             if isinstance(e, (ValueError, TypeError)) and _raised_in_jax(e):
-                raise
+                raise _as_torch_error(self, e, args) from e
+            raise
         if self.precision_sensitive and not keyed_precision:
             # the trace read the matmul precision: from now on the setting is part of the key
             self.cache[(*key, _matmul_precision())] = entry
