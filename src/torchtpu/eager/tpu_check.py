@@ -148,6 +148,8 @@ class _Checked:
         leaves = jax.tree_util.tree_leaves((args, kwargs))
         if any(isinstance(x, jax.core.Tracer) for x in leaves):   # inside a trace: the outer program is checked
             return self.run(*args, **kwargs)
+        if topology() is None:   # the check was turned off after this program was built (a test's block)
+            return self.run(*args, **kwargs)
         key = _signature(leaves)
         failure = self.seen.get(key, False)
         if failure is False:   # checked before the host runs it: a failure leaves donated inputs intact
