@@ -10,6 +10,7 @@ the backend's Python wrapping costs is the difference), of eager mode on the dev
 CPU eager. Then greedy decoding with a static KV cache: compiled forward vs eager on the device.
 Needs `pip install "transformers>=5"`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ import jax
 import torch
 
 import torchtpu
-import torchtpu.compile  # noqa: F401  (registers the backend where the entry point is not installed)
+import torchtpu.compile
 from torchtpu.compile import backend as tpu_backend
 
 
@@ -30,9 +31,17 @@ def sync():
 
 def build(attn):
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                      vocab_size=8000, intermediate_size=1408, max_position_embeddings=512,
-                      attn_implementation=attn)
+
+    cfg = LlamaConfig(
+        hidden_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=8000,
+        intermediate_size=1408,
+        max_position_embeddings=512,
+        attn_implementation=attn,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
 
@@ -84,7 +93,7 @@ def main():
             "raw JAX (same executable)": (lambda: fn(*dyn), jax.block_until_ready),
         }
         # interleaved rounds, median per variant: the machine's load hits every variant alike
-        for name, (f, s) in variants.items():
+        for f, s in variants.values():
             s(f())
         for _ in range(args.iters):
             for name, (f, s) in variants.items():
@@ -96,14 +105,20 @@ def main():
 
     err_c = (comp_logits.cpu() - ref).abs().max().item()
     err_e = (eager_logits.cpu() - ref).abs().max().item()
-    print(f"\nLlama forward, batch {args.batch} x {args.seq} tokens, attn={args.attn}, "
-          f"{jax.devices()[0].platform} backend, {args.iters} iters")
+    print(
+        f"\nLlama forward, batch {args.batch} x {args.seq} tokens, attn={args.attn}, "
+        f"{jax.devices()[0].platform} backend, {args.iters} iters"
+    )
     print(f"max |logits - cpu|: compiled {err_c:.2e}, eager {err_e:.2e}")
-    print(f"recompiles during steady state: {m1['compiled_xla_compiles'] - m0['compiled_xla_compiles']}, "
-          f"cache hits: {m1['compiled_cache_hits'] - m0['compiled_cache_hits']}")
-    print(f"first compiled call {res['compiled first call']:.2f} s, of which JAX tracing "
-          f"{first_call_parts['trace_s']:.2f} s and XLA compile {first_call_parts['xla_compile_s']:.2f} s "
-          f"(the rest: Dynamo + AOTAutograd); on-disk cache: {torchtpu.compile.options.cache_dir()}")
+    print(
+        f"recompiles during steady state: {m1['compiled_xla_compiles'] - m0['compiled_xla_compiles']}, "
+        f"cache hits: {m1['compiled_cache_hits'] - m0['compiled_cache_hits']}"
+    )
+    print(
+        f"first compiled call {res['compiled first call']:.2f} s, of which JAX tracing "
+        f"{first_call_parts['trace_s']:.2f} s and XLA compile {first_call_parts['xla_compile_s']:.2f} s "
+        f"(the rest: Dynamo + AOTAutograd); on-disk cache: {torchtpu.compile.options.cache_dir()}"
+    )
     base = res["tpu compiled"]
     print(f"{'(median of interleaved runs)':28s} {'ms':>10s} {'x compiled':>11s}")
     for k, v in res.items():
@@ -116,6 +131,7 @@ def main():
 def decode(cpu_model, dev_model, args):
     """Greedy decoding with a static KV cache: compiled forward vs eager on the device."""
     from transformers import StaticCache
+
     n_new = args.decode_tokens
     prompt = torch.randint(0, 8000, (1, 16))
     max_len = prompt.shape[1] + n_new
@@ -126,7 +142,7 @@ def decode(cpu_model, dev_model, args):
         pos = torch.arange(ids.shape[1], device=device)
         out_tokens = []
         times = []
-        for step in range(n_new):
+        for _step in range(n_new):
             t0 = time.perf_counter()
             logits = fwd(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits
             nxt = logits[:, -1].argmax(-1, keepdim=True)

@@ -5,11 +5,13 @@
 Every call below meets a signature it has not met before, so each one builds and compiles an
 executable (the persistent cache is off here). Each shape runs every op twice, in alternating
 order: with the eager engine's own choice for one-op executables (on XLA:CPU: the LLVM IR fusion
-emitters for an op without a reduction, XLA's default otherwise) and with XLA's default (the MLIR fusion emitters, through
+emitters for an op without a reduction, XLA's default otherwise) and with XLA's default (the MLIR fusion emitters,
+through
 `torch.tpu.compiler.custom_compiler_options`); it prints the median milliseconds per first call of
 each op and the ratio. The outputs are compared with the CPU, so a
 faster compile that changed a result would show. Machines are noisy: compare the ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,12 +19,12 @@ import os
 import statistics
 import time
 
-os.environ["TORCHTPU_COMPILE_CACHE"] = "0"   # every first call compiles (set before torch loads us)
+os.environ["TORCHTPU_COMPILE_CACHE"] = "0"  # every first call compiles (set before torch loads us)
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from torchtpu.eager import xla_options  # noqa: E402
+from torchtpu.eager import xla_options
 
 OPS = {
     "add": lambda a, b: a + b,
@@ -52,11 +54,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", type=int, default=12)
     args = parser.parse_args()
-    print(f"platform {torch.tpu.platform()}; engine defaults for one-op executables: "
-          f"{xla_options.op_options(None) or 'none'}")
+    print(
+        f"platform {torch.tpu.platform()}; engine defaults for one-op executables: "
+        f"{xla_options.op_options(None) or 'none'}"
+    )
     xla_default = {"xla_cpu_use_fusion_emitters": True}
     warm = torch.randn(3, 5).to("tpu")
-    for fn in OPS.values():   # imports, lowering caches
+    for fn in OPS.values():  # imports, lowering caches
         fn(warm, warm)
     times = {name: {"engine": [], "xla": []} for name in OPS}
     for i in range(args.shapes):
@@ -66,7 +70,7 @@ def main():
         a_c, b_c = torch.randn(rows, cols), torch.randn(rows, cols)
         a, b = a_c.to("tpu"), b_c.to("tpu")
         for name, fn in OPS.items():
-            for mode in (("engine", "xla") if i % 2 == 0 else ("xla", "engine")):
+            for mode in ("engine", "xla") if i % 2 == 0 else ("xla", "engine"):
                 if mode == "engine":
                     times[name][mode].append(first_call_ms(fn, a, b, a_c, b_c))
                 else:

@@ -29,6 +29,7 @@ With --profile, a cProfile of 40 more steps (fast key on) in main-thread CPU tim
 Run with PYTHONPATH pointing at an older checkout's src to compare against it (`fast_key` is then
 an attribute nothing reads: both columns are the old code).
 """
+
 import argparse
 import cProfile
 import gc
@@ -37,25 +38,35 @@ import statistics
 import time
 
 import torch
-import torchtpu  # noqa: F401
 from jax._src import stages
 from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
+import torchtpu  # noqa: F401
 from torchtpu.compile import backend as B
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rounds", type=int, default=6, help="rounds per mode (fast key off / on), alternating")
 ap.add_argument("--steps", type=int, default=20, help="decode steps per round (the cache holds 128)")
 ap.add_argument("--profile", action="store_true")
-ap.add_argument("--guards", action="store_true",
-                help="a third mode: fast key on with Dynamo's guard evaluation skipped (torch.compiler."
-                     "set_stance(skip_guard_eval_unsafe=True)); its `pre` less the second's is what the guards cost")
+ap.add_argument(
+    "--guards",
+    action="store_true",
+    help="a third mode: fast key on with Dynamo's guard evaluation skipped (torch.compiler."
+    "set_stance(skip_guard_eval_unsafe=True)); its `pre` less the second's is what the guards cost",
+)
 ap.add_argument("profile_word", nargs="?", help="`profile`: as --profile (the old spelling)")
 opts = ap.parse_args()
 opts.profile = opts.profile or opts.profile_word == "profile"
 
-cfg = LlamaConfig(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                  vocab_size=8000, intermediate_size=1408, max_position_embeddings=512)
+cfg = LlamaConfig(
+    hidden_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=8000,
+    intermediate_size=1408,
+    max_position_embeddings=512,
+)
 torch.manual_seed(0)
 m = LlamaForCausalLM(cfg).eval().to("tpu")
 cache = StaticCache(config=cfg, max_batch_size=1, max_cache_len=128, device="tpu", dtype=torch.float32)
@@ -63,7 +74,7 @@ fwd = torch.compile(m.forward, backend="tpu", fullgraph=True)
 ids0 = torch.randint(0, 8000, (1, 1), device="tpu")
 
 pc, tt = time.perf_counter, time.thread_time
-acc = {}      # name -> [wall, cpu] summed over the round's steps
+acc = {}  # name -> [wall, cpu] summed over the round's steps
 mark = {"cw": 0.0, "cc": 0.0, "fw": 0.0, "fc": 0.0}
 calls = [0]
 
@@ -123,7 +134,7 @@ def run_round(steps):
     torch.tpu.synchronize()
 
 
-for _ in range(2):   # warm-up: compile, then the fast key's first calls
+for _ in range(2):  # warm-up: compile, then the fast key's first calls
     run_round(6)
 stages.Compiled.__call__ = timed_exec
 B.CompiledGraph.__call__ = timed_call
@@ -131,7 +142,7 @@ MODES = [("fast key off", False, False), ("fast key on", True, False)]
 if opts.guards:
     MODES.append(("on, no guards", True, True))
 results = {name: [] for name, _, _ in MODES}
-for r in range(opts.rounds):
+for _r in range(opts.rounds):
     for name, fast, skip in MODES:
         B.CompiledGraph.fast_key = fast
         acc.clear()
@@ -144,8 +155,10 @@ for r in range(opts.rounds):
 B.CompiledGraph.fast_key = True
 
 names = ["step", "forward", " pre", " __call__", "  executable", "  host work", " post", "outside"]
-print(f"per decode step, ms, over {opts.rounds} rounds x {opts.steps} steps: wall median | main-thread CPU "
-      f"median | CPU of the best round (the least disturbed: on a loaded machine the steadiest figure)")
+print(
+    f"per decode step, ms, over {opts.rounds} rounds x {opts.steps} steps: wall median | main-thread CPU "
+    f"median | CPU of the best round (the least disturbed: on a loaded machine the steadiest figure)"
+)
 print(f"{'':14s}" + "".join(f" {name:>25s}  " for name, _, _ in MODES))
 for n in names:
     k = n.strip()

@@ -1,6 +1,7 @@
 """End-to-end Diffusers pipeline time: torch CPU vs "tpu" eager vs "tpu" with a compiled denoiser.
 
-    TORCHTPU_COMPILE_CACHE=0 python benchmarks/diffusers_pipeline.py [--kinds sd3,sd,flux] [--size 64] [--steps 4] [--reps 3]
+    TORCHTPU_COMPILE_CACHE=0 python benchmarks/diffusers_pipeline.py [--kinds sd3,sd,flux] [--size 64] [--steps 4]
+    [--reps 3]
                                                                      [--scale tiny|small]
 
 Tiny random components (torchtpu/integrations/diffusers_tiny.py), so absolute numbers measure framework overhead
@@ -13,6 +14,7 @@ only (the usage docs/diffusers.md shows);
 "tpu compiled all" also compiles the VAE decoder and the text encoders, which otherwise run eagerly
 (at 64x64 they cost Flux about as much as its four denoiser steps).
 """
+
 import argparse
 import statistics
 import time
@@ -48,37 +50,81 @@ def small_build(kind):
     torch.manual_seed(0)
     if kind == "sd3":
         parts = dict(
-            transformer=SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=16, num_layers=4,
-                                              attention_head_dim=64, num_attention_heads=4, caption_projection_dim=256,
-                                              joint_attention_dim=256, pooled_projection_dim=128, out_channels=16),
+            transformer=SD3Transformer2DModel(
+                sample_size=32,
+                patch_size=2,
+                in_channels=16,
+                num_layers=4,
+                attention_head_dim=64,
+                num_attention_heads=4,
+                caption_projection_dim=256,
+                joint_attention_dim=256,
+                pooled_projection_dim=128,
+                out_channels=16,
+            ),
             scheduler=FlowMatchEulerDiscreteScheduler(),
-            vae=small_vae(16, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False),
+            vae=small_vae(
+                16, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False
+            ),
             text_encoder=CLIPTextModelWithProjection(tiny.clip_text_config(hidden=64, projection=64)),
             tokenizer=tiny.clip_tokenizer(),
             text_encoder_2=CLIPTextModelWithProjection(tiny.clip_text_config(hidden=64, projection=64)),
-            tokenizer_2=tiny.clip_tokenizer(), text_encoder_3=tiny.t5_encoder(d_model=256),
-            tokenizer_3=tiny.t5_tokenizer())
+            tokenizer_2=tiny.clip_tokenizer(),
+            text_encoder_3=tiny.t5_encoder(d_model=256),
+            tokenizer_3=tiny.t5_tokenizer(),
+        )
         pipe = diffusers.StableDiffusion3Pipeline(**parts)
     elif kind == "sd":
         parts = dict(
-            unet=UNet2DConditionModel(block_out_channels=(32, 64), layers_per_block=1, sample_size=32, in_channels=4,
-                                      out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-                                      up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=64,
-                                      norm_num_groups=32, attention_head_dim=1),
-            scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                             timestep_spacing="leading", steps_offset=1),
-            vae=small_vae(4), text_encoder=CLIPTextModel(tiny.clip_text_config(hidden=64, projection=64)),
-            tokenizer=tiny.clip_tokenizer(), safety_checker=None, feature_extractor=None, image_encoder=None)
+            unet=UNet2DConditionModel(
+                block_out_channels=(32, 64),
+                layers_per_block=1,
+                sample_size=32,
+                in_channels=4,
+                out_channels=4,
+                down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+                cross_attention_dim=64,
+                norm_num_groups=32,
+                attention_head_dim=1,
+            ),
+            scheduler=EulerDiscreteScheduler(
+                beta_start=0.00085,
+                beta_end=0.012,
+                beta_schedule="scaled_linear",
+                timestep_spacing="leading",
+                steps_offset=1,
+            ),
+            vae=small_vae(4),
+            text_encoder=CLIPTextModel(tiny.clip_text_config(hidden=64, projection=64)),
+            tokenizer=tiny.clip_tokenizer(),
+            safety_checker=None,
+            feature_extractor=None,
+            image_encoder=None,
+        )
         pipe = diffusers.StableDiffusionPipeline(**parts, requires_safety_checker=False)
     elif kind == "flux":
         parts = dict(
-            transformer=FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2,
-                                               attention_head_dim=64, num_attention_heads=4, joint_attention_dim=256,
-                                               pooled_projection_dim=64, axes_dims_rope=[16, 24, 24]),
+            transformer=FluxTransformer2DModel(
+                patch_size=1,
+                in_channels=64,
+                num_layers=2,
+                num_single_layers=2,
+                attention_head_dim=64,
+                num_attention_heads=4,
+                joint_attention_dim=256,
+                pooled_projection_dim=64,
+                axes_dims_rope=[16, 24, 24],
+            ),
             scheduler=FlowMatchEulerDiscreteScheduler(),
-            vae=small_vae(16, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False),
-            text_encoder=CLIPTextModel(tiny.clip_text_config(hidden=64, projection=64)), tokenizer=tiny.clip_tokenizer(),
-            text_encoder_2=tiny.t5_encoder(d_model=256), tokenizer_2=tiny.t5_tokenizer())
+            vae=small_vae(
+                16, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False
+            ),
+            text_encoder=CLIPTextModel(tiny.clip_text_config(hidden=64, projection=64)),
+            tokenizer=tiny.clip_tokenizer(),
+            text_encoder_2=tiny.t5_encoder(d_model=256),
+            tokenizer_2=tiny.t5_tokenizer(),
+        )
         pipe = diffusers.FluxPipeline(**parts)
     else:
         raise ValueError(kind)
@@ -121,7 +167,7 @@ def bench(kind, args):
     for _ in range(args.reps):
         for name, pipe in variants.items():
             steady[name].append(call(pipe, kind, args)[0])
-    xla_steady = torchtpu.metrics()["compiled_xla_compiles"] - m0["compiled_xla_compiles"]   # all variants
+    xla_steady = torchtpu.metrics()["compiled_xla_compiles"] - m0["compiled_xla_compiles"]  # all variants
     med = {k: statistics.median(v) for k, v in steady.items()}
     base = med["tpu compiled"]
     print(f"\n{kind}: {args.size}x{args.size}, {args.steps} steps, batch 1 (+ CFG where the pipeline uses it)")

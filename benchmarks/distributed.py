@@ -11,6 +11,7 @@ Starts `nprocs` ranks on 127.0.0.1 (as torchrun would) and measures, side by sid
    step on one process (no DDP): the step time and the samples per second of the whole job.
 Machines are noisy and here "tpu" is XLA:CPU sharing the CPU cores with the ranks: compare ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,17 +36,28 @@ def spawn(nprocs, args, role):
     procs = []
     src = Path(__file__).resolve().parent.parent / "src"
     for rank in range(nprocs):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs),
-                   LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TORCHTPU_COORDINATOR_ADDRESS=f"127.0.0.1:{coordinator}", OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(nprocs),
+            LOCAL_WORLD_SIZE=str(nprocs),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TORCHTPU_COORDINATOR_ADDRESS=f"127.0.0.1:{coordinator}",
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+        )
         env.pop("TORCHTPU_NUM_DEVICES", None)
-        procs.append(subprocess.Popen([sys.executable, __file__, "--role", role, *args], env=env,
-                                      stdout=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, "--role", role, *args], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
     outs = [p.communicate(timeout=1800)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit(f"a rank failed:\n{outs}")
-    return [json.loads(line[len("RESULT "):]) for line in outs[0].splitlines() if line.startswith("RESULT ")][0]
+    return next(json.loads(line[len("RESULT ") :]) for line in outs[0].splitlines() if line.startswith("RESULT "))
 
 
 def _wait_all(t):
@@ -55,11 +67,12 @@ def _wait_all(t):
 
 def bench_all_reduce(max_mb):
     import torch.distributed as dist
+
     dist.init_process_group("cpu:gloo,tpu:tpu_dist")
     n = dist.get_world_size()
     rows = []
     size = 4096
-    while size <= max_mb * 2 ** 20:
+    while size <= max_mb * 2**20:
         row = {"bytes": size}
         for device in ("tpu", "cpu"):
             x = torch.randn(size // 4, device=device)
@@ -72,7 +85,7 @@ def bench_all_reduce(max_mb):
                 dist.barrier()
                 t0 = time.perf_counter()
                 for _ in range(iters):
-                    dist.all_reduce(x)   # waits for each (the Work is waited on)
+                    dist.all_reduce(x)  # waits for each (the Work is waited on)
                 _wait_all(x)
                 samples.append((time.perf_counter() - t0) / iters)
             t = statistics.median(samples)
@@ -85,15 +98,22 @@ def bench_all_reduce(max_mb):
 
 def _mlp():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024),
-                               torch.nn.GELU(), torch.nn.Linear(1024, 10))
+    return torch.nn.Sequential(
+        torch.nn.Linear(256, 1024),
+        torch.nn.GELU(),
+        torch.nn.Linear(1024, 1024),
+        torch.nn.GELU(),
+        torch.nn.Linear(1024, 10),
+    )
 
 
 def bench_ddp(steps, distributed):
     import torch.distributed as dist
+
     model = _mlp().to("tpu")
     if distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
+
         dist.init_process_group()
         model = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -103,6 +123,7 @@ def bench_ddp(steps, distributed):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+
     for _ in range(3):
         step()
     torch.tpu.synchronize()
@@ -139,16 +160,21 @@ def main():
     print(f"{'bytes':>10} {'tpu us':>10} {'tpu GB/s':>9} {'gloo us':>10} {'gloo GB/s':>9} {'tpu/gloo time':>14}")
     for row in spawn(a.nprocs, passthrough, "allreduce"):
         t, c = row["tpu"], row["cpu"]
-        print(f"{row['bytes']:>10} {t['us']:>10.1f} {t['busbw_GBps']:>9.3f} {c['us']:>10.1f} "
-              f"{c['busbw_GBps']:>9.3f} {t['us'] / c['us']:>14.2f}")
+        print(
+            f"{row['bytes']:>10} {t['us']:>10.1f} {t['busbw_GBps']:>9.3f} {c['us']:>10.1f} "
+            f"{c['busbw_GBps']:>9.3f} {t['us'] / c['us']:>14.2f}"
+        )
     single = spawn(1, passthrough, "single")
     multi = spawn(a.nprocs, passthrough, "ddp")
-    print(f"\nDDP training step (MLP 256-1024-1024-10, batch 64 per rank, SGD):")
+    print("\nDDP training step (MLP 256-1024-1024-10, batch 64 per rank, SGD):")
     print(f"  1 process        : {single['step_ms']:8.2f} ms/step  {single['samples_per_s']:9.0f} samples/s")
-    print(f"  DDP, {a.nprocs} ranks     : {multi['step_ms']:8.2f} ms/step  {multi['samples_per_s']:9.0f} samples/s"
-          f"  ({multi['samples_per_s'] / single['samples_per_s']:.2f}x the job's throughput)")
+    print(
+        f"  DDP, {a.nprocs} ranks     : {multi['step_ms']:8.2f} ms/step  {multi['samples_per_s']:9.0f} samples/s"
+        f"  ({multi['samples_per_s'] / single['samples_per_s']:.2f}x the job's throughput)"
+    )
 
 
 if __name__ == "__main__":
-    import torch  # noqa: E402  (after argparse: the parent only spawns)
+    import torch
+
     main()

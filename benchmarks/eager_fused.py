@@ -9,6 +9,7 @@ interleaved; a warm-up round first compiles (eager executables, and the fused mo
 background compiles the script then waits for).
 Prints the median ms per step and the ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,7 +67,7 @@ def main():
     batches = []
     for _ in range(args.steps):
         ix = torch.randint(0, len(data) - 33, (16,), generator=g)
-        batches.append((torch.stack([data[i:i + 32] for i in ix]), torch.stack([data[i + 1:i + 33] for i in ix])))
+        batches.append((torch.stack([data[i : i + 32] for i in ix]), torch.stack([data[i + 1 : i + 33] for i in ix])))
 
     variants = {"torch CPU": ("cpu", "strict"), "tpu strict": ("tpu", "strict"), "tpu fused": ("tpu", "fused")}
     state = {name: setup(device) for name, (device, _) in variants.items()}
@@ -88,8 +89,11 @@ def main():
                 times[name]["train"].append(dt_train / args.steps * 1e3)
                 times[name]["sample"].append(dt_sample / args.steps * 1e3)
             else:
-                print(f"warm-up round, {name}: train {dt_train / args.steps * 1e3:.2f} ms/step, "
-                      f"sample {dt_sample / args.steps * 1e3:.2f} ms/step", flush=True)
+                print(
+                    f"warm-up round, {name}: train {dt_train / args.steps * 1e3:.2f} ms/step, "
+                    f"sample {dt_sample / args.steps * 1e3:.2f} ms/step",
+                    flush=True,
+                )
         if not round_:
             # the fused mode compiles its segments on a background thread: time the steady state
             t = time.perf_counter()
@@ -103,7 +107,7 @@ def main():
     ss, fs, cs = (statistics.median(times[n]["sample"]) for n in ("tpu strict", "tpu fused", "torch CPU"))
     print(f"\nfused vs strict: train {s / f:.2f}x faster, sample {ss / fs:.2f}x faster")
     print(f"fused vs torch CPU: train {c / f:.2f}x, sample {cs / fs:.2f}x (above 1: faster than CPU)")
-    print(f"metrics: {({k: v for k, v in torchtpu.metrics().items() if k.startswith('fused')})}")
+    print(f"metrics: { ({k: v for k, v in torchtpu.metrics().items() if k.startswith('fused')}) }")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ end on every result it made (JAX dispatch is asynchronous); figures are medians 
 queued and run as compiled segments; TorchTPU's DEFER_AND_FUSE). Machines are noisy: compare the
 ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,7 @@ def interleaved(variants, iters, rounds=7):
     variant in turn, so drift of a shared machine hits all of them alike; each batch ends with its
     variant's sync, which waits for every result it kept (none is dead code: the fused mode skips
     ops whose results nobody can read, and XLA:CPU runs larger ops asynchronously)."""
+
     def batch(fn, sync, mode, n):
         kept = []
         keep = kept.append
@@ -82,38 +84,53 @@ def main():
 
     # (tpu, raw JAX eager, one precompiled jax.jit call, torch CPU)
     cases = {
-        "add 64x64": (lambda: a_t + b_t, lambda: jnp.add(a_j, b_j), lambda: jit_add(a_j, b_j),
-                      lambda: a_c + b_c),
-        "in-place add on a view": (lambda: a_t[:, 4:12].add_(view_src_t), jax_inplace, jit_inplace,
-                                   lambda: a_c[:, 4:12].add_(view_src_c)),
-        "linear+gelu 64x256x256": (lambda: F.gelu(F.linear(x_t, w_t, bias_t)),
-                                   lambda: jax.nn.gelu(x_j @ w_j.T + bias_j, approximate=False),
-                                   lambda: jit_linear_gelu(x_j, w_j, bias_j),
-                                   lambda: F.gelu(F.linear(x_c, w_c, bias_c))),
+        "add 64x64": (lambda: a_t + b_t, lambda: jnp.add(a_j, b_j), lambda: jit_add(a_j, b_j), lambda: a_c + b_c),
+        "in-place add on a view": (
+            lambda: a_t[:, 4:12].add_(view_src_t),
+            jax_inplace,
+            jit_inplace,
+            lambda: a_c[:, 4:12].add_(view_src_c),
+        ),
+        "linear+gelu 64x256x256": (
+            lambda: F.gelu(F.linear(x_t, w_t, bias_t)),
+            lambda: jax.nn.gelu(x_j @ w_j.T + bias_j, approximate=False),
+            lambda: jit_linear_gelu(x_j, w_j, bias_j),
+            lambda: F.gelu(F.linear(x_c, w_c, bias_c)),
+        ),
     }
-    print(f"torch {torch.__version__}, jax {jax.__version__}, XLA platform {torch.tpu.platform()}, "
-          f"{n} calls per batch, {args.rounds} rounds of every variant in turn; µs per call and ratios: "
-          "medians over the rounds (a ratio is taken within each round)")
-    print(f"{'op':24s} {'tpu':>8s} {'tpu fused':>10s} {'JAX eager':>10s} {'JAX jit':>8s} {'torch CPU':>10s} "
-          f"{'tpu/JAX eager':>14s} {'fused/JAX eager':>16s} {'tpu/JAX jit':>12s} {'tpu/CPU':>8s}")
+    print(
+        f"torch {torch.__version__}, jax {jax.__version__}, XLA platform {torch.tpu.platform()}, "
+        f"{n} calls per batch, {args.rounds} rounds of every variant in turn; µs per call and ratios: "
+        "medians over the rounds (a ratio is taken within each round)"
+    )
+    print(
+        f"{'op':24s} {'tpu':>8s} {'tpu fused':>10s} {'JAX eager':>10s} {'JAX jit':>8s} {'torch CPU':>10s} "
+        f"{'tpu/JAX eager':>14s} {'fused/JAX eager':>16s} {'tpu/JAX jit':>12s} {'tpu/CPU':>8s}"
+    )
     plain = contextlib.nullcontext
     for name, (tpu_fn, jax_fn, jit_fn, cpu_fn) in cases.items():
-        t = interleaved({
-            "tpu": (tpu_fn, tpu_sync, lambda: torch.tpu.set_eager_mode("strict")),
-            "fused": (tpu_fn, tpu_sync, lambda: torch.tpu.set_eager_mode("fused")),
-            "jax": (jax_fn, jax_sync, plain),
-            "jit": (jit_fn, jax_sync, plain),
-            "cpu": (cpu_fn, no_sync, plain),
-        }, n, args.rounds)
+        t = interleaved(
+            {
+                "tpu": (tpu_fn, tpu_sync, lambda: torch.tpu.set_eager_mode("strict")),
+                "fused": (tpu_fn, tpu_sync, lambda: torch.tpu.set_eager_mode("fused")),
+                "jax": (jax_fn, jax_sync, plain),
+                "jit": (jit_fn, jax_sync, plain),
+                "cpu": (cpu_fn, no_sync, plain),
+            },
+            n,
+            args.rounds,
+        )
 
         def median(key, over=None):
             if over is None:
                 return statistics.median(t[key])
             return statistics.median(a / b for a, b in zip(t[key], t[over]))
 
-        print(f"{name:24s} {median('tpu'):8.1f} {median('fused'):10.1f} {median('jax'):10.1f} "
-              f"{median('jit'):8.1f} {median('cpu'):10.1f} {median('tpu', 'jax'):14.2f} "
-              f"{median('fused', 'jax'):16.2f} {median('tpu', 'jit'):12.2f} {median('tpu', 'cpu'):8.2f}")
+        print(
+            f"{name:24s} {median('tpu'):8.1f} {median('fused'):10.1f} {median('jax'):10.1f} "
+            f"{median('jit'):8.1f} {median('cpu'):10.1f} {median('tpu', 'jax'):14.2f} "
+            f"{median('fused', 'jax'):16.2f} {median('tpu', 'jit'):12.2f} {median('tpu', 'cpu'):8.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ fraction of a millisecond of arithmetic and `generate()`'s own ~30 small per-tok
 pace. Flags given explicitly override the preset's values.
 
 The rows name the eager mode they run in: "strict" or "fused" (the default; for a compiled forward,
-the mode of generate()'s own per-token ops). Each "tpu" mode runs once to warm up (XLA compiles per shape; with the dynamic cache every decode
+the mode of generate()'s own per-token ops). Each "tpu" mode runs once to warm up (XLA compiles per shape; with the
+dynamic cache every decode
 step is a new shape), then `--repeats` timed runs; the median is printed. Generation ends in a host
 copy of the tokens, so each timed run includes all device work. All modes must produce the CPU's
 tokens. The last line alternates torch CPU, the compiled forward, the compiled forward with
@@ -22,6 +23,7 @@ generate()'s own per-token ops in the "fused" eager mode, the eager model (stati
 runs it (default "fused" mode, generate()'s default dynamic cache), `--rounds` times in the same
 process: the ratios to trust on a shared machine whose speed drifts between the sequential rows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +36,6 @@ import torch
 
 from torchtpu.eager import fusion
 
-
 # Model shapes; the flags of the same names override them.
 PRESETS = {
     "smollm-135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tied=True),
@@ -44,30 +45,46 @@ PRESETS = {
 
 def build(args):
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                      num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                      num_key_value_heads=args.kv_heads, tie_word_embeddings=args.tied, max_position_embeddings=512,
-                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+    cfg = LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        tie_word_embeddings=args.tied,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
 
 
 def run(model, ids, args, **kw):
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                             min_new_tokens=args.new_tokens, do_sample=False, **kw)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+            **kw,
+        )
     return out.cpu()
 
 
 def measure(name, model, ids, args, results, reference=None, **kw):
     start = time.perf_counter()
     try:
-        first = run(model, ids, args, **kw)
-    except Exception as e:  # report and go on: one mode failing should not hide the others
+        run(model, ids, args, **kw)
+    except Exception as e:  # noqa: BLE001 -- report and go on: one mode failing should not hide the others
         print(f"{name:<34} failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
         return None
     cold = time.perf_counter() - start
-    fusion.wait_for_compiles()   # the fused mode compiles its segments on a background thread
+    fusion.wait_for_compiles()  # the fused mode compiles its segments on a background thread
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
@@ -96,8 +113,12 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-compiled", action="store_true")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--rounds", type=int, default=8,
-                   help="interleaved rounds of cpu eager vs tpu compiled forward at the end (0: none)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=8,
+        help="interleaved rounds of cpu eager vs tpu compiled forward at the end (0: none)",
+    )
     args = p.parse_args()
     for name, value in PRESETS[args.preset].items():
         if getattr(args, name, None) is None:
@@ -108,20 +129,30 @@ def main():
     cpu = build(args)
     ids = torch.randint(3, args.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
     n_params = sum(p.numel() for p in cpu.parameters())
-    print(f"Llama-shaped model ({args.preset}): {n_params / 1e6:.2f} M params, hidden {args.hidden}, {args.layers} layers; "
-          f"batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens; XLA platform "
-          f"{torch.tpu.platform()}, torch threads {torch.get_num_threads()}")
+    print(
+        f"Llama-shaped model ({args.preset}): {n_params / 1e6:.2f} M params, hidden {args.hidden}, {args.layers} layers; "  # noqa: E501
+        f"batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens; XLA platform "
+        f"{torch.tpu.platform()}, torch threads {torch.get_num_threads()}"
+    )
     results = {}
     ref = measure("cpu eager (dynamic cache)", cpu, ids, args, results)
 
     tpu = copy.deepcopy(cpu).to("tpu")
     ids_t = ids.to("tpu")
-    with torch.tpu.eager_mode("strict"):   # (the default eager mode, fused, is measured below)
+    with torch.tpu.eager_mode("strict"):  # (the default eager mode, fused, is measured below)
         measure("tpu strict eager (dynamic cache)", tpu, ids_t, args, results, ref)
         # transformers auto-compiles the decode step of a static cache on "tpu" (backend "tpu"):
         # disable_compile=True keeps this mode eager
-        measure("tpu strict eager (static cache)", tpu, ids_t, args, results, ref, cache_implementation="static",
-                disable_compile=True)
+        measure(
+            "tpu strict eager (static cache)",
+            tpu,
+            ids_t,
+            args,
+            results,
+            ref,
+            cache_implementation="static",
+            disable_compile=True,
+        )
     if args.skip_compiled:
         pass
     elif "tpu" not in torch._dynamo.list_backends():
@@ -129,21 +160,46 @@ def main():
     else:
         compiled = copy.deepcopy(cpu).to("tpu")
         compiled.forward = torch.compile(compiled.forward, backend="tpu", fullgraph=True)
-        with torch.tpu.eager_mode("strict"):   # (generate()'s own per-token ops)
-            measure("tpu compiled fwd (static cache)", compiled, ids_t, args, results, ref,
-                    cache_implementation="static", disable_compile=True)
+        with torch.tpu.eager_mode("strict"):  # (generate()'s own per-token ops)
+            measure(
+                "tpu compiled fwd (static cache)",
+                compiled,
+                ids_t,
+                args,
+                results,
+                ref,
+                cache_implementation="static",
+                disable_compile=True,
+            )
             interleaved = (compiled, ids_t)
             auto = copy.deepcopy(cpu).to("tpu")
-            measure("tpu generate auto-compile (static)", auto, ids_t, args, results, ref,
-                    cache_implementation="static")
+            measure(
+                "tpu generate auto-compile (static)", auto, ids_t, args, results, ref, cache_implementation="static"
+            )
         # the same compiled forward, with generate()'s own per-token ops in the "fused" eager mode
         with torch.tpu.eager_mode("fused"):
-            measure("tpu compiled fwd + fused eager", compiled, ids_t, args, results, ref,
-                    cache_implementation="static", disable_compile=True)
-    with torch.tpu.eager_mode("fused"):   # the default eager mode
+            measure(
+                "tpu compiled fwd + fused eager",
+                compiled,
+                ids_t,
+                args,
+                results,
+                ref,
+                cache_implementation="static",
+                disable_compile=True,
+            )
+    with torch.tpu.eager_mode("fused"):  # the default eager mode
         measure("tpu fused eager (dynamic cache)", tpu, ids_t, args, results, ref)
-        measure("tpu fused eager (static cache)", tpu, ids_t, args, results, ref, cache_implementation="static",
-                disable_compile=True)
+        measure(
+            "tpu fused eager (static cache)",
+            tpu,
+            ids_t,
+            args,
+            results,
+            ref,
+            cache_implementation="static",
+            disable_compile=True,
+        )
 
     base = results.get("cpu eager (dynamic cache)")
     if base:
@@ -154,28 +210,36 @@ def main():
         # shared machines drift between the sequential measurements above: alternate the modes
         compiled, ids_t = interleaved
         static = dict(cache_implementation="static", disable_compile=True)
-        modes = (("cpu", cpu, ids, {}, "strict"), ("tpu", compiled, ids_t, static, "strict"),
-                 ("tpu fused", compiled, ids_t, static, "fused"), ("tpu eager", tpu, ids_t, static, "strict"),
-                 ("tpu stop every token", compiled, ids_t, static, "every token"),
-                 ("tpu fused eager", tpu, ids_t, static, "fused"),
-                 ("tpu fused eager dynamic", tpu, ids_t, {}, "fused"))
+        modes = (
+            ("cpu", cpu, ids, {}, "strict"),
+            ("tpu", compiled, ids_t, static, "strict"),
+            ("tpu fused", compiled, ids_t, static, "fused"),
+            ("tpu eager", tpu, ids_t, static, "strict"),
+            ("tpu stop every token", compiled, ids_t, static, "every token"),
+            ("tpu fused eager", tpu, ids_t, static, "fused"),
+            ("tpu fused eager dynamic", tpu, ids_t, {}, "fused"),
+        )
         tps = {name: [] for name, *_ in modes}
         for _ in range(args.rounds):
             for name, model, inputs, kw, mode in modes:
-                with stop_flag_read_every_token(mode == "every token"), \
-                        torch.tpu.eager_mode("strict" if mode == "every token" else mode):
+                with (
+                    stop_flag_read_every_token(mode == "every token"),
+                    torch.tpu.eager_mode("strict" if mode == "every token" else mode),
+                ):
                     start = time.perf_counter()
                     run(model, inputs, args, **kw)
                     tps[name].append(args.new_tokens * args.batch / (time.perf_counter() - start))
-                if mode == "fused":   # (its background compiles must not run into the next mode's time)
+                if mode == "fused":  # (its background compiles must not run into the next mode's time)
                     fusion.wait_for_compiles()
         c, t, f, e, w, fe, fd = (statistics.median(tps[name]) for name, *_ in modes)
-        print(f"\ninterleaved, {args.rounds} rounds: cpu eager {c:.1f} tok/s, tpu compiled fwd {t:.1f} tok/s, "
-              f"ratio {t / c:.2f}x; with generate()'s own ops fused {f:.1f} tok/s, ratio {f / c:.2f}x; "
-              f"tpu strict eager (static cache) {e:.1f} tok/s, {e / t:.2f} of compiled; fused eager (the "
-              f"default) {fe:.1f} tok/s, {fe / t:.2f} of compiled, with generate()'s default dynamic cache {fd:.1f} "
-              f"tok/s, {fd / t:.2f} of compiled; compiled fwd with the stop flag read at every token "
-              f"{w:.1f} tok/s, ratio {w / c:.2f}x")
+        print(
+            f"\ninterleaved, {args.rounds} rounds: cpu eager {c:.1f} tok/s, tpu compiled fwd {t:.1f} tok/s, "
+            f"ratio {t / c:.2f}x; with generate()'s own ops fused {f:.1f} tok/s, ratio {f / c:.2f}x; "
+            f"tpu strict eager (static cache) {e:.1f} tok/s, {e / t:.2f} of compiled; fused eager (the "
+            f"default) {fe:.1f} tok/s, {fe / t:.2f} of compiled, with generate()'s default dynamic cache {fd:.1f} "
+            f"tok/s, {fd / t:.2f} of compiled; compiled fwd with the stop flag read at every token "
+            f"{w:.1f} tok/s, ratio {w / c:.2f}x"
+        )
 
 
 @contextlib.contextmanager
@@ -183,6 +247,7 @@ def stop_flag_read_every_token(on):
     """generate() as before torchtpu enabled transformers' DeferredStopCheck for tpu
     (integrations/patches.py): the host waits for each token's stop flag."""
     from transformers.generation import utils
+
     cls = getattr(utils, "DeferredStopCheck", None)
     if not on or cls is None:
         yield

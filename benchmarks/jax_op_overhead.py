@@ -4,9 +4,11 @@
 
 Both run their cached executable asynchronously; the loop measures the host work per call (dispatch,
 cache key, executable call, output tensor) as the calling thread's CPU time (`time.thread_time`: on a
-loaded machine wall time mostly measures the other processes), 64x64 operands (past the engine's 16 KiB result memo, so both really run) with XLA's own work
+loaded machine wall time mostly measures the other processes), 64x64 operands (past the engine's 16 KiB result memo,
+so both really run) with XLA's own work
 on its threads, out of the measure. Medians of interleaved rounds.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -36,6 +38,7 @@ def per_call_us(fn, n=2000):
 
 def main():
     import sys
+
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     # n=64: past the engine's 16 KiB result memo, both run their executable; n=8: both return their kept
     # results (same input buffers), which leaves nothing but the host path: dispatch, key, lookup, tensor

@@ -12,6 +12,7 @@ Every mode must produce the CPU grouped_mm run's tokens. The compiled modes comp
 with torch.compile(backend="tpu", fullgraph=True) over a static cache. `--profile` prints, per decode step
 of the eager modes, the executables called, the compiles and the host syncs (device->host copies).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,25 +22,38 @@ import time
 from pathlib import Path
 
 import torch
+from generate import run  # greedy generate() of exactly args.new_tokens tokens (benchmarks/generate.py)
 
 import torchtpu
-from generate import run  # greedy generate() of exactly args.new_tokens tokens (benchmarks/generate.py)
 
 REPO = Path(__file__).resolve().parents[1] / "kernels" / "torchtpu-kernels"
 
 
 def build(args):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-    cfg = Qwen3MoeConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                         moe_intermediate_size=args.expert_width, num_hidden_layers=args.layers,
-                         num_attention_heads=8, num_key_value_heads=4, head_dim=args.hidden // 8,
-                         num_experts=args.experts, num_experts_per_tok=args.top_k, decoder_sparse_step=1,
-                         norm_topk_prob=True, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
-                         eos_token_id=2)
+
+    cfg = Qwen3MoeConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        moe_intermediate_size=args.expert_width,
+        num_hidden_layers=args.layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=args.hidden // 8,
+        num_experts=args.experts,
+        num_experts_per_tok=args.top_k,
+        decoder_sparse_step=1,
+        norm_topk_prob=True,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     model = Qwen3MoeForCausalLM(cfg).eval()
     with torch.no_grad():
-        for p in model.parameters():   # the experts' weights are created empty
+        for p in model.parameters():  # the experts' weights are created empty
             p.normal_(0, 0.05)
     return model
 
@@ -80,10 +94,13 @@ def profile(name, model, ids, args, **kw):
     m = torchtpu.metrics()
     steps = args.new_tokens
     calls = m.get("eager_cache_hits", 0) + m.get("eager_compiles", 0)
-    print(f"  {name:<38} per step: {calls / steps:6.1f} eager op calls, "
-          f"{m.get('eager_compiles', 0) / steps:5.2f} compiles, {m.get('d2h_transfers', 0) / steps:5.1f} host syncs, "
-          f"{m.get('eager_results_reused', 0) / steps + m.get('eager_constants_reused', 0) / steps:5.1f} reused "
-          f"results; {seconds / steps * 1e3:7.1f} ms/step", flush=True)
+    print(
+        f"  {name:<38} per step: {calls / steps:6.1f} eager op calls, "
+        f"{m.get('eager_compiles', 0) / steps:5.2f} compiles, {m.get('d2h_transfers', 0) / steps:5.1f} host syncs, "
+        f"{m.get('eager_results_reused', 0) / steps + m.get('eager_constants_reused', 0) / steps:5.1f} reused "
+        f"results; {seconds / steps * 1e3:7.1f} ms/step",
+        flush=True,
+    )
 
 
 def main():
@@ -103,17 +120,22 @@ def main():
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
 
-    from kernels import get_local_kernel
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    from kernels import get_local_kernel
+
     hub = get_local_kernel(REPO)
     ALL_EXPERTS_FUNCTIONS.register("torchtpu_hub", hub.experts_forward)
 
     cpu = build(args)
     ids = torch.randint(3, args.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
     n = sum(p.numel() for p in cpu.parameters())
-    print(f"Qwen3-MoE-shaped model: {n / 1e6:.2f} M params, {args.layers} layers, {args.experts} experts, "
-          f"top-{args.top_k}, hidden {args.hidden}; batch {args.batch}, prompt {args.prompt}, {args.new_tokens} "
-          f"new tokens; XLA platform {torch.tpu.platform()}, torch threads {torch.get_num_threads()}", flush=True)
+    print(
+        f"Qwen3-MoE-shaped model: {n / 1e6:.2f} M params, {args.layers} layers, {args.experts} experts, "
+        f"top-{args.top_k}, hidden {args.hidden}; batch {args.batch}, prompt {args.prompt}, {args.new_tokens} "
+        f"new tokens; XLA platform {torch.tpu.platform()}, torch threads {torch.get_num_threads()}",
+        flush=True,
+    )
     results = {}
     set_experts(cpu, "grouped_mm")
     ref = measure("cpu grouped_mm", cpu, ids, args, results)
@@ -132,8 +154,16 @@ def main():
         measure(f"tpu eager {label}", tpu, ids_t, args, results, ref)
     for label, impl in eager_modes[-2:]:
         set_experts(tpu, impl)
-        measure(f"tpu eager {label} (static cache)", tpu, ids_t, args, results, ref, cache_implementation="static",
-                disable_compile=True)
+        measure(
+            f"tpu eager {label} (static cache)",
+            tpu,
+            ids_t,
+            args,
+            results,
+            ref,
+            cache_implementation="static",
+            disable_compile=True,
+        )
     if not args.skip_compiled:
         for label, impl in eager_modes[-2:]:
             compiled = copy.deepcopy(cpu).to("tpu")
@@ -141,8 +171,16 @@ def main():
             # dynamic=False: prefill and decode are two static graphs (a jax_op's shapes come from
             # jax.eval_shape, which needs concrete sizes)
             compiled.forward = torch.compile(compiled.forward, backend="tpu", fullgraph=True, dynamic=False)
-            measure(f"tpu compiled {label} (static cache)", compiled, ids_t, args, results, ref,
-                    cache_implementation="static", disable_compile=True)
+            measure(
+                f"tpu compiled {label} (static cache)",
+                compiled,
+                ids_t,
+                args,
+                results,
+                ref,
+                cache_implementation="static",
+                disable_compile=True,
+            )
 
     loop = results.get("tpu eager loop")
     cpu_best = max((v for k, v in results.items() if k.startswith("cpu")), default=None)
@@ -160,8 +198,9 @@ def main():
             set_experts(tpu, impl)
             profile(f"tpu eager {label}", tpu, ids_t, args)
         set_experts(tpu, "torchtpu_hub")
-        profile("tpu eager hub kernel (static cache)", tpu, ids_t, args, cache_implementation="static",
-                disable_compile=True)
+        profile(
+            "tpu eager hub kernel (static cache)", tpu, ids_t, args, cache_implementation="static", disable_compile=True
+        )
 
 
 if __name__ == "__main__":

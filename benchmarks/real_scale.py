@@ -23,6 +23,7 @@ alike; the figures printed are medians over rounds, and the ratios are medians o
 ratios (to torch CPU in the same dtype). Tokens are compared with the CPU's: float32 must agree;
 bfloat16 rounds differently from torch CPU's kernels, so there the count of equal tokens is shown.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,10 +36,22 @@ import sys
 import tempfile
 import time
 
-QWEN3_0_6B = {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-              "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": True,
-              "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-              "bos_token_id": 151643, "eos_token_id": 151645, "pad_token_id": 151643}
+QWEN3_0_6B = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 3072,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "pad_token_id": 151643,
+}
 
 
 def write_checkpoint(path, layers, dtype_name):
@@ -51,7 +64,7 @@ def write_checkpoint(path, layers, dtype_name):
     config = Qwen3Config(**{**QWEN3_0_6B, "num_hidden_layers": layers}, dtype=dtype_name)
     with torch.device("meta"):
         shapes = {name: t.shape for name, t in Qwen3ForCausalLM(config).state_dict().items()}
-    shapes.pop("lm_head.weight", None)   # tied to the embedding, as the published checkpoint
+    shapes.pop("lm_head.weight", None)  # tied to the embedding, as the published checkpoint
     g = torch.Generator().manual_seed(0)
     tensors = {}
     for name, shape in shapes.items():
@@ -96,8 +109,14 @@ def child(args):
 
     def run():
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                                 min_new_tokens=args.new_tokens, do_sample=False, **kw)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                do_sample=False,
+                **kw,
+            )
         return out.cpu()
 
     start = time.perf_counter()
@@ -105,24 +124,50 @@ def child(args):
     first_s = time.perf_counter() - start
     if device == "tpu":
         from torchtpu.eager import fusion
+
         fusion.wait_for_compiles()
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    print(json.dumps({"load_s": load_s, "first_s": first_s, "tok_s": args.new_tokens / statistics.median(times),
-                      "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "peak_after_load_mb": peak_after_load, "rss_after_load_mb": rss_after_load,
-                      "tokens": tokens[0, args.prompt:].tolist()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "load_s": load_s,
+                "first_s": first_s,
+                "tok_s": args.new_tokens / statistics.median(times),
+                "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "peak_after_load_mb": peak_after_load,
+                "rss_after_load_mb": rss_after_load,
+                "tokens": tokens[0, args.prompt :].tolist(),
+            }
+        ),
+        flush=True,
+    )
 
 
 def run_child(args, checkpoint, mode, dtype):
     env = dict(os.environ)
     if mode == "cpu":
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    cmd = [sys.executable, __file__, "--child", "--checkpoint", checkpoint, "--mode", mode, "--dtype", dtype,
-           "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--checkpoint",
+        checkpoint,
+        "--mode",
+        mode,
+        "--dtype",
+        dtype,
+        "--prompt",
+        str(args.prompt),
+        "--new-tokens",
+        str(args.new_tokens),
+        "--repeats",
+        str(args.repeats),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
@@ -155,24 +200,32 @@ def main():
         for dtype in dtypes:
             checkpoints[dtype] = os.path.join(tmp, dtype)
             # (in a child: the parent stays small while the children measure their memory)
-            write = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import real_scale; "
-                     f"real_scale.write_checkpoint({checkpoints[dtype]!r}, {args.layers}, {dtype!r})")
-            subprocess.run([sys.executable, "-c", write], check=True,
-                           env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+            write = (
+                f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import real_scale; "
+                f"real_scale.write_checkpoint({checkpoints[dtype]!r}, {args.layers}, {dtype!r})"
+            )
+            subprocess.run(
+                [sys.executable, "-c", write], check=True, env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+            )
         size = sum(os.path.getsize(os.path.join(checkpoints[d], "model.safetensors")) for d in dtypes[:1])
-        print(f"Qwen3-0.6B shape, {args.layers} layers, random weights ({size / 2**20:.0f} MiB as {dtypes[0]}); "
-              f"{args.new_tokens} new tokens after {args.prompt}; {args.rounds} rounds x {args.repeats} repeats",
-              flush=True)
-        results = {}   # (mode, dtype) -> list of per-round dicts
+        print(
+            f"Qwen3-0.6B shape, {args.layers} layers, random weights ({size / 2**20:.0f} MiB as {dtypes[0]}); "
+            f"{args.new_tokens} new tokens after {args.prompt}; {args.rounds} rounds x {args.repeats} repeats",
+            flush=True,
+        )
+        results = {}  # (mode, dtype) -> list of per-round dicts
         for r in range(args.rounds):
             for dtype in dtypes:
                 for mode in modes:
                     res = run_child(args, checkpoints[dtype], mode, dtype)
                     results.setdefault((mode, dtype), []).append(res)
                     if res:
-                        print(f"  round {r + 1} {mode:<8} {dtype:<8} load {res['load_s']:6.1f} s  first "
-                              f"{res['first_s']:6.1f} s  {res['tok_s']:6.2f} tok/s  peak RSS {res['peak_mb']:6.0f} MB "
-                              f"(after load {res['peak_after_load_mb']:.0f})", flush=True)
+                        print(
+                            f"  round {r + 1} {mode:<8} {dtype:<8} load {res['load_s']:6.1f} s  first "
+                            f"{res['first_s']:6.1f} s  {res['tok_s']:6.2f} tok/s  peak RSS {res['peak_mb']:6.0f} MB "
+                            f"(after load {res['peak_after_load_mb']:.0f})",
+                            flush=True,
+                        )
     report(results, dtypes, modes)
 
 
@@ -185,8 +238,11 @@ def report(results, dtypes, modes):
     print(f"\n{'':<18}" + "".join(f"{m:>28}" for m in modes))
     for dtype in dtypes:
         cpu_rounds = results.get(("cpu", dtype), [])
-        for key, label, unit in (("tok_s", "decode tok/s", ""), ("load_s", "load s", ""),
-                                 ("peak_mb", "peak RSS MB", "")):
+        for key, label, _unit in (
+            ("tok_s", "decode tok/s", ""),
+            ("load_s", "load s", ""),
+            ("peak_mb", "peak RSS MB", ""),
+        ):
             cells = []
             for mode in modes:
                 rounds = results.get((mode, dtype), [])

@@ -9,6 +9,7 @@ timed and printed), then the variants take turns for --rounds rounds of --steps 
 each round with a sync (loss.item()); the figure is the best round's steps/s. Ratios are against
 the eager loop. The CPU variant runs with one intra-op thread (see `make`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,15 @@ def main():
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     a = ap.parse_args()
-    cfg = LlamaConfig(vocab_size=256, hidden_size=a.hidden, intermediate_size=2 * a.hidden,
-                      num_hidden_layers=a.layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=a.hidden,
+        intermediate_size=2 * a.hidden,
+        num_hidden_layers=a.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     base = LlamaForCausalLM(cfg)
     ids_cpu = torch.randint(0, 256, (4, 32))
@@ -55,6 +62,7 @@ def main():
                 finally:
                     torch.set_num_threads(threads)
                 return loss
+
             return step
         model = copy.deepcopy(base).to("tpu")
         opt = AdamW(model.parameters(), lr=1e-3)
@@ -69,10 +77,15 @@ def main():
             loss.backward()
             opt.step()
             return loss
+
         return step
 
-    kinds = ["eager + fused AdamW", "torch.compile(model) + fused AdamW", "SingleTraceTrainer",
-             "cpu eager + torch.optim.AdamW"]
+    kinds = [
+        "eager + fused AdamW",
+        "torch.compile(model) + fused AdamW",
+        "SingleTraceTrainer",
+        "cpu eager + torch.optim.AdamW",
+    ]
     steps = {}
     for kind in kinds:
         t0 = time.perf_counter()
@@ -80,8 +93,11 @@ def main():
         for _ in range(3):
             loss = steps[kind]()
         loss.item()
-        print(f"{kind:40s} warm-up (trace + compile + 3 steps): {time.perf_counter() - t0:6.1f} s, "
-              f"loss {loss.item():.4f}", flush=True)
+        print(
+            f"{kind:40s} warm-up (trace + compile + 3 steps): {time.perf_counter() - t0:6.1f} s, "
+            f"loss {loss.item():.4f}",
+            flush=True,
+        )
     best = {k: 0.0 for k in kinds}
     for _ in range(a.rounds):
         for kind in kinds:
@@ -91,7 +107,9 @@ def main():
             loss.item()
             best[kind] = max(best[kind], a.steps / (time.perf_counter() - t0))
     ref = best["eager + fused AdamW"]
-    print(f"\ntiny Llama (hidden {a.hidden}, {a.layers} layers, batch 4x32), best of {a.rounds} rounds of {a.steps} steps")
+    print(
+        f"\ntiny Llama (hidden {a.hidden}, {a.layers} layers, batch 4x32), best of {a.rounds} rounds of {a.steps} steps"
+    )
     for kind in kinds:
         print(f"{kind:40s} {best[kind]:8.1f} steps/s   {best[kind] / ref:5.2f}x eager")
 

@@ -17,6 +17,7 @@ take turns for --rounds rounds of --steps steps each; a round ends with a sync (
 so the device's work is timed. Prints each variant's median ms per step over the rounds, the ratios, the
 steady-state compile counters, and each variant's losses against the CPU's (same data every step).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,16 @@ from torchtpu.eager import fusion
 
 def build():
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                      vocab_size=8000, intermediate_size=1408, max_position_embeddings=512)
+
+    cfg = LlamaConfig(
+        hidden_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=8000,
+        intermediate_size=1408,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg)
 
@@ -94,14 +103,16 @@ def main():
                     loss = step(i)
                     losses[kind].append(loss.detach())
                 torch.tpu.synchronize()
-                losses[kind][-1] = losses[kind][-1].item()   # the round's sync point: the device's work is timed
+                losses[kind][-1] = losses[kind][-1].item()  # the round's sync point: the device's work is timed
                 times.setdefault(kind, []).append((time.perf_counter() - t0) / args.steps)
         done += args.steps
     m1 = torchtpu.metrics()
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
-    print(f"\nsmall Llama training step (hidden 512, 4 layers, batch 4x128, AdamW), median of {args.rounds} "
-          f"interleaved rounds of {args.steps} steps; torch threads {torch.get_num_threads()}")
+    print(
+        f"\nsmall Llama training step (hidden 512, 4 layers, batch 4x128, AdamW), median of {args.rounds} "
+        f"interleaved rounds of {args.steps} steps; torch threads {torch.get_num_threads()}"
+    )
     print(f"{'variant':22s} {'ms/step':>9s} {'rounds (ms)':>40s}")
     for kind in kinds:
         print(f"{kind:22s} {med[kind]:9.1f}   {' '.join(f'{t * 1e3:.0f}' for t in times[kind]):>37s}")
@@ -114,19 +125,28 @@ def main():
     if "fused" in med and "cpu" in med:
         ratios.append(f"fused/cpu {med['fused'] / med['cpu']:.2f}")
     print("ratios: " + ", ".join(ratios))
-    print("steady state: " + ", ".join(f"{k} {m1[k] - m0[k]}" for k in ("compiled_xla_compiles", "compiled_cache_hits",
-                                                                        "fused_compiles", "eager_compiles")
-                                       if k in m1))
+    print(
+        "steady state: "
+        + ", ".join(
+            f"{k} {m1[k] - m0[k]}"
+            for k in ("compiled_xla_compiles", "compiled_cache_hits", "fused_compiles", "eager_compiles")
+            if k in m1
+        )
+    )
     if "cpu" in losses:
         ref = [float(x) for x in losses["cpu"]]
         for kind in kinds:
             got = [float(x) for x in losses[kind]]
-            print(f"losses {kind:22s} max |loss - cpu| {max(abs(a - b) for a, b in zip(got, ref)):.2e} "
-                  f"(first {got[0]:.4f}, last {got[-1]:.4f})")
+            print(
+                f"losses {kind:22s} max |loss - cpu| {max(abs(a - b) for a, b in zip(got, ref)):.2e} "
+                f"(first {got[0]:.4f}, last {got[-1]:.4f})"
+            )
         cpu_params = dict(models["cpu"].named_parameters())
         for kind in kinds:
-            worst = max((p.detach().cpu() - cpu_params[n].detach()).abs().max().item()
-                        for n, p in models[kind].named_parameters())
+            worst = max(
+                (p.detach().cpu() - cpu_params[n].detach()).abs().max().item()
+                for n, p in models[kind].named_parameters()
+            )
             print(f"params {kind:22s} max |param - cpu| after {done} steps {worst:.2e}")
 
 

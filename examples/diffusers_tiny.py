@@ -8,6 +8,7 @@ them without downloads), so the "images" are noise; with real weights the code i
     pipe = StableDiffusion3Pipeline.from_pretrained(path, torch_dtype=torch.bfloat16).to("tpu")
     pipe.transformer.compile(backend="tpu", fullgraph=True, dynamic=False)
 """
+
 import argparse
 import time
 
@@ -39,12 +40,16 @@ def main():
     print(f"  torch CPU              {t_cpu * 1e3:8.1f} ms")
 
     pipe.to("tpu")
-    print(f"  weights on tpu: {torch.tpu.memory_allocated() / 2**20:.2f} MiB "
-          f"(parameters+buffers {tiny.param_bytes(pipe) / 2**20:.2f} MiB)")
+    print(
+        f"  weights on tpu: {torch.tpu.memory_allocated() / 2**20:.2f} MiB "
+        f"(parameters+buffers {tiny.param_bytes(pipe) / 2**20:.2f} MiB)"
+    )
     first, img = timed(pipe, args.kind, args)
     steady, img = timed(pipe, args.kind, args)
-    print(f"  tpu eager   first call {first * 1e3:8.1f} ms   steady {steady * 1e3:8.1f} ms   "
-          f"max |tpu - cpu| {np.abs(img - ref).max():.1e}")
+    print(
+        f"  tpu eager   first call {first * 1e3:8.1f} ms   steady {steady * 1e3:8.1f} ms   "
+        f"max |tpu - cpu| {np.abs(img - ref).max():.1e}"
+    )
 
     den = tiny.denoiser(pipe)
     den.compile(backend="tpu", fullgraph=True, dynamic=False)
@@ -53,10 +58,14 @@ def main():
     m1 = torchtpu.metrics()
     steady, img = timed(pipe, args.kind, args)
     m2 = torchtpu.metrics()
-    print(f"  tpu compiled first call {first * 1e3:7.1f} ms   steady {steady * 1e3:8.1f} ms   "
-          f"max |tpu - cpu| {np.abs(img - ref).max():.1e}")
-    print(f"  XLA compiles: first call {m1['compiled_xla_compiles'] - m0['compiled_xla_compiles']}, "
-          f"second call {m2['compiled_xla_compiles'] - m1['compiled_xla_compiles']}")
+    print(
+        f"  tpu compiled first call {first * 1e3:7.1f} ms   steady {steady * 1e3:8.1f} ms   "
+        f"max |tpu - cpu| {np.abs(img - ref).max():.1e}"
+    )
+    print(
+        f"  XLA compiles: first call {m1['compiled_xla_compiles'] - m0['compiled_xla_compiles']}, "
+        f"second call {m2['compiled_xla_compiles'] - m1['compiled_xla_compiles']}"
+    )
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ import os
 os.environ.setdefault("TORCHTPU_NUM_DEVICES", "2")
 
 
-import sys  # noqa: E402
+import sys
 
-import pytest  # noqa: E402
+import pytest
 
 # Memory one pytest-xdist worker of the default run may need at its peak (torch, JAX, XLA:CPU's
 # compiled executables, the tiny Hugging Face models, the 2-4 rank children of the distributed

@@ -1,5 +1,6 @@
 """Start N ranks of tests/distributed_worker.py as torchrun would (127.0.0.1, free ports), bounded
 by a timeout; every process is killed at the end, whatever happens."""
+
 from __future__ import annotations
 
 import os
@@ -33,16 +34,26 @@ def launch(scenario, nprocs=2, timeout=120, env=None, script=None, args=()):
     try:
         for rank in range(nprocs):
             e = dict(os.environ)
-            e.pop("TORCHTPU_NUM_DEVICES", None)   # one device per process, as on a TPU host
+            e.pop("TORCHTPU_NUM_DEVICES", None)  # one device per process, as on a TPU host
             e["XLA_FLAGS"] = without_virtual_devices(e.get("XLA_FLAGS", ""))
-            e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs),
-                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                     TORCHTPU_COORDINATOR_ADDRESS=f"127.0.0.1:{coordinator}",
-                     PYTHONPATH=os.pathsep.join([str(SRC), str(HERE), e.get("PYTHONPATH", "")]))
+            e.update(
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(nprocs),
+                LOCAL_WORLD_SIZE=str(nprocs),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+                TORCHTPU_COORDINATOR_ADDRESS=f"127.0.0.1:{coordinator}",
+                PYTHONPATH=os.pathsep.join([str(SRC), str(HERE), e.get("PYTHONPATH", "")]),
+            )
             e.update(env or {})
             cmd = [sys.executable, str(script or HERE / "distributed_worker.py"), scenario, *args]
-            procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+                )
+            )
         deadline = time.monotonic() + timeout
         results = []
         for p in procs:

@@ -5,6 +5,7 @@ MASTER_PORT). Each scenario checks its results against the CPU with assert_close
 on the first failure; every rank computes all ranks' inputs from fixed seeds, so the expected values
 are plain CPU arithmetic.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,13 @@ def reduce_cpu(xs, op):
         s = torch.stack([x.to(torch.uint8) for x in xs])
         return (s.amax(0) if op in ("SUM", "MAX") else s.amin(0)).bool()
     s = torch.stack([x.double() if x.is_floating_point() else x for x in xs])
-    out = {"SUM": lambda: s.sum(0), "AVG": lambda: s.mean(0), "MAX": lambda: s.amax(0),
-           "MIN": lambda: s.amin(0), "PRODUCT": lambda: s.prod(0)}[op]()
+    out = {
+        "SUM": lambda: s.sum(0),
+        "AVG": lambda: s.mean(0),
+        "MAX": lambda: s.amax(0),
+        "MIN": lambda: s.amin(0),
+        "PRODUCT": lambda: s.prod(0),
+    }[op]()
     return out.to(xs[0].dtype)
 
 
@@ -56,8 +62,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32
 
 @scenario
 def collectives():
-    from torchtpu.distributed import collectives as coll
-    dist.init_process_group()    # no backend: the default for the "tpu" accelerator
+    dist.init_process_group()  # no backend: the default for the "tpu" accelerator
     assert dist.get_world_size() == WORLD and dist.get_rank() == RANK
     assert torch.tpu.device_count() == 1 and torch.accelerator.current_device_index() == 0
     dev = torch.device("tpu", 0)
@@ -88,19 +93,22 @@ def collectives():
         ins = everyone((WORLD * 2, 3), dtype, salt=7)
         out = torch.empty((WORLD * 2, 3), dtype=dtype, device=dev)
         dist.all_to_all_single(out, ins[RANK].to(dev))
-        assert_close(out.cpu(), torch.cat([ins[r][2 * RANK:2 * RANK + 2] for r in range(WORLD)]),
-                     msg=f"all_to_all_single {dtype}")
+        assert_close(
+            out.cpu(),
+            torch.cat([ins[r][2 * RANK : 2 * RANK + 2] for r in range(WORLD)]),
+            msg=f"all_to_all_single {dtype}",
+        )
         if dtype == torch.bool:
             continue
         # reduce_scatter_tensor and the list form
         ins = everyone((WORLD * 4, 2), dtype, salt=3)
         o = torch.empty((4, 2), dtype=dtype, device=dev)
         dist.reduce_scatter_tensor(o, ins[RANK].to(dev))
-        want = reduce_cpu(ins, "SUM")[4 * RANK:4 * RANK + 4]
+        want = reduce_cpu(ins, "SUM")[4 * RANK : 4 * RANK + 4]
         assert_close(o.cpu(), want, **tol(dtype), msg=f"reduce_scatter_tensor {dtype}")
         o2 = torch.empty((4, 2), dtype=dtype, device=dev)
         dist.reduce_scatter(o2, list(ins[RANK].to(dev).chunk(WORLD)), op=dist.ReduceOp.MAX)
-        want = reduce_cpu(ins, "MAX")[4 * RANK:4 * RANK + 4]
+        want = reduce_cpu(ins, "MAX")[4 * RANK : 4 * RANK + 4]
         assert_close(o2.cpu(), want, msg=f"reduce_scatter MAX {dtype}")
 
     dist.destroy_process_group()
@@ -109,6 +117,7 @@ def collectives():
 @scenario
 def collectives_more():
     from torchtpu.distributed import collectives as coll
+
     dist.init_process_group("tpu")
     dev = torch.device("tpu", 0)
     # views: a transposed slice all-reduced in place changes its base
@@ -181,7 +190,7 @@ def collectives_more():
         dist.all_reduce(x)
         dist.all_gather_into_tensor(torch.empty(WORLD * 16, 4, device=dev), x)
         dist.broadcast(x, src=0)
-    assert coll.compiles() == before + 2, (coll.compiles(), before)   # all_gather + broadcast, once each
+    assert coll.compiles() == before + 2, (coll.compiles(), before)  # all_gather + broadcast, once each
     dist.barrier()
     dist.destroy_process_group()
 
@@ -204,8 +213,9 @@ def subgroups():
 
     # a 2x2 device mesh: reduce along each dimension
     from torch.distributed.device_mesh import init_device_mesh
+
     mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    for dim, name in enumerate(("dp", "tp")):
+    for _dim, name in enumerate(("dp", "tp")):
         grp = mesh.get_group(name)
         ranks = dist.get_process_group_ranks(grp)
         z = make(RANK, (2, 3), torch.float32).to(dev)
@@ -214,6 +224,7 @@ def subgroups():
 
     # topology_aware_mesh (torch.tpu.distributed): on XLA:CPU the layout is rank order
     from torchtpu.distributed.api import spmd_safe, topology_aware_mesh
+
     tmesh = topology_aware_mesh("tpu", (2, 2), mesh_dim_names=("a", "b"))
     assert tmesh.mesh.tolist() == [[0, 1], [2, 3]], tmesh.mesh
     z = make(RANK, (5,), torch.float32).to(dev)
@@ -222,6 +233,7 @@ def subgroups():
     def reduce_b(t):
         dist.all_reduce(t, group=tmesh.get_group("b"))
         return t
+
     reduce_b(z)
     assert_close(z.cpu(), make(lo, (5,), torch.float32) + make(lo + 1, (5,), torch.float32))
 
@@ -249,8 +261,7 @@ def backend_strings():
     os.environ.pop("TORCHTPU_COORDINATOR_ADDRESS", None)
     addr, port = os.environ.pop("MASTER_ADDR"), os.environ.pop("MASTER_PORT")
     rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))
-    dist.init_process_group("cpu:gloo,tpu:tpu_dist", init_method=f"tcp://{addr}:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("cpu:gloo,tpu:tpu_dist", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
     x = make(rank, (4,), torch.float32).to("tpu")
     dist.all_reduce(x)
     assert_close(x.cpu(), sum(make(r, (4,), torch.float32) for r in range(world)))
@@ -301,6 +312,7 @@ def straggler():
     ranks' signature check through the store times out)."""
     import datetime
     import time
+
     dist.init_process_group("tpu_dist", timeout=datetime.timedelta(seconds=5))
     dist.all_reduce(torch.ones(3, device="tpu"))
     torch.tpu.synchronize()
@@ -324,14 +336,15 @@ def dies():
     """Rank 1 dies after joining: rank 0's next collective raises within the group's timeout."""
     import datetime
     import time
+
     dist.init_process_group("tpu_dist", timeout=datetime.timedelta(seconds=5))
     x = torch.ones(3, device="tpu")
-    dist.all_reduce(x)          # both alive: works
+    dist.all_reduce(x)  # both alive: works
     torch.tpu.synchronize()
     if RANK == 1:
         os._exit(3)
     time.sleep(1)
-    for shape in (3, 5):        # a collective already compiled (XLA's transport notices), and a new one
+    for shape in (3, 5):  # a collective already compiled (XLA's transport notices), and a new one
         t0 = time.monotonic()
         try:
             dist.all_reduce(torch.ones(shape, device="tpu"))
@@ -340,13 +353,14 @@ def dies():
             print("DEAD-RANK-RAISED", e, flush=True)
         else:
             raise AssertionError("no error")
-    os._exit(0)   # (a normal exit would wait for the dead rank at JAX's shutdown barrier)
+    os._exit(0)  # (a normal exit would wait for the dead rank at JAX's shutdown barrier)
 
 
 @scenario
 def ddp():
     """DDP on WORLD ranks, each on its slice of the batch, equals one process on the whole batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     dist.init_process_group()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
@@ -375,12 +389,13 @@ def dtensor():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
     dist.init_process_group()
     mesh = init_device_mesh("tpu", (WORLD,))
     full = make(0, (4 * WORLD, 6), torch.float32)
     d = distribute_tensor(full.to("tpu"), mesh, [Shard(0)])
     assert d.to_local().shape == (4, 6)
-    assert_close(d.to_local().cpu(), full[4 * RANK:4 * RANK + 4])
+    assert_close(d.to_local().cpu(), full[4 * RANK : 4 * RANK + 4])
     assert_close(d.full_tensor().cpu(), full)
     assert_close(d.redistribute(mesh, [Replicate()]).to_local().cpu(), full)
     assert_close((d * 2).sum().full_tensor().cpu(), (full * 2).sum())
@@ -396,10 +411,10 @@ def dtensor():
     reference(x).sum().backward()
     assert_close(tp[0].weight.grad.full_tensor().cpu(), reference[0].weight.grad, rtol=1e-5, atol=1e-5)
     from torchtpu.distributed import collectives
-    assert collectives.calls() >= 5, collectives.calls()   # the collectives ran as XLA programs
+
+    assert collectives.calls() >= 5, collectives.calls()  # the collectives ran as XLA programs
 
     dist.destroy_process_group()
-
 
 
 def _one_executable(fn, *args):
@@ -409,9 +424,10 @@ def _one_executable(fn, *args):
 
     from torchtpu import metrics
     from torchtpu.distributed import collectives, compiled
+
     before = (compiled.compiles(), compiled.calls(), collectives.calls(), metrics()["compiled_xla_compiles"])
     with warnings.catch_warnings():
-        warnings.simplefilter("error")   # the eager fallback warns
+        warnings.simplefilter("error")  # the eager fallback warns
         out = fn(*args)
     after = (compiled.compiles(), compiled.calls(), collectives.calls(), metrics()["compiled_xla_compiles"])
     assert after == (before[0], before[1] + 1, before[2], before[3]), (before, after)
@@ -426,7 +442,7 @@ def compiled_collectives():
     import warnings
 
     import torch.distributed._functional_collectives as funcol
-    from torchtpu.distributed import collectives, compiled
+
     dist.init_process_group()
     W = dist.group.WORLD
 
@@ -445,14 +461,18 @@ def compiled_collectives():
         x, u = xs[RANK].to("tpu"), us[RANK].to("tpu")
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            got = [o.cpu() for o in cf(x, u)]                      # compiles the SPMD executable
-        got = [o.cpu() for o in _one_executable(cf, x, u)]          # and runs it again, alone
-        eager = [o.cpu() for o in f(x, u)]                          # the eager functional collectives
+            got = [o.cpu() for o in cf(x, u)]  # compiles the SPMD executable
+        got = [o.cpu() for o in _one_executable(cf, x, u)]  # and runs it again, alone
+        eager = [o.cpu() for o in f(x, u)]  # the eager functional collectives
         whole = torch.cat(xs)
-        want = [sum(t * 2 for t in xs) + 1, torch.stack(xs).amax(0), whole,
-                (whole * 3 * WORLD)[4 * RANK:4 * RANK + 4],
-                torch.cat([whole[4 * RANK:4 * RANK + 4]] * WORLD),   # block RANK of every rank's g
-                us[1]]
+        want = [
+            sum(t * 2 for t in xs) + 1,
+            torch.stack(xs).amax(0),
+            whole,
+            (whole * 3 * WORLD)[4 * RANK : 4 * RANK + 4],
+            torch.cat([whole[4 * RANK : 4 * RANK + 4]] * WORLD),  # block RANK of every rank's g
+            us[1],
+        ]
         for i, (g_, e_, w_) in enumerate(zip(got, eager, want)):
             assert_close(g_, w_.to(dtype), **tol(dtype), msg=f"output {i} {dtype} vs CPU")
             assert_close(g_, e_, **tol(dtype), msg=f"output {i} {dtype} vs eager")
@@ -461,11 +481,12 @@ def compiled_collectives():
     # rank j, so rank 0's splits are even and rank 1's are not (both must exchange one block size)
     def a2a(t, out_splits, in_splits):
         return funcol.all_to_all_single(t, out_splits, in_splits, W) * 1
+
     ca2a = torch.compile(a2a, backend="tpu", fullgraph=True)
     ins = [[2 + (r * j) % 3 for j in range(WORLD)] for r in range(WORLD)]
-    for dtype in (torch.float32,):   # it moves rows: the dtype does not matter (bits, as above)
+    for dtype in (torch.float32,):  # it moves rows: the dtype does not matter (bits, as above)
         xs = [make(r, (sum(ins[r]), 2), dtype, salt=3) for r in range(WORLD)]
-        want = torch.cat([xs[j][sum(ins[j][:RANK]):sum(ins[j][:RANK + 1])] for j in range(WORLD)])
+        want = torch.cat([xs[j][sum(ins[j][:RANK]) : sum(ins[j][: RANK + 1])] for j in range(WORLD)])
         outs_ = [ins[j][RANK] for j in range(WORLD)]
         x = xs[RANK].to("tpu")
         with warnings.catch_warnings():
@@ -484,6 +505,7 @@ def compiled_collectives():
     @torch.compile(backend="tpu", fullgraph=True)
     def g(t):
         return funcol.all_reduce(t, "sum", W)
+
     try:
         g(torch.ones(3 + RANK, device="tpu"))
     except RuntimeError as e:
@@ -501,9 +523,11 @@ def compiled_dtensor():
     import warnings
 
     from torchtpu.distributed import compiled
+
     dist.init_process_group()
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
     mesh = init_device_mesh("tpu", (WORLD,))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8 * WORLD), torch.nn.ReLU(), torch.nn.Linear(8 * WORLD, 5))
@@ -519,7 +543,7 @@ def compiled_dtensor():
         assert_close(out.cpu(), reference(x), rtol=1e-5, atol=1e-5)
     before = compiled.compiles()
     with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*runs in eager mode")   # the op-by-op fallback
+        warnings.filterwarnings("error", message=".*runs in eager mode")  # the op-by-op fallback
         # training: the forward graph has the all_reduce, the backward one too (the input's gradient
         # is the sum of the ranks' partial ones, ColwiseParallel's replicated input)
         xt = x.to("tpu").requires_grad_()
@@ -539,9 +563,9 @@ def _sequence_parallel_block(tp_mesh):
     """A norm -> up -> relu -> down block sharded on `tp_mesh` (SequenceParallel norm, Colwise up,
     Rowwise down, sequence dim 1), and its unsharded copy on the CPU."""
     import copy
+
     from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -556,11 +580,15 @@ def _sequence_parallel_block(tp_mesh):
     torch.manual_seed(0)
     block = Block()
     reference = copy.deepcopy(block)
-    parallelize_module(block.to("tpu"), tp_mesh, {
-        "norm": SequenceParallel(),
-        "up": ColwiseParallel(input_layouts=Shard(1)),
-        "down": RowwiseParallel(output_layouts=Shard(1)),
-    })
+    parallelize_module(
+        block.to("tpu"),
+        tp_mesh,
+        {
+            "norm": SequenceParallel(),
+            "up": ColwiseParallel(input_layouts=Shard(1)),
+            "down": RowwiseParallel(output_layouts=Shard(1)),
+        },
+    )
     return block, reference
 
 
@@ -571,13 +599,14 @@ def compiled_collectives_2d():
     "tp") compiled with fullgraph matches the unsharded model."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
+
     dist.init_process_group()
     mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
     dp, tp = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
     tp_group, dp_group = mesh["tp"].get_group(), mesh["dp"].get_group()
 
     def f(t):
-        s = funcol.all_reduce(t, "sum", tp_group)          # over the ranks of my dp row
+        s = funcol.all_reduce(t, "sum", tp_group)  # over the ranks of my dp row
         return funcol.all_gather_tensor(s * 2, 0, dp_group), funcol.all_reduce(t, "max", dp_group)
 
     cf = torch.compile(f, backend="tpu", fullgraph=True)
@@ -585,8 +614,8 @@ def compiled_collectives_2d():
     x = xs[RANK].to("tpu")
     cf(x)
     got = _one_executable(cf, x)
-    rank_at = lambda d, t: 2 * d + t    # noqa: E731 - init_device_mesh's row-major layout
-    row_sum = lambda d: xs[rank_at(d, 0)] + xs[rank_at(d, 1)]   # noqa: E731
+    rank_at = lambda d, t: 2 * d + t
+    row_sum = lambda d: xs[rank_at(d, 0)] + xs[rank_at(d, 1)]
     assert_close(got[0].cpu(), torch.cat([row_sum(0) * 2, row_sum(1) * 2]))
     assert_close(got[1].cpu(), torch.maximum(xs[rank_at(0, tp)], xs[rank_at(1, tp)]))
 
@@ -594,9 +623,9 @@ def compiled_collectives_2d():
     cblock = torch.compile(block, backend="tpu", fullgraph=True)
     x = make(dp, (2, 6, 8), torch.float32)
     with torch.no_grad():
-        cblock(x[:, 3 * tp:3 * tp + 3].to("tpu"))
-        out = _one_executable(cblock, x[:, 3 * tp:3 * tp + 3].to("tpu"))
-        assert_close(out.cpu(), reference(x)[:, 3 * tp:3 * tp + 3], rtol=1e-5, atol=1e-5)
+        cblock(x[:, 3 * tp : 3 * tp + 3].to("tpu"))
+        out = _one_executable(cblock, x[:, 3 * tp : 3 * tp + 3].to("tpu"))
+        assert_close(out.cpu(), reference(x)[:, 3 * tp : 3 * tp + 3], rtol=1e-5, atol=1e-5)
     dist.destroy_process_group()
 
 
@@ -605,29 +634,32 @@ def dtensor_2d():
     """A 2-D data x tensor mesh on 4 ranks: SequenceParallel + Colwise/Rowwise on the "tp" dimension,
     different data per "dp" row; outputs and gradients match the unsharded model."""
     from torch.distributed.device_mesh import init_device_mesh
+
     dist.init_process_group()
     mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
     dp, tp = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
 
     block, reference = _sequence_parallel_block(mesh["tp"])
-    x = make(dp, (2, 6, 8), torch.float32)            # one batch per dp row, sequence of 6
-    local_in = x[:, 3 * tp:3 * tp + 3]                 # this tp rank's half of the sequence
+    x = make(dp, (2, 6, 8), torch.float32)  # one batch per dp row, sequence of 6
+    local_in = x[:, 3 * tp : 3 * tp + 3]  # this tp rank's half of the sequence
     out = block(local_in.to("tpu"))
     want = reference(x)
-    assert_close(out.cpu(), want[:, 3 * tp:3 * tp + 3], rtol=1e-5, atol=1e-5)
+    assert_close(out.cpu(), want[:, 3 * tp : 3 * tp + 3], rtol=1e-5, atol=1e-5)
     out.sum().backward()
-    want[:, 3 * tp:3 * tp + 3].sum().backward()        # this rank's share of the loss
+    want[:, 3 * tp : 3 * tp + 3].sum().backward()  # this rank's share of the loss
     # the tp group's gradient is the sum over its ranks' shares: compare the full (gathered) grads
     g = block.up.weight.grad.full_tensor().cpu()
     shares = [reference.up.weight.grad.clone()]
-    dist.all_reduce(shares[0], group=mesh["tp"].get_group())   # CPU tensors: gloo in the same group
+    dist.all_reduce(shares[0], group=mesh["tp"].get_group())  # CPU tensors: gloo in the same group
     assert_close(g, shares[0], rtol=1e-4, atol=1e-5)
     dist.destroy_process_group()
+
 
 @scenario
 def fsdp():
     """FSDP2 (fully_shard with a MixedPrecisionPolicy) trains like one process on the full batch."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     dist.init_process_group()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
@@ -656,14 +688,13 @@ def fsdp():
     torch.manual_seed(0)
     low = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     fresh = __import__("copy").deepcopy(low)
-    fully_shard(low.to("tpu"), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                              reduce_dtype=torch.float32))
+    fully_shard(low.to("tpu"), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
     xb, yb = torch.randn(4 * WORLD, 8), torch.randn(4 * WORLD, 4)
     dist.broadcast(xb, 0)
     dist.broadcast(yb, 0)
-    out = low(xb[4 * RANK:4 * RANK + 4].to("tpu"))
+    out = low(xb[4 * RANK : 4 * RANK + 4].to("tpu"))
     assert out.dtype == torch.bfloat16
-    torch.nn.functional.mse_loss(out.float(), yb[4 * RANK:4 * RANK + 4].to("tpu")).backward()
+    torch.nn.functional.mse_loss(out.float(), yb[4 * RANK : 4 * RANK + 4].to("tpu")).backward()
     torch.nn.functional.mse_loss(fresh(xb), yb).backward()
     for (n, p), q in zip(low.named_parameters(), fresh.parameters()):
         assert p.grad.dtype == torch.float32
@@ -671,6 +702,7 @@ def fsdp():
 
     # distributed checkpoint: save the sharded model, load it into a fresh sharded one
     import torch.distributed.checkpoint as dcp
+
     path = os.environ["TORCHTPU_TEST_TMP"]
     dcp.save({"model": model.state_dict()}, checkpoint_id=path)
     torch.manual_seed(1)
@@ -685,21 +717,29 @@ def fsdp():
     dist.destroy_process_group()
 
 
-
 @scenario
 def hf_tp_plan():
     """Transformers under torchrun: from_pretrained(path, tp_plan="auto") of a tiny Llama saved by
     rank 0 gives the unsharded model's logits and greedy tokens."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
     path = os.environ["TORCHTPU_TEST_TMP"]
     ready = os.path.join(path, "config.json")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     reference = LlamaForCausalLM(config).eval()
     if RANK == 0:
         reference.save_pretrained(path)
     import time
+
     deadline = time.monotonic() + 60
     while not os.path.exists(os.path.join(path, "model.safetensors")) or not os.path.exists(ready):
         assert time.monotonic() < deadline
@@ -709,7 +749,7 @@ def hf_tp_plan():
     assert dist.get_world_size() == WORLD and next(model.parameters()).device.type == "tpu"
     gate = model.model.layers[0].mlp.gate_proj.weight
     local = gate.to_local() if hasattr(gate, "to_local") else gate
-    assert local.shape[0] == config.intermediate_size // WORLD, local.shape   # really sharded
+    assert local.shape[0] == config.intermediate_size // WORLD, local.shape  # really sharded
     ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         logits = model(ids.to("tpu")).logits
@@ -728,15 +768,17 @@ def multihost():
     comes from torchrun's MASTER_ADDR/MASTER_PORT; every rank sees one device as tpu:0."""
     assert "TORCHTPU_COORDINATOR_ADDRESS" not in os.environ
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    x = make(rank, (6,), torch.float32).to("tpu")     # the first tpu op joins the JAX job
+    x = make(rank, (6,), torch.float32).to("tpu")  # the first tpu op joins the JAX job
     import jax
+
     assert jax.process_count() == world and jax.process_index() == rank
     assert torch.tpu.device_count() == 1
     dist.init_process_group()
     dist.all_reduce(x)
     assert_close(x.cpu(), sum(make(r, (6,), torch.float32) for r in range(world)))
     mesh = __import__("torch.distributed.device_mesh", fromlist=["x"]).init_device_mesh(
-        "tpu", (2, world // 2), mesh_dim_names=("node", "local"))
+        "tpu", (2, world // 2), mesh_dim_names=("node", "local")
+    )
     y = make(rank, (3,), torch.float32).to("tpu")
     grp = mesh.get_group("local")
     dist.all_reduce(y, group=grp)

@@ -14,6 +14,7 @@ Random ops are compared on shape and dtype only (their values cannot match the C
 their distributions are tested in tests/test_random_distributions.py). Ops out of scope are listed
 in OUT_OF_SCOPE with the reason; nothing is skipped silently.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +25,18 @@ import traceback
 import torch
 from torch.utils import _pytree as pytree
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64,
-          torch.int64, torch.int32, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+]
 
 # (rtol, atol) per dtype; integers and bool must match exactly
 TOLERANCES = {
@@ -44,14 +55,36 @@ OUT_DTYPES = (torch.float32, torch.int64)
 
 # ops whose outputs are random (or uninitialised): compared on shape and dtype only
 RANDOM_OPS = {
-    "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "normal", "normal.in_place",
-    "normal.number_mean", "uniform", "multinomial", "randn", "randn_like", "rand_like", "randint",
-    "randint_like", "nn.functional.rrelu", "nn.functional.dropout", "nn.functional.dropout2d",
-    "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+    "bernoulli",
+    "cauchy",
+    "exponential",
+    "geometric",
+    "log_normal",
+    "normal",
+    "normal.in_place",
+    "normal.number_mean",
+    "uniform",
+    "multinomial",
+    "randn",
+    "randn_like",
+    "rand_like",
+    "randint",
+    "randint_like",
+    "nn.functional.rrelu",
+    "nn.functional.dropout",
+    "nn.functional.dropout2d",
+    "nn.functional.dropout3d",
+    "nn.functional.alpha_dropout",
     "nn.functional.feature_alpha_dropout.with_train",
-    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+    "empty",
+    "empty_like",
+    "new_empty",
+    "new_empty_strided",
+    "empty_strided",
+    "empty_permuted",
     # draw their pooling regions from the device's generator (exact with given samples: test_ops_semantics)
-    "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
+    "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d",
 }
 
 # linalg ops without a lowering: geqrf has no meta kernel
@@ -76,11 +109,15 @@ def out_of_scope(name: str) -> str | None:
     if name in LINALG_NOT_LOWERED:
         return "linalg op without a lowering (geqrf)"
     if name in LINALG_EIG:
-        return ("general eigensolver: XLA has one on the CPU platform only (not on TPU); forward compared in "
-                "tests/test_correctness_edge.py")
+        return (
+            "general eigensolver: XLA has one on the CPU platform only (not on TPU); forward compared in "
+            "tests/test_correctness_edge.py"
+        )
     if name in LINALG_LSTSQ:
-        return ("least squares: drivers gels and gelsy are compared in tests/test_linalg.py; the samples' "
-                "gelsd/gelss are not supported on tpu (data-dependent residuals)")
+        return (
+            "least squares: drivers gels and gelsy are compared in tests/test_linalg.py; the samples' "
+            "gelsd/gelss are not supported on tpu (data-dependent residuals)"
+        )
     if name in LINALG_GAUGE:
         return "decomposition unique only up to signs/phases: compared through invariants in tests/test_linalg.py"
     if name.startswith(("torch.ops.aten._flash_attention", "torch.ops.aten._efficient_attention")):
@@ -99,7 +136,7 @@ def cpu_dtypes(op):
 
 @dataclasses.dataclass
 class Result:
-    status: str          # pass | fail | error | not_lowered | timeout | no_samples | n/a
+    status: str  # pass | fail | error | not_lowered | timeout | no_samples | n/a
     reason: str = ""
     samples: int = 0
 
@@ -144,6 +181,7 @@ def _to(x, device):
             moved = t.detach().to(device) if t._base is None else _move_view(t.detach(), device)
             return moved.requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() else moved
         return t
+
     return pytree.tree_map(move, x)
 
 
@@ -189,7 +227,7 @@ def _place(op, sample, device):
     inp, args, kwargs = _to((sample.input, args, _on(sample.kwargs, device)), device)
     keep = _CPU_ONLY_ARGS.get(getattr(op, "name", None))
     if keep is not None and keep < len(args) and isinstance(sample.args[keep], torch.Tensor):
-        args = args[:keep] + (sample.args[keep],) + args[keep + 1:]
+        args = args[:keep] + (sample.args[keep],) + args[keep + 1 :]
     return inp, args, kwargs
 
 
@@ -211,29 +249,39 @@ def compare(actual, expected, dtype, random=False, what="output"):
             if a.device.type != "tpu" and e.device.type == "cpu" and e.numel() and a.numel():
                 raise AssertionError(f"{what}[{i}]: result on {a.device}, expected tpu")
             if a.shape != e.shape or a.dtype != e.dtype:
-                raise AssertionError(f"{what}[{i}]: shape/dtype {tuple(a.shape)} {a.dtype}, "
-                                     f"expected {tuple(e.shape)} {e.dtype}")
+                raise AssertionError(
+                    f"{what}[{i}]: shape/dtype {tuple(a.shape)} {a.dtype}, expected {tuple(e.shape)} {e.dtype}"
+                )
             if random:
                 continue
             rtol, atol = TOLERANCES.get(e.dtype, (0, 0))
             try:
-                torch.testing.assert_close(a.detach().cpu(), e.detach(), rtol=rtol, atol=atol,
-                                           equal_nan=True, check_device=False)
+                torch.testing.assert_close(
+                    a.detach().cpu(), e.detach(), rtol=rtol, atol=atol, equal_nan=True, check_device=False
+                )
             except AssertionError as err:
                 msg = str(err).strip().splitlines()
-                raise AssertionError(f"{what}[{i}] {tuple(e.shape)} {e.dtype}: " + " ".join(m.strip() for m in msg[:4])) from None
+                raise AssertionError(
+                    f"{what}[{i}] {tuple(e.shape)} {e.dtype}: " + " ".join(m.strip() for m in msg[:4])
+                ) from None
         elif isinstance(e, float) and isinstance(a, float):
             if not (a == e or (a != a and e != e) or abs(a - e) <= 1e-5 + 1e-4 * abs(e)) and not random:
                 raise AssertionError(f"{what}[{i}]: {a} != {e}")
-        elif not random and a != e and not (isinstance(e, torch.dtype) or e is None and a is None):
+        elif not random and a != e and not (isinstance(e, torch.dtype) or (e is None and a is None)):
             raise AssertionError(f"{what}[{i}]: {a!r} != {e!r}")
 
 
 # Ops returning (values, indices) whose indices PyTorch leaves implementation-defined when values
 # tie (unstable sorts, selection): the tpu's indices are accepted when they select exactly the
 # values the CPU returned; values are always compared. arg position and default of `dim`:
-TIE_AMBIGUOUS_INDICES = {"sort": (0, -1), "topk": (1, -1), "kthvalue": (1, -1), "mode": (0, -1),
-                         "median": (0, None), "nanmedian": (0, None)}
+TIE_AMBIGUOUS_INDICES = {
+    "sort": (0, -1),
+    "topk": (1, -1),
+    "kthvalue": (1, -1),
+    "mode": (0, -1),
+    "median": (0, None),
+    "nanmedian": (0, None),
+}
 
 
 def _reconcile_argsort(sample, actual, expected):
@@ -247,8 +295,9 @@ def _reconcile_argsort(sample, actual, expected):
         n = inp.shape[dim]
         perm = torch.arange(n).reshape([n if d == dim % inp.dim() else 1 for d in range(inp.dim())])
         torch.testing.assert_close(idx.sort(dim).values, perm.expand_as(idx), rtol=0, atol=0)
-        torch.testing.assert_close(inp.detach().gather(dim, idx), inp.detach().gather(dim, expected),
-                                   rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(
+            inp.detach().gather(dim, idx), inp.detach().gather(dim, expected), rtol=0, atol=0, equal_nan=True
+        )
     except Exception:  # noqa: BLE001 - not a valid choice: leave it to the normal comparison
         return actual
     return expected.to(actual.device)
@@ -309,10 +358,12 @@ FLOAT32_REFERENCE = {"nn.functional.instance_norm"}
 def _float32_reference(op, sample, dtype, expected):
     if op_id(op) not in FLOAT32_REFERENCE or dtype not in (torch.float16, torch.bfloat16):
         return expected
-    up = lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == dtype else t  # noqa: E731
+    up = lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == dtype else t
     inp, args, kwargs = pytree.tree_map(up, (sample.input, sample.args, sample.kwargs))
-    return pytree.tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t,
-                           op(inp, *args, **kwargs))
+    return pytree.tree_map(
+        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t,
+        op(inp, *args, **kwargs),
+    )
 
 
 # A half-dtype result that misses the CPU's by more than the tolerance is still accepted when it is
@@ -325,10 +376,10 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 def _precise(fn, sample, dtype, inplace=False):
     """`fn` on the CPU with the sample's `dtype` tensors in float64 (for an in-place variant, the
     mutated input)."""
-    up = lambda t: t.detach().double() if isinstance(t, torch.Tensor) and t.dtype == dtype else t  # noqa: E731
+    up = lambda t: t.detach().double() if isinstance(t, torch.Tensor) and t.dtype == dtype else t
     inp, args, kwargs = pytree.tree_map(up, (sample.input, sample.args, sample.kwargs))
     if inplace:
-        inp = _clone(inp)   # (an input not of `dtype` was not copied by `up`)
+        inp = _clone(inp)  # (an input not of `dtype` was not copied by `up`)
     with torch.no_grad():
         out = fn(inp, *args, **kwargs)
     return inp if inplace else out
@@ -337,7 +388,7 @@ def _precise(fn, sample, dtype, inplace=False):
 def _distance(a, reference):
     a, reference = a.detach().cpu().double(), reference.detach().double()
     both_nan = a.isnan() & reference.isnan()
-    d = (a - reference).abs().masked_fill(both_nan | (a == reference), 0)   # (equal infinities: 0)
+    d = (a - reference).abs().masked_fill(both_nan | (a == reference), 0)  # (equal infinities: 0)
     return d.nan_to_num(nan=float("inf")).max().item() if d.numel() else 0.0
 
 
@@ -349,8 +400,13 @@ def _no_less_accurate(actual, expected, precise, dtype):
     if not (len(a_leaves) == len(e_leaves) == len(p_leaves)):
         return False
     for a, e, p in zip(a_leaves, e_leaves, p_leaves):
-        if isinstance(e, torch.Tensor) and e.dtype == dtype and isinstance(p, torch.Tensor) \
-                and p.shape == e.shape and p.is_floating_point():
+        if (
+            isinstance(e, torch.Tensor)
+            and e.dtype == dtype
+            and isinstance(p, torch.Tensor)
+            and p.shape == e.shape
+            and p.is_floating_point()
+        ):
             if _distance(a, p) > _distance(e, p):
                 return False
         else:
@@ -381,6 +437,7 @@ def _first_line(e: BaseException) -> str:
 
 def _classify(e: BaseException) -> Result:
     from torchtpu.ops.resolve import NotLowered
+
     if isinstance(e, Timeout):
         return Result("timeout", str(e))
     if isinstance(e, NotLowered) or (isinstance(e, NotImplementedError) and "not implemented for the tpu" in str(e)):
@@ -445,10 +502,10 @@ def _cpu_or_none(fn):
 
 def _draws_random(sample):
     """A sample that asks for dropout: its values are random on any device."""
-    return any(isinstance(sample.kwargs.get(k), float) and sample.kwargs[k] > 0
-               for k in ("dropout_p", "dropout")) or (
-        sample.kwargs.get("training") is True and ("dropout_p" in sample.kwargs or any(
-            isinstance(a, float) and 0 < a < 1 for a in sample.args)))  # MHA passes dropout_p by position
+    return any(isinstance(sample.kwargs.get(k), float) and sample.kwargs[k] > 0 for k in ("dropout_p", "dropout")) or (
+        sample.kwargs.get("training") is True
+        and ("dropout_p" in sample.kwargs or any(isinstance(a, float) and 0 < a < 1 for a in sample.args))
+    )  # MHA passes dropout_p by position
 
 
 def _check_forward(op, dtype, max_samples, random):
@@ -478,6 +535,7 @@ def _check_inplace(op, dtype, max_samples, random):
             with torch.no_grad():
                 out = fn(inp, *args, **kwargs)
             return inp, out
+
         ok, expected = _cpu_or_none(cpu)
         if not ok:
             return False
@@ -545,8 +603,9 @@ def _check_grad(op, dtype, max_samples, random):
         _, actual = grads(sample, "tpu", expected[0])
         for i, (a, e) in enumerate(zip(actual, expected[1])):
             if (a is None) != (e is None):
-                raise AssertionError(f"grad[{i}]: {'None' if a is None else 'a tensor'}, expected "
-                                     f"{'None' if e is None else 'a tensor'}")
+                raise AssertionError(
+                    f"grad[{i}]: {'None' if a is None else 'a tensor'}, expected {'None' if e is None else 'a tensor'}"
+                )
             if e is None:
                 continue
             if a.shape != e.shape or a.dtype != e.dtype:

@@ -1,10 +1,12 @@
 """torch.accelerator on "tpu": memory, device index, streams, events, synchronize; patch guards."""
+
 import pytest
 import torch
 
 
 def test_no_patch_target_changed():
     from torchtpu.integrations import patches
+
     # A new torch/accelerate release that moves a patched target must fail here, not silently.
     assert patches.problems() == []
     assert "torch._C._accelerator_emptyCache" in patches.applied()
@@ -80,6 +82,7 @@ def test_dynamo_device_interface_is_the_runtime():
     """Dynamo/Inductor look devices up here (streams, events, properties, dtype support); torch's
     own TpuInterface, written for Google's torch_tpu package, reports "tpu" unavailable."""
     from torch._dynamo.device_interface import get_interface_for_device
+
     interface = get_interface_for_device(torch.device("tpu"))
     assert interface.is_available()
     assert interface.device_count() == torch.tpu.device_count()

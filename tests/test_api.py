@@ -1,5 +1,6 @@
 """The public `torch.tpu` surface: TorchTPU parity (names as data), no leaks, the forms TorchTPU
 defines (EagerMode, eager_mode property, set_eager_mode context manager, Precision, device_of)."""
+
 import importlib
 import sys
 
@@ -8,23 +9,75 @@ import torch
 
 # TorchTPU 0.2.0's public table (torch_tpu/_internal/public_api.py), module -> names.
 TORCHTPU = {
-    "torch.tpu": ["EagerMode", "Event", "Precision", "Stream", "allow_excess_precision", "current_device",
-                  "current_stream", "default_generators", "default_stream", "device", "device_count",
-                  "device_of", "eager_mode", "get_amp_supported_dtype", "get_device_name",
-                  "get_device_properties", "get_rng_state", "initial_seed", "is_available", "is_initialized",
-                  "manual_seed", "manual_seed_all", "precision", "set_device", "set_eager_mode",
-                  "set_rng_state", "set_stream", "stream", "synchronize", "topology_aware_mesh"],
+    "torch.tpu": [
+        "EagerMode",
+        "Event",
+        "Precision",
+        "Stream",
+        "allow_excess_precision",
+        "current_device",
+        "current_stream",
+        "default_generators",
+        "default_stream",
+        "device",
+        "device_count",
+        "device_of",
+        "eager_mode",
+        "get_amp_supported_dtype",
+        "get_device_name",
+        "get_device_properties",
+        "get_rng_state",
+        "initial_seed",
+        "is_available",
+        "is_initialized",
+        "manual_seed",
+        "manual_seed_all",
+        "precision",
+        "set_device",
+        "set_eager_mode",
+        "set_rng_state",
+        "set_stream",
+        "stream",
+        "synchronize",
+        "topology_aware_mesh",
+    ],
     "torch.tpu.compiler": ["custom_compiler_options"],
-    "torch.tpu.distributed": ["set_tpu_launch_env", "spmd_safe", "topology_aware_mesh", "window_num_stripes",
-                              "window_stripe_chunk_mb"],
-    "torch.tpu.ops": ["align_jagged_to_multiple", "all_gather_dim", "max_pool1d", "max_pool1d_backward",
-                      "max_pool2d", "max_pool2d_backward", "max_pool3d", "max_pool3d_backward",
-                      "optimization_barrier", "ragged_all_to_all", "ragged_dot", "ragged_dot_weight_grad", "recv",
-                      "reduce_scatter_dim", "send", "sparse_dense_matmul", "sparse_dense_matmul_activation_unstack",
-                      "sparse_dense_matmul_grad_with_adagrad", "sparse_dense_matmul_grad_with_adam",
-                      "sparse_dense_matmul_grad_with_sgd", "sparse_dense_matmul_gradient_stack", "sparse_gather",
-                      "sparse_gather_backward", "sparse_iota", "sparse_map_row", "splash_sdpa",
-                      "strip_jagged_padding"],
+    "torch.tpu.distributed": [
+        "set_tpu_launch_env",
+        "spmd_safe",
+        "topology_aware_mesh",
+        "window_num_stripes",
+        "window_stripe_chunk_mb",
+    ],
+    "torch.tpu.ops": [
+        "align_jagged_to_multiple",
+        "all_gather_dim",
+        "max_pool1d",
+        "max_pool1d_backward",
+        "max_pool2d",
+        "max_pool2d_backward",
+        "max_pool3d",
+        "max_pool3d_backward",
+        "optimization_barrier",
+        "ragged_all_to_all",
+        "ragged_dot",
+        "ragged_dot_weight_grad",
+        "recv",
+        "reduce_scatter_dim",
+        "send",
+        "sparse_dense_matmul",
+        "sparse_dense_matmul_activation_unstack",
+        "sparse_dense_matmul_grad_with_adagrad",
+        "sparse_dense_matmul_grad_with_adam",
+        "sparse_dense_matmul_grad_with_sgd",
+        "sparse_dense_matmul_gradient_stack",
+        "sparse_gather",
+        "sparse_gather_backward",
+        "sparse_iota",
+        "sparse_map_row",
+        "splash_sdpa",
+        "strip_jagged_padding",
+    ],
     "torch.tpu.optimizers": ["AdamW", "Muon", "Optimizer", "Sgd", "SingleTraceTrainer"],
     "torch.tpu.pallas": ["get_pallas_mesh", "jax_op"],
     "torch.tpu.profiler": ["TpuProfilerConfig"],
@@ -39,7 +92,7 @@ NEEDS_NATIVE = {"default_generators"}
 SUBMODULE_ABSENT = {
     "torch.tpu.optimizers": {
         "Optimizer": "TorchTPU's is a stateless functional base for SingleTraceTrainer; ours are "
-                     "torch.optim.Optimizer subclasses (AdamW, SGD, Muon) with a fused step",
+        "torch.optim.Optimizer subclasses (AdamW, SGD, Muon) with a fused step",
     },
 }
 NOT_YET = {"torch.tpu.distributed", "torch.tpu.ops", "torch.tpu.pallas"}
@@ -47,6 +100,7 @@ NOT_YET = {"torch.tpu.distributed", "torch.tpu.ops", "torch.tpu.pallas"}
 
 def test_declaration_is_sorted_and_is_the_whole_surface():
     from torchtpu import api
+
     assert list(api.PUBLIC) == sorted(api.PUBLIC)
     assert list(api.SUBMODULES) == sorted(api.SUBMODULES)
     assert torch.tpu.__all__ == sorted(set(api.PUBLIC) | set(api.PROPERTIES) | set(api.SUBMODULES))
@@ -60,6 +114,7 @@ def test_torchtpu_parity():
     missing = [n for n in TORCHTPU["torch.tpu"] if n not in torch.tpu.__all__ and n not in ABSENT]
     assert missing == []
     from torchtpu.device import native
+
     for name in TORCHTPU["torch.tpu"]:
         if name in ABSENT or name == "topology_aware_mesh":
             continue
@@ -85,6 +140,7 @@ def test_torchtpu_parity():
 
 def test_missing_backing_module_is_a_clear_import_error(monkeypatch):
     from torchtpu import api
+
     monkeypatch.setitem(api.SUBMODULES, "nothere", "torchtpu.no_such_module")
     sys.modules.pop("torch.tpu.nothere", None)
     with pytest.raises(ImportError, match="torch.tpu.nothere needs torchtpu.no_such_module"):
@@ -93,7 +149,7 @@ def test_missing_backing_module_is_a_clear_import_error(monkeypatch):
 
 def test_eager_mode_forms():
     tpu = torch.tpu
-    assert tpu.eager_mode == tpu.EagerMode.DEFER_AND_FUSE == "fused"   # the default
+    assert tpu.eager_mode == tpu.EagerMode.DEFER_AND_FUSE == "fused"  # the default
     with tpu.set_eager_mode(tpu.EagerMode.DEFER_NEVER):
         assert tpu.eager_mode is tpu.EagerMode.DEFER_NEVER
         x = torch.ones(4, device="tpu") * 3
@@ -140,22 +196,23 @@ def test_pytorch_per_backend_fp32_precision_settings_do_not_break_tpu_ops():
     mutable = getattr(backends, "__allow_nonbracketed_mutation")
     try:
         with mutable():
-            backends.cuda.matmul.fp32_precision = "tf32"   # CUDA's matmuls only: the backends now disagree
+            backends.cuda.matmul.fp32_precision = "tf32"  # CUDA's matmuls only: the backends now disagree
         with pytest.raises(RuntimeError):
             torch.get_float32_matmul_precision()
         assert matmul_precision() == "highest"
         with mutable():
             backends.fp32_precision = "tf32"
         assert matmul_precision() == "high"
-        for _ in range(2):   # the second time from the engine's caches
+        for _ in range(2):  # the second time from the engine's caches
             torch.testing.assert_close((ta + tb).cpu(), a + b)
             torch.testing.assert_close((ta @ tb).cpu(), a @ b, atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(compiled(ta, tb).cpu(), (a @ b).tanh(), atol=1e-4, rtol=1e-4)
     finally:
         with mutable():
             torch.set_float32_matmul_precision("highest")
-            (backends.fp32_precision, backends.cuda.matmul.fp32_precision,
-             backends.mkldnn.matmul.fp32_precision) = saved
+            (backends.fp32_precision, backends.cuda.matmul.fp32_precision, backends.mkldnn.matmul.fp32_precision) = (
+                saved
+            )
     assert torch.get_float32_matmul_precision() == "highest"
 
 
@@ -179,6 +236,7 @@ def test_device_of():
 
 def test_plain_torch_compile_uses_the_tpu_backend():
     import torchtpu
+
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
     x = torch.randn(3, 8)
@@ -188,7 +246,7 @@ def test_plain_torch_compile_uses_the_tpu_backend():
     m.zero_grad()
     m.to("tpu")
     before = torchtpu.metrics()["compiled_graphs"]
-    out = torch.compile(m)(x.to("tpu"))          # no backend named
+    out = torch.compile(m)(x.to("tpu"))  # no backend named
     out.sum().backward()
     assert torchtpu.metrics()["compiled_graphs"] > before
     torch.testing.assert_close(out.cpu(), ref, rtol=2e-4, atol=2e-5)
@@ -199,8 +257,16 @@ def test_plain_torch_compile_uses_the_tpu_backend():
 
 def test_info_reports_versions_devices_and_self_check(capsys):
     from torchtpu.__main__ import info
+
     assert info() == 0
     out = capsys.readouterr().out
-    for needle in ("torch ", "jax ", "platform: XLA:", "tpu:0", "eager mode: fused", "C++ device guard:",
-                   "self-check: ok (matmul, autograd, torch.compile, synchronize)"):
+    for needle in (
+        "torch ",
+        "jax ",
+        "platform: XLA:",
+        "tpu:0",
+        "eager mode: fused",
+        "C++ device guard:",
+        "self-check: ok (matmul, autograd, torch.compile, synchronize)",
+    ):
         assert needle in out, needle

@@ -1,5 +1,6 @@
 """Non-blocking copies to pinned host memory and the device-generic `torch.Event`/`torch.Stream`:
 the copy returns at once and lands at the device's next sync point, as on CUDA."""
+
 import pytest
 import torch
 
@@ -24,13 +25,13 @@ def _pending():
 def test_non_blocking_copy_to_pinned_memory_lands_at_the_event(dtype):
     c = _random((64, 33), dtype)
     x = c.to("tpu")
-    y = x.t()                     # a strided view: its values are gathered on the device first
+    y = x.t()  # a strided view: its values are gathered on the device first
     dst = torch.zeros(33, 64, dtype=dtype, pin_memory=True)
     assert dst.is_pinned()
     event = torch.Event(device="tpu")
     before = _pending()
     assert dst.copy_(y, non_blocking=True) is dst
-    assert _pending() == before + 1    # started, not written: the host did not wait
+    assert _pending() == before + 1  # started, not written: the host did not wait
     event.record()
     event.synchronize()
     assert _pending() == before
@@ -47,10 +48,14 @@ def test_each_sync_point_completes_earlier_copies():
         event.record()
         event.synchronize()
 
-    for sync in (lambda: torch.tpu.synchronize(), lambda: torch.accelerator.synchronize(),
-                 lambda: torch.Stream(device="tpu").synchronize(), lambda: torch.tpu.current_stream().synchronize(),
-                 lambda: (x * 2).sum().item(),                       # a blocking read: stream order
-                 torch_tpu_event):
+    for sync in (
+        lambda: torch.tpu.synchronize(),
+        lambda: torch.accelerator.synchronize(),
+        lambda: torch.Stream(device="tpu").synchronize(),
+        lambda: torch.tpu.current_stream().synchronize(),
+        lambda: (x * 2).sum().item(),  # a blocking read: stream order
+        torch_tpu_event,
+    ):
         dst = torch.zeros(128, 128, pin_memory=True)
         dst.copy_(x @ x, non_blocking=True)
         assert _pending() == 1
@@ -70,15 +75,15 @@ def test_each_sync_point_completes_earlier_copies():
 def test_conversions_and_pageable_destinations():
     c = torch.randn(5, 7)
     x = c.to("tpu")
-    wide = torch.zeros(5, 7, dtype=torch.float64, pin_memory=True)   # converted on arrival
+    wide = torch.zeros(5, 7, dtype=torch.float64, pin_memory=True)  # converted on arrival
     wide.copy_(x, non_blocking=True)
     torch.tpu.synchronize()
     torch.testing.assert_close(wide, c.double())
-    pageable = torch.zeros(5, 7)   # not pinned: the copy waits, as CUDA's does
+    pageable = torch.zeros(5, 7)  # not pinned: the copy waits, as CUDA's does
     pageable.copy_(x * 3, non_blocking=True)
     assert _pending() == 0
     torch.testing.assert_close(pageable, c * 3)
-    row = torch.zeros(7, pin_memory=True)   # broadcasting: also synchronous
+    row = torch.zeros(7, pin_memory=True)  # broadcasting: also synchronous
     with pytest.raises(RuntimeError):
         row.copy_(x, non_blocking=True)
     row.copy_(x[2], non_blocking=True)
@@ -93,7 +98,7 @@ def test_device_generic_events_and_streams():
     start = torch.Event(device="tpu", enable_timing=True)
     end = torch.Event(device="tpu", enable_timing=True)
     plain = torch.Event(device="tpu")
-    assert plain.query()            # never recorded
+    assert plain.query()  # never recorded
     plain.synchronize()
     start.record()
     for _ in range(4):
@@ -111,7 +116,8 @@ def test_device_generic_events_and_streams():
     assert s.query()
     assert torch.accelerator.current_stream().query()
     from torchtpu.storage.records import record_of
-    assert record_of(b).buffer.is_ready()   # the stream's synchronize waited for it
+
+    assert record_of(b).buffer.is_ready()  # the stream's synchronize waited for it
 
 
 def test_event_reports_device_asserts_of_the_work_it_covers_only():
@@ -119,7 +125,7 @@ def test_event_reports_device_asserts_of_the_work_it_covers_only():
     table = torch.randn(10, 4, device="tpu")
     bad = torch.tensor([3, 12], device="tpu")
     event = torch.Event(device="tpu")
-    event.record()                      # before the failing op: its synchronize does not raise
+    event.record()  # before the failing op: its synchronize does not raise
     out = torch.nn.functional.embedding(bad, table)
     event.synchronize()
     after = torch.Event(device="tpu")
@@ -145,7 +151,7 @@ def test_later_writes_do_not_reach_a_copy_in_flight(mode):
         src = x + 0
         dst2 = torch.zeros(32, 32, pin_memory=True)
         dst2.copy_(src, non_blocking=True)
-        src.add_(1)          # the copy's source storage, written in place
+        src.add_(1)  # the copy's source storage, written in place
         src.mul_(3)
         torch.tpu.synchronize()
     torch.testing.assert_close(dst, c * 2)
@@ -158,6 +164,7 @@ def test_errors_in_a_generic_event_reach_the_caller(monkeypatch):
     RuntimeError naming it (a Ctrl-C while waiting too: no exception can leave a ctypes callback
     as itself)."""
     from torchtpu.eager import device_module
+
     event = torch.Event(device="tpu")
     event.record()
 

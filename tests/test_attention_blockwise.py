@@ -5,6 +5,7 @@ divide L or S (the shifted last block), in both modes: keys in one piece and key
 online softmax. Every shape here is used by one test only: eager executables are cached per shape,
 so a shape compiled under other block sizes would be reused.
 """
+
 import numpy as np
 import pytest
 import torch
@@ -14,8 +15,12 @@ from torchtpu.device.platform import lowering_platform
 from torchtpu.ops import attention_blockwise as bw
 
 TPU = "tpu"
-TOL = {torch.float32: dict(atol=2e-5, rtol=2e-4), torch.float64: dict(atol=1e-10, rtol=1e-9),
-       torch.bfloat16: dict(atol=3e-2, rtol=3e-2), torch.float16: dict(atol=5e-3, rtol=5e-3)}
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=2e-4),
+    torch.float64: dict(atol=1e-10, rtol=1e-9),
+    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+}
 MODE_NAMES = ["kv_blocks", "one_piece"]
 DTYPE_IDS = dict(zip(TOL, ["f32", "f64", "bf16", "f16"]))
 
@@ -25,10 +30,19 @@ def modes_and_dtypes(default):
     rest of the 2 x 4 grid under `-m slow` (every pair compiles its own forward and backward, ~3 s).
     Over the four families below the default run has every family in both modes and every dtype
     (the float32, float64 and half accumulation paths) in both modes."""
-    return pytest.mark.parametrize("mode,dtype", [
-        pytest.param(mode, dtype, id=f"{mode}-{DTYPE_IDS[dtype]}",
-                     marks=() if (mode, DTYPE_IDS[dtype]) in default else pytest.mark.slow)
-        for mode in MODE_NAMES for dtype in TOL])
+    return pytest.mark.parametrize(
+        "mode,dtype",
+        [
+            pytest.param(
+                mode,
+                dtype,
+                id=f"{mode}-{DTYPE_IDS[dtype]}",
+                marks=() if (mode, DTYPE_IDS[dtype]) in default else pytest.mark.slow,
+            )
+            for mode in MODE_NAMES
+            for dtype in TOL
+        ],
+    )
 
 
 @pytest.fixture
@@ -43,6 +57,7 @@ def used(monkeypatch):
             if lowering_platform() != "tpu":
                 calls[_name] += 1
             return _fn(*a, **k)
+
         monkeypatch.setattr(bw, name, counted)
     return calls
 
@@ -77,8 +92,11 @@ def check(dtype, q, k, v, **kw):
 
 def qkv(b, h, l, s, e, seed):
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, h, l, e, generator=gen), torch.randn(b, h, s, e, generator=gen),
-            torch.randn(b, h, s, e, generator=gen))
+    return (
+        torch.randn(b, h, l, e, generator=gen),
+        torch.randn(b, h, s, e, generator=gen),
+        torch.randn(b, h, s, e, generator=gen),
+    )
 
 
 # each (dtype, mode) gets its own sizes: see the module docstring
@@ -100,8 +118,8 @@ def test_causal(monkeypatch, used, dtype, mode):
     small_blocks(monkeypatch, mode)
     n = sizes(dtype, mode, 41)
     check(dtype, *qkv(1, 2, n, n, 8, 2), is_causal=True)
-    check(dtype, *qkv(1, 2, n - 11, n + 6, 8, 3), is_causal=True)     # L < S: top-left aligned, as PyTorch
-    check(dtype, *qkv(1, 2, n + 7, n - 5, 8, 4), is_causal=True)      # L > S
+    check(dtype, *qkv(1, 2, n - 11, n + 6, 8, 3), is_causal=True)  # L < S: top-left aligned, as PyTorch
+    check(dtype, *qkv(1, 2, n + 7, n - 5, 8, 4), is_causal=True)  # L > S
     assert used["forward"] == 3 and used["backward"] == 3
 
 
@@ -112,9 +130,9 @@ def test_bool_mask(monkeypatch, used, dtype, mode):
     q, k, v = qkv(2, 2, n, n + 5, 8, 5)
     gen = torch.Generator().manual_seed(6)
     mask = torch.rand(n, n + 5, generator=gen) > 0.4
-    mask[3] = False                                 # a query that sees no key: zeros, as the CPU
+    mask[3] = False  # a query that sees no key: zeros, as the CPU
     check(dtype, q, k, v, attn_mask=mask)
-    head_mask = torch.rand(1, 2, 1, n + 5, generator=gen) > 0.5   # broadcast over batch and queries
+    head_mask = torch.rand(1, 2, 1, n + 5, generator=gen) > 0.5  # broadcast over batch and queries
     check(dtype, q, k, v, attn_mask=head_mask)
     assert used["forward"] == 2 and used["backward"] == 2
 
@@ -127,7 +145,7 @@ def test_float_mask(monkeypatch, used, dtype, mode):
     gen = torch.Generator().manual_seed(8)
     check(dtype, q, k, v, attn_mask=torch.randn(2, 1, n, n + 2, generator=gen).to(dtype))
     mask = torch.randn(1, 3, 1, n + 2, generator=gen)
-    mask[..., :5] = float("-inf")                   # additive -inf masking, as the eager layer sends bool masks
+    mask[..., :5] = float("-inf")  # additive -inf masking, as the eager layer sends bool masks
     check(dtype, q, k, v, attn_mask=mask.to(dtype))
     assert used["forward"] == 2 and used["backward"] == 2
 
@@ -144,13 +162,14 @@ def test_logsumexp_matches_cpu(monkeypatch, used):
     assert used["forward"] == 1
     torch.testing.assert_close(out_d.cpu(), out_c, atol=2e-5, rtol=2e-4)
     torch.testing.assert_close(lse_d.cpu(), lse_c, atol=2e-5, rtol=2e-4)
-    assert (lse_d.cpu()[:, :, 4] == 0).all()                 # PyTorch's CPU kernel gives 0 there
+    assert (lse_d.cpu()[:, :, 4] == 0).all()  # PyTorch's CPU kernel gives 0 there
 
 
 def test_grouped_query_lowering():
     """GQA straight through the lowerings (the eager layer hands grouped key/value heads to the op):
     dense and blockwise, against the dense lowering of explicitly repeated heads."""
     import jax.numpy as jnp
+
     from torchtpu.ops import attention
 
     rng = np.random.default_rng(10)
@@ -162,13 +181,13 @@ def test_grouped_query_lowering():
     names = "MIN_SCORES", "TILE", "KV_ONE_PIECE", "KV_BLOCK", "CAUSAL_KV_BLOCK", "GROUP"
     old = [getattr(bw, n) for n in names]
     try:
-        out, lse = attention.sdpa_fused(q, ke, ve, 0.0, True)               # dense reference
+        out, lse = attention.sdpa_fused(q, ke, ve, 0.0, True)  # dense reference
         grads = attention.sdpa_fused_backward(g, q, ke, ve, out, lse, 0.0, True)
-        out_g, lse_g = attention.sdpa_fused(q, k, v, 0.0, True)             # dense, grouped heads
+        out_g, lse_g = attention.sdpa_fused(q, k, v, 0.0, True)  # dense, grouped heads
         grads_g = attention.sdpa_fused_backward(g, q, k, v, out_g, lse_g, 0.0, True)
         for n, value in zip(names, (0, 1024, 16, 16, 16, 4)):
             setattr(bw, n, value)
-        assert bw._plan(2, 4, 51, 46, True)[0] == 4                 # tiles of 4 heads, key blocks of 16
+        assert bw._plan(2, 4, 51, 46, True)[0] == 4  # tiles of 4 heads, key blocks of 16
         out_b, lse_b = bw.forward(q, k, v, None, True)
         dq, dk, dv = bw.backward(g, q, k, v, out_b, lse_b, None, True)
     finally:
@@ -188,7 +207,7 @@ def test_grouped_query_lowering():
 
 def test_default_blocks_long_sequence(used):
     """The real thresholds: a 2 x 1100 x 1100 score matrix goes blockwise, keys in one piece."""
-    assert 1 * 2 * 1100 * 1100 >= bw.MIN_SCORES
+    assert bw.MIN_SCORES <= 1 * 2 * 1100 * 1100
     check(torch.float32, *qkv(1, 2, 1100, 1100, 8, 11))
     check(torch.float32, *qkv(1, 2, 1100, 1100, 8, 12), is_causal=True)
     assert used["forward"] == 2 and used["backward"] == 2

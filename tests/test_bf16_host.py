@@ -3,6 +3,7 @@ XLA:CPU takes its half-precision library dot instead of converting the whole wei
 every call (ops/linalg.py `_host_half_matmul`). Results against torch CPU within half-precision
 tolerance, eager and compiled, for every product shape a decoder makes; the same lowering traced for
 a TPU keeps its bf16 dots native."""
+
 import sys
 
 import jax
@@ -38,23 +39,26 @@ def test_linear_transposed_weight(dtype, rows):
     x, xt = _pair(rows, 256, dtype=dtype, seed=1)
     w, wt = _pair(384, 256, dtype=dtype, seed=2)
     b, bt = _pair(384, dtype=dtype, seed=3)
-    _close(xt @ wt.T, x @ w.T)                       # mm of the view W.t()
+    _close(xt @ wt.T, x @ w.T)  # mm of the view W.t()
     _close(F.linear(xt, wt, bt), F.linear(x, w, b))  # addmm
-    _close(F.linear(xt[None], wt), F.linear(x[None], w))   # a 3-D input: matmul's reshape, then mm
+    _close(F.linear(xt[None], wt), F.linear(x[None], w))  # a 3-D input: matmul's reshape, then mm
 
 
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("a_shape,b_shape", [
-    ((1, 64), (64, 96)),          # one row, row-major weight
-    ((5, 64), (64, 1)),           # one column
-    ((1, 64), (64, 1)),           # both
-    ((64,), (64, 96)),            # vector @ matrix
-    ((96, 64), (64,)),            # mv
-    ((64,), (64,)),               # dot
-    ((4, 1, 64), (4, 64, 48)),    # bmm, one row per batch (attention's p @ v at decode)
-    ((4, 3, 64), (4, 64, 48)),
-    ((2, 4, 1, 64), (64, 48)),    # a batch broadcast against one matrix
-])
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [
+        ((1, 64), (64, 96)),  # one row, row-major weight
+        ((5, 64), (64, 1)),  # one column
+        ((1, 64), (64, 1)),  # both
+        ((64,), (64, 96)),  # vector @ matrix
+        ((96, 64), (64,)),  # mv
+        ((64,), (64,)),  # dot
+        ((4, 1, 64), (4, 64, 48)),  # bmm, one row per batch (attention's p @ v at decode)
+        ((4, 3, 64), (4, 64, 48)),
+        ((2, 4, 1, 64), (64, 48)),  # a batch broadcast against one matrix
+    ],
+)
 def test_matmul_shapes(dtype, a_shape, b_shape):
     a, at = _pair(*a_shape, dtype=dtype, seed=4)
     b, bt = _pair(*b_shape, dtype=dtype, seed=5)
@@ -67,8 +71,10 @@ def test_batched_keys_transposed(dtype, q_len):
     q, qt = _pair(2, 8, q_len, 64, dtype=dtype, seed=6)
     k, kt = _pair(2, 8, 40, 64, dtype=dtype, seed=7)
     _close(qt @ kt.transpose(-2, -1), q @ k.transpose(-2, -1))
-    _close(torch.bmm(qt.flatten(0, 1), kt.flatten(0, 1).transpose(1, 2)),
-           torch.bmm(q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2)))
+    _close(
+        torch.bmm(qt.flatten(0, 1), kt.flatten(0, 1).transpose(1, 2)),
+        torch.bmm(q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2)),
+    )
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -95,8 +101,10 @@ def test_convolution(dtype, transposed):
     if transposed:
         _close(F.conv_transpose2d(xt, wt, bt, stride=2), F.conv_transpose2d(x, w, b, stride=2))
     else:
-        _close(F.conv2d(xt, wt.transpose(0, 1).contiguous(), bt, padding=1),
-               F.conv2d(x, w.transpose(0, 1).contiguous(), b, padding=1))
+        _close(
+            F.conv2d(xt, wt.transpose(0, 1).contiguous(), bt, padding=1),
+            F.conv2d(x, w.transpose(0, 1).contiguous(), b, padding=1),
+        )
 
 
 def test_backward_of_a_one_row_linear():
@@ -141,7 +149,7 @@ def test_host_trace_pads_a_one_row_product():
     with platform.tracing_for("cpu"):
         (dot,) = _dots(_linear_one_row(), x, w)
     lhs, rhs = (v.aval for v in dot.invars)
-    assert lhs.shape == (2, 256) and lhs.dtype == jnp.bfloat16 and rhs.shape == (384, 256)   # W as stored
+    assert lhs.shape == (2, 256) and lhs.dtype == jnp.bfloat16 and rhs.shape == (384, 256)  # W as stored
     assert dot.params["preferred_element_type"] == jnp.float32
 
 
@@ -155,8 +163,8 @@ def test_tpu_trace_keeps_half_dots_native(dtype):
         hlo = jax.jit(_linear_one_row()).lower(x, w).as_text()
     for d, lhs_shape in ((dot, (1, 256)), (bdot, (4, 1, 64))):
         lhs, rhs = (v.aval for v in d.invars)
-        assert lhs.shape == lhs_shape and lhs.dtype == dtype and rhs.dtype == dtype   # no zero row
-    assert dot.params["preferred_element_type"] == jnp.float32   # f32 accumulation, rounded once
+        assert lhs.shape == lhs_shape and lhs.dtype == dtype and rhs.dtype == dtype  # no zero row
+    assert dot.params["preferred_element_type"] == jnp.float32  # f32 accumulation, rounded once
     name = {jnp.bfloat16: "bf16", jnp.float16: "f16"}[dtype]
     assert f"tensor<1x256x{name}>, tensor<384x256x{name}>) -> tensor<1x384xf32>" in hlo
     assert "concatenate" not in hlo
@@ -166,7 +174,7 @@ def test_float32_is_not_padded():
     x, w = jnp.ones((1, 256), jnp.float32), jnp.ones((384, 256), jnp.float32)
     with platform.tracing_for("cpu"):
         (dot,) = _dots(_linear_one_row(), x, w)
-    assert dot.invars[0].aval.shape == (1, 256)   # XLA:CPU's float32 GEMV is its fastest form
+    assert dot.invars[0].aval.shape == (1, 256)  # XLA:CPU's float32 GEMV is its fastest form
 
 
 # --- loading: a memory-mapped checkpoint's pages are given back once on the device (device/host_pages.py)
@@ -174,6 +182,7 @@ def test_float32_is_not_padded():
 
 def _resident_pages(t):
     from torchtpu.device.host_pages import _PAGE, _PRESENT
+
     start = -(-t.data_ptr() // _PAGE) * _PAGE
     end = (t.data_ptr() + t.nbytes) // _PAGE * _PAGE
     with open("/proc/self/pagemap", "rb", buffering=0) as f:
@@ -190,30 +199,32 @@ def test_mapped_checkpoint_pages_are_given_back(tmp_path, monkeypatch, chunked, 
     from safetensors.torch import save_file
 
     from torchtpu.device import host_pages
-    if chunked:   # (the chunked path for a tensor larger than a chunk, at a test's size)
+
+    if chunked:  # (the chunked path for a tensor larger than a chunk, at a test's size)
         monkeypatch.setattr(host_pages, "CHUNK_BYTES", 1 << 20)
     g = torch.Generator().manual_seed(30)
     weights = {"w": torch.randn(1237, 1031, generator=g).to(dtype), "b": torch.randn(7, generator=g).to(dtype)}
     save_file(weights, str(tmp_path / "m.safetensors"))
     with safe_open(str(tmp_path / "m.safetensors"), framework="pt", device="cpu") as f:
         w, b = f.get_tensor("w"), f.get_tensor("b")
-        w.float().sum()   # resident, as a loader's reads make it
+        w.float().sum()  # resident, as a loader's reads make it
         assert _resident_pages(w) > 0
         wt, bt = w.to("tpu"), b.to("tpu")
-        assert _resident_pages(w) <= 2   # given back (a page at a chunk seam may stay)
+        assert _resident_pages(w) <= 2  # given back (a page at a chunk seam may stay)
         assert_close(wt.cpu(), weights["w"], rtol=0, atol=0)
         assert_close(bt.cpu(), weights["b"], rtol=0, atol=0)
-        assert_close(w, weights["w"], rtol=0, atol=0)   # the source still reads its values (from the file)
+        assert_close(w, weights["w"], rtol=0, atol=0)  # the source still reads its values (from the file)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/pagemap")
 def test_written_mapped_pages_and_anonymous_memory_are_kept(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file
+
     save_file({"w": torch.randn(600, 1000)}, str(tmp_path / "m.safetensors"))
     with safe_open(str(tmp_path / "m.safetensors"), framework="pt", device="cpu") as f:
         w = f.get_tensor("w")
-        w[300:] += 1   # copy-on-write pages of the private mapping: this process's only copy
+        w[300:] += 1  # copy-on-write pages of the private mapping: this process's only copy
         expected = w.clone()
         resident = _resident_pages(w)
         assert_close(w.to("tpu").cpu(), expected, rtol=0, atol=0)

@@ -1,4 +1,5 @@
 """torch.compile(backend="tpu"): compiled vs eager-on-device vs CPU, caching, mutations, training."""
+
 import copy
 import warnings
 
@@ -8,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchtpu
-import torchtpu.compile  # noqa: F401  (registers the backend where the entry point is not installed)
+import torchtpu.compile
 
 TOL = dict(rtol=2e-4, atol=2e-5)
 
@@ -41,8 +42,9 @@ def _three_ways(make, *inputs, train=False):
 
 def test_mlp_parity_and_no_recompile():
     x = torch.randn(8, 16)
-    make = lambda: nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.SiLU(), nn.Linear(32, 4),
-                                 nn.LogSoftmax(-1))
+    make = lambda: nn.Sequential(
+        nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.SiLU(), nn.Linear(32, 4), nn.LogSoftmax(-1)
+    )
     ref, eager, comp = _three_ways(make, x)
     torch.testing.assert_close(eager, ref, **TOL)
     torch.testing.assert_close(comp, ref, **TOL)
@@ -78,8 +80,9 @@ def test_recompile_log(capfd):
 
 def test_small_cnn():
     x = torch.randn(2, 3, 16, 16)
-    make = lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2),
-                                 nn.Flatten(), nn.Linear(8 * 7 * 7, 10))
+    make = lambda: nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2), nn.Flatten(), nn.Linear(8 * 7 * 7, 10)
+    )
     ref, eager, comp = _three_ways(make, x)
     torch.testing.assert_close(comp, ref, **TOL)
 
@@ -214,6 +217,7 @@ def test_graph_break_falls_back_to_eager():
         if b.sum().item() > 0:  # graph break: data-dependent Python control flow
             return b + 1
         return b - 1
+
     x = torch.randn(5)
     got = torch.compile(f, backend="tpu")(x.to("tpu"))
     torch.testing.assert_close(got.cpu(), f(x))
@@ -248,14 +252,17 @@ def test_dump_stablehlo(tmp_path):
     assert texts and any("stablehlo" in t for t in texts)
 
 
-@pytest.mark.parametrize("name,fn", [
-    ("hardswish", lambda a, b: F.hardswish(a)),
-    ("logaddexp", lambda a, b: torch.logaddexp(a, b)),
-    ("softplus", lambda a, b: F.softplus(a, beta=2.0)),
-    ("mse_loss", lambda a, b: F.mse_loss(a, b)),
-    ("elu", lambda a, b: F.elu(a, 0.5)),
-    ("stack", lambda a, b: torch.stack([a, b], 1)),
-])
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("hardswish", lambda a, b: F.hardswish(a)),
+        ("logaddexp", lambda a, b: torch.logaddexp(a, b)),
+        ("softplus", lambda a, b: F.softplus(a, beta=2.0)),
+        ("mse_loss", lambda a, b: F.mse_loss(a, b)),
+        ("elu", lambda a, b: F.elu(a, 0.5)),
+        ("stack", lambda a, b: torch.stack([a, b], 1)),
+    ],
+)
 def test_eager_decompositions(name, fn):
     """Ops without a lowering run in eager mode through their traced PyTorch decomposition."""
     a, b = torch.randn(4, 6), torch.randn(4, 6)
@@ -312,7 +319,7 @@ def test_conjugate_views_inside_and_into_compiled_graphs():
     x = torch.randn(3, 3, dtype=torch.complex64)
     t = x.to("tpu")
     matmul = torch.compile(lambda a, b: a @ b + 1, backend="tpu")
-    for a_cpu, a_tpu in ((x.conj(), t.conj()), (x.mH, t.mH)):   # lazily conjugated graph inputs
+    for a_cpu, a_tpu in ((x.conj(), t.conj()), (x.mH, t.mH)):  # lazily conjugated graph inputs
         torch.testing.assert_close(matmul(a_tpu, t).cpu(), a_cpu @ x + 1)
     inside = torch.compile(lambda a: (a.conj() * 2, a.conj().imag * 3, a.mH @ a), backend="tpu")
     for got, expected in zip(inside(t), (x.conj() * 2, x.conj().imag * 3, x.mH @ x)):
@@ -323,10 +330,9 @@ def test_conjugate_views_inside_and_into_compiled_graphs():
         return a.sum()
 
     z, zc = t.clone(), x.clone()
-    torch.compile(scale, backend="tpu")(z.conj())   # a mutation written back through the conjugate view
+    torch.compile(scale, backend="tpu")(z.conj())  # a mutation written back through the conjugate view
     scale(zc.conj())
     torch.testing.assert_close(z.cpu(), zc)
-
 
 
 def test_grouped_query_attention_compiled():
@@ -359,7 +365,11 @@ def test_bad_input_in_a_graph_gets_pytorch_errors():
         with pytest.raises(Exception, match="Subtraction, the `-` operator, with a bool tensor"):
             torch.compile(fn, backend="tpu", fullgraph=True)(b.to("tpu"))
     torch._dynamo.reset()
-    assert torch.compile(lambda t: t - 1, backend="tpu", fullgraph=True)(torch.arange(3, device="tpu")).tolist() == [-1, 0, 1]
+    assert torch.compile(lambda t: t - 1, backend="tpu", fullgraph=True)(torch.arange(3, device="tpu")).tolist() == [
+        -1,
+        0,
+        1,
+    ]
     assert cpu.type is RuntimeError
 
 
@@ -380,8 +390,13 @@ def test_compiled_slab_writes_into_a_large_cache_match_cpu(write):
             cache[:, 1] = k
         return (cache * 0.5).sum(-1)
 
-    shapes = {"slice": (1, 4, 1, 32), "strided_slice": (1, 4, 2, 32), "select": (1, 4, 32),
-              "negative_select": (1, 4, 32), "whole_dim": (1, 512, 32)}
+    shapes = {
+        "slice": (1, 4, 1, 32),
+        "strided_slice": (1, 4, 2, 32),
+        "select": (1, 4, 32),
+        "negative_select": (1, 4, 32),
+        "whole_dim": (1, 512, 32),
+    }
     cache, k = torch.randn(1, 4, 512, 32), torch.randn(*shapes[write])
     expected_cache = cache.clone()
     expected = step(expected_cache, k)
@@ -391,12 +406,14 @@ def test_compiled_slab_writes_into_a_large_cache_match_cpu(write):
     torch.testing.assert_close(device_cache.cpu(), expected_cache)
 
 
-@pytest.mark.parametrize("shape,dim,size,step", [((10,), 0, 3, 2), ((4, 9, 3), 1, 4, 1), ((4, 9, 3), -1, 3, 3),
-                                                 ((2, 5), 0, 2, 5), ((), 0, 1, 1)])
+@pytest.mark.parametrize(
+    "shape,dim,size,step",
+    [((10,), 0, 3, 2), ((4, 9, 3), 1, 4, 1), ((4, 9, 3), -1, 3, 3), ((2, 5), 0, 2, 5), ((), 0, 1, 1)],
+)
 def test_compiled_unfold_windows(shape, dim, size, step):
     # overlapping windows (step < size) and a 0-d input, inside a graph with a consumer
     x = torch.randn(shape)
-    f = lambda t: t.unfold(dim, size, step) * 2  # noqa: E731
+    f = lambda t: t.unfold(dim, size, step) * 2
     torch.testing.assert_close(torch.compile(f, backend="tpu", fullgraph=True)(x.to("tpu")).cpu(), f(x))
 
 
@@ -454,6 +471,7 @@ def test_activation_checkpoint_with_dropout_replays_the_same_draw():
     (run_and_save_rng_state) and the backward recomputes it with that state (run_with_rng_state);
     both must be lowered, and the backward must see the forward's dropout mask."""
     from torch.utils.checkpoint import checkpoint
+
     p = 0.5
     w = torch.randn(256, device="tpu", requires_grad=True)
     x, c = torch.randn(256, device="tpu"), torch.randn(256, device="tpu")
@@ -470,7 +488,7 @@ def test_activation_checkpoint_with_dropout_replays_the_same_draw():
     torch.testing.assert_close(w.grad.cpu(), (c * x * kept / (1 - p)).cpu())
 
 
-_SECOND_PROCESS = r'''
+_SECOND_PROCESS = r"""
 import json
 import jax.monitoring
 import torch
@@ -485,7 +503,7 @@ x = torch.randn(8, 16, device="tpu")
 model(x).sum().item()                                                   # eager ops
 torch.compile(model, backend="tpu", fullgraph=True)(x).sum().item()    # a compiled graph
 print(json.dumps(counts))
-'''
+"""
 
 
 def test_second_process_compiles_nothing_the_disk_cache_holds(tmp_path):
@@ -495,15 +513,29 @@ def test_second_process_compiles_nothing_the_disk_cache_holds(tmp_path):
     import os
     import subprocess
     import sys
+
     from torchtpu.device import native
+
     env = dict(os.environ, TORCHTPU_COMPILE_CACHE="1", TORCHTPU_COMPILE_CACHE_DIR=str(tmp_path / "xla"))
     # the C++ extensions live beside the XLA cache: share this process's build instead of compiling
     # them again (~20 s of CPU) in the first child
     native._cache_dir().mkdir(parents=True, exist_ok=True)
     (tmp_path / "native").symlink_to(native._cache_dir(), target_is_directory=True)
-    runs = [json.loads(subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env, capture_output=True,
-                                      text=True, timeout=300, check=True).stdout.strip().splitlines()[-1])
-            for _ in range(2)]
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", _SECOND_PROCESS],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for _ in range(2)
+    ]
     assert runs[0]["misses"] > 0 and runs[0]["hits"] == 0, runs
     assert runs[1] == {"hits": runs[0]["misses"], "misses": 0}, runs
 
@@ -512,6 +544,7 @@ def test_second_process_compiles_nothing_the_disk_cache_holds(tmp_path):
 def _graph_of(fn, *args):
     """The CompiledGraph `torch.compile(fn)` runs on `args`, and the argument list it got."""
     from torchtpu.compile import backend as B
+
     seen = {}
     orig = B.CompiledGraph.__call__
 
@@ -536,6 +569,7 @@ def fast_key_kind(request, monkeypatch):
     """The fast key's one C++ pass (eager/fastpath.py graph_functions) or, without the C++
     library, PyTorch's TensorGuards and data pointers."""
     from torchtpu.eager import fastpath
+
     if request.param == "cpp" and fastpath.graph_functions() is None:
         pytest.skip(f"no C++ fast path: {fastpath.problem()}")
     if request.param == "guards":
@@ -549,7 +583,7 @@ def test_fast_key_reuses_the_key_of_the_same_tensors_and_rekeys_what_changed(fas
     assert [a is b for a, b in zip(args, (x, y))] == [True, True]
 
     def check(a, b, cpu_a, cpu_b):
-        out, = g([a, b])
+        (out,) = g([a, b])
         torch.testing.assert_close(out.cpu(), cpu_a @ cpu_b + 1, **TOL)
 
     xc, yc = x.cpu(), y.cpu()
@@ -559,21 +593,21 @@ def test_fast_key_reuses_the_key_of_the_same_tensors_and_rekeys_what_changed(fas
     assert g._fast is not None and g._fast_misses == 0, "the same tensors again: a fast hit"
     assert g._fast.match(g, [x, y]) is not None
     z = torch.randn(4, 4, device="tpu")
-    check(z, y, z.cpu(), yc)              # a new tensor, same layout: re-keyed alone, same executable
+    check(z, y, z.cpu(), yc)  # a new tensor, same layout: re-keyed alone, same executable
     assert g._fast_misses == 0
-    check(y, x, yc, xc)                   # swapped storages: both re-keyed, the same key
+    check(y, x, yc, xc)  # swapped storages: both re-keyed, the same key
     assert g._fast_misses == 0
-    check(x.t(), y, xc.t(), yc)           # same data pointer, other strides: the guards miss
-    check(x, x, xc, xc)                   # one storage twice: another key (slots alias)
+    check(x.t(), y, xc.t(), yc)  # same data pointer, other strides: the guards miss
+    check(x, x, xc, xc)  # one storage twice: another key (slots alias)
     check(x, y, xc, yc)
     base = torch.randn(3, 4, 4)
     bt = base.to("tpu")
-    for i in range(3):                    # partial views: the traced offset moves with the pointer
+    for i in range(3):  # partial views: the traced offset moves with the pointer
         check(bt[i], y, base[i], yc)
     assert g._fast_misses == 0, "bt[1], bt[2]: the same key, the offset traced"
     w = torch.randn(4, 4, device="tpu")
     x2 = torch.empty(4, 4, device="tpu")
-    x2.set_(w.untyped_storage(), 0, (4, 4), (4, 1))   # the same tensor object on another storage
+    x2.set_(w.untyped_storage(), 0, (4, 4), (4, 1))  # the same tensor object on another storage
     check(x2, y, w.cpu(), yc)
     check(w.view(torch.int32).view(torch.float32), y, w.cpu(), yc)
     # x.t(), the alias and the partial views are new signatures; nothing else compiled
@@ -599,9 +633,9 @@ def test_fast_key_follows_matmul_precision_and_conjugate_bits(fast_key_kind):
     at, bt = a.to("tpu"), b.to("tpu")
     gc_, _ = _graph_of(_matadd, at, bt)
     for _ in range(2):
-        out, = gc_([at, bt])
+        (out,) = gc_([at, bt])
         torch.testing.assert_close(out.cpu(), a @ b + 1, **TOL)
-    out, = gc_([at.conj(), bt])           # the same pointer with the conjugate bit
+    (out,) = gc_([at.conj(), bt])  # the same pointer with the conjugate bit
     torch.testing.assert_close(out.cpu(), a.conj() @ b + 1, **TOL)
 
 
@@ -611,23 +645,25 @@ def _kv_write(cache, x, pos):
 
 
 def test_fast_key_keeps_donation_a_refcount_check():
-    from torchtpu.storage.records import record_of
     import numpy as np
+
+    from torchtpu.storage.records import record_of
+
     # (256 KiB: smaller written storages are not donated, as in eager in-place ops)
     cache, x = torch.zeros(2, 32768, device="tpu"), torch.ones(2, device="tpu")
     g, args = _graph_of(_kv_write, cache, x, 0)
-    assert len(args) == 2, args   # pos is baked in (dynamic=False)
+    assert len(args) == 2, args  # pos is baked in (dynamic=False)
     for _ in range(3):
         g([cache, x])
     assert g._fast is not None and g._fast_misses == 0
     entry = g._fast.entry
     assert entry.donate
-    held = record_of(cache).buffer            # a second reference: this call must not donate
+    held = record_of(cache).buffer  # a second reference: this call must not donate
     before = np.asarray(held).copy()
     x.fill_(5.0)
     g([cache, x])
     assert entry.fn_plain is not None
-    np.testing.assert_array_equal(np.asarray(held), before)   # still alive and unchanged
+    np.testing.assert_array_equal(np.asarray(held), before)  # still alive and unchanged
     assert float(cache[:, 0].sum().cpu()) == 10.0
     del held
     g([cache, x])
@@ -645,18 +681,19 @@ def test_large_written_storages_are_donated_when_a_small_one_is_shared(monkeypat
     kept memo result or a clone): the cache is still updated in place, not copied every call; an
     event recorded in between (generate()'s per-token stop check) does not prevent it either."""
     from torchtpu.compile import backend as B
+
     verdicts = []
     donatable = B.donatable
     monkeypatch.setattr(B, "donatable", lambda dyn, slots: verdicts.append(donatable(dyn, slots)) or verdicts[-1])
     step = torch.compile(_cache_step, backend="tpu", fullgraph=True)
-    cache_c, pos_c = torch.zeros(512, 256), torch.zeros(1, dtype=torch.long)   # 512 KiB
+    cache_c, pos_c = torch.zeros(512, 256), torch.zeros(1, dtype=torch.long)  # 512 KiB
     cache, pos = cache_c.to("tpu"), pos_c.to("tpu")
     events = []
     for i in range(4):
         k = torch.randn(1, 256)
-        shared = pos.clone()      # shares the counter's buffer: the counter cannot be donated
+        shared = pos.clone()  # shares the counter's buffer: the counter cannot be donated
         events.append(torch.Event(device="tpu"))
-        events[-1].record()       # (still to be waited for while the step runs)
+        events[-1].record()  # (still to be waited for while the step runs)
         got = step(cache, pos, k.to("tpu"))
         want = _cache_step(cache_c, pos_c, k)
         torch.testing.assert_close(got.cpu(), want)
@@ -667,6 +704,7 @@ def test_large_written_storages_are_donated_when_a_small_one_is_shared(monkeypat
 
 def test_fast_key_with_traced_ints(monkeypatch, fast_key_kind):
     from torchtpu.compile import backend as B
+
     hits = []
     match = B._FastKey.match
     monkeypatch.setattr(B._FastKey, "match", lambda self, g, a: hits.append(match(self, g, a)) or hits[-1])
@@ -681,7 +719,7 @@ def test_fast_key_with_traced_ints(monkeypatch, fast_key_kind):
             torch.testing.assert_close(got.cpu(), want)
             assert n_tpu == n_cpu
         torch.testing.assert_close(buft.cpu(), buf)
-    assert sum(h is not None for h in hits) >= 3, hits   # the int travels; the key stays
+    assert sum(h is not None for h in hits) >= 3, hits  # the int travels; the key stays
 
 
 def _two_layouts(x):
@@ -693,6 +731,7 @@ def test_compiled_outputs_are_counted_freed_and_keep_their_layout(native, monkey
     """A compiled graph's outputs (made in C++ where the fast path's library is loaded, else by
     new_tensor) match the CPU's values and strides, count in memory_allocated and free with it."""
     from torchtpu.eager import fastpath
+
     if not native:
         monkeypatch.setattr(fastpath, "_graph_functions", [None])
     elif fastpath.graph_functions() is None:
@@ -700,7 +739,7 @@ def test_compiled_outputs_are_counted_freed_and_keep_their_layout(native, monkey
     fn = torch.compile(_two_layouts, backend="tpu", fullgraph=True)
     x_cpu = torch.randn(6, 5)
     x = x_cpu.to("tpu")
-    fn(x)   # compile
+    fn(x)  # compile
     torch.tpu.synchronize()
     before = torch.tpu.memory_allocated()
     outs = fn(x)

@@ -1,6 +1,7 @@
 """Training with torch.compile on tpu: losses and parameters after several steps equal the CPU's; the
 compiled forward returns no copies of the weights it saves for the backward (they are views made on the
 host); a compiled optimizer step whose donated buffers XLA would copy is compiled without donation."""
+
 from __future__ import annotations
 
 import copy
@@ -16,8 +17,16 @@ STEPS = 4
 
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      vocab_size=128, intermediate_size=128, max_position_embeddings=64)
+
+    cfg = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg)
 
@@ -69,6 +78,7 @@ def _graphs(monkeypatch):
     def record(self, gm, kind):
         init(self, gm, kind)
         made.append(self)
+
     monkeypatch.setattr(B.CompiledGraph, "__init__", record)
     return made
 
@@ -83,7 +93,7 @@ def test_forward_saves_weights_as_views_not_copies(monkeypatch, batches):
     forward = next(g for g in made if g.kind == "forward")
     from_inputs = [p for p in forward.alias_plan if p[1] == "in"]
     weights = sum(p.dim() == 2 for p in dev.parameters())
-    assert len(from_inputs) >= weights, forward.alias_plan   # each matrix saved as itself or transposed
+    assert len(from_inputs) >= weights, forward.alias_plan  # each matrix saved as itself or transposed
     entry = forward.last_entry
     assert entry.n_arrays == len(entry.outs) - len(forward.alias_plan)
     loss.backward()
@@ -102,7 +112,7 @@ def test_outputs_that_alias_inputs_or_outputs(monkeypatch):
     x, y = torch.randn(3, 4), torch.randn(2, 5)
     xt, yt = x.to("tpu"), y.to("tpu")
     fn = torch.compile(_views, backend="tpu", fullgraph=True)
-    for _ in range(2):   # the second call takes the fast key
+    for _ in range(2):  # the second call takes the fast key
         got = fn(xt, yt)
         want = _views(x, y)
         for g, w in zip(got, want):
@@ -113,7 +123,7 @@ def test_outputs_that_alias_inputs_or_outputs(monkeypatch):
     z_storage = got[2].untyped_storage().data_ptr()
     assert got[3].untyped_storage().data_ptr() == z_storage
     assert got[4].untyped_storage().data_ptr() == z_storage
-    yt.mul_(0)   # the outputs are not views of y
+    yt.mul_(0)  # the outputs are not views of y
     torch.testing.assert_close(got[2].cpu(), y * 2)
 
 
@@ -175,6 +185,6 @@ def test_copies_donations_rule():
 
     big = B._FRESH_MAPPING_BYTES
     assert B._copies_donations(Compiled(big), [4 * big])
-    assert not B._copies_donations(Compiled(big), [4 * big + 1])      # a temporary smaller than a quarter
-    assert not B._copies_donations(Compiled(big - 1), [big - 1])       # small temporaries are reused
-    assert not B._copies_donations(object(), [4 * big])   # no memory analysis: keep donating
+    assert not B._copies_donations(Compiled(big), [4 * big + 1])  # a temporary smaller than a quarter
+    assert not B._copies_donations(Compiled(big - 1), [big - 1])  # small temporaries are reused
+    assert not B._copies_donations(object(), [4 * big])  # no memory analysis: keep donating

@@ -1,6 +1,7 @@
 """torch.tpu.compiler.custom_compiler_options and torch.tpu.allow_excess_precision: XLA compiler
 options reach the executables of eager ops, compiled graphs and the fused optimizers, and key their
 caches. XLA's `xla_dump_to` option makes it visible: XLA writes each module's DebugOptions there."""
+
 import itertools
 import os
 import pathlib
@@ -28,18 +29,21 @@ def test_eager_ops_compile_with_the_options_and_key_on_them(tmp_path):
     ref = (x * 3 - 1).cpu()
     opts = {"xla_dump_to": str(tmp_path), "xla_allow_excess_precision": "false", "xla_optimization_level": "O1"}
     with torch.tpu.compiler.custom_compiler_options(opts):
-        assert xla_options.active() == (("optimization_level", 19), ("xla_allow_excess_precision", False),
-                                         ("xla_dump_to", str(tmp_path)))
+        assert xla_options.active() == (
+            ("optimization_level", 19),
+            ("xla_allow_excess_precision", False),
+            ("xla_dump_to", str(tmp_path)),
+        )
         before = torchtpu.metrics()["eager_compiles"]
         y = (x * 3 - 1).cpu()
-        assert torchtpu.metrics()["eager_compiles"] == before + 2   # keyed apart from the ones outside
+        assert torchtpu.metrics()["eager_compiles"] == before + 2  # keyed apart from the ones outside
     torch.testing.assert_close(y, ref)
     dumped = _debug_options(tmp_path)
     assert dumped and all("xla_allow_excess_precision: false" in t for t in dumped)
     assert xla_options.active() == ()
     before = torchtpu.metrics()["eager_compiles"]
     torch.testing.assert_close((x * 3 - 1).cpu(), ref)
-    assert torchtpu.metrics()["eager_compiles"] == before            # the executables from before
+    assert torchtpu.metrics()["eager_compiles"] == before  # the executables from before
 
 
 def test_compiled_graph_compiles_with_the_options(tmp_path):
@@ -47,13 +51,14 @@ def test_compiled_graph_compiles_with_the_options(tmp_path):
     x = torch.randn(_fresh_shape(), device="tpu")
     ref = f(x).cpu()
     compiles = torchtpu.metrics()["compiled_xla_compiles"]
-    with torch.tpu.compiler.custom_compiler_options({"xla_dump_to": str(tmp_path),
-                                                    "xla_allow_excess_precision": False}):
+    with torch.tpu.compiler.custom_compiler_options(
+        {"xla_dump_to": str(tmp_path), "xla_allow_excess_precision": False}
+    ):
         torch.testing.assert_close(f(x).cpu(), ref)
     assert torchtpu.metrics()["compiled_xla_compiles"] == compiles + 1
     assert any("xla_allow_excess_precision: false" in t for t in _debug_options(tmp_path))
     f(x)
-    assert torchtpu.metrics()["compiled_xla_compiles"] == compiles + 1   # outside: the first one again
+    assert torchtpu.metrics()["compiled_xla_compiles"] == compiles + 1  # outside: the first one again
 
 
 @pytest.mark.skipif(torch.tpu.platform() != "cpu", reason="a default of XLA:CPU only")
@@ -67,7 +72,7 @@ def test_one_op_executables_take_the_small_program_emitters_on_xla_cpu(tmp_path)
         torch.testing.assert_close((x * 3 - 1).cpu(), x.cpu() * 3 - 1)
     dumped = _debug_options(tmp_path / "op")
     assert dumped and all("xla_cpu_use_fusion_emitters: false" in t for t in dumped)
-    with cco({"xla_dump_to": str(tmp_path / "reduction")}):   # a reduction keeps XLA's default
+    with cco({"xla_dump_to": str(tmp_path / "reduction")}):  # a reduction keeps XLA's default
         torch.testing.assert_close(torch.softmax(x, -1).cpu(), torch.softmax(x.cpu(), -1))
     dumped = _debug_options(tmp_path / "reduction")
     assert dumped and not any("xla_cpu_use_fusion_emitters: false" in t for t in dumped)
@@ -81,7 +86,7 @@ def test_one_op_executables_take_the_small_program_emitters_on_xla_cpu(tmp_path)
     with cco({"xla_dump_to": str(tmp_path / "user"), "xla_cpu_use_fusion_emitters": True}):
         assert xla_options.op_options(xla_options.jax_options())["xla_cpu_use_fusion_emitters"] is True
         torch.testing.assert_close((x * 3 - 1).cpu(), x.cpu() * 3 - 1)
-    dumped = _debug_options(tmp_path / "user")   # (XLA's own default is not written out)
+    dumped = _debug_options(tmp_path / "user")  # (XLA's own default is not written out)
     assert dumped and not any("xla_cpu_use_fusion_emitters: false" in t for t in dumped)
     assert xla_options.op_options(None) == {"xla_cpu_use_fusion_emitters": False}
 
@@ -136,7 +141,7 @@ def test_allow_excess_precision_property(tmp_path, monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     tpu = torch.tpu
     assert "allow_excess_precision" in tpu.__all__
-    assert tpu.allow_excess_precision is True       # XLA's own default
+    assert tpu.allow_excess_precision is True  # XLA's own default
     try:
         tpu.allow_excess_precision = False
         assert tpu.allow_excess_precision is False
@@ -153,4 +158,4 @@ def test_allow_excess_precision_property(tmp_path, monkeypatch):
         tpu.allow_excess_precision = True
     assert tpu.allow_excess_precision is True and xla_options.active() == ()
     monkeypatch.setenv("XLA_FLAGS", "--xla_allow_excess_precision=false")
-    assert tpu.allow_excess_precision is False      # the effective setting XLA reads
+    assert tpu.allow_excess_precision is False  # the effective setting XLA reads

@@ -1,6 +1,7 @@
 """Complex tensors on the tpu device vs the CPU: the edges the OpInfo samples (small random values)
 do not reach — infinities and NaNs in logaddexp/angle, real results of complex reductions, views
 that alias a complex storage as floats and back — and PyTorch's errors for torch.complex/polar."""
+
 import functools
 import math
 
@@ -18,8 +19,16 @@ _same = functools.partial(assert_matches_cpu, equal_nan=True)
 
 @pytest.mark.parametrize("dtype", COMPLEX)
 def test_logaddexp_infinities_and_nans(dtype):
-    special = [complex(-INF, 1), complex(INF, 2), complex(NAN, 0), complex(1, NAN), 1 + 1j, complex(-INF, 0),
-               complex(INF, -1), 3 - 2j]
+    special = [
+        complex(-INF, 1),
+        complex(INF, 2),
+        complex(NAN, 0),
+        complex(1, NAN),
+        1 + 1j,
+        complex(-INF, 0),
+        complex(INF, -1),
+        3 - 2j,
+    ]
     other = [complex(-INF, 3), complex(INF, 1), 1, 1, 1 + 1j, 2 + 5j, 0.5j, complex(-INF, 2)]
     a = torch.cat([torch.tensor(special, dtype=dtype), torch.randn(40, dtype=dtype) * 4])
     b = torch.cat([torch.tensor(other, dtype=dtype), torch.randn(40, dtype=dtype) * 4])
@@ -28,8 +37,7 @@ def test_logaddexp_infinities_and_nans(dtype):
 
 @pytest.mark.parametrize("dtype", COMPLEX)
 def test_angle_is_real_and_keeps_signed_zeros(dtype):
-    x = torch.tensor([complex(NAN, 1), complex(-1, 0.0), complex(-1, -0.0), 0j, complex(-0.0, 0), 1j, -2j],
-                     dtype=dtype)
+    x = torch.tensor([complex(NAN, 1), complex(-1, 0.0), complex(-1, -0.0), 0j, complex(-0.0, 0), 1j, -2j], dtype=dtype)
     _same(torch.angle, torch.cat([x, torch.randn(20, dtype=dtype)]))
 
 
@@ -103,8 +111,15 @@ def test_compiled_complex_graph():
     torch.testing.assert_close(compiled(x.to(TPU)).cpu(), f(x), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("make", [lambda p: torch.optim.Adam(p, lr=0.1), lambda p: torch.optim.AdamW(p, lr=0.1, foreach=False),
-                                  lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)], ids=["adam", "adamw", "sgd"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.Adam(p, lr=0.1),
+        lambda p: torch.optim.AdamW(p, lr=0.1, foreach=False),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    ],
+    ids=["adam", "adamw", "sgd"],
+)
 def test_optimizer_steps_on_complex_parameters(make):
     # the optimizers view complex parameters and states as real pairs (view_as_real)
     results = []
@@ -122,14 +137,29 @@ def test_optimizer_steps_on_complex_parameters(make):
 
 
 REAL_ONLY_CALLS = {
-    "lt": lambda c: torch.lt(c, c), "gt_": lambda c: c.clone().gt_(0), "maximum": lambda c: torch.maximum(c, c),
-    "clamp": lambda c: torch.clamp(c, 0, 1), "max": lambda c: c.max(), "max.dim": lambda c: c.max(0),
-    "argmax": lambda c: c.argmax(), "sort": lambda c: c.sort(), "argsort": lambda c: c.argsort(),
-    "topk": lambda c: c.topk(2), "median": lambda c: c.median(), "cummax": lambda c: c.cummax(0),
-    "unique": lambda c: torch.unique(c), "round": lambda c: c.round(), "sign": lambda c: c.sign(),
-    "floor": lambda c: c.floor(), "remainder": lambda c: c % c, "relu": lambda c: torch.relu(c),
-    "softmax": lambda c: c.softmax(0), "erf": lambda c: torch.erf(c), "nansum": lambda c: c.nansum(),
-    "bitwise_and": lambda c: torch.bitwise_and(c, c), "leaky_relu": lambda c: torch.nn.functional.leaky_relu(c),
+    "lt": lambda c: torch.lt(c, c),
+    "gt_": lambda c: c.clone().gt_(0),
+    "maximum": lambda c: torch.maximum(c, c),
+    "clamp": lambda c: torch.clamp(c, 0, 1),
+    "max": lambda c: c.max(),
+    "max.dim": lambda c: c.max(0),
+    "argmax": lambda c: c.argmax(),
+    "sort": lambda c: c.sort(),
+    "argsort": lambda c: c.argsort(),
+    "topk": lambda c: c.topk(2),
+    "median": lambda c: c.median(),
+    "cummax": lambda c: c.cummax(0),
+    "unique": lambda c: torch.unique(c),
+    "round": lambda c: c.round(),
+    "sign": lambda c: c.sign(),
+    "floor": lambda c: c.floor(),
+    "remainder": lambda c: c % c,
+    "relu": lambda c: torch.relu(c),
+    "softmax": lambda c: c.softmax(0),
+    "erf": lambda c: torch.erf(c),
+    "nansum": lambda c: c.nansum(),
+    "bitwise_and": lambda c: torch.bitwise_and(c, c),
+    "leaky_relu": lambda c: torch.nn.functional.leaky_relu(c),
     "mse_loss": lambda c: torch.nn.functional.mse_loss(c, c),
     "avg_pool1d": lambda c: torch.nn.functional.avg_pool1d(c.reshape(1, 1, -1), 2),
     "interpolate": lambda c: torch.nn.functional.interpolate(c.reshape(1, 1, -1), scale_factor=2.0),

@@ -1,5 +1,6 @@
 """TORCHTPU_* variables: one parser, errors that name the variable, `import torch` never broken;
 the C++ device guard that makes backward on tpu:1 work (issue 24 items 2 and 13)."""
+
 import os
 import subprocess
 import sys
@@ -9,19 +10,37 @@ import pytest
 from torchtpu import config
 
 
-@pytest.mark.parametrize("value,expected", [("off", False), ("no", False), ("FALSE", False), ("0", False),
-                                            ("", False), ("on", True), ("Yes", True), ("1", True)])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("off", False),
+        ("no", False),
+        ("FALSE", False),
+        ("0", False),
+        ("", False),
+        ("on", True),
+        ("Yes", True),
+        ("1", True),
+    ],
+)
 def test_boolean_flags(monkeypatch, value, expected):
     monkeypatch.setenv("TORCHTPU_CPU_FALLBACK", value)
     assert config.get("TORCHTPU_CPU_FALLBACK") is expected
     assert "TORCHTPU_CPU_FALLBACK" not in config.errors()
 
 
-@pytest.mark.parametrize("name,value,accepted", [
-    ("TORCHTPU_NUM_DEVICES", "abc", "whole number >= 1"), ("TORCHTPU_NUM_DEVICES", "2.5", "whole number"),
-    ("TORCHTPU_NUM_DEVICES", "0", ">= 1"), ("TORCHTPU_NUM_DEVICES", "-1", ">= 1"),
-    ("TORCHTPU_EAGER_MODE", "bogus", "strict, debug, fused"), ("TORCHTPU_CPU_FALLBACK", "maybe", "off"),
-    ("TORCHTPU_PLATFORM", "ipu", "cpu, gpu, cuda, tpu")])
+@pytest.mark.parametrize(
+    "name,value,accepted",
+    [
+        ("TORCHTPU_NUM_DEVICES", "abc", "whole number >= 1"),
+        ("TORCHTPU_NUM_DEVICES", "2.5", "whole number"),
+        ("TORCHTPU_NUM_DEVICES", "0", ">= 1"),
+        ("TORCHTPU_NUM_DEVICES", "-1", ">= 1"),
+        ("TORCHTPU_EAGER_MODE", "bogus", "strict, debug, fused"),
+        ("TORCHTPU_CPU_FALLBACK", "maybe", "off"),
+        ("TORCHTPU_PLATFORM", "ipu", "cpu, gpu, cuda, tpu"),
+    ],
+)
 def test_bad_values_name_the_variable(monkeypatch, name, value, accepted):
     monkeypatch.setenv(name, value)
     with pytest.warns(RuntimeWarning, match=name):
@@ -42,7 +61,7 @@ def test_torchtpu_aliases(monkeypatch):
     monkeypatch.setenv("TORCH_TPU_LAUNCH_BLOCKING", "0")
     monkeypatch.setenv("TORCH_TPU_DEFER_AND_FUSE", "true")
     assert config.get("TORCHTPU_EAGER_MODE") == "fused"
-    monkeypatch.setenv("TORCH_TPU_DEFER_AND_FUSE", "0")   # the default is fused: 0 selects strict
+    monkeypatch.setenv("TORCH_TPU_DEFER_AND_FUSE", "0")  # the default is fused: 0 selects strict
     assert config.get("TORCHTPU_EAGER_MODE") == "strict"
     monkeypatch.delenv("TORCH_TPU_DEFER_AND_FUSE")
     assert config.get("TORCHTPU_EAGER_MODE") == "fused"
@@ -50,14 +69,16 @@ def test_torchtpu_aliases(monkeypatch):
 
 def _run(code, **env):
     full = dict(os.environ, PYTHONWARNINGS="ignore", **env)
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
 
 
 def test_bad_configuration_does_not_break_import_torch():
-    done = _run("import torch\nprint(torch.tpu.is_available())\nprint(torch.ones(2).sum().item())\n"
-                "try:\n    torch.ones(1, device='tpu')\nexcept ValueError as e:\n    print(e)",
-                TORCHTPU_EAGER_MODE="bogus", TORCHTPU_NUM_DEVICES="abc")
+    done = _run(
+        "import torch\nprint(torch.tpu.is_available())\nprint(torch.ones(2).sum().item())\n"
+        "try:\n    torch.ones(1, device='tpu')\nexcept ValueError as e:\n    print(e)",
+        TORCHTPU_EAGER_MODE="bogus",
+        TORCHTPU_NUM_DEVICES="abc",
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[:2] == ["False", "2.0"]
@@ -66,6 +87,7 @@ def test_bad_configuration_does_not_break_import_torch():
 
 def test_backward_and_device_index_on_second_device():
     from torchtpu.device import native
+
     if native.compiler() is None:
         pytest.skip("no C++ compiler: the C++ device guard cannot be built (documented degradation)")
     done = _run(
@@ -84,19 +106,23 @@ def test_backward_and_device_index_on_second_device():
         "    assert torch.tpu.current_device() == 1 and torch.ones(1, device='tpu').device.index == 1\n"
         "assert torch.tpu.current_device() == 0\n"
         "print('ok')\n",
-        TORCHTPU_NUM_DEVICES="2")
+        TORCHTPU_NUM_DEVICES="2",
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_jax_tracebacks_are_off_unless_asked_for():
     """jaxlib keeps a Python traceback on every array it makes (a stack walk per eager op): off once
     the device is up, on again with TORCHTPU_JAX_TRACEBACKS=1; results are the same either way."""
-    code = ("import torch, torchtpu; from jax._src.lib import _jax; "
-            "x = torch.arange(6.0, device='tpu'); assert (x * 2).sum().item() == 30.0; "
-            "print(_jax.tracebacks_enabled())")
+    code = (
+        "import torch, torchtpu; from jax._src.lib import _jax; "
+        "x = torch.arange(6.0, device='tpu'); assert (x * 2).sum().item() == 30.0; "
+        "print(_jax.tracebacks_enabled())"
+    )
     for env, expected in (({}, "False"), ({"TORCHTPU_JAX_TRACEBACKS": "1"}, "True")):
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, **env})
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip().splitlines()[-1] == expected
 
@@ -107,6 +133,7 @@ README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.
 def _readme_environment_rows():
     """variable name -> its row in the README's "## Environment" table (first cell: the name)."""
     import re
+
     with open(README, encoding="utf-8") as f:
         text = f.read()
     section = text.split("\n## Environment\n", 1)[1].split("\n## ", 1)[0]
@@ -124,11 +151,12 @@ def test_readme_environment_table_lists_every_variable():
     rows = _readme_environment_rows()
     missing = sorted(set(config.VARIABLES) - set(rows))
     unknown = sorted(set(rows) - set(config.VARIABLES))
-    assert not missing and not unknown, (f"README.md's Environment table lacks {missing} and lists {unknown} "
-                                         "that config.VARIABLES does not define")
+    assert not missing and not unknown, (
+        f"README.md's Environment table lacks {missing} and lists {unknown} that config.VARIABLES does not define"
+    )
     for name, (kind, _default, choices, _meaning) in config.VARIABLES.items():
-        if kind == "choice":   # every accepted value is documented (an alias like cuda for gpu included)
+        if kind == "choice":  # every accepted value is documented (an alias like cuda for gpu included)
             absent = [c for c in choices if f"`{c}`" not in rows[name]]
             assert not absent, f"README.md's row for {name} does not mention {absent}"
-    for alias in config.ALIASES:   # TorchTPU's names are documented next to ours
+    for alias in config.ALIASES:  # TorchTPU's names are documented next to ours
         assert alias in "".join(rows.values()), f"README.md's Environment table does not mention {alias}"

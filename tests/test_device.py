@@ -1,4 +1,5 @@
 """The device itself: autoload, torch.tpu, device indices, streams and events."""
+
 import subprocess
 import sys
 
@@ -7,9 +8,11 @@ import torch
 
 
 def test_plain_import_torch_autoloads_the_backend():
-    code = ("import torch; x = torch.randn(2, 3, device='tpu'); "
-            "assert type(x) is torch.Tensor and x.device == torch.device('tpu', 0); "
-            "assert 'torchtpu' in __import__('sys').modules; print(torch.tpu.platform())")
+    code = (
+        "import torch; x = torch.randn(2, 3, device='tpu'); "
+        "assert type(x) is torch.Tensor and x.device == torch.device('tpu', 0); "
+        "assert 'torchtpu' in __import__('sys').modules; print(torch.tpu.platform())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() in ("cpu", "gpu", "tpu")
@@ -108,18 +111,24 @@ def test_autocast_bfloat16():
 
 def test_debug_mode_is_synchronous_and_switchable(monkeypatch):
     import torchtpu
-    assert torchtpu.get_eager_mode() == "fused"   # the default
+
+    assert torchtpu.get_eager_mode() == "fused"  # the default
     with torchtpu.eager_mode("debug"):
         assert torch.tpu.get_eager_mode() == "debug"
         x = torch.randn(3, device="tpu") + 1
         from torchtpu.storage.records import record_of
+
         assert record_of(x).buffer.is_ready()
     assert torchtpu.get_eager_mode() == "fused"
     with pytest.raises(ValueError):
         torchtpu.set_eager_mode("turbo")
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.tpu.get_eager_mode())"],
-                         capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "TORCHTPU_EAGER_MODE": "debug"})
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.tpu.get_eager_mode())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "TORCHTPU_EAGER_MODE": "debug"},
+    )
     assert out.stdout.strip() == "debug", out.stderr
 
 

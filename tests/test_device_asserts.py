@@ -1,5 +1,6 @@
 """Out-of-range indices and class targets: an error (a device-side assert, as on CUDA), never a
 clamped gather, a dropped scatter or a NaN. Every case is checked against the CPU's verdict."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -33,8 +34,7 @@ def _cases(dev, i):
         "take": lambda: x.take(torch.tensor([3 * i], device=dev)),
         "put_": lambda: x.clone().put_(torch.tensor([3 * i], device=dev), ones[0, :1]),
         "embedding": lambda: F.embedding(t, x),
-        "embedding_bag": lambda: F.embedding_bag(torch.tensor([i, 0], device=dev), x,
-                                                 torch.tensor([0], device=dev)),
+        "embedding_bag": lambda: F.embedding_bag(torch.tensor([i, 0], device=dev), x, torch.tensor([0], device=dev)),
         "nll_loss": lambda: F.nll_loss(x[:1], t),
         "cross_entropy": lambda: F.cross_entropy(x[:1, :].repeat(1, 2)[:, :4], t),
         "one_hot": lambda: F.one_hot(t, 4),
@@ -64,8 +64,8 @@ def test_index_range_matches_cpu(op, i):
 
 def test_index_errors_are_reported_at_the_next_sync_and_not_sticky():
     x = torch.zeros(4, 3, device=DEV)
-    y = x.index_select(0, torch.tensor([7], device=DEV))    # queued: no error yet
-    z = (x + 1).sum()                                         # unrelated work still queues
+    y = x.index_select(0, torch.tensor([7], device=DEV))  # queued: no error yet
+    z = (x + 1).sum()  # unrelated work still queues
     with pytest.raises(IndexError, match=r"aten::index_select.*dimension 0 with size 4"):
         y.cpu()
     # better than CUDA's sticky assert: every other tensor keeps working
@@ -77,17 +77,17 @@ def test_index_errors_are_reported_at_the_next_sync_and_not_sticky():
 def test_reported_at_the_next_sync_sticky_until_cleared():
     x = torch.zeros(4, 3, device=DEV)
     other = torch.ones(2, device="tpu:1")
-    y = torch.bernoulli(torch.full((3,), 2.0, device=DEV))   # queued: no error yet
-    z = (x + 1).sum()                                         # unrelated work still queues
+    y = torch.bernoulli(torch.full((3,), 2.0, device=DEV))  # queued: no error yet
+    z = (x + 1).sum()  # unrelated work still queues
     with pytest.raises(asserts.DeviceAssertError, match=r"aten::bernoulli.*p_in"):
         y.cpu()
     # sticky, as on CUDA: every later op and sync on that device raises the same error, naming the op
     for later in (lambda: z.item(), lambda: x + 1, lambda: torch.ones(2, device=DEV), torch.tpu.synchronize):
         with pytest.raises(asserts.DeviceAssertError, match=r"aten::bernoulli.*p_in"):
             later()
-    assert (other * 2).tolist() == [2.0, 2.0]                 # another device is not in the error state
+    assert (other * 2).tolist() == [2.0, 2.0]  # another device is not in the error state
     torch.tpu.clear_device_assert()
-    assert z.item() == 12.0                                   # usable again
+    assert z.item() == 12.0  # usable again
     with pytest.raises(asserts.DeviceAssertError, match="gather"):
         x.gather(0, torch.tensor([[9, 0, 0]], device=DEV))
         torch.tpu.synchronize()
@@ -125,27 +125,41 @@ def test_compiled_graph_checks_its_indices():
 
 def _value_cases(dev):
     """name -> (a call with values the op rejects, the same call with values it accepts)."""
+
     def T(*a, **k):
         return torch.tensor(*a, device=dev, **k)
+
     x = T([[0.1, 0.2, 0.7]])
     return {
-        "multinomial negative": (lambda: torch.multinomial(T([0.5, -0.1, 0.6]), 1),
-                                 lambda: torch.multinomial(T([0.0, 0.0, 0.6]), 1)),
+        "multinomial negative": (
+            lambda: torch.multinomial(T([0.5, -0.1, 0.6]), 1),
+            lambda: torch.multinomial(T([0.0, 0.0, 0.6]), 1),
+        ),
         "multinomial nan": (lambda: torch.multinomial(T([0.5, float("nan")]), 1, True), None),
         "multinomial inf": (lambda: torch.multinomial(T([[0.5, 0.1], [float("inf"), 1.0]]), 1), None),
         "multinomial zero row": (lambda: torch.multinomial(T([[0.0, 0.0], [1.0, 1.0]]), 1), None),
-        "binary_cross_entropy": (lambda: F.binary_cross_entropy(T([0.5, 1.5]), T([1.0, 0.0])),
-                                 lambda: F.binary_cross_entropy(T([0.5, 1.0]), T([1.0, 0.0]))),
+        "binary_cross_entropy": (
+            lambda: F.binary_cross_entropy(T([0.5, 1.5]), T([1.0, 0.0])),
+            lambda: F.binary_cross_entropy(T([0.5, 1.0]), T([1.0, 0.0])),
+        ),
         "bernoulli tensor": (lambda: torch.bernoulli(T([0.5, 1.5])), lambda: torch.bernoulli(T([0.0, 1.0]))),
-        "bernoulli_ scalar": (lambda: torch.zeros(2, device=dev).bernoulli_(1.5),
-                              lambda: torch.zeros(2, device=dev).bernoulli_(1.0)),
+        "bernoulli_ scalar": (
+            lambda: torch.zeros(2, device=dev).bernoulli_(1.5),
+            lambda: torch.zeros(2, device=dev).bernoulli_(1.0),
+        ),
         "multi_margin_loss": (lambda: F.multi_margin_loss(x, T([3])), lambda: F.multi_margin_loss(x, T([2]))),
-        "multilabel_margin_loss": (lambda: F.multilabel_margin_loss(x, T([[0, 3, -1]])),
-                                   lambda: F.multilabel_margin_loss(x, T([[0, -1, 2]]))),
-        "searchsorted sorter": (lambda: torch.searchsorted(T([1.0, 2.0]), T([1.5]), sorter=T([0, 5])),
-                                lambda: torch.searchsorted(T([2.0, 1.0]), T([1.5]), sorter=T([1, 0]))),
-        "max_unpool1d": (lambda: F.max_unpool1d(T([[[1.0, 2.0]]]), T([[[0, 9]]]), 2),
-                         lambda: F.max_unpool1d(T([[[1.0, 2.0]]]), T([[[0, 3]]]), 2)),
+        "multilabel_margin_loss": (
+            lambda: F.multilabel_margin_loss(x, T([[0, 3, -1]])),
+            lambda: F.multilabel_margin_loss(x, T([[0, -1, 2]])),
+        ),
+        "searchsorted sorter": (
+            lambda: torch.searchsorted(T([1.0, 2.0]), T([1.5]), sorter=T([0, 5])),
+            lambda: torch.searchsorted(T([2.0, 1.0]), T([1.5]), sorter=T([1, 0])),
+        ),
+        "max_unpool1d": (
+            lambda: F.max_unpool1d(T([[[1.0, 2.0]]]), T([[[0, 9]]]), 2),
+            lambda: F.max_unpool1d(T([[[1.0, 2.0]]]), T([[[0, 3]]]), 2),
+        ),
     }
 
 
@@ -183,11 +197,12 @@ def test_assert_async_eager_and_compiled():
 
 def test_raised_in_the_thread_that_caused_it():
     import threading
+
     x = torch.zeros(4, 3, device=DEV)
     queued, synced, seen = threading.Event(), threading.Event(), {}
 
     def worker():
-        y = x.index_select(0, torch.tensor([7], device=DEV))   # fails on the device, unreported yet
+        y = x.index_select(0, torch.tensor([7], device=DEV))  # fails on the device, unreported yet
         queued.set()
         synced.wait(30)
         try:
@@ -198,13 +213,13 @@ def test_raised_in_the_thread_that_caused_it():
     t = threading.Thread(target=worker)
     t.start()
     queued.wait(30)
-    seen["main"] = (x + 1).sum().item()     # this thread's sync does not receive the worker's error
+    seen["main"] = (x + 1).sum().item()  # this thread's sync does not receive the worker's error
     synced.set()
     t.join(30)
     assert seen["main"] == 12.0
     assert "index_select" in str(seen["worker"])
     assert isinstance(seen["worker"], IndexError)
-    assert x.sum().item() == 0.0   # an index error is not sticky: the device keeps working for everyone
+    assert x.sum().item() == 0.0  # an index error is not sticky: the device keeps working for everyone
 
 
 def _lm(dev, seed=0):
@@ -214,7 +229,7 @@ def _lm(dev, seed=0):
 
 
 def _step(model, opt, ids, target):
-    opt.zero_grad(set_to_none=False)   # (grads accumulate in place: gated too)
+    opt.zero_grad(set_to_none=False)  # (grads accumulate in place: gated too)
     loss = F.cross_entropy(model(ids), target)
     loss.backward()
     opt.step()
@@ -223,7 +238,8 @@ def _step(model, opt, ids, target):
 
 def _device_state(model, opt):
     return [p.detach().cpu().clone() for p in model.parameters()] + [
-        v.cpu().clone() for p in model.parameters() for k, v in opt.state[p].items() if k != "step"]
+        v.cpu().clone() for p in model.parameters() for k, v in opt.state[p].items() if k != "step"
+    ]
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
@@ -235,7 +251,7 @@ def test_training_step_after_a_failed_check_commits_nothing(mode):
     good = torch.randint(0, 10, (6,), generator=torch.Generator().manual_seed(1))
     target = torch.randint(0, 10, (6,), generator=torch.Generator().manual_seed(2))
     with torchtpu.eager_mode(mode):
-        for _ in range(3):   # warm: in the fused mode these ops are queued now
+        for _ in range(3):  # warm: in the fused mode these ops are queued now
             _step(model, opt, good.to(DEV), target.to(DEV)).item()
             _step(ref, ref_opt, good, target)
         before = _device_state(model, opt)
@@ -248,27 +264,28 @@ def test_training_step_after_a_failed_check_commits_nothing(mode):
         after = _device_state(model, opt)
     for b, a in zip(before, after):
         assert torch.equal(a, b)
-    for p in model.parameters():   # zero_grad ran before the failed op; the accumulation after it did not
+    for p in model.parameters():  # zero_grad ran before the failed op; the accumulation after it did not
         assert not p.grad.cpu().any()
-    for p, q in zip(model.parameters(), ref.parameters()):   # and they are the CPU's good steps
+    for p, q in zip(model.parameters(), ref.parameters()):  # and they are the CPU's good steps
         torch.testing.assert_close(p.detach().cpu(), q.detach())
     # (AdamW's `step` counts on the host: it did advance for the failed step, as it would on CUDA)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
-@torchtpu.eager_mode("strict")   # (it counts each write's donation: the fused mode queues them)
+@torchtpu.eager_mode("strict")  # (it counts each write's donation: the fused mode queues them)
 def test_gated_writes_commit_after_passed_checks_and_not_after_failed_ones(dtype):
     """While a check is unchecked, in-place writes run gated: a large storage (donated, written through
     a partial view as a KV cache is) gets the write when the check passed, keeps its value when not."""
     from torchtpu import metrics
-    cache = torch.zeros(4, 65536, dtype=dtype, device=DEV)   # >= 256 KiB: donated in place
+
+    cache = torch.zeros(4, 65536, dtype=dtype, device=DEV)  # >= 256 KiB: donated in place
     table = torch.arange(12, device=DEV).reshape(4, 3).to(dtype)
     expected = torch.zeros(4, 65536, dtype=dtype)
     for step, bad in enumerate((False, False, True)):
-        row = table.index_select(0, torch.tensor([7 if bad else step], device=DEV))   # a checked op
+        row = table.index_select(0, torch.tensor([7 if bad else step], device=DEV))  # a checked op
         donations = metrics()["eager_donations"]
-        cache[1 + step, :3] = row[0]          # a slab write through a view, gated
-        cache.add_(1)                         # a whole-storage write, gated
+        cache[1 + step, :3] = row[0]  # a slab write through a view, gated
+        cache.add_(1)  # a whole-storage write, gated
         if bad:
             with pytest.raises(asserts.DeviceAssertError, match="index_select"):
                 cache.cpu()
@@ -276,7 +293,7 @@ def test_gated_writes_commit_after_passed_checks_and_not_after_failed_ones(dtype
         else:
             expected[1 + step, :3] = table.cpu()[step]
             expected += 1
-            assert metrics()["eager_donations"] > donations   # (the gated form still donates)
+            assert metrics()["eager_donations"] > donations  # (the gated form still donates)
         torch.testing.assert_close(cache.cpu(), expected)
 
 
@@ -289,18 +306,18 @@ def test_a_failed_check_after_many_passed_ones_still_gates_the_writes_after_it(m
     with torch.tpu.eager_mode(mode):
         acc = torch.zeros(8, 3, device=DEV)
         expected = torch.zeros(8, 3)
-        for i in range(6):   # passed checks, each followed by a gated write
+        for i in range(6):  # passed checks, each followed by a gated write
             acc[i] += table.index_select(0, torch.tensor([i], device=DEV))[0]
             expected[i] += table.cpu()[i]
         bad = table.index_select(0, torch.tensor([9], device=DEV))
-        for i in range(3):   # writes after the failed check: none is committed
+        for i in range(3):  # writes after the failed check: none is committed
             acc[i] += 100.0
             acc.mul_(2.0)
         with pytest.raises(asserts.DeviceAssertError, match="index_select"):
             acc.cpu()
         torch.tpu.clear_device_assert()
         torch.testing.assert_close(acc.cpu(), expected)
-        acc += 1.0   # after the sync nothing gates: committed
+        acc += 1.0  # after the sync nothing gates: committed
         torch.testing.assert_close(acc.cpu(), expected + 1)
     del bad
 
@@ -313,6 +330,7 @@ def test_fused_mode_gates_queued_writes_on_queued_checks_without_cutting_the_seg
     every write uncommitted and is reported at the sync. The same whether the C++ fast path queues
     the writes (the default) or OpKernel._run does."""
     from torchtpu.eager import fastpath, fusion
+
     monkeypatch.setattr(fusion, "COMPILE", "now")
     if fastpath.loaded():
         was = fastpath.set_fused_queue(cpp_queue)
@@ -325,10 +343,10 @@ def test_fused_mode_gates_queued_writes_on_queued_checks_without_cutting_the_seg
     d_table, d_cache, d_acc = table.to(DEV), cache.to(DEV), acc.to(DEV)
 
     def step(t, c, a, i, token):
-        row = t.index_select(0, token)                   # checked (an id outside the table fails)
-        c.index_copy_(0, torch.tensor([i % 6], device=c.device), row)   # checked, and gated
-        a.add_(row[0] * 0.5)                             # gated
-        a.mul_(0.9)                                      # gated
+        row = t.index_select(0, token)  # checked (an id outside the table fails)
+        c.index_copy_(0, torch.tensor([i % 6], device=c.device), row)  # checked, and gated
+        a.add_(row[0] * 0.5)  # gated
+        a.mul_(0.9)  # gated
 
     with torch.tpu.eager_mode("fused"):
         flushes, compiled_runs = [], []
@@ -338,15 +356,15 @@ def test_fused_mode_gates_queued_writes_on_queued_checks_without_cutting_the_seg
             before, runs = fusion._flushes[0], torchtpu.metrics()["fused_runs"]
             queued_here = fastpath.stats()["queued_here"]
             step(d_table, d_cache, d_acc, i, token.to(DEV))
-            if i == 11:   # the three gated writes queued by the C++ fast path, or none of them
+            if i == 11:  # the three gated writes queued by the C++ fast path, or none of them
                 assert (fastpath.stats()["queued_here"] - queued_here >= 3) == cpp_queue
-            torch.testing.assert_close(d_acc.cpu(), acc)   # the sync: one flush, checks read
+            torch.testing.assert_close(d_acc.cpu(), acc)  # the sync: one flush, checks read
             flushes.append(fusion._flushes[0] - before)
             compiled_runs.append(torchtpu.metrics()["fused_runs"] - runs)
         assert flushes[-4:] == [1, 1, 1, 1], flushes
         assert compiled_runs[-4:] == [1, 1, 1, 1], compiled_runs
         torch.testing.assert_close(d_cache.cpu(), cache)
-        step(d_table, d_cache, d_acc, 12, torch.tensor([16], device=DEV))   # out of range
+        step(d_table, d_cache, d_acc, 12, torch.tensor([16], device=DEV))  # out of range
         with pytest.raises(asserts.DeviceAssertError, match="index_select"):
             d_acc.cpu()
         torch.tpu.clear_device_assert()
@@ -361,9 +379,9 @@ def test_fused_mode_gates_do_not_depend_on_which_verdicts_are_computed():
     XLA:CPU reads a computed verdict and drops the gate when it passed."""
     table = torch.arange(12.0, device=DEV).reshape(4, 3)
     with torch.tpu.eager_mode("strict"):
-        table.index_select(0, torch.tensor([1], device=DEV))   # a checked op: one unchecked verdict
+        table.index_select(0, torch.tensor([1], device=DEV))  # a checked op: one unchecked verdict
     verdict = asserts._state().pending[-1][0]
-    verdict.block_until_ready()   # computed, passed, not checked
+    verdict.block_until_ready()  # computed, passed, not checked
     with torch.tpu.eager_mode("fused"):
         assert asserts.poison(0, queue=True) is not None
         assert asserts.poison(0) is not None

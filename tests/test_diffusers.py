@@ -4,6 +4,7 @@ recompilations, one copy of the weights in device memory.
 Every pipeline is built from tiny random components (torchtpu/integrations/diffusers_tiny.py): no downloads.
 Images are compared with the CPU's for the same seed (a CPU generator draws the latents).
 """
+
 from __future__ import annotations
 
 import gc
@@ -14,10 +15,10 @@ import torch
 
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
-import torch._dynamo.utils as dynamo_utils  # noqa: E402
+import torch._dynamo.utils as dynamo_utils
 
-import torchtpu  # noqa: E402
-import torchtpu.integrations  # noqa: E402
+import torchtpu
+import torchtpu.integrations
 
 # Tied parameters (T5's shared embedding) stay tied across `.to("tpu")`; idempotent.
 torchtpu.integrations.install()
@@ -153,8 +154,9 @@ def test_compiled_denoiser_matches_and_does_not_recompile(kind, cpu_ref, tpu_pip
 _UNET_STEP_COUNT_XFAIL = pytest.mark.xfail(
     strict=True,
     reason="the UNet pipeline passes `t` = scheduler.timesteps[i], a view into a storage whose size is the "
-           "number of steps; buffer sizes are part of an XLA executable's signature, so another step count "
-           "compiles once more (offsets are traced, sizes are not)")
+    "number of steps; buffer sizes are part of an XLA executable's signature, so another step count "
+    "compiles once more (offsets are traced, sizes are not)",
+)
 
 
 # Both run under `-m slow`: by default test_compiled_denoiser_matches_and_does_not_recompile makes the same

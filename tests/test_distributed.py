@@ -2,10 +2,9 @@
 
 Each test starts its ranks as torchrun would (tests/distributed_launch.py) and runs one scenario of
 tests/distributed_worker.py, where every rank checks its results against CPU arithmetic."""
-import pytest
-import torch
-import torch.distributed as dist
 
+import pytest
+import torch.distributed as dist
 from distributed_launch import check, launch
 
 
@@ -15,20 +14,23 @@ def test_backend_registered_for_tpu():
     assert dist.Backend.backend_capability["tpu_dist"] == ["tpu", "cpu"]
 
 
-@pytest.mark.parametrize("scenario,nprocs", [
-    ("collectives", 2),   # every collective x dtype against CPU arithmetic
-    ("collectives_more", 2),  # views, async Work, gather/scatter/reduce, p2p, CPU tensors, no recompiles
-    ("subgroups", 4),     # new_group, a 2x2 DeviceMesh, uneven all_to_all
-    ("ddp", 2),           # DDP on 2 ranks == one process on the full batch
-    ("backend_strings", 2),   # "cpu:gloo,tpu:tpu_dist" through a tcp:// store, no torchrun env
-    ("dtensor", 2),       # distribute_tensor, redistribute, Colwise/Rowwise
-    ("compiled_collectives", 2),   # funcol under torch.compile(fullgraph): one SPMD executable
-    ("compiled_dtensor", 2),       # DTensor Colwise/Rowwise compiled: forward and backward graphs
-    ("compiled_collectives_2d", 4),   # one graph over both axes of a 2x2 mesh; SequenceParallel block
-    ("fsdp", 2),          # fully_shard + MixedPrecisionPolicy parity, distributed checkpoint save/load
-    ("dtensor_2d", 4),    # dp x tp mesh: SequenceParallel + Colwise/Rowwise, outputs and grads
-    ("reinit", 2),        # a second default group over the first one's store: no stale signatures
-])
+@pytest.mark.parametrize(
+    "scenario,nprocs",
+    [
+        ("collectives", 2),  # every collective x dtype against CPU arithmetic
+        ("collectives_more", 2),  # views, async Work, gather/scatter/reduce, p2p, CPU tensors, no recompiles
+        ("subgroups", 4),  # new_group, a 2x2 DeviceMesh, uneven all_to_all
+        ("ddp", 2),  # DDP on 2 ranks == one process on the full batch
+        ("backend_strings", 2),  # "cpu:gloo,tpu:tpu_dist" through a tcp:// store, no torchrun env
+        ("dtensor", 2),  # distribute_tensor, redistribute, Colwise/Rowwise
+        ("compiled_collectives", 2),  # funcol under torch.compile(fullgraph): one SPMD executable
+        ("compiled_dtensor", 2),  # DTensor Colwise/Rowwise compiled: forward and backward graphs
+        ("compiled_collectives_2d", 4),  # one graph over both axes of a 2x2 mesh; SequenceParallel block
+        ("fsdp", 2),  # fully_shard + MixedPrecisionPolicy parity, distributed checkpoint save/load
+        ("dtensor_2d", 4),  # dp x tp mesh: SequenceParallel + Colwise/Rowwise, outputs and grads
+        ("reinit", 2),  # a second default group over the first one's store: no stale signatures
+    ],
+)
 def test_scenario(scenario, nprocs, tmp_path):
     check(launch(scenario, nprocs, timeout=150, env={"TORCHTPU_TEST_TMP": str(tmp_path)}), scenario)
 
@@ -52,28 +54,50 @@ def test_rank_that_never_joins_makes_others_raise():
     assert rc == 0 and out.count("TIMEOUT-RAISED") == 2, out[-4000:]
 
 
-@pytest.mark.slow   # ~1-2.5 min on a loaded 2-core machine (Transformers' import and load on 2 ranks)
+@pytest.mark.slow  # ~1-2.5 min on a loaded 2-core machine (Transformers' import and load on 2 ranks)
 def test_transformers_tp_plan_auto(tmp_path):
     check(launch("hf_tp_plan", 2, timeout=300, env={"TORCHTPU_TEST_TMP": str(tmp_path)}), "hf_tp_plan")
 
 
-@pytest.mark.slow   # two torchrun agents and four ranks: ~1-2 min on a loaded 2-core machine
+@pytest.mark.slow  # two torchrun agents and four ranks: ~1-2 min on a loaded 2-core machine
 def test_two_hosts_through_torchrun_rendezvous(tmp_path):
     """Two "hosts" of two processes each: two torchrun agents meeting at a c10d rendezvous."""
     import os
     import subprocess
     import sys
+
     from distributed_launch import HERE, SRC, _kill, free_port, without_virtual_devices
+
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(HERE)]), OMP_NUM_THREADS="1")
     env.pop("TORCHTPU_NUM_DEVICES", None)
     env.pop("TORCHTPU_COORDINATOR_ADDRESS", None)
     env["XLA_FLAGS"] = without_virtual_devices(env.get("XLA_FLAGS", ""))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t",
-           "--master-addr", "127.0.0.1", str(HERE / "distributed_worker.py"), "multihost"]
-    agents = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True) for _ in range(2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "t",
+        "--master-addr",
+        "127.0.0.1",
+        str(HERE / "distributed_worker.py"),
+        "multihost",
+    ]
+    agents = [
+        subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        for _ in range(2)
+    ]
     try:
         outs = [a.communicate(timeout=240)[0] for a in agents]
     finally:

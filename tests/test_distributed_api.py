@@ -1,4 +1,5 @@
 """torchtpu.distributed.api (the names of torch.tpu.distributed), in one process."""
+
 import os
 
 import pytest
@@ -17,7 +18,7 @@ def test_set_tpu_launch_env(monkeypatch):
     monkeypatch.setattr(torch.multiprocessing, "set_start_method", lambda *a, **k: None)
     api.set_tpu_launch_env(nproc_per_node=2)
     assert os.environ["TORCHTPU_NNODES"] == "1" and os.environ["TORCHTPU_NPROC_PER_NODE"] == "2"
-    api.set_tpu_launch_env(nproc_per_node=4)       # never overwrites
+    api.set_tpu_launch_env(nproc_per_node=4)  # never overwrites
     assert os.environ["TORCHTPU_NPROC_PER_NODE"] == "2"
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "h0,h1")
     with pytest.raises(ValueError, match="TPU_WORKER_HOSTNAMES lists 2 hosts"):
@@ -54,7 +55,9 @@ def test_single_process_group_in_process():
     """A world of one, in this process: every collective is the identity, on the device."""
     import torch.distributed as dist
     from torch.testing import assert_close
+
     from torchtpu.distributed import collectives
+
     dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
     try:
         assert dist.get_backend() == "tpu_dist"
@@ -80,9 +83,12 @@ def test_single_process_group_in_process():
 
 def test_joining_after_the_device_started_raises_clearly():
     import datetime
+
     import torch.distributed as dist
+
     from torchtpu.distributed import process_group
-    torch.ones(1, device="tpu").cpu()    # the device is up, for one process
+
+    torch.ones(1, device="tpu").cpu()  # the device is up, for one process
     with pytest.raises(RuntimeError, match="call init_process_group before the first tpu tensor"):
         process_group._ensure_joined(dist.HashStore(), 0, 2, [0, 1], datetime.timedelta(seconds=5))
 
@@ -95,7 +101,9 @@ def test_compiled_functional_collectives_world_of_one():
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
     from torch.testing import assert_close
+
     from torchtpu.distributed import collectives, compiled
+
     dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
     try:
         W = dist.group.WORLD
@@ -109,12 +117,11 @@ def test_compiled_functional_collectives_world_of_one():
         for dtype in (torch.float32, torch.bfloat16, torch.int64):
             x = (torch.randn(4, 3) * 10).to(dtype)
             with warnings.catch_warnings():
-                warnings.simplefilter("error")   # the op-by-op fallback warns
+                warnings.simplefilter("error")  # the op-by-op fallback warns
                 cf(x.to("tpu"))
                 before = (compiled.compiles(), compiled.calls(), collectives.calls())
                 s, rs, b = cf(x.to("tpu"))
-            assert (compiled.compiles(), compiled.calls(), collectives.calls()) == (
-                before[0], before[1] + 1, before[2])
+            assert (compiled.compiles(), compiled.calls(), collectives.calls()) == (before[0], before[1] + 1, before[2])
             assert_close(s.cpu(), x * 2 + 1)
             assert_close(rs.cpu(), x)
             assert_close(b.cpu(), x)

@@ -2,8 +2,8 @@
 tp_plan="auto" on Qwen3 and Qwen3-MoE, Diffusers' TensorParallelConfig on a Flux transformer, and
 Trainer's data parallelism through accelerate. Each rank checks against the unsharded model or a
 single-process run on the CPU (tests/distributed_hf_worker.py)."""
-import pytest
 
+import pytest
 from distributed_launch import HERE, check, launch
 
 WORKER = HERE / "distributed_hf_worker.py"
@@ -25,6 +25,6 @@ def test_trainer_data_parallel_matches_one_process(tmp_path):
     run("trainer_data_parallel", tmp_path)
 
 
-@pytest.mark.slow   # the dense model's path is the MoE test's attention and Llama's (slow) test
+@pytest.mark.slow  # the dense model's path is the MoE test's attention and Llama's (slow) test
 def test_qwen3_tp_plan_auto(tmp_path):
     run("qwen3_tp_plan", tmp_path)

@@ -1,4 +1,5 @@
 """The eager engine: caching, traced scalars, promotion, autograd and optimizers against the CPU."""
+
 import re
 
 import pytest
@@ -21,8 +22,9 @@ def test_same_shapes_hit_the_cache_and_scalars_do_not_recompile():
     assert torchtpu.metrics()["eager_compiles"] > after["eager_compiles"]
 
 
-@pytest.mark.parametrize("case", ["int+float", "f16+f32", "int32+int64 0-dim", "bool+int", "bf16*scalar",
-                                  "int/int", "f32+f64 cpu scalar"])
+@pytest.mark.parametrize(
+    "case", ["int+float", "f16+f32", "int32+int64 0-dim", "bool+int", "bf16*scalar", "int/int", "f32+f64 cpu scalar"]
+)
 def test_type_promotion_matches_pytorch(case):
     mk = {
         "int+float": lambda d: (torch.arange(6, device=d), 2.5),
@@ -42,7 +44,7 @@ def test_type_promotion_matches_pytorch(case):
 
 def test_float32_stays_float32_with_python_scalars():
     x = torch.randn(4, device="tpu")
-    for y in (x * 3.3, x + 1, x / 7, x ** 2, 1.5 - x, torch.exp(x) * 1e-3):
+    for y in (x * 3.3, x + 1, x / 7, x**2, 1.5 - x, torch.exp(x) * 1e-3):
         assert y.dtype == torch.float32
 
 
@@ -64,8 +66,9 @@ def test_matmul_precision_follows_pytorch_setting():
 
 
 def _mlp():
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
-                               torch.nn.Dropout(0.0), torch.nn.Linear(32, 5))
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Dropout(0.0), torch.nn.Linear(32, 5)
+    )
 
 
 @pytest.mark.parametrize("opt_name", ["SGD", "AdamW", "Adam-foreach-off"])
@@ -185,6 +188,7 @@ def test_crowded_memory_maps_forget_executables_and_work_goes_on(monkeypatch):
     # XLA:CPU maps every executable; past half of vm.max_map_count the engine drops its caches
     # (a long test run or op sweep would otherwise abort inside XLA at the kernel's cap).
     from torchtpu.eager import engine
+
     with open("/proc/self/maps", "rb") as f:
         now = f.read().count(b"\n")
     monkeypatch.setattr(engine, "_MAP_LIMIT", 2 * now)  # already crowded
@@ -213,8 +217,7 @@ def test_clone_and_whole_copies_share_buffers_but_stay_independent():
     torch.testing.assert_close(tc.cpu(), a)
     # what cannot share still copies: views, casts, partial destinations, other layouts
     torch.testing.assert_close(ta[1:, ::2].clone().cpu(), (a + 1)[1:, ::2])
-    torch.testing.assert_close(torch.empty(4, 5, dtype=torch.float64, device="tpu").copy_(ta).cpu(),
-                               (a + 1).double())
+    torch.testing.assert_close(torch.empty(4, 5, dtype=torch.float64, device="tpu").copy_(ta).cpu(), (a + 1).double())
     part = torch.zeros(4, 10, device="tpu")
     part[:, :5].copy_(ta)
     torch.testing.assert_close(part.cpu()[:, :5], a + 1)
@@ -224,7 +227,7 @@ def test_clone_and_whole_copies_share_buffers_but_stay_independent():
     assert cl.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(cl.cpu(), img.cpu())
     tt = (a + 1).t()
-    kept = tt.to("tpu").clone()                  # preserve_format keeps a dense tensor's strides, as CUDA
+    kept = tt.to("tpu").clone()  # preserve_format keeps a dense tensor's strides, as CUDA
     assert kept.stride() == tt.clone().stride()
     torch.testing.assert_close(kept.cpu(), tt)
 
@@ -242,14 +245,14 @@ def test_to_copy_on_the_same_device_is_a_clone():
     torch.testing.assert_close(whole.cpu(), a)
     assert last.is_contiguous() and last.shape == (2, 8)
     torch.testing.assert_close(ta[:, -1, :].to(copy=True, dtype=torch.float64).cpu(), (a * 3)[:, -1, :].double())
-    tt = ta.transpose(1, 2).to(copy=True)                      # preserve_format: strides as PyTorch's CPU
+    tt = ta.transpose(1, 2).to(copy=True)  # preserve_format: strides as PyTorch's CPU
     assert tt.stride() == (a * 3).transpose(1, 2).to(copy=True).stride()
     torch.testing.assert_close(tt.cpu(), (a * 3).transpose(1, 2))
     z = torch.randn(3, dtype=torch.complex64)
-    zc = z.to("tpu").conj().to(copy=True)                      # a lazily conjugated view comes out resolved
+    zc = z.to("tpu").conj().to(copy=True)  # a lazily conjugated view comes out resolved
     assert zc.is_conj() == z.conj().to(copy=True).is_conj()
     torch.testing.assert_close(zc.cpu(), z.conj())
-    m = torch.ones(2, 1, dtype=torch.long, device="tpu")      # kept zero buffers: fresh storages stay fresh
+    m = torch.ones(2, 1, dtype=torch.long, device="tpu")  # kept zero buffers: fresh storages stay fresh
     for _ in range(3):
         n = m.new_ones((2, 1))
         n.add_(1)
@@ -271,7 +274,7 @@ def test_small_factories_reuse_constants_exactly():
     assert torch.full((2,), True, device="tpu").dtype == torch.bool
     assert torch.full((2,), 1, device="tpu").dtype == torch.int64
     assert torch.isnan(torch.full((2,), float("nan"), device="tpu").cpu()).all()
-    for value in range(20):   # more values than are kept: every result is still right
+    for value in range(20):  # more values than are kept: every result is still right
         assert torch.scalar_tensor(value, device="tpu").item() == value
 
 
@@ -304,15 +307,20 @@ def test_python_numbers_travel_traced_with_pytorch_promotion():
         torch.testing.assert_close((xd - lr).cpu(), x - lr)
     for n in (2, 3):
         torch.testing.assert_close((xd * n).cpu(), x * n)
-    assert torchtpu.metrics()["eager_compiles"] <= before + 2   # sub's first call; int other once
-    cases = [torch.arange(4), torch.tensor([True, False]), torch.tensor(3), torch.ones(2, dtype=torch.float16),
-             torch.ones(2, dtype=torch.bfloat16)]
+    assert torchtpu.metrics()["eager_compiles"] <= before + 2  # sub's first call; int other once
+    cases = [
+        torch.arange(4),
+        torch.tensor([True, False]),
+        torch.tensor(3),
+        torch.ones(2, dtype=torch.float16),
+        torch.ones(2, dtype=torch.bfloat16),
+    ]
     for t in cases:
         for number in (2, 2.5, True, 1e5, -3):
             for op in (lambda a, b: a * b, lambda a, b: a + b, lambda a, b: b - a, lambda a, b: a / b):
                 try:
                     want = op(t, number)
-                except RuntimeError as e:      # bool - bool: the device refuses it as the CPU does
+                except RuntimeError as e:  # bool - bool: the device refuses it as the CPU does
                     with pytest.raises(RuntimeError, match=re.escape(str(e).split(".")[0])):
                         op(t.to("tpu"), number)
                     continue
@@ -333,13 +341,13 @@ def test_small_ops_reuse_results_of_the_same_buffers():
     again = torch.isin(vocab, eos)
     assert torchtpu.metrics()["eager_results_reused"] == before + 1
     assert again.nonzero().flatten().tolist() == [2, 7]
-    again[3] = True                                 # a write to a kept result is its own
+    again[3] = True  # a write to a kept result is its own
     assert first.nonzero().flatten().tolist() == [2, 7]
     assert torch.isin(vocab, eos).nonzero().flatten().tolist() == [2, 7]
-    eos[0] = 5                                      # the input changed: computed again
+    eos[0] = 5  # the input changed: computed again
     assert torch.isin(vocab, eos).nonzero().flatten().tolist() == [5, 7]
     assert torch.add(vocab, 1, alpha=2)[:2].tolist() == [2, 3]
-    assert torch.add(vocab, 1, alpha=3)[:2].tolist() == [3, 4]   # scalars are part of the key
+    assert torch.add(vocab, 1, alpha=3)[:2].tolist() == [3, 4]  # scalars are part of the key
     z = torch.zeros(4, device="tpu")
     assert not torch.signbit(torch.add(z, 0.0, alpha=-0.0).cpu()).any()
     assert not torch.signbit(torch.add(z, 0.0, alpha=0.0).cpu()).any()
@@ -349,11 +357,13 @@ def test_small_ops_reuse_results_of_the_same_buffers():
         torch.tpu.synchronize()
         with pytest.raises(Exception, match="out of"):
             table[bad].cpu()
-        torch.tpu.clear_device_assert()   # (sticky until cleared, as on CUDA)
+        torch.tpu.clear_device_assert()  # (sticky until cleared, as on CUDA)
 
 
-@pytest.mark.parametrize("shape,dim,n", [((1, 4, 4096, 8), 2, 1), ((2, 3, 1024, 8), 2, 3), ((4096, 8), 0, 2),
-                                         ((8, 4096), 1, 5), ((3, 4, 1500), -1, 1)])
+@pytest.mark.parametrize(
+    "shape,dim,n",
+    [((1, 4, 4096, 8), 2, 1), ((2, 3, 1024, 8), 2, 3), ((4096, 8), 0, 2), ((8, 4096), 1, 5), ((3, 4, 1500), -1, 1)],
+)
 def test_index_copy_of_a_slab_into_a_large_array(shape, dim, n):
     """A static KV cache's update (index_copy_ along the sequence, or index_put): large arrays take the
     flat-scatter form (ops/indexing.py); values equal the CPU's in eager mode and in a compiled graph,
@@ -369,8 +379,8 @@ def test_index_copy_of_a_slab_into_a_large_array(shape, dim, n):
         want = x.clone().index_copy_(dim, idx, src)
         got = x.to("tpu").index_copy_(dim, idx.to("tpu"), src.to("tpu"))
         assert torch.equal(got.cpu(), want)
-        at = [slice(None)] * len(shape)       # the same write as x[:, :, idx] = src (index_put),
-        at[d] = idx - shape[d]                # with negative indices
+        at = [slice(None)] * len(shape)  # the same write as x[:, :, idx] = src (index_put),
+        at[d] = idx - shape[d]  # with negative indices
         put = x.to("tpu")
         put[tuple(i.to("tpu") if isinstance(i, torch.Tensor) else i for i in at)] = src.to("tpu")
         assert torch.equal(put.cpu(), want)
@@ -415,6 +425,7 @@ def test_in_place_ops_on_large_storages_donate_unshared_buffers():
     refers to it (eager/engine.py); a buffer shared with a clone is kept, and every tensor involved
     reads the right values afterwards."""
     from torchtpu.eager.engine import DONATE_BYTES
+
     n = DONATE_BYTES // 4
     base = torch.randn(4, n // 4)
     big = base.to("tpu")
@@ -422,10 +433,10 @@ def test_in_place_ops_on_large_storages_donate_unshared_buffers():
     before = torchtpu.metrics()["eager_donations"]
     big.add_(1)
     assert torchtpu.metrics()["eager_donations"] == before + 1
-    twin = big.clone()                      # shares the buffer: the next write must not donate it
+    twin = big.clone()  # shares the buffer: the next write must not donate it
     big[:, :3] = 0
     assert torchtpu.metrics()["eager_donations"] == before + 1
-    twin.mul_(2)                            # big has a new buffer now: twin's is its own again
+    twin.mul_(2)  # big has a new buffer now: twin's is its own again
     assert torchtpu.metrics()["eager_donations"] == before + 2
     want = base + 1
     torch.testing.assert_close(twin.cpu(), want * 2)
@@ -434,4 +445,4 @@ def test_in_place_ops_on_large_storages_donate_unshared_buffers():
     torch.testing.assert_close(view.cpu(), want[1])
     small = torch.zeros(8, device="tpu")
     small.add_(1)
-    assert torchtpu.metrics()["eager_donations"] == before + 2   # small storages are copied
+    assert torchtpu.metrics()["eager_donations"] == before + 2  # small storages are copied

@@ -2,6 +2,7 @@
 results the Python kernel gives, counts them as cache hits, and leaves everything else to the
 Python kernel. (Ops whose inputs and results total at most 16 KiB keep their last results
 (Entry.memo): most tests use larger tensors; one checks the memo on the fast path.)"""
+
 import os
 import subprocess
 import sys
@@ -25,12 +26,12 @@ def _served(fn):
 def test_plain_ops_take_the_fast_path_and_match_the_python_kernel():
     a_c, b_c = torch.randn(64, 64), torch.randn(64, 64)
     a, b = a_c.to("tpu"), b_c.to("tpu")
-    a + b   # first call of the key: the Python kernel runs it and describes the entry
+    a + b  # first call of the key: the Python kernel runs it and describes the entry
     out, served = _served(lambda: [a + b, a.add(b, alpha=-0.25), a[2:5] * b[2:5], a.t() - b.t(), a * 3.5])
     hits, compiles = torchtpu.metrics()["eager_cache_hits"], torchtpu.metrics()["eager_compiles"]
     out, served = _served(lambda: [a + b, a.add(b, alpha=0.75), a[3:6] * b[3:6], a.t() - b.t(), a * 1.5])
     assert served == 5
-    assert torchtpu.metrics()["eager_cache_hits"] - hits == 5   # counted as hits, as in Python
+    assert torchtpu.metrics()["eager_cache_hits"] - hits == 5  # counted as hits, as in Python
     assert torchtpu.metrics()["eager_compiles"] == compiles
     expected = [a_c + b_c, a_c.add(b_c, alpha=0.75), a_c[3:6] * b_c[3:6], a_c.t() - b_c.t(), a_c * 1.5]
     for got, want in zip(out, expected):
@@ -59,7 +60,7 @@ def test_inplace_on_a_view_updates_the_base():
         assert r is view
     assert served == 2
     torch.testing.assert_close(x.cpu(), x_c)
-    assert x[:, 2:6]._version == x[:, 2:6]._version   # (the version counter is PyTorch's: shared)
+    assert x[:, 2:6]._version == x[:, 2:6]._version  # (the version counter is PyTorch's: shared)
 
 
 def test_out_variant_returns_its_out_argument():
@@ -77,7 +78,7 @@ def test_cpu_scalars_and_aliasing_key_the_call():
         got, _ = _served(lambda: a * torch.tensor(value, dtype=torch.float64))
         torch.testing.assert_close(got.cpu(), a.cpu() * value)
     for _ in range(2):
-        same = a + a          # one storage in two slots: another key than a + b
+        same = a + a  # one storage in two slots: another key than a + b
         torch.testing.assert_close(same.cpu(), a.cpu() * 2)
         c = torch.randn(4096, device="tpu")
         other = a + c
@@ -119,11 +120,12 @@ def test_autograd_through_the_fast_path():
 
 def test_forget_executables_clears_the_fast_entries():
     from torchtpu.eager.engine import forget_executables
+
     a, b = torch.randn(4096, device="tpu"), torch.randn(4096, device="tpu")
     a - b
     a - b
     forget_executables()
-    got, served = _served(lambda: a - b)   # a key the C++ side no longer knows: Python first
+    got, served = _served(lambda: a - b)  # a key the C++ side no longer knows: Python first
     assert served == 0
     torch.testing.assert_close(got.cpu(), a.cpu() - b.cpu())
     got, served = _served(lambda: a - b)
@@ -131,12 +133,21 @@ def test_forget_executables_clears_the_fast_entries():
 
 
 def test_switched_off_by_environment():
-    code = ("import torch; from torchtpu.eager import fastpath; a = torch.ones(3, device='tpu'); "
-            "print(fastpath.loaded(), fastpath.problem(), (a + a).cpu().tolist())")
+    code = (
+        "import torch; from torchtpu.eager import fastpath; a = torch.ones(3, device='tpu'); "
+        "print(fastpath.loaded(), fastpath.problem(), (a + a).cpu().tolist())"
+    )
     # both switches at once: each child spends seconds importing, on one core
-    children = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, env={**os.environ, **env})
-                for env in ({"TORCHTPU_EAGER_FAST": "0"}, {"TORCHTPU_NATIVE": "off"})]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        for env in ({"TORCHTPU_EAGER_FAST": "0"}, {"TORCHTPU_NATIVE": "off"})
+    ]
     try:
         for child in children:
             out, err = child.communicate(timeout=300)
@@ -150,7 +161,9 @@ def test_switched_off_by_environment():
 
 def test_outputs_made_in_cpp_are_what_new_tensor_makes():
     import gc
+
     from torchtpu.storage import records as R
+
     a, b = torch.randn(64, 64, device="tpu"), torch.randn(64, 64, device="tpu")
     a + b
     a + b
@@ -162,18 +175,30 @@ def test_outputs_made_in_cpp_are_what_new_tensor_makes():
     def make(native):
         was = fastpath.set_native_outputs(native)
         try:
-            gc.collect()   # (storages earlier tests left to the collector are freed now, not below)
+            gc.collect()  # (storages earlier tests left to the collector are freed now, not below)
             before, n = stats(), len(R.RECORDS)
             c, served = _served(lambda: a + b)
             assert served == 1
             grown = tuple(x - y for x, y in zip(stats(), before))
             st = c.untyped_storage()
             rec = R.RECORDS[st.data_ptr()]
-            facts = dict(keys=str(torch._C._dispatch_keys(c)), storage=(st.resizable(), st.nbytes(), str(st.device)),
-                         layout=(tuple(c.shape), c.stride(), c.storage_offset(), c.dtype, c._version),
-                         record=(rec.dtype, rec.numel, rec.nbytes, rec.device_index, rec.oom, rec.ref.address,
-                                 rec.ref() is not None),
-                         grown=grown, records=len(R.RECORDS) - n, value=c.cpu())
+            facts = dict(
+                keys=str(torch._C._dispatch_keys(c)),
+                storage=(st.resizable(), st.nbytes(), str(st.device)),
+                layout=(tuple(c.shape), c.stride(), c.storage_offset(), c.dtype, c._version),
+                record=(
+                    rec.dtype,
+                    rec.numel,
+                    rec.nbytes,
+                    rec.device_index,
+                    rec.oom,
+                    rec.ref.address,
+                    rec.ref() is not None,
+                ),
+                grown=grown,
+                records=len(R.RECORDS) - n,
+                value=c.cpu(),
+            )
             address = st.data_ptr()
             facts["record"] = facts["record"][:5] + (facts["record"][5] == address,) + facts["record"][6:]
             del c, st, rec
@@ -192,20 +217,22 @@ def test_outputs_made_in_cpp_are_what_new_tensor_makes():
 
 def test_kept_device_scalars_give_the_same_results_and_compile_nothing():
     import jax
+
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
-        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None)
+        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
+    )
     a_c, b_c = torch.randn(64, 64), torch.randn(64, 64)
     a, b = a_c.to("tpu"), b_c.to("tpu")
     was = fastpath.set_cache_scalars(False)
     try:
-        for alpha in (0.5, 0.25):   # Python numbers: the executables are built and called
+        for alpha in (0.5, 0.25):  # Python numbers: the executables are built and called
             a[:, 4:12].add_(b[:, :8], alpha=alpha)
             a_c[:, 4:12].add_(b_c[:, :8], alpha=alpha)
             (a * 2.5)[5:9] + b[5:9]
         fastpath.set_cache_scalars(True)
         del compiles[:]
-        for alpha in (0.5, 0.75, 0.5):   # kept device arrays (uncommitted, as JAX makes them)
+        for alpha in (0.5, 0.75, 0.5):  # kept device arrays (uncommitted, as JAX makes them)
             _, served = _served(lambda: a[:, 4:12].add_(b[:, :8], alpha=alpha))
             a_c[:, 4:12].add_(b_c[:, :8], alpha=alpha)
             assert served == 1
@@ -222,8 +249,11 @@ def test_matmuls_take_the_fast_path_and_the_matmul_precision_keys_them():
     is served after its first call at each setting, and a change of setting is a new executable."""
     a_c, b_c, w_c = torch.randn(64, 48), torch.randn(48, 64), torch.randn(32, 48)
     a, b, w = a_c.to("tpu"), b_c.to("tpu"), w_c.to("tpu")
-    ops = [lambda x, y, z: x @ y, lambda x, y, z: torch.nn.functional.linear(x, z),
-           lambda x, y, z: torch.bmm(x[None], y[None])]
+    ops = [
+        lambda x, y, z: x @ y,
+        lambda x, y, z: torch.nn.functional.linear(x, z),
+        lambda x, y, z: torch.bmm(x[None], y[None]),
+    ]
     was = torch.get_float32_matmul_precision()
     try:
         for setting in ("highest", "medium", "highest"):
@@ -238,14 +268,15 @@ def test_matmuls_take_the_fast_path_and_the_matmul_precision_keys_them():
                 torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(again.cpu(), got.cpu(), atol=0, rtol=0)
             if setting == "medium":
-                assert new_executables >= len(ops)   # not the executables built for "highest"
+                assert new_executables >= len(ops)  # not the executables built for "highest"
     finally:
         torch.set_float32_matmul_precision(was)
-    assert new_executables == 0   # back at "highest": the first executables, from the fast table
+    assert new_executables == 0  # back at "highest": the first executables, from the fast table
 
 
 def test_threads_running_one_op_on_different_shapes():
     import threading
+
     errors = []
 
     def work(rows):
@@ -270,13 +301,19 @@ def test_threads_running_one_op_on_different_shapes():
 def test_ops_with_several_results_take_the_fast_path():
     """Functional ops whose returns are all new tensors (attention, var_mean, max.dim, layer norm)."""
     F = torch.nn.functional
-    q_c, k_c, v_c, x_c = torch.randn(1, 8, 1, 64), torch.randn(1, 8, 40, 64), torch.randn(1, 8, 40, 64), \
-        torch.randn(64, 300)
+    q_c, k_c, v_c, x_c = (
+        torch.randn(1, 8, 1, 64),
+        torch.randn(1, 8, 40, 64),
+        torch.randn(1, 8, 40, 64),
+        torch.randn(64, 300),
+    )
     q, k, v, x = q_c.to("tpu"), k_c.to("tpu"), v_c.to("tpu"), x_c.to("tpu")
-    ops = [lambda q, k, v, x: F.scaled_dot_product_attention(q, k, v),
-           lambda q, k, v, x: torch.var_mean(x, dim=1),
-           lambda q, k, v, x: tuple(x.max(dim=1)),
-           lambda q, k, v, x: F.layer_norm(x, (300,))]
+    ops = [
+        lambda q, k, v, x: F.scaled_dot_product_attention(q, k, v),
+        lambda q, k, v, x: torch.var_mean(x, dim=1),
+        lambda q, k, v, x: tuple(x.max(dim=1)),
+        lambda q, k, v, x: F.layer_norm(x, (300,)),
+    ]
     first = [op(q, k, v, x) for op in ops]
     out, served = _served(lambda: [op(q, k, v, x) for op in ops])
     assert served == len(ops)
@@ -290,6 +327,7 @@ def test_device_side_checks_on_the_fast_path_still_raise_at_the_next_sync():
     """An op with a device-side assert (embedding's index range) is served, its verdict kept: a bad
     index raises at the next synchronization, naming the op, as from the Python kernel."""
     from torchtpu.eager.asserts import DeviceAssertError
+
     w_c = torch.randn(10, 4096)
     w = w_c.to("tpu")
     good, bad = torch.tensor([1, 2], device="tpu"), torch.tensor([1, 12], device="tpu")
@@ -328,7 +366,7 @@ def test_host_checked_scalars_and_memoized_small_ops_take_the_fast_path():
     assert torchtpu.metrics()["eager_results_reused"] > reused
     for got, v in zip(out, (1.5, 2.5, 1.5, -0.0, 0.0, 2.5)):
         torch.testing.assert_close(got.cpu(), small_c + v, rtol=0, atol=0)
-    small.add_(1.0)   # a new buffer: nothing kept for the old one applies
+    small.add_(1.0)  # a new buffer: nothing kept for the old one applies
     torch.testing.assert_close((small + 1.5).cpu(), small_c + 1.0 + 1.5, rtol=0, atol=0)
 
 
@@ -337,6 +375,7 @@ def test_writes_with_checks_and_gated_writes_take_the_fast_path():
     checked, a later write is served in its gated form and keeps the old value, as from the Python
     kernel (eager/asserts.py)."""
     from torchtpu.eager.asserts import DeviceAssertError
+
     cache_c, src_c, x_c = torch.zeros(4, 64, 32), torch.randn(4, 1, 32), torch.randn(2048)
     cache, src, x, acc = cache_c.to("tpu"), src_c.to("tpu"), x_c.to("tpu"), torch.zeros(2048, device="tpu")
     table = torch.randn(10, 2048, device="tpu")
@@ -349,7 +388,7 @@ def test_writes_with_checks_and_gated_writes_take_the_fast_path():
     torch.nn.functional.embedding(good, table)
     acc.add_(x)
     torch.tpu.synchronize()
-    torch.nn.functional.embedding(bad, table)   # its verdict (failed) is not checked yet
+    torch.nn.functional.embedding(bad, table)  # its verdict (failed) is not checked yet
     _, served = _served(lambda: acc.add_(x))
     assert served == 1
     try:
@@ -357,7 +396,7 @@ def test_writes_with_checks_and_gated_writes_take_the_fast_path():
             torch.tpu.synchronize()
     finally:
         torch.tpu.clear_device_assert()
-    torch.testing.assert_close(acc.cpu(), x_c, rtol=0, atol=0)   # the gated add_ was not committed
+    torch.testing.assert_close(acc.cpu(), x_c, rtol=0, atol=0)  # the gated add_ was not committed
     _, served = _served(lambda: acc.add_(x))
     assert served == 1
     torch.testing.assert_close(acc.cpu(), x_c * 2)
@@ -368,10 +407,11 @@ def test_fused_mode_queues_through_the_fast_path():
     it (OpKernel._run): results and in-place writes as in strict mode, segments compiled as before,
     an error raised where the Python kernel raises it."""
     from torchtpu.eager import fusion
+
     x_c, w_c = torch.randn(64, 256), torch.randn(256, 256)
     x, w = x_c.to("tpu"), w_c.to("tpu")
-    step = lambda x, w: (torch.tanh(x @ w * 0.05), torch.var_mean(x, dim=1))   # noqa: E731
-    step(x, w)   # (the strict first calls describe the entries)
+    step = lambda x, w: (torch.tanh(x @ w * 0.05), torch.var_mean(x, dim=1))
+    step(x, w)  # (the strict first calls describe the entries)
     runs = torchtpu.metrics()["fused_runs"]
     with torch.tpu.eager_mode("fused"):
         for i in range(40):
@@ -383,8 +423,8 @@ def test_fused_mode_queues_through_the_fast_path():
                 fusion.wait_for_compiles()
         torch.testing.assert_close(x.cpu(), x_c, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(var.cpu(), var_c, rtol=1e-4, atol=1e-4)
-        assert served == 4   # mm, mul, tanh, var_mean
-        assert torchtpu.metrics()["fused_runs"] > runs   # the repeating segment ran compiled
+        assert served == 4  # mm, mul, tanh, var_mean
+        assert torchtpu.metrics()["fused_runs"] > runs  # the repeating segment ran compiled
         with pytest.raises(RuntimeError):
             x @ torch.randn(3, 3, device="tpu")
 
@@ -394,6 +434,7 @@ def test_clones_of_views_take_the_fast_path_and_whole_storages_still_share():
     served in C++; a clone of a whole storage still shares its buffer (no executable), and
     preserve_format still keeps a transposed tensor's strides."""
     from torchtpu.storage.records import record_of
+
     c = torch.randn(3, 40)
     x = c.to("tpu")
     for i in range(4):
@@ -402,7 +443,7 @@ def test_clones_of_views_take_the_fast_path_and_whole_storages_still_share():
             assert served == 1
         assert piece.is_contiguous() and torch.equal(piece.cpu(), c[:, -1:])
         whole = x.clone()
-        assert record_of(whole)._buffer is record_of(x)._buffer   # shared, nothing ran
+        assert record_of(whole)._buffer is record_of(x)._buffer  # shared, nothing ran
         t = x.t().clone()
         assert t.stride() == (1, 40) and torch.equal(t.cpu(), c.t())
         t2 = x.t().clone(memory_format=torch.contiguous_format)
@@ -418,10 +459,26 @@ def test_metadata_ops_are_served_in_cpp_and_share_the_storage():
         assert line and "metadata-only op" in line[0], (name, line)
     c = torch.randn(4, 6)
     x = c.to("tpu")
-    views = [x.view(6, 4), x.t(), x.unsqueeze(0), x[1:3, ::2], x.as_strided((2, 2), (6, 1), 1),
-             x.reshape(24), x.unfold(1, 2, 2), x.view(torch.int32)]
-    expected = [c.view(6, 4), c.t(), c.unsqueeze(0), c[1:3, ::2], c.as_strided((2, 2), (6, 1), 1),
-                c.reshape(24), c.unfold(1, 2, 2), c.view(torch.int32)]
+    views = [
+        x.view(6, 4),
+        x.t(),
+        x.unsqueeze(0),
+        x[1:3, ::2],
+        x.as_strided((2, 2), (6, 1), 1),
+        x.reshape(24),
+        x.unfold(1, 2, 2),
+        x.view(torch.int32),
+    ]
+    expected = [
+        c.view(6, 4),
+        c.t(),
+        c.unsqueeze(0),
+        c[1:3, ::2],
+        c.as_strided((2, 2), (6, 1), 1),
+        c.reshape(24),
+        c.unfold(1, 2, 2),
+        c.view(torch.int32),
+    ]
     for v, e in zip(views, expected):
         assert v.device.type == "tpu" and v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
         assert v.shape == e.shape and v.stride() == e.stride() and v.storage_offset() == e.storage_offset()
@@ -433,8 +490,18 @@ def test_metadata_ops_are_served_in_cpp_and_share_the_storage():
         x.t().view(24)
 
 
-_CONVERSIONS = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
-                torch.int8, torch.uint8, torch.bool, torch.complex64]
+_CONVERSIONS = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+]
 
 
 @pytest.mark.parametrize("src", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])

@@ -5,6 +5,7 @@ tests go through the public API with padding and truncation (n=, s=), every norm
 even and odd lengths, plus the primitives themselves on input that is not Hermitian (whose
 imaginary DC/Nyquist parts the CPU's c2r ignores), gradients, torch.compile and dtype errors.
 """
+
 import functools
 
 import pytest
@@ -55,16 +56,20 @@ def test_fft_dim(dim):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.complex128], ids=str)
-@pytest.mark.parametrize("fn,kwargs", [
-    (FFT.fft2, {}),
-    (FFT.fft2, dict(s=(3, 7))),
-    (FFT.ifft2, dict(dim=(0, 2), norm="forward")),
-    (FFT.fftn, {}),
-    (FFT.fftn, dict(s=(6, 2), dim=(2, 0))),
-    (FFT.fftn, dict(dim=(1,), norm="ortho")),
-    (FFT.ifftn, dict(s=(5, 3, 4))),
-    (FFT.ifftn, dict(dim=(-1, -2), norm="backward")),
-], ids=["fft2", "fft2-s", "ifft2-dim", "fftn", "fftn-s-dim", "fftn-1d", "ifftn-s", "ifftn-dim"])
+@pytest.mark.parametrize(
+    "fn,kwargs",
+    [
+        (FFT.fft2, {}),
+        (FFT.fft2, dict(s=(3, 7))),
+        (FFT.ifft2, dict(dim=(0, 2), norm="forward")),
+        (FFT.fftn, {}),
+        (FFT.fftn, dict(s=(6, 2), dim=(2, 0))),
+        (FFT.fftn, dict(dim=(1,), norm="ortho")),
+        (FFT.ifftn, dict(s=(5, 3, 4))),
+        (FFT.ifftn, dict(dim=(-1, -2), norm="backward")),
+    ],
+    ids=["fft2", "fft2-s", "ifft2-dim", "fftn", "fftn-s-dim", "fftn-1d", "ifftn-s", "ifftn-dim"],
+)
 def test_nd(fn, kwargs, dtype):
     x = torch.randn(4, 3, 5, dtype=dtype)
     _check(fn, x, **kwargs)
@@ -92,8 +97,11 @@ def test_irfft_not_hermitian(dtype, n):
 
 
 @pytest.mark.parametrize("dtype", REAL, ids=str)
-@pytest.mark.parametrize("kwargs", [{}, dict(s=(4, 7)), dict(dim=(0, 2), norm="ortho"), dict(s=(3,), dim=(1,))],
-                         ids=["default", "s", "dim", "1d"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, dict(s=(4, 7)), dict(dim=(0, 2), norm="ortho"), dict(s=(3,), dim=(1,))],
+    ids=["default", "s", "dim", "1d"],
+)
 def test_rfftn_irfftn(dtype, kwargs):
     x = torch.randn(4, 3, 6, dtype=dtype)
     spectrum = _check(FFT.rfftn, x, **kwargs)
@@ -174,15 +182,20 @@ def test_stft_normalized_float32():
     actual = torch.stft(signal.to(TPU), window=window.to(TPU), **kw)
     torch.testing.assert_close(actual.cpu(), expected, **_tol(expected.dtype))
     back = torch.istft(actual, 16, 4, 10, window.to(TPU), normalized=True, length=40)
-    torch.testing.assert_close(back.cpu(), torch.istft(expected, 16, 4, 10, window, normalized=True, length=40),
-                               **_tol(back.dtype))
+    torch.testing.assert_close(
+        back.cpu(), torch.istft(expected, 16, 4, 10, window, normalized=True, length=40), **_tol(back.dtype)
+    )
 
 
-@pytest.mark.parametrize("fn", [
-    lambda x: FFT.rfft(x).abs().sum(),
-    lambda x: FFT.irfft(FFT.fft(x.to(torch.complex128)) * 1j, n=9).pow(2).sum(),
-    lambda x: FFT.fftn(x, norm="ortho").real.sum() + FFT.ihfft(x).imag.pow(2).sum(),
-], ids=["rfft", "fft-irfft", "fftn-ihfft"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: FFT.rfft(x).abs().sum(),
+        lambda x: FFT.irfft(FFT.fft(x.to(torch.complex128)) * 1j, n=9).pow(2).sum(),
+        lambda x: FFT.fftn(x, norm="ortho").real.sum() + FFT.ihfft(x).imag.pow(2).sum(),
+    ],
+    ids=["rfft", "fft-irfft", "fftn-ihfft"],
+)
 def test_backward(fn):
     x = torch.randn(3, 10, dtype=torch.float64, requires_grad=True)
     xt = x.detach().to(TPU).requires_grad_()
@@ -195,8 +208,7 @@ def test_compile():
     x = torch.randn(4, 16)
     f = torch.compile(lambda a: FFT.rfft(a).abs(), backend="tpu", fullgraph=True)
     torch.testing.assert_close(f(x.to(TPU)).cpu(), FFT.rfft(x).abs(), **_tol(x.dtype))
-    g = torch.compile(lambda a: (FFT.fft2(a, norm="ortho"), FFT.irfft(FFT.fft(a), n=15)), backend="tpu",
-                      fullgraph=True)
+    g = torch.compile(lambda a: (FFT.fft2(a, norm="ortho"), FFT.irfft(FFT.fft(a), n=15)), backend="tpu", fullgraph=True)
     actual = g(x.to(TPU))
     expected = (FFT.fft2(x, norm="ortho"), FFT.irfft(FFT.fft(x), n=15))
     assert actual[0].dtype == torch.complex64
@@ -206,8 +218,9 @@ def test_compile():
 def test_compiled_stft_stays_in_the_graph():
     # stft frames the signal with unfold: a compiled graph lowers it (no fallback to eager)
     import warnings
+
     x, w = torch.randn(2, 400), torch.hann_window(64)
-    f = lambda a, win: torch.stft(a, 64, hop_length=16, window=win, return_complex=True).abs()  # noqa: E731
+    f = lambda a, win: torch.stft(a, 64, hop_length=16, window=win, return_complex=True).abs()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         actual = torch.compile(f, backend="tpu", fullgraph=True)(x.to(TPU), w.to(TPU))

@@ -1,4 +1,5 @@
 """The "fused" eager mode (eager/fusion.py): queued ops, repeated stretches run as one executable."""
+
 import copy
 import os
 import subprocess
@@ -74,7 +75,7 @@ def test_the_cpp_queue_makes_the_segments_the_python_queue_makes(fused):
             queued_here, queued = fastpath.stats()["queued_here"], _count("fused_ops")
             assert_close(_step(da, db).cpu(), expected)
             here = fastpath.stats()["queued_here"] - queued_here
-            if on:   # (Python opens the segment; copy_ has no C++ kernel)
+            if on:  # (Python opens the segment; copy_ has no C++ kernel)
                 assert here >= _count("fused_ops") - queued - 2 > 0
             else:
                 assert here == 0
@@ -135,7 +136,7 @@ def test_strict_mode_reads_results_of_fused_segments_on_the_fast_path():
     x = torch.randn(64, 64)
     d = x.to("tpu")
     with torchtpu.eager_mode("strict"):
-        d + 1.5   # (the key's first call: the fast path learns it)
+        d + 1.5  # (the key's first call: the fast path learns it)
         d + 1.5
     with torchtpu.eager_mode("fused"):
         for _ in range(6):
@@ -152,7 +153,7 @@ def test_strict_mode_reads_results_of_fused_segments_on_the_fast_path():
 
 def test_background_compiles_keep_the_loop_running(monkeypatch):
     monkeypatch.setattr(fusion, "COMPILE", "background")
-    a, b = torch.randn(24, 32), torch.randn(32, 8)   # shapes no other test compiles
+    a, b = torch.randn(24, 32), torch.randn(32, 8)  # shapes no other test compiles
     expected = _step(a, b)
     da, db = a.to("tpu"), b.to("tpu")
     handed = []
@@ -160,12 +161,12 @@ def test_background_compiles_keep_the_loop_running(monkeypatch):
     monkeypatch.setattr(fusion, "_compile_later", lambda *args: (handed.append(args[0]), real(*args)))
     with torchtpu.eager_mode("fused"):
         compiles, runs = _count("fused_compiles"), _count("fused_runs")
-        for _ in range(6):   # the segment runs op by op while the thread compiles it
+        for _ in range(6):  # the segment runs op by op while the thread compiles it
             assert_close(_step(da, db).cpu(), expected)
         assert len(handed) == 1
         fusion.wait_for_compiles(timeout=300)
         assert _count("fused_compiles") - compiles == 1
-        for _ in range(2):   # ... and as one executable once it is ready
+        for _ in range(2):  # ... and as one executable once it is ready
             assert_close(_step(da, db).cpu(), expected)
         assert _count("fused_runs") - runs >= 2
     fusion.flush_all()
@@ -223,6 +224,7 @@ def test_a_long_stream_is_cut_into_segments(fused):
 
 def test_device_side_asserts_report_at_the_next_sync(fused):
     from torchtpu.eager.asserts import DeviceAssertError
+
     x = torch.randn(5, device="tpu")
     for bad in (False, False, True):
         # (computed on the device: an index the host knows is checked at the op instead)
@@ -282,8 +284,11 @@ def test_a_training_loop_that_rarely_syncs_compiles_nothing_once_warm(fused):
     # in-place writes (the embedding's gradient) are gated on them. The gate must not combine one
     # more verdict at every step: that compiled a new executable in every step (~40 ms each)
     import jax
+
     compiles = []
-    listener = lambda event, duration, **kwargs: compiles.append(event) if event.endswith("backend_compile_duration") else None
+    listener = lambda event, duration, **kwargs: (
+        compiles.append(event) if event.endswith("backend_compile_duration") else None
+    )
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         torch.manual_seed(0)
@@ -293,7 +298,7 @@ def test_a_training_loop_that_rarely_syncs_compiles_nothing_once_warm(fused):
         opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
         inputs = [(data, target), (data.to("tpu"), target.to("tpu"))]
         per_step = []
-        for step in range(20):
+        for _step in range(20):
             before = len(compiles)
             for m, opt, (x, y) in zip(models, opts, inputs):
                 loss = torch.nn.functional.cross_entropy(m(x), y)
@@ -311,9 +316,18 @@ def test_a_training_loop_that_rarely_syncs_compiles_nothing_once_warm(fused):
 
 def test_greedy_generation_matches_cpu(fused):
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     ids = torch.randint(3, 64, (1, 6))
@@ -326,7 +340,6 @@ def test_greedy_generation_matches_cpu(fused):
 
 def test_a_growing_token_list_compiles_nothing_per_position(fused):
     w = torch.randn(8, 8)
-    dw = w.to("tpu")
 
     def decode(h, steps):  # generate()-like: a fixed-shape step, and a token list that grows
         tokens = torch.zeros(1, 1, device=h.device)
@@ -340,7 +353,7 @@ def test_a_growing_token_list_compiles_nothing_per_position(fused):
 
     h0 = torch.randn(1, 8)
     expected = decode(h0, 12)
-    for call in range(4):
+    for _call in range(4):
         compiles = _count("fused_compiles")
         assert_close(decode(h0.to("tpu"), 12).cpu(), expected)
     assert _count("fused_compiles") == compiles  # nothing compiled per position in steady state
@@ -357,40 +370,41 @@ def test_two_growing_appends_per_step_leave_the_rest_of_the_step_compiled(fused)
         pos = torch.zeros(1, 1, dtype=torch.long, device=h.device)
         for _ in range(steps):
             nxt = h.argmax(-1, keepdim=True)
-            tokens = torch.cat([tokens, nxt], dim=1)          # length L+1 ...
-            pos = torch.cat([pos, pos[:, -1:] + 1], dim=1)    # ... the same executable, the same step
+            tokens = torch.cat([tokens, nxt], dim=1)  # length L+1 ...
+            pos = torch.cat([pos, pos[:, -1:] + 1], dim=1)  # ... the same executable, the same step
             h = (torch.tanh(h @ w.to(h.device)) * 0.5 + 0.1).softmax(-1)  # fixed shapes, after the appends
-            if (h[:, 0] > 2).any().item():                    # a sync every step
+            if (h[:, 0] > 2).any().item():  # a sync every step
                 break
         return tokens, pos, h
 
     h0 = torch.randn(1, 8)
     expected = decode(h0, 10)
-    for call in range(4):
+    for _call in range(4):
         compiles, runs, cold = _count("fused_compiles"), _count("fused_runs"), _count("fused_cold_ops")
         got = decode(h0.to("tpu"), 10)
         for g, e in zip(got, expected):
             assert_close(g.cpu(), e)
-    assert _count("fused_compiles") == compiles   # steady state: nothing new
+    assert _count("fused_compiles") == compiles  # steady state: nothing new
     assert _count("fused_cold_ops") - cold >= 20  # both appends of every step ran at once
     assert _count("fused_runs") - runs >= 10, _count("fused_runs") - runs  # every step ran a compiled segment
 
 
 def test_forgetting_executables_drops_compiles_in_flight(monkeypatch):
     monkeypatch.setattr(fusion, "COMPILE", "background")
-    a, b = torch.randn(20, 32), torch.randn(32, 8)   # shapes no other test compiles
+    a, b = torch.randn(20, 32), torch.randn(32, 8)  # shapes no other test compiles
     expected = _step(a, b)
     da, db = a.to("tpu"), b.to("tpu")
     gate = threading.Event()
     real_lower = fusion._fuse
 
-    def slow_fuse(*args):   # hold the compile thread until forget() has run
+    def slow_fuse(*args):  # hold the compile thread until forget() has run
         fused = real_lower(*args)
 
         class Held:
             def lower(self, *a):
                 gate.wait(60)
                 return fused.lower(*a)
+
         return Held()
 
     monkeypatch.setattr(fusion, "_fuse", slow_fuse)
@@ -401,7 +415,7 @@ def test_forgetting_executables_drops_compiles_in_flight(monkeypatch):
         fusion.forget()
         gate.set()
         fusion.wait_for_compiles(timeout=300)
-        assert not fusion._compiled     # the compile started before forget() was not installed
+        assert not fusion._compiled  # the compile started before forget() was not installed
         assert_close(_step(da, db).cpu(), expected)
     fusion.flush_all()
 
@@ -433,7 +447,7 @@ def test_compiled_segments_take_numbers_as_kept_arrays_and_keep_their_values(mon
     monkeypatch.setattr(fusion, "COMPILE", mode)
     a = torch.randn(8, 16)
     da = a.to("tpu")
-    scales = [0.5, 2.0, 3.25, 1.0, 7.0, -1.5, -0.0, 0.0, 0.25, -0.0]   # (zeros once compiled)
+    scales = [0.5, 2.0, 3.25, 1.0, 7.0, -1.5, -0.0, 0.0, 0.25, -0.0]  # (zeros once compiled)
     with torchtpu.eager_mode("fused"):
         runs = _count("fused_runs")
         for i, s in enumerate(scales):
@@ -441,7 +455,7 @@ def test_compiled_segments_take_numbers_as_kept_arrays_and_keep_their_values(mon
             assert_close(y.cpu(), ((a * s + i) / (s + 0.0)).clamp(-1e30, 1e30).sum(1) + (i % 3))
             if mode == "background" and i == 4:
                 fusion.wait_for_compiles()
-        assert _count("fused_runs") > runs   # compiled segments ran
+        assert _count("fused_runs") > runs  # compiled segments ran
     assert not fusion.failures or all("kept" not in str(e) for _, e in fusion.failures)
     kept = [k for k in fusion._kept if k[0] is float]
     assert (float, (-0.0).hex()) in kept and (float, (0.0).hex()) in kept
@@ -459,7 +473,7 @@ def test_a_segment_that_ran_keeps_nothing_but_its_results(fused):
         for x, y in ((w, g), (w_cpu, g_cpu)):
             x.add_(y, alpha=-0.1)
             x.mul_(0.99)
-        (w * w).sum().item()   # the segment runs; w's storage still holds its queued result
+        (w * w).sum().item()  # the segment runs; w's storage still holds its queued result
     pending = record_of(w)._buffer
     assert type(pending) is Pending and pending.value is not None
     assert pending.segment.steps is None and pending.segment.external is None

@@ -1,5 +1,6 @@
 """torch.Generator("tpu") and torch.tpu.default_generators (the C++ hooks of device/native.py), with
 CUDA's semantics: a seed and an offset per generator, 16-byte state, reproducible draws."""
+
 import copy
 import os
 import subprocess
@@ -10,34 +11,37 @@ import torch
 
 from torchtpu.device import native
 
-pytestmark = pytest.mark.skipif(not native.generators_available(),
-                                reason=f"no C++ extension: {native.problem()} (documented degradation)")
+pytestmark = pytest.mark.skipif(
+    not native.generators_available(), reason=f"no C++ extension: {native.problem()} (documented degradation)"
+)
 
 DEFAULT_SEED = 67280421310721  # PyTorch's default_rng_seed_val, CUDA's initial seed too
 
 
 def test_new_generator_like_cuda():
     g = torch.Generator("tpu")
-    assert g.device == torch.device("tpu", 0)   # "tpu" without index: the current device
+    assert g.device == torch.device("tpu", 0)  # "tpu" without index: the current device
     assert g.initial_seed() == DEFAULT_SEED and g.get_offset() == 0
     assert torch.Generator(device="tpu:0").device == torch.device("tpu:0")
     assert g.manual_seed(5) is g and g.initial_seed() == 5
     s = g.seed()
     assert s == g.initial_seed() and g.get_offset() == 0
-    g.manual_seed(-1)   # PyTorch wraps negative seeds, as for CUDA generators
+    g.manual_seed(-1)  # PyTorch wraps negative seeds, as for CUDA generators
     assert g.initial_seed() == 2**64 - 1
 
 
 def _draws(g):
-    out = [torch.randn(64, device="tpu", generator=g),
-           torch.rand(3, 5, device="tpu", generator=g),
-           torch.randint(0, 100, (32,), device="tpu", generator=g),
-           torch.empty(40, device="tpu").normal_(2.0, 3.0, generator=g),
-           torch.empty(40, device="tpu").uniform_(-1, 1, generator=g),
-           torch.empty(40, device="tpu").bernoulli_(0.3, generator=g),
-           torch.empty(40, device="tpu").exponential_(generator=g),
-           torch.randperm(20, device="tpu", generator=g),
-           torch.multinomial(torch.rand(4, 9, device="tpu", generator=g), 3, generator=g)]
+    out = [
+        torch.randn(64, device="tpu", generator=g),
+        torch.rand(3, 5, device="tpu", generator=g),
+        torch.randint(0, 100, (32,), device="tpu", generator=g),
+        torch.empty(40, device="tpu").normal_(2.0, 3.0, generator=g),
+        torch.empty(40, device="tpu").uniform_(-1, 1, generator=g),
+        torch.empty(40, device="tpu").bernoulli_(0.3, generator=g),
+        torch.empty(40, device="tpu").exponential_(generator=g),
+        torch.randperm(20, device="tpu", generator=g),
+        torch.multinomial(torch.rand(4, 9, device="tpu", generator=g), 3, generator=g),
+    ]
     return [t.cpu() for t in out]
 
 
@@ -47,7 +51,7 @@ def test_generator_draws_are_reproducible_and_independent_of_the_default():
     default_state = torch.tpu.get_rng_state()
     first = _draws(g)
     assert g.get_offset() > 0
-    assert torch.equal(torch.tpu.get_rng_state(), default_state)   # g's draws leave the default alone
+    assert torch.equal(torch.tpu.get_rng_state(), default_state)  # g's draws leave the default alone
     g.manual_seed(1234)
     again = _draws(g)
     for a, b in zip(first, again):
@@ -84,7 +88,7 @@ def test_default_generators_are_the_default_state():
     assert d.initial_seed() == 7 == torch.tpu.initial_seed() and d.get_offset() == 0
     d.manual_seed(9)
     assert torch.tpu.initial_seed() == 9
-    torch.manual_seed(11)   # torch.manual_seed seeds every device generator
+    torch.manual_seed(11)  # torch.manual_seed seeds every device generator
     assert d.initial_seed() == 11
     assert torch.equal(torch.tpu.get_rng_state(), d.get_state())
     # the default stream of seed 11 is the stream of any tpu generator seeded 11
@@ -109,7 +113,8 @@ def test_without_the_extension_random_ops_work_and_the_error_names_the_reason():
         "s = torch.tpu.get_rng_state(); c = torch.rand(4, device='tpu').cpu()\n"
         "torch.tpu.set_rng_state(s); assert torch.equal(torch.rand(4, device='tpu').cpu(), c)\n"
         "try:\n    torch.tpu.default_generators\nexcept AttributeError as e:\n    print('E1', e)\n"
-        "try:\n    torch.Generator('tpu')\nexcept RuntimeError as e:\n    print('E2', 'getNewGenerator' in str(e))\n")
+        "try:\n    torch.Generator('tpu')\nexcept RuntimeError as e:\n    print('E2', 'getNewGenerator' in str(e))\n"
+    )
     env = dict(os.environ, TORCHTPU_NATIVE="off")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

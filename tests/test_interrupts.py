@@ -2,6 +2,7 @@
 
 Each test runs in a subprocess: it installs a SIGALRM handler that raises KeyboardInterrupt and fires
 it at seeded pseudo-random moments, bounded in number."""
+
 from __future__ import annotations
 
 import os
@@ -135,10 +136,14 @@ print("OK", done, interrupts, applied, partial)
 def _run(code, *modes):
     """`code` once per mode, in that order, in one child (its own globals each time): the imports and
     the device start are paid once."""
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TORCHTPU_FUSED_COMPILE="now")
-    script = "".join(f"exec({textwrap.dedent(code).replace('MODE', repr(mode))!r}, {{'__name__': '__main__'}})\n"
-                     for mode in modes)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.path.abspath(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        TORCHTPU_FUSED_COMPILE="now",
+    )
+    script = "".join(
+        f"exec({textwrap.dedent(code).replace('MODE', repr(mode))!r}, {{'__name__': '__main__'}})\n" for mode in modes
+    )
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode == -6 and "terminate called without an active exception" in proc.stderr:
         # seen rarely before, not reproduced since (docs/design.md: what the message means, what was
@@ -168,7 +173,9 @@ def test_interrupted_training_matches_a_cpu_replay_of_the_completed_ops(mode):
 
 def test_a_write_whose_check_failed_is_not_committed():
     import torch
+
     from torchtpu.eager import asserts
+
     x = torch.zeros(5, device="tpu")
     x.index_add_(0, torch.tensor([1, 7], device="tpu"), torch.ones(2, device="tpu"))
     with pytest.raises(asserts.DeviceAssertError, match="index_add_"):

@@ -1,12 +1,11 @@
 """torch.tpu.pallas.jax_op: JAX functions as PyTorch ops on "tpu" (eager, compiled, autograd, Pallas)."""
+
 from __future__ import annotations
 
 import enum
-import functools
 import itertools
-import typing
-import warnings
-from typing import Literal, Optional, Sequence
+from collections.abc import Sequence
+from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +58,7 @@ def test_dtypes_and_views(dtype):
         return torch.where(y, x, torch.zeros_like(x)) if x.dtype == torch.bool else x * 2 + y
 
     a = (torch.randn(8, 12) * 5).to(dtype)
-    b = (torch.randn(12, 8) * 5).to(dtype).t()     # a transposed view
+    b = (torch.randn(12, 8) * 5).to(dtype).t()  # a transposed view
     ta, tb = _tpu(a, b.t().contiguous())
     tb = tb.t()
     torch.testing.assert_close(mix(ta, tb).cpu(), ref(a, b))
@@ -73,8 +72,15 @@ class Mode(enum.Enum):
 
 def test_static_kinds_sequences_and_multiple_outputs():
     @jax_op(_name("reduce"))
-    def reduce(xs: Sequence[jax.Array], axes: Sequence[int], mode: Mode, dtype: torch.dtype,
-               flag: Literal["a", "b"] = "a", *, scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    def reduce(
+        xs: Sequence[jax.Array],
+        axes: Sequence[int],
+        mode: Mode,
+        dtype: torch.dtype,
+        flag: Literal["a", "b"] = "a",
+        *,
+        scale: float = 1.0,
+    ) -> tuple[jax.Array, jax.Array]:
         stacked = jnp.stack(xs)
         red = stacked.sum(axis=tuple(axes)) if mode is Mode.SUM else stacked.max(axis=tuple(axes))
         assert isinstance(axes, tuple) and flag in ("a", "b")
@@ -85,7 +91,7 @@ def test_static_kinds_sequences_and_multiple_outputs():
     st = torch.stack(xs)
     torch.testing.assert_close(s.cpu(), (st.amax(dim=(0, 2)) * 2).half())
     torch.testing.assert_close(m.cpu(), st.mean(0))
-    s, _ = reduce(_tpu(*xs), [1], Mode.SUM, jnp.float32, "b")   # JAX dtypes accepted too
+    s, _ = reduce(_tpu(*xs), [1], Mode.SUM, jnp.float32, "b")  # JAX dtypes accepted too
     torch.testing.assert_close(s.cpu(), st.sum(1))
 
 
@@ -133,8 +139,8 @@ def test_fake_comes_from_jax_abstract_evaluation():
 
     out = outer(torch.empty(3, device="meta"), torch.empty(5, device="meta"))
     assert out.shape == (3, 5) and out.dtype == torch.bfloat16 and out.device.type == "meta"
-    with pytest.raises(ValueError, match="Incompatible shapes"):   # JAX's own shape error
-        outer(torch.empty(3, 2, device="meta"), torch.empty(5, device="meta")).shape
+    with pytest.raises(ValueError, match="Incompatible shapes"):  # JAX's own shape error
+        _ = outer(torch.empty(3, 2, device="meta"), torch.empty(5, device="meta")).shape
 
 
 def test_gradients_through_jax_vjp_and_registered_backward():
@@ -159,7 +165,7 @@ def test_gradients_through_jax_vjp_and_registered_backward():
 
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        return g * 100 * x      # deliberately not 2x: proves the user's backward runs
+        return g * 100 * x  # deliberately not 2x: proves the user's backward runs
 
     square.register_autograd(backward, setup_context=setup)
     t = torch.randn(4, device="tpu", requires_grad=True)
@@ -222,7 +228,9 @@ def test_donate_argnums_donates_the_buffer():
     out = inc(tx)
     torch.testing.assert_close(out.cpu(), x + 1)
     from torchtpu.storage.records import record_of
+
     assert record_of(tx).buffer.is_deleted()
+
     def two(x: jax.Array, n: int) -> jax.Array:
         return x * n
 
@@ -232,6 +240,7 @@ def test_donate_argnums_donates_the_buffer():
 
 def test_mesh_of_one_device_runs_and_wider_mesh_is_explicit():
     import numpy as np
+
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
 
     @jax_op(_name("meshed"), mesh=mesh, input_partition_specs=(("x",),), output_partition_specs=(("x",),))
@@ -240,6 +249,7 @@ def test_mesh_of_one_device_runs_and_wider_mesh_is_explicit():
 
     x = torch.randn(4)
     torch.testing.assert_close(meshed(x.to("tpu")).cpu(), x * 3)
+
     def ident(x: jax.Array) -> jax.Array:
         return x
 
@@ -249,14 +259,14 @@ def test_mesh_of_one_device_runs_and_wider_mesh_is_explicit():
 
 def test_custom_jax_kernel_is_the_deprecated_alias():
     def fn(x, y, power):
-        return {"sum": x + y, "pow": x ** power}
+        return {"sum": x + y, "pow": x**power}
 
     with pytest.warns(DeprecationWarning):
         kernel = custom_jax_kernel(fn, static_argnums=(2,))
     a, b = torch.randn(3, 4), torch.randn(3, 4)
     out = kernel(*_tpu(a, b), 2)
     torch.testing.assert_close(out["sum"].cpu(), a + b)
-    torch.testing.assert_close(out["pow"].cpu(), a ** 2)
+    torch.testing.assert_close(out["pow"].cpu(), a**2)
 
 
 def test_public_name():

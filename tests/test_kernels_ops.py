@@ -1,4 +1,5 @@
 """torch.tpu.ops: ragged_dot, ragged_dot_weight_grad, splash_sdpa, optimization_barrier against the CPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,7 @@ def _groups(m, g):
 def _ragged_ref(lhs, rhs, sizes):
     out, start = [], 0
     for i, n in enumerate(sizes.tolist()):
-        out.append(lhs[start:start + n] @ rhs[i])
+        out.append(lhs[start : start + n] @ rhs[i])
         start += n
     return torch.cat(out)
 
@@ -36,8 +37,9 @@ def test_ragged_dot_forward_and_grads(dtype):
     ref.backward(grad)
     torch.testing.assert_close(tl.grad.cpu(), ref_l.grad, **tol)
     torch.testing.assert_close(tr.grad.cpu(), ref_r.grad, **tol)
-    torch.testing.assert_close(ops.ragged_dot_weight_grad(lhs.to("tpu"), grad.to("tpu"), sizes.to("tpu")).cpu(),
-                               ref_r.grad, **tol)
+    torch.testing.assert_close(
+        ops.ragged_dot_weight_grad(lhs.to("tpu"), grad.to("tpu"), sizes.to("tpu")).cpu(), ref_r.grad, **tol
+    )
     # out=
     dst = torch.empty(m, n, dtype=dtype, device="tpu")
     assert ops.ragged_dot(lhs.to("tpu"), rhs.to("tpu"), sizes.to("tpu"), out=dst) is dst
@@ -50,18 +52,19 @@ def test_ragged_dot_in_compiled_graph():
     m, k, n, g = 16, 8, 4, 3
     lhs, rhs, sizes = torch.randn(m, k), torch.randn(g, k, n), _groups(m, g)
     f = torch.compile(lambda a, b, s: ops.ragged_dot(a * 2, b, s).relu(), backend="tpu", fullgraph=True)
-    torch.testing.assert_close(f(lhs.to("tpu"), rhs.to("tpu"), sizes.to("tpu")).cpu(),
-                               _ragged_ref(lhs * 2, rhs, sizes).relu())
+    torch.testing.assert_close(
+        f(lhs.to("tpu"), rhs.to("tpu"), sizes.to("tpu")).cpu(), _ragged_ref(lhs * 2, rhs, sizes).relu()
+    )
 
 
-@pytest.mark.parametrize("causal,window,gqa", [(True, None, False), (False, None, False), (True, 3, False),
-                                               (True, None, True)])
+@pytest.mark.parametrize(
+    "causal,window,gqa", [(True, None, False), (False, None, False), (True, 3, False), (True, None, True)]
+)
 def test_splash_sdpa_matches_sdpa(causal, window, gqa):
     b, h, s, d = 2, 4, 9, 16
     hk = 2 if gqa else h
     q, k, v = torch.randn(b, h, s, d), torch.randn(b, hk, s, d), torch.randn(b, hk, s, d)
-    out = ops.splash_sdpa(*(t.to("tpu") for t in (q, k, v)), is_causal=causal, local_window_size=window,
-                          enable_gqa=gqa)
+    out = ops.splash_sdpa(*(t.to("tpu") for t in (q, k, v)), is_causal=causal, local_window_size=window, enable_gqa=gqa)
     kk, vv = (k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1))
     mask = None
     if window is not None:
@@ -88,8 +91,7 @@ def test_optimization_barrier():
     oa, ob = ops.optimization_barrier([ta, tb])
     torch.testing.assert_close(oa.cpu(), a)
     torch.testing.assert_close(ob.cpu(), b)
-    f = torch.compile(lambda x, y: [t * 2 for t in ops.optimization_barrier([x + 1, y])], backend="tpu",
-                      fullgraph=True)
+    f = torch.compile(lambda x, y: [t * 2 for t in ops.optimization_barrier([x + 1, y])], backend="tpu", fullgraph=True)
     ra, rb = f(ta, tb)
     torch.testing.assert_close(ra.cpu(), (a + 1) * 2)
     ta.requires_grad_()

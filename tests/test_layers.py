@@ -2,6 +2,7 @@
 
 Every `import` and `from ... import` of a torchtpu module is checked, at module level and inside
 functions alike (a function-level import is a dependency all the same, only a later one)."""
+
 from __future__ import annotations
 
 import ast
@@ -11,7 +12,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "src" / "torchtpu"
 
 # lowest first; a module may import modules of its own layer or of a lower one
 LAYERS = [
-    {"metrics", "_import_hooks", "config"},   # counters, import hooks, TORCHTPU_* variables: no torchtpu imports
+    {"metrics", "_import_hooks", "config"},  # counters, import hooks, TORCHTPU_* variables: no torchtpu imports
     {"device"},
     {"storage"},
     {"ops"},
@@ -19,7 +20,7 @@ LAYERS = [
     {"compile"},
     {"distributed", "kernels", "optim", "profiling"},
     {"integrations"},
-    {"__init__", "__main__", "api"},   # the package's entry points and the torch.tpu facade
+    {"__init__", "__main__", "api"},  # the package's entry points and the torch.tpu facade
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -38,7 +39,7 @@ def _imported(path: pathlib.Path, tree: ast.AST):
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package_parts[:len(package_parts) - (node.level - 1)] if node.level > 1 else package_parts
+                base = package_parts[: len(package_parts) - (node.level - 1)] if node.level > 1 else package_parts
                 target = base + (node.module.split(".") if node.module else [])
                 if not target:  # `from . import x` at the package root
                     target = [node.names[0].name]
@@ -66,7 +67,7 @@ def violations():
             continue
         for line, target in _imported(path, ast.parse(path.read_text(), str(path))):
             if target not in LEVEL:
-                continue   # a module of the package root not listed (caught by its own file)
+                continue  # a module of the package root not listed (caught by its own file)
             if LEVEL[target] > LEVEL[here] and (rel, target) not in EXCEPTIONS:
                 found.append(f"{rel}:{line} imports {target} (layer {LEVEL[target]}) from layer {LEVEL[here]}")
     return found

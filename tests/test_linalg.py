@@ -6,6 +6,7 @@ Inputs are fresh random, well-conditioned matrices (A A^H + n I for positive-def
 B + n I for general square ones). eigh, QR and SVD are free up to the sign (phase) of each vector:
 they are compared through quantities that do not depend on it, as PyTorch's own tests do.
 """
+
 import pytest
 import torch
 from torch.utils import _pytree as pytree
@@ -78,35 +79,52 @@ def _same(fn, inputs, dtype, post=lambda out, *inputs: out):
 
 # ------------------------------------------------------------------ forward, exact outputs
 # name -> (function, inputs(batch, dtype)); outputs are unique, so compared as they are
-_mat = lambda b, d: (_square(b, 4, d),)  # noqa: E731
+_mat = lambda b, d: (_square(b, 4, d),)
 EXACT = {
     "cholesky_ex": (torch.linalg.cholesky_ex, lambda b, d: (_pd(b, 4, d),)),
     "cholesky_ex upper": (lambda a: torch.linalg.cholesky_ex(a, upper=True), lambda b, d: (_pd(b, 4, d),)),
     # only the triangle named is read: the other one holds garbage here
     "cholesky_ex one triangle": (torch.linalg.cholesky_ex, lambda b, d: (_one_triangle(_pd(b, 4, d), "L"),)),
-    "cholesky_ex upper one triangle": (lambda a: torch.linalg.cholesky_ex(a, upper=True),
-                                       lambda b, d: (_one_triangle(_pd(b, 4, d), "U"),)),
-    "eigvalsh one triangle": (lambda a: torch.linalg.eigvalsh(a, UPLO="U"), lambda b, d: (_one_triangle(_pd(b, 4, d), "U"),)),
+    "cholesky_ex upper one triangle": (
+        lambda a: torch.linalg.cholesky_ex(a, upper=True),
+        lambda b, d: (_one_triangle(_pd(b, 4, d), "U"),),
+    ),
+    "eigvalsh one triangle": (
+        lambda a: torch.linalg.eigvalsh(a, UPLO="U"),
+        lambda b, d: (_one_triangle(_pd(b, 4, d), "U"),),
+    ),
     "torch.cholesky": (lambda a: torch.cholesky(a), lambda b, d: (_pd(b, 4, d),)),
     "torch.cholesky upper": (lambda a: torch.cholesky(a, upper=True), lambda b, d: (_pd(b, 4, d),)),
-    "solve_triangular upper": (lambda a, x: torch.linalg.solve_triangular(a, x, upper=True),
-                               lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
+    "solve_triangular upper": (
+        lambda a, x: torch.linalg.solve_triangular(a, x, upper=True),
+        lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d)),
+    ),
     "solve_triangular lower right unit": (
         lambda a, x: torch.linalg.solve_triangular(a, x, upper=False, left=False, unitriangular=True),
-        lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d))),
-    "solve_triangular broadcast": (lambda a, x: torch.linalg.solve_triangular(a, x, upper=False),
-                                   lambda b, d: (_square((), 4, d), _rect(b, 4, 2, d))),
+        lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d)),
+    ),
+    "solve_triangular broadcast": (
+        lambda a, x: torch.linalg.solve_triangular(a, x, upper=False),
+        lambda b, d: (_square((), 4, d), _rect(b, 4, 2, d)),
+    ),
     "triangular_solve": (lambda x, a: torch.triangular_solve(x, a), lambda b, d: (_rect(b, 4, 3, d), _square(b, 4, d))),
     "triangular_solve lower transpose unit": (
         lambda x, a: torch.triangular_solve(x, a, upper=False, transpose=True, unitriangular=True),
-        lambda b, d: (_rect(b, 4, 3, d), _square((), 4, d))),
-    "cholesky_solve": (lambda x, a: torch.cholesky_solve(x, torch.linalg.cholesky(a)),
-                       lambda b, d: (_rect(b, 4, 3, d), _pd(b, 4, d))),
-    "cholesky_solve upper": (lambda x, a: torch.cholesky_solve(x, torch.linalg.cholesky(a, upper=True), upper=True),
-                             lambda b, d: (_rect(b, 4, 3, d), _pd(b, 4, d))),
+        lambda b, d: (_rect(b, 4, 3, d), _square((), 4, d)),
+    ),
+    "cholesky_solve": (
+        lambda x, a: torch.cholesky_solve(x, torch.linalg.cholesky(a)),
+        lambda b, d: (_rect(b, 4, 3, d), _pd(b, 4, d)),
+    ),
+    "cholesky_solve upper": (
+        lambda x, a: torch.cholesky_solve(x, torch.linalg.cholesky(a, upper=True), upper=True),
+        lambda b, d: (_rect(b, 4, 3, d), _pd(b, 4, d)),
+    ),
     "cholesky_inverse": (lambda a: torch.cholesky_inverse(torch.linalg.cholesky(a)), lambda b, d: (_pd(b, 4, d),)),
-    "cholesky_inverse upper": (lambda a: torch.cholesky_inverse(torch.linalg.cholesky(a, upper=True), upper=True),
-                               lambda b, d: (_pd(b, 4, d),)),
+    "cholesky_inverse upper": (
+        lambda a: torch.cholesky_inverse(torch.linalg.cholesky(a, upper=True), upper=True),
+        lambda b, d: (_pd(b, 4, d),),
+    ),
     "lu_factor_ex": (torch.linalg.lu_factor_ex, _mat),
     "lu_factor_ex tall": (torch.linalg.lu_factor_ex, lambda b, d: (_rect(b, 5, 3, d),)),
     "lu_factor_ex wide": (torch.linalg.lu_factor_ex, lambda b, d: (_rect(b, 3, 5, d),)),
@@ -117,19 +135,30 @@ EXACT = {
     "lu_unpack data only": (lambda a: torch.lu_unpack(*torch.linalg.lu_factor(a), unpack_pivots=False), _mat),
     "lu_unpack pivots only": (lambda a: torch.lu_unpack(*torch.linalg.lu_factor(a), unpack_data=False), _mat),
     "torch.lu": (lambda a: torch.lu(a, get_infos=True), _mat),
-    "lu_solve": (lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x),
-                 lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
-    "lu_solve adjoint": (lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x, adjoint=True),
-                         lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
-    "lu_solve right": (lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x, left=False),
-                       lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d))),
+    "lu_solve": (
+        lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x),
+        lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d)),
+    ),
+    "lu_solve adjoint": (
+        lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x, adjoint=True),
+        lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d)),
+    ),
+    "lu_solve right": (
+        lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x, left=False),
+        lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d)),
+    ),
     "lu_solve right adjoint": (
         lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x, left=False, adjoint=True),
-        lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d))),
-    "lu_solve broadcast": (lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x),
-                           lambda b, d: (_square((), 4, d), _rect(b, 4, 2, d))),
-    "torch.lu_solve": (lambda a, x: torch.lu_solve(x, *torch.linalg.lu_factor(a)),
-                       lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
+        lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d)),
+    ),
+    "lu_solve broadcast": (
+        lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x),
+        lambda b, d: (_square((), 4, d), _rect(b, 4, 2, d)),
+    ),
+    "torch.lu_solve": (
+        lambda a, x: torch.lu_solve(x, *torch.linalg.lu_factor(a)),
+        lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d)),
+    ),
     "_linalg_det": (torch.ops.aten._linalg_det, _mat),
     "_linalg_slogdet": (torch.ops.aten._linalg_slogdet, _mat),
     "det": (torch.linalg.det, _mat),
@@ -139,16 +168,20 @@ EXACT = {
     "inv": (torch.linalg.inv, _mat),
     "inverse": (torch.inverse, _mat),
     "_linalg_solve_ex": (torch.ops.aten._linalg_solve_ex, lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
-    "_linalg_solve_ex right": (lambda a, x: torch.ops.aten._linalg_solve_ex(a, x, left=False),
-                               lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d))),
+    "_linalg_solve_ex right": (
+        lambda a, x: torch.ops.aten._linalg_solve_ex(a, x, left=False),
+        lambda b, d: (_square(b, 4, d), _rect(b, 3, 4, d)),
+    ),
     "solve": (torch.linalg.solve, lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
     # B with A's shape minus the last dimension is a batch of vectors; a 1-D B is one vector
     "solve batch of vectors": (torch.linalg.solve, lambda b, d: (_square(b, 4, d), torch.randn(*b, 4, dtype=d))),
     "solve one vector": (torch.linalg.solve, lambda b, d: (_square(b, 4, d), torch.randn(4, dtype=d))),
     "solve broadcast matrix": (torch.linalg.solve, lambda b, d: (_square((), 4, d), _rect(b, 4, 2, d))),
     "solve_ex": (torch.linalg.solve_ex, lambda b, d: (_square(b, 4, d), _rect(b, 4, 3, d))),
-    "tensorsolve": (lambda a, x: torch.linalg.tensorsolve(a.reshape(2, 2, 4), x.reshape(2, 2)),
-                    lambda b, d: (_square((), 4, d), torch.randn(4, dtype=d))),
+    "tensorsolve": (
+        lambda a, x: torch.linalg.tensorsolve(a.reshape(2, 2, 4), x.reshape(2, 2)),
+        lambda b, d: (_square((), 4, d), torch.randn(4, dtype=d)),
+    ),
     "eigvalsh": (torch.linalg.eigvalsh, lambda b, d: (_pd(b, 4, d),)),
     "eigvalsh upper": (lambda a: torch.linalg.eigvalsh(a, UPLO="U"), lambda b, d: (_pd(b, 4, d),)),
     "svdvals": (torch.linalg.svdvals, lambda b, d: (_rect(b, 5, 3, d),)),
@@ -158,10 +191,14 @@ EXACT = {
     "matrix_norm 2": (lambda a: torch.linalg.matrix_norm(a, ord=2), lambda b, d: (_rect(b, 5, 3, d),)),
     # geqrf has no meta kernel (nothing runs it off the CPU): its reflectors are made there
     "householder_product": (torch.linalg.householder_product, lambda b, d: torch.geqrf(_rect(b, 5, 3, d))),
-    "ormqr": (lambda a, tau, c: torch.ormqr(a, tau, c, transpose=True),
-              lambda b, d: (*torch.geqrf(_rect(b, 5, 3, d)), _rect(b, 5, 2, d))),
-    "ormqr right": (lambda a, tau, c: torch.ormqr(a, tau, c, left=False),
-                    lambda b, d: (*torch.geqrf(_rect(b, 5, 3, d)), _rect(b, 2, 5, d))),
+    "ormqr": (
+        lambda a, tau, c: torch.ormqr(a, tau, c, transpose=True),
+        lambda b, d: (*torch.geqrf(_rect(b, 5, 3, d)), _rect(b, 5, 2, d)),
+    ),
+    "ormqr right": (
+        lambda a, tau, c: torch.ormqr(a, tau, c, left=False),
+        lambda b, d: (*torch.geqrf(_rect(b, 5, 3, d)), _rect(b, 2, 5, d)),
+    ),
     "matrix_exp": (torch.linalg.matrix_exp, lambda b, d: (_rect(b, 4, 4, d) / 2,)),
 }
 
@@ -178,7 +215,7 @@ def test_matches_cpu(case, dtype, batch):
 # ------------------------------------------------------------------ forward, gauge-invariant
 def _eigh_invariants(out, a):
     w, v = out
-    return w, v @ torch.diag_embed(w).to(v.dtype) @ v.mH, v.mH @ v   # eigenvalues, A, orthonormality
+    return w, v @ torch.diag_embed(w).to(v.dtype) @ v.mH, v.mH @ v  # eigenvalues, A, orthonormality
 
 
 def _svd_invariants(out, a):
@@ -189,7 +226,7 @@ def _svd_invariants(out, a):
 
 def _qr_invariants(out, a):
     q, r = out
-    return q @ r, q.mH @ q, r.abs(), q.abs()   # Householder QR: unique up to a phase per column
+    return q @ r, q.mH @ q, r.abs(), q.abs()  # Householder QR: unique up to a phase per column
 
 
 INVARIANT = {
@@ -197,14 +234,23 @@ INVARIANT = {
     "eigh upper": (lambda a: torch.linalg.eigh(a, UPLO="U"), lambda b, d: (_pd(b, 4, d),), _eigh_invariants),
     "svd": (lambda a: torch.linalg.svd(a, full_matrices=False), lambda b, d: (_rect(b, 5, 3, d),), _svd_invariants),
     "svd full": (torch.linalg.svd, lambda b, d: (_rect(b, 3, 5, d),), _svd_invariants),
-    "torch.svd": (lambda a: (lambda u, s, v: (u, s, v.mH))(*torch.svd(a)), lambda b, d: (_rect(b, 5, 3, d),),
-                  _svd_invariants),
+    "torch.svd": (
+        lambda a: (lambda u, s, v: (u, s, v.mH))(*torch.svd(a)),
+        lambda b, d: (_rect(b, 5, 3, d),),
+        _svd_invariants,
+    ),
     "qr": (torch.linalg.qr, lambda b, d: (_rect(b, 5, 3, d),), _qr_invariants),
     "qr wide": (torch.linalg.qr, lambda b, d: (_rect(b, 3, 5, d),), _qr_invariants),
-    "qr complete": (lambda a: torch.linalg.qr(a, mode="complete"), lambda b, d: (_rect(b, 5, 3, d),),
-                    lambda out, a: (out[0] @ out[1], out[0].mH @ out[0], out[1].abs())),
-    "qr r": (lambda a: torch.linalg.qr(a, mode="r"), lambda b, d: (_rect(b, 5, 3, d),),
-             lambda out, a: (out[0].shape, out[1].abs())),
+    "qr complete": (
+        lambda a: torch.linalg.qr(a, mode="complete"),
+        lambda b, d: (_rect(b, 5, 3, d),),
+        lambda out, a: (out[0] @ out[1], out[0].mH @ out[0], out[1].abs()),
+    ),
+    "qr r": (
+        lambda a: torch.linalg.qr(a, mode="r"),
+        lambda b, d: (_rect(b, 5, 3, d),),
+        lambda out, a: (out[0].shape, out[1].abs()),
+    ),
 }
 
 
@@ -228,9 +274,20 @@ def test_output_dtypes_and_shapes():
 
 
 @pytest.mark.parametrize("shape", [(0, 0), (2, 0, 0), (0, 3, 3)], ids=str)
-@pytest.mark.parametrize("fn", [torch.linalg.cholesky_ex, torch.linalg.inv_ex, torch.linalg.det, torch.linalg.slogdet,
-                                torch.linalg.lu_factor_ex, torch.linalg.eigvalsh, torch.linalg.svdvals,
-                                torch.linalg.qr], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "fn",
+    [
+        torch.linalg.cholesky_ex,
+        torch.linalg.inv_ex,
+        torch.linalg.det,
+        torch.linalg.slogdet,
+        torch.linalg.lu_factor_ex,
+        torch.linalg.eigvalsh,
+        torch.linalg.svdvals,
+        torch.linalg.qr,
+    ],
+    ids=lambda f: f.__name__,
+)
 def test_empty_matrices(fn, shape):
     a = torch.zeros(shape)
     torch.testing.assert_close(_cpu(fn(a.to(DEV))), fn(a))
@@ -238,7 +295,7 @@ def test_empty_matrices(fn, shape):
 
 # ------------------------------------------------------------------ gradients
 def _sym(a):
-    return (a + a.mH) / 2   # the gradient then flows to both triangles, as PyTorch's tests do
+    return (a + a.mH) / 2  # the gradient then flows to both triangles, as PyTorch's tests do
 
 
 GRADS = {
@@ -247,33 +304,54 @@ GRADS = {
     "cholesky_ex": (lambda a: torch.linalg.cholesky_ex(_sym(a)).L, lambda b, d: (_pd(b, 4, d),)),
     "solve": (torch.linalg.solve, lambda b, d: (_square(b, 4, d), _rect(b, 4, 2, d))),
     "solve vector": (torch.linalg.solve, lambda b, d: (_square(b, 4, d), torch.randn(*b, 4, dtype=d))),
-    "solve right": (lambda a, x: torch.linalg.solve(a, x, left=False), lambda b, d: (_square(b, 4, d), _rect(b, 2, 4, d))),
+    "solve right": (
+        lambda a, x: torch.linalg.solve(a, x, left=False),
+        lambda b, d: (_square(b, 4, d), _rect(b, 2, 4, d)),
+    ),
     "inv": (torch.linalg.inv, lambda b, d: (_square(b, 4, d),)),
     "det": (torch.linalg.det, lambda b, d: (_square(b, 4, d),)),
     "slogdet": (lambda a: torch.linalg.slogdet(a).logabsdet, lambda b, d: (_square(b, 4, d),)),
     "logdet": (torch.logdet, lambda b, d: (_pd(b, 4, d),)),
-    "solve_triangular": (lambda a, x: torch.linalg.solve_triangular(a.triu(), x, upper=True),
-                         lambda b, d: (_square(b, 4, d), _rect(b, 4, 2, d))),
-    "triangular_solve": (lambda x, a: torch.triangular_solve(x, a.tril(), upper=False, transpose=True).solution,
-                         lambda b, d: (_rect(b, 4, 2, d), _square(b, 4, d))),
-    "cholesky_solve": (lambda x, a: torch.cholesky_solve(x, torch.linalg.cholesky(_sym(a))),
-                       lambda b, d: (_rect(b, 4, 2, d), _pd(b, 4, d))),
-    "cholesky_inverse": (lambda a: torch.cholesky_inverse(torch.linalg.cholesky(_sym(a))), lambda b, d: (_pd(b, 4, d),)),
+    "solve_triangular": (
+        lambda a, x: torch.linalg.solve_triangular(a.triu(), x, upper=True),
+        lambda b, d: (_square(b, 4, d), _rect(b, 4, 2, d)),
+    ),
+    "triangular_solve": (
+        lambda x, a: torch.triangular_solve(x, a.tril(), upper=False, transpose=True).solution,
+        lambda b, d: (_rect(b, 4, 2, d), _square(b, 4, d)),
+    ),
+    "cholesky_solve": (
+        lambda x, a: torch.cholesky_solve(x, torch.linalg.cholesky(_sym(a))),
+        lambda b, d: (_rect(b, 4, 2, d), _pd(b, 4, d)),
+    ),
+    "cholesky_inverse": (
+        lambda a: torch.cholesky_inverse(torch.linalg.cholesky(_sym(a))),
+        lambda b, d: (_pd(b, 4, d),),
+    ),
     "lu_factor": (lambda a: torch.linalg.lu_factor(a).LU, lambda b, d: (_square(b, 4, d),)),
     "lu": (lambda a: torch.linalg.lu(a)[1:], lambda b, d: (_rect(b, 5, 3, d),)),
-    "lu_solve": (lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x),
-                 lambda b, d: (_square(b, 4, d), _rect(b, 4, 2, d))),
-    "eigh": (lambda a: (lambda w, v: (w, v @ torch.diag_embed(w).to(v.dtype) @ v.mH))(*torch.linalg.eigh(_sym(a))),
-             lambda b, d: (_pd(b, 4, d),)),
-    "svd": (lambda a: (lambda u, s, vh: (s, u @ vh))(*torch.linalg.svd(a, full_matrices=False)),
-            lambda b, d: (_rect(b, 5, 3, d),)),
-    "qr": (lambda a: (lambda q, r: (q @ r, q * r.diagonal(dim1=-2, dim2=-1).sgn().unsqueeze(-2)))(*torch.linalg.qr(a)),
-           lambda b, d: (_rect(b, 5, 3, d),)),
+    "lu_solve": (
+        lambda a, x: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), x),
+        lambda b, d: (_square(b, 4, d), _rect(b, 4, 2, d)),
+    ),
+    "eigh": (
+        lambda a: (lambda w, v: (w, v @ torch.diag_embed(w).to(v.dtype) @ v.mH))(*torch.linalg.eigh(_sym(a))),
+        lambda b, d: (_pd(b, 4, d),),
+    ),
+    "svd": (
+        lambda a: (lambda u, s, vh: (s, u @ vh))(*torch.linalg.svd(a, full_matrices=False)),
+        lambda b, d: (_rect(b, 5, 3, d),),
+    ),
+    "qr": (
+        lambda a: (lambda q, r: (q @ r, q * r.diagonal(dim1=-2, dim2=-1).sgn().unsqueeze(-2)))(*torch.linalg.qr(a)),
+        lambda b, d: (_rect(b, 5, 3, d),),
+    ),
     "pinv": (torch.linalg.pinv, lambda b, d: (_rect(b, 5, 3, d),)),
     "matrix_exp": (torch.linalg.matrix_exp, lambda b, d: (_rect(b, 4, 4, d) / 2,)),
     "MultivariateNormal.log_prob": (
         lambda m, a: torch.distributions.MultivariateNormal(m, covariance_matrix=_sym(a)).log_prob(m * 0.5),
-        lambda b, d: (torch.randn(*b, 4, dtype=d), _pd(b, 4, d))),
+        lambda b, d: (torch.randn(*b, 4, dtype=d), _pd(b, 4, d)),
+    ),
 }
 
 
@@ -300,9 +378,12 @@ def test_backward_matches_cpu(case, dtype, batch):
     torch.testing.assert_close(actual, expected, **tol)
 
 
-@pytest.mark.xfail(strict=True, reason="det/slogdet keep the LU of A^T for a contiguous real A and of A "
-                   "otherwise, and their backward picks the solve from A's strides; a lowering sees values, "
-                   "not strides, and always assumes a contiguous A")
+@pytest.mark.xfail(
+    strict=True,
+    reason="det/slogdet keep the LU of A^T for a contiguous real A and of A "
+    "otherwise, and their backward picks the solve from A's strides; a lowering sees values, "
+    "not strides, and always assumes a contiguous A",
+)
 def test_det_backward_of_non_contiguous_matrix():
     a = _square((), 4, torch.float64)
     _, expected = _grads(lambda x: torch.linalg.det(x.mT), (a,), "cpu", [torch.tensor(1.0, dtype=torch.float64)])
@@ -320,8 +401,14 @@ def test_solve_backward_of_non_contiguous_matrix():
 # ------------------------------------------------------------------ failures: info and errors
 def _not_positive_definite():
     # leading minors that fail at orders 2, 2, none, 3 (the CPU's info)
-    return torch.tensor([[[1., 0, 0], [0, -1, 0], [0, 0, 1]], [[1., 2, 0], [2, 1, 0], [0, 0, 1]],
-                         [[4., 0, 0], [0, 4, 0], [0, 0, 4]], [[1., 0, 0], [0, 1, 0], [0, 0, -1]]])
+    return torch.tensor(
+        [
+            [[1.0, 0, 0], [0, -1, 0], [0, 0, 1]],
+            [[1.0, 2, 0], [2, 1, 0], [0, 0, 1]],
+            [[4.0, 0, 0], [0, 4, 0], [0, 0, 4]],
+            [[1.0, 0, 0], [0, 1, 0], [0, 0, -1]],
+        ]
+    )
 
 
 @pytest.mark.parametrize("upper", [False, True])
@@ -336,18 +423,20 @@ def test_cholesky_ex_reports_info_without_error(upper):
 
 @pytest.mark.parametrize("call", ["linalg.cholesky", "cholesky_ex check_errors", "torch.cholesky"])
 def test_cholesky_of_non_positive_definite_raises(call):
-    fn = {"linalg.cholesky": torch.linalg.cholesky,
-          "cholesky_ex check_errors": lambda a: torch.linalg.cholesky_ex(a, check_errors=True).L,
-          "torch.cholesky": torch.cholesky}[call]
+    fn = {
+        "linalg.cholesky": torch.linalg.cholesky,
+        "cholesky_ex check_errors": lambda a: torch.linalg.cholesky_ex(a, check_errors=True).L,
+        "torch.cholesky": torch.cholesky,
+    }[call]
     with pytest.raises(RuntimeError):
         fn(_not_positive_definite())
-    out = fn(_not_positive_definite().to(DEV))   # asynchronous: raised at the next synchronization
+    out = fn(_not_positive_definite().to(DEV))  # asynchronous: raised at the next synchronization
     with pytest.raises(asserts.DeviceAssertError, match="not positive-definite"):
         out.cpu()
 
 
 def test_singular_matrices():
-    s = torch.tensor([[1., 2.], [2., 4.]])
+    s = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
     inverse, info = torch.linalg.inv_ex(s.to(DEV))
     assert info.item() == torch.linalg.inv_ex(s).info.item() == 2
     _, _, info = torch.linalg.lu_factor_ex(torch.zeros(2, 3, 3, device=DEV))
@@ -355,13 +444,16 @@ def test_singular_matrices():
     sign, logabsdet = torch.linalg.slogdet(s.to(DEV))
     assert sign.item() == 0 and logabsdet.item() == float("-inf")
     assert torch.linalg.det(s.to(DEV)).item() == 0
-    for fn in (torch.linalg.inv, lambda a: torch.linalg.solve(a, torch.ones(2, device=a.device)),
-               lambda a: torch.linalg.lu_factor(a).LU):
+    for fn in (
+        torch.linalg.inv,
+        lambda a: torch.linalg.solve(a, torch.ones(2, device=a.device)),
+        lambda a: torch.linalg.lu_factor(a).LU,
+    ):
         with pytest.raises(RuntimeError):
             fn(s)
         with pytest.raises(asserts.DeviceAssertError, match="singular"):
             fn(s.to(DEV)).cpu()
-        torch.tpu.clear_device_assert()   # (the error is sticky: eager/asserts.py)
+        torch.tpu.clear_device_assert()  # (the error is sticky: eager/asserts.py)
 
 
 def test_bad_input_raises_as_on_cpu():
@@ -369,7 +461,9 @@ def test_bad_input_raises_as_on_cpu():
         "non-square": lambda d: torch.linalg.cholesky(torch.randn(3, 2, device=d)),
         "integer": lambda d: torch.linalg.det(torch.ones(3, 3, dtype=torch.long, device=d)),
         "half": lambda d: torch.linalg.cholesky(torch.eye(3, dtype=torch.half, device=d)),
-        "mixed dtypes": lambda d: torch.linalg.solve(torch.eye(3, device=d), torch.ones(3, dtype=torch.float64, device=d)),
+        "mixed dtypes": lambda d: torch.linalg.solve(
+            torch.eye(3, device=d), torch.ones(3, dtype=torch.float64, device=d)
+        ),
         "vector right side": lambda d: torch.linalg.solve(torch.eye(3, device=d), torch.ones(3, device=d), left=False),
         "shapes": lambda d: torch.linalg.solve(torch.eye(3, device=d), torch.ones(2, 4, device=d)),
         "lu without pivoting": lambda d: torch.linalg.lu_factor(torch.eye(3, device=d), pivot=False),
@@ -409,6 +503,7 @@ def test_multivariate_normal_sample_and_log_prob():
 def test_positive_definite_constraint():
     # what Hugging Face's resize_token_embeddings checks before drawing new embeddings
     from torch.distributions import constraints
+
     a = torch.stack([_pd((), 3, torch.float32), -torch.eye(3)])
     assert constraints.positive_definite.check(a.to(DEV)).cpu().tolist() == [True, False]
 
@@ -426,8 +521,17 @@ def test_compiled_solve_and_cholesky():
 # ---- least squares: "gels" (the default on tpu, as on CUDA) and "gelsy", against the CPU's same driver
 @pytest.mark.parametrize("driver", [None, "gels", "gelsy"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shapes", [((5, 3), (5, 2)), ((3, 5), (3, 2)), ((4, 4), (4, 1)), ((5, 3), (5,)),
-                                    ((2, 1, 6, 3), (2, 4, 6, 2)), ((2, 3, 5, 3), (2, 3, 5))])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((5, 3), (5, 2)),
+        ((3, 5), (3, 2)),
+        ((4, 4), (4, 1)),
+        ((5, 3), (5,)),
+        ((2, 1, 6, 3), (2, 4, 6, 2)),
+        ((2, 3, 5, 3), (2, 3, 5)),
+    ],
+)
 def test_lstsq_matches_cpu(driver, dtype, shapes):
     gen = torch.Generator().manual_seed(3)
     a, b = (torch.randn(*s, dtype=dtype, generator=gen) for s in shapes)
@@ -440,7 +544,7 @@ def test_lstsq_matches_cpu(driver, dtype, shapes):
 
 def test_lstsq_rank_deficient_gelsy_backward_and_errors():
     gen = torch.Generator().manual_seed(4)
-    a = torch.randn(6, 2, generator=gen) @ torch.randn(2, 4, generator=gen)   # rank 2
+    a = torch.randn(6, 2, generator=gen) @ torch.randn(2, 4, generator=gen)  # rank 2
     b = torch.randn(6, 3, generator=gen)
     expected = torch.linalg.lstsq(a, b, driver="gelsy")
     got = torch.linalg.lstsq(a.to("tpu"), b.to("tpu"), driver="gelsy")
@@ -471,5 +575,6 @@ def test_compiled_lstsq_breaks_the_graph_and_runs_eagerly():
     gen = torch.Generator().manual_seed(5)
     a, b = torch.randn(6, 3, generator=gen), torch.randn(6, 2, generator=gen)
     f = torch.compile(lambda a, b: torch.linalg.lstsq(a, b).solution * 2, backend="tpu")
-    torch.testing.assert_close(f(a.to("tpu"), b.to("tpu")).cpu(), torch.linalg.lstsq(a, b, driver="gels").solution * 2,
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        f(a.to("tpu"), b.to("tpu")).cpu(), torch.linalg.lstsq(a, b, driver="gels").solution * 2, rtol=1e-4, atol=1e-4
+    )

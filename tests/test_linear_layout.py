@@ -2,6 +2,7 @@
 the lowering's form, XLA:CPU's code for it, and results against the CPU in eager, fused and compiled
 runs, forward and backward, for every dtype a linear layer takes; matmuls of mixed dtypes raise as
 on the CPU."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,7 +27,7 @@ def _dots(fn, *args):
 def test_a_transposed_weight_is_contracted_as_stored(x_shape):
     x, w = jnp.ones(x_shape, jnp.float32), jnp.ones((1024, 512), jnp.float32)
     jaxpr, (dot,) = _dots(lambda x, w: linalg.matmul(x, w.T), x, w)
-    assert dot.invars[1] is jaxpr.invars[1]   # W itself, not its transpose
+    assert dot.invars[1] is jaxpr.invars[1]  # W itself, not its transpose
     assert dot.params["dimension_numbers"] == (((len(x_shape) - 1,), (1,)), ((), ()))
     assert dot.outvars[0].aval.shape == x_shape[:-1] + (1024,)
 
@@ -37,8 +38,9 @@ def test_a_transposed_batch_of_keys_is_contracted_as_stored():
     assert dot.invars[1] is jaxpr.invars[1]
     assert dot.params["dimension_numbers"] == (((3,), (3,)), ((0, 1), (0, 1)))
     # a graph's matmul decomposes into a reshape of the leading dims, then bmm
-    jaxpr, (dot,) = _dots(lambda q, k: linalg.matmul(q.reshape(16, 3, 64),
-                                                     jnp.swapaxes(k, -1, -2).reshape(16, 64, 10)), q, k)
+    jaxpr, (dot,) = _dots(
+        lambda q, k: linalg.matmul(q.reshape(16, 3, 64), jnp.swapaxes(k, -1, -2).reshape(16, 64, 10)), q, k
+    )
     assert not any(e.primitive is jax.lax.transpose_p and e.outvars[0] in dot.invars for e in jaxpr.eqns)
     assert dot.params["dimension_numbers"] == (((2,), (2,)), ((0,), (0,)))
 
@@ -50,14 +52,15 @@ def test_other_operands_keep_jnp_matmul_form():
         theirs = jax.make_jaxpr(lambda x, y: jnp.matmul(x, transform(y), precision=linalg.precision()))(*args)
         assert str(ours) == str(theirs)
 
-    same_as_jnp(lambda w: w, (4, 512), (512, 1024))                                # row-major W
-    same_as_jnp(lambda y: jnp.swapaxes(y, 1, 2), (1, 4, 1024), (3, 512, 1024))      # broadcast batch
-    same_as_jnp(lambda y: jnp.transpose(y, (1, 0, 2))[:3], (3, 4, 3), (3, 512, 1024))   # other dims
+    same_as_jnp(lambda w: w, (4, 512), (512, 1024))  # row-major W
+    same_as_jnp(lambda y: jnp.swapaxes(y, 1, 2), (1, 4, 1024), (3, 512, 1024))  # broadcast batch
+    same_as_jnp(lambda y: jnp.transpose(y, (1, 0, 2))[:3], (3, 4, 3), (3, 512, 1024))  # other dims
     same_as_jnp(lambda y: jnp.swapaxes(y, 1, 2).reshape(3, 512, 1024), (3, 4, 512), (3, 512, 1024))
     # concrete arrays (no trace) take jnp.matmul's form and give the same values
     a, b = np.random.randn(4, 512).astype(np.float32), np.random.randn(1024, 512).astype(np.float32)
-    np.testing.assert_allclose(np.asarray(linalg.matmul(jnp.asarray(a), jnp.asarray(b).T)), a @ b.T,
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        np.asarray(linalg.matmul(jnp.asarray(a), jnp.asarray(b).T)), a @ b.T, rtol=1e-4, atol=1e-4
+    )
 
 
 @pytest.mark.skipif(torchtpu.platform() != "cpu", reason="XLA:CPU's code for the eager view W.t()")
@@ -96,8 +99,11 @@ def test_linear_forward_and_backward_match_cpu(dtype, shape):
     assert_close(out.cpu(), ref.detach(), **_tol(dtype))
     assert_close((x.to("tpu") @ w.to("tpu").t()).cpu(), x @ w.t(), **_tol(dtype))
     if x.dim() == 2:
-        assert_close(torch.addmm(b.to("tpu"), x.to("tpu"), w.to("tpu").t(), beta=0.5, alpha=-2).cpu(),
-                     torch.addmm(b, x, w.t(), beta=0.5, alpha=-2), **_tol(dtype))
+        assert_close(
+            torch.addmm(b.to("tpu"), x.to("tpu"), w.to("tpu").t(), beta=0.5, alpha=-2).cpu(),
+            torch.addmm(b, x, w.t(), beta=0.5, alpha=-2),
+            **_tol(dtype),
+        )
     if grads:
         g = torch.randn(ref.shape, dtype=dtype)
         ref.backward(g)
@@ -134,7 +140,7 @@ def test_linear_layers_match_cpu_compiled_and_fused(dtype, monkeypatch):
         monkeypatch.setattr(fusion, "COMPILE", "now")
         runs = torchtpu.metrics()["fused_runs"]
         with torchtpu.eager_mode("fused"):
-            for _ in range(6):   # queued, then run as one compiled segment
+            for _ in range(6):  # queued, then run as one compiled segment
                 assert_close((xd + tpu(xd)).cpu(), expected.detach(), **_tol(dtype))
         assert torchtpu.metrics()["fused_runs"] > runs
 

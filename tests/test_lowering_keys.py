@@ -1,6 +1,7 @@
 """Every key of the lowering table names a real operator overload of the installed torch, spelled as
 `ops.resolve.op_name` spells it: a key with a typo, or one whose overload a torch release removed,
 would otherwise be a lowering that nothing ever reaches."""
+
 from __future__ import annotations
 
 import torch
@@ -12,9 +13,9 @@ from torchtpu.ops.table import LOWERINGS
 
 def _overload(key: str):
     parts = key.split(".")
-    if len(parts) == 3:     # "ns.op.overload": an operator outside aten (a jax_op)
+    if len(parts) == 3:  # "ns.op.overload": an operator outside aten (a jax_op)
         ns, name, overload = parts
-    elif len(parts) == 2:   # "op.overload": aten
+    elif len(parts) == 2:  # "op.overload": aten
         ns, (name, overload) = "aten", parts
     else:
         return None

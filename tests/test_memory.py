@@ -1,4 +1,5 @@
 """The memory model: storages, views that alias, in-place writes through views, lifetime, stats."""
+
 import gc
 
 import torch
@@ -96,6 +97,7 @@ def test_memory_returns_to_start_after_1000_steps():
     assert torch.tpu.memory_allocated() == start
     assert torch.tpu.max_memory_allocated() < start + 64 * 1024  # no growth over the loop
     from torchtpu.storage.records import RECORDS
+
     assert len(RECORDS) < 10_000
 
 
@@ -121,25 +123,30 @@ def test_first_call_of_a_new_executable_does_not_keep_its_tensors():
 
 def test_peak_statistics_do_not_count_failed_allocations():
     import pytest
+
     gc.collect()
     torch.tpu.reset_peak_memory_stats()
     base = torch.tpu.max_memory_allocated()
     a = torch.randn(1000, device="tpu")
     base += 4000
     assert torch.tpu.max_memory_allocated() == base
-    huge = 10 ** 12   # elements: far beyond this machine's memory
-    lazy = torch.empty(huge, device="tpu")   # lazy: holds nothing yet, counted as allocated (as on CUDA)
-    failures = [lambda: lazy.fill_(1), lambda: torch.zeros(huge, device="tpu"), lambda: a.repeat(huge // 1000),
-                lambda: torch.randn(huge, device="tpu")]
+    huge = 10**12  # elements: far beyond this machine's memory
+    lazy = torch.empty(huge, device="tpu")  # lazy: holds nothing yet, counted as allocated (as on CUDA)
+    failures = [
+        lambda: lazy.fill_(1),
+        lambda: torch.zeros(huge, device="tpu"),
+        lambda: a.repeat(huge // 1000),
+        lambda: torch.randn(huge, device="tpu"),
+    ]
     for fail in failures:
         with pytest.raises(torch.OutOfMemoryError):
             fail().cpu()
         assert torch.tpu.max_memory_allocated() == base
         assert torch.tpu.memory_stats()["allocated_bytes.all.peak"] == base
-    b = torch.ones(10, device="tpu")   # a later allocation does not bring the failed one back
+    b = torch.ones(10, device="tpu")  # a later allocation does not bring the failed one back
     assert torch.tpu.max_memory_allocated() == base + 40
     del lazy, b
     gc.collect()
-    c = torch.empty(500, device="tpu").fill_(1.0)   # a lazy storage whose first write succeeds counts
+    c = torch.empty(500, device="tpu").fill_(1.0)  # a lazy storage whose first write succeeds counts
     assert torch.tpu.max_memory_allocated() == base + 2000
     del a, c

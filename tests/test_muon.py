@@ -1,4 +1,5 @@
 """torch.tpu.optimizers.Muon matches torch.optim.Muon on the CPU, in one executable per step."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,7 +7,7 @@ import torch
 
 from torchtpu.optim import Muon
 
-SHAPES = [(16, 8), (8, 24), (12, 12)]   # tall (transposed inside Newton-Schulz), wide, square
+SHAPES = [(16, 8), (8, 24), (12, 12)]  # tall (transposed inside Newton-Schulz), wide, square
 
 
 def _params(dtype, seed=0):
@@ -31,8 +32,11 @@ def _run(ref, opt, cpu, tpu, steps, seed=1, lrs=None):
         opt.step()
 
 
-KWARGS = [dict(lr=0.02), dict(lr=0.05, nesterov=False, weight_decay=0.01, adjust_lr_fn="match_rms_adamw"),
-          dict(lr=0.01, momentum=0.5, ns_steps=3, ns_coefficients=(3.0, -3.2, 1.2), eps=1e-5)]
+KWARGS = [
+    dict(lr=0.02),
+    dict(lr=0.05, nesterov=False, weight_decay=0.01, adjust_lr_fn="match_rms_adamw"),
+    dict(lr=0.01, momentum=0.5, ns_steps=3, ns_coefficients=(3.0, -3.2, 1.2), eps=1e-5),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -61,8 +65,9 @@ def test_muon_lr_schedule_does_not_recompile_and_state_dict_is_torchs():
     assert sd["param_groups"][0].keys() == ref.state_dict()["param_groups"][0].keys()
     fresh = Muon([p for p in tpu], lr=0.02)
     fresh.load_state_dict(sd)
-    torch.testing.assert_close(fresh.state[tpu[0]]["momentum_buffer"].cpu(),
-                               ref.state[cpu[0]]["momentum_buffer"], atol=3e-4, rtol=1e-3)
+    torch.testing.assert_close(
+        fresh.state[tpu[0]]["momentum_buffer"].cpu(), ref.state[cpu[0]]["momentum_buffer"], atol=3e-4, rtol=1e-3
+    )
 
 
 def test_muon_errors_like_torch():

@@ -7,37 +7,104 @@ Full sweep: `pytest -m slow tests/test_opinfo.py` (every in-scope OpInfo, every 
 float32, bfloat16, float16, float64, int64, int32, uint8, bool, complex64, complex128). `python tools/op_coverage.py`
 runs the same checks in chunked subprocesses and writes docs/op_coverage.md.
 """
+
 from __future__ import annotations
 
 import zlib
 
+import opinfo_support as S
 import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
-import opinfo_support as S
-
 OPS = {S.op_id(op): op for op in op_db}
 
 FAST_OPS = [
-    "add", "sub", "mul", "div.no_rounding_mode", "div.trunc_rounding", "div.floor_rounding",
-    "floor_divide", "remainder", "fmod", "pow", "bitwise_left_shift", "bitwise_right_shift",
-    "neg", "exp", "log1p", "sigmoid", "atan2", "clamp", "where", "lerp",
-    "addcmul", "addcdiv", "eq", "isnan",
-    "sum", "mean", "prod", "amax", "argmax", "max.reduction_with_dim", "var", "logsumexp",
-    "cumsum", "cumprod", "logcumsumexp", "cummax", "sort", "topk", "kthvalue", "searchsorted",
-    "matmul", "addmm", "arange", "linspace", "full",
+    "add",
+    "sub",
+    "mul",
+    "div.no_rounding_mode",
+    "div.trunc_rounding",
+    "div.floor_rounding",
+    "floor_divide",
+    "remainder",
+    "fmod",
+    "pow",
+    "bitwise_left_shift",
+    "bitwise_right_shift",
+    "neg",
+    "exp",
+    "log1p",
+    "sigmoid",
+    "atan2",
+    "clamp",
+    "where",
+    "lerp",
+    "addcmul",
+    "addcdiv",
+    "eq",
+    "isnan",
+    "sum",
+    "mean",
+    "prod",
+    "amax",
+    "argmax",
+    "max.reduction_with_dim",
+    "var",
+    "logsumexp",
+    "cumsum",
+    "cumprod",
+    "logcumsumexp",
+    "cummax",
+    "sort",
+    "topk",
+    "kthvalue",
+    "searchsorted",
+    "matmul",
+    "addmm",
+    "arange",
+    "linspace",
+    "full",
 ]
 FAST_DTYPES = [torch.float32, torch.int64, torch.bfloat16]
 # complex arithmetic, the reductions whose complex results differ in kind (var is real, logsumexp
 # takes the principal log), conjugating products, complex construction and FFTs; complex64 (and
 # float32 for the ops that build complex values from real ones)
 FAST_COMPLEX_OPS = [
-    "add", "mul", "div.no_rounding_mode", "exp", "log", "sqrt", "abs", "angle", "sgn", "reciprocal", "tanh",
+    "add",
+    "mul",
+    "div.no_rounding_mode",
+    "exp",
+    "log",
+    "sqrt",
+    "abs",
+    "angle",
+    "sgn",
+    "reciprocal",
+    "tanh",
     "sigmoid",
-    "sum", "mean", "var", "std", "logsumexp", "logaddexp", "cumsum", "matmul", "vdot", "eq", "where",
-    "conj_physical", "view_as_real", "view_as_complex", "complex", "polar",
-    "fft.fft", "fft.ifft", "fft.rfft", "fft.irfft", "fft.fft2", "fft.hfft",
+    "sum",
+    "mean",
+    "var",
+    "std",
+    "logsumexp",
+    "logaddexp",
+    "cumsum",
+    "matmul",
+    "vdot",
+    "eq",
+    "where",
+    "conj_physical",
+    "view_as_real",
+    "view_as_complex",
+    "complex",
+    "polar",
+    "fft.fft",
+    "fft.ifft",
+    "fft.rfft",
+    "fft.irfft",
+    "fft.fft2",
+    "fft.hfft",
 ]
 
 
@@ -47,8 +114,11 @@ def _params(names, dtypes, max_per_op=None):
         op = OPS[name]
         why = S.out_of_scope(name)
         if why:
-            out.append(pytest.param(op, torch.float32, "forward", id=f"{name}-out_of_scope",
-                                    marks=pytest.mark.skip(reason=why)))
+            out.append(
+                pytest.param(
+                    op, torch.float32, "forward", id=f"{name}-out_of_scope", marks=pytest.mark.skip(reason=why)
+                )
+            )
             continue
         for dtype in S.cpu_dtypes(op):
             if dtype not in dtypes:
@@ -64,7 +134,7 @@ def _params(names, dtypes, max_per_op=None):
 # fail the same way every run and the xfail is strict: a fix shows up as XPASS.
 KNOWN = {
     "logcumsumexp-float32-grad": "PyTorch's logcumsumexp backward is ill-conditioned on some samples: "
-                                 "up to 3e-3 apart in a few elements",
+    "up to 3e-3 apart in a few elements",
 }
 
 
@@ -109,22 +179,24 @@ def test_harness_detects_wrong_results(monkeypatch):
     from torchtpu.ops import table
 
     low = table.LOWERINGS["neg.default"]
-    wrong = type(low)(low.name, lambda a: a, low.promote, low.promote_args, low.random,
-                      low.keep_result_dtype, low.mutates)
+    wrong = type(low)(
+        low.name, lambda a: a, low.promote, low.promote_args, low.random, low.keep_result_dtype, low.mutates
+    )
     monkeypatch.setitem(table.LOWERINGS, "neg.default", wrong)
     from torchtpu.eager import fastpath
     from torchtpu.eager.kernels import KERNELS
+
     for k in KERNELS.values():
         if k.name == "neg.default":
             monkeypatch.setattr(k, "cache", {})
-    fastpath.clear()   # (the C++ fast path's entries point at the executables just dropped)
+    fastpath.clear()  # (the C++ fast path's entries point at the executables just dropped)
     r = S.check(OPS["neg"], torch.float32, "forward", max_samples=1)
     assert r.status == "fail", r
 
 
 def test_out_of_scope_is_explicit():
     """Every OpInfo either runs or has a stated reason; complex-only ops have no dtype to run."""
-    for name, op in OPS.items():
+    for name, _op in OPS.items():
         why = S.out_of_scope(name)
         assert why is None or len(why) > 10
     assert S.out_of_scope("linalg.svd") and S.out_of_scope("to_sparse")
@@ -175,11 +247,17 @@ def test_foreach(case):
     S.compare(actual, expected, torch.float32)
 
 
-@pytest.mark.parametrize("name,args", [
-    ("_foreach_add_", lambda b, c: (b,)), ("_foreach_mul_", lambda b, c: (0.5,)),
-    ("_foreach_addcdiv_", lambda b, c: (b, c, 0.1)), ("_foreach_lerp_", lambda b, c: (b, 0.25)),
-    ("_foreach_sqrt_", lambda b, c: ()), ("_foreach_maximum_", lambda b, c: (b,)),
-])
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("_foreach_add_", lambda b, c: (b,)),
+        ("_foreach_mul_", lambda b, c: (0.5,)),
+        ("_foreach_addcdiv_", lambda b, c: (b, c, 0.1)),
+        ("_foreach_lerp_", lambda b, c: (b, 0.25)),
+        ("_foreach_sqrt_", lambda b, c: ()),
+        ("_foreach_maximum_", lambda b, c: (b,)),
+    ],
+)
 def test_foreach_inplace(name, args):
     fn = getattr(torch, name)
     a, b, c = _tensors(positive=True), _tensors(), _tensors(positive=True)
@@ -191,9 +269,13 @@ def test_foreach_inplace(name, args):
 
 # ------------------------------------------------------------------ complex inputs the CPU refuses
 def _real_only_ops():
-    return [pytest.param(op, id=S.op_id(op)) for op in op_db
-            if not S.out_of_scope(S.op_id(op)) and S.op_id(op) not in S.RANDOM_OPS
-            and torch.complex64 not in op.supported_dtypes("cpu")]
+    return [
+        pytest.param(op, id=S.op_id(op))
+        for op in op_db
+        if not S.out_of_scope(S.op_id(op))
+        and S.op_id(op) not in S.RANDOM_OPS
+        and torch.complex64 not in op.supported_dtypes("cpu")
+    ]
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Issue 24, the op-level items left: lowerings users hit (ctc_loss, LDL), batch norm's saved
 statistics in eval mode, bfloat16 accumulation. Values and gradients against the CPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,26 +25,40 @@ def _ctc_case(dtype, flat, blank=0, il=(9, 6, 2, 7), tl=(4, 2, 3, 0), classes=6,
     n, s = len(il), max(tl) + 1
     lp = torch.randn(steps, n, classes, dtype=dtype).log_softmax(2)
     tg = torch.randint(0, classes, (n, s))
-    tg[::2, 0] = blank                      # a target equal to blank, as the CPU accepts
-    tg[1, 1] = tg[1, 0]                     # a repeated label (needs a blank between)
+    tg[::2, 0] = blank  # a target equal to blank, as the CPU accepts
+    tg[1, 1] = tg[1, 0]  # a repeated label (needs a blank between)
     if flat:
-        tg = torch.cat([tg[i, :tl[i]] for i in range(n)])
+        tg = torch.cat([tg[i, : tl[i]] for i in range(n)])
     return lp, tg, list(il), list(tl)
 
 
 # Default run: six of the 24 combinations, a pairwise cover (every value of each parameter, and
 # every pair of values of two parameters, occurs at least once); `-m slow` runs the other 18.
-_CTC_DEFAULT = {("none", False, False, torch.float32), ("none", True, True, torch.float64),
-                ("mean", True, True, torch.float32), ("mean", False, False, torch.float64),
-                ("sum", False, True, torch.float32), ("sum", True, False, torch.float64)}
+_CTC_DEFAULT = {
+    ("none", False, False, torch.float32),
+    ("none", True, True, torch.float64),
+    ("mean", True, True, torch.float32),
+    ("mean", False, False, torch.float64),
+    ("sum", False, True, torch.float32),
+    ("sum", True, False, torch.float64),
+}
 
 
 def _ctc_params():
-    return [pytest.param(zero_infinity, reduction, flat, dtype,
-                         id=f"{zero_infinity}-{reduction}-{'concatenated' if flat else 'padded'}-dtype{i}",
-                         marks=() if (reduction, flat, zero_infinity, dtype) in _CTC_DEFAULT else pytest.mark.slow)
-            for zero_infinity in (False, True) for reduction in ("none", "mean", "sum")
-            for flat in (False, True) for i, dtype in enumerate((torch.float32, torch.float64))]
+    return [
+        pytest.param(
+            zero_infinity,
+            reduction,
+            flat,
+            dtype,
+            id=f"{zero_infinity}-{reduction}-{'concatenated' if flat else 'padded'}-dtype{i}",
+            marks=() if (reduction, flat, zero_infinity, dtype) in _CTC_DEFAULT else pytest.mark.slow,
+        )
+        for zero_infinity in (False, True)
+        for reduction in ("none", "mean", "sum")
+        for flat in (False, True)
+        for i, dtype in enumerate((torch.float32, torch.float64))
+    ]
 
 
 @pytest.mark.parametrize("zero_infinity,reduction,flat,dtype", _ctc_params())
@@ -65,21 +80,25 @@ def test_ctc_loss_and_gradient_match_the_cpu(dtype, flat, reduction, zero_infini
 
 def test_ctc_loss_tensor_lengths_unbatched_and_empty_inputs():
     lp, tg, il, tl = _ctc_case(torch.float32, False)
-    for fn in (lambda d: F.ctc_loss(lp.to(d), tg.to(d), torch.tensor(il).to(d), torch.tensor(tl).to(d)),
-               lambda d: F.ctc_loss(lp[:, 0].to(d), tg[0, :tl[0]].to(d), il[:1], tl[:1], reduction="none"),
-               lambda d: F.ctc_loss(lp.to(d), tg.to(d), [0, 0, 5, 5], [0, 2, 0, 1], reduction="none")):
+    for fn in (
+        lambda d: F.ctc_loss(lp.to(d), tg.to(d), torch.tensor(il).to(d), torch.tensor(tl).to(d)),
+        lambda d: F.ctc_loss(lp[:, 0].to(d), tg[0, : tl[0]].to(d), il[:1], tl[:1], reduction="none"),
+        lambda d: F.ctc_loss(lp.to(d), tg.to(d), [0, 0, 5, 5], [0, 2, 0, 1], reduction="none"),
+    ):
         torch.testing.assert_close(fn(D).cpu(), fn("cpu"))
 
 
 def test_ctc_loss_bad_input_raises_as_on_the_cpu():
     lp, tg, il, tl = _ctc_case(torch.float32, False)
-    for fn in (lambda d: F.ctc_loss(lp.to(d), tg.to(d), [10] + il[1:], tl),                # input length > T
-               lambda d: F.ctc_loss(lp.to(d), tg.to(d), il, [6] + tl[1:]),                 # target length > S
-               lambda d: F.ctc_loss(lp.to(d), tg.to(d), [-1] + il[1:], tl),
-               lambda d: F.ctc_loss(lp.to(d), tg.to(d), il[:3], tl),
-               lambda d: F.ctc_loss(lp.to(d), tg.to(d), il, tl, blank=6),
-               lambda d: F.ctc_loss(lp.to(d), tg.flatten()[:3].to(d), il, tl),
-               lambda d: F.ctc_loss(lp[:0].to(d), tg.to(d), [0] * 4, [0] * 4)):
+    for fn in (
+        lambda d: F.ctc_loss(lp.to(d), tg.to(d), [10] + il[1:], tl),  # input length > T
+        lambda d: F.ctc_loss(lp.to(d), tg.to(d), il, [6] + tl[1:]),  # target length > S
+        lambda d: F.ctc_loss(lp.to(d), tg.to(d), [-1] + il[1:], tl),
+        lambda d: F.ctc_loss(lp.to(d), tg.to(d), il[:3], tl),
+        lambda d: F.ctc_loss(lp.to(d), tg.to(d), il, tl, blank=6),
+        lambda d: F.ctc_loss(lp.to(d), tg.flatten()[:3].to(d), il, tl),
+        lambda d: F.ctc_loss(lp[:0].to(d), tg.to(d), [0] * 4, [0] * 4),
+    ):
         _same_error(fn)
     _same_error(lambda d: F.ctc_loss(lp.bfloat16().to(d), tg.to(d), il, tl), match="not implemented for 'BFloat16'")
 
@@ -102,6 +121,7 @@ def test_ctc_loss_compiled_with_gradient():
 
 def test_ctc_loss_target_out_of_range_is_a_device_assert():
     from torchtpu.eager.asserts import DeviceAssertError
+
     lp, tg, il, tl = _ctc_case(torch.float32, False)
     tg[1, 1] = 6
     with pytest.raises(DeviceAssertError, match="targets must be class indices"):
@@ -112,7 +132,7 @@ def test_ctc_loss_target_out_of_range_is_a_device_assert():
 def _symmetric(n, dtype, batch=(), indefinite_start=False):
     a = torch.randn(*batch, n, n, dtype=dtype)
     a = a + a.mT
-    if indefinite_start:          # zeros on the first diagonal entries: 2x2 pivots from the start
+    if indefinite_start:  # zeros on the first diagonal entries: 2x2 pivots from the start
         a[..., 0, 0] = a[..., 1, 1] = 0
     return a
 
@@ -122,15 +142,29 @@ def _symmetric(n, dtype, batch=(), indefinite_start=False):
 # `-m slow` runs the other 18 combinations.
 _LDL_DTYPES = [torch.float32, torch.float64, torch.complex64, torch.complex128]
 _LDL_CASES = [(1, (), False), (2, (), True), (5, (), False), (9, (3,), True), (17, (2, 2), False), (70, (), False)]
-_LDL_DEFAULT = {(1, torch.float32), (2, torch.complex64), (5, torch.float64), (9, torch.complex128),
-                (17, torch.float32), (70, torch.float64)}
+_LDL_DEFAULT = {
+    (1, torch.float32),
+    (2, torch.complex64),
+    (5, torch.float64),
+    (9, torch.complex128),
+    (17, torch.float32),
+    (70, torch.float64),
+}
 
 
 def _ldl_params():
-    return [pytest.param(n, batch, indefinite_start, dtype,
-                         id=f"{n}-batch{j}-{indefinite_start}-dtype{i}",
-                         marks=() if (n, dtype) in _LDL_DEFAULT else pytest.mark.slow)
-            for j, (n, batch, indefinite_start) in enumerate(_LDL_CASES) for i, dtype in enumerate(_LDL_DTYPES)]
+    return [
+        pytest.param(
+            n,
+            batch,
+            indefinite_start,
+            dtype,
+            id=f"{n}-batch{j}-{indefinite_start}-dtype{i}",
+            marks=() if (n, dtype) in _LDL_DEFAULT else pytest.mark.slow,
+        )
+        for j, (n, batch, indefinite_start) in enumerate(_LDL_CASES)
+        for i, dtype in enumerate(_LDL_DTYPES)
+    ]
 
 
 @pytest.mark.parametrize("n,batch,indefinite_start,dtype", _ldl_params())
@@ -139,7 +173,7 @@ def test_ldl_factor_matches_lapack_and_solves(dtype, n, batch, indefinite_start)
     ld, piv, info = torch.linalg.ldl_factor_ex(a)
     ld_t, piv_t, info_t = (x.cpu() for x in torch.linalg.ldl_factor_ex(a.to(D)))
     assert piv_t.dtype == torch.int32 and info_t.dtype == torch.int32
-    torch.testing.assert_close(piv_t, piv)                 # the same 1x1 and 2x2 pivots, same swaps
+    torch.testing.assert_close(piv_t, piv)  # the same 1x1 and 2x2 pivots, same swaps
     torch.testing.assert_close(info_t, info)
     tol = dict(rtol=1e-3, atol=1e-3) if dtype in (torch.float32, torch.complex64) else {}
     torch.testing.assert_close(ld_t, ld, **tol)
@@ -164,16 +198,23 @@ def test_ldl_indefinite_matrices_take_2x2_pivots():
 
 def test_ldl_hermitian_flag_singular_and_bad_input():
     a = _symmetric(6, torch.float32)
-    for got, want in zip(torch.linalg.ldl_factor_ex(a.to(D), hermitian=True), torch.linalg.ldl_factor_ex(a, hermitian=True)):
+    for got, want in zip(
+        torch.linalg.ldl_factor_ex(a.to(D), hermitian=True), torch.linalg.ldl_factor_ex(a, hermitian=True)
+    ):
         torch.testing.assert_close(got.cpu(), want)
     s = _symmetric(4, torch.float64)
-    s[:, 2] = s[2, :] = 0                                   # singular: info names the zero column
+    s[:, 2] = s[2, :] = 0  # singular: info names the zero column
     for got, want in zip(torch.linalg.ldl_factor_ex(s.to(D)), torch.linalg.ldl_factor_ex(s)):
         torch.testing.assert_close(got.cpu(), want)
     _same_error(lambda d: torch.linalg.ldl_factor(torch.randn(3, 4, device=d)))
-    _same_error(lambda d: torch.linalg.ldl_factor(torch.randn(3, 3, device=d).half()), match="not implemented for 'Half'")
-    _same_error(lambda d: torch.linalg.ldl_solve(torch.randn(3, 3, device=d), torch.ones(3, dtype=torch.int32, device=d),
-                                                 torch.randn(4, 2, device=d)))
+    _same_error(
+        lambda d: torch.linalg.ldl_factor(torch.randn(3, 3, device=d).half()), match="not implemented for 'Half'"
+    )
+    _same_error(
+        lambda d: torch.linalg.ldl_solve(
+            torch.randn(3, 3, device=d), torch.ones(3, dtype=torch.int32, device=d), torch.randn(4, 2, device=d)
+        )
+    )
 
 
 # Default run: each size once, both dtypes (alternating); `-m slow` runs the other three.
@@ -181,10 +222,18 @@ _HERM_DEFAULT = {(2, torch.complex64), (9, torch.complex128), (17, torch.complex
 
 
 def _herm_params():
-    return [pytest.param(n, batch, indefinite_start, dtype, id=f"{n}-batch{j}-{indefinite_start}-dtype{i}",
-                         marks=() if (n, dtype) in _HERM_DEFAULT else pytest.mark.slow)
-            for j, (n, batch, indefinite_start) in enumerate([(2, (), True), (9, (3,), True), (17, (), False)])
-            for i, dtype in enumerate((torch.complex64, torch.complex128))]
+    return [
+        pytest.param(
+            n,
+            batch,
+            indefinite_start,
+            dtype,
+            id=f"{n}-batch{j}-{indefinite_start}-dtype{i}",
+            marks=() if (n, dtype) in _HERM_DEFAULT else pytest.mark.slow,
+        )
+        for j, (n, batch, indefinite_start) in enumerate([(2, (), True), (9, (3,), True), (17, (), False)])
+        for i, dtype in enumerate((torch.complex64, torch.complex128))
+    ]
 
 
 @pytest.mark.parametrize("n,batch,indefinite_start,dtype", _herm_params())
@@ -233,9 +282,11 @@ def test_batch_norm_eval_saved_statistics_follow_cuda(dtype):
     w, b, rm, rv = (torch.randn(3, dtype=dtype) for _ in range(4))
     rv = rv.abs() + 0.5
     acc = torch.float32
-    for fn in (lambda *a: torch.ops.aten.native_batch_norm(*a, False, 0.1, 1e-5),
-               lambda *a: torch.ops.aten._native_batch_norm_legit_no_training(*a, 0.1, 1e-5),
-               lambda *a: torch.ops.aten._batch_norm_no_update(*a, 0.1, 1e-5)):
+    for fn in (
+        lambda *a: torch.ops.aten.native_batch_norm(*a, False, 0.1, 1e-5),
+        lambda *a: torch.ops.aten._native_batch_norm_legit_no_training(*a, 0.1, 1e-5),
+        lambda *a: torch.ops.aten._batch_norm_no_update(*a, 0.1, 1e-5),
+    ):
         cpu = fn(x, w, b, rm, rv)
         tpu = [t.cpu() for t in fn(*(t.to(D) for t in (x, w, b, rm, rv)))]
         torch.testing.assert_close(tpu[0], cpu[0])
@@ -256,21 +307,27 @@ def test_addbmm_half_rounds_once_per_batch_as_pytorch(dtype, beta, alpha):
     actual = torch.addbmm(c.to(D), x.to(D), y.to(D), beta=beta, alpha=alpha).cpu()
     scale = float(expected.abs().max())
     # the same roundings: at most an ulp apart where the float32 products' summation orders differ
-    torch.testing.assert_close(actual, expected, rtol=0, atol=scale * 2 ** -7)
-    torch.testing.assert_close(actual.cpu(), expected, **({"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}))
+    torch.testing.assert_close(actual, expected, rtol=0, atol=scale * 2**-7)
+    torch.testing.assert_close(
+        actual.cpu(), expected, **({"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {})
+    )
     t = c.to(D)
     t.addbmm_(x.to(D), y.to(D), beta=beta, alpha=alpha)
     torch.testing.assert_close(t.cpu(), actual, rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------- complex32
-@pytest.mark.parametrize("make", [
-    lambda: torch.randn(3, dtype=torch.complex64).chalf().to(D),
-    lambda: torch.empty(3, dtype=torch.chalf, device=D),
-    lambda: torch.zeros(2, 3, dtype=torch.chalf, device=D),
-    lambda: torch.empty_strided((2, 3), (1, 2), dtype=torch.chalf, device=D),
-    lambda: torch.randn(3, device=D).to(torch.chalf),
-], ids=["from_cpu", "empty", "zeros", "empty_strided", "convert"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(3, dtype=torch.complex64).chalf().to(D),
+        lambda: torch.empty(3, dtype=torch.chalf, device=D),
+        lambda: torch.zeros(2, 3, dtype=torch.chalf, device=D),
+        lambda: torch.empty_strided((2, 3), (1, 2), dtype=torch.chalf, device=D),
+        lambda: torch.randn(3, device=D).to(torch.chalf),
+    ],
+    ids=["from_cpu", "empty", "zeros", "empty_strided", "convert"],
+)
 def test_complex32_says_it_is_not_a_tpu_dtype(make):
     """complex32 has no JAX dtype (docs/design.md): every way of making one on tpu raises our TypeError
     naming the supported dtypes, not numpy's or a confusing one at a later op."""

@@ -1,4 +1,5 @@
 """Op semantics the OpInfo sweep found wrong once: each compared with the CPU on fresh inputs."""
+
 import pytest
 import torch
 from conftest import assert_matches_cpu
@@ -17,8 +18,8 @@ def test_integer_pow_wraps_and_negative_exponents(dtype):
     exps = torch.randint(-4 if signed else 0, 80, (200,)).to(dtype)
     bases = torch.randint(low, 6, (200,)).to(dtype)
     same(torch.pow, bases, exps)
-    same(lambda e: 3 ** e, exps)
-    same(lambda b: b ** 70, bases)
+    same(lambda e: 3**e, exps)
+    same(lambda b: b**70, bases)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -77,8 +78,10 @@ def _check_dist_gradients(p, cdist=True, pdist=True):
     x2[0, 0] = x1[0, 0]  # a zero distance: the gradient there is 0, not NaN
     rows = torch.randn(7, 4)
     rows[3] = rows[1]
-    cases = ((lambda a, b: torch.cdist(a, b, p), (x1, x2)) if cdist else None,
-             (lambda a: torch.pdist(a, p), (rows,)) if pdist else None)
+    cases = (
+        (lambda a, b: torch.cdist(a, b, p), (x1, x2)) if cdist else None,
+        (lambda a: torch.pdist(a, p), (rows,)) if pdist else None,
+    )
     for fn, inputs in filter(None, cases):
         cpu = [t.clone().requires_grad_() for t in inputs]
         dev = [t.to(DEV).requires_grad_() for t in inputs]
@@ -99,8 +102,13 @@ def test_cdist_and_pdist_gradients(p):
 
 def test_cdist_gradient_with_nothing_to_compute():
     # an empty broadcast batch, or no points on one side: zeros of each input's own shape
-    for sa, sb in [((0, 4, 5), (3, 5)), ((4, 5), (2, 0, 5)), ((1, 4, 5), (0, 3, 5)), ((2, 4, 0), (2, 3, 0)),
-                   ((4, 5), (2, 3, 5))]:
+    for sa, sb in [
+        ((0, 4, 5), (3, 5)),
+        ((4, 5), (2, 0, 5)),
+        ((1, 4, 5), (0, 3, 5)),
+        ((2, 4, 0), (2, 3, 0)),
+        ((4, 5), (2, 3, 5)),
+    ]:
         a, b = torch.randn(sa, requires_grad=True), torch.randn(sb, requires_grad=True)
         ad, bd = (t.detach().to(DEV).requires_grad_() for t in (a, b))
         out = torch.cdist(a, b)
@@ -126,8 +134,9 @@ def test_margin_losses_and_gradients(reduction):
     F = torch.nn.functional
     cases = [
         lambda t: F.multi_margin_loss(t, target.to(t.device), reduction=reduction),
-        lambda t: F.multi_margin_loss(t, target.to(t.device), p=2, margin=0.5, weight=weight.to(t.device),
-                                      reduction=reduction),
+        lambda t: F.multi_margin_loss(
+            t, target.to(t.device), p=2, margin=0.5, weight=weight.to(t.device), reduction=reduction
+        ),
         lambda t: F.multilabel_margin_loss(t, multilabel.to(t.device), reduction=reduction),
     ]
     for fn in cases:
@@ -147,8 +156,9 @@ def test_histogram(dtype):
     weight = torch.rand(500, dtype=dtype)
     for kwargs in (dict(bins=13), dict(bins=5, range=(-1.0, 0.5)), dict(bins=7, weight=weight, density=True)):
         expected = torch.histogram(x, **kwargs)
-        actual = torch.histogram(x.to(DEV), **{k: v.to(DEV) if isinstance(v, torch.Tensor) else v
-                                               for k, v in kwargs.items()})
+        actual = torch.histogram(
+            x.to(DEV), **{k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        )
         torch.testing.assert_close(actual.hist.cpu(), expected.hist)
         torch.testing.assert_close(actual.bin_edges.cpu(), expected.bin_edges)
     edges = torch.tensor([-2.0, -0.5, 0.0, 0.1, 3.0], dtype=dtype)
@@ -179,6 +189,7 @@ def test_bincount_and_data_dependent_out_forms():
 
 def test_arange_matches_cpu_and_traces_its_start():
     import torchtpu
+
     for args in [(3, 8), (3.0, 8, 0.5), (0, 10, 3), (10, 0, -3), (0.5, 3), (0, 0), (5,), (2.7, 9.1, 1.3)]:
         for dtype in [None, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.uint8]:
             expected = torch.arange(*args, dtype=dtype)
@@ -198,15 +209,16 @@ def test_arange_matches_cpu_and_traces_its_start():
 def test_segment_reduce_with_gradients(reduce, initial):
     data = torch.randn(3, 9, 2)
     lengths = torch.tensor([[2, 0, 4, 3], [9, 0, 0, 0], [1, 1, 1, 6]])
-    for kwargs in (dict(lengths=lengths), dict(offsets=torch.cat([torch.zeros(3, 1, dtype=torch.long),
-                                                                   lengths.cumsum(1)], 1))):
+    for kwargs in (
+        dict(lengths=lengths),
+        dict(offsets=torch.cat([torch.zeros(3, 1, dtype=torch.long), lengths.cumsum(1)], 1)),
+    ):
         x = data.clone().requires_grad_()
         out = torch.segment_reduce(x, reduce, axis=1, initial=initial, **kwargs)
         g = torch.randn(out.shape)
         (expected,) = torch.autograd.grad(out, x, g)
         xd = data.to(DEV).requires_grad_()
-        out_d = torch.segment_reduce(xd, reduce, axis=1, initial=initial,
-                                     **{k: v.to(DEV) for k, v in kwargs.items()})
+        out_d = torch.segment_reduce(xd, reduce, axis=1, initial=initial, **{k: v.to(DEV) for k, v in kwargs.items()})
         torch.testing.assert_close(out_d.detach().cpu(), out.detach(), equal_nan=True)
         if "lengths" in kwargs:  # PyTorch's CPU backward takes lengths; offsets have no grad formula here
             (actual,) = torch.autograd.grad(out_d, xd, g.to(DEV))
@@ -217,8 +229,10 @@ def _grid_sample_params():
     # Default run: every mode in float32 (values and gradients) and one low-precision case per
     # rounding path, each over the three (padding, alignment) pairs _grid_default_pairs picks for its
     # mode; `-m slow` runs the full dtype x mode grid over all six pairs ("-all").
-    fast = {(torch.float32, m, d) for m, d in _GRID_MODES} | {(torch.bfloat16, "bilinear", 2),
-                                                              (torch.float16, "nearest", 3)}
+    fast = {(torch.float32, m, d) for m, d in _GRID_MODES} | {
+        (torch.bfloat16, "bilinear", 2),
+        (torch.float16, "nearest", 3),
+    }
     params = []
     for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         for m, d in _GRID_MODES:
@@ -288,15 +302,29 @@ def test_grid_sample_gradients_every_padding_and_alignment(mode, dims):
 
 # Default run: a pairwise cover of mode x size x alignment (each size with both modes and both
 # alignments, each mode with both alignments), six of the twelve; `-m slow` runs the other six.
-_ANTIALIAS_DEFAULT = {("bilinear", 0, False), ("bicubic", 0, True), ("bilinear", 1, True),
-                      ("bicubic", 1, False), ("bilinear", 2, False), ("bicubic", 2, True)}
+_ANTIALIAS_DEFAULT = {
+    ("bilinear", 0, False),
+    ("bicubic", 0, True),
+    ("bilinear", 1, True),
+    ("bicubic", 1, False),
+    ("bilinear", 2, False),
+    ("bicubic", 2, True),
+}
 
 
 def _antialias_params():
-    return [pytest.param(align, size, mode, id=f"{align}-size{i}-{mode}",
-                         marks=() if (mode, i, align) in _ANTIALIAS_DEFAULT else pytest.mark.slow)
-            for align in (False, True) for i, size in enumerate([(3, 4), (20, 30), (9, 13)])
-            for mode in ("bilinear", "bicubic")]
+    return [
+        pytest.param(
+            align,
+            size,
+            mode,
+            id=f"{align}-size{i}-{mode}",
+            marks=() if (mode, i, align) in _ANTIALIAS_DEFAULT else pytest.mark.slow,
+        )
+        for align in (False, True)
+        for i, size in enumerate([(3, 4), (20, 30), (9, 13)])
+        for mode in ("bilinear", "bicubic")
+    ]
 
 
 @pytest.mark.parametrize("align_corners,size,mode", _antialias_params())
@@ -314,9 +342,15 @@ def test_antialiased_interpolation_and_gradient(mode, size, align_corners):
     torch.testing.assert_close(actual.cpu(), expected)
 
 
-@pytest.mark.parametrize("nd,shape,kernel,output", [(2, (2, 3, 9, 11), (2, 3), (5, 4)), (2, (3, 9, 11), (3, 2), (4, 7)),
-                                                     (3, (2, 2, 7, 8, 9), (2, 2, 3), (3, 4, 5)),
-                                                     (2, (1, 2, 5, 5), (2, 2), (1, 1))])
+@pytest.mark.parametrize(
+    "nd,shape,kernel,output",
+    [
+        (2, (2, 3, 9, 11), (2, 3), (5, 4)),
+        (2, (3, 9, 11), (3, 2), (4, 7)),
+        (3, (2, 2, 7, 8, 9), (2, 2, 3), (3, 4, 5)),
+        (2, (1, 2, 5, 5), (2, 2), (1, 1)),
+    ],
+)
 def test_fractional_max_pool_with_given_samples(nd, shape, kernel, output):
     F = torch.nn.functional
     x = torch.randn(*shape)
@@ -335,10 +369,15 @@ def test_fractional_max_pool_with_given_samples(nd, shape, kernel, output):
     torch.testing.assert_close(actual.cpu(), expected)
 
 
-@pytest.mark.parametrize("shapes", [((12, 16), (3, 16, 8), [4, 8, 12]),    # experts' forward: groups of rows
-                                    ((16, 12), (12, 8), [4, 8, 12]),       # their weight gradient
-                                    ((3, 12, 16), (16, 12), [4, 8, 12]),   # groups of columns
-                                    ((3, 12, 16), (3, 16, 8), None)])      # batched
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((12, 16), (3, 16, 8), [4, 8, 12]),  # experts' forward: groups of rows
+        ((16, 12), (12, 8), [4, 8, 12]),  # their weight gradient
+        ((3, 12, 16), (16, 12), [4, 8, 12]),  # groups of columns
+        ((3, 12, 16), (3, 16, 8), None),
+    ],
+)  # batched
 def test_grouped_mm_modes_and_gradients(shapes):
     sa, sb, offs = shapes
     a, b = torch.randn(*sa, requires_grad=True), torch.randn(*sb, requires_grad=True)
@@ -360,9 +399,11 @@ def test_grouped_mm_with_many_uneven_groups(routing, dtype):
     """Mixture-of-experts routing: 16 experts, empty groups, one expert taking every row, rows past
     the last offset (the tiled path off TPU must cover each group's rows exactly once)."""
     m, g = 70, 16
-    counts = {"random": torch.bincount(torch.randint(0, g, (m,)), minlength=g),
-              "one expert": torch.zeros(g, dtype=torch.long).index_fill_(0, torch.tensor([5]), m),
-              "empty tail": torch.bincount(torch.randint(0, g - 3, (m - 9,)), minlength=g)}[routing]
+    counts = {
+        "random": torch.bincount(torch.randint(0, g, (m,)), minlength=g),
+        "one expert": torch.zeros(g, dtype=torch.long).index_fill_(0, torch.tensor([5]), m),
+        "empty tail": torch.bincount(torch.randint(0, g - 3, (m - 9,)), minlength=g),
+    }[routing]
     offs = counts.cumsum(0).to(torch.int32)
     a, b = torch.randn(m, 24, dtype=dtype), torch.randn(g, 24, 40, dtype=dtype)
     expected = torch._grouped_mm(a, b, offs=offs)

@@ -1,4 +1,5 @@
 """torch.tpu.optimizers: AdamW / SGD match torch.optim on CPU, in one executable per step."""
+
 from __future__ import annotations
 
 import copy
@@ -41,8 +42,12 @@ def _close(cpu, tpu, dtype):
 
 
 ADAMW = [dict(), dict(weight_decay=0.1, amsgrad=True), dict(maximize=True, betas=(0.3, 0.9), eps=1e-6)]
-SGDS = [dict(), dict(momentum=0.9), dict(momentum=0.9, nesterov=True, weight_decay=0.01),
-        dict(momentum=0.5, dampening=0.3, maximize=True)]
+SGDS = [
+    dict(),
+    dict(momentum=0.9),
+    dict(momentum=0.9, nesterov=True, weight_decay=0.01),
+    dict(momentum=0.5, dampening=0.3, maximize=True),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -79,13 +84,13 @@ def test_one_executable_across_steps_and_lr_schedule():
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         _run(ref, opt, cpu, tpu, steps=1)
-        assert opt.executables_built == 1 and compiles   # the listener sees XLA compiles
+        assert opt.executables_built == 1 and compiles  # the listener sees XLA compiles
         compiles.clear()
         _run(ref, opt, cpu, tpu, steps=5, seed=3, lrs=[1e-2, 5e-3, 2e-3, 1e-3, 3e-4])
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert opt.executables_built == 1
-    assert compiles == []   # no XLA compile at all: lr and the step count are traced scalars
+    assert compiles == []  # no XLA compile at all: lr and the step count are traced scalars
     _close(cpu, tpu, torch.float32)
 
 
@@ -103,7 +108,7 @@ def test_param_groups_mixed_states_and_params_without_grad():
     ref, opt = torch.optim.SGD(groups(cpu), lr=0.1), SGD(groups(tpu), lr=0.1)
     frozen_c, frozen_t = torch.randn(3), None
     frozen_t = frozen_c.to("tpu").requires_grad_()
-    opt.add_param_group({"params": [frozen_t]})   # never gets a grad: skipped
+    opt.add_param_group({"params": [frozen_t]})  # never gets a grad: skipped
     _run(ref, opt, cpu, tpu, steps=2)
     _close(cpu, tpu, torch.float32)
     torch.testing.assert_close(frozen_t.detach().cpu(), frozen_c)
@@ -123,7 +128,7 @@ def test_state_dict_round_trip_with_torch():
     ref2.load_state_dict(copy.deepcopy(sd))
     tpu2 = [p.detach().to("tpu").requires_grad_() for p in cpu]
     opt2 = AdamW(tpu2, lr=1e-2, amsgrad=True)
-    opt2.load_state_dict(copy.deepcopy(ref.state_dict()))   # torch shares CPU "step" tensors
+    opt2.load_state_dict(copy.deepcopy(ref.state_dict()))  # torch shares CPU "step" tensors
     assert opt2.state[tpu2[0]]["exp_avg"].device.type == "tpu"
     _run(ref2, opt, cpu2, tpu, steps=2, seed=5)
     _close(cpu2, tpu, torch.float32)
@@ -163,7 +168,7 @@ def test_public_names():
 
 def test_failed_step_leaves_the_state_as_it_was():
     p = torch.randn(4, device="tpu", requires_grad=True)
-    bad = torch.randn(4, requires_grad=True)   # on cpu: the step fails after p's group was prepared
+    bad = torch.randn(4, requires_grad=True)  # on cpu: the step fails after p's group was prepared
     p.grad, bad.grad = torch.ones(4, device="tpu"), torch.ones(4)
     before = p.detach().cpu()
     adamw = AdamW([{"params": [p]}, {"params": [bad]}], lr=0.1)

@@ -1,6 +1,7 @@
 """integrations/patches.py: every patch of another library is installed on the releases it was checked
 against, a release outside them warns once, a target that is gone is reported (never an error at import),
 and the checked ranges agree with pyproject.toml and docs/transformers.md."""
+
 from __future__ import annotations
 
 import importlib
@@ -61,7 +62,7 @@ def test_install_is_idempotent():
     before = patches.applied()
     patches._installed[0] = False
     try:
-        patches.install()   # every patch sees its own marker and leaves the target alone
+        patches.install()  # every patch sees its own marker and leaves the target alone
     finally:
         patches._installed[0] = True
     assert patches.applied() == before
@@ -70,6 +71,7 @@ def test_install_is_idempotent():
 def _fake_patch(module_name: str, checked: tuple[str, str], calls: list):
     def apply(module):
         calls.append(module)
+
     return patches.Patch(apply, "transformers", checked, f"{module_name}.Target.method", module_name)
 
 
@@ -86,7 +88,7 @@ def test_a_release_outside_the_checked_range_warns_once_and_still_patches(monkey
         warnings.simplefilter("always")
         patches._run(first, module)
         patches._run(second, module)
-    assert calls == [module, module]   # both applied
+    assert calls == [module, module]  # both applied
     messages = [str(w.message) for w in seen]
     assert len(messages) == 1, messages
     assert f"transformers {version} is outside" in messages[0]
@@ -95,7 +97,7 @@ def test_a_release_outside_the_checked_range_warns_once_and_still_patches(monkey
 
 def test_a_target_that_is_gone_is_reported_not_raised(monkeypatch):
     monkeypatch.setattr(patches, "_problems", [])
-    bare = types.ModuleType("transformers.cache_utils")   # a release without StaticSlidingWindowLayer
+    bare = types.ModuleType("transformers.cache_utils")  # a release without StaticSlidingWindowLayer
     row = next(p for p in patches.PATCHES if p.apply is patches._sliding_window_layer)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -108,14 +110,15 @@ def test_a_patch_that_fails_is_reported_not_raised(monkeypatch):
     monkeypatch.setattr(patches, "_problems", [])
 
     def broken(module):
-        return module.PreTrainedModel   # an AttributeError while the library imports
+        return module.PreTrainedModel  # an AttributeError while the library imports
 
     row = patches.Patch(broken, "transformers", patches.TRANSFORMERS_CHECKED, "fake.PreTrainedModel", "fake")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         patches._run(row, types.ModuleType("fake"))
-    expected = ("fake.PreTrainedModel: the patch failed with AttributeError: "
-                "module 'fake' has no attribute 'PreTrainedModel'")
+    expected = (
+        "fake.PreTrainedModel: the patch failed with AttributeError: module 'fake' has no attribute 'PreTrainedModel'"
+    )
     assert patches.problems() == [expected]
     assert len(seen) == 1
 

@@ -1,4 +1,5 @@
 """torch.tpu.profiler and torch.profiler.profile on tpu work: an XLA trace with PyTorch op names."""
+
 from __future__ import annotations
 
 import glob
@@ -18,7 +19,8 @@ def _event_names(run_dir):
     assert traces, os.listdir(run_dir)
     names = set()
     for path in traces:
-        names |= {e.get("name") for e in json.load(gzip.open(path))["traceEvents"]}
+        with gzip.open(path) as trace:
+            names |= {e.get("name") for e in json.load(trace)["traceEvents"]}
     return traces, names
 
 
@@ -26,8 +28,7 @@ def test_trace_is_written_with_op_names(tmp_path):
     a = torch.randn(32, 16, device="tpu")
     b = torch.randn(16, 8, device="tpu")
     config = TpuProfilerConfig(run_dir=tmp_path, worker_rank="3")
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
-                 experimental_config=config) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], experimental_config=config) as prof:
         c = torch.relu(a @ b).sum()
         c.item()
     assert prof.tpu_trace_dir == str(tmp_path)
@@ -42,6 +43,7 @@ def test_trace_is_written_with_op_names(tmp_path):
 
 def test_private_use1_activity_does_not_fail_and_annotates_only_while_profiling(tmp_path, monkeypatch):
     from torchtpu import profiling
+
     monkeypatch.setattr(profiling, "DEFAULT_RUN_DIR", str(tmp_path))
     x = torch.randn(8, 8, device="tpu")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
@@ -49,17 +51,25 @@ def test_private_use1_activity_does_not_fail_and_annotates_only_while_profiling(
     assert y == pytest.approx((x.cpu() * 2).sum().item(), rel=1e-5)
     assert "aten::mul" in {e.key for e in prof.key_averages()}
     assert "aten::mul" in _event_names(str(tmp_path))[1]
-    assert torch._C._len_torch_dispatch_stack() == 0   # no annotation mode left behind
-    with profile(activities=[ProfilerActivity.CPU]):   # CPU only: no device trace
+    assert torch._C._len_torch_dispatch_stack() == 0  # no annotation mode left behind
+    with profile(activities=[ProfilerActivity.CPU]):  # CPU only: no device trace
         (x + 1).sum().item()
     assert len(glob.glob(os.path.join(tmp_path, "plugins", "profile", "*"))) == 1
 
 
 def test_config_signature_and_errors():
     import inspect
+
     params = inspect.signature(TpuProfilerConfig).parameters
-    assert list(params) == ["host_tracer_level", "device_tracer_level", "python_tracer_level", "run_dir",
-                            "worker_rank", "experimental_options", "check_experimental_options"]
+    assert list(params) == [
+        "host_tracer_level",
+        "device_tracer_level",
+        "python_tracer_level",
+        "run_dir",
+        "worker_rank",
+        "experimental_options",
+        "check_experimental_options",
+    ]
     assert all(p.kind is p.KEYWORD_ONLY for p in params.values())
     assert isinstance(TpuProfilerConfig(), torch.profiler._ExperimentalConfig)
     with pytest.raises(TypeError, match="worker_rank must be a string"):

@@ -1,4 +1,5 @@
 """Random numbers on the device: seeding, reproducibility, distributions."""
+
 import math
 
 import torch

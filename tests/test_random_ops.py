@@ -1,6 +1,7 @@
 """Random ops on tpu: shapes, dtypes, supports and distributions (moments within a few standard
 errors for 20k draws). Their values cannot match the CPU generator, so the OpInfo sweep compares
 them on shape and dtype only; this file checks that the numbers are the right numbers."""
+
 from __future__ import annotations
 
 import math
@@ -60,7 +61,7 @@ def test_random_integers(dtype):
 
 def test_random_default_range():
     f = _t(N).random_().cpu()
-    assert f.min() >= 0 and f.max() <= 2 ** 24 and torch.equal(f, f.round()) and f.max() > 2 ** 23
+    assert f.min() >= 0 and f.max() <= 2**24 and torch.equal(f, f.round()) and f.max() > 2**23
     u8 = _t(N, dtype=torch.uint8).random_().cpu()
     assert u8.min() == 0 and u8.max() == 255
 

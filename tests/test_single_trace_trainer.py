@@ -1,5 +1,6 @@
 """torch.tpu.optimizers.SingleTraceTrainer: forward + loss + backward + optimizer update as one
 executable per step, matching the same model trained on the CPU with torch.optim."""
+
 from __future__ import annotations
 
 import copy
@@ -32,7 +33,7 @@ class _Compiles:
 
     def __enter__(self):
         self.events = []
-        self._listener = lambda event, duration, **kw: ("backend_compile" in event and self.events.append(event))
+        self._listener = lambda event, duration, **kw: "backend_compile" in event and self.events.append(event)
         jax.monitoring.register_event_duration_secs_listener(self._listener)
         return self
 
@@ -67,11 +68,11 @@ def test_mlp_matches_cpu_one_executable_across_lr_schedule(kind):
             ref.step()
             losses.append((loss.detach(), step(x.to("tpu"), y.to("tpu"))))
             for s in scheds:
-                s.step()   # a new lr every step: a traced scalar
+                s.step()  # a new lr every step: a traced scalar
             if i == 0:
                 assert trainer.executables_built == 1 and compiles.events
                 compiles.events.clear()
-    assert compiles.events == []   # steps 2..6 (each with another lr): no XLA compile at all
+    assert compiles.events == []  # steps 2..6 (each with another lr): no XLA compile at all
     assert trainer.executables_built == 1 and trainer.graphs_traced == 1
     assert trainer.buffers_copied == len(snapshot)
     for old, want in zip(snapshot, initial):
@@ -101,7 +102,7 @@ def test_plain_optimizer_step_continues_after_trainer_steps():
         ref.step()
         if i < 3:
             step(x.to("tpu"), y.to("tpu"))
-        else:   # the eager loop takes over from the same parameters and optimizer state
+        else:  # the eager loop takes over from the same parameters and optimizer state
             opt.zero_grad()
             F.mse_loss(tpu(x.to("tpu")), y.to("tpu")).backward()
             opt.step()
@@ -110,26 +111,33 @@ def test_plain_optimizer_step_continues_after_trainer_steps():
 
 def test_tiny_llama_matches_cpu_adamw():
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                      tie_word_embeddings=True)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     cpu = transformers.LlamaForCausalLM(config)
     tpu = copy.deepcopy(cpu).to("tpu")
-    assert tpu.lm_head.weight is tpu.model.embed_tokens.weight   # one parameter under two names
+    assert tpu.lm_head.weight is tpu.model.embed_tokens.weight  # one parameter under two names
     ref, opt = torch.optim.AdamW(cpu.parameters(), lr=3e-3), AdamW(tpu.parameters(), lr=3e-3)
     trainer = SingleTraceTrainer(tpu, opt)
     g = torch.Generator().manual_seed(5)
     data = torch.randint(0, 64, (6, 8), generator=g)
-    on_tpu = data.to("tpu")   # each batch a view into it: its storage offset travels traced
+    on_tpu = data.to("tpu")  # each batch a view into it: its storage offset travels traced
     step = trainer.make_compiled_train_step({"input_ids": on_tpu[0:2], "labels": on_tpu[0:2]})
     for i in range(0, 6, 2):
-        ids = data[i:i + 2]
+        ids = data[i : i + 2]
         ref.zero_grad()
-        loss = cpu(input_ids=ids, labels=ids).loss   # out.loss: the default rule's choice
+        loss = cpu(input_ids=ids, labels=ids).loss  # out.loss: the default rule's choice
         loss.backward()
         ref.step()
-        got = step({"input_ids": on_tpu[i:i + 2], "labels": on_tpu[i:i + 2]})
+        got = step({"input_ids": on_tpu[i : i + 2], "labels": on_tpu[i : i + 2]})
         torch.testing.assert_close(got.cpu(), loss.detach(), rtol=1e-5, atol=1e-5)
     # AdamW divides by sqrt(v): last-bit differences of the gradients move parameters by ~1e-6 * lr
     _close_params(cpu, tpu, rtol=1e-4, atol=5e-5)
@@ -150,7 +158,7 @@ def test_without_optimizer_grads_accumulate_like_backward():
         assert pt.grad is not None and pt.grad.device.type == "tpu"
         torch.testing.assert_close(pt.grad.cpu(), pc.grad)
     grad_before = tpu[0].weight.grad
-    step(x2.to("tpu"), y2.to("tpu"))   # a second step adds, into the same .grad tensor
+    step(x2.to("tpu"), y2.to("tpu"))  # a second step adds, into the same .grad tensor
     F.mse_loss(cpu(x2), y2).backward()
     assert tpu[0].weight.grad is grad_before
     for pc, pt in zip(cpu.parameters(), tpu.parameters()):
@@ -169,7 +177,7 @@ class _Net(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.inp = torch.nn.Linear(8, 12, bias=False)   # (a bias before BatchNorm has no gradient but noise)
+        self.inp = torch.nn.Linear(8, 12, bias=False)  # (a bias before BatchNorm has no gradient but noise)
         self.bn = torch.nn.BatchNorm1d(12)
         self.frozen = torch.nn.Linear(12, 12)
         self.frozen.requires_grad_(False)
@@ -190,14 +198,14 @@ def test_buffers_frozen_and_unused_parameters_and_logits_rule():
     step = trainer.make_compiled_train_step({"x": xs[0].to("tpu"), "scale": 0.5})
     for x in xs:
         ref.zero_grad()
-        loss = cpu(x, scale=0.5)["logits"].mean()   # no targets, no loss field: mean of the logits
+        loss = cpu(x, scale=0.5)["logits"].mean()  # no targets, no loss field: mean of the logits
         loss.backward()
         ref.step()
         torch.testing.assert_close(step({"x": x.to("tpu"), "scale": 0.5}).cpu(), loss.detach())
     _close_params(cpu, tpu)
     for name, b in cpu.named_buffers():
         torch.testing.assert_close(dict(tpu.named_buffers())[name].cpu(), b, msg=name)
-    assert tpu.unused not in opt.state and tpu.frozen.weight not in opt.state   # skipped, as in torch
+    assert tpu.unused not in opt.state and tpu.frozen.weight not in opt.state  # skipped, as in torch
     assert len(opt.state) == len(ref.state)
     # another Python value in the inputs is another trace; the same structure is required
     step({"x": xs[0].to("tpu"), "scale": 2.0})
@@ -218,14 +226,15 @@ def test_compute_loss_fn_sees_the_traced_parameters_and_muon():
     opt = Muon(tpu.parameters(), lr=0.02, weight_decay=0.1)
     data = _batches(3, seed=10)
     step = SingleTraceTrainer(tpu, opt, compute_loss_fn=loss_fn).make_compiled_train_step(
-        tuple(t.to("tpu") for t in data[0]))
+        tuple(t.to("tpu") for t in data[0])
+    )
     for x, y in data:
         ref.zero_grad()
         loss = loss_fn(cpu, (x, y), {})
         loss.backward()
         ref.step()
         torch.testing.assert_close(step((x.to("tpu"), y.to("tpu"))).cpu(), loss.detach())
-    _close_params(cpu, tpu, rtol=2e-2, atol=2e-3)   # Newton-Schulz runs in bfloat16
+    _close_params(cpu, tpu, rtol=2e-2, atol=2e-3)  # Newton-Schulz runs in bfloat16
 
 
 def test_dropout_draws_new_masks_each_step():
@@ -238,8 +247,8 @@ def test_dropout_draws_new_masks_each_step():
     first = model[0].weight.grad.clone()
     model.zero_grad()
     step(x)
-    assert not torch.equal(first.cpu(), model[0].weight.grad.cpu())   # same input, another mask
-    model.eval()   # eval mode: no dropout, a second trace, deterministic
+    assert not torch.equal(first.cpu(), model[0].weight.grad.cpu())  # same input, another mask
+    model.eval()  # eval mode: no dropout, a second trace, deterministic
     model.zero_grad()
     step(x)
     a = model[0].weight.grad.clone()
@@ -280,7 +289,7 @@ def test_bad_input_is_a_clear_error():
     with pytest.raises(ValueError, match="not one of the model's"):
         SingleTraceTrainer(model, AdamW([torch.nn.Parameter(torch.randn(3, device="tpu"))]))
     trainer = SingleTraceTrainer(model, SGD(model.parameters(), lr=0.1))
-    step = trainer.make_compiled_train_step(x)   # no targets: the mean of the output
+    step = trainer.make_compiled_train_step(x)  # no targets: the mean of the output
     with pytest.raises(ValueError, match="got targets, but make_compiled_train_step's example had none"):
         step(x, y)
     with_targets = trainer.make_compiled_train_step(x, y)
@@ -295,8 +304,9 @@ def test_bad_input_is_a_clear_error():
     with pytest.raises(TypeError, match="loss must be a floating-point tensor of one element"):
         SingleTraceTrainer(model, compute_loss_fn=lambda m, a, k: m(*a)).make_compiled_train_step(x)
     with pytest.raises(RuntimeError, match="reads a tensor's value on the host while it is traced"):
-        SingleTraceTrainer(model, compute_loss_fn=lambda m, a, k: m(*a).mean() * float(m(*a).sum() > 0)
-                           ).make_compiled_train_step(x)
+        SingleTraceTrainer(
+            model, compute_loss_fn=lambda m, a, k: m(*a).mean() * float(m(*a).sum() > 0)
+        ).make_compiled_train_step(x)
     with pytest.raises(TypeError, match="no tensor to take a loss from"):
         SingleTraceTrainer(_NoTensorOut()).make_compiled_train_step(x)
     with pytest.warns(UserWarning, match="compile_fn is accepted for TorchTPU compatibility and not used"):
@@ -305,6 +315,7 @@ def test_bad_input_is_a_clear_error():
 
 def test_failed_step_leaves_parameters_and_optimizer_state_as_they_were(monkeypatch):
     from torchtpu.optim import trainer as trainer_module
+
     model = _mlp(12).to("tpu")
     opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
     adamw = AdamW(model.parameters(), lr=0.1)
@@ -319,26 +330,28 @@ def test_failed_step_leaves_parameters_and_optimizer_state_as_they_were(monkeypa
         step = SingleTraceTrainer(model, o).make_compiled_train_step(x, y)
         with pytest.raises(KeyboardInterrupt):
             step(x, y)
-    assert not any("momentum_buffer" in st for st in opt.state.values())   # SGD's first-step buffers taken back
-    assert all(float(st["step"]) == 0 for st in adamw.state.values())   # AdamW's count did not move
+    assert not any("momentum_buffer" in st for st in opt.state.values())  # SGD's first-step buffers taken back
+    assert all(float(st["step"]) == 0 for st in adamw.state.values())  # AdamW's count did not move
     for old, p in zip(before, model.parameters()):
         torch.testing.assert_close(p.detach().cpu(), old)
     monkeypatch.undo()
-    step(x, y)   # and the step runs from there
+    step(x, y)  # and the step runs from there
     assert all(float(st["step"]) == 1 for st in adamw.state.values())
 
 
 def test_device_side_assert_is_reported_and_commits_nothing():
     from torchtpu.eager.asserts import DeviceAssertError
+
     torch.manual_seed(15)
     model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 1)).to("tpu")
     step = SingleTraceTrainer(model, AdamW(model.parameters(), lr=0.1)).make_compiled_train_step(
-        torch.tensor([1, 2, 3], device="tpu"))
+        torch.tensor([1, 2, 3], device="tpu")
+    )
     step(torch.tensor([1, 2, 3], device="tpu"))
     before = [p.detach().cpu() for p in model.parameters()]
     with pytest.raises(DeviceAssertError, match="SingleTraceTrainer step: index out of range"):
-        step(torch.tensor([1, 20, 3], device="tpu"))   # as on CUDA: reported at the next sync
+        step(torch.tensor([1, 20, 3], device="tpu"))  # as on CUDA: reported at the next sync
         torch.tpu.synchronize()
-    torch.tpu.clear_device_assert()   # the error is sticky, as CUDA's
+    torch.tpu.clear_device_assert()  # the error is sticky, as CUDA's
     for old, p in zip(before, model.parameters()):
-        assert torch.equal(p.detach().cpu(), old)   # the failed step wrote nothing
+        assert torch.equal(p.detach().cpu(), old)  # the failed step wrote nothing

@@ -1,5 +1,6 @@
 """The TPU compile check (TORCHTPU_TPU_COMPILE_CHECK, eager/tpu_check.py): programs torchtpu builds are
 also compiled by XLA:TPU for a topology (libtpu, no chip), while the results still come from the host."""
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,7 @@ def test_eager_op_compiles_for_tpu_and_computes_on_host(check):
     report = torch.tpu.compiler.tpu_compile_check_report()
     sin = _programs(report, "aten::sin.default")
     assert sin and all(p.ok for p in sin), report.failures
-    assert sin[-1].cost.get("bytes accessed", 0) > 0   # XLA:TPU's cost analysis of the program
+    assert sin[-1].cost.get("bytes accessed", 0) > 0  # XLA:TPU's cost analysis of the program
     assert report.failed == 0 and report.topology == TOPOLOGY
 
 
@@ -54,17 +55,21 @@ def test_training_compiles_for_tpu_in_every_mode(check, mode):
     """A small MLP's training steps: every program of forward, backward and AdamW checked, results the CPU's."""
     torch.manual_seed(0)
     width = _fresh_shape()[1]
-    cpu = torch.nn.Sequential(torch.nn.Linear(12, width), torch.nn.GELU(), torch.nn.LayerNorm(width),
-                              torch.nn.Linear(width, 3))
+    cpu = torch.nn.Sequential(
+        torch.nn.Linear(12, width), torch.nn.GELU(), torch.nn.LayerNorm(width), torch.nn.Linear(width, 3)
+    )
     dev = _copy_to_tpu(cpu)
     step = (lambda m, x: m(x)) if mode != "compiled" else torch.compile(lambda m, x: m(x), backend="tpu")
     cpu_opt, dev_opt = torch.optim.AdamW(cpu.parameters(), lr=1e-2), torch.optim.AdamW(dev.parameters(), lr=1e-2)
     from torchtpu.eager.modes import eager_mode
+
     with eager_mode("fused" if mode == "compiled" else mode):
         for _ in range(3):
             x, y = torch.randn(8, 12), torch.randint(0, 3, (8,))
-            for model, opt, xx, yy, fwd in ((cpu, cpu_opt, x, y, lambda m, x: m(x)),
-                                            (dev, dev_opt, x.to("tpu"), y.to("tpu"), step)):
+            for model, opt, xx, yy, fwd in (
+                (cpu, cpu_opt, x, y, lambda m, x: m(x)),
+                (dev, dev_opt, x.to("tpu"), y.to("tpu"), step),
+            ):
                 opt.zero_grad()
                 torch.nn.functional.cross_entropy(fwd(model, xx), yy).backward()
                 opt.step()
@@ -79,6 +84,7 @@ def test_training_compiles_for_tpu_in_every_mode(check, mode):
 
 def _copy_to_tpu(model):
     import copy
+
     return copy.deepcopy(model).to("tpu")
 
 
@@ -110,18 +116,22 @@ def test_compiled_graph_compiles_for_tpu(check):
 
 def test_data_dependent_helpers_compile_for_tpu():
     """(A process of its own: the helpers are jitted when their module loads.)"""
-    done = _run_python("""
+    done = _run_python(
+        """
         import torch
         x = torch.randint(0, 4, (37,))
         torch.testing.assert_close(x.to("tpu").nonzero().cpu(), x.nonzero())
         print(sorted({p.name for p in torch.tpu.compiler.tpu_compile_check_report().programs if p.ok}))
-        """, TORCHTPU_TPU_COMPILE_CHECK=TOPOLOGY)
+        """,
+        TORCHTPU_TPU_COMPILE_CHECK=TOPOLOGY,
+    )
     assert done.returncode == 0, done.stderr
     assert "'data_dependent._count'" in done.stdout and "'data_dependent._nonzero'" in done.stdout, done.stdout
 
 
 def test_fused_optimizer_step_compiles_for_tpu(check):
     from torchtpu.optim import AdamW
+
     shape = _fresh_shape()
     cpu = [torch.randn(shape, requires_grad=True)]
     tpu = [cpu[0].detach().to("tpu").requires_grad_()]
@@ -158,7 +168,7 @@ def test_program_xla_tpu_rejects_raises_naming_it(check):
     error = info.value
     assert isinstance(error, RuntimeError)
     assert f"tpucheck::rejected_{os.getpid()}" in str(error) and TOPOLOGY in str(error)
-    assert "torchtpu_test_no_such_target" in str(error)   # XLA:TPU's own message
+    assert "torchtpu_test_no_such_target" in str(error)  # XLA:TPU's own message
     assert check.report().failed == 1
     # the same op without the check computes on the host
     os.environ.pop("TORCHTPU_TPU_COMPILE_CHECK")
@@ -172,7 +182,7 @@ def test_compiler_abort_is_the_programs_failure_not_the_processes(check):
     with pytest.raises(tpu_check.TpuCompileCheckError, match=r"died \(signal 6\)") as info:
         torch.cos(x.to("tpu"))
     assert "aten::cos.default" in str(info.value)
-    assert "aborting" in info.value.xla_error   # the dead child's stderr is in the failure
+    assert "aborting" in info.value.xla_error  # the dead child's stderr is in the failure
     # the process lives on, and the next program gets a new compiler process
     y = torch.randn(_fresh_shape())
     torch.testing.assert_close(torch.cos(y.to("tpu")).cpu(), torch.cos(y))
@@ -183,16 +193,25 @@ def test_compiler_abort_is_the_programs_failure_not_the_processes(check):
 def _run_python(code, **env):
     full = {k: v for k, v in os.environ.items() if k != "TORCHTPU_TPU_COMPILE_CHECK"}
     full.update(env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True, text=True,
-                          timeout=600, env=full)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=full,
+    )
 
 
 def test_exit_line_printed_once_and_libtpu_noise_kept_away():
-    done = _run_python("""
+    done = _run_python(
+        """
         import torch
         x = torch.randn(5, 7, device="tpu")
         print(float((x @ x.T).sum()))
-        """, TORCHTPU_TPU_COMPILE_CHECK=TOPOLOGY)
+        """,
+        TORCHTPU_TPU_COMPILE_CHECK=TOPOLOGY,
+    )
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("tpu compile check")]
     assert len(lines) == 1, done.stderr
@@ -205,12 +224,16 @@ def test_exit_line_printed_once_and_libtpu_noise_kept_away():
 def test_no_chip_chooses_the_cpu_quietly(env):
     """libtpu installed, no chip: the device is XLA:CPU and libtpu's start-up warnings never print."""
     from torchtpu.device.platform import tpu_chip_visible
+
     if tpu_chip_visible():
         pytest.skip("this machine has a TPU chip")
-    done = _run_python("""
+    done = _run_python(
+        """
         import torch
         print(torch.tpu.platform(), float(torch.ones(3, device="tpu").sum()))
-        """, **env)
+        """,
+        **env,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["cpu", "3.0"]
     assert "TPU_ACCELERATOR_TYPE" not in done.stderr and "libtpu" not in done.stderr, done.stderr
@@ -219,6 +242,7 @@ def test_no_chip_chooses_the_cpu_quietly(env):
 
 def test_bad_topology_is_a_config_error(monkeypatch):
     from torchtpu import config
+
     monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", "a TPU please")
     with pytest.warns(RuntimeWarning, match="TORCHTPU_TPU_COMPILE_CHECK"):
         assert config.get("TORCHTPU_TPU_COMPILE_CHECK") is None

@@ -9,6 +9,7 @@ TPU compile check's child process (TORCHTPU_TPU_COMPILE_CHECK, eager/tpu_check.p
 
 Each TPU compile takes a few seconds; the variants beyond one per kernel family are marked slow.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -35,13 +36,15 @@ V5E, V6E = "v5e:2x2", "v6e:2x2"
 @pytest.fixture
 def compile_for(monkeypatch):
     """compile_for(topology, fn, *args): fn traced for the TPU and compiled by XLA:TPU; asserts it compiled."""
+
     def run(topology, fn, *args, name="test_tpu_kernels"):
         monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", topology)
         tpu_check.reset_for_test()
-        tpu_check.check(jax.jit(fn), args, name)      # raises TpuCompileCheckError naming XLA's error
+        tpu_check.check(jax.jit(fn), args, name)  # raises TpuCompileCheckError naming XLA's error
         results = [p for p in tpu_check.report().programs if p.name == name]
         assert results and all(p.ok for p in results)
         tpu_check.reset_for_test()
+
     return run
 
 
@@ -119,8 +122,11 @@ def test_sdpa_splash_padded_causal_matches_cpu():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("case", ["full_gqa", "causal_cross", "exact_blocks"])
 def test_sdpa_splash_matches_cpu(dtype, case):
-    b, h, h_kv, s, t, causal = {"full_gqa": (2, 4, 2, 130, 300, False), "causal_cross": (1, 2, 2, 300, 140, True),
-                                "exact_blocks": (1, 1, 1, 256, 256, True)}[case]
+    b, h, h_kv, s, t, causal = {
+        "full_gqa": (2, 4, 2, 130, 300, False),
+        "causal_cross": (1, 2, 2, 300, 140, True),
+        "exact_blocks": (1, 1, 1, 256, 256, True),
+    }[case]
     q, k, v, grad = _qkv(b, h, h_kv, s, t, 64, dtype, seed=2)
     out, _, (dq, dk, dv) = _splash_sdpa_on_host(q, k, v, grad, causal)
     ref = _reference(q, k, v, grad, is_causal=causal, enable_gqa=h != h_kv)
@@ -139,20 +145,26 @@ def _bottom_right_mask(s, t, is_causal, window):
     return keep
 
 
-@pytest.mark.parametrize("dtype,shape,causal,window", [
-    (torch.float32, (1, 2, 1, 150, 190), True, 64),     # sliding window, GQA, padded, queries at the end of keys
-    pytest.param(torch.bfloat16, (1, 2, 2, 256, 256), True, 100, marks=pytest.mark.slow),
-    pytest.param(torch.float32, (1, 2, 2, 160, 160), False, 50, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "dtype,shape,causal,window",
+    [
+        (torch.float32, (1, 2, 1, 150, 190), True, 64),  # sliding window, GQA, padded, queries at the end of keys
+        pytest.param(torch.bfloat16, (1, 2, 2, 256, 256), True, 100, marks=pytest.mark.slow),
+        pytest.param(torch.float32, (1, 2, 2, 160, 160), False, 50, marks=pytest.mark.slow),
+    ],
+)
 def test_splash_sdpa_op_tpu_branch_matches_cpu(dtype, shape, causal, window):
     """torch.tpu.ops.splash_sdpa's JAX function, TPU branch on the host: forward and jax.vjp backward."""
     from torchtpu.kernels import ops as kernel_ops
+
     b, h, h_kv, s, t = shape
     q, k, v, grad = _qkv(b, h, h_kv, s, t, 64, dtype, seed=3)
     fn = kernel_ops._splash_sdpa.jax_function
     with platform.tracing_for("tpu"):
-        assert attention_splash.plan(_to_jax(q), _to_jax(k), _to_jax(v), causal=causal, offset=t - s,
-                                     window=window) is not None
+        assert (
+            attention_splash.plan(_to_jax(q), _to_jax(k), _to_jax(v), causal=causal, offset=t - s, window=window)
+            is not None
+        )
 
     def both(q, k, v, g):
         out, pullback = jax.vjp(lambda q, k, v: fn(q, k, v, 0.125, causal, window, 512, 512, 512), q, k, v)
@@ -171,15 +183,15 @@ def test_splash_plan_routes_what_the_kernel_cannot_take_to_xla():
     short = f32((1, 2, 8, 64), jnp.float32)
     with platform.tracing_for("tpu"):
         assert attention_splash.plan(q, k, k, causal=True) is not None
-        assert attention_splash.plan(short, k, k, causal=True) is None           # a decode step: XLA attention
+        assert attention_splash.plan(short, k, k, causal=True) is None  # a decode step: XLA attention
         assert attention_splash.plan(q, short, short, causal=False) is None
-        assert attention_splash.plan(q, k, k, causal=True, offset=-1) is None     # row 0 would see no key
+        assert attention_splash.plan(q, k, k, causal=True, offset=-1) is None  # row 0 would see no key
         wide = f32((1, 2, 256, 64), jnp.float16)
-        assert attention_splash.plan(wide, wide, wide, causal=True) is None      # float16: not a splash dtype
+        assert attention_splash.plan(wide, wide, wide, causal=True) is None  # float16: not a splash dtype
         # the last query row's window starts after the last key
         assert attention_splash.plan(q, k, k, causal=False, offset=300, window=10) is None
         assert attention_splash.plan(q, k, k, causal=False, offset=-300, window=10) is not None
-    assert attention_splash.plan(q, k, k, causal=True) is None                   # tracing for the host
+    assert attention_splash.plan(q, k, k, causal=True) is None  # tracing for the host
 
 
 def test_sdpa_on_tpu_traces_the_mosaic_kernel_and_elsewhere_does_not():
@@ -191,7 +203,7 @@ def test_sdpa_on_tpu_traces_the_mosaic_kernel_and_elsewhere_does_not():
     lse = jax.ShapeDtypeStruct((1, 2, 200), jnp.float32)
     bwd = lambda g, q, k, v, o, lse: attention_ops.sdpa_fused_backward(g, q, k, v, o, lse, 0.0, True)
     assert _tpu_text(bwd, q, q, q, q, q, lse).count("tpu_custom_call") == 1
-    mask = jax.ShapeDtypeStruct((200, 200), jnp.bool_)                       # an explicit mask: XLA attention
+    mask = jax.ShapeDtypeStruct((200, 200), jnp.bool_)  # an explicit mask: XLA attention
     masked = lambda q, k, v, m: attention_ops.sdpa_fused(q, k, v, 0.0, False, m)
     assert "tpu_custom_call" not in _tpu_text(masked, q, q, q, mask)
 
@@ -201,6 +213,7 @@ def _sdpa_train_step(is_causal):
     def step(q, k, v, g):
         out, lse = attention_ops.sdpa_fused(q, k, v, 0.0, is_causal)
         return out, lse, attention_ops.sdpa_fused_backward(g, q, k, v, out, lse, 0.0, is_causal)
+
     return step
 
 
@@ -228,6 +241,7 @@ def test_sdpa_splash_compiles_for_tpu_variants(compile_for, topology, dtype, is_
 @pytest.mark.parametrize("causal,window", [(True, 256), (False, 128), (True, None), (False, None)])
 def test_splash_sdpa_op_compiles_for_tpu(compile_for, topology, dtype, causal, window):
     from torchtpu.kernels import ops as kernel_ops
+
     fn = kernel_ops._splash_sdpa.jax_function
 
     def step(q, k, v, g):
@@ -245,7 +259,7 @@ def test_sdpa_on_tpu_device_under_the_compile_check(monkeypatch):
     backward executables (splash on the TPU trace) compile for v5e; the host's results equal torch CPU's."""
     monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", V5E)
     tpu_check.reset_for_test()
-    s = 129 + int.from_bytes(os.urandom(1), "little") % 100   # a fresh shape: a new executable, checked
+    s = 129 + int.from_bytes(os.urandom(1), "little") % 100  # a fresh shape: a new executable, checked
     q, k, v, grad = _qkv(1, 2, 2, s, s, 64, torch.bfloat16, seed=4)
     leaves = [x.to("tpu").requires_grad_() for x in (q, k, v)]
     out = F.scaled_dot_product_attention(*leaves, is_causal=True)
@@ -272,7 +286,7 @@ def _ragged_inputs(m, k, n, g, dtype, seed):
 def _ragged_reference(lhs, rhs, sizes):
     out, start = [], 0
     for i, size in enumerate(sizes.tolist()):
-        out.append(lhs[start:start + size].double() @ rhs[i].double())
+        out.append(lhs[start : start + size].double() @ rhs[i].double())
         start += size
     return torch.cat(out)
 
@@ -280,15 +294,24 @@ def _ragged_reference(lhs, rhs, sizes):
 def test_bf16_ragged_dot_and_grouped_mm_tpu_branch_match_float_references():
     lhs, rhs, sizes, grad = _ragged_inputs(96, 64, 48, 5, torch.bfloat16, seed=5)
     from torchtpu.kernels import ops as kernel_ops
-    fwd = _host_as_tpu(lambda a, b, s: kernel_ops._ragged_dot.jax_function(a, b, s),
-                       _to_jax(lhs), _to_jax(rhs), jnp.asarray(sizes.numpy()))
-    wgrad = _host_as_tpu(lambda a, g, s: kernel_ops._ragged_dot_weight_grad.jax_function(a, g, s),
-                         _to_jax(lhs), _to_jax(grad), jnp.asarray(sizes.numpy()))
+
+    fwd = _host_as_tpu(
+        lambda a, b, s: kernel_ops._ragged_dot.jax_function(a, b, s),
+        _to_jax(lhs),
+        _to_jax(rhs),
+        jnp.asarray(sizes.numpy()),
+    )
+    wgrad = _host_as_tpu(
+        lambda a, g, s: kernel_ops._ragged_dot_weight_grad.jax_function(a, g, s),
+        _to_jax(lhs),
+        _to_jax(grad),
+        jnp.asarray(sizes.numpy()),
+    )
     offs = jnp.asarray(sizes.cumsum(0).to(torch.int32).numpy())
     grouped = _host_as_tpu(lambda a, b, o: linalg.grouped_mm(a, b, o), _to_jax(lhs), _to_jax(rhs), offs)
     assert fwd.dtype == grouped.dtype == jnp.bfloat16
     want = _ragged_reference(lhs, rhs, sizes).float()
-    tol = {"rtol": 1.6e-2, "atol": 5e-2}    # one bf16 rounding of a float32-accumulated sum of 64 products
+    tol = {"rtol": 1.6e-2, "atol": 5e-2}  # one bf16 rounding of a float32-accumulated sum of 64 products
     torch.testing.assert_close(_to_torch(fwd, torch.float32), want, **tol)
     torch.testing.assert_close(_to_torch(grouped, torch.float32), want, **tol)
     starts = [0, *sizes.cumsum(0).tolist()]
@@ -301,25 +324,33 @@ def test_bf16_ragged_dot_and_grouped_mm_compile_for_tpu(compile_for):
 
     def programs(lhs, rhs, sizes, grad, weight_t, act):
         offs = jnp.cumsum(sizes).astype(jnp.int32)
-        return (kernel_ops._ragged_dot.jax_function(lhs, rhs, sizes),
-                kernel_ops._ragged_dot_weight_grad.jax_function(lhs, grad, sizes),
-                linalg.grouped_mm(lhs, rhs, offs),                          # 2D x 3D: the experts' forward
-                linalg.grouped_mm(lhs, jnp.swapaxes(weight_t, 1, 2), offs),   # ... on Transformers' transposed view
-                linalg.grouped_mm(lhs.T, grad, offs),                       # 2D x 2D: their weight gradient
-                linalg.grouped_mm(act, grad, offs))                         # 3D x 2D: b's columns in groups
+        return (
+            kernel_ops._ragged_dot.jax_function(lhs, rhs, sizes),
+            kernel_ops._ragged_dot_weight_grad.jax_function(lhs, grad, sizes),
+            linalg.grouped_mm(lhs, rhs, offs),  # 2D x 3D: the experts' forward
+            linalg.grouped_mm(lhs, jnp.swapaxes(weight_t, 1, 2), offs),  # ... on Transformers' transposed view
+            linalg.grouped_mm(lhs.T, grad, offs),  # 2D x 2D: their weight gradient
+            linalg.grouped_mm(act, grad, offs),
+        )  # 3D x 2D: b's columns in groups
 
     bf = jnp.bfloat16
     m, k, n, g = 256, 128, 256, 8
-    args = (jax.ShapeDtypeStruct((m, k), bf), jax.ShapeDtypeStruct((g, k, n), bf),
-            jax.ShapeDtypeStruct((g,), jnp.int32), jax.ShapeDtypeStruct((m, n), bf),
-            jax.ShapeDtypeStruct((g, n, k), bf), jax.ShapeDtypeStruct((g, 64, m), bf))
+    args = (
+        jax.ShapeDtypeStruct((m, k), bf),
+        jax.ShapeDtypeStruct((g, k, n), bf),
+        jax.ShapeDtypeStruct((g,), jnp.int32),
+        jax.ShapeDtypeStruct((m, n), bf),
+        jax.ShapeDtypeStruct((g, n, k), bf),
+        jax.ShapeDtypeStruct((g, 64, m), bf),
+    )
     text = _tpu_text(programs, *args)
-    assert "ragged" in text and "HIGHEST" not in text    # bf16 operands: DEFAULT precision
+    assert "ragged" in text and "HIGHEST" not in text  # bf16 operands: DEFAULT precision
     compile_for(V5E, programs, *args)
 
 
 def test_float32_ragged_dot_follows_the_matmul_precision_setting():
     from torchtpu.kernels import ops as kernel_ops
+
     f32 = jax.ShapeDtypeStruct
     args = (f32((64, 32), jnp.float32), f32((4, 32, 16), jnp.float32), f32((4,), jnp.int32))
     fn = kernel_ops._ragged_dot.jax_function
@@ -337,6 +368,7 @@ def _hub():
     """The Hub kernel package, loaded as tests/test_kernels_hub.py loads it (`kernels` caches it: its ops
     are registered once per process)."""
     import pathlib
+
     kernels = pytest.importorskip("kernels")
     return kernels.get_local_kernel(pathlib.Path(__file__).resolve().parent.parent / "kernels" / "torchtpu-kernels")
 
@@ -344,9 +376,13 @@ def _hub():
 def test_hub_moe_experts_tpu_branch_compiles_for_tpu(compile_for):
     """The Hub kernel's MoE block in bf16, TPU branch (XLA's ragged dot at DEFAULT precision), for v5e."""
     bf = jnp.bfloat16
-    args = (jax.ShapeDtypeStruct((32, 128), bf), jax.ShapeDtypeStruct((32, 2), jnp.int32),
-            jax.ShapeDtypeStruct((32, 2), bf), jax.ShapeDtypeStruct((4, 128, 128), bf),
-            jax.ShapeDtypeStruct((4, 128, 64), bf))
+    args = (
+        jax.ShapeDtypeStruct((32, 128), bf),
+        jax.ShapeDtypeStruct((32, 2), jnp.int32),
+        jax.ShapeDtypeStruct((32, 2), bf),
+        jax.ShapeDtypeStruct((4, 128, 128), bf),
+        jax.ShapeDtypeStruct((4, 128, 64), bf),
+    )
     fn = _hub().moe_experts.jax_function
     assert "ragged_dot" in _tpu_text(fn, *args)
     compile_for(V5E, fn, *args)
@@ -363,10 +399,15 @@ def test_hub_moe_experts_tpu_branch_compiles_and_matches(compile_for, topology):
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
     weights = torch.rand(tokens, top_k, generator=gen)
     x = torch.randn(tokens, hidden, generator=gen)
-    gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5
-    down = torch.randn(experts, hidden, inter, generator=gen) / inter ** 0.5
-    args16 = [_to_jax(x.bfloat16()), jnp.asarray(ids.numpy()), _to_jax(weights), _to_jax(gate_up.bfloat16()),
-              _to_jax(down.bfloat16())]
+    gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    down = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+    args16 = [
+        _to_jax(x.bfloat16()),
+        jnp.asarray(ids.numpy()),
+        _to_jax(weights),
+        _to_jax(gate_up.bfloat16()),
+        _to_jax(down.bfloat16()),
+    ]
     got = _host_as_tpu(fn, *args16)
     want = _host_as_tpu(fn, *[a.astype(jnp.float32) if a.dtype == jnp.bfloat16 else a for a in args16])
     torch.testing.assert_close(_to_torch(got, torch.float32), _to_torch(want, torch.float32), rtol=3e-2, atol=3e-2)
@@ -387,11 +428,14 @@ def _scaled_rows_kernel(x_ref, y_ref, o_ref):
 
 def _gridded(x, y):
     from jax.experimental import pallas as pl
+
     return pl.pallas_call(
-        _scaled_rows_kernel, grid=(x.shape[0] // 128,),
+        _scaled_rows_kernel,
+        grid=(x.shape[0] // 128,),
         in_specs=[pl.BlockSpec((128, 128), lambda i: (i, 0)), pl.BlockSpec((32, 128), lambda i: (0, 0))],
         out_specs=pl.BlockSpec((128, 128), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x, y)
 
 
 @pytest.fixture(scope="module")
@@ -407,6 +451,7 @@ def gridded_op():
 @pytest.mark.parametrize("x64", [True, False])
 def test_jax_op_gridded_pallas_kernel_compiles_for_tpu_whatever_x64(compile_for, gridded_op, x64):
     from torchtpu.ops.table import LOWERINGS
+
     lowering = LOWERINGS["test_tpu_kernels.gridded.default"].fn
     x, y = jax.ShapeDtypeStruct((256, 128), jnp.float32), jax.ShapeDtypeStruct((32, 128), jnp.float32)
     with jax.enable_x64(x64):
@@ -416,7 +461,7 @@ def test_jax_op_gridded_pallas_kernel_compiles_for_tpu_whatever_x64(compile_for,
 def test_jax_op_gridded_pallas_kernel_on_tpu_device_under_the_compile_check(monkeypatch, gridded_op):
     monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", V5E)
     tpu_check.reset_for_test()
-    rows = 128 * (3 + int.from_bytes(os.urandom(1), "little") % 20)   # a fresh shape: a new executable, checked
+    rows = 128 * (3 + int.from_bytes(os.urandom(1), "little") % 20)  # a fresh shape: a new executable, checked
     x, y = torch.randn(rows, 128), torch.randn(32, 128)
     out = gridded_op(x.to("tpu"), y.to("tpu"))
     torch.testing.assert_close(out.cpu(), x * 2 + y.sum(), rtol=1e-5, atol=1e-4)
@@ -440,7 +485,7 @@ def test_jax_op_pallas_kernel_with_64_bit_values_keeps_them_on_the_host(monkeypa
         return pl.pallas_call(affine, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
 
     op = jax_op("test_tpu_kernels::affine64", pallas_affine)
-    big = torch.randint(-2 ** 40, 2 ** 40, (8, 128))
+    big = torch.randint(-(2**40), 2**40, (8, 128))
     torch.testing.assert_close(op(big.to("tpu")).cpu(), big * 3 + 1, rtol=0, atol=0)
     wide = torch.randn(8, 128, dtype=torch.float64)
     torch.testing.assert_close(op(wide.to("tpu")).cpu(), wide * 3 + 1)
@@ -451,9 +496,10 @@ def test_splash_sdpa_on_tpu_device_under_the_compile_check(monkeypatch):
     the op and its jax.vjp backward op compile for v5e with splash on the TPU trace; the host's results
     equal torch CPU's."""
     from torch.tpu.ops import splash_sdpa
+
     monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", V5E)
     tpu_check.reset_for_test()
-    s = 129 + int.from_bytes(os.urandom(1), "little") % 100   # a fresh shape: new executables, checked
+    s = 129 + int.from_bytes(os.urandom(1), "little") % 100  # a fresh shape: new executables, checked
     q, k, v, grad = _qkv(1, 4, 2, s, s, 64, torch.float32, seed=7)
     leaves = [x.to("tpu").requires_grad_() for x in (q, k, v)]
     out = splash_sdpa(*leaves, is_causal=True, local_window_size=48, enable_gqa=True)

@@ -1,12 +1,23 @@
 """Moving data: to/cpu, copy_ across devices and layouts, factories, save/load."""
+
 import io
 
 import numpy as np
 import pytest
 import torch
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
-          torch.int32, torch.int64, torch.uint8, torch.bool]
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
 
 
 def _random(shape, dtype):
@@ -63,8 +74,9 @@ def test_factories_and_non_blocking():
     torch.tpu.synchronize()
     assert y.shape == (100,)
     assert torch.zeros(2, 3, device="tpu").cpu().abs().sum() == 0
-    torch.testing.assert_close(torch.ones(2, 3, device="tpu", dtype=torch.float16).cpu(),
-                               torch.ones(2, 3, dtype=torch.float16))
+    torch.testing.assert_close(
+        torch.ones(2, 3, device="tpu", dtype=torch.float16).cpu(), torch.ones(2, 3, dtype=torch.float16)
+    )
     torch.testing.assert_close(torch.full((2, 2), 3.5, device="tpu").cpu(), torch.full((2, 2), 3.5))
     torch.testing.assert_close(torch.arange(0, 10, 3, device="tpu").cpu(), torch.arange(0, 10, 3))
     torch.testing.assert_close(torch.zeros_like(x).cpu(), torch.zeros(2, 2, dtype=torch.int64))
@@ -100,6 +112,7 @@ def test_numpy_raises_like_cuda():
 
 def test_transfer_metrics_count_bytes():
     import torchtpu
+
     before = torchtpu.metrics()
     x = torch.randn(256).to("tpu")
     x.cpu()
@@ -123,6 +136,7 @@ def test_every_host_to_device_path_copies(dtype):
     graph's CPU input all leave the device value alone when the host memory is written afterwards
     (XLA:CPU would alias host memory if asked to)."""
     import numpy as np
+
     c = torch.randn(32, 48).to(dtype) if dtype is not torch.bool else torch.randn(32, 48) > 0
     want = c.clone()
     moved = c.to("tpu")
@@ -132,7 +146,7 @@ def test_every_host_to_device_path_copies(dtype):
     from_numpy = torch.tensor(n, device="tpu")
     scalar = torch.tensor(7, dtype=torch.int64)
     graph = torch.compile(lambda x, s: x + s, backend="tpu")
-    out = graph(torch.ones(3, device="tpu"), scalar)   # a CPU scalar tensor: a traced host value
+    out = graph(torch.ones(3, device="tpu"), scalar)  # a CPU scalar tensor: a traced host value
     scalar.fill_(0)
     c.zero_() if dtype is not torch.bool else c.fill_(False)
     n[:] = -1

@@ -2,6 +2,7 @@
 
 Everything is built locally from tiny configs and a tiny word-level tokenizer: no downloads.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,15 +20,45 @@ import torchtpu.integrations  # noqa: E402
 # Installed at `import torch` once torchtpu/__init__.py calls it; idempotent.
 torchtpu.integrations.install()
 
-WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "to", "big", "red", "house", "and", "saw",
-         "bird", "tree", "under", "blue", "sky", "fast"]
+WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "on",
+    "mat",
+    "ran",
+    "to",
+    "big",
+    "red",
+    "house",
+    "and",
+    "saw",
+    "bird",
+    "tree",
+    "under",
+    "blue",
+    "sky",
+    "fast",
+]
 SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
 VOCAB = len(SPECIAL) + len(WORDS)
 
 
 def _config(**kw):
-    base = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     base.update(kw)
     return LlamaConfig(**base)
 
@@ -44,8 +75,14 @@ def _tokenizer():
     vocab = {w: i for i, w in enumerate(SPECIAL + WORDS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
 
 
 def _batch(gen, batch=2, seq=6):
@@ -56,8 +93,9 @@ def _batch(gen, batch=2, seq=6):
 
 
 def _params_bytes(model):
-    return sum(p.numel() * p.element_size() for p in model.parameters()) + \
-        sum(b.numel() * b.element_size() for b in model.buffers())
+    return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers()
+    )
 
 
 # ------------------------------------------------------------------ loading
@@ -138,8 +176,9 @@ def test_from_pretrained_second_device(checkpoint):
 
 def test_device_map_split_across_two_devices(checkpoint):
     path, ref = checkpoint
-    model = AutoModelForCausalLM.from_pretrained(path, device_map={"model": "tpu:0", "lm_head": "tpu:1"},
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, device_map={"model": "tpu:0", "lm_head": "tpu:1"}, dtype=torch.float32
+    )
     assert model.lm_head.weight.device == torch.device("tpu", 1)
     assert model.model.embed_tokens.weight.device == torch.device("tpu", 0)
     ids, mask = _batch(torch.Generator().manual_seed(2))
@@ -179,6 +218,7 @@ def _gen_inputs(seed, device="cpu"):
 
 def test_greedy_matches_cpu_with_dynamic_cache(pair):
     from transformers import DynamicCache
+
     cpu, tpu = pair
     kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, return_dict_in_generate=True)
     ref = cpu.generate(**_gen_inputs(10), **kw)
@@ -213,9 +253,15 @@ def test_beam_search_matches_cpu(pair):
     # one left-padded prompt and 2 beams: 2 rows of 6 tokens, the shapes the other generation tests
     # compile (batch 2, prompt 6, up to 6 new tokens), so only beam search's own ops compile here
     cpu, tpu = pair
-    kw = dict(max_new_tokens=5, num_beams=2, num_return_sequences=2, do_sample=False, output_scores=True,
-              return_dict_in_generate=True)
-    first = lambda d: {k: v[:1] for k, v in d.items()}  # noqa: E731
+    kw = dict(
+        max_new_tokens=5,
+        num_beams=2,
+        num_return_sequences=2,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    first = lambda d: {k: v[:1] for k, v in d.items()}
     ref = cpu.generate(**first(_gen_inputs(13)), **kw)
     got = tpu.generate(**first(_gen_inputs(13, "tpu")), **kw)
     assert got.sequences.cpu().tolist() == ref.sequences.tolist()
@@ -224,6 +270,7 @@ def test_beam_search_matches_cpu(pair):
 
 def test_text_generation_pipeline(pair):
     from transformers import pipeline
+
     cpu, _ = pair
     tok = _tokenizer()
     tpu_model = copy.deepcopy(cpu)
@@ -246,9 +293,16 @@ def _tpu_backend_ready():
 
 def test_static_cache_eager_matches_cpu(pair):
     from transformers import StaticCache
+
     cpu, tpu = pair
-    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, cache_implementation="static",
-              return_dict_in_generate=True, disable_compile=True)  # on "tpu" generate() would compile
+    kw = dict(
+        max_new_tokens=5,
+        min_new_tokens=5,
+        do_sample=False,
+        cache_implementation="static",
+        return_dict_in_generate=True,
+        disable_compile=True,
+    )  # on "tpu" generate() would compile
     ref = cpu.generate(**_gen_inputs(14), **kw)
     got = tpu.generate(**_gen_inputs(14, "tpu"), **kw)
     assert isinstance(got.past_key_values, StaticCache)
@@ -256,13 +310,17 @@ def test_static_cache_eager_matches_cpu(pair):
     assert got.sequences.cpu().tolist() == ref.sequences.tolist()
 
 
-@pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered "
-                                                      "(torch._dynamo.list_backends() has no 'tpu'; compile/ in progress)")
+@pytest.mark.skipif(
+    not _tpu_backend_ready(),
+    reason="torch.compile backend 'tpu' is not registered "
+    "(torch._dynamo.list_backends() has no 'tpu'; compile/ in progress)",
+)
 def test_static_cache_compiled_forward_matches_cpu(pair):
     cpu, _ = pair
     model = copy.deepcopy(cpu).to("tpu")
-    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, cache_implementation="static",
-              disable_compile=True)  # only our fullgraph-compiled forward, not generate()'s own compile
+    kw = dict(
+        max_new_tokens=5, min_new_tokens=5, do_sample=False, cache_implementation="static", disable_compile=True
+    )  # only our fullgraph-compiled forward, not generate()'s own compile
     ref = cpu.generate(**_gen_inputs(14), **kw)
     model.forward = torch.compile(model.forward, backend="tpu", fullgraph=True)
     before = torchtpu.metrics()["compiled_graphs"]
@@ -271,8 +329,11 @@ def test_static_cache_compiled_forward_matches_cpu(pair):
     assert torchtpu.metrics()["compiled_graphs"] > before
 
 
-@pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered "
-                                                      "(torch._dynamo.list_backends() has no 'tpu'; compile/ in progress)")
+@pytest.mark.skipif(
+    not _tpu_backend_ready(),
+    reason="torch.compile backend 'tpu' is not registered "
+    "(torch._dynamo.list_backends() has no 'tpu'; compile/ in progress)",
+)
 def test_generate_auto_compiles_static_cache_on_tpu(pair):
     # transformers compiles the decode step itself for a static cache on "tpu" (CompileConfig(backend="tpu"))
     cpu, _ = pair
@@ -291,7 +352,9 @@ def test_generate_reads_its_stop_flag_one_step_late_on_tpu(pair, monkeypatch):
     streamer come out as on the CPU, which checks every step."""
     from transformers.generation import utils as generation
     from transformers.generation.streamers import BaseStreamer
+
     from torchtpu.eager import kernels
+
     cpu, tpu = pair
     deferred, reads = [0], [0]
     call, to_host = generation.DeferredStopCheck.__call__, kernels.to_host
@@ -319,9 +382,12 @@ def test_generate_reads_its_stop_flag_one_step_late_on_tpu(pair, monkeypatch):
 
     kw = dict(max_new_tokens=8, do_sample=False)
     free = cpu.generate(**_gen_inputs(16), **kw)
-    eos = int(free[1, 6 + 3])   # the second row's 4th new token: it stops there, the first row goes on
-    for extra in (dict(), dict(return_dict_in_generate=True, output_scores=True, output_logits=True),
-                  dict(cache_implementation="static", disable_compile=True)):
+    eos = int(free[1, 6 + 3])  # the second row's 4th new token: it stops there, the first row goes on
+    for extra in (
+        dict(),
+        dict(return_dict_in_generate=True, output_scores=True, output_logits=True),
+        dict(cache_implementation="static", disable_compile=True),
+    ):
         ref_stream, got_stream = Collect(), Collect()
         ref = cpu.generate(**_gen_inputs(16), eos_token_id=eos, streamer=ref_stream, **kw, **extra)
         deferred[0] = reads[0] = 0
@@ -330,7 +396,7 @@ def test_generate_reads_its_stop_flag_one_step_late_on_tpu(pair, monkeypatch):
         if extra.get("return_dict_in_generate"):
             assert got.sequences.cpu().tolist() == ref.sequences.tolist()
             assert got.past_key_values.get_seq_length() == ref.past_key_values.get_seq_length()
-            assert len(got.scores) == len(ref.scores) and len(got.logits) == len(ref.logits)   # the extra step undone
+            assert len(got.scores) == len(ref.scores) and len(got.logits) == len(ref.logits)  # the extra step undone
             for mine, theirs in zip(got.scores + got.logits, ref.scores + ref.logits):
                 torch.testing.assert_close(mine.cpu(), theirs, atol=1e-4, rtol=1e-4)
         else:
@@ -339,19 +405,38 @@ def test_generate_reads_its_stop_flag_one_step_late_on_tpu(pair, monkeypatch):
     # without a streamer, no blocking read per token (generate()'s set-up reads remain; with a dynamic
     # cache and padding the model's own mask code reads `padding_mask.all()` every step, as on CUDA)
     reads[0] = 0
-    tpu.generate(**_gen_inputs(16, "tpu"), max_new_tokens=8, min_new_tokens=8, do_sample=False,
-                 cache_implementation="static", disable_compile=True)
+    tpu.generate(
+        **_gen_inputs(16, "tpu"),
+        max_new_tokens=8,
+        min_new_tokens=8,
+        do_sample=False,
+        cache_implementation="static",
+        disable_compile=True,
+    )
     assert reads[0] < 8
 
 
 def _gemma4(seed=0):
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
     torch.manual_seed(seed)
-    cfg = Gemma4TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
-                           layer_types=["sliding_attention", "full_attention"], vocab_size_per_layer_input=VOCAB,
-                           hidden_size_per_layer_input=8, max_position_embeddings=64, pad_token_id=0,
-                           bos_token_id=1, eos_token_id=2)
+    cfg = Gemma4TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        vocab_size_per_layer_input=VOCAB,
+        hidden_size_per_layer_input=8,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return Gemma4ForCausalLM(cfg).eval()
 
 
@@ -360,16 +445,20 @@ def _decode_counts(model, ids, mask, new_tokens):
     before = torchtpu.metrics()
     out = model.generate(input_ids=ids, attention_mask=mask, **kw)
     after = torchtpu.metrics()
-    return out, {k: after[k] - before[k] for k in ("compiled_graphs", "compiled_xla_compiles", "compiled_cache_hits",
-                                                   "eager_compiles")}
+    return out, {
+        k: after[k] - before[k]
+        for k in ("compiled_graphs", "compiled_xla_compiles", "compiled_cache_hits", "eager_compiles")
+    }
 
 
 # llama runs under `-m slow` where Gemma 4 exists: gemma4's default run asserts the same (one decode
 # graph, nothing compiled in the steady state) on a model that also has sliding-window layers, and
 # test_generate_auto_compiles_static_cache_on_tpu keeps llama's compiled static-cache decode by default
 @pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered")
-@pytest.mark.parametrize("arch", [pytest.param("llama", marks=[pytest.mark.slow] if hasattr(transformers, "Gemma4ForCausalLM")
-                                               else []), "gemma4"])
+@pytest.mark.parametrize(
+    "arch",
+    [pytest.param("llama", marks=[pytest.mark.slow] if hasattr(transformers, "Gemma4ForCausalLM") else []), "gemma4"],
+)
 def test_static_cache_decode_compiles_one_graph(arch):
     # generate() compiles the decode step itself for a static cache on "tpu". Gemma 4's sliding-window
     # layers count tokens in a Python int: without our integration every token of the first window
@@ -381,8 +470,14 @@ def test_static_cache_decode_compiles_one_graph(arch):
     torch._dynamo.reset()
     for round_, seed in enumerate((3, 4)):
         ids, mask = _batch(torch.Generator().manual_seed(seed), seq=3)
-        ref = cpu.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False,
-                           cache_implementation="static")
+        ref = cpu.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=6,
+            min_new_tokens=6,
+            do_sample=False,
+            cache_implementation="static",
+        )
         got, counts = _decode_counts(model, ids.to("tpu"), mask.to("tpu"), 6)
         assert got.cpu().tolist() == ref.tolist(), (arch, round_)
         if round_ == 0:
@@ -392,8 +487,12 @@ def test_static_cache_decode_compiles_one_graph(arch):
         else:
             # steady state: the same shapes again compile nothing, eager or compiled; one executable
             # per decode step
-            assert counts == {"compiled_graphs": 0, "compiled_xla_compiles": 0, "compiled_cache_hits": 5,
-                              "eager_compiles": 0}, counts
+            assert counts == {
+                "compiled_graphs": 0,
+                "compiled_xla_compiles": 0,
+                "compiled_cache_hits": 5,
+                "eager_compiles": 0,
+            }, counts
 
 
 # ------------------------------------------------------------------ training
@@ -413,7 +512,7 @@ def test_finetune_loop_matches_cpu_step_for_step():
         sched = torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.1, total_iters=4)
         out = []
         for step in range(4):
-            batch = data[2 * step: 2 * step + 2].to(dev)
+            batch = data[2 * step : 2 * step + 2].to(dev)
             loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -445,6 +544,7 @@ def test_accelerate_and_training_arguments_pick_tpu(tmp_path):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from transformers import TrainingArguments
+
     AcceleratorState._reset_state(reset_partial_state=True)
     try:
         assert Accelerator().device.type == "tpu"
@@ -474,9 +574,19 @@ def test_trainer_on_tpu_matches_cpu(tmp_path, precision):
     histories, models = {}, {}
     for name, use_cpu in (("cpu", True), ("tpu", False)):
         AcceleratorState._reset_state(reset_partial_state=True)
-        args = TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=2, max_steps=3,
-                                 learning_rate=2e-3, logging_steps=1, save_strategy="no", report_to=[],
-                                 use_cpu=use_cpu, seed=5, disable_tqdm=True, bf16=precision == "bf16")
+        args = TrainingArguments(
+            output_dir=str(tmp_path / name),
+            per_device_train_batch_size=2,
+            max_steps=3,
+            learning_rate=2e-3,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=use_cpu,
+            seed=5,
+            disable_tqdm=True,
+            bf16=precision == "bf16",
+        )
         model = copy.deepcopy(base)
         trainer = Trainer(model=model, args=args, train_dataset=dataset)
         trainer.train()
@@ -488,8 +598,11 @@ def test_trainer_on_tpu_matches_cpu(tmp_path, precision):
     # bf16 autocast: both sides round matmuls to bfloat16, not necessarily at the same places; Adam's
     # normalized update turns a sign flip of a tiny gradient into a 2*lr step, so parameters may
     # differ by up to 3 steps * 2 * lr in a few elements
-    loss_tol, param_tol = (dict(rtol=1e-4, atol=1e-4), dict(rtol=1e-3, atol=1e-4)) if precision == "fp32" else \
-        (dict(rtol=2e-2, atol=2e-2), dict(rtol=0, atol=3 * 2 * 2e-3 + 1e-3))
+    loss_tol, param_tol = (
+        (dict(rtol=1e-4, atol=1e-4), dict(rtol=1e-3, atol=1e-4))
+        if precision == "fp32"
+        else (dict(rtol=2e-2, atol=2e-2), dict(rtol=0, atol=3 * 2 * 2e-3 + 1e-3))
+    )
     torch.testing.assert_close(torch.tensor(histories["tpu"]), torch.tensor(histories["cpu"]), **loss_tol)
     for pc, pt in zip(models["cpu"].parameters(), models["tpu"].parameters()):
         torch.testing.assert_close(pt.detach().cpu(), pc.detach(), **param_tol)
@@ -497,6 +610,7 @@ def test_trainer_on_tpu_matches_cpu(tmp_path, precision):
 
 def test_device_spec_file():
     from torchtpu.integrations import transformers_device_spec as spec
+
     assert spec.DEVICE_NAME == "tpu"
     spec.MANUAL_SEED_FN(3)
     a = torch.randn(4, device="tpu").cpu()
@@ -505,9 +619,14 @@ def test_device_spec_file():
     assert spec.DEVICE_COUNT_FN() == int(os.environ.get("TORCHTPU_NUM_DEVICES", "2"))
 
 
-@pytest.mark.parametrize("cls,kw", [(torch.optim.AdamW, dict(weight_decay=0.1)),
-                                    (torch.optim.Adam, dict(weight_decay=0.05, amsgrad=True)),
-                                    (torch.optim.AdamW, dict(maximize=True, betas=(0.8, 0.95)))])
+@pytest.mark.parametrize(
+    "cls,kw",
+    [
+        (torch.optim.AdamW, dict(weight_decay=0.1)),
+        (torch.optim.Adam, dict(weight_decay=0.05, amsgrad=True)),
+        (torch.optim.AdamW, dict(maximize=True, betas=(0.8, 0.95))),
+    ],
+)
 def test_fused_adam_matches_cpu(cls, kw):
     torch.manual_seed(0)
     cpu = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
@@ -532,21 +651,30 @@ def test_transformers_testing_utils_load_the_device_spec(tmp_path):
     """What TRANSFORMERS_TEST_DEVICE_SPEC does in transformers' own suite, in a fresh process."""
     import subprocess
     import sys
-    env = dict(os.environ, TRANSFORMERS_TEST_BACKEND="torchtpu", TRANSFORMERS_TEST_DEVICE="tpu",
-               TRANSFORMERS_TEST_DEVICE_SPEC="tpu_spec.py", PYTHONPATH=str(tmp_path))
+
+    env = dict(
+        os.environ,
+        TRANSFORMERS_TEST_BACKEND="torchtpu",
+        TRANSFORMERS_TEST_DEVICE="tpu",
+        TRANSFORMERS_TEST_DEVICE_SPEC="tpu_spec.py",
+        PYTHONPATH=str(tmp_path),
+    )
     # one child (torch and the device start once): the spec module's command line, as `python -m
     # torchtpu.integrations.transformers_device_spec tpu_spec.py` runs it, writes the spec that
     # transformers.testing_utils then imports
-    code = ("import runpy, sys\n"
-            "sys.argv = ['transformers_device_spec', 'tpu_spec.py']\n"
-            "runpy.run_module('torchtpu.integrations.transformers_device_spec', run_name='__main__', alter_sys=True)\n"
-            "import os; assert os.path.isfile('tpu_spec.py')\n"
-            "import torch, transformers.testing_utils as t\n"
-            "t.backend_manual_seed('tpu', 5); a = torch.randn(3, device='tpu').cpu()\n"
-            "t.backend_manual_seed('tpu', 5); assert torch.equal(a, torch.randn(3, device='tpu').cpu())\n"
-            "print(t.torch_device, t.backend_device_count('tpu'), t.BACKEND_EMPTY_CACHE['tpu'] is torch.tpu.empty_cache)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['transformers_device_spec', 'tpu_spec.py']\n"
+        "runpy.run_module('torchtpu.integrations.transformers_device_spec', run_name='__main__', alter_sys=True)\n"
+        "import os; assert os.path.isfile('tpu_spec.py')\n"
+        "import torch, transformers.testing_utils as t\n"
+        "t.backend_manual_seed('tpu', 5); a = torch.randn(3, device='tpu').cpu()\n"
+        "t.backend_manual_seed('tpu', 5); assert torch.equal(a, torch.randn(3, device='tpu').cpu())\n"
+        "print(t.torch_device, t.backend_device_count('tpu'), t.BACKEND_EMPTY_CACHE['tpu'] is torch.tpu.empty_cache)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     wrote, result = out.stdout.strip().splitlines()
     assert wrote.startswith("wrote tpu_spec.py"), wrote
@@ -565,6 +693,7 @@ def test_dataloader_pin_memory_on_tpu():
 # ------------------------------------------------------------------ Inductor settings and encoder-decoder caches
 def _compile_configs():
     from transformers import CompileConfig
+
     return {
         # generate()'s CompileConfig defaults: Inductor, mode="reduce-overhead" (CUDA graphs)
         "inductor-reduce-overhead": CompileConfig(),
@@ -574,18 +703,27 @@ def _compile_configs():
 
 
 @pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered")
-@pytest.mark.parametrize("name", ["inductor-reduce-overhead", "inductor-max-autotune-fullgraph",
-                                  "tpu-with-inductor-options"])
+@pytest.mark.parametrize(
+    "name", ["inductor-reduce-overhead", "inductor-max-autotune-fullgraph", "tpu-with-inductor-options"]
+)
 def test_generate_compiles_with_inductor_settings_on_tpu(pair, name, caplog, monkeypatch):
     """Transformers' own compile tests pass CompileConfig() (mode="reduce-overhead") or Inductor modes and
     options: on tpu they compile with the "tpu" backend, ignored with one info line, same tokens and
     logits as the CPU (which does not compile)."""
     from torchtpu.compile import options
+
     cpu, _ = pair
     model = copy.deepcopy(cpu).to("tpu")
     monkeypatch.setattr(options, "_inductor_settings_logged", [False])
-    kw = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False, "cache_implementation": "static",
-          "return_dict_in_generate": True, "output_scores": True, "output_logits": True}
+    kw = {
+        "max_new_tokens": 4,
+        "min_new_tokens": 4,
+        "do_sample": False,
+        "cache_implementation": "static",
+        "return_dict_in_generate": True,
+        "output_scores": True,
+        "output_logits": True,
+    }
     ref = cpu.generate(**_gen_inputs(17), **kw)
     torch._dynamo.reset()
     before = torchtpu.metrics()["compiled_graphs"]
@@ -604,6 +742,7 @@ def test_generate_compiles_with_inductor_settings_on_tpu(pair, name, caplog, mon
 @pytest.mark.skipif(not _tpu_backend_ready(), reason="torch.compile backend 'tpu' is not registered")
 def test_torch_compile_accepts_every_inductor_mode_on_tpu():
     from torch._inductor import list_mode_options
+
     torch.manual_seed(3)
     mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     x = torch.randn(5, 8)
@@ -623,21 +762,37 @@ def test_torch_compile_accepts_every_inductor_mode_on_tpu():
     torch._dynamo.reset()
 
 
-_CACHE_NAME = "cache" if "cache" in getattr(transformers.generation.utils.GenerateEncoderDecoderOutput,
-                                             "__dataclass_fields__", {}) else "past_key_values"
+_CACHE_NAME = (
+    "cache"
+    if "cache" in getattr(transformers.generation.utils.GenerateEncoderDecoderOutput, "__dataclass_fields__", {})
+    else "past_key_values"
+)
 
 
 def _t5_pair():
     from transformers import T5Config, T5ForConditionalGeneration
+
     torch.manual_seed(6)
-    config = T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-                      relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    config = T5Config(
+        vocab_size=99,
+        d_model=32,
+        d_kv=8,
+        d_ff=37,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     cpu = T5ForConditionalGeneration(config).eval()
     return cpu, copy.deepcopy(cpu).to("tpu")
 
 
-@pytest.mark.parametrize("cache", ["not-returned", "dynamic-returned", "user-encoder-decoder-cache", "static-returned",
-                                   "finish-without-isinstance"])
+@pytest.mark.parametrize(
+    "cache",
+    ["not-returned", "dynamic-returned", "user-encoder-decoder-cache", "static-returned", "finish-without-isinstance"],
+)
 def test_t5_generate_matches_cpu_with_and_without_a_returned_cache(cache, monkeypatch):
     """generate() on an encoder-decoder model: on tpu the stop check is deferred (integrations/patches.py)
     when no cache is returned, and checked every token, as on CUDA, when an EncoderDecoderCache is returned
@@ -646,6 +801,7 @@ def test_t5_generate_matches_cpu_with_and_without_a_returned_cache(cache, monkey
     "finish-without-isinstance" reproduces). Tokens, scores and the cache's length as on the CPU."""
     from transformers import DynamicCache, EncoderDecoderCache
     from transformers.generation import utils as generation
+
     cpu, tpu = _t5_pair()
     deferred = [0]
     call = generation.DeferredStopCheck.__call__
@@ -655,7 +811,7 @@ def test_t5_generate_matches_cpu_with_and_without_a_returned_cache(cache, monkey
         return call(self, *args)
 
     monkeypatch.setattr(generation.DeferredStopCheck, "__call__", counted_call)
-    if cache == "finish-without-isinstance":   # a finish() that reads cache.layers whatever the cache
+    if cache == "finish-without-isinstance":  # a finish() that reads cache.layers whatever the cache
         finish = generation.DeferredStopCheck.finish
 
         def finish_reading_layers(self):
@@ -666,7 +822,7 @@ def test_t5_generate_matches_cpu_with_and_without_a_returned_cache(cache, monkey
         monkeypatch.setattr(generation.DeferredStopCheck, "finish", finish_reading_layers)
     ids = torch.randint(2, 99, (2, 7), generator=torch.Generator().manual_seed(4))
     free = cpu.generate(ids, max_new_tokens=6, do_sample=False)
-    eos = int(free[1, 3])   # the second row stops early: a deferred check must undo its extra step
+    eos = int(free[1, 3])  # the second row stops early: a deferred check must undo its extra step
     kw = {"max_new_tokens": 6, "do_sample": False, "eos_token_id": eos}
     if cache != "not-returned":
         kw.update(return_dict_in_generate=True, output_scores=True)
@@ -699,6 +855,7 @@ _VOCAB, _PROMPT = 40, 3
 def _logits_processors(device):
     """Transformers' logits processors and warpers (those with no model, no randomness), built for `device`."""
     from transformers import generation as g
+
     encoder_ids = torch.tensor([[5, 6, 7, 5], [9, 9, 2, 11], [3, 4, 5, 6]], device=device)
     return {
         "min_length": g.MinLengthLogitsProcessor(10, eos_token_id=0, device=device),
@@ -720,8 +877,9 @@ def _logits_processors(device):
         "forced_bos": g.ForcedBOSTokenLogitsProcessor(1),
         "forced_eos": g.ForcedEOSTokenLogitsProcessor(8, eos_token_id=[0, 2], device=device),
         "inf_nan_remove": g.InfNanRemoveLogitsProcessor(),
-        "exponential_decay_length": g.ExponentialDecayLengthPenalty((2, 1.5), eos_token_id=0,
-                                                                    input_ids_seq_length=_PROMPT),
+        "exponential_decay_length": g.ExponentialDecayLengthPenalty(
+            (2, 1.5), eos_token_id=0, input_ids_seq_length=_PROMPT
+        ),
         "logit_normalization": g.LogitNormalization(),
         "prefix_constrained": g.PrefixConstrainedLogitsProcessor(lambda batch, ids: [int(ids[-1]) % 7, 11], 1),
         "suppress_tokens": g.SuppressTokensLogitsProcessor([3, 4], device=device),
@@ -737,7 +895,7 @@ def test_logits_processors_match_cpu():
     cpu_processors, tpu_processors = _logits_processors("cpu"), _logits_processors("tpu")
     for length in (4, 7, 9):
         ids = torch.randint(0, 12, (3, length), generator=gen)
-        ids[0, -2:] = torch.tensor([6, 7])   # a bad word sequence ends here
+        ids[0, -2:] = torch.tensor([6, 7])  # a bad word sequence ends here
         ids[1, -3:] = torch.tensor([5, 8, 5])  # "5" repeats: n-gram bans
         scores = torch.randn(3, _VOCAB, generator=gen) * 3
         scores[2, 9], scores[2, 10] = float("inf"), float("nan")
@@ -751,6 +909,7 @@ def test_logits_processors_match_cpu():
 
 def test_stopping_criteria_match_cpu():
     from transformers import generation as g
+
     gen = torch.Generator().manual_seed(32)
     criteria = {
         "max_length": lambda device: g.MaxLengthCriteria(max_length=8),

@@ -1,6 +1,7 @@
 """Regressions found by running PyTorch's own device-generic test files on "tpu" (issue 47): each test
 compares against the CPU on the same inputs, and runs the eager kernels (a second call of the same
 signature is served by the C++ fast path where it is built)."""
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -17,16 +18,20 @@ def both(fn):
 
 
 # ------------------------------------------------------------------ silent wrong results
-@pytest.mark.parametrize("factory", [
-    lambda out: torch.arange(0, 4, out=out),
-    lambda out: torch.linspace(-2.5, 3, 4, out=out),
-    lambda out: torch.logspace(0, 3, 4, out=out),
-])
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda out: torch.arange(0, 4, out=out),
+        lambda out: torch.linspace(-2.5, 3, 4, out=out),
+        lambda out: torch.logspace(0, 3, 4, out=out),
+    ],
+)
 def test_factory_out_into_a_non_contiguous_view(factory):
     def run(device):
         x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0)).to(device)
         factory(x.narrow(1, 1, 2))
         return x
+
     both(run)
 
 
@@ -37,13 +42,23 @@ def test_cached_executables_follow_the_default_dtype(default):
 
     def run(device):
         x, y = a.to(device), b.to(device)
-        results = [torch.div(x, y), torch.scalar_tensor(value, device=device), x / 3,
-                   torch.full((3,), value, device=device), torch.linspace(0, value, 5, device=device)]
+        results = [
+            torch.div(x, y),
+            torch.scalar_tensor(value, device=device),
+            x / 3,
+            torch.full((3,), value, device=device),
+            torch.linspace(0, value, 5, device=device),
+        ]
         previous = torch.get_default_dtype()
         torch.set_default_dtype(default)
         try:
-            results += [torch.div(x, y), torch.scalar_tensor(value, device=device), x / 3,
-                        torch.full((3,), value, device=device), torch.linspace(0, value, 5, device=device)]
+            results += [
+                torch.div(x, y),
+                torch.scalar_tensor(value, device=device),
+                x / 3,
+                torch.full((3,), value, device=device),
+                torch.linspace(0, value, 5, device=device),
+            ]
         finally:
             torch.set_default_dtype(previous)
         results.append(torch.div(x, y))
@@ -76,8 +91,9 @@ def test_complex_linspace_keeps_the_imaginary_part(steps):
         assert_close(got.cpu(), expected)
 
 
-@pytest.mark.parametrize("op", [torch.relu, lambda t: torch.cat([t, t]), lambda t: torch.cat([t, t], 1),
-                                lambda t: t * 2 + t, torch.sigmoid])
+@pytest.mark.parametrize(
+    "op", [torch.relu, lambda t: torch.cat([t, t]), lambda t: torch.cat([t, t], 1), lambda t: t * 2 + t, torch.sigmoid]
+)
 @pytest.mark.parametrize("memory_format", [torch.channels_last, torch.channels_last_3d])
 def test_channels_last_outputs_keep_their_layout(op, memory_format):
     shape = (2, 3, 4, 5) if memory_format is torch.channels_last else (2, 3, 4, 5, 2)
@@ -87,7 +103,7 @@ def test_channels_last_outputs_keep_their_layout(op, memory_format):
         got = op(x.to(DEV))
         assert got.stride() == expected.stride()
         assert_close(got.cpu(), expected)
-        assert_close(got.sum(dim=1).cpu(), expected.sum(dim=1))   # read back through the strides
+        assert_close(got.sum(dim=1).cpu(), expected.sum(dim=1))  # read back through the strides
 
 
 @pytest.mark.parametrize("shape", [(2, 0, 3), (0, 3), (2, 0), (3, 0, 0, 2)])
@@ -122,10 +138,16 @@ def test_same_dtype_unary_out_rejects_another_dtype(op):
 
 def test_index_put_rejects_mismatched_dtypes():
     values = torch.randn(2, dtype=torch.float64)
-    same_error(lambda device: torch.zeros(5, device=device).index_put_(
-        (torch.tensor([1, 3], device=device),), values.to(device)))
-    same_error(lambda device: torch.zeros(5, device=device).index_put_(
-        (torch.tensor([1, 3], device=device),), values.to(device), accumulate=True))
+    same_error(
+        lambda device: torch.zeros(5, device=device).index_put_(
+            (torch.tensor([1, 3], device=device),), values.to(device)
+        )
+    )
+    same_error(
+        lambda device: torch.zeros(5, device=device).index_put_(
+            (torch.tensor([1, 3], device=device),), values.to(device), accumulate=True
+        )
+    )
     x = torch.randn(5)
     both(lambda device: x.to(device).index_put((torch.tensor([1, 3], device=device),), values.float().to(device)))
 
@@ -135,12 +157,20 @@ def test_rand_rejects_integer_dtypes():
     same_error(lambda device: torch.empty(3, dtype=torch.int32, device=device).uniform_())
 
 
-@pytest.mark.parametrize("dtype, low, high", [(torch.int8, 0, 1000), (torch.int8, -200, 5), (torch.uint8, 0, 300),
-                                              (torch.int16, 0, 1 << 16), (torch.float16, 0, 1 << 17),
-                                              (torch.bool, 0, 3)])
+@pytest.mark.parametrize(
+    "dtype, low, high",
+    [
+        (torch.int8, 0, 1000),
+        (torch.int8, -200, 5),
+        (torch.uint8, 0, 300),
+        (torch.int16, 0, 1 << 16),
+        (torch.float16, 0, 1 << 17),
+        (torch.bool, 0, 3),
+    ],
+)
 def test_random_bounds_follow_the_dtype(dtype, low, high):
     same_error(lambda device: torch.empty(3, dtype=dtype, device=device).random_(low, high))
-    if dtype.is_floating_point:   # within the type but beyond its mantissa: a warning, as on the CPU
+    if dtype.is_floating_point:  # within the type but beyond its mantissa: a warning, as on the CPU
         with pytest.warns(UserWarning, match="out of bounds"):
             torch.empty(3, dtype=dtype, device=DEV).random_(0, (1 << 11) + 2)
     values = torch.empty(100, dtype=dtype, device=DEV).random_(0, 2).cpu()
@@ -153,13 +183,15 @@ def test_cat_out_overlapping_an_input_raises():
     def overlapping(device):
         t = x.to(device)
         return torch.cat([t[:2], t[2:4]], out=t[1:5])
+
     same_error(overlapping)
     base = torch.randn(4, 4)
 
-    def disjoint(device):   # the same storage, other elements: allowed
+    def disjoint(device):  # the same storage, other elements: allowed
         t = base.to(device)
         torch.cat([t[0], t[1]], out=t[2:].reshape(-1))
         return t
+
     both(disjoint)
 
 
@@ -179,9 +211,10 @@ def test_storages_made_by_pytorch_itself():
     import gc
 
     from torchtpu.device import native
+
     if not native.loaded():
         pytest.skip("the C++ extension (the PrivateUse1 allocator) is not built here")
-    gc.collect()   # (earlier tests' garbage must not be freed inside the measurement)
+    gc.collect()  # (earlier tests' garbage must not be freed inside the measurement)
     before = torch.tpu.memory_allocated()
     values = torch.randint(0, 256, (8,), dtype=torch.uint8)
     storage = torch.UntypedStorage(8, device=DEV)
@@ -202,8 +235,10 @@ def test_storages_made_by_pytorch_itself():
 
 
 # ------------------------------------------------------------------ not lowered before
-@pytest.mark.parametrize("args, dtype", [((0, 5, 2), None), ((0, 5, 2), torch.int64), ((0, 1, 0.3), None),
-                                         ((5, -3, -1.5), torch.float64), ((0, 4), None)])
+@pytest.mark.parametrize(
+    "args, dtype",
+    [((0, 5, 2), None), ((0, 5, 2), torch.int64), ((0, 1, 0.3), None), ((5, -3, -1.5), torch.float64), ((0, 4), None)],
+)
 def test_range(args, dtype):
     with pytest.warns(UserWarning):
         expected = torch.range(*args, dtype=dtype)
@@ -216,9 +251,13 @@ def test_range(args, dtype):
         torch.range(0, 3, 0, device=DEV)
 
 
-@pytest.mark.parametrize("make", [lambda: torch.randn(3, 3).to_sparse().to(DEV),
-                                  lambda: torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.tensor([1.0]), (2, 2),
-                                                                  device=DEV)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(3, 3).to_sparse().to(DEV),
+        lambda: torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.tensor([1.0]), (2, 2), device=DEV),
+    ],
+)
 def test_sparse_layouts_raise_a_clear_error(make):
     with pytest.raises(NotImplementedError, match="sparse layouts are not supported on the tpu device"):
         make()
@@ -241,25 +280,38 @@ def test_device_indices_out_of_range_raise_an_index_error_and_the_device_keeps_w
     y = x * 2
     with pytest.raises(IndexError, match="out of bounds"):
         x[torch.tensor([5], device=DEV)].cpu()
-    assert_close((x + 1).cpu(), x.cpu() + 1)   # not sticky (CUDA's assert would be)
+    assert_close((x + 1).cpu(), x.cpu() + 1)  # not sticky (CUDA's assert would be)
     assert_close(y.cpu(), x.cpu() * 2)
-    with pytest.raises(IndexError, match="out of bounds"):   # and raised again by the next bad index
+    with pytest.raises(IndexError, match="out of bounds"):  # and raised again by the next bad index
         x.index_select(0, torch.tensor([-4], device=DEV)).cpu()
 
 
-@pytest.mark.parametrize("op", [
-    lambda t, s: t + s, lambda t, s: s * t, lambda t, s: torch.where(t > 0, t, s), lambda t, s: torch.maximum(t, s),
-    lambda t, s: t.masked_fill(t > 0, s), lambda t, s: t.index_fill(0, torch.tensor([0, 2], device=t.device), s),
-    lambda t, s: torch.lerp(t, t * 2, s), lambda t, s: torch.addcmul(t, t, t, value=2) * s,
-])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda t, s: t + s,
+        lambda t, s: s * t,
+        lambda t, s: torch.where(t > 0, t, s),
+        lambda t, s: torch.maximum(t, s),
+        lambda t, s: t.masked_fill(t > 0, s),
+        lambda t, s: t.index_fill(0, torch.tensor([0, 2], device=t.device), s),
+        lambda t, s: torch.lerp(t, t * 2, s),
+        lambda t, s: torch.addcmul(t, t, t, value=2) * s,
+    ],
+)
 def test_cpu_scalar_tensors_mix_with_tpu_tensors(op):
     x, s = torch.randn(5), torch.randn(())
     both(lambda device: op(x.to(device), s))
 
 
-@pytest.mark.parametrize("make, shape", [(lambda: torch.nn.LazyLinear(3), (2, 5)),
-                                         (lambda: torch.nn.LazyConv2d(4, 3), (2, 3, 8, 8)),
-                                         (lambda: torch.nn.LazyBatchNorm1d(), (4, 6))])
+@pytest.mark.parametrize(
+    "make, shape",
+    [
+        (lambda: torch.nn.LazyLinear(3), (2, 5)),
+        (lambda: torch.nn.LazyConv2d(4, 3), (2, 3, 8, 8)),
+        (lambda: torch.nn.LazyBatchNorm1d(), (4, 6)),
+    ],
+)
 def test_lazy_modules_move_to_tpu(make, shape):
     torch.manual_seed(0)
     module = make().to(DEV)
@@ -268,7 +320,7 @@ def test_lazy_modules_move_to_tpu(make, shape):
     assert all(p.device.type == "tpu" for p in module.parameters())
     torch.manual_seed(0)
     reference = make()
-    reference(x)   # initialise the same shapes, then take the tpu module's values
+    reference(x)  # initialise the same shapes, then take the tpu module's values
     reference.load_state_dict({k: v.cpu() for k, v in module.state_dict().items()})
     if isinstance(reference, torch.nn.modules.batchnorm._BatchNorm):
         reference.running_mean.zero_()
@@ -291,12 +343,18 @@ def test_inplace_shift_operators(dtype):
         c[1:4] <<= shifts.to(device)[1:4]
         c >>= shifts.to(device)
         return torch.stack([a, b, c])
+
     both(run)
 
 
-@pytest.mark.parametrize("op, dtype", [(lambda t: torch.gcd(t, t), torch.float32),
-                                       (lambda t: torch.bitwise_and(t, t), torch.float64),
-                                       (lambda t: torch.remainder(t, True), torch.bool)])
+@pytest.mark.parametrize(
+    "op, dtype",
+    [
+        (lambda t: torch.gcd(t, t), torch.float32),
+        (lambda t: torch.bitwise_and(t, t), torch.float64),
+        (lambda t: torch.remainder(t, True), torch.bool),
+    ],
+)
 def test_dtypes_jax_refuses_raise_torchs_error_type(op, dtype):
     x = torch.randn(4).to(dtype)
     with pytest.raises(Exception) as cpu_error:
@@ -308,7 +366,7 @@ def test_dtypes_jax_refuses_raise_torchs_error_type(op, dtype):
 
 
 # ------------------------------------------------------------------ tools/upstream_tests.py
-_GENERIC_FILE = '''
+_GENERIC_FILE = """
 import torch
 from torch.testing._internal.common_device_type import instantiate_device_type_tests, dtypes
 from torch.testing._internal.common_utils import TestCase
@@ -326,7 +384,7 @@ class TestTiny(TestCase):
 
 
 instantiate_device_type_tests(TestTiny, globals())
-'''
+"""
 
 
 def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
@@ -340,14 +398,28 @@ def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
         import upstream_tests
     finally:
         sys.path.remove(str(tools))
-    assert (upstream_tests.common_name("t.py::TestFooPRIVATEUSE1::test_only_cpu_x_tpu_float32")
-            == upstream_tests.common_name("t.py::TestFooCPU::test_only_cpu_x_cpu_float32")
-            == "t.py::TestFoo::test_only_cpu_x_DEV_float32")
+    assert (
+        upstream_tests.common_name("t.py::TestFooPRIVATEUSE1::test_only_cpu_x_tpu_float32")
+        == upstream_tests.common_name("t.py::TestFooCPU::test_only_cpu_x_cpu_float32")
+        == "t.py::TestFoo::test_only_cpu_x_DEV_float32"
+    )
     (tmp_path / "pytorch" / "test").mkdir(parents=True)
     (tmp_path / "pytorch" / "test" / "test_tiny_generic.py").write_text(_GENERIC_FILE)
-    done = subprocess.run([sys.executable, str(tools / "upstream_tests.py"), "run", str(tmp_path / "pytorch"),
-                           "test/test_tiny_generic.py", "--out", str(tmp_path / "runs")],
-                          capture_output=True, text=True, timeout=600, check=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(tools / "upstream_tests.py"),
+            "run",
+            str(tmp_path / "pytorch"),
+            "test/test_tiny_generic.py",
+            "--out",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     assert "2/3 cpu-passing tests pass on tpu" in done.stdout, done.stdout + done.stderr
     assert "ValueError: not on tpu:N" in done.stdout
 
@@ -355,8 +427,9 @@ def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64])
 def test_storage_type_names_the_tpu_legacy_class(dtype):
     import warnings
+
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)   # TypedStorage is deprecated
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
         cpu_class = torch.empty(2, dtype=dtype).storage_type()
         tpu_class = torch.empty(2, dtype=dtype, device=DEV).storage_type()
         assert tpu_class is getattr(torch.tpu, cpu_class.__name__)
@@ -366,9 +439,17 @@ def test_storage_type_names_the_tpu_legacy_class(dtype):
         assert x.to(DEV).storage().tolist() == x.storage().tolist()
 
 
-@pytest.mark.parametrize("dtype, kwargs", [(torch.float32, {}), (torch.float16, {"dim": 1}),
-                                           (torch.float64, {"dim": [0], "keepdim": True}), (torch.int32, {}),
-                                           (torch.uint8, {"dim": 0}), (torch.bool, {})])
+@pytest.mark.parametrize(
+    "dtype, kwargs",
+    [
+        (torch.float32, {}),
+        (torch.float16, {"dim": 1}),
+        (torch.float64, {"dim": [0], "keepdim": True}),
+        (torch.int32, {}),
+        (torch.uint8, {"dim": 0}),
+        (torch.bool, {}),
+    ],
+)
 def test_hash_tensor(dtype, kwargs):
     x = (torch.randn(4, 5) * 100).to(dtype)
     expected = torch.hash_tensor(x, **kwargs)
@@ -385,7 +466,7 @@ def test_index_lists_and_uploaded_indices_are_checked_at_the_op():
     same_error(lambda device: x.to(device)[:, [4]])
     both(lambda device: x.to(device)[[2, -1]])
     idx = torch.tensor([1], device=DEV)
-    idx.add_(10)   # computed on the device: the host no longer knows it, the device checks it
+    idx.add_(10)  # computed on the device: the host no longer knows it, the device checks it
     y = x.to(DEV)[idx]
     with pytest.raises(IndexError, match="out of bounds"):
         y.cpu()
@@ -398,6 +479,7 @@ def test_batch_norm_training_double_backward(affine):
     reentrancy check compares two backward passes bit for bit and the fused mode's compiled segments
     round differently from the same ops run one by one (docs/upstream_tests.md)."""
     import torchtpu
+
     x = torch.randn(4, 3, 5, dtype=torch.float64, device=DEV, requires_grad=True)
     w = torch.randn(3, dtype=torch.float64, device=DEV, requires_grad=True)
     b = torch.randn(3, dtype=torch.float64, device=DEV, requires_grad=True)
@@ -405,6 +487,7 @@ def test_batch_norm_training_double_backward(affine):
 
     def fn(x, w=None, b=None):
         return torch.nn.functional.batch_norm(x, None, None, w, b, training=True)
+
     with torchtpu.eager_mode("strict"):
         assert torch.autograd.gradcheck(fn, inputs)
         assert torch.autograd.gradgradcheck(fn, inputs)
@@ -430,11 +513,14 @@ def test_tensor_subclasses_move_to_tpu():
     assert type(view) is Tagged and view.untyped_storage().data_ptr() == on_device.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize("factory", [
-    lambda out: torch.arange(0, 3, out=out),
-    lambda out: torch.linspace(0, 1, 3, out=out),
-    lambda out: torch.logspace(0, 1, 3, out=out),
-    lambda out: torch.cat([torch.ones(2, device=out.device), torch.ones(1, device=out.device)], out=out),
-])
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda out: torch.arange(0, 3, out=out),
+        lambda out: torch.linspace(0, 1, 3, out=out),
+        lambda out: torch.logspace(0, 1, 3, out=out),
+        lambda out: torch.cat([torch.ones(2, device=out.device), torch.ones(1, device=out.device)], out=out),
+    ],
+)
 def test_factory_out_into_an_expanded_tensor_raises(factory):
     same_error(lambda device: factory(torch.zeros(1, device=device).expand(3)))

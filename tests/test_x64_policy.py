@@ -2,6 +2,7 @@
 "What `import torch` changes"; docs/tpu.md, "64-bit types"), int64/float64 matching the CPU, the
 errors for what XLA:TPU cannot compile (only when tracing for a TPU), and the TPU programs of SVD,
 lstsq and int64 division that XLA:TPU compiles (and compiles quickly)."""
+
 from __future__ import annotations
 
 import os
@@ -26,14 +27,14 @@ def _fresh(low=3, high=40):
 
 # ---------------------------------------------------------------- the switch and its effects
 def test_user_jax_code_sees_x64_after_tpu_int64_work_and_can_scope_it_off():
-    a = torch.randint(-2**40, 2**40, (7,))
-    torch.testing.assert_close((a.to(D) * 3 + 1).cpu(), a * 3 + 1)   # torchtpu at work: x64 is on
+    a = torch.randint(-(2**40), 2**40, (7,))
+    torch.testing.assert_close((a.to(D) * 3 + 1).cpu(), a * 3 + 1)  # torchtpu at work: x64 is on
     # the documented effects on JAX code elsewhere in the process (JAX's default is 32-bit)
     assert jax.config.jax_enable_x64
     assert jnp.arange(3).dtype == jnp.int64
     assert jnp.asarray(1.5).dtype == jnp.float64
     assert jnp.zeros(2).dtype == jnp.float64
-    assert (jnp.ones(2, jnp.float32) * 0.1).dtype == jnp.float32   # weak Python scalars still keep float32
+    assert (jnp.ones(2, jnp.float32) * 0.1).dtype == jnp.float32  # weak Python scalars still keep float32
     # the documented way to give one's own JAX code JAX's default: a thread-local block
     with jax.enable_x64(False):
         assert jnp.arange(3).dtype == jnp.int32 and jnp.asarray(1.5).dtype == jnp.float32
@@ -55,18 +56,20 @@ def test_tpu_ops_inside_an_x64_off_block_raise_instead_of_truncating():
         else:
             torch.testing.assert_close(cached, a + 1)
         with pytest.raises(RuntimeError, match="64-bit types turned off"):
-            (t * 3 - 7).cpu()   # a program traced now
-    torch.testing.assert_close((t * 3 - 7).cpu(), a * 3 - 7)   # and after the block, as before
+            (t * 3 - 7).cpu()  # a program traced now
+    torch.testing.assert_close((t * 3 - 7).cpu(), a * 3 - 7)  # and after the block, as before
 
 
 # ---------------------------------------------------------------- int64 and float64 match the CPU
 @pytest.mark.parametrize("op", ["floor_divide", "remainder", "fmod", "trunc", "floor", "mul_add"])
 def test_int64_ops_match_cpu(op):
     n = _fresh()
-    a = torch.randint(-2**62, 2**62, (n, n))
+    a = torch.randint(-(2**62), 2**62, (n, n))
     b = torch.randint(1, 2**31, (n, n)) * torch.where(torch.rand(n, n) < 0.5, -1, 1)
     fns = {
-        "floor_divide": torch.floor_divide, "remainder": torch.remainder, "fmod": torch.fmod,
+        "floor_divide": torch.floor_divide,
+        "remainder": torch.remainder,
+        "fmod": torch.fmod,
         "trunc": lambda x, y: torch.div(x, y, rounding_mode="trunc"),
         "floor": lambda x, y: torch.div(x, y, rounding_mode="floor"),
         "mul_add": lambda x, y: x * 3 + y * (2**33),
@@ -90,12 +93,24 @@ def test_float64_keeps_double_precision_and_float32_stays_float32():
 _REFUSED = {
     "int64 mm": (lambda a: linalg.mm(a, a), np.int64, (4, 4), r'"mm_tpu" not implemented for \'Long\''),
     "int64 addmm": (lambda a: linalg.addmm(a, a, a), np.int64, (4, 4), r'"addmm_tpu" not implemented for \'Long\''),
-    "int64 conv": (lambda a: convolution.convolution(a, a[:2, :, :2, :2], None, [1], [0], [1], False, [0], 1),
-                   np.int64, (2, 3, 5, 5), r'"convolution_tpu" not implemented for \'Long\''),
-    "complex128 fft": (lambda a: fft.fft_c2c(a.astype(jnp.complex128), [0], 0, True), np.float64, (8,),
-                       "FFTs of ComplexDouble tensors are not supported on a TPU"),
-    "float64 rfft": (lambda a: fft.fft_r2c(a, [0], 0, True), np.float64, (8,),
-                     "FFTs of Double tensors are not supported on a TPU"),
+    "int64 conv": (
+        lambda a: convolution.convolution(a, a[:2, :, :2, :2], None, [1], [0], [1], False, [0], 1),
+        np.int64,
+        (2, 3, 5, 5),
+        r'"convolution_tpu" not implemented for \'Long\'',
+    ),
+    "complex128 fft": (
+        lambda a: fft.fft_c2c(a.astype(jnp.complex128), [0], 0, True),
+        np.float64,
+        (8,),
+        "FFTs of ComplexDouble tensors are not supported on a TPU",
+    ),
+    "float64 rfft": (
+        lambda a: fft.fft_r2c(a, [0], 0, True),
+        np.float64,
+        (8,),
+        "FFTs of Double tensors are not supported on a TPU",
+    ),
 }
 
 
@@ -104,20 +119,29 @@ def test_tpu_only_errors_raise_only_when_tracing_for_a_tpu(case):
     fn, dtype, shape, message = _REFUSED[case]
     x = (np.arange(np.prod(shape)) % 7).reshape(shape).astype(dtype)
     with platform.tracing_for("tpu"), pytest.raises(RuntimeError, match=message) as raised:
-        jax.jit(lambda a: fn(a))(x)   # (a new lambda: a fresh trace, not the host's cached one)
+        jax.jit(lambda a: fn(a))(x)  # (a new lambda: a fresh trace, not the host's cached one)
     assert "TPU" in str(raised.value)
-    jax.block_until_ready(jax.jit(lambda a: fn(a))(x))   # the host platform computes it
+    jax.block_until_ready(jax.jit(lambda a: fn(a))(x))  # the host platform computes it
 
 
 def test_int64_matmul_and_conv_on_the_host_match_cpu():
     """XLA:CPU computes them as the CPU does; under TORCHTPU_TPU_COMPILE_CHECK the TPU trace refuses them."""
     from torchtpu.eager import tpu_check
+
     a = torch.randint(-1000, 1000, (2, 3, _fresh(6, 12), 6))
     w = torch.randint(-1000, 1000, (4, 3, 2, 2))
-    cases = [(lambda: torch.nn.functional.conv2d(a.to(D), w.to(D)).cpu(), torch.nn.functional.conv2d(a, w),
-              r'"convolution_tpu" not implemented for \'Long\''),
-             (lambda: (a[0, 0].to(D) @ a[1, 1].T.to(D)).cpu(), a[0, 0] @ a[1, 1].T,
-              r'"mm_tpu" not implemented for \'Long\'')]
+    cases = [
+        (
+            lambda: torch.nn.functional.conv2d(a.to(D), w.to(D)).cpu(),
+            torch.nn.functional.conv2d(a, w),
+            r'"convolution_tpu" not implemented for \'Long\'',
+        ),
+        (
+            lambda: (a[0, 0].to(D) @ a[1, 1].T.to(D)).cpu(),
+            a[0, 0] @ a[1, 1].T,
+            r'"mm_tpu" not implemented for \'Long\'',
+        ),
+    ]
     for run, expected, refusal in cases:
         if tpu_check.enabled():
             with pytest.raises(RuntimeError, match=refusal):
@@ -132,33 +156,52 @@ def test_tpu_int64_division_is_exact():
     the host: exact against the CPU for values that fit 32 bits and for the whole int64 range."""
     g = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     n = 512
-    wide = (np.concatenate([g.integers(-2**63, 2**63 - 1, n, dtype=np.int64), [-2**63, 2**63 - 1, -7, 7]]),
-            np.concatenate([g.integers(-2**40, 2**40, n // 2), g.integers(-60, 60, n // 2), [3, -2, 2**63 - 1, -3]]))
-    narrow = (g.integers(-2**31 + 1, 2**31 - 1, n + 4, dtype=np.int64), g.integers(-5000, 5000, n + 4))
+    wide = (
+        np.concatenate([g.integers(-(2**63), 2**63 - 1, n, dtype=np.int64), [-(2**63), 2**63 - 1, -7, 7]]),
+        np.concatenate([g.integers(-(2**40), 2**40, n // 2), g.integers(-60, 60, n // 2), [3, -2, 2**63 - 1, -3]]),
+    )
+    narrow = (g.integers(-(2**31) + 1, 2**31 - 1, n + 4, dtype=np.int64), g.integers(-5000, 5000, n + 4))
     for a, b in (wide, narrow):
         b = np.where(b == 0, 9, b).astype(np.int64)
 
         def program(x, y):
-            return (elementwise.floor_divide(x, y), elementwise.remainder(x, y), elementwise.fmod(x, y),
-                    elementwise._int_trunc_div(x, y))
+            return (
+                elementwise.floor_divide(x, y),
+                elementwise.remainder(x, y),
+                elementwise.fmod(x, y),
+                elementwise._int_trunc_div(x, y),
+            )
 
         with platform.tracing_for("tpu"):
             got = jax.jit(lambda x, y: program(x, y))(a, b)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        expected = (torch.floor_divide(ta, tb), torch.remainder(ta, tb), torch.fmod(ta, tb),
-                    torch.div(ta, tb, rounding_mode="trunc"))
+        expected = (
+            torch.floor_divide(ta, tb),
+            torch.remainder(ta, tb),
+            torch.fmod(ta, tb),
+            torch.div(ta, tb, rounding_mode="trunc"),
+        )
         for value, reference in zip(got, expected):
             torch.testing.assert_close(torch.from_numpy(np.asarray(value)), reference, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("shape, full, dtype", [((3, 6, 4), False, torch.float32), ((2, 4, 7), True, torch.float32),
-                                                ((5, 5), False, torch.float32), ((2, 5, 3), False, torch.complex64)])
+@pytest.mark.parametrize(
+    "shape, full, dtype",
+    [
+        ((3, 6, 4), False, torch.float32),
+        ((2, 4, 7), True, torch.float32),
+        ((5, 5), False, torch.float32),
+        ((2, 5, 3), False, torch.complex64),
+    ],
+)
 def test_tpu_svd_matches_cpu(shape, full, dtype):
     """The TPU branch of the SVD (JAX's QDWH algorithm traced with x64 off locally), run on the host."""
     a = torch.randn(shape, dtype=dtype)
     with platform.tracing_for("tpu"):
-        u, s, vh = (torch.from_numpy(np.array(v)) for v in
-                    jax.jit(lambda x: linalg.linalg_svd(x, full_matrices=full))(a.numpy()))
+        u, s, vh = (
+            torch.from_numpy(np.array(v))
+            for v in jax.jit(lambda x: linalg.linalg_svd(x, full_matrices=full))(a.numpy())
+        )
     assert u.dtype == vh.dtype == dtype and s.dtype == torch.float32
     torch.testing.assert_close(s, torch.linalg.svdvals(a), rtol=1e-4, atol=1e-4)
     k = s.shape[-1]
@@ -172,6 +215,7 @@ def test_tpu_svd_matches_cpu(shape, full, dtype):
 def tpu_compile_check(monkeypatch):
     pytest.importorskip("libtpu", reason="compiling for a TPU needs libtpu (pip install torchtpu[tpu-check])")
     from torchtpu.eager import tpu_check
+
     monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", "v5e:2x2")
     tpu_check.reset_for_test()
     yield tpu_check
@@ -196,9 +240,12 @@ def test_svd_lstsq_backward_compile_for_tpu(tpu_compile_check):
     m = _fresh(5, 12)
     a, b = torch.randn(2, m, 4), torch.randn(2, m, 3)
     torch.linalg.svd(a.to(D), full_matrices=True)[0].cpu()
-    for fn in (torch.linalg.svdvals, lambda x: torch.linalg.matrix_norm(x, ord=2),
-               lambda x: torch.linalg.lstsq(x, b.to(x.device)).solution,
-               lambda x: torch.linalg.lstsq(x, b.to(x.device), driver="gelsy").solution):
+    for fn in (
+        torch.linalg.svdvals,
+        lambda x: torch.linalg.matrix_norm(x, ord=2),
+        lambda x: torch.linalg.lstsq(x, b.to(x.device)).solution,
+        lambda x: torch.linalg.lstsq(x, b.to(x.device), driver="gelsy").solution,
+    ):
         x, ref = a.to(D).requires_grad_(), a.clone().requires_grad_()
         fn(x).sum().backward()
         fn(ref).sum().backward()
@@ -211,13 +258,22 @@ def test_svd_lstsq_backward_compile_for_tpu(tpu_compile_check):
 
 def test_int64_index_arithmetic_compiles_for_tpu_in_seconds(tpu_compile_check):
     n = _fresh(100, 400)
-    i = torch.randint(-10**6, 10**6, (n,))
+    i = torch.randint(-(10**6), 10**6, (n,))
     j = torch.randint(1, 1000, (n,))
     ti, tj = i.to(D), j.to(D)
-    out = (torch.floor_divide(ti, tj) * 7 + torch.remainder(ti, tj) + torch.fmod(ti, 16)
-           + torch.div(ti, tj, rounding_mode="trunc")).cpu()
-    torch.testing.assert_close(out, torch.floor_divide(i, j) * 7 + torch.remainder(i, j) + torch.fmod(i, 16)
-                               + torch.div(i, j, rounding_mode="trunc"))
+    out = (
+        torch.floor_divide(ti, tj) * 7
+        + torch.remainder(ti, tj)
+        + torch.fmod(ti, 16)
+        + torch.div(ti, tj, rounding_mode="trunc")
+    ).cpu()
+    torch.testing.assert_close(
+        out,
+        torch.floor_divide(i, j) * 7
+        + torch.remainder(i, j)
+        + torch.fmod(i, 16)
+        + torch.div(i, j, rounding_mode="trunc"),
+    )
     for prefix in ("aten::floor_divide", "aten::remainder", "aten::fmod", "aten::div"):
         for program in _checked(tpu_compile_check, prefix):
             # XLA:TPU's own int64 division: 6-7 s for one op, 15-36 s for a few together

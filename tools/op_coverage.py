@@ -12,6 +12,7 @@ build/op_coverage/ as soon as it is known, so an interrupted run resumes where i
 that hangs past --hard-timeout kills its worker; it is recorded as a timeout and the chunk goes on
 in a fresh worker.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,17 +29,27 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 DEFAULT_STATE = os.path.join(ROOT, "build", "op_coverage")
-DTYPE_NAMES = ["float32", "bfloat16", "float16", "float64", "int64", "int32", "uint8", "bool", "complex64",
-               "complex128"]
+DTYPE_NAMES = [
+    "float32",
+    "bfloat16",
+    "float16",
+    "float64",
+    "int64",
+    "int32",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
+]
 KINDS = ["forward", "inplace", "out", "grad"]
 
 
 # ------------------------------------------------------------------ worker
 def worker(args):
     os.environ.setdefault("TORCHTPU_CPU_FALLBACK", "0")
+    import opinfo_support as S
     import torch
     from torch.testing._internal.common_methods_invocations import op_db
-    import opinfo_support as S
 
     torch.manual_seed(args.seed)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
@@ -64,9 +75,20 @@ def worker(args):
                     json.dump(key, f)
                 start = time.time()
                 r = S.check(op, dtype, kind, max_samples=args.max_samples, timeout=args.timeout)
-                results.write(json.dumps({"op": key[0], "dtype": key[1], "kind": kind, "status": r.status,
-                                          "reason": r.reason, "samples": r.samples,
-                                          "seconds": round(time.time() - start, 3)}) + "\n")
+                results.write(
+                    json.dumps(
+                        {
+                            "op": key[0],
+                            "dtype": key[1],
+                            "kind": kind,
+                            "status": r.status,
+                            "reason": r.reason,
+                            "samples": r.samples,
+                            "seconds": round(time.time() - start, 3),
+                        }
+                    )
+                    + "\n"
+                )
                 results.flush()
     if os.path.exists(progress):
         os.remove(progress)
@@ -94,9 +116,9 @@ def _done_keys(state):
 
 # ------------------------------------------------------------------ driver
 def sweep(args):
+    import opinfo_support as S
     import torch  # noqa: F401  (op_db needs torch; the driver itself runs nothing on tpu)
     from torch.testing._internal.common_methods_invocations import op_db
-    import opinfo_support as S
 
     os.makedirs(args.state, exist_ok=True)
     if not args.resume and not args.rerun_failed:
@@ -117,19 +139,39 @@ def sweep(args):
     meta_path = os.path.join(args.state, "meta.json")
     meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {"seconds": 0.0, "seed": args.seed}
     pattern = re.compile(args.ops) if args.ops else None
-    indices = [i for i, op in enumerate(op_db) if not S.out_of_scope(S.op_id(op))
-               and (pattern is None or pattern.search(S.op_id(op)))]
-    chunks = [indices[i:i + args.chunk] for i in range(0, len(indices), args.chunk)]
+    indices = [
+        i
+        for i, op in enumerate(op_db)
+        if not S.out_of_scope(S.op_id(op)) and (pattern is None or pattern.search(S.op_id(op)))
+    ]
+    chunks = [indices[i : i + args.chunk] for i in range(0, len(indices), args.chunk)]
     pending = collections.deque(enumerate(chunks))
     running = {}  # chunk id -> (Popen, indices, last progress time, last progress content)
     start = time.time()
     log = open(os.path.join(args.state, "workers.log"), "a")
 
     def launch(cid, idx):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--chunk", str(cid), "--indices",
-               ",".join(map(str, idx)), "--state", args.state, "--dtypes", args.dtypes, "--kinds", args.kinds,
-               "--max-samples", str(args.max_samples), "--timeout", str(args.timeout),
-               "--seed", str(meta["seed"] + cid)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--chunk",
+            str(cid),
+            "--indices",
+            ",".join(map(str, idx)),
+            "--state",
+            args.state,
+            "--dtypes",
+            args.dtypes,
+            "--kinds",
+            args.kinds,
+            "--max-samples",
+            str(args.max_samples),
+            "--timeout",
+            str(args.timeout),
+            "--seed",
+            str(meta["seed"] + cid),
+        ]
         running[cid] = [subprocess.Popen(cmd, stdout=log, stderr=log), idx, time.time(), None]
 
     finished = 0
@@ -137,7 +179,7 @@ def sweep(args):
         while pending and len(running) < args.jobs:
             launch(*pending.popleft())
         time.sleep(1.0)
-        for cid, (proc, idx, last_t, last_p) in list(running.items()):
+        for cid, (proc, idx, _last_t, last_p) in list(running.items()):
             progress = os.path.join(args.state, f"progress-{cid}")
             current = open(progress).read() if os.path.exists(progress) else None
             if current != last_p:
@@ -167,8 +209,21 @@ def _record_abort(state, cid, current, reason):
         return
     op, dtype, kind = json.loads(current)
     with open(os.path.join(state, f"results-{cid}.jsonl"), "a") as f:
-        f.write("\n" + json.dumps({"op": op, "dtype": dtype, "kind": kind, "status": "timeout",
-                                   "reason": reason, "samples": 0, "seconds": 0}) + "\n")
+        f.write(
+            "\n"
+            + json.dumps(
+                {
+                    "op": op,
+                    "dtype": dtype,
+                    "kind": kind,
+                    "status": "timeout",
+                    "reason": reason,
+                    "samples": 0,
+                    "seconds": 0,
+                }
+            )
+            + "\n"
+        )
     os.remove(os.path.join(state, f"progress-{cid}"))
 
 
@@ -178,10 +233,10 @@ def _pct(a, b):
 
 
 def report(args, meta, command):
-    import torch
     import jax
-    from torch.testing._internal.common_methods_invocations import op_db
     import opinfo_support as S
+    import torch
+    from torch.testing._internal.common_methods_invocations import op_db
 
     rows = _load(args.state)
     pattern = re.compile(args.ops) if args.ops and not args.rerun_failed else None
@@ -210,21 +265,25 @@ def report(args, meta, command):
 
     L = []
     L.append("# ATen coverage of the tpu device, measured against PyTorch's OpInfo database\n")
-    L.append(f"Generated by `{command}` on {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} "
-             f"in {meta['seconds'] / 60:.1f} min of wall time ({args.jobs} worker processes); "
-             f"torch {torch.__version__}, jax {jax.__version__}, backend XLA:{jax.default_backend().upper()}, "
-             f"seed {meta['seed']} (samples are fresh random tensors; up to {args.max_samples} per "
-             f"(op, dtype), spread over the OpInfo's sample list).\n")
-    L.append("Each (op, dtype) runs the OpInfo samples on the CPU and on `tpu` and compares values, shapes "
-             "and dtypes with `torch.testing.assert_close` (float32 rtol 1e-4/atol 1e-5, float16 1e-2/1e-3, "
-             "bfloat16 1.6e-2/1e-2, float64 1e-7, complex64/complex128 as float32/float64, integers and bool exact); "
-             "a float16/bfloat16 result beyond those tolerances still matches when it is at least as close as the "
-             "CPU's to the same computation in float64 (the CPU rounds intermediates to the half dtype; PyTorch's "
-             "reference tests judge the same way). *In-place* also compares the "
-             "mutated input, *out=* the out tensor(s), *gradient* (float32, complex64) the gradients of every input "
-             "for random cotangents. Random ops are compared on shape and dtype only. Denominators count "
-             "(op, dtype) pairs whose samples the CPU accepts. Test harness: `tests/opinfo_support.py`; "
-             "the same checks run under `pytest -m slow tests/test_opinfo.py`.\n")
+    L.append(
+        f"Generated by `{command}` on {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} "
+        f"in {meta['seconds'] / 60:.1f} min of wall time ({args.jobs} worker processes); "
+        f"torch {torch.__version__}, jax {jax.__version__}, backend XLA:{jax.default_backend().upper()}, "
+        f"seed {meta['seed']} (samples are fresh random tensors; up to {args.max_samples} per "
+        f"(op, dtype), spread over the OpInfo's sample list).\n"
+    )
+    L.append(
+        "Each (op, dtype) runs the OpInfo samples on the CPU and on `tpu` and compares values, shapes "
+        "and dtypes with `torch.testing.assert_close` (float32 rtol 1e-4/atol 1e-5, float16 1e-2/1e-3, "
+        "bfloat16 1.6e-2/1e-2, float64 1e-7, complex64/complex128 as float32/float64, integers and bool exact); "
+        "a float16/bfloat16 result beyond those tolerances still matches when it is at least as close as the "
+        "CPU's to the same computation in float64 (the CPU rounds intermediates to the half dtype; PyTorch's "
+        "reference tests judge the same way). *In-place* also compares the "
+        "mutated input, *out=* the out tensor(s), *gradient* (float32, complex64) the gradients of every input "
+        "for random cotangents. Random ops are compared on shape and dtype only. Denominators count "
+        "(op, dtype) pairs whose samples the CPU accepts. Test harness: `tests/opinfo_support.py`; "
+        "the same checks run under `pytest -m slow tests/test_opinfo.py`.\n"
+    )
     L.append("## Summary\n")
     L.append(f"- OpInfos: {len(ops)}; in scope: {len(scoped)}; out of scope: {len(oos)} (listed below)")
     L.append(f"- **Forward parity: {_pct(fwd_p, fwd_t)}** of (op, dtype) pairs")
@@ -244,7 +303,9 @@ def report(args, meta, command):
         L.append(f"| {d} | " + " | ".join(cells) + " |")
     L.append("")
     status_counts = collections.Counter(r["status"] for r in rows.values())
-    L.append("Results by status (all checks): " + ", ".join(f"{k} {v}" for k, v in sorted(status_counts.items())) + "\n")
+    L.append(
+        "Results by status (all checks): " + ", ".join(f"{k} {v}" for k, v in sorted(status_counts.items())) + "\n"
+    )
 
     # missing lowerings
     missing = collections.defaultdict(set)
@@ -252,9 +313,11 @@ def report(args, meta, command):
         if r["status"] == "not_lowered":
             missing[r["reason"].split(" ")[0]].add(op + ("" if kind == "forward" else f" ({kind})"))
     L.append("## ATen ops without a tpu lowering\n")
-    L.append("Each ATen op that a check reached without finding a lowering (nor a decomposition), with "
-             "the OpInfos it blocks (a check stops at its first missing op, so fixing one can reveal "
-             "another behind it).\n")
+    L.append(
+        "Each ATen op that a check reached without finding a lowering (nor a decomposition), with "
+        "the OpInfos it blocks (a check stops at its first missing op, so fixing one can reveal "
+        "another behind it).\n"
+    )
     L.append("| ATen op | blocked OpInfos |")
     L.append("|---|---|")
     for name, blocked in sorted(missing.items(), key=lambda kv: (-len(kv[1]), kv[0])):
@@ -265,9 +328,11 @@ def report(args, meta, command):
 
     # failures
     L.append("## Failing checks\n")
-    L.append("Every failing (op, dtype, check) except missing lowerings (above), with the first line of "
-             "the error. `fail` = values/shapes/dtypes differ from the CPU; `error` = the tpu run raised "
-             "(the CPU did not); `timeout` = over the time limit.\n")
+    L.append(
+        "Every failing (op, dtype, check) except missing lowerings (above), with the first line of "
+        "the error. `fail` = values/shapes/dtypes differ from the CPU; `error` = the tpu run raised "
+        "(the CPU did not); `timeout` = over the time limit.\n"
+    )
     L.append("| op | check | dtypes | status | reason |")
     L.append("|---|---|---|---|---|")
     grouped = collections.defaultdict(list)
@@ -286,8 +351,10 @@ def report(args, meta, command):
     for name, why in oos:
         L.append(f"| {name} | {why} |")
     L.append("")
-    L.append("Random ops (compared on shape and dtype only; their distributions are tested in "
-             "`tests/test_random_ops.py`): " + ", ".join(sorted(S.RANDOM_OPS)) + ".\n")
+    L.append(
+        "Random ops (compared on shape and dtype only; their distributions are tested in "
+        "`tests/test_random_ops.py`): " + ", ".join(sorted(S.RANDOM_OPS)) + ".\n"
+    )
     if no_samples:
         L.append("## Not compared: the CPU accepted no sample\n")
         L.append(", ".join(f"{op}/{d}/{k}" for op, d, k in no_samples) + "\n")

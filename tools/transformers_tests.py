@@ -24,6 +24,7 @@ checkout's Transformers: check out the tag of the installed release (e.g. v5.25.
 without a checkout, tools/transformers_suite/setup.sh lays out the release sdist's common tests with
 tiny testers of ours; run it with this tool the same way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,7 @@ def _crash_message(report) -> str:
     longrepr = report.longrepr
     if longrepr is None:
         return ""
-    if isinstance(longrepr, tuple):            # a skip: (path, line, reason)
+    if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
         return str(longrepr[2])
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None and crash.message:
@@ -62,7 +63,7 @@ class _Recorder:
     """Writes each test's outcome as soon as it is known: {"id", "outcome", "message", "seconds"}."""
 
     def __init__(self, path: str, test_timeout: float):
-        self.file = open(path, "a", buffering=1)  # noqa: SIM115 - open for the whole session
+        self.file = open(path, "a", buffering=1)
         self.test_timeout = test_timeout
         self.pending: dict[str, dict] = {}
 
@@ -71,12 +72,19 @@ class _Recorder:
 
     def pytest_collectreport(self, report):
         if report.failed:
-            self._write({"id": report.nodeid, "outcome": "error", "message": "collection: " + _crash_message(report),
-                         "seconds": 0.0})
+            self._write(
+                {
+                    "id": report.nodeid,
+                    "outcome": "error",
+                    "message": "collection: " + _crash_message(report),
+                    "seconds": 0.0,
+                }
+            )
 
     def pytest_runtest_logreport(self, report):
-        record = self.pending.setdefault(report.nodeid, {"id": report.nodeid, "outcome": "passed", "message": "",
-                                                         "seconds": 0.0})
+        record = self.pending.setdefault(
+            report.nodeid, {"id": report.nodeid, "outcome": "passed", "message": "", "seconds": 0.0}
+        )
         record["seconds"] += report.duration
         if report.skipped and record["outcome"] == "passed":
             record.update(outcome="skipped", message=_crash_message(report))
@@ -145,8 +153,11 @@ def run(args) -> int:
     if unknown:
         raise SystemExit(f"--devices: unknown {unknown}; choose from {DEVICES}")
     spec = checkout / SPEC_NAME
-    subprocess.run([sys.executable, "-m", "torchtpu.integrations.transformers_device_spec", str(spec)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "torchtpu.integrations.transformers_device_spec", str(spec)],
+        check=True,
+        capture_output=True,
+    )
     meta = {"checkout": str(checkout), "files": files, "k": args.k, "pytest_args": args.pytest_args}
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps(meta, indent=1))
@@ -158,24 +169,50 @@ def run(args) -> int:
                 results.unlink(missing_ok=True)
                 env = _device_env(device)
                 env[RESULTS_ENV], env[TIMEOUT_ENV] = str(results), str(args.test_timeout)
-                command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "transformers_tests",
-                           *(["-n0"] if _has_xdist() else []), test_file]
+                command = [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "-p",
+                    "transformers_tests",
+                    *(["-n0"] if _has_xdist() else []),
+                    test_file,
+                ]
                 if args.k:
                     command += ["-k", args.k]
                 command += args.pytest_args
                 start = time.time()
                 try:
-                    done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, check=False,
-                                          timeout=args.file_timeout)
+                    done = subprocess.run(
+                        command,
+                        cwd=checkout,
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                        timeout=args.file_timeout,
+                    )
                     status = f"rc={done.returncode}"
-                    if done.returncode not in (0, 1, 5):   # 2: interrupted, 3: internal error, 4: usage
+                    if done.returncode not in (0, 1, 5):  # 2: interrupted, 3: internal error, 4: usage
                         tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
                         status += " " + " | ".join(tail)
                 except subprocess.TimeoutExpired:
                     status = f"file ran over {args.file_timeout} s (--file-timeout): results so far kept"
                     with open(results, "a") as f:
-                        f.write(json.dumps({"id": test_file, "outcome": "error", "seconds": args.file_timeout,
-                                            "message": "TimeoutError: " + status}) + "\n")
+                        f.write(
+                            json.dumps(
+                                {
+                                    "id": test_file,
+                                    "outcome": "error",
+                                    "seconds": args.file_timeout,
+                                    "message": "TimeoutError: " + status,
+                                }
+                            )
+                            + "\n"
+                        )
                 print(f"{device:4} {test_file}: {time.time() - start:.0f} s, {status}", flush=True)
     finally:
         spec.unlink(missing_ok=True)
@@ -185,6 +222,7 @@ def run(args) -> int:
 
 def _has_xdist() -> bool:
     import importlib.util
+
     return importlib.util.find_spec("xdist") is not None
 
 
@@ -225,20 +263,52 @@ def report(args) -> int:
         c, t = cpu.get(test_file, {}), tpu.get(test_file, {})
         cc, tc = _counts(c), _counts(t)
         lost = [i for i, r in c.items() if r["outcome"] == "passed" and t.get(i, {}).get("outcome") != "passed"]
-        regressions += [(i, t.get(i, {"outcome": "missing", "message": "not run on tpu (timeout or crash)"}))
-                        for i in lost]
-        tpu_only_fail += [(i, r) for i, r in t.items() if r["outcome"] in ("failed", "error")
-                          and c.get(i, {}).get("outcome", "skipped") == "skipped"]
-        tpu_only += [r["outcome"] for i, r in t.items() if r["outcome"] != "skipped"
-                     and c.get(i, {}).get("outcome", "skipped") == "skipped"]
+        regressions += [
+            (i, t.get(i, {"outcome": "missing", "message": "not run on tpu (timeout or crash)"})) for i in lost
+        ]
+        tpu_only_fail += [
+            (i, r)
+            for i, r in t.items()
+            if r["outcome"] in ("failed", "error") and c.get(i, {}).get("outcome", "skipped") == "skipped"
+        ]
+        tpu_only += [
+            r["outcome"]
+            for i, r in t.items()
+            if r["outcome"] != "skipped" and c.get(i, {}).get("outcome", "skipped") == "skipped"
+        ]
         fixed += [i for i, r in t.items() if r["outcome"] == "passed" and c.get(i, {}).get("outcome") == "failed"]
-        both += [(i, r) for i, r in c.items() if r["outcome"] in ("failed", "error")
-                 and t.get(i, {}).get("outcome") in ("failed", "error")]
+        both += [
+            (i, r)
+            for i, r in c.items()
+            if r["outcome"] in ("failed", "error") and t.get(i, {}).get("outcome") in ("failed", "error")
+        ]
         passing = sum(r["outcome"] == "passed" for r in c.values())
-        rows.append((test_file, len(c), cc["passed"], cc["failed"], cc["skipped"], len(t), tc["passed"], tc["failed"],
-                     tc["skipped"], f"{passing - len(lost)}/{passing}"))
-    header = ("file", "cpu run", "cpu pass", "cpu fail", "cpu skip", "tpu run", "tpu pass", "tpu fail", "tpu skip",
-              "cpu-passing that pass on tpu")
+        rows.append(
+            (
+                test_file,
+                len(c),
+                cc["passed"],
+                cc["failed"],
+                cc["skipped"],
+                len(t),
+                tc["passed"],
+                tc["failed"],
+                tc["skipped"],
+                f"{passing - len(lost)}/{passing}",
+            )
+        )
+    header = (
+        "file",
+        "cpu run",
+        "cpu pass",
+        "cpu fail",
+        "cpu skip",
+        "tpu run",
+        "tpu pass",
+        "tpu fail",
+        "tpu skip",
+        "cpu-passing that pass on tpu",
+    )
     if args.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
@@ -246,16 +316,22 @@ def report(args) -> int:
             print("| " + " | ".join(str(x) for x in row) + " |")
     else:
         for row in rows:
-            print(f"{row[0]}: cpu {row[2]} pass {row[3]} fail {row[4]} skip; tpu {row[6]} pass {row[7]} fail "
-                  f"{row[8]} skip; cpu-passing tests passing on tpu {row[9]}")
+            print(
+                f"{row[0]}: cpu {row[2]} pass {row[3]} fail {row[4]} skip; tpu {row[6]} pass {row[7]} fail "
+                f"{row[8]} skip; cpu-passing tests passing on tpu {row[9]}"
+            )
     totals = [sum(r[i] for r in rows) for i in range(1, 9)]
-    print(f"\ntotal: cpu {totals[1]} pass / {totals[2]} fail / {totals[3]} skip; tpu {totals[5]} pass / "
-          f"{totals[6]} fail / {totals[7]} skip; {totals[1] - len(regressions)} of {totals[1]} cpu-passing tests "
-          f"pass on tpu; {len(fixed)} fail on cpu and pass on tpu; {len(tpu_only)} run on tpu only (skipped or "
-          f"absent on cpu: accelerator-only tests), {tpu_only.count('passed')} of them pass")
-    for title, failures in (("cpu-passing tests that fail on tpu, by cause", regressions),
-                            ("tests run on tpu only (skipped on cpu) that fail, by cause", tpu_only_fail),
-                            ("tests that fail on both devices (cpu's cause), by cause", both)):
+    print(
+        f"\ntotal: cpu {totals[1]} pass / {totals[2]} fail / {totals[3]} skip; tpu {totals[5]} pass / "
+        f"{totals[6]} fail / {totals[7]} skip; {totals[1] - len(regressions)} of {totals[1]} cpu-passing tests "
+        f"pass on tpu; {len(fixed)} fail on cpu and pass on tpu; {len(tpu_only)} run on tpu only (skipped or "
+        f"absent on cpu: accelerator-only tests), {tpu_only.count('passed')} of them pass"
+    )
+    for title, failures in (
+        ("cpu-passing tests that fail on tpu, by cause", regressions),
+        ("tests run on tpu only (skipped on cpu) that fail, by cause", tpu_only_fail),
+        ("tests that fail on both devices (cpu's cause), by cause", both),
+    ):
         if not failures:
             continue
         groups = collections.defaultdict(list)
@@ -287,8 +363,8 @@ def main(argv=None) -> int:
     r.add_argument("--markdown", action="store_true")
     r.add_argument("--by-class", action="store_true", help="one report row per test class instead of per file")
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []   # after --: more pytest arguments (-x, ...)
-    args = parser.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []  # after --: more pytest arguments (-x, ...)
+    args = parser.parse_args(argv[: len(argv) - len(extra) - (1 if "--" in argv else 0)])
     if args.command == "run":
         args.pytest_args = extra
         return run(args)

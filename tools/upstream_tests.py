@@ -21,6 +21,7 @@ test_bar_cpu_float32 and TestFooTPU::test_bar_tpu_float32 are one test), prints 
 the tests that pass on the CPU also pass on tpu, and groups the rest by cause (the exception type and
 the first line of its message, numbers and addresses blanked).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,9 @@ def common_name(test_id: str) -> str:
     parts = test_id.split("::")
     parts = [_CLASS_DEVICE.sub("", p) if i == len(parts) - 2 else p for i, p in enumerate(parts)]
     found = list(_NAME_DEVICE.finditer(parts[-1]))
-    if found:   # the device suffix is the last device word (test_only_cpu_x_tpu_float32: the "tpu")
+    if found:  # the device suffix is the last device word (test_only_cpu_x_tpu_float32: the "tpu")
         last = found[-1]
-        parts[-1] = parts[-1][:last.start()] + "DEV" + parts[-1][last.end():]
+        parts[-1] = parts[-1][: last.start()] + "DEV" + parts[-1][last.end() :]
     return "::".join(parts)
 
 
@@ -96,25 +97,53 @@ def run(args) -> int:
             results = out / device / (test_file.replace("/", "+") + ".jsonl")
             results.parent.mkdir(parents=True, exist_ok=True)
             results.unlink(missing_ok=True)
-            command = [sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider",
-                       "-p", "transformers_tests", *(["-n0"] if _has_xdist() else []), test_file]
+            command = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "--noconftest",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "transformers_tests",
+                *(["-n0"] if _has_xdist() else []),
+                test_file,
+            ]
             if args.k:
                 command += ["-k", args.k]
             command += args.pytest_args
             start = time.time()
             try:
-                done = subprocess.run(command, cwd=test_root, env=_device_env(device, results, args.test_timeout, args.eager_mode),
-                                      capture_output=True, text=True, check=False, timeout=args.file_timeout)
+                done = subprocess.run(
+                    command,
+                    cwd=test_root,
+                    env=_device_env(device, results, args.test_timeout, args.eager_mode),
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    timeout=args.file_timeout,
+                )
                 ending = f"rc={done.returncode}"
-                if done.returncode not in (0, 1, 5):   # a signal (negative), an interrupt or a usage error
+                if done.returncode not in (0, 1, 5):  # a signal (negative), an interrupt or a usage error
                     tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
                     ending += " " + " | ".join(tail)
             except subprocess.TimeoutExpired:
                 ending = f"ran over {args.file_timeout:g} s (--file-timeout): results so far kept"
             endings[f"{device} {test_file}"] = ending
             print(f"{device:4} {test_file}: {time.time() - start:.0f} s, {ending}", flush=True)
-    (out / "run.json").write_text(json.dumps({"checkout": str(checkout), "files": files, "k": args.k,
-                                              "pytest_args": args.pytest_args, "endings": endings}, indent=1))
+    (out / "run.json").write_text(
+        json.dumps(
+            {
+                "checkout": str(checkout),
+                "files": files,
+                "k": args.k,
+                "pytest_args": args.pytest_args,
+                "endings": endings,
+            },
+            indent=1,
+        )
+    )
     print()
     return report(argparse.Namespace(out=str(out), markdown=args.markdown))
 
@@ -142,14 +171,34 @@ def report(args) -> int:
     for test_file in sorted(set(cpu) | set(tpu)):
         c, t = cpu.get(test_file, {}), tpu.get(test_file, {})
         passing = [name for name, r in c.items() if r["outcome"] == "passed"]
-        lost = [(name, t.get(name, {"outcome": "missing", "message": "not run on tpu (the process crashed or "
-                                                                        "ran out of time before it)"}))
-                for name in passing if t.get(name, {}).get("outcome") != "passed"]
+        lost = [
+            (
+                name,
+                t.get(
+                    name,
+                    {
+                        "outcome": "missing",
+                        "message": "not run on tpu (the process crashed or ran out of time before it)",
+                    },
+                ),
+            )
+            for name in passing
+            if t.get(name, {}).get("outcome") != "passed"
+        ]
         lost_all += [(name, record) for name, record in lost]
         counts = collections.Counter(r["outcome"] for r in t.values())
         rate = f"{(len(passing) - len(lost)) / len(passing):.1%}" if passing else "-"
-        rows.append((test_file, len(passing), len(passing) - len(lost), rate, counts["failed"] + counts["error"],
-                     counts["skipped"], endings.get(f"tpu {test_file}", "")))
+        rows.append(
+            (
+                test_file,
+                len(passing),
+                len(passing) - len(lost),
+                rate,
+                counts["failed"] + counts["error"],
+                counts["skipped"],
+                endings.get(f"tpu {test_file}", ""),
+            )
+        )
     header = ("file", "cpu pass", "of those, tpu pass", "rate", "tpu fail", "tpu skip", "tpu process")
     if args.markdown:
         print("| " + " | ".join(header) + " |")
@@ -158,14 +207,17 @@ def report(args) -> int:
             print("| " + " | ".join(str(x) for x in row) + " |")
     else:
         for row in rows:
-            print(f"{row[0]}: {row[2]}/{row[1]} cpu-passing tests pass on tpu ({row[3]}); tpu {row[4]} fail, "
-                  f"{row[5]} skip; {row[6]}")
+            print(
+                f"{row[0]}: {row[2]}/{row[1]} cpu-passing tests pass on tpu ({row[3]}); tpu {row[4]} fail, "
+                f"{row[5]} skip; {row[6]}"
+            )
     total = sum(r[1] for r in rows)
     print(f"\ntotal: {total - len(lost_all)} of {total} cpu-passing tests pass on tpu")
     groups = collections.defaultdict(list)
     for name, record in lost_all:
-        groups[cause_of(record.get("message", "")) if record["outcome"] != "missing"
-               else "missing: " + record["message"]].append(name)
+        groups[
+            cause_of(record.get("message", "")) if record["outcome"] != "missing" else "missing: " + record["message"]
+        ].append(name)
     if groups:
         print("\ncpu-passing tests that do not pass on tpu, by cause:")
         for cause, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
@@ -188,16 +240,20 @@ def main(argv=None) -> int:
     p.add_argument("-k", default=None, help="pytest -k expression, for every file")
     p.add_argument("--test-timeout", type=float, default=300, help="seconds per test (0: none)")
     p.add_argument("--file-timeout", type=float, default=3600, help="seconds per test file and device")
-    p.add_argument("--eager-mode", default=None, choices=("fused", "strict", "debug"),
-                   help="TORCHTPU_EAGER_MODE for the run (gradcheck's reentrancy check wants strict: a fused "
-                        "segment rounds differently from its ops run one by one)")
+    p.add_argument(
+        "--eager-mode",
+        default=None,
+        choices=("fused", "strict", "debug"),
+        help="TORCHTPU_EAGER_MODE for the run (gradcheck's reentrancy check wants strict: a fused "
+        "segment rounds differently from its ops run one by one)",
+    )
     p.add_argument("--markdown", action="store_true")
     r = sub.add_parser("report", help="compare the results of a run")
     r.add_argument("out")
     r.add_argument("--markdown", action="store_true")
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []   # after --: more pytest arguments (-x, ...)
-    args = parser.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []  # after --: more pytest arguments (-x, ...)
+    args = parser.parse_args(argv[: len(argv) - len(extra) - (1 if "--" in argv else 0)])
     if args.command == "run":
         args.pytest_args = extra
         return run(args)

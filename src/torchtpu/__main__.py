@@ -4,6 +4,7 @@
 Plain PyTorch code; the only torchtpu-specific thing is the device string. No downloads: the
 training text ships below. About a minute on two CPU cores (XLA:CPU).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,12 +95,20 @@ def info() -> int:
         print(f"platform: unavailable: {e}")
         return 1
     print(f"eager mode: {torch.tpu.get_eager_mode()}")
-    print(f"compile cache: {options.cache_dir() or ('off' if not config.get('TORCHTPU_COMPILE_CACHE') else 'on first compile')}")
-    print(f"C++ device guard: {'loaded' if native.loaded() else (native.problem() or 'TORCHTPU_NATIVE=off')}; "
-          f"torch.Generator('tpu'): {'yes' if native.generators_available() else 'no'}")
+    print(
+        f"compile cache: {options.cache_dir() or ('off' if not config.get('TORCHTPU_COMPILE_CACHE') else 'on first compile')}"  # noqa: E501
+    )
+    print(
+        f"C++ device guard: {'loaded' if native.loaded() else (native.problem() or 'TORCHTPU_NATIVE=off')}; "
+        f"torch.Generator('tpu'): {'yes' if native.generators_available() else 'no'}"
+    )
     from .eager import fastpath
+
     print(f"C++ eager fast path: {'loaded' if fastpath.loaded() else fastpath.problem()}")
-    print(f"patches: {len(patches.applied())} applied" + (f", PROBLEMS: {patches.problems()}" if patches.problems() else ""))
+    print(
+        f"patches: {len(patches.applied())} applied"
+        + (f", PROBLEMS: {patches.problems()}" if patches.problems() else "")
+    )
 
     start = time.perf_counter()
     checks = []
@@ -129,6 +138,7 @@ def info() -> int:
 
 def main(argv=None):
     import sys
+
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["info"]:
         raise SystemExit(info())
@@ -140,8 +150,10 @@ def main(argv=None):
     device = torch.device(args.device)
     if device.type == "tpu":
         device = torch.device("tpu", torch.tpu.current_device() if device.index is None else device.index)
-        print(f"device: {device}  backed by XLA:{torch.tpu.platform().upper()}  "
-              f"({torch.tpu.device_count()} device(s), {torch.tpu.get_device_name()})")
+        print(
+            f"device: {device}  backed by XLA:{torch.tpu.platform().upper()}  "
+            f"({torch.tpu.device_count()} device(s), {torch.tpu.get_device_name()})"
+        )
     torch.manual_seed(0)
     chars = sorted(set(TEXT))
     stoi = {c: i for i, c in enumerate(chars)}
@@ -154,8 +166,8 @@ def main(argv=None):
     start = time.perf_counter()
     for step in range(args.steps + 1):
         ix = torch.randint(0, len(data) - context - 1, (batch,))
-        x = torch.stack([data[i:i + context] for i in ix]).to(device)
-        y = torch.stack([data[i + 1:i + context + 1] for i in ix]).to(device)
+        x = torch.stack([data[i : i + context] for i in ix]).to(device)
+        y = torch.stack([data[i + 1 : i + context + 1] for i in ix]).to(device)
         loss = F.cross_entropy(model(x).reshape(-1, len(chars)), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -3,6 +3,7 @@
 `when_imported("accelerate.state", patch)` calls `patch(module)` now if the module is loaded,
 else once its import finishes. Importing torch stays as cheap as before: nothing is imported here.
 """
+
 from __future__ import annotations
 
 import importlib.abc

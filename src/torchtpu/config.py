@@ -7,6 +7,7 @@ of raising. TorchTPU's variable names are accepted as aliases (ours win when bot
 
 Booleans accept 1/0, true/false, yes/no, on/off in any case; an empty value means the default.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,35 +19,70 @@ _FALSE = ("0", "false", "no", "off")
 
 # name -> (kind, default, accepted values or None, meaning): the documented table (README).
 VARIABLES: dict[str, tuple] = {
-    "TORCHTPU_PLATFORM": ("choice", None, ("cpu", "gpu", "cuda", "tpu"),
-                          "which XLA platform backs \"tpu\" (default: TPU if JAX sees one, else CPU)"),
+    "TORCHTPU_PLATFORM": (
+        "choice",
+        None,
+        ("cpu", "gpu", "cuda", "tpu"),
+        'which XLA platform backs "tpu" (default: TPU if JAX sees one, else CPU)',
+    ),
     "TORCHTPU_NUM_DEVICES": ("int", None, None, "N virtual XLA:CPU devices (tpu:0 .. tpu:N-1), N >= 1"),
     "TORCHTPU_EAGER_MODE": ("choice", "fused", ("strict", "debug", "fused"), "the initial eager mode"),
-    "TORCHTPU_FUSED_COMPILE": ("choice", "background", ("background", "now"),
-                               "where the fused mode compiles a segment"),
+    "TORCHTPU_FUSED_COMPILE": (
+        "choice",
+        "background",
+        ("background", "now"),
+        "where the fused mode compiles a segment",
+    ),
     "TORCHTPU_CPU_FALLBACK": ("bool", False, None, "run ops without a tpu lowering on the CPU"),
     "TORCHTPU_COMPILE_CACHE": ("bool", True, None, "the on-disk XLA compilation cache"),
     "TORCHTPU_COMPILE_CACHE_DIR": ("path", None, None, "its directory (default ~/.cache/torchtpu/xla)"),
     "TORCHTPU_LOG_RECOMPILES": ("bool", False, None, "log why a graph compiled again"),
     "TORCHTPU_COMPILE_DONATE": ("bool", True, None, "compiled graphs donate the inputs they overwrite"),
-    "TORCHTPU_COMPILE_EAGER_FALLBACK": ("bool", True, None,
-                                        "a graph with an op without lowering runs op by op"),
-    "TORCHTPU_MULTI_CONTROLLER": ("bool", True, None,
-                                  "under torchrun (WORLD_SIZE > 1), join JAX's multi-controller job"),
-    "TORCHTPU_COORDINATOR_ADDRESS": ("text", None, None,
-                                     "host:port of JAX's coordinator (default MASTER_ADDR:MASTER_PORT+1)"),
-    "TORCHTPU_COORDINATOR_TIMEOUT": ("seconds", 300.0, None,
-                                     "how long a distributed process waits for JAX's coordinator"),
-    "TORCHTPU_NATIVE": ("choice", "auto", ("auto", "on", "off"),
-                        "the C++ extension: device guard, generators (docs/design.md); auto/on build it once at import"),
-    "TORCHTPU_EAGER_FAST": ("bool", True, None,
-                            "the eager engine's C++ fast path (eager/fastpath.py; needs TORCHTPU_NATIVE not off)"),
-    "TORCHTPU_JAX_TRACEBACKS": ("bool", False, None,
-                                "jaxlib's Python traceback on every array and executable call (`jax.Array.traceback`; "
-                                "walking the stack costs ~0.7 µs of each eager op)"),
-    "TORCHTPU_TPU_COMPILE_CHECK": ("topology", None, None,
-                                   "also compile every program for this TPU topology (e.g. v5e:2x2) with XLA:TPU "
-                                   "(libtpu, no chip needed; docs/tpu.md)"),
+    "TORCHTPU_COMPILE_EAGER_FALLBACK": ("bool", True, None, "a graph with an op without lowering runs op by op"),
+    "TORCHTPU_MULTI_CONTROLLER": (
+        "bool",
+        True,
+        None,
+        "under torchrun (WORLD_SIZE > 1), join JAX's multi-controller job",
+    ),
+    "TORCHTPU_COORDINATOR_ADDRESS": (
+        "text",
+        None,
+        None,
+        "host:port of JAX's coordinator (default MASTER_ADDR:MASTER_PORT+1)",
+    ),
+    "TORCHTPU_COORDINATOR_TIMEOUT": (
+        "seconds",
+        300.0,
+        None,
+        "how long a distributed process waits for JAX's coordinator",
+    ),
+    "TORCHTPU_NATIVE": (
+        "choice",
+        "auto",
+        ("auto", "on", "off"),
+        "the C++ extension: device guard, generators (docs/design.md); auto/on build it once at import",
+    ),
+    "TORCHTPU_EAGER_FAST": (
+        "bool",
+        True,
+        None,
+        "the eager engine's C++ fast path (eager/fastpath.py; needs TORCHTPU_NATIVE not off)",
+    ),
+    "TORCHTPU_JAX_TRACEBACKS": (
+        "bool",
+        False,
+        None,
+        "jaxlib's Python traceback on every array and executable call (`jax.Array.traceback`; "
+        "walking the stack costs ~0.7 µs of each eager op)",
+    ),
+    "TORCHTPU_TPU_COMPILE_CHECK": (
+        "topology",
+        None,
+        None,
+        "also compile every program for this TPU topology (e.g. v5e:2x2) with XLA:TPU "
+        "(libtpu, no chip needed; docs/tpu.md)",
+    ),
 }
 
 # TorchTPU's names -> (our name, value mapping): a set TorchTPU flag selects our setting.
@@ -78,7 +114,7 @@ def _raw(name: str):
             return alias, v.strip()
         low = v.strip().lower()
         if low in _TRUE or low in _FALSE:
-            value = mapping.get(low in _TRUE)   # (a flag set to 0 selects something only where mapped)
+            value = mapping.get(low in _TRUE)  # (a flag set to 0 selects something only where mapped)
             if value is None:
                 continue
             return alias, value
@@ -90,8 +126,9 @@ def _record(name: str, message: str) -> None:
     _errors[name] = message
     if name not in _warned:
         _warned.add(name)
-        warnings.warn(f"torchtpu: {message}; the tpu device is unusable until it is fixed",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"torchtpu: {message}; the tpu device is unusable until it is fixed", RuntimeWarning, stacklevel=3
+        )
 
 
 def get(name: str):
@@ -144,7 +181,7 @@ def _parse(kind, raw, choices):
         return low
     if kind == "text":
         return raw
-    if kind == "topology":   # libtpu's names: generation:chips, e.g. v5e:2x2, v4:2x2x1
+    if kind == "topology":  # libtpu's names: generation:chips, e.g. v5e:2x2, v4:2x2x1
         if raw.lower() in _FALSE:
             return None
         if not re.fullmatch(r"v\d+[a-z]*(:\d+(x\d+)*)?", raw.lower()):

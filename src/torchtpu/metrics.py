@@ -1,13 +1,30 @@
 """Counters of what the backend did: compilations, cache hits, transfers. `torchtpu.metrics()`."""
+
 from __future__ import annotations
 
 
 class Counters:
-    __slots__ = ("eager_compiles", "eager_cache_hits", "h2d_bytes", "d2h_bytes", "h2d_transfers",
-                 "d2h_transfers", "cpu_fallbacks", "compiled_graphs", "compiled_xla_compiles",
-                 "compiled_cache_hits", "fused_ops", "fused_compiles", "fused_runs", "fused_cold_ops", "fused_compile_failures",
-                 "executables_forgotten", "eager_constants_reused", "eager_donations",
-                 "eager_results_reused")
+    __slots__ = (
+        "compiled_cache_hits",
+        "compiled_graphs",
+        "compiled_xla_compiles",
+        "cpu_fallbacks",
+        "d2h_bytes",
+        "d2h_transfers",
+        "eager_cache_hits",
+        "eager_compiles",
+        "eager_constants_reused",
+        "eager_donations",
+        "eager_results_reused",
+        "executables_forgotten",
+        "fused_cold_ops",
+        "fused_compile_failures",
+        "fused_compiles",
+        "fused_ops",
+        "fused_runs",
+        "h2d_bytes",
+        "h2d_transfers",
+    )
 
     def __init__(self):
         for name in self.__slots__:

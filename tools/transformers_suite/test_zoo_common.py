@@ -1,16 +1,50 @@
 """Transformers' own ModelTesterMixin (the release sdist's, 5.24 and 5.25) over tiny configs of a few zoo models.
 tools/transformers_suite/setup.sh lays it out; tools/transformers_tests.py runs it on cpu and tpu and compares."""
+
 import unittest
 
 import torch
-from transformers import (BartConfig, BartForConditionalGeneration, BartModel, BertConfig, BertForMaskedLM,
-                          BertForSequenceClassification, BertModel, CLIPTextConfig, CLIPTextModel, CLIPVisionConfig,
-                          CLIPVisionModel, Gemma3ForCausalLM, Gemma3TextConfig, Gemma3TextModel, GPT2Config,
-                          GPT2LMHeadModel, GPT2Model, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification,
-                          LlamaModel, MistralConfig, MistralForCausalLM, MistralModel, Qwen3Config, Qwen3ForCausalLM,
-                          Qwen3Model, Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3MoeModel, T5Config,
-                          T5ForConditionalGeneration, T5Model, ViTConfig, ViTForImageClassification, ViTModel,
-                          WhisperConfig, WhisperForConditionalGeneration, WhisperModel)
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    BartModel,
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertModel,
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPVisionConfig,
+    CLIPVisionModel,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    Gemma3TextModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPT2Model,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    LlamaModel,
+    MistralConfig,
+    MistralForCausalLM,
+    MistralModel,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3Model,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+    Qwen3MoeModel,
+    T5Config,
+    T5ForConditionalGeneration,
+    T5Model,
+    ViTConfig,
+    ViTForImageClassification,
+    ViTModel,
+    WhisperConfig,
+    WhisperForConditionalGeneration,
+    WhisperModel,
+)
 from transformers.testing_utils import torch_device
 
 from ...test_configuration_common import ConfigTester
@@ -36,9 +70,19 @@ class Tester:
 
 
 def _decoder(cls):
-    return lambda t: cls(vocab_size=t.vocab_size, hidden_size=t.hidden_size, num_hidden_layers=t.num_hidden_layers,
-                         num_attention_heads=t.num_attention_heads, num_key_value_heads=2, intermediate_size=37,
-                         max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2, head_dim=8)
+    return lambda t: cls(
+        vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size,
+        num_hidden_layers=t.num_hidden_layers,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        head_dim=8,
+    )
 
 
 class _Base(ModelTesterMixin):
@@ -69,8 +113,18 @@ class Qwen3Test(_Base, unittest.TestCase):
 
 class GPT2Test(_Base, unittest.TestCase):
     all_model_classes = (GPT2Model, GPT2LMHeadModel)
-    config_fn = staticmethod(lambda t: GPT2Config(vocab_size=t.vocab_size, n_embd=t.hidden_size, n_layer=2, n_head=4,
-                                                  n_positions=512, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    config_fn = staticmethod(
+        lambda t: GPT2Config(
+            vocab_size=t.vocab_size,
+            n_embd=t.hidden_size,
+            n_layer=2,
+            n_head=4,
+            n_positions=512,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
 
 
 class BertTest(_Base, unittest.TestCase):
@@ -78,28 +132,61 @@ class BertTest(_Base, unittest.TestCase):
     # BERT's embeddings are most of this tiny model: at 70% the device gets nothing and there is no
     # device map to check (the same arithmetic for any accelerator)
     model_split_percents = [0.5, 0.8, 0.9]
-    config_fn = staticmethod(lambda t: BertConfig(vocab_size=t.vocab_size, hidden_size=t.hidden_size,
-                                                  num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                                                  max_position_embeddings=512, type_vocab_size=16, pad_token_id=0))
+    config_fn = staticmethod(
+        lambda t: BertConfig(
+            vocab_size=t.vocab_size,
+            hidden_size=t.hidden_size,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=512,
+            type_vocab_size=16,
+            pad_token_id=0,
+        )
+    )
 
 
 class Qwen3MoeTest(_Base, unittest.TestCase):
     all_model_classes = (Qwen3MoeModel, Qwen3MoeForCausalLM)
     test_all_params_have_gradient = False
-    config_fn = staticmethod(lambda t: Qwen3MoeConfig(vocab_size=t.vocab_size, hidden_size=t.hidden_size,
-                                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                                      intermediate_size=37, moe_intermediate_size=12, num_experts=8,
-                                                      num_experts_per_tok=2, head_dim=8, max_position_embeddings=512,
-                                                      pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    config_fn = staticmethod(
+        lambda t: Qwen3MoeConfig(
+            vocab_size=t.vocab_size,
+            hidden_size=t.hidden_size,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=37,
+            moe_intermediate_size=12,
+            num_experts=8,
+            num_experts_per_tok=2,
+            head_dim=8,
+            max_position_embeddings=512,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
 
 
 class Gemma3TextTest(_Base, unittest.TestCase):
     all_model_classes = (Gemma3TextModel, Gemma3ForCausalLM)
-    config_fn = staticmethod(lambda t: Gemma3TextConfig(vocab_size=t.vocab_size, hidden_size=t.hidden_size,
-                                                        num_hidden_layers=2, num_attention_heads=4,
-                                                        num_key_value_heads=2, intermediate_size=37, head_dim=8,
-                                                        max_position_embeddings=512, sliding_window=4,
-                                                        pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    config_fn = staticmethod(
+        lambda t: Gemma3TextConfig(
+            vocab_size=t.vocab_size,
+            hidden_size=t.hidden_size,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=37,
+            head_dim=8,
+            max_position_embeddings=512,
+            sliding_window=4,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
 
 
 class T5Tester(Tester):
@@ -115,9 +202,20 @@ class T5Tester(Tester):
 class T5Test(_Base, unittest.TestCase):
     all_model_classes = (T5Model, T5ForConditionalGeneration)
     is_encoder_decoder = True
-    config_fn = staticmethod(lambda t: T5Config(vocab_size=t.vocab_size, d_model=t.hidden_size, d_kv=8, d_ff=37,
-                                                num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-                                                pad_token_id=0, eos_token_id=1, decoder_start_token_id=0))
+    config_fn = staticmethod(
+        lambda t: T5Config(
+            vocab_size=t.vocab_size,
+            d_model=t.hidden_size,
+            d_kv=8,
+            d_ff=37,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+        )
+    )
 
     def setUp(self):
         self.model_tester = T5Tester(self, type(self).config_fn)
@@ -136,9 +234,18 @@ class ViTTester(Tester):
 class ViTTest(_Base, unittest.TestCase):
     all_model_classes = (ViTModel, ViTForImageClassification)
     test_resize_embeddings = False
-    config_fn = staticmethod(lambda t: ViTConfig(image_size=t.image_size, patch_size=t.patch_size, num_channels=3,
-                                                 hidden_size=t.hidden_size, num_hidden_layers=2, num_attention_heads=4,
-                                                 intermediate_size=37, num_labels=3))
+    config_fn = staticmethod(
+        lambda t: ViTConfig(
+            image_size=t.image_size,
+            patch_size=t.patch_size,
+            num_channels=3,
+            hidden_size=t.hidden_size,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            num_labels=3,
+        )
+    )
 
     def setUp(self):
         self.model_tester = ViTTester(self, type(self).config_fn)
@@ -148,11 +255,23 @@ class ViTTest(_Base, unittest.TestCase):
 class BartTest(_Base, unittest.TestCase):
     all_model_classes = (BartModel, BartForConditionalGeneration)
     is_encoder_decoder = True
-    config_fn = staticmethod(lambda t: BartConfig(vocab_size=t.vocab_size, d_model=t.hidden_size, encoder_layers=2,
-                                                  decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-                                                  encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
-                                                  pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                                                  decoder_start_token_id=2))
+    config_fn = staticmethod(
+        lambda t: BartConfig(
+            vocab_size=t.vocab_size,
+            d_model=t.hidden_size,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=37,
+            decoder_ffn_dim=37,
+            max_position_embeddings=64,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+        )
+    )
 
     def setUp(self):
         self.model_tester = T5Tester(self, type(self).config_fn)
@@ -161,17 +280,33 @@ class BartTest(_Base, unittest.TestCase):
 
 class CLIPTextTest(_Base, unittest.TestCase):
     all_model_classes = (CLIPTextModel,)
-    config_fn = staticmethod(lambda t: CLIPTextConfig(vocab_size=t.vocab_size, hidden_size=t.hidden_size,
-                                                      num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                                                      max_position_embeddings=32, projection_dim=16))
+    config_fn = staticmethod(
+        lambda t: CLIPTextConfig(
+            vocab_size=t.vocab_size,
+            hidden_size=t.hidden_size,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=32,
+            projection_dim=16,
+        )
+    )
 
 
 class CLIPVisionTest(_Base, unittest.TestCase):
     all_model_classes = (CLIPVisionModel,)
     test_resize_embeddings = False
-    config_fn = staticmethod(lambda t: CLIPVisionConfig(image_size=t.image_size, patch_size=t.patch_size,
-                                                        hidden_size=t.hidden_size, num_hidden_layers=2,
-                                                        num_attention_heads=4, intermediate_size=37, projection_dim=16))
+    config_fn = staticmethod(
+        lambda t: CLIPVisionConfig(
+            image_size=t.image_size,
+            patch_size=t.patch_size,
+            hidden_size=t.hidden_size,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            projection_dim=16,
+        )
+    )
 
     def setUp(self):
         self.model_tester = ViTTester(self, type(self).config_fn)
@@ -193,14 +328,27 @@ class WhisperTester(Tester):
 class WhisperTest(_Base, unittest.TestCase):
     all_model_classes = (WhisperModel, WhisperForConditionalGeneration)
     is_encoder_decoder = True
-    config_fn = staticmethod(lambda t: WhisperConfig(vocab_size=t.vocab_size, d_model=t.hidden_size,
-                                                     encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                                                     decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37,
-                                                     num_mel_bins=t.num_mel_bins,
-                                                     max_source_positions=t.max_source_positions,
-                                                     max_target_positions=40, pad_token_id=0, bos_token_id=1,
-                                                     eos_token_id=2, decoder_start_token_id=1,
-                                                     suppress_tokens=None, begin_suppress_tokens=None))
+    config_fn = staticmethod(
+        lambda t: WhisperConfig(
+            vocab_size=t.vocab_size,
+            d_model=t.hidden_size,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=37,
+            decoder_ffn_dim=37,
+            num_mel_bins=t.num_mel_bins,
+            max_source_positions=t.max_source_positions,
+            max_target_positions=40,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+            suppress_tokens=None,
+            begin_suppress_tokens=None,
+        )
+    )
 
     def setUp(self):
         self.model_tester = WhisperTester(self, type(self).config_fn)

@@ -7,6 +7,7 @@ module that backs it (its `__all__` is the public surface). Nothing else is visi
 generic code reaches a few private hooks of device modules (`_is_in_bad_fork`, ...); underscore names
 are served from the device layer without being listed. `eager_mode` is a property (TorchTPU's form).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -114,21 +115,25 @@ class TpuModule(types.ModuleType):
         """Whether XLA may compute in a wider type than the program's (TorchTPU's property; maps to
         XLA's xla_allow_excess_precision for every executable built after a change)."""
         from ..compile import options
+
         return options.get_allow_excess_precision()
 
     @allow_excess_precision.setter
     def allow_excess_precision(self, value: bool):
         from ..compile import options
+
         options.set_allow_excess_precision(value)
 
     @property
     def eager_mode(self):
         from ..eager import modes
+
         return modes.current_enum()
 
     @eager_mode.setter
     def eager_mode(self, mode):
         from ..eager import modes
+
         modes.set_eager_mode(mode)
 
     def __getattr__(self, name):
@@ -173,8 +178,9 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             internal = importlib.import_module(backing)
         except ModuleNotFoundError as e:
             if e.name and backing.startswith(e.name):
-                raise ImportError(f"{spec.name} needs {backing}, which this torchtpu installation "
-                                  f"does not include", name=spec.name) from e
+                raise ImportError(
+                    f"{spec.name} needs {backing}, which this torchtpu installation does not include", name=spec.name
+                ) from e
             raise
         names = getattr(internal, "__all__", None)
         if names is None:
@@ -192,8 +198,10 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def build() -> TpuModule:
-    module = TpuModule("torch.tpu", "The \"tpu\" device (torchtpu): CUDA's names where we offer the "
-                                    "same thing, TorchTPU's where it defines them.")
+    module = TpuModule(
+        "torch.tpu",
+        "The \"tpu\" device (torchtpu): CUDA's names where we offer the same thing, TorchTPU's where it defines them.",
+    )
     module.__all__ = sorted(set(PUBLIC) | set(PROPERTIES) | set(SUBMODULES))
     module.__path__ = []  # a package: torch.tpu.<sub> imports go through _SubmoduleFinder
     module.__package__ = "torch.tpu"
@@ -208,6 +216,7 @@ def install():
     if _installed[0] is not None:
         return _installed[0]
     import torch
+
     module = _installed[0] = build()
     if not any(isinstance(f, _SubmoduleFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _SubmoduleFinder())

@@ -1,4 +1,5 @@
 """`torch.tpu` names that belong to no single layer: Precision/precision, device_of."""
+
 from __future__ import annotations
 
 import contextlib

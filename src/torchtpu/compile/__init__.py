@@ -5,12 +5,13 @@ arranges that, whenever Dynamo is imported, (1) the backend "tpu" is registered 
 registry and (2) Dynamo skips the device's own Python code (torchtpu, jax, jaxlib), which runs
 after a graph break (`.item()` -> the tpu `_local_scalar_dense` kernel) and must never be traced.
 """
+
 from __future__ import annotations
 
 from .._import_hooks import when_imported
-from . import options  # noqa: F401
+from . import options
 
-__all__ = ["tpu_backend", "register", "install_hooks", "options", "register_graph_placer"]
+__all__ = ["install_hooks", "options", "register", "register_graph_placer", "tpu_backend"]
 
 # Higher layers that need a graph compiled as something other than one single-device program (the
 # distributed layer: graphs with functional collectives become SPMD programs over a process mesh)
@@ -31,6 +32,7 @@ def register_graph_placer(placer) -> None:
 def graph_placers() -> tuple:
     return tuple(_PLACERS)
 
+
 _SKIPPED = ("torchtpu", "jax", "jaxlib")
 
 
@@ -39,6 +41,7 @@ def tpu_backend(gm, example_inputs, **kwargs):
     mode=..., options=...)` passes Inductor's settings here: checked, then ignored (options.py)."""
     options.ignore_inductor_settings(kwargs.pop("mode", None), kwargs.pop("options", None))
     from .backend import tpu_backend as backend
+
     return backend(gm, example_inputs, **kwargs)
 
 
@@ -51,8 +54,8 @@ def _on_trace_rules(trace_rules):
     for name in _SKIPPED:
         try:
             trace_rules.add(name)
-        except (ImportError, ValueError):   # (importlib's find_spec on a broken package) not skipped, then:
-            pass                            # Dynamo would trace into it, slower but correct
+        except (ImportError, ValueError):  # (importlib's find_spec on a broken package) not skipped, then:
+            pass  # Dynamo would trace into it, slower but correct
 
 
 _installed = [False]
@@ -70,6 +73,7 @@ def install_hooks():
 
 def _on_device_interface(module):
     from .device_interface import register as register_device_interface
+
     register_device_interface(module)
 
 
@@ -78,6 +82,7 @@ def register():
     install_hooks()
     import torch._dynamo.backends.registry as registry
     import torch._dynamo.trace_rules as trace_rules
+
     _on_registry(registry)
     _on_trace_rules(trace_rules)
 

@@ -13,17 +13,18 @@ value crosses to the host. A call whose tensors are the previous call's, or lie 
 the same way (a decode step: the same weights and cache, new token ids), reuses its key after a
 few C-level checks (_FastKey) instead of keying input by input.
 """
+
 from __future__ import annotations
 
 import functools
 import logging
 import operator
-from itertools import compress, repeat
-from operator import ne
 import sys
 import threading
 import time
 import warnings
+from itertools import compress, repeat
+from operator import ne
 
 import jax
 import jax.numpy as jnp
@@ -31,17 +32,27 @@ import numpy as np
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from ..metrics import counters as _counters
 from ..device import platform
 from ..device.state import current_device
 from ..eager import asserts, tpu_check, xla_options
-from ..eager.xla_options import _active as _xla_active
 from ..eager.engine import DONATE_BYTES, scalar_key
+from ..eager.executable import (
+    Program,
+    TensorArg,
+    ValueArg,
+    call_and_commit,
+    flat_output,
+    input_buffers,
+    is_partial,
+    key_tensor,
+    tensor_arg,
+    traced_function,
+)
 from ..eager.fastpath import graph_functions
-from ..eager.executable import (Program, TensorArg, ValueArg, call_and_commit, flat_output, input_buffers, is_partial,
-                                key_tensor, tensor_arg, traced_function)
 from ..eager.kernels import META_CHECKS
 from ..eager.random import next_rng_args
+from ..eager.xla_options import _active as _xla_active
+from ..metrics import counters as _counters
 from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram, node_op_name
 from ..ops.linalg import matmul_precision
@@ -59,6 +70,7 @@ TIMES = {"trace_s": 0.0, "xla_compile_s": 0.0}
 def _check_arguments(graph):
     """The argument checks PyTorch's CPU kernels make and its meta kernels (which traced the graph) do
     not (eager/kernels.py META_CHECKS): bad input gets PyTorch's error, as in eager mode."""
+
     def meta(a):
         return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
 
@@ -94,9 +106,25 @@ def _out_layout(val):
 
 
 class Entry:
-    __slots__ = ("fn", "fn_plain", "donate", "donated_slots", "outs", "n_arrays", "mutated_slots", "n_cpu", "fused",
-                 "sample", "cpu_mutations", "checks", "xla", "written", "tensor_outs", "make_outputs",
-                 "array_positions")
+    __slots__ = (
+        "array_positions",
+        "checks",
+        "cpu_mutations",
+        "donate",
+        "donated_slots",
+        "fn",
+        "fn_plain",
+        "fused",
+        "make_outputs",
+        "mutated_slots",
+        "n_arrays",
+        "n_cpu",
+        "outs",
+        "sample",
+        "tensor_outs",
+        "written",
+        "xla",
+    )
 
     def finish(self, outs_meta):
         """The per-call helpers, once the outputs are known: `written` picks the records the call
@@ -147,9 +175,14 @@ def _host_int_fn(node, ph_index):
     if type(val) is int:
         return lambda args: val
     target = node.target
-    if node.op != "call_function" or node.kwargs or not (
+    if (
+        node.op != "call_function"
+        or node.kwargs
+        or not (
             getattr(target, "__module__", "") in ("_operator", "operator", "math", "builtins")
-            or target in (torch.sym_max, torch.sym_min, torch.sym_not)):
+            or target in (torch.sym_max, torch.sym_min, torch.sym_not)
+        )
+    ):
         return None
     parts = []
     for a in node.args:
@@ -197,7 +230,7 @@ def _value_int_inputs(graph):
     return frozenset(found)
 
 
-_ALIAS_ONLY = frozenset({torch.ops.aten._unsafe_view.default})   # not views by schema; views on the device
+_ALIAS_ONLY = frozenset({torch.ops.aten._unsafe_view.default})  # not views by schema; views on the device
 
 
 def _view_step(node):
@@ -208,6 +241,7 @@ def _view_step(node):
         return None
     if not (target.is_view or target in _ALIAS_ONLY) or not node.args or not isinstance(node.args[0], torch.fx.Node):
         return None
+
     def plain(a):
         if isinstance(a, (list, tuple)):
             return all(plain(x) for x in a)
@@ -224,8 +258,11 @@ def _dense_at_zero(val):
     if not isinstance(val, _Tensor):
         return False
     shape, stride = tuple(val.shape), tuple(val.stride())
-    return (all(type(x) is int for x in shape + stride) and val.storage_offset() == 0
-            and _dense_order(shape, stride) is not None)
+    return (
+        all(type(x) is int for x in shape + stride)
+        and val.storage_offset() == 0
+        and _dense_order(shape, stride) is not None
+    )
 
 
 def _output_aliases(graph, mutated, out_vals):
@@ -258,7 +295,7 @@ def _output_aliases(graph, mutated, out_vals):
         return ph_index[node], steps[::-1]
 
     found = {}
-    first = {}   # node -> position of the output the executable returns for it
+    first = {}  # node -> position of the output the executable returns for it
     for pos, node in enumerate(outs):
         if not isinstance(node, torch.fx.Node) or not isinstance(out_vals[pos], _Tensor):
             continue
@@ -269,7 +306,7 @@ def _output_aliases(graph, mutated, out_vals):
             found[pos] = ("out", first[node], [])
         else:
             first[node] = pos
-    for pos, node in enumerate(outs):   # views of returned outputs
+    for pos, node in enumerate(outs):  # views of returned outputs
         if pos in found or not isinstance(node, torch.fx.Node) or first.get(node) != pos:
             continue
         steps, cur = [], node
@@ -284,8 +321,10 @@ def _output_aliases(graph, mutated, out_vals):
                 found[pos] = ("out", base, steps[::-1])
                 break
     inputs = sorted({src for kind, src, _ in found.values() if kind == "in"})
-    plan = [(pos, kind, inputs.index(src) if kind == "in" else src, steps)
-            for pos, (kind, src, steps) in sorted(found.items())]
+    plan = [
+        (pos, kind, inputs.index(src) if kind == "in" else src, steps)
+        for pos, (kind, src, steps) in sorted(found.items())
+    ]
     # an output viewing another output: a base an alias points at is never an alias itself (above)
     return plan, inputs
 
@@ -304,7 +343,7 @@ def _fill_aliases(outs, plan, bases):
     for pos, kind, src, steps in plan:
         value = bases[src] if kind == "in" else outs[src]
         if not steps:
-            value = alias(value)   # its own tensor object, sharing the storage
+            value = alias(value)  # its own tensor object, sharing the storage
         for op, rest, kwargs in steps:
             value = op(value, *rest, **kwargs)
         outs[pos] = value
@@ -335,19 +374,22 @@ class CompiledGraph:
         self.program = GraphProgram(gm.graph, gm)
         out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         outs = out_node.args[0]
-        self.out_vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else n
-                         for n in (outs if isinstance(outs, (list, tuple)) else [outs])]
+        self.out_vals = [
+            n.meta.get("val") if isinstance(n, torch.fx.Node) else n
+            for n in (outs if isinstance(outs, (list, tuple)) else [outs])
+        ]
         self.value_ints = _value_int_inputs(gm.graph)
         self.host_ints = _host_int_outputs(gm.graph, self.out_vals) if self.value_ints else {}
         self.alias_plan, self.alias_inputs = [], []
         if CompiledGraph.alias_outputs and self.placement is None:
-            self.alias_plan, self.alias_inputs = _output_aliases(gm.graph, self.program.mutated_placeholders,
-                                                                 self.out_vals)
+            self.alias_plan, self.alias_inputs = _output_aliases(
+                gm.graph, self.program.mutated_placeholders, self.out_vals
+            )
         self.aliased = frozenset(p[0] for p in self.alias_plan)
         self.cache = {}
         self.last_key = None
-        self._fast = None        # _FastKey of the last call (see there), or None
-        self._fast_misses = 0    # calls keyed the slow way since the last fast hit
+        self._fast = None  # _FastKey of the last call (see there), or None
+        self._fast_misses = 0  # calls keyed the slow way since the last fast hit
         self.lock = threading.RLock()
         _counters.compiled_graphs += 1
 
@@ -406,7 +448,7 @@ class CompiledGraph:
                 return made
             return _with_aliases(made, entry.array_positions, len(entry.outs), self.alias_plan, bases)
         outputs = []
-        it = iter(results[:entry.n_arrays])
+        it = iter(results[: entry.n_arrays])
         for o in entry.outs:
             if o[0] == "T":
                 _, shape, dtype, stride = o
@@ -414,7 +456,7 @@ class CompiledGraph:
             elif o[0] == "H":
                 outputs.append(host_ints[len(outputs)])
             elif o[0] == "A":
-                outputs.append(None)   # filled below
+                outputs.append(None)  # filled below
             else:
                 outputs.append(o[1])
         if bases is not None:
@@ -455,7 +497,7 @@ class CompiledGraph:
                     cpu_vals.append(a)
                     parts.append(("C", a.dtype, tuple(a.shape)))
             elif i in value_ints:
-                cpu_vals.append(int(a))   # traced: its value is not part of the key
+                cpu_vals.append(int(a))  # traced: its value is not part of the key
                 parts.append(("I",))
             elif isinstance(a, (bool, int, float)) or a is None:
                 parts.append(("S", *scalar_key((a,))))  # exact: -0.0 and 0.0 apart, NaN matching NaN
@@ -464,7 +506,7 @@ class CompiledGraph:
             else:
                 parts.append(("V", repr(a)))
         parts.append(("P", matmul_precision()))  # the lowerings of matmuls read it
-        if _xla_active[0]:   # XLA compiler options (eager/xla_options.py)
+        if _xla_active[0]:  # XLA compiler options (eager/xla_options.py)
             parts.append(("X", _xla_active[0]))
         return tuple(parts), records, cpu_vals, offsets, device
 
@@ -514,18 +556,31 @@ class CompiledGraph:
         def run(inputs, key):
             outputs, mutations = program.run(inputs, key)
             outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-            if aliased:   # made on the host as views (_output_aliases): not returned, so not copied
+            if aliased:  # made on the host as views (_output_aliases): not returned, so not copied
                 outputs = [None if i in aliased else v for i, v in enumerate(outputs)]
             return outputs, [mutations[i] for i in written], [jnp.asarray(mutations[i]) for i in cpu_mutations]
 
         entry = Entry()
         entry.checks = ()
-        traced = traced_function(Program(
-            n_buffers=nb, n_values=n_cpu, random=program.random, n_offsets=n_off, template=template, run=run,
-            outputs=_output_caster([_out_layout(v) for v in self.out_vals], outs_meta,
-                                   self.host_ints if value_ints else {}, self.aliased),
-            writes=[tuple(template[i]) for i in written], mutated_slots=mutated_slots,
-            on_trace=lambda messages, _: setattr(entry, "checks", messages)))
+        traced = traced_function(
+            Program(
+                n_buffers=nb,
+                n_values=n_cpu,
+                random=program.random,
+                n_offsets=n_off,
+                template=template,
+                run=run,
+                outputs=_output_caster(
+                    [_out_layout(v) for v in self.out_vals],
+                    outs_meta,
+                    self.host_ints if value_ints else {},
+                    self.aliased,
+                ),
+                writes=[tuple(template[i]) for i in written],
+                mutated_slots=mutated_slots,
+                on_trace=lambda messages, _: setattr(entry, "checks", messages),
+            )
+        )
         entry.mutated_slots = mutated_slots
         # the large written storages (a KV cache) are updated in place, as eager in-place ops do
         # (engine.DONATE_BYTES); a small one (a cache's position counter), often shared with a kept
@@ -541,8 +596,11 @@ class CompiledGraph:
         entry.sample = _sample(args, records, sharding, program.random, n_off, value_ints)
         if self.placement is not None:
             return self._placed(entry, traced, outs_meta)
-        jitted = jax.jit(traced, donate_argnums=entry.donated_slots if entry.donate else (),
-                         out_shardings=sharding if nb == 0 else None)
+        jitted = jax.jit(
+            traced,
+            donate_argnums=entry.donated_slots if entry.donate else (),
+            out_shardings=sharding if nb == 0 else None,
+        )
         # trace and compile now: the output metadata is known, and compile time lands here
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -550,7 +608,7 @@ class CompiledGraph:
             lowered = jitted.lower(*entry.sample)
             t1 = time.perf_counter()
             options._maybe_dump(self, lowered)
-            entry.xla = xla_options.jax_options()   # keyed in _key
+            entry.xla = xla_options.jax_options()  # keyed in _key
             entry.fn = lowered.compile(entry.xla)
             t2 = time.perf_counter()
             if entry.donate and _copies_donations(entry.fn, [records[s].nbytes for s in entry.donated_slots]):
@@ -559,8 +617,7 @@ class CompiledGraph:
                 # from the old ones inside the parameter's update). The copies live in a temporary
                 # allocated, and page-faulted afresh, at every call: compiled AdamW of a 20M-parameter
                 # model had 175 MB of it, 43k page faults and a 3.5x slower step than without donating.
-                log.debug("torchtpu compile: graph %d copies its donated buffers: compiled without donation",
-                          self.id)
+                log.debug("torchtpu compile: graph %d copies its donated buffers: compiled without donation", self.id)
                 entry.donate = False
                 jitted = jax.jit(traced, out_shardings=sharding if nb == 0 else None)
                 entry.fn = jitted.lower(*entry.sample).compile(entry.xla)
@@ -577,7 +634,7 @@ class CompiledGraph:
         """The executable as the graph's placement compiles it (no donation: its buffers are this
         process's shards of global arrays)."""
         entry.donate = False
-        entry.xla = xla_options.jax_options()   # keyed in _key
+        entry.xla = xla_options.jax_options()  # keyed in _key
         t0 = time.perf_counter()
         entry.fn, lowered = self.placement.compile(traced, entry.sample, entry.xla, self.where)
         options._maybe_dump(self, lowered)
@@ -615,8 +672,9 @@ def _copies_donations(compiled, donated_nbytes):
 _get_buffer = operator.attrgetter("_buffer")
 try:
     from jax._src.array import ArrayImpl as _ArrayImpl
-    _ARRAYS = frozenset({_ArrayImpl})   # the concrete type of jax arrays
-except ImportError:   # pragma: no cover (another jax layout: input_buffers every time)
+
+    _ARRAYS = frozenset({_ArrayImpl})  # the concrete type of jax arrays
+except ImportError:  # pragma: no cover (another jax layout: input_buffers every time)
     _ARRAYS = frozenset()
 
 
@@ -630,7 +688,7 @@ def _input_buffers(records):
 
 
 _data_ptr = _Tensor.data_ptr
-_FAST_GIVE_UP = 64   # slow keyings in a row after which a graph stops building fast keys
+_FAST_GIVE_UP = 64  # slow keyings in a row after which a graph stops building fast keys
 
 
 class _FastKey:
@@ -655,8 +713,22 @@ class _FastKey:
     traced offsets and their int64 scalars) is replaced whole, never changed in place, so a thread
     reads one consistent snapshot."""
 
-    __slots__ = ("n", "pick", "ints", "guards", "graph_match", "graph_records", "state", "meta", "partial", "key",
-                 "entry", "device", "precision", "xla")
+    __slots__ = (
+        "device",
+        "entry",
+        "graph_match",
+        "graph_records",
+        "guards",
+        "ints",
+        "key",
+        "meta",
+        "n",
+        "partial",
+        "pick",
+        "precision",
+        "state",
+        "xla",
+    )
 
     @classmethod
     def of(cls, args, key, entry, records, offsets, device, value_ints):
@@ -669,7 +741,7 @@ class _FastKey:
             else:
                 return None
         tensors = [args[i] for i in tensor_at]
-        if len(records) != len(tensors) or not tensors:   # storages shared between arguments; CPU tensors
+        if len(records) != len(tensors) or not tensors:  # storages shared between arguments; CPU tensors
             return None
         f = cls()
         f.n = len(args)
@@ -681,10 +753,10 @@ class _FastKey:
         k = 0
         for t, r in zip(tensors, records):
             if t.numel() == 0:
-                return None   # its data pointer may lie past its storage
+                return None  # its data pointer may lie past its storage
             addresses.append(t.untyped_storage().data_ptr())
             f.meta.append((r.dtype, r.numel, r.device_index))
-            if t.storage_offset() or t.numel() != r.numel:   # as key_tensor: a traced offset
+            if t.storage_offset() or t.numel() != r.numel:  # as key_tensor: a traced offset
                 f.partial.append(k)
                 k += 1
             else:
@@ -698,14 +770,17 @@ class _FastKey:
                 return None
             f.guards, f.graph_match, f.graph_records = None, functions[1], functions[3]
         else:
-            f.guards = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                                    dynamic_dims_strides=[list(t.stride()) for t in tensors])
+            f.guards = TensorGuards(
+                *tensors,
+                dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                dynamic_dims_strides=[list(t.stride()) for t in tensors],
+            )
             where = list(map(_data_ptr, tensors))
         f.state = (where, addresses, list(offsets), [np.int64(o) for o in offsets])
         f.key = key
         f.entry = entry
         f.device = device
-        f.precision = key[-1][1] if key[-1][0] == "P" else key[-2][1]   # ("P", ...), then ("X", ...) if set
+        f.precision = key[-1][1] if key[-1][0] == "P" else key[-2][1]  # ("P", ...), then ("X", ...) if set
         f.xla = _xla_active[0]
         return f
 
@@ -715,16 +790,24 @@ class _FastKey:
         tensors = args if self.pick is None else self.pick(args)
         state = self.state
         if self.guards is None:
-            moved = self.graph_match(state[0], tensors)   # None, () or (fingerprint, moves)
+            moved = self.graph_match(state[0], tensors)  # None, () or (fingerprint, moves)
             if moved is None:
                 return None
         else:
             if not self.guards.check(*tensors):
                 return None
             ptrs = list(map(_data_ptr, tensors))
-            moved = () if ptrs == state[0] else (ptrs, [
-                (j, tensors[j].untyped_storage().data_ptr(), tensors[j].storage_offset())
-                for j in compress(range(len(ptrs)), map(ne, ptrs, state[0]))])
+            moved = (
+                ()
+                if ptrs == state[0]
+                else (
+                    ptrs,
+                    [
+                        (j, tensors[j].untyped_storage().data_ptr(), tensors[j].storage_offset())
+                        for j in compress(range(len(ptrs)), map(ne, ptrs, state[0]))
+                    ],
+                )
+            )
         if matmul_precision() != self.precision or _xla_active[0] != self.xla:
             return None
         if moved:
@@ -768,7 +851,7 @@ class _FastKey:
                 if new_offsets is None:
                     new_offsets = offsets.copy()
                 new_offsets[k] = off
-        if stored and any(addresses.count(a) > 1 for _, a, _ in moves):   # two arguments on one storage
+        if stored and any(addresses.count(a) > 1 for _, a, _ in moves):  # two arguments on one storage
             return None
         if new_offsets is None or new_offsets == offsets:
             return where, addresses, offsets, offset_vals
@@ -814,7 +897,7 @@ def _sample(args, records, sharding, random, n_off, value_ints):
     for i, a in enumerate(args):
         if isinstance(a, _Tensor) and a.device.type != "tpu":
             sample.append(jax.ShapeDtypeStruct(tuple(a.shape), dt.to_jax(a.dtype), sharding=sharding))
-        elif i in value_ints:   # a Python int: weakly typed, as JAX takes it
+        elif i in value_ints:  # a Python int: weakly typed, as JAX takes it
             sample.append(jax.ShapeDtypeStruct((), np.int64, weak_type=True))
     if random:
         sample.append(jax.ShapeDtypeStruct((3,), np.uint32))
@@ -826,6 +909,7 @@ def _output_caster(layouts, outs_meta, host_ints, aliased=frozenset()):
     """Outputs in the memory order PyTorch expects (a transposed output stays transposed); fills
     `outs_meta` with ("T", shape, dtype, stride), ("V", value), ("H",) (an int the host computes:
     `host_ints`) or ("A",) (a view the host makes: `aliased`) per graph output while tracing."""
+
     def cast(outputs):
         flat = []
         outs_meta.clear()
@@ -846,6 +930,7 @@ def _output_caster(layouts, outs_meta, host_ints, aliased=frozenset()):
             flat.append(flat_output(v, dt.to_jax(tdtype), order=lay[3] if strided else None))
             outs_meta.append(("T", shape, tdtype, lay[2] if strided else None))
         return flat
+
     return cast
 
 
@@ -890,14 +975,19 @@ def _log_recompile(graph, old, new):
             reasons.append(f"number of inputs {len(oi)} -> {len(ni)}")
         for i, (a, b) in enumerate(zip(oi, ni)):
             if a != b:
-                reasons.append(f"input {i}: " + _tensor_change(a, b) if isinstance(a[0], torch.dtype)
-                               and isinstance(b[0], torch.dtype) else f"input {i}: {a[1:]} -> {b[1:]}")
+                reasons.append(
+                    f"input {i}: " + _tensor_change(a, b)
+                    if isinstance(a[0], torch.dtype) and isinstance(b[0], torch.dtype)
+                    else f"input {i}: {a[1:]} -> {b[1:]}"
+                )
         if old[-1] != new[-1]:
             reasons.append(f"float32 matmul precision {old[-1][1]} -> {new[-1][1]}")
         if not reasons:
             reasons.append("input storages changed")
-    msg = (f"torchtpu: recompiling graph {graph.id} ({graph.kind}, {len(graph.cache)} signature(s) cached): "
-           + "; ".join(reasons))
+    msg = (
+        f"torchtpu: recompiling graph {graph.id} ({graph.kind}, {len(graph.cache)} signature(s) cached): "
+        + "; ".join(reasons)
+    )
     log.warning(msg)
     print(msg, file=sys.stderr)
 
@@ -931,6 +1021,7 @@ def _compiler(kind):
                 raise
             warnings.warn(f"torchtpu: graph {kind} runs in eager mode on the device: {e}", stacklevel=2)
             return _eager_graph(gm)
+
     compile_graph.__name__ = f"torchtpu_{kind}_compiler"
     return compile_graph
 
@@ -941,6 +1032,7 @@ def _eager_graph(gm):
         args.clear()
         out = gm(*a)
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
     run._boxed_call = True
     return run
 
@@ -948,19 +1040,26 @@ def _eager_graph(gm):
 @functools.lru_cache(maxsize=1)
 def decompositions():
     from ..ops.decompose import decomposition_table_for_lowering
+
     return decomposition_table_for_lowering()
 
 
 def tpu_backend(gm, example_inputs, **kwargs):
     """The Dynamo backend "tpu": AOTAutograd + one XLA executable per graph and input signature."""
     from torch._dynamo.backends.common import aot_autograd
-    backend = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                           inference_compiler=_compiler("inference"), decompositions=decompositions(),
-                           keep_inference_input_mutations=True)
+
+    backend = aot_autograd(
+        fw_compiler=_compiler("forward"),
+        bw_compiler=_compiler("backward"),
+        inference_compiler=_compiler("inference"),
+        decompositions=decompositions(),
+        keep_inference_input_mutations=True,
+    )
     return backend(gm, example_inputs, **kwargs)
 
 
 def register():
     """Register "tpu" with Dynamo now (see compile/__init__.py for the lazy hooks)."""
     from . import register as _register
+
     _register()

@@ -6,6 +6,7 @@ torch.compile. torch 2.13 ships a `TpuInterface` of its own, written for Google'
 package: it reports the device unavailable unless that package is installed, device 0 only and
 no float64. Ours answers from the runtime, and replaces it once Dynamo registers its defaults.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,6 +20,7 @@ _EMULATED_ON_TPU_CHIPS = (torch.float64, torch.complex128)
 
 def _interface_base():
     from torch._dynamo.device_interface import DeviceInterface
+
     return DeviceInterface
 
 

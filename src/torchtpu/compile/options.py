@@ -20,6 +20,7 @@ autotuning), which XLA replaces. Libraries pass them on their own (Transformers'
 with `mode="reduce-overhead"`), so refusing them would break code that works on CUDA. The first time
 it happens one info-level line on the "torchtpu.compile" logger says what was ignored.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,13 +30,27 @@ import pathlib
 import re
 import sys
 
-from ..eager.persistent_cache import (DEFAULT_MIN_COMPILE_TIME_S, cache_dir, ensure_persistent_cache,  # noqa: F401
-                                      set_persistent_cache)
-from ..eager import xla_options
 from .. import config
+from ..eager import xla_options
+from ..eager.persistent_cache import (  # noqa: F401
+    DEFAULT_MIN_COMPILE_TIME_S,
+    cache_dir,
+    ensure_persistent_cache,
+    set_persistent_cache,
+)
 
-__all__ = ["cache_dir", "counters", "custom_compiler_options", "donate_buffers", "dump_stablehlo", "eager_fallback",
-           "ignore_inductor_settings", "log_recompiles", "set_persistent_cache", "set_xla_flags"]
+__all__ = [
+    "cache_dir",
+    "counters",
+    "custom_compiler_options",
+    "donate_buffers",
+    "dump_stablehlo",
+    "eager_fallback",
+    "ignore_inductor_settings",
+    "log_recompiles",
+    "set_persistent_cache",
+    "set_xla_flags",
+]
 
 _log = logging.getLogger("torchtpu.compile")
 
@@ -93,8 +108,9 @@ def _sync_dynamo_logs():
     _state["dynamo_logs_set"] = True
     try:
         import torch._logging
+
         torch._logging.set_logs(recompiles=_state["log_recompiles"])
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001, S110 -- recompile logging is a convenience: never fail a compile for it
         pass
 
 
@@ -122,6 +138,7 @@ def eager_fallback_enabled():
 def counters():
     """The compile counters (compiled_graphs, compiled_xla_compiles, compiled_cache_hits)."""
     from ..metrics import metrics
+
     m = metrics()
     return {k: v for k, v in m.items() if k.startswith("compiled_")}
 
@@ -149,10 +166,13 @@ def custom_compiler_options(options: dict[str, str]):
     defaults: the size steps of data-dependent ops (nonzero, masked_select) and jax_op/Pallas kernels.
     """
     import torch
+
     if torch.compiler.is_compiling():
-        raise RuntimeError("torch.tpu.compiler.custom_compiler_options cannot be used inside a function "
-                           "being compiled: a compiled graph is one executable with one set of XLA "
-                           "options; enter the context around the call of the compiled function")
+        raise RuntimeError(
+            "torch.tpu.compiler.custom_compiler_options cannot be used inside a function "
+            "being compiled: a compiled graph is one executable with one set of XLA "
+            "options; enter the context around the call of the compiled function"
+        )
     layer = xla_options.push(options)
     try:
         yield
@@ -193,6 +213,7 @@ _inductor_settings_logged = [False]
 
 def _inductor_modes() -> dict:
     from torch._inductor import list_mode_options
+
     return list_mode_options()
 
 
@@ -213,6 +234,7 @@ def ignore_inductor_settings(mode=None, options=None) -> dict:
         if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
             raise TypeError(f"torch.compile: options must be a dict of Inductor option names, got {options!r}")
         from torch._inductor import config as inductor_config
+
         known = inductor_config.get_config_copy()
         unknown = sorted(k for k in options if k not in known)
         if unknown:
@@ -221,8 +243,12 @@ def ignore_inductor_settings(mode=None, options=None) -> dict:
     if settings and not _inductor_settings_logged[0]:
         _inductor_settings_logged[0] = True
         shown = f"mode={mode!r}, " if mode not in (None, "default") else ""
-        _log.info("torch.compile on tpu: %sInductor options %s ignored (XLA compiles tpu graphs; they configure "
-                  "Inductor's code generation); logged once", shown, sorted(settings))
+        _log.info(
+            "torch.compile on tpu: %sInductor options %s ignored (XLA compiles tpu graphs; they configure "
+            "Inductor's code generation); logged once",
+            shown,
+            sorted(settings),
+        )
     return settings
 
 
@@ -237,4 +263,5 @@ def tpu_compile_check_report():
     `.programs` (each `.name`, `.ok`, `.error`, `.cost`: XLA:TPU's cost analysis, e.g. 'flops' and
     'bytes accessed', `.compile_seconds`) and `.failures`."""
     from ..eager import tpu_check
+
     return tpu_check.report()

@@ -17,6 +17,7 @@ otherwise its pages and its device copy were both resident at once, and that one
 of the whole load. (Assembling the chunks on the device instead, into a donated buffer, took 2.4 s
 for 311 MB against 1.1 s for one copy.)
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -25,14 +26,14 @@ import sys
 
 import numpy as np
 
-MIN_BYTES = 1 << 20   # smaller copies: not worth the two system calls
+MIN_BYTES = 1 << 20  # smaller copies: not worth the two system calls
 CHUNK_BYTES = 32 << 20
 _MADV_DONTNEED = 4
-_FILE_OR_SHARED = np.uint64(1 << 61)   # pagemap: a file page (or shared anonymous memory)
+_FILE_OR_SHARED = np.uint64(1 << 61)  # pagemap: a file page (or shared anonymous memory)
 _SWAPPED = np.uint64(1 << 62)
 _PRESENT = np.uint64(1 << 63)
 _PAGE = mmap.PAGESIZE
-_state = {}   # "madvise": libc's madvise, or None once unavailable
+_state = {}  # "madvise": libc's madvise, or None once unavailable
 
 
 def _madvise():
@@ -57,7 +58,7 @@ def _only_clean_file_pages(start: int, end: int) -> bool:
     (a written page of a private mapping is anonymous), none swapped out."""
     with open("/proc/self/pagemap", "rb", buffering=0) as f:
         f.seek(start // _PAGE * 8)
-        first = np.frombuffer(f.read(8), np.uint64)   # anonymous memory (the usual CPU tensor): one read
+        first = np.frombuffer(f.read(8), np.uint64)  # anonymous memory (the usual CPU tensor): one read
         if first.size != 1 or (first[0] & _PRESENT and not first[0] & _FILE_OR_SHARED) or first[0] & _SWAPPED:
             return False
         entries = np.frombuffer(f.read((end - start) // _PAGE * 8 - 8), np.uint64)
@@ -69,7 +70,7 @@ def _only_clean_file_pages(start: int, end: int) -> bool:
 
 def _page_range(host):
     address = host.__array_interface__["data"][0]
-    start = -(-address // _PAGE) * _PAGE              # whole pages only: neighbours may share the edges
+    start = -(-address // _PAGE) * _PAGE  # whole pages only: neighbours may share the edges
     return start, (address + host.nbytes) // _PAGE * _PAGE
 
 
@@ -101,9 +102,9 @@ def _maps_a_file(flat: np.ndarray) -> bool:
 
 
 def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
-    raw = np.empty(nbytes + align, np.uint8)   # (XLA:CPU adopts only aligned host memory; else it copies)
+    raw = np.empty(nbytes + align, np.uint8)  # (XLA:CPU adopts only aligned host memory; else it copies)
     offset = (-raw.__array_interface__["data"][0]) % align
-    return raw[offset:offset + nbytes]
+    return raw[offset : offset + nbytes]
 
 
 def put_releasing(flat: np.ndarray, index: int, put):
@@ -111,16 +112,18 @@ def put_releasing(flat: np.ndarray, index: int, put):
     file pages: through an adopted host array of its own when `flat` is large and maps a file on
     XLA:CPU (see the module's docstring), else after the copy."""
     from . import platform
+
     if flat.nbytes <= CHUNK_BYTES or not platform.buffers_in_host_memory() or not _maps_a_file(flat):
         moved = put(flat)
         if flat.nbytes >= MIN_BYTES:
             release_file_pages(flat)
         return moved
     import jax
+
     staging = _aligned_empty(flat.nbytes).view(flat.dtype)
     part = max(1, CHUNK_BYTES // flat.itemsize)
     for at in range(0, flat.size, part):
-        staging[at:at + part] = flat[at:at + part]
-        release_file_pages(flat[max(0, at - part):at + part])   # (from the last chunk: the page across the seam)
+        staging[at : at + part] = flat[at : at + part]
+        release_file_pages(flat[max(0, at - part) : at + part])  # (from the last chunk: the page across the seam)
     # the device buffer is `staging` itself, which nothing else refers to: immutable from here on
     return jax.device_put(staging, platform.jax_device(index), may_alias=True)

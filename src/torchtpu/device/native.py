@@ -27,6 +27,7 @@ isolated build environment (a multi-GB download) and a compiler on every machine
   Python can intercept it), random ops use the Python default generators, and a multi-device setup
   gets one warning saying that backward on tpu:1.. needs the C++ guard.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -41,20 +42,22 @@ import warnings
 
 _CSRC = pathlib.Path(__file__).with_name("csrc")
 _SOURCES = (_CSRC / "tpu_guard.cpp", _CSRC / "tpu_hooks.cpp")
-_ABI = 1         # tpu_hooks.cpp
-_GUARD_ABI = 2   # tpu_guard.cpp
+_ABI = 1  # tpu_hooks.cpp
+_GUARD_ABI = 2  # tpu_guard.cpp
 _AVAILABLE_FN = ctypes.CFUNCTYPE(ctypes.c_int)
 # the device guard's event callbacks (tpu_guard.cpp: Callbacks)
-_EVENT_FNS = (ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int),  # record
-              ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64),                               # query
-              ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64),                               # synchronize
-              ctypes.CFUNCTYPE(None, ctypes.c_int64),                                       # destroy
-              ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_int64, ctypes.c_int64),            # elapsed ms
-              ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int),                                 # sync device
-              ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int))                                 # query device
-_EVENT_FAILED = (-1, -1, -1, None, float("nan"), -1, -1)   # what each returns when it raised
-_event_callbacks = [None]   # the Python functions, set before or after the library loads
-_callbacks = []   # ctypes callbacks handed to C++: they must live as long as the process
+_EVENT_FNS = (
+    ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int),  # record
+    ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64),  # query
+    ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64),  # synchronize
+    ctypes.CFUNCTYPE(None, ctypes.c_int64),  # destroy
+    ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_int64, ctypes.c_int64),  # elapsed ms
+    ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int),  # sync device
+    ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int),
+)  # query device
+_EVENT_FAILED = (-1, -1, -1, None, float("nan"), -1, -1)  # what each returns when it raised
+_event_callbacks = [None]  # the Python functions, set before or after the library loads
+_callbacks = []  # ctypes callbacks handed to C++: they must live as long as the process
 _hooks = [False]  # whether the C++ PrivateUse1 hooks (generators) are registered
 _lock = threading.Lock()
 _lib = [None]
@@ -65,6 +68,7 @@ _warned = [False]
 
 def _cache_dir() -> pathlib.Path:
     from .. import config
+
     base = config.get("TORCHTPU_COMPILE_CACHE_DIR")
     root = pathlib.Path(base).parent if base else pathlib.Path.home() / ".cache" / "torchtpu"
     return root / "native"
@@ -72,10 +76,15 @@ def _cache_dir() -> pathlib.Path:
 
 def _target(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
     import sys
+
     import torch
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + torch.__version__.encode()
-                         + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()
-                         + (sys.version.encode() if python else b"")).hexdigest()[:16]
+
+    key = hashlib.sha256(
+        b"".join(p.read_bytes() for p in sources)
+        + torch.__version__.encode()
+        + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()
+        + (sys.version.encode() if python else b"")
+    ).hexdigest()[:16]
     return _cache_dir() / f"{stem}-{key}.so"
 
 
@@ -93,7 +102,9 @@ def build(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
     one build)."""
     import fcntl
     import sysconfig
+
     import torch
+
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
@@ -102,19 +113,36 @@ def build(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():   # another process built it while this one waited
+        if target.exists():  # another process built it while this one waited
             return target
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         extra_includes, extra_libs = [], []
         if python:
-            extra_includes = [f"-I{sysconfig.get_paths()['include']}",
-                              f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}"]
+            extra_includes = [
+                f"-I{sysconfig.get_paths()['include']}",
+                f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+            ]
             extra_libs = ["-ltorch", "-ltorch_python"]
-        cmd = [cxx, "-O2" if python else "-O1", "-std=c++17", "-w", "-shared", "-fPIC",
-               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               f"-I{root / 'include'}", *extra_includes, *map(str, sources), f"-L{root / 'lib'}", "-lc10",
-               "-ltorch_cpu", *extra_libs, f"-Wl,-rpath,{root / 'lib'}", "-o", tmp]
+        cmd = [
+            cxx,
+            "-O2" if python else "-O1",
+            "-std=c++17",
+            "-w",
+            "-shared",
+            "-fPIC",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            f"-I{root / 'include'}",
+            *extra_includes,
+            *map(str, sources),
+            f"-L{root / 'lib'}",
+            "-lc10",
+            "-ltorch_cpu",
+            *extra_libs,
+            f"-Wl,-rpath,{root / 'lib'}",
+            "-o",
+            tmp,
+        ]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
@@ -130,6 +158,7 @@ def _is_available() -> int:
     """torch's C++ asks the hooks whether the device is available: the platform answers."""
     try:
         from . import platform
+
         return int(bool(platform.is_available()))
     except BaseException:  # noqa: BLE001 - an exception must not cross into C++
         return 0
@@ -141,14 +170,16 @@ def _load(path: pathlib.Path, device_count: int) -> None:
         raise RuntimeError(f"{path}: unexpected ABI version")
     lib.torchtpu_get_device.restype = ctypes.c_int
     from . import state
+
     index = state.current_device()
     callback = _AVAILABLE_FN(_is_available)
     _callbacks.append(callback)
     if lib.torchtpu_register_hooks(callback):
         _hooks[0] = True
     elif _problem[0] is None:
-        _problem[0] = ("PyTorch's PrivateUse1 hooks were registered before the C++ extension loaded: "
-                       "no torch.Generator('tpu')")
+        _problem[0] = (
+            "PyTorch's PrivateUse1 hooks were registered before the C++ extension loaded: no torch.Generator('tpu')"
+        )
     lib.torchtpu_register_guard(device_count)
     lib.torchtpu_set_device(index)
     lib.torchtpu_guard_set_callbacks.argtypes = list(_EVENT_FNS)
@@ -181,21 +212,29 @@ def _install_event_callbacks(lib, functions) -> None:
             except BaseException as e:  # noqa: BLE001 - an exception must not cross into C++
                 # (a Ctrl-C while waiting cannot leave as a KeyboardInterrupt: a ctypes callback
                 # swallows any exception, and one signalled again lands inside the callback)
-                message = ("KeyboardInterrupt: interrupted while waiting for the device" if isinstance(e, KeyboardInterrupt)
-                           else str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}")
+                message = (
+                    "KeyboardInterrupt: interrupted while waiting for the device"
+                    if isinstance(e, KeyboardInterrupt)
+                    else str(e)
+                    if isinstance(e, RuntimeError)
+                    else f"{type(e).__name__}: {e}"
+                )
                 lib.torchtpu_guard_set_error(message.encode("utf-8", "replace"))
                 return failed
+
         return call
 
     pointers = [kind(guarded(fn, failed)) for kind, fn, failed in zip(_EVENT_FNS, functions, _EVENT_FAILED)]
     _callbacks.extend(pointers)
     lib.torchtpu_guard_set_callbacks(*pointers)
     # events destroyed while the interpreter shuts down must not call into it
-    atexit.register(lambda: lib.torchtpu_guard_set_callbacks(*(kind() for kind in _EVENT_FNS)))   # NULLs
+    atexit.register(lambda: lib.torchtpu_guard_set_callbacks(*(kind() for kind in _EVENT_FNS)))  # NULLs
 
 
-_STORAGE_FNS = (ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int64)),  # allocate
-                ctypes.CFUNCTYPE(None, ctypes.c_uint64))                                             # free
+_STORAGE_FNS = (
+    ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int64)),  # allocate
+    ctypes.CFUNCTYPE(None, ctypes.c_uint64),
+)  # free
 _storage_callbacks = [None]
 
 
@@ -250,12 +289,14 @@ def new_default_generator(index: int):
     """A Python `torch.Generator` over the C++ default generator of tpu:index (the one PyTorch's
     `getDefaultGenerator` returns), or an error naming why there is none."""
     import torch
+
     if not _hooks[0]:
         raise RuntimeError(
             "torch.Generator('tpu') and torch.tpu.default_generators need torchtpu's C++ extension, "
             f"which is not loaded: {_problem[0] or 'TORCHTPU_NATIVE=off'}. Install a C++ compiler "
             "(g++, or set CXX) and run `python -m torchtpu info`; random ops still work with the "
-            "default seed (torch.manual_seed) or a CPU torch.Generator passed as generator=.")
+            "default seed (torch.manual_seed) or a CPU torch.Generator passed as generator=."
+        )
     lib = _lib[0]
     lib.torchtpu_next_new_is_default(1)
     try:
@@ -267,6 +308,7 @@ def new_default_generator(index: int):
 def at_import() -> None:
     """Called by `import torch` (through registration.install): cheap unless a build is needed."""
     from .. import config
+
     policy = config.get("TORCHTPU_NATIVE")
     if policy == "off":
         return
@@ -278,14 +320,17 @@ def at_import() -> None:
         # Until the platform is up the device count is unknown: an upper bound (the engine starts
         # one idle thread per counted device); set exactly by at_platform_ready.
         _build_and_load(configured or 8)
-    except Exception as e:  # never break `import torch`
+    except Exception as e:  # noqa: BLE001 -- never break `import torch`
         _problem[0] = f"{type(e).__name__}: {e}"
         # without a compiler this is the documented degradation (quiet under auto); a compiler that
         # failed, or a library that would not load, is a problem worth one line
         if policy == "on" or compiler() is not None:
-            warnings.warn(f"torchtpu: the C++ extension failed ({_problem[0]}): no torch.Generator('tpu'), "
-                          "no backward on tpu:1 and above. TORCHTPU_NATIVE=off stops trying.",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"torchtpu: the C++ extension failed ({_problem[0]}): no torch.Generator('tpu'), "
+                "no backward on tpu:1 and above. TORCHTPU_NATIVE=off stops trying.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def _build_and_load(device_count: int) -> None:
@@ -302,6 +347,7 @@ def _build_and_load(device_count: int) -> None:
 def at_platform_ready(device_count: int) -> None:
     """Called once the XLA devices are known: the exact count; a build if several devices need it."""
     from .. import config
+
     if _lib[0] is not None:
         _lib[0].torchtpu_set_device_count(device_count)
         return
@@ -309,11 +355,14 @@ def at_platform_ready(device_count: int) -> None:
         return
     try:
         _build_and_load(device_count)
-    except Exception as e:  # degrade: everything but multi-device backward works
+    except Exception as e:  # noqa: BLE001 -- degrade: everything but multi-device backward works
         _problem[0] = f"{type(e).__name__}: {e}"
     if _lib[0] is None and not _warned[0]:
         _warned[0] = True
         warnings.warn(
             f"torchtpu: {device_count} tpu devices but no C++ device guard "
             f"({_problem[0] or 'TORCHTPU_NATIVE=off'}); backward on tpu:1 and above will fail. "
-            "Install a C++ compiler (g++) and run `python -m torchtpu info`.", RuntimeWarning, stacklevel=3)
+            "Install a C++ compiler (g++) and run `python -m torchtpu info`.",
+            RuntimeWarning,
+            stacklevel=3,
+        )

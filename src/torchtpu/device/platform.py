@@ -10,6 +10,7 @@ device use joins it (`join_multi_controller`), and each process then owns its lo
 its chip is `tpu:0`. torchtpu.distributed calls `join_multi_controller` itself when
 `init_process_group` comes first in a process launched without that environment.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,7 @@ from .. import config
 _lock = threading.Lock()
 _devices = None
 _platform = None
-_multi_controller = None   # (coordinator address, number of processes, this process's id) once joined
+_multi_controller = None  # (coordinator address, number of processes, this process's id) once joined
 
 
 def _launch_env():
@@ -52,20 +53,27 @@ def join_multi_controller(coordinator: str, num_processes: int, process_id: int,
     job = (coordinator, int(num_processes), int(process_id))
     if _multi_controller is not None:
         if _multi_controller[1:] != job[1:]:
-            raise RuntimeError(f"torchtpu: this process already joined a job of {_multi_controller[1]} "
-                               f"processes as process {_multi_controller[2]}; cannot join {job}")
+            raise RuntimeError(
+                f"torchtpu: this process already joined a job of {_multi_controller[1]} "
+                f"processes as process {_multi_controller[2]}; cannot join {job}"
+            )
         return
     if _devices is not None:
         raise RuntimeError(
             "torchtpu: the tpu device was initialised for a single process before joining a job of "
             f"{num_processes} processes: call torch.distributed.init_process_group before the first "
-            "tpu tensor, or launch with torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+            "tpu tensor, or launch with torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
+        )
     import jax
 
     # XLA:CPU's cross-process collectives (harmless on TPU/GPU, where XLA brings its own)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=job[1], process_id=job[2],
-                               initialization_timeout=max(1, int(timeout_s)))
+    jax.distributed.initialize(
+        coordinator_address=coordinator,
+        num_processes=job[1],
+        process_id=job[2],
+        initialization_timeout=max(1, int(timeout_s)),
+    )
     _multi_controller = job
 
 
@@ -94,14 +102,15 @@ def _configure_jax():
         # users never see (tracing errors and JAX's own error messages do not use it)
         try:
             from jax._src.lib import _jax
+
             _jax.set_tracebacks_enabled(False)
-        except (ImportError, AttributeError):   # (a jaxlib without the switch: nothing to save)
+        except (ImportError, AttributeError):  # (a jaxlib without the switch: nothing to save)
             pass
     if n:
         try:
             jax.config.update("jax_num_cpu_devices", int(n))
-        except (AttributeError, RuntimeError):   # an older JAX without the option, or its backends already
-            pass                                # up: the XLA flag set above asks for the same devices
+        except (AttributeError, RuntimeError):  # an older JAX without the option, or its backends already
+            pass  # up: the XLA flag set above asks for the same devices
     return jax
 
 
@@ -163,6 +172,7 @@ def _host_only(jax):
         return
     try:
         from jax._src import xla_bridge
+
         if xla_bridge.backends_are_initialized():
             return
     except (ImportError, AttributeError):
@@ -178,6 +188,7 @@ def ensure():
                 config.check()  # a bad TORCHTPU_* value surfaces here, naming the variable
                 _platform, _devices = _pick()
                 from . import native
+
                 native.at_platform_ready(len(_devices))
     return _devices
 
@@ -220,11 +231,13 @@ def require_x64(program: str = "a tpu program"):
     would trace int64/float64 tensors' arithmetic and Python scalars in 32 bits and silently compute
     wrong values; a cached executable is keyed on the setting, so only a new trace comes here."""
     from jax._src import config as jax_config
+
     if not jax_config.enable_x64.value:
         raise RuntimeError(
             f"torchtpu: {program} was traced with JAX's 64-bit types turned off (jax.enable_x64(False) or "
             f"jax_enable_x64=False); tpu tensors need them (PyTorch's int64 and float64): run torch "
-            f"operations on the tpu device outside that block, or scope only your own JAX code with it")
+            f"operations on the tpu device outside that block, or scope only your own JAX code with it"
+        )
 
 
 def buffers_in_host_memory() -> bool:
@@ -252,13 +265,14 @@ def jax_device(index: int):
     if not 0 <= index < len(devs):
         raise RuntimeError(
             f"Invalid device index tpu:{index}: there are {len(devs)} tpu device(s) "
-            f"(valid indices 0..{len(devs) - 1}, XLA platform {_platform!r})")
+            f"(valid indices 0..{len(devs) - 1}, XLA platform {_platform!r})"
+        )
     return devs[index]
 
 
-_places = {}   # device index -> (jax device, its sharding)
-_avals = {}    # (shape, numpy dtype) -> jax aval
-_batched_put = []   # [(jaxlib's batched_device_put, IMMUTABLE_ONLY_DURING_CALL) or None] once looked up
+_places = {}  # device index -> (jax device, its sharding)
+_avals = {}  # (shape, numpy dtype) -> jax aval
+_batched_put = []  # [(jaxlib's batched_device_put, IMMUTABLE_ONLY_DURING_CALL) or None] once looked up
 
 
 def put(host, index: int):
@@ -271,22 +285,26 @@ def put(host, index: int):
     place = _places.get(index)
     if place is None:
         import jax
+
         device = jax_device(index)
         place = _places[index] = (device, jax.sharding.SingleDeviceSharding(device))
     if not _batched_put:
         try:
             from jax._src.lib import _jax
+
             _batched_put.append((_jax.batched_device_put, _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL))
-        except (ImportError, AttributeError):   # another jaxlib layout: JAX's own way
+        except (ImportError, AttributeError):  # another jaxlib layout: JAX's own way
             _batched_put.append(None)
     if _batched_put[0] is None:
         import jax
         import numpy as np
+
         return jax.device_put(np.array(host, order="C", copy=True), place[0])
     key = (host.shape, host.dtype)
     aval = _avals.get(key)
     if aval is None:
         from jax._src import core
+
         aval = _avals.setdefault(key, core.ShapedArray(host.shape, host.dtype))
     put_fn, during_call = _batched_put[0]
     return put_fn(aval, place[1], [host], [place[0]], True, host_buffer_semantics=during_call)

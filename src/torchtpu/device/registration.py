@@ -1,5 +1,6 @@
 """Make PrivateUse1 the "tpu" device: rename it, install the hooks and the device guard.
 (`torch.tpu` itself is registered by torchtpu.api, above every layer.)"""
+
 from __future__ import annotations
 
 import sys
@@ -13,6 +14,7 @@ _installed = [False]
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
     def is_available(self) -> bool:
         from . import platform
+
         return platform.is_available()
 
     def has_primary_context(self, dev_id) -> bool:
@@ -35,6 +37,7 @@ def _backends_module():
 
     def is_available():
         from . import platform
+
         return platform.is_available()
 
     m.is_available = is_available
@@ -47,15 +50,18 @@ def install():
     _installed[0] = True
     if torch._C._get_privateuse1_backend_name() != "tpu":
         torch.utils.rename_privateuse1_backend("tpu")
-    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
-                                                         for_packed_sequence=True, for_storage=True)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
     from . import native
+
     # first: the C++ hooks (generators) and guard, when the extension loads or builds. PyTorch takes
     # one hooks object per process, so the Python ones below are registered only without it.
     native.at_import()
-    torch._C._acc.register_python_privateuseone_hook(_Hooks())   # False (a no-op) after the C++ ones
+    torch._C._acc.register_python_privateuseone_hook(_Hooks())  # False (a no-op) after the C++ ones
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     from . import autocast
+
     autocast.install()
     torch.backends.tpu = _backends_module()
     sys.modules.setdefault("torch.backends.tpu", torch.backends.tpu)

@@ -2,6 +2,7 @@
 
 With the C++ device guard loaded (native.py) the index lives there, so PyTorch's C++ (the autograd
 engine's device threads, torch.accelerator) and torchtpu read the same value."""
+
 from __future__ import annotations
 
 import threading

@@ -8,6 +8,7 @@
 - `spmd_safe(func)`: marks a function as issuing the same collectives, in the same order and with
   the same shapes, on every rank.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,7 @@ import glob
 import os
 import threading
 
-__all__ = ["set_tpu_launch_env", "topology_aware_mesh", "spmd_safe"]
+__all__ = ["set_tpu_launch_env", "spmd_safe", "topology_aware_mesh"]
 
 
 # ------------------------------------------------------------------ launch
@@ -43,23 +44,32 @@ def set_tpu_launch_env(*, nnodes: int | None = None, nproc_per_node: int | None 
         if nnodes < 1:
             raise ValueError(f"set_tpu_launch_env(): nnodes must be at least 1, got {nnodes}")
         if hosts and nnodes != len(hosts):
-            raise ValueError(f"set_tpu_launch_env(): nnodes={nnodes} but TPU_WORKER_HOSTNAMES lists "
-                             f"{len(hosts)} hosts ({','.join(hosts)})")
+            raise ValueError(
+                f"set_tpu_launch_env(): nnodes={nnodes} but TPU_WORKER_HOSTNAMES lists "
+                f"{len(hosts)} hosts ({','.join(hosts)})"
+            )
     if nproc_per_node is not None and nproc_per_node < 1:
         raise ValueError(f"set_tpu_launch_env(): nproc_per_node must be at least 1, got {nproc_per_node}")
     os.environ.setdefault("TORCHTPU_NNODES", str(nnodes or len(hosts) or 1))
     os.environ.setdefault("TORCHTPU_NPROC_PER_NODE", str(nproc_per_node or _attached_chips() or 1))
     import torch.multiprocessing as mp
+
     try:
         mp.set_start_method("spawn")
-    except RuntimeError:   # already chosen: keep the caller's choice
+    except RuntimeError:  # already chosen: keep the caller's choice
         pass
 
 
 # ------------------------------------------------------------------ meshes
-def topology_aware_mesh(device_type: str, mesh_shape, *, dcn_mesh_shape=None,
-                        allow_split_physical_axes: bool = False, contiguous_submeshes: bool = False,
-                        mesh_dim_names=None):
+def topology_aware_mesh(
+    device_type: str,
+    mesh_shape,
+    *,
+    dcn_mesh_shape=None,
+    allow_split_physical_axes: bool = False,
+    contiguous_submeshes: bool = False,
+    mesh_dim_names=None,
+):
     """A `DeviceMesh` of shape `mesh_shape` over all ranks, laid out along the physical topology.
 
     Every rank's device is found in JAX's global device list (one device per rank); JAX's
@@ -74,36 +84,50 @@ def topology_aware_mesh(device_type: str, mesh_shape, *, dcn_mesh_shape=None,
     from torch.distributed.device_mesh import DeviceMesh
 
     if not dist.is_initialized():
-        raise RuntimeError("topology_aware_mesh: initialize the process group first "
-                           "(torch.distributed.init_process_group)")
+        raise RuntimeError(
+            "topology_aware_mesh: initialize the process group first (torch.distributed.init_process_group)"
+        )
     mesh_shape = tuple(int(s) for s in mesh_shape)
     world = dist.get_world_size()
     if int(np.prod(mesh_shape)) != world:
-        raise ValueError(f"topology_aware_mesh: mesh_shape {mesh_shape} has {int(np.prod(mesh_shape))} "
-                         f"ranks but the world size is {world}")
+        raise ValueError(
+            f"topology_aware_mesh: mesh_shape {mesh_shape} has {int(np.prod(mesh_shape))} "
+            f"ranks but the world size is {world}"
+        )
     import jax
     from jax.experimental import mesh_utils
+
     devices = jax.devices()
     if len(devices) != world:
-        raise RuntimeError(f"topology_aware_mesh: JAX sees {len(devices)} devices for {world} ranks "
-                           "(expected one device per rank)")
+        raise RuntimeError(
+            f"topology_aware_mesh: JAX sees {len(devices)} devices for {world} ranks (expected one device per rank)"
+        )
     if dcn_mesh_shape is not None:
         dcn_mesh_shape = tuple(int(s) for s in dcn_mesh_shape)
         if len(dcn_mesh_shape) != len(mesh_shape) or any(m % d for m, d in zip(mesh_shape, dcn_mesh_shape)):
-            raise ValueError(f"topology_aware_mesh: dcn_mesh_shape {dcn_mesh_shape} must have the rank of "
-                             f"mesh_shape {mesh_shape} and divide it")
+            raise ValueError(
+                f"topology_aware_mesh: dcn_mesh_shape {dcn_mesh_shape} must have the rank of "
+                f"mesh_shape {mesh_shape} and divide it"
+            )
         ici = tuple(m // d for m, d in zip(mesh_shape, dcn_mesh_shape))
         if int(np.prod(dcn_mesh_shape)) > 1:
             grid = mesh_utils.create_hybrid_device_mesh(
-                ici, dcn_mesh_shape, devices, allow_split_physical_axes=allow_split_physical_axes)
+                ici, dcn_mesh_shape, devices, allow_split_physical_axes=allow_split_physical_axes
+            )
         else:
-            grid = mesh_utils.create_device_mesh(mesh_shape, devices,
-                                                 allow_split_physical_axes=allow_split_physical_axes,
-                                                 contiguous_submeshes=contiguous_submeshes)
+            grid = mesh_utils.create_device_mesh(
+                mesh_shape,
+                devices,
+                allow_split_physical_axes=allow_split_physical_axes,
+                contiguous_submeshes=contiguous_submeshes,
+            )
     else:
-        grid = mesh_utils.create_device_mesh(mesh_shape, devices,
-                                             allow_split_physical_axes=allow_split_physical_axes,
-                                             contiguous_submeshes=contiguous_submeshes)
+        grid = mesh_utils.create_device_mesh(
+            mesh_shape,
+            devices,
+            allow_split_physical_axes=allow_split_physical_axes,
+            contiguous_submeshes=contiguous_submeshes,
+        )
     ranks = torch.tensor(np.vectorize(lambda d: d.process_index, otypes=[np.int64])(grid))
     return DeviceMesh(device_type, ranks, mesh_dim_names=mesh_dim_names)
 

@@ -10,6 +10,7 @@ over ICI/DCN; the program is the same.
 Each executable is compiled once per (op, static arguments, element count, dtype, group) and kept;
 `compiles()` counts the compilations, so tests can check that repeated calls never recompile.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -20,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ..eager import tpu_check
 
@@ -48,8 +50,10 @@ def device_of_process(process_index: int):
     for d in jax.devices():
         if d.process_index == process_index:
             return d
-    raise RuntimeError(f"torchtpu.distributed: no JAX device belongs to process {process_index} "
-                       f"(the job has {jax.process_count()} processes)")
+    raise RuntimeError(
+        f"torchtpu.distributed: no JAX device belongs to process {process_index} "
+        f"(the job has {jax.process_count()} processes)"
+    )
 
 
 # The unsigned integer of each width: broadcast and scatter move bits, so values arrive exactly
@@ -127,6 +131,7 @@ def _body(kind, static, size, axis=AXIS):
             # other reductions: reduce everything, keep this rank's block
             full = _reduce(x, op, size, axis)
             return lax.dynamic_slice_in_dim(full, lax.axis_index(axis) * n, n)
+
         return rs
     if kind == "broadcast":
         (src,) = static
@@ -135,6 +140,7 @@ def _body(kind, static, size, axis=AXIS):
             b = _to_bits(x)
             b = jnp.where(lax.axis_index(axis) == src, b, jnp.zeros_like(b))
             return _from_bits(lax.psum(b, axis), x.dtype)
+
         return bc
     if kind == "scatter":
         (src,) = static
@@ -143,10 +149,13 @@ def _body(kind, static, size, axis=AXIS):
             b = _to_bits(x)
             b = jnp.where(lax.axis_index(axis) == src, b, jnp.zeros_like(b))
             return _from_bits(lax.psum_scatter(b, axis, scatter_dimension=0, tiled=True), x.dtype)
+
         return sc
     if kind == "all_to_all":
+
         def a2a(x):
             return lax.all_to_all(x.reshape(size, -1), axis, 0, 0, tiled=True).reshape(-1)
+
         return a2a
     if kind == "permute":
         (pairs,) = static
@@ -178,8 +187,9 @@ class GroupMesh:
                 exe = self._executables.get(key)
                 if exe is None:
                     check = {"check_vma": False} if _has_check_vma() else {"check_rep": False}
-                    fn = _shard_map(_body(kind, static, self.size), mesh=self.mesh,
-                                    in_specs=P(AXIS), out_specs=P(AXIS), **check)
+                    fn = _shard_map(
+                        _body(kind, static, self.size), mesh=self.mesh, in_specs=P(AXIS), out_specs=P(AXIS), **check
+                    )
                     aval = jax.ShapeDtypeStruct((self.size * n,), dtype, sharding=self.sharding)
                     exe = jax.jit(fn).lower(aval).compile()
                     tpu_check.check(jax.jit(fn), (aval,), f"collective {kind} of {n} x {dtype} over ranks {self.ranks}")
@@ -202,10 +212,13 @@ class GroupMesh:
             raise RuntimeError(
                 f"torchtpu.distributed: {kind} over ranks {list(self.ranks)} did not complete within "
                 f"{timeout_s:.1f} s (the process group's timeout): a rank may have died, not joined, or "
-                "issued a different collective") from None
-        except Exception as e:  # noqa: BLE001 - XLA's transport errors, reworded
-            raise RuntimeError(f"torchtpu.distributed: {kind} over ranks {list(self.ranks)} failed (a rank "
-                               f"may have died or left the job): {e}") from e
+                "issued a different collective"
+            ) from None
+        except Exception as e:
+            raise RuntimeError(
+                f"torchtpu.distributed: {kind} over ranks {list(self.ranks)} failed (a rank "
+                f"may have died or left the job): {e}"
+            ) from e
         return out.addressable_data(0)
 
 
@@ -254,6 +267,7 @@ _has_vma = []
 def _has_check_vma():
     if not _has_vma:
         import inspect
+
         try:
             _has_vma.append("check_vma" in inspect.signature(_shard_map).parameters)
         except (TypeError, ValueError):

@@ -31,6 +31,7 @@ What falls back to the op-by-op eager graph (with the compile layer's warning): 
 backend is not tpu_dist, groups that are not the axes of one mesh, unsupported reduce ops.
 all_to_all_single with symbolic splits raises (a data-dependent shape, as elsewhere in compile).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -43,16 +44,25 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from ..ops.graph import GRAPH_LOWERINGS
 from ..eager import tpu_check
+from ..ops.graph import GRAPH_LOWERINGS
 from ..ops.resolve import NotLowered
 from . import collectives
 
 NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
-_REDUCE = {"sum": "SUM", "avg": "AVG", "max": "MAX", "min": "MIN", "product": "PRODUCT",
-           "band": "BAND", "bor": "BOR", "bxor": "BXOR"}
+_REDUCE = {
+    "sum": "SUM",
+    "avg": "AVG",
+    "max": "MAX",
+    "min": "MIN",
+    "product": "PRODUCT",
+    "band": "BAND",
+    "bor": "BOR",
+    "bxor": "BXOR",
+}
 _counts = {"compiles": 0, "calls": 0}
 _tracing = threading.local()
 
@@ -71,13 +81,16 @@ def calls() -> int:
 def place(gm):
     """The placement of FX graph `gm` if it has functional collectives, else None. Raises NotLowered
     (the graph then runs op by op on the device) for what one SPMD program cannot express."""
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"
-             and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace in NAMESPACES]
+    nodes = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace in NAMESPACES
+    ]
     if not nodes:
         return None
     _install_lowerings()
     names = []
-    blocks = {}   # group name -> the largest block (rows) of its all_to_all_singles with given splits
+    blocks = {}  # group name -> the largest block (rows) of its all_to_all_singles with given splits
     for n in nodes:
         short = n.target._schema.name.split("::")[1]
         if short not in _LOWERINGS:
@@ -89,9 +102,11 @@ def place(gm):
         if short == "all_to_all_single":
             splits = list(args["output_split_sizes"] or []) + list(args["input_split_sizes"] or [])
             if any(type(s) is not int for s in splits):
-                raise NotLowered("torchtpu.distributed: all_to_all_single with data-dependent (symbolic) splits "
-                                 "cannot be one static XLA program")
-            if splits:   # this rank's splits may be even while another's are not: all ranks agree (Placement)
+                raise NotLowered(
+                    "torchtpu.distributed: all_to_all_single with data-dependent (symbolic) splits "
+                    "cannot be one static XLA program"
+                )
+            if splits:  # this rank's splits may be even while another's are not: all ranks agree (Placement)
                 name = args["group_name"]
                 blocks[name] = max(blocks.get(name, 0), *splits)
         if "group_name" in args and args["group_name"] not in names:
@@ -110,13 +125,15 @@ def _named_args(node):
 def _tpu_group(name):
     """The tpu_dist backend of the process group called `name`, or None."""
     from torch.distributed.distributed_c10d import _resolve_process_group
+
     from .process_group import TpuProcessGroup
+
     pg = _resolve_process_group(name)
     if isinstance(pg, TpuProcessGroup):
         return pg, pg
     try:
         backend = pg._get_backend(torch.device("tpu"))
-    except RuntimeError:   # c10d's "No backend type associated with device type tpu": not a tpu group
+    except RuntimeError:  # c10d's "No backend type associated with device type tpu": not a tpu group
         return pg, None
     return pg, backend if isinstance(backend, TpuProcessGroup) else None
 
@@ -126,15 +143,17 @@ class Placement:
 
     def __init__(self, group_names, local_blocks=None):
         self.local_blocks = dict(local_blocks or {})
-        self.blocks = {}     # group name -> block (rows) its all_to_alls pad to, agreed per build
-        self.groups = {}     # group name -> (axis name, size)
-        self.backends = []   # one TpuProcessGroup per distinct group: signature checks, timeouts
-        lines = []           # distinct groups' global ranks, in group-rank order
+        self.blocks = {}  # group name -> block (rows) its all_to_alls pad to, agreed per build
+        self.groups = {}  # group name -> (axis name, size)
+        self.backends = []  # one TpuProcessGroup per distinct group: signature checks, timeouts
+        lines = []  # distinct groups' global ranks, in group-rank order
         for name in group_names:
             pg, backend = _tpu_group(name)
             if backend is None:
-                raise NotLowered(f"torchtpu.distributed: process group {name!r} of a compiled graph has no "
-                                 "tpu_dist backend; its collectives cannot be lowered into the executable")
+                raise NotLowered(
+                    f"torchtpu.distributed: process group {name!r} of a compiled graph has no "
+                    "tpu_dist backend; its collectives cannot be lowered into the executable"
+                )
             ranks = tuple(dist.get_process_group_ranks(pg))
             if ranks not in lines:
                 lines.append(ranks)
@@ -151,13 +170,15 @@ class Placement:
         try:
             return self.groups[group_name]
         except KeyError:
-            raise RuntimeError(f"torchtpu.distributed: group {group_name!r} is not one this graph was "
-                               f"placed for ({sorted(self.groups)})") from None
+            raise RuntimeError(
+                f"torchtpu.distributed: group {group_name!r} is not one this graph was "
+                f"placed for ({sorted(self.groups)})"
+            ) from None
 
     def compile(self, traced, sample, xla, name="compiled graph"):
         """(call, lowered): `traced` (this process's buffers and values -> results) as one SPMD
         executable over the mesh, and the function that calls it with this process's arrays."""
-        spec = P(self.axis_names)       # the leading dimension split over every mesh axis
+        spec = P(self.axis_names)  # the leading dimension split over every mesh axis
         sharding = NamedSharding(self.mesh, spec)
         G = self.size
         scalar_in = [len(s.shape) == 0 for s in sample]
@@ -171,9 +192,12 @@ class Placement:
         check = {"check_vma": False} if collectives._has_check_vma() else {"check_rep": False}
         fn = collectives._shard_map(body, mesh=self.mesh, in_specs=(spec,) * len(sample), out_specs=spec, **check)
         local_shapes = [(1,) if sc else tuple(s.shape) for s, sc in zip(sample, scalar_in)]
-        global_sample = [jax.ShapeDtypeStruct((G * shp[0],) + shp[1:], s.dtype, sharding=sharding,
-                                              weak_type=getattr(s, "weak_type", False))
-                         for s, shp in zip(sample, local_shapes)]
+        global_sample = [
+            jax.ShapeDtypeStruct(
+                (G * shp[0],) + shp[1:], s.dtype, sharding=sharding, weak_type=getattr(s, "weak_type", False)
+            )
+            for s, shp in zip(sample, local_shapes)
+        ]
         self.blocks = {name: self._agreed_block(name, rows) for name, rows in self.local_blocks.items()}
         _tracing.plan, _tracing.log = self, []
         try:
@@ -184,7 +208,7 @@ class Placement:
         self._agree(traced_collectives)
         exe = lowered.compile(xla)
         _counts["compiles"] += 1
-        if tpu_check.enabled():   # the same SPMD program, traced and compiled for the TPU topology
+        if tpu_check.enabled():  # the same SPMD program, traced and compiled for the TPU topology
             _tracing.plan, _tracing.log = self, []
             try:
                 tpu_check.check(jax.jit(fn), global_sample, f"{name} over ranks {self.grid.reshape(-1).tolist()}")
@@ -196,17 +220,22 @@ class Placement:
         where = f"compiled graph over ranks {self.grid.reshape(-1).tolist()}"
 
         def call(*dyn):
-            args = [jax.make_array_from_single_device_arrays(g, sharding, [_local(d, shp, dtype, device)])
-                    for d, g, shp, dtype in zip(dyn, globals_of, local_shapes, dtypes)]
+            args = [
+                jax.make_array_from_single_device_arrays(g, sharding, [_local(d, shp, dtype, device)])
+                for d, g, shp, dtype in zip(dyn, globals_of, local_shapes, dtypes)
+            ]
             _counts["calls"] += 1
             try:
                 outs = collectives.call_bounded(exe, args, timeout_s, platform_name)
             except concurrent.futures.TimeoutError:
                 raise RuntimeError(
                     f"torchtpu.distributed: {where} did not complete within {timeout_s:.1f} s (the process "
-                    "group's timeout): a rank may have died, not joined, or run a different graph") from None
-            return [o.addressable_data(0).reshape(()) if sc else o.addressable_data(0)
-                    for o, sc in zip(outs, scalar_out)]
+                    "group's timeout): a rank may have died, not joined, or run a different graph"
+                ) from None
+            return [
+                o.addressable_data(0).reshape(()) if sc else o.addressable_data(0) for o, sc in zip(outs, scalar_out)
+            ]
+
         return call, lowered
 
     def _agreed_block(self, name, rows):
@@ -249,10 +278,12 @@ def _mesh_grid(lines):
     for i, ranks in enumerate(lines):
         stride = ranks[1] - ranks[0] if len(ranks) > 1 else 0
         if any(r != ranks[0] + j * stride for j, r in enumerate(ranks)):
-            raise NotLowered(f"torchtpu.distributed: the ranks {list(ranks)} of a compiled graph's group are not "
-                             "evenly spaced, so its groups are not the dimensions of one device mesh")
+            raise NotLowered(
+                f"torchtpu.distributed: the ranks {list(ranks)} of a compiled graph's group are not "
+                "evenly spaced, so its groups are not the dimensions of one device mesh"
+            )
         axes.append((abs(stride), stride, ranks.index(me), len(ranks), f"g{i}"))
-    axes.sort(key=lambda a: -a[0])   # outer dimension first: the same order on every process
+    axes.sort(key=lambda a: -a[0])  # outer dimension first: the same order on every process
     origin = me - sum(stride * pos for _, stride, pos, _, _ in axes)
     grid = np.full(tuple(a[3] for a in axes), origin, np.int64)
     for d, (_, stride, _, n, _) in enumerate(axes):
@@ -260,8 +291,10 @@ def _mesh_grid(lines):
         shape[d] = n
         grid = grid + (np.arange(n) * stride).reshape(shape)
     if len(set(grid.reshape(-1).tolist())) != grid.size or grid.min() < 0 or grid.max() >= jax.process_count():
-        raise NotLowered(f"torchtpu.distributed: the groups {[list(r) for r in lines]} of a compiled graph are "
-                         "not the dimensions of one device mesh")
+        raise NotLowered(
+            f"torchtpu.distributed: the groups {[list(r) for r in lines]} of a compiled graph are "
+            "not the dimensions of one device mesh"
+        )
     return grid, tuple(a[4] for a in axes)
 
 
@@ -269,8 +302,9 @@ def _mesh_grid(lines):
 def _group(group_name, kind, x, *static):
     plan = getattr(_tracing, "plan", None)
     if plan is None:
-        raise RuntimeError(f"torchtpu.distributed: functional collective {kind} outside a compiled graph's "
-                           "process mesh")
+        raise RuntimeError(
+            f"torchtpu.distributed: functional collective {kind} outside a compiled graph's process mesh"
+        )
     axis, size = plan.axis(group_name)
     _tracing.log.append((kind, static, tuple(x.shape), str(x.dtype), axis))
     return axis, size
@@ -316,7 +350,7 @@ def _all_to_all(val, x, output_split_sizes, input_split_sizes, group_name):
     src = np.full(size * m, -1, np.int64)
     start = 0
     for j, c in enumerate(rows_in):
-        src[j * m: j * m + c] = np.arange(start, start + c)
+        src[j * m : j * m + c] = np.arange(start, start + c)
         start += c
     if x.shape[0]:
         valid = jnp.asarray(src >= 0).reshape((-1,) + (1,) * len(rest))
@@ -337,11 +371,12 @@ def _broadcast(val, x, src, group_name):
 def _coalesced(single):
     def lowering(val, xs, *rest):
         return [single(None, x, *rest) for x in xs]
+
     return lowering
 
 
 def _wait(val, x):
-    return x   # XLA orders the collective that produced x before its uses
+    return x  # XLA orders the collective that produced x before its uses
 
 
 _LOWERINGS = {

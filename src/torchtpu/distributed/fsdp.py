@@ -7,6 +7,7 @@ for tpu tensors the storage keeps its size and the device buffer is what gets fr
 record's buffer releases the device memory exactly as the resize would, and the all-gather gives it
 a new one. CPU/CUDA tensors keep PyTorch's helpers.
 """
+
 from __future__ import annotations
 
 from .._import_hooks import when_imported
@@ -41,6 +42,7 @@ def _patch(module) -> None:
 
 def _patch_group(module) -> None:
     import torch.distributed.fsdp._fully_shard._fsdp_param as param
+
     _patch(param)
     module.alloc_storage = param.alloc_storage
 

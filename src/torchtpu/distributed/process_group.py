@@ -5,6 +5,7 @@ reducer and the c10d Python API call its methods). tpu tensors go through XLA co
 device buffers, never through the host. CPU tensors given to the same group (object collectives,
 `"cpu:gloo,tpu:tpu_dist"`) go to a gloo group created on first use over the same store.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -22,24 +23,38 @@ from . import api, collectives
 
 _log = logging.getLogger("torchtpu.distributed")
 
-_RED = {dist.ReduceOp.SUM: "SUM", dist.ReduceOp.AVG: "AVG", dist.ReduceOp.MAX: "MAX",
-        dist.ReduceOp.MIN: "MIN", dist.ReduceOp.PRODUCT: "PRODUCT", dist.ReduceOp.BAND: "BAND",
-        dist.ReduceOp.BOR: "BOR", dist.ReduceOp.BXOR: "BXOR"}
+_RED = {
+    dist.ReduceOp.SUM: "SUM",
+    dist.ReduceOp.AVG: "AVG",
+    dist.ReduceOp.MAX: "MAX",
+    dist.ReduceOp.MIN: "MIN",
+    dist.ReduceOp.PRODUCT: "PRODUCT",
+    dist.ReduceOp.BAND: "BAND",
+    dist.ReduceOp.BOR: "BOR",
+    dist.ReduceOp.BXOR: "BXOR",
+}
 
 
 def _op_name(reduce_op) -> str:
     op = getattr(reduce_op, "op", reduce_op)
     name = _RED.get(op)
     if name is None:
-        raise ValueError(f"torchtpu.distributed: reduce op {op} is not supported on tpu "
-                         f"(supported: {', '.join(_RED.values())})")
+        raise ValueError(
+            f"torchtpu.distributed: reduce op {op} is not supported on tpu (supported: {', '.join(_RED.values())})"
+        )
     return name
 
 
 # ------------------------------------------------------------------ device buffers of tensors
 def _covers(t, r) -> bool:
-    return (t.dtype == r.dtype and t.storage_offset() == 0 and t.numel() == r.numel and t.is_contiguous()
-            and not t.is_conj() and not t.is_neg())
+    return (
+        t.dtype == r.dtype
+        and t.storage_offset() == 0
+        and t.numel() == r.numel
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+    )
 
 
 def flat_value(t: torch.Tensor):
@@ -49,11 +64,11 @@ def flat_value(t: torch.Tensor):
         t = t.clone(memory_format=torch.contiguous_format)
         r = records.record_of(t)
     buf = r.buffer
-    if buf is None:   # never written (torch.empty): any value is right, zeros are cheapest
+    if buf is None:  # never written (torch.empty): any value is right, zeros are cheapest
         import jax
         import jax.numpy as jnp
-        buf = jax.device_put(jnp.zeros((t.numel(),), dtypes.to_jax(t.dtype)),
-                             platform.jax_device(r.device_index))
+
+        buf = jax.device_put(jnp.zeros((t.numel(),), dtypes.to_jax(t.dtype)), platform.jax_device(r.device_index))
     return buf
 
 
@@ -73,8 +88,10 @@ def _is_tpu(tensors) -> bool:
     if kinds == {"tpu"}:
         return True
     if "tpu" in kinds:
-        raise ValueError(f"torchtpu.distributed: tensors of one collective must all be on tpu or all "
-                         f"on the CPU, got devices {sorted(str(t.device) for t in tensors)}")
+        raise ValueError(
+            f"torchtpu.distributed: tensors of one collective must all be on tpu or all "
+            f"on the CPU, got devices {sorted(str(t.device) for t in tensors)}"
+        )
     return False
 
 
@@ -122,7 +139,8 @@ class TpuWork(dist.Work):
                 raise RuntimeError(
                     f"torchtpu.distributed: {self._what} did not complete within {limit:.1f} s (the "
                     "process group's timeout): a rank may have died, not joined, or issued a "
-                    "different collective")
+                    "different collective"
+                )
             time.sleep(0 if now - start < 0.02 else 5e-4)
         self._arrays = ()
         return True
@@ -160,7 +178,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         self._pair_meshes = {}
         self._checked = set()
         self._checks = 0
-        self._sig_prefix = None   # this incarnation's store namespace for the checks (_check_signature)
+        self._sig_prefix = None  # this incarnation's store namespace for the checks (_check_signature)
         self._group_name = group_name
         self._group_desc = ""
 
@@ -205,8 +223,12 @@ class TpuProcessGroup(dist.ProcessGroup):
     def _cpu_group(self):
         """gloo over the same store, for CPU tensors given to this group."""
         if self._gloo is None:
-            self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("cpu_gloo/", self._store), self.rank(),
-                                               self.size(), datetime.timedelta(seconds=self._timeout_s))
+            self._gloo = dist.ProcessGroupGloo(
+                dist.PrefixStore("cpu_gloo/", self._store),
+                self.rank(),
+                self.size(),
+                datetime.timedelta(seconds=self._timeout_s),
+            )
         return self._gloo
 
     def _work(self, arrays, result, what):
@@ -239,14 +261,16 @@ class TpuProcessGroup(dist.ProcessGroup):
             raise RuntimeError(
                 f"torchtpu.distributed: rank {self.rank()} waited {self._timeout_s:.0f} s for the other "
                 f"ranks of its group to enter collective {sig[0]} (a rank died, did not join, or "
-                f"issued a different collective): {e}") from None
+                f"issued a different collective): {e}"
+            ) from None
         mine = repr(sig)
         for r in range(self.size()):
             other = self._store.get(f"{key}/{r}").decode()
             if other != mine:
                 raise RuntimeError(
                     f"torchtpu.distributed: mismatched collective: rank {self.rank()} called {mine} "
-                    f"but rank {r} called {other} (collective, element count, dtype must agree)")
+                    f"but rank {r} called {other} (collective, element count, dtype must agree)"
+                )
         self._checked.add(sig)
 
     def _run(self, kind, static, tensor_or_flat, dtype=None):
@@ -308,8 +332,15 @@ class TpuProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         if not _is_tpu([output, input]):
             return self._cpu_group()._allgather_base(output, input, opts or dist.AllgatherOptions())
-        self._check_sizes(output.numel(), input.numel() * self.size(), "all_gather_into_tensor",
-                          "output", "input x world size", output.dtype, input.dtype)
+        self._check_sizes(
+            output.numel(),
+            input.numel() * self.size(),
+            "all_gather_into_tensor",
+            "output",
+            "input x world size",
+            output.dtype,
+            input.dtype,
+        )
         if input.numel() == 0:
             return self._work([], output, "all_gather_into_tensor")
         out = self._run("all_gather", (), input)
@@ -324,11 +355,11 @@ class TpuProcessGroup(dist.ProcessGroup):
         outs = []
         for outputs, t in zip(output_lists, inputs):
             if len(outputs) != self.size():
-                raise ValueError(f"torchtpu.distributed: all_gather needs {self.size()} output tensors, "
-                                 f"got {len(outputs)}")
+                raise ValueError(
+                    f"torchtpu.distributed: all_gather needs {self.size()} output tensors, got {len(outputs)}"
+                )
             for o in outputs:
-                self._check_sizes(o.numel(), t.numel(), "all_gather", "each output", "input",
-                                  o.dtype, t.dtype)
+                self._check_sizes(o.numel(), t.numel(), "all_gather", "each output", "input", o.dtype, t.dtype)
             if t.numel() == 0:
                 continue
             out = self._run("all_gather", (), t)
@@ -351,8 +382,15 @@ class TpuProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         if not _is_tpu([output, input]):
             return self._cpu_group()._reduce_scatter_base(output, input, opts)
-        self._check_sizes(input.numel(), output.numel() * self.size(), "reduce_scatter_tensor",
-                          "input", "output x world size", input.dtype, output.dtype)
+        self._check_sizes(
+            input.numel(),
+            output.numel() * self.size(),
+            "reduce_scatter_tensor",
+            "input",
+            "output x world size",
+            input.dtype,
+            output.dtype,
+        )
         if output.numel() == 0:
             return self._work([], output, "reduce_scatter_tensor")
         out = self._run("reduce_scatter", (_op_name(opts.reduceOp),), input)
@@ -368,11 +406,11 @@ class TpuProcessGroup(dist.ProcessGroup):
         outs = []
         for o, inputs in zip(outputs, input_lists):
             if len(inputs) != self.size():
-                raise ValueError(f"torchtpu.distributed: reduce_scatter needs {self.size()} input "
-                                 f"tensors, got {len(inputs)}")
+                raise ValueError(
+                    f"torchtpu.distributed: reduce_scatter needs {self.size()} input tensors, got {len(inputs)}"
+                )
             for i in inputs:
-                self._check_sizes(i.numel(), o.numel(), "reduce_scatter", "each input", "output",
-                                  i.dtype, o.dtype)
+                self._check_sizes(i.numel(), o.numel(), "reduce_scatter", "each input", "output", i.dtype, o.dtype)
             if o.numel() == 0:
                 continue
             flat = _concat([flat_value(i) for i in inputs])
@@ -389,18 +427,22 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         if not _is_tpu([output, input]):
-            return self._cpu_group().alltoall_base(output, input, output_split_sizes, input_split_sizes,
-                                                   opts or dist.AllToAllOptions())
+            return self._cpu_group().alltoall_base(
+                output, input, output_split_sizes, input_split_sizes, opts or dist.AllToAllOptions()
+            )
         G = self.size()
         if output.dtype != input.dtype:
-            raise ValueError(f"torchtpu.distributed: all_to_all_single: output dtype {output.dtype} "
-                             f"!= input dtype {input.dtype}")
+            raise ValueError(
+                f"torchtpu.distributed: all_to_all_single: output dtype {output.dtype} != input dtype {input.dtype}"
+            )
         in_row = input.numel() // max(input.shape[0], 1) if input.dim() else 1
         out_row = output.numel() // max(output.shape[0], 1) if output.dim() else 1
         if not input_split_sizes and not output_split_sizes:
             if input.numel() % G or input.numel() != output.numel():
-                raise ValueError(f"torchtpu.distributed: all_to_all_single: input of {input.numel()} and "
-                                 f"output of {output.numel()} elements cannot be split evenly over {G} ranks")
+                raise ValueError(
+                    f"torchtpu.distributed: all_to_all_single: input of {input.numel()} and "
+                    f"output of {output.numel()} elements cannot be split evenly over {G} ranks"
+                )
             if input.numel() == 0:
                 return self._work([], output, "all_to_all_single")
             out = self._run("all_to_all", (), input)
@@ -409,10 +451,16 @@ class TpuProcessGroup(dist.ProcessGroup):
         ins = list(input_split_sizes) or [input.shape[0] // G] * G
         outs_ = list(output_split_sizes) or [output.shape[0] // G] * G
         if sum(ins) != input.shape[0] or sum(outs_) != output.shape[0] or len(ins) != G or len(outs_) != G:
-            raise ValueError(f"torchtpu.distributed: all_to_all_single: split sizes {ins} / {outs_} do not "
-                             f"match input rows {input.shape[0]} / output rows {output.shape[0]} over {G} ranks")
-        out = self._uneven_all_to_all(flat_value(input) if input.numel() else None, input.dtype,
-                                      [s * in_row for s in ins], [s * out_row for s in outs_])
+            raise ValueError(
+                f"torchtpu.distributed: all_to_all_single: split sizes {ins} / {outs_} do not "
+                f"match input rows {input.shape[0]} / output rows {output.shape[0]} over {G} ranks"
+            )
+        out = self._uneven_all_to_all(
+            flat_value(input) if input.numel() else None,
+            input.dtype,
+            [s * in_row for s in ins],
+            [s * out_row for s in outs_],
+        )
         if output.numel():
             assign(output, out)
         return self._work([out] if out is not None else [], output, "all_to_all_single")
@@ -423,10 +471,14 @@ class TpuProcessGroup(dist.ProcessGroup):
         if not _is_tpu(list(output_tensors) + list(input_tensors)):
             return self._cpu_group().alltoall(output_tensors, input_tensors, opts or dist.AllToAllOptions())
         dtype = input_tensors[0].dtype
-        flat = _concat([flat_value(t) for t in input_tensors if t.numel()]) if any(
-            t.numel() for t in input_tensors) else None
-        out = self._uneven_all_to_all(flat, dtype, [t.numel() for t in input_tensors],
-                                      [t.numel() for t in output_tensors])
+        flat = (
+            _concat([flat_value(t) for t in input_tensors if t.numel()])
+            if any(t.numel() for t in input_tensors)
+            else None
+        )
+        out = self._uneven_all_to_all(
+            flat, dtype, [t.numel() for t in input_tensors], [t.numel() for t in output_tensors]
+        )
         start = 0
         for o in output_tensors:
             if o.numel():
@@ -442,6 +494,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         import jax
         import jax.numpy as jnp
         import numpy as np
+
         G = self.size()
         jd = dtypes.to_jax(dtype)
         local = self.mesh().local_device
@@ -452,10 +505,11 @@ class TpuProcessGroup(dist.ProcessGroup):
         src = np.full(G * m, -1, np.int64)
         start = 0
         for j, c in enumerate(in_counts):
-            src[j * m: j * m + c] = np.arange(start, start + c)
+            src[j * m : j * m + c] = np.arange(start, start + c)
             start += c
-        packed = _pack(flat if flat is not None else jax.device_put(jnp.zeros((1,), jd), local),
-                       jax.device_put(src, local))
+        packed = _pack(
+            flat if flat is not None else jax.device_put(jnp.zeros((1,), jd), local), jax.device_put(src, local)
+        )
         got = self._run("all_to_all", (), packed, dtype)
         total = sum(out_counts)
         if total == 0:
@@ -489,11 +543,13 @@ class TpuProcessGroup(dist.ProcessGroup):
             for i in input_lists[0]:
                 self._check_sizes(i.numel(), o.numel(), "scatter", "each input", "output", i.dtype, o.dtype)
             flat = _concat([flat_value(i) for i in input_lists[0]])
-        else:   # the other ranks contribute zeros of the same size (the program is the same everywhere)
+        else:  # the other ranks contribute zeros of the same size (the program is the same everywhere)
             import jax
             import jax.numpy as jnp
-            flat = jax.device_put(jnp.zeros((o.numel() * self.size(),), dtypes.to_jax(o.dtype)),
-                                  self.mesh().local_device)
+
+            flat = jax.device_put(
+                jnp.zeros((o.numel() * self.size(),), dtypes.to_jax(o.dtype)), self.mesh().local_device
+            )
         out = self._run("scatter", (int(opts.rootRank),), flat, o.dtype)
         assign(o, out)
         return self._work([out], outputs, "scatter")
@@ -501,6 +557,7 @@ class TpuProcessGroup(dist.ProcessGroup):
     def barrier(self, opts=None):
         import jax
         import numpy as np
+
         token = jax.device_put(np.zeros((1,), np.int32), self.mesh().local_device)
         out = self._run("all_reduce", ("SUM",), token, torch.int32)
         work = self._work([out], None, "barrier")
@@ -515,8 +572,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         key = (src, dst)
         mesh = self._pair_meshes.get(key)
         if mesh is None:
-            mesh = self._pair_meshes[key] = collectives.GroupMesh(
-                [self._global_ranks[src], self._global_ranks[dst]])
+            mesh = self._pair_meshes[key] = collectives.GroupMesh([self._global_ranks[src], self._global_ranks[dst]])
         return mesh
 
     def send(self, tensors, dst, tag=0):
@@ -525,8 +581,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         outs = []
         for t in tensors:
             if t.numel():
-                outs.append(self._pair(self.rank(), dst).run("permute", (((0, 1),),), flat_value(t),
-                                                             self._timeout_s))
+                outs.append(self._pair(self.rank(), dst).run("permute", (((0, 1),),), flat_value(t), self._timeout_s))
         return self._work(outs, list(tensors), f"send to rank {dst}")
 
     def recv(self, tensors, src, tag=0):
@@ -535,21 +590,21 @@ class TpuProcessGroup(dist.ProcessGroup):
         outs = []
         for t in tensors:
             if t.numel():
-                out = self._pair(src, self.rank()).run("permute", (((0, 1),),), flat_value(t),
-                                                       self._timeout_s)
+                out = self._pair(src, self.rank()).run("permute", (((0, 1),),), flat_value(t), self._timeout_s)
                 assign(t, out)
                 outs.append(out)
         return self._work(outs, list(tensors), f"recv from rank {src}")
 
     def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError("torchtpu.distributed: recv without a source rank is not supported on tpu "
-                           "(an XLA collective needs both ends known); pass src=")
+        raise RuntimeError(
+            "torchtpu.distributed: recv without a source rank is not supported on tpu "
+            "(an XLA collective needs both ends known); pass src="
+        )
 
     # errors -----------------------------------------------------------------------
     def _check_sizes(self, got, want, what, got_name, want_name, got_dtype, want_dtype):
         if got != want:
-            raise ValueError(f"torchtpu.distributed: {what}: {got_name} has {got} elements but "
-                             f"{want_name} is {want}")
+            raise ValueError(f"torchtpu.distributed: {what}: {got_name} has {got} elements but {want_name} is {want}")
         if got_dtype != want_dtype:
             raise ValueError(f"torchtpu.distributed: {what}: dtypes differ ({got_dtype} vs {want_dtype})")
 
@@ -575,6 +630,7 @@ def _local(name, fn):
     f = _jitted.get(name)
     if f is None:
         from ..eager import tpu_check
+
         f = _jitted[name] = tpu_check.jit(fn, f"process group helper {name}")
     return f
 
@@ -592,19 +648,23 @@ def _slice_jit(n):
         from jax import lax
 
         from ..eager import tpu_check
+
         f = _slices[n] = tpu_check.jit(lambda x, s: lax.dynamic_slice_in_dim(x, s, n), f"process group slice of {n}")
     return f
 
 
 def _concat(flats):
     import jax.numpy as jnp
+
     return _local("concat", lambda *xs: jnp.concatenate(xs))(*flats)
 
 
 def _pack(flat, src):
     import jax.numpy as jnp
-    return _local("pack", lambda x, i: jnp.where(i >= 0, x[jnp.clip(i, 0, x.shape[0] - 1)],
-                                                 jnp.zeros((), x.dtype)))(flat, src)
+
+    return _local("pack", lambda x, i: jnp.where(i >= 0, x[jnp.clip(i, 0, x.shape[0] - 1)], jnp.zeros((), x.dtype)))(
+        flat, src
+    )
 
 
 def _take(flat, idx):
@@ -631,10 +691,12 @@ def _ensure_joined(store, rank, size, global_ranks, timeout):
         raise RuntimeError(
             "torchtpu: the tpu device was initialised for a single process before "
             "init_process_group: call init_process_group before the first tpu tensor, or launch with "
-            "torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)")
+            "torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)"
+        )
     # Launched without torchrun's environment: rank 0 picks the coordinator's port and tells the others
     import os
     import socket
+
     key = "torchtpu/jax_coordinator"
     if rank == 0:
         host = os.environ.get("MASTER_ADDR") or _store_host(store) or "127.0.0.1"
@@ -643,8 +705,9 @@ def _ensure_joined(store, rank, size, global_ranks, timeout):
             port = s.getsockname()[1]
         store.set(key, f"{host}:{port}")
     coordinator = store.get(key).decode()
-    platform.join_multi_controller(coordinator, size, global_ranks[rank] if global_ranks else rank,
-                                   timeout_s=_seconds(timeout) or 300)
+    platform.join_multi_controller(
+        coordinator, size, global_ranks[rank] if global_ranks else rank, timeout_s=_seconds(timeout) or 300
+    )
     platform.ensure()
 
 

@@ -25,6 +25,7 @@ Three promises beyond "reported at the next sync":
   error stops their use), host-side state (AdamW's `step` counter is a CPU tensor), and writes by
   compiled graphs and `torch.tpu.optimizers` (their executables have no gate yet).
 """
+
 from __future__ import annotations
 
 import threading
@@ -53,12 +54,13 @@ FAILED: dict = {}
 
 class _State:
     """One thread's unchecked verdicts."""
-    __slots__ = ("pending", "poison", "cleared", "scan", "__weakref__")
+
+    __slots__ = ("__weakref__", "cleared", "pending", "poison", "scan")
 
     def __init__(self):
-        self.pending = []   # (verdict array or Pending, messages, where, number), in noting order
-        self.poison = {}    # device index -> (_version when computed, gate value or None)
-        self.cleared = 0    # bumped when items leave `pending` (check, discard): `scan` starts over
+        self.pending = []  # (verdict array or Pending, messages, where, number), in noting order
+        self.poison = {}  # device index -> (_version when computed, gate value or None)
+        self.cleared = 0  # bumped when items leave `pending` (check, discard): `scan` starts over
         # device index -> [cleared, items of `pending` scanned, their verdicts on that device that
         # may still gate a write]: poison scans only the items noted since its last call, and on
         # XLA:CPU drops the verdicts it read as passed (a decode step notes a verdict per cache write)
@@ -66,14 +68,14 @@ class _State:
 
 
 _local = threading.local()
-_threads = weakref.WeakSet()   # every live thread's _State (discard, gating in autograd threads)
+_threads = weakref.WeakSet()  # every live thread's _State (discard, gating in autograd threads)
 # Backward runs a tpu graph on autograd's device threads, for the thread that called backward (which
 # waits): their verdicts go to this shared list, which the next check of any thread adopts.
 _autograd = _State()
 _in_backward = torch._C._current_graph_task_id
-_unchecked = [0]   # verdicts pending in all threads together (gating is free when 0)
-_version = [0]     # bumped whenever a pending list changes (poison caches on it)
-_noted = [0]       # verdicts noted so far (each pending item carries its number: `check(upto=)`)
+_unchecked = [0]  # verdicts pending in all threads together (gating is free when 0)
+_version = [0]  # bumped whenever a pending list changes (poison caches on it)
+_noted = [0]  # verdicts noted so far (each pending item carries its number: `check(upto=)`)
 
 
 def _state():
@@ -187,7 +189,7 @@ def _queued_gate(fresh, device_index):
     else:
         base = done[0] if len(done) == 1 else fusion.maximum(done, device_index)
     value = fusion.queued_maximum([base, *queued], device_index)
-    if value is None:   # (not queued now: cold)
+    if value is None:  # (not queued now: cold)
         value = fusion.maximum([base, *(v.get() for v in queued)], device_index)
     return value
 
@@ -211,8 +213,8 @@ def _scanned(src, device_index, queue=False):
         scan = src.scan.get(device_index)
         if scan is None or scan[0] != cleared:
             scan = src.scan[device_index] = [cleared, 0, []]
-        items = src.pending[scan[1]:]
-        if src.cleared != cleared:   # another thread checked src meanwhile (backward's list): again
+        items = src.pending[scan[1] :]
+        if src.cleared != cleared:  # another thread checked src meanwhile (backward's list): again
             continue
         for v, *_ in items:
             if type(v) is Pending and not (queue and fusion.queued(v)):
@@ -232,10 +234,10 @@ def _on_device(src, device_index, queue=False):
     cleared = src.cleared
     scan = src.scan.get(device_index)
     if scan is not None and scan[0] == cleared:
-        start = scan[1]               # (first: items the owner scans meanwhile are read twice, never missed)
+        start = scan[1]  # (first: items the owner scans meanwhile are read twice, never missed)
         combined = list(scan[2])
         items = src.pending[start:]
-        if src.cleared != cleared:    # checked meanwhile: the whole list
+        if src.cleared != cleared:  # checked meanwhile: the whole list
             combined, items = [], list(src.pending)
     else:
         combined, items = [], list(src.pending)
@@ -258,7 +260,7 @@ def _read_ready(verdicts):
         if not v.is_ready():
             unread.append(v)
         elif int(np.asarray(v)):
-            return v   # a failed check: a non-zero gate is all a write needs
+            return v  # a failed check: a non-zero gate is all a write needs
     verdicts[:] = unread
     return None
 
@@ -298,7 +300,7 @@ def check(device_index=None, upto=None):
             taken = src.pending[:] if upto is None else [item for item in src.pending if item[3] <= upto]
             if not taken:
                 continue
-            del src.pending[:len(taken)]   # (a prefix: the list is in noting order)
+            del src.pending[: len(taken)]  # (a prefix: the list is in noting order)
             src.cleared += 1
             items += taken
     if not items:
@@ -324,15 +326,18 @@ def check(device_index=None, upto=None):
                 kind = _error_type(messages[value - 1])
                 # an index out of range leaves the device working (the IndexError the CPU raises at
                 # the op, reported here); other asserts put it in the error state, as on CUDA
-                after = ("the device keeps working; the values this op produced are meaningless"
-                         if kind is DeviceIndexError else
-                         "the device stays in this error state (every op raises this) until "
-                         "torch.tpu.clear_device_assert()")
+                after = (
+                    "the device keeps working; the values this op produced are meaningless"
+                    if kind is DeviceIndexError
+                    else "the device stays in this error state (every op raises this) until "
+                    "torch.tpu.clear_device_assert()"
+                )
                 error = kind(
                     f"device-side assert triggered in {where}: {messages[value - 1]}. The op ran "
                     f"asynchronously, so this is reported at the next synchronization; "
                     f"torchtpu.set_eager_mode('debug') raises at the op itself. Writes into existing "
-                    f"tensors issued after it were not committed; {after}")
+                    f"tensors issued after it were not committed; {after}"
+                )
                 if kind is not DeviceIndexError:
                     FAILED.setdefault(_device_index(verdict), error)
                 raise error

@@ -1,4 +1,5 @@
 """Cache misses of the eager engine: find the JAX function for an op and trace it with its views."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,19 @@ from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..storage.records import RECORDS
 from . import fastpath, fusion, interrupts, overlap, tpu_check, xla_options
-from .engine import (CONSTANT_BYTES, DONATE_BYTES, FOREIGN, LIST, MEMO_BYTES, SCALAR, TENSOR, Entry, NeedsResize,
-                     SpecializeScalars, arg_kind)
+from .engine import (
+    CONSTANT_BYTES,
+    DONATE_BYTES,
+    FOREIGN,
+    LIST,
+    MEMO_BYTES,
+    SCALAR,
+    TENSOR,
+    Entry,
+    NeedsResize,
+    SpecializeScalars,
+    arg_kind,
+)
 from .executable import Program, ValueArg, count_values, flat_output, is_partial, tensor_arg, traced_function
 from .kernels import META_CHECKS, META_OVERRIDES
 from .persistent_cache import ensure_persistent_cache
@@ -27,7 +39,7 @@ def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
         kind = arg_kind(a, is_scalar_arg)
         if kind is TENSOR:
             return on_tensor(a)
-        if kind is FOREIGN:   # (the engine let through only CPU scalars)
+        if kind is FOREIGN:  # (the engine let through only CPU scalars)
             return on_cpu_scalar(a)
         if kind is SCALAR:
             return on_scalar(a)
@@ -84,20 +96,32 @@ def build_entry(kernel, key, args, kwargs, records, device):
         return tensor_arg(t, slot_of[id(r)], r, dyn_offset.get(id(t)))
 
     specialize = kernel.specialize_scalars
-    template = _walk(kernel, args, kwargs, tensor_slot,
-                     lambda s: ValueArg(static=s) if specialize else ValueArg(),
-                     lambda c: ValueArg(dt.to_jax(c.dtype)),
-                     lambda o: dt.to_jax(o) if isinstance(o, torch.dtype) else o)
+    template = _walk(
+        kernel,
+        args,
+        kwargs,
+        tensor_slot,
+        lambda s: ValueArg(static=s) if specialize else ValueArg(),
+        lambda c: ValueArg(dt.to_jax(c.dtype)),
+        lambda o: dt.to_jax(o) if isinstance(o, torch.dtype) else o,
+    )
     n_values = count_values(template)
     program = Program(
-        n_buffers=len(records), n_values=n_values, random=kernel.random, n_offsets=len(dyn_offset),
-        template=template, run=_runner(kernel, compute, len(outs), len(writes)),
-        outputs=_output_caster(kernel, outs, entry.strides), writes=writes, mutated_slots=entry.mutated_slots,
-        on_trace=lambda messages, read_precision: _traced(kernel, entry, messages, read_precision))
+        n_buffers=len(records),
+        n_values=n_values,
+        random=kernel.random,
+        n_offsets=len(dyn_offset),
+        template=template,
+        run=_runner(kernel, compute, len(outs), len(writes)),
+        outputs=_output_caster(kernel, outs, entry.strides),
+        writes=writes,
+        mutated_slots=entry.mutated_slots,
+        on_trace=lambda messages, read_precision: _traced(kernel, entry, messages, read_precision),
+    )
     _choose_reuse(kernel, entry, records, outs, writes)
     fn = traced_function(program)
-    entry.xla = xla_options.jax_options()   # the engine keyed this entry on them (OpKernel.__call__)
-    name = f"{kernel.op._schema.name.split('::')[0]}::{kernel.name}"   # (a custom op's own namespace)
+    entry.xla = xla_options.jax_options()  # the engine keyed this entry on them (OpKernel.__call__)
+    name = f"{kernel.op._schema.name.split('::')[0]}::{kernel.name}"  # (a custom op's own namespace)
     if not records:
         index = device if device >= 0 else 0
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
@@ -105,7 +129,7 @@ def build_entry(kernel, key, args, kwargs, records, device):
     else:
         entry.fn = op_jit(entry, "fn", fn, name)
         if entry.mutated_slots:
-            entry.source = program   # (its gated form: engine._gated)
+            entry.source = program  # (its gated form: engine._gated)
         if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):
             entry.traced = fn
     return entry
@@ -119,7 +143,7 @@ def op_jit(entry, attr, fn, name=None, **jit_kwargs):
         run = jax.jit(fn, compiler_options=entry.xla, **jit_kwargs)
     else:
         run = _OptionsAtFirstCall(entry, attr, fn, jit_kwargs)
-    if tpu_check.enabled():   # (_OptionsAtFirstCall's first call then puts its jitted function in the wrapper)
+    if tpu_check.enabled():  # (_OptionsAtFirstCall's first call then puts its jitted function in the wrapper)
         return tpu_check.wrap(run, fn, name or getattr(entry.fn, "check_name", "an eager op"), **jit_kwargs)
     return run
 
@@ -129,7 +153,7 @@ class _OptionsAtFirstCall:
     its jaxpr, and puts the jitted function in `entry.<attr>` (the later calls go straight to it).
     `__wrapped__`: what a fused segment traces (eager/fusion.py _nestable)."""
 
-    __slots__ = ("entry", "attr", "jit_kwargs", "jitted", "__wrapped__")
+    __slots__ = ("__wrapped__", "attr", "entry", "jit_kwargs", "jitted")
 
     def __init__(self, entry, attr, fn, jit_kwargs):
         self.entry, self.attr, self.jit_kwargs, self.jitted = entry, attr, jit_kwargs, None
@@ -140,10 +164,11 @@ class _OptionsAtFirstCall:
         if jitted is None:
             user, fn = self.entry.xla, self.__wrapped__
             traced = jax.jit(fn, compiler_options=user, **self.jit_kwargs).trace(*dyn)
-            jitted = self.jitted = jax.jit(fn, compiler_options=xla_options.op_options(user, traced.jaxpr),
-                                           **self.jit_kwargs)
+            jitted = self.jitted = jax.jit(
+                fn, compiler_options=xla_options.op_options(user, traced.jaxpr), **self.jit_kwargs
+            )
             current = getattr(self.entry, self.attr)
-            if getattr(current, "run", None) is self:   # the TPU compile check's wrapper: it keeps checking
+            if getattr(current, "run", None) is self:  # the TPU compile check's wrapper: it keeps checking
                 current.run = jitted
             else:
                 setattr(self.entry, self.attr, jitted)
@@ -152,8 +177,8 @@ class _OptionsAtFirstCall:
 
 def _traced(kernel, entry, messages, read_precision):
     entry.checks = messages
-    if read_precision:   # from now on the setting keys this op's executables (the C++ fast path's
-        kernel.precision_sensitive = True   # keys always hold it)
+    if read_precision:  # from now on the setting keys this op's executables (the C++ fast path's
+        kernel.precision_sensitive = True  # keys always hold it)
 
 
 def _dynamic_offsets(kernel, args, kwargs):
@@ -189,8 +214,9 @@ def _meta_call(kernel, args, kwargs):
         kernel.cache.clear()
         fastpath.clear()
         raise SpecializeScalars()
-    originals = [(m, tuple(m.shape)) for m in pytree.tree_leaves((meta_args, meta_kwargs))
-                 if isinstance(m, torch.Tensor)]
+    originals = [
+        (m, tuple(m.shape)) for m in pytree.tree_leaves((meta_args, meta_kwargs)) if isinstance(m, torch.Tensor)
+    ]
     meta_check = META_CHECKS.get(kernel.name)
     if meta_check is not None:
         meta_check(*meta_args, **meta_kwargs)
@@ -220,8 +246,17 @@ def _returns_of(kernel, entry, meta_out):
     entry.strides = tuple(strides) if any(st is not None for st in strides) else None
     entry.nones = tuple(nones) if any(any(n) for n in nones) else None
     # None: the op returns exactly one new tensor (the fast path)
-    entry.spec = None if (len(spec) == 1 and not isinstance(spec[0], str) and spec[0].num_leaves == 1
-                          and spec[0].is_leaf() and len(schema.returns) == 1) else spec
+    entry.spec = (
+        None
+        if (
+            len(spec) == 1
+            and not isinstance(spec[0], str)
+            and spec[0].num_leaves == 1
+            and spec[0].is_leaf()
+            and len(schema.returns) == 1
+        )
+        else spec
+    )
     return outs
 
 
@@ -245,13 +280,13 @@ def _memory_order(stride):
 def _writes(kernel, compute, args, kwargs, slot_of, dyn_offset):
     """(slot, layout, bits) of each tensor the op writes, in schema order, then the lowering's extra
     mutations."""
-    targets = [(kwargs.get(name) if (kwarg_only or i >= len(args)) else args[i])
-               for i, name, kwarg_only in kernel.mutable]
-    targets += [kwargs.get(name) if i >= len(args) else args[i]
-                for i, name in getattr(compute, "extra_mutations", ())]
+    targets = [
+        (kwargs.get(name) if (kwarg_only or i >= len(args)) else args[i]) for i, name, kwarg_only in kernel.mutable
+    ]
+    targets += [kwargs.get(name) if i >= len(args) else args[i] for i, name in getattr(compute, "extra_mutations", ())]
     writes = []
     for value in targets:
-        for t in (value if isinstance(value, (list, tuple)) else [value]):
+        for t in value if isinstance(value, (list, tuple)) else [value]:
             if t is not None:
                 r = _record(t)
                 writes.append(tuple(tensor_arg(t, slot_of[id(r)], r, dyn_offset.get(id(t)))))
@@ -266,9 +301,12 @@ def _runner(kernel, compute, n_out, n_writes):
         result = compute(a, k)
         leaves = [v for v in pytree.tree_leaves(result) if v is not None]
         if len(leaves) != n_out + n_writes:
-            raise AssertionError(f"torchtpu: lowering of aten::{kernel.name} returned {len(leaves)} "
-                                 f"values, expected {n_out} outputs + {n_writes} mutations")
+            raise AssertionError(
+                f"torchtpu: lowering of aten::{kernel.name} returned {len(leaves)} "
+                f"values, expected {n_out} outputs + {n_writes} mutations"
+            )
         return leaves[:n_out], leaves[n_out:], ()
+
     return run
 
 
@@ -278,8 +316,11 @@ def _output_caster(kernel, outs, strides):
     where = f"aten::{kernel.name}"
 
     def cast(values):
-        return [flat_output(v, d, shape, order, where=where)
-                for v, (shape, _), d, order in zip(values, outs, dtypes, orders)]
+        return [
+            flat_output(v, d, shape, order, where=where)
+            for v, (shape, _), d, order in zip(values, outs, dtypes, orders)
+        ]
+
     return cast
 
 

@@ -5,6 +5,7 @@ CUDA), then a second one, compiled for that size, computes the values. Boolean-m
 (`x[mask]`, `x[mask] = v`) goes through here too: the masks become long indices (nonzero), then
 the ordinary index / index_put kernels run.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -75,7 +76,7 @@ def _groups(x, dim, sort):
     rows = _rows(x, dim)
     d = rows.shape[0]
     if sort and d:
-        keys = [rows[:, j] for j in range(rows.shape[1] - 1, -1, -1)]   # lexsort: last key is primary
+        keys = [rows[:, j] for j in range(rows.shape[1] - 1, -1, -1)]  # lexsort: last key is primary
         perm = jnp.lexsort(keys) if keys else jnp.arange(d)
     else:
         perm = jnp.arange(d)
@@ -134,14 +135,14 @@ def masked_select(self, mask):
 
 def _unique_impl(self, dim, sort, return_inverse, return_counts, inverse_shape):
     _check_tpu(self)
-    if self.is_complex():   # complex numbers have no order to sort by: the CPU and CUDA raise
+    if self.is_complex():  # complex numbers have no order to sort by: the CPU and CUDA raise
         raise NotImplementedError(f"\"unique\" not implemented for '{dt.scalar_type_name(self.dtype)}'")
     shape = tuple(self.shape)
     if dim is not None:
         dim = dim % max(self.dim(), 1)
         if self.dim() == 0:
             raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got 1)")
-    if dim is not None and self.numel() == 0:   # as the CPU: nothing to group along an empty dim
+    if dim is not None and self.numel() == 0:  # as the CPU: nothing to group along an empty dim
         if shape[dim] != 0:
             raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique cannot be applied")
         dev = self.device.index
@@ -150,12 +151,18 @@ def _unique_impl(self, dim, sort, return_inverse, return_counts, inverse_shape):
     buf, dev = _flat(self)
     n = int(_unique_count(buf, shape, dim, sort))  # sync point
     values, inverse, counts = _unique(buf, shape, dim, sort, n)
-    vshape = (n,) if dim is None else shape[:dim] + (n,) + shape[dim + 1:]
+    vshape = (n,) if dim is None else shape[:dim] + (n,) + shape[dim + 1 :]
     out = new_tensor(vshape, self.dtype, dev, values)
-    inv = new_tensor(inverse_shape, torch.int64, dev, inverse) if return_inverse else \
-        new_tensor((0,), torch.int64, dev, zeros(0, torch.int64, dev))
-    cnt = new_tensor((n,), torch.int64, dev, counts) if return_counts else \
-        new_tensor((0,), torch.int64, dev, zeros(0, torch.int64, dev))
+    inv = (
+        new_tensor(inverse_shape, torch.int64, dev, inverse)
+        if return_inverse
+        else new_tensor((0,), torch.int64, dev, zeros(0, torch.int64, dev))
+    )
+    cnt = (
+        new_tensor((n,), torch.int64, dev, counts)
+        if return_counts
+        else new_tensor((0,), torch.int64, dev, zeros(0, torch.int64, dev))
+    )
     return out, inv, cnt
 
 
@@ -299,7 +306,8 @@ def _check_mask_shapes(self, indices):
                 if d + j >= self.dim() or self.shape[d + j] != n:
                     raise IndexError(
                         f"The shape of the mask {list(i.shape)} at index {j} does not match the shape of "
-                        f"the indexed tensor {list(self.shape)} at index {d + j}")
+                        f"the indexed tensor {list(self.shape)} at index {d + j}"
+                    )
             d += i.dim()
         else:
             d += 1
@@ -315,10 +323,11 @@ def with_masks(engine_kernel, position):
         if longs is not None:
             _check_mask_shapes(args[0], indices)
             if len(args) > position:
-                args = args[:position] + (longs,) + args[position + 1:]
+                args = args[:position] + (longs,) + args[position + 1 :]
             else:
                 kwargs = dict(kwargs, indices=longs)
         return engine_kernel(*args, **kwargs)
+
     return kernel
 
 
@@ -356,8 +365,7 @@ def bincount(self, weights=None, minlength=0):
             raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
         n = max(hi + 1, minlength)
     # PyTorch counts in int64, sums float32 weights in float32 and any other weights in float64
-    out_dtype = torch.int64 if weights is None else (
-        torch.float32 if weights.dtype == torch.float32 else torch.float64)
+    out_dtype = torch.int64 if weights is None else (torch.float32 if weights.dtype == torch.float32 else torch.float64)
     w = None
     if weights is not None:
         wbuf, _ = _flat(weights)
@@ -368,8 +376,9 @@ def bincount(self, weights=None, minlength=0):
 def _into(out, result, name):
     """The `out=` form of a data-dependent op: PyTorch resizes `out` to the result."""
     if out.dtype != result.dtype:
-        raise RuntimeError(f"{name}: Expected out tensor to have scalar type {result.dtype} "
-                           f"but got {out.dtype} instead")
+        raise RuntimeError(
+            f"{name}: Expected out tensor to have scalar type {result.dtype} but got {out.dtype} instead"
+        )
     if out.device != result.device:
         raise RuntimeError(f"Expected out tensor to be on {result.device} but got {out.device}")
     out.resize_(result.shape)
@@ -383,8 +392,10 @@ def register(impl):
     impl("masked_select", masked_select)
     impl("masked_select.out", lambda self, mask, *, out: _into(out, masked_select(self, mask), "masked_select"))
     impl("bincount", bincount)
-    impl("bincount.out", lambda self, weights=None, minlength=0, *, out: _into(
-        out, bincount(self, weights, minlength), "bincount"))
+    impl(
+        "bincount.out",
+        lambda self, weights=None, minlength=0, *, out: _into(out, bincount(self, weights, minlength), "bincount"),
+    )
     impl("_unique2", unique2)
     impl("_unique", unique)
     impl("unique_dim", unique_dim)

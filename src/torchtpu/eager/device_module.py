@@ -1,6 +1,7 @@
 """The runtime's functions behind `torch.tpu` (the public module is built in torchtpu.api, on top of
 every layer): CUDA's names where we offer the same thing. They live in the runtime layer because
 synchronizing, memory statistics, the generator and streams need the eager engine and storages."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,7 @@ import torch
 from ..device import native as _native
 from ..device import platform as _platform
 from ..device.platform import device_count, is_available, is_initialized  # noqa: F401
-from ..device.state import current_device, set_device, device_index
+from ..device.state import current_device, device_index, set_device
 
 
 def init() -> None:
@@ -50,8 +51,9 @@ def synchronize(device=None) -> None:
     """Wait for all work queued on `device` (the current one by default)."""
     import jax
 
-    from . import asserts, fusion, host_copies
     from ..storage.records import live_buffers
+    from . import asserts, fusion, host_copies
+
     index = _index(device)
     fusion.flush_all()
     jax.block_until_ready(live_buffers(index, computing=True))
@@ -64,6 +66,7 @@ def clear_device_assert(device=None) -> None:
     CUDA cannot (its context is corrupt); here the writes that depended on the failed check were
     not committed (eager/asserts.py), so the device's tensors hold consistent values."""
     from . import asserts
+
     asserts.clear_error(_index(device) if device is not None else None)
 
 
@@ -84,12 +87,14 @@ class DeviceProperties:
     minor: int = 0
 
     def __repr__(self):
-        return (f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
-                f"total_memory={self.total_memory // (1 << 20)}MB, "
-                f"multi_processor_count={self.multi_processor_count})")
+        return (
+            f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
+            f"total_memory={self.total_memory // (1 << 20)}MB, "
+            f"multi_processor_count={self.multi_processor_count})"
+        )
 
 
-_warned_total_memory: set = set()   # JAX device ids already warned about
+_warned_total_memory: set = set()  # JAX device ids already warned about
 
 
 def get_device_properties(device=None) -> DeviceProperties:
@@ -97,15 +102,19 @@ def get_device_properties(device=None) -> DeviceProperties:
     total, problem = 0, "no bytes_limit in its memory statistics"
     try:
         total = int((d.memory_stats() or {}).get("bytes_limit", 0))
-    except (RuntimeError, NotImplementedError, AttributeError) as e:   # (JaxRuntimeError is a RuntimeError)
+    except (RuntimeError, NotImplementedError, AttributeError) as e:  # (JaxRuntimeError is a RuntimeError)
         problem = f"{type(e).__name__}: {e}"
     if not total:
         # XLA:CPU's device memory is the host's RAM (its memory_stats() is None): the right answer there
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if d.platform != "cpu" and d.id not in _warned_total_memory:
             _warned_total_memory.add(d.id)
-            warnings.warn(f"torchtpu: could not read the memory size of {d} ({problem}); total_memory reports "
-                          "the host's RAM instead", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"torchtpu: could not read the memory size of {d} ({problem}); total_memory reports "
+                "the host's RAM instead",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     cores = getattr(d, "num_cores", None) or (os.cpu_count() if d.platform == "cpu" else 1) or 1
     return DeviceProperties(get_device_name(device), d.platform, d.device_kind, d.id, total, int(cores))
 
@@ -115,10 +124,28 @@ def get_device_capability(device=None):
 
 
 # TorchTPU's list (autocast accepts any of them as its target dtype); bf16 is the one to use.
-_AMP_DTYPES = (torch.bfloat16, torch.bool, torch.complex128, torch.complex64, torch.float16, torch.float32,
-               torch.float64, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
-               torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.int16, torch.int32, torch.int64, torch.int8,
-               torch.uint16, torch.uint32, torch.uint64, torch.uint8)
+_AMP_DTYPES = (
+    torch.bfloat16,
+    torch.bool,
+    torch.complex128,
+    torch.complex64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.float8_e4m3fn,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2,
+    torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.int8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.uint8,
+)
 
 
 def get_amp_supported_dtype():
@@ -132,22 +159,26 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 # ------------------------------------------------------------------ random numbers
 def manual_seed(seed: int) -> None:
     from . import random
+
     random.manual_seed(seed, current_device())
 
 
 def manual_seed_all(seed: int) -> None:
     from . import random
+
     for i in range(device_count()):
         random.manual_seed(seed, i)
 
 
 def seed() -> int:
     from . import random
+
     return random.seed(current_device())
 
 
 def seed_all() -> None:
     from . import random
+
     value = random.seed(0)
     for i in range(1, device_count()):
         random.manual_seed(value, i)
@@ -155,16 +186,19 @@ def seed_all() -> None:
 
 def initial_seed() -> int:
     from . import random
+
     return random.initial_seed(current_device())
 
 
 def get_rng_state(device="tpu") -> torch.Tensor:
     from . import random
+
     return random.get_rng_state(_index(device))
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
     from . import random
+
     random.set_rng_state(new_state, _index(device))
 
 
@@ -173,13 +207,14 @@ def _default_generators() -> tuple:
     (CUDA's `torch.cuda.default_generators`); needs the C++ extension (device/native.py)."""
     from ..device import native
     from . import random
+
     if not native.generators_available():
-        native.new_default_generator(0)   # raises, naming why there is none
+        native.new_default_generator(0)  # raises, naming why there is none
     return tuple(random.default(i) for i in range(device_count()))
 
 
 def __getattr__(name):
-    if name == "default_generators":   # built on first access: it needs the devices and the extension
+    if name == "default_generators":  # built on first access: it needs the devices and the extension
         try:
             return _default_generators()
         except RuntimeError as e:
@@ -199,18 +234,21 @@ def set_rng_state_all(new_states) -> None:
 # ------------------------------------------------------------------ memory
 def memory_allocated(device=None) -> int:
     from ..storage.records import stats
+
     return stats(_index(device)).allocated
 
 
 def max_memory_allocated(device=None) -> int:
     from ..storage.records import stats
+
     return stats(_index(device)).peak
 
 
 def reset_peak_memory_stats(device=None) -> None:
     from ..storage.records import stats
+
     s = stats(_index(device))
-    s.peak = s.allocated - s.failed   # (storages whose first write failed never count: MemoryStats)
+    s.peak = s.allocated - s.failed  # (storages whose first write failed never count: MemoryStats)
     s.peak_materialized = s.materialized
 
 
@@ -231,6 +269,7 @@ def nested_memory_stats(device=None) -> dict:
     """Allocator statistics in the nested form of c10's DeviceStats (what the
     `torch._C._accelerator_getDeviceStats` builtin returns; `memory_stats` flattens it)."""
     from ..storage.records import stats
+
     s = stats(_index(device))
     current = s.num_alloc - s.num_free
     # Nothing is cached: reserved == allocated, one segment per live buffer.
@@ -267,6 +306,7 @@ def memory_stats(device=None) -> dict:
 
 def reset_accumulated_memory_stats(device=None) -> None:
     from ..storage.records import stats
+
     s = stats(_index(device))
     s.num_alloc -= s.num_free
     s.num_free = 0
@@ -280,6 +320,7 @@ def mem_get_info(device=None):
     """(free, total) bytes. Free counts the storages that hold a buffer (a lazy `empty(<huge>)` holds
     no device memory until written), never below zero."""
     from ..storage.records import stats
+
     props = get_device_properties(device)
     return max(props.total_memory - stats(_index(device)).materialized, 0), props.total_memory
 
@@ -293,12 +334,14 @@ class _Mark:
     compiled graphs from donating them (a refcount check: storage/records.py), so a decode step
     after `generate()`'s per-token event would copy its whole KV cache. A buffer freed or donated
     since has no values left to wait for."""
-    __slots__ = ("device", "buffers", "copies", "verdicts", "time")
+
+    __slots__ = ("buffers", "copies", "device", "time", "verdicts")
 
     def __init__(self, device, timing):
         from . import asserts, host_copies
+
         self.device = device
-        if timing:   # the time the queued work ended: wait for it
+        if timing:  # the time the queued work ended: wait for it
             synchronize(device)
             self.buffers, self.time = [], time.perf_counter()
         else:
@@ -312,6 +355,7 @@ class _Mark:
     def done(self) -> bool:
         """Whether the marked work is done (then its host copies are written: `query` is a sync point)."""
         from . import host_copies
+
         if not (all(b.is_ready() for b in self._alive()) and host_copies.ready(self.device, self.copies)):
             return False
         self.wait()
@@ -319,29 +363,33 @@ class _Mark:
 
     def wait(self):
         import jax
+
         from . import asserts, host_copies
+
         if self.buffers:
             alive = self._alive()
             try:
                 jax.block_until_ready(alive)
-            except jax.errors.JaxRuntimeError:   # (one donated meanwhile by another thread; else raises again)
+            except jax.errors.JaxRuntimeError:  # (one donated meanwhile by another thread; else raises again)
                 for b in alive:
                     if not b.is_deleted():
                         b.block_until_ready()
             self.buffers = []
         host_copies.finish(self.device, self.copies)
-        asserts.check(upto=self.verdicts)   # (not the checks of ops queued after the event: no wait for them)
+        asserts.check(upto=self.verdicts)  # (not the checks of ops queued after the event: no wait for them)
 
 
 def _unfinished(device):
     """Weak references to the buffers of `device` still being computed (one already computed needs
     no wait, ever: most of them, the weights, are)."""
     from ..storage.records import live_buffers
+
     return [weakref.ref(b) for b in live_buffers(device, computing=True)]
 
 
 def _idle(index) -> bool:
     from . import fusion
+
     fusion.flush_all()
     return _Mark(index, False).done()
 
@@ -385,7 +433,7 @@ class Stream(torch.Stream):
         return f"<torch.tpu.Stream device={self.device}>"
 
 
-_streams = {}   # device index -> its stream (every stream is the default one)
+_streams = {}  # device index -> its stream (every stream is the default one)
 
 
 def current_stream(device=None) -> Stream:
@@ -439,8 +487,9 @@ class Event(torch.Event):
     (in ms). (`torch.Event(device="tpu")` is the same event, through the C++ device guard.)"""
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        self = super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+        self = super().__new__(
+            cls, device="tpu", enable_timing=enable_timing, blocking=blocking, interprocess=interprocess
+        )
         self._mark = None
         self._timing = enable_timing
         return self
@@ -510,9 +559,15 @@ def _native_query_device(device: int) -> int:
     return int(_idle(_index(device)))
 
 
-_native.set_event_callbacks(_native_record, _native_query, _native_synchronize,
-                            lambda handle: _native_marks.pop(handle, None), _native_elapsed,
-                            _native_synchronize_device, _native_query_device)
+_native.set_event_callbacks(
+    _native_record,
+    _native_query,
+    _native_synchronize,
+    lambda handle: _native_marks.pop(handle, None),
+    _native_elapsed,
+    _native_synchronize_device,
+    _native_query_device,
+)
 
 
 # ------------------------------------------------------------------ backend-specific

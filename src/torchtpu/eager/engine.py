@@ -9,6 +9,7 @@ views, all in one XLA computation; outputs become new storages, mutated storages
 On a cache miss the op runs once on "meta" tensors: that gives PyTorch's own output shapes and
 dtypes and PyTorch's own error messages for bad input, before anything is traced.
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,9 +26,9 @@ from ..ops.linalg import matmul_precision as _matmul_precision
 from ..storage.records import RECORDS, donatable, new_tensor
 from . import asserts, errors, fastpath, fusion, interrupts
 from .asserts import FAILED as _failed
-from .interrupts import PENDING as _interrupted
-from .fusion import Pending
 from .executable import call_and_commit, device_mismatch, input_buffers, key_tensor
+from .fusion import Pending
+from .interrupts import PENDING as _interrupted
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
 from .xla_options import _active as _xla_active
@@ -43,6 +44,7 @@ class NeedsResize(Exception):
     def __init__(self, resizes):
         self.resizes = resizes
 
+
 _Tensor = torch.Tensor
 _default_dtype = torch.get_default_dtype
 _FLOAT32 = torch.float32
@@ -56,11 +58,11 @@ class TpuOpError(RuntimeError):
 
 
 # How an argument travels (the one classification: the engine keys by it, build.py traces by it)
-TENSOR = "tensor"     # a tpu tensor: a buffer slot and a view layout
-FOREIGN = "foreign"   # another device's tensor: a CPU scalar travels as a traced value, others raise
-SCALAR = "scalar"     # a Python number in a Scalar/Tensor position: a traced value
-LIST = "list"         # a list of tensors (and Nones)
-OTHER = "other"       # anything else: part of the key, baked into the executable
+TENSOR = "tensor"  # a tpu tensor: a buffer slot and a view layout
+FOREIGN = "foreign"  # another device's tensor: a CPU scalar travels as a traced value, others raise
+SCALAR = "scalar"  # a Python number in a Scalar/Tensor position: a traced value
+LIST = "list"  # a list of tensors (and Nones)
+OTHER = "other"  # anything else: part of the key, baked into the executable
 
 
 def arg_kind(a, is_scalar_arg):
@@ -68,8 +70,11 @@ def arg_kind(a, is_scalar_arg):
         return TENSOR if RECORDS.get(a.untyped_storage().data_ptr()) is not None else FOREIGN
     if type(a) in _SCALAR_TYPES and is_scalar_arg:
         return SCALAR
-    if (type(a) is list or type(a) is tuple) and a and (
-            isinstance(a[0], _Tensor) or a[0] is None and any(isinstance(x, _Tensor) for x in a)):
+    if (
+        (type(a) is list or type(a) is tuple)
+        and a
+        and (isinstance(a[0], _Tensor) or (a[0] is None and any(isinstance(x, _Tensor) for x in a)))
+    ):
         return LIST
     return OTHER
 
@@ -94,7 +99,7 @@ CONSTANT_VALUES = 8
 # inputs. The memo holds the input buffers, so their identities cannot be reused while it keeps them.
 MEMO_BYTES = 1 << 14
 MEMO_VALUES = 2
-MEMO_GIVE_UP = 32   # an op whose first 32 calls never repeat an earlier one stops keeping results
+MEMO_GIVE_UP = 32  # an op whose first 32 calls never repeat an earlier one stops keeping results
 _KERNELS: list = []
 # this thread's latest call: (kernel, entry), for the C++ fast path (eager/fastpath.py: describe),
 # which asks right after the Python kernel returns, in the same thread
@@ -123,7 +128,7 @@ def note_executable():
         try:
             with open("/proc/self/maps", "rb") as f:
                 crowded = f.read().count(b"\n") > _MAP_LIMIT // 2
-        except OSError:   # no /proc (not Linux): the executable count above decides alone
+        except OSError:  # no /proc (not Linux): the executable count above decides alone
             pass
     if crowded:
         forget_executables()
@@ -154,44 +159,70 @@ def _scalar_positions(schema):
 
 def _mutable_args(schema):
     """Names and positions of the arguments the op writes to, in schema order."""
-    return [(i, a.name, a.kwarg_only) for i, a in enumerate(schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write]
+    return [
+        (i, a.name, a.kwarg_only)
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    ]
 
 
 class Entry:
     """A cached executable and what to do with its results."""
 
-    __slots__ = ("fn", "outs", "spec", "mutated_slots", "nones", "checks", "n_results", "anchor", "last_sync",
-                 "cold", "window_calls",
-                 "consts", "memo", "memo_misses", "traced", "fn_donating", "donating_ran", "overlap", "xla",
-                 "source", "fn_gated", "fn_gated_donating", "gated_ran", "host_checked", "strides")
+    __slots__ = (
+        "anchor",
+        "checks",
+        "cold",
+        "consts",
+        "donating_ran",
+        "fn",
+        "fn_donating",
+        "fn_gated",
+        "fn_gated_donating",
+        "gated_ran",
+        "host_checked",
+        "last_sync",
+        "memo",
+        "memo_misses",
+        "mutated_slots",
+        "n_results",
+        "nones",
+        "outs",
+        "overlap",
+        "source",
+        "spec",
+        "strides",
+        "traced",
+        "window_calls",
+        "xla",
+    )
 
     def __init__(self):
-        self.fn = None            # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
-        self.outs = []            # (shape, dtype) of each new output (contiguous unless `strides` says)
-        self.spec = None          # how returns nest; None: exactly one new tensor
-        self.mutated_slots = []   # input slots whose storages get new buffers
-        self.nones = None         # per return, which leaves are undefined (None)
-        self.checks = ()          # messages of the device-side asserts (ops/checks.py): one more output
-        self.n_results = None     # how many arrays fn returns, known once it has run ("fused" mode)
-        self.anchor = False       # "fused" mode: a segment may end after this op (eager/fusion.py)
+        self.fn = None  # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
+        self.outs = []  # (shape, dtype) of each new output (contiguous unless `strides` says)
+        self.spec = None  # how returns nest; None: exactly one new tensor
+        self.mutated_slots = []  # input slots whose storages get new buffers
+        self.nones = None  # per return, which leaves are undefined (None)
+        self.checks = ()  # messages of the device-side asserts (ops/checks.py): one more output
+        self.n_results = None  # how many arrays fn returns, known once it has run ("fused" mode)
+        self.anchor = False  # "fused" mode: a segment may end after this op (eager/fusion.py)
         self.last_sync = -1 << 40  # "fused" mode: when it was last queued, in syncs (eager/fusion.py)
-        self.cold = True          # "fused" mode: whether its first call in that sync window was cold
-        self.window_calls = 0     # "fused" mode: its calls in that sync window
-        self.consts = None        # small tensor-free ops (torch.full, scalar_tensor): scalars -> results
-        self.memo = None          # other small deterministic ops: (input buffer ids, scalars) -> results
-        self.memo_misses = 0      # calls that found nothing in `memo` before its first hit
-        self.traced = None        # in-place ops on large storages: the function fn jits, for fn_donating
-        self.fn_donating = None   # fn with the mutated storages' buffers donated (built on first use)
+        self.cold = True  # "fused" mode: whether its first call in that sync window was cold
+        self.window_calls = 0  # "fused" mode: its calls in that sync window
+        self.consts = None  # small tensor-free ops (torch.full, scalar_tensor): scalars -> results
+        self.memo = None  # other small deterministic ops: (input buffer ids, scalars) -> results
+        self.memo_misses = 0  # calls that found nothing in `memo` before its first hit
+        self.traced = None  # in-place ops on large storages: the function fn jits, for fn_donating
+        self.fn_donating = None  # fn with the mutated storages' buffers donated (built on first use)
         self.donating_ran = False  # whether fn_donating completed a call (then it is traced)
-        self.overlap = None       # a written tensor shares its storage with an input: eager/overlap.py
-        self.xla = None           # the XLA compiler options it was built with (eager/xla_options.py)
-        self.source = None        # in-place ops: their Program, for fn_gated
-        self.fn_gated = None      # fn gated on unchecked device-side asserts (built on first use: _gated)
-        self.fn_gated_donating = None   # the same, donating the written buffers
-        self.gated_ran = 0        # which gated forms completed a call (1 plain, 2 donating: then traced)
+        self.overlap = None  # a written tensor shares its storage with an input: eager/overlap.py
+        self.xla = None  # the XLA compiler options it was built with (eager/xla_options.py)
+        self.source = None  # in-place ops: their Program, for fn_gated
+        self.fn_gated = None  # fn gated on unchecked device-side asserts (built on first use: _gated)
+        self.fn_gated_donating = None  # the same, donating the written buffers
+        self.gated_ran = 0  # which gated forms completed a call (1 plain, 2 donating: then traced)
         self.host_checked = False  # its kernel's host check may raise for some traced number: run per call
-        self.strides = None       # per new output, its strides where PyTorch keeps a channels_last layout
+        self.strides = None  # per new output, its strides where PyTorch keeps a channels_last layout
 
 
 class OpKernel:
@@ -246,11 +277,11 @@ class OpKernel:
         keyed_precision = self.precision_sensitive
         if keyed_precision:
             parts.append(_matmul_precision())
-        if _xla_active[0]:   # torch.tpu.compiler.custom_compiler_options / allow_excess_precision
+        if _xla_active[0]:  # torch.tpu.compiler.custom_compiler_options / allow_excess_precision
             parts.append(_xla_active[0])
-        if _failed:   # a device-side assert failed on this device: sticky until cleared (eager/asserts.py)
+        if _failed:  # a device-side assert failed on this device: sticky until cleared (eager/asserts.py)
             asserts.raise_if_failed(device if device >= 0 else current_device())
-        if _interrupted:   # a Ctrl-C Python could not raise where it landed (eager/interrupts.py)
+        if _interrupted:  # a Ctrl-C Python could not raise where it landed (eager/interrupts.py)
             interrupts.raise_pending()
         key = tuple(parts)
         entry = self.cache.get(key)
@@ -258,11 +289,11 @@ class OpKernel:
             return self._first_call(key, keyed_precision, args, kwargs, records, scalars, offsets, device)
         counters.eager_cache_hits += 1
         _last.call = (self, entry)
-        if entry.overlap is not None:   # PyTorch's partial-overlap error for writes (eager/overlap.py)
+        if entry.overlap is not None:  # PyTorch's partial-overlap error for writes (eager/overlap.py)
             entry.overlap(offsets)
         dev = device if device >= 0 else 0
         results = self._run(entry, records, scalars, offsets, dev, args, kwargs)
-        if entry.spec is None and entry.strides is None:   # exactly one new contiguous tensor
+        if entry.spec is None and entry.strides is None:  # exactly one new contiguous tensor
             shape, dtype = entry.outs[0]
             return new_tensor(shape, dtype, dev, results[0])
         return self._returns(entry, results, dev, args, kwargs)
@@ -279,14 +310,14 @@ class OpKernel:
             return self(*args, **kwargs)
         counters.eager_compiles += 1
         note_executable()
-        if self.host_check is not None:   # (the C++ fast path skips the check when it cannot raise)
+        if self.host_check is not None:  # (the C++ fast path skips the check when it cannot raise)
             entry.host_checked = getattr(self.host_check, "can_raise", _always)(*args, **kwargs)
         _last.call = (self, entry)
         dev = device if device >= 0 else 0
         try:
             results = self._run(entry, records, scalars, offsets, dev, args, kwargs)
         except BaseException as e:
-            if entry.n_results is None:   # failed or interrupted while JAX traced it: build afresh
+            if entry.n_results is None:  # failed or interrupted while JAX traced it: build afresh
                 self.cache.pop(key, None)
             if isinstance(e, (ValueError, TypeError)) and _raised_in_jax(e):
                 raise _as_torch_error(self, e, args) from e
@@ -305,7 +336,7 @@ class OpKernel:
         try:
             results = self._call(entry, records, scalars, offsets, dev, args, kwargs)
         except jax.errors.JaxRuntimeError as e:
-            errors.raise_out_of_memory(e)   # torch.OutOfMemoryError, as on CUDA (`a.repeat(10**9)`)
+            errors.raise_out_of_memory(e)  # torch.OutOfMemoryError, as on CUDA (`a.repeat(10**9)`)
             raise
         if entry.checks:
             asserts.note(results[-1], entry.checks, self.where)
@@ -328,12 +359,13 @@ class OpKernel:
                 fn = None
                 queued = inputs
                 if entry.mutated_slots and entry.source is not None and asserts.gating():
-                    gate = asserts.poison(dev, queue=True)   # (eager/asserts.py; may be queued)
+                    gate = asserts.poison(dev, queue=True)  # (eager/asserts.py; may be queued)
                     if gate is not None:
                         fn = entry.fn_gated or _gated(entry)
                         queued = [*inputs, gate]
-                results = fusion.defer(entry, queued, (*scalars, *offsets), dev,
-                                       [records[s] for s in entry.mutated_slots], fn)
+                results = fusion.defer(
+                    entry, queued, (*scalars, *offsets), dev, [records[s] for s in entry.mutated_slots], fn
+                )
             if results is None:  # strict, or a "cold" op in fused mode: it runs now
                 if deferred:
                     inputs = [b.get() if type(b) is Pending else b for b in inputs]
@@ -406,8 +438,10 @@ class OpKernel:
         """The op's returns: new tensors over the results, the aliased arguments, Nones, as nested
         as the schema says."""
         strides = entry.strides or (None,) * len(entry.outs)
-        it = (new_tensor(shape, dtype, dev, buf, stride)
-              for (shape, dtype), buf, stride in zip(entry.outs, results, strides))
+        it = (
+            new_tensor(shape, dtype, dev, buf, stride)
+            for (shape, dtype), buf, stride in zip(entry.outs, results, strides)
+        )
         if entry.spec is None:
             return next(it)
         values = []
@@ -425,6 +459,7 @@ class OpKernel:
     # ---------------------------------------------------------------- cache miss
     def _build(self, key, args, kwargs, bufs, device):
         from .build import build_entry
+
         with self.lock:
             entry = self.cache.get(key)
             if entry is None:
@@ -460,6 +495,7 @@ def _as_torch_error(kernel, error, args):
     first = next((a for a in args if isinstance(a, _Tensor)), None)
     if first is not None and ("dtype" in message or "must be integer" in message):
         from ..ops.dtypes import scalar_type_name
+
         base = kernel.name.split(".")[0].rstrip("_")
         return NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(first.dtype)}'")
     return TpuOpError(f"torchtpu: aten::{kernel.name}: {message}")
@@ -480,7 +516,7 @@ def _constant(entry, scalars):
     if results is None:
         results = entry.fn(*scalars)
         entry.n_results = len(results)
-        if entry.checks:   # a verdict per call: never kept
+        if entry.checks:  # a verdict per call: never kept
             entry.consts = None
         elif len(entry.consts) < CONSTANT_VALUES:
             entry.consts[ck] = results
@@ -492,24 +528,25 @@ def _constant(entry, scalars):
 def _memoized(entry, inputs, scalars, offsets):
     """Run a small deterministic op, or return the results of its call with the same input buffers
     and scalar values if it is among the last MEMO_VALUES (see MEMO_BYTES)."""
-    return _memo(entry, (*map(id, inputs), *scalar_key((*scalars, *offsets))), inputs,
-                 (*inputs, *scalars, *offsets))
+    return _memo(entry, (*map(id, inputs), *scalar_key((*scalars, *offsets))), inputs, (*inputs, *scalars, *offsets))
 
 
 def memoizing(entry):
     """entry's executable as the C++ fast path calls it, (buffers..., numbers...), through the
     entry's memo, with the key _memoized makes (the fast path passes this function the numbers
     themselves, not kept device arrays: eager/fastpath.py describe)."""
+
     def call(*argv):
-        if entry.memo is None:   # given up
+        if entry.memo is None:  # given up
             return entry.fn(*argv)
         n = 0
-        for a in argv:   # the buffers come first, then the numbers (scalars, offsets)
+        for a in argv:  # the buffers come first, then the numbers (scalars, offsets)
             if type(a) is not ArrayImpl:
                 break
             n += 1
         inputs = argv[:n]
         return _memo(entry, (*map(id, inputs), *scalar_key(argv[n:])), inputs, argv)
+
     return call
 
 
@@ -520,20 +557,20 @@ def _memo(entry, mkey, keep, argv):
     hit = memo.get(mkey)
     if hit is not None:
         counters.eager_results_reused += 1
-        entry.memo_misses = -1   # it repeats: keep the memo for good
+        entry.memo_misses = -1  # it repeats: keep the memo for good
         return hit[1]
     results = entry.fn(*argv)
     entry.n_results = len(results)
-    if entry.checks:   # a verdict per call (an index out of range must raise every time): never kept
-        entry.memo = None
-    elif entry.memo_misses >= MEMO_GIVE_UP:   # never repeated: stop paying for the key and the arrays
+    if (
+        entry.checks or entry.memo_misses >= MEMO_GIVE_UP
+    ):  # a verdict per call (an index out of range must raise every time): never kept
         entry.memo = None
     else:
         if entry.memo_misses >= 0:
             entry.memo_misses += 1
         if len(memo) >= MEMO_VALUES:
             memo.pop(next(iter(memo)), None)
-        memo[mkey] = (keep, results)   # `keep` holds the input buffers, and so their ids, alive
+        memo[mkey] = (keep, results)  # `keep` holds the input buffers, and so their ids, alive
     return results
 
 
@@ -548,8 +585,7 @@ def _execute(entry, inputs, scalars, offsets, records):
         results = fn(*inputs, *scalars, *offsets)
         entry.n_results = len(results)
         return results
-    gate = asserts.poison(records[slots[0]].device_index) if entry.source is not None and asserts.gating() \
-        else None
+    gate = asserts.poison(records[slots[0]].device_index) if entry.source is not None and asserts.gating() else None
     if gate is not None:
         # unchecked device-side asserts: the writes keep the old values unless all of them passed
         donating = entry.traced is not None and donatable(inputs, slots)
@@ -557,10 +593,11 @@ def _execute(entry, inputs, scalars, offsets, records):
         if donating:
             counters.eager_donations += 1
         try:
-            results = call_and_commit(fn, (*inputs, gate, *scalars, *offsets), [records[s] for s in slots],
-                                      len(entry.outs))
+            results = call_and_commit(
+                fn, (*inputs, gate, *scalars, *offsets), [records[s] for s in slots], len(entry.outs)
+            )
         except BaseException:
-            if not entry.gated_ran & (1 + donating):   # failed or interrupted while JAX traced it: a fresh jit
+            if not entry.gated_ran & (1 + donating):  # failed or interrupted while JAX traced it: a fresh jit
                 if donating:
                     entry.fn_gated_donating = None
                 else:
@@ -577,7 +614,7 @@ def _execute(entry, inputs, scalars, offsets, records):
         results = call_and_commit(fn, (*inputs, *scalars, *offsets), [records[s] for s in slots], len(entry.outs))
     except BaseException:
         if donating and not entry.donating_ran:
-            entry.fn_donating = None   # failed or interrupted while JAX traced it: a fresh jit next time
+            entry.fn_donating = None  # failed or interrupted while JAX traced it: a fresh jit next time
         raise
     if donating:
         entry.donating_ran = True
@@ -590,9 +627,11 @@ def write_gate(entry):
     unchecked device-side verdicts exist: None when none of them can gate it there, else (entry's
     executable in its gated form, the gate: an argument after the buffers), as _execute calls them
     (`queue`: as the fused mode queues them, OpKernel._call)."""
+
     def gate(device_index, queue=False):
         value = asserts.poison(device_index, queue=queue)
         return None if value is None else (entry.fn_gated or _gated(entry), value)
+
     return gate
 
 
@@ -601,11 +640,15 @@ def _gated(entry, donating=False):
     written buffers or not; built on first use."""
     from .build import op_jit
     from .executable import traced_function
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        fn = op_jit(entry, "fn_gated_donating" if donating else "fn_gated",
-                    traced_function(entry.source, gated=True),
-                    donate_argnums=tuple(entry.mutated_slots) if donating else ())
+        fn = op_jit(
+            entry,
+            "fn_gated_donating" if donating else "fn_gated",
+            traced_function(entry.source, gated=True),
+            donate_argnums=tuple(entry.mutated_slots) if donating else (),
+        )
     if donating:
         entry.fn_gated_donating = fn
     else:
@@ -615,12 +658,14 @@ def _gated(entry, donating=False):
 
 def _donating(entry):
     from .build import op_jit
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         traced = entry.traced
         # (a new function each time: JAX keys its trace cache on the function)
-        entry.fn_donating = op_jit(entry, "fn_donating", lambda *dyn: traced(*dyn),
-                                   donate_argnums=tuple(entry.mutated_slots))
+        entry.fn_donating = op_jit(
+            entry, "fn_donating", lambda *dyn: traced(*dyn), donate_argnums=tuple(entry.mutated_slots)
+        )
     return entry.fn_donating
 
 

@@ -4,6 +4,7 @@ XLA reports an allocation it cannot make as `jax.errors.JaxRuntimeError: RESOURC
 PyTorch code (training loops that halve the batch, accelerate's `find_executable_batch_size`,
 Transformers' generation fallbacks) catches `torch.OutOfMemoryError`, as CUDA raises it.
 """
+
 from __future__ import annotations
 
 import torch

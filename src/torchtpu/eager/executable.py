@@ -12,11 +12,13 @@ buffers), writes in-place results back through their views, and returns the verd
 device-side checks (ops/checks.py) the computation stated, if any. The host side (`key_tensor`,
 `input_buffers`, `commit`) keys the cache, gathers the buffers and records the results.
 """
+
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from itertools import chain, islice, repeat, starmap
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +28,8 @@ from ..device import platform
 from ..ops import checks, linalg, views
 from ..ops import dtypes as dt
 from ..storage.records import allocation_failed, materialize
-from .fusion import Pending
 from . import errors, tpu_check
+from .fusion import Pending
 
 _TRACED = object()
 
@@ -38,16 +40,17 @@ class DynOffset(NamedTuple):
 
 
 class TensorArg(NamedTuple):
-    slot: int            # which input buffer
-    layout: tuple        # (shape, stride, offset | DynOffset, jax dtype, numel of the storage)
-    bits: tuple = (False, False)   # (conjugate, negative): lazily conjugated/negated views
+    slot: int  # which input buffer
+    layout: tuple  # (shape, stride, offset | DynOffset, jax dtype, numel of the storage)
+    bits: tuple = (False, False)  # (conjugate, negative): lazily conjugated/negated views
 
 
 class ValueArg(NamedTuple):
     """An argument that travels as a traced value: a Python scalar, a CPU scalar tensor's value
     (made an array of `dtype`) or a host array (`dtype` None: as it comes)."""
+
     dtype: object = None
-    static: object = _TRACED   # the value baked in instead (an op specialized on its scalars)
+    static: object = _TRACED  # the value baked in instead (an op specialized on its scalars)
 
 
 def is_partial(t, record):
@@ -95,16 +98,17 @@ def flat_output(v, dtype, shape=None, order=None, where="op"):
 
 class Program(NamedTuple):
     """What an executable does, in the terms of its arguments."""
+
     n_buffers: int
     n_values: int
     random: bool
     n_offsets: int
-    template: object      # the computation's arguments: a list (or (args, kwargs)) of specs and statics
+    template: object  # the computation's arguments: a list (or (args, kwargs)) of specs and statics
     # run(arguments, rng key or None) -> (output values, values written through `writes`, extras)
     run: Callable
-    outputs: Callable     # output values -> flat arrays (see flat_output)
-    writes: list          # (slot, layout, bits) per written view, in the order run returns them
-    mutated_slots: list   # buffers returned after the outputs, in this order
+    outputs: Callable  # output values -> flat arrays (see flat_output)
+    writes: list  # (slot, layout, bits) per written view, in the order run returns them
+    mutated_slots: list  # buffers returned after the outputs, in this order
     # at trace time: the messages of the device-side checks, and whether the computation read
     # torch's float32 matmul precision (then that setting must key the executable)
     on_trace: Callable
@@ -122,8 +126,10 @@ def _fill(spec, buffers, values, offsets):
     if t is list:
         return [_fill(x, buffers, values, offsets) for x in spec]
     if t is tuple and spec and type(spec[0]) is list and type(spec[-1]) is dict:  # (args, kwargs)
-        return (_fill(spec[0], buffers, values, offsets),
-                {k: _fill(v, buffers, values, offsets) for k, v in spec[1].items()})
+        return (
+            _fill(spec[0], buffers, values, offsets),
+            {k: _fill(v, buffers, values, offsets) for k, v in spec[1].items()},
+        )
     return spec
 
 
@@ -147,14 +153,14 @@ def traced_function(p: Program, gated=False):
     nb, nv, n_off = p.n_buffers, p.n_values, p.n_offsets
 
     def executable(*dyn):
-        platform.require_x64()   # (at trace time only: a cached executable never comes here)
+        platform.require_x64()  # (at trace time only: a cached executable never comes here)
         if gated:
             gate = dyn[nb]
-            dyn = dyn[:nb] + dyn[nb + 1:]
+            dyn = dyn[:nb] + dyn[nb + 1 :]
         buffers = list(dyn[:nb])
-        values = iter(dyn[nb:nb + nv])
+        values = iter(dyn[nb : nb + nv])
         key = rng_key(dyn[nb + nv]) if p.random else None
-        offsets = dyn[len(dyn) - n_off:] if n_off else ()
+        offsets = dyn[len(dyn) - n_off :] if n_off else ()
         arguments = _fill(p.template, buffers, values, offsets)
         reads = linalg.PRECISION_READS[0]
         with checks.collecting() as found:
@@ -178,8 +184,10 @@ def traced_function(p: Program, gated=False):
 # ---------------------------------------------------------------- host side
 def device_mismatch(where, a, b):
     """PyTorch's error for tensors of two devices in one op (`where`: aten::add.Tensor)."""
-    raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                       f"{_name(a)} and {_name(b)}! (when checking arguments for {where})")
+    raise RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{_name(a)} and {_name(b)}! (when checking arguments for {where})"
+    )
 
 
 def _name(d):
@@ -220,7 +228,7 @@ def input_buffers(records, deferred=False):
                 b = zeros(r.numel, r.dtype, r.device_index)
             except BaseException as e:
                 if isinstance(e, torch.OutOfMemoryError):
-                    allocation_failed(r)   # never counted in the peak (storage/records.py: MemoryStats)
+                    allocation_failed(r)  # never counted in the peak (storage/records.py: MemoryStats)
                 raise
             materialize(r)
             r._buffer = b
@@ -254,7 +262,7 @@ def call_and_commit(fn, args, records, first):
         _consume(map(setattr, records, repeat("_buffer"), islice(chain.from_iterable(results), first, None)))
         return box[0]
     except jax.errors.JaxRuntimeError as e:
-        errors.raise_out_of_memory(e)   # torch.OutOfMemoryError, as on CUDA
+        errors.raise_out_of_memory(e)  # torch.OutOfMemoryError, as on CUDA
         raise
 
 
@@ -277,12 +285,14 @@ def zeros(numel, dtype, device_index):
     if fn is None:
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
         jd = dt.to_jax(dtype)
+
         def make_zeros(n):
             platform.require_x64()
             return jnp.zeros((n,), jd)
 
         fn = _zeros_fns[(dtype, device_index)] = tpu_check.jit(
-            make_zeros, f"zeros of {dtype}", static_argnums=0, out_shardings=sharding)
+            make_zeros, f"zeros of {dtype}", static_argnums=0, out_shardings=sharding
+        )
     try:
         z = fn(numel)
     except jax.errors.JaxRuntimeError as e:

@@ -26,6 +26,7 @@ TORCHTPU_EAGER_FAST=0 (or TORCHTPU_NATIVE=off, or no C++ compiler) registers the
 PrivateUse1 as before. The library is compiled once per torch/Python version and source hash, like
 the device extension (device/native.py), and links libtorch_python.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -58,33 +59,57 @@ def describe(kernel):
     (written slots ()), or an in-place or out= op (no new output; the written argument returned);
     True to ask again later (the last call was not this kernel's); False never."""
     from .engine import _last, memoizing, write_gate
+
     kernel_and_entry = getattr(_last, "call", None)
     if kernel_and_entry is None or kernel_and_entry[0] is not kernel:
-        return True   # (not this kernel's call: ask again later)
+        return True  # (not this kernel's call: ask again later)
     entry = kernel_and_entry[1]
-    if kernel.random or kernel.specialize_scalars:   # (the C++ key holds the matmul precision)
+    if kernel.random or kernel.specialize_scalars:  # (the C++ key holds the matmul precision)
         return False
-    if (entry.consts is not None or entry.overlap is not None or entry.xla is not None or entry.fn is None
-            or entry.host_checked or entry.strides is not None):   # (C++ makes contiguous outputs only)
+    if (
+        entry.consts is not None
+        or entry.overlap is not None
+        or entry.xla is not None
+        or entry.fn is None
+        or entry.host_checked
+        or entry.strides is not None
+    ):  # (C++ makes contiguous outputs only)
         return False
     checks = tuple(entry.checks) if entry.checks else None
     if entry.mutated_slots:
-        if (entry.outs or entry.nones is not None
-                or entry.spec is None or len(entry.spec) != 1 or not isinstance(entry.spec[0], str)
-                or entry.n_results != len(entry.mutated_slots) + bool(checks)):
+        if (
+            entry.outs
+            or entry.nones is not None
+            or entry.spec is None
+            or len(entry.spec) != 1
+            or not isinstance(entry.spec[0], str)
+            or entry.n_results != len(entry.mutated_slots) + bool(checks)
+        ):
             return False
         gate = write_gate(entry) if entry.source is not None else None
         # (entry.traced: a large storage, donated when nothing else holds its buffer: strict mode's
         # Python kernel)
-        return (entry.fn, (), tuple(entry.mutated_slots), checks, kernel.where, gate, entry, None,
-                entry.traced is not None)
+        return (
+            entry.fn,
+            (),
+            tuple(entry.mutated_slots),
+            checks,
+            kernel.where,
+            gate,
+            entry,
+            None,
+            entry.traced is not None,
+        )
     n_returns = len(kernel.op._schema.returns)
-    if (entry.nones is not None or len(entry.outs) != n_returns
-            or entry.n_results != n_returns + bool(checks)
-            or (entry.spec is not None and not all(type(s) is not str and s.is_leaf() for s in entry.spec))):
+    if (
+        entry.nones is not None
+        or len(entry.outs) != n_returns
+        or entry.n_results != n_returns + bool(checks)
+        or (entry.spec is not None and not all(type(s) is not str and s.is_leaf() for s in entry.spec))
+    ):
         return False
     outs = tuple((tuple(shape), dtype) for shape, dtype in entry.outs)
-    if entry.memo is not None:   # a small op keeps its last results, keyed on the numbers' values:
+    if entry.memo is not None:  # a small op keeps its last results, keyed on the numbers' values:
         # memoizing takes the numbers themselves, not kept device arrays
         return (memoizing(entry), outs, (), checks, kernel.where, None, entry, entry.fn, False)
     return (entry.fn, outs, (), checks, kernel.where, None, entry, None, False)
@@ -97,7 +122,9 @@ def device_scalar(value):
     (a committed array is another argument mapping: a second compilation of every executable); the
     number itself where JAX's default device is not tpu:0's."""
     import jax
+
     from ..device import platform
+
     array = jax.device_put(value)
     return array if array.devices() == {platform.jax_device(0)} else value
 
@@ -125,6 +152,7 @@ def load() -> bool:
         from jax._src.array import ArrayImpl
 
         from .engine import Entry
+
         target = native._target(_SOURCES, "tpu_fast", python=True)
         failed = target.with_suffix(".failed")
         if not target.exists():
@@ -138,15 +166,20 @@ def load() -> bool:
                 if native.compiler() is not None:
                     try:
                         failed.write_text(f"{type(e).__name__}: {e}\n")
-                    except OSError:   # (a read-only cache: the build is tried again next time, nothing lost)
+                    except OSError:  # (a read-only cache: the build is tried again next time, nothing lost)
                         pass
                 raise
         lib = ctypes.PyDLL(str(target))
         if lib.torchtpu_fast_abi() != _ABI:
             raise RuntimeError(f"{target}: unexpected ABI version")
         lib.torchtpu_fast_init.argtypes = [ctypes.py_object]
-        lib.torchtpu_fast_attach.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.py_object, ctypes.py_object,
-                                             ctypes.c_int]
+        lib.torchtpu_fast_attach.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.py_object,
+            ctypes.py_object,
+            ctypes.c_int,
+        ]
         lib.torchtpu_fast_attach_metadata.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         lib.torchtpu_fast_set_enabled.argtypes = [ctypes.c_int]
         lib.torchtpu_fast_calls.restype = ctypes.c_longlong
@@ -157,32 +190,71 @@ def load() -> bool:
         # (the last tuple: what new_tensor touches, so outputs on tpu:0 are made in C++, their records
         # slot by slot: only while these are StorageRecord's slots)
         native_outputs = (records._bump, records._stats, records._StorageRef, records._on_free, records.MemoryStats)
-        if set(StorageRecord.__slots__) != {"_buffer", "dtype", "numel", "nbytes", "device_index", "ref", "oom",
-                                            "__weakref__"}:
+        if set(StorageRecord.__slots__) != {
+            "_buffer",
+            "dtype",
+            "numel",
+            "nbytes",
+            "device_index",
+            "ref",
+            "oom",
+            "__weakref__",
+        }:
             native_outputs = ()
-        if not lib.torchtpu_fast_init((RECORDS, modes._mode, asserts.FAILED, interrupts.PENDING, xla_options._active,
-                                       counters, StorageRecord, new_tensor, describe, ArrayImpl, _unchecked,
-                                       native_outputs, device_scalar, asserts.note, Entry)):
+        if not lib.torchtpu_fast_init(
+            (
+                RECORDS,
+                modes._mode,
+                asserts.FAILED,
+                interrupts.PENDING,
+                xla_options._active,
+                counters,
+                StorageRecord,
+                new_tensor,
+                describe,
+                ArrayImpl,
+                _unchecked,
+                native_outputs,
+                device_scalar,
+                asserts.note,
+                Entry,
+            )
+        ):
             raise RuntimeError("torchtpu_fast_init failed")
         from . import fusion
+
         lib.torchtpu_fast_init_fused.argtypes = [ctypes.py_object]
-        if not lib.torchtpu_fast_init_fused((fusion._open, fusion._syncs, fusion._lock, fusion.Pending,
-                                             fusion._Segment, Entry, fusion.MIN_OPS, fusion.LIMIT,
-                                             fusion.COLD_CALLS, fusion.HOT_SYNCS)):
+        if not lib.torchtpu_fast_init_fused(
+            (
+                fusion._open,
+                fusion._syncs,
+                fusion._lock,
+                fusion.Pending,
+                fusion._Segment,
+                Entry,
+                fusion.MIN_OPS,
+                fusion.LIMIT,
+                fusion.COLD_CALLS,
+                fusion.HOT_SYNCS,
+            )
+        ):
             raise RuntimeError("torchtpu_fast_init_fused failed")
     except Exception as e:  # noqa: BLE001 - the Python kernels work without it
         _problem[0] = f"{type(e).__name__}: {e}"
         # No compiler is the documented degradation, and a build that failed before was reported then:
         # both stay quiet (`python -m torchtpu info` names the reason); anything else is said once here
         if native.compiler() is not None and not str(e).startswith("building the fast path failed before"):
-            warnings.warn(f"torchtpu: the C++ eager fast path is off ({_problem[0]}); eager ops run through the "
-                          "Python kernels, about 2x slower per small op. TORCHTPU_EAGER_FAST=0 stops trying.",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"torchtpu: the C++ eager fast path is off ({_problem[0]}); eager ops run through the "
+                "Python kernels, about 2x slower per small op. TORCHTPU_EAGER_FAST=0 stops trying.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return False
     _lib[0] = lib
     _graph_functions[0] = lib.torchtpu_graph_functions()
     freed = lib.torchtpu_storage_freed()
-    if freed is not None:   # every storage made from now on, in Python too, is freed by it
+    if freed is not None:  # every storage made from now on, in Python too, is freed by it
         records._on_free = freed
     lib.torchtpu_fast_set_enabled(1)
     return True
@@ -192,8 +264,11 @@ def _alias_arg(op, kernel):
     """The index of the argument an in-place or out= overload returns; -1 for new tensors (one or
     more); None when the fast path cannot serve the overload."""
     schema = op._schema
-    if (not schema.name.startswith("aten::") or not schema.returns
-            or any(str(r.type) != "Tensor" for r in schema.returns)):
+    if (
+        not schema.name.startswith("aten::")
+        or not schema.returns
+        or any(str(r.type) != "Tensor" for r in schema.returns)
+    ):
         return None
     writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if all(r.alias_info is None for r in schema.returns):
@@ -217,12 +292,15 @@ def attach(op, kernel) -> bool:
     """Put the C++ kernel on PrivateUse1 in front of `kernel` (already registered on PrivateUse3)."""
     lib = _lib[0]
     schema = op._schema
-    flags = bytes((i in kernel.scalar_pos) if not a.kwarg_only else (a.name in kernel.scalar_names)
-                  for i, a in enumerate(schema.arguments))
+    flags = bytes(
+        (i in kernel.scalar_pos) if not a.kwarg_only else (a.name in kernel.scalar_names)
+        for i, a in enumerate(schema.arguments)
+    )
     name = schema.name.split("::", 1)[1].encode()
     try:
-        return bool(lib.torchtpu_fast_attach(name, schema.overload_name.encode(), kernel, flags,
-                                             _alias_arg(op, kernel)))
+        return bool(
+            lib.torchtpu_fast_attach(name, schema.overload_name.encode(), kernel, flags, _alias_arg(op, kernel))
+        )
     except Exception:  # noqa: BLE001 - the Python kernel is registered instead
         return False
 
@@ -235,8 +313,9 @@ def attach_metadata(op) -> bool:
         return False
     schema = op._schema
     try:
-        return bool(lib.torchtpu_fast_attach_metadata(schema.name.split("::", 1)[1].encode(),
-                                                      schema.overload_name.encode()))
+        return bool(
+            lib.torchtpu_fast_attach_metadata(schema.name.split("::", 1)[1].encode(), schema.overload_name.encode())
+        )
     except Exception:  # noqa: BLE001 - the Python redispatch is registered instead
         return False
 
@@ -291,5 +370,8 @@ def stats() -> dict:
     lib = _lib[0]
     if lib is None:
         return {"fast_calls": 0, "fallbacks": 0, "queued_here": 0}
-    return {"fast_calls": lib.torchtpu_fast_calls(), "fallbacks": lib.torchtpu_fast_fallbacks(),
-            "queued_here": lib.torchtpu_fast_queued_here()}
+    return {
+        "fast_calls": lib.torchtpu_fast_calls(),
+        "fallbacks": lib.torchtpu_fast_fallbacks(),
+        "queued_here": lib.torchtpu_fast_queued_here(),
+    }

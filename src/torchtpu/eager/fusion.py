@@ -29,6 +29,7 @@ executable not queued recently ("cold", below) is not queued either but runs at 
 when nothing is to decide and leaves every decision here: a change to the layout of a step, a
 `_Segment` or a `Pending`, or to when an op is cold, is a change to both.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -76,7 +77,7 @@ LIMIT = 384
 RECENT = 16
 HOT_SYNCS = 8
 COLD_CALLS = 4
-_MAX_KEYS = 4096     # segments remembered as seen before that memory is cleared
+_MAX_KEYS = 4096  # segments remembered as seen before that memory is cleared
 # "background" (default): segments compile on a worker thread while they keep running op by op;
 # "now": in the flush that decides to compile (deterministic counts, for tests).
 COMPILE = config.get("TORCHTPU_FUSED_COMPILE")
@@ -86,7 +87,7 @@ class Pending(Placeholder):
     """A buffer that a queued op will produce: `get()` runs the segment it belongs to, if it has not
     run yet, and returns the array."""
 
-    __slots__ = ("segment", "step", "index", "value", "__weakref__")
+    __slots__ = ("__weakref__", "index", "segment", "step", "value")
 
     def __init__(self, segment, step, index):
         self.segment = segment
@@ -98,13 +99,15 @@ class Pending(Placeholder):
         if self.value is None:
             self.segment.flush()
             if self.value is None:
-                raise RuntimeError("torchtpu: this tensor has no value: the queued ops that compute it "
-                                   "failed when they ran (see the earlier error)")
+                raise RuntimeError(
+                    "torchtpu: this tensor has no value: the queued ops that compute it "
+                    "failed when they ran (see the earlier error)"
+                )
         return self.value
 
 
 class _Segment:
-    __slots__ = ("device", "steps", "external", "external_ids", "undo", "undo_ids", "done")
+    __slots__ = ("device", "done", "external", "external_ids", "steps", "undo", "undo_ids")
 
     def __init__(self, device):
         self.device = device
@@ -112,9 +115,9 @@ class _Segment:
         # all): (executable, sources, traced scalars, weak references to its Pending results);
         # (executable, sources) of each step, with the live results, make the segment's key
         self.steps = []
-        self.external = []      # concrete input arrays, in first-use order
+        self.external = []  # concrete input arrays, in first-use order
         self.external_ids = {}  # id(array) -> index in external
-        self.undo = []          # (record, buffer before this segment) of each storage it writes
+        self.undo = []  # (record, buffer before this segment) of each storage it writes
         self.undo_ids = set()
         self.done = False
 
@@ -126,16 +129,16 @@ class _Segment:
 
 _open: dict[int, _Segment] = {}
 _lock = threading.RLock()
-_seen: dict[tuple, int] = {}   # segment key -> the flush that last ran it op by op
+_seen: dict[tuple, int] = {}  # segment key -> the flush that last ran it op by op
 _flushes = [0]
-_syncs = [0]   # host reads of device values, and flushes asked for by synchronize or a mode switch
+_syncs = [0]  # host reads of device values, and flushes asked for by synchronize or a mode switch
 _compiled: dict[tuple, object] = {}
-_compiling: dict = {}      # keys handed to the compile thread and not back yet -> flush last seen
-_epoch = [0]               # bumped by forget(): compiles started before it are dropped
-_unnoted = [0]             # background compiles not yet counted by engine.note_executable
+_compiling: dict = {}  # keys handed to the compile thread and not back yet -> flush last seen
+_epoch = [0]  # bumped by forget(): compiles started before it are dropped
+_unnoted = [0]  # background compiles not yet counted by engine.note_executable
 _consume = deque(maxlen=0).extend
-_FAILED = object()         # a segment whose compile failed: it keeps running op by op
-failures: list = []        # (segment key, exception) of the last background compiles that failed
+_FAILED = object()  # a segment whose compile failed: it keeps running op by op
+failures: list = []  # (segment key, exception) of the last background compiles that failed
 
 
 def defer(entry, inputs, scalars, device, mutated=(), fn=None):
@@ -167,14 +170,14 @@ def defer(entry, inputs, scalars, device, mutated=(), fn=None):
         sources = tuple(_sources(segment, inputs))
         step = len(segment.steps)
         results = tuple([Pending(segment, step, i) for i in range(entry.n_results)])
-        for r in mutated:   # what to restore if the segment cannot run
+        for r in mutated:  # what to restore if the segment cannot run
             if id(r) not in segment.undo_ids:
                 segment.undo.append((r, r._buffer))
                 segment.undo_ids.add(id(r))
         segment.steps.append((fn, sources, scalars, [weakref.ref(p) for p in results]))
-        if mutated:   # (their buffers are never None here: eager/executable.py input_buffers)
+        if mutated:  # (their buffers are never None here: eager/executable.py input_buffers)
             n = len(entry.outs)
-            _consume(map(setattr, mutated, repeat("_buffer"), results[n:n + len(mutated)]))
+            _consume(map(setattr, mutated, repeat("_buffer"), results[n : n + len(mutated)]))
         counters.fused_ops += 1
         if step + 1 >= MIN_OPS and (entry.anchor or step + 1 >= LIMIT):
             _flush(segment)
@@ -185,12 +188,13 @@ class _Combination:
     """The maximum of `n` int32 verdicts on one device (eager/asserts.py poison: a write's gate), an
     executable that is queued like an op (`queued_maximum`) or called at once (`maximum`)."""
 
-    __slots__ = ("fn", "n_results", "anchor", "last_sync", "cold", "window_calls")
+    __slots__ = ("anchor", "cold", "fn", "last_sync", "n_results", "window_calls")
 
     def __init__(self, device, n):
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
-        self.fn = tpu_check.jit(lambda *v: (jax.numpy.max(jax.numpy.stack(v)),), f"maximum of {n} assert verdicts",
-                                out_shardings=sharding)
+        self.fn = tpu_check.jit(
+            lambda *v: (jax.numpy.max(jax.numpy.stack(v)),), f"maximum of {n} assert verdicts", out_shardings=sharding
+        )
         self.n_results = 1
         self.anchor = False
         self.last_sync = -1 << 40
@@ -248,7 +252,7 @@ def _sources(segment, inputs):
             b = b.get()
         index = segment.external_ids.get(id(b))
         if index is None:
-            segment.external.append(b)   # (then the index: an interrupt leaves no index to nothing)
+            segment.external.append(b)  # (then the index: an interrupt leaves no index to nothing)
             index = segment.external_ids[id(b)] = len(segment.external) - 1
         yield index
 
@@ -301,7 +305,7 @@ def _flush(segment: _Segment):
             _run_segment(segment)
             break
         except KeyboardInterrupt as e:
-            if attempt == 2:   # asked three times: give up the segment
+            if attempt == 2:  # asked three times: give up the segment
                 _undo(segment)
                 raise
             interrupted = e
@@ -332,11 +336,11 @@ def _run_segment(segment):
         return
     _flushes[0] += 1
     # (C-level passes: a decoding step flushes ~7 segments of ~40 ops per token)
-    held = list(map(_deref, chain.from_iterable(map(_step_refs, steps))))   # each result's Pending, or None
-    live = bytes(map(is_not, held, repeat(None)))   # which results someone still holds
+    held = list(map(_deref, chain.from_iterable(map(_step_refs, steps))))  # each result's Pending, or None
+    live = bytes(map(is_not, held, repeat(None)))  # which results someone still holds
     if 1 not in live:  # nothing anyone can observe: every result was dropped or overwritten
         return
-    if len(steps) == 1:   # one op is already one executable: nothing to key, compile or remember
+    if len(steps) == 1:  # one op is already one executable: nothing to key, compile or remember
         fn, sources, numbers, _ = steps[0]
         external = segment.external
         values = list(compress(fn(*[external[s] for s in sources], *numbers), live))
@@ -348,7 +352,7 @@ def _run_segment(segment):
     values = _run(fn, key, plan, live, segment, list(map(_step_numbers, steps)))
     # in C: every Pending gets its value, or (an interrupt before this line) none
     _consume(map(setattr, filter(None, held), repeat("value"), values))
-    if _tpu_check_failure:   # raised once the segment's results are in place
+    if _tpu_check_failure:  # raised once the segment's results are in place
         raise _tpu_check_failure.pop()
 
 
@@ -363,8 +367,11 @@ def _undo(segment):
     replaced)."""
     if not segment.undo:
         return
-    undo = [(r, old) for r, old in segment.undo if type(r._buffer) is Pending and r._buffer.segment is segment
-            and r._buffer.value is None]
+    undo = [
+        (r, old)
+        for r, old in segment.undo
+        if type(r._buffer) is Pending and r._buffer.segment is segment and r._buffer.value is None
+    ]
     list(map(setattr, [r for r, _ in undo], repeat("_buffer"), [old for _, old in undo]))
     segment.undo = []
 
@@ -375,10 +382,10 @@ def _executable_for(segment, key, plan, live):
     fn = _compiled.get(key)
     if _unnoted[0]:
         _note_background_compiles()
-    if fn is not None:   # (a compiled segment is never also queued: the thread moves it across)
+    if fn is not None:  # (a compiled segment is never also queued: the thread moves it across)
         return fn
     if key in _compiling:
-        _compiling[key] = _flushes[0]   # still wanted: the compile thread skips segments gone stale
+        _compiling[key] = _flushes[0]  # still wanted: the compile thread skips segments gone stale
     elif len(plan) > 1:  # (one op is already one executable)
         last = _seen.get(key)
         if last is not None and _flushes[0] - last <= RECENT:
@@ -418,8 +425,8 @@ def _step_as_arrays(step):
     for v in step:
         t = type(v)
         if t is int or t is float or t is bool:
-            k = (t, v.hex() if t is float else v)   # (-0.0 and 0.0, True and 1 kept apart)
-            if k not in _kept:   # first use: the number itself
+            k = (t, v.hex() if t is float else v)  # (-0.0 and 0.0, True and 1 kept apart)
+            if k not in _kept:  # first use: the number itself
                 if len(_kept) >= _MAX_KEYS:
                     _kept.clear()
                 _kept[k] = None
@@ -427,6 +434,7 @@ def _step_as_arrays(step):
                 a = _kept[k]
                 if a is None:
                     from .fastpath import device_scalar
+
                     a = _kept[k] = device_scalar(v)
                 v = a
         converted.append(v)
@@ -477,8 +485,8 @@ def _nestable(fn):
 
 
 # ---------------------------------------------------------------- background compiles
-_thread: list = []   # (queue, thread) of the compile thread, started on first use
-_STOP = object()     # the job that ends the compile thread (at exit)
+_thread: list = []  # (queue, thread) of the compile thread, started on first use
+_STOP = object()  # the job that ends the compile thread (at exit)
 
 
 def _jobs():
@@ -520,14 +528,14 @@ def _abstract(x):
     return x
 
 
-_tpu_check_failure: list = []   # a segment's TPU compile check error, raised after it ran (_run_segment)
+_tpu_check_failure: list = []  # a segment's TPU compile check error, raised after it ran (_run_segment)
 
 
 def _check_for_tpu(segment, plan, live):
     """The TPU compile check of a segment about to be compiled (eager/tpu_check.py)."""
     fused = _fuse(plan, live, segment.device)
     external = [_abstract(a) for a in segment.external]
-    scalars = [_abstract(step[2]) for step in segment.steps]   # (not _as_arrays: it counts uses)
+    scalars = [_abstract(step[2]) for step in segment.steps]  # (not _as_arrays: it counts uses)
     ops = [getattr(fn, "check_name", "?") for fn, _ in plan]
     name = f"fused segment of {len(plan)} ops ({', '.join(ops[:4])}{', ...' if len(ops) > 4 else ''})"
     failure = tpu_check.check_failure(fused, (external, scalars), name)
@@ -548,7 +556,7 @@ def _compile_loop(q):
         job, done = q.get()
         if job is _STOP:
             return
-        if job is None:       # wait_for_compiles: every job queued before it has finished
+        if job is None:  # wait_for_compiles: every job queued before it has finished
             done.set()
             continue
         key, fused, external, scalars, epoch = job
@@ -556,12 +564,12 @@ def _compile_loop(q):
             last = _compiling.get(key)
             if epoch != _epoch[0] or last is None:
                 continue
-            if _flushes[0] - last > RECENT:   # not run since it was queued: not a loop's body after all
+            if _flushes[0] - last > RECENT:  # not run since it was queued: not a loop's body after all
                 del _compiling[key]
                 continue
         try:
             fn = fused.lower(external, scalars).compile()
-        except Exception as e:   # noqa: BLE001 -- any compile failure: the segment keeps running op by op
+        except Exception as e:  # noqa: BLE001 -- any compile failure: the segment keeps running op by op
             fn = _FAILED
             _note_failure(key, e)
         with _lock:
@@ -578,12 +586,17 @@ def _note_failure(key, error):
     counters.fused_compile_failures += 1
     failures.append((key, error))
     del failures[:-8]
-    warnings.warn(f"torchtpu: a fused segment of {len(key[1])} ops failed to compile and runs op by op: "
-                  f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=1)
+    warnings.warn(
+        f"torchtpu: a fused segment of {len(key[1])} ops failed to compile and runs op by op: "
+        f"{type(error).__name__}: {error}",
+        RuntimeWarning,
+        stacklevel=1,
+    )
 
 
 def _note_executable():
-    from .engine import note_executable   # (engine imports this module)
+    from .engine import note_executable  # (engine imports this module)
+
     note_executable()
 
 

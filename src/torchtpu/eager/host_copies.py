@@ -10,6 +10,7 @@ host can queue more work while the device computes the value and sends it (XLA:C
 host memory: nothing to send, the value is read in place at the sync point): transformers'
 `generate()` reads its stop flag one token late this way (integrations/patches.py).
 """
+
 from __future__ import annotations
 
 import collections
@@ -28,7 +29,7 @@ _lock = threading.Lock()
 _numbers = itertools.count(1)
 # device index -> copies not yet written to host memory, oldest first: (number, dst, array, shape, dtype)
 PENDING: dict[int, collections.deque] = {}
-_last: dict[int, int] = {}   # device index -> number of its newest copy
+_last: dict[int, int] = {}  # device index -> number of its newest copy
 
 
 def start(dst, array, shape, dtype, device: int) -> None:
@@ -69,7 +70,7 @@ def finish(device: int, upto: int | None = None) -> None:
             _, dst, array, shape, dtype = queue.popleft()
         try:
             host = np.asarray(array).reshape(shape)
-        except jax.errors.JaxRuntimeError as e:   # the computation failed (out of memory...): say so here
+        except jax.errors.JaxRuntimeError as e:  # the computation failed (out of memory...): say so here
             errors.raise_out_of_memory(e)
             raise
         metrics.counters.d2h_bytes += host.nbytes

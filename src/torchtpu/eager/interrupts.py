@@ -8,12 +8,13 @@ a `__del__`, Python cannot propagate it: it hands it to `sys.unraisablehook`, wh
 the next tpu op or host read in the main thread raises it (`raise_pending`), so a Ctrl-C during a
 training loop still stops the loop. Any other unraisable exception goes to the previous hook.
 """
+
 from __future__ import annotations
 
 import sys
 import threading
 
-PENDING: list = []   # KeyboardInterrupts that landed where Python could not raise them
+PENDING: list = []  # KeyboardInterrupts that landed where Python could not raise them
 _previous = []
 
 

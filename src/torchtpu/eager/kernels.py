@@ -1,5 +1,6 @@
 """PrivateUse1 registrations: the engine for every lowered op, and the few hand-written kernels
 (views, allocation, transfers, scalars) that are about metadata or the host, not computation."""
+
 from __future__ import annotations
 
 import functools
@@ -16,14 +17,14 @@ from torch.utils import _pytree as pytree
 from .. import config, metrics
 from ..device import host_pages, platform
 from ..device.state import current_device
-from ..ops import dtypes as dt
 from ..ops import argument_checks, factories
+from ..ops import dtypes as dt
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
 from . import asserts, errors, fusion, host_copies, interrupts, tpu_check
-from .fusion import Pending
 from .engine import CONSTANT_BYTES, OpKernel, _last, scalar_key
+from .fusion import Pending
 
 aten = torch.ops.aten
 CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
@@ -33,7 +34,7 @@ KERNELS: dict = {}  # OpOverload -> OpKernel
 _cpu_fallback = [config.get("TORCHTPU_CPU_FALLBACK")]
 
 
-_registered = set()   # overloads given a PrivateUse1 kernel by _impl ("add.Tensor", "nonzero.default")
+_registered = set()  # overloads given a PrivateUse1 kernel by _impl ("add.Tensor", "nonzero.default")
 
 
 def _impl(name, fn):
@@ -48,9 +49,22 @@ def _note_registered(name):
 # ------------------------------------------------------------------ metadata-only ops
 # The CPU kernels of these only touch sizes/strides/offset and share the storage, exactly the
 # aliasing PyTorch expects; every composite view op (slice, select, t, expand, ...) builds on them.
-_METADATA_OPS = ["as_strided", "view", "_reshape_alias", "alias", "unfold", "set_.source_Storage",
-                 "set_.source_Storage_storage_offset", "set_.source_Tensor", "view.dtype",
-                 "_unsafe_view", "lift_fresh", "_nested_view_from_buffer", "view_as_real", "view_as_complex"]
+_METADATA_OPS = [
+    "as_strided",
+    "view",
+    "_reshape_alias",
+    "alias",
+    "unfold",
+    "set_.source_Storage",
+    "set_.source_Storage_storage_offset",
+    "set_.source_Tensor",
+    "view.dtype",
+    "_unsafe_view",
+    "lift_fresh",
+    "_nested_view_from_buffer",
+    "view_as_real",
+    "view_as_complex",
+]
 
 
 # metadata ops whose CompositeExplicitAutograd kernel serves any device when no C++ fast path is built
@@ -73,7 +87,7 @@ def _check_sizes(size):
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_sizes(size)
     index = _device_index(device)
-    dt.to_jax(dtype or torch.get_default_dtype())   # complex32: our TypeError now, not a confusing one later
+    dt.to_jax(dtype or torch.get_default_dtype())  # complex32: our TypeError now, not a confusing one later
     t = new_tensor(tuple(size), dtype or torch.get_default_dtype(), index)
     if memory_format is not None and memory_format not in (torch.contiguous_format, torch.preserve_format):
         t = _restride(t, memory_format)
@@ -110,18 +124,22 @@ def _device_index(device):
 def _resize_(self, size, memory_format=None):
     size = tuple(size)
     if any(n < 0 for n in size):
-        raise RuntimeError("numel: integer multiplication overflow" if len(size) == 1 else
-                           f"Trying to create tensor with negative dimension {min(size)}: {list(size)}")
+        raise RuntimeError(
+            "numel: integer multiplication overflow"
+            if len(size) == 1
+            else f"Trying to create tensor with negative dimension {min(size)}: {list(size)}"
+        )
     if memory_format is torch.preserve_format:
         raise RuntimeError("Unsupported memory formatPreserve")
     r = record_of(self)
     needed = (int(np.prod(size)) + self.storage_offset()) * self.element_size()
     strides = contiguous_strides(size)
     if size == tuple(self.shape):
-        pass   # the same sizes keep their strides (a transposed tensor stays transposed), as PyTorch's resize_
+        pass  # the same sizes keep their strides (a transposed tensor stays transposed), as PyTorch's resize_
     elif needed <= r.nbytes:
         aten.set_.source_Storage_storage_offset.redispatch(
-            CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, strides)
+            CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, strides
+        )
     else:  # grow: a new storage keeping the old elements in front, as PyTorch does
         fresh = new_tensor((needed // self.element_size(),), self.dtype, r.device_index)
         if r.buffer is not None:
@@ -129,11 +147,13 @@ def _resize_(self, size, memory_format=None):
             if old is not None:
                 set_buffer(record_of(fresh), jax.numpy.pad(old, (0, fresh.numel() - old.shape[0])))
         aten.set_.source_Storage_storage_offset.redispatch(
-            CPU_KEYS, self, fresh.untyped_storage(), self.storage_offset(), size, strides)
-    if memory_format is not None:   # restrides even at the same sizes, as PyTorch's empty_tensor_restride
+            CPU_KEYS, self, fresh.untyped_storage(), self.storage_offset(), size, strides
+        )
+    if memory_format is not None:  # restrides even at the same sizes, as PyTorch's empty_tensor_restride
         st = torch.empty(size, device="meta").contiguous(memory_format=memory_format).stride()
         aten.set_.source_Storage_storage_offset.redispatch(
-            CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, st)
+            CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, st
+        )
     return self
 
 
@@ -141,8 +161,14 @@ def _resize_(self, size, memory_format=None):
 def _covers(t: torch.Tensor, r) -> bool:
     """Whether t is all of its storage's elements, in order and in the storage's dtype: its values are
     then exactly the record's flat buffer."""
-    return (t.dtype == r.dtype and t.storage_offset() == 0 and t.numel() == r.numel and t.is_contiguous()
-            and not t.is_conj() and not t.is_neg())
+    return (
+        t.dtype == r.dtype
+        and t.storage_offset() == 0
+        and t.numel() == r.numel
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+    )
 
 
 def _whole(t: torch.Tensor, r):
@@ -159,7 +185,7 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     r = record_of(t)
     if interrupts.PENDING:
         interrupts.raise_pending()
-    if host_copies.PENDING:   # earlier non-blocking copies to the host land first, as in CUDA's stream order
+    if host_copies.PENDING:  # earlier non-blocking copies to the host land first, as in CUDA's stream order
         host_copies.finish(r.device_index)
     asserts.check(r.device_index)
     t, r = _whole(t, r)
@@ -170,7 +196,7 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     else:
         try:
             out = np.asarray(r.buffer).reshape(tuple(t.shape))
-        except jax.errors.JaxRuntimeError as e:   # an asynchronous allocation failure surfaces here
+        except jax.errors.JaxRuntimeError as e:  # an asynchronous allocation failure surfaces here
             errors.raise_out_of_memory(e)
             raise
     metrics.counters.d2h_bytes += out.nbytes
@@ -210,8 +236,7 @@ def _clone(self, *, memory_format=None):
     if memory_format in (None, torch.preserve_format, torch.contiguous_format):
         if r is not None and r._buffer is not None and _covers(self, r):
             return new_tensor(tuple(self.shape), self.dtype, r.device_index, r._buffer)
-        if memory_format is torch.contiguous_format or self.is_contiguous() or \
-                not is_non_overlapping_and_dense(self):
+        if memory_format is torch.contiguous_format or self.is_contiguous() or not is_non_overlapping_and_dense(self):
             return KERNELS[aten.clone.default](self, memory_format=memory_format)
         # preserve_format keeps a dense tensor's strides (a transposed matrix stays transposed), as CUDA
         return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=self.device).copy_(self)
@@ -234,26 +259,36 @@ def _copy_(self, src, non_blocking=False):
         if self.device.index == src.device.index:
             rd, rs = record_of(self), record_of(src)
             # (not while device-side asserts are unchecked: the engine's copy is gated, eager/asserts.py)
-            if (rs._buffer is not None and self.dtype == src.dtype and self.shape == src.shape
-                    and _covers(self, rd) and _covers(src, rs) and not asserts.gating()):
+            if (
+                rs._buffer is not None
+                and self.dtype == src.dtype
+                and self.shape == src.shape
+                and _covers(self, rd)
+                and _covers(src, rs)
+                and not asserts.gating()
+            ):
                 set_buffer(rd, rs._buffer)
                 return self
             return KERNELS[aten.copy_.default](self, src)
         value = to_host(src) if src.numel() else np.zeros(tuple(src.shape), dt.to_jax(src.dtype))
         moved = platform.put(np.ascontiguousarray(value).reshape(-1), self.device.index)
-        return _write_whole_or_copy(self, moved, src.dtype) if tuple(src.shape) == tuple(self.shape) else \
-            KERNELS[aten.copy_.default](self, new_tensor(tuple(src.shape), src.dtype, self.device.index, moved))
+        return (
+            _write_whole_or_copy(self, moved, src.dtype)
+            if tuple(src.shape) == tuple(self.shape)
+            else KERNELS[aten.copy_.default](self, new_tensor(tuple(src.shape), src.dtype, self.device.index, moved))
+        )
     if self.device.type == "tpu":  # host -> device
         if src.device.type != "cpu":
             src = src.cpu()
         if src.is_conj() or src.is_neg():
             src = src.resolve_conj().resolve_neg()
-        dt.to_jax(src.dtype)   # a dtype tpu has no arrays for (complex32) raises our TypeError, not numpy's
+        dt.to_jax(src.dtype)  # a dtype tpu has no arrays for (complex32) raises our TypeError, not numpy's
         host = dt.numpy_from_cpu(src.contiguous())
         index = self.device.index
         if tuple(src.shape) == tuple(self.shape):
             buffer = _from_host(host, src.dtype, index)
             from . import data_dependent
+
             if src.dtype in _INDEX_DTYPES and host.size <= data_dependent.HOST_VALUES_ELEMENTS:
                 # an index list (`x[[5]]`): its range is checked on the host at the op (eager/data_dependent.py)
                 data_dependent.remember_host_values(self.untyped_storage().data_ptr(), buffer, host.reshape(-1))
@@ -261,8 +296,13 @@ def _copy_(self, src, non_blocking=False):
         tmp = new_tensor(tuple(src.shape), src.dtype, index, _from_host(host, src.dtype, index))
         return KERNELS[aten.copy_.default](self, tmp)
     # device -> host
-    if non_blocking and tuple(self.shape) == tuple(src.shape) and src.numel() and self.is_pinned() \
-            and not (src.is_conj() or src.is_neg()):
+    if (
+        non_blocking
+        and tuple(self.shape) == tuple(src.shape)
+        and src.numel()
+        and self.is_pinned()
+        and not (src.is_conj() or src.is_neg())
+    ):
         return _copy_to_host_async(self, src)
     host = dt.cpu_from_numpy(to_host(src), src.dtype)
     return self.copy_(host)
@@ -276,7 +316,7 @@ def _copy_to_host_async(dst, src):
     lands at the device's next sync point (eager/host_copies.py), as CUDA's does."""
     src, r = _whole(src, record_of(src))
     buffer = r.buffer
-    if buffer is None:   # never written: nothing on the device to wait for
+    if buffer is None:  # never written: nothing on the device to wait for
         return dst.copy_(dt.cpu_from_numpy(np.zeros(tuple(src.shape), dt.to_jax(src.dtype)), src.dtype))
     host_copies.start(dst, buffer, tuple(src.shape), src.dtype, r.device_index)
     return dst
@@ -364,7 +404,8 @@ def _sparse_fallback(op, *args, **kwargs):
     """The SparsePrivateUse1 key: every op reaching it makes or takes a sparse tpu tensor."""
     raise NotImplementedError(
         f"torchtpu: aten::{op_name(op)}: sparse layouts are not supported on the tpu device (tpu tensors are "
-        f"dense and strided); keep sparse tensors on the CPU, or call .to_dense() before moving them")
+        f"dense and strided); keep sparse tensors on the CPU, or call .to_dense() before moving them"
+    )
 
 
 def _refuse_layout(op):
@@ -373,18 +414,21 @@ def _refuse_layout(op):
         if word in name:
             raise NotImplementedError(
                 f"torchtpu: aten::{name}: {what} are not supported on the tpu device (tpu tensors are dense "
-                f"and strided); keep such tensors on the CPU")
+                f"and strided); keep such tensors on the CPU"
+            )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_once(name):
-    warnings.warn(f"torchtpu: aten::{name} has no tpu lowering; running it on the CPU "
-                  f"(TORCHTPU_CPU_FALLBACK is on)", stacklevel=3)
+    warnings.warn(
+        f"torchtpu: aten::{name} has no tpu lowering; running it on the CPU (TORCHTPU_CPU_FALLBACK is on)", stacklevel=3
+    )
 
 
 def _run_on_cpu(op, args, kwargs):
     """Run `op` on CPU copies of its tpu tensors; write mutated arguments back; results to tpu."""
     from torch.utils._pytree import tree_leaves, tree_map
+
     _warn_once(op_name(op))
     metrics.counters.cpu_fallbacks += 1
     originals = {}  # id(cpu copy) -> tpu tensor
@@ -402,8 +446,11 @@ def _run_on_cpu(op, args, kwargs):
         for c in tree_leaves((cpu_args, cpu_kwargs)):
             if id(c) in originals:
                 originals[id(c)].copy_(c)
-    device = next((x.device for x in tree_leaves((args, kwargs))
-                   if isinstance(x, torch.Tensor) and x.device.type == "tpu"), torch.device("tpu", 0))
+    device = next(
+        (x.device for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor) and x.device.type == "tpu"),
+        torch.device("tpu", 0),
+    )
+
     def back(x):  # a returned argument (an in-place op's self) is the tpu tensor it was copied from
         if not isinstance(x, torch.Tensor):
             return x
@@ -424,8 +471,11 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
         if non_blocking and device.type == "cpu":
             non_blocking = False
     dtype, layout = kwargs.get("dtype"), kwargs.get("layout")
-    on_device = (device is None or device == self.device) and (layout is None or layout == torch.strided) \
+    on_device = (
+        (device is None or device == self.device)
+        and (layout is None or layout == torch.strided)
         and not kwargs.get("pin_memory")
+    )
     if on_device and (dtype is None or dtype == self.dtype):
         # `x.to(copy=True)` on its own device is a clone: one executable at most (none for a whole
         # storage), not empty_strided + copy_ into it (which first fills the new storage)
@@ -433,14 +483,18 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
     # only the engine's conversion kernel below says what ran (fastpath.describe)
     _last.call = None
     memory_format = kwargs.get("memory_format")
-    if (on_device and not (self.is_complex() and not dtype.is_complex)
-            and (memory_format is torch.contiguous_format or self.is_contiguous())):
+    if (
+        on_device
+        and not (self.is_complex() and not dtype.is_complex)
+        and (memory_format is torch.contiguous_format or self.is_contiguous())
+    ):
         # `x.to(dtype)` (bfloat16 models' norms do it twice each): one executable that the C++ fast
         # path serves from its second call, not empty_strided + a Python copy_ (~50 µs). (Complex to
         # real keeps PyTorch's path; a non-contiguous tensor's preserved strides too.)
         return KERNELS[aten._to_copy.default](self, dtype=dtype)
-    return aten._to_copy.default._op_dk(DispatchKey.CompositeExplicitAutograd, self,
-                                        non_blocking=non_blocking, **kwargs)
+    return aten._to_copy.default._op_dk(
+        DispatchKey.CompositeExplicitAutograd, self, non_blocking=non_blocking, **kwargs
+    )
 
 
 # Meta kernels for ops PyTorch ships without one (the engine needs shapes and dtypes), meta functions
@@ -456,25 +510,28 @@ META_CHECKS = declared_facts("meta_check")
 def _register_fake_overrides():
     from torch._subclasses import fake_impls
 
-    ops = {getattr(getattr(aten, n.partition(".")[0]), n.partition(".")[2] or "default"): fn
-           for n, fn in META_OVERRIDES.items()}
+    ops = {
+        getattr(getattr(aten, n.partition(".")[0]), n.partition(".")[2] or "default"): fn
+        for n, fn in META_OVERRIDES.items()
+    }
 
     def fake_impl(fake_mode, func, *args, **kwargs):
         devices = {a.device for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
         if not any(d.type == "tpu" for d in devices):
-            return NotImplemented          # other devices keep PyTorch's own rules
+            return NotImplemented  # other devices keep PyTorch's own rules
         device = next(d for d in devices if d.type == "tpu")
         with fake_impls.in_kernel_invocation_manager(fake_mode):
             out = ops[func](*args, **kwargs)
         return pytree.tree_map_only(
-            torch.Tensor, lambda t: fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t, device), out)
+            torch.Tensor, lambda t: fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t, device), out
+        )
 
     fake_impls.register_op_impl(lambda func: func in ops)(fake_impl)
 
 
 def _register_missing_meta():
     for name, fn in _MISSING_META.items():
-        name = name.removesuffix(".default")   # the dispatcher names a default overload by its op alone
+        name = name.removesuffix(".default")  # the dispatcher names a default overload by its op alone
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
             _lib.impl(name, fn, "Meta")
 
@@ -488,12 +545,15 @@ def _arange_checks(start, end, step):
         raise RuntimeError("upper bound and larger bound inconsistent with step sign")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _arange_executable(n, jdtype, device_index):
     """One executable per (length, dtype, device): start and step are traced arguments."""
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
-    return tpu_check.jit(lambda start, step: factories._arange_values(start, step, n, jdtype),
-                         f"aten::arange of {n} x {jdtype}", out_shardings=sharding)
+    return tpu_check.jit(
+        lambda start, step: factories._arange_values(start, step, n, jdtype),
+        f"aten::arange of {n} x {jdtype}",
+        out_shardings=sharding,
+    )
 
 
 def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
@@ -512,8 +572,11 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
             n, jd, index = hit
             metrics.counters.eager_cache_hits += 1
             return new_tensor((n,), torch.int64, index, _arange_values(n, jd, index, start, step))
-    d = dtype if dtype is not None else (
-        torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype())
+    d = (
+        dtype
+        if dtype is not None
+        else (torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype())
+    )
     if d.is_complex or d == torch.bool:
         raise NotImplementedError(f'"arange" not implemented for {d}')  # as the CPU
     _arange_checks(start, end, step)
@@ -534,7 +597,7 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
 
 
 _arange_kept: dict = {}
-_arange_seen: dict = {}   # (start, end, step, device, current device) of integer calls -> (length, dtype, index)
+_arange_seen: dict = {}  # (start, end, step, device, current device) of integer calls -> (length, dtype, index)
 
 
 def _arange_values(n, jd, index, start, step):
@@ -568,8 +631,10 @@ def _has_compatible_shallow_copy_type(self, other):
     CUDA (both "dense" backends) but no for PrivateUse1: `model.to("tpu")` then built new Parameter
     objects, and an optimizer made before the move kept updating the stale CPU ones. Dense tensors on
     "cpu" and "tpu" are as interchangeable as CPU and CUDA ones."""
+
     def dense(t):
         return t.layout == torch.strided and t.device.type in ("cpu", "tpu") and not t.is_quantized
+
     return (dense(self) and dense(other)) or (self.device == other.device and self.layout == other.layout)
 
 
@@ -580,6 +645,7 @@ def register_all():
     _lib = torch.library.Library("aten", "IMPL")
     _fallback_lib = torch.library.Library("_", "IMPL")
     from . import attention, data_dependent, fastpath
+
     fast = fastpath.load()
     for name in _METADATA_OPS:
         packet, _, overload = name.partition(".")
@@ -588,7 +654,7 @@ def register_all():
             if fast and fastpath.attach_metadata(op):
                 _note_registered(name)
             elif name in _COMPOSITE_METADATA_OPS:
-                pass   # PyTorch's own C++ kernel: a Python kernel's result keeps its Python object, and
+                pass  # PyTorch's own C++ kernel: a Python kernel's result keeps its Python object, and
                 # `as_subclass` (every tensor subclass's `.to("tpu")`) then refuses to re-type it
             else:
                 _impl(name, _redispatch_to_cpu(op))
@@ -612,7 +678,7 @@ def register_all():
         _lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, key)
     _register_missing_meta()
     _register_fake_overrides()
-    deferred = []   # (op, kernel): the engine's kernel on PrivateUse3, the C++ fast path's on PrivateUse1
+    deferred = []  # (op, kernel): the engine's kernel on PrivateUse3, the C++ fast path's on PrivateUse1
     manual = {"copy_", "resize_", "equal", "_local_scalar_dense", "clone", "_to_copy"}
     for op in _all_overloads():
         name = op_name(op)
@@ -623,9 +689,9 @@ def register_all():
         kernel = plain = kernel_for(op)
         if name in data_dependent.MASK_ARGUMENT_OPS:  # boolean masks become indices first
             kernel = data_dependent.with_masks(kernel, data_dependent.MASK_ARGUMENT_OPS[name])
-        check = argument_checks.CHECKS.get(name)   # host checks of Scalar arguments (pow, fill)
+        check = argument_checks.CHECKS.get(name)  # host checks of Scalar arguments (pow, fill)
         if check is not None and kernel is plain:
-            plain.host_check = check   # the engine runs it (and knows when it cannot raise)
+            plain.host_check = check  # the engine runs it (and knows when it cannot raise)
         else:
             kernel = argument_checks.wrap(name, kernel)
         if fast and kernel is plain and fastpath.eligible(op, kernel):
@@ -635,7 +701,7 @@ def register_all():
     data_dependent.register(_impl)
     attention.register()
     for op, kernel in deferred:
-        if op in _registered or op_name(op) in _registered:   # a later registration took the overload over
+        if op in _registered or op_name(op) in _registered:  # a later registration took the overload over
             continue
         _lib.impl(op, kernel, "PrivateUse3")
         if not fastpath.attach(op, kernel):

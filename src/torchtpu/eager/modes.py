@@ -2,6 +2,7 @@
 them that repeats runs as one XLA executable, the rest op by op: eager/fusion.py), "strict" (every op
 is called at once, asynchronously) and "debug" (every op waits for its result, so an error surfaces
 at the op that caused it). TORCHTPU_EAGER_MODE sets the initial mode."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,7 @@ def _name(mode) -> str:
         return mode.value
     name = str(mode).lower()
     if name not in _MODES:
-        raise ValueError(f"unknown eager mode {mode!r}: expected one of {', '.join(_MODES)} "
-                         f"or a torch.tpu.EagerMode")
+        raise ValueError(f"unknown eager mode {mode!r}: expected one of {', '.join(_MODES)} or a torch.tpu.EagerMode")
     return name
 
 
@@ -63,6 +63,7 @@ def set_eager_mode(mode) -> _ModeChange:
 def _switch(mode):
     if _mode[0] == "fused" and mode != "fused":  # queued ops run before the mode changes
         from .fusion import flush_all
+
         flush_all()
     _mode[0] = mode
 

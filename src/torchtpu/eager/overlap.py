@@ -14,6 +14,7 @@ executable is built. The second depends on storage offsets too, which travel as 
 `guard` returns a check the engine runs per call, and only for keys where a written tensor shares
 its storage with another tensor argument (anything else costs nothing).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,12 +24,16 @@ from ..ops.resolve import functional_twin, op_name
 from ..ops.table import LOWERINGS
 from ..storage.records import RECORDS
 
-INTERNAL = ("unsupported operation: more than one element of the written-to tensor refers to a single "
-            "memory location. Please clone() the tensor before performing the operation.")
-PARTIAL = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
-           "single memory location. Please clone() the tensor before performing the operation.")
+INTERNAL = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single "
+    "memory location. Please clone() the tensor before performing the operation."
+)
+PARTIAL = (
+    "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+    "single memory location. Please clone() the tensor before performing the operation."
+)
 
-_EXTRA = {"copy_.default"}   # elementwise writes whose functional twin has no promoting lowering
+_EXTRA = {"copy_.default"}  # elementwise writes whose functional twin has no promoting lowering
 
 
 def _elementwise(op) -> bool:
@@ -59,7 +64,7 @@ def _tensors(kernel, args, kwargs):
     out = []
 
     def add(value, written):
-        for t in (value if isinstance(value, (list, tuple)) else [value]):
+        for t in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(t, torch.Tensor) and RECORDS.get(t.untyped_storage().data_ptr()) is not None:
                 out.append((t, written))
 
@@ -88,7 +93,7 @@ def guard(kernel, args, kwargs, dyn_offset):
             if t.untyped_storage().data_ptr() != w.untyped_storage().data_ptr():
                 continue
             if not (_dense(t) and _dense(w)):
-                continue   # "too hard" for PyTorch too: it does not raise
+                continue  # "too hard" for PyTorch too: it does not raise
             pairs.append((_extent(w, dyn_offset), _extent(t, dyn_offset), tuple(w.stride()) == tuple(t.stride())))
     if not pairs:
         return None
@@ -107,7 +112,7 @@ def _extent(t, dyn_offset):
 def _current_offsets(args, kwargs, dyn_offset):
     found = {}
     for a in (*args, *kwargs.values()):
-        for t in (a if isinstance(a, (list, tuple)) else [a]):
+        for t in a if isinstance(a, (list, tuple)) else [a]:
             if isinstance(t, torch.Tensor) and id(t) in dyn_offset:
                 found[dyn_offset[id(t)]] = t.storage_offset()
     return tuple(found.get(i, 0) for i in range(max(found, default=-1) + 1))

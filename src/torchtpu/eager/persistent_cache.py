@@ -4,6 +4,7 @@ compiled graphs alike, so it lives here, below both the eager engine and the com
 Environment: TORCHTPU_COMPILE_CACHE=0 turns it off; the default directory is ~/.cache/torchtpu/xla,
 or TORCHTPU_COMPILE_CACHE_DIR. `torch.tpu.compiler.set_persistent_cache` chooses another one.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ def cache_dir():
 def set_persistent_cache(path=None, min_compile_time_s: float | None = None):
     """Use `path` for JAX's persistent compilation cache (None turns it off)."""
     import jax
+
     try:
         from jax._src import compilation_cache as cc
     except ImportError:  # pragma: no cover
@@ -53,11 +55,13 @@ def ensure_persistent_cache():
     if not config.get("TORCHTPU_COMPILE_CACHE"):
         return
     import jax
+
     if jax.config.jax_compilation_cache_dir:  # the user configured JAX directly
         _state["cache_dir"] = jax.config.jax_compilation_cache_dir
         return
     path = config.get("TORCHTPU_COMPILE_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "torchtpu", "xla")
+        os.path.expanduser("~"), ".cache", "torchtpu", "xla"
+    )
     try:
         set_persistent_cache(path, min_compile_time_s=DEFAULT_MIN_COMPILE_TIME_S)
     except OSError:  # an unwritable home must not break compilation: no on-disk cache then

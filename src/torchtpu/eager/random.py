@@ -14,6 +14,7 @@ and `default_generators` are missing.
 State layout (get_rng_state/set_rng_state, Generator.get_state/set_state): CUDA's 16 bytes, the
 seed (uint64) then the offset (int64).
 """
+
 from __future__ import annotations
 
 import random as _pyrandom
@@ -29,7 +30,7 @@ class HostGenerator:
     """A device's default generator state kept in Python (no C++ extension): the subset of
     `torch.Generator`'s methods the device uses."""
 
-    __slots__ = ("_seed", "_offset", "device")
+    __slots__ = ("_offset", "_seed", "device")
 
     def __init__(self, index: int):
         self._seed = _DEFAULT_SEED
@@ -64,8 +65,10 @@ class HostGenerator:
         if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8 or new_state.device.type != "cpu":
             raise TypeError("RNG state must be a torch.ByteTensor on the CPU")
         if new_state.numel() != _STATE_BYTES:
-            raise RuntimeError(f"RNG state is wrong size: expected {_STATE_BYTES} bytes (seed, offset) for a "
-                               f"tpu generator, got {new_state.numel()}")
+            raise RuntimeError(
+                f"RNG state is wrong size: expected {_STATE_BYTES} bytes (seed, offset) for a "
+                f"tpu generator, got {new_state.numel()}"
+            )
         raw = new_state.contiguous().numpy().tobytes()
         offset = int(np.frombuffer(raw[8:], np.int64)[0])
         if offset < 0:
@@ -83,8 +86,8 @@ def default(device_index: int):
     g = _defaults.get(device_index)
     if g is None:
         from ..device import native
-        g = native.new_default_generator(device_index) if native.generators_available() \
-            else HostGenerator(device_index)
+
+        g = native.new_default_generator(device_index) if native.generators_available() else HostGenerator(device_index)
         g = _defaults.setdefault(device_index, g)
     return g
 

@@ -16,6 +16,7 @@ A program that fails raises TpuCompileCheckError (a RuntimeError) at the op or g
 `report()` has the counts, each program's XLA:TPU cost analysis ('flops', 'bytes accessed', ...) and
 the failures. At exit one line says how many programs compiled and how many failed.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,8 +36,8 @@ import jax
 from .. import config
 from ..device import platform
 
-_MESSAGE_LINES = 6       # lines of XLA's error in the exception's message (the whole text is in the report)
-_CHILD_STDERR_TAIL = 4000   # characters of a dead child's stderr kept in its failure
+_MESSAGE_LINES = 6  # lines of XLA's error in the exception's message (the whole text is in the report)
+_CHILD_STDERR_TAIL = 4000  # characters of a dead child's stderr kept in its failure
 
 
 class TpuCompileCheckError(RuntimeError):
@@ -47,13 +48,13 @@ class TpuCompileCheckError(RuntimeError):
         self.program, self.topology, self.xla_error, self.in_trace = program, topology, xla_error, in_trace
         lines = [line for line in xla_error.strip().splitlines() if line.strip()]
         shown = "\n".join(lines[:_MESSAGE_LINES]) + ("\n..." if len(lines) > _MESSAGE_LINES else "")
-        super().__init__(f"torchtpu: TPU compile check ({topology}): {program} does not compile for the TPU:\n"
-                         f"{shown}")
+        super().__init__(f"torchtpu: TPU compile check ({topology}): {program} does not compile for the TPU:\n{shown}")
 
 
 @dataclasses.dataclass
 class ProgramResult:
     """One checked program: `cost` is XLA:TPU's cost_analysis() ('flops', 'bytes accessed', ...)."""
+
     name: str
     ok: bool
     error: str | None
@@ -66,18 +67,18 @@ class Report:
     topology: str | None
     compiled: int
     failed: int
-    programs: list   # ProgramResult, in the order they were checked
+    programs: list  # ProgramResult, in the order they were checked
 
     @property
     def failures(self) -> list:
         return [p for p in self.programs if not p.ok]
 
 
-_lock = threading.RLock()       # one program at a time through the child
+_lock = threading.RLock()  # one program at a time through the child
 _results: list = []
 _atexit = [False]
 _test_abort_next = [False]
-_jax_state = []                 # the JAX configuration value that keys JAX's caches on the TPU trace
+_jax_state = []  # the JAX configuration value that keys JAX's caches on the TPU trace
 # (topology, StableHLO digest, replicas, partitions) -> the child's answer: the same program built again
 # (an op's donating form, an entry rebuilt after its cache was cleared) is not compiled again
 _compiled: dict = {}
@@ -138,7 +139,7 @@ def wrap(run, fn, name: str, **jit_kwargs):
 
 
 class _Checked:
-    __slots__ = ("__weakref__", "__wrapped__", "check_name", "run", "seen", "traceable")   # (weakref: fusion._twins)
+    __slots__ = ("__weakref__", "__wrapped__", "check_name", "run", "seen", "traceable")  # (weakref: fusion._twins)
 
     def __init__(self, run, traceable, name, wrapped):
         self.run, self.traceable, self.check_name, self.seen = run, traceable, name, {}
@@ -146,19 +147,19 @@ class _Checked:
 
     def __call__(self, *args, **kwargs):
         leaves = jax.tree_util.tree_leaves((args, kwargs))
-        if any(isinstance(x, jax.core.Tracer) for x in leaves):   # inside a trace: the outer program is checked
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):  # inside a trace: the outer program is checked
             return self.run(*args, **kwargs)
-        if topology() is None:   # the check was turned off after this program was built (a test's block)
+        if topology() is None:  # the check was turned off after this program was built (a test's block)
             return self.run(*args, **kwargs)
         key = _signature(leaves)
         failure = self.seen.get(key, False)
-        if failure is False:   # checked before the host runs it: a failure leaves donated inputs intact
+        if failure is False:  # checked before the host runs it: a failure leaves donated inputs intact
             failure = self.seen[key] = _check_failure(self.traceable, args, kwargs, self.check_name)
         if failure is None:
             return self.run(*args, **kwargs)
-        if failure.in_trace:   # an error of the host's own trace keeps its type: the host traces first
+        if failure.in_trace:  # an error of the host's own trace keeps its type: the host traces first
             self.run(*args, **kwargs)
-        raise failure.with_traceback(None)   # (the same error again: not the previous raise's frames)
+        raise failure.with_traceback(None)  # (the same error again: not the previous raise's frames)
 
     def lower(self, *args, **kwargs):
         return self.run.lower(*args, **kwargs)
@@ -210,7 +211,7 @@ def _check_failure(traceable, args, kwargs, name):
     topo = topology()
     try:
         bytecode, replicas, partitions = _lower_for_tpu(traceable, args, kwargs)
-    except Exception as e:   # noqa: BLE001 -- the TPU trace itself failed: a TPU-only branch, or a TPU lowering
+    except Exception as e:  # noqa: BLE001 -- the TPU trace itself failed: a TPU-only branch, or a TPU lowering
         error = f"tracing for the TPU failed: {type(e).__name__}: {e}"
         _record(ProgramResult(name, False, error, {}, 0.0))
         return TpuCompileCheckError(name, topo, error, in_trace=True)
@@ -218,7 +219,7 @@ def _check_failure(traceable, args, kwargs, name):
     known = _compiled.get(key)
     if known is None or _test_abort_next[0]:
         known = _child.compile(topo, name, bytecode, replicas, partitions)
-        if not known[0] or "compiler process died" not in known[0]:   # (a crash may be the machine's: retried)
+        if not known[0] or "compiler process died" not in known[0]:  # (a crash may be the machine's: retried)
             _compiled[key] = known
     error, cost, seconds = known
     _record(ProgramResult(name, error is None, error, cost, seconds))
@@ -235,14 +236,22 @@ def _trace_key():
     nested `jax.jit`s are traced again instead of reusing the host's jaxprs."""
     if not _jax_state:
         from jax._src import config as jax_config
-        _jax_state.append(jax_config.bool_state(
-            "torchtpu_tracing_for_tpu", False, "torchtpu's TPU compile check is tracing a program for a TPU",
-            include_in_jit_key=True, include_in_trace_context=True))
+
+        _jax_state.append(
+            jax_config.bool_state(
+                "torchtpu_tracing_for_tpu",
+                False,
+                "torchtpu's TPU compile check is tracing a program for a TPU",
+                include_in_jit_key=True,
+                include_in_trace_context=True,
+            )
+        )
     return _jax_state[0]
 
 
 def _lower_for_tpu(traceable, args, kwargs):
     from jax._src.interpreters import mlir
+
     with platform.tracing_for("tpu"), _trace_key()(True), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         lowered = traceable.trace(*args, **kwargs).lower(lowering_platforms=("tpu",))
@@ -266,21 +275,25 @@ class _Child:
         self.proc = None
         self.topology = None
         self.stderr = None
-        self.start_error = None   # a topology libtpu refused: every program fails with it
+        self.start_error = None  # a topology libtpu refused: every program fails with it
 
     def _start(self, topo):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tpu_check_child.py")
         workdir = tempfile.mkdtemp(prefix="torchtpu-tpu-check-")
-        self.stderr = open(os.path.join(workdir, "stderr"), "w+b")   # noqa: SIM115 -- the child's lifetime
+        self.stderr = open(os.path.join(workdir, "stderr"), "w+b")  # noqa: SIM115 -- the child's lifetime
         env = dict(os.environ)
-        env.pop("XLA_FLAGS", None)   # the host's XLA:CPU flags are unknown to XLA:TPU, which aborts on them
-        env["JAX_PLATFORMS"] = "cpu"   # libtpu loads for the topology only, never as a backend
-        env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"   # compile-only: other processes may hold libtpu's chip lock
+        env.pop("XLA_FLAGS", None)  # the host's XLA:CPU flags are unknown to XLA:TPU, which aborts on them
+        env["JAX_PLATFORMS"] = "cpu"  # libtpu loads for the topology only, never as a backend
+        env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # compile-only: other processes may hold libtpu's chip lock
         # (run by path from an empty directory: the package's own modules must not shadow the stdlib's)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')",
-             script, topo],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, cwd=workdir, env=env)
+            [sys.executable, "-c", "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')", script, topo],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            cwd=workdir,
+            env=env,
+        )
         self.topology = topo
         reply = self._receive()
         if reply is None:
@@ -342,7 +355,7 @@ class _Child:
             try:
                 proc.stdin.close()
                 proc.wait(timeout=30)
-            except Exception:   # noqa: BLE001 -- at exit: a child that does not end is killed
+            except Exception:  # noqa: BLE001 -- at exit: a child that does not end is killed
                 proc.kill()
             proc.stdout.close()
         if self.stderr is not None and not self.stderr.closed:
@@ -362,4 +375,3 @@ def cost_of(name: str) -> list:
     """XLA:TPU's cost analysis of each checked program named `name`, in order."""
     with _lock:
         return [p.cost for p in _results if p.name == name]
-

@@ -8,6 +8,7 @@ and a pickle. Request: (name, bytecode, num_replicas, num_partitions, abort_for_
 (error text or None, cost_analysis dict, compile seconds). The first reply, after libtpu has loaded, is
 (None or the error that stops it, {"devices": n, "kind": device kind}, seconds).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,9 +35,9 @@ def _write(stream, message):
 def _cost(executable):
     try:
         cost = executable.cost_analysis()
-    except Exception:   # noqa: BLE001 -- a program XLA:TPU has no cost model for still compiled
+    except Exception:  # noqa: BLE001 -- a program XLA:TPU has no cost model for still compiled
         return {}
-    if isinstance(cost, list):   # (older jaxlibs: one dict per partition)
+    if isinstance(cost, list):  # (older jaxlibs: one dict per partition)
         cost = cost[0] if cost else {}
     return {str(k): float(v) for k, v in dict(cost or {}).items() if isinstance(v, (int, float))}
 
@@ -51,18 +52,19 @@ def main(topology: str, reply_fd: int) -> None:
         from jax._src.interpreters import mlir
         from jax._src.lib import xla_client
         from jax.experimental import topologies
+
         devices = topologies.get_topology_desc(topology, "tpu").devices
-    except Exception as e:   # noqa: BLE001 -- a topology libtpu does not know, or no libtpu: said once
+    except Exception as e:  # noqa: BLE001 -- a topology libtpu does not know, or no libtpu: said once
         _write(replies, (f"{type(e).__name__}: {e}", {}, time.perf_counter() - start))
         return
     _write(replies, (None, {"devices": len(devices), "kind": devices[0].device_kind}, time.perf_counter() - start))
     client = devices[0].client
     while True:
         request = _read(requests)
-        if request is None:   # the parent closed the pipe: it is exiting
+        if request is None:  # the parent closed the pipe: it is exiting
             return
         name, bytecode, num_replicas, num_partitions, abort_for_test = request
-        if abort_for_test:   # tests: a compiler abort, as XLA:TPU's CHECK failures end the process
+        if abort_for_test:  # tests: a compiler abort, as XLA:TPU's CHECK failures end the process
             print(f"tpu_check_child: aborting on {name!r} as the test asked", file=sys.stderr, flush=True)
             os.abort()
         start = time.perf_counter()
@@ -74,12 +76,14 @@ def main(topology: str, reply_fd: int) -> None:
             with mlir.make_ir_context():
                 module = mlir.ir.Module.parse(bytecode)
             assignment = np.arange(n).reshape(num_replicas, num_partitions)
-            options = compiler.get_compile_options(num_replicas=num_replicas, num_partitions=num_partitions,
-                                                   device_assignment=assignment)
-            executable = client.compile(module, executable_devices=xla_client.DeviceList(tuple(devices[:n])),
-                                        compile_options=options)
+            options = compiler.get_compile_options(
+                num_replicas=num_replicas, num_partitions=num_partitions, device_assignment=assignment
+            )
+            executable = client.compile(
+                module, executable_devices=xla_client.DeviceList(tuple(devices[:n])), compile_options=options
+            )
             reply = (None, _cost(executable), time.perf_counter() - start)
-        except Exception as e:   # noqa: BLE001 -- XLA's rejection, reported as the program's failure
+        except Exception as e:  # noqa: BLE001 -- XLA's rejection, reported as the program's failure
             reply = (f"{type(e).__name__}: {e}", {}, time.perf_counter() - start)
         _write(replies, reply)
 
@@ -90,7 +94,8 @@ def _die_with_parent():
     try:
         import ctypes
         import signal
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -100,4 +105,4 @@ if __name__ == "__main__":
     # the libraries' prints on stdout go to stderr; replies have their own descriptor
     reply_fd = os.dup(1)
     os.dup2(2, 1)
-    main(sys.argv[-1], reply_fd)   # (the last argument: run by path through runpy, argv keeps "-c" first)
+    main(sys.argv[-1], reply_fd)  # (the last argument: run by path through runpy, argv keeps "-c" first)

@@ -17,14 +17,15 @@ trivial function, so a misspelled name raises at the `with` line, naming it.
 
 The state is process-wide (like torch.set_float32_matmul_precision), not per thread.
 """
+
 from __future__ import annotations
 
-_active = [()]     # the options in force: sorted ((name, value), ...); part of cache keys
-_jax = [None]      # the same as JAX's compiler_options dict, or None when there are none
-_base: dict = {}   # process-wide settings (allow_excess_precision)
+_active = [()]  # the options in force: sorted ((name, value), ...); part of cache keys
+_jax = [None]  # the same as JAX's compiler_options dict, or None when there are none
+_base: dict = {}  # process-wide settings (allow_excess_precision)
 _stack: list = []  # the custom_compiler_options contexts, innermost last
 _checked: set = set()
-_op_defaults: list = []   # [defaults] once probed
+_op_defaults: list = []  # [defaults] once probed
 
 # One eager op is a small program. XLA:CPU's LLVM IR fusion emitters compile one without a
 # reduction ~30-45% faster than the MLIR fusion emitters XLA defaults to, and the code runs as fast
@@ -34,14 +35,28 @@ _op_defaults: list = []   # [defaults] once probed
 # without a reduction take the LLVM IR emitters, on XLA:CPU; the user's options still win
 # (benchmarks/compile_time.py, docs/design.md).
 _SMALL_PROGRAM_DEFAULTS = {"cpu": {"xla_cpu_use_fusion_emitters": False}}
-_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
-                         "reduce_xor", "argmax", "argmin", "reduce"})
+_REDUCTIONS = frozenset(
+    {
+        "reduce_sum",
+        "reduce_max",
+        "reduce_min",
+        "reduce_prod",
+        "reduce_and",
+        "reduce_or",
+        "reduce_xor",
+        "argmax",
+        "argmin",
+        "reduce",
+    }
+)
 
-_LEVELS = {"O0": 9, "O1": 19, "O2": 29, "O3": 39}   # XLA's EffortLevel values
-_BUILD_LEVELS = {"xla_optimization_level": "optimization_level",
-                 "xla_memory_fitting_level": "memory_fitting_level",
-                 "optimization_level": "optimization_level",
-                 "memory_fitting_level": "memory_fitting_level"}
+_LEVELS = {"O0": 9, "O1": 19, "O2": 29, "O3": 39}  # XLA's EffortLevel values
+_BUILD_LEVELS = {
+    "xla_optimization_level": "optimization_level",
+    "xla_memory_fitting_level": "memory_fitting_level",
+    "optimization_level": "optimization_level",
+    "memory_fitting_level": "memory_fitting_level",
+}
 _BUILD_EFFORTS = ("exec_time_optimization_effort", "memory_fitting_effort")
 
 
@@ -58,7 +73,7 @@ def op_options(user, jaxpr=None):
     jax_options() was when it was built: what keys it, and what the fused mode and the C++ fast path
     look at) and, when known, its jaxpr: the user's options merged over the platform's defaults for
     small programs without a reduction, the user's winning."""
-    if jaxpr is not None and _reduces(jaxpr):   # (called when an op is built, not per call)
+    if jaxpr is not None and _reduces(jaxpr):  # (called when an op is built, not per call)
         return user
     merged = {**_small_program_defaults(), **(user or {})}
     return merged or None
@@ -67,6 +82,7 @@ def op_options(user, jaxpr=None):
 def _reduces(jaxpr) -> bool:
     """Whether a (closed) jaxpr or any jaxpr nested in its equations reduces."""
     from jax.extend.core import jaxprs_in_params
+
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _REDUCTIONS:
             return True
@@ -78,8 +94,9 @@ def _reduces(jaxpr) -> bool:
 def _small_program_defaults() -> dict:
     if not _op_defaults:
         from ..device import platform
+
         defaults = _SMALL_PROGRAM_DEFAULTS.get(platform.platform(), {})
-        if defaults:   # a jaxlib whose XLA no longer has the option: XLA's own defaults
+        if defaults:  # a jaxlib whose XLA no longer has the option: XLA's own defaults
             try:
                 _check(defaults, "")
             except ValueError:
@@ -114,9 +131,11 @@ def normalize(options, where="torch.tpu.compiler.custom_compiler_options") -> di
             out[name] = effort
             continue
         if not name.startswith("xla_"):
-            raise ValueError(f"{where}: unknown option {name!r}: XLA's options are DebugOptions fields named "
-                             "xla_* (as in XLA_FLAGS, without the dashes), or xla_optimization_level / "
-                             "xla_memory_fitting_level")
+            raise ValueError(
+                f"{where}: unknown option {name!r}: XLA's options are DebugOptions fields named "
+                "xla_* (as in XLA_FLAGS, without the dashes), or xla_optimization_level / "
+                "xla_memory_fitting_level"
+            )
         if isinstance(value, str) and value.lower() in ("true", "false"):
             value = value.lower() == "true"
         elif not isinstance(value, (str, bool, int, float)):
@@ -132,6 +151,7 @@ def _check(options: dict, where: str):
         return
     import jax
     import numpy as np
+
     probe = {k: v for k, v in options.items() if not k.startswith("xla_dump")}  # no stray dumps
     try:
         jax.jit(lambda x: x + 1, compiler_options=probe or None).lower(np.float32(0)).compile()

@@ -4,11 +4,13 @@
 lives in `patches.py` (with the releases it was checked against); patches of libraries that are not
 imported yet are applied when (and if) they are. See docs/transformers.md.
 """
+
 from __future__ import annotations
 
 
 def install() -> None:
     from . import patches
+
     patches.install()
 
 

@@ -5,6 +5,7 @@ Every component is built from a small config with a fixed seed; the tokenizers a
 small vocabularies in memory (a byte-level BPE CLIP tokenizer, a Unigram T5 tokenizer), so nothing
 is read from the Hub. `build("sd3" | "sd" | "flux", dtype=...)` returns a pipeline on the CPU.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,9 +15,29 @@ import torch
 KINDS = ("sd3", "sd", "flux")
 # The CLIP encoders of the pipelines pad prompts to 77 tokens (tokenizer.model_max_length).
 CLIP_MAX_LEN = 77
-T5_MAX_LEN = 16          # pass max_sequence_length=T5_MAX_LEN to SD3 / Flux
-WORDS = ["a", "photo", "of", "cat", "dog", "red", "blue", "house", "tree", "on", "the", "mat", "astronaut",
-         "riding", "horse", "painting", "sky", "big", "small", "green"]
+T5_MAX_LEN = 16  # pass max_sequence_length=T5_MAX_LEN to SD3 / Flux
+WORDS = [
+    "a",
+    "photo",
+    "of",
+    "cat",
+    "dog",
+    "red",
+    "blue",
+    "house",
+    "tree",
+    "on",
+    "the",
+    "mat",
+    "astronaut",
+    "riding",
+    "horse",
+    "painting",
+    "sky",
+    "big",
+    "small",
+    "green",
+]
 
 
 # ------------------------------------------------------------------ tokenizers
@@ -33,7 +54,7 @@ def _bytes_to_unicode():
     return [chr(c) for c in cs]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _clip_vocab():
     chars = _bytes_to_unicode()
     vocab = {}
@@ -72,8 +93,8 @@ def t5_tokenizer():
     return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=512)
 
 
-CLIP_VOCAB = 1000        # >= the tokenizer's vocabulary (about 560)
-T5_VOCAB = 128           # >= the T5 tokenizer's vocabulary (about 50)
+CLIP_VOCAB = 1000  # >= the tokenizer's vocabulary (about 560)
+T5_VOCAB = 128  # >= the T5 tokenizer's vocabulary (about 50)
 
 
 # ------------------------------------------------------------------ text encoders
@@ -81,19 +102,41 @@ def clip_text_config(hidden=32, projection=32, layers=2):
     from transformers import CLIPTextConfig
 
     vocab, _ = _clip_vocab()
-    return CLIPTextConfig(vocab_size=CLIP_VOCAB, hidden_size=hidden, intermediate_size=37, num_hidden_layers=layers,
-                          num_attention_heads=4, max_position_embeddings=CLIP_MAX_LEN, projection_dim=projection,
-                          hidden_act="gelu", layer_norm_eps=1e-5, bos_token_id=vocab["<|startoftext|>"],
-                          eos_token_id=vocab["<|endoftext|>"], pad_token_id=vocab["<|endoftext|>"])
+    return CLIPTextConfig(
+        vocab_size=CLIP_VOCAB,
+        hidden_size=hidden,
+        intermediate_size=37,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        max_position_embeddings=CLIP_MAX_LEN,
+        projection_dim=projection,
+        hidden_act="gelu",
+        layer_norm_eps=1e-5,
+        bos_token_id=vocab["<|startoftext|>"],
+        eos_token_id=vocab["<|endoftext|>"],
+        pad_token_id=vocab["<|endoftext|>"],
+    )
 
 
 def t5_encoder(d_model=32):
     from transformers import T5Config, T5EncoderModel
 
-    cfg = T5Config(vocab_size=T5_VOCAB, d_model=d_model, d_ff=37, d_kv=8, num_layers=2, num_heads=4,
-                   relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
-                   feed_forward_proj="gated-gelu", is_encoder_decoder=False, pad_token_id=0, eos_token_id=1,
-                   decoder_start_token_id=0)
+    cfg = T5Config(
+        vocab_size=T5_VOCAB,
+        d_model=d_model,
+        d_ff=37,
+        d_kv=8,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        dropout_rate=0.0,
+        feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
     return T5EncoderModel(cfg)
 
 
@@ -102,10 +145,18 @@ def _vae(block_out_channels, latent_channels, norm_num_groups, **kw):
     from diffusers import AutoencoderKL
 
     n = len(block_out_channels)
-    return AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=tuple(block_out_channels),
-                         down_block_types=("DownEncoderBlock2D",) * n, up_block_types=("UpDecoderBlock2D",) * n,
-                         layers_per_block=1, latent_channels=latent_channels, norm_num_groups=norm_num_groups,
-                         sample_size=32, **kw)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=tuple(block_out_channels),
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        layers_per_block=1,
+        latent_channels=latent_channels,
+        norm_num_groups=norm_num_groups,
+        sample_size=32,
+        **kw,
+    )
 
 
 def sd3_components():
@@ -113,9 +164,18 @@ def sd3_components():
     from transformers import CLIPTextModelWithProjection
 
     torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(sample_size=32, patch_size=1, in_channels=4, num_layers=1,
-                                        attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32,
-                                        joint_attention_dim=32, pooled_projection_dim=64, out_channels=4)
+    transformer = SD3Transformer2DModel(
+        sample_size=32,
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        caption_projection_dim=32,
+        joint_attention_dim=32,
+        pooled_projection_dim=64,
+        out_channels=4,
+    )
     torch.manual_seed(0)
     text_encoder = CLIPTextModelWithProjection(clip_text_config())
     torch.manual_seed(1)
@@ -123,11 +183,18 @@ def sd3_components():
     torch.manual_seed(0)
     text_encoder_3 = t5_encoder(d_model=32)
     torch.manual_seed(0)
-    vae = _vae((4,), 4, 1, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False,
-               use_post_quant_conv=False)
-    return dict(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae,
-                text_encoder=text_encoder, tokenizer=clip_tokenizer(), text_encoder_2=text_encoder_2,
-                tokenizer_2=clip_tokenizer(), text_encoder_3=text_encoder_3, tokenizer_3=t5_tokenizer())
+    vae = _vae((4,), 4, 1, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False)
+    return dict(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=clip_tokenizer(),
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=clip_tokenizer(),
+        text_encoder_3=text_encoder_3,
+        tokenizer_3=t5_tokenizer(),
+    )
 
 
 def sd_components():
@@ -135,18 +202,35 @@ def sd_components():
     from transformers import CLIPTextModel
 
     torch.manual_seed(0)
-    unet = UNet2DConditionModel(block_out_channels=(4, 8), layers_per_block=1, sample_size=32, in_channels=4,
-                                out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32,
-                                norm_num_groups=2, attention_head_dim=2)
-    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                       timestep_spacing="leading", steps_offset=1)
+    unet = UNet2DConditionModel(
+        block_out_channels=(4, 8),
+        layers_per_block=1,
+        sample_size=32,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32,
+        norm_num_groups=2,
+        attention_head_dim=2,
+    )
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", timestep_spacing="leading", steps_offset=1
+    )
     torch.manual_seed(0)
     vae = _vae((4, 8), 4, 2)
     torch.manual_seed(0)
     text_encoder = CLIPTextModel(clip_text_config())
-    return dict(unet=unet, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=clip_tokenizer(),
-                safety_checker=None, feature_extractor=None, image_encoder=None)
+    return dict(
+        unet=unet,
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=clip_tokenizer(),
+        safety_checker=None,
+        feature_extractor=None,
+        image_encoder=None,
+    )
 
 
 def flux_components():
@@ -154,19 +238,32 @@ def flux_components():
     from transformers import CLIPTextModel
 
     torch.manual_seed(0)
-    transformer = FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
-                                         attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
-                                         pooled_projection_dim=32, axes_dims_rope=[4, 4, 8])
+    transformer = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=[4, 4, 8],
+    )
     torch.manual_seed(0)
     text_encoder = CLIPTextModel(clip_text_config())
     torch.manual_seed(0)
     text_encoder_2 = t5_encoder(d_model=32)
     torch.manual_seed(0)
-    vae = _vae((4,), 1, 1, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False,
-               use_post_quant_conv=False)
-    return dict(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae,
-                text_encoder=text_encoder, tokenizer=clip_tokenizer(), text_encoder_2=text_encoder_2,
-                tokenizer_2=t5_tokenizer())
+    vae = _vae((4,), 1, 1, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False)
+    return dict(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=clip_tokenizer(),
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=t5_tokenizer(),
+    )
 
 
 def build(kind: str, dtype=torch.float32):
@@ -191,8 +288,14 @@ def denoiser(pipe):
 
 def call_kwargs(kind: str, seed=0, steps=2, size=32, prompt="a photo of a red cat on the mat", output_type="np"):
     """Arguments of one pipeline call; the generator is a CPU generator, so tpu and CPU draw the same latents."""
-    kw = dict(prompt=prompt, num_inference_steps=steps, height=size, width=size, output_type=output_type,
-              generator=torch.Generator("cpu").manual_seed(seed))
+    kw = dict(
+        prompt=prompt,
+        num_inference_steps=steps,
+        height=size,
+        width=size,
+        output_type=output_type,
+        generator=torch.Generator("cpu").manual_seed(seed),
+    )
     if kind in ("sd3", "sd"):
         kw["guidance_scale"] = 5.0
     if kind == "sd3":

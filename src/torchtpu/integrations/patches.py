@@ -20,6 +20,7 @@ wrapper answers from `torch.tpu`, otherwise it calls the original. Wrapping the 
 including `from torch.accelerator import empty_cache`. docs/design.md ("torch.accelerator")
 weighs this against a C++ extension.
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,6 +65,7 @@ def _mark(new, old):
 
 def _tpu():
     from ..eager import device_module
+
     return device_module
 
 
@@ -119,8 +121,10 @@ def _patch_accelerator() -> None:
     for name, replacement in _ACCELERATOR.items():
         original = getattr(torch._C, name, None)
         if original is None:
-            _problems.append(f"torch._C.{name} is missing (checked against torch "
-                             f"{'..'.join(TORCH_CHECKED)}, this is {torch.__version__})")
+            _problems.append(
+                f"torch._C.{name} is missing (checked against torch "
+                f"{'..'.join(TORCH_CHECKED)}, this is {torch.__version__})"
+            )
             continue
         if getattr(original, "_torchtpu", False):
             continue
@@ -139,8 +143,9 @@ def _accelerate_default_device(module) -> None:
     cls = getattr(module, "PartialState", None)
     prop = cls.__dict__.get("default_device") if cls is not None else None
     if not isinstance(prop, property):
-        _problems.append("accelerate.state.PartialState.default_device is no longer a property "
-                         "(checked against accelerate 1.16)")
+        _problems.append(
+            "accelerate.state.PartialState.default_device is no longer a property (checked against accelerate 1.16)"
+        )
         return
     if getattr(prop.fget, "_torchtpu", False):
         return
@@ -184,22 +189,30 @@ def _accelerate_data_parallel(state_module) -> None:
     sees its chip as tpu:0), barriers, collectives and RNG broadcasts as for GPUs, and DDP."""
     import accelerate.utils.constants as constants
     from accelerate.utils.dataclasses import DistributedType
+
     cls = getattr(state_module, "PartialState", None)
-    needed = (cls is not None and callable(getattr(cls, "set_device", None))
-              and callable(getattr(cls, "wait_for_everyone", None))
-              and isinstance(getattr(constants, "TORCH_DISTRIBUTED_BACKENDS", None), dict)
-              and isinstance(getattr(constants, "CUDA_DISTRIBUTED_TYPES", None), list)
-              and isinstance(getattr(constants, "TORCH_DISTRIBUTED_OPERATION_TYPES", None), list))
+    needed = (
+        cls is not None
+        and callable(getattr(cls, "set_device", None))
+        and callable(getattr(cls, "wait_for_everyone", None))
+        and isinstance(getattr(constants, "TORCH_DISTRIBUTED_BACKENDS", None), dict)
+        and isinstance(getattr(constants, "CUDA_DISTRIBUTED_TYPES", None), list)
+        and isinstance(getattr(constants, "TORCH_DISTRIBUTED_OPERATION_TYPES", None), list)
+    )
     if not needed:
-        _problems.append("accelerate's PartialState.set_device/wait_for_everyone or its distributed constants "
-                         "changed (checked against accelerate 1.16)")
+        _problems.append(
+            "accelerate's PartialState.set_device/wait_for_everyone or its distributed constants "
+            "changed (checked against accelerate 1.16)"
+        )
         return
     if getattr(cls.set_device, "_torchtpu", False):
         return
     multi_tpu = _multi_tpu_member(DistributedType)
     constants.TORCH_DISTRIBUTED_BACKENDS.setdefault("tpu", "tpu_dist")
-    for names in (constants.CUDA_DISTRIBUTED_TYPES,   # read only to broadcast RNG states on the device
-                  constants.TORCH_DISTRIBUTED_OPERATION_TYPES):
+    for names in (
+        constants.CUDA_DISTRIBUTED_TYPES,  # read only to broadcast RNG states on the device
+        constants.TORCH_DISTRIBUTED_OPERATION_TYPES,
+    ):
         if _MULTI_TPU not in names:
             names.append(_MULTI_TPU)
     set_device, wait_for_everyone = cls.set_device, cls.wait_for_everyone
@@ -229,6 +242,7 @@ def _accelerate_ddp(accelerator_module) -> None:
     not for "tpu", where every process sees its one chip as tpu:0: DDP gets no device_ids there (the
     model and its inputs are already on the process's device)."""
     from accelerate.utils.dataclasses import DistributedType
+
     cls = getattr(accelerator_module, "Accelerator", None)
     prop = cls.__dict__.get("multi_device") if cls is not None else None
     prepare_model = getattr(cls, "prepare_model", None)
@@ -247,8 +261,9 @@ def _accelerate_ddp(accelerator_module) -> None:
         if self.distributed_type != multi_tpu:
             return prepare_model(self, *args, **kwargs)
         import os
+
         bypass = os.environ.get("ACCELERATE_BYPASS_DEVICE_MAP")
-        os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"   # read there only: DDP without device_ids
+        os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"  # read there only: DDP without device_ids
         try:
             return prepare_model(self, *args, **kwargs)
         finally:
@@ -289,8 +304,10 @@ def _dataloader_pinning() -> None:
             self._pin_memory = False
             if not _pin_warned[0]:
                 _pin_warned[0] = True
-                warnings.warn("torchtpu: 'pin_memory' is not used on tpu (host copies go through XLA); "
-                              "batches are not pinned.", stacklevel=2)
+                warnings.warn(
+                    "torchtpu: 'pin_memory' is not used on tpu (host copies go through XLA); batches are not pinned.",
+                    stacklevel=2,
+                )
 
     __init__._torchtpu = True
     cls.__init__ = __init__
@@ -325,6 +342,7 @@ def _default_backend_for_tpu() -> None:
         if not _on_tpu(model_, inputs_):
             return original(self, model_, inputs_, **kwargs)
         from ..compile import options, tpu_backend
+
         # Inductor already checked mode and options against its own tables (torch.compile's wrapper)
         options.ignore_inductor_settings(options=dict(self.config) if self.config else None)
         return tpu_backend(model_, inputs_)
@@ -341,11 +359,16 @@ def _profiler_trace_window() -> None:
     profiler there (torchtpu/profiling: only for profiles that ask for PrivateUse1 activity or carry
     a TpuProfilerConfig; imported only when a profile starts)."""
     from torch.profiler import profiler as torch_profiler
+
     kineto = getattr(torch_profiler, "_KinetoProfile", None)
-    if kineto is None or not callable(getattr(kineto, "start_trace", None)) or \
-            not callable(getattr(kineto, "stop_trace", None)):
-        _problems.append("torch.profiler.profiler._KinetoProfile.start_trace/stop_trace are missing "
-                         "(checked against torch 2.13)")
+    if (
+        kineto is None
+        or not callable(getattr(kineto, "start_trace", None))
+        or not callable(getattr(kineto, "stop_trace", None))
+    ):
+        _problems.append(
+            "torch.profiler.profiler._KinetoProfile.start_trace/stop_trace are missing (checked against torch 2.13)"
+        )
         return
     original_start, original_stop = kineto.start_trace, kineto.stop_trace
     if getattr(original_start, "_torchtpu", False):
@@ -354,11 +377,13 @@ def _profiler_trace_window() -> None:
     def start_trace(self):
         original_start(self)
         from .. import profiling
+
         profiling.start(self)
 
     def stop_trace(self):
         try:
             from .. import profiling
+
             profiling.stop(self)
         finally:
             original_stop(self)
@@ -390,8 +415,10 @@ def _sliding_window_decode(module) -> None:
     original = getattr(cls, "get_compiled_call", None) if cls is not None else None
     config = getattr(torch.compiler, "config", None)
     if original is None or config is None or not hasattr(config, "dynamic_sources"):
-        _problems.append("transformers PreTrainedModel.get_compiled_call or torch.compiler.config.dynamic_sources "
-                         "is missing (checked against transformers 5.24 .. 5.25, torch 2.13)")
+        _problems.append(
+            "transformers PreTrainedModel.get_compiled_call or torch.compiler.config.dynamic_sources "
+            "is missing (checked against transformers 5.24 .. 5.25, torch 2.13)"
+        )
         return
     if getattr(original, "_torchtpu", False):
         return
@@ -432,15 +459,21 @@ def _sliding_window_layer(module) -> None:
     update = cls.__dict__.get("update") if cls is not None else None
     mask_sizes = cls.__dict__.get("get_mask_sizes") if cls is not None else None
     if update is None or mask_sizes is None:
-        _problems.append("transformers.cache_utils.StaticSlidingWindowLayer.update/get_mask_sizes is missing "
-                         "(checked against transformers 5.24 .. 5.25)")
+        _problems.append(
+            "transformers.cache_utils.StaticSlidingWindowLayer.update/get_mask_sizes is missing "
+            "(checked against transformers 5.24 .. 5.25)"
+        )
         return
     if getattr(update, "_torchtpu", False):
         return
 
     def _one_tpu_token(layer, key_states):
-        return (layer.is_initialized and key_states.shape[-2] == 1 and layer.keys.device.type == "tpu"
-                and layer.keys.shape[-2] == layer.max_cache_len)
+        return (
+            layer.is_initialized
+            and key_states.shape[-2] == 1
+            and layer.keys.device.type == "tpu"
+            and layer.keys.shape[-2] == layer.max_cache_len
+        )
 
     def new_update(self, key_states, value_states, *args, **kwargs):
         if not _one_tpu_token(self, key_states):
@@ -452,15 +485,19 @@ def _sliding_window_layer(module) -> None:
         full = position >= window
         slot = position.clamp(max=window - 1).reshape(1)
         for cache, new in ((self.keys, key_states), (self.values, value_states)):
-            shifted = torch.cat((cache[:, :, 1:], new), dim=-2)       # full: drop the oldest
-            filled = cache.index_copy(2, slot, new)                   # filling: write at `seen`
+            shifted = torch.cat((cache[:, :, 1:], new), dim=-2)  # full: drop the oldest
+            filled = cache.index_copy(2, slot, new)  # filling: write at `seen`
             cache.copy_(torch.where(full, shifted, filled))
         self.cumulative_length.add_((~full).to(self.cumulative_length.dtype))
         return self.keys, self.values
 
     def new_get_mask_sizes(self, query_length):
-        if not (query_length == 1 and self.is_initialized and self.keys.device.type == "tpu"
-                and self.keys.shape[-2] == self.max_cache_len):
+        if not (
+            query_length == 1
+            and self.is_initialized
+            and self.keys.device.type == "tpu"
+            and self.keys.shape[-2] == self.max_cache_len
+        ):
             return mask_sizes(self, query_length)
         return self.max_cache_len, max(self.cumulative_length_int - self.max_cache_len + 1, 0)
 
@@ -501,13 +538,14 @@ def _deferred_stop_check(module) -> None:
         return
     supported, init = cls.__dict__.get("is_supported"), cls.__dict__.get("__init__")
     if not isinstance(supported, staticmethod) or init is None:
-        _problems.append("transformers DeferredStopCheck.is_supported/__init__ changed shape "
-                         "(checked against transformers 5.25)")
+        _problems.append(
+            "transformers DeferredStopCheck.is_supported/__init__ changed shape (checked against transformers 5.25)"
+        )
         return
     if getattr(supported.__func__, "_torchtpu", False):
         return
     original_supported = supported.__func__
-    mps = torch.device("mps")   # a device name only: asks the original about the cache, never touches mps
+    mps = torch.device("mps")  # a device name only: asks the original about the cache, never touches mps
     signature = inspect.signature(original_supported)
 
     def rollback_works(cache) -> bool:
@@ -529,7 +567,8 @@ def _deferred_stop_check(module) -> None:
         if input_ids.device.type == "tpu" and slots is not None:
             self.slots = type(slots)(
                 tuple(x.pin_memory() if isinstance(x, torch.Tensor) and x.device.type == "cpu" else x for x in slot)
-                for slot in slots)
+                for slot in slots
+            )
 
     _mark(is_supported, original_supported)
     _mark(__init__, init)
@@ -545,13 +584,16 @@ def _host_storage_moves() -> None:
     storage/host_storage.py for tpu storages (the original otherwise), `UntypedStorage.tpu` is added, and
     a serialization location "tpu" is registered."""
     from ..storage import host_storage
+
     storage_module = torch.storage
     original_to = getattr(storage_module, "_to", None)
     original_clone = getattr(torch.UntypedStorage, "clone", None)
     register_package = getattr(torch.serialization, "register_package", None)
     if not callable(original_to) or not callable(original_clone) or not callable(register_package):
-        _problems.append("torch.storage._to, torch.UntypedStorage.clone or torch.serialization.register_package "
-                         f"is missing (checked against torch {'..'.join(TORCH_CHECKED)})")
+        _problems.append(
+            "torch.storage._to, torch.UntypedStorage.clone or torch.serialization.register_package "
+            f"is missing (checked against torch {'..'.join(TORCH_CHECKED)})"
+        )
         return
     if getattr(original_to, "_torchtpu", False):
         return
@@ -580,11 +622,13 @@ def _host_storage_moves() -> None:
 
 # ------------------------------------------------------------------ the table
 
+
 @dataclass(frozen=True)
 class Patch:
     """One row of PATCHES: `apply` changes `marker` (a dotted name whose object then carries `_torchtpu`),
     checked against releases `checked[0]` .. `checked[1]` (major.minor, both included) of `library`;
     `module` names the module whose import applies it (None: applied by `install()`)."""
+
     apply: Callable
     library: str
     checked: tuple[str, str]
@@ -598,19 +642,49 @@ PATCHES: tuple[Patch, ...] = (
     Patch(_default_backend_for_tpu, "torch", TORCH_CHECKED, "torch._TorchCompileInductorWrapper.__call__"),
     Patch(_profiler_trace_window, "torch", TORCH_CHECKED, "torch.profiler.profiler._KinetoProfile.start_trace"),
     Patch(_host_storage_moves, "torch", TORCH_CHECKED, "torch.UntypedStorage.clone"),
-    Patch(_accelerate_default_device, "accelerate", ACCELERATE_CHECKED,
-          "accelerate.state.PartialState.default_device", "accelerate.state"),
-    Patch(_accelerate_data_parallel, "accelerate", ACCELERATE_CHECKED,
-          "accelerate.state.PartialState.set_device", "accelerate.state"),
-    Patch(_accelerate_ddp, "accelerate", ACCELERATE_CHECKED,
-          "accelerate.accelerator.Accelerator.prepare_model", "accelerate.accelerator"),
-    Patch(_sliding_window_decode, "transformers", TRANSFORMERS_CHECKED,
-          "transformers.modeling_utils.PreTrainedModel.get_compiled_call", "transformers.modeling_utils"),
-    Patch(_sliding_window_layer, "transformers", TRANSFORMERS_CHECKED,
-          "transformers.cache_utils.StaticSlidingWindowLayer.update", "transformers.cache_utils"),
+    Patch(
+        _accelerate_default_device,
+        "accelerate",
+        ACCELERATE_CHECKED,
+        "accelerate.state.PartialState.default_device",
+        "accelerate.state",
+    ),
+    Patch(
+        _accelerate_data_parallel,
+        "accelerate",
+        ACCELERATE_CHECKED,
+        "accelerate.state.PartialState.set_device",
+        "accelerate.state",
+    ),
+    Patch(
+        _accelerate_ddp,
+        "accelerate",
+        ACCELERATE_CHECKED,
+        "accelerate.accelerator.Accelerator.prepare_model",
+        "accelerate.accelerator",
+    ),
+    Patch(
+        _sliding_window_decode,
+        "transformers",
+        TRANSFORMERS_CHECKED,
+        "transformers.modeling_utils.PreTrainedModel.get_compiled_call",
+        "transformers.modeling_utils",
+    ),
+    Patch(
+        _sliding_window_layer,
+        "transformers",
+        TRANSFORMERS_CHECKED,
+        "transformers.cache_utils.StaticSlidingWindowLayer.update",
+        "transformers.cache_utils",
+    ),
     # DeferredStopCheck is new in 5.25: on 5.24 there is nothing to patch (and nothing is reported)
-    Patch(_deferred_stop_check, "transformers", ("5.25", "5.25"),
-          "transformers.generation.utils.DeferredStopCheck.is_supported", "transformers.generation.utils"),
+    Patch(
+        _deferred_stop_check,
+        "transformers",
+        ("5.25", "5.25"),
+        "transformers.generation.utils.DeferredStopCheck.is_supported",
+        "transformers.generation.utils",
+    ),
 )
 
 _warned_libraries: set[str] = set()
@@ -639,9 +713,12 @@ def _warn_outside_range(patch: Patch) -> None:
         return
     _warned_libraries.add(patch.library)
     rows = [f"{p.marker} ({p.checked[0]}..{p.checked[1]})" for p in PATCHES if p.library == patch.library]
-    warnings.warn(f"torchtpu: {patch.library} {version} is outside the releases torchtpu's patches of it were "
-                  f"checked against: {', '.join(rows)}. They are applied where their targets exist; "
-                  "torchtpu.integrations.patches.problems() lists those that could not be.", stacklevel=3)
+    warnings.warn(
+        f"torchtpu: {patch.library} {version} is outside the releases torchtpu's patches of it were "
+        f"checked against: {', '.join(rows)}. They are applied where their targets exist; "
+        "torchtpu.integrations.patches.problems() lists those that could not be.",
+        stacklevel=3,
+    )
 
 
 def _run(patch: Patch, *module) -> None:
@@ -654,8 +731,10 @@ def _run(patch: Patch, *module) -> None:
     except Exception as e:  # noqa: BLE001 - a patch must never break the import of the library it patches
         _problems.append(f"{patch.marker}: the patch failed with {type(e).__name__}: {e}")
     for problem in _problems[known:]:
-        warnings.warn(f"torchtpu: not patched: {problem} (installed: {patch.library} "
-                      f"{installed_version(patch.library)})", stacklevel=3)
+        warnings.warn(
+            f"torchtpu: not patched: {problem} (installed: {patch.library} {installed_version(patch.library)})",
+            stacklevel=3,
+        )
 
 
 def install() -> None:

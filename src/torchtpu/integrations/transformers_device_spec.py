@@ -7,6 +7,7 @@ Transformers imports the spec by its file name (the path with ".py" stripped, so
 plain file name reachable from the working directory): link or copy this file into the
 transformers checkout, e.g. `python -m torchtpu.integrations.transformers_device_spec tpu_spec.py`.
 """
+
 import torch
 
 DEVICE_NAME = "tpu"

@@ -9,11 +9,12 @@ name, so the eager engine runs it like a built-in op (one cached executable per 
 torch.compile backend inlines it into compiled graphs. This package sits above eager and compile;
 its submodules load on first use (`import torch` stays fast).
 """
+
 from __future__ import annotations
 
 import importlib
 
-__all__ = ["pallas", "ops"]
+__all__ = ["ops", "pallas"]
 
 
 def __getattr__(name):

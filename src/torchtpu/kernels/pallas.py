@@ -28,6 +28,7 @@ that runs the kernel through Pallas' interpreter, so the same code runs everywhe
 (ops/pallas_support.py): Mosaic has no 64-bit integers, and torchtpu's x64 setting would make every
 Python int in them an int64.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -37,7 +38,7 @@ import inspect
 import types
 import typing
 import warnings
-from typing import Any, Callable, NamedTuple, Sequence, Union
+from typing import Any, NamedTuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,7 @@ from ..ops import dtypes as dt
 from ..ops import pallas_support
 from ..ops.table import LOWERINGS, Lowering
 
-__all__ = ["jax_op", "custom_jax_kernel", "get_pallas_mesh"]
+__all__ = ["custom_jax_kernel", "get_pallas_mesh", "jax_op"]
 
 _TENSOR_TYPES = (jax.Array, torch.Tensor)
 
@@ -57,11 +58,11 @@ _TENSOR_TYPES = (jax.Array, torch.Tensor)
 # ---------------------------------------------------------------- annotations -> schema
 class _Param(NamedTuple):
     name: str
-    kind: str            # "tensor", "tensors" (a list), "static"
-    schema_type: Any     # the torch annotation PyTorch's infer_schema understands
-    default: Any         # inspect.Parameter.empty when required
+    kind: str  # "tensor", "tensors" (a list), "static"
+    schema_type: Any  # the torch annotation PyTorch's infer_schema understands
+    default: Any  # inspect.Parameter.empty when required
     keyword_only: bool
-    annotation: Any      # the user's annotation (to rebuild enums)
+    annotation: Any  # the user's annotation (to rebuild enums)
 
 
 def _unwrap(t):
@@ -76,7 +77,7 @@ def _split_optional(t):
         args = [_unwrap(a) for a in typing.get_args(t)]
         rest = [a for a in args if a is not type(None)]
         if len(rest) < len(args):
-            return (rest[0] if len(rest) == 1 else Union[tuple(rest)]), True
+            return (rest[0] if len(rest) == 1 else Union[tuple(rest)]), True  # noqa: UP007 (a Union built at run time)
     return t, False
 
 
@@ -130,47 +131,64 @@ def _static_base(t):
 def _classify(param: inspect.Parameter, where: str) -> _Param:
     ann = param.annotation
     if ann is inspect.Parameter.empty:
-        raise TypeError(f"jax_op {where}: parameter {param.name!r} has no type annotation. Annotate tensors "
-                        f"as jax.Array (or torch.Tensor, or a sequence of them) and static arguments with "
-                        f"their Python type (int, float, bool, str, a dtype, ...)")
+        raise TypeError(
+            f"jax_op {where}: parameter {param.name!r} has no type annotation. Annotate tensors "
+            f"as jax.Array (or torch.Tensor, or a sequence of them) and static arguments with "
+            f"their Python type (int, float, bool, str, a dtype, ...)"
+        )
     if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
         raise TypeError(f"jax_op {where}: *args/**kwargs ({param.name!r}) cannot form an operator schema")
     if isinstance(ann, str):
-        raise TypeError(f"jax_op {where}: the annotation {ann!r} of parameter {param.name!r} cannot be evaluated "
-                        f"(a name that is not a module-level global, under `from __future__ import annotations`?)")
+        raise TypeError(
+            f"jax_op {where}: the annotation {ann!r} of parameter {param.name!r} cannot be evaluated "
+            f"(a name that is not a module-level global, under `from __future__ import annotations`?)"
+        )
     base, optional = _split_optional(ann)
     kw = param.kind is param.KEYWORD_ONLY
     default = param.default
     if base in _TENSOR_TYPES:
         if kw:
-            raise TypeError(f"jax_op {where}: tensor parameter {param.name!r} is keyword-only; PyTorch custom "
-                            f"ops take tensors positionally")
-        return _Param(param.name, "tensor", typing.Optional[torch.Tensor] if optional else torch.Tensor,
-                      None if default is not inspect.Parameter.empty and default is None else default,
-                      kw, ann)
+            raise TypeError(
+                f"jax_op {where}: tensor parameter {param.name!r} is keyword-only; PyTorch custom "
+                f"ops take tensors positionally"
+            )
+        return _Param(
+            param.name,
+            "tensor",
+            typing.Optional[torch.Tensor] if optional else torch.Tensor,
+            None if default is not inspect.Parameter.empty and default is None else default,
+            kw,
+            ann,
+        )
     elem = _sequence_element(base)
     if elem is not None:
         elem_base, elem_optional = _split_optional(elem)
         if elem_base in _TENSOR_TYPES:
             if kw:
-                raise TypeError(f"jax_op {where}: tensor parameter {param.name!r} is keyword-only; PyTorch custom "
-                                f"ops take tensors positionally")
+                raise TypeError(
+                    f"jax_op {where}: tensor parameter {param.name!r} is keyword-only; PyTorch custom "
+                    f"ops take tensors positionally"
+                )
             inner = typing.Optional[torch.Tensor] if elem_optional else torch.Tensor
             st = typing.Sequence[inner]
             return _Param(param.name, "tensors", typing.Optional[st] if optional else st, default, kw, ann)
         mapped = _static_base(elem_base)
         if mapped in (int, float, bool) and not elem_optional:
             st = typing.Sequence[mapped]
-            return _Param(param.name, "static", typing.Optional[st] if optional else st,
-                          _schema_default(default), kw, ann)
+            return _Param(
+                param.name, "static", typing.Optional[st] if optional else st, _schema_default(default), kw, ann
+            )
     else:
         mapped = _static_base(base)
         if mapped is not None:
-            return _Param(param.name, "static", typing.Optional[mapped] if optional else mapped,
-                          _schema_default(default), kw, ann)
-    raise TypeError(f"jax_op {where}: parameter {param.name!r}: annotation {ann!r} is not supported (use "
-                    f"jax.Array / torch.Tensor, sequences of them, or int, float, bool, str, a dtype, "
-                    f"torch.device, Literal, Enum, or sequences of int/float/bool)")
+            return _Param(
+                param.name, "static", typing.Optional[mapped] if optional else mapped, _schema_default(default), kw, ann
+            )
+    raise TypeError(
+        f"jax_op {where}: parameter {param.name!r}: annotation {ann!r} is not supported (use "
+        f"jax.Array / torch.Tensor, sequences of them, or int, float, bool, str, a dtype, "
+        f"torch.device, Literal, Enum, or sequences of int/float/bool)"
+    )
 
 
 def _schema_default(value):
@@ -190,8 +208,10 @@ def _schema_default(value):
 
 def _return_schema(ann, where):
     if ann is inspect.Signature.empty:
-        raise TypeError(f"jax_op {where}: the function needs a return annotation (jax.Array, a tuple of "
-                        f"jax.Array, or Sequence[jax.Array])")
+        raise TypeError(
+            f"jax_op {where}: the function needs a return annotation (jax.Array, a tuple of "
+            f"jax.Array, or Sequence[jax.Array])"
+        )
     ann = _unwrap(ann)
     if ann is None or ann is type(None):
         return "()"
@@ -205,8 +225,10 @@ def _return_schema(ann, where):
     elem = _sequence_element(ann)
     if elem is not None and _unwrap(elem) in _TENSOR_TYPES:
         return "Tensor[]"
-    raise TypeError(f"jax_op {where}: return annotation {ann!r} is not supported (jax.Array, a tuple of "
-                    f"jax.Array, Sequence[jax.Array] or None)")
+    raise TypeError(
+        f"jax_op {where}: return annotation {ann!r} is not supported (jax.Array, a tuple of "
+        f"jax.Array, Sequence[jax.Array] or None)"
+    )
 
 
 def _schema(params: list[_Param], returns: str) -> str:
@@ -216,8 +238,7 @@ def _schema(params: list[_Param], returns: str) -> str:
     sig_params = []
     for p in params:
         kind = inspect.Parameter.KEYWORD_ONLY if p.keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
-        sig_params.append(inspect.Parameter(p.name, kind, annotation=p.schema_type,
-                                            default=p.default))
+        sig_params.append(inspect.Parameter(p.name, kind, annotation=p.schema_type, default=p.default))
     dummy.__signature__ = inspect.Signature(sig_params, return_annotation=torch.Tensor)
     inferred = torch.library.infer_schema(dummy, mutates_args=())
     return inferred.rsplit(" -> ", 1)[0] + " -> " + returns
@@ -246,14 +267,15 @@ def _signature(fn):
     # a name in some annotation is not a global (a class local to a function, with
     # `from __future__ import annotations`): evaluate the others one by one
     sig = inspect.signature(target)
-    namespace = getattr(inspect.unwrap(target) if not isinstance(target, functools.partial) else target.func,
-                        "__globals__", {})
+    namespace = getattr(
+        inspect.unwrap(target) if not isinstance(target, functools.partial) else target.func, "__globals__", {}
+    )
 
     def evaluate(ann):
         if not isinstance(ann, str):
             return ann
         try:
-            return eval(ann, namespace)  # noqa: S307 - what eval_str does, per annotation
+            return eval(ann, namespace)
         except Exception:  # noqa: BLE001 - reported by _classify with the annotation's text
             return ann
 
@@ -340,12 +362,13 @@ def enable_pallas_interpret_on_cpu():
 
 
 # ---------------------------------------------------------------- registration
-_OPS: dict[str, Any] = {}   # "ns::name" -> CustomOpDef (keeps the registrations alive)
+_OPS: dict[str, Any] = {}  # "ns::name" -> CustomOpDef (keeps the registrations alive)
 
 
 def _to_jax_cpu(t):
-    return jnp.asarray(dt.numpy_from_cpu(t.contiguous())) if t.numel() else jnp.zeros(
-        tuple(t.shape), dt.to_jax(t.dtype))
+    return (
+        jnp.asarray(dt.numpy_from_cpu(t.contiguous())) if t.numel() else jnp.zeros(tuple(t.shape), dt.to_jax(t.dtype))
+    )
 
 
 def _to_torch_cpu(a):
@@ -367,11 +390,13 @@ def _abstract(t):
 
 def _check_static_shapes(args, name):
     for a in args:
-        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+        for t in a if isinstance(a, (list, tuple)) else (a,):
             if isinstance(t, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in t.shape):
-                raise RuntimeError(f"{name}: symbolic (dynamic) shapes are not supported by a jax_op's shape "
-                                   f"function; compile with dynamic=False or register a fake with "
-                                   f"op.register_fake(...)")
+                raise RuntimeError(
+                    f"{name}: symbolic (dynamic) shapes are not supported by a jax_op's shape "
+                    f"function; compile with dynamic=False or register a fake with "
+                    f"op.register_fake(...)"
+                )
 
 
 def _define(qualname: str, spec: _Spec, schema: str, fake=None, tags=()):
@@ -397,17 +422,25 @@ def _define(qualname: str, spec: _Spec, schema: str, fake=None, tags=()):
     op = cdef._opoverload
 
     if fake is None:
+
         def fake(*args, **kwargs):
             _check_static_shapes(list(args) + list(kwargs.values()), qualname)
-            device = next((t.device for a in (*args, *kwargs.values())
-                           for t in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(t, torch.Tensor)),
-                          torch.device("meta"))
+            device = next(
+                (
+                    t.device
+                    for a in (*args, *kwargs.values())
+                    for t in (a if isinstance(a, (list, tuple)) else (a,))
+                    if isinstance(t, torch.Tensor)
+                ),
+                torch.device("meta"),
+            )
             jargs = [_map_tensors(a, _abstract) for a in args]
             jkw = {k: _map_tensors(v, _abstract) for k, v in kwargs.items()}
             leaves, tree = jax.tree_util.tree_flatten((jargs, jkw), is_leaf=lambda x: x is None)
             arrays = tuple(i for i, v in enumerate(leaves) if isinstance(v, jax.ShapeDtypeStruct))
-            statics = tuple((i, v if not isinstance(v, list) else tuple(v)) for i, v in enumerate(leaves)
-                            if i not in arrays)
+            statics = tuple(
+                (i, v if not isinstance(v, list) else tuple(v)) for i, v in enumerate(leaves) if i not in arrays
+            )
             shapes = jax.eval_shape(_runner(spec, tree, arrays, statics), *[leaves[i] for i in arrays])
 
             def empty(s):
@@ -436,8 +469,7 @@ def _cpu_executable(spec, args, kwargs):
     """Run the JAX function on XLA:CPU (the op's implementation for "cpu" tensors)."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda x: x is None)
     arrays = [i for i, v in enumerate(leaves) if isinstance(v, jax.Array)]
-    statics = tuple((i, v if not isinstance(v, list) else tuple(v)) for i, v in enumerate(leaves)
-                    if i not in arrays)
+    statics = tuple((i, v if not isinstance(v, list) else tuple(v)) for i, v in enumerate(leaves) if i not in arrays)
     fn = _cpu_jit(spec, tree, tuple(arrays), statics)
     return fn(*[leaves[i] for i in arrays])
 
@@ -449,6 +481,7 @@ def _cpu_jit(spec, tree, array_positions, statics):
 
 def _runner(spec, tree, array_positions, statics):
     """The JAX function of the arrays alone, the static leaves of (args, kwargs) closed over."""
+
     def run(*arrays):
         leaves = [None] * (len(array_positions) + len(statics))
         for i, a in zip(array_positions, arrays):
@@ -457,6 +490,7 @@ def _runner(spec, tree, array_positions, statics):
             leaves[i] = v
         a, k = jax.tree_util.tree_unflatten(tree, leaves)
         return spec.run(a, k)
+
     return run
 
 
@@ -465,6 +499,7 @@ def _autograd_function(cdef):
     backward (`register_autograd`: the jax.vjp one unless the user gave their own)."""
     from torch._library import autograd as library_autograd
     from torch._library import utils as library_utils
+
     op = cdef._opoverload
     below = torch._C._AutoDispatchBelowAutograd
     keyword_only = library_utils.has_kwarg_only_args(op._schema)
@@ -493,8 +528,11 @@ def _autograd_function(cdef):
             ctx.needs_input_grad = needs
         return (*result, None) if isinstance(result, tuple) else (result, None)
 
-    fn = type(f"JaxOpBackward_{op._namespace}_{op._opname}", (torch.autograd.Function,),
-              {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    fn = type(
+        f"JaxOpBackward_{op._namespace}_{op._opname}",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+    )
     if any(library_utils.is_tensorlist_like_type(a.type) for a in (*op._schema.arguments, *op._schema.returns)):
         fn = library_autograd.supports_tensorlist(fn)
     return fn
@@ -539,6 +577,7 @@ def _autograd_fast_path(cdef, kernel):
 def _install_autograd(cdef, kernel, spec: _Spec, vjp_op):
     """Gradients through `jax.vjp` (a second op that recomputes the forward inside its executable), until
     the user registers a backward with `op.register_autograd`."""
+
     def setup_context(ctx, inputs, output, keyword_only_inputs=None):
         ctx.jax_inputs = inputs
         ctx.jax_kwargs = keyword_only_inputs or {}
@@ -547,10 +586,12 @@ def _install_autograd(cdef, kernel, spec: _Spec, vjp_op):
 
     def backward(ctx, *grads):
         inputs = ctx.jax_inputs
-        if spec.returns == "Tensor[]":   # one list of gradients for the list of outputs
+        if spec.returns == "Tensor[]":  # one list of gradients for the list of outputs
             grads = list(grads[0])
-        cotangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
-                      for g, (shape, dtype, device) in zip(grads, ctx.jax_outputs)]
+        cotangents = [
+            torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+            for g, (shape, dtype, device) in zip(grads, ctx.jax_outputs)
+        ]
         flat = vjp_op(cotangents, *inputs, **ctx.jax_kwargs)
         it = iter(flat)
         result = []
@@ -560,8 +601,11 @@ def _install_autograd(cdef, kernel, spec: _Spec, vjp_op):
                 result.append(g if v is not None and ctx.needs_input_grad[i] and v.is_floating_point() else None)
             elif p.kind == "tensors":
                 gs = [next(it) if x is not None else None for x in (v or [])]
-                result.append([g if x is not None and x.is_floating_point() else None for g, x in zip(gs, v or [])]
-                              if ctx.needs_input_grad[i] else None)
+                result.append(
+                    [g if x is not None and x.is_floating_point() else None for g, x in zip(gs, v or [])]
+                    if ctx.needs_input_grad[i]
+                    else None
+                )
             else:
                 result.append(None)
         return tuple(result)
@@ -615,13 +659,22 @@ def _make_vjp_spec(spec: _Spec):
         return result
 
     # the cotangents first: the forward's parameters may end with defaults
-    params = [_Param("_cotangents", "tensors", typing.Sequence[torch.Tensor], inspect.Parameter.empty, False,
-                     typing.Sequence[jax.Array])] + list(fwd.params)
+    params = [
+        _Param(
+            "_cotangents",
+            "tensors",
+            typing.Sequence[torch.Tensor],
+            inspect.Parameter.empty,
+            False,
+            typing.Sequence[jax.Array],
+        )
+    ] + list(fwd.params)
     return _Spec(vjp_fn, params, "Tensor[]")
 
 
-def jax_op(name, fn=None, /, *, donate_argnums=None, mesh=None, input_partition_specs=None,
-           output_partition_specs=None):
+def jax_op(
+    name, fn=None, /, *, donate_argnums=None, mesh=None, input_partition_specs=None, output_partition_specs=None
+):
     """Register the annotated JAX function `fn` as the PyTorch custom op `name` ("namespace::op").
 
     Works bare (`op = jax_op("ns::f", f)`) and as a decorator (`@jax_op("ns::f")`); returns the
@@ -703,14 +756,14 @@ class JaxOpDef(torch._library.custom_ops.CustomOpDef):
     @dynamo_traceable
     def __call__(self, *args, **kwargs):
         for a in (*args, *kwargs.values()):
-            if not isinstance(a, _SCHEMA_VALUES) and not (type(a) in (list, tuple) and all(
-                    isinstance(x, _SCHEMA_VALUES) for x in a)):
+            if not isinstance(a, _SCHEMA_VALUES) and not (
+                type(a) in (list, tuple) and all(isinstance(x, _SCHEMA_VALUES) for x in a)
+            ):
                 return self._convert_and_call(args, kwargs)
         return self._opoverload(*args, **kwargs)
 
     def _convert_and_call(self, args, kwargs):
-        return self._opoverload(*[_caller_value(a) for a in args],
-                                **{k: _caller_value(v) for k, v in kwargs.items()})
+        return self._opoverload(*[_caller_value(a) for a in args], **{k: _caller_value(v) for k, v in kwargs.items()})
 
 
 def _donated_positions(name, donate_argnums, params):
@@ -720,8 +773,9 @@ def _donated_positions(name, donate_argnums, params):
     positional = [p for p in params if not p.keyword_only]
     for i in positions:
         if not 0 <= i < len(positional) or positional[i].kind != "tensor":
-            raise ValueError(f"jax_op {name}: donate_argnums={tuple(donate_argnums)}: argument {i} is not a "
-                             f"tensor parameter")
+            raise ValueError(
+                f"jax_op {name}: donate_argnums={tuple(donate_argnums)}: argument {i} is not a tensor parameter"
+            )
     return positions
 
 
@@ -737,15 +791,16 @@ def _check_sharding(name, mesh, in_specs, out_specs, n_tensor_args):
     if not isinstance(mesh, jax.sharding.Mesh):
         raise TypeError(f"jax_op {name}: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
     if in_specs is not None and len(in_specs) != n_tensor_args:
-        raise ValueError(f"jax_op {name}: {len(in_specs)} input partition specs for {n_tensor_args} tensor "
-                         f"arguments")
+        raise ValueError(f"jax_op {name}: {len(in_specs)} input partition specs for {n_tensor_args} tensor arguments")
 
 
 def _unsupported_sharded(name, mesh):
     def kernel(*args, **kwargs):
         raise NotImplementedError(
             f"{name}: a jax_op with a mesh of {_mesh_size(mesh)} devices runs sharded under torchtpu's "
-            f"distributed backend, which is not available in this build; use a one-device mesh or no mesh")
+            f"distributed backend, which is not available in this build; use a one-device mesh or no mesh"
+        )
+
     return kernel
 
 
@@ -760,6 +815,7 @@ class _DonatingKernel(__import__("torchtpu.eager.engine", fromlist=["OpKernel"])
         if getattr(entry.fn, "_torchtpu_donating", False):
             return entry
         from ..storage.records import RECORDS
+
         slots = []
         for i in self.donate_positions:
             t = args[i] if i < len(args) else None
@@ -771,10 +827,13 @@ class _DonatingKernel(__import__("torchtpu.eager.engine", fromlist=["OpKernel"])
         if slots and traced is not None:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                fn = tpu_check.jit(traced, getattr(entry.fn, "check_name", f"jax_op {self.name}"),
-                                   donate_argnums=tuple(sorted(set(slots))))
+                fn = tpu_check.jit(
+                    traced,
+                    getattr(entry.fn, "check_name", f"jax_op {self.name}"),
+                    donate_argnums=tuple(sorted(set(slots))),
+                )
             entry.fn = _Donating(fn)
-            entry.memo = None     # a kept result would hold the donated (deleted) input
+            entry.memo = None  # a kept result would hold the donated (deleted) input
             entry.consts = None
         return entry
 
@@ -793,24 +852,41 @@ class _Donating:
 
 
 # ---------------------------------------------------------------- TorchTPU's older API
-def custom_jax_kernel(jax_fn=None, name=None, static_argnums=(), donate_argnums=None, input_output_aliases=None,
-                      mesh=None, input_partition_specs=None, output_partition_specs=None, *, static_argnames=(),
-                      warn_deprecated=True):
+def custom_jax_kernel(
+    jax_fn=None,
+    name=None,
+    static_argnums=(),
+    donate_argnums=None,
+    input_output_aliases=None,
+    mesh=None,
+    input_partition_specs=None,
+    output_partition_specs=None,
+    *,
+    static_argnames=(),
+    warn_deprecated=True,
+):
     """Deprecated (TorchTPU's name): use `jax_op`. Wraps `jax_fn` as a callable on torch tensors; the
     arguments at `static_argnums` / `static_argnames` are static, every other one a tensor (or a list of
     tensors). Each distinct arrangement of arguments becomes a jax_op (`torchtpu_jax::<name>_<n>`), so
     calls run as eager engine ops and inline into compiled graphs like any jax_op."""
     if warn_deprecated:
-        warnings.warn("custom_jax_kernel is deprecated; use torch.tpu.pallas.jax_op", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn("custom_jax_kernel is deprecated; use torch.tpu.pallas.jax_op", DeprecationWarning, stacklevel=2)
     if input_output_aliases:
-        raise NotImplementedError("custom_jax_kernel: input_output_aliases is not supported (deprecated in "
-                                  "TorchTPU too); use donate_argnums")
+        raise NotImplementedError(
+            "custom_jax_kernel: input_output_aliases is not supported (deprecated in TorchTPU too); use donate_argnums"
+        )
 
     def wrap(fn):
-        return _JaxCallable(fn, name or getattr(fn, "__name__", "kernel"), tuple(static_argnums),
-                            tuple(static_argnames), donate_argnums, mesh, input_partition_specs,
-                            output_partition_specs)
+        return _JaxCallable(
+            fn,
+            name or getattr(fn, "__name__", "kernel"),
+            tuple(static_argnums),
+            tuple(static_argnames),
+            donate_argnums,
+            mesh,
+            input_partition_specs,
+            output_partition_specs,
+        )
 
     return wrap if jax_fn is None else wrap(jax_fn)
 
@@ -822,14 +898,17 @@ class _JaxCallable:
     def __init__(self, fn, name, static_argnums, static_argnames, donate_argnums, mesh, in_specs, out_specs):
         self.fn, self.name = fn, "".join(c if c.isalnum() else "_" for c in name)
         self.static_argnums, self.static_argnames = static_argnums, static_argnames
-        self.options = dict(donate_argnums=donate_argnums, mesh=mesh, input_partition_specs=in_specs,
-                            output_partition_specs=out_specs)
+        self.options = dict(
+            donate_argnums=donate_argnums, mesh=mesh, input_partition_specs=in_specs, output_partition_specs=out_specs
+        )
         self.ops = {}
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
-        layout = (tuple(self._kind(i, a) for i, a in enumerate(args)),
-                  tuple((k, self._kind(k, v)) for k, v in sorted(kwargs.items())))
+        layout = (
+            tuple(self._kind(i, a) for i, a in enumerate(args)),
+            tuple((k, self._kind(k, v)) for k, v in sorted(kwargs.items())),
+        )
         entry = self.ops.get(layout)
         if entry is None:
             entry = self.ops[layout] = self._make(args, kwargs, layout)
@@ -838,14 +917,16 @@ class _JaxCallable:
         return structure(flat)
 
     def _kind(self, key, a):
-        if (key in self.static_argnums if isinstance(key, int) else key in self.static_argnames):
+        if key in self.static_argnums if isinstance(key, int) else key in self.static_argnames:
             return ("static", _static_type(a))
         if isinstance(a, torch.Tensor):
             return ("tensor",)
         if isinstance(a, (list, tuple)) and all(isinstance(x, torch.Tensor) for x in a):
             return ("tensors",)
-        raise TypeError(f"custom_jax_kernel {self.name}: argument {key!r} ({type(a).__name__}) is neither a "
-                        f"tensor nor listed in static_argnums/static_argnames")
+        raise TypeError(
+            f"custom_jax_kernel {self.name}: argument {key!r} ({type(a).__name__}) is neither a "
+            f"tensor nor listed in static_argnums/static_argnames"
+        )
 
     def _make(self, args, kwargs, layout):
         fn = self.fn
@@ -859,8 +940,9 @@ class _JaxCallable:
         # outputs: a flat list, rebuilt into the function's own structure
         example_args = [_abstract_value(a) for a in args]
         example_kwargs = {k: _abstract_value(v) for k, v in kwargs.items()}
-        tree = jax.tree_util.tree_structure(jax.eval_shape(
-            lambda *a, **k: fn(*a, **k), *example_args, **example_kwargs))
+        tree = jax.tree_util.tree_structure(
+            jax.eval_shape(lambda *a, **k: fn(*a, **k), *example_args, **example_kwargs)
+        )
         n_pos = len(pos_kinds)
 
         def flat_fn(**named):
@@ -879,14 +961,15 @@ def _static_type(a):
         kinds = {type(x) for x in a}
         elem = kinds.pop() if len(kinds) == 1 else float
         return typing.Sequence[elem if elem in (int, float, bool) else float]
-    if isinstance(a, torch.dtype) or isinstance(a, np.dtype) or (isinstance(a, type) and issubclass(a, np.generic)):
+    if isinstance(a, (torch.dtype, np.dtype)) or (isinstance(a, type) and issubclass(a, np.generic)):
         return torch.dtype
     if isinstance(a, enum.Enum):
         return type(a)
     if type(a) in (bool, int, float, str):
         return type(a)
-    raise TypeError(f"custom_jax_kernel: static argument {a!r} of type {type(a).__name__} cannot be part of an "
-                    f"operator schema")
+    raise TypeError(
+        f"custom_jax_kernel: static argument {a!r} of type {type(a).__name__} cannot be part of an operator schema"
+    )
 
 
 def _abstract_value(a):
@@ -905,14 +988,18 @@ def get_pallas_mesh(axis_names, mesh_shape=None, process_group=None):
     torch.distributed whose world size equals JAX's device count (one process with one device: a
     one-device mesh)."""
     import torch.distributed as dist
+
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("get_pallas_mesh: torch.distributed is not initialized; call "
-                           "torch.distributed.init_process_group() first")
+        raise RuntimeError(
+            "get_pallas_mesh: torch.distributed is not initialized; call torch.distributed.init_process_group() first"
+        )
     world = dist.get_world_size(process_group)
     devices = jax.devices()
     if len(devices) != world:
-        raise RuntimeError(f"get_pallas_mesh: the process group has {world} ranks but JAX sees {len(devices)} "
-                           f"devices; multi-process meshes need torchtpu's distributed backend")
+        raise RuntimeError(
+            f"get_pallas_mesh: the process group has {world} ranks but JAX sees {len(devices)} "
+            f"devices; multi-process meshes need torchtpu's distributed backend"
+        )
     if isinstance(axis_names, str):
         axis_names = (axis_names,)
     if mesh_shape is None:
@@ -922,4 +1009,3 @@ def get_pallas_mesh(axis_names, mesh_shape=None, process_group=None):
     if len(mesh_shape) != len(axis_names):
         raise ValueError(f"get_pallas_mesh: {len(axis_names)} axis names for a mesh of shape {tuple(mesh_shape)}")
     return jax.sharding.Mesh(np.array(devices).reshape(tuple(mesh_shape)), tuple(axis_names))
-

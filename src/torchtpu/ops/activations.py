@@ -1,4 +1,5 @@
 """Lowerings: activations and their backward ops, softmax and log_softmax."""
+
 from __future__ import annotations
 
 import jax
@@ -47,7 +48,7 @@ def silu_backward(grad, a):
 
 @lowering("sigmoid_backward", promote=KIND.DEFAULT)
 def sigmoid_backward(grad, out):
-    return grad * jnp.conj(out * (1 - out))   # conj: PyTorch's complex (Wirtinger) convention
+    return grad * jnp.conj(out * (1 - out))  # conj: PyTorch's complex (Wirtinger) convention
 
 
 @lowering("tanh_backward", promote=KIND.DEFAULT)
@@ -102,7 +103,7 @@ def elu_backward(grad, alpha, scale, input_scale, is_result, x):
         neg = g * input_scale * (v + alpha * scale)
     else:
         neg = g * input_scale * alpha * scale * jnp.exp(v * input_scale)
-    return jnp.where(v > 0 if not is_result else v > 0, g * scale, neg).astype(grad.dtype)
+    return jnp.where(v > 0, g * scale, neg).astype(grad.dtype)
 
 
 @lowering("hardtanh", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
@@ -123,7 +124,7 @@ def hardswish(a):
 
 @lowering("hardswish_backward", promote=KIND.DEFAULT)
 def hardswish_backward(grad, a):
-    g, x = _f32(grad), _f32(a)   # at the kinks PyTorch takes the outer pieces: 0 at -3, g at 3
+    g, x = _f32(grad), _f32(a)  # at the kinks PyTorch takes the outer pieces: 0 at -3, g at 3
     return jnp.where(x <= -3, 0, jnp.where(x < 3, g * (x / 3 + 0.5), g)).astype(grad.dtype)
 
 
@@ -182,15 +183,14 @@ def prelu_kernel(a, weight):
 
 @lowering("_prelu_kernel_backward")
 def prelu_kernel_backward(grad, a, weight):
-    return (jnp.where(a > 0, grad, weight * grad).astype(a.dtype),
-            jnp.where(a > 0, 0, a * grad).astype(weight.dtype))
+    return (jnp.where(a > 0, grad, weight * grad).astype(a.dtype), jnp.where(a > 0, 0, a * grad).astype(weight.dtype))
 
 
 @lowering("log_sigmoid_forward", real_only=True)
 def log_sigmoid_forward(a):
     x = _f32(a)
     out = jnp.minimum(x, 0) - jnp.log1p(jnp.exp(-jnp.abs(x)))
-    return out.astype(a.dtype), jnp.zeros((), a.dtype)   # PyTorch's buffer is empty on CPU
+    return out.astype(a.dtype), jnp.zeros((), a.dtype)  # PyTorch's buffer is empty on CPU
 
 
 @lowering("log_sigmoid_backward")

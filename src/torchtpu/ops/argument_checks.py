@@ -9,6 +9,7 @@ call (types, dtypes): when it cannot, the eager engine's C++ fast path may skip 
 build time (ints and floats that key the cache) are checked by the lowerings themselves; values on
 the device by device-side asserts (ops/checks.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -17,17 +18,38 @@ import torch
 
 from .table import declared_facts
 
-__all__ = ["CHECKS", "wrap", "check_convertible", "overflows", "fill_value_check", "factory_value_check",
-           "pow_exponent_check", "same_dtype_out_check", "out_overlaps_inputs_check", "random_bounds_check",
-           "no_internal_overlap"]
+__all__ = [
+    "CHECKS",
+    "check_convertible",
+    "factory_value_check",
+    "fill_value_check",
+    "no_internal_overlap",
+    "out_overlaps_inputs_check",
+    "overflows",
+    "pow_exponent_check",
+    "random_bounds_check",
+    "same_dtype_out_check",
+    "wrap",
+]
 
 # the C++ type names PyTorch's "value cannot be converted to type ... without overflow" prints
 _CPP_NAMES = {
-    torch.int8: "int8_t", torch.uint8: "uint8_t", torch.int16: "int16_t", torch.uint16: "uint16_t",
-    torch.int32: "int", torch.uint32: "uint32_t", torch.int64: "int64_t", torch.uint64: "uint64_t",
-    torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16", torch.float32: "float",
-    torch.float64: "double", torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>",
-    torch.float8_e4m3fn: "c10::Float8_e4m3fn", torch.float8_e5m2: "c10::Float8_e5m2",
+    torch.int8: "int8_t",
+    torch.uint8: "uint8_t",
+    torch.int16: "int16_t",
+    torch.uint16: "uint16_t",
+    torch.int32: "int",
+    torch.uint32: "uint32_t",
+    torch.int64: "int64_t",
+    torch.uint64: "uint64_t",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+    torch.float8_e4m3fn: "c10::Float8_e4m3fn",
+    torch.float8_e5m2: "c10::Float8_e5m2",
 }
 _NO_INFINITY = (torch.float8_e4m3fn,)
 _REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
@@ -72,27 +94,36 @@ def _arg(args, kwargs, position, name):
 
 def fill_value_check(position):
     """The fill value (argument `position`) must fit the filled tensor's dtype."""
+
     def check(*args, **kwargs):
         self, value = args[0], _arg(args, kwargs, position, "value")
         if isinstance(self, torch.Tensor):
             check_convertible(value, self.dtype)
+
     return check
 
 
 def factory_value_check(position, name):
     """The value (argument `position`, or keyword `name`) must fit the dtype asked for (or out='s)."""
+
     def check(*args, **kwargs):
         out = kwargs.get("out")
         dtype = out.dtype if isinstance(out, torch.Tensor) else kwargs.get("dtype")
         if dtype is not None:
             check_convertible(_arg(args, kwargs, position, name), dtype)
+
     return check
 
 
 def pow_exponent_check(*args, **kwargs):
     self, exponent = args[0], _arg(args, kwargs, 1, "exponent")
-    if (isinstance(exponent, int) and exponent < 0 and isinstance(self, torch.Tensor)
-            and not self.dtype.is_floating_point and not self.dtype.is_complex):
+    if (
+        isinstance(exponent, int)
+        and exponent < 0
+        and isinstance(self, torch.Tensor)
+        and not self.dtype.is_floating_point
+        and not self.dtype.is_complex
+    ):
         raise RuntimeError("Integers to negative integer powers are not allowed.")
 
 
@@ -100,8 +131,12 @@ def _pow_check_can_raise(*args, **kwargs):
     """Whether pow_exponent_check can raise for some value of an exponent of this type (the engine
     runs it per call only then; the eager cache keys the type and the tensor's dtype)."""
     self, exponent = args[0], _arg(args, kwargs, 1, "exponent")
-    return (type(exponent) is int and isinstance(self, torch.Tensor) and not self.dtype.is_floating_point
-            and not self.dtype.is_complex)
+    return (
+        type(exponent) is int
+        and isinstance(self, torch.Tensor)
+        and not self.dtype.is_floating_point
+        and not self.dtype.is_complex
+    )
 
 
 pow_exponent_check.can_raise = _pow_check_can_raise
@@ -113,13 +148,18 @@ def same_dtype_out_check(self, *args, out=None, **kwargs):
     PyTorch's meta kernels do not check."""
     if isinstance(out, torch.Tensor) and isinstance(self, torch.Tensor) and out.dtype != self.dtype:
         from .dtypes import scalar_type_name
+
         raise RuntimeError(f"Found dtype {scalar_type_name(out.dtype)} but expected {scalar_type_name(self.dtype)}")
 
 
-_INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single "
-                     "memory location. Please clone() the tensor before performing the operation.")
-_INPUT_OVERLAP = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
-                  "single memory location. Please clone() the tensor before performing the operation.")
+_INTERNAL_OVERLAP = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single "
+    "memory location. Please clone() the tensor before performing the operation."
+)
+_INPUT_OVERLAP = (
+    "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+    "single memory location. Please clone() the tensor before performing the operation."
+)
 
 
 def _byte_range(t):
@@ -129,6 +169,7 @@ def _byte_range(t):
 
 def _dense(t):
     from torch._prims_common import is_non_overlapping_and_dense_or_false
+
     return is_non_overlapping_and_dense_or_false(t)
 
 
@@ -148,18 +189,34 @@ def out_overlaps_inputs_check(tensors, *args, out=None, **kwargs):
     no_internal_overlap(out)
     storage = out.untyped_storage().data_ptr()
     for t in tensors:
-        if (isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() == storage
-                and _dense(out) and _dense(t)):
+        if (
+            isinstance(t, torch.Tensor)
+            and t.numel()
+            and t.untyped_storage().data_ptr() == storage
+            and _dense(out)
+            and _dense(t)
+        ):
             (a, b), (c, d) = _byte_range(out), _byte_range(t)
             if a < d and c < b:
                 raise RuntimeError(_INPUT_OVERLAP)
 
 
 # the C++ type names of random_'s bounds errors
-_RANDOM_TYPE_NAMES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short int", "int32": "int",
-                      "int64": "long int", "uint16": "short unsigned int", "uint32": "unsigned int",
-                      "uint64": "long unsigned int", "float16": "c10::Half", "bfloat16": "c10::BFloat16",
-                      "float32": "float", "float64": "double", "bool": "bool"}
+_RANDOM_TYPE_NAMES = {
+    "int8": "signed char",
+    "uint8": "unsigned char",
+    "int16": "short int",
+    "int32": "int",
+    "int64": "long int",
+    "uint16": "short unsigned int",
+    "uint32": "unsigned int",
+    "uint64": "long unsigned int",
+    "float16": "c10::Half",
+    "bfloat16": "c10::BFloat16",
+    "float32": "float",
+    "float64": "double",
+    "bool": "bool",
+}
 
 
 def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None):
@@ -167,6 +224,7 @@ def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None):
     within [lowest, highest] of the type, else an error; for a float type with `bits` of mantissa,
     a warning beyond +-2^bits, where not every integer is representable."""
     import warnings
+
     name = _RANDOM_TYPE_NAMES.get(dtype_name, dtype_name)
     for value, what in ((low, "from"), (None if high is None else high - 1, "to - 1")):
         if value is None:
@@ -174,9 +232,12 @@ def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None):
         if not lowest <= value <= highest:
             raise RuntimeError(f"{what} is out of bounds for {name}")
         if bits is not None and not -(1 << bits) <= value <= 1 << bits:
-            warnings.warn(f"{what} is out of bounds [-(2^{bits}), 2^{bits}]. Due to precision limitations {name} "
-                          f"can support discrete uniform distribution only within this range. This warning will "
-                          f"become an error in version 1.7 release, please fix the code in advance", stacklevel=2)
+            warnings.warn(
+                f"{what} is out of bounds [-(2^{bits}), 2^{bits}]. Due to precision limitations {name} "
+                f"can support discrete uniform distribution only within this range. This warning will "
+                f"become an error in version 1.7 release, please fix the code in advance",
+                stacklevel=2,
+            )
 
 
 # ATen overload -> check of its (args, kwargs), as declared with the lowerings

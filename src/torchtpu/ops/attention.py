@@ -8,6 +8,7 @@ blockwise with an online softmax instead of being materialised (ops/attention_bl
 Traced for a TPU, causal or full attention without a mask or dropout runs JAX's Pallas splash-attention
 kernel, forward and backward (ops/attention_splash.py: any sequence length from its MIN_LENGTH up).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,16 @@ def _heads(x, n):
 def _attn_scores(q, k, is_causal, mask, scale):
     e = q.shape[-1]
     s = (1.0 / math.sqrt(e)) if scale is None else scale
-    scores = jnp.einsum("...le,...se->...ls", _heads(q, k.shape[-3]), k, precision=_precision(),
-                        preferred_element_type=_blockwise.acc_dtype(q.dtype)) * s   # float64 stays float64
+    scores = (
+        jnp.einsum(
+            "...le,...se->...ls",
+            _heads(q, k.shape[-3]),
+            k,
+            precision=_precision(),
+            preferred_element_type=_blockwise.acc_dtype(q.dtype),
+        )
+        * s
+    )  # float64 stays float64
     scores = _heads(scores, q.shape[-3])
     if mask is not None:
         scores = scores + (jnp.where(mask, 0.0, -jnp.inf) if mask.dtype == jnp.bool_ else _f32(mask))
@@ -65,11 +74,16 @@ def sdpa_fused(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=No
         return _blockwise.forward(q, k, v, attn_mask, is_causal, scale, _precision())
     scores, _ = _attn_scores(q, k, is_causal, attn_mask, scale)
     m = jnp.max(scores, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, 0)          # rows with every key masked give 0, as _safe_softmax
+    m = jnp.where(jnp.isfinite(m), m, 0)  # rows with every key masked give 0, as _safe_softmax
     p = jnp.exp(scores - m)
     total = jnp.sum(p, axis=-1, keepdims=True)
-    out = jnp.einsum("...ls,...se->...le", _heads(p.astype(v.dtype) if _low(v) else p, v.shape[-3]), v,
-                     precision=_precision(), preferred_element_type=p.dtype)
+    out = jnp.einsum(
+        "...ls,...se->...le",
+        _heads(p.astype(v.dtype) if _low(v) else p, v.shape[-3]),
+        v,
+        precision=_precision(),
+        preferred_element_type=p.dtype,
+    )
     out = _heads(out, q.shape[-3])
     out = jnp.where(total > 0, out / jnp.where(total > 0, total, 1), 0)
     lse = jnp.where(total[..., 0] > 0, jnp.log(jnp.where(total[..., 0] > 0, total[..., 0], 1)) + m[..., 0], 0)  # as CPU
@@ -89,7 +103,7 @@ def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask
     g, o = _f32(grad), _f32(out)
     prec = _precision()
     hq, hk = q.shape[-3], k.shape[-3]
-    g_g, p_g = _heads(g, hk), _heads(p, hk)   # GQA: sums over a key/value head's query heads
+    g_g, p_g = _heads(g, hk), _heads(p, hk)  # GQA: sums over a key/value head's query heads
     dv = jnp.einsum("...ls,...le->...se", p_g, g_g, precision=prec)
     dp = _heads(jnp.einsum("...le,...se->...ls", g_g, _f32(v), precision=prec), hq)
     ds = p * (dp - jnp.sum(g * o, axis=-1, keepdims=True))
@@ -106,12 +120,11 @@ def _linear(x, w, b):
     return y + _f32(b) if b is not None else y
 
 
-def _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
-         mask_type):
+def _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type):
     """(output in float32, attention probabilities (B, H, L, S) in float32)."""
     d = embed_dim
-    wq, wk, wv = qkv_weight[:d], qkv_weight[d:2 * d], qkv_weight[2 * d:]
-    bq, bk, bv = qkv_bias[:d], qkv_bias[d:2 * d], qkv_bias[2 * d:]
+    wq, wk, wv = qkv_weight[:d], qkv_weight[d : 2 * d], qkv_weight[2 * d :]
+    bq, bk, bv = qkv_bias[:d], qkv_bias[d : 2 * d], qkv_bias[2 * d :]
     b, l, _ = query.shape
     s = key.shape[1]
     hd = d // num_head
@@ -124,9 +137,8 @@ def _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weig
     v = heads(_linear(value, wv, bv), s)
     scores = jnp.einsum("bhle,bhse->bhls", q, k, precision=_precision())
     if mask is not None:
-        masked = mask.astype(jnp.bool_)   # PyTorch's fast path: any nonzero mask entry masks
-        if mask_type == 1 or (mask_type is None and masked.ndim == 2 and masked.shape == (b, s)
-                              and l != s):
+        masked = mask.astype(jnp.bool_)  # PyTorch's fast path: any nonzero mask entry masks
+        if mask_type == 1 or (mask_type is None and masked.ndim == 2 and masked.shape == (b, s) and l != s):
             masked = masked.reshape(b, 1, 1, s)
         scores = jnp.where(masked, -jnp.inf, scores)
     m = jnp.max(scores, axis=-1, keepdims=True)
@@ -139,11 +151,22 @@ def _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weig
 
 
 @lowering("_native_multi_head_attention")
-def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
-                                proj_bias, mask=None, need_weights=True, average_attn_weights=True,
-                                mask_type=None):
-    out, p = _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
-                  mask, mask_type)
+def native_multi_head_attention(
+    query,
+    key,
+    value,
+    embed_dim,
+    num_head,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    mask=None,
+    need_weights=True,
+    average_attn_weights=True,
+    mask_type=None,
+):
+    out, p = _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)
     if not need_weights:
         return out.astype(query.dtype), jnp.zeros((0,), query.dtype)
     w = jnp.mean(p, axis=1) if average_attn_weights else p
@@ -157,14 +180,31 @@ def _layer_norm(x, w, b, eps):
 
 
 @lowering("_transformer_encoder_layer_fwd")
-def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
-                                  use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2,
-                                  norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
-                                  mask_type=None):
+def transformer_encoder_layer_fwd(
+    src,
+    embed_dim,
+    num_heads,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    use_gelu,
+    norm_first,
+    eps,
+    norm_weight_1,
+    norm_bias_1,
+    norm_weight_2,
+    norm_bias_2,
+    ffn_weight_1,
+    ffn_bias_1,
+    ffn_weight_2,
+    ffn_bias_2,
+    mask=None,
+    mask_type=None,
+):
     x = _f32(src)
     h = _layer_norm(x, norm_weight_1, norm_bias_1, eps) if norm_first else x
-    attn, _ = _mha(h, h, h, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
-                   mask_type)
+    attn, _ = _mha(h, h, h, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)
     x = x + attn
     if not norm_first:
         x = _layer_norm(x, norm_weight_1, norm_bias_1, eps)

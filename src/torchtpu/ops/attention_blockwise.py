@@ -16,6 +16,7 @@ Blocks need not divide the lengths: the last block is shifted back to end at the
 padding copies), and its rows/keys already covered by the previous block are masked out where they
 would be counted twice.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,9 +47,16 @@ GROUP = 1
 
 def eligible(q, k, v):
     """Whether the blockwise path applies: 4-D inputs, key heads dividing query heads, long sequences."""
-    return (q.ndim == 4 and k.ndim == 4 and v.ndim == 4 and q.shape[0] == k.shape[0] == v.shape[0]
-            and k.shape[1] == v.shape[1] and q.shape[1] % k.shape[1] == 0 and k.shape[2] == v.shape[2]
-            and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] >= MIN_SCORES)
+    return (
+        q.ndim == 4
+        and k.ndim == 4
+        and v.ndim == 4
+        and q.shape[0] == k.shape[0] == v.shape[0]
+        and k.shape[1] == v.shape[1]
+        and q.shape[1] % k.shape[1] == 0
+        and k.shape[2] == v.shape[2]
+        and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] >= MIN_SCORES
+    )
 
 
 def acc_dtype(dtype):
@@ -82,8 +90,9 @@ def _plan(B, H, L, S, causal):
 
 def _bdot(a, b, contract, acc, precision):
     """Batched (over axis 0) a . b, contracting a's axis contract[0] with b's contract[1]."""
-    return lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((0,), (0,))), precision=precision,
-                           preferred_element_type=acc)
+    return lax.dot_general(
+        a, b, (((contract[0],), (contract[1],)), ((0,), (0,))), precision=precision, preferred_element_type=acc
+    )
 
 
 class _Problem:
@@ -96,7 +105,7 @@ class _Problem:
         self.B, self.H, self.L, self.E = q.shape
         self.S, self.Ev = k.shape[2], v.shape[3]
         self.rep = self.H // k.shape[1]
-        if self.rep > 1:   # grouped-query attention: query head h reads key/value head h // rep
+        if self.rep > 1:  # grouped-query attention: query head h reads key/value head h // rep
             k, v = jnp.repeat(k, self.rep, axis=1), jnp.repeat(v, self.rep, axis=1)
         self.g, self.lb, self.nq, self.sb, self.nk = _plan(self.B, self.H, self.L, self.S, is_causal)
         self.groups = self.B * self.H // self.g
@@ -148,16 +157,23 @@ class _Problem:
             gb, gh = (1, self.g) if self.g <= self.H else (self.g // self.H, self.H)
             bh0 = gi * self.g
             lm, sm = (self.lb if ml > 1 else 1), (self.sb if ms > 1 else 1)
-            tile = lax.dynamic_slice(m, (bh0 // self.H if mb > 1 else 0, bh0 % self.H if mh > 1 else 0,
-                                         q0 if ml > 1 else 0, k0 if ms > 1 else 0),
-                                     (gb if mb > 1 else 1, gh if mh > 1 else 1, lm, sm))
+            tile = lax.dynamic_slice(
+                m,
+                (
+                    bh0 // self.H if mb > 1 else 0,
+                    bh0 % self.H if mh > 1 else 0,
+                    q0 if ml > 1 else 0,
+                    k0 if ms > 1 else 0,
+                ),
+                (gb if mb > 1 else 1, gh if mh > 1 else 1, lm, sm),
+            )
             tile = jnp.broadcast_to(tile, (gb, gh, lm, sm)).reshape(self.g, lm, sm)
             s = jnp.where(tile, s, -jnp.inf) if m.dtype == jnp.bool_ else s + tile.astype(self.acc)
         keep = None
         cols = k0 + lax.broadcasted_iota(jnp.int32, (1, 1, self.sb), 2)
         if self.causal:
             keep = cols <= q0 + lax.broadcasted_iota(jnp.int32, (1, self.lb, 1), 1)
-        if self.nk > 1:   # the shifted last key block: keys the previous block had are not counted twice
+        if self.nk > 1:  # the shifted last key block: keys the previous block had are not counted twice
             fresh = cols >= c * self.sb
             keep = fresh if keep is None else keep & fresh
         return s if keep is None else jnp.where(keep, s, -jnp.inf)
@@ -189,13 +205,16 @@ def forward(q, k, v, mask=None, is_causal=False, scale=None, precision=None):
         out, lse = carry
         gi, q0, _ = P.index(i)
         qb = P.rows(P.q, gi, q0, P.lb)
-        init = (jnp.full((P.g, P.lb, 1), P.lowest, acc), jnp.zeros((P.g, P.lb, 1), acc),
-                jnp.zeros((P.g, P.lb, P.Ev), acc))
+        init = (
+            jnp.full((P.g, P.lb, 1), P.lowest, acc),
+            jnp.zeros((P.g, P.lb, 1), acc),
+            jnp.zeros((P.g, P.lb, P.Ev), acc),
+        )
         if P.nk == 1:
             m, tot, o = tile(qb, gi, q0, 0, init)
         else:
             m, tot, o = lax.fori_loop(0, P.kv_blocks(q0), lambda c, cr: tile(qb, gi, q0, c, cr), init)
-        ok = tot > 0                               # a fully masked row: output 0, logsumexp 0 as the CPU
+        ok = tot > 0  # a fully masked row: output 0, logsumexp 0 as the CPU
         o = jnp.where(ok, o / jnp.where(ok, tot, 1), 0)
         l = jnp.where(ok, jnp.log(jnp.where(ok, tot, 1)) + m, 0)[..., 0]
         return P.put(out, gi, q0, o.astype(q.dtype)), P.put(lse, gi, q0, l)
@@ -211,7 +230,7 @@ def backward(grad, q, k, v, out, lse, mask=None, is_causal=False, scale=None, pr
     acc = acc_dtype(q.dtype)
     P = _Problem(q, k, v.astype(acc), mask, is_causal, scale, acc)
     g_all, o_all = P.grouped(grad.astype(acc)), P.grouped(out.astype(acc))
-    lse_all = P.grouped(lse.astype(acc))    # fully masked rows have 0 there: exp(-inf - 0) = 0
+    lse_all = P.grouped(lse.astype(acc))  # fully masked rows have 0 there: exp(-inf - 0) = 0
 
     def tile(qb, g, d, lse_b, gi, q0, c, carry):
         dq, dk, dv = carry
@@ -235,18 +254,21 @@ def backward(grad, q, k, v, out, lse, mask=None, is_causal=False, scale=None, pr
         d = jnp.sum(g * P.rows(o_all, gi, q0, P.lb), axis=-1, keepdims=True)
         lse_b = P.rows(lse_all, gi, q0, P.lb)[..., None]
         dq = jnp.zeros((P.g, P.lb, P.E), acc)
-        run = lambda c, cr: tile(qb, g, d, lse_b, gi, q0, c, cr)   # noqa: E731
+        run = lambda c, cr: tile(qb, g, d, lse_b, gi, q0, c, cr)
         if P.nk == 1:
             dq, dk, dv = run(0, (dq, dk, dv))
         else:
             dq, dk, dv = lax.fori_loop(0, P.kv_blocks(q0), run, (dq, dk, dv))
         return P.put(dq_all, gi, q0, P.rows(dq_all, gi, q0, P.lb) + dq), dk, dv
 
-    init = (jnp.zeros((P.groups, P.g, P.L, P.E), acc), jnp.zeros((P.groups, P.g, P.S, P.E), acc),
-            jnp.zeros((P.groups, P.g, P.S, P.Ev), acc))
+    init = (
+        jnp.zeros((P.groups, P.g, P.L, P.E), acc),
+        jnp.zeros((P.groups, P.g, P.S, P.E), acc),
+        jnp.zeros((P.groups, P.g, P.S, P.Ev), acc),
+    )
     dq, dk, dv = lax.fori_loop(0, P.groups * P.nq, step, init)
     dk, dv = P.ungrouped(dk, P.H), P.ungrouped(dv, P.H)
-    if P.rep > 1:   # each key/value head collects the gradients of the query heads that read it
+    if P.rep > 1:  # each key/value head collects the gradients of the query heads that read it
         dk = dk.reshape(P.B, P.H // P.rep, P.rep, P.S, P.E).sum(2)
         dv = dv.reshape(P.B, P.H // P.rep, P.rep, P.S, P.Ev).sum(2)
     return (P.ungrouped(dq, P.H).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))

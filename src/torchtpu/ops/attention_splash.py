@@ -18,6 +18,7 @@ jax_op differentiated by jax.vjp) is a custom_vjp with the same forward residual
 
 On the host (XLA:CPU, tests under `platform.tracing_for("tpu")`) the kernel runs in Pallas' interpreter.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,24 +29,25 @@ import jax.numpy as jnp
 
 from . import pallas_support
 
-BLOCK = 128           # splash's smallest block (the TPU's lane width): lengths are padded to a multiple of it
-MIN_LENGTH = 128      # shorter query or key sequences (decode steps) go to XLA attention: mostly padding here
+BLOCK = 128  # splash's smallest block (the TPU's lane width): lengths are padded to a multiple of it
+MIN_LENGTH = 128  # shorter query or key sequences (decode steps) go to XLA attention: mostly padding here
 _BLOCK_CHOICES = (512, 256, 128)
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
 class Plan(NamedTuple):
     """Everything static about one splash call (hashable: the key of the kernel's mask processing)."""
+
     batch: int
-    heads: int          # query heads
+    heads: int  # query heads
     kv_heads: int
     q_len: int
     kv_len: int
     q_pad: int
     kv_pad: int
     causal: bool
-    offset: int         # query row i sits at key position i + offset (0: top-left, kv_len - q_len: bottom-right)
-    window: int | None   # keys at positions > row - window, or None
+    offset: int  # query row i sits at key position i + offset (0: top-left, kv_len - q_len: bottom-right)
+    window: int | None  # keys at positions > row - window, or None
     block_q: int
     block_kv: int
 
@@ -65,17 +67,27 @@ def _block(n, wanted):
 def _rows_all_see_a_key(q_len, kv_len, causal, offset, window):
     """Whether every query row i (at key position i + offset) has a key in [0, kv_len): rows attend keys
     p <= i + offset when causal and p > i + offset - window with a window."""
-    if causal and offset < 0:                       # row 0 sees keys <= offset < 0
+    if causal and offset < 0:  # row 0 sees keys <= offset < 0
         return False
     # the last row's window must reach a key
     return window is None or q_len - 1 + offset - window + 1 <= kv_len - 1
 
 
-def plan(q, k, v, *, causal: bool, offset: int = 0, window: int | None = None, block_q: int | None = None,
-         block_kv: int | None = None) -> Plan | None:
+def plan(
+    q,
+    k,
+    v,
+    *,
+    causal: bool,
+    offset: int = 0,
+    window: int | None = None,
+    block_q: int | None = None,
+    block_kv: int | None = None,
+) -> Plan | None:
     """The splash plan for q (b, h, s, d), k/v (b, h_kv, t, d), or None when splash does not apply (not tracing
     for a TPU, or a problem it does not take: see the module docstring)."""
     from ..device.platform import lowering_platform
+
     if lowering_platform() != "tpu" or not _splash_available():
         return None
     if not (q.ndim == k.ndim == v.ndim == 4) or not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
@@ -91,8 +103,20 @@ def plan(q, k, v, *, causal: bool, offset: int = 0, window: int | None = None, b
     if not _rows_all_see_a_key(s, t, causal, offset, window):
         return None
     q_pad, kv_pad = _round_up(s, BLOCK), _round_up(t, BLOCK)
-    return Plan(b, h, h_kv, s, t, q_pad, kv_pad, bool(causal), int(offset), window,
-                _block(q_pad, block_q), _block(kv_pad, block_kv))
+    return Plan(
+        b,
+        h,
+        h_kv,
+        s,
+        t,
+        q_pad,
+        kv_pad,
+        bool(causal),
+        int(offset),
+        window,
+        _block(q_pad, block_q),
+        _block(kv_pad, block_kv),
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -104,7 +128,8 @@ def _splash_available():
     except ImportError:
         return False
     return all(hasattr(sk, n) for n in ("make_splash_mha", "make_splash_mqa", "BlockSizes")) and hasattr(
-        sm, "_ComputableMask")
+        sm, "_ComputableMask"
+    )
 
 
 def _mask_class():
@@ -151,13 +176,21 @@ def _kernel(p: Plan, residuals: bool):
     in the trace (splash caches the mask processing itself, keyed on the mask)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
     if not _PADDED_MASK:
         _PADDED_MASK.append(_mask_class())
     heads = p.heads if p.kv_heads == p.heads else p.heads // p.kv_heads
     mask = sm.MultiHeadMask([_PADDED_MASK[0](p)] * heads)
     bq, bkv = p.block_q, p.block_kv
-    sizes = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
-                          block_kv_dkv_compute=bkv, use_fused_bwd_kernel=True)
+    sizes = sk.BlockSizes(
+        block_q=bq,
+        block_kv=bkv,
+        block_kv_compute=bkv,
+        block_q_dkv=bq,
+        block_kv_dkv=bkv,
+        block_kv_dkv_compute=bkv,
+        use_fused_bwd_kernel=True,
+    )
     make = sk.make_splash_mha if p.kv_heads == p.heads else sk.make_splash_mqa
     with pallas_support.kernel_tracing():
         return make(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, save_residuals=residuals)
@@ -191,7 +224,7 @@ def _prepare(p: Plan, q, k, v, scale):
 def forward(p: Plan, q, k, v, scale):
     """(out (b, h, s, d) in q's dtype, logsumexp (b, h, s) float32 of the scaled logits)."""
     out, (lse,) = _run(p, *_prepare(p, q, k, v, scale), residuals=True)
-    return out[:, :, :p.q_len].astype(q.dtype), lse[:, :, :p.q_len].astype(jnp.float32)
+    return out[:, :, : p.q_len].astype(q.dtype), lse[:, :, : p.q_len].astype(jnp.float32)
 
 
 def attention(p: Plan, q, k, v, scale):
@@ -202,7 +235,7 @@ def attention(p: Plan, q, k, v, scale):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _attention(q, k, v, p, scale):
     out = _run(p, *_prepare(p, q, k, v, scale), residuals=False)
-    return out[:, :, :p.q_len].astype(q.dtype)
+    return out[:, :, : p.q_len].astype(q.dtype)
 
 
 def _attention_fwd(q, k, v, p, scale):
@@ -217,8 +250,9 @@ def _attention_bwd(p, scale, saved, grad):
 
 def _recomputing_backward(p, grad, q, k, v, scale):
     """(dq, dk, dv) through splash's own VJP, recomputing the forward (when its residual backward is absent)."""
+
     def padded(q, k, v):
-        return _run(p, *_prepare(p, q, k, v, scale), residuals=False)[:, :, :p.q_len]
+        return _run(p, *_prepare(p, q, k, v, scale), residuals=False)[:, :, : p.q_len]
 
     # the kernel's custom_vjp traces its backward kernels when the pullback is called: keep it in the scope
     with pallas_support.kernel_tracing():
@@ -235,12 +269,13 @@ def backward(p: Plan, grad, q, k, v, out, lse, scale):
     the forward instead)."""
     try:
         return _backward_from_residuals(p, grad, q, k, v, out, lse, scale)
-    except (AttributeError, TypeError):   # the private entry point moved or changed its signature
+    except (AttributeError, TypeError):  # the private entry point moved or changed its signature
         return _recomputing_backward(p, grad, q, k, v, scale)
 
 
 def _backward_from_residuals(p: Plan, grad, q, k, v, out, lse, scale):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
     splash_backward = sk._splash_attention_bwd
     pallas_support.enable_interpret_on_cpu()
     qs, kp, vp = _prepare(p, q, k, v, scale)
@@ -254,8 +289,18 @@ def _backward_from_residuals(p: Plan, grad, q, k, v, out, lse, scale):
 
         def one(q1, k1, v1, o1, lse1, g1):
             residuals = (q1, k1, v1, None, None, o1, lse1, kernel.dq_mask_info, kernel.dkv_mask_info)
-            grads = splash_backward(False, kw["mask_value"], kw["is_mqa"], kw["block_sizes"], None,
-                                    kw["mask_function"], kw["attn_logits_soft_cap"], kw["interpret"], residuals, g1)
+            grads = splash_backward(
+                False,
+                kw["mask_value"],
+                kw["is_mqa"],
+                kw["block_sizes"],
+                None,
+                kw["mask_function"],
+                kw["attn_logits_soft_cap"],
+                kw["interpret"],
+                residuals,
+                g1,
+            )
             return grads[3:6]
 
         if p.kv_heads == p.heads:
@@ -266,5 +311,5 @@ def _backward_from_residuals(p: Plan, grad, q, k, v, out, lse, scale):
             dq, dk, dv = jax.vmap(jax.vmap(one))(grouped(qs), kp, vp, grouped(o), grouped(lse), grouped(g))
             dq = dq.reshape((p.batch, p.heads) + dq.shape[3:])
     # q entered as q * scale
-    dq = (dq[:, :, :p.q_len].astype(jnp.float32) * scale).astype(q.dtype)
-    return dq, dk[:, :, :p.kv_len].astype(k.dtype), dv[:, :, :p.kv_len].astype(v.dtype)
+    dq = (dq[:, :, : p.q_len].astype(jnp.float32) * scale).astype(q.dtype)
+    return dq, dk[:, :, : p.kv_len].astype(k.dtype), dv[:, :, : p.kv_len].astype(v.dtype)

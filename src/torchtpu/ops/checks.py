@@ -8,6 +8,7 @@ the conditions with `collecting()` and returns them as one extra boolean output;
 (eager/asserts.py) raises the first failed condition's message at the next synchronization.
 Without a collector (a lowering traced inside another transformation) `require` checks nothing.
 """
+
 from __future__ import annotations
 
 import contextlib

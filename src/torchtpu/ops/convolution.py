@@ -1,4 +1,5 @@
 """Lowerings: convolution (plain and transposed, any groups) and its backward."""
+
 from __future__ import annotations
 
 import jax
@@ -11,7 +12,7 @@ from .table import lowering
 
 
 def _conv_dims(nd):
-    spatial = "DHW"[3 - nd:] if nd <= 3 else None
+    spatial = "DHW"[3 - nd :] if nd <= 3 else None
     return ("NC" + spatial, "OI" + spatial, "NC" + spatial)
 
 
@@ -20,24 +21,33 @@ def _integer_convolution_check(x):
     for a TPU, in CUDA's words for a dtype a kernel lacks. XLA:CPU computes it, as the CPU does."""
     if x.dtype in (jnp.int64, jnp.uint64):
         from ..device.platform import lowering_platform
+
         if lowering_platform() == "tpu":
-            raise RuntimeError(f'"convolution_tpu" not implemented for \'{scalar_type_name(x.dtype)}\': XLA:TPU '
-                               f"has no 64-bit integer convolution (compute it in int32 or a floating dtype "
-                               f"on the TPU)")
+            raise RuntimeError(
+                f"\"convolution_tpu\" not implemented for '{scalar_type_name(x.dtype)}': XLA:TPU "
+                f"has no 64-bit integer convolution (compute it in int32 or a floating dtype "
+                f"on the TPU)"
+            )
 
 
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     """PyTorch's convolution (no bias) on batched input: the output in float32 for half inputs."""
     _integer_convolution_check(x)
     nd = x.ndim - 2
-    stride, padding, dilation = (list(v) * nd if len(v) == 1 else list(v)
-                                 for v in (stride, padding, dilation))
+    stride, padding, dilation = (list(v) * nd if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     acc = jnp.float32 if _low(x) else None
     if not transposed:
         return lax.conv_general_dilated(
-            x, w, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
-            feature_group_count=groups, dimension_numbers=_conv_dims(nd), precision=_precision(),
-            preferred_element_type=acc)
+            x,
+            w,
+            window_strides=stride,
+            padding=[(p, p) for p in padding],
+            rhs_dilation=dilation,
+            feature_group_count=groups,
+            dimension_numbers=_conv_dims(nd),
+            precision=_precision(),
+            preferred_element_type=acc,
+        )
     output_padding = list(output_padding) * nd if len(output_padding) == 1 else list(output_padding)
     # transposed: a dilated-input convolution with the kernel flipped and its in/out swapped per group
     cin, cout_g = w.shape[0], w.shape[1]
@@ -45,12 +55,19 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     w = w.reshape((groups, cin // groups, cout_g) + k)
     w = jnp.swapaxes(w, 1, 2).reshape((groups * cout_g, cin // groups) + k)
     w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
-    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
-            for kk, d, p, op in zip(k, dilation, padding, output_padding)]
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, d, p, op in zip(k, dilation, padding, output_padding)]
     return lax.conv_general_dilated(
-        x, w, window_strides=[1] * nd, padding=pads, lhs_dilation=stride, rhs_dilation=dilation,
-        feature_group_count=groups, dimension_numbers=_conv_dims(nd), precision=_precision(),
-        preferred_element_type=acc)
+        x,
+        w,
+        window_strides=[1] * nd,
+        padding=pads,
+        lhs_dilation=stride,
+        rhs_dilation=dilation,
+        feature_group_count=groups,
+        dimension_numbers=_conv_dims(nd),
+        precision=_precision(),
+        preferred_element_type=acc,
+    )
 
 
 @lowering("convolution", "convolution_overrideable")
@@ -63,9 +80,9 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
 
 @lowering("convolution_backward", "convolution_backward_overrideable")
 def convolution_backward(grad, x, w, *rest):
-    if len(rest) == 8:   # convolution_backward: bias_sizes first
+    if len(rest) == 8:  # convolution_backward: bias_sizes first
         _, stride, padding, dilation, transposed, output_padding, groups, mask = rest
-    else:                # convolution_backward_overrideable has no bias_sizes
+    else:  # convolution_backward_overrideable has no bias_sizes
         stride, padding, dilation, transposed, output_padding, groups, mask = rest
     dtype = x.dtype
     acc = jnp.float32 if _low(x) else dtype

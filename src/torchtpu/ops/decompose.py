@@ -10,6 +10,7 @@ The result is a function (args, kwargs) -> outputs on JAX values that interprets
 trace bakes the Scalar arguments in, so the function says `specialize_scalars = True` and the
 engine keys its cache on their values.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,7 +20,7 @@ import torch
 from torch._C import DispatchKey
 from torch.utils import _pytree as pytree
 
-__all__ = ["decomposed", "lowered", "decomposition_table_for_lowering"]
+__all__ = ["decomposed", "decomposition_table_for_lowering", "lowered"]
 
 _active = threading.local()
 
@@ -29,6 +30,7 @@ def lowered(op) -> bool:
     from .graph import GRAPH_LOWERINGS, node_op_name
     from .resolve import functional_twin
     from .table import LOWERINGS
+
     name = node_op_name(op)
     if name in LOWERINGS or name in GRAPH_LOWERINGS:
         return True
@@ -40,6 +42,7 @@ def decomposition_table_for_lowering(base=None):
     """PyTorch decompositions (core ATen by default) restricted to ops that have no lowering."""
     if base is None:
         from torch._decomp import core_aten_decompositions
+
         base = core_aten_decompositions()
     out = {}
     for op, fn in base.items():
@@ -73,12 +76,15 @@ def decomposed(op, meta_args, meta_kwargs):
     schema = op._schema
     if any(r.alias_info is not None for r in schema.returns):
         return None  # views and in-place returns: metadata or twins, never a traced copy
-    mutable = [(i, a.name, a.kwarg_only) for i, a in enumerate(schema.arguments)
-               if a.alias_info is not None and a.alias_info.is_write]
-    if mutable and any(a.kwarg_only for _, a_name, kw in mutable for a in schema.arguments
-                       if a.name == a_name and kw):
+    mutable = [
+        (i, a.name, a.kwarg_only)
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    ]
+    if mutable and any(a.kwarg_only for _, a_name, kw in mutable for a in schema.arguments if a.name == a_name and kw):
         return None  # out= variants go through their functional twin
-    from .graph import GRAPH_LOWERINGS, _RANDOM_GRAPH_OPS, node_op_name
+    from .graph import _RANDOM_GRAPH_OPS, GRAPH_LOWERINGS, node_op_name
+
     name = node_op_name(op)
     if name in GRAPH_LOWERINGS and name not in _RANDOM_GRAPH_OPS:
         return _graph_lowering_fn(op, GRAPH_LOWERINGS[name], meta_args, meta_kwargs)
@@ -94,10 +100,10 @@ def decomposed(op, meta_args, meta_kwargs):
     _active.failure = None
     try:
         return _trace(op, impl, meta_args, meta_kwargs, mutable)
-    except AssertionError:   # our own invariant broke while tracing: a bug, not a missing op
+    except AssertionError:  # our own invariant broke while tracing: a bug, not a missing op
         raise
     except Exception as e:  # noqa: BLE001 - what PyTorch cannot trace means "no decomposition";
-        _active.failure = e   # resolve() chains it to its NotLowered, so the reason is not lost
+        _active.failure = e  # resolve() chains it to its NotLowered, so the reason is not lost
         return None
     finally:
         stack.pop()
@@ -113,6 +119,7 @@ def _graph_lowering_fn(op, fn, meta_args, meta_kwargs):
 
     def run(args, kwargs):
         return fn(val, *args, **kwargs)
+
     return run
 
 
@@ -122,6 +129,7 @@ def schema_name(op, pos):
 
 def _trace(op, impl, meta_args, meta_kwargs, mutable=()):
     from torch.fx.experimental.proxy_tensor import make_fx
+
     from .graph import GraphProgram
 
     leaves, spec = pytree.tree_flatten((list(meta_args), dict(meta_kwargs)))

@@ -1,4 +1,5 @@
 """torch <-> JAX dtype mapping and PyTorch's type promotion, computed from static information."""
+
 from __future__ import annotations
 
 import functools
@@ -40,8 +41,10 @@ def to_jax(dtype: torch.dtype):
     try:
         return TO_JAX[dtype]
     except KeyError:
-        raise TypeError(f"torchtpu: dtype {dtype} is not supported on the tpu device "
-                        f"(supported: {', '.join(str(d).replace('torch.', '') for d in TO_JAX)})") from None
+        raise TypeError(
+            f"torchtpu: dtype {dtype} is not supported on the tpu device "
+            f"(supported: {', '.join(str(d).replace('torch.', '') for d in TO_JAX)})"
+        ) from None
 
 
 _E4M3FN = jnp.dtype(ml_dtypes.float8_e4m3fn)
@@ -53,10 +56,13 @@ def convert(v, dtype):
     +-448 where XLA gives NaN (infinities too, as PyTorch's CPU kernel); NaN stays NaN."""
     dtype = jnp.dtype(dtype)
     if jnp.issubdtype(v.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
-        v = jnp.real(v)   # (PyTorch keeps the real part; JAX's astype deprecates doing it implicitly)
+        v = jnp.real(v)  # (PyTorch keeps the real part; JAX's astype deprecates doing it implicitly)
     if dtype == _E4M3FN and v.dtype != _E4M3FN and v.dtype != jnp.bool_:
-        v = jnp.clip(v, -_E4M3FN_MAX, _E4M3FN_MAX) if jnp.issubdtype(v.dtype, jnp.integer) else \
-            jnp.where(jnp.isnan(v), v, jnp.clip(v, -_E4M3FN_MAX, _E4M3FN_MAX))
+        v = (
+            jnp.clip(v, -_E4M3FN_MAX, _E4M3FN_MAX)
+            if jnp.issubdtype(v.dtype, jnp.integer)
+            else jnp.where(jnp.isnan(v), v, jnp.clip(v, -_E4M3FN_MAX, _E4M3FN_MAX))
+        )
     return v.astype(dtype)
 
 
@@ -66,9 +72,18 @@ def to_torch(dtype) -> torch.dtype:
 
 # PyTorch's C++ ScalarType names, which its kernels' dtype errors print ("... not implemented for 'Half'")
 _SCALAR_TYPE_NAMES = {
-    torch.float16: "Half", torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16",
-    torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble", torch.bool: "Bool",
-    torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int", torch.int64: "Long",
+    torch.float16: "Half",
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.bfloat16: "BFloat16",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+    torch.bool: "Bool",
+    torch.uint8: "Byte",
+    torch.int8: "Char",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
 }
 
 
@@ -148,10 +163,10 @@ def cpu_from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     if _read_only_seen[0] or a.flags.writeable:
         t = torch.from_numpy(a)
     else:
-        with warnings.catch_warnings():   # (~15 µs: only until PyTorch's warning has fired once)
+        with warnings.catch_warnings():  # (~15 µs: only until PyTorch's warning has fired once)
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             t = torch.from_numpy(a)
-        _read_only_seen[0] = True   # PyTorch gives that warning once per process (TORCH_WARN_ONCE)
+        _read_only_seen[0] = True  # PyTorch gives that warning once per process (TORCH_WARN_ONCE)
     return t if carrier is None else t.view(dtype)
 
 

@@ -1,4 +1,5 @@
 """Lowerings: elementwise math, comparisons and logic, with PyTorch's promotion and integer rules."""
+
 from __future__ import annotations
 
 import jax
@@ -22,11 +23,15 @@ def _sub_check(a, b, *_, **__):
     """PyTorch's sub_check, which its meta kernels leave out: bool operands are refused."""
     bools = sum(x.dtype == torch.bool if isinstance(x, torch.Tensor) else type(x) is bool for x in (a, b))
     if bools == 2:
-        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
-                           "Use the `^` or `logical_xor()` operator instead.")
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with two bool tensors is not supported. "
+            "Use the `^` or `logical_xor()` operator instead."
+        )
     if bools:
-        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
-                           "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. "
+            "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead."
+        )
 
 
 @lowering("sub.Tensor", "sub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1), meta_check=_sub_check)
@@ -70,10 +75,11 @@ def _int_trunc_divmod(a, b):
 
 def _for_tpu():
     from ..device.platform import lowering_platform
+
     return lowering_platform() == "tpu"
 
 
-_INT32_MAX = 2 ** 31 - 1
+_INT32_MAX = 2**31 - 1
 
 
 def _tpu_int64_divmod(a, b):
@@ -180,9 +186,17 @@ def fmod(a, b):
     return jnp.fmod(a, b)
 
 
-@lowering("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", promote=KIND.DEFAULT,
-          host_check={"pow.Tensor_Scalar": pow_exponent_check, "pow_.Scalar": pow_exponent_check,
-                      "pow.Tensor_Scalar_out": pow_exponent_check})
+@lowering(
+    "pow.Tensor_Tensor",
+    "pow.Tensor_Scalar",
+    "pow.Scalar",
+    promote=KIND.DEFAULT,
+    host_check={
+        "pow.Tensor_Scalar": pow_exponent_check,
+        "pow_.Scalar": pow_exponent_check,
+        "pow.Tensor_Scalar_out": pow_exponent_check,
+    },
+)
 def power(a, b):
     if _is_int(a) and _is_int(b):
         if isinstance(b, int) and b >= 0:
@@ -220,7 +234,7 @@ def neg(a):
 
 @lowering("abs", promote=KIND.COMPLEX_TO_FLOAT)
 def absolute(a):
-    if a.dtype == jnp.bool_:   # as the CPU and CUDA kernels
+    if a.dtype == jnp.bool_:  # as the CPU and CUDA kernels
         raise NotImplementedError("\"abs_tpu\" not implemented for 'Bool'")
     return jnp.abs(a)
 
@@ -293,7 +307,7 @@ def lerp(a, b, w):
 @lowering("addcmul", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
 def addcmul(a, t1, t2, value=1):
     if not jnp.issubdtype(a.dtype, jnp.inexact):
-        value = jnp.asarray(value).astype(a.dtype)   # the CPU converts value to the integer type: 0.5 -> 0
+        value = jnp.asarray(value).astype(a.dtype)  # the CPU converts value to the integer type: 0.5 -> 0
     return a + value * t1 * t2
 
 
@@ -305,9 +319,17 @@ def addcdiv(a, t1, t2, value=1):
 @lowering("clamp", "clamp.Tensor", promote=KIND.DEFAULT, real_only=True)
 def clamp(a, min=None, max=None):
     if min is not None:
-        a = jnp.where(jnp.isnan(a), a, jnp.maximum(a, min)) if jnp.issubdtype(a.dtype, jnp.floating) else jnp.maximum(a, min)
+        a = (
+            jnp.where(jnp.isnan(a), a, jnp.maximum(a, min))
+            if jnp.issubdtype(a.dtype, jnp.floating)
+            else jnp.maximum(a, min)
+        )
     if max is not None:
-        a = jnp.where(jnp.isnan(a), a, jnp.minimum(a, max)) if jnp.issubdtype(a.dtype, jnp.floating) else jnp.minimum(a, max)
+        a = (
+            jnp.where(jnp.isnan(a), a, jnp.minimum(a, max))
+            if jnp.issubdtype(a.dtype, jnp.floating)
+            else jnp.minimum(a, max)
+        )
     return a
 
 
@@ -397,10 +419,11 @@ def round_half_even(a):
     return a if _is_int(a) else jnp.round(a)
 
 
-@lowering("round.decimals", promote=KIND.DEFAULT, real_only=True,
-          meta_check={"round.decimals_out": same_dtype_out_check})
+@lowering(
+    "round.decimals", promote=KIND.DEFAULT, real_only=True, meta_check={"round.decimals_out": same_dtype_out_check}
+)
 def round_decimals(a, decimals=0):
-    scale = 10.0 ** decimals
+    scale = 10.0**decimals
     return jnp.round(a * scale) / scale
 
 
@@ -512,16 +535,26 @@ def bitwise_not(a):
     return jnp.logical_not(a) if a.dtype == jnp.bool_ else jnp.bitwise_not(a)
 
 
-@lowering("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar", "bitwise_left_shift.Scalar_Tensor",
-          promote=KIND.DEFAULT, real_only=True)
+@lowering(
+    "bitwise_left_shift.Tensor",
+    "bitwise_left_shift.Tensor_Scalar",
+    "bitwise_left_shift.Scalar_Tensor",
+    promote=KIND.DEFAULT,
+    real_only=True,
+)
 @lowering("__lshift__.Tensor", "__lshift__.Scalar", promote=KIND.DEFAULT)
 def lshift(a, b):
     bits = jnp.iinfo(a.dtype).bits
     return jnp.where((b >= bits) | (b < 0), jnp.zeros_like(a), jnp.left_shift(a, jnp.clip(b, 0, bits - 1)))
 
 
-@lowering("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar", "bitwise_right_shift.Scalar_Tensor",
-          promote=KIND.DEFAULT, real_only=True)
+@lowering(
+    "bitwise_right_shift.Tensor",
+    "bitwise_right_shift.Tensor_Scalar",
+    "bitwise_right_shift.Scalar_Tensor",
+    promote=KIND.DEFAULT,
+    real_only=True,
+)
 @lowering("__rshift__.Tensor", "__rshift__.Scalar", promote=KIND.DEFAULT)
 def rshift(a, b):
     bits = jnp.iinfo(a.dtype).bits
@@ -556,11 +589,12 @@ def to_copy(a, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     """A conversion on the device: eager `x.to(dtype)` (eager/kernels.py `_to_copy` sends other copies,
     to the host or another layout, elsewhere) and graphs' casts; the same conversion as `copy`."""
     a = a if hasattr(a, "astype") else jnp.asarray(a)
-    return a if dtype is None else convert(a, dtype)   # (a jnp dtype: eager and graphs convert torch's)
+    return a if dtype is None else convert(a, dtype)  # (a jnp dtype: eager and graphs convert torch's)
 
 
-@lowering("fill.Scalar", "fill.Tensor",
-          host_check={"fill.Scalar": fill_value_check(1), "fill_.Scalar": fill_value_check(1)})
+@lowering(
+    "fill.Scalar", "fill.Tensor", host_check={"fill.Scalar": fill_value_check(1), "fill_.Scalar": fill_value_check(1)}
+)
 def fill(a, value):
     return jnp.full(a.shape, value, a.dtype)
 
@@ -570,8 +604,11 @@ def zero(a):
     return jnp.zeros(a.shape, a.dtype)
 
 
-@lowering("masked_fill.Scalar", "masked_fill.Tensor",
-          host_check={"masked_fill.Scalar": fill_value_check(2), "masked_fill_.Scalar": fill_value_check(2)})
+@lowering(
+    "masked_fill.Scalar",
+    "masked_fill.Tensor",
+    host_check={"masked_fill.Scalar": fill_value_check(2), "masked_fill_.Scalar": fill_value_check(2)},
+)
 def masked_fill(a, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(a.dtype), a)
 
@@ -602,7 +639,7 @@ def spherical_bessel_j0(x):
 @lowering("angle", promote=KIND.INT_TO_FLOAT, keep_result_dtype=True)  # complex -> real
 def angle(a):
     if jnp.iscomplexobj(a):
-        return jnp.angle(a)   # atan2(imag, real): a real result
+        return jnp.angle(a)  # atan2(imag, real): a real result
     return jnp.where(jnp.isnan(a), a, jnp.where(a < 0, jnp.pi, 0).astype(a.dtype))
 
 
@@ -669,8 +706,13 @@ def zeta(x, q):
     return _zeta(x, q)
 
 
-@lowering("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar",
-          promote=KIND.INT_TO_FLOAT, real_only=True)
+@lowering(
+    "special_xlog1py",
+    "special_xlog1py.other_scalar",
+    "special_xlog1py.self_scalar",
+    promote=KIND.INT_TO_FLOAT,
+    real_only=True,
+)
 def xlog1py(a, b):
     return _special.xlog1py(a, b)
 
@@ -724,12 +766,17 @@ def lcm(a, b):
 
 def _isin(elements, tests, invert):
     flat = jnp.reshape(tests, (-1,))
-    hit = jnp.any(jnp.expand_dims(elements, -1) == flat, axis=-1) if flat.size else jnp.zeros(jnp.shape(elements), jnp.bool_)
+    hit = (
+        jnp.any(jnp.expand_dims(elements, -1) == flat, axis=-1)
+        if flat.size
+        else jnp.zeros(jnp.shape(elements), jnp.bool_)
+    )
     return ~hit if invert else hit
 
 
-@lowering("isin.Tensor_Tensor", "isin.Tensor_Scalar", "isin.Scalar_Tensor", promote=KIND.ALWAYS_BOOL,
-          promote_args=(0, 1))
+@lowering(
+    "isin.Tensor_Tensor", "isin.Tensor_Scalar", "isin.Scalar_Tensor", promote=KIND.ALWAYS_BOOL, promote_args=(0, 1)
+)
 def isin(elements, tests, assume_unique=False, invert=False):
     return _isin(jnp.asarray(elements), jnp.asarray(tests), invert)
 
@@ -747,9 +794,13 @@ def _complex_parts(a, b):
     """PyTorch's checks for the two real parts of torch.complex / torch.polar."""
     names = [scalar_type_name(x.dtype) for x in (a, b)]
     if not all(jnp.dtype(x.dtype) in _COMPLEX_PARTS for x in (a, b)):
-        raise RuntimeError(f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}")
+        raise RuntimeError(
+            f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}"
+        )
     if a.dtype != b.dtype:
-        raise RuntimeError(f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second argument")
+        raise RuntimeError(
+            f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second argument"
+        )
     return jnp.broadcast_arrays(a, b)
 
 

@@ -1,4 +1,5 @@
 """Lowerings: embedding, embedding_renorm and embedding_bag, with their backward ops."""
+
 from __future__ import annotations
 
 import jax
@@ -28,8 +29,9 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
 
 
 def _check_rows(indices, rows):
-    require_index(indices, rows, False, f"index out of range in self (an embedding of {rows} rows takes "
-                                        f"indices 0..{rows - 1})")
+    require_index(
+        indices, rows, False, f"index out of range in self (an embedding of {rows} rows takes indices 0..{rows - 1})"
+    )
 
 
 @lowering("embedding_dense_backward")
@@ -52,25 +54,38 @@ def _bag_of(indices, offsets, include_last_offset):
 
 
 @lowering("_embedding_bag", "_embedding_bag_forward_only")
-def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     """(out, offset2bag, bag_size, max_indices), shaped as PyTorch's meta kernel says."""
     _check_rows(indices, weight.shape[0])
     if offsets.shape[0]:
-        require(offsets[0] == 0, "embedding_bag: offsets[0] has to be 0, i.e., the first sequence in the "
-                                 "mini-batch has to start from position 0")
-        require(offsets[-1] <= indices.shape[0], f"embedding_bag: offsets[-1] can not be greater than input's "
-                                                 f"length {indices.shape[0]}")
+        require(
+            offsets[0] == 0,
+            "embedding_bag: offsets[0] has to be 0, i.e., the first sequence in the "
+            "mini-batch has to start from position 0",
+        )
+        require(
+            offsets[-1] <= indices.shape[0],
+            f"embedding_bag: offsets[-1] can not be greater than input's length {indices.shape[0]}",
+        )
     bag, n_bags = _bag_of(indices, offsets, include_last_offset)
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, jnp.bool_)
-    rows = _f32(weight)[indices]                                   # (n, D)
+    rows = _f32(weight)[indices]  # (n, D)
     count = jax.ops.segment_sum(valid.astype(jnp.int64), bag, offsets.shape[0])
     if mode == 2:
         neg = jnp.where(valid[:, None], rows, -jnp.inf)
-        best = jax.ops.segment_max(neg, bag, n_bags)               # (B, D)
+        best = jax.ops.segment_max(neg, bag, n_bags)  # (B, D)
         pos = jnp.arange(indices.shape[0])[:, None]
-        first = jax.ops.segment_min(jnp.where((neg == best[bag]) & valid[:, None], pos, indices.shape[0]),
-                                    bag, n_bags)
+        first = jax.ops.segment_min(jnp.where((neg == best[bag]) & valid[:, None], pos, indices.shape[0]), bag, n_bags)
         empty = count[:n_bags, None] == 0
         out = jnp.where(empty, 0, best)
         max_idx = jnp.where(empty, 0, indices[jnp.minimum(first, indices.shape[0] - 1)])
@@ -84,19 +99,51 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
 
 
 @lowering("_embedding_bag_backward")
-def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, max_indices, num_weights,
-                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
-    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, max_indices, num_weights,
-                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+def embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    max_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    return embedding_bag_dense_backward(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        max_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
 
 
 @lowering("_embedding_bag_dense_backward")
-def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, max_indices, num_weights,
-                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+def embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    max_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx=-1,
+):
     g = _f32(grad)
     d = g.shape[-1]
     if mode == 2:
-        nonempty = (bag_size[:g.shape[0]] > 0)[:, None]
+        nonempty = (bag_size[: g.shape[0]] > 0)[:, None]
         cols = jnp.broadcast_to(jnp.arange(d), max_indices.shape)
         out = jnp.zeros((num_weights, d), g.dtype).at[max_indices, cols].add(jnp.where(nonempty, g, 0))
         return out.astype(grad.dtype)

@@ -1,4 +1,5 @@
 """Lowerings: factories."""
+
 from __future__ import annotations
 
 import math
@@ -30,9 +31,10 @@ def _inferred_dtype(*values):
     return default_float()
 
 
-
-@lowering("full", host_check={"full.default": factory_value_check(1, "fill_value"),
-                               "full.out": factory_value_check(1, "fill_value")})
+@lowering(
+    "full",
+    host_check={"full.default": factory_value_check(1, "fill_value"), "full.out": factory_value_check(1, "fill_value")},
+)
 def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.full(tuple(size), fill_value, dtype or _inferred_dtype(fill_value))
 
@@ -83,13 +85,15 @@ def _fill_out_meta(packet, overload):
     `out` only when its element count differs from the result's, and otherwise fill it in its own
     shape (a (2, 2) view of a wider tensor takes `arange(4)` row by row); PyTorch's meta function
     resizes whenever the shape differs, which would move a view's writes onto other elements."""
+
     def meta(*args, out, **kwargs):
-        no_internal_overlap(out)   # (an expanded `out`: the CPU refuses to write it)
+        no_internal_overlap(out)  # (an expanded `out`: the CPU refuses to write it)
         scratch = torch.empty(out.numel(), dtype=out.dtype, device="meta")
         getattr(getattr(torch.ops.aten, packet), overload)(*args, out=scratch, **kwargs)
         if tuple(scratch.shape) != (out.numel(),):
             out.resize_(scratch.shape)
         return out
+
     return meta
 
 
@@ -163,8 +167,12 @@ def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None,
 
 
 # out= factories have no functional twin with the same arguments (their dtype comes from `out`)
-_LINSPACE_OUTS = ("linspace.out", "linspace.Tensor_Tensor_out", "linspace.Tensor_Scalar_out",
-                  "linspace.Scalar_Tensor_out")
+_LINSPACE_OUTS = (
+    "linspace.out",
+    "linspace.Tensor_Tensor_out",
+    "linspace.Tensor_Scalar_out",
+    "linspace.Scalar_Tensor_out",
+)
 _LOGSPACE_OUTS = tuple(n.replace("linspace", "logspace") for n in _LINSPACE_OUTS)
 
 

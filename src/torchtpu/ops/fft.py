@@ -7,6 +7,7 @@ fft_norm_mode: 0 none, 1 times 1/sqrt(n), 2 times 1/n, n the product of the sign
 real side's sizes: the input's for r2c, the output's for c2r). The result dtype follows the
 input's precision (float32 <-> complex64, float64 <-> complex128), as jnp.fft's does.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,14 +28,18 @@ _DOUBLE = {jnp.dtype(jnp.float64), jnp.dtype(jnp.complex128)}
 def _check_dtype(x, op):
     # the CPU has no half-precision FFTs (PyTorch's meta kernels let Half through to _fft_r2c)
     if x.dtype not in _SUPPORTED:
-        raise RuntimeError(f"{op}: the tpu device, like the CPU, doesn't support FFTs of tensors of type: "
-                           f"{scalar_type_name(x.dtype)}")
+        raise RuntimeError(
+            f"{op}: the tpu device, like the CPU, doesn't support FFTs of tensors of type: {scalar_type_name(x.dtype)}"
+        )
     if x.dtype in _DOUBLE:
         from ..device.platform import lowering_platform
+
         if lowering_platform() == "tpu":
             # XLA:TPU's FFT takes complex64 only: a complex128 one fails to compile
-            raise RuntimeError(f"{op}: FFTs of {scalar_type_name(x.dtype)} tensors are not supported on a TPU "
-                               f"(XLA:TPU computes FFTs in single precision only): use float32/complex64")
+            raise RuntimeError(
+                f"{op}: FFTs of {scalar_type_name(x.dtype)} tensors are not supported on a TPU "
+                f"(XLA:TPU computes FFTs in single precision only): use float32/complex64"
+            )
 
 
 def _axes(x, dim):

@@ -12,11 +12,12 @@ the main table of the same name always wins, so these step aside as the main tab
 Graph lowerings receive `val` first: the node's meta value (a FakeTensor / meta tensor, a list of
 them, or None), which gives PyTorch's own output shape and dtype for factories and casts.
 """
+
 from __future__ import annotations
 
 import math
 import operator
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,7 @@ from . import indexing
 from .misc import assert_async
 from .table import LOWERINGS, apply
 
-__all__ = ["GraphProgram", "GRAPH_LOWERINGS", "graph_lowering", "node_op_name", "UnsupportedInGraph"]
+__all__ = ["GRAPH_LOWERINGS", "GraphProgram", "UnsupportedInGraph", "graph_lowering", "node_op_name"]
 
 GRAPH_LOWERINGS: dict[str, Callable] = {}
 
@@ -51,11 +52,12 @@ def graph_lowering(*names, random=False):
             if random:
                 _RANDOM_GRAPH_OPS.add(full)
         return fn
+
     return register
 
 
 def node_op_name(op) -> str:
-    """"add.Tensor" for aten ops, "prims.convert_element_type.default" for other namespaces."""
+    """ "add.Tensor" for aten ops, "prims.convert_element_type.default" for other namespaces."""
     ns, _, name = op._schema.name.partition("::")
     base = f"{name}.{op._schema.overload_name or 'default'}"
     return base if ns == "aten" else f"{ns}.{base}"
@@ -96,8 +98,17 @@ def _size_from_args(args):
 
 
 # ---------------------------------------------------------------- identity / views
-@graph_lowering("alias", "detach", "lift_fresh", "alias_copy", "detach_copy",
-                "contiguous", "resolve_conj", "resolve_neg", "positive")
+@graph_lowering(
+    "alias",
+    "detach",
+    "lift_fresh",
+    "alias_copy",
+    "detach_copy",
+    "contiguous",
+    "resolve_conj",
+    "resolve_neg",
+    "positive",
+)
 def _identity(val, a, *rest, **kw):
     return a
 
@@ -132,6 +143,7 @@ def _view(val, a, size, *rest):
 @graph_lowering("view.dtype")
 def _view_dtype(val, a, dtype):
     from .views import bitcast
+
     out = bitcast(a.reshape(-1), dtype)
     return out.reshape(tuple(a.shape[:-1]) + (-1,)) if a.ndim else out.reshape(())
 
@@ -144,7 +156,7 @@ def _unfold(val, a, dim, size, step):
     dim %= a.ndim
     count = (a.shape[dim] - size) // step + 1
     index = jnp.arange(count)[:, None] * step + jnp.arange(size)[None, :]
-    windows = jnp.take(a, index, axis=dim)          # (..., count, size, ...)
+    windows = jnp.take(a, index, axis=dim)  # (..., count, size, ...)
     return jnp.moveaxis(windows, dim + 1, -1)
 
 
@@ -187,8 +199,11 @@ def _squeeze(val, a, dim=None):
 def _slice(val, a, dim=0, start=None, end=None, step=1):
     dim %= a.ndim
     start, end, step = slice(start, end, step).indices(a.shape[dim])
-    return lax.slice_in_dim(a, start, max(start, end), step, axis=dim) if step > 0 else a[
-        (slice(None),) * dim + (slice(start, end, step),)]
+    return (
+        lax.slice_in_dim(a, start, max(start, end), step, axis=dim)
+        if step > 0
+        else a[(slice(None),) * dim + (slice(start, end, step),)]
+    )
 
 
 @graph_lowering("select.int", "select_copy.int")
@@ -208,6 +223,7 @@ def _narrow(val, a, dim, start, length):
 def _as_strided(val, a, size, stride, storage_offset=None):
     # A graph value has no storage of its own: read the strides against its contiguous elements.
     from .views import read
+
     flat = a.reshape(-1)
     return read(flat, (tuple(size), tuple(stride), storage_offset or 0, flat.dtype, flat.shape[0]))
 
@@ -227,8 +243,11 @@ def _unbind(val, a, dim=0):
 def _split(val, a, split_size, dim=0):
     dim %= a.ndim
     n = a.shape[dim]
-    return tuple(lax.slice_in_dim(a, s, min(s + split_size, n), axis=dim) for s in range(0, n, max(split_size, 1))) \
-        if n else (a,)
+    return (
+        tuple(lax.slice_in_dim(a, s, min(s + split_size, n), axis=dim) for s in range(0, n, max(split_size, 1)))
+        if n
+        else (a,)
+    )
 
 
 @graph_lowering("split_with_sizes")
@@ -279,13 +298,22 @@ def _diagonal_scatter(val, a, src, offset=0, dim1=0, dim2=1):
 
 
 # ---------------------------------------------------------------- factories and casts
-@graph_lowering("to.dtype", "to.dtype_layout", "to.device", "_to_dim_order_copy")   # (_to_copy: the main table)
+@graph_lowering("to.dtype", "to.dtype_layout", "to.device", "_to_dim_order_copy")  # (_to_copy: the main table)
 def _to_copy(val, a, *args, **kw):
     return dt.convert(a, _jdtype(val, a.dtype)) if hasattr(a, "astype") else jnp.asarray(a, _jdtype(val))
 
 
-@graph_lowering("empty.memory_format", "empty_strided", "zeros", "new_zeros", "new_empty", "new_empty_strided",
-                "zeros_like", "empty_like", "empty_permuted")
+@graph_lowering(
+    "empty.memory_format",
+    "empty_strided",
+    "zeros",
+    "new_zeros",
+    "new_empty",
+    "new_empty_strided",
+    "zeros_like",
+    "empty_like",
+    "empty_permuted",
+)
 def _zeros(val, *args, **kw):
     return jnp.zeros(_size_from_args(args), _jdtype(val))
 
@@ -335,8 +363,13 @@ def _prims_squeeze(val, a, dimensions):
     return lax.squeeze(a, tuple(dimensions))
 
 
-@graph_lowering("prims.collapse_view.default", "prims.collapse.default", "prims.split_dim.default",
-                "prims.reshape.default", "prims.view_of.default")
+@graph_lowering(
+    "prims.collapse_view.default",
+    "prims.collapse.default",
+    "prims.split_dim.default",
+    "prims.reshape.default",
+    "prims.view_of.default",
+)
 def _prims_reshape(val, a, *args):
     return jnp.reshape(a, _shape(val))
 
@@ -366,18 +399,28 @@ def _prims_var(val, a, dims, correction=1, *, output_dtype=None):
 @graph_lowering("rand_like", "rand", random=True)
 def _rand(val, *args, key, **kw):
     d = _jdtype(val)
-    return jax.random.uniform(key, _size_from_args(args), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(d)
+    return jax.random.uniform(key, _size_from_args(args), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(
+        d
+    )
 
 
 @graph_lowering("randn_like", "randn", random=True)
 def _randn(val, *args, key, **kw):
     d = _jdtype(val)
-    return jax.random.normal(key, _size_from_args(args), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(d)
+    return jax.random.normal(key, _size_from_args(args), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(
+        d
+    )
 
 
 # ---------------------------------------------------------------- no-ops and checks
-@graph_lowering("_assert_tensor_metadata", "_assert_scalar", "record_stream", "_print",
-                "sym_constrain_range_for_size", "_functional_sym_constrain_range_for_size")
+@graph_lowering(
+    "_assert_tensor_metadata",
+    "_assert_scalar",
+    "record_stream",
+    "_print",
+    "sym_constrain_range_for_size",
+    "_functional_sym_constrain_range_for_size",
+)
 def _noop(val, *args, **kw):
     return None
 
@@ -410,7 +453,7 @@ def _meta_arg(a):
 
 
 class _Step:
-    __slots__ = ("node", "fn", "kind", "random_index", "mutates")
+    __slots__ = ("fn", "kind", "mutates", "node", "random_index")
 
 
 def _static_convert(a):
@@ -425,15 +468,19 @@ def _static_convert(a):
 def _foreach_fn(op):
     """An elementwise JAX function applying the per-tensor op of a `_foreach_*` overload."""
     schema = op._schema
-    base = schema.name.split("::")[1][len("_foreach_"):]
+    base = schema.name.split("::")[1][len("_foreach_") :]
     if base.endswith("_"):
         raise UnsupportedInGraph(f"in-place {schema.name} in a non-functional graph")
     packet = getattr(torch.ops.aten, base, None)
     if packet is None:
         raise UnsupportedInGraph(f"torchtpu: no per-tensor op for {schema.name}")
     pos_args = [a for a in schema.arguments if not a.kwarg_only]
-    list_pos = {i for i, a in enumerate(pos_args) if str(a.type).startswith(("Tensor[]", "List[Tensor]"))
-                or str(a.type) in ("Scalar[]", "List[Scalar]", "number[]")}
+    list_pos = {
+        i
+        for i, a in enumerate(pos_args)
+        if str(a.type).startswith(("Tensor[]", "List[Tensor]"))
+        or str(a.type) in ("Scalar[]", "List[Scalar]", "number[]")
+    }
     # `_foreach_addcmul.Tensor(..., Tensor scalars)`: one value per list element, held in a tensor
     per_elem = {i for i, a in enumerate(pos_args) if a.name == "scalars" and i not in list_pos}
     chosen = {}
@@ -443,17 +490,20 @@ def _foreach_fn(op):
         outs = []
         for i in range(n):
             elem = [a[i] if (j in list_pos or j in per_elem) else a for j, a in enumerate(args)]
-            kinds = tuple("S" if (j in per_elem or not hasattr(x, "shape") or getattr(x, "weak_type", False))
-                          else "T" for j, x in enumerate(elem))
+            kinds = tuple(
+                "S" if (j in per_elem or not hasattr(x, "shape") or getattr(x, "weak_type", False)) else "T"
+                for j, x in enumerate(elem)
+            )
             if kinds not in chosen:
                 chosen[kinds] = _per_tensor_overload(packet, kinds, kwargs)
             low, extra_kw = chosen[kinds]
             k = dict(kwargs)
-            pos = elem[:len(elem) - len(extra_kw)] if extra_kw else elem
-            for name, v in zip(extra_kw, elem[len(pos):]):
+            pos = elem[: len(elem) - len(extra_kw)] if extra_kw else elem
+            for name, v in zip(extra_kw, elem[len(pos) :]):
                 k[name] = v
             outs.append(apply(low, pos, k))
         return tuple(outs)
+
     return fn
 
 
@@ -471,7 +521,7 @@ def _per_tensor_overload(packet, kinds, kwargs):
         extra = max(0, len(kinds) - len(pos))
         if extra > len(kwo):
             continue
-        params = pos[:len(kinds)] + kwo[:extra]
+        params = pos[: len(kinds)] + kwo[:extra]
         ok = True
         for k, a in zip(kinds, params):
             t = str(a.type)
@@ -494,26 +544,33 @@ def _data_dependent(node):
     if val is None:
         return False
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
     try:
         return bool(free_unbacked_symbols(val))
-    except AssertionError:   # a value PyTorch holds no sizes for (a script object, say): no symbols to find
+    except AssertionError:  # a value PyTorch holds no sizes for (a script object, say): no symbols to find
         return False
 
 
 def _data_dependent_message(node):
     what = node.target if not isinstance(node.target, torch._ops.OpOverload) else f"aten::{node_op_name(node.target)}"
-    return (f"torchtpu: {what} has a data-dependent output (its shape or value is known only after running), "
-            f"which one static XLA computation cannot express. Use a static-shape alternative: "
-            f"torch.where(mask, x, 0) or (x * mask).sum() instead of x[mask], a fixed-size torch.topk instead of "
-            f"nonzero, keep values as tensors instead of .item(); or allow a graph break (fullgraph=False, and "
-            f"leave torch._dynamo.config.capture_scalar_outputs / capture_dynamic_output_shape_ops off) so "
-            f"the op runs in eager mode on the device.")
+    return (
+        f"torchtpu: {what} has a data-dependent output (its shape or value is known only after running), "
+        f"which one static XLA computation cannot express. Use a static-shape alternative: "
+        f"torch.where(mask, x, 0) or (x * mask).sum() instead of x[mask], a fixed-size torch.topk instead of "
+        f"nonzero, keep values as tensors instead of .item(); or allow a graph break (fullgraph=False, and "
+        f"leave torch._dynamo.config.capture_scalar_outputs / capture_dynamic_output_shape_ops off) so "
+        f"the op runs in eager mode on the device."
+    )
 
 
 # torch's symbolic-int functions and their JAX forms: a graph's int input can be a traced value
 # (compile/backend.py: ints no shape depends on), which torch.sym_max and friends reject
-_TRACED_SYM_FUNCTIONS = {torch.sym_max: jnp.maximum, torch.sym_min: jnp.minimum, torch.sym_not: jnp.logical_not,
-                         torch.sym_ite: jnp.where}
+_TRACED_SYM_FUNCTIONS = {
+    torch.sym_max: jnp.maximum,
+    torch.sym_min: jnp.minimum,
+    torch.sym_not: jnp.logical_not,
+    torch.sym_ite: jnp.where,
+}
 
 
 def _sym_function(target):
@@ -553,6 +610,7 @@ class GraphProgram:
 
     def __init__(self, graph: fx.Graph, owner=None):
         from .resolve import NotLowered
+
         self.graph = graph
         self.owner = owner
         self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -601,15 +659,20 @@ class GraphProgram:
                 elif name in ("sym_size.int", "sym_stride.int", "sym_numel.default", "sym_storage_offset.default"):
                     s.kind = "sym"
                     s.fn = name
-                elif name == "_local_scalar_dense.default" or name in ("nonzero.default", "masked_select.default",
-                                                                       "unique2.default", "_unique2.default"):
+                elif name == "_local_scalar_dense.default" or name in (
+                    "nonzero.default",
+                    "masked_select.default",
+                    "unique2.default",
+                    "_unique2.default",
+                ):
                     unsupported.append(_data_dependent_message(node))
                     continue
                 else:
                     meta_args = _meta_arg(node.args)
                     meta_kwargs = {k: _meta_arg(v) for k, v in node.kwargs.items()}
                     try:
-                        from .resolve import resolve, functional_twin
+                        from .resolve import functional_twin, resolve
+
                         fn = resolve(target, list(meta_args), meta_kwargs)
                     except NotLowered as e:
                         unsupported.append(str(e))
@@ -619,8 +682,11 @@ class GraphProgram:
                     twin = functional_twin(target)
                     if twin is not None and not twin[1]:
                         # in-place op in a non-functional trace: the first mutable argument gets the value
-                        s.mutates = next(i for i, a in enumerate(target._schema.arguments)
-                                         if a.alias_info is not None and a.alias_info.is_write)
+                        s.mutates = next(
+                            i
+                            for i, a in enumerate(target._schema.arguments)
+                            if a.alias_info is not None and a.alias_info.is_write
+                        )
                     if twin is not None:
                         tl = LOWERINGS.get(node_op_name(twin[0]))
                         if tl is not None and tl.random:
@@ -638,8 +704,12 @@ class GraphProgram:
                 if s.kind == "rng_save":
                     s.random_index = n_random
                     n_random += 1
-            elif callable(target) and getattr(target, "__module__", "") in ("_operator", "operator", "math",
-                                                                               "builtins"):
+            elif callable(target) and getattr(target, "__module__", "") in (
+                "_operator",
+                "operator",
+                "math",
+                "builtins",
+            ):
                 s.kind = "python"
                 s.fn = target
             elif isinstance(target, type) and issubclass(target, tuple):  # return_types namedtuples
@@ -657,8 +727,7 @@ class GraphProgram:
             self.steps.append(s)
         self.mutated_placeholders = []  # placeholder indices written by copy_ or an in-place op
         for s in self.steps:
-            dst = s.node.args[0] if s.kind == "copy_" else (
-                s.node.args[s.mutates] if s.mutates is not None else None)
+            dst = s.node.args[0] if s.kind == "copy_" else (s.node.args[s.mutates] if s.mutates is not None else None)
             if isinstance(dst, fx.Node) and dst in ph_index and ph_index[dst] not in self.mutated_placeholders:
                 self.mutated_placeholders.append(ph_index[dst])
         self.n_random = n_random
@@ -708,10 +777,10 @@ class GraphProgram:
                         env[target_node] = out
                         if target_node in self.ph_index:
                             mutations[self.ph_index[target_node]] = out
-            elif kind == "rng_save":     # run_and_save_rng_state(op, *args): (state, op's value)
+            elif kind == "rng_save":  # run_and_save_rng_state(op, *args): (state, op's value)
                 op_key = jax.random.fold_in(key, s.random_index)
                 out = (jax.random.key_data(op_key), apply(s.fn, args[1:], dict(kwargs, key=op_key)))
-            elif kind == "rng_replay":   # run_with_rng_state(state, op, *args): op's value again
+            elif kind == "rng_replay":  # run_with_rng_state(state, op, *args): op's value again
                 out = apply(s.fn, args[2:], dict(kwargs, key=jax.random.wrap_key_data(args[0])))
             elif kind == "getitem":
                 out = args[0][args[1]]
@@ -773,6 +842,7 @@ def _constant(t):
     if t.device.type == "tpu":
         from ..storage.records import record_of
         from .views import read
+
         r = record_of(t)
         flat = r.buffer if r.buffer is not None else jnp.zeros((r.numel,), dt.to_jax(r.dtype))
         return read(flat, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), dt.to_jax(t.dtype), r.numel))

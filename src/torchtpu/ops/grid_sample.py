@@ -1,4 +1,5 @@
 """Lowerings: grid_sampler_2d and grid_sampler_3d (F.grid_sample) and their backward ops."""
+
 from __future__ import annotations
 
 import jax
@@ -30,9 +31,9 @@ def _grid_unnormalize(coord, size, align_corners, r=lambda v: v, vectorized=True
 
 def _grid_pad(x, size, padding_mode, align_corners, r=lambda v: v):
     """PyTorch's padding modes on pixel coordinates: border clips, reflection mirrors then clips."""
-    if padding_mode == 1:      # border
+    if padding_mode == 1:  # border
         x = jnp.clip(x, 0, size - 1)
-    elif padding_mode == 2:    # reflection
+    elif padding_mode == 2:  # reflection
         lo, hi = (0.0, 2.0 * (size - 1)) if align_corners else (-1.0, 2.0 * size - 1)
         if lo == hi:
             x = jnp.zeros_like(x)
@@ -48,8 +49,7 @@ def _grid_pad(x, size, padding_mode, align_corners, r=lambda v: v):
 
 def _grid_coord(coord, size, padding_mode, align_corners, r=lambda v: v, vectorized=True):
     """Normalized [-1, 1] grid coordinates to pixel coordinates, with PyTorch's padding modes."""
-    return _grid_pad(_grid_unnormalize(coord, size, align_corners, r, vectorized), size, padding_mode,
-                     align_corners, r)
+    return _grid_pad(_grid_unnormalize(coord, size, align_corners, r, vectorized), size, padding_mode, align_corners, r)
 
 
 def _grid_bicubic(xf, gx, gy, padding_mode, align_corners, r=lambda v: v):
@@ -93,13 +93,17 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
         vals = jax.vmap(lambda img, a, b: img[:, a, b])(xf, yc, xc)
         return jnp.where(inside[:, None], vals, 0)
 
-    if mode == 1:   # nearest (round half to even, as nearbyint)
+    if mode == 1:  # nearest (round half to even, as nearbyint)
         return tap(jnp.round(iy), jnp.round(ix))
     if mode == 2:
         return _grid_bicubic(xf, g[..., 0], g[..., 1], padding_mode, align_corners, r)
     x0, y0 = jnp.floor(ix), jnp.floor(iy)
-    weights = ((y0, x0, r(r(x0 + 1 - ix) * r(y0 + 1 - iy))), (y0, x0 + 1, r(r(ix - x0) * r(y0 + 1 - iy))),
-               (y0 + 1, x0, r(r(x0 + 1 - ix) * r(iy - y0))), (y0 + 1, x0 + 1, r(r(ix - x0) * r(iy - y0))))
+    weights = (
+        (y0, x0, r(r(x0 + 1 - ix) * r(y0 + 1 - iy))),
+        (y0, x0 + 1, r(r(ix - x0) * r(y0 + 1 - iy))),
+        (y0 + 1, x0, r(r(x0 + 1 - ix) * r(iy - y0))),
+        (y0 + 1, x0 + 1, r(r(ix - x0) * r(iy - y0))),
+    )
     out = 0
     for yy, xx, wt in weights:
         out = r(out + r(tap(yy, xx) * wt[:, None]))
@@ -123,7 +127,7 @@ def _grid_sample_3d(x, grid, mode, padding_mode, align_corners):
         vals = jax.vmap(lambda vol, a, b, e: vol[:, a, b, e])(xf, zc, yc, xc)
         return jnp.where(inside[:, None], vals, 0)
 
-    if mode == 1:   # nearest
+    if mode == 1:  # nearest
         return tap(jnp.round(iz), jnp.round(iy), jnp.round(ix))
     if mode != 0:
         raise NotImplementedError("torchtpu: 3-D grid_sample supports 'bilinear' and 'nearest' (as PyTorch)")
@@ -145,12 +149,14 @@ def _grid_sampler_backward(sample, grad, x, grid, interpolation_mode, padding_mo
     _, vjp = jax.vjp(lambda a, b: sample(a, b, interpolation_mode, padding_mode, align_corners), _f32(x), _f32(grid))
     gx, gg = vjp(_f32(grad))
     # (the meta kernel always returns a grad_grid, even when output_mask[1] is False)
-    return (gx.astype(x.dtype) if output_mask[0] else None,
-            gg.astype(grid.dtype) if output_mask[1] else jnp.zeros(grid.shape, grid.dtype))
+    return (
+        gx.astype(x.dtype) if output_mask[0] else None,
+        gg.astype(grid.dtype) if output_mask[1] else jnp.zeros(grid.shape, grid.dtype),
+    )
 
 
 def _sampler(x):
-    return _grid_sample if x.ndim == 4 else _grid_sample_3d   # (N, C, H, W) or (N, C, D, H, W)
+    return _grid_sample if x.ndim == 4 else _grid_sample_3d  # (N, C, H, W) or (N, C, D, H, W)
 
 
 @lowering("grid_sampler_2d", "grid_sampler_3d")
@@ -160,5 +166,6 @@ def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
 
 @lowering("grid_sampler_2d_backward", "grid_sampler_3d_backward")
 def grid_sampler_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    return _grid_sampler_backward(_sampler(x), grad, x, grid, interpolation_mode, padding_mode, align_corners,
-                                  output_mask)
+    return _grid_sampler_backward(
+        _sampler(x), grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask
+    )

@@ -5,6 +5,7 @@ long indices first (their count is data-dependent). Out-of-range indices would b
 gathers and dropped by its scatters: every lowering states the range PyTorch accepts with
 `checks.require_index`, a device-side assert reported at the next synchronization (ops/checks.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -12,17 +13,18 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+from .argument_checks import fill_value_check
 from .checks import require, require_index
 from .dtypes import scalar_type_name
-from .argument_checks import fill_value_check
 from .table import lowering
 
 
 def _check(index, size, dim, negative_ok):
     """PyTorch's index range for `dim` (of `size`): [0, size), or [-size, size) where negatives wrap."""
     low = -size if negative_ok else 0
-    require_index(index, size, negative_ok,
-                  f"index out of bounds for dimension {dim} with size {size} (valid: {low}..{size - 1})")
+    require_index(
+        index, size, negative_ok, f"index out of bounds for dimension {dim} with size {size} (valid: {low}..{size - 1})"
+    )
 
 
 def _acc_dtype(dtype):
@@ -38,7 +40,8 @@ def _advanced(indices, x_shape):
         elif i.dtype == jnp.bool_ or i.dtype == jnp.uint8:
             raise NotImplementedError(
                 "torchtpu: boolean mask indices have a data-dependent shape and are only supported in "
-                "eager mode (they are converted to long indices before the lowering)")
+                "eager mode (they are converted to long indices before the lowering)"
+            )
         else:
             _check(i, x_shape[d], d, True)
             out.append(i)
@@ -52,13 +55,18 @@ def index(x, indices):
     return x[_advanced(indices, x.shape)]
 
 
-@lowering("index_put", "_index_put_impl",
-          mask_args={"index_put.default": 1, "index_put_.default": 1, "_index_put_impl_.default": 1})
+@lowering(
+    "index_put",
+    "_index_put_impl",
+    mask_args={"index_put.default": 1, "index_put_.default": 1, "_index_put_impl_.default": 1},
+)
 def index_put(x, indices, values, accumulate=False, unsafe=False):
-    if values.dtype != x.dtype:   # as the CPU and CUDA kernels (a float64 value into float32 raises)
-        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
-                           f"{scalar_type_name(x.dtype)} for the destination and {scalar_type_name(values.dtype)} "
-                           f"for the source.")
+    if values.dtype != x.dtype:  # as the CPU and CUDA kernels (a float64 value into float32 raises)
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got "
+            f"{scalar_type_name(x.dtype)} for the destination and {scalar_type_name(values.dtype)} "
+            f"for the source."
+        )
     return _index_put(x, indices, values, accumulate)
 
 
@@ -68,11 +76,11 @@ def _index_put(x, indices, values, accumulate=False):
     if accumulate:
         return _scatter_add(x, idx, values)
     tensors = [d for d, i in enumerate(indices) if i is not None]
-    if len(tensors) == 1 and indices[tensors[0]].ndim == 1:   # x[:, :, pos] = v: a slab along one dim
+    if len(tensors) == 1 and indices[tensors[0]].ndim == 1:  # x[:, :, pos] = v: a slab along one dim
         d = tensors[0]
         pos = indices[d]
         pos = jnp.where(pos < 0, pos + x.shape[d], pos)
-        slab = x.shape[:d] + (pos.shape[0],) + x.shape[d + 1:]
+        slab = x.shape[:d] + (pos.shape[0],) + x.shape[d + 1 :]
         if flat_scatter_pays(x.size, math.prod(slab)):
             return flat_set(x, d, pos, jnp.broadcast_to(values, slab))
     return x.at[idx].set(values)
@@ -109,7 +117,7 @@ def _fit(src, shape):
 
 @lowering("gather")
 def gather(x, dim, index, sparse_grad=False):
-    if index.size == 0:   # PyTorch lets an empty index have any number of dimensions
+    if index.size == 0:  # PyTorch lets an empty index have any number of dimensions
         return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
         return x.reshape(index.shape) if index.ndim == 0 else jnp.broadcast_to(x, index.shape)
@@ -201,7 +209,7 @@ def _scatter_reduce(x, at, v, reduce, include_self):
 
 @lowering("scatter_reduce.two")
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
-    if reduce in ("amax", "amin") and jnp.iscomplexobj(x):   # no order on complex numbers (as the CPU)
+    if reduce in ("amax", "amin") and jnp.iscomplexobj(x):  # no order on complex numbers (as the CPU)
         raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{scalar_type_name(x.dtype)}'")
     at, _ = _scatter_target(x, dim, index)
     return _scatter_reduce(x, at, _src(src, index, x.dtype), reduce, include_self)
@@ -240,8 +248,8 @@ def index_add(x, dim, index, source, alpha=1):
 # place when the result is also read reshaped (the flat storage buffer written back, attention reading
 # the cache) and copies the whole array three to five times per call; the flat scatter updates it in
 # place (a (1, 4, 4096, 32) float32 cache read by a dot: 95 us per step instead of 989, jax 0.10.2).
-FLAT_SCATTER_MIN = 1 << 14     # elements of x, at least
-FLAT_SCATTER_RATIO = 8         # x at least this many times the source
+FLAT_SCATTER_MIN = 1 << 14  # elements of x, at least
+FLAT_SCATTER_RATIO = 8  # x at least this many times the source
 
 
 def _flat_offsets(shape, dim, index, src_shape):
@@ -266,7 +274,7 @@ def index_copy(x, dim, index, source):
     dim = _dim(dim, x.ndim)
     index = index.reshape(-1)
     _check(index, x.shape[dim], dim, False)
-    source = jnp.broadcast_to(source, x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1:]).astype(x.dtype)
+    source = jnp.broadcast_to(source, x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1 :]).astype(x.dtype)
     if flat_scatter_pays(x.size, source.size):
         return flat_set(x, dim, index, source)
     return x.at[_along(dim, x.ndim, index)].set(source)
@@ -283,8 +291,11 @@ def flat_set(x, dim, index, source):
     return x.reshape(-1).at[at].set(source.reshape(-1), mode="drop").reshape(x.shape)
 
 
-@lowering("index_fill.int_Scalar", "index_fill.int_Tensor",
-          host_check={"index_fill.int_Scalar": fill_value_check(3), "index_fill_.int_Scalar": fill_value_check(3)})
+@lowering(
+    "index_fill.int_Scalar",
+    "index_fill.int_Tensor",
+    host_check={"index_fill.int_Scalar": fill_value_check(3), "index_fill_.int_Scalar": fill_value_check(3)},
+)
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
         return jnp.asarray(value, x.dtype).reshape(())
@@ -314,8 +325,10 @@ def masked_scatter(x, mask, source):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     x = jnp.broadcast_to(x, shape)
     m = jnp.broadcast_to(mask, shape).reshape(-1)
-    require(jnp.sum(m, dtype=jnp.int64) <= source.size, "masked_scatter: Number of elements of source < number "
-                                                        "of ones in mask")
+    require(
+        jnp.sum(m, dtype=jnp.int64) <= source.size,
+        "masked_scatter: Number of elements of source < number of ones in mask",
+    )
     # the k-th True takes the k-th element of source
     pos = jnp.clip(jnp.cumsum(m.astype(jnp.int64)) - 1, 0, max(source.size - 1, 0))
     src = source.reshape(-1).astype(x.dtype)

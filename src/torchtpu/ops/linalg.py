@@ -1,16 +1,15 @@
 """Lowerings: linalg."""
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from .checks import require
 from .dtypes import scalar_type_name
 from .table import KIND, lowering
-
-import torch
-
 
 # reads of the setting: tracing an executable notes whether its computation read it (then the
 # setting is part of that executable's cache key: eager/executable.py)
@@ -64,12 +63,13 @@ def matmul(a, b):
 
 def _for_host():
     from ..device.platform import lowering_platform
+
     return lowering_platform() == "cpu"
 
 
 def _pad_rows(x, axis):
     """x with one row of zeros appended along `axis` (a second row/column for the product)."""
-    zeros = jnp.zeros((*x.shape[:axis], 1, *x.shape[axis + 1:]), x.dtype)
+    zeros = jnp.zeros((*x.shape[:axis], 1, *x.shape[axis + 1 :]), x.dtype)
     return jnp.concatenate([x, zeros], axis=axis)
 
 
@@ -103,13 +103,19 @@ def _matmul(a, b):
         # matrix-vector product (batch-1 decoding) kept the transpose and either looped over W column
         # by column or, with an add after it inside a fused segment, copied W transposed at every
         # call (0.3-1 ms per 1-2 MB weight: docs/design.md, "x @ W.T").
-        out = lax.dot_general(a, source, (((a.ndim - 1,), (1,)), ((), ())), precision=precision(),
-                              preferred_element_type=_acc(a))
+        out = lax.dot_general(
+            a, source, (((a.ndim - 1,), (1,)), ((), ())), precision=precision(), preferred_element_type=_acc(a)
+        )
     elif source is not None and a.shape[:-2] == b.shape[:-2]:
         # q @ k.transpose(-2, -1) (eager attention): the same, batched; XLA:CPU copied k transposed
         batch = tuple(range(a.ndim - 2))
-        out = lax.dot_general(a, source, (((a.ndim - 1,), (a.ndim - 1,)), (batch, batch)),
-                              precision=precision(), preferred_element_type=_acc(a))
+        out = lax.dot_general(
+            a,
+            source,
+            (((a.ndim - 1,), (a.ndim - 1,)), (batch, batch)),
+            precision=precision(),
+            preferred_element_type=_acc(a),
+        )
     else:
         out = jnp.matmul(a, b, precision=precision(), preferred_element_type=_acc(a))
     return out.astype(a.dtype)
@@ -124,10 +130,13 @@ def _transposed_from(b):
     if b.ndim < 2:
         return None
     eqn, value = _made_by(b)
-    if eqn is lax.reshape_p:   # a reshape of the leading dims of a transpose
+    if eqn is lax.reshape_p:  # a reshape of the leading dims of a transpose
         inner = value
-        if b.parent.params.get("dimensions") is not None or inner.ndim < 2 \
-                or tuple(inner.shape[-2:]) != tuple(b.shape[-2:]):
+        if (
+            b.parent.params.get("dimensions") is not None
+            or inner.ndim < 2
+            or tuple(inner.shape[-2:]) != tuple(b.shape[-2:])
+        ):
             return None
         eqn, value = _made_by(inner)
         if eqn is not lax.transpose_p or _perm(inner) != _swap_last(inner.ndim):
@@ -135,7 +144,7 @@ def _transposed_from(b):
         return value.reshape((*b.shape[:-2], b.shape[-1], b.shape[-2]))
     if eqn is not lax.transpose_p or _perm(b) != _swap_last(b.ndim):
         return None
-    return value   # (a transpose keeps the dtype; its permutation fixes the shape)
+    return value  # (a transpose keeps the dtype; its permutation fixes the shape)
 
 
 def _made_by(x):
@@ -168,8 +177,9 @@ def _mm_dtypes(a, b, *_, **__):
 
 def _mv_dtypes(mat, vec, *_, **__):
     if mat.dtype != vec.dtype:
-        raise RuntimeError(f"addmv input tensors must have the same dtype, but got {_name(vec)}, {_name(mat)}, "
-                           f"and {_name(vec)}")
+        raise RuntimeError(
+            f"addmv input tensors must have the same dtype, but got {_name(vec)}, {_name(mat)}, and {_name(vec)}"
+        )
 
 
 def _addmm_dtypes(c, a, b, *_, **__):
@@ -188,14 +198,29 @@ def _integer_product_check(x, kernel):
     computes them: there they keep working."""
     if x.dtype in _WIDE_INTEGERS:
         from ..device.platform import lowering_platform
+
         if lowering_platform() == "tpu":
-            raise RuntimeError(f'"{kernel}_tpu" not implemented for \'{_name(x)}\': XLA:TPU has no 64-bit '
-                               f"integer matrix product (compute it in int32 or a floating dtype on the TPU)")
+            raise RuntimeError(
+                f"\"{kernel}_tpu\" not implemented for '{_name(x)}': XLA:TPU has no 64-bit "
+                f"integer matrix product (compute it in int32 or a floating dtype on the TPU)"
+            )
 
 
-@lowering("mm", "bmm", "matmul", "dot", "mv",
-          meta_check={"mm": _mm_dtypes, "mm.out": _mm_dtypes, "matmul": _mm_dtypes, "matmul.out": _mm_dtypes,
-                      "mv": _mv_dtypes, "mv.out": _mv_dtypes})
+@lowering(
+    "mm",
+    "bmm",
+    "matmul",
+    "dot",
+    "mv",
+    meta_check={
+        "mm": _mm_dtypes,
+        "mm.out": _mm_dtypes,
+        "matmul": _mm_dtypes,
+        "matmul.out": _mm_dtypes,
+        "mv": _mv_dtypes,
+        "mv.out": _mv_dtypes,
+    },
+)
 def mm(a, b):
     _integer_product_check(a, "mm")
     return matmul(a, b)
@@ -204,7 +229,7 @@ def mm(a, b):
 @lowering("vdot")
 def vdot(a, b):
     _integer_product_check(a, "vdot")
-    return matmul(jnp.conj(a), b)   # conjugates its first argument (a no-op for real dtypes)
+    return matmul(jnp.conj(a), b)  # conjugates its first argument (a no-op for real dtypes)
 
 
 def _scaled_sum(c, prod, beta, alpha):
@@ -224,8 +249,15 @@ def _scaled_sum(c, prod, beta, alpha):
     return (c + out).astype(d)
 
 
-@lowering("addmm", "baddbmm", "addmv", promote=KIND.DEFAULT, promote_args=(0, 1, 2), blas=True,
-          meta_check={"addmm": _addmm_dtypes, "addmm_": _addmm_dtypes, "addmm.out": _addmm_dtypes})
+@lowering(
+    "addmm",
+    "baddbmm",
+    "addmv",
+    promote=KIND.DEFAULT,
+    promote_args=(0, 1, 2),
+    blas=True,
+    meta_check={"addmm": _addmm_dtypes, "addmm_": _addmm_dtypes, "addmm.out": _addmm_dtypes},
+)
 def addmm(c, a, b, beta=1, alpha=1):
     _integer_product_check(a, "addmm")
     return _scaled_sum(c, matmul(a, b), beta, alpha)
@@ -237,16 +269,16 @@ def _addbmm_half(c, a, b, beta, alpha):
     the result carries a rounding per batch; summing every product in float32 first (as before)
     differed from both by several ulps of the largest values."""
     d = c.dtype
-    prods = matmul(a.astype(jnp.float32), b.astype(jnp.float32))   # float32 products, as opmath
+    prods = matmul(a.astype(jnp.float32), b.astype(jnp.float32))  # float32 products, as opmath
     acc = jnp.broadcast_to(c, prods.shape[1:]).astype(jnp.float32)
     first = _scaled_sum(acc, prods[0] if prods.shape[0] else jnp.zeros_like(acc), beta, alpha).astype(d)
-    out, _ = lax.scan(lambda r, p: (_scaled_sum(r.astype(jnp.float32), p, 1, alpha).astype(d), None),
-                      first, prods[1:])
+    out, _ = lax.scan(lambda r, p: (_scaled_sum(r.astype(jnp.float32), p, 1, alpha).astype(d), None), first, prods[1:])
     return out
 
 
-@lowering("addbmm", blas=True,
-          meta_check={"addbmm": _addmm_dtypes, "addbmm_": _addmm_dtypes, "addbmm.out": _addmm_dtypes})
+@lowering(
+    "addbmm", blas=True, meta_check={"addbmm": _addmm_dtypes, "addbmm_": _addmm_dtypes, "addbmm.out": _addmm_dtypes}
+)
 def addbmm(c, a, b, beta=1, alpha=1):
     _integer_product_check(a, "addbmm")
     if c.dtype in (jnp.bfloat16, jnp.float16):
@@ -265,6 +297,7 @@ def ragged_dot(a, b, sizes, **kw):
     XLA:CPU and XLA:GPU expand it to every group over every row (g times the work: 100x slower on a
     Mixture-of-Experts decode step), so there the rows go through in tiles of one group each."""
     from ..device.platform import lowering_platform
+
     if lowering_platform() == "tpu" or b.shape[0] == 1:
         return lax.ragged_dot(a, b, sizes, **kw)
     return _ragged_dot_tiled(a, b, sizes, **kw)
@@ -290,8 +323,7 @@ def _ragged_dot_tiled(a, b, sizes, preferred_element_type=None, precision=None):
 
     def add_tile(out, step):
         i, r, used = step
-        y = jnp.dot(lax.dynamic_slice_in_dim(padded, r, t), b[i], precision=precision,
-                    preferred_element_type=acc)
+        y = jnp.dot(lax.dynamic_slice_in_dim(padded, r, t), b[i], precision=precision, preferred_element_type=acc)
         y = jnp.where((jnp.arange(t) < used)[:, None], y, jnp.zeros((), y.dtype))
         return lax.dynamic_update_slice_in_dim(out, lax.dynamic_slice_in_dim(out, r, t) + y, r, 0), None
 
@@ -303,14 +335,21 @@ def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
     """Output of `_grouped_mm`. PyTorch's meta states the CUDA kernel's limits (bf16 only, 16-byte
     aligned strides); the lowering takes every floating dtype and layout, which Transformers relies on
     for "tpu" (eager and compiled)."""
-    torch._check(a.dim() in (2, 3) and b.dim() in (2, 3),
-                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={a.dim()} and mat_b.dim()={b.dim()}")
-    torch._check(a.dim() == 2 and b.dim() == 2 or a.size(-1) == b.size(-2),
-                 lambda: "contraction dimension of mat_a and mat_b must match")
-    torch._check((offs is not None) == (a.dim() == 2 or b.dim() == 2),
-                 lambda: "offs must be given exactly when mat_a or mat_b is 2D")
-    torch._check(offs is None or (offs.dim() == 1 and offs.dtype == torch.int32),
-                 lambda: "offs must be a 1D int32 tensor")
+    torch._check(
+        a.dim() in (2, 3) and b.dim() in (2, 3),
+        lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={a.dim()} and mat_b.dim()={b.dim()}",
+    )
+    torch._check(
+        (a.dim() == 2 and b.dim() == 2) or a.size(-1) == b.size(-2),
+        lambda: "contraction dimension of mat_a and mat_b must match",
+    )
+    torch._check(
+        (offs is not None) == (a.dim() == 2 or b.dim() == 2),
+        lambda: "offs must be given exactly when mat_a or mat_b is 2D",
+    )
+    torch._check(
+        offs is None or (offs.dim() == 1 and offs.dtype == torch.int32), lambda: "offs must be a 1D int32 tensor"
+    )
     torch._check(bias is None, lambda: "Bias not supported yet")
     if a.dim() == 2 and b.dim() == 2:
         shape = (offs.size(0), a.size(0), b.size(1))
@@ -342,14 +381,15 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     elif a.ndim == 3 and b.ndim == 2:
         out = lax.ragged_dot(b.T, jnp.swapaxes(a, 1, 2), sizes, **kw).T
     else:
-        numbers = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((1,), (0,)), ((), ())),
-                                                lhs_ragged_dimensions=[1], rhs_group_dimensions=[])
+        numbers = lax.RaggedDotDimensionNumbers(
+            dot_dimension_numbers=(((1,), (0,)), ((), ())), lhs_ragged_dimensions=[1], rhs_group_dimensions=[]
+        )
         out = lax.ragged_dot_general(a, b, sizes, numbers, **kw)
     return out.astype(dtype)
 
 
 def _pair_diff(x1, x2):
-    return jnp.expand_dims(x1, -2) - jnp.expand_dims(x2, -3)   # (..., P, R, M)
+    return jnp.expand_dims(x1, -2) - jnp.expand_dims(x2, -3)  # (..., P, R, M)
 
 
 def _distance(diff, p):
@@ -357,6 +397,7 @@ def _distance(diff, p):
     if p == 2:
         return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
     from .reductions import _norm
+
     return _norm(diff, p, (diff.ndim - 1,), False)
 
 
@@ -410,15 +451,15 @@ def pdist_backward(grad, x, p, pdist):
 
 
 # ---------------------------------------------------------------- decompositions: error reporting
-_FAILURES = {   # PyTorch's wording, without the failing element's number (the check runs on the device)
+_FAILURES = {  # PyTorch's wording, without the failing element's number (the check runs on the device)
     "cholesky": "The factorization could not be completed because the input is not positive-definite",
     "inv": "The diagonal element is zero, the inversion could not be completed because the input matrix is singular",
     "solve": "The solver failed because the input matrix is singular",
     "lu_factor": "The factorization could not be completed because the input matrix is singular (a zero pivot)",
     "eigh": "The algorithm failed to converge because the input matrix is ill-conditioned or has too many "
-            "repeated eigenvalues",
+    "repeated eigenvalues",
     "svd": "The algorithm failed to converge because the input matrix is ill-conditioned or has too many "
-           "repeated singular values",
+    "repeated singular values",
 }
 
 
@@ -442,7 +483,7 @@ _LOW_PRECISION = {jnp.dtype(jnp.float16): "Half", jnp.dtype(jnp.bfloat16): "BFlo
 def _lapack_dtype(a, kernel):
     """PyTorch has no half-precision decompositions (its meta kernels let them through): same error."""
     if a.dtype in _LOW_PRECISION:
-        raise RuntimeError(f'"{kernel}_tpu" not implemented for \'{_LOW_PRECISION[a.dtype]}\'')
+        raise RuntimeError(f"\"{kernel}_tpu\" not implemented for '{_LOW_PRECISION[a.dtype]}'")
 
 
 def _mT(x):
@@ -461,7 +502,7 @@ def _exact_mm(a, b):
 def _broadcast_batch(*xs):
     """(array, number of non-batch dims) pairs -> the arrays with their batch dims broadcast together."""
     batch = jnp.broadcast_shapes(*(x.shape[:-core] for x, core in xs))
-    return [jnp.broadcast_to(x, batch + x.shape[x.ndim - core:]) for x, core in xs]
+    return [jnp.broadcast_to(x, batch + x.shape[x.ndim - core :]) for x, core in xs]
 
 
 def _empty(dtype):
@@ -471,8 +512,9 @@ def _empty(dtype):
 def _tri_solve(a, b, *, upper, left=True, transpose=False, conjugate=False, unit=False):
     """op(a) x = b (left) or x op(a) = b, reading only a's upper or lower triangle."""
     a, b = _broadcast_batch((a, 2), (b, 2))
-    return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper, transpose_a=transpose,
-                                       conjugate_a=conjugate, unit_diagonal=unit)
+    return lax.linalg.triangular_solve(
+        a, b, left_side=left, lower=not upper, transpose_a=transpose, conjugate_a=conjugate, unit_diagonal=unit
+    )
 
 
 # ---- Cholesky
@@ -504,7 +546,7 @@ def _cholesky(a, upper):
     zeros = jnp.zeros(a.shape[:-2], jnp.int32)
     if a.shape[-1] == 0:
         return a, zeros
-    lower_part = _mH(a) if upper else a      # A = U^H U reads the upper triangle: that is A^H's lower
+    lower_part = _mH(a) if upper else a  # A = U^H U reads the upper triangle: that is A^H's lower
     low = lax.linalg.cholesky(lower_part, symmetrize_input=False)
     failed = ~jnp.all(jnp.isfinite(low), axis=(-2, -1))
     found = lax.cond(jnp.any(failed), lambda: _first_bad_minor(lower_part), lambda: zeros)
@@ -573,10 +615,14 @@ def _lu(a):
     1-based index of the first zero on U's diagonal (a singular matrix still factors). The
     permutation (0-based) says which row of A each row of L U is: A[perm] = L U."""
     _lapack_dtype(a, "lu")
-    if 0 in a.shape[-2:]:   # nothing to factor (XLA's LU wants a matrix)
+    if 0 in a.shape[-2:]:  # nothing to factor (XLA's LU wants a matrix)
         k = min(a.shape[-2:])
-        return (a, jnp.zeros(a.shape[:-2] + (k,), jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32),
-                jnp.broadcast_to(jnp.arange(a.shape[-2], dtype=jnp.int32), a.shape[:-1]))
+        return (
+            a,
+            jnp.zeros(a.shape[:-2] + (k,), jnp.int32),
+            jnp.zeros(a.shape[:-2], jnp.int32),
+            jnp.broadcast_to(jnp.arange(a.shape[-2], dtype=jnp.int32), a.shape[:-1]),
+        )
     lu, pivots, perm = lax.linalg.lu(a)
     zero = jnp.diagonal(lu, axis1=-2, axis2=-1) == 0
     info = jnp.where(jnp.any(zero, axis=-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
@@ -635,7 +681,7 @@ def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
 def _lu_solve_left(lu, perm, b, adjoint):
     """x with A x = b (or A^H x = b) for A[perm] = L U packed in `lu`."""
     lu, perm, b = _broadcast_batch((lu, 2), (perm, 1), (b, 2))
-    if not adjoint:   # L U x = b[perm]
+    if not adjoint:  # L U x = b[perm]
         y = _tri_solve(lu, jnp.take_along_axis(b, perm[..., None], axis=-2), upper=False, unit=True)
         return _tri_solve(lu, y, upper=True)
     # A^H = U^H L^H P^T: x = P L^-H U^-H b, and (P z)[perm] = z
@@ -658,7 +704,7 @@ def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
 
 
 # ---- LDL (Bunch-Kaufman), LAPACK's ?sytf2 with uplo='L' as PyTorch calls it
-_BK_ALPHA = (1 + 17 ** 0.5) / 8
+_BK_ALPHA = (1 + 17**0.5) / 8
 
 
 def _cabs1(x):
@@ -681,7 +727,7 @@ def _ldl_one(a, herm=False):
         if not herm:
             return jnp.where(lower, m, _mT(m))
         m = jnp.where(lower, m, jnp.conj(_mT(m)))
-        return jnp.where(idx[:, None] == idx[None, :], m.real.astype(m.dtype), m)   # ?hetf2 drops Im(diag)
+        return jnp.where(idx[:, None] == idx[None, :], m.real.astype(m.dtype), m)  # ?hetf2 drops Im(diag)
 
     re = (lambda v: v.real) if herm else (lambda v: v)
     cj = jnp.conj if herm else (lambda v: v)
@@ -692,9 +738,9 @@ def _ldl_one(a, herm=False):
         absakk = jnp.abs(m[k, k].real) if herm else _cabs1(m[k, k])
         below = idx > k
         mags = jnp.where(below, _cabs1(col), -1)
-        imax = jnp.argmax(mags)                         # the first largest, as LAPACK's i?amax
+        imax = jnp.argmax(mags)  # the first largest, as LAPACK's i?amax
         colmax = jnp.where(k < n - 1, jnp.max(mags), 0).astype(absakk.dtype)
-        row = m[imax]                                   # the matrix is symmetric: row imax = column imax
+        row = m[imax]  # the matrix is symmetric: row imax = column imax
         rowmax = jnp.max(jnp.where((idx >= k) & (idx != imax), _cabs1(row), 0)).astype(absakk.dtype)
         zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
         one_here = zero | (absakk >= _BK_ALPHA * colmax) | (absakk * rowmax >= _BK_ALPHA * colmax * colmax)
@@ -718,7 +764,7 @@ def _ldl_one(a, herm=False):
         d21 = m[jnp.minimum(k + 1, n - 1), k]
         d21s = jnp.where(d21 == 0, 1, d21)
         below2 = idx > k + 1
-        if herm:   # ?hetf2: scaled by |d21|, the off-diagonal's phase kept in d21 / |d21|
+        if herm:  # ?hetf2: scaled by |d21|, the off-diagonal's phase kept in d21 / |d21|
             dd = jnp.abs(d21s)
             e11 = m[jnp.minimum(k + 1, n - 1), jnp.minimum(k + 1, n - 1)].real / dd
             e22 = m[k, k].real / dd
@@ -734,26 +780,30 @@ def _ldl_one(a, herm=False):
             d21t = t / d21s
             wk = jnp.where(below2, d21t * (e11 * col - col1), 0)
             wkp1 = jnp.where(below2, d21t * (e22 * col1 - col), 0)
-        two = m - (jnp.where(below2, col, 0)[:, None] * cj(wk)[None, :]
-                   + jnp.where(below2, col1, 0)[:, None] * cj(wkp1)[None, :])
+        two = m - (
+            jnp.where(below2, col, 0)[:, None] * cj(wk)[None, :]
+            + jnp.where(below2, col1, 0)[:, None] * cj(wkp1)[None, :]
+        )
         two = two.at[:, k].set(jnp.where(below2, wk, col))
         two = two.at[:, jnp.minimum(k + 1, n - 1)].set(jnp.where(below2, wkp1, col1))
         m = jnp.where(zero, m, jnp.where(kstep == 1, one, two))
         m = sym(m)
         kp = kp.astype(jnp.int32)
-        piv = jnp.where(kstep == 1, piv.at[k].set(kp + 1),
-                        piv.at[k].set(-(kp + 1)).at[jnp.minimum(k + 1, n - 1)].set(-(kp + 1)))
+        piv = jnp.where(
+            kstep == 1, piv.at[k].set(kp + 1), piv.at[k].set(-(kp + 1)).at[jnp.minimum(k + 1, n - 1)].set(-(kp + 1))
+        )
         info = jnp.where(zero & (info == 0), k + 1, info)
         return k + kstep, m, piv, info
 
-    _, m, piv, info = lax.while_loop(lambda s: s[0] < n, body,
-                                     (jnp.int32(0), sym(a), jnp.zeros((n,), jnp.int32), jnp.int32(0)))
+    _, m, piv, info = lax.while_loop(
+        lambda s: s[0] < n, body, (jnp.int32(0), sym(a), jnp.zeros((n,), jnp.int32), jnp.int32(0))
+    )
     return jnp.tril(m), piv, info
 
 
 def _ldl_dtype(a, kernel):
-    if a.dtype in _LOW_PRECISION:   # the CPU's error for these kernels is a NotImplementedError
-        raise NotImplementedError(f'"{kernel}_kernel_tpu" not implemented for \'{_LOW_PRECISION[a.dtype]}\'')
+    if a.dtype in _LOW_PRECISION:  # the CPU's error for these kernels is a NotImplementedError
+        raise NotImplementedError(f"\"{kernel}_kernel_tpu\" not implemented for '{_LOW_PRECISION[a.dtype]}'")
 
 
 @lowering("linalg_ldl_factor_ex")
@@ -763,7 +813,7 @@ def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
     if n == 0:
         return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
     herm = bool(hermitian) and jnp.iscomplexobj(a)
-    fn = lambda m: _ldl_one(m, herm)   # noqa: E731
+    fn = lambda m: _ldl_one(m, herm)
     for _ in range(a.ndim - 2):
         fn = jax.vmap(fn)
     ld, piv, info = fn(a)
@@ -794,12 +844,13 @@ def _ldl_solve_one(ld, piv, b, herm=False):
         one = one.at[k].set(one[k] / ld[k, k])
         # 2x2
         below2 = idx > k + 1
-        tw = b - (jnp.where(below2, col, 0)[:, None] * b[k][None, :]
-                  + jnp.where(below2, col1, 0)[:, None] * b[k1][None, :])
+        tw = b - (
+            jnp.where(below2, col, 0)[:, None] * b[k][None, :] + jnp.where(below2, col1, 0)[:, None] * b[k1][None, :]
+        )
         akm1k = ld[k1, k]
         akm1k = jnp.where(akm1k == 0, 1, akm1k)
         akm1kc = jnp.conj(akm1k) if herm else akm1k
-        akm1, ak = ld[k, k] / akm1kc, ld[k1, k1] / akm1k   # D = [[d1, conj(c)], [c, d2]], c below
+        akm1, ak = ld[k, k] / akm1kc, ld[k1, k1] / akm1k  # D = [[d1, conj(c)], [c, d2]], c below
         denom = akm1 * ak - 1
         bkm1, bk = tw[k] / akm1kc, tw[k1] / akm1k
         tw = tw.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
@@ -833,7 +884,7 @@ def linalg_ldl_solve(ld, pivots, b, hermitian=False):
     (ld, b), piv = _broadcast_batch((ld, 2), (b, 2)), pivots
     piv = jnp.broadcast_to(piv, ld.shape[:-1])
     herm = bool(hermitian) and jnp.iscomplexobj(ld)
-    fn = lambda l_, p_, b_: _ldl_solve_one(l_, p_, b_, herm)   # noqa: E731
+    fn = lambda l_, p_, b_: _ldl_solve_one(l_, p_, b_, herm)
     for _ in range(ld.ndim - 2):
         fn = jax.vmap(fn)
     return fn(ld, piv, b.astype(ld.dtype))
@@ -895,26 +946,44 @@ def _lstsq_meta(a, b, rcond=None, *, driver=None):
     """Output of `linalg_lstsq` on "tpu" (PyTorch has no meta kernel): CUDA's default driver "gels"
     (the CPU's is "gelsy"), and PyTorch's argument checks. See linalg_lstsq below."""
     driver = "gels" if driver is None else driver
-    torch._check(driver in ("gels", "gelsy", "gelsd", "gelss"), lambda: (
-        f"torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss), but got {driver}"))
+    torch._check(
+        driver in ("gels", "gelsy", "gelsd", "gelss"),
+        lambda: (
+            f"torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss), but got {driver}"
+        ),
+    )
     if driver in ("gelsd", "gelss"):
-        raise NotImplementedError(f"torch.linalg.lstsq: driver {driver!r} is not supported on tpu (its residuals "
-                                  f"exist only for full-rank inputs, a shape that depends on the values); "
-                                  f"use 'gels' or 'gelsy'")
+        raise NotImplementedError(
+            f"torch.linalg.lstsq: driver {driver!r} is not supported on tpu (its residuals "
+            f"exist only for full-rank inputs, a shape that depends on the values); "
+            f"use 'gels' or 'gelsy'"
+        )
     torch._check(a.dim() >= 2, lambda: "torch.linalg.lstsq: input must have at least 2 dimensions.")
-    torch._check(a.dim() >= b.dim() and a.dim() - b.dim() <= 1, lambda: (
-        "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1"))
-    torch._check(a.dtype.is_floating_point or a.dtype.is_complex, lambda: (
-        f"torch.linalg.lstsq: Expected input to have floating point or complex dtype, but got {a.dtype}"))
-    torch._check(a.dtype == b.dtype, lambda: (
-        f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got input with dtype "
-        f"{a.dtype} and other with dtype {b.dtype}"))
+    torch._check(
+        a.dim() >= b.dim() and a.dim() - b.dim() <= 1,
+        lambda: (
+            "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1"  # noqa: E501
+        ),
+    )
+    torch._check(
+        a.dtype.is_floating_point or a.dtype.is_complex,
+        lambda: f"torch.linalg.lstsq: Expected input to have floating point or complex dtype, but got {a.dtype}",
+    )
+    torch._check(
+        a.dtype == b.dtype,
+        lambda: (
+            f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got input with dtype "
+            f"{a.dtype} and other with dtype {b.dtype}"
+        ),
+    )
     vector = b.dim() == a.dim() - 1
     m, n = a.shape[-2:]
-    torch._check(b.shape[-1 if vector else -2] == m, lambda: (
-        f"torch.linalg.lstsq: input.size(-2) should match other.size({-1 if vector else -2})"))
+    torch._check(
+        b.shape[-1 if vector else -2] == m,
+        lambda: f"torch.linalg.lstsq: input.size(-2) should match other.size({-1 if vector else -2})",
+    )
     k = 1 if vector else b.shape[-1]
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-1 if vector else -2])
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[: -1 if vector else -2])
     real = a.dtype.to_real()
     solution = a.new_empty((*batch, n) if vector else (*batch, n, k))
     residuals = a.new_empty((*batch, k) if driver == "gels" and m > n else (0,), dtype=real)
@@ -930,7 +999,7 @@ def linalg_lstsq(a, b, rcond=None, driver=None):
     solution of the truncated problem) returns the rank and no residuals, as LAPACK's. "gelsd" and
     "gelss" return residuals only when every matrix has full rank, a shape that depends on the values:
     not supported (CUDA supports only "gels")."""
-    _lapack_dtype(a, "linalg_lstsq")   # (the other checks: eager/kernels.py, _lstsq_meta)
+    _lapack_dtype(a, "linalg_lstsq")  # (the other checks: eager/kernels.py, _lstsq_meta)
     driver = "gels" if driver is None else driver
     vector = b.ndim == a.ndim - 1
     b = b[..., None] if vector else b
@@ -939,15 +1008,15 @@ def linalg_lstsq(a, b, rcond=None, driver=None):
     no_rank, no_sv = _empty(jnp.int64), _empty(real)
     if driver == "gels":
         a, b = _broadcast_batch((a, 2), (b, 2))
-        if m >= n:   # R x = Q^H b
+        if m >= n:  # R x = Q^H b
             q, r = jnp.linalg.qr(a)
             x = _tri_solve(r, _exact_mm(_mH(q), b), upper=True)
-        else:        # the minimum-norm solution: A^H = Q R, x = Q R^-H b
+        else:  # the minimum-norm solution: A^H = Q R, x = Q R^-H b
             q, r = jnp.linalg.qr(_mH(a))
             x = _exact_mm(q, _tri_solve(r, b, upper=True, transpose=True, conjugate=True))
         residuals = (jnp.abs(_exact_mm(a, x) - b) ** 2).sum(-2) if m > n else _empty(real)
         return (x[..., 0] if vector else x), residuals, no_rank, no_sv
-    u, sv, vh = _svd(a, full_matrices=False)   # A's own batch: the rank is A's, not broadcast
+    u, sv, vh = _svd(a, full_matrices=False)  # A's own batch: the rank is A's, not broadcast
     cutoff = (jnp.finfo(real).eps * max(m, n) if rcond is None or rcond < 0 else rcond) * sv[..., :1]
     keep = sv > cutoff
     inverse = jnp.where(keep, 1 / jnp.where(keep, sv, 1), 0).astype(a.dtype)
@@ -969,12 +1038,14 @@ def _general_eig(a, kernel, vectors):
     exists on the CPU platform only; on TPU the op says so instead of failing inside XLA."""
     _lapack_dtype(a, kernel)
     from ..device.platform import lowering_platform
+
     target = lowering_platform()
     if target != "cpu":
         raise NotImplementedError(
             f"torchtpu: aten::{kernel} (torch.linalg.eig/eigvals) has no XLA lowering on the "
             f"{target} platform (XLA's general eigensolver runs on CPU only): compute it on "
-            f"the CPU (x.cpu()), or use torch.linalg.eigh for symmetric/Hermitian matrices")
+            f"the CPU (x.cpu()), or use torch.linalg.eigh for symmetric/Hermitian matrices"
+        )
     w, v = jnp.linalg.eig(a)
     return (w, v) if vectors else w
 
@@ -1029,6 +1100,7 @@ def _svd(a, full_matrices=False, compute_uv=True):
     XLA:TPU cannot compile (it aborts the process). Traced here instead, with 64-bit types off for
     this computation only, the same algorithm has int32 indices; its float32 values are unchanged."""
     from ..device.platform import lowering_platform
+
     tpu_svd = _tpu_svd_module() if lowering_platform() == "tpu" else None
     if tpu_svd is None or a.dtype not in (jnp.float32, jnp.complex64) or a.size == 0:
         return jnp.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv)

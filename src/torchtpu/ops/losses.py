@@ -1,10 +1,11 @@
 """Lowerings: loss functions (nll, mse, smooth L1, Huber, binary cross entropy, margin losses, CTC)
 and their backward ops."""
+
 from __future__ import annotations
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -19,8 +20,10 @@ def nll_loss_forward(a, target, weight, reduction, ignore_index):
     t = target if target.ndim else target[None]
     valid = t != ignore_index
     classes = x.shape[1]
-    require(~valid | ((t >= 0) & (t < classes)),
-            f"Target is out of bounds: class indices must be in 0..{classes - 1} (or ignore_index={ignore_index})")
+    require(
+        ~valid | ((t >= 0) & (t < classes)),
+        f"Target is out of bounds: class indices must be in 0..{classes - 1} (or ignore_index={ignore_index})",
+    )
     safe = jnp.where(valid, t, 0)
     picked = _f32(jnp.take_along_axis(x, jnp.expand_dims(safe, 1), axis=1).squeeze(1))
     w = _f32(weight)[safe] if weight is not None else jnp.ones_like(picked)
@@ -28,7 +31,7 @@ def nll_loss_forward(a, target, weight, reduction, ignore_index):
     losses = -picked * w
     if reduction == 0:
         return (losses if a.ndim > 1 else losses[0]).astype(a.dtype), jnp.zeros((), a.dtype)
-    total = jnp.sum(w)   # accumulated in float32, also for half inputs
+    total = jnp.sum(w)  # accumulated in float32, also for half inputs
     if reduction == 1:
         return (jnp.sum(losses) / total).astype(a.dtype), total.astype(a.dtype)
     return jnp.sum(losses).astype(a.dtype), total.astype(a.dtype)
@@ -40,8 +43,10 @@ def nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_we
     t = target if target.ndim else target[None]
     valid = t != ignore_index
     classes = x.shape[1]
-    require(~valid | ((t >= 0) & (t < classes)),
-            f"Target is out of bounds: class indices must be in 0..{classes - 1} (or ignore_index={ignore_index})")
+    require(
+        ~valid | ((t >= 0) & (t < classes)),
+        f"Target is out of bounds: class indices must be in 0..{classes - 1} (or ignore_index={ignore_index})",
+    )
     safe = jnp.where(valid, t, 0)
     w = weight[safe] if weight is not None else jnp.ones(safe.shape, a.dtype)
     w = jnp.where(valid, w, 0).astype(a.dtype)
@@ -134,7 +139,7 @@ def binary_cross_entropy_backward(grad, x, t, weight=None, reduction=1):
 @lowering("binary_cross_entropy_with_logits", real_only=True)
 def binary_cross_entropy_with_logits(x, t, weight=None, pos_weight=None, reduction=1):
     xf, tf = _f32(x), _f32(t)
-    softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(xf))) + jnp.maximum(-xf, 0)   # log(1 + exp(-x))
+    softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(xf))) + jnp.maximum(-xf, 0)  # log(1 + exp(-x))
     if pos_weight is not None:
         loss = (1 - tf) * xf + (1 + (_f32(pos_weight) - 1) * tf) * softplus_neg
     else:
@@ -187,8 +192,8 @@ def _multilabel_margin(x, target, reduction, is_target=None):
     valid = jnp.cumprod(t != -1, axis=1).astype(bool)  # the targets are the prefix before the first -1
     if is_target is None:
         is_target = jnp.any((t[:, :, None] == jnp.arange(c)) & valid[:, :, None], axis=1).astype(x.dtype)
-    picked = jnp.take_along_axis(x2, jnp.where(valid, t, 0), axis=1)                 # (N, targets)
-    z = jnp.maximum(1 - picked[:, :, None] + x2[:, None, :], 0)                          # (N, targets, C)
+    picked = jnp.take_along_axis(x2, jnp.where(valid, t, 0), axis=1)  # (N, targets)
+    z = jnp.maximum(1 - picked[:, :, None] + x2[:, None, :], 0)  # (N, targets, C)
     z = z * valid[:, :, None] * (1 - _f32(is_target).reshape(-1, c))[:, None, :]
     loss = jnp.sum(z, axis=(1, 2)) / c
     return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype), is_target.reshape(x.shape)
@@ -197,7 +202,7 @@ def _multilabel_margin(x, target, reduction, is_target=None):
 @lowering("multilabel_margin_loss_forward", real_only=True)
 def multilabel_margin_loss_forward(x, target, reduction):
     c = x.shape[-1] if x.ndim else 1
-    require((target >= -1) & (target < c), "argument #2 'target' is out of range")   # -1 ends the list
+    require((target >= -1) & (target < c), "argument #2 'target' is out of range")  # -1 ends the list
     return _multilabel_margin(x, target, reduction)
 
 
@@ -223,30 +228,38 @@ def _ctc_lse3(a, b, c):
 def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
     """(l' labels (N, S'), log_probs at l' (T, N, S') with -inf beyond each row's states, the mask of
     states s whose s-2 transition is allowed (N, S'), input and target lengths as arrays)."""
-    if log_probs.size == 0:   # the CPU kernel's check; PyTorch's meta kernel does not make it
+    if log_probs.size == 0:  # the CPU kernel's check; PyTorch's meta kernel does not make it
         raise RuntimeError("log_probs tensor must not be empty")
     n, classes = log_probs.shape[1], log_probs.shape[2]
     tl = np.asarray(target_lengths, np.int64)
     width = 2 * (int(tl.max()) if n else 0) + 1
     j = np.arange(width // 2)
-    valid = j[None, :] < tl[:, None]                               # (N, max_target_length)
-    if targets.ndim == 1:                                          # concatenated targets
+    valid = j[None, :] < tl[:, None]  # (N, max_target_length)
+    if targets.ndim == 1:  # concatenated targets
         offsets = np.concatenate([[0], np.cumsum(tl)[:-1]]).astype(np.int64)
-        labels = targets[np.where(valid, offsets[:, None] + j[None, :], 0)] if valid.size else \
-            jnp.zeros(valid.shape, targets.dtype)
+        labels = (
+            targets[np.where(valid, offsets[:, None] + j[None, :], 0)]
+            if valid.size
+            else jnp.zeros(valid.shape, targets.dtype)
+        )
     else:
-        labels = targets[:, :width // 2]
+        labels = targets[:, : width // 2]
     labels = labels.astype(jnp.int32)
-    require(~jnp.asarray(valid) | ((labels >= 0) & (labels < classes)),
-            f"ctc_loss: targets must be class indices in [0, {classes})")
+    require(
+        ~jnp.asarray(valid) | ((labels >= 0) & (labels < classes)),
+        f"ctc_loss: targets must be class indices in [0, {classes})",
+    )
     labels = jnp.where(jnp.asarray(valid), labels, blank)
     ext = jnp.full((n, width), blank, jnp.int32).at[:, 1::2].set(labels)
     s = np.arange(width)
-    states = jnp.asarray(s[None, :] <= 2 * tl[:, None])            # (N, S')
+    states = jnp.asarray(s[None, :] <= 2 * tl[:, None])  # (N, S')
     lp_ext = jnp.take_along_axis(log_probs, jnp.broadcast_to(ext[None], (log_probs.shape[0],) + ext.shape), 2)
     lp_ext = jnp.where(states[None], lp_ext, -jnp.inf)
-    skip = jnp.concatenate([jnp.zeros((n, 2), bool), ext[:, 2:] != ext[:, :-2]], 1) if width > 2 else \
-        jnp.zeros((n, width), bool)
+    skip = (
+        jnp.concatenate([jnp.zeros((n, 2), bool), ext[:, 2:] != ext[:, :-2]], 1)
+        if width > 2
+        else jnp.zeros((n, width), bool)
+    )
     return ext, lp_ext, skip, jnp.asarray(np.asarray(input_lengths, np.int64)), jnp.asarray(tl)
 
 
@@ -295,42 +308,50 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_in
 
 
 @lowering("_ctc_loss_backward", missing_meta=_ctc_loss_backward_meta)
-def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank,
-                      zero_infinity=False):
+def ctc_loss_backward(
+    grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank, zero_infinity=False
+):
     ext, lp_ext, skip, il, tl = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
     steps, n, width = lp_ext.shape
     alpha = jnp.transpose(log_alpha, (1, 0, 2))
     ninf = jnp.full((n, 1), -jnp.inf, lp_ext.dtype)
     s = jnp.arange(width)
     # beta at each row's last step: eq. (10), the final blank and the last label
-    end = jnp.where((s[None, :] == 2 * tl[:, None]) | ((s[None, :] == 2 * tl[:, None] - 1) & (tl[:, None] > 0)),
-                    0, -jnp.inf).astype(lp_ext.dtype)
-    skip_up = jnp.concatenate([skip[:, 2:], jnp.zeros((n, 2), bool)], 1)    # s -> s+2 allowed
+    end = jnp.where(
+        (s[None, :] == 2 * tl[:, None]) | ((s[None, :] == 2 * tl[:, None] - 1) & (tl[:, None] > 0)), 0, -jnp.inf
+    ).astype(lp_ext.dtype)
+    skip_up = jnp.concatenate([skip[:, 2:], jnp.zeros((n, 2), bool)], 1)  # s -> s+2 allowed
 
     def step(beta, xs):
         t, lp_t = xs
         b1 = jnp.concatenate([beta[:, 1:], ninf], 1)
         b2 = jnp.where(skip_up, jnp.concatenate([beta[:, 2:], ninf, ninf], 1), -jnp.inf)
-        new = jnp.where((t == il - 1)[:, None], end + lp_t,
-                        jnp.where((t < il - 1)[:, None], _ctc_lse3(beta, b1, b2) + lp_t, -jnp.inf))
+        new = jnp.where(
+            (t == il - 1)[:, None],
+            end + lp_t,
+            jnp.where((t < il - 1)[:, None], _ctc_lse3(beta, b1, b2) + lp_t, -jnp.inf),
+        )
         return new, new
 
-    _, beta = lax.scan(step, jnp.full((n, width), -jnp.inf, lp_ext.dtype),
-                       (jnp.arange(steps), lp_ext), reverse=True)
+    _, beta = lax.scan(step, jnp.full((n, width), -jnp.inf, lp_ext.dtype), (jnp.arange(steps), lp_ext), reverse=True)
     # log of sum over the states s with l'_s = c of alpha_t(s) beta_t(s): eq. (16)'s sum, per class
-    ab = alpha + beta                                                        # (T, N, S')
+    ab = alpha + beta  # (T, N, S')
     # a last target equal to blank (invalid input the CPU accepts): at the last step the CPU kernel
     # assigns the last label's term over the final blank's instead of adding them; do the same
     last_label = jnp.take_along_axis(ext, jnp.maximum(2 * tl - 1, 0).astype(jnp.int32)[:, None], 1)[:, 0]
     overwritten = (tl > 0) & (last_label == blank)
-    ab = jnp.where((jnp.arange(steps)[:, None, None] == il[None, :, None] - 1) & overwritten[None, :, None]
-                   & (s == 2 * tl[:, None])[None], -jnp.inf, ab)
+    ab = jnp.where(
+        (jnp.arange(steps)[:, None, None] == il[None, :, None] - 1)
+        & overwritten[None, :, None]
+        & (s == 2 * tl[:, None])[None],
+        -jnp.inf,
+        ab,
+    )
     t_idx, n_idx = jnp.arange(steps)[:, None, None], jnp.arange(n)[None, :, None]
     c_idx = jnp.broadcast_to(ext[None], ab.shape)
     peak = jnp.full(log_probs.shape, -jnp.inf, ab.dtype).at[t_idx, n_idx, c_idx].max(ab)
     shift = jnp.where(peak == -jnp.inf, 0, peak)
-    total = jnp.zeros(log_probs.shape, ab.dtype).at[t_idx, n_idx, c_idx].add(
-        jnp.exp(ab - shift[t_idx, n_idx, c_idx]))
+    total = jnp.zeros(log_probs.shape, ab.dtype).at[t_idx, n_idx, c_idx].add(jnp.exp(ab - shift[t_idx, n_idx, c_idx]))
     lab = jnp.log(total) + shift
     # the CPU's gradient (as if log_probs came from log_softmax): exp(lp) - exp(lab + nll - lp)
     g = (jnp.exp(log_probs) - jnp.exp(lab + nll[None, :, None] - log_probs)) * grad[None, :, None]

@@ -6,6 +6,7 @@
 schema order: (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs). `state_steps` were already
 incremented by the optimizer. Math in float32 (PyTorch's opmath), results in each tensor's dtype.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -21,8 +22,24 @@ def assert_async(a, assert_msg=None):
     return ()
 
 
-def _adam_step(decoupled, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-               weight_decay, eps, amsgrad, maximize, grad_scale, found_inf):
+def _adam_step(
+    decoupled,
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    state_steps,
+    lr,
+    beta1,
+    beta2,
+    weight_decay,
+    eps,
+    amsgrad,
+    maximize,
+    grad_scale,
+    found_inf,
+):
     new_p, new_g, new_m, new_v, new_vmax = [], [], [], [], []
     skip = None if found_inf is None else (found_inf.reshape(()) != 0)
     lr = jnp.asarray(lr, jnp.float32).reshape(())
@@ -68,10 +85,43 @@ def _adam_step(decoupled, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
 
 
 def _fused(decoupled):
-    def fn(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2, weight_decay,
-           eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-        return _adam_step(decoupled, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
-                          beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf)
+    def fn(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        state_steps,
+        *,
+        lr,
+        beta1,
+        beta2,
+        weight_decay,
+        eps,
+        amsgrad,
+        maximize,
+        grad_scale=None,
+        found_inf=None,
+    ):
+        return _adam_step(
+            decoupled,
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            max_exp_avg_sqs,
+            state_steps,
+            lr,
+            beta1,
+            beta2,
+            weight_decay,
+            eps,
+            amsgrad,
+            maximize,
+            grad_scale,
+            found_inf,
+        )
+
     return fn
 
 

@@ -1,5 +1,6 @@
 """Helpers shared by the nn lowering modules (activations, convolution, pooling, normalization,
 losses, embedding, attention, grid_sample)."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ def _low(a):
 
 def _precision():
     from .linalg import precision
+
     return precision()
 
 

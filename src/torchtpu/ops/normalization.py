@@ -1,4 +1,5 @@
 """Lowerings: layer norm, batch norm (every ATen variant) and group norm, with their backward ops."""
+
 from __future__ import annotations
 
 import jax
@@ -33,14 +34,15 @@ def native_layer_norm_backward(grad, a, normalized_shape, mean, rstd, weight, bi
     g = _f32(grad)
     xhat = (x - mean) * rstd
     gw = g * weight if weight is not None else g
-    dx = rstd * (gw - jnp.mean(gw, axis=axes, keepdims=True)
-                 - xhat * jnp.mean(gw * xhat, axis=axes, keepdims=True))
+    dx = rstd * (gw - jnp.mean(gw, axis=axes, keepdims=True) - xhat * jnp.mean(gw * xhat, axis=axes, keepdims=True))
     batch_axes = tuple(range(a.ndim - len(normalized_shape)))
     dw = jnp.sum(g * xhat, axis=batch_axes) if weight is not None and output_mask[1] else None
     db = jnp.sum(g, axis=batch_axes) if bias is not None and output_mask[2] else None
-    return (dx.astype(a.dtype) if output_mask[0] else None,
-            dw.astype(weight.dtype) if dw is not None else None,
-            db.astype(bias.dtype) if db is not None else None)
+    return (
+        dx.astype(a.dtype) if output_mask[0] else None,
+        dw.astype(weight.dtype) if dw is not None else None,
+        db.astype(bias.dtype) if db is not None else None,
+    )
 
 
 def _bn_shape(x):
@@ -149,20 +151,24 @@ def _bn_backward(grad, x, weight, running_mean, running_var, train, eps, mask):
 
     _, vjp = jax.vjp(f, _f32(x), w.astype(acc), b)
     gx, gw, gb = vjp(_f32(grad))
-    return (gx.astype(x.dtype) if mask[0] else None,
-            gw.astype(w.dtype) if mask[1] else None,
-            gb.astype(w.dtype) if mask[2] else None)
+    return (
+        gx.astype(x.dtype) if mask[0] else None,
+        gw.astype(w.dtype) if mask[1] else None,
+        gb.astype(w.dtype) if mask[2] else None,
+    )
 
 
 @lowering("native_batch_norm_backward")
-def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train,
-                               eps, output_mask):
+def native_batch_norm_backward(
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     return _bn_backward(grad, x, weight, running_mean, running_var, train, eps, output_mask)
 
 
 @lowering("batch_norm_backward")
-def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps,
-                        output_mask, reserve):
+def batch_norm_backward(
+    grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve
+):
     train = update or running_mean is None
     return _bn_backward(grad, x, weight, running_mean, running_var, train, eps, output_mask)
 
@@ -196,8 +202,7 @@ def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, ou
     w = weight.astype(jnp.float32).reshape(1, group, c // group, 1) if weight is not None else 1.0
     gw_ = g * w
     axes = (2, 3)
-    dx = r * (gw_ - jnp.mean(gw_, axis=axes, keepdims=True)
-              - xhat * jnp.mean(gw_ * xhat, axis=axes, keepdims=True))
+    dx = r * (gw_ - jnp.mean(gw_, axis=axes, keepdims=True) - xhat * jnp.mean(gw_ * xhat, axis=axes, keepdims=True))
     wdt = weight.dtype if weight is not None else x.dtype
     dw = jnp.sum(g * xhat, axis=(0, 3)).reshape(c).astype(wdt) if output_mask[1] else None
     db = jnp.sum(g, axis=(0, 3)).reshape(c).astype(wdt) if output_mask[2] else None

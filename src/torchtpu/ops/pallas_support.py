@@ -11,6 +11,7 @@
   that runs the kernel through Pallas' HLO interpreter, so TPU kernels run (slowly, exactly) on the host.
   TPU and GPU keep their native lowerings.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -93,6 +94,7 @@ def _install():
                 return call(*operands)
             with kernel_tracing():
                 return call(*operands)
+
         return run
 
     build_32_bit._torchtpu_32_bit = True

@@ -1,11 +1,12 @@
 """Lowerings: max, average, adaptive and fractional pooling, with their backward ops."""
+
 from __future__ import annotations
 
 import math
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .nn_common import _f32, _grad_input_meta, _low
@@ -30,8 +31,7 @@ def _pool_out(size, k, s, p, d, ceil):
 def _windows(x, nd, k, s, p, d, ceil, fill):
     """The pooling windows of the last `nd` dims: (..., prod(k), *out) with `fill` in the padding,
     and the per-dim output sizes."""
-    outs = [_pool_out(n, kk, ss, pp, dd, ceil) for n, kk, ss, pp, dd in
-            zip(x.shape[-nd:], k, s, p, d)]
+    outs = [_pool_out(n, kk, ss, pp, dd, ceil) for n, kk, ss, pp, dd in zip(x.shape[-nd:], k, s, p, d)]
     pads = [(0, 0)] * (x.ndim - nd)
     for n, kk, ss, pp, dd, o in zip(x.shape[-nd:], k, s, p, d, outs):
         pads.append((pp, max(0, (o - 1) * ss + dd * (kk - 1) + 1 - n - pp)))
@@ -39,14 +39,14 @@ def _windows(x, nd, k, s, p, d, ceil, fill):
     lead = x.shape[:-nd]
     slices = []
     for offs in _product([range(kk) for kk in k]):
-        idx = tuple(slice(o * dd, o * dd + (out - 1) * ss + 1, ss)
-                    for o, dd, ss, out in zip(offs, d, s, outs))
+        idx = tuple(slice(o * dd, o * dd + (out - 1) * ss + 1, ss) for o, dd, ss, out in zip(offs, d, s, outs))
         slices.append(xp[(Ellipsis,) + idx])
     return jnp.stack(slices, axis=len(lead)), outs
 
 
 def _product(ranges):
     import itertools
+
     return list(itertools.product(*ranges))
 
 
@@ -59,8 +59,11 @@ def _max_pool(x, nd, kernel_size, stride, padding, dilation, ceil_mode):
     ax = x.ndim - nd
     # NaN wins, as in PyTorch's kernels; the first maximum wins ties
     isnan = jnp.isnan(win) if jnp.issubdtype(x.dtype, jnp.floating) else None
-    arg = jnp.argmax(win, axis=ax) if isnan is None else jnp.where(
-        jnp.any(isnan, axis=ax), jnp.argmax(isnan, axis=ax), jnp.argmax(win, axis=ax))
+    arg = (
+        jnp.argmax(win, axis=ax)
+        if isnan is None
+        else jnp.where(jnp.any(isnan, axis=ax), jnp.argmax(isnan, axis=ax), jnp.argmax(win, axis=ax))
+    )
     out = jnp.take_along_axis(win, jnp.expand_dims(arg, ax), axis=ax).squeeze(ax)
     # the flat index of the winner inside the input's spatial plane
     offs = jnp.asarray(_product([range(kk) for kk in k]), jnp.int64)  # (K, nd)
@@ -107,11 +110,11 @@ def _fractional_max_pool(x, nd, kernel_size, output_size, samples):
     flat = jnp.zeros((n, c) + tuple(output_size) + tuple(kernel_size), jnp.int64)
     for d in range(nd):
         starts = _fractional_starts(samples[..., order[d]], spatial[d], output_size[d], kernel_size[d], dtype)
-        pos = starts[..., :, None] + jnp.arange(kernel_size[d])                  # (n, c, out_d, k_d)
+        pos = starts[..., :, None] + jnp.arange(kernel_size[d])  # (n, c, out_d, k_d)
         shape = [n, c] + [1] * (2 * nd)
         shape[2 + d], shape[2 + nd + d] = output_size[d], kernel_size[d]
         flat = flat * spatial[d] + pos.reshape(shape)
-    window = flat.reshape((n, c) + tuple(output_size) + (-1,))                  # row-major window order
+    window = flat.reshape((n, c) + tuple(output_size) + (-1,))  # row-major window order
     vals = jnp.take_along_axis(gathered, window.reshape(n, c, -1), axis=2).reshape(window.shape)
     # the first maximum wins ties; a NaN beats every number (PyTorch: `val > max || isnan(val)`)
     key = jnp.where(jnp.isnan(vals), jnp.inf, vals) if jnp.issubdtype(vals.dtype, jnp.floating) else vals
@@ -206,19 +209,18 @@ def _windows_count(padded_ones, nd, k, s, p, outs):
 
 
 # composite pools: they decompose into the lowered ones before reaching the backend
-real_only_without_lowering("avg_pool1d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
-                           "adaptive_max_pool1d")
+real_only_without_lowering(
+    "avg_pool1d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool1d"
+)
 
 
 @lowering("avg_pool2d", real_only=True)
-def avg_pool2d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool2d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 @lowering("avg_pool3d", real_only=True)
-def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
@@ -230,14 +232,16 @@ def _vjp_input(f, x, grad):
 
 @lowering("avg_pool2d_backward")
 def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    return _vjp_input(lambda v: _avg_pool(v, 2, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                                          divisor_override), x, grad)
+    return _vjp_input(
+        lambda v: _avg_pool(v, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override), x, grad
+    )
 
 
 @lowering("avg_pool3d_backward")
 def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    return _vjp_input(lambda v: _avg_pool(v, 3, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                                          divisor_override), x, grad)
+    return _vjp_input(
+        lambda v: _avg_pool(v, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override), x, grad
+    )
 
 
 def _bins(n_in, n_out):
@@ -254,8 +258,9 @@ def _adaptive_avg(x, nd, output_size):
         m = np.zeros((x.shape[ax], o), np.float32)
         for j, (a, b) in enumerate(zip(starts, ends)):
             m[a:b, j] = 1.0 / (b - a)
-        out = jnp.moveaxis(jnp.tensordot(out, jnp.asarray(m, out.dtype), axes=[[ax], [0]],
-                                         precision=lax.Precision.HIGHEST), -1, ax)
+        out = jnp.moveaxis(
+            jnp.tensordot(out, jnp.asarray(m, out.dtype), axes=[[ax], [0]], precision=lax.Precision.HIGHEST), -1, ax
+        )
     return out.astype(x.dtype)
 
 
@@ -284,25 +289,24 @@ def _adaptive_max(x, nd, output_size):
     fill = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
     win = x
     flat_parts = []
-    valid = None
     for i, o in enumerate(output_size):
         n = x.shape[ax + i]
         starts, ends = _bins(n, o)
         kmax = max(b - a for a, b in zip(starts, ends))
-        idx = np.minimum(np.asarray(starts)[:, None] + np.arange(kmax)[None, :], n - 1)   # (o, kmax)
+        idx = np.minimum(np.asarray(starts)[:, None] + np.arange(kmax)[None, :], n - 1)  # (o, kmax)
         ok = (np.asarray(starts)[:, None] + np.arange(kmax)[None, :]) < np.asarray(ends)[:, None]
         flat_parts.append((idx, ok, n))
     # gather each dim into (o, kmax), giving (..., o1, k1, o2, k2, ...)
-    for i, (idx, ok, n) in enumerate(flat_parts):
+    for i, (idx, _ok, _n) in enumerate(flat_parts):
         a = ax + 2 * i
         win = jnp.take(win, jnp.asarray(idx.reshape(-1)), axis=a)
-        win = win.reshape(win.shape[:a] + idx.shape + win.shape[a + 1:])
+        win = win.reshape(win.shape[:a] + idx.shape + win.shape[a + 1 :])
     # move the window dims last and merge them
     o_axes = [ax + 2 * i for i in range(nd)]
     k_axes = [ax + 2 * i + 1 for i in range(nd)]
     win = jnp.transpose(win, list(range(ax)) + o_axes + k_axes)
     kshape = tuple(idx.shape[1] for idx, _, _ in flat_parts)
-    win = win.reshape(win.shape[:ax + nd] + (-1,))
+    win = win.reshape(win.shape[: ax + nd] + (-1,))
     mask = np.ones(tuple(output_size) + kshape, bool)
     flat = np.zeros(tuple(output_size) + kshape, np.int64)
     for i, (idx, ok, n) in enumerate(flat_parts):

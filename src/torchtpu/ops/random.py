@@ -1,4 +1,5 @@
 """Lowerings: random."""
+
 from __future__ import annotations
 
 import jax
@@ -17,9 +18,9 @@ def _float(a):
 
 @lowering("uniform", random=True)
 def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
-    if not jnp.issubdtype(a.dtype, jnp.inexact):   # `torch.rand(3, dtype=torch.int64)`, as the CPU
+    if not jnp.issubdtype(a.dtype, jnp.inexact):  # `torch.rand(3, dtype=torch.int64)`, as the CPU
         raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{scalar_type_name(a.dtype)}'")
-    if from_ > to:   # (floats: keyed, so known when the executable is built)
+    if from_ > to:  # (floats: keyed, so known when the executable is built)
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
     u = jax.random.uniform(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
     return (from_ + u * (to - from_)).astype(a.dtype)
@@ -55,7 +56,7 @@ def bernoulli(a, generator=None, *, key):
 
 @lowering("native_dropout", random=True)
 def native_dropout(a, p, train, *, key):
-    if train is not False and not 0 <= 1 - p <= 1:   # PyTorch keeps each element with bernoulli_(1 - p)
+    if train is not False and not 0 <= 1 - p <= 1:  # PyTorch keeps each element with bernoulli_(1 - p)
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={1 - p:g}")
     if not train or p == 0:
         return a, jnp.ones(a.shape, jnp.bool_)
@@ -175,7 +176,8 @@ def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
 @lowering("normal.Tensor_Tensor", "normal.Tensor_float", "normal.float_Tensor", random=True)
 def normal_tensors(mean, std=1.0, generator=None, *, key):
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
-    dtype = next((x.dtype for x in (mean, std) if hasattr(x, "dtype") and not getattr(x, "weak_type", False)),
-                 jnp.float32)
+    dtype = next(
+        (x.dtype for x in (mean, std) if hasattr(x, "dtype") and not getattr(x, "weak_type", False)), jnp.float32
+    )
     z = jax.random.normal(key, shape, jnp.float64 if dtype == jnp.float64 else jnp.float32)
     return (mean + z * std).astype(dtype)

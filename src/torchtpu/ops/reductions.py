@@ -1,4 +1,5 @@
 """Lowerings: reductions."""
+
 from __future__ import annotations
 
 import jax
@@ -6,7 +7,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .checks import require, require_index
-from .table import KIND, lowering, real_only_without_lowering
+from .table import lowering, real_only_without_lowering
 
 
 def _dims(a, dim):
@@ -128,7 +129,7 @@ def var(a, dim=None, correction=None, keepdim=False):
     x = a.astype(_opmath(a.dtype))
     mu = jnp.mean(x, axis=axis, keepdims=True)
     centered = x - mu
-    if jnp.iscomplexobj(centered):   # |x - mean|^2: the variance of a complex tensor is real
+    if jnp.iscomplexobj(centered):  # |x - mean|^2: the variance of a complex tensor is real
         centered = jnp.abs(centered)
     ss = jnp.sum(centered * centered, axis=axis, keepdims=keepdim)
     ddof = 1 if correction is None else correction
@@ -363,8 +364,7 @@ def mode(a, dim=-1, keepdim=False):
     best = jnp.argmax(count, axis=axis)  # first (smallest value) among the most frequent
     last = jnp.take_along_axis(run_end, jnp.expand_dims(best, axis), axis).squeeze(axis)
     # PyTorch reports the largest original index of the mode; the sort is stable, so the run's end
-    idx = jnp.max(jnp.where(
-        (v == jnp.take_along_axis(v, jnp.expand_dims(last, axis), axis)), i, -1), axis=axis)
+    idx = jnp.max(jnp.where((v == jnp.take_along_axis(v, jnp.expand_dims(last, axis), axis)), i, -1), axis=axis)
     val = jnp.take_along_axis(v, jnp.expand_dims(last, axis), axis).squeeze(axis)
     if keepdim:
         val, idx = jnp.expand_dims(val, axis), jnp.expand_dims(idx, axis)
@@ -378,7 +378,6 @@ def _searchsorted(seq, values, right, sorter):
     side = "right" if right else "left"
     if seq.ndim == 1:
         return jnp.searchsorted(seq, values, side=side, method="compare_all" if seq.shape[0] <= 64 else "scan")
-    lead = seq.shape[:-1]
     flat_seq = seq.reshape(-1, seq.shape[-1])
     flat_val = values.reshape(flat_seq.shape[0], -1)
     out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_seq, flat_val)
@@ -396,8 +395,9 @@ def searchsorted(seq, values, out_int32=False, right=False, side=None, sorter=No
 def searchsorted_scalar(seq, value, out_int32=False, right=False, side=None, sorter=None):
     right = right or side == "right"
     value = jnp.asarray(value, seq.dtype) if not hasattr(value, "shape") or value.ndim == 0 else value
-    out = _searchsorted(seq, value.reshape(()) if seq.ndim == 1 else jnp.broadcast_to(value, seq.shape[:-1] + (1,)),
-                        right, sorter)
+    out = _searchsorted(
+        seq, value.reshape(()) if seq.ndim == 1 else jnp.broadcast_to(value, seq.shape[:-1] + (1,)), right, sorter
+    )
     return out.astype(jnp.int32 if out_int32 else jnp.int64)
 
 
@@ -432,10 +432,10 @@ def _norm(x, ord, axis, keepdim):
             return jnp.sum(ax, axis=axis, keepdims=keepdim)
         if ord == 2:
             return jnp.sqrt(jnp.sum(ax * ax, axis=axis, keepdims=keepdim))
-        return jnp.sum(ax ** ord, axis=axis, keepdims=keepdim) ** (1.0 / ord)
+        return jnp.sum(ax**ord, axis=axis, keepdims=keepdim) ** (1.0 / ord)
     ord = jnp.asarray(ord, x.dtype)
     safe = jnp.where((ord == 0) | jnp.isinf(ord), 1, ord)
-    general = jnp.sum(ax ** safe, axis=axis, keepdims=keepdim) ** (1 / safe)
+    general = jnp.sum(ax**safe, axis=axis, keepdims=keepdim) ** (1 / safe)
     two = jnp.sqrt(jnp.sum(ax * ax, axis=axis, keepdims=keepdim))
     general = jnp.where(ord == 2, two, general)
     zero = jnp.sum((ax != 0).astype(x.dtype), axis=axis, keepdims=keepdim)
@@ -453,8 +453,7 @@ def vector_norm(a, ord=2, dim=None, keepdim=False, dtype=None):
     return _norm(x, ord, _dims(a, dim), keepdim).astype(d)
 
 
-@lowering("norm.Scalar", "norm.ScalarOpt_dim", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype",
-          static_scalars=True)
+@lowering("norm.Scalar", "norm.ScalarOpt_dim", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype", static_scalars=True)
 def norm(a, p=2, dim=None, keepdim=False, dtype=None):
     if p is None:
         p = 2
@@ -488,8 +487,11 @@ def histc(a, bins=100, min=0, max=0):
     idx = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
     idx = jnp.where(x == hi, bins - 1, idx)
     valid = (x >= lo) & (x <= hi)
-    counts = jnp.zeros((bins,), jnp.float32).at[jnp.where(valid, idx, 0).reshape(-1)].add(
-        valid.reshape(-1).astype(jnp.float32))
+    counts = (
+        jnp.zeros((bins,), jnp.float32)
+        .at[jnp.where(valid, idx, 0).reshape(-1)]
+        .add(valid.reshape(-1).astype(jnp.float32))
+    )
     return counts.astype(a.dtype)
 
 
@@ -518,10 +520,13 @@ def _histogram_bins_tensor_out_meta(self, bins, *, weight=None, density=False, h
     return hist.resize_((bins.shape[0] - 1,)), bin_edges.resize_((bins.shape[0],))
 
 
-@lowering("histogram.bin_ct", missing_meta={"histogram.bin_ct": _histogram_bin_ct_meta,
-                                            "histogram.bin_ct_out": _histogram_bin_ct_out_meta})
+@lowering(
+    "histogram.bin_ct",
+    missing_meta={"histogram.bin_ct": _histogram_bin_ct_meta, "histogram.bin_ct_out": _histogram_bin_ct_out_meta},
+)
 def histogram(a, bins=100, range=None, weight=None, density=False):
     from .factories import linspace
+
     x = a.reshape(-1)
     if range is not None:
         lo, hi = jnp.asarray(range[0], jnp.float64), jnp.asarray(range[1], jnp.float64)
@@ -540,8 +545,13 @@ def histogram(a, bins=100, range=None, weight=None, density=False):
     return _histogram_counts(x, pos, valid, weight, bins, density, edges), edges
 
 
-@lowering("histogram.bins_tensor", missing_meta={"histogram.bins_tensor": _histogram_bins_tensor_meta,
-                                                 "histogram.bins_tensor_out": _histogram_bins_tensor_out_meta})
+@lowering(
+    "histogram.bins_tensor",
+    missing_meta={
+        "histogram.bins_tensor": _histogram_bins_tensor_meta,
+        "histogram.bins_tensor_out": _histogram_bins_tensor_out_meta,
+    },
+)
 def histogram_bins_tensor(a, bins, weight=None, density=False):
     x, edges = a.reshape(-1), bins.astype(a.dtype)
     n = edges.shape[0] - 1
@@ -567,21 +577,22 @@ def _segment_reduce(data, reduce, lengths, offsets, axis, initial):
         lengths = jnp.diff(offsets, axis=-1)
     lead, n = data.shape[:axis], data.shape[axis]
     s = lengths.shape[-1]
-    ends = jnp.cumsum(lengths, axis=-1)                                        # (lead..., S)
+    ends = jnp.cumsum(lengths, axis=-1)  # (lead..., S)
     pos = jnp.arange(n)
-    member = (pos >= (ends - lengths)[..., None]) & (pos < ends[..., None])    # (lead..., S, N)
+    member = (pos >= (ends - lengths)[..., None]) & (pos < ends[..., None])  # (lead..., S, N)
     x = data.astype(jnp.float32) if data.dtype in (jnp.float16, jnp.bfloat16) else data
-    x = jnp.expand_dims(x, axis)                                               # (lead..., 1, N, rest...)
+    x = jnp.expand_dims(x, axis)  # (lead..., 1, N, rest...)
     rest = data.ndim - axis - 1
-    m = member.reshape(member.shape + (1,) * rest)                             # (lead..., S, N, 1...)
+    m = member.reshape(member.shape + (1,) * rest)  # (lead..., S, N, 1...)
     count = jnp.sum(member, axis=-1).reshape(lead + (s,) + (1,) * rest).astype(x.dtype)
     if reduce in ("sum", "mean"):
         out = jnp.sum(jnp.where(m, x, 0), axis=axis + 1)
         if initial is not None:
             out = out + initial
         if reduce == "mean":
-            out = jnp.where(count > 0, out / jnp.where(count > 0, count, 1),
-                            initial if initial is not None else jnp.nan)
+            out = jnp.where(
+                count > 0, out / jnp.where(count > 0, count, 1), initial if initial is not None else jnp.nan
+            )
     elif reduce == "prod":
         out = jnp.prod(jnp.where(m, x, 1), axis=axis + 1)
         if initial is not None:
@@ -603,12 +614,17 @@ def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=
     if lengths is not None:
         require(lengths >= 0, "segment_reduce(): lengths contains negative value!")
         if not unsafe:
-            require(jnp.sum(lengths, axis=-1) == size, "segment_reduce(): Expected all rows of lengths along "
-                    "axis to sum to data.size(lengths.dim()-1) when !unsafe.")
+            require(
+                jnp.sum(lengths, axis=-1) == size,
+                "segment_reduce(): Expected all rows of lengths along "
+                "axis to sum to data.size(lengths.dim()-1) when !unsafe.",
+            )
     elif offsets is not None and offsets.shape[-1] and not unsafe:
         require(jnp.diff(offsets, axis=-1) >= 0, "segment_reduce(): lengths contains negative value!")
-        require((offsets[..., 0] == 0) & (offsets[..., -1] == size), "segment_reduce(): Expected all rows of "
-                "offsets to start at 0 and end at data.size(axis) when !unsafe.")
+        require(
+            (offsets[..., 0] == 0) & (offsets[..., -1] == size),
+            "segment_reduce(): Expected all rows of offsets to start at 0 and end at data.size(axis) when !unsafe.",
+        )
     return _segment_reduce(data, reduce, lengths, offsets, axis, initial)
 
 

@@ -4,6 +4,7 @@ In-place (`foo_`) and `out=` overloads are the functional op plus a write into t
 arguments, so only functional ops need lowerings. Ops with neither go through a PyTorch
 decomposition traced into ops that have lowerings (see decompose.py).
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,7 +20,7 @@ class NotLowered(NotImplementedError):
 
 
 def op_name(op) -> str:
-    """"add.Tensor" for aten ops, "ns.op.default" for other namespaces (a jax_op's "ns::op"), as in graphs
+    """ "add.Tensor" for aten ops, "ns.op.default" for other namespaces (a jax_op's "ns::op"), as in graphs
     (graph.py: node_op_name), so a custom op's lowering cannot collide with an aten op of the same name."""
     ns, _, name = op._schema.name.partition("::")
     base = f"{name}.{op._schema.overload_name or 'default'}"
@@ -27,8 +28,7 @@ def op_name(op) -> str:
 
 
 def _out_names(op):
-    return [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None
-            and a.alias_info.is_write]
+    return [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
 
 
 # in-place ops whose functional variant does not follow the `foo_` -> `foo` naming (declared with
@@ -46,7 +46,7 @@ def _overloads(name):
     return [getattr(packet, ov) for ov in packet.overloads()] if packet is not None else []
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def functional_twin(op):
     """(functional overload, names of out= arguments, argument order) for an in-place or out=
     overload, or None. The order is None when the twin takes the arguments in the same order,
@@ -65,10 +65,10 @@ def functional_twin(op):
             sig = _signature(cand._schema.arguments)
             extra = [a.name for a in cand._schema.arguments if (a.name, str(a.type)) not in want]
             # factories: the functional overload also takes dtype/layout/device/pin_memory
-            if sig == want or (sig[:len(want)] == want and set(extra) <= _FACTORY_KWARGS):
+            if sig == want or (sig[: len(want)] == want and set(extra) <= _FACTORY_KWARGS):
                 return cand, tuple(outs), None
         return None
-    if base.startswith("__i") and base.endswith("__"):   # __ilshift__ / __irshift__: in-place __lshift__
+    if base.startswith("__i") and base.endswith("__"):  # __ilshift__ / __irshift__: in-place __lshift__
         cand = getattr(getattr(torch.ops.aten, "__" + base[3:], None), overload, None)
         if cand is not None and _signature(cand._schema.arguments) == _signature(schema.arguments):
             return cand, (), None
@@ -83,7 +83,7 @@ def functional_twin(op):
         if cand is None or any(a.alias_info is not None for a in cand._schema.arguments):
             continue
         sig = _signature(cand._schema.arguments)
-        if sig == want or cand is candidates[0] and special:
+        if sig == want or (cand is candidates[0] and special):
             return cand, (), None
         if sorted(sig) == sorted(want):
             return cand, (), tuple(a.name for a in cand._schema.arguments)
@@ -118,12 +118,14 @@ def resolve(op, meta_args, meta_kwargs):
         fn.specialize_scalars = getattr(inner, "specialize_scalars", False)
         return fn
     from .decompose import decomposed, last_failure
+
     fn = decomposed(op, meta_args, meta_kwargs)
     if fn is not None:
         return fn
     raise NotLowered(
         f"torchtpu: aten::{name} is not implemented for the tpu device. Set TORCHTPU_CPU_FALLBACK=1 "
-        f"(or torchtpu.set_cpu_fallback(True)) to run it on the CPU, or file an issue.") from last_failure()
+        f"(or torchtpu.set_cpu_fallback(True)) to run it on the CPU, or file an issue."
+    ) from last_failure()
 
 
 def _check_inplace_cast(op, func, meta_args, meta_kwargs, adapt):
@@ -133,27 +135,37 @@ def _check_inplace_cast(op, func, meta_args, meta_kwargs, adapt):
     low = LOWERINGS.get(op_name(func))
     if low is None or low.promote is None:
         return
-    written = next((meta_args[i] if i < len(meta_args) else meta_kwargs.get(a.name))
-                   for i, a in enumerate(op._schema.arguments)
-                   if a.alias_info is not None and a.alias_info.is_write)
+    written = next(
+        (meta_args[i] if i < len(meta_args) else meta_kwargs.get(a.name))
+        for i, a in enumerate(op._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
     try:
         twin_args, twin_kwargs = adapt(meta_args, meta_kwargs)
         result = func(*twin_args, **twin_kwargs)
     except Exception:  # noqa: BLE001 - the op's own checks report bad arguments later
         return
     result = result[0] if isinstance(result, (tuple, list)) else result
-    if isinstance(written, torch.Tensor) and isinstance(result, torch.Tensor) and \
-            not torch.can_cast(result.dtype, written.dtype):
-        raise RuntimeError(f"result type {scalar_type_name(result.dtype)} can't be cast to the desired output "
-                           f"type {scalar_type_name(written.dtype)}")
+    if (
+        isinstance(written, torch.Tensor)
+        and isinstance(result, torch.Tensor)
+        and not torch.can_cast(result.dtype, written.dtype)
+    ):
+        raise RuntimeError(
+            f"result type {scalar_type_name(result.dtype)} can't be cast to the desired output "
+            f"type {scalar_type_name(written.dtype)}"
+        )
 
 
 def _twin_args(op, func, outs, order, args, kwargs):
     """The in-place/out= op's arguments as its functional twin takes them."""
     out = kwargs.get(outs[0]) if outs else None
     kwargs = {k: v for k, v in kwargs.items() if k not in outs}
-    if out is not None and kwargs.get("dtype") is None and any(
-            a.name == "dtype" and a.kwarg_only for a in func._schema.arguments):
+    if (
+        out is not None
+        and kwargs.get("dtype") is None
+        and any(a.name == "dtype" and a.kwarg_only for a in func._schema.arguments)
+    ):
         # an out= factory (arange.out, linspace.out): the values take the out tensor's dtype
         kwargs["dtype"] = to_jax(out.dtype) if isinstance(out.dtype, torch.dtype) else out.dtype
     if order is None:

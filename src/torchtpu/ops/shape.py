@@ -3,6 +3,7 @@
 View ops (view, slice, select, transpose, expand, ...) are not here: they are metadata kernels that
 share storage (eager/kernels.py). These are the ops that produce new values.
 """
+
 from __future__ import annotations
 
 import jax
@@ -72,8 +73,7 @@ def constant_pad_nd(x, pad, value=0):
 
 def _mode_pad(x, padding, mode):
     nd = len(padding) // 2
-    widths = [(0, 0)] * (x.ndim - nd) + [(padding[2 * (nd - 1 - i)], padding[2 * (nd - 1 - i) + 1])
-                                          for i in range(nd)]
+    widths = [(0, 0)] * (x.ndim - nd) + [(padding[2 * (nd - 1 - i)], padding[2 * (nd - 1 - i) + 1]) for i in range(nd)]
     # a negative width crops: pad by the positive parts, then slice the negative ones off
     out = jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=mode)
     if any(lo < 0 or hi < 0 for lo, hi in widths):
@@ -174,8 +174,11 @@ def _im2col(x, kernel_size, dilation, padding, stride):
     oh = (h + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
     ow = (w + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
     xp = jnp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    cols = [xp[:, :, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
-            for i in range(kh) for j in range(kw)]
+    cols = [
+        xp[:, :, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
+        for i in range(kh)
+        for j in range(kw)
+    ]
     out = jnp.stack(cols, axis=2).reshape(n, c * kh * kw, oh * ow)
     return out if batched else out[0]
 
@@ -244,8 +247,9 @@ def _linear(x, output_size, align_corners, scales):
         i0, i1, l0, l1 = _linear_weights(y.shape[ax], n_out, align_corners, scales[i], _weight_dtype(x))
         shape = [1] * y.ndim
         shape[ax] = n_out
-        y = (jnp.take(y, jnp.asarray(i0), axis=ax) * jnp.asarray(l0).reshape(shape)
-             + jnp.take(y, jnp.asarray(i1), axis=ax) * jnp.asarray(l1).reshape(shape))
+        y = jnp.take(y, jnp.asarray(i0), axis=ax) * jnp.asarray(l0).reshape(shape) + jnp.take(
+            y, jnp.asarray(i1), axis=ax
+        ) * jnp.asarray(l1).reshape(shape)
     return y.astype(x.dtype)
 
 
@@ -259,7 +263,7 @@ def _cubic_near(u, a, r=_same):  # |u| <= 1
     return r(r(r(r(r((a + 2) * u) - (a + 3)) * u) * u) + 1)
 
 
-def _cubic_far(u, a, r=_same):   # 1 < |u| < 2
+def _cubic_far(u, a, r=_same):  # 1 < |u| < 2
     return r(r(r(r(r(r(a * u) - 5 * a) * u) + 8 * a) * u) - 4 * a)
 
 
@@ -318,8 +322,9 @@ def upsample_nearest_backward(grad, output_size, input_size, *scales):
     return _resample_backward(lambda v: _nearest(v, output_size, sc, False), grad, input_size)
 
 
-@lowering("_upsample_nearest_exact1d_backward", "_upsample_nearest_exact2d_backward",
-          "_upsample_nearest_exact3d_backward")
+@lowering(
+    "_upsample_nearest_exact1d_backward", "_upsample_nearest_exact2d_backward", "_upsample_nearest_exact3d_backward"
+)
 def upsample_nearest_exact_backward(grad, output_size, input_size, *scales):
     sc = _scales(scales, output_size)
     return _resample_backward(lambda v: _nearest(v, output_size, sc, True), grad, input_size)
@@ -343,8 +348,7 @@ def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=No
 
 @lowering("upsample_bicubic2d_backward")
 def upsample_bicubic2d_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
-    return _resample_backward(lambda v: _bicubic(v, output_size, align_corners, (scales_h, scales_w)),
-                              grad, input_size)
+    return _resample_backward(lambda v: _bicubic(v, output_size, align_corners, (scales_h, scales_w)), grad, input_size)
 
 
 def _aa_weights(n_in, n_out, align_corners, scale_arg, interp_size, kernel, dtype):
@@ -360,7 +364,7 @@ def _aa_weights(n_in, n_out, align_corners, scale_arg, interp_size, kernel, dtyp
         size = min(int(center + support + dtype(0.5)), n_in) - lo
         taps = np.array([kernel((dtype(j + lo) - center + dtype(0.5)) * invscale) for j in range(size)], dtype)
         total = taps.sum(dtype=dtype)
-        w[i, lo:lo + size] = taps / total if total != 0 else taps
+        w[i, lo : lo + size] = taps / total if total != 0 else taps
     return w
 
 
@@ -392,7 +396,8 @@ def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_
 @lowering("_upsample_bilinear2d_aa_backward")
 def upsample_bilinear2d_aa_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
     return _resample_backward(
-        lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w), 2, _aa_triangle), grad, input_size)
+        lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w), 2, _aa_triangle), grad, input_size
+    )
 
 
 @lowering("_upsample_bicubic2d_aa", real_only=True)
@@ -403,4 +408,5 @@ def upsample_bicubic2d_aa(x, output_size, align_corners, scales_h=None, scales_w
 @lowering("_upsample_bicubic2d_aa_backward")
 def upsample_bicubic2d_aa_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
     return _resample_backward(
-        lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w), 4, _aa_cubic), grad, input_size)
+        lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w), 4, _aa_cubic), grad, input_size
+    )

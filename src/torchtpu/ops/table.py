@@ -30,15 +30,16 @@ A per-overload fact is one value for every name of the decorator, or a dict from
 decorator's own, or their in-place and out= variants, named explicitly) to values. The tables other
 layers read (REAL_ONLY, declared_facts(...)) are read-only views derived from these declarations.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Callable
+from collections.abc import Callable
 
 from .dtypes import KIND, operand_facts, promote, scalar_type_name
 
-__all__ = ["lowering", "LOWERINGS", "Lowering", "KIND", "apply", "declared_facts", "real_only_without_lowering"]
+__all__ = ["KIND", "LOWERINGS", "Lowering", "apply", "declared_facts", "lowering", "real_only_without_lowering"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +47,14 @@ class Lowering:
     name: str
     fn: Callable
     promote: KIND | None = None
-    promote_args: tuple | None = None   # positions of the operands that take part (default: all)
+    promote_args: tuple | None = None  # positions of the operands that take part (default: all)
     random: bool = False
-    keep_result_dtype: bool = False     # the function returns PyTorch's dtype itself
-    mutates: tuple = ()                 # ((position, name), ...) written although the schema says not
-    static_scalars: bool = False        # Scalars decide shapes (arange): compile per value
-    traced: tuple = ()                  # names of float/int arguments to trace like Scalars (lr)
-    real_only: bool = False             # complex inputs raise (REAL_ONLY)
-    blas: bool = False                  # promotes, but the CPU kernel is a BLAS call, not an elementwise loop
+    keep_result_dtype: bool = False  # the function returns PyTorch's dtype itself
+    mutates: tuple = ()  # ((position, name), ...) written although the schema says not
+    static_scalars: bool = False  # Scalars decide shapes (arange): compile per value
+    traced: tuple = ()  # names of float/int arguments to trace like Scalars (lr)
+    real_only: bool = False  # complex inputs raise (REAL_ONLY)
+    blas: bool = False  # promotes, but the CPU kernel is a BLAS call, not an elementwise loop
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -63,7 +64,7 @@ FACT_KINDS = ("host_check", "meta_check", "meta", "missing_meta", "mask_args", "
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
 FACT_OWNERS: dict[str, dict[str, str]] = {kind: {} for kind in FACT_KINDS}
-_REAL_ONLY: dict[str, bool] = {}   # base name -> True
+_REAL_ONLY: dict[str, bool] = {}  # base name -> True
 _REAL_ONLY_WITHOUT_LOWERING: set = set()
 
 
@@ -71,8 +72,19 @@ def _full_name(name):
     return name if "." in name else name + ".default"
 
 
-def lowering(*names, promote=None, promote_args=None, random=False, keep_result_dtype=False, mutates=(),
-             static_scalars=False, traced=(), real_only=False, blas=False, **facts):
+def lowering(
+    *names,
+    promote=None,
+    promote_args=None,
+    random=False,
+    keep_result_dtype=False,
+    mutates=(),
+    static_scalars=False,
+    traced=(),
+    real_only=False,
+    blas=False,
+    **facts,
+):
     """Register `fn` as the lowering of the ATen ops `names` ("add.Tensor", "relu.default", ...), with
     the facts about those ops (the module docstring lists them)."""
     unknown = set(facts) - set(FACT_KINDS)
@@ -91,8 +103,19 @@ def lowering(*names, promote=None, promote_args=None, random=False, keep_result_
                 if name in _FACTS[kind]:
                     raise ValueError(f"{kind} of aten::{name} declared twice")
         for full in full_names:
-            LOWERINGS[full] = Lowering(full, fn, promote, promote_args, random, keep_result_dtype, mutates,
-                                       static_scalars, tuple(traced), real_only, blas)
+            LOWERINGS[full] = Lowering(
+                full,
+                fn,
+                promote,
+                promote_args,
+                random,
+                keep_result_dtype,
+                mutates,
+                static_scalars,
+                tuple(traced),
+                real_only,
+                blas,
+            )
             if real_only:
                 _REAL_ONLY[full.split(".")[0]] = True
         for kind, values in declared.items():
@@ -105,7 +128,7 @@ def lowering(*names, promote=None, promote_args=None, random=False, keep_result_
 
 def _per_overload(kind, value, full_names):
     """{overload: fact} from one value (for every name of the decorator) or a dict by overload name."""
-    if kind == "inplace_variant":   # maps the in-place overload to this (single) functional one
+    if kind == "inplace_variant":  # maps the in-place overload to this (single) functional one
         (functional,) = full_names
         return {_full_name(value): functional}
     if not isinstance(value, dict):
@@ -148,15 +171,15 @@ def reject_complex(name, values):
     base = base[:-1] if base.endswith("_") and not base.endswith("__") else base
     if base not in REAL_ONLY:
         return
-    for v in values:   # torch (meta) tensors or JAX arrays: their dtype names agree
+    for v in values:  # torch (meta) tensors or JAX arrays: their dtype names agree
         kind = str(getattr(v, "dtype", "")).replace("torch.", "")
         if kind in ("complex64", "complex128"):
-            raise NotImplementedError(f'"{base}_tpu" not implemented for \'{scalar_type_name(kind)}\'')
+            raise NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(kind)}'")
 
 
 def apply(low: Lowering, args, kwargs):
     """Call a lowering with PyTorch's type promotion applied around it."""
-    reject_complex(low.name, (*args, *kwargs.values()))   # (at tracing time only: no cost per call)
+    reject_complex(low.name, (*args, *kwargs.values()))  # (at tracing time only: no cost per call)
     if low.promote is None:
         return low.fn(*args, **kwargs)
     positions = low.promote_args if low.promote_args is not None else range(len(args))
@@ -172,4 +195,3 @@ def apply(low: Lowering, args, kwargs):
     if isinstance(out, tuple):
         return tuple(o.astype(result) if o.dtype != result else o for o in out)
     return out.astype(result) if out.dtype != result else out
-

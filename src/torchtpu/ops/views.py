@@ -5,17 +5,19 @@ common layouts become slices, reshapes and transposes that XLA fuses into the op
 them; only overlapping layouts (unfold with step < size, as_strided tricks) need a gather.
 All decisions are made from static facts at trace time, so they cost nothing per call.
 """
+
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .indexing import flat_scatter_pays
 from ..storage.records import is_dense
+from .indexing import flat_scatter_pays
 
 
 @functools.lru_cache(maxsize=8192)
@@ -39,7 +41,7 @@ def plan(shape, stride, offset, numel):
         return ("gather",)
     order.sort(key=lambda d: -stride[d])
     vshape = [shape[order[0]]] if order else []
-    for d, nxt in zip(order, order[1:]):
+    for d, nxt in itertools.pairwise(order):
         if stride[d] % stride[nxt] or stride[d] < stride[nxt] * shape[nxt]:
             return ("gather",)  # overlapping or interleaved: no dense block describes it
         vshape.append(stride[d] // stride[nxt])

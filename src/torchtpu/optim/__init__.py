@@ -15,6 +15,7 @@ Parameters must be dense tensors that cover their whole storage (what `nn.Module
 any other layout raises a clear error rather than silently copying, since the update must land in
 the parameter's own storage. Gradients of any layout are accepted (a non-dense one is copied once).
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,7 @@ from ..eager import tpu_check, xla_options
 from ..eager.executable import call_and_commit, input_buffers
 from ..storage.records import donatable, record_of
 
-__all__ = ["AdamW", "Muon", "SGD", "Sgd", "SingleTraceTrainer"]
+__all__ = ["SGD", "AdamW", "Muon", "Sgd", "SingleTraceTrainer"]
 
 
 def _f32(x):
@@ -42,23 +43,27 @@ class _FusedStep:
     `_update` expects, host scalars per param, static signature of the group) and
     `_update(static, param, grad, states, scalars)` -> (new param, new states), traced by JAX."""
 
-    _executables: dict   # per instance: cache key -> jitted function
-    executables_built = 0   # per instance after the first step (tests count recompiles)
+    _executables: dict  # per instance: cache key -> jitted function
+    executables_built = 0  # per instance after the first step (tests count recompiles)
 
     def _where(self):
         return f"torch.tpu.optimizers.{type(self).__name__}"
 
     def _check_param(self, i, p):
         if p.device.type != "tpu":
-            raise RuntimeError(f"{self._where()}: parameter {i} is on {p.device}; these optimizers "
-                               f"update tpu tensors only (use torch.optim.{type(self).__mro__[2].__name__} "
-                               f"for {p.device.type})")
+            raise RuntimeError(
+                f"{self._where()}: parameter {i} is on {p.device}; these optimizers "
+                f"update tpu tensors only (use torch.optim.{type(self).__mro__[2].__name__} "
+                f"for {p.device.type})"
+            )
         if p.is_complex():
             raise RuntimeError(f"{self._where()}: parameter {i} is complex ({p.dtype}); not supported")
         if not (p.is_contiguous() and p.storage_offset() == 0 and p.numel() == record_of(p).numel):
-            raise RuntimeError(f"{self._where()}: parameter {i} (shape {tuple(p.shape)}, strides "
-                               f"{p.stride()}, offset {p.storage_offset()}) is not a dense tensor "
-                               f"covering its whole storage; the fused step updates storages in place")
+            raise RuntimeError(
+                f"{self._where()}: parameter {i} (shape {tuple(p.shape)}, strides "
+                f"{p.stride()}, offset {p.storage_offset()}) is not a dense tensor "
+                f"covering its whole storage; the fused step updates storages in place"
+            )
 
     @staticmethod
     def _dense_grad(g):
@@ -77,7 +82,7 @@ class _FusedStep:
         if not hasattr(self, "_executables"):
             self._executables = {}
         params, grads, states, scalars, static = [], [], [], [], []
-        self._after, self._undo = [], []   # state changes to keep on success / revert on failure
+        self._after, self._undo = [], []  # state changes to keep on success / revert on failure
         try:
             self._step_fused(params, grads, states, scalars, static)
         except BaseException:
@@ -120,9 +125,11 @@ class _FusedStep:
                 return False
             if p.grad.dtype != p.dtype or p.grad.shape != p.shape or p.grad.device != p.device:
                 self._check_param(index, p)
-                raise RuntimeError(f"{self._where()}: parameter {index}'s grad ({p.grad.dtype}, "
-                                   f"{tuple(p.grad.shape)}, {p.grad.device}) does not match it "
-                                   f"({p.dtype}, {tuple(p.shape)}, {p.device})")
+                raise RuntimeError(
+                    f"{self._where()}: parameter {index}'s grad ({p.grad.dtype}, "
+                    f"{tuple(p.grad.shape)}, {p.grad.device}) does not match it "
+                    f"({p.dtype}, {tuple(p.shape)}, {p.device})"
+                )
             return True
 
         planned = self._plan(with_grad)
@@ -132,10 +139,12 @@ class _FusedStep:
         if not params:
             return
         device = params[0].device
-        for i, p in enumerate(params):
+        for _i, p in enumerate(params):
             if p.device != device:
-                raise RuntimeError(f"{self._where()}: parameters on {device} and {p.device}; one "
-                                   f"optimizer steps the parameters of one device")
+                raise RuntimeError(
+                    f"{self._where()}: parameters on {device} and {p.device}; one "
+                    f"optimizer steps the parameters of one device"
+                )
         counts = tuple(len(per) for per in states)
         updated = [record_of(p) for p in params] + [record_of(s) for per in states for s in per]
         read = [record_of(g) for g in grads]
@@ -162,17 +171,21 @@ class _FusedStep:
 
         def fused(buffers, grads, scalars):
             new_params, new_states = [], []
-            at = n   # the state buffers follow the parameters', in parameter order
+            at = n  # the state buffers follow the parameters', in parameter order
             for i in range(n):
-                states = buffers[at:at + counts[i]]
+                states = buffers[at : at + counts[i]]
                 at += counts[i]
                 p, s = update(static[i], buffers[i], grads[i], states, scalars[i])
                 new_params.append(p)
                 new_states += s
             return tuple(new_params) + tuple(new_states)
 
-        return tpu_check.jit(fused, f"fused {type(self).__name__} step", donate_argnums=(0,) if donate else (),
-                             compiler_options=xla_options.jax_options())
+        return tpu_check.jit(
+            fused,
+            f"fused {type(self).__name__} step",
+            donate_argnums=(0,) if donate else (),
+            compiler_options=xla_options.jax_options(),
+        )
 
 
 def _rounded(dtype):
@@ -183,14 +196,36 @@ def _rounded(dtype):
 class AdamW(_FusedStep, torch.optim.AdamW):
     """`torch.optim.AdamW` (same arguments, numerics and state_dict), one executable per step."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
-                 differentiable=False, fused=None):
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=1e-2,
+        amsgrad=False,
+        *,
+        maximize=False,
+        foreach=None,
+        capturable=False,
+        differentiable=False,
+        fused=None,
+    ):
         if capturable or differentiable or fused:
-            raise ValueError("torch.tpu.optimizers.AdamW is already a fused, single-executable step; "
-                             "capturable=, differentiable= and fused= are not supported")
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         amsgrad=amsgrad, maximize=maximize, foreach=foreach)
+            raise ValueError(
+                "torch.tpu.optimizers.AdamW is already a fused, single-executable step; "
+                "capturable=, differentiable= and fused= are not supported"
+            )
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            foreach=foreach,
+        )
 
     def _prepare(self, group, params):
         lr = float(group["lr"])
@@ -200,8 +235,10 @@ class AdamW(_FusedStep, torch.optim.AdamW):
         for p in params:
             state = self.state[p]
             if len(state) == 0:
-                state["step"] = torch.tensor(0.0, dtype=torch.get_default_dtype()
-                                             if torch.get_default_dtype() == torch.float64 else torch.float32)
+                state["step"] = torch.tensor(
+                    0.0,
+                    dtype=torch.get_default_dtype() if torch.get_default_dtype() == torch.float64 else torch.float32,
+                )
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if group["amsgrad"]:
@@ -211,16 +248,18 @@ class AdamW(_FusedStep, torch.optim.AdamW):
                 per.append(state["max_exp_avg_sq"])
             for s in per:
                 if s.device != p.device or s.dtype != p.dtype or s.shape != p.shape:
-                    raise RuntimeError(f"{self._where()}: a state tensor ({s.dtype}, {tuple(s.shape)}, "
-                                       f"{s.device}) does not match its parameter ({p.dtype}, "
-                                       f"{tuple(p.shape)}, {p.device})")
+                    raise RuntimeError(
+                        f"{self._where()}: a state tensor ({s.dtype}, {tuple(s.shape)}, "
+                        f"{s.device}) does not match its parameter ({p.dtype}, "
+                        f"{tuple(p.shape)}, {p.device})"
+                    )
                 self._check_param(0, s)
-            step_t = state["step"]   # a CPU tensor, as in torch's non-capturable path
+            step_t = state["step"]  # a CPU tensor, as in torch's non-capturable path
             step = float(step_t) + 1
             self._after.append(lambda t=step_t: t.add_(1))
-            bias_correction1 = 1 - beta1 ** step
-            bias_correction2 = 1 - beta2 ** step
-            scalars.append((1 - lr * wd, lr / bias_correction1, bias_correction2 ** 0.5))
+            bias_correction1 = 1 - beta1**step
+            bias_correction2 = 1 - beta2**step
+            scalars.append((1 - lr * wd, lr / bias_correction1, bias_correction2**0.5))
             states.append(per)
         static = (beta1, beta2, float(group["eps"]), wd != 0, bool(group["amsgrad"]), bool(group["maximize"]))
         return states, scalars, static
@@ -235,7 +274,7 @@ class AdamW(_FusedStep, torch.optim.AdamW):
         if decay:
             param = out(_f32(param) * decay_factor)
         exp_avg, exp_avg_sq = states[0], states[1]
-        weight = 1 - beta1   # torch's lerp, by the side of 0.5 its weight is on
+        weight = 1 - beta1  # torch's lerp, by the side of 0.5 its weight is on
         if weight < 0.5:
             exp_avg = out(_f32(exp_avg) + weight * (_f32(grad) - _f32(exp_avg)))
         else:
@@ -257,14 +296,35 @@ class AdamW(_FusedStep, torch.optim.AdamW):
 class SGD(_FusedStep, torch.optim.SGD):
     """`torch.optim.SGD` (same arguments, numerics and state_dict), one executable per step."""
 
-    def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
-                 *, maximize=False, foreach=None, differentiable=False, fused=None):
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        momentum=0,
+        dampening=0,
+        weight_decay=0,
+        nesterov=False,
+        *,
+        maximize=False,
+        foreach=None,
+        differentiable=False,
+        fused=None,
+    ):
         if differentiable or fused:
-            raise ValueError("torch.tpu.optimizers.SGD is already a fused, single-executable step; "
-                             "differentiable= and fused= are not supported")
-        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening,
-                         weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
-                         foreach=foreach)
+            raise ValueError(
+                "torch.tpu.optimizers.SGD is already a fused, single-executable step; "
+                "differentiable= and fused= are not supported"
+            )
+        super().__init__(
+            params,
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            maximize=maximize,
+            foreach=foreach,
+        )
 
     def _prepare(self, group, params):
         lr = float(group["lr"])
@@ -275,7 +335,7 @@ class SGD(_FusedStep, torch.optim.SGD):
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
                 first = buf is None
-                if first:   # torch clones the grad on the first step; the executable reads a flag
+                if first:  # torch clones the grad on the first step; the executable reads a flag
                     buf = state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     self._undo.append(lambda state=state: state.pop("momentum_buffer", None))
                 self._check_param(0, buf)
@@ -284,8 +344,13 @@ class SGD(_FusedStep, torch.optim.SGD):
             else:
                 states.append([])
                 scalars.append((lr, 0.0))
-        static = (momentum, float(group["dampening"]), float(group["weight_decay"]),
-                  bool(group["nesterov"]), bool(group["maximize"]))
+        static = (
+            momentum,
+            float(group["dampening"]),
+            float(group["weight_decay"]),
+            bool(group["nesterov"]),
+            bool(group["maximize"]),
+        )
         return states, scalars, static
 
     @staticmethod
@@ -307,7 +372,7 @@ class SGD(_FusedStep, torch.optim.SGD):
         return param, new_states
 
 
-Sgd = SGD   # TorchTPU's name
+Sgd = SGD  # TorchTPU's name
 
 
 def _lerp(start, end, weight, out):
@@ -335,8 +400,8 @@ def _newton_schulz(update, coefficients, steps, eps):
         x = x.T
     for _ in range(steps):
         gram = bf16(_mm(x, x.T))
-        gram_update = bf16(b * _f32(gram) + c * _mm(gram, gram))    # addmm(gram, gram, gram, beta=b, alpha=c)
-        x = bf16(a * _f32(x) + _mm(gram_update, x))                # addmm(x, gram_update, x, beta=a)
+        gram_update = bf16(b * _f32(gram) + c * _mm(gram, gram))  # addmm(gram, gram, gram, beta=b, alpha=c)
+        x = bf16(a * _f32(x) + _mm(gram_update, x))  # addmm(x, gram_update, x, beta=a)
     return (x.T if wide else x), normalised
 
 
@@ -344,9 +409,9 @@ def _muon_lr_ratio(adjust_lr_fn, shape):
     """torch.optim.Muon's learning-rate adjustment for an (A, B) matrix (its documented formulas)."""
     rows, cols = shape[:2]
     if adjust_lr_fn is None or adjust_lr_fn == "original":
-        return math.sqrt(max(1, rows / cols))       # Keller Jordan's
+        return math.sqrt(max(1, rows / cols))  # Keller Jordan's
     if adjust_lr_fn == "match_rms_adamw":
-        return 0.2 * math.sqrt(max(rows, cols))     # Moonshot's
+        return 0.2 * math.sqrt(max(rows, cols))  # Moonshot's
     return 1.0
 
 
@@ -382,7 +447,7 @@ class Muon(_FusedStep, torch.optim.Muon):
             adjusted = lr * _muon_lr_ratio(group["adjust_lr_fn"], p.shape)
             scalars.append((1 - lr * wd, adjusted))
         static = (momentum, bool(group["nesterov"]), coefficients, float(group["eps"]), steps)
-        return states, scalars, [(*static, tuple(p.shape)) for p in params]   # buffers are flat
+        return states, scalars, [(*static, tuple(p.shape)) for p in params]  # buffers are flat
 
     @staticmethod
     def _update(static, param, grad, states, scalars):

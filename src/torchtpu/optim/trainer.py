@@ -35,6 +35,7 @@ the traced ATen graph to one XLA executable, with the optimizer's update inside 
 Python step function to hand to another compiler. Passing one warns (Python shows it once per call
 site).
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -54,8 +55,17 @@ from ..compile import options
 from ..device import platform
 from ..eager import asserts, tpu_check, xla_options
 from ..eager.engine import scalar_key
-from ..eager.executable import (Program, ValueArg, call_and_commit, flat_output, input_buffers, is_partial,
-                                key_tensor, tensor_arg, traced_function)
+from ..eager.executable import (
+    Program,
+    ValueArg,
+    call_and_commit,
+    flat_output,
+    input_buffers,
+    is_partial,
+    key_tensor,
+    tensor_arg,
+    traced_function,
+)
 from ..eager.random import next_rng_args
 from ..metrics import counters
 from ..ops import dtypes as dt
@@ -89,8 +99,10 @@ def _main_output(out):
     for leaf in pytree.tree_leaves(list(out.values()) if isinstance(out, collections.abc.Mapping) else out):
         if isinstance(leaf, torch.Tensor):
             return leaf
-    raise TypeError(f"{_WHERE}: the model returned {type(out).__name__} with no tensor to take a loss "
-                    f"from; pass compute_loss_fn=(model, args, kwargs) -> loss")
+    raise TypeError(
+        f"{_WHERE}: the model returned {type(out).__name__} with no tensor to take a loss "
+        f"from; pass compute_loss_fn=(model, args, kwargs) -> loss"
+    )
 
 
 def default_loss(out, targets):
@@ -131,17 +143,20 @@ def _as_call(inputs):
 
 def _static_key(value):
     if type(value) in (bool, int, float):
-        return scalar_key((value,))[0]   # -0.0 apart from 0.0, True apart from 1
+        return scalar_key((value,))[0]  # -0.0 apart from 0.0, True apart from 1
     if isinstance(value, _STATIC_LEAVES):
         return (type(value), value)
-    raise TypeError(f"{_WHERE}: train_step inputs may hold tensors, Python scalars, strings, None, "
-                    f"dtypes and devices (in dicts, tuples and lists); got {type(value).__name__}")
+    raise TypeError(
+        f"{_WHERE}: train_step inputs may hold tensors, Python scalars, strings, None, "
+        f"dtypes and devices (in dicts, tuples and lists); got {type(value).__name__}"
+    )
 
 
 # ------------------------------------------------------------------ the traced graph
 class _Graph:
     """The functional ATen graph of loss + gradients for one input signature."""
-    __slots__ = ("gm", "program", "grad_of", "loss_meta", "grad_meta", "mutated")
+
+    __slots__ = ("gm", "grad_meta", "grad_of", "loss_meta", "mutated", "program")
 
 
 def _trace(loss_module, params, buffers, inputs, rebuild, diff):
@@ -150,7 +165,7 @@ def _trace(loss_module, params, buffers, inputs, rebuild, diff):
     from torch._dispatch.python import enable_python_dispatcher
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from ..compile.backend import decompositions   # (here: importing torch.tpu.optimizers stays cheap)
+    from ..compile.backend import decompositions  # (here: importing torch.tpu.optimizers stays cheap)
 
     names = [f"model.{n}" for n in params]
     bnames = [f"model.{n}" for n in buffers]
@@ -159,18 +174,22 @@ def _trace(loss_module, params, buffers, inputs, rebuild, diff):
 
     def joint(*flat):
         state = dict(zip(names, flat[:n_p]))
-        state.update(zip(bnames, flat[n_p:n_p + n_b]))
-        args, kwargs, targets = rebuild(flat[n_p + n_b:])
+        state.update(zip(bnames, flat[n_p : n_p + n_b]))
+        args, kwargs, targets = rebuild(flat[n_p + n_b :])
         with torch.enable_grad():
             loss = torch.func.functional_call(loss_module, state, (args, kwargs, targets))
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
-                what = (f"{loss.dtype} tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
-                        else type(loss).__name__)
-                raise TypeError(f"{_WHERE}: the loss must be a floating-point tensor of one element; "
-                                f"got a {what}")
+                what = (
+                    f"{loss.dtype} tensor of shape {tuple(loss.shape)}"
+                    if isinstance(loss, torch.Tensor)
+                    else type(loss).__name__
+                )
+                raise TypeError(f"{_WHERE}: the loss must be a floating-point tensor of one element; got a {what}")
             if not loss.requires_grad:
-                raise RuntimeError(f"{_WHERE}: the loss does not depend on any trainable parameter "
-                                   f"(all frozen, or the optimizer holds none of the model's)")
+                raise RuntimeError(
+                    f"{_WHERE}: the loss does not depend on any trainable parameter "
+                    f"(all frozen, or the optimizer holds none of the model's)"
+                )
             grads = torch.autograd.grad(loss, [flat[i] for i in diff], allow_unused=True)
         reached[:] = [i for i, g in zip(diff, grads) if g is not None]
         return [loss.detach(), *(g for g in grads if g is not None)]
@@ -181,13 +200,18 @@ def _trace(loss_module, params, buffers, inputs, rebuild, diff):
         with enable_python_dispatcher():
             gm = make_fx(joint, tracing_mode="fake", decomposition_table=table)(*flat)
             with torch.no_grad():
-                gm = make_fx(torch.func.functionalize(gm, remove="mutations"), tracing_mode="fake",
-                             decomposition_table=table)(*flat)
-    except (torch._subclasses.fake_tensor.DataDependentOutputException,
-            torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode) as e:
-        raise RuntimeError(f"{_WHERE}: the step reads a tensor's value on the host while it is traced "
-                           f"(`.item()`, `if tensor:`, a data-dependent shape); the whole step must be "
-                           f"one graph: {e}") from e
+                gm = make_fx(
+                    torch.func.functionalize(gm, remove="mutations"), tracing_mode="fake", decomposition_table=table
+                )(*flat)
+    except (
+        torch._subclasses.fake_tensor.DataDependentOutputException,
+        torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode,
+    ) as e:
+        raise RuntimeError(
+            f"{_WHERE}: the step reads a tensor's value on the host while it is traced "
+            f"(`.item()`, `if tensor:`, a data-dependent shape); the whole step must be "
+            f"one graph: {e}"
+        ) from e
     return gm, list(reached)
 
 
@@ -197,8 +221,10 @@ def _key(t, parts, slot_of, records, offsets, device, what="a tensor"):
     r = RECORDS.get(address)
     if r is None:
         if t.device.type != "tpu":
-            raise RuntimeError(f"{_WHERE}: {what} (shape {tuple(t.shape)}) is on {t.device}; the step "
-                               f"takes tpu tensors (move the model and the inputs to tpu)")
+            raise RuntimeError(
+                f"{_WHERE}: {what} (shape {tuple(t.shape)}) is on {t.device}; the step "
+                f"takes tpu tensors (move the model and the inputs to tpu)"
+            )
         raise RuntimeError(f"{_WHERE}: a tpu tensor (shape {tuple(t.shape)}) whose storage torchtpu does not know")
     return key_tensor(t, r, address, parts, slot_of, records, offsets, device, _WHERE)
 
@@ -206,8 +232,19 @@ def _key(t, parts, slot_of, records, offsets, device, what="a tensor"):
 class _Call:
     """One call's inputs: the graph's placeholders (parameters, buffers, input tensors) keyed as
     eager ops key theirs, the Python values baked into the trace, and the graph's cache key."""
-    __slots__ = ("placeholders", "inputs", "rebuild", "diff", "graph_key", "parts", "slot_of", "records",
-                 "offsets", "device")
+
+    __slots__ = (
+        "device",
+        "diff",
+        "graph_key",
+        "inputs",
+        "offsets",
+        "parts",
+        "placeholders",
+        "rebuild",
+        "records",
+        "slot_of",
+    )
 
     def __init__(self, trainer, leaves, spec):
         inputs, mask, statics = [], [], []
@@ -218,10 +255,13 @@ class _Call:
             else:
                 statics.append(leaf)
                 mask.append(False)
-        optimizer = trainer.optimizer   # (read per call: a param group may be added later)
+        optimizer = trainer.optimizer  # (read per call: a param group may be added later)
         in_optimizer = None if optimizer is None else {id(p) for g in optimizer.param_groups for p in g["params"]}
-        self.diff = tuple(i for i, p in enumerate(trainer._params)
-                          if p.requires_grad and (in_optimizer is None or id(p) in in_optimizer))
+        self.diff = tuple(
+            i
+            for i, p in enumerate(trainer._params)
+            if p.requires_grad and (in_optimizer is None or id(p) in in_optimizer)
+        )
         self.inputs = inputs
         self.placeholders = [*trainer._params, *trainer._buffers, *inputs]
         self.parts, self.slot_of, self.records, self.offsets = [], {}, [], []
@@ -231,24 +271,32 @@ class _Call:
                 device = _key(t, self.parts, self.slot_of, self.records, self.offsets, device, "an input tensor")
             except RuntimeError:
                 names = (*trainer._names, *trainer._buffer_names)
-                if i < len(names):   # the error again, naming the parameter or buffer
+                if i < len(names):  # the error again, naming the parameter or buffer
                     what = f"{'parameter' if i < len(trainer._names) else 'buffer'} {names[i]!r}"
                     _key(t, [], {}, [], [], -1, what)
                 raise
         self.device = device
         # autocast is traced into the graph (its casts are ATen ops), so its state selects the trace
         autocast = torch.is_autocast_enabled("tpu") and torch.get_autocast_dtype("tpu")
-        self.graph_key = (spec, tuple(mask), tuple(_static_key(s) for s in statics), trainer.model.training,
-                          autocast, self.diff, tuple(self.parts))
+        self.graph_key = (
+            spec,
+            tuple(mask),
+            tuple(_static_key(s) for s in statics),
+            trainer.model.training,
+            autocast,
+            self.diff,
+            tuple(self.parts),
+        )
 
         def rebuild(traced):
             it, st = iter(traced), iter(statics)
             return pytree.tree_unflatten([next(it) if m else next(st) for m in mask], spec)
+
         self.rebuild = rebuild
 
 
 class _Entry:
-    __slots__ = ("fn", "donate", "mutated_slots", "outs", "checks", "where")
+    __slots__ = ("checks", "donate", "fn", "mutated_slots", "outs", "where")
 
 
 # ------------------------------------------------------------------ the trainer
@@ -264,11 +312,14 @@ class SingleTraceTrainer:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{_WHERE}: model must be a torch.nn.Module, got {type(model).__name__}")
         from . import _FusedStep
+
         if optimizer is not None and not isinstance(optimizer, _FusedStep):
-            raise TypeError(f"{_WHERE}: optimizer must be a torch.tpu.optimizers.AdamW, SGD or Muon "
-                            f"(their update is traced into the step); got {type(optimizer).__module__}."
-                            f"{type(optimizer).__qualname__}. Use optimizer=None to get gradients in "
-                            f"param.grad and step any optimizer yourself")
+            raise TypeError(
+                f"{_WHERE}: optimizer must be a torch.tpu.optimizers.AdamW, SGD or Muon "
+                f"(their update is traced into the step); got {type(optimizer).__module__}."
+                f"{type(optimizer).__qualname__}. Use optimizer=None to get gradients in "
+                f"param.grad and step any optimizer yourself"
+            )
         if compute_loss_fn is not None and not callable(compute_loss_fn):
             raise TypeError(f"{_WHERE}: compute_loss_fn must be callable (model, args, kwargs) -> loss")
         self.model = model
@@ -278,7 +329,7 @@ class SingleTraceTrainer:
         self._loss_module = _LossOf(model, compute_loss_fn)
         # The parameter and buffer set is fixed here, as an optimizer fixes its parameters (a walk of
         # the module tree per step would cost more than the rest of the host side).
-        named = dict(model.named_parameters())   # tied parameters once, under their first name
+        named = dict(model.named_parameters())  # tied parameters once, under their first name
         self._names = list(named)
         self._params = list(named.values())
         self._buffer_names = [n for n, _ in model.named_buffers()]
@@ -291,22 +342,27 @@ class SingleTraceTrainer:
         self._graphs = {}
         self._entries = {}
         self._lock = threading.RLock()
-        self.graphs_traced = 0       # traces of forward + backward (one per input signature)
-        self.executables_built = 0   # XLA executables (tests count recompiles)
-        self.buffers_copied = 0      # shared buffers copied so that the step could donate them
+        self.graphs_traced = 0  # traces of forward + backward (one per input signature)
+        self.executables_built = 0  # XLA executables (tests count recompiles)
+        self.buffers_copied = 0  # shared buffers copied so that the step could donate them
 
     def _index_of(self, p):
         i = self._index.get(id(p))
         if i is None:
-            raise ValueError(f"{_WHERE}: the optimizer holds a parameter (shape {tuple(p.shape)}) that is "
-                             f"not one of the model's; build it on model.parameters()")
+            raise ValueError(
+                f"{_WHERE}: the optimizer holds a parameter (shape {tuple(p.shape)}) that is "
+                f"not one of the model's; build it on model.parameters()"
+            )
         return i
 
     @staticmethod
     def _note_compile_fn(compile_fn):
         if compile_fn is not None:
-            warnings.warn(f"{_WHERE}: compile_fn is accepted for TorchTPU compatibility and not used; "
-                          f"the step is always compiled to one XLA executable", stacklevel=3)
+            warnings.warn(
+                f"{_WHERE}: compile_fn is accepted for TorchTPU compatibility and not used; "
+                f"the step is always compiled to one XLA executable",
+                stacklevel=3,
+            )
 
     @property
     def params(self):
@@ -321,8 +377,9 @@ class SingleTraceTrainer:
             return None
         groups = self.optimizer.param_groups
         if len(groups) != 1:
-            raise RuntimeError(f"{_WHERE}: the optimizer has {len(groups)} param groups; use "
-                               f"trainer.optimizer.param_groups")
+            raise RuntimeError(
+                f"{_WHERE}: the optimizer has {len(groups)} param groups; use trainer.optimizer.param_groups"
+            )
         return groups[0]
 
     def make_compiled_train_step(self, example_inputs, example_targets=None, compile_fn=None):
@@ -333,8 +390,10 @@ class SingleTraceTrainer:
         self._note_compile_fn(compile_fn)
         with_targets = example_targets is not None
         if with_targets and self.compute_loss_fn is not None:
-            raise ValueError(f"{_WHERE}: compute_loss_fn is called as (model, args, kwargs); pass the "
-                             f"targets inside the inputs instead of as targets")
+            raise ValueError(
+                f"{_WHERE}: compute_loss_fn is called as (model, args, kwargs); pass the "
+                f"targets inside the inputs instead of as targets"
+            )
         args, kwargs = _as_call(example_inputs)
         leaves, spec = pytree.tree_flatten((args, kwargs, example_targets))
         call = _Call(self, leaves, spec)
@@ -342,14 +401,18 @@ class SingleTraceTrainer:
 
         def train_step(inputs, targets=None):
             if (targets is not None) != with_targets:
-                raise ValueError(f"{_WHERE}: train_step got {'targets' if targets is not None else 'no targets'}"
-                                 f", but make_compiled_train_step's example had "
-                                 f"{'targets' if with_targets else 'none'}; make a train step for this form")
+                raise ValueError(
+                    f"{_WHERE}: train_step got {'targets' if targets is not None else 'no targets'}"
+                    f", but make_compiled_train_step's example had "
+                    f"{'targets' if with_targets else 'none'}; make a train step for this form"
+                )
             call_args, call_kwargs = _as_call(inputs)
             leaves, call_spec = pytree.tree_flatten((call_args, call_kwargs, targets))
             if call_spec != spec:
-                raise ValueError(f"{_WHERE}: train_step inputs have another structure than the example "
-                                 f"given to make_compiled_train_step (example {spec}, got {call_spec})")
+                raise ValueError(
+                    f"{_WHERE}: train_step inputs have another structure than the example "
+                    f"given to make_compiled_train_step (example {spec}, got {call_spec})"
+                )
             return self._step(_Call(self, leaves, spec))
 
         train_step.trainer = self
@@ -370,25 +433,35 @@ class SingleTraceTrainer:
     def _trace_graph(self, call):
         from ..compile.backend import _check_arguments
         from ..ops.graph import GraphProgram
+
         t0 = time.perf_counter()
         n_p = len(self._params)
-        gm, reached = _trace(self._loss_module, dict(zip(self._names, self._params)),
-                             dict(zip(self._buffer_names, self._buffers)), call.inputs, call.rebuild, list(call.diff))
+        gm, reached = _trace(
+            self._loss_module,
+            dict(zip(self._names, self._params)),
+            dict(zip(self._buffer_names, self._buffers)),
+            call.inputs,
+            call.rebuild,
+            list(call.diff),
+        )
         _check_arguments(gm.graph)
         graph = _Graph()
         graph.gm = gm
         graph.program = GraphProgram(gm.graph, gm)
-        graph.grad_of = {i: j for j, i in enumerate(reached)}   # param index -> gradient output
+        graph.grad_of = {i: j for j, i in enumerate(reached)}  # param index -> gradient output
         out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         metas = [n.meta.get("val") for n in out_node.args[0]]
         graph.loss_meta, graph.grad_meta = metas[0], metas[1:]
         graph.mutated = list(graph.program.mutated_placeholders)
         for i in graph.mutated:
             if i < n_p and i in graph.grad_of:
-                raise RuntimeError(f"{_WHERE}: the forward writes parameter {self._names[i]!r} in place; "
-                                   f"a trained parameter cannot also be a written one")
-        log.debug("%s: traced forward+backward in %.2fs (%d nodes)", _WHERE, time.perf_counter() - t0,
-                  len(gm.graph.nodes))
+                raise RuntimeError(
+                    f"{_WHERE}: the forward writes parameter {self._names[i]!r} in place; "
+                    f"a trained parameter cannot also be a written one"
+                )
+        log.debug(
+            "%s: traced forward+backward in %.2fs (%d nodes)", _WHERE, time.perf_counter() - t0, len(gm.graph.nodes)
+        )
         return graph
 
     # ---------------------------------------------------------------- a step
@@ -399,7 +472,7 @@ class SingleTraceTrainer:
         grads_in, states, scalars, static = [], [], [], []
         if optimizer is not None:
             for hook in (*_optim._global_optimizer_pre_hooks.values(), *optimizer._optimizer_step_pre_hooks.values()):
-                hook(optimizer, (), {})   # a trainer step is the optimizer's step (no arguments to change)
+                hook(optimizer, (), {})  # a trainer step is the optimizer's step (no arguments to change)
             optimizer._after, optimizer._undo = [], []
         try:
             if optimizer is not None:
@@ -412,10 +485,13 @@ class SingleTraceTrainer:
                 plan = list(graph.grad_of)
                 grads_in = [params[i].grad for i in plan]
                 for i, g in zip(plan, grads_in):
-                    if g is not None and (g.dtype != params[i].dtype or g.shape != params[i].shape
-                                          or g.device != params[i].device):
-                        raise RuntimeError(f"{_WHERE}: parameter {self._names[i]!r}'s grad ({g.dtype}, "
-                                           f"{tuple(g.shape)}, {g.device}) does not match it")
+                    if g is not None and (
+                        g.dtype != params[i].dtype or g.shape != params[i].shape or g.device != params[i].device
+                    ):
+                        raise RuntimeError(
+                            f"{_WHERE}: parameter {self._names[i]!r}'s grad ({g.dtype}, "
+                            f"{tuple(g.shape)}, {g.device}) does not match it"
+                        )
             loss = self._call(call, graph, plan, grads_in, states, scalars, static)
         except BaseException:
             if optimizer is not None:
@@ -426,8 +502,8 @@ class SingleTraceTrainer:
         if optimizer is not None:
             after, optimizer._after, optimizer._undo = optimizer._after, [], []
             for done in after:
-                done()   # AdamW's CPU step counters
-            optimizer._opt_called = True   # what LRScheduler's wrapper of step() records: no warning
+                done()  # AdamW's CPU step counters
+            optimizer._opt_called = True  # what LRScheduler's wrapper of step() records: no warning
             for hook in (*optimizer._optimizer_step_post_hooks.values(), *_optim._global_optimizer_post_hooks.values()):
                 hook(optimizer, (), {})
         return loss
@@ -441,12 +517,21 @@ class SingleTraceTrainer:
         tensors = call.placeholders + extra
         counts = tuple(len(per) for per in states)
         host = np.asarray(scalars, dtype=np.float64).astype(np.float32) if self.optimizer is not None else None
-        key = (id(graph), tuple(parts), tuple(plan), tuple(g is not None for g in grads_in), tuple(static), counts,
-               matmul_precision(), xla_options.active())
+        key = (
+            id(graph),
+            tuple(parts),
+            tuple(plan),
+            tuple(g is not None for g in grads_in),
+            tuple(static),
+            counts,
+            matmul_precision(),
+            xla_options.active(),
+        )
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._build(key, graph, tensors, len(call.placeholders), plan, grads_in, counts, static,
-                                host, records, device)
+            entry = self._build(
+                key, graph, tensors, len(call.placeholders), plan, grads_in, counts, static, host, records, device
+            )
         dyn = input_buffers(records)
         if entry.donate:
             # a buffer held elsewhere too (a clone of a whole storage shares its source's buffer; small
@@ -480,12 +565,13 @@ class SingleTraceTrainer:
             if entry is not None:
                 return entry
             if self._entries and options.recompile_logging_enabled():
-                msg = (f"torchtpu: {_WHERE} builds step executable {len(self._entries) + 1} (new input "
-                       f"signature, optimizer configuration or parameter layout)")
+                msg = (
+                    f"torchtpu: {_WHERE} builds step executable {len(self._entries) + 1} (new input "
+                    f"signature, optimizer configuration or parameter layout)"
+                )
                 log.warning(msg)
                 print(msg, file=sys.stderr)
-            entry = self._trace_executable(graph, tensors, n_ph, plan, grads_in, counts, static, host, records,
-                                           device)
+            entry = self._trace_executable(graph, tensors, n_ph, plan, grads_in, counts, static, host, records, device)
             self._entries[key] = entry
             self.executables_built += 1
             counters.compiled_xla_compiles += 1
@@ -500,18 +586,18 @@ class SingleTraceTrainer:
         for t in tensors:
             r = RECORDS[t.untyped_storage().data_ptr()]
             dyn = None
-            if is_partial(t, r):   # the same order as key_tensor's offsets
+            if is_partial(t, r):  # the same order as key_tensor's offsets
                 dyn, n_off = n_off, n_off + 1
             template.append(tensor_arg(t, slot_of[id(r)], r, dyn))
         if optimizer is not None:
-            template.append(ValueArg())   # the host scalars, one row per updated parameter
+            template.append(ValueArg())  # the host scalars, one row per updated parameter
         # written views, in the order `run` returns their values
         writes = []
         if optimizer is not None:
             at = n_ph
             for i, n in zip(plan, counts):
                 writes.append(template[i])
-                writes += template[at:at + n]
+                writes += template[at : at + n]
                 at += n
         else:
             at = n_ph
@@ -525,8 +611,11 @@ class SingleTraceTrainer:
         accumulate = [g is not None for g in grads_in]
         out_specs = [(tuple(graph.loss_meta.shape), graph.loss_meta.dtype)]
         if optimizer is None:
-            out_specs += [(tuple(graph.grad_meta[grad_of[i]].shape), graph.grad_meta[grad_of[i]].dtype)
-                          for i, acc in zip(plan, accumulate) if not acc]
+            out_specs += [
+                (tuple(graph.grad_meta[grad_of[i]].shape), graph.grad_meta[grad_of[i]].dtype)
+                for i, acc in zip(plan, accumulate)
+                if not acc
+            ]
 
         def run(arguments, key):
             values = arguments[:n_ph]
@@ -539,16 +628,17 @@ class SingleTraceTrainer:
                 for k, (i, n) in enumerate(zip(plan, counts)):
                     param = values[i]
                     grad = grads[grad_of[i]].astype(param.dtype).reshape(-1)
-                    new_param, new_states = update(static[k], param.reshape(-1), grad,
-                                                   [s.reshape(-1) for s in arguments[at:at + n]], rows[k])
+                    new_param, new_states = update(
+                        static[k], param.reshape(-1), grad, [s.reshape(-1) for s in arguments[at : at + n]], rows[k]
+                    )
                     written.append(new_param.reshape(param.shape))
-                    written += [s.reshape(old.shape) for s, old in zip(new_states, arguments[at:at + n])]
+                    written += [s.reshape(old.shape) for s, old in zip(new_states, arguments[at : at + n])]
                     at += n
             else:
                 at = n_ph
                 for i, acc in zip(plan, accumulate):
                     grad = grads[grad_of[i]]
-                    if acc:   # += into the existing .grad, in its dtype (AccumulateGrad)
+                    if acc:  # += into the existing .grad, in its dtype (AccumulateGrad)
                         old = arguments[at]
                         written.append((old + grad.astype(old.dtype)).astype(old.dtype))
                         at += 1
@@ -563,11 +653,20 @@ class SingleTraceTrainer:
         entry = _Entry()
         entry.checks = ()
         entry.where = f"{_WHERE} step"
-        traced = traced_function(Program(
-            n_buffers=len(records), n_values=1 if optimizer is not None else 0, random=program.random,
-            n_offsets=n_off, template=template, run=run, outputs=cast,
-            writes=[tuple(w) for w in writes], mutated_slots=mutated_slots,
-            on_trace=lambda messages, _: setattr(entry, "checks", messages)))
+        traced = traced_function(
+            Program(
+                n_buffers=len(records),
+                n_values=1 if optimizer is not None else 0,
+                random=program.random,
+                n_offsets=n_off,
+                template=template,
+                run=run,
+                outputs=cast,
+                writes=[tuple(w) for w in writes],
+                mutated_slots=mutated_slots,
+                on_trace=lambda messages, _: setattr(entry, "checks", messages),
+            )
+        )
         entry.mutated_slots = mutated_slots
         entry.donate = bool(mutated_slots) and options.donation_enabled()
         entry.outs = out_specs

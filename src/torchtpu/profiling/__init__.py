@@ -11,10 +11,12 @@ nothing is wrapped and the eager path is untouched (the annotation is a dispatch
 the profiled window).
 
 `start`/`stop` are called from `torch.profiler`'s trace window by a patch in
-integrations/patches.py (installed with the backend, so a plain PrivateUse1 profile records too). A profile whose activities include PrivateUse1 but that
+integrations/patches.py (installed with the backend, so a plain PrivateUse1 profile records too). A profile whose
+activities include PrivateUse1 but that
 has no TpuProfilerConfig records to `tempfile.gettempdir()/torchtpu_profile`. JAX allows one trace
 at a time: while another one is running, the profile records only PyTorch's trace, with a warning.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,36 +46,45 @@ class TpuProfilerConfig(torch.profiler._ExperimentalConfig):
     str values); check_experimental_options: reject keys that collide with the stable options.
     """
 
-    _STABLE = ("host_tracer_level", "device_tracer_level", "python_tracer_level", "run_dir",
-               "worker_rank")
+    _STABLE = ("host_tracer_level", "device_tracer_level", "python_tracer_level", "run_dir", "worker_rank")
 
-    def __init__(self, *, host_tracer_level: int = 2, device_tracer_level: int = 1,
-                 python_tracer_level: int = 0, run_dir: os.PathLike[str] | str | None = None,
-                 worker_rank: str | None = None,
-                 experimental_options: Mapping[str, int | bool | str] | None = None,
-                 check_experimental_options: bool = True):
-        for name, value, top in (("host_tracer_level", host_tracer_level, 3),
-                                 ("device_tracer_level", device_tracer_level, 1),
-                                 ("python_tracer_level", python_tracer_level, 1)):
+    def __init__(
+        self,
+        *,
+        host_tracer_level: int = 2,
+        device_tracer_level: int = 1,
+        python_tracer_level: int = 0,
+        run_dir: os.PathLike[str] | str | None = None,
+        worker_rank: str | None = None,
+        experimental_options: Mapping[str, int | bool | str] | None = None,
+        check_experimental_options: bool = True,
+    ):
+        for name, value, top in (
+            ("host_tracer_level", host_tracer_level, 3),
+            ("device_tracer_level", device_tracer_level, 1),
+            ("python_tracer_level", python_tracer_level, 1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
                 raise ValueError(f"TpuProfilerConfig: {name} must be an int in [0, {top}], got {value!r}")
         if worker_rank is not None:
             if not isinstance(worker_rank, str):
                 raise TypeError(f"TpuProfilerConfig: worker_rank must be a string, got {type(worker_rank)}")
             if ":" in worker_rank or "," in worker_rank or os.sep in worker_rank:
-                raise ValueError(f"TpuProfilerConfig: worker_rank cannot contain ':', ',' or "
-                                 f"{os.sep!r}: {worker_rank!r}")
+                raise ValueError(
+                    f"TpuProfilerConfig: worker_rank cannot contain ':', ',' or {os.sep!r}: {worker_rank!r}"
+                )
         options = dict(experimental_options or {})
         for key, value in options.items():
             if not isinstance(key, str) or ":" in key or "," in key:
-                raise ValueError(f"TpuProfilerConfig: experimental option keys are strings without "
-                                 f"':' or ',': {key!r}")
+                raise ValueError(f"TpuProfilerConfig: experimental option keys are strings without ':' or ',': {key!r}")
             if check_experimental_options and key in self._STABLE:
-                raise ValueError(f"TpuProfilerConfig: experimental option {key!r} clashes with the "
-                                 f"stable argument of that name")
+                raise ValueError(
+                    f"TpuProfilerConfig: experimental option {key!r} clashes with the stable argument of that name"
+                )
             if not isinstance(value, (int, bool, str)):
-                raise TypeError(f"TpuProfilerConfig: experimental option {key!r} must be an int, "
-                                f"bool or str, got {type(value)}")
+                raise TypeError(
+                    f"TpuProfilerConfig: experimental option {key!r} must be an int, bool or str, got {type(value)}"
+                )
         self.host_tracer_level = host_tracer_level
         self.device_tracer_level = device_tracer_level
         self.python_tracer_level = python_tracer_level
@@ -82,15 +93,24 @@ class TpuProfilerConfig(torch.profiler._ExperimentalConfig):
         self.experimental_options = options
         self.check_experimental_options = check_experimental_options
         # Kineto ignores a custom config it has no backend for; it is here for printing/debugging
-        super().__init__(custom_profiler_config=",".join(
-            f"{k}:{v}" for k, v in (("host_tracer_level", host_tracer_level),
-                                    ("device_tracer_level", device_tracer_level),
-                                    ("python_tracer_level", python_tracer_level),
-                                    ("run_dir", self.run_dir), ("worker_rank", worker_rank),
-                                    *options.items()) if v is not None))
+        super().__init__(
+            custom_profiler_config=",".join(
+                f"{k}:{v}"
+                for k, v in (
+                    ("host_tracer_level", host_tracer_level),
+                    ("device_tracer_level", device_tracer_level),
+                    ("python_tracer_level", python_tracer_level),
+                    ("run_dir", self.run_dir),
+                    ("worker_rank", worker_rank),
+                    *options.items(),
+                )
+                if v is not None
+            )
+        )
 
     def _jax_options(self):
         import jax
+
         o = jax.profiler.ProfileOptions()
         o.host_tracer_level = self.host_tracer_level
         o.python_tracer_level = self.python_tracer_level
@@ -107,7 +127,7 @@ class _OpNames(TorchDispatchMode):
         self._annotation = annotation
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        with self._annotation(func._schema.name):   # "aten::mm", as torch.profiler names it
+        with self._annotation(func._schema.name):  # "aten::mm", as torch.profiler names it
             return func(*args, **(kwargs or {}))
 
 
@@ -127,13 +147,14 @@ def start(prof):
     if not _wants_device_trace(prof) or getattr(prof, "_torchtpu_recording", None) is not None:
         return
     import jax
-    config = prof.experimental_config if isinstance(prof.experimental_config, TpuProfilerConfig) \
-        else TpuProfilerConfig()
+
+    config = (
+        prof.experimental_config if isinstance(prof.experimental_config, TpuProfilerConfig) else TpuProfilerConfig()
+    )
     run_dir = config.run_dir or DEFAULT_RUN_DIR
     try:
-        jax.profiler.start_trace(run_dir, create_perfetto_trace=True,
-                                 profiler_options=config._jax_options())
-    except RuntimeError as e:   # another trace (a jax.profiler one) is running
+        jax.profiler.start_trace(run_dir, create_perfetto_trace=True, profiler_options=config._jax_options())
+    except RuntimeError as e:  # another trace (a jax.profiler one) is running
         warnings.warn(f"torch.profiler: the tpu device trace is not recorded: {e}", stacklevel=3)
         return
     mode = None
@@ -150,6 +171,7 @@ def stop(prof):
     if recording is None:
         return
     import jax
+
     prof._torchtpu_recording = None
     if recording.mode is not None:
         recording.mode.__exit__(None, None, None)
@@ -157,7 +179,7 @@ def stop(prof):
     rank = config.worker_rank if isinstance(config, TpuProfilerConfig) else None
     before = _trace_files(recording.run_dir)
     jax.profiler.stop_trace()
-    if rank is not None:   # `<host>.xplane.pb` -> `<host>_<rank>.xplane.pb`, as TorchTPU names it
+    if rank is not None:  # `<host>.xplane.pb` -> `<host>_<rank>.xplane.pb`, as TorchTPU names it
         for path in sorted(_trace_files(recording.run_dir) - before):
             head, name = os.path.split(path)
             host, dot, rest = name.partition(".")

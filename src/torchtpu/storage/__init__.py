@@ -1,1 +1,1 @@
-from .records import RECORDS, StorageRecord, new_tensor, record_of, set_buffer, stats, live_buffers, contiguous_strides  # noqa: F401
+from .records import RECORDS, StorageRecord, contiguous_strides, live_buffers, new_tensor, record_of, set_buffer, stats  # noqa: F401

@@ -5,6 +5,7 @@ C++ allocator, which a Python backend cannot provide. These paths instead alloca
 "tpu" empty kernel (a storage we own) and copy the bytes into it. integrations/patches.py routes
 PyTorch's storage moves here (`torch.storage._to`, `UntypedStorage.clone`/`.tpu`, torch.load).
 """
+
 from __future__ import annotations
 
 import torch

@@ -7,6 +7,7 @@ The buffer is a flat 1-D JAX array of the storage's elements, or None until some
 (so `torch.empty(<huge>)` costs no device memory). PyTorch keeps a storage's Python object alive as
 long as the storage lives, so a weak reference to it tells us exactly when PyTorch frees it.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,18 +40,18 @@ class Placeholder:
 
 
 class StorageRecord:
-    __slots__ = ("_buffer", "dtype", "numel", "nbytes", "device_index", "ref", "oom", "__weakref__")
+    __slots__ = ("__weakref__", "_buffer", "device_index", "dtype", "nbytes", "numel", "oom", "ref")
 
     def __init__(self, dtype, numel, nbytes, device_index, buffer):
         # flat jax.Array of `numel` elements of torch dtype `dtype`, or None; or a Placeholder,
         # which reading `buffer` turns into the array
         self._buffer = buffer
-        self.dtype = dtype            # torch dtype of the elements the buffer holds
+        self.dtype = dtype  # torch dtype of the elements the buffer holds
         self.numel = numel
         self.nbytes = nbytes
         self.device_index = device_index
         self.ref = None
-        self.oom = False              # its first write failed for lack of memory (MemoryStats.failed)
+        self.oom = False  # its first write failed for lack of memory (MemoryStats.failed)
 
     @property
     def buffer(self):
@@ -80,7 +81,7 @@ class MemoryStats:
     falls back to the larger of the peak of materialized bytes and the old peak less its size) and
     stays out of it (`failed`) until it is freed or a later write succeeds."""
 
-    __slots__ = ("allocated", "peak", "num_alloc", "num_free", "materialized", "peak_materialized", "failed")
+    __slots__ = ("allocated", "failed", "materialized", "num_alloc", "num_free", "peak", "peak_materialized")
 
     def __init__(self):
         self.allocated = self.peak = self.num_alloc = self.num_free = self.materialized = 0
@@ -133,6 +134,7 @@ def _seed_tensor(device_index):
     # create_empty_tensor only makes tpu:0 tensors; DLPack's "extension device" maps to PrivateUse1
     # with the index we give, which yields a tpu:i tensor to alias for every later tpu:i tensor.
     from . import dlpack_seed
+
     return dlpack_seed.make(device_index)
 
 
@@ -207,7 +209,7 @@ def materialize(record: StorageRecord):
     s.materialized += record.nbytes
     if s.materialized > s.peak_materialized:
         s.peak_materialized = s.materialized
-    if record.oom:   # an earlier first write failed; this one did not: it counts again
+    if record.oom:  # an earlier first write failed; this one did not: it counts again
         record.oom = False
         s.failed -= record.nbytes
         if s.allocated - s.failed > s.peak:
@@ -226,10 +228,7 @@ def allocation_failed(record: StorageRecord):
 def donatable(buffers, slots):
     """Whether each buffers[s] is held only by its storage record and the `buffers` list (so XLA may
     take it over: eager in-place ops and compiled graphs donate such buffers)."""
-    for s in slots:
-        if sys.getrefcount(buffers[s]) > 3:   # the record, the list, getrefcount's argument
-            return False
-    return True
+    return all(sys.getrefcount(buffers[s]) <= 3 for s in slots)
 
 
 def live_buffers(device_index=None, computing=False):
@@ -242,7 +241,7 @@ def live_buffers(device_index=None, computing=False):
         if b is None or (device_index is not None and r.device_index != device_index):
             continue
         if isinstance(b, Placeholder):
-            b = r.buffer   # a queued result of the fused mode: runs its segment (read once per record)
+            b = r.buffer  # a queued result of the fused mode: runs its segment (read once per record)
         if not computing or not b.is_ready():
             buffers.append(b)
     return buffers
@@ -263,6 +262,7 @@ def allocate_storage(nbytes):
     device="tpu")`): a fresh address and its record (bytes, no buffer until written), on the current
     device; (address, device index). free_storage drops it when PyTorch frees the storage."""
     from ..device.state import current_device
+
     index = current_device()
     address = _bump[0]
     _bump[0] = address + ((nbytes + 2 * _PAGE - 1) // _PAGE) * _PAGE
@@ -273,7 +273,6 @@ def allocate_storage(nbytes):
     if s.allocated - s.failed > s.peak:
         s.peak = s.allocated - s.failed
     return address, index
-
 
 
 native.set_storage_callbacks(allocate_storage, free_storage)
