@@ -9,7 +9,7 @@ from torchtpu.distributed import api
 
 
 def test_all_names():
-    assert api.__all__ == ["set_tpu_launch_env", "topology_aware_mesh", "spmd_safe"]
+    assert sorted(api.__all__) == ["set_tpu_launch_env", "spmd_safe", "topology_aware_mesh"]
 
 
 def test_set_tpu_launch_env(monkeypatch):
