@@ -147,8 +147,9 @@ def test_mutated_input_returned_has_its_new_value():
 def test_optimizer_step_that_xla_would_copy_is_not_donated(monkeypatch):
     """Compiled AdamW: XLA recomputes the new moments from the old ones inside the parameter update, so
     donated moments would be copied into a temporary at every call (page-faulted afresh once it is large:
-    the threshold is lowered here to keep the model small). The step is compiled without donation: no
-    temporary as large as the state, and the parameters still equal the CPU's."""
+    the threshold is lowered here to keep the model small). Either XLA updates the donated state in place
+    (storages holding arrays of their tensors' shapes: it does on XLA:CPU) or the step is compiled without
+    donation: no temporary as large as the state, and the parameters still equal the CPU's."""
     made = _graphs(monkeypatch)
     monkeypatch.setattr(B, "_FRESH_MAPPING_BYTES", 1 << 16)
     torch.manual_seed(0)
@@ -168,7 +169,7 @@ def test_optimizer_step_that_xla_would_copy_is_not_donated(monkeypatch):
     entry = next(g for g in made if g.program.mutated_placeholders).last_entry
     state_bytes = sum(p.numel() * 4 * 3 for p in dev.parameters())
     temp = entry.fn.memory_analysis().temp_size_in_bytes
-    assert not entry.donate and temp * 4 < state_bytes, (temp, state_bytes, entry.donate)
+    assert temp * 4 < state_bytes, (temp, state_bytes, entry.donate)
 
 
 def test_copies_donations_rule():

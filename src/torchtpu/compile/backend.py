@@ -41,10 +41,10 @@ from ..eager.executable import (
     TensorArg,
     ValueArg,
     call_and_commit,
-    flat_output,
     input_buffers,
     is_partial,
     key_tensor,
+    stored_output,
     tensor_arg,
     traced_function,
 )
@@ -57,7 +57,7 @@ from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram, node_op_name
 from ..ops.linalg import matmul_precision
 from ..ops.resolve import NotLowered
-from ..storage.records import RECORDS, donatable, new_tensor
+from ..storage.records import RECORDS, donatable, is_dense, new_tensor
 from . import graph_placers, options
 
 log = logging.getLogger("torchtpu.compile")
@@ -386,6 +386,7 @@ class CompiledGraph:
                 gm.graph, self.program.mutated_placeholders, self.out_vals
             )
         self.aliased = frozenset(p[0] for p in self.alias_plan)
+        self.written_inputs = frozenset(self.program.mutated_placeholders)
         self.cache = {}
         self.last_key = None
         self._fast = None  # _FastKey of the last call (see there), or None
@@ -403,23 +404,27 @@ class CompiledGraph:
             entry, records, dyn, cpu_vals, offsets = hit
             if dyn is None:
                 dyn = _input_buffers(records)
+            reshapes = fast.reshapes
             dev = fast.device
             _counters.compiled_cache_hits += 1
         else:
-            key, records, cpu_vals, offsets, device = self._key(args)
+            key, records, cpu_vals, offsets, device, reshapes = self._key(args)
             entry = self.cache.get(key)
             if entry is None:
                 try:
                     entry = self._build(key, args, records, device)
                 except _Rekey:
-                    key, records, cpu_vals, offsets, device = self._key(args)
+                    key, records, cpu_vals, offsets, device, reshapes = self._key(args)
                     entry = self._build(key, args, records, device)
             else:
                 _counters.compiled_cache_hits += 1
             dev = device if device >= 0 else current_device()
-            self._remember(args, key, entry, records, offsets, dev)
+            self._remember(args, key, entry, records, offsets, dev, reshapes)
             offsets = [np.int64(o) for o in offsets]
             dyn = _input_buffers(records)
+        if reshapes:  # inputs whose storage holds their elements in another shape (_key)
+            for slot, shape in reshapes:
+                dyn[slot] = dyn[slot].reshape(shape)
         # `dyn` holds the only extra reference to each buffer, so donation safety is a refcount check
         for c in cpu_vals:
             dyn.append(c if type(c) is int else _host_value(c, dev))
@@ -463,7 +468,7 @@ class CompiledGraph:
             _fill_aliases(outputs, self.alias_plan, bases)
         return outputs
 
-    def _remember(self, args, key, entry, records, offsets, device):
+    def _remember(self, args, key, entry, records, offsets, device, reshapes):
         """Keep what keying this call found as the graph's fast key (_FastKey), where the call fits
         one: every argument a tpu tensor with elements, on its own storage, or an int `value_ints`
         traces. A graph whose calls keep missing it stops building them (and trying them)."""
@@ -472,11 +477,20 @@ class CompiledGraph:
             return
         self._fast_misses += 1
         self._fast = _FastKey.of(args, key, entry, records, offsets, device, self.value_ints)
+        if self._fast is not None:
+            self._fast.reshapes = reshapes  # (its records keep their shapes: _FastKey checks)
 
     def _key(self, args):
         """The cache key of a call (the same tensor keys as eager ops: executable.key_tensor), the
-        storages' records, the CPU tensors, the traced offsets and the device."""
+        storages' records, the CPU tensors, the traced offsets, the device and the (slot, shape) of each
+        input whose storage's array must be reshaped for the executable.
+
+        An input that is all of its storage (and not written) is passed as an array of its own shape,
+        whatever the shape its storage's array has (`x.reshape(...)` of a copy, a view of a 0-d
+        scalar): the key holds that shape, so such calls share one executable (_input_forms)."""
         parts = []
+        reshapes = []
+        written = self.written_inputs
         slot_of = {}
         records = []
         cpu_vals = []
@@ -490,7 +504,13 @@ class CompiledGraph:
                 address = a.untyped_storage().data_ptr()
                 r = RECORDS.get(address)
                 if r is not None:
+                    k, n = len(parts), len(records)
                     device = key_tensor(a, r, address, parts, slot_of, records, offsets, device, self.where)
+                    if len(records) > n and i not in written and _covers(a, r):
+                        shape = tuple(a.shape)
+                        parts[k] = parts[k][:6] + (shape,)
+                        if shape != r.shape:
+                            reshapes.append((n, shape))
                 elif a.device.type == "tpu":
                     raise RuntimeError("torchtpu: compiled graph got a tpu tensor whose storage torchtpu does not know")
                 else:
@@ -508,7 +528,7 @@ class CompiledGraph:
         parts.append(("P", matmul_precision()))  # the lowerings of matmuls read it
         if _xla_active[0]:  # XLA compiler options (eager/xla_options.py)
             parts.append(("X", _xla_active[0]))
-        return tuple(parts), records, cpu_vals, offsets, device
+        return tuple(parts), records, cpu_vals, offsets, device, reshapes
 
     # ------------------------------------------------------------------ cache miss
     def _build(self, key, args, records, device):
@@ -593,7 +613,7 @@ class CompiledGraph:
         entry.fused = traced
         dev = device if device >= 0 else current_device()
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(dev))
-        entry.sample = _sample(args, records, sharding, program.random, n_off, value_ints)
+        entry.sample = _sample(args, records, sharding, program.random, n_off, value_ints, self.written_inputs)
         if self.placement is not None:
             return self._placed(entry, traced, outs_meta)
         jitted = jax.jit(
@@ -726,6 +746,7 @@ class _FastKey:
         "partial",
         "pick",
         "precision",
+        "reshapes",
         "state",
         "xla",
     )
@@ -755,7 +776,7 @@ class _FastKey:
             if t.numel() == 0:
                 return None  # its data pointer may lie past its storage
             addresses.append(t.untyped_storage().data_ptr())
-            f.meta.append((r.dtype, r.numel, r.device_index))
+            f.meta.append((r.dtype, r.numel, r.device_index, r.shape))
             if t.storage_offset() or t.numel() != r.numel:  # as key_tensor: a traced offset
                 f.partial.append(k)
                 k += 1
@@ -840,7 +861,7 @@ class _FastKey:
             meta = self.meta[j]
             if address != addresses[j]:
                 r = RECORDS.get(address)
-                if r is None or r.dtype != meta[0] or r.numel != meta[1] or r.device_index != meta[2]:
+                if r is None or r.dtype != meta[0] or r.shape != meta[3] or r.device_index != meta[2]:
                     return None
                 addresses[j] = address
                 stored = True
@@ -891,9 +912,29 @@ def _template(args, records, value_ints):
     return template, n_cpu, n_off
 
 
-def _sample(args, records, sharding, random, n_off, value_ints):
+def _covers(t, r):
+    """Whether tensor `t` is all of its storage (record `r`), contiguous, in the storage's dtype."""
+    return t.dtype == r.dtype and t.storage_offset() == 0 and t.numel() == r.numel and t.is_contiguous()
+
+
+def _input_forms(args, records, written):
+    """The shape each storage's array is passed in (CompiledGraph._key): the shape of the first
+    input on it where that input is all of it and not written, else the storage's own."""
+    forms = [None] * len(records)
+    slot_of = {id(r): s for s, r in enumerate(records)}
+    for i, a in enumerate(args):
+        if isinstance(a, _Tensor) and a.device.type == "tpu":
+            r = RECORDS[a.untyped_storage().data_ptr()]
+            s = slot_of[id(r)]
+            if forms[s] is None:
+                forms[s] = tuple(a.shape) if i not in written and _covers(a, r) else r.shape
+    return forms
+
+
+def _sample(args, records, sharding, random, n_off, value_ints, written=frozenset()):
     """Abstract arguments to lower the executable with, in its calling order."""
-    sample = [jax.ShapeDtypeStruct((r.numel,), dt.to_jax(r.dtype), sharding=sharding) for r in records]
+    forms = _input_forms(args, records, written)
+    sample = [jax.ShapeDtypeStruct(f, dt.to_jax(r.dtype), sharding=sharding) for f, r in zip(forms, records)]
     for i, a in enumerate(args):
         if isinstance(a, _Tensor) and a.device.type != "tpu":
             sample.append(jax.ShapeDtypeStruct(tuple(a.shape), dt.to_jax(a.dtype), sharding=sharding))
@@ -926,8 +967,9 @@ def _output_caster(layouts, outs_meta, host_ints, aliased=frozenset()):
             lay = layouts[i] if i < len(layouts) else None
             tdtype = lay[1] if lay is not None else dt.to_torch(jnp.asarray(v).dtype)
             shape = tuple(v.shape)
-            strided = lay is not None and lay[2] is not None and lay[0] == shape
-            flat.append(flat_output(v, dt.to_jax(tdtype), order=lay[3] if strided else None))
+            # (a dense layout keeps the output's shape: size-1 dimensions' strides do not move elements)
+            strided = lay is not None and lay[2] is not None and lay[0] == shape and not is_dense(shape, lay[2])
+            flat.append(stored_output(v, dt.to_jax(tdtype), order=lay[3] if strided else None))
             outs_meta.append(("T", shape, tdtype, lay[2] if strided else None))
         return flat
 
@@ -993,7 +1035,7 @@ def _log_recompile(graph, old, new):
 
 
 def _tensor_change(a, b):
-    """What differs between two tensor keys (dtype, shape, stride, offset, slot, storage dtype, numel)."""
+    """What differs between two tensor keys (dtype, shape, stride, offset, slot, storage dtype, storage shape)."""
     what = []
     if a[0] != b[0]:
         what.append(f"dtype {a[0]} -> {b[0]}")
@@ -1004,7 +1046,7 @@ def _tensor_change(a, b):
     if a[4] != b[4]:
         what.append("storage sharing with other inputs changed")
     if a[5:] != b[5:]:
-        what.append(f"storage {a[6]} x {a[5]} -> {b[6]} x {b[5]} elements")
+        what.append(f"storage {list(a[6])} of {a[5]} -> {list(b[6])} of {b[5]}")
     return ", ".join(what or ["storage changed"])
 
 

@@ -107,14 +107,15 @@ def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
     return raw[offset : offset + nbytes]
 
 
-def put_releasing(flat: np.ndarray, index: int, put):
-    """`put(flat)` (a flat host array to a device buffer of tpu:`index`), giving back `flat`'s mapped
-    file pages: through an adopted host array of its own when `flat` is large and maps a file on
-    XLA:CPU (see the module's docstring), else after the copy."""
+def put_releasing(host: np.ndarray, index: int, put):
+    """`put(host)` (a C-contiguous host array to a device buffer of tpu:`index`, of the same shape),
+    giving back `host`'s mapped file pages: through an adopted host array of its own when `host` is
+    large and maps a file on XLA:CPU (see the module's docstring), else after the copy."""
     from . import platform
 
+    flat = host.reshape(-1)
     if flat.nbytes <= CHUNK_BYTES or not platform.buffers_in_host_memory() or not _maps_a_file(flat):
-        moved = put(flat)
+        moved = put(host)
         if flat.nbytes >= MIN_BYTES:
             release_file_pages(flat)
         return moved
@@ -126,4 +127,5 @@ def put_releasing(flat: np.ndarray, index: int, put):
         staging[at : at + part] = flat[at : at + part]
         release_file_pages(flat[max(0, at - part) : at + part])  # (from the last chunk: the page across the seam)
     # the device buffer is `staging` itself, which nothing else refers to: immutable from here on
+    staging = staging.reshape(host.shape)
     return jax.device_put(staging, platform.jax_device(index), may_alias=True)

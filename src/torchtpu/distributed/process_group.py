@@ -69,7 +69,7 @@ def flat_value(t: torch.Tensor):
         import jax.numpy as jnp
 
         buf = jax.device_put(jnp.zeros((t.numel(),), dtypes.to_jax(t.dtype)), platform.jax_device(r.device_index))
-    return buf
+    return buf.reshape(-1) if buf.ndim != 1 else buf  # (a storage's array has its tensor's shape)
 
 
 def assign(t: torch.Tensor, flat) -> torch.Tensor:

@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
-from ..storage.records import RECORDS
+from ..storage.records import RECORDS, memory_order
 from . import fastpath, fusion, interrupts, overlap, tpu_check, xla_options
 from .engine import (
     CONSTANT_BYTES,
@@ -27,7 +27,7 @@ from .engine import (
     SpecializeScalars,
     arg_kind,
 )
-from .executable import Program, ValueArg, count_values, flat_output, is_partial, tensor_arg, traced_function
+from .executable import Program, ValueArg, count_values, is_partial, stored_output, tensor_arg, traced_function
 from .kernels import META_CHECKS, META_OVERRIDES
 from .persistent_cache import ensure_persistent_cache
 
@@ -93,7 +93,7 @@ def build_entry(kernel, key, args, kwargs, records, device):
     # freed): it closes over a template of slots, layouts and static values only.
     def tensor_slot(t):
         r = _record(t)
-        return tensor_arg(t, slot_of[id(r)], r, dyn_offset.get(id(t)))
+        return tensor_arg(t, slot_of[id(r)], r, dyn_offset.get(id(t)), along=True)
 
     specialize = kernel.specialize_scalars
     template = _walk(
@@ -272,11 +272,6 @@ def _channels_last_strides(m):
     return tuple(m.stride())
 
 
-def _memory_order(stride):
-    """The dimensions of a channels_last output from outermost to innermost in memory."""
-    return _CHANNELS_LAST[len(stride)][1] if stride is not None else None
-
-
 def _writes(kernel, compute, args, kwargs, slot_of, dyn_offset):
     """(slot, layout, bits) of each tensor the op writes, in schema order, then the lowering's extra
     mutations."""
@@ -289,7 +284,7 @@ def _writes(kernel, compute, args, kwargs, slot_of, dyn_offset):
         for t in value if isinstance(value, (list, tuple)) else [value]:
             if t is not None:
                 r = _record(t)
-                writes.append(tuple(tensor_arg(t, slot_of[id(r)], r, dyn_offset.get(id(t)))))
+                writes.append(tuple(tensor_arg(t, slot_of[id(r)], r, dyn_offset.get(id(t)), along=True)))
     return writes
 
 
@@ -312,12 +307,14 @@ def _runner(kernel, compute, n_out, n_writes):
 
 def _output_caster(kernel, outs, strides):
     dtypes = [dt.to_jax(dtype) for _, dtype in outs]
-    orders = [_memory_order(st) for st in strides] if strides is not None else [None] * len(outs)
+    orders = [None] * len(outs)
+    if strides is not None:  # (the order storage_shape gives the output's storage)
+        orders = [memory_order(shape, st) if st is not None else None for (shape, _), st in zip(outs, strides)]
     where = f"aten::{kernel.name}"
 
     def cast(values):
         return [
-            flat_output(v, d, shape, order, where=where)
+            stored_output(v, d, shape, order, where=where)
             for v, (shape, _), d, order in zip(values, outs, dtypes, orders)
         ]
 

@@ -22,14 +22,16 @@ aten = torch.ops.aten
 
 # ------------------------------------------------------------------ reading inputs
 def _flat(t: torch.Tensor):
-    """(flat jax buffer of t's values in t's dtype, device index): a contiguous copy when needed."""
+    """(jax array of t's values in t's dtype and shape, device index): a contiguous copy when needed."""
     r = record_of(t)
     if not (t.dtype == r.dtype and t.storage_offset() == 0 and t.numel() == r.numel and t.is_contiguous()):
         t = aten.clone.default(t, memory_format=torch.contiguous_format)
         r = record_of(t)
     buf = r.buffer
     if buf is None:
-        buf = zeros(r.numel, r.dtype, r.device_index)
+        buf = zeros(r.shape, r.dtype, r.device_index)
+    if buf.shape != tuple(t.shape):  # (the storage's array may have another shape: `x.view(-1)`)
+        buf = buf.reshape(tuple(t.shape))
     return buf, r.device_index
 
 

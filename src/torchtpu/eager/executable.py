@@ -1,20 +1,22 @@
 """The one builder of device executables, shared by eager ops, the fused mode and compiled graphs.
 
-An executable takes the flat buffers of the storages it touches, then its traced values (Python
+An executable takes the buffers of the storages it touches (each in its record's shape), then its traced values (Python
 scalars, CPU scalars and host arrays, in argument order), then the PRNG state if the op draws
 random numbers, then the traced storage offsets of partial views:
 
     (buffers..., values..., [rng], offsets...) -> (outputs..., mutated buffers..., extras..., [verdict])
 
 Inside, it reads each tensor argument through its view (layout and lazy conj/neg bits), runs the
-computation, casts each output to the dtype PyTorch expects and flattens it (storages hold flat
-buffers), writes in-place results back through their views, and returns the verdict of the
-device-side checks (ops/checks.py) the computation stated, if any. The host side (`key_tensor`,
-`input_buffers`, `commit`) keys the cache, gathers the buffers and records the results.
+computation, casts each output to the dtype PyTorch expects and lays it out in memory order (a new
+storage holds its tensor's array: storage/records.py), writes in-place results back through their
+views, and returns the verdict of the device-side checks (ops/checks.py) the computation stated, if
+any. The host side (`key_tensor`, `input_buffers`, `commit`) keys the cache, gathers the buffers and records
+the results.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from itertools import chain, islice, repeat, starmap
@@ -37,6 +39,9 @@ _TRACED = object()
 # ---------------------------------------------------------------- argument specs
 class DynOffset(NamedTuple):
     index: int  # which of the executable's traced offsets holds the view's storage offset
+    # the view lies along the storage array's dimensions at every offset the executable is called with
+    # (the key tells: key_tensor), so it is read there instead of from the flattened array (views.nd_plan)
+    along: bool = False
 
 
 class TensorArg(NamedTuple):
@@ -59,19 +64,33 @@ def is_partial(t, record):
     return bool(t.storage_offset()) or t.numel() != record.numel
 
 
-def layout_of(t, record, dyn_index=None):
-    offset = DynOffset(dyn_index) if dyn_index is not None else t.storage_offset()
+def layout_of(t, record, dyn_index=None, along=False):
+    """A view's layout; `along`: its traced offset may be read along the storage array's dimensions
+    (eager executables, whose key says so: key_tensor)."""
+    offset = t.storage_offset()
+    if dyn_index is not None:
+        offset = DynOffset(dyn_index, along and lies_along(t, offset, record))
     return (tuple(t.shape), tuple(t.stride()), offset, dt.to_jax(t.dtype), record.numel)
 
 
-def tensor_arg(t, slot, record, dyn_index=None):
-    return TensorArg(slot, layout_of(t, record, dyn_index), (t.is_conj(), t.is_neg()))
+def tensor_arg(t, slot, record, dyn_index=None, along=False):
+    return TensorArg(slot, layout_of(t, record, dyn_index, along), (t.is_conj(), t.is_neg()))
+
+
+def lies_along(t, offset, record):
+    """Whether view `t` at `offset` lies along the dimensions of its storage's array (views.nd_plan)."""
+    if len(record.shape) < 2 or t.dtype != record.dtype:
+        return False
+    return views.nd_plan(t.shape, t.stride(), offset, record.shape) is not None
 
 
 def at(layout, offsets):
     """The layout with its traced offset filled in."""
     off = layout[2]
-    return layout if type(off) is not DynOffset else layout[:2] + (offsets[off.index],) + layout[3:]
+    if type(off) is not DynOffset:
+        return layout
+    value = offsets[off.index]
+    return layout[:2] + ((views.AlongOffset(value) if off.along else value),) + layout[3:]
 
 
 def rng_key(rng):
@@ -79,10 +98,10 @@ def rng_key(rng):
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(rng[0]), rng[1]), rng[2])
 
 
-def flat_output(v, dtype, shape=None, order=None, where="op"):
+def stored_output(v, dtype, shape=None, order=None, where="op"):
     """An output as its storage holds it: cast to `dtype`, broadcast to `shape` (a lowering may
-    return a scalar or a broadcastable value), transposed to the memory `order` of a strided output,
-    flattened."""
+    return a scalar or a broadcastable value), transposed to the memory `order` of a strided output
+    (so its shape is storage_shape's for the output's layout)."""
     v = jnp.asarray(v)
     if v.dtype != dtype:
         v = v.astype(dtype)
@@ -93,7 +112,7 @@ def flat_output(v, dtype, shape=None, order=None, where="op"):
             raise AssertionError(f"torchtpu: lowering of {where} returned shape {v.shape}, PyTorch expects {shape}")
     if order is not None:
         v = jnp.transpose(v, order)
-    return v.reshape(-1)
+    return v
 
 
 class Program(NamedTuple):
@@ -106,7 +125,7 @@ class Program(NamedTuple):
     template: object  # the computation's arguments: a list (or (args, kwargs)) of specs and statics
     # run(arguments, rng key or None) -> (output values, values written through `writes`, extras)
     run: Callable
-    outputs: Callable  # output values -> flat arrays (see flat_output)
+    outputs: Callable  # output values -> the arrays their storages hold (see stored_output)
     writes: list  # (slot, layout, bits) per written view, in the order run returns them
     mutated_slots: list  # buffers returned after the outputs, in this order
     # at trace time: the messages of the device-side checks, and whether the computation read
@@ -208,9 +227,9 @@ def key_tensor(a, r, address, parts, slot_of, records, offsets, device, where):
     off = a.storage_offset()
     if off or a.numel() != r.numel:  # part of its storage: the offset is traced
         offsets.append(off)
-        off = -1
+        off = -2 if lies_along(a, off, r) else -1
     # (torch.Size hashes and compares as the tuple of its sizes)
-    parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.numel))
+    parts.append((a.dtype, a.shape, a.stride(), off, slot, r.dtype, r.shape))
     if a.is_conj() or a.is_neg():
         parts.append((a.is_conj(), a.is_neg()))
     return device
@@ -225,7 +244,7 @@ def input_buffers(records, deferred=False):
         b = r._buffer
         if b is None:
             try:
-                b = zeros(r.numel, r.dtype, r.device_index)
+                b = zeros(r.shape, r.dtype, r.device_index)
             except BaseException as e:
                 if isinstance(e, torch.OutOfMemoryError):
                     allocation_failed(r)  # never counted in the peak (storage/records.py: MemoryStats)
@@ -274,11 +293,13 @@ _zeros_fns = {}
 _zeros_kept = {}
 
 
-def zeros(numel, dtype, device_index):
-    """A flat buffer of `numel` zeros of torch dtype `dtype` on tpu:`device_index`."""
-    small = numel * dtype.itemsize <= SMALL_ZEROS
+def zeros(shape, dtype, device_index):
+    """A buffer of zeros of `shape` and torch dtype `dtype` on tpu:`device_index`."""
+    if type(shape) is int:
+        shape = (shape,)
+    small = math.prod(shape) * dtype.itemsize <= SMALL_ZEROS
     if small:
-        kept = _zeros_kept.get((numel, dtype, device_index))
+        kept = _zeros_kept.get((shape, dtype, device_index))
         if kept is not None:
             return kept
     fn = _zeros_fns.get((dtype, device_index))
@@ -286,20 +307,20 @@ def zeros(numel, dtype, device_index):
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
         jd = dt.to_jax(dtype)
 
-        def make_zeros(n):
+        def make_zeros(shape):
             platform.require_x64()
-            return jnp.zeros((n,), jd)
+            return jnp.zeros(shape, jd)
 
         fn = _zeros_fns[(dtype, device_index)] = tpu_check.jit(
             make_zeros, f"zeros of {dtype}", static_argnums=0, out_shardings=sharding
         )
     try:
-        z = fn(numel)
+        z = fn(shape)
     except jax.errors.JaxRuntimeError as e:
         errors.raise_out_of_memory(e)
         raise
     if small:
         if len(_zeros_kept) >= 256:
             _zeros_kept.clear()
-        _zeros_kept[(numel, dtype, device_index)] = z
+        _zeros_kept[(shape, dtype, device_index)] = z
     return z

@@ -42,7 +42,7 @@ from . import asserts, interrupts, modes, xla_options
 from .asserts import _unchecked
 
 _SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 13
+_ABI = 14
 _lib = [None]
 _graph_functions = [None]
 _tried = [False]
@@ -198,6 +198,7 @@ def load() -> bool:
             "device_index",
             "ref",
             "oom",
+            "shape",
             "__weakref__",
         }:
             native_outputs = ()

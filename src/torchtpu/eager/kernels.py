@@ -145,7 +145,7 @@ def _resize_(self, size, memory_format=None):
         if r.buffer is not None:
             old = r.buffer if r.dtype == self.dtype else None
             if old is not None:
-                set_buffer(record_of(fresh), jax.numpy.pad(old, (0, fresh.numel() - old.shape[0])))
+                set_buffer(record_of(fresh), jax.numpy.pad(old.reshape(-1), (0, fresh.numel() - old.size)))
         aten.set_.source_Storage_storage_offset.redispatch(
             CPU_KEYS, self, fresh.untyped_storage(), self.storage_offset(), size, strides
         )
@@ -160,7 +160,7 @@ def _resize_(self, size, memory_format=None):
 # ------------------------------------------------------------------ host <-> device
 def _covers(t: torch.Tensor, r) -> bool:
     """Whether t is all of its storage's elements, in order and in the storage's dtype: its values are
-    then exactly the record's flat buffer."""
+    then exactly the record's buffer (in the record's shape)."""
     return (
         t.dtype == r.dtype
         and t.storage_offset() == 0
@@ -173,7 +173,7 @@ def _covers(t: torch.Tensor, r) -> bool:
 
 def _whole(t: torch.Tensor, r):
     """(t, its record), or for a tensor that is not all of its storage a contiguous copy of it (one
-    gather, queued) and its record: the record's flat buffer then holds exactly t's values."""
+    gather, queued) and its record: the record's buffer then holds exactly t's values."""
     if _covers(t, r):
         return t, r
     t = aten.clone.default(t, memory_format=torch.contiguous_format)
@@ -195,7 +195,7 @@ def to_host(t: torch.Tensor) -> np.ndarray:
         out = np.zeros(tuple(t.shape), dt.to_jax(t.dtype))
     else:
         try:
-            out = np.asarray(r.buffer).reshape(tuple(t.shape))
+            out = np.asarray(r.buffer).reshape(tuple(t.shape))  # (t covers its storage: _whole)
         except jax.errors.JaxRuntimeError as e:  # an asynchronous allocation failure surfaces here
             errors.raise_out_of_memory(e)
             raise
@@ -205,16 +205,18 @@ def to_host(t: torch.Tensor) -> np.ndarray:
 
 
 def _from_host(array: np.ndarray, dtype, index):
+    """A device buffer of tpu:`index` holding a copy of `array`, in `array`'s shape (a contiguous
+    tensor's storage shape: storage/records.py)."""
     # (platform.put copies: the device tensor never aliases the user's CPU tensor)
-    flat = np.ascontiguousarray(array).reshape(-1)
-    metrics.counters.h2d_bytes += flat.nbytes
+    host = np.ascontiguousarray(array)
+    metrics.counters.h2d_bytes += host.nbytes
     metrics.counters.h2d_transfers += 1
     # (a checkpoint's memory-mapped pages are given back as they are copied: device/host_pages.py)
-    return host_pages.put_releasing(flat, index, lambda part: platform.put(part, index))
+    return host_pages.put_releasing(host, index, lambda part: platform.put(part, index))
 
 
 def _write_whole_or_copy(dst, buffer, dtype):
-    """Give dst the values of a flat device buffer of dst's shape and `dtype`."""
+    """Give dst the values of a device buffer (dst's elements in order) of `dtype`."""
     r = record_of(dst)
     if dtype == dst.dtype and _covers(dst, r):
         set_buffer(r, buffer)
@@ -235,7 +237,7 @@ def _clone(self, *, memory_format=None):
     r = RECORDS.get(self.untyped_storage().data_ptr())
     if memory_format in (None, torch.preserve_format, torch.contiguous_format):
         if r is not None and r._buffer is not None and _covers(self, r):
-            return new_tensor(tuple(self.shape), self.dtype, r.device_index, r._buffer)
+            return new_tensor(tuple(self.shape), self.dtype, r.device_index, r._buffer, form=r.shape)
         if memory_format is torch.contiguous_format or self.is_contiguous() or not is_non_overlapping_and_dense(self):
             return KERNELS[aten.clone.default](self, memory_format=memory_format)
         # preserve_format keeps a dense tensor's strides (a transposed matrix stays transposed), as CUDA
@@ -267,11 +269,11 @@ def _copy_(self, src, non_blocking=False):
                 and _covers(src, rs)
                 and not asserts.gating()
             ):
-                set_buffer(rd, rs._buffer)
+                set_buffer(rd, rs._buffer if rs.shape == rd.shape else rs.buffer)
                 return self
             return KERNELS[aten.copy_.default](self, src)
         value = to_host(src) if src.numel() else np.zeros(tuple(src.shape), dt.to_jax(src.dtype))
-        moved = platform.put(np.ascontiguousarray(value).reshape(-1), self.device.index)
+        moved = platform.put(np.ascontiguousarray(value), self.device.index)
         return (
             _write_whole_or_copy(self, moved, src.dtype)
             if tuple(src.shape) == tuple(self.shape)

@@ -1,9 +1,14 @@
-"""Reading and writing a strided view of a flat storage buffer, inside a traced JAX function.
+"""Reading and writing a strided view of a storage's buffer, inside a traced JAX function.
 
-A layout is (shape, stride, offset, tensor dtype) over a flat buffer of `numel` elements. The
-common layouts become slices, reshapes and transposes that XLA fuses into the op that consumes
-them; only overlapping layouts (unfold with step < size, as_strided tricks) need a gather.
-All decisions are made from static facts at trace time, so they cost nothing per call.
+A layout is (shape, stride, offset, tensor dtype, numel) over a storage of `numel` elements, whose
+buffer holds them in memory order as an array of the storage's shape (storage/records.py: usually the
+shape of the tensor the storage was made for). A view that lies along the buffer's own dimensions (the
+whole tensor, a transpose, a slice or a select at a known offset, a broadcast) is read and written on
+the array as it is (`nd_plan`): on a TPU, whose arrays are tiled, reshaping to 1-D would be a copy.
+Other views are read from the flattened buffer: the common layouts become slices, reshapes and
+transposes that XLA fuses into the op that consumes them; only overlapping layouts (unfold with
+step < size, as_strided tricks) need a gather. All decisions are made from static facts at trace
+time, so they cost nothing per call.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +71,94 @@ def dynamic_plan(shape, stride, numel):
     _, _, vshape, order = p
     extent = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
     return ("box", math.prod(vshape) - extent, vshape, order)
+
+
+class AlongOffset(NamedTuple):
+    """A traced storage offset at which the view lies along the storage array's dimensions (the
+    executable's key says so for every call: eager/executable.py key_tensor)."""
+
+    value: object
+
+
+@functools.lru_cache(maxsize=8192)
+def nd_plan(shape, stride, offset, sshape):
+    """How to address the view `shape/stride/offset` on a storage array of shape `sshape` (row major)
+    without flattening it: (starts, axes) where the view is the box of the array from `starts`
+    whose dimension `axes[i]` runs along view dimension i (None: a broadcast or size-1 dimension of
+    the view; storage dimensions no view dimension runs along have extent 1 in the box), or None
+    when the view does not lie along the array's dimensions (then read through the flat buffer)."""
+    if len(sshape) < 2 or math.prod(shape) == 0 or not 0 <= offset < math.prod(sshape):
+        return None
+    spans, acc = [], 1
+    for n in reversed(sshape):
+        spans.append(acc)
+        acc *= n
+    spans.reverse()  # the array's row-major strides
+    starts, rest = [], offset
+    for span in spans:
+        starts.append(rest // span)
+        rest %= span
+    axes, used = [], set()
+    for n, st in zip(shape, stride):
+        if n == 1 or st == 0:
+            axes.append(None)
+            continue
+        j = next((j for j, span in enumerate(spans) if span == st and sshape[j] > 1), None)
+        if j is None or j in used or starts[j] + n > sshape[j]:
+            return None
+        used.add(j)
+        axes.append(j)
+    return tuple(starts), tuple(axes)
+
+
+def _nd_box(shape, sshape, starts, axes):
+    """The box's extents and the view dimensions that run along array dimensions, in array order."""
+    sizes = [1] * len(sshape)
+    for i, j in enumerate(axes):
+        if j is not None:
+            sizes[j] = shape[i]
+    along = sorted((j, i) for i, j in enumerate(axes) if j is not None)
+    return sizes, along
+
+
+def _traced_starts(offset, sshape):
+    """The array index of flat element `offset` (traced)."""
+    starts, span = [], math.prod(sshape)
+    for n in sshape:
+        span //= n
+        starts.append((offset // span) % n)
+    return tuple(starts)
+
+
+def _nd_read(arr, shape, starts, axes):
+    sizes, along = _nd_box(shape, arr.shape, starts, axes)
+    if not all(isinstance(s, int) for s in starts):
+        arr = lax.dynamic_slice(arr, starts, sizes)
+    elif any(starts) or tuple(sizes) != arr.shape:
+        arr = lax.slice(arr, starts, tuple(s + n for s, n in zip(starts, sizes)))
+    unused = tuple(j for j in range(arr.ndim) if j not in {j for j, _ in along})
+    if unused:
+        arr = lax.squeeze(arr, unused)
+    view_dims = [i for _, i in along]  # the view dimension of each remaining array dimension
+    if view_dims != sorted(view_dims):
+        arr = jnp.transpose(arr, np.argsort(view_dims))
+    if arr.shape != tuple(shape):
+        arr = lax.broadcast_in_dim(arr, tuple(shape), tuple(sorted(view_dims)))
+    return arr
+
+
+def _nd_write(arr, shape, starts, axes, value):
+    sizes, along = _nd_box(shape, arr.shape, starts, axes)
+    # only the view's elements that address memory (index 0 of broadcast and size-1 dimensions)
+    v = value[tuple(slice(None) if j is not None else 0 for j in axes)]
+    kept = sorted(i for _, i in along)
+    order = [kept.index(i) for _, i in along]
+    if order != sorted(order):
+        v = jnp.transpose(v, order)
+    v = v.reshape(sizes)
+    if tuple(sizes) == arr.shape:
+        return v
+    return lax.dynamic_update_slice(arr, v, starts)
 
 
 def _gather_indices(shape, stride, offset):
@@ -140,9 +234,22 @@ def apply_bits(x, bits):
     return -x if bits[1] else x
 
 
-def read(flat, layout):
-    """The value of a view. layout = (shape, stride, offset, dtype, numel)."""
+def read(buffer, layout):
+    """The value of a view of the storage whose array is `buffer`. layout = (shape, stride, offset,
+    dtype, numel)."""
     shape, stride, offset, dtype, numel = layout
+    if type(offset) is AlongOffset:
+        if math.prod(shape) == 0:
+            return jnp.zeros(shape, dtype)
+        _, axes = nd_plan(shape, stride, 0, buffer.shape)  # (a view that fits somewhere fits at offset 0)
+        return _nd_read(buffer, shape, _traced_starts(offset.value, buffer.shape), axes)
+    if buffer.ndim > 1 and buffer.dtype == dtype and isinstance(offset, int):
+        if buffer.shape == shape and offset == 0 and is_dense(shape, stride):
+            return buffer
+        p = nd_plan(shape, stride, offset, buffer.shape)
+        if p is not None:
+            return _nd_read(buffer, shape, *p)
+    flat = buffer.reshape(-1) if buffer.ndim != 1 else buffer
     if flat.dtype != dtype:
         flat = bitcast(flat, dtype)
         numel = flat.shape[0]
@@ -169,9 +276,24 @@ def read(flat, layout):
     return flat[_gather_indices(shape, stride, offset)]
 
 
-def write(flat, layout, value):
-    """`flat` with the view `layout` set to `value` (broadcast and cast to the view's dtype)."""
+def write(buffer, layout, value):
+    """`buffer` (a storage's array) with the view `layout` set to `value` (broadcast and cast to the
+    view's dtype), in `buffer`'s shape."""
     shape, stride, offset, dtype, numel = layout
+    if type(offset) is AlongOffset:
+        if math.prod(shape) == 0:
+            return buffer
+        _, axes = nd_plan(shape, stride, 0, buffer.shape)  # (a view that fits somewhere fits at offset 0)
+        value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
+        return _nd_write(buffer, shape, _traced_starts(offset.value, buffer.shape), axes, value)
+    if buffer.ndim != 1:
+        if buffer.dtype == dtype and isinstance(offset, int):
+            p = nd_plan(shape, stride, offset, buffer.shape)
+            if p is not None:
+                value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
+                return _nd_write(buffer, shape, *p, value)
+        return write(buffer.reshape(-1), layout, value).reshape(buffer.shape)
+    flat = buffer
     if flat.dtype != dtype:
         # write through a reinterpreting view: do it in the view's dtype, then reinterpret back
         src_dtype = flat.dtype

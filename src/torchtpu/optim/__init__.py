@@ -175,9 +175,14 @@ class _FusedStep:
             for i in range(n):
                 states = buffers[at : at + counts[i]]
                 at += counts[i]
-                p, s = update(static[i], buffers[i], grads[i], states, scalars[i])
-                new_params.append(p)
-                new_states += s
+                # (each storage's array has the shape its storage was made with: one parameter's
+                # gradient and states may hold the same elements in another shape)
+                shape = buffers[i].shape
+                p, s = update(
+                    static[i], buffers[i], grads[i].reshape(shape), [x.reshape(shape) for x in states], scalars[i]
+                )
+                new_params.append(p.reshape(shape))
+                new_states += [x.reshape(old.shape) for x, old in zip(s, states)]
             return tuple(new_params) + tuple(new_states)
 
         return tpu_check.jit(
@@ -447,7 +452,7 @@ class Muon(_FusedStep, torch.optim.Muon):
             adjusted = lr * _muon_lr_ratio(group["adjust_lr_fn"], p.shape)
             scalars.append((1 - lr * wd, adjusted))
         static = (momentum, bool(group["nesterov"]), coefficients, float(group["eps"]), steps)
-        return states, scalars, [(*static, tuple(p.shape)) for p in params]  # buffers are flat
+        return states, scalars, [(*static, tuple(p.shape)) for p in params]  # (a step may see them flat)
 
     @staticmethod
     def _update(static, param, grad, states, scalars):
@@ -461,8 +466,8 @@ class Muon(_FusedStep, torch.optim.Muon):
             # torch.optim.Muon (every device): without nesterov the update *is* the momentum buffer,
             # `.bfloat16()` of a bfloat16 tensor is that tensor, and Newton-Schulz divides it by its
             # norm in place, so the buffer torch keeps is the normalised one. Kept for parity.
-            buf = normalised.reshape(-1)
-        update = ortho.reshape(-1)
+            buf = normalised.reshape(param.shape)
+        update = ortho.reshape(param.shape)  # (flat in SingleTraceTrainer, else the parameter's shape)
         param = out(_f32(param) * decay_factor)
         param = out(_f32(param) + (-adjusted_lr) * _f32(update))
         return param, [buf]

@@ -59,10 +59,10 @@ from ..eager.executable import (
     Program,
     ValueArg,
     call_and_commit,
-    flat_output,
     input_buffers,
     is_partial,
     key_tensor,
+    stored_output,
     tensor_arg,
     traced_function,
 )
@@ -648,7 +648,7 @@ class SingleTraceTrainer:
             return outs, written, []
 
         def cast(outs):
-            return [flat_output(v, dt.to_jax(dtype)) for v, (_, dtype) in zip(outs, out_specs)]
+            return [stored_output(v, dt.to_jax(dtype)) for v, (_, dtype) in zip(outs, out_specs)]
 
         entry = _Entry()
         entry.checks = ()
@@ -671,7 +671,7 @@ class SingleTraceTrainer:
         entry.donate = bool(mutated_slots) and options.donation_enabled()
         entry.outs = out_specs
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
-        sample = [jax.ShapeDtypeStruct((r.numel,), dt.to_jax(r.dtype), sharding=sharding) for r in records]
+        sample = [jax.ShapeDtypeStruct(r.shape, dt.to_jax(r.dtype), sharding=sharding) for r in records]
         if optimizer is not None:
             sample.append(jax.ShapeDtypeStruct(host.shape, np.float32))
         if program.random:

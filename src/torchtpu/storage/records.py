@@ -3,8 +3,12 @@
 A tpu storage is an ordinary PyTorch storage whose data pointer is an address we invent and never
 dereference. Addresses come from a bump counter and are never reused, so an address names one
 storage forever and the record is found from any tensor with `untyped_storage().data_ptr()`.
-The buffer is a flat 1-D JAX array of the storage's elements, or None until something is written
-(so `torch.empty(<huge>)` costs no device memory). PyTorch keeps a storage's Python object alive as
+The buffer is a JAX array holding the storage's elements in memory order, or None until something is
+written (so `torch.empty(<huge>)` costs no device memory). Its shape is the record's `shape`, fixed
+when the storage is made: the shape of the tensor the storage was made for (in memory order), so that
+on a TPU, where an array's layout is tiled, an op on a whole tensor reads the array as it is instead of
+reshaping a flat buffer (a copy there). A storage made from bytes (`torch.UntypedStorage`) is flat.
+PyTorch keeps a storage's Python object alive as
 long as the storage lives, so a weak reference to it tells us exactly when PyTorch frees it.
 """
 
@@ -40,12 +44,13 @@ class Placeholder:
 
 
 class StorageRecord:
-    __slots__ = ("__weakref__", "_buffer", "device_index", "dtype", "nbytes", "numel", "oom", "ref")
+    __slots__ = ("__weakref__", "_buffer", "device_index", "dtype", "nbytes", "numel", "oom", "ref", "shape")
 
-    def __init__(self, dtype, numel, nbytes, device_index, buffer):
-        # flat jax.Array of `numel` elements of torch dtype `dtype`, or None; or a Placeholder,
-        # which reading `buffer` turns into the array
+    def __init__(self, dtype, numel, nbytes, device_index, buffer, shape=None):
+        # jax.Array of shape `shape` (`numel` elements of torch dtype `dtype`), or None; or a
+        # Placeholder, which reading `buffer` turns into the array
         self._buffer = buffer
+        self.shape = (numel,) if shape is None else shape
         self.dtype = dtype  # torch dtype of the elements the buffer holds
         self.numel = numel
         self.nbytes = nbytes
@@ -138,8 +143,10 @@ def _seed_tensor(device_index):
     return dlpack_seed.make(device_index)
 
 
-def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
-    """A plain torch.Tensor on tpu:device_index over a new storage holding `buffer` (flat)."""
+def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None, form=None):
+    """A plain torch.Tensor on tpu:device_index over a new storage holding `buffer`: the tensor's
+    elements in memory order, as an array of any shape (see `storage_shape`). `form`: the shape of
+    a Placeholder `buffer`'s array where it is not `storage_shape(shape, stride)`."""
     numel = math.prod(shape)
     nbytes = numel * dtype.itemsize
     # Non-overlapping ranges with a guard page, so PyTorch's overlap checks on data_ptr stay valid.
@@ -158,7 +165,11 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
         t = _create_empty([0], dtype) if device_index == 0 else _shell(dtype, device_index)
         storage = fresh
         _redispatch_set(CPU_KEYS, t, storage, 0, shape, stride if stride is not None else contiguous_strides(shape))
-    record = StorageRecord(dtype, numel, nbytes, device_index, buffer)
+    if buffer is not None and not isinstance(buffer, Placeholder):
+        form = buffer.shape
+    elif form is None:
+        form = storage_shape(shape, stride)
+    record = StorageRecord(dtype, numel, nbytes, device_index, buffer, form)
     ref = _StorageRef(storage, _on_free)
     ref.address = address
     record.ref = ref
@@ -173,6 +184,26 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None):
         if s.materialized > s.peak_materialized:
             s.peak_materialized = s.materialized
     return t
+
+
+def memory_order(shape, stride):
+    """The dimensions of a tensor from outermost to innermost in memory (ties, which only size-1 and
+    size-0 dimensions can have in a dense layout, in index order)."""
+    return tuple(sorted(range(len(shape)), key=lambda d: -stride[d]))
+
+
+def storage_shape(shape, stride=None):
+    """The shape of the array a new storage for a tensor of `shape`/`stride` holds: the tensor's shape
+    in memory order (a permuted dense layout, e.g. channels_last, gives the permuted shape), or flat
+    when the layout has gaps or overlaps."""
+    shape = tuple(shape)
+    if stride is None or is_dense(shape, stride):
+        return shape
+    order = memory_order(shape, stride)
+    permuted = tuple(shape[d] for d in order)
+    if is_dense(permuted, tuple(stride[d] for d in order)):
+        return permuted
+    return (math.prod(shape),)
 
 
 def is_dense(shape, stride):
@@ -198,6 +229,11 @@ def record_of(t: torch.Tensor) -> StorageRecord:
 
 
 def set_buffer(record: StorageRecord, buffer):
+    """Give `record` the array `buffer` (the storage's elements in memory order, of any shape): kept in
+    the record's shape, which keys executables (a reshape where they differ). A Placeholder must
+    produce an array of the record's shape."""
+    if not isinstance(buffer, Placeholder) and buffer.shape != record.shape:
+        buffer = buffer.reshape(record.shape)
     if record._buffer is None:
         materialize(record)
     record.buffer = buffer

@@ -43,7 +43,7 @@
 
 namespace {
 
-constexpr int kAbi = 13;
+constexpr int kAbi = 14;
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
@@ -54,7 +54,7 @@ struct Config {
   PyObject* unchecked = nullptr;   // eager/asserts.py: _unchecked, [unchecked verdicts] (writes are gated when > 0)
   PyObject* counters = nullptr;    // metrics.counters
   Py_ssize_t off_hits = -1;        // its eager_cache_hits slot
-  Py_ssize_t off_buffer = -1, off_dtype = -1, off_numel = -1, off_device = -1;  // StorageRecord slots
+  Py_ssize_t off_buffer = -1, off_dtype = -1, off_numel = -1, off_device = -1, off_shape = -1;  // StorageRecord slots
   Py_ssize_t off_memo = -1;        // engine Entry's memo slot
   PyObject* new_tensor = nullptr;  // storage/records.py: new_tensor
   PyObject* describe = nullptr;    // eager/fastpath.py: describe
@@ -177,6 +177,45 @@ enum : int64_t {
 enum State { NEVER = 0, FAST = 1, LATER = 2 };
 constexpr int kLaterCalls = 48;      // a "later" entry (its last call was not described) is asked again after this many calls
 constexpr size_t kMaxEntries = 4096; // per op; past it the table starts over
+
+// ops/views.py nd_plan's question: does the view (sizes, strides, offset) lie along the dimensions of
+// its storage's array, of shape `shape` (a tuple of ints), at this offset?
+bool lies_along(c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset, PyObject* shape) {
+  Py_ssize_t rank = PyTuple_GET_SIZE(shape);
+  if (rank < 2 || rank > 64) return false;
+  int64_t dims[64], spans[64], starts[64];
+  int64_t total = 1;
+  for (Py_ssize_t j = 0; j < rank; j++) {
+    dims[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, j));
+    total *= dims[j];
+  }
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  int64_t view_numel = 1;
+  for (auto n : sizes) view_numel *= n;
+  if (view_numel == 0 || offset < 0 || offset >= total) return false;
+  int64_t acc = 1;
+  for (Py_ssize_t j = rank - 1; j >= 0; j--) {
+    spans[j] = acc;
+    acc *= dims[j];
+  }
+  int64_t rest = offset;
+  for (Py_ssize_t j = 0; j < rank; j++) {
+    starts[j] = rest / spans[j];
+    rest %= spans[j];
+  }
+  uint64_t used = 0;
+  for (size_t i = 0; i < sizes.size(); i++) {
+    if (sizes[i] == 1 || strides[i] == 0) continue;
+    Py_ssize_t j = 0;
+    while (j < rank && !(spans[j] == strides[i] && dims[j] > 1)) j++;
+    if (j == rank || (used >> j) & 1 || starts[j] + sizes[i] > dims[j]) return false;
+    used |= uint64_t{1} << j;
+  }
+  return true;
+}
 
 // A new output of a fast entry: its (shape, dtype) as Python objects, and for making it here
 // (native outputs) its sizes, number of elements, bytes and dtype.
@@ -713,22 +752,33 @@ class FastKernel final : public c10::OperatorKernel {
     }
     PyObject* rdtype = slot_of(record, C.off_dtype);
     PyObject* rnumel = slot_of(record, C.off_numel);
-    if (!rdtype || !rnumel || !PyLong_CheckExact(rnumel)) return BAIL;
+    PyObject* rshape = slot_of(record, C.off_shape);   // the shape of the storage's array
+    if (!rdtype || !rnumel || !PyLong_CheckExact(rnumel) || !rshape || !PyTuple_CheckExact(rshape) ||
+        !THPDtype_Check(rdtype)) return BAIL;
     int64_t numel = PyLong_AsLongLong(rnumel);
     int64_t offset = impl->storage_offset();
     bool partial = offset != 0 || impl->numel() != numel;
     if (partial) w.offsets.push_back(offset);
     auto sizes = impl->sizes();
     auto strides = impl->strides();
+    // a partial view keys whether it lies along the storage array's dimensions (executable.py key_tensor)
+    int64_t partial_kind = !partial ? 0 : (t.scalar_type() == reinterpret_cast<THPDtype*>(rdtype)->scalar_type &&
+                                           lies_along(sizes, strides, offset, rshape)) ? 2 : 1;
     w.key.push_back(K_TENSOR);
     w.key.push_back(static_cast<int64_t>(t.scalar_type()));
     w.key.push_back(static_cast<int64_t>(sizes.size()));
     w.key.insert(w.key.end(), sizes.begin(), sizes.end());
     w.key.insert(w.key.end(), strides.begin(), strides.end());
-    w.key.push_back(partial);
+    w.key.push_back(partial_kind);
     w.key.push_back(static_cast<int64_t>(slot));
     w.key.push_back(reinterpret_cast<intptr_t>(rdtype));
-    w.key.push_back(numel);
+    Py_ssize_t rank = PyTuple_GET_SIZE(rshape);
+    w.key.push_back(rank);
+    for (Py_ssize_t j = 0; j < rank; j++) {
+      PyObject* n = PyTuple_GET_ITEM(rshape, j);
+      if (!PyLong_CheckExact(n)) return BAIL;
+      w.key.push_back(PyLong_AsLongLong(n));
+    }
     w.key.push_back(t.is_conj() * 2 + t.is_neg());
     return OK;
   }
@@ -1071,6 +1121,7 @@ class FastKernel final : public c10::OperatorKernel {
         set_slot(record, C.off_buffer, buffer);
         set_slot(record, C.off_dtype, e.dtype);
         set_slot(record, C.off_numel, numel_obj);
+        set_slot(record, C.off_shape, e.shape);   // a contiguous output: its array has its shape
         set_slot(record, C.off_nbytes, nbytes_obj);
         set_slot(record, C.off_device, device_obj);
         set_slot(record, C.off_oom, Py_False);
@@ -1657,6 +1708,7 @@ int torchtpu_fast_init(PyObject* config) {
   if ((C.off_buffer = member_offset(record_type, "_buffer")) < 0) return 0;
   if ((C.off_dtype = member_offset(record_type, "dtype")) < 0) return 0;
   if ((C.off_numel = member_offset(record_type, "numel")) < 0) return 0;
+  if ((C.off_shape = member_offset(record_type, "shape")) < 0) return 0;
   if ((C.off_device = member_offset(record_type, "device_index")) < 0) return 0;
   return 1;
 }
