@@ -26,10 +26,13 @@ import torch
 from jax import lax
 from torch import fx
 
+from ..storage.records import record_of
 from . import dtypes as dt
 from . import indexing
 from .misc import assert_async
+from .resolve import NotLowered, functional_twin, resolve
 from .table import LOWERINGS, apply
+from .views import read
 
 __all__ = ["GRAPH_LOWERINGS", "GraphProgram", "UnsupportedInGraph", "graph_lowering", "node_op_name"]
 
@@ -601,6 +604,79 @@ def _rng_state_step(node):
     return kind, low
 
 
+_SYM_QUERIES = ("sym_size.int", "sym_stride.int", "sym_numel.default", "sym_storage_offset.default")
+# ops whose output shape is known only from the data, even when the graph's meta value hides it
+_DATA_DEPENDENT_OPS = (
+    "_local_scalar_dense.default",
+    "nonzero.default",
+    "masked_select.default",
+    "unique2.default",
+    "_unique2.default",
+)
+
+
+def _plan(node):
+    """How a call_function node runs: (kind, fn, whether it draws random numbers, the position of the
+    argument an in-place op writes or None), or why it cannot run in one static computation."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return _plan_aten(node, target)
+    if target is operator.getitem:
+        return "getitem", None, False, None
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        rng = _rng_state_step(node)
+        if isinstance(rng, str):
+            return rng
+        kind, low = rng
+        return kind, low, kind == "rng_save", None
+    if callable(target) and getattr(target, "__module__", "") in ("_operator", "operator", "math", "builtins"):
+        return "python", target, False, None
+    if isinstance(target, type) and issubclass(target, tuple):  # return_types namedtuples
+        return "python", lambda *a, **k: tuple(a) + tuple(k.values()), False, None
+    if target in _TRACED_SYM_FUNCTIONS:
+        return "python", _sym_function(target), False, None
+    if callable(target) and "sym" in getattr(target, "__name__", ""):
+        return "python", target, False, None
+    return f"torchtpu: cannot interpret graph node {node.format_node()}"
+
+
+def _plan_aten(node, target):
+    """_plan for an ATen overload: the lowering table first, then the interpreter's own lowerings,
+    then a twin or decomposition (resolve)."""
+    name = node_op_name(target)
+    low = LOWERINGS.get(name)
+    if low is not None:
+        return "lowering", low, low.random, None
+    if name == "copy_.default":
+        return "copy_", None, False, None
+    if name in GRAPH_LOWERINGS:
+        return "graph", GRAPH_LOWERINGS[name], name in _RANDOM_GRAPH_OPS, None
+    if name.startswith("_foreach_"):
+        try:
+            return "call", _foreach_fn(target), False, None
+        except UnsupportedInGraph as e:
+            return str(e)
+    if name in _SYM_QUERIES:
+        return "sym", name, False, None
+    if name in _DATA_DEPENDENT_OPS:
+        return _data_dependent_message(node)
+    meta_args = _meta_arg(node.args)
+    meta_kwargs = {k: _meta_arg(v) for k, v in node.kwargs.items()}
+    try:
+        fn = resolve(target, list(meta_args), meta_kwargs)
+    except NotLowered as e:
+        return str(e)
+    twin = functional_twin(target)
+    mutates = None
+    if twin is not None and not twin[1]:
+        # in-place op in a non-functional trace: the first mutable argument gets the value
+        mutates = next(
+            i for i, a in enumerate(target._schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+        )
+    twin_lowering = LOWERINGS.get(node_op_name(twin[0])) if twin is not None else None
+    return "call", fn, twin_lowering is not None and twin_lowering.random, mutates
+
+
 class GraphProgram:
     """A planned FX graph: `run(inputs, key)` evaluates it on JAX values (inside a trace).
 
@@ -609,127 +685,32 @@ class GraphProgram:
     """
 
     def __init__(self, graph: fx.Graph, owner=None):
-        from .resolve import NotLowered
-
         self.graph = graph
         self.owner = owner
         self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-        self.random = False
+        self.ph_index = {n: i for i, n in enumerate(self.placeholders)}
         self.steps = []
-        ph_index = {n: i for i, n in enumerate(self.placeholders)}
-        self.ph_index = ph_index
         n_random = 0
         unsupported = []
         for node in graph.nodes:
             if node.op != "call_function":
                 continue
-            if _data_dependent(node):
-                unsupported.append(_data_dependent_message(node))
+            planned = _data_dependent_message(node) if _data_dependent(node) else _plan(node)
+            if isinstance(planned, str):
+                unsupported.append(planned)
                 continue
             s = _Step()
             s.node = node
-            s.random_index = None
-            s.mutates = None
-            target = node.target
-            if isinstance(target, torch._ops.OpOverload):
-                name = node_op_name(target)
-                low = LOWERINGS.get(name)
-                if low is not None:
-                    s.kind = "lowering"
-                    s.fn = low
-                    if low.random:
-                        s.random_index = n_random
-                        n_random += 1
-                elif name in ("copy_.default",):
-                    s.kind = "copy_"
-                    s.fn = None
-                elif name in GRAPH_LOWERINGS:
-                    s.kind = "graph"
-                    s.fn = GRAPH_LOWERINGS[name]
-                    if name in _RANDOM_GRAPH_OPS:
-                        s.random_index = n_random
-                        n_random += 1
-                elif name.startswith("_foreach_"):
-                    s.kind = "call"
-                    try:
-                        s.fn = _foreach_fn(target)
-                    except UnsupportedInGraph as e:
-                        unsupported.append(str(e))
-                        continue
-                elif name in ("sym_size.int", "sym_stride.int", "sym_numel.default", "sym_storage_offset.default"):
-                    s.kind = "sym"
-                    s.fn = name
-                elif name == "_local_scalar_dense.default" or name in (
-                    "nonzero.default",
-                    "masked_select.default",
-                    "unique2.default",
-                    "_unique2.default",
-                ):
-                    unsupported.append(_data_dependent_message(node))
-                    continue
-                else:
-                    meta_args = _meta_arg(node.args)
-                    meta_kwargs = {k: _meta_arg(v) for k, v in node.kwargs.items()}
-                    try:
-                        from .resolve import functional_twin, resolve
-
-                        fn = resolve(target, list(meta_args), meta_kwargs)
-                    except NotLowered as e:
-                        unsupported.append(str(e))
-                        continue
-                    s.kind = "call"
-                    s.fn = fn
-                    twin = functional_twin(target)
-                    if twin is not None and not twin[1]:
-                        # in-place op in a non-functional trace: the first mutable argument gets the value
-                        s.mutates = next(
-                            i
-                            for i, a in enumerate(target._schema.arguments)
-                            if a.alias_info is not None and a.alias_info.is_write
-                        )
-                    if twin is not None:
-                        tl = LOWERINGS.get(node_op_name(twin[0]))
-                        if tl is not None and tl.random:
-                            s.random_index = n_random
-                            n_random += 1
-            elif target is operator.getitem:
-                s.kind = "getitem"
-                s.fn = None
-            elif isinstance(target, torch._ops.HigherOrderOperator):
-                rng = _rng_state_step(node)
-                if isinstance(rng, str):
-                    unsupported.append(rng)
-                    continue
-                s.kind, s.fn = rng
-                if s.kind == "rng_save":
-                    s.random_index = n_random
-                    n_random += 1
-            elif callable(target) and getattr(target, "__module__", "") in (
-                "_operator",
-                "operator",
-                "math",
-                "builtins",
-            ):
-                s.kind = "python"
-                s.fn = target
-            elif isinstance(target, type) and issubclass(target, tuple):  # return_types namedtuples
-                s.kind = "python"
-                s.fn = lambda *a, **k: tuple(a) + tuple(k.values())
-            elif target in _TRACED_SYM_FUNCTIONS:
-                s.kind = "python"
-                s.fn = _sym_function(target)
-            elif callable(target) and "sym" in getattr(target, "__name__", ""):
-                s.kind = "python"
-                s.fn = target
-            else:
-                unsupported.append(f"torchtpu: cannot interpret graph node {node.format_node()}")
-                continue
+            s.kind, s.fn, draws, s.mutates = planned
+            s.random_index = n_random if draws else None  # each random step folds its own index into the key
+            n_random += draws
             self.steps.append(s)
         self.mutated_placeholders = []  # placeholder indices written by copy_ or an in-place op
         for s in self.steps:
             dst = s.node.args[0] if s.kind == "copy_" else (s.node.args[s.mutates] if s.mutates is not None else None)
-            if isinstance(dst, fx.Node) and dst in ph_index and ph_index[dst] not in self.mutated_placeholders:
-                self.mutated_placeholders.append(ph_index[dst])
+            written = self.ph_index.get(dst) if isinstance(dst, fx.Node) else None
+            if written is not None and written not in self.mutated_placeholders:
+                self.mutated_placeholders.append(written)
         self.n_random = n_random
         self.random = n_random > 0
         if unsupported:
@@ -840,9 +821,6 @@ def _constant(t):
     if not isinstance(t, torch.Tensor):
         return t
     if t.device.type == "tpu":
-        from ..storage.records import record_of
-        from .views import read
-
         r = record_of(t)
         flat = r.buffer if r.buffer is not None else jnp.zeros((r.numel,), dt.to_jax(r.dtype))
         return read(flat, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), dt.to_jax(t.dtype), r.numel))
