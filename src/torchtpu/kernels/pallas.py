@@ -44,10 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..eager import kernels as eager_kernels
 from ..eager import tpu_check
+from ..eager.engine import OpKernel
 from ..ops import dtypes as dt
 from ..ops import pallas_support
 from ..ops.table import LOWERINGS, Lowering
+from ..storage.records import RECORDS
 from .op_schema import (
     Param,
     Spec,
@@ -110,8 +113,6 @@ def _check_static_shapes(args, name):
 
 def _define(qualname: str, spec: Spec, schema: str, fake=None, tags=()):
     """Define the custom op, its lowering, its fake, its CPU implementation and its tpu kernels."""
-    from ..eager import kernels as eager_kernels
-
     ns, _, opname = qualname.partition("::")
     table_name = f"{ns}.{opname}.default"
     if table_name in LOWERINGS or qualname in _OPS:
@@ -513,7 +514,7 @@ def _unsupported_sharded(name, mesh):
     return kernel
 
 
-class _DonatingKernel(__import__("torchtpu.eager.engine", fromlist=["OpKernel"]).OpKernel):
+class _DonatingKernel(OpKernel):
     """The engine kernel of a jax_op with donate_argnums: its executables are compiled with the donated
     arguments' storage buffers donated to XLA (the engine passes one buffer per storage, in slot order)."""
 
@@ -523,8 +524,6 @@ class _DonatingKernel(__import__("torchtpu.eager.engine", fromlist=["OpKernel"])
         entry = super()._build(key, args, kwargs, bufs, device)
         if getattr(entry.fn, "_torchtpu_donating", False):
             return entry
-        from ..storage.records import RECORDS
-
         slots = []
         for i in self.donate_positions:
             t = args[i] if i < len(args) else None

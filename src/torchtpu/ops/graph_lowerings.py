@@ -21,6 +21,7 @@ from jax import lax
 from . import dtypes as dt
 from . import indexing
 from .misc import assert_async
+from .views import bitcast, read
 
 __all__ = [
     "GRAPH_LOWERINGS",
@@ -140,7 +141,6 @@ def _view(val, a, size, *rest):
 
 @graph_lowering("view.dtype")
 def _view_dtype(val, a, dtype):
-    from .views import bitcast
 
     out = bitcast(a.reshape(-1), dtype)
     return out.reshape(tuple(a.shape[:-1]) + (-1,)) if a.ndim else out.reshape(())
@@ -220,7 +220,6 @@ def _narrow(val, a, dim, start, length):
 @graph_lowering("as_strided", "as_strided_copy")
 def _as_strided(val, a, size, stride, storage_offset=None):
     # A graph value has no storage of its own: read the strides against its contiguous elements.
-    from .views import read
 
     flat = a.reshape(-1)
     return read(flat, (tuple(size), tuple(stride), storage_offset or 0, flat.dtype, flat.shape[0]))

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from ..device.platform import lowering_platform
 from .checks import require
 from .table import lowering
 
@@ -619,8 +620,6 @@ def _general_eig(a, kernel, vectors):
     """XLA's nonsymmetric eigensolver (LAPACK geev, PyTorch's CPU kernel too: unit-norm eigenvectors)
     exists on the CPU platform only; on TPU the op says so instead of failing inside XLA."""
     _lapack_dtype(a, kernel)
-    from ..device.platform import lowering_platform
-
     target = lowering_platform()
     if target != "cpu":
         raise NotImplementedError(
@@ -681,8 +680,6 @@ def _svd(a, full_matrices=False, compute_uv=True):
     setting, which torchtpu turns on: a sign matrix there becomes int64 and meets a float32 dot, which
     XLA:TPU cannot compile (it aborts the process). Traced here instead, with 64-bit types off for
     this computation only, the same algorithm has int32 indices; its float32 values are unchanged."""
-    from ..device.platform import lowering_platform
-
     tpu_svd = _tpu_svd_module() if lowering_platform() == "tpu" else None
     if tpu_svd is None or a.dtype not in (jnp.float32, jnp.complex64) or a.size == 0:
         return jnp.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv)
