@@ -11,7 +11,7 @@ import torch
 import torchtpu  # noqa: F401  (fills the table)
 from torchtpu.eager import data_dependent, kernels
 from torchtpu.ops import argument_checks, resolve
-from torchtpu.ops.graph import _RANDOM_GRAPH_OPS, GRAPH_LOWERINGS
+from torchtpu.ops.graph_lowerings import GRAPH_LOWERINGS, RANDOM_GRAPH_OPS
 from torchtpu.ops.table import (
     _REAL_ONLY_WITHOUT_LOWERING,
     FACT_KINDS,
@@ -84,7 +84,7 @@ def test_derived_tables_are_read_only_views_of_the_declarations():
         assert dict(table) == dict(declared_facts(kind))
         with pytest.raises(TypeError):
             table["x.default"] = None
-    assert set(GRAPH_LOWERINGS) >= _RANDOM_GRAPH_OPS
+    assert set(GRAPH_LOWERINGS) >= RANDOM_GRAPH_OPS
 
 
 def test_a_fact_declared_twice_is_refused_and_registers_nothing():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from torchtpu.device import platform
-from torchtpu.ops import convolution, elementwise, fft, linalg
+from torchtpu.ops import convolution, elementwise, fft, linalg, linalg_decompositions
 
 D = "tpu"
 
@@ -200,7 +200,7 @@ def test_tpu_svd_matches_cpu(shape, full, dtype):
     with platform.tracing_for("tpu"):
         u, s, vh = (
             torch.from_numpy(np.array(v))
-            for v in jax.jit(lambda x: linalg.linalg_svd(x, full_matrices=full))(a.numpy())
+            for v in jax.jit(lambda x: linalg_decompositions.linalg_svd(x, full_matrices=full))(a.numpy())
         )
     assert u.dtype == vh.dtype == dtype and s.dtype == torch.float32
     torch.testing.assert_close(s, torch.linalg.svdvals(a), rtol=1e-4, atol=1e-4)

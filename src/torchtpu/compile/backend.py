@@ -51,7 +51,7 @@ from ..eager.executable import (
 from ..eager.fastpath import graph_functions
 from ..eager.kernels import META_CHECKS
 from ..eager.random import next_rng_args
-from ..eager.xla_options import _active as _xla_active
+from ..eager.xla_options import ACTIVE as _xla_active
 from ..metrics import counters as _counters
 from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram, node_op_name

@@ -26,6 +26,8 @@ import sys
 
 import numpy as np
 
+from . import platform
+
 MIN_BYTES = 1 << 20  # smaller copies: not worth the two system calls
 CHUNK_BYTES = 32 << 20
 _MADV_DONTNEED = 4
@@ -111,8 +113,6 @@ def put_releasing(host: np.ndarray, index: int, put):
     """`put(host)` (a C-contiguous host array to a device buffer of tpu:`index`, of the same shape),
     giving back `host`'s mapped file pages: through an adopted host array of its own when `host` is
     large and maps a file on XLA:CPU (see the module's docstring), else after the copy."""
-    from . import platform
-
     flat = host.reshape(-1)
     if flat.nbytes <= CHUNK_BYTES or not platform.buffers_in_host_memory() or not _maps_a_file(flat):
         moved = put(host)

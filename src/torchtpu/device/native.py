@@ -30,15 +30,22 @@ isolated build environment (a multi-GB download) and a compiler on every machine
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import fcntl
 import hashlib
 import os
 import pathlib
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import threading
 import warnings
+
+from .. import config
+from . import platform, state
 
 _CSRC = pathlib.Path(__file__).with_name("csrc")
 _SOURCES = (_CSRC / "tpu_guard.cpp", _CSRC / "tpu_hooks.cpp")
@@ -67,16 +74,12 @@ _warned = [False]
 
 
 def _cache_dir() -> pathlib.Path:
-    from .. import config
-
     base = config.get("TORCHTPU_COMPILE_CACHE_DIR")
     root = pathlib.Path(base).parent if base else pathlib.Path.home() / ".cache" / "torchtpu"
     return root / "native"
 
 
 def _target(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
-    import sys
-
     import torch
 
     key = hashlib.sha256(
@@ -100,9 +103,6 @@ def build(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
     sources; `python`: one that includes Python's and torch's Python headers and links
     libtorch_python) into the cache (atomically, under a file lock: concurrent processes wait for
     one build)."""
-    import fcntl
-    import sysconfig
-
     import torch
 
     cxx = compiler()
@@ -157,8 +157,6 @@ def build(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
 def _is_available() -> int:
     """torch's C++ asks the hooks whether the device is available: the platform answers."""
     try:
-        from . import platform
-
         return int(bool(platform.is_available()))
     except BaseException:  # noqa: BLE001 - an exception must not cross into C++
         return 0
@@ -169,8 +167,6 @@ def _load(path: pathlib.Path, device_count: int) -> None:
     if lib.torchtpu_guard_abi() != _GUARD_ABI or lib.torchtpu_hooks_abi() != _ABI:
         raise RuntimeError(f"{path}: unexpected ABI version")
     lib.torchtpu_get_device.restype = ctypes.c_int
-    from . import state
-
     index = state.current_device()
     callback = _AVAILABLE_FN(_is_available)
     _callbacks.append(callback)
@@ -203,8 +199,6 @@ def set_event_callbacks(*functions) -> None:
 
 
 def _install_event_callbacks(lib, functions) -> None:
-    import atexit
-
     def guarded(fn, failed):
         def call(*args):
             try:
@@ -248,8 +242,6 @@ def set_storage_callbacks(allocate, free) -> None:
 
 
 def _install_storage_callbacks(lib, allocate, free) -> None:
-    import atexit
-
     def on_allocate(nbytes, index_out):
         try:
             address, index = allocate(nbytes)
@@ -307,8 +299,7 @@ def new_default_generator(index: int):
 
 def at_import() -> None:
     """Called by `import torch` (through registration.install): cheap unless a build is needed."""
-    from .. import config
-
+    platform.when_ready(at_platform_ready)
     policy = config.get("TORCHTPU_NATIVE")
     if policy == "off":
         return
@@ -345,9 +336,8 @@ def _build_and_load(device_count: int) -> None:
 
 
 def at_platform_ready(device_count: int) -> None:
-    """Called once the XLA devices are known: the exact count; a build if several devices need it."""
-    from .. import config
-
+    """Called once the XLA devices are known (platform.when_ready): the exact count; a build if
+    several devices need it."""
     if _lib[0] is not None:
         _lib[0].torchtpu_set_device_count(device_count)
         return

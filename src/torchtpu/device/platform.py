@@ -24,6 +24,7 @@ _lock = threading.Lock()
 _devices = None
 _platform = None
 _multi_controller = None  # (coordinator address, number of processes, this process's id) once joined
+_ready_listeners = []  # called with the device count once the devices are known (when_ready)
 
 
 def _launch_env():
@@ -187,10 +188,20 @@ def ensure():
             if _devices is None:
                 config.check()  # a bad TORCHTPU_* value surfaces here, naming the variable
                 _platform, _devices = _pick()
-                from . import native
-
-                native.at_platform_ready(len(_devices))
+                for listener in _ready_listeners:
+                    listener(len(_devices))
     return _devices
+
+
+def when_ready(listener) -> None:
+    """Call `listener(device_count)` once the XLA devices are known (now, if they already are). Layers
+    above the platform (the C++ extension, native.py) learn the device count this way, so the platform
+    imports none of them."""
+    with _lock:
+        if _devices is None:
+            _ready_listeners.append(listener)
+            return
+    listener(len(_devices))
 
 
 def devices():

@@ -8,13 +8,13 @@ import types
 
 import torch
 
+from . import autocast, native, platform
+
 _installed = [False]
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
     def is_available(self) -> bool:
-        from . import platform
-
         return platform.is_available()
 
     def has_primary_context(self, dev_id) -> bool:
@@ -35,12 +35,7 @@ def _backends_module():
     m = types.ModuleType("torch.backends.tpu")
     m.is_built = lambda: True
 
-    def is_available():
-        from . import platform
-
-        return platform.is_available()
-
-    m.is_available = is_available
+    m.is_available = platform.is_available
     return m
 
 
@@ -53,15 +48,11 @@ def install():
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
-    from . import native
-
     # first: the C++ hooks (generators) and guard, when the extension loads or builds. PyTorch takes
     # one hooks object per process, so the Python ones below are registered only without it.
     native.at_import()
     torch._C._acc.register_python_privateuseone_hook(_Hooks())  # False (a no-op) after the C++ ones
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
-    from . import autocast
-
     autocast.install()
     torch.backends.tpu = _backends_module()
     sys.modules.setdefault("torch.backends.tpu", torch.backends.tpu)

@@ -20,7 +20,10 @@ The state is process-wide (like torch.set_float32_matmul_precision), not per thr
 
 from __future__ import annotations
 
-_active = [()]  # the options in force: sorted ((name, value), ...); part of cache keys
+# The options in force: sorted ((name, value), ...); part of cache keys. A one-element list, so the
+# hot paths (cache keys, the C++ fast path) read ACTIVE[0] without a call.
+ACTIVE = [()]
+_active = ACTIVE  # (the name eager/engine.py and eager/fastpath.py read)
 _jax = [None]  # the same as JAX's compiler_options dict, or None when there are none
 _base: dict = {}  # process-wide settings (allow_excess_precision)
 _stack: list = []  # the custom_compiler_options contexts, innermost last
@@ -61,7 +64,7 @@ _BUILD_EFFORTS = ("exec_time_optimization_effort", "memory_fitting_effort")
 
 
 def active() -> tuple:
-    return _active[0]
+    return ACTIVE[0]
 
 
 def jax_options():
@@ -164,7 +167,7 @@ def _refresh():
     merged = dict(_base)
     for layer in _stack:
         merged.update(layer)
-    _active[0] = tuple(sorted(merged.items()))
+    ACTIVE[0] = tuple(sorted(merged.items()))
     _jax[0] = merged or None
 
 

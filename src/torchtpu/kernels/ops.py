@@ -21,13 +21,10 @@ import torch
 from jax import lax
 
 from ..ops import attention_splash, linalg
+from ..ops.dtypes import opmath
 from .pallas import dynamo_traceable, jax_op
 
 __all__ = ["optimization_barrier", "ragged_dot", "ragged_dot_weight_grad", "splash_sdpa"]
-
-
-def _accumulate(a):
-    return jnp.float32 if a.dtype in (jnp.float16, jnp.bfloat16) else a.dtype
 
 
 @jax_op("tpu::_ragged_dot")
@@ -37,7 +34,7 @@ def _ragged_dot(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.A
         rhs,
         group_sizes.astype(jnp.int32),
         precision=linalg.operand_precision(lhs, rhs),
-        preferred_element_type=_accumulate(lhs),
+        preferred_element_type=opmath(lhs.dtype),
     )
     return out.astype(lhs.dtype)
 
@@ -54,7 +51,7 @@ def _ragged_dot_weight_grad(lhs: jax.Array, grad_output: jax.Array, group_sizes:
         group_sizes.astype(jnp.int32),
         numbers,
         precision=linalg.operand_precision(lhs, grad_output),
-        preferred_element_type=_accumulate(lhs),
+        preferred_element_type=opmath(lhs.dtype),
     )
     return out.astype(lhs.dtype)
 

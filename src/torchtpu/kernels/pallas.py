@@ -31,326 +31,38 @@ Python int in them an int64.
 
 from __future__ import annotations
 
-import collections.abc
 import enum
 import functools
 import inspect
 import types
 import typing
 import warnings
-from typing import Any, NamedTuple, Union
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..eager import kernels as eager_kernels
 from ..eager import tpu_check
+from ..eager.engine import OpKernel
 from ..ops import dtypes as dt
 from ..ops import pallas_support
 from ..ops.table import LOWERINGS, Lowering
+from ..storage.records import RECORDS
+from .op_schema import (
+    Param,
+    Spec,
+    bound_keywords,
+    caller_value,
+    classify,
+    evaluated_signature,
+    operator_schema,
+    return_schema,
+)
 
 __all__ = ["custom_jax_kernel", "get_pallas_mesh", "jax_op"]
-
-_TENSOR_TYPES = (jax.Array, torch.Tensor)
-
-
-# ---------------------------------------------------------------- annotations -> schema
-class _Param(NamedTuple):
-    name: str
-    kind: str  # "tensor", "tensors" (a list), "static"
-    schema_type: Any  # the torch annotation PyTorch's infer_schema understands
-    default: Any  # inspect.Parameter.empty when required
-    keyword_only: bool
-    annotation: Any  # the user's annotation (to rebuild enums)
-
-
-def _unwrap(t):
-    while typing.get_origin(t) is typing.Annotated:
-        t = typing.get_args(t)[0]
-    return t
-
-
-def _split_optional(t):
-    t = _unwrap(t)
-    if typing.get_origin(t) in (Union, types.UnionType):
-        args = [_unwrap(a) for a in typing.get_args(t)]
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) < len(args):
-            return (rest[0] if len(rest) == 1 else Union[tuple(rest)]), True  # noqa: UP007 (a Union built at run time)
-    return t, False
-
-
-def _sequence_element(t):
-    origin = typing.get_origin(t)
-    args = typing.get_args(t)
-    if origin in (list, collections.abc.Sequence) and len(args) == 1:
-        return args[0]
-    if origin is tuple and args:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return args[0]
-        if all(a == args[0] for a in args):
-            return args[0]
-    return None
-
-
-def _is_dtype_annotation(t):
-    return t in (torch.dtype, np.dtype) or (isinstance(t, type) and issubclass(t, (np.dtype, np.generic)))
-
-
-def _static_base(t):
-    """The torch annotation of a static scalar annotation, or None if unsupported."""
-    if t in (bool, int, float, str, torch.device):
-        return t
-    if t is torch.types.Number:
-        return float
-    if _is_dtype_annotation(t):
-        return torch.dtype
-    if isinstance(t, type) and issubclass(t, enum.Enum):
-        values = [m.value for m in t]
-        for kind in (bool, int, float, str):
-            if values and all(type(v) is kind for v in values):
-                return kind
-        return None
-    origin = typing.get_origin(t)
-    if origin is typing.Literal:
-        values = typing.get_args(t)
-        for kind in (bool, int, float, str):
-            if values and all(type(v) is kind for v in values):
-                return kind
-        return None
-    if origin in (Union, types.UnionType):
-        args = set(typing.get_args(t))
-        if args <= {int, float, bool}:
-            return float if float in args else int
-        if all(_is_dtype_annotation(a) for a in args):
-            return torch.dtype
-    return None
-
-
-def _classify(param: inspect.Parameter, where: str) -> _Param:
-    ann = param.annotation
-    if ann is inspect.Parameter.empty:
-        raise TypeError(
-            f"jax_op {where}: parameter {param.name!r} has no type annotation. Annotate tensors "
-            f"as jax.Array (or torch.Tensor, or a sequence of them) and static arguments with "
-            f"their Python type (int, float, bool, str, a dtype, ...)"
-        )
-    if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-        raise TypeError(f"jax_op {where}: *args/**kwargs ({param.name!r}) cannot form an operator schema")
-    if isinstance(ann, str):
-        raise TypeError(
-            f"jax_op {where}: the annotation {ann!r} of parameter {param.name!r} cannot be evaluated "
-            f"(a name that is not a module-level global, under `from __future__ import annotations`?)"
-        )
-    base, optional = _split_optional(ann)
-    kw = param.kind is param.KEYWORD_ONLY
-    default = param.default
-    if base in _TENSOR_TYPES:
-        if kw:
-            raise TypeError(
-                f"jax_op {where}: tensor parameter {param.name!r} is keyword-only; PyTorch custom "
-                f"ops take tensors positionally"
-            )
-        return _Param(
-            param.name,
-            "tensor",
-            typing.Optional[torch.Tensor] if optional else torch.Tensor,
-            None if default is not inspect.Parameter.empty and default is None else default,
-            kw,
-            ann,
-        )
-    elem = _sequence_element(base)
-    if elem is not None:
-        elem_base, elem_optional = _split_optional(elem)
-        if elem_base in _TENSOR_TYPES:
-            if kw:
-                raise TypeError(
-                    f"jax_op {where}: tensor parameter {param.name!r} is keyword-only; PyTorch custom "
-                    f"ops take tensors positionally"
-                )
-            inner = typing.Optional[torch.Tensor] if elem_optional else torch.Tensor
-            st = typing.Sequence[inner]
-            return _Param(param.name, "tensors", typing.Optional[st] if optional else st, default, kw, ann)
-        mapped = _static_base(elem_base)
-        if mapped in (int, float, bool) and not elem_optional:
-            st = typing.Sequence[mapped]
-            return _Param(
-                param.name, "static", typing.Optional[st] if optional else st, _schema_default(default), kw, ann
-            )
-    else:
-        mapped = _static_base(base)
-        if mapped is not None:
-            return _Param(
-                param.name, "static", typing.Optional[mapped] if optional else mapped, _schema_default(default), kw, ann
-            )
-    raise TypeError(
-        f"jax_op {where}: parameter {param.name!r}: annotation {ann!r} is not supported (use "
-        f"jax.Array / torch.Tensor, sequences of them, or int, float, bool, str, a dtype, "
-        f"torch.device, Literal, Enum, or sequences of int/float/bool)"
-    )
-
-
-def _schema_default(value):
-    if value is inspect.Parameter.empty or value is None or type(value) in (bool, int, float, str):
-        return value
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return tuple(value)
-    if isinstance(value, torch.dtype):
-        return value
-    try:
-        return dt.to_torch(jnp.dtype(value))
-    except (TypeError, KeyError):
-        raise TypeError(f"jax_op: default value {value!r} cannot be part of an operator schema") from None
-
-
-def _return_schema(ann, where):
-    if ann is inspect.Signature.empty:
-        raise TypeError(
-            f"jax_op {where}: the function needs a return annotation (jax.Array, a tuple of "
-            f"jax.Array, or Sequence[jax.Array])"
-        )
-    ann = _unwrap(ann)
-    if ann is None or ann is type(None):
-        return "()"
-    if ann in _TENSOR_TYPES:
-        return "Tensor"
-    origin = typing.get_origin(ann)
-    args = typing.get_args(ann)
-    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
-        if all(_unwrap(a) in _TENSOR_TYPES for a in args):
-            return "(" + ", ".join("Tensor" for _ in args) + ")"
-    elem = _sequence_element(ann)
-    if elem is not None and _unwrap(elem) in _TENSOR_TYPES:
-        return "Tensor[]"
-    raise TypeError(
-        f"jax_op {where}: return annotation {ann!r} is not supported (jax.Array, a tuple of "
-        f"jax.Array, Sequence[jax.Array] or None)"
-    )
-
-
-def _schema(params: list[_Param], returns: str) -> str:
-    def dummy(*args, **kwargs):
-        pass
-
-    sig_params = []
-    for p in params:
-        kind = inspect.Parameter.KEYWORD_ONLY if p.keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
-        sig_params.append(inspect.Parameter(p.name, kind, annotation=p.schema_type, default=p.default))
-    dummy.__signature__ = inspect.Signature(sig_params, return_annotation=torch.Tensor)
-    inferred = torch.library.infer_schema(dummy, mutates_args=())
-    return inferred.rsplit(" -> ", 1)[0] + " -> " + returns
-
-
-def _bound_keywords(fn):
-    names = set()
-    while True:
-        if isinstance(fn, functools.partial):
-            names.update(fn.keywords or {})
-            fn = fn.func
-        elif hasattr(fn, "__wrapped__"):
-            fn = fn.__wrapped__
-        else:
-            return names
-
-
-def _signature(fn):
-    target = fn
-    if not isinstance(fn, functools.partial):
-        target = inspect.unwrap(fn)
-    try:
-        return inspect.signature(target, eval_str=True)
-    except (NameError, TypeError):
-        pass
-    # a name in some annotation is not a global (a class local to a function, with
-    # `from __future__ import annotations`): evaluate the others one by one
-    sig = inspect.signature(target)
-    namespace = getattr(
-        inspect.unwrap(target) if not isinstance(target, functools.partial) else target.func, "__globals__", {}
-    )
-
-    def evaluate(ann):
-        if not isinstance(ann, str):
-            return ann
-        try:
-            return eval(ann, namespace)
-        except Exception:  # noqa: BLE001 - reported by _classify with the annotation's text
-            return ann
-
-    params = [p.replace(annotation=evaluate(p.annotation)) for p in sig.parameters.values()]
-    return sig.replace(parameters=params, return_annotation=evaluate(sig.return_annotation))
-
-
-# ---------------------------------------------------------------- static values: schema -> JAX
-def _jax_static(value, p: _Param):
-    """A static argument as the JAX function expects it (dtypes as JAX dtypes, sequences as tuples,
-    enum members rebuilt)."""
-    if value is None:
-        return None
-    if isinstance(value, torch.dtype):
-        return dt.to_jax(value)
-    if isinstance(value, list):
-        return tuple(value)
-    base, _ = _split_optional(p.annotation)
-    if isinstance(base, type) and issubclass(base, enum.Enum) and not isinstance(value, base):
-        return base(value)
-    return value
-
-
-def _caller_value(v):
-    """A caller's argument as PyTorch's schema takes it: JAX/numpy dtypes become torch dtypes, enum
-    members their values."""
-    if isinstance(v, enum.Enum):
-        return v.value
-    if v is None or isinstance(v, (torch.Tensor, bool, int, float, str, torch.dtype)):
-        return v
-    if isinstance(v, (np.dtype, type)) and not isinstance(v, (list, tuple)):
-        try:
-            return dt.to_torch(jnp.dtype(v))
-        except (TypeError, KeyError):
-            return v
-    return v
-
-
-class _Spec:
-    """What a jax_op's lowering needs: how schema arguments map onto the JAX function."""
-
-    def __init__(self, fn, params: list[_Param], returns: str):
-        self.fn = fn
-        self.params = params
-        self.positional = [p for p in params if not p.keyword_only]
-        self.by_name = {p.name: p for p in params}
-        self.returns = returns
-
-    def call_args(self, args, kwargs):
-        """(args, kwargs) of the JAX function from the schema's (args, kwargs); static values converted.
-        Arguments PyTorch left out (equal to their defaults) take the function's own defaults."""
-        out_kw = {}
-        for p, v in zip(self.positional, args):
-            out_kw[p.name] = v if p.kind != "static" else _jax_static(v, p)
-        for k, v in kwargs.items():
-            p = self.by_name[k]
-            out_kw[k] = v if p.kind != "static" else _jax_static(v, p)
-        return out_kw
-
-    def run(self, args, kwargs):
-        # a pl.pallas_call inside traces its kernel and index maps with 32-bit ints (Mosaic has no int64)
-        with pallas_support.pallas_calls_in_32_bits():
-            out = self.fn(**self.call_args(args, kwargs))
-        return self.normalize(out)
-
-    def normalize(self, out):
-        if self.returns == "()":
-            return ()
-        if self.returns == "Tensor":
-            if isinstance(out, (tuple, list)) and len(out) == 1:
-                out = out[0]
-            return jnp.asarray(out)
-        if self.returns == "Tensor[]":
-            return [jnp.asarray(o) for o in out]
-        return tuple(jnp.asarray(o) for o in out)
 
 
 # ---------------------------------------------------------------- Pallas on XLA:CPU
@@ -399,10 +111,8 @@ def _check_static_shapes(args, name):
                 )
 
 
-def _define(qualname: str, spec: _Spec, schema: str, fake=None, tags=()):
+def _define(qualname: str, spec: Spec, schema: str, fake=None, tags=()):
     """Define the custom op, its lowering, its fake, its CPU implementation and its tpu kernels."""
-    from ..eager import kernels as eager_kernels
-
     ns, _, opname = qualname.partition("::")
     table_name = f"{ns}.{opname}.default"
     if table_name in LOWERINGS or qualname in _OPS:
@@ -574,7 +284,7 @@ def _autograd_fast_path(cdef, kernel):
     return autograd_kernel
 
 
-def _install_autograd(cdef, kernel, spec: _Spec, vjp_op):
+def _install_autograd(cdef, kernel, spec: Spec, vjp_op):
     """Gradients through `jax.vjp` (a second op that recomputes the forward inside its executable), until
     the user registers a backward with `op.register_autograd`."""
 
@@ -615,7 +325,7 @@ def _install_autograd(cdef, kernel, spec: _Spec, vjp_op):
     cdef._lib.impl(cdef._name, fast, "AutogradPrivateUse1")
 
 
-def _make_vjp_spec(spec: _Spec):
+def _make_vjp_spec(spec: Spec):
     """The backward op of a jax_op: its forward's arguments plus the output cotangents -> one gradient
     per tensor argument (zeros for non-float ones, which get no gradient)."""
     fwd = spec
@@ -660,7 +370,7 @@ def _make_vjp_spec(spec: _Spec):
 
     # the cotangents first: the forward's parameters may end with defaults
     params = [
-        _Param(
+        Param(
             "_cotangents",
             "tensors",
             typing.Sequence[torch.Tensor],
@@ -669,7 +379,7 @@ def _make_vjp_spec(spec: _Spec):
             typing.Sequence[jax.Array],
         )
     ] + list(fwd.params)
-    return _Spec(vjp_fn, params, "Tensor[]")
+    return Spec(vjp_fn, params, "Tensor[]")
 
 
 def jax_op(
@@ -703,15 +413,15 @@ def _register(name, fn, donate_argnums, mesh, input_partition_specs, output_part
     if not callable(fn):
         raise TypeError(f"jax_op {name}: expected a function, got {fn!r}")
     enable_pallas_interpret_on_cpu()
-    sig = _signature(fn)
-    bound = _bound_keywords(fn)
-    params = [_classify(p, name) for p in sig.parameters.values() if p.name not in bound]
-    returns = _return_schema(sig.return_annotation, name)
+    sig = evaluated_signature(fn)
+    bound = bound_keywords(fn)
+    params = [classify(p, name) for p in sig.parameters.values() if p.name not in bound]
+    returns = return_schema(sig.return_annotation, name)
     n_tensor_args = sum(p.kind != "static" for p in params)
     _check_sharding(name, mesh, input_partition_specs, output_partition_specs, n_tensor_args)
     donate = _donated_positions(name, donate_argnums, params)
-    spec = _Spec(fn, params, returns)
-    cdef, kernel = _define(name, spec, _schema(params, returns))
+    spec = Spec(fn, params, returns)
+    cdef, kernel = _define(name, spec, operator_schema(params, returns))
     if mesh is not None and _mesh_size(mesh) > 1:
         kernel = _unsupported_sharded(name, mesh)
         cdef._lib.impl(cdef._name, kernel, "PrivateUse1")
@@ -721,7 +431,7 @@ def _register(name, fn, donate_argnums, mesh, input_partition_specs, output_part
     if returns != "()":
         vspec = _make_vjp_spec(spec)
         vname = f"{name}_jax_vjp"
-        vcdef, _ = _define(vname, vspec, _schema(vspec.params, "Tensor[]"))
+        vcdef, _ = _define(vname, vspec, operator_schema(vspec.params, "Tensor[]"))
         _install_autograd(cdef, kernel, spec, vcdef)
     if any(p.kind == "static" for p in params):
         cdef.__class__ = JaxOpDef
@@ -763,7 +473,7 @@ class JaxOpDef(torch._library.custom_ops.CustomOpDef):
         return self._opoverload(*args, **kwargs)
 
     def _convert_and_call(self, args, kwargs):
-        return self._opoverload(*[_caller_value(a) for a in args], **{k: _caller_value(v) for k, v in kwargs.items()})
+        return self._opoverload(*[caller_value(a) for a in args], **{k: caller_value(v) for k, v in kwargs.items()})
 
 
 def _donated_positions(name, donate_argnums, params):
@@ -804,7 +514,7 @@ def _unsupported_sharded(name, mesh):
     return kernel
 
 
-class _DonatingKernel(__import__("torchtpu.eager.engine", fromlist=["OpKernel"]).OpKernel):
+class _DonatingKernel(OpKernel):
     """The engine kernel of a jax_op with donate_argnums: its executables are compiled with the donated
     arguments' storage buffers donated to XLA (the engine passes one buffer per storage, in slot order)."""
 
@@ -814,8 +524,6 @@ class _DonatingKernel(__import__("torchtpu.eager.engine", fromlist=["OpKernel"])
         entry = super()._build(key, args, kwargs, bufs, device)
         if getattr(entry.fn, "_torchtpu_donating", False):
             return entry
-        from ..storage.records import RECORDS
-
         slots = []
         for i in self.donate_positions:
             t = args[i] if i < len(args) else None
@@ -913,7 +621,7 @@ class _JaxCallable:
         if entry is None:
             entry = self.ops[layout] = self._make(args, kwargs, layout)
         op, structure = entry
-        flat = op(*[_caller_value(a) for a in args], **{k: _caller_value(v) for k, v in kwargs.items()})
+        flat = op(*[caller_value(a) for a in args], **{k: caller_value(v) for k, v in kwargs.items()})
         return structure(flat)
 
     def _kind(self, key, a):

@@ -1,6 +1,6 @@
 """The lowering table (see table.py); importing this package registers every lowering."""
 
-from . import (  # noqa: F401  # noqa: F401  # noqa: F401
+from . import (  # noqa: F401
     activations,
     attention,
     convolution,
@@ -11,6 +11,7 @@ from . import (  # noqa: F401  # noqa: F401  # noqa: F401
     grid_sample,
     indexing,
     linalg,
+    linalg_decompositions,
     losses,
     misc,
     normalization,

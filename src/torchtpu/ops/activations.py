@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .nn_common import _f32
+from .dtypes import to_opmath
 from .table import KIND, lowering
 
 
@@ -58,25 +58,25 @@ def tanh_backward(grad, out):
 
 @lowering("_softmax", real_only=True)
 def softmax(a, dim, half_to_float=False):
-    out = jax.nn.softmax(_f32(a), axis=dim) if a.ndim else jnp.ones_like(_f32(a))
+    out = jax.nn.softmax(to_opmath(a), axis=dim) if a.ndim else jnp.ones_like(to_opmath(a))
     return out if half_to_float else out.astype(a.dtype)
 
 
 @lowering("_log_softmax", real_only=True)
 def log_softmax(a, dim, half_to_float=False):
-    out = jax.nn.log_softmax(_f32(a), axis=dim) if a.ndim else jnp.zeros_like(_f32(a))
+    out = jax.nn.log_softmax(to_opmath(a), axis=dim) if a.ndim else jnp.zeros_like(to_opmath(a))
     return out if half_to_float else out.astype(a.dtype)
 
 
 @lowering("_softmax_backward_data")
 def softmax_backward(grad, out, dim, input_dtype):
-    g, o = _f32(grad), _f32(out)
+    g, o = to_opmath(grad), to_opmath(out)
     return (o * (g - jnp.sum(g * o, axis=dim if g.ndim else None, keepdims=True))).astype(input_dtype)
 
 
 @lowering("_log_softmax_backward_data")
 def log_softmax_backward(grad, out, dim, input_dtype):
-    g, o = _f32(grad), _f32(out)
+    g, o = to_opmath(grad), to_opmath(out)
     return (g - jnp.exp(o) * jnp.sum(g, axis=dim if g.ndim else None, keepdims=True)).astype(input_dtype)
 
 
@@ -92,13 +92,13 @@ def leaky_relu_backward(grad, a, negative_slope, self_is_result):
 
 @lowering("elu", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def elu(a, alpha=1, scale=1, input_scale=1):
-    x = _f32(a)
+    x = to_opmath(a)
     return jnp.where(x > 0, x * scale, jnp.expm1(x * input_scale) * alpha * scale).astype(a.dtype)
 
 
 @lowering("elu_backward", promote=KIND.DEFAULT, promote_args=(0, 5))
 def elu_backward(grad, alpha, scale, input_scale, is_result, x):
-    g, v = _f32(grad), _f32(x)
+    g, v = to_opmath(grad), to_opmath(x)
     if is_result:
         neg = g * input_scale * (v + alpha * scale)
     else:
@@ -118,48 +118,48 @@ def hardtanh_backward(grad, a, min_val, max_val):
 
 @lowering("hardswish", promote=KIND.DEFAULT, real_only=True)
 def hardswish(a):
-    x = _f32(a)
+    x = to_opmath(a)
     return (x * jnp.clip(x + 3, 0, 6) / 6).astype(a.dtype)
 
 
 @lowering("hardswish_backward", promote=KIND.DEFAULT)
 def hardswish_backward(grad, a):
-    g, x = _f32(grad), _f32(a)  # at the kinks PyTorch takes the outer pieces: 0 at -3, g at 3
+    g, x = to_opmath(grad), to_opmath(a)  # at the kinks PyTorch takes the outer pieces: 0 at -3, g at 3
     return jnp.where(x <= -3, 0, jnp.where(x < 3, g * (x / 3 + 0.5), g)).astype(grad.dtype)
 
 
 @lowering("hardsigmoid", promote=KIND.DEFAULT, real_only=True)
 def hardsigmoid(a):
-    return (jnp.clip(_f32(a) + 3, 0, 6) / 6).astype(a.dtype)
+    return (jnp.clip(to_opmath(a) + 3, 0, 6) / 6).astype(a.dtype)
 
 
 @lowering("hardsigmoid_backward", promote=KIND.DEFAULT)
 def hardsigmoid_backward(grad, a):
-    return jnp.where((a > -3) & (a < 3), _f32(grad) / 6, 0).astype(grad.dtype)
+    return jnp.where((a > -3) & (a < 3), to_opmath(grad) / 6, 0).astype(grad.dtype)
 
 
 @lowering("softplus", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def softplus(a, beta=1, threshold=20):
-    x = _f32(a)
+    x = to_opmath(a)
     return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta).astype(a.dtype)
 
 
 @lowering("softplus_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
 def softplus_backward(grad, a, beta, threshold):
-    g, x = _f32(grad), _f32(a)
+    g, x = to_opmath(grad), to_opmath(a)
     z = jnp.exp(x * beta)
     return jnp.where(x * beta > threshold, g, g * z / (z + 1)).astype(grad.dtype)
 
 
 @lowering("mish", promote=KIND.DEFAULT, real_only=True)
 def mish(a):
-    x = _f32(a)
+    x = to_opmath(a)
     return (x * jnp.tanh(jax.nn.softplus(x))).astype(a.dtype)
 
 
 @lowering("mish_backward", promote=KIND.DEFAULT)
 def mish_backward(grad, a):
-    g, x = _f32(grad), _f32(a)
+    g, x = to_opmath(grad), to_opmath(a)
     t = jnp.tanh(jax.nn.softplus(x))
     return (g * (t + x * jax.nn.sigmoid(x) * (1 - t * t))).astype(grad.dtype)
 
@@ -167,13 +167,13 @@ def mish_backward(grad, a):
 @lowering("glu", real_only=True)
 def glu(a, dim=-1):
     x, gate = jnp.split(a, 2, axis=dim)
-    return (_f32(x) * jax.nn.sigmoid(_f32(gate))).astype(a.dtype)
+    return (to_opmath(x) * jax.nn.sigmoid(to_opmath(gate))).astype(a.dtype)
 
 
 @lowering("glu_backward")
 def glu_backward(grad, a, dim):
-    _, vjp = jax.vjp(lambda v: glu(v, dim), _f32(a))
-    return vjp(_f32(grad))[0].astype(a.dtype)
+    _, vjp = jax.vjp(lambda v: glu(v, dim), to_opmath(a))
+    return vjp(to_opmath(grad))[0].astype(a.dtype)
 
 
 @lowering("_prelu_kernel", promote=KIND.DEFAULT, real_only=True)
@@ -188,14 +188,14 @@ def prelu_kernel_backward(grad, a, weight):
 
 @lowering("log_sigmoid_forward", real_only=True)
 def log_sigmoid_forward(a):
-    x = _f32(a)
+    x = to_opmath(a)
     out = jnp.minimum(x, 0) - jnp.log1p(jnp.exp(-jnp.abs(x)))
     return out.astype(a.dtype), jnp.zeros((), a.dtype)  # PyTorch's buffer is empty on CPU
 
 
 @lowering("log_sigmoid_backward")
 def log_sigmoid_backward(grad, a, buffer):
-    return (_f32(grad) * jax.nn.sigmoid(-_f32(a))).astype(grad.dtype)
+    return (to_opmath(grad) * jax.nn.sigmoid(-to_opmath(a))).astype(grad.dtype)
 
 
 @lowering("softshrink", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)

@@ -19,7 +19,8 @@ from jax import lax
 
 from . import attention_blockwise as _blockwise
 from . import attention_splash as _splash
-from .nn_common import _f32, _low, _precision
+from .dtypes import to_opmath
+from .nn_common import _low, _precision
 from .table import lowering
 
 
@@ -46,7 +47,7 @@ def _attn_scores(q, k, is_causal, mask, scale):
     )  # float64 stays float64
     scores = _heads(scores, q.shape[-3])
     if mask is not None:
-        scores = scores + (jnp.where(mask, 0.0, -jnp.inf) if mask.dtype == jnp.bool_ else _f32(mask))
+        scores = scores + (jnp.where(mask, 0.0, -jnp.inf) if mask.dtype == jnp.bool_ else to_opmath(mask))
     if is_causal:
         l, sk = scores.shape[-2], scores.shape[-1]
         scores = jnp.where(jnp.tril(jnp.ones((l, sk), jnp.bool_)), scores, -jnp.inf)
@@ -100,16 +101,16 @@ def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask
     scores, s = _attn_scores(q, k, is_causal, attn_mask, scale)
     lse_ = lse[..., None]
     p = jnp.where(jnp.isfinite(lse_), jnp.exp(scores - jnp.where(jnp.isfinite(lse_), lse_, 0)), 0)
-    g, o = _f32(grad), _f32(out)
+    g, o = to_opmath(grad), to_opmath(out)
     prec = _precision()
     hq, hk = q.shape[-3], k.shape[-3]
     g_g, p_g = _heads(g, hk), _heads(p, hk)  # GQA: sums over a key/value head's query heads
     dv = jnp.einsum("...ls,...le->...se", p_g, g_g, precision=prec)
-    dp = _heads(jnp.einsum("...le,...se->...ls", g_g, _f32(v), precision=prec), hq)
+    dp = _heads(jnp.einsum("...le,...se->...ls", g_g, to_opmath(v), precision=prec), hq)
     ds = p * (dp - jnp.sum(g * o, axis=-1, keepdims=True))
     ds_g = _heads(ds, hk)
-    dq = _heads(jnp.einsum("...ls,...se->...le", ds_g, _f32(k), precision=prec), hq) * s
-    dk = jnp.einsum("...ls,...le->...se", ds_g, _heads(_f32(q), hk), precision=prec) * s
+    dq = _heads(jnp.einsum("...ls,...se->...le", ds_g, to_opmath(k), precision=prec), hq) * s
+    dk = jnp.einsum("...ls,...le->...se", ds_g, _heads(to_opmath(q), hk), precision=prec) * s
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
@@ -117,7 +118,7 @@ def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask
 # (taken in eval mode under no_grad: PyTorch counts PrivateUse1 among the fast-path devices)
 def _linear(x, w, b):
     y = jnp.einsum("...i,oi->...o", x, w, precision=_precision(), preferred_element_type=jnp.float32)
-    return y + _f32(b) if b is not None else y
+    return y + to_opmath(b) if b is not None else y
 
 
 def _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type):
@@ -176,7 +177,7 @@ def native_multi_head_attention(
 def _layer_norm(x, w, b, eps):
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-    return (x - mean) * lax.rsqrt(var + eps) * _f32(w) + _f32(b)
+    return (x - mean) * lax.rsqrt(var + eps) * to_opmath(w) + to_opmath(b)
 
 
 @lowering("_transformer_encoder_layer_fwd")
@@ -202,7 +203,7 @@ def transformer_encoder_layer_fwd(
     mask=None,
     mask_type=None,
 ):
-    x = _f32(src)
+    x = to_opmath(src)
     h = _layer_norm(x, norm_weight_1, norm_bias_1, eps) if norm_first else x
     attn, _ = _mha(h, h, h, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)
     x = x + attn

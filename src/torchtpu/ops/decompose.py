@@ -83,10 +83,10 @@ def decomposed(op, meta_args, meta_kwargs):
     ]
     if mutable and any(a.kwarg_only for _, a_name, kw in mutable for a in schema.arguments if a.name == a_name and kw):
         return None  # out= variants go through their functional twin
-    from .graph import _RANDOM_GRAPH_OPS, GRAPH_LOWERINGS, node_op_name
+    from .graph_lowerings import GRAPH_LOWERINGS, RANDOM_GRAPH_OPS, node_op_name
 
     name = node_op_name(op)
-    if name in GRAPH_LOWERINGS and name not in _RANDOM_GRAPH_OPS:
+    if name in GRAPH_LOWERINGS and name not in RANDOM_GRAPH_OPS:
         return _graph_lowering_fn(op, GRAPH_LOWERINGS[name], meta_args, meta_kwargs)
     impl = _implementation(op)
     if impl is None:

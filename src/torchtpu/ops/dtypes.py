@@ -141,6 +141,17 @@ def operand_facts(values):
 _PY_TYPE = {"b": bool, "i": int, "u": int, "f": float, "c": complex}
 
 
+def opmath(dtype):
+    """The dtype PyTorch computes `dtype`'s arithmetic in (its "opmath" type, on CPU and CUDA alike):
+    float32 for float16 and bfloat16, `dtype` itself otherwise."""
+    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+
+
+def to_opmath(a):
+    """Array `a` in its opmath dtype (see opmath): float16 and bfloat16 become float32."""
+    return a.astype(jnp.float32) if a.dtype in (jnp.float16, jnp.bfloat16) else a
+
+
 def is_float(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.floating)
 

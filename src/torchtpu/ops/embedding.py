@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from .checks import require, require_index
-from .nn_common import _f32
+from .dtypes import to_opmath
 from .table import lowering
 
 
@@ -21,7 +21,7 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
     """The rows that `indices` name, scaled to norm max_norm where their norm exceeds it (as PyTorch:
     scale = max_norm / (norm + 1e-7)); other rows unchanged. `F.embedding(max_norm=)` calls it in place."""
     _check_rows(indices, weight.shape[0])
-    w = _f32(weight)
+    w = to_opmath(weight)
     named = jnp.zeros((weight.shape[0],), jnp.bool_).at[indices.reshape(-1)].set(True)
     norm = jnp.linalg.norm(w, ord=norm_type, axis=-1)
     scale = jnp.where(named & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
@@ -36,7 +36,7 @@ def _check_rows(indices, rows):
 
 @lowering("embedding_dense_backward")
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
-    g = _f32(grad).reshape(-1, grad.shape[-1])
+    g = to_opmath(grad).reshape(-1, grad.shape[-1])
     idx = indices.reshape(-1)
     if padding_idx >= 0:
         g = jnp.where((idx == padding_idx)[:, None], 0, g)
@@ -79,7 +79,7 @@ def embedding_bag(
         )
     bag, n_bags = _bag_of(indices, offsets, include_last_offset)
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, jnp.bool_)
-    rows = _f32(weight)[indices]  # (n, D)
+    rows = to_opmath(weight)[indices]  # (n, D)
     count = jax.ops.segment_sum(valid.astype(jnp.int64), bag, offsets.shape[0])
     if mode == 2:
         neg = jnp.where(valid[:, None], rows, -jnp.inf)
@@ -91,7 +91,7 @@ def embedding_bag(
         max_idx = jnp.where(empty, 0, indices[jnp.minimum(first, indices.shape[0] - 1)])
         return out.astype(weight.dtype), bag, count, max_idx.astype(jnp.int64)
     if per_sample_weights is not None:
-        rows = rows * _f32(per_sample_weights)[:, None]
+        rows = rows * to_opmath(per_sample_weights)[:, None]
     out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, n_bags)
     if mode == 1:
         out = out / jnp.maximum(count[:n_bags], 1)[:, None]
@@ -140,7 +140,7 @@ def embedding_bag_dense_backward(
     per_sample_weights,
     padding_idx=-1,
 ):
-    g = _f32(grad)
+    g = to_opmath(grad)
     d = g.shape[-1]
     if mode == 2:
         nonempty = (bag_size[: g.shape[0]] > 0)[:, None]
@@ -151,7 +151,7 @@ def embedding_bag_dense_backward(
     if mode == 1:
         contrib = contrib / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(g.dtype)
     if per_sample_weights is not None:
-        contrib = contrib * _f32(per_sample_weights)[:, None]
+        contrib = contrib * to_opmath(per_sample_weights)[:, None]
     if padding_idx >= 0:
         contrib = jnp.where((indices == padding_idx)[:, None], 0, contrib)
     if scale_grad_by_freq:
@@ -162,7 +162,7 @@ def embedding_bag_dense_backward(
 
 @lowering("_embedding_bag_per_sample_weights_backward")
 def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
-    out = jnp.sum(_f32(grad)[offset2bag] * _f32(weight)[indices], axis=-1)
+    out = jnp.sum(to_opmath(grad)[offset2bag] * to_opmath(weight)[indices], axis=-1)
     if padding_idx >= 0:
         out = jnp.where(indices == padding_idx, 0, out)
     return out.astype(grad.dtype)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .nn_common import _f32
+from .dtypes import to_opmath
 from .shape import cubic_coeffs
 from .table import lowering
 
@@ -80,11 +80,11 @@ def _grid_bicubic(xf, gx, gy, padding_mode, align_corners, r=lambda v: v):
 
 def _grid_sample(x, grid, mode, padding_mode, align_corners):
     n, c, h, w = x.shape
-    g = _f32(grid)
+    g = to_opmath(grid)
     r = _rounding(x.dtype)
     ix = _grid_coord(g[..., 0], w, padding_mode, align_corners, r)
     iy = _grid_coord(g[..., 1], h, padding_mode, align_corners, r)
-    xf = _f32(x)
+    xf = to_opmath(x)
 
     def tap(yy, xx):
         """x at integer (yy, xx) per batch, zero outside: (N, C, Ho, Wo)."""
@@ -112,12 +112,12 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
 
 def _grid_sample_3d(x, grid, mode, padding_mode, align_corners):
     n, c, d, h, w = x.shape
-    g = _f32(grid)
+    g = to_opmath(grid)
     r = _rounding(x.dtype)
     ix = _grid_coord(g[..., 0], w, padding_mode, align_corners, r, vectorized=False)
     iy = _grid_coord(g[..., 1], h, padding_mode, align_corners, r, vectorized=False)
     iz = _grid_coord(g[..., 2], d, padding_mode, align_corners, r, vectorized=False)
-    xf = _f32(x)
+    xf = to_opmath(x)
 
     def tap(zz, yy, xx):
         """x at integer (zz, yy, xx) per batch, zero outside: (N, C, Do, Ho, Wo)."""
@@ -146,8 +146,10 @@ def _grid_sample_3d(x, grid, mode, padding_mode, align_corners):
 
 
 def _grid_sampler_backward(sample, grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    _, vjp = jax.vjp(lambda a, b: sample(a, b, interpolation_mode, padding_mode, align_corners), _f32(x), _f32(grid))
-    gx, gg = vjp(_f32(grad))
+    _, vjp = jax.vjp(
+        lambda a, b: sample(a, b, interpolation_mode, padding_mode, align_corners), to_opmath(x), to_opmath(grid)
+    )
+    gx, gg = vjp(to_opmath(grad))
     # (the meta kernel always returns a grad_grid, even when output_mask[1] is False)
     return (
         gx.astype(x.dtype) if output_mask[0] else None,

@@ -15,7 +15,7 @@ from jax import lax
 
 from .argument_checks import fill_value_check
 from .checks import require, require_index
-from .dtypes import scalar_type_name
+from .dtypes import opmath, scalar_type_name
 from .table import lowering
 
 
@@ -25,10 +25,6 @@ def _check(index, size, dim, negative_ok):
     require_index(
         index, size, negative_ok, f"index out of bounds for dimension {dim} with size {size} (valid: {low}..{size - 1})"
     )
-
-
-def _acc_dtype(dtype):
-    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
 
 
 def _advanced(indices, x_shape):
@@ -179,7 +175,7 @@ def _scatter_reduce(x, at, v, reduce, include_self):
     """PyTorch's scatter_reduce on full coordinates `at` with updates `v` of x's dtype."""
     hit = jnp.zeros(x.shape, jnp.bool_).at[at].set(True)
     if reduce in ("sum", "mean"):
-        acc = _acc_dtype(x.dtype)
+        acc = opmath(x.dtype)
         base = x.astype(acc) if include_self else jnp.where(hit, 0, x).astype(acc)
         total = _scatter_add(base, at, v.astype(acc))
         if reduce == "sum":

@@ -10,7 +10,8 @@ import torch
 from jax import lax
 
 from .checks import require, require_index
-from .nn_common import _f32, _grad_input_meta
+from .dtypes import to_opmath
+from .nn_common import _grad_input_meta
 from .table import lowering
 
 
@@ -25,8 +26,8 @@ def nll_loss_forward(a, target, weight, reduction, ignore_index):
         f"Target is out of bounds: class indices must be in 0..{classes - 1} (or ignore_index={ignore_index})",
     )
     safe = jnp.where(valid, t, 0)
-    picked = _f32(jnp.take_along_axis(x, jnp.expand_dims(safe, 1), axis=1).squeeze(1))
-    w = _f32(weight)[safe] if weight is not None else jnp.ones_like(picked)
+    picked = to_opmath(jnp.take_along_axis(x, jnp.expand_dims(safe, 1), axis=1).squeeze(1))
+    w = to_opmath(weight)[safe] if weight is not None else jnp.ones_like(picked)
     w = jnp.where(valid, w, 0)
     losses = -picked * w
     if reduction == 0:
@@ -70,18 +71,18 @@ def _reduce(loss, reduction, dtype):
 
 
 def _loss_grad(grad, x, reduction):
-    g = _f32(grad)
+    g = to_opmath(grad)
     return g / x.size if reduction == 1 else g
 
 
 @lowering("mse_loss", real_only=True)
 def mse_loss(x, t, reduction=1):
-    return _reduce(jnp.square(_f32(x) - _f32(t)), reduction, x.dtype)
+    return _reduce(jnp.square(to_opmath(x) - to_opmath(t)), reduction, x.dtype)
 
 
 @lowering("mse_loss_backward")
 def mse_loss_backward(grad, x, t, reduction):
-    return (2 * (_f32(x) - _f32(t)) * _loss_grad(grad, x, reduction)).astype(x.dtype)
+    return (2 * (to_opmath(x) - to_opmath(t)) * _loss_grad(grad, x, reduction)).astype(x.dtype)
 
 
 def _smooth_l1(d, beta):
@@ -91,84 +92,84 @@ def _smooth_l1(d, beta):
 
 @lowering("smooth_l1_loss", real_only=True)
 def smooth_l1_loss(x, t, reduction=1, beta=1.0):
-    d = _f32(x) - _f32(t)
+    d = to_opmath(x) - to_opmath(t)
     return _reduce(jnp.abs(d) if beta == 0 else _smooth_l1(d, beta), reduction, x.dtype)
 
 
 @lowering("smooth_l1_loss_backward")
 def smooth_l1_loss_backward(grad, x, t, reduction, beta):
-    d = _f32(x) - _f32(t)
+    d = to_opmath(x) - to_opmath(t)
     g = jnp.sign(d) if beta == 0 else jnp.where(jnp.abs(d) < beta, d / (beta or 1), jnp.sign(d))
     return (g * _loss_grad(grad, x, reduction)).astype(x.dtype)
 
 
 @lowering("huber_loss", real_only=True)
 def huber_loss(x, t, reduction=1, delta=1.0):
-    d = _f32(x) - _f32(t)
+    d = to_opmath(x) - to_opmath(t)
     a = jnp.abs(d)
     return _reduce(jnp.where(a < delta, 0.5 * d * d, delta * (a - 0.5 * delta)), reduction, x.dtype)
 
 
 @lowering("huber_loss_backward")
 def huber_loss_backward(grad, x, t, reduction, delta):
-    d = _f32(x) - _f32(t)
+    d = to_opmath(x) - to_opmath(t)
     g = jnp.where(d < -delta, -delta, jnp.where(d > delta, delta, d))
     return (g * _loss_grad(grad, x, reduction)).astype(x.dtype)
 
 
 @lowering("binary_cross_entropy", real_only=True)
 def binary_cross_entropy(x, t, weight=None, reduction=1):
-    xf, tf = _f32(x), _f32(t)
+    xf, tf = to_opmath(x), to_opmath(t)
     require((xf >= 0) & (xf <= 1), "all elements of input should be between 0 and 1")
     # PyTorch clamps the logs at -100 so that 0 and 1 give finite losses
     loss = -(tf * jnp.maximum(jnp.log(xf), -100) + (1 - tf) * jnp.maximum(jnp.log1p(-xf), -100))
     if weight is not None:
-        loss = loss * _f32(weight)
+        loss = loss * to_opmath(weight)
     return _reduce(loss, reduction, x.dtype)
 
 
 @lowering("binary_cross_entropy_backward")
 def binary_cross_entropy_backward(grad, x, t, weight=None, reduction=1):
-    xf, tf = _f32(x), _f32(t)
+    xf, tf = to_opmath(x), to_opmath(t)
     g = (xf - tf) / jnp.maximum((1 - xf) * xf, 1e-12) * _loss_grad(grad, x, reduction)
     if weight is not None:
-        g = g * _f32(weight)
+        g = g * to_opmath(weight)
     return g.astype(x.dtype)
 
 
 @lowering("binary_cross_entropy_with_logits", real_only=True)
 def binary_cross_entropy_with_logits(x, t, weight=None, pos_weight=None, reduction=1):
-    xf, tf = _f32(x), _f32(t)
+    xf, tf = to_opmath(x), to_opmath(t)
     softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(xf))) + jnp.maximum(-xf, 0)  # log(1 + exp(-x))
     if pos_weight is not None:
-        loss = (1 - tf) * xf + (1 + (_f32(pos_weight) - 1) * tf) * softplus_neg
+        loss = (1 - tf) * xf + (1 + (to_opmath(pos_weight) - 1) * tf) * softplus_neg
     else:
         loss = (1 - tf) * xf + softplus_neg
     if weight is not None:
-        loss = loss * _f32(weight)
+        loss = loss * to_opmath(weight)
     return _reduce(loss, reduction, x.dtype)
 
 
 @lowering("soft_margin_loss")
 def soft_margin_loss(x, t, reduction=1):
-    return _reduce(jnp.log1p(jnp.exp(-_f32(t) * _f32(x))), reduction, x.dtype)
+    return _reduce(jnp.log1p(jnp.exp(-to_opmath(t) * to_opmath(x))), reduction, x.dtype)
 
 
 @lowering("soft_margin_loss_backward")
 def soft_margin_loss_backward(grad, x, t, reduction):
-    z = jnp.exp(-_f32(t) * _f32(x))
-    return (-_f32(t) * z / (1 + z) * _loss_grad(grad, x, reduction)).astype(x.dtype)
+    z = jnp.exp(-to_opmath(t) * to_opmath(x))
+    return (-to_opmath(t) * z / (1 + z) * _loss_grad(grad, x, reduction)).astype(x.dtype)
 
 
 def _multi_margin(x, target, p, margin, weight, reduction):
     c = x.shape[-1] if x.ndim else 1  # a 0-d input is one sample of one class
-    x2 = _f32(x).reshape(-1, c)
+    x2 = to_opmath(x).reshape(-1, c)
     t = target.reshape(-1)
     picked = jnp.take_along_axis(x2, t[:, None], axis=1)
     z = margin - picked + x2
     h = jnp.where(z > 0, jnp.where(p == 1, z, z * z), 0)  # p is a traced Scalar
     if weight is not None:
-        h = h * _f32(weight)[t][:, None]
+        h = h * to_opmath(weight)[t][:, None]
     h = jnp.where(jnp.arange(x2.shape[1])[None, :] == t[:, None], 0, h)  # the target class itself
     loss = jnp.sum(h, axis=1) / x2.shape[1]
     return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype)
@@ -182,19 +183,19 @@ def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
 
 @lowering("multi_margin_loss_backward", missing_meta=_grad_input_meta)
 def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
-    _, vjp = jax.vjp(lambda v: _multi_margin(v, target, p, margin, weight, reduction).astype(jnp.float32), _f32(x))
-    return vjp(_f32(grad))[0].astype(x.dtype)
+    _, vjp = jax.vjp(lambda v: _multi_margin(v, target, p, margin, weight, reduction).astype(jnp.float32), to_opmath(x))
+    return vjp(to_opmath(grad))[0].astype(x.dtype)
 
 
 def _multilabel_margin(x, target, reduction, is_target=None):
     c = x.shape[-1] if x.ndim else 1
-    x2, t = _f32(x).reshape(-1, c), target.reshape(-1, c)
+    x2, t = to_opmath(x).reshape(-1, c), target.reshape(-1, c)
     valid = jnp.cumprod(t != -1, axis=1).astype(bool)  # the targets are the prefix before the first -1
     if is_target is None:
         is_target = jnp.any((t[:, :, None] == jnp.arange(c)) & valid[:, :, None], axis=1).astype(x.dtype)
     picked = jnp.take_along_axis(x2, jnp.where(valid, t, 0), axis=1)  # (N, targets)
     z = jnp.maximum(1 - picked[:, :, None] + x2[:, None, :], 0)  # (N, targets, C)
-    z = z * valid[:, :, None] * (1 - _f32(is_target).reshape(-1, c))[:, None, :]
+    z = z * valid[:, :, None] * (1 - to_opmath(is_target).reshape(-1, c))[:, None, :]
     loss = jnp.sum(z, axis=(1, 2)) / c
     return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype), is_target.reshape(x.shape)
 
@@ -208,8 +209,8 @@ def multilabel_margin_loss_forward(x, target, reduction):
 
 @lowering("multilabel_margin_loss_backward", missing_meta=_grad_input_meta)
 def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
-    _, vjp = jax.vjp(lambda v: _multilabel_margin(v, target, reduction, is_target)[0].astype(jnp.float32), _f32(x))
-    return vjp(_f32(grad))[0].astype(x.dtype)
+    _, vjp = jax.vjp(lambda v: _multilabel_margin(v, target, reduction, is_target)[0].astype(jnp.float32), to_opmath(x))
+    return vjp(to_opmath(grad))[0].astype(x.dtype)
 
 
 # ---------------------------------------------------------------- CTC loss

@@ -7,10 +7,6 @@ import jax.numpy as jnp
 import torch
 
 
-def _f32(a):
-    return a.astype(jnp.float32) if a.dtype in (jnp.float16, jnp.bfloat16) else a
-
-
 def _low(a):
     return a.dtype in (jnp.float16, jnp.bfloat16)
 

@@ -6,14 +6,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .nn_common import _f32
+from .dtypes import to_opmath
 from .table import lowering
 
 
 @lowering("native_layer_norm", real_only=True)
 def native_layer_norm(a, normalized_shape, weight, bias, eps):
     axes = tuple(range(a.ndim - len(normalized_shape), a.ndim))
-    x = _f32(a)
+    x = to_opmath(a)
     mean = jnp.mean(x, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
     rstd = lax.rsqrt(var + eps)
@@ -30,8 +30,8 @@ def native_layer_norm_backward(grad, a, normalized_shape, mean, rstd, weight, bi
     axes = tuple(range(a.ndim - len(normalized_shape), a.ndim))
 
     # with the saved statistics: y = (x - mean) * rstd * w + b
-    x = _f32(a)
-    g = _f32(grad)
+    x = to_opmath(a)
+    g = to_opmath(grad)
     xhat = (x - mean) * rstd
     gw = g * weight if weight is not None else g
     dx = rstd * (gw - jnp.mean(gw, axis=axes, keepdims=True) - xhat * jnp.mean(gw * xhat, axis=axes, keepdims=True))
@@ -53,7 +53,7 @@ def _bn_apply(x, weight, bias, mean, invstd):
     """(x - mean) * invstd * weight + bias in float32 (float64 for float64 input), statistics per
     channel (dim 1)."""
     s = _bn_shape(x)
-    xf = _f32(x)
+    xf = to_opmath(x)
     out = (xf - mean.astype(xf.dtype).reshape(s)) * invstd.astype(xf.dtype).reshape(s)
     if weight is not None:
         out = out * weight.astype(xf.dtype).reshape(s)
@@ -64,7 +64,7 @@ def _bn_apply(x, weight, bias, mean, invstd):
 
 def _bn_stats(x, eps):
     axes = (0,) + tuple(range(2, x.ndim))
-    xf = _f32(x)
+    xf = to_opmath(x)
     mean = jnp.mean(xf, axis=axes)
     var = jnp.mean(jnp.square(xf - mean.reshape(_bn_shape(x))), axis=axes)
     return mean, var, lax.rsqrt(var + eps)
@@ -82,7 +82,7 @@ def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, 
         rm = _bn_update(running_mean, mean, momentum) if running_mean is not None else None
         rv = _bn_update(running_var, var * (n / max(n - 1, 1)), momentum) if running_var is not None else None
         return _bn_apply(x, weight, bias, mean, invstd).astype(x.dtype), mean, invstd, rm, rv
-    acc = _f32(x).dtype
+    acc = to_opmath(x).dtype
     invstd = lax.rsqrt(running_var.astype(acc) + eps)
     out = _bn_apply(x, weight, bias, running_mean, invstd).astype(x.dtype)
     # Eval mode's saved statistics follow CUDA and PyTorch's meta kernel (which fake tensors under
@@ -138,7 +138,7 @@ def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, e
 
 
 def _bn_backward(grad, x, weight, running_mean, running_var, train, eps, mask):
-    acc = _f32(x).dtype
+    acc = to_opmath(x).dtype
     w = weight if weight is not None else jnp.ones((x.shape[1],), acc)
     b = jnp.zeros((x.shape[1],), acc)
 
@@ -149,8 +149,8 @@ def _bn_backward(grad, x, weight, running_mean, running_var, train, eps, mask):
             mean, invstd = running_mean, lax.rsqrt(running_var.astype(acc) + eps)
         return _bn_apply(x_, w_, b_, mean, invstd)
 
-    _, vjp = jax.vjp(f, _f32(x), w.astype(acc), b)
-    gx, gw, gb = vjp(_f32(grad))
+    _, vjp = jax.vjp(f, to_opmath(x), w.astype(acc), b)
+    gx, gw, gb = vjp(to_opmath(grad))
     return (
         gx.astype(x.dtype) if mask[0] else None,
         gw.astype(w.dtype) if mask[1] else None,
@@ -174,7 +174,7 @@ def batch_norm_backward(
 
 
 def _group_norm(x, weight, bias, n, c, hxw, group, eps):
-    xf = _f32(x).reshape(n, group, -1)
+    xf = to_opmath(x).reshape(n, group, -1)
     mean = jnp.mean(xf, axis=-1)
     var = jnp.mean(jnp.square(xf - mean[..., None]), axis=-1)
     rstd = lax.rsqrt(var + eps)
@@ -196,8 +196,8 @@ def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
 def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, output_mask):
     # with the saved statistics, as layer norm: xhat = (x - mean) * rstd per (sample, group)
     shape = (n, group, c // group, -1)
-    xf, g = _f32(x).reshape(shape), _f32(grad).reshape(shape)
-    m, r = _f32(mean)[:, :, None, None], _f32(rstd)[:, :, None, None]
+    xf, g = to_opmath(x).reshape(shape), to_opmath(grad).reshape(shape)
+    m, r = to_opmath(mean)[:, :, None, None], to_opmath(rstd)[:, :, None, None]
     xhat = (xf - m) * r
     w = weight.astype(jnp.float32).reshape(1, group, c // group, 1) if weight is not None else 1.0
     gw_ = g * w

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .nn_common import _f32, _grad_input_meta, _low
+from .dtypes import to_opmath
+from .nn_common import _grad_input_meta, _low
 from .table import lowering, real_only_without_lowering
 
 
@@ -182,7 +183,7 @@ def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
     s = _tuple(stride, nd, k)
     p = _tuple(padding, nd)
     d = (1,) * nd
-    xf = _f32(x)
+    xf = to_opmath(x)
     win, outs = _windows(xf, nd, k, s, p, d, ceil_mode, 0)
     ax = x.ndim - nd
     total = jnp.sum(win, axis=ax)
@@ -225,9 +226,9 @@ def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_i
 
 
 def _vjp_input(f, x, grad):
-    xf = _f32(x)
+    xf = to_opmath(x)
     _, vjp = jax.vjp(f, xf)
-    return vjp(_f32(grad))[0].astype(x.dtype)
+    return vjp(to_opmath(grad))[0].astype(x.dtype)
 
 
 @lowering("avg_pool2d_backward")
@@ -251,7 +252,7 @@ def _bins(n_in, n_out):
 
 
 def _adaptive_avg(x, nd, output_size):
-    out = _f32(x)
+    out = to_opmath(x)
     for i, o in enumerate(output_size):
         ax = x.ndim - nd + i
         starts, ends = _bins(x.shape[ax], o)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .checks import require, require_index
+from .dtypes import opmath, to_opmath
 from .table import lowering, real_only_without_lowering
 
 
@@ -26,29 +27,24 @@ def _acc_dtype(a, dtype):
     return a.dtype
 
 
-def _opmath(d):
-    """The dtype PyTorch accumulates `d` in (float32 for the half types, as CPU and CUDA do)."""
-    return jnp.float32 if d in (jnp.float16, jnp.bfloat16) else d
-
-
 @lowering("sum", "sum.dim_IntList")
 def sum_reduction(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
-    acc = jnp.float32 if d in (jnp.float16, jnp.bfloat16) else d
+    acc = opmath(d)
     return jnp.sum(a.astype(acc), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
 @lowering("mean", "mean.dim")
 def mean(a, dim=None, keepdim=False, dtype=None):
     d = dtype or a.dtype
-    acc = jnp.float32 if d in (jnp.float16, jnp.bfloat16) else d
+    acc = opmath(d)
     return jnp.mean(a.astype(acc), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
 @lowering("prod", "prod.dim_int")
 def prod(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
-    return jnp.prod(a.astype(_opmath(d)), axis=_dims(a, dim), keepdims=keepdim).astype(d)
+    return jnp.prod(a.astype(opmath(d)), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
 @lowering("amax", real_only=True)
@@ -126,7 +122,7 @@ def _count(a, axis):
 @lowering("var.correction")
 def var(a, dim=None, correction=None, keepdim=False):
     axis = _dims(a, dim)
-    x = a.astype(_opmath(a.dtype))
+    x = a.astype(opmath(a.dtype))
     mu = jnp.mean(x, axis=axis, keepdims=True)
     centered = x - mu
     if jnp.iscomplexobj(centered):  # |x - mean|^2: the variance of a complex tensor is real
@@ -155,7 +151,7 @@ def std_mean(a, dim=None, correction=None, keepdim=False):
 @lowering("nansum", real_only=True)
 def nansum(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
-    x = a.astype(_opmath(d))
+    x = a.astype(opmath(d))
     if jnp.issubdtype(x.dtype, jnp.floating):
         x = jnp.where(jnp.isnan(x), 0, x)
     return jnp.sum(x, axis=_dims(a, dim), keepdims=keepdim).astype(d)
@@ -178,7 +174,7 @@ def count_nonzero(a, dim=None):
 def logsumexp(a, dim, keepdim=False):
     if not jnp.issubdtype(a.dtype, jnp.inexact):
         a = a.astype(jnp.float32)
-    x = a.astype(_opmath(a.dtype))
+    x = a.astype(opmath(a.dtype))
     axis = _dims(a, dim)
     # the shift is the largest real part (complex too: log's principal branch does not depend on it)
     re = x.real if jnp.iscomplexobj(x) else x
@@ -198,20 +194,20 @@ def _axis(a, dim):
 @lowering("cumsum")
 def cumsum(a, dim, dtype=None):
     d = _acc_dtype(a, dtype)
-    x = a.astype(_opmath(d))
+    x = a.astype(opmath(d))
     return (jnp.cumsum(x, axis=_axis(a, dim)) if a.ndim else x).astype(d)
 
 
 @lowering("cumprod")
 def cumprod(a, dim, dtype=None):
     d = _acc_dtype(a, dtype)
-    x = a.astype(_opmath(d))
+    x = a.astype(opmath(d))
     return (jnp.cumprod(x, axis=_axis(a, dim)) if a.ndim else x).astype(d)
 
 
 @lowering("logcumsumexp")
 def logcumsumexp(a, dim):
-    x = a.astype(_opmath(a.dtype))
+    x = a.astype(opmath(a.dtype))
     return (lax.cumlogsumexp(x, axis=_axis(a, dim)) if a.ndim and a.size else x).astype(a.dtype)
 
 
@@ -449,7 +445,7 @@ def _norm(x, ord, axis, keepdim):
 @lowering("linalg_vector_norm", static_scalars=True)
 def vector_norm(a, ord=2, dim=None, keepdim=False, dtype=None):
     d = dtype or a.dtype
-    x = a.astype(_opmath(d))
+    x = a.astype(opmath(d))
     return _norm(x, ord, _dims(a, dim), keepdim).astype(d)
 
 
@@ -458,18 +454,18 @@ def norm(a, p=2, dim=None, keepdim=False, dtype=None):
     if p is None:
         p = 2
     d = dtype or a.dtype
-    return _norm(a.astype(_opmath(d)), p, _dims(a, dim), keepdim).astype(d)
+    return _norm(a.astype(opmath(d)), p, _dims(a, dim), keepdim).astype(d)
 
 
 @lowering("dist", static_scalars=True)
 def dist(a, b, p=2):
     diff = a - b
-    return _norm(diff.astype(_opmath(diff.dtype)), p, None, False).astype(diff.dtype)
+    return _norm(diff.astype(opmath(diff.dtype)), p, None, False).astype(diff.dtype)
 
 
 @lowering("renorm", static_scalars=True)
 def renorm(a, p, dim, maxnorm):
-    x = a.astype(_opmath(a.dtype))
+    x = a.astype(opmath(a.dtype))
     axis = tuple(d for d in range(a.ndim) if d != dim % a.ndim)
     n = _norm(x, p, axis, True)
     scale = jnp.where(n > maxnorm, maxnorm / (n + 1e-7), 1.0)
@@ -580,7 +576,7 @@ def _segment_reduce(data, reduce, lengths, offsets, axis, initial):
     ends = jnp.cumsum(lengths, axis=-1)  # (lead..., S)
     pos = jnp.arange(n)
     member = (pos >= (ends - lengths)[..., None]) & (pos < ends[..., None])  # (lead..., S, N)
-    x = data.astype(jnp.float32) if data.dtype in (jnp.float16, jnp.bfloat16) else data
+    x = to_opmath(data)
     x = jnp.expand_dims(x, axis)  # (lead..., 1, N, rest...)
     rest = data.ndim - axis - 1
     m = member.reshape(member.shape + (1,) * rest)  # (lead..., S, N, 1...)
@@ -630,7 +626,7 @@ def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=
 
 @lowering("_segment_reduce_backward")
 def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
-    x = data.astype(jnp.float32) if data.dtype in (jnp.float16, jnp.bfloat16) else data
+    x = to_opmath(data)
     _, vjp = jax.vjp(lambda v: _segment_reduce(v, reduce, lengths, offsets, axis, initial).astype(v.dtype), x)
     return vjp(grad.astype(x.dtype))[0].astype(data.dtype)
 

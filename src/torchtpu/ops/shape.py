@@ -12,11 +12,8 @@ import numpy as np
 from jax import lax
 
 from .argument_checks import out_overlaps_inputs_check
+from .dtypes import to_opmath
 from .table import lowering
-
-
-def _f32(a):
-    return a.astype(jnp.float32) if a.dtype in (jnp.float16, jnp.bfloat16) else a
 
 
 # ---------------------------------------------------------------- concatenation
@@ -82,8 +79,8 @@ def _mode_pad(x, padding, mode):
 
 
 def _pad_backward(grad, x, padding, mode):
-    _, vjp = jax.vjp(lambda v: _mode_pad(v, padding, mode), _f32(x))
-    return vjp(_f32(grad))[0].astype(x.dtype)
+    _, vjp = jax.vjp(lambda v: _mode_pad(v, padding, mode), to_opmath(x))
+    return vjp(to_opmath(grad))[0].astype(x.dtype)
 
 
 @lowering("reflection_pad1d", "reflection_pad2d", "reflection_pad3d")
@@ -196,9 +193,9 @@ def col2im(cols, output_size, kernel_size, dilation, padding, stride):
     kh, kw = kernel_size
     c = (cols.shape[1] if batched else cols.shape[0]) // (kh * kw)
     shape = ((n,) if batched else ()) + (c,) + tuple(output_size)
-    zero = jnp.zeros(shape, _f32(cols).dtype)
+    zero = jnp.zeros(shape, to_opmath(cols).dtype)
     _, vjp = jax.vjp(lambda v: _im2col(v, kernel_size, dilation, padding, stride), zero)
-    return vjp(_f32(cols))[0].astype(cols.dtype)
+    return vjp(to_opmath(cols))[0].astype(cols.dtype)
 
 
 # ---------------------------------------------------------------- resampling
@@ -241,7 +238,7 @@ def _linear_weights(n_in, n_out, align_corners, scale, dtype=np.float32):
 
 def _linear(x, output_size, align_corners, scales):
     nd = len(output_size)
-    y = _f32(x)
+    y = to_opmath(x)
     for i, n_out in enumerate(output_size):
         ax = y.ndim - nd + i
         i0, i1, l0, l1 = _linear_weights(y.shape[ax], n_out, align_corners, scales[i], _weight_dtype(x))
@@ -273,7 +270,7 @@ def cubic_coeffs(t, a=-0.75, r=_same):
 
 
 def _bicubic(x, output_size, align_corners, scales):
-    y = _f32(x)
+    y = to_opmath(x)
     dtype = _weight_dtype(x)
     for i, n_out in enumerate(output_size):
         ax = y.ndim - 2 + i
@@ -295,9 +292,9 @@ def _bicubic(x, output_size, align_corners, scales):
 
 
 def _resample_backward(fn, grad, input_size):
-    zero = jnp.zeros(tuple(input_size), _f32(grad).dtype)
+    zero = jnp.zeros(tuple(input_size), to_opmath(grad).dtype)
     _, vjp = jax.vjp(fn, zero)
-    return vjp(_f32(grad))[0].astype(grad.dtype)
+    return vjp(to_opmath(grad))[0].astype(grad.dtype)
 
 
 def _scales(scales, output_size):

@@ -580,34 +580,12 @@ class SingleTraceTrainer:
     def _trace_executable(self, graph, tensors, n_ph, plan, grads_in, counts, static, host, records, device):
         program = graph.program
         optimizer = self.optimizer
-        update = optimizer._update if optimizer is not None else None
-        template, n_off = [], 0
-        slot_of = {id(r): i for i, r in enumerate(records)}
-        for t in tensors:
-            r = RECORDS[t.untyped_storage().data_ptr()]
-            dyn = None
-            if is_partial(t, r):  # the same order as key_tensor's offsets
-                dyn, n_off = n_off, n_off + 1
-            template.append(tensor_arg(t, slot_of[id(r)], r, dyn))
+        template, n_off = _template(tensors, records)
         if optimizer is not None:
             template.append(ValueArg())  # the host scalars, one row per updated parameter
-        # written views, in the order `run` returns their values
-        writes = []
-        if optimizer is not None:
-            at = n_ph
-            for i, n in zip(plan, counts):
-                writes.append(template[i])
-                writes += template[at : at + n]
-                at += n
-        else:
-            at = n_ph
-            for g in grads_in:
-                if g is not None:
-                    writes.append(template[at])
-                    at += 1
-        writes += [template[i] for i in graph.mutated]
+        writes = _written_views(template, graph, n_ph, plan, counts, grads_in, optimizer is not None)
         mutated_slots = sorted({w.slot for w in writes})
-        grad_of, mutated = graph.grad_of, graph.mutated
+        grad_of = graph.grad_of
         accumulate = [g is not None for g in grads_in]
         out_specs = [(tuple(graph.loss_meta.shape), graph.loss_meta.dtype)]
         if optimizer is None:
@@ -616,36 +594,6 @@ class SingleTraceTrainer:
                 for i, acc in zip(plan, accumulate)
                 if not acc
             ]
-
-        def run(arguments, key):
-            values = arguments[:n_ph]
-            outputs, mutations = program.run(values, key)
-            loss, grads = outputs[0], outputs[1:]
-            written, outs = [], [loss]
-            if optimizer is not None:
-                rows = arguments[-1]
-                at = n_ph
-                for k, (i, n) in enumerate(zip(plan, counts)):
-                    param = values[i]
-                    grad = grads[grad_of[i]].astype(param.dtype).reshape(-1)
-                    new_param, new_states = update(
-                        static[k], param.reshape(-1), grad, [s.reshape(-1) for s in arguments[at : at + n]], rows[k]
-                    )
-                    written.append(new_param.reshape(param.shape))
-                    written += [s.reshape(old.shape) for s, old in zip(new_states, arguments[at : at + n])]
-                    at += n
-            else:
-                at = n_ph
-                for i, acc in zip(plan, accumulate):
-                    grad = grads[grad_of[i]]
-                    if acc:  # += into the existing .grad, in its dtype (AccumulateGrad)
-                        old = arguments[at]
-                        written.append((old + grad.astype(old.dtype)).astype(old.dtype))
-                        at += 1
-                    else:
-                        outs.append(grad)
-            written += [mutations[i] for i in mutated]
-            return outs, written, []
 
         def cast(outs):
             return [stored_output(v, dt.to_jax(dtype)) for v, (_, dtype) in zip(outs, out_specs)]
@@ -660,7 +608,7 @@ class SingleTraceTrainer:
                 random=program.random,
                 n_offsets=n_off,
                 template=template,
-                run=run,
+                run=_step_function(graph, n_ph, plan, counts, static, accumulate, optimizer),
                 outputs=cast,
                 writes=[tuple(w) for w in writes],
                 mutated_slots=mutated_slots,
@@ -670,16 +618,94 @@ class SingleTraceTrainer:
         entry.mutated_slots = mutated_slots
         entry.donate = bool(mutated_slots) and options.donation_enabled()
         entry.outs = out_specs
-        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
-        sample = [jax.ShapeDtypeStruct(r.shape, dt.to_jax(r.dtype), sharding=sharding) for r in records]
-        if optimizer is not None:
-            sample.append(jax.ShapeDtypeStruct(host.shape, np.float32))
-        if program.random:
-            sample.append(jax.ShapeDtypeStruct((3,), np.uint32))
-        sample.extend(jax.ShapeDtypeStruct((), np.int64) for _ in range(n_off))
-        jitted = jax.jit(traced, donate_argnums=tuple(mutated_slots) if entry.donate else ())
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            entry.fn = jitted.lower(*sample).compile(xla_options.jax_options())
-        tpu_check.check(jitted, sample, entry.where)
+        host_scalars = host if optimizer is not None else None
+        entry.fn = _compile(traced, entry, records, host_scalars, program.random, n_off, device)
         return entry
+
+
+def _template(tensors, records):
+    """(the step's tensor arguments as executable.tensor_arg templates, the number of traced offsets)."""
+    template, n_off = [], 0
+    slot_of = {id(r): i for i, r in enumerate(records)}
+    for t in tensors:
+        r = RECORDS[t.untyped_storage().data_ptr()]
+        dyn = None
+        if is_partial(t, r):  # the same order as key_tensor's offsets
+            dyn, n_off = n_off, n_off + 1
+        template.append(tensor_arg(t, slot_of[id(r)], r, dyn))
+    return template, n_off
+
+
+def _written_views(template, graph, n_ph, plan, counts, grads_in, with_optimizer):
+    """The views a step writes, in the order its function returns their values: each updated parameter
+    and its optimizer states (or the accumulated .grads), then the graph's mutated inputs."""
+    writes = []
+    at = n_ph
+    if with_optimizer:
+        for i, n in zip(plan, counts):
+            writes.append(template[i])
+            writes += template[at : at + n]
+            at += n
+    else:
+        for g in grads_in:
+            if g is not None:
+                writes.append(template[at])
+                at += 1
+    return writes + [template[i] for i in graph.mutated]
+
+
+def _step_function(graph, n_ph, plan, counts, static, accumulate, optimizer):
+    """The step as executable.Program's `run`: the joint graph, then the optimizer's update of each
+    parameter (or the gradients accumulated into .grad, or returned)."""
+    program, grad_of, mutated = graph.program, graph.grad_of, graph.mutated
+    update = optimizer._update if optimizer is not None else None
+
+    def run(arguments, key):
+        values = arguments[:n_ph]
+        outputs, mutations = program.run(values, key)
+        loss, grads = outputs[0], outputs[1:]
+        written, outs = [], [loss]
+        at = n_ph
+        if optimizer is not None:
+            rows = arguments[-1]
+            for k, (i, n) in enumerate(zip(plan, counts)):
+                param = values[i]
+                grad = grads[grad_of[i]].astype(param.dtype).reshape(-1)
+                new_param, new_states = update(
+                    static[k], param.reshape(-1), grad, [s.reshape(-1) for s in arguments[at : at + n]], rows[k]
+                )
+                written.append(new_param.reshape(param.shape))
+                written += [s.reshape(old.shape) for s, old in zip(new_states, arguments[at : at + n])]
+                at += n
+        else:
+            for i, acc in zip(plan, accumulate):
+                grad = grads[grad_of[i]]
+                if acc:  # += into the existing .grad, in its dtype (AccumulateGrad)
+                    old = arguments[at]
+                    written.append((old + grad.astype(old.dtype)).astype(old.dtype))
+                    at += 1
+                else:
+                    outs.append(grad)
+        written += [mutations[i] for i in mutated]
+        return outs, written, []
+
+    return run
+
+
+def _compile(traced, entry, records, host, random, n_off, device):
+    """`traced` compiled ahead of time for the step's buffers (donating the written ones when
+    entry.donate), the optimizer's host scalars `host` (None without an optimizer), a PRNG key when
+    `random`, and `n_off` traced offsets; checked for a TPU when TORCHTPU_TPU_COMPILE_CHECK asks."""
+    sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
+    sample = [jax.ShapeDtypeStruct(r.shape, dt.to_jax(r.dtype), sharding=sharding) for r in records]
+    if host is not None:
+        sample.append(jax.ShapeDtypeStruct(host.shape, np.float32))
+    if random:
+        sample.append(jax.ShapeDtypeStruct((3,), np.uint32))
+    sample.extend(jax.ShapeDtypeStruct((), np.int64) for _ in range(n_off))
+    jitted = jax.jit(traced, donate_argnums=tuple(entry.mutated_slots) if entry.donate else ())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        compiled = jitted.lower(*sample).compile(xla_options.jax_options())
+    tpu_check.check(jitted, sample, entry.where)
+    return compiled

@@ -1,0 +1,724 @@
+"""Lowerings: matrix decompositions and solves (Cholesky, LU, LDL, QR, eigen- and singular value
+decompositions, triangular and general solves, least squares, determinants, inverses) and the
+device-side report of their failures. Products and the matmul precision are in linalg.py."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from ..device.platform import lowering_platform
+from .checks import require
+from .table import lowering
+
+# ---------------------------------------------------------------- decompositions: error reporting
+_FAILURES = {  # PyTorch's wording, without the failing element's number (the check runs on the device)
+    "cholesky": "The factorization could not be completed because the input is not positive-definite",
+    "inv": "The diagonal element is zero, the inversion could not be completed because the input matrix is singular",
+    "solve": "The solver failed because the input matrix is singular",
+    "lu_factor": "The factorization could not be completed because the input matrix is singular (a zero pivot)",
+    "eigh": "The algorithm failed to converge because the input matrix is ill-conditioned or has too many "
+    "repeated eigenvalues",
+    "svd": "The algorithm failed to converge because the input matrix is ill-conditioned or has too many "
+    "repeated singular values",
+}
+
+
+@lowering("_linalg_check_errors")
+def linalg_check_errors(info, api_name, is_matrix):
+    """`check_errors=True` of the linalg ops: a nonzero `info` is a device-side assert (checks.py)."""
+    kind = next((k for k in _FAILURES if api_name.split(".")[-1].startswith(k)), None)
+    reason = _FAILURES[kind] if kind else "the operation failed (info != 0)"
+    require(info == 0, f"{api_name}: {reason}")
+    return ()
+
+
+# ---------------------------------------------------------------- decompositions and solves
+# LAPACK's factorizations and solves through XLA's (jax.lax.linalg: LAPACK on CPU, cuSOLVER on GPU,
+# XLA's own expansions on TPU), returning what PyTorch's CPU kernels return: 1-based int32 pivots,
+# int32 `info`, empty tensors for outputs that were not asked for. PyTorch's meta kernels have
+# already checked shapes and dtypes (square, same dtype, floating or complex) before we get here.
+_LOW_PRECISION = {jnp.dtype(jnp.float16): "Half", jnp.dtype(jnp.bfloat16): "BFloat16"}
+
+
+def _lapack_dtype(a, kernel):
+    """PyTorch has no half-precision decompositions (its meta kernels let them through): same error."""
+    if a.dtype in _LOW_PRECISION:
+        raise RuntimeError(f"\"{kernel}_tpu\" not implemented for '{_LOW_PRECISION[a.dtype]}'")
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return jnp.conj(_mT(x)) if jnp.iscomplexobj(x) else _mT(x)
+
+
+def _exact_mm(a, b):
+    # products inside a decomposition keep full float32 precision whatever the matmul setting
+    return jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
+
+
+def _broadcast_batch(*xs):
+    """(array, number of non-batch dims) pairs -> the arrays with their batch dims broadcast together."""
+    batch = jnp.broadcast_shapes(*(x.shape[:-core] for x, core in xs))
+    return [jnp.broadcast_to(x, batch + x.shape[x.ndim - core :]) for x, core in xs]
+
+
+def _empty(dtype):
+    return jnp.zeros((0,), dtype)
+
+
+def _tri_solve(a, b, *, upper, left=True, transpose=False, conjugate=False, unit=False):
+    """op(a) x = b (left) or x op(a) = b, reading only a's upper or lower triangle."""
+    a, b = _broadcast_batch((a, 2), (b, 2))
+    return lax.linalg.triangular_solve(
+        a, b, left_side=left, lower=not upper, transpose_a=transpose, conjugate_a=conjugate, unit_diagonal=unit
+    )
+
+
+# ---- Cholesky
+def _first_bad_minor(a):
+    """LAPACK's potrf `info` for each matrix of the batch: 1 + the first column whose pivot is not
+    positive (or is NaN), 0 when there is none. XLA's Cholesky only says "failed" (it returns NaN),
+    so the failing order is found again by an unblocked right-looking factorization of the lower
+    triangle. Run only when some matrix failed."""
+    n = a.shape[-1]
+    rows = jnp.arange(n)
+
+    def step(j, state):
+        work, info = state
+        pivot = jnp.real(work[..., j, j])
+        bad = ~(pivot > 0)
+        info = jnp.where((info == 0) & bad, j + 1, info)
+        col = work[..., :, j] / jnp.sqrt(jnp.where(bad, 1, pivot))[..., None]
+        col = jnp.where(rows > j, col, 0)
+        return work - col[..., :, None] * jnp.conj(col[..., None, :]), info
+
+    info = jnp.zeros(a.shape[:-2], jnp.int32)
+    return lax.fori_loop(0, n, step, (jnp.tril(a), info))[1]
+
+
+def _cholesky(a, upper):
+    """(L or U, info) as linalg.cholesky_ex: the factor of the triangle PyTorch reads, NaN where the
+    matrix is not positive-definite (LAPACK leaves a partial factor there: unspecified values)."""
+    _lapack_dtype(a, "cholesky")
+    zeros = jnp.zeros(a.shape[:-2], jnp.int32)
+    if a.shape[-1] == 0:
+        return a, zeros
+    lower_part = _mH(a) if upper else a  # A = U^H U reads the upper triangle: that is A^H's lower
+    low = lax.linalg.cholesky(lower_part, symmetrize_input=False)
+    failed = ~jnp.all(jnp.isfinite(low), axis=(-2, -1))
+    found = lax.cond(jnp.any(failed), lambda: _first_bad_minor(lower_part), lambda: zeros)
+    # a failure XLA saw but the unblocked pass did not (rounding at the edge): still a failure
+    info = jnp.where(failed, jnp.where(found == 0, a.shape[-1], found), 0).astype(jnp.int32)
+    return (_mH(low) if upper else low), info
+
+
+@lowering("linalg_cholesky_ex")
+def linalg_cholesky_ex(a, upper=False, check_errors=False):
+    factor, info = _cholesky(a, upper)
+    if check_errors:
+        linalg_check_errors(info, "linalg.cholesky", a.ndim == 2)
+    return factor, info
+
+
+@lowering("cholesky")
+def cholesky(a, upper=False):
+    """The deprecated torch.cholesky: always checks."""
+    factor, info = _cholesky(a, upper)
+    linalg_check_errors(info, "cholesky", a.ndim == 2)
+    return factor
+
+
+def _cholesky_solve(b, factor, upper):
+    """x with (L L^H) x = b, or (U^H U) x = b: two triangular solves."""
+    if upper:
+        y = _tri_solve(factor, b, upper=True, transpose=True, conjugate=True)
+        return _tri_solve(factor, y, upper=True)
+    y = _tri_solve(factor, b, upper=False)
+    return _tri_solve(factor, y, upper=False, transpose=True, conjugate=True)
+
+
+@lowering("_cholesky_solve_helper")
+def cholesky_solve_helper(b, factor, upper):
+    _lapack_dtype(b, "cholesky_solve")
+    return _cholesky_solve(b, factor, upper)
+
+
+@lowering("cholesky_inverse")
+def cholesky_inverse(factor, upper=False):
+    _lapack_dtype(factor, "cholesky_inverse")
+    eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
+    return _cholesky_solve(eye, factor, upper)
+
+
+# ---- triangular solves
+@lowering("linalg_solve_triangular")
+def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
+    _lapack_dtype(a, "triangular_solve")
+    return _tri_solve(a, b, upper=upper, left=left, unit=unitriangular)
+
+
+@lowering("triangular_solve")
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    """The deprecated torch.triangular_solve: op(A) X = B with op a plain transpose (no conjugate);
+    also returns A broadcast to the batch (`cloned_coefficient`)."""
+    _lapack_dtype(a, "triangular_solve")
+    a, b = _broadcast_batch((a, 2), (b, 2))
+    return _tri_solve(a, b, upper=upper, transpose=transpose, unit=unitriangular), a
+
+
+# ---- LU
+def _lu(a):
+    """(LU, pivots, info, permutation) as LAPACK's getrf: pivots 1-based int32 row swaps, info the
+    1-based index of the first zero on U's diagonal (a singular matrix still factors). The
+    permutation (0-based) says which row of A each row of L U is: A[perm] = L U."""
+    _lapack_dtype(a, "lu")
+    if 0 in a.shape[-2:]:  # nothing to factor (XLA's LU wants a matrix)
+        k = min(a.shape[-2:])
+        return (
+            a,
+            jnp.zeros(a.shape[:-2] + (k,), jnp.int32),
+            jnp.zeros(a.shape[:-2], jnp.int32),
+            jnp.broadcast_to(jnp.arange(a.shape[-2], dtype=jnp.int32), a.shape[:-1]),
+        )
+    lu, pivots, perm = lax.linalg.lu(a)
+    zero = jnp.diagonal(lu, axis1=-2, axis2=-1) == 0
+    info = jnp.where(jnp.any(zero, axis=-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
+    return lu, (pivots + 1).astype(jnp.int32), info, perm
+
+
+def _no_pivoting():
+    raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
+
+
+def _pivots_to_perm(pivots, n):
+    """LAPACK's 1-based row swaps as the permutation of n rows they make."""
+    return lax.linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, n)
+
+
+def _unpack_lu(lu):
+    """L (unit lower, m x k) and U (upper, k x n) of a packed m x n LU, k = min(m, n)."""
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    return lower, jnp.triu(lu[..., :k, :])
+
+
+def _permutation_matrix(perm, dtype):
+    """P with A = P L U, from A[perm] = L U: P[perm[i], i] = 1."""
+    return _mT(jax.nn.one_hot(perm, perm.shape[-1], dtype=dtype))
+
+
+@lowering("linalg_lu_factor_ex")
+def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
+    if not pivot:
+        _no_pivoting()
+    lu, pivots, info, _ = _lu(a)
+    if check_errors:
+        linalg_check_errors(info, "linalg.lu_factor_ex", a.ndim == 2)
+    return lu, pivots, info
+
+
+@lowering("linalg_lu")
+def linalg_lu(a, pivot=True):
+    if not pivot:
+        _no_pivoting()
+    lu, _, _, perm = _lu(a)
+    lower, upper = _unpack_lu(lu)
+    return _permutation_matrix(perm, a.dtype), lower, upper
+
+
+@lowering("lu_unpack")
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    lower, upper = _unpack_lu(lu) if unpack_data else (_empty(lu.dtype), _empty(lu.dtype))
+    if not unpack_pivots:
+        return _empty(lu.dtype), lower, upper
+    return _permutation_matrix(_pivots_to_perm(pivots, lu.shape[-2]), lu.dtype), lower, upper
+
+
+def _lu_solve_left(lu, perm, b, adjoint):
+    """x with A x = b (or A^H x = b) for A[perm] = L U packed in `lu`."""
+    lu, perm, b = _broadcast_batch((lu, 2), (perm, 1), (b, 2))
+    if not adjoint:  # L U x = b[perm]
+        y = _tri_solve(lu, jnp.take_along_axis(b, perm[..., None], axis=-2), upper=False, unit=True)
+        return _tri_solve(lu, y, upper=True)
+    # A^H = U^H L^H P^T: x = P L^-H U^-H b, and (P z)[perm] = z
+    y = _tri_solve(lu, b, upper=True, transpose=True, conjugate=True)
+    z = _tri_solve(lu, y, upper=False, transpose=True, conjugate=True, unit=True)
+    return jnp.take_along_axis(z, jnp.argsort(perm, axis=-1)[..., None], axis=-2)
+
+
+def _lu_solve(lu, perm, b, left=True, adjoint=False):
+    if left:
+        return _lu_solve_left(lu, perm, b, adjoint)
+    # x op(A) = b  <=>  op(A)^H x^H = b^H
+    return _mH(_lu_solve_left(lu, perm, _mH(b), not adjoint))
+
+
+@lowering("linalg_lu_solve")
+def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
+    _lapack_dtype(lu, "lu_solve")
+    return _lu_solve(lu, _pivots_to_perm(pivots, lu.shape[-1]), b, left, adjoint)
+
+
+# ---- LDL (Bunch-Kaufman), LAPACK's ?sytf2 with uplo='L' as PyTorch calls it
+_BK_ALPHA = (1 + 17**0.5) / 8
+
+
+def _cabs1(x):
+    """LAPACK's pivot magnitude: |re| + |im| for complex (zsytf2's CABS1), |x| for real."""
+    return jnp.abs(x.real) + jnp.abs(x.imag) if jnp.iscomplexobj(x) else jnp.abs(x)
+
+
+def _ldl_one(a, herm=False):
+    """One n x n symmetric matrix (its lower triangle): (LD, 1-based int32 pivots, info) as ?sytf2
+    (?hetf2 for a complex Hermitian one, `herm`: conjugated mirror and updates, a real diagonal).
+    A column loop: at column k pick a 1x1 or 2x2 pivot by Bunch-Kaufman's rule, swap it into place
+    by a symmetric row/column interchange of the trailing block only (LAPACK's convention: earlier
+    columns of L are not permuted), then eliminate. The trailing block is kept symmetric by mirroring
+    its lower triangle, which is all LAPACK reads."""
+    n = a.shape[-1]
+    idx = jnp.arange(n)
+    lower = idx[:, None] >= idx[None, :]
+
+    def sym(m):
+        if not herm:
+            return jnp.where(lower, m, _mT(m))
+        m = jnp.where(lower, m, jnp.conj(_mT(m)))
+        return jnp.where(idx[:, None] == idx[None, :], m.real.astype(m.dtype), m)  # ?hetf2 drops Im(diag)
+
+    def body(state):
+        k, m, piv, info = state
+        zero, kstep, kp = _bunch_kaufman_pivot(m, k, herm)
+        kk = k + kstep - 1
+        # interchange rows and columns kk and kp of the trailing block
+        p = jnp.where(idx == kk, kp, jnp.where(idx == kp, kk, idx))
+        trailing = (idx[:, None] >= k) & (idx[None, :] >= k)
+        m = jnp.where(trailing, m[p][:, p], m)
+        m = jnp.where(zero, m, jnp.where(kstep == 1, _eliminate_1x1(m, k, zero, herm), _eliminate_2x2(m, k, herm)))
+        m = sym(m)
+        kp = kp.astype(jnp.int32)
+        piv = jnp.where(
+            kstep == 1, piv.at[k].set(kp + 1), piv.at[k].set(-(kp + 1)).at[jnp.minimum(k + 1, n - 1)].set(-(kp + 1))
+        )
+        info = jnp.where(zero & (info == 0), k + 1, info)
+        return k + kstep, m, piv, info
+
+    _, m, piv, info = lax.while_loop(
+        lambda s: s[0] < n, body, (jnp.int32(0), sym(a), jnp.zeros((n,), jnp.int32), jnp.int32(0))
+    )
+    return jnp.tril(m), piv, info
+
+
+def _conj_if(x, herm):
+    return jnp.conj(x) if herm else x
+
+
+def _bunch_kaufman_pivot(m, k, herm):
+    """Column k's pivot by Bunch-Kaufman's rule, as ?sytf2 picks it: (zero: the column is zero or NaN,
+    nothing to eliminate; kstep: a 1x1 or a 2x2 pivot; kp: the row swapped into place)."""
+    n = m.shape[-1]
+    idx = jnp.arange(n)
+    col = m[:, k]
+    absakk = jnp.abs(m[k, k].real) if herm else _cabs1(m[k, k])
+    mags = jnp.where(idx > k, _cabs1(col), -1)
+    imax = jnp.argmax(mags)  # the first largest, as LAPACK's i?amax
+    colmax = jnp.where(k < n - 1, jnp.max(mags), 0).astype(absakk.dtype)
+    row = m[imax]  # the matrix is symmetric: row imax = column imax
+    rowmax = jnp.max(jnp.where((idx >= k) & (idx != imax), _cabs1(row), 0)).astype(absakk.dtype)
+    zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+    one_here = zero | (absakk >= _BK_ALPHA * colmax) | (absakk * rowmax >= _BK_ALPHA * colmax * colmax)
+    diag_imax = jnp.abs(m[imax, imax].real) if herm else _cabs1(m[imax, imax])
+    take_imax = ~one_here & (diag_imax >= _BK_ALPHA * rowmax)
+    kstep = jnp.where(one_here | take_imax, 1, 2)
+    kp = jnp.where(one_here, k, imax)
+    return zero, kstep, kp
+
+
+def _eliminate_1x1(m, k, zero, herm):
+    """A 1x1 pivot at (k, k): L's column is the column over d11; the trailing block loses its rank-1
+    part."""
+    below = jnp.arange(m.shape[-1]) > k
+    col = m[:, k]
+    d11 = 1 / jnp.where(zero, 1, m[k, k].real if herm else m[k, k])
+    x = jnp.where(below, col, 0)
+    one = m + x[:, None] * (-d11 * _conj_if(x, herm))[None, :]
+    return one.at[:, k].set(jnp.where(below, col * d11, col))
+
+
+def _eliminate_2x2(m, k, herm):
+    """A 2x2 pivot at rows and columns k, k+1 (LAPACK's update through wk, wkp1)."""
+    n = m.shape[-1]
+    k1 = jnp.minimum(k + 1, n - 1)
+    col = m[:, k]
+    col1 = m[:, k + 1 if n > 1 else 0]
+    d21 = m[k1, k]
+    d21s = jnp.where(d21 == 0, 1, d21)
+    below2 = jnp.arange(n) > k + 1
+    if herm:  # ?hetf2: scaled by |d21|, the off-diagonal's phase kept in d21 / |d21|
+        dd = jnp.abs(d21s)
+        e11 = m[k1, k1].real / dd
+        e22 = m[k, k].real / dd
+        t = 1 / (e11 * e22 - 1)
+        ph = d21s / dd
+        dd = t / dd
+        wk = jnp.where(below2, dd * (e11 * col - ph * col1), 0)
+        wkp1 = jnp.where(below2, dd * (e22 * col1 - jnp.conj(ph) * col), 0)
+    else:
+        e11 = m[k1, k1] / d21s
+        e22 = m[k, k] / d21s
+        t = 1 / (e11 * e22 - 1)
+        d21t = t / d21s
+        wk = jnp.where(below2, d21t * (e11 * col - col1), 0)
+        wkp1 = jnp.where(below2, d21t * (e22 * col1 - col), 0)
+    two = m - (
+        jnp.where(below2, col, 0)[:, None] * _conj_if(wk, herm)[None, :]
+        + jnp.where(below2, col1, 0)[:, None] * _conj_if(wkp1, herm)[None, :]
+    )
+    two = two.at[:, k].set(jnp.where(below2, wk, col))
+    return two.at[:, k1].set(jnp.where(below2, wkp1, col1))
+
+
+def _ldl_dtype(a, kernel):
+    if a.dtype in _LOW_PRECISION:  # the CPU's error for these kernels is a NotImplementedError
+        raise NotImplementedError(f"\"{kernel}_kernel_tpu\" not implemented for '{_LOW_PRECISION[a.dtype]}'")
+
+
+@lowering("linalg_ldl_factor_ex")
+def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
+    _ldl_dtype(a, "ldl_factor")
+    n = a.shape[-1]
+    if n == 0:
+        return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
+    herm = bool(hermitian) and jnp.iscomplexobj(a)
+    fn = lambda m: _ldl_one(m, herm)
+    for _ in range(a.ndim - 2):
+        fn = jax.vmap(fn)
+    ld, piv, info = fn(a)
+    if check_errors:
+        linalg_check_errors(info, "torch.linalg.ldl_factor_ex", a.ndim == 2)
+    return ld, piv, info
+
+
+def _ldl_solve_one(ld, piv, b, herm=False):
+    """?sytrs (?hetrs for `herm`), uplo='L': solve L D X = P B column by column of the factorization,
+    then L^T X = ... (L^H for ?hetrs)."""
+    n = ld.shape[-1]
+    idx = jnp.arange(n)
+
+    def swap(b, i, j):
+        p = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
+        return b[p]
+
+    def forward(state):
+        k, b = state
+        two = piv[k] < 0
+        kp = jnp.where(two, -piv[k], piv[k]) - 1
+        k1 = jnp.minimum(k + 1, n - 1)
+        b = swap(b, jnp.where(two, k1, k), kp)
+        col, col1 = ld[:, k], ld[:, k1]
+        # 1x1
+        one = b - jnp.where(idx > k, col, 0)[:, None] * b[k][None, :]
+        one = one.at[k].set(one[k] / ld[k, k])
+        # 2x2
+        below2 = idx > k + 1
+        tw = b - (
+            jnp.where(below2, col, 0)[:, None] * b[k][None, :] + jnp.where(below2, col1, 0)[:, None] * b[k1][None, :]
+        )
+        akm1k = ld[k1, k]
+        akm1k = jnp.where(akm1k == 0, 1, akm1k)
+        akm1kc = jnp.conj(akm1k) if herm else akm1k
+        akm1, ak = ld[k, k] / akm1kc, ld[k1, k1] / akm1k  # D = [[d1, conj(c)], [c, d2]], c below
+        denom = akm1 * ak - 1
+        bkm1, bk = tw[k] / akm1kc, tw[k1] / akm1k
+        tw = tw.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
+        return k + jnp.where(two, 2, 1), jnp.where(two, tw, one)
+
+    _, b = lax.while_loop(lambda s: s[0] < n, forward, (jnp.int32(0), b))
+
+    def backward(state):
+        k, b = state
+        two = piv[k] < 0
+        kp = jnp.where(two, -piv[k], piv[k]) - 1
+        km1 = jnp.maximum(k - 1, 0)
+        below = jnp.where(idx > k, 1, 0).astype(b.dtype)[:, None]
+        lc = jnp.conj(ld) if herm else ld
+        bk = b[k] - jnp.sum(lc[:, k][:, None] * below * b, 0)
+        bkm1 = b[km1] - jnp.sum(lc[:, km1][:, None] * below * b, 0)
+        b = b.at[k].set(bk)
+        b = jnp.where(two, b.at[km1].set(bkm1), b)
+        b = swap(b, k, kp)
+        return k - jnp.where(two, 2, 1), b
+
+    _, b = lax.while_loop(lambda s: s[0] >= 0, backward, (jnp.int32(n - 1), b))
+    return b
+
+
+@lowering("linalg_ldl_solve")
+def linalg_ldl_solve(ld, pivots, b, hermitian=False):
+    _ldl_dtype(ld, "ldl_solve")
+    if ld.shape[-1] == 0 or b.shape[-1] == 0:
+        return jnp.broadcast_to(b, jnp.broadcast_shapes(ld.shape[:-2], b.shape[:-2]) + b.shape[-2:])
+    (ld, b), piv = _broadcast_batch((ld, 2), (b, 2)), pivots
+    piv = jnp.broadcast_to(piv, ld.shape[:-1])
+    herm = bool(hermitian) and jnp.iscomplexobj(ld)
+    fn = lambda l_, p_, b_: _ldl_solve_one(l_, p_, b_, herm)
+    for _ in range(ld.ndim - 2):
+        fn = jax.vmap(fn)
+    return fn(ld, piv, b.astype(ld.dtype))
+
+
+# ---- determinants, inverse, solve
+def _det_lu(a):
+    """The LU PyTorch's det/slogdet keep for their backward: of A^T for real A (their kernels factor
+    the transpose of a contiguous real A; their backward then solves without the adjoint), of A for
+    complex A. A lowering does not see strides: a non-contiguous real A would get A's own LU there."""
+    return _lu(a if jnp.iscomplexobj(a) else _mT(a))
+
+
+def _pivot_sign(pivots):
+    swaps = jnp.sum(pivots != jnp.arange(1, pivots.shape[-1] + 1, dtype=pivots.dtype), axis=-1)
+    return jnp.where(swaps % 2 == 0, 1, -1)
+
+
+@lowering("_linalg_det")
+def linalg_det(a):
+    lu, pivots, _, _ = _det_lu(a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    return (_pivot_sign(pivots) * jnp.prod(diag, axis=-1)).astype(a.dtype), lu, pivots
+
+
+@lowering("_linalg_slogdet")
+def linalg_slogdet(a):
+    lu, pivots, _, _ = _det_lu(a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    size = jnp.abs(diag)
+    # a zero pivot: sign 0 (times the rest, as PyTorch: -0.0 may come out), log|det| = -inf
+    phase = jnp.prod(diag / jnp.where(size == 0, 1, size).astype(diag.dtype) * (size != 0), axis=-1)
+    sign = (_pivot_sign(pivots) * phase).astype(a.dtype)
+    return sign, jnp.sum(jnp.log(size), axis=-1), lu, pivots
+
+
+@lowering("linalg_inv_ex")
+def linalg_inv_ex(a, check_errors=False):
+    lu, _, info, perm = _lu(a)
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    if check_errors:
+        linalg_check_errors(info, "linalg.inv_ex", a.ndim == 2)
+    return _lu_solve(lu, perm, eye), info
+
+
+@lowering("_linalg_solve_ex")
+def linalg_solve_ex(a, b, left=True, check_errors=False):
+    """A X = B (or X A = B) with PyTorch's rule for vectors: B is a (batch of) vector(s) when it is
+    1-D, or when it has A's shape without the last dimension."""
+    vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+    lu, pivots, info, perm = _lu(a)
+    x = _lu_solve(lu, perm, b[..., None] if vector else b, left)
+    if check_errors:
+        linalg_check_errors(info, "linalg.solve_ex", a.ndim == 2)
+    return (x[..., 0] if vector else x), lu, pivots, info
+
+
+def _lstsq_meta(a, b, rcond=None, *, driver=None):
+    """Output of `linalg_lstsq` on "tpu" (PyTorch has no meta kernel): CUDA's default driver "gels"
+    (the CPU's is "gelsy"), and PyTorch's argument checks. See linalg_lstsq below."""
+    driver = "gels" if driver is None else driver
+    torch._check(
+        driver in ("gels", "gelsy", "gelsd", "gelss"),
+        lambda: (
+            f"torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss), but got {driver}"
+        ),
+    )
+    if driver in ("gelsd", "gelss"):
+        raise NotImplementedError(
+            f"torch.linalg.lstsq: driver {driver!r} is not supported on tpu (its residuals "
+            f"exist only for full-rank inputs, a shape that depends on the values); "
+            f"use 'gels' or 'gelsy'"
+        )
+    torch._check(a.dim() >= 2, lambda: "torch.linalg.lstsq: input must have at least 2 dimensions.")
+    torch._check(
+        a.dim() >= b.dim() and a.dim() - b.dim() <= 1,
+        lambda: (
+            "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1"  # noqa: E501
+        ),
+    )
+    torch._check(
+        a.dtype.is_floating_point or a.dtype.is_complex,
+        lambda: f"torch.linalg.lstsq: Expected input to have floating point or complex dtype, but got {a.dtype}",
+    )
+    torch._check(
+        a.dtype == b.dtype,
+        lambda: (
+            f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got input with dtype "
+            f"{a.dtype} and other with dtype {b.dtype}"
+        ),
+    )
+    vector = b.dim() == a.dim() - 1
+    m, n = a.shape[-2:]
+    torch._check(
+        b.shape[-1 if vector else -2] == m,
+        lambda: f"torch.linalg.lstsq: input.size(-2) should match other.size({-1 if vector else -2})",
+    )
+    k = 1 if vector else b.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[: -1 if vector else -2])
+    real = a.dtype.to_real()
+    solution = a.new_empty((*batch, n) if vector else (*batch, n, k))
+    residuals = a.new_empty((*batch, k) if driver == "gels" and m > n else (0,), dtype=real)
+    rank = a.new_empty(a.shape[:-2] if driver == "gelsy" else (0,), dtype=torch.int64)  # A's batch
+    return solution, residuals, rank, a.new_empty((0,), dtype=real)
+
+
+@lowering("linalg_lstsq", meta=_lstsq_meta)
+def linalg_lstsq(a, b, rcond=None, driver=None):
+    """min ||A X - B||. The default driver is "gels", as on CUDA (the CPU's default is "gelsy"): QR of a
+    full-rank A, residuals when m > n, rank and singular values empty. "gelsy" (rank-revealing, here
+    through the SVD with singular values at most rcond * the largest treated as zero: the minimum-norm
+    solution of the truncated problem) returns the rank and no residuals, as LAPACK's. "gelsd" and
+    "gelss" return residuals only when every matrix has full rank, a shape that depends on the values:
+    not supported (CUDA supports only "gels")."""
+    _lapack_dtype(a, "linalg_lstsq")  # (the other checks: eager/kernels.py, _lstsq_meta)
+    driver = "gels" if driver is None else driver
+    vector = b.ndim == a.ndim - 1
+    b = b[..., None] if vector else b
+    m, n = a.shape[-2:]
+    real = jnp.finfo(a.dtype).dtype
+    no_rank, no_sv = _empty(jnp.int64), _empty(real)
+    if driver == "gels":
+        a, b = _broadcast_batch((a, 2), (b, 2))
+        if m >= n:  # R x = Q^H b
+            q, r = jnp.linalg.qr(a)
+            x = _tri_solve(r, _exact_mm(_mH(q), b), upper=True)
+        else:  # the minimum-norm solution: A^H = Q R, x = Q R^-H b
+            q, r = jnp.linalg.qr(_mH(a))
+            x = _exact_mm(q, _tri_solve(r, b, upper=True, transpose=True, conjugate=True))
+        residuals = (jnp.abs(_exact_mm(a, x) - b) ** 2).sum(-2) if m > n else _empty(real)
+        return (x[..., 0] if vector else x), residuals, no_rank, no_sv
+    u, sv, vh = _svd(a, full_matrices=False)  # A's own batch: the rank is A's, not broadcast
+    cutoff = (jnp.finfo(real).eps * max(m, n) if rcond is None or rcond < 0 else rcond) * sv[..., :1]
+    keep = sv > cutoff
+    inverse = jnp.where(keep, 1 / jnp.where(keep, sv, 1), 0).astype(a.dtype)
+    u, inverse, vh, b = _broadcast_batch((u, 2), (inverse, 1), (vh, 2), (b, 2))
+    x = _exact_mm(_mH(vh), inverse[..., None] * _exact_mm(_mH(u), b))
+    return (x[..., 0] if vector else x), _empty(real), keep.sum(-1).astype(jnp.int64), no_sv
+
+
+# ---- spectral decompositions and QR (signs and phases are free: PyTorch documents them so)
+@lowering("_linalg_eigh")
+def linalg_eigh(a, UPLO="L", compute_v=True):
+    _lapack_dtype(a, "linalg_eigh")
+    vectors, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False, sort_eigenvalues=True)
+    return values, (vectors if compute_v else _empty(a.dtype))
+
+
+def _general_eig(a, kernel, vectors):
+    """XLA's nonsymmetric eigensolver (LAPACK geev, PyTorch's CPU kernel too: unit-norm eigenvectors)
+    exists on the CPU platform only; on TPU the op says so instead of failing inside XLA."""
+    _lapack_dtype(a, kernel)
+    target = lowering_platform()
+    if target != "cpu":
+        raise NotImplementedError(
+            f"torchtpu: aten::{kernel} (torch.linalg.eig/eigvals) has no XLA lowering on the "
+            f"{target} platform (XLA's general eigensolver runs on CPU only): compute it on "
+            f"the CPU (x.cpu()), or use torch.linalg.eigh for symmetric/Hermitian matrices"
+        )
+    w, v = jnp.linalg.eig(a)
+    return (w, v) if vectors else w
+
+
+@lowering("linalg_eig")
+def linalg_eig(a):
+    return _general_eig(a, "linalg_eig", True)
+
+
+@lowering("_linalg_eigvals")
+def linalg_eigvals(a):
+    return _general_eig(a, "linalg_eigvals", False)
+
+
+@lowering("linalg_qr")
+def linalg_qr(a, mode="reduced"):
+    _lapack_dtype(a, "geqrf")
+    if mode == "r":
+        return _empty(a.dtype), _real_diagonal(None, jnp.linalg.qr(a, mode="r"))[1]
+    return _real_diagonal(*jnp.linalg.qr(a, mode=mode))
+
+
+def _real_diagonal(q, r):
+    """LAPACK's convention for complex QR, which PyTorch's backward assumes: R's diagonal is real.
+    XLA leaves a phase there; move it into Q's columns (Q D, D^H R keep the product)."""
+    if not jnp.issubdtype(r.dtype, jnp.complexfloating):
+        return q, r
+    k = min(r.shape[-2], r.shape[-1])
+    diag = jnp.diagonal(r[..., :k, :k], axis1=-2, axis2=-1)
+    size = jnp.abs(diag)
+    phase = jnp.where(size == 0, 1, diag / jnp.where(size == 0, 1, size))
+    r = r.at[..., :k, :].multiply(jnp.conj(phase)[..., :, None])
+    if q is not None:
+        q = q.at[..., :, :k].multiply(phase[..., None, :])
+    return q, r
+
+
+def _tpu_svd_module():
+    """JAX's TPU SVD (QDWH polar decomposition + eigh), the computation XLA:TPU's lowering of
+    lax.linalg.svd traces; None in a JAX without it."""
+    try:
+        from jax._src.tpu.linalg import svd as tpu_svd
+    except ImportError:
+        return None
+    return tpu_svd if hasattr(tpu_svd, "_svd_tpu") else None
+
+
+def _svd(a, full_matrices=False, compute_uv=True):
+    """(u, s, vh), or s alone, of `a`, as jnp.linalg.svd. For a TPU, single precision: JAX lowers its
+    SVD primitive for TPU by tracing the QDWH algorithm at lowering time, under the process's x64
+    setting, which torchtpu turns on: a sign matrix there becomes int64 and meets a float32 dot, which
+    XLA:TPU cannot compile (it aborts the process). Traced here instead, with 64-bit types off for
+    this computation only, the same algorithm has int32 indices; its float32 values are unchanged."""
+    tpu_svd = _tpu_svd_module() if lowering_platform() == "tpu" else None
+    if tpu_svd is None or a.dtype not in (jnp.float32, jnp.complex64) or a.size == 0:
+        return jnp.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv)
+    with jax.enable_x64(False):
+        out = tpu_svd._svd_tpu(a, full_matrices=full_matrices, compute_uv=compute_uv, subset_by_index=None)
+    return (out[1], out[0], out[2]) if compute_uv else out[0]
+
+
+@lowering("_linalg_svd")
+def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
+    _lapack_dtype(a, "linalg_svd")
+    if not compute_uv:
+        return _empty(a.dtype), _svd(a, compute_uv=False), _empty(a.dtype)
+    return tuple(_svd(a, full_matrices=full_matrices))
+
+
+# ---- Householder products (the Q of geqrf's packed reflectors) and the matrix exponential
+@lowering("linalg_householder_product")
+def linalg_householder_product(reflectors, tau):
+    _lapack_dtype(reflectors, "orgqr")
+    return lax.linalg.householder_product(reflectors, tau)
+
+
+@lowering("ormqr")
+def ormqr(reflectors, tau, other, left=True, transpose=False):
+    """op(Q) C or C op(Q), Q = H_1 ... H_k the full m x m product (LAPACK's ormqr): the reflectors
+    padded to m with tau = 0 (H = I) give it through orgqr."""
+    _lapack_dtype(reflectors, "ormqr")
+    m, k = reflectors.shape[-2], tau.shape[-1]
+    square = jnp.zeros(reflectors.shape[:-1] + (m,), reflectors.dtype).at[..., :k].set(reflectors[..., :k])
+    q = lax.linalg.householder_product(square, jnp.pad(tau, [(0, 0)] * (tau.ndim - 1) + [(0, m - k)]))
+    q = _mH(q) if transpose else q
+    q, other = _broadcast_batch((q, 2), (other, 2))
+    return _exact_mm(q, other) if left else _exact_mm(other, q)
+
+
+@lowering("linalg_matrix_exp")
+def linalg_matrix_exp(a):
+    # unlike the decompositions, PyTorch's CPU takes half types here: compute in float32, as its opmath
+    if a.dtype in _LOW_PRECISION:
+        return jax.scipy.linalg.expm(a.astype(jnp.float32)).astype(a.dtype)
+    return jax.scipy.linalg.expm(a)
