@@ -424,7 +424,7 @@ def _constant(t):
         return t
     if t.device.type == "tpu":
         r = record_of(t)
-        flat = r.buffer if r.buffer is not None else jnp.zeros((r.numel,), dt.to_jax(r.dtype))
+        flat = r.buffer if r.buffer is not None else jnp.zeros(r.shape, dt.to_jax(r.dtype))
         return read(flat, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), dt.to_jax(t.dtype), r.numel))
     host = dt.numpy_from_cpu(t.detach().contiguous()) if hasattr(dt, "numpy_from_cpu") else t.detach().numpy()
     return jnp.asarray(host, dt.to_jax(t.dtype))
