@@ -234,6 +234,51 @@ def test_storages_made_by_pytorch_itself():
     assert torch.tpu.memory_allocated() == before
 
 
+_STORAGES_WITHOUT_THE_EXTENSION = """
+import torch, warnings
+from torchtpu.device import native
+assert not native.loaded()
+values = torch.randint(0, 256, (8,), dtype=torch.uint8)
+storage = torch.UntypedStorage(8, device="tpu")
+assert storage.device.type == "tpu" and storage.nbytes() == 8, storage
+storage.copy_(values.untyped_storage())
+assert storage.tolist() == values.tolist()
+view = torch.tensor([], dtype=torch.uint8, device="tpu").set_(storage)
+view.add_(1)
+assert bytes(storage.cpu()) == bytes((values + 1).tolist())
+assert torch.UntypedStorage([5, 6, 7], device="tpu").tolist() == [5, 6, 7]
+assert torch.UntypedStorage(device="tpu").nbytes() == 0
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    typed = torch.TypedStorage(4, dtype=torch.float32, device="tpu")
+    assert typed.size() == 4 and typed.device.type == "tpu"
+    assert torch.tpu.FloatStorage(3).size() == 3
+assert torch.UntypedStorage([1, 300, -1], device="tpu").tolist() == list(torch.UntypedStorage([1, 300, -1]))
+for bad, error in (((-1,), RuntimeError), ((1, 2), TypeError), ((["a"],), RuntimeError)):
+    try:
+        torch.UntypedStorage(*bad, device="tpu")
+    except error:
+        pass
+    else:
+        raise AssertionError(f"UntypedStorage{bad} did not raise {error.__name__}")
+assert torch.UntypedStorage(3).device.type == "cpu"
+print("ok")
+"""
+
+
+def test_storages_made_by_pytorch_itself_without_the_extension():
+    # Without the C++ extension PyTorch has no allocator for "tpu": this segfaulted the process.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCHTPU_NATIVE="off")
+    done = subprocess.run(
+        [sys.executable, "-c", _STORAGES_WITHOUT_THE_EXTENSION], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
 # ------------------------------------------------------------------ not lowered before
 @pytest.mark.parametrize(
     "args, dtype",
