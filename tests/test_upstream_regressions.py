@@ -569,3 +569,19 @@ def test_tensor_subclasses_move_to_tpu():
 )
 def test_factory_out_into_an_expanded_tensor_raises(factory):
     same_error(lambda device: factory(torch.zeros(1, device=device).expand(3)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: x.clamp(),
+        lambda x: x.clamp_(),
+        lambda x: torch.clamp(x, None, None, out=torch.empty_like(x)),
+        lambda x: torch.clip(x),
+    ],
+)
+def test_clamp_without_bounds_raises_the_cpus_error(call):
+    # PyTorch's meta kernel for clamp raises a ValueError; its CPU and CUDA kernels a RuntimeError
+    same_error(lambda device: call(torch.randn(4, device=device)))
+    x = torch.randn(16)
+    both(lambda device: x.to(device).clamp(min=-0.5))

@@ -316,7 +316,21 @@ def addcdiv(a, t1, t2, value=1):
     return a + value * (t1 / t2)
 
 
-@lowering("clamp", "clamp.Tensor", promote=KIND.DEFAULT, real_only=True)
+def _clamp_check(a, min=None, max=None, *_, **__):
+    """PyTorch's clamp checks this before its meta kernel, whose own error is a ValueError."""
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+
+
+@lowering(
+    "clamp",
+    "clamp.Tensor",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    meta_check=dict.fromkeys(
+        ("clamp", "clamp_", "clamp.out", "clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"), _clamp_check
+    ),
+)
 def clamp(a, min=None, max=None):
     if min is not None:
         a = (
