@@ -106,6 +106,35 @@ def test_channels_last_outputs_keep_their_layout(op, memory_format):
         assert_close(got.sum(dim=1).cpu(), expected.sum(dim=1))  # read back through the strides
 
 
+@pytest.mark.parametrize("channels_last_input, channels_last_weight", [(True, False), (False, True)])
+@pytest.mark.parametrize(
+    "dims, dtype",
+    [
+        (2, torch.float32),
+        (2, torch.float64),
+        (2, torch.complex64),
+        (3, torch.bfloat16),
+        (3, torch.float64),
+        (3, torch.float16),
+    ],
+)
+def test_convolution_of_channels_last_operands_is_channels_last(channels_last_input, channels_last_weight, dims, dtype):
+    # PyTorch's meta kernel leaves a convolution's output contiguous; its CPU and CUDA kernels do not
+    layout = torch.channels_last if dims == 2 else torch.channels_last_3d
+    conv = torch.nn.functional.conv2d if dims == 2 else torch.nn.functional.conv3d
+    x = torch.randn((2, 3) + (6,) * dims, dtype=dtype)
+    w = torch.randn((4, 3) + (3,) * dims, dtype=dtype)
+    bias = torch.randn(4, dtype=dtype)
+    x = x.to(memory_format=layout) if channels_last_input else x
+    w = w.to(memory_format=layout) if channels_last_weight else w
+    expected = conv(x, w, bias, padding=1)
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype in (torch.bfloat16, torch.float16) else {}
+    for _ in range(2):
+        got = conv(x.to(DEV), w.to(DEV), bias.to(DEV), padding=1)
+        assert got.stride() == expected.stride()
+        assert_close(got.cpu(), expected, **tolerance)
+
+
 @pytest.mark.parametrize("shape", [(2, 0, 3), (0, 3), (2, 0), (3, 0, 0, 2)])
 def test_empty_tensors_have_the_cpus_strides(shape):
     expected = torch.empty(shape).stride()
