@@ -614,3 +614,15 @@ def test_clamp_without_bounds_raises_the_cpus_error(call):
     same_error(lambda device: call(torch.randn(4, device=device)))
     x = torch.randn(16)
     both(lambda device: x.to(device).clamp(min=-0.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64])
+@pytest.mark.parametrize("sizes, dim, size, step", [([7], 0, 3, 2), ([5, 6, 4], -1, 4, 3), ([], 0, 1, 1), ([8], 0, 2, 4)])
+def test_unfold_backward(sizes, dim, size, step, dtype):
+    grad = torch.randn(torch.randn(sizes).unfold(dim, size, step).shape).to(dtype)
+    both(lambda device: torch.ops.aten.unfold_backward(grad.to(device), sizes, dim, size, step))
+
+
+def test_unfold_backward_bad_window_raises_the_cpus_errors():
+    same_error(lambda device: torch.ops.aten.unfold_backward(torch.randn(2, 3, device=device), [6], 0, 3, 0))
+    same_error(lambda device: torch.ops.aten.unfold_backward(torch.randn(2, 3, device=device), [6], 0, -1, 1))

@@ -410,3 +410,20 @@ def upsample_bicubic2d_aa_backward(grad, output_size, input_size, align_corners,
     return _resample_backward(
         lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w), 4, _aa_cubic), grad, input_size
     )
+
+
+@lowering("unfold_backward")
+def unfold_backward(grad, input_sizes, dim, size, step):
+    """The gradient of `x.unfold(dim, size, step)`: each window's values added back where it was read
+    (windows overlap when step < size)."""
+    if not input_sizes:  # a 0-d input unfolds into one window of size 1 (or 0: PyTorch gives shape (0,))
+        return jnp.sum(grad).astype(grad.dtype) if size else jnp.zeros((0,), grad.dtype)
+    dim = dim % len(input_sizes)
+    length = input_sizes[dim]
+    # grad: input_sizes with dim replaced by the window count, then the window's own dimension
+    windows = grad.shape[dim]
+    g = jnp.moveaxis(grad, (dim, grad.ndim - 1), (0, 1))  # (windows, size, rest...)
+    rest = g.shape[2:]
+    positions = (np.arange(windows)[:, None] * step + np.arange(size)[None, :]).reshape(-1)
+    out = jnp.zeros((length, *rest), grad.dtype).at[positions].add(g.reshape(windows * size, *rest))
+    return jnp.moveaxis(out, 0, dim).reshape(tuple(input_sizes))
