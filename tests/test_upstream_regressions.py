@@ -617,7 +617,9 @@ def test_clamp_without_bounds_raises_the_cpus_error(call):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64])
-@pytest.mark.parametrize("sizes, dim, size, step", [([7], 0, 3, 2), ([5, 6, 4], -1, 4, 3), ([], 0, 1, 1), ([8], 0, 2, 4)])
+@pytest.mark.parametrize(
+    "sizes, dim, size, step", [([7], 0, 3, 2), ([5, 6, 4], -1, 4, 3), ([], 0, 1, 1), ([8], 0, 2, 4)]
+)
 def test_unfold_backward(sizes, dim, size, step, dtype):
     grad = torch.randn(torch.randn(sizes).unfold(dim, size, step).shape).to(dtype)
     both(lambda device: torch.ops.aten.unfold_backward(grad.to(device), sizes, dim, size, step))
