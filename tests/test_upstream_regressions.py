@@ -628,3 +628,37 @@ def test_unfold_backward(sizes, dim, size, step, dtype):
 def test_unfold_backward_bad_window_raises_the_cpus_errors():
     same_error(lambda device: torch.ops.aten.unfold_backward(torch.randn(2, 3, device=device), [6], 0, 3, 0))
     same_error(lambda device: torch.ops.aten.unfold_backward(torch.randn(2, 3, device=device), [6], 0, -1, 1))
+
+
+def _ints(device, dtype=torch.int32):
+    return torch.randint(1, 9, (4,), dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.addcdiv(_ints(d), _ints(d), _ints(d)),
+        lambda d: _ints(d).addcdiv_(_ints(d), _ints(d)),
+        lambda d: torch.addcdiv(_ints(d), _ints(d), _ints(d), out=_ints(d)),
+        lambda d: torch.add(_ints(d), _ints(d), alpha=1.5),
+        lambda d: _ints(d).add_(_ints(d), alpha=1.5),
+        lambda d: torch.add(_ints(d), 2, alpha=0.5),
+        lambda d: torch.add(_ints(d, torch.bool), _ints(d, torch.bool), alpha=1.5),  # (computed before)
+        lambda d: torch.add(_ints(d), _ints(d), alpha=True),
+        lambda d: torch.add(_ints(d).float(), _ints(d).float(), alpha=1j),
+        lambda d: torch.sub(_ints(d), _ints(d), alpha=1.5),
+        lambda d: torch.rsub(_ints(d), _ints(d), alpha=1.5),
+        lambda d: _ints(d, torch.bool).sub_(_ints(d, torch.bool)),
+    ],
+)
+def test_alpha_and_integer_addcdiv_raise_the_cpus_errors(call):
+    # PyTorch's meta kernels raise ValueErrors (or a garbled message) for these, or nothing for a bool result
+    same_error(call)
+
+
+def test_alpha_and_addcdiv_still_compute():
+    a, b, c = torch.randn(5), torch.randn(5), torch.rand(5) + 0.5
+    both(lambda d: torch.add(a.to(d), b.to(d), alpha=2.5))
+    both(lambda d: torch.sub(a.to(d), 3, alpha=-2))
+    both(lambda d: torch.addcdiv(a.to(d), b.to(d), c.to(d), value=0.5))
+    both(lambda d: torch.add(a.to(d) > 0, b.to(d) > 0, alpha=True))
