@@ -662,3 +662,16 @@ def test_alpha_and_addcdiv_still_compute():
     both(lambda d: torch.sub(a.to(d), 3, alpha=-2))
     both(lambda d: torch.addcdiv(a.to(d), b.to(d), c.to(d), value=0.5))
     both(lambda d: torch.add(a.to(d) > 0, b.to(d) > 0, alpha=True))
+
+
+@pytest.mark.parametrize(
+    "inputs, out", [((torch.float32, torch.int64), torch.uint8), ((torch.complex64,), torch.float32)]
+)
+def test_cat_out_of_another_kind_raises_the_cpus_type_error(inputs, out):
+    def run(device):
+        tensors = [torch.randn(3).to(dtype).to(device) for dtype in inputs]
+        torch.cat(tensors, out=torch.zeros(3 * len(tensors), dtype=out, device=device))
+
+    same_error(run)
+    x, y = torch.randint(0, 9, (3,)), torch.randn(2)
+    both(lambda device: torch.cat([x.to(device), y.to(device)], out=torch.zeros(5, dtype=torch.float64, device=device)))

@@ -6,12 +6,16 @@ share storage (eager/kernels.py). These are the ops that produce new values.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from .argument_checks import out_overlaps_inputs_check
+from .dtypes import scalar_type_name
 from .table import lowering
 
 
@@ -20,7 +24,18 @@ def _f32(a):
 
 
 # ---------------------------------------------------------------- concatenation
-@lowering("cat", host_check={"cat.out": out_overlaps_inputs_check})
+def _cat_out_dtype_check(tensors, dim=0, *, out):
+    """The CPU's refusal of an `out` of another kind than the inputs' (a float cat into an integer
+    tensor), a TypeError; PyTorch's meta kernel raises a RuntimeError with another message."""
+    if tensors:
+        dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+        if not torch.can_cast(dtype, out.dtype):
+            raise TypeError(
+                f"torch.cat(): input types can't be cast to the desired output type {scalar_type_name(out.dtype)}"
+            )
+
+
+@lowering("cat", host_check={"cat.out": out_overlaps_inputs_check}, meta_check={"cat.out": _cat_out_dtype_check})
 def cat(tensors, dim=0):
     # PyTorch skips legacy empty 1-D tensors of shape (0,) when the others have more dims
     full = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
