@@ -442,7 +442,7 @@ def test_dtypes_jax_refuses_raise_torchs_error_type(op, dtype):
 # ------------------------------------------------------------------ tools/upstream_tests.py
 _GENERIC_FILE = """
 import torch
-from torch.testing._internal.common_device_type import instantiate_device_type_tests, dtypes
+from torch.testing._internal.common_device_type import instantiate_device_type_tests, dtypes, dtypesIfCPU, onlyCPU
 from torch.testing._internal.common_utils import TestCase
 
 
@@ -451,6 +451,15 @@ class TestTiny(TestCase):
     def test_add(self, device, dtype):
         x = torch.ones(3, dtype=dtype, device=device)
         self.assertEqual((x + x).cpu(), torch.full((3,), 2, dtype=dtype))
+
+    @onlyCPU
+    def test_for_the_cpu_only(self, device):
+        pass
+
+    @dtypesIfCPU(torch.float32, torch.float64)
+    @dtypes(torch.float32)
+    def test_more_dtypes_on_the_cpu(self, device, dtype):
+        pass
 
     def test_only_cpu_passes(self, device):
         if device != "cpu":
@@ -494,8 +503,27 @@ def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
         timeout=600,
         check=True,
     )
-    assert "2/3 cpu-passing tests pass on tpu" in done.stdout, done.stdout + done.stderr
+    # the @onlyCPU test and the float64 one the file makes for the CPU only are not tpu failures
+    assert "3/4 cpu-passing tests pass on tpu" in done.stdout, done.stdout + done.stderr
+    assert "2 cpu-passing tests are for other devices only" in done.stdout
     assert "ValueError: not on tpu:N" in done.stdout
+    assert "time " in done.stdout and "s (" in done.stdout  # both devices' wall times, side by side
+    # --resume runs only what a device lacks: nothing here, and the report stays the same
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            str(tools / "upstream_tests.py"),
+            "run",
+            str(tmp_path / "pytorch"),
+            "test/test_tiny_generic.py",
+        ]
+        + ["--out", str(tmp_path / "runs"), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    assert "3/4 cpu-passing tests pass on tpu" in resumed.stdout, resumed.stdout + resumed.stderr
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64])

@@ -1,7 +1,7 @@
 """Run PyTorch's own device-generic test files on "cpu" and on "tpu", and compare them by test name.
 
     python tools/upstream_tests.py run /path/to/pytorch test/test_view_ops.py test/test_indexing.py \
-        --out /tmp/pt_runs [-k EXPR] [--test-timeout 300] [--file-timeout 3600] [-- <more pytest args>]
+        --out /tmp/pt_runs [-k EXPR] [--test-timeout 300] [--file-timeout 3600] [--resume] [-- <more pytest args>]
     python tools/upstream_tests.py report /tmp/pt_runs [--markdown]
 
 `run` takes a PyTorch source checkout (only its `test/` folder is needed, at the tag of the installed
@@ -14,12 +14,15 @@ The checkout's conftest.py is not loaded (it wants PyTorch's CI plugins); the te
 classes and need none of its fixtures. Results are written one test at a time by the recorder of
 tools/transformers_tests.py (a JSON line per test), so a file that hangs or crashes the process keeps
 what finished, and the run says how the process ended (a negative return code is the signal that
-killed it: -11 a segfault).
+killed it: -11 a segfault). `--resume` keeps the results in --out and runs only the tests they lack,
+so a file that ran out of time is finished by another process.
 
 `report` matches the two devices' results by test name with the device taken out (TestFooCPU::
 test_bar_cpu_float32 and TestFooTPU::test_bar_tpu_float32 are one test), prints per file how many of
 the tests that pass on the CPU also pass on tpu, and groups the rest by cause (the exception type and
-the first line of its message, numbers and addresses blanked).
+the first line of its message, numbers and addresses blanked). Tests the file runs on other devices
+only (skipped on tpu with "Only runs on ...", or not made for tpu at all when the tpu process ended
+normally) leave the comparison; the wall times of both devices' processes are shown side by side.
 """
 
 from __future__ import annotations
@@ -193,9 +196,16 @@ def report(args) -> int:
     rows, lost_all = [], []
     for test_file in sorted(set(cpu) | set(tpu)):
         c, t = cpu.get(test_file, {}), tpu.get(test_file, {})
+        # A tpu process that ended normally ran every test the file makes for tpu: a cpu test it lacks
+        # was not made for tpu (per-device dtype lists: @dtypesIfCPU), not lost to a crash or a timeout.
+        finished = endings.get(f"tpu {test_file}", "").startswith(("rc=0", "rc=1", "rc=5"))
+
+        def other_devices_only(name, record):
+            return _device_only_skip(t.get(name, record)) or (finished and name not in t)
+
         # tests the CPU passes, less those the file itself runs on other devices only
-        passing = [name for name, r in c.items() if r["outcome"] == "passed" and not _device_only_skip(t.get(name, r))]
-        device_only = sum(1 for name, r in c.items() if r["outcome"] == "passed" and _device_only_skip(t.get(name, r)))
+        passing = [name for name, r in c.items() if r["outcome"] == "passed" and not other_devices_only(name, r)]
+        device_only = sum(1 for name, r in c.items() if r["outcome"] == "passed" and other_devices_only(name, r))
         lost = [
             (
                 name,
@@ -235,7 +245,7 @@ def report(args) -> int:
         "rate",
         "tpu fail",
         "tpu skip",
-        "cpu-only tests",
+        "cpu-passing, not for tpu",
         "time tpu / cpu",
         "tpu process",
     )
@@ -248,7 +258,7 @@ def report(args) -> int:
         for row in rows:
             print(
                 f"{row[0]}: {row[2]}/{row[1]} cpu-passing tests pass on tpu ({row[3]}); tpu {row[4]} fail, "
-                f"{row[5]} skip ({row[6]} of them tests for other devices only); time {row[7]}; {row[8]}"
+                f"{row[5]} skip; {row[6]} cpu-passing tests are for other devices only; time {row[7]}; {row[8]}"
             )
     total = sum(r[1] for r in rows)
     print(f"\ntotal: {total - len(lost_all)} of {total} cpu-passing tests pass on tpu")
