@@ -677,6 +677,8 @@ def _ints(device, dtype=torch.int32):
         lambda d: torch.sub(_ints(d), _ints(d), alpha=1.5),
         lambda d: torch.rsub(_ints(d), _ints(d), alpha=1.5),
         lambda d: _ints(d, torch.bool).sub_(_ints(d, torch.bool)),
+        lambda d: torch.add(_ints(d).float(), _ints(d), out=_ints(d, torch.int64)),
+        lambda d: torch.sub(_ints(d).cfloat(), _ints(d), out=_ints(d).float()),
     ],
 )
 def test_alpha_and_integer_addcdiv_raise_the_cpus_errors(call):

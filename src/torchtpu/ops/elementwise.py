@@ -14,10 +14,13 @@ from .table import KIND, Lowering, apply, lowering
 # ---------------------------------------------------------------- arithmetic
 
 
-def _alpha_check(a, b, alpha=1, *_, **__):
+def _alpha_check(a, b, alpha=1, *_, out=None, **__):
     """PyTorch's alpha_check on the op's result dtype, which its meta kernels make as a ValueError
-    (or, for a bool result, not at all)."""
+    (or, for a bool result, not at all); and the CPU's message for an `out` the result cannot be cast to."""
     dtype = torch.result_type(a, b)
+    if out is not None and not torch.can_cast(dtype, out.dtype):
+        wanted = scalar_type_name(out.dtype)
+        raise RuntimeError(f"result type {scalar_type_name(dtype)} can't be cast to the desired output type {wanted}")
     if type(alpha) is bool and dtype != torch.bool:
         raise RuntimeError("Boolean alpha only supported for Boolean results.")
     if not (dtype.is_floating_point or dtype.is_complex) and isinstance(alpha, (float, complex)):
@@ -26,9 +29,9 @@ def _alpha_check(a, b, alpha=1, *_, **__):
         raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
 
 
-def _sub_and_alpha_check(a, b, alpha=1, *_, **__):
+def _sub_and_alpha_check(a, b, alpha=1, *_, out=None, **__):
     _sub_check(a, b)
-    _alpha_check(a, b, alpha)
+    _alpha_check(a, b, alpha, out=out)
 
 
 def _with_variants(check, *names):
