@@ -106,6 +106,35 @@ def test_channels_last_outputs_keep_their_layout(op, memory_format):
         assert_close(got.sum(dim=1).cpu(), expected.sum(dim=1))  # read back through the strides
 
 
+@pytest.mark.parametrize("channels_last_input, channels_last_weight", [(True, False), (False, True)])
+@pytest.mark.parametrize(
+    "dims, dtype",
+    [
+        (2, torch.float32),
+        (2, torch.float64),
+        (2, torch.complex64),
+        (3, torch.bfloat16),
+        (3, torch.float64),
+        (3, torch.float16),
+    ],
+)
+def test_convolution_of_channels_last_operands_is_channels_last(channels_last_input, channels_last_weight, dims, dtype):
+    # PyTorch's meta kernel leaves a convolution's output contiguous; its CPU and CUDA kernels do not
+    layout = torch.channels_last if dims == 2 else torch.channels_last_3d
+    conv = torch.nn.functional.conv2d if dims == 2 else torch.nn.functional.conv3d
+    x = torch.randn((2, 3) + (6,) * dims, dtype=dtype)
+    w = torch.randn((4, 3) + (3,) * dims, dtype=dtype)
+    bias = torch.randn(4, dtype=dtype)
+    x = x.to(memory_format=layout) if channels_last_input else x
+    w = w.to(memory_format=layout) if channels_last_weight else w
+    expected = conv(x, w, bias, padding=1)
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype in (torch.bfloat16, torch.float16) else {}
+    for _ in range(2):
+        got = conv(x.to(DEV), w.to(DEV), bias.to(DEV), padding=1)
+        assert got.stride() == expected.stride()
+        assert_close(got.cpu(), expected, **tolerance)
+
+
 @pytest.mark.parametrize("shape", [(2, 0, 3), (0, 3), (2, 0), (3, 0, 0, 2)])
 def test_empty_tensors_have_the_cpus_strides(shape):
     expected = torch.empty(shape).stride()
@@ -232,6 +261,51 @@ def test_storages_made_by_pytorch_itself():
     del storage, view, typed
     gc.collect()
     assert torch.tpu.memory_allocated() == before
+
+
+_STORAGES_WITHOUT_THE_EXTENSION = """
+import torch, warnings
+from torchtpu.device import native
+assert not native.loaded()
+values = torch.randint(0, 256, (8,), dtype=torch.uint8)
+storage = torch.UntypedStorage(8, device="tpu")
+assert storage.device.type == "tpu" and storage.nbytes() == 8, storage
+storage.copy_(values.untyped_storage())
+assert storage.tolist() == values.tolist()
+view = torch.tensor([], dtype=torch.uint8, device="tpu").set_(storage)
+view.add_(1)
+assert bytes(storage.cpu()) == bytes((values + 1).tolist())
+assert torch.UntypedStorage([5, 6, 7], device="tpu").tolist() == [5, 6, 7]
+assert torch.UntypedStorage(device="tpu").nbytes() == 0
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    typed = torch.TypedStorage(4, dtype=torch.float32, device="tpu")
+    assert typed.size() == 4 and typed.device.type == "tpu"
+    assert torch.tpu.FloatStorage(3).size() == 3
+assert torch.UntypedStorage([1, 300, -1], device="tpu").tolist() == list(torch.UntypedStorage([1, 300, -1]))
+for bad, error in (((-1,), RuntimeError), ((1, 2), TypeError), ((["a"],), RuntimeError)):
+    try:
+        torch.UntypedStorage(*bad, device="tpu")
+    except error:
+        pass
+    else:
+        raise AssertionError(f"UntypedStorage{bad} did not raise {error.__name__}")
+assert torch.UntypedStorage(3).device.type == "cpu"
+print("ok")
+"""
+
+
+def test_storages_made_by_pytorch_itself_without_the_extension():
+    # Without the C++ extension PyTorch has no allocator for "tpu": this segfaulted the process.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCHTPU_NATIVE="off")
+    done = subprocess.run(
+        [sys.executable, "-c", _STORAGES_WITHOUT_THE_EXTENSION], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
 
 
 # ------------------------------------------------------------------ not lowered before
@@ -368,7 +442,7 @@ def test_dtypes_jax_refuses_raise_torchs_error_type(op, dtype):
 # ------------------------------------------------------------------ tools/upstream_tests.py
 _GENERIC_FILE = """
 import torch
-from torch.testing._internal.common_device_type import instantiate_device_type_tests, dtypes
+from torch.testing._internal.common_device_type import instantiate_device_type_tests, dtypes, dtypesIfCPU, onlyCPU
 from torch.testing._internal.common_utils import TestCase
 
 
@@ -377,6 +451,15 @@ class TestTiny(TestCase):
     def test_add(self, device, dtype):
         x = torch.ones(3, dtype=dtype, device=device)
         self.assertEqual((x + x).cpu(), torch.full((3,), 2, dtype=dtype))
+
+    @onlyCPU
+    def test_for_the_cpu_only(self, device):
+        pass
+
+    @dtypesIfCPU(torch.float32, torch.float64)
+    @dtypes(torch.float32)
+    def test_more_dtypes_on_the_cpu(self, device, dtype):
+        pass
 
     def test_only_cpu_passes(self, device):
         if device != "cpu":
@@ -420,8 +503,27 @@ def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
         timeout=600,
         check=True,
     )
-    assert "2/3 cpu-passing tests pass on tpu" in done.stdout, done.stdout + done.stderr
+    # the @onlyCPU test and the float64 one the file makes for the CPU only are not tpu failures
+    assert "3/4 cpu-passing tests pass on tpu" in done.stdout, done.stdout + done.stderr
+    assert "2 cpu-passing tests are for other devices only" in done.stdout
     assert "ValueError: not on tpu:N" in done.stdout
+    assert "time " in done.stdout and "s (" in done.stdout  # both devices' wall times, side by side
+    # --resume runs only what a device lacks: nothing here, and the report stays the same
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            str(tools / "upstream_tests.py"),
+            "run",
+            str(tmp_path / "pytorch"),
+            "test/test_tiny_generic.py",
+        ]
+        + ["--out", str(tmp_path / "runs"), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    assert "3/4 cpu-passing tests pass on tpu" in resumed.stdout, resumed.stdout + resumed.stderr
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64])
@@ -524,3 +626,82 @@ def test_tensor_subclasses_move_to_tpu():
 )
 def test_factory_out_into_an_expanded_tensor_raises(factory):
     same_error(lambda device: factory(torch.zeros(1, device=device).expand(3)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: x.clamp(),
+        lambda x: x.clamp_(),
+        lambda x: torch.clamp(x, None, None, out=torch.empty_like(x)),
+        lambda x: torch.clip(x),
+    ],
+)
+def test_clamp_without_bounds_raises_the_cpus_error(call):
+    # PyTorch's meta kernel for clamp raises a ValueError; its CPU and CUDA kernels a RuntimeError
+    same_error(lambda device: call(torch.randn(4, device=device)))
+    x = torch.randn(16)
+    both(lambda device: x.to(device).clamp(min=-0.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64])
+@pytest.mark.parametrize(
+    "sizes, dim, size, step", [([7], 0, 3, 2), ([5, 6, 4], -1, 4, 3), ([], 0, 1, 1), ([8], 0, 2, 4)]
+)
+def test_unfold_backward(sizes, dim, size, step, dtype):
+    grad = torch.randn(torch.randn(sizes).unfold(dim, size, step).shape).to(dtype)
+    both(lambda device: torch.ops.aten.unfold_backward(grad.to(device), sizes, dim, size, step))
+
+
+def test_unfold_backward_bad_window_raises_the_cpus_errors():
+    same_error(lambda device: torch.ops.aten.unfold_backward(torch.randn(2, 3, device=device), [6], 0, 3, 0))
+    same_error(lambda device: torch.ops.aten.unfold_backward(torch.randn(2, 3, device=device), [6], 0, -1, 1))
+
+
+def _ints(device, dtype=torch.int32):
+    return torch.randint(1, 9, (4,), dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.addcdiv(_ints(d), _ints(d), _ints(d)),
+        lambda d: _ints(d).addcdiv_(_ints(d), _ints(d)),
+        lambda d: torch.addcdiv(_ints(d), _ints(d), _ints(d), out=_ints(d)),
+        lambda d: torch.add(_ints(d), _ints(d), alpha=1.5),
+        lambda d: _ints(d).add_(_ints(d), alpha=1.5),
+        lambda d: torch.add(_ints(d), 2, alpha=0.5),
+        lambda d: torch.add(_ints(d, torch.bool), _ints(d, torch.bool), alpha=1.5),  # (computed before)
+        lambda d: torch.add(_ints(d), _ints(d), alpha=True),
+        lambda d: torch.add(_ints(d).float(), _ints(d).float(), alpha=1j),
+        lambda d: torch.sub(_ints(d), _ints(d), alpha=1.5),
+        lambda d: torch.rsub(_ints(d), _ints(d), alpha=1.5),
+        lambda d: _ints(d, torch.bool).sub_(_ints(d, torch.bool)),
+        lambda d: torch.add(_ints(d).float(), _ints(d), out=_ints(d, torch.int64)),
+        lambda d: torch.sub(_ints(d).cfloat(), _ints(d), out=_ints(d).float()),
+    ],
+)
+def test_alpha_and_integer_addcdiv_raise_the_cpus_errors(call):
+    # PyTorch's meta kernels raise ValueErrors (or a garbled message) for these, or nothing for a bool result
+    same_error(call)
+
+
+def test_alpha_and_addcdiv_still_compute():
+    a, b, c = torch.randn(5), torch.randn(5), torch.rand(5) + 0.5
+    both(lambda d: torch.add(a.to(d), b.to(d), alpha=2.5))
+    both(lambda d: torch.sub(a.to(d), 3, alpha=-2))
+    both(lambda d: torch.addcdiv(a.to(d), b.to(d), c.to(d), value=0.5))
+    both(lambda d: torch.add(a.to(d) > 0, b.to(d) > 0, alpha=True))
+
+
+@pytest.mark.parametrize(
+    "inputs, out", [((torch.float32, torch.int64), torch.uint8), ((torch.complex64,), torch.float32)]
+)
+def test_cat_out_of_another_kind_raises_the_cpus_type_error(inputs, out):
+    def run(device):
+        tensors = [torch.randn(3).to(dtype).to(device) for dtype in inputs]
+        torch.cat(tensors, out=torch.zeros(3 * len(tensors), dtype=out, device=device))
+
+    same_error(run)
+    x, y = torch.randint(0, 9, (3,)), torch.randn(2)
+    both(lambda device: torch.cat([x.to(device), y.to(device)], out=torch.zeros(5, dtype=torch.float64, device=device)))

@@ -1,7 +1,7 @@
 """Run PyTorch's own device-generic test files on "cpu" and on "tpu", and compare them by test name.
 
     python tools/upstream_tests.py run /path/to/pytorch test/test_view_ops.py test/test_indexing.py \
-        --out /tmp/pt_runs [-k EXPR] [--test-timeout 300] [--file-timeout 3600] [-- <more pytest args>]
+        --out /tmp/pt_runs [-k EXPR] [--test-timeout 300] [--file-timeout 3600] [--resume] [-- <more pytest args>]
     python tools/upstream_tests.py report /tmp/pt_runs [--markdown]
 
 `run` takes a PyTorch source checkout (only its `test/` folder is needed, at the tag of the installed
@@ -14,12 +14,15 @@ The checkout's conftest.py is not loaded (it wants PyTorch's CI plugins); the te
 classes and need none of its fixtures. Results are written one test at a time by the recorder of
 tools/transformers_tests.py (a JSON line per test), so a file that hangs or crashes the process keeps
 what finished, and the run says how the process ended (a negative return code is the signal that
-killed it: -11 a segfault).
+killed it: -11 a segfault). `--resume` keeps the results in --out and runs only the tests they lack,
+so a file that ran out of time is finished by another process.
 
 `report` matches the two devices' results by test name with the device taken out (TestFooCPU::
 test_bar_cpu_float32 and TestFooTPU::test_bar_tpu_float32 are one test), prints per file how many of
 the tests that pass on the CPU also pass on tpu, and groups the rest by cause (the exception type and
-the first line of its message, numbers and addresses blanked).
+the first line of its message, numbers and addresses blanked). Tests the file runs on other devices
+only (skipped on tpu with "Only runs on ...", or not made for tpu at all when the tpu process ended
+normally) leave the comparison; the wall times of both devices' processes are shown side by side.
 """
 
 from __future__ import annotations
@@ -91,12 +94,15 @@ def run(args) -> int:
     if unknown:
         raise SystemExit(f"--devices: unknown {unknown}; choose from {DEVICES}")
     out.mkdir(parents=True, exist_ok=True)
-    endings = {}
+    previous = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+    endings, seconds = previous.get("endings", {}), previous.get("seconds", {})
     for test_file in files:
         for device in devices:
             results = out / device / (test_file.replace("/", "+") + ".jsonl")
             results.parent.mkdir(parents=True, exist_ok=True)
-            results.unlink(missing_ok=True)
+            done_before = _recorded_ids(results) if args.resume else []
+            if not args.resume:
+                results.unlink(missing_ok=True)
             command = [
                 sys.executable,
                 "-m",
@@ -112,6 +118,8 @@ def run(args) -> int:
             ]
             if args.k:
                 command += ["-k", args.k]
+            for test_id in done_before:  # --resume: what a file that ran out of time left
+                command += ["--deselect", test_id]
             command += args.pytest_args
             start = time.time()
             try:
@@ -130,25 +138,43 @@ def run(args) -> int:
                     ending += " " + " | ".join(tail)
             except subprocess.TimeoutExpired:
                 ending = f"ran over {args.file_timeout:g} s (--file-timeout): results so far kept"
-            endings[f"{device} {test_file}"] = ending
+            key = f"{device} {test_file}"
+            endings[key] = ending
+            # wall time of the file's processes (a --resume adds its process to the earlier ones)
+            seconds[key] = (seconds.get(key, 0) if done_before else 0) + time.time() - start
             print(f"{device:4} {test_file}: {time.time() - start:.0f} s, {ending}", flush=True)
-    (out / "run.json").write_text(
-        json.dumps(
-            {
-                "checkout": str(checkout),
-                "files": files,
-                "k": args.k,
-                "pytest_args": args.pytest_args,
-                "endings": endings,
-            },
-            indent=1,
-        )
-    )
+            (out / "run.json").write_text(
+                json.dumps(
+                    {
+                        "checkout": str(checkout),
+                        "files": sorted(set(previous.get("files", [])) | set(files)),
+                        "k": args.k,
+                        "pytest_args": args.pytest_args,
+                        "endings": endings,
+                        "seconds": seconds,
+                    },
+                    indent=1,
+                )
+            )
     print()
     return report(argparse.Namespace(out=str(out), markdown=args.markdown))
 
 
+def _recorded_ids(results: pathlib.Path) -> list[str]:
+    if not results.is_file():
+        return []
+    return [json.loads(line)["id"] for line in results.read_text().splitlines() if line.strip()]
+
+
 # ------------------------------------------------------------------ report
+# skips that say a test is for other devices (@onlyCPU, @onlyOn, @onlyCUDA, ...): not a tpu failure
+_DEVICE_ONLY_SKIP = re.compile(r"Only runs on|onlyCPU|onlyCUDA|onlyNativeDeviceTypes|not supported on PRIVATEUSE1")
+
+
+def _device_only_skip(record: dict) -> bool:
+    return record["outcome"] == "skipped" and bool(_DEVICE_ONLY_SKIP.search(record.get("message", "")))
+
+
 def _load(out: pathlib.Path, device: str) -> dict[str, dict[str, dict]]:
     """{test file: {common test name: record}} for one device."""
     files: dict[str, dict[str, dict]] = {}
@@ -165,12 +191,21 @@ def _load(out: pathlib.Path, device: str) -> dict[str, dict[str, dict]]:
 def report(args) -> int:
     out = pathlib.Path(args.out)
     run_info = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
-    endings = run_info.get("endings", {})
+    endings, seconds = run_info.get("endings", {}), run_info.get("seconds", {})
     cpu, tpu = _load(out, "cpu"), _load(out, "tpu")
     rows, lost_all = [], []
     for test_file in sorted(set(cpu) | set(tpu)):
         c, t = cpu.get(test_file, {}), tpu.get(test_file, {})
-        passing = [name for name, r in c.items() if r["outcome"] == "passed"]
+        # A tpu process that ended normally ran every test the file makes for tpu: a cpu test it lacks
+        # was not made for tpu (per-device dtype lists: @dtypesIfCPU), not lost to a crash or a timeout.
+        finished = endings.get(f"tpu {test_file}", "").startswith(("rc=0", "rc=1", "rc=5"))
+
+        def other_devices_only(name, record):
+            return _device_only_skip(t.get(name, record)) or (finished and name not in t)
+
+        # tests the CPU passes, less those the file itself runs on other devices only
+        passing = [name for name, r in c.items() if r["outcome"] == "passed" and not other_devices_only(name, r)]
+        device_only = sum(1 for name, r in c.items() if r["outcome"] == "passed" and other_devices_only(name, r))
         lost = [
             (
                 name,
@@ -188,6 +223,8 @@ def report(args) -> int:
         lost_all += [(name, record) for name, record in lost]
         counts = collections.Counter(r["outcome"] for r in t.values())
         rate = f"{(len(passing) - len(lost)) / len(passing):.1%}" if passing else "-"
+        cpu_s, tpu_s = seconds.get(f"cpu {test_file}"), seconds.get(f"tpu {test_file}")
+        times = f"{tpu_s:.0f} s / {cpu_s:.0f} s ({tpu_s / cpu_s:.1f}x)" if cpu_s and tpu_s else "-"
         rows.append(
             (
                 test_file,
@@ -196,10 +233,22 @@ def report(args) -> int:
                 rate,
                 counts["failed"] + counts["error"],
                 counts["skipped"],
+                device_only,
+                times,
                 endings.get(f"tpu {test_file}", ""),
             )
         )
-    header = ("file", "cpu pass", "of those, tpu pass", "rate", "tpu fail", "tpu skip", "tpu process")
+    header = (
+        "file",
+        "cpu pass",
+        "of those, tpu pass",
+        "rate",
+        "tpu fail",
+        "tpu skip",
+        "cpu-passing, not for tpu",
+        "time tpu / cpu",
+        "tpu process",
+    )
     if args.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
@@ -209,7 +258,7 @@ def report(args) -> int:
         for row in rows:
             print(
                 f"{row[0]}: {row[2]}/{row[1]} cpu-passing tests pass on tpu ({row[3]}); tpu {row[4]} fail, "
-                f"{row[5]} skip; {row[6]}"
+                f"{row[5]} skip; {row[6]} cpu-passing tests are for other devices only; time {row[7]}; {row[8]}"
             )
     total = sum(r[1] for r in rows)
     print(f"\ntotal: {total - len(lost_all)} of {total} cpu-passing tests pass on tpu")
@@ -246,6 +295,11 @@ def main(argv=None) -> int:
         choices=("fused", "strict", "debug"),
         help="TORCHTPU_EAGER_MODE for the run (gradcheck's reentrancy check wants strict: a fused "
         "segment rounds differently from its ops run one by one)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the results in --out and run only the tests they lack (a file that ran out of time goes on)",
     )
     p.add_argument("--markdown", action="store_true")
     r = sub.add_parser("report", help="compare the results of a run")

@@ -20,6 +20,9 @@ def _load():
     from .eager import kernels
 
     registration.install()
+    from .storage import legacy
+
+    legacy.install_storage_constructor()  # without the C++ extension: no allocator for "tpu"
     from . import api
 
     api.install()  # torch.tpu, before anything asks PyTorch for the device module

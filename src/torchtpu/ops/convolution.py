@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
+from torch._prims_common import suggest_memory_format
 
 from .dtypes import scalar_type_name
 from .nn_common import _low, _precision
@@ -70,7 +72,21 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     )
 
 
-@lowering("convolution", "convolution_overrideable")
+def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """PyTorch's meta kernel leaves a convolution's output contiguous (it cannot tell the device); the
+    CPU kernels lay it out channels_last when the input or the weight is, except the 3-d ones in
+    (complex) double or half precision, which have no channels_last path on the CPU."""
+    out = torch.ops.aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+    if out.dim() == 5 and x.dtype in (torch.float64, torch.float16, torch.complex128):
+        return out
+    for t in (x, w):
+        layout = suggest_memory_format(t)
+        if layout is not torch.contiguous_format and t.dim() == out.dim():
+            return out.contiguous(memory_format=layout)
+    return out
+
+
+@lowering("convolution", "convolution_overrideable", meta=_convolution_meta)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:

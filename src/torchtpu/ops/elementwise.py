@@ -14,7 +14,38 @@ from .table import KIND, Lowering, apply, lowering
 # ---------------------------------------------------------------- arithmetic
 
 
-@lowering("add.Tensor", "add.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1))
+def _alpha_check(a, b, alpha=1, *_, out=None, **__):
+    """PyTorch's alpha_check on the op's result dtype, which its meta kernels make as a ValueError
+    (or, for a bool result, not at all); and the CPU's message for an `out` the result cannot be cast to."""
+    dtype = torch.result_type(a, b)
+    if out is not None and not torch.can_cast(dtype, out.dtype):
+        wanted = scalar_type_name(out.dtype)
+        raise RuntimeError(f"result type {scalar_type_name(dtype)} can't be cast to the desired output type {wanted}")
+    if type(alpha) is bool and dtype != torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if not (dtype.is_floating_point or dtype.is_complex) and isinstance(alpha, (float, complex)):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+    if not dtype.is_complex and isinstance(alpha, complex):
+        raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
+
+
+def _sub_and_alpha_check(a, b, alpha=1, *_, out=None, **__):
+    _sub_check(a, b)
+    _alpha_check(a, b, alpha, out=out)
+
+
+def _with_variants(check, *names):
+    """A meta_check for overloads and their in-place and out= variants (facts are per overload)."""
+    return dict.fromkeys(names, check)
+
+
+@lowering(
+    "add.Tensor",
+    "add.Scalar",
+    promote=KIND.DEFAULT,
+    promote_args=(0, 1),
+    meta_check=_with_variants(_alpha_check, "add.Tensor", "add.Scalar", "add_.Tensor", "add_.Scalar", "add.out"),
+)
 def add(a, b, alpha=1):
     return a + b * alpha if not (isinstance(alpha, int) and alpha == 1) else a + b
 
@@ -34,12 +65,26 @@ def _sub_check(a, b, *_, **__):
         )
 
 
-@lowering("sub.Tensor", "sub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1), meta_check=_sub_check)
+@lowering(
+    "sub.Tensor",
+    "sub.Scalar",
+    promote=KIND.DEFAULT,
+    promote_args=(0, 1),
+    meta_check=_with_variants(
+        _sub_and_alpha_check, "sub.Tensor", "sub.Scalar", "sub_.Tensor", "sub_.Scalar", "sub.out"
+    ),
+)
 def sub(a, b, alpha=1):
     return a - b * alpha if not (isinstance(alpha, int) and alpha == 1) else a - b
 
 
-@lowering("rsub.Tensor", "rsub.Scalar", promote=KIND.DEFAULT, promote_args=(0, 1), meta_check=_sub_check)
+@lowering(
+    "rsub.Tensor",
+    "rsub.Scalar",
+    promote=KIND.DEFAULT,
+    promote_args=(0, 1),
+    meta_check=_with_variants(_sub_and_alpha_check, "rsub.Tensor", "rsub.Scalar"),
+)
 def rsub(a, b, alpha=1):
     return b - a * alpha if not (isinstance(alpha, int) and alpha == 1) else b - a
 
@@ -311,12 +356,45 @@ def addcmul(a, t1, t2, value=1):
     return a + value * t1 * t2
 
 
-@lowering("addcdiv", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+def _integer_addcdiv_check(a, t1, t2, *_, **__):
+    """The CPU's refusal of integer addcdiv; PyTorch's meta kernel makes it with a garbled message."""
+    if not (t1.dtype.is_floating_point or t1.dtype.is_complex) and not (
+        t2.dtype.is_floating_point or t2.dtype.is_complex
+    ):
+        raise RuntimeError(
+            "Integer division with addcdiv is no longer supported, and in a future  release addcdiv will perform "
+            "a true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as "
+            "(input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as "
+            "(input + value * tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter "
+            "implementation: (input + value * tensor1 / tensor2), for all dtypes."
+        )
+
+
+@lowering(
+    "addcdiv",
+    promote=KIND.DEFAULT,
+    promote_args=(0, 1, 2),
+    meta_check=_with_variants(_integer_addcdiv_check, "addcdiv", "addcdiv_", "addcdiv.out"),
+)
 def addcdiv(a, t1, t2, value=1):
     return a + value * (t1 / t2)
 
 
-@lowering("clamp", "clamp.Tensor", promote=KIND.DEFAULT, real_only=True)
+def _clamp_check(a, min=None, max=None, *_, **__):
+    """PyTorch's clamp checks this before its meta kernel, whose own error is a ValueError."""
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+
+
+@lowering(
+    "clamp",
+    "clamp.Tensor",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    meta_check=dict.fromkeys(
+        ("clamp", "clamp_", "clamp.out", "clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"), _clamp_check
+    ),
+)
 def clamp(a, min=None, max=None):
     if min is not None:
         a = (

@@ -6,18 +6,32 @@ share storage (eager/kernels.py). These are the ops that produce new values.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from .argument_checks import out_overlaps_inputs_check
-from .dtypes import to_opmath
+from .dtypes import scalar_type_name, to_opmath
 from .table import lowering
 
 
 # ---------------------------------------------------------------- concatenation
-@lowering("cat", host_check={"cat.out": out_overlaps_inputs_check})
+def _cat_out_dtype_check(tensors, dim=0, *, out):
+    """The CPU's refusal of an `out` of another kind than the inputs' (a float cat into an integer
+    tensor), a TypeError; PyTorch's meta kernel raises a RuntimeError with another message."""
+    if tensors:
+        dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+        if not torch.can_cast(dtype, out.dtype):
+            raise TypeError(
+                f"torch.cat(): input types can't be cast to the desired output type {scalar_type_name(out.dtype)}"
+            )
+
+
+@lowering("cat", host_check={"cat.out": out_overlaps_inputs_check}, meta_check={"cat.out": _cat_out_dtype_check})
 def cat(tensors, dim=0):
     # PyTorch skips legacy empty 1-D tensors of shape (0,) when the others have more dims
     full = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
@@ -407,3 +421,20 @@ def upsample_bicubic2d_aa_backward(grad, output_size, input_size, align_corners,
     return _resample_backward(
         lambda v: _resample_aa(v, output_size, align_corners, (scales_h, scales_w), 4, _aa_cubic), grad, input_size
     )
+
+
+@lowering("unfold_backward")
+def unfold_backward(grad, input_sizes, dim, size, step):
+    """The gradient of `x.unfold(dim, size, step)`: each window's values added back where it was read
+    (windows overlap when step < size)."""
+    if not input_sizes:  # a 0-d input unfolds into one window of size 1 (or 0: PyTorch gives shape (0,))
+        return jnp.sum(grad).astype(grad.dtype) if size else jnp.zeros((0,), grad.dtype)
+    dim = dim % len(input_sizes)
+    length = input_sizes[dim]
+    # grad: input_sizes with dim replaced by the window count, then the window's own dimension
+    windows = grad.shape[dim]
+    g = jnp.moveaxis(grad, (dim, grad.ndim - 1), (0, 1))  # (windows, size, rest...)
+    rest = g.shape[2:]
+    positions = (np.arange(windows)[:, None] * step + np.arange(size)[None, :]).reshape(-1)
+    out = jnp.zeros((length, *rest), grad.dtype).at[positions].add(g.reshape(windows * size, *rest))
+    return jnp.moveaxis(out, 0, dim).reshape(tuple(input_sizes))
