@@ -705,3 +705,23 @@ def test_cat_out_of_another_kind_raises_the_cpus_type_error(inputs, out):
     same_error(run)
     x, y = torch.randint(0, 9, (3,)), torch.randn(2)
     both(lambda device: torch.cat([x.to(device), y.to(device)], out=torch.zeros(5, dtype=torch.float64, device=device)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a, out: torch.exp(a, out=out),
+        lambda a, out: torch.mul(a, 1.5, out=out),
+        lambda a, out: torch.true_divide(a, a, out=out),
+        lambda a, out: torch.sigmoid(a, out=out),
+    ],
+)
+def test_out_cast_errors_are_the_cpus(call):
+    """An `out=` tensor the result cannot be cast to: the CPU's message, not the meta kernel's."""
+    errors = []
+    for dev in ("cpu", DEV):
+        a = torch.arange(1, 4, device=dev)
+        with pytest.raises(RuntimeError) as info:
+            call(a, torch.empty(3, dtype=torch.int64, device=dev))
+        errors.append(str(info.value))
+    assert errors[1] == errors[0] and "can't be cast to the desired output type Long" in errors[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import zlib
 
 import jax
@@ -220,11 +221,27 @@ def _meta_call(kernel, args, kwargs):
     meta_check = META_CHECKS.get(kernel.name)
     if meta_check is not None:
         meta_check(*meta_args, **meta_kwargs)
-    meta_out = META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
+    try:
+        meta_out = META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
+    except RuntimeError as e:
+        raise _as_cpu_cast_error(e) from None
     resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]
     if resized:
         _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized)
     return compute, meta_out
+
+
+_META_CAST = re.compile(r"Attempting to cast from torch\.(\w+) to out tensor with dtype torch\.(\w+), but")
+
+
+def _as_cpu_cast_error(e):
+    """The CPU's (and CUDA's) words for an `out=` tensor the result cannot be cast to, where PyTorch's
+    meta kernels word it otherwise; any other error as it is."""
+    m = _META_CAST.search(str(e))
+    if m is None:
+        return e
+    src, dst = (dt.scalar_type_name(getattr(torch, name)) for name in m.groups())
+    return RuntimeError(f"result type {src} can't be cast to the desired output type {dst}")
 
 
 def _returns_of(kernel, entry, meta_out):
