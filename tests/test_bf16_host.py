@@ -2,7 +2,8 @@
 XLA:CPU takes its half-precision library dot instead of converting the whole weight to float32 at
 every call (ops/linalg.py `_host_half_matmul`). Results against torch CPU within half-precision
 tolerance, eager and compiled, for every product shape a decoder makes; the same lowering traced for
-a TPU keeps its bf16 dots native."""
+a TPU keeps its bf16 dots native. Float32 products under `torch.set_float32_matmul_precision("medium")`
+take bf16 operands on the host (ops/linalg.py `_host_bf16_passes`)."""
 
 import sys
 
@@ -175,6 +176,65 @@ def test_float32_is_not_padded():
     with platform.tracing_for("cpu"):
         (dot,) = _dots(_linear_one_row(), x, w)
     assert dot.invars[0].aval.shape == (1, 256)  # XLA:CPU's float32 GEMV is its fastest form
+
+
+# --- float32 products under torch.set_float32_matmul_precision("medium"): bf16 operands on the host
+
+
+@pytest.fixture
+def matmul_precision():
+    previous = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(previous)
+
+
+def _bf16_product(a, b):
+    """What "medium" computes: the operands rounded to bf16, the sum of products in (at least) float32."""
+    return (a.bfloat16().double() @ b.bfloat16().double()).float()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_medium_precision_runs_float32_products_with_bf16_operands(matmul_precision, compiled):
+    a, at = _pair(3, 96, 256, dtype=torch.float32, seed=30)
+    w, wt = _pair(384, 256, dtype=torch.float32, seed=31)
+    b, bt = _pair(384, dtype=torch.float32, seed=32)
+
+    def products(x, weight, bias):
+        return F.linear(x, weight, bias), x @ weight.T, torch.bmm(x, weight.T.expand(3, -1, -1))
+
+    fn = torch.compile(products, backend="tpu") if compiled else products
+    wants = [_bf16_product(a, w.T) + b, _bf16_product(a, w.T), _bf16_product(a, w.T)]
+    for setting, bf16 in (("medium", True), ("highest", False), ("high", False)):
+        matmul_precision(setting)
+        for got, want, exact in zip(fn(at, wt, bt), wants, products(a, w, b)):
+            assert got.dtype == torch.float32
+            if bf16:  # rounded operands, float32 sums: far from the float32 product (~1e-1), close to this
+                assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+                assert (got.cpu() - exact).abs().max() > 1e-2
+            else:
+                assert_close(got.cpu(), exact, atol=1e-4, rtol=1e-4)
+
+
+def test_medium_precision_keeps_small_and_one_row_float32_products_exact(matmul_precision):
+    matmul_precision("medium")
+    for a_shape, b_shape in (((1, 512), (512, 4096)), ((512, 1024), (1024, 1)), ((8, 16), (16, 8))):
+        a, at = _pair(*a_shape, dtype=torch.float32, seed=33)
+        b, bt = _pair(*b_shape, dtype=torch.float32, seed=34)
+        assert_close((at @ bt).cpu(), a @ b, atol=1e-4, rtol=1e-4)
+
+
+def test_medium_precision_trace_for_tpu_keeps_float32_operands(matmul_precision):
+    matmul_precision("medium")
+    a, b = jnp.ones((256, 256), jnp.float32), jnp.ones((256, 512), jnp.float32)
+    with platform.tracing_for("cpu"):
+        (host,) = _dots(lambda a, b: linalg.matmul(a, b), a, b)
+    with platform.tracing_for("tpu"):
+        (tpu,) = _dots(lambda a, b: linalg.matmul(a, b), a, b)
+    assert [v.aval.dtype for v in host.invars] == [jnp.bfloat16, jnp.bfloat16]
+    assert host.params["preferred_element_type"] == jnp.float32
+    # on a TPU one bf16 pass is XLA's DEFAULT precision of a float32 dot: no casts in the program
+    assert [v.aval.dtype for v in tpu.invars] == [jnp.float32, jnp.float32]
+    assert tpu.params["precision"] in (None, (jax.lax.Precision.DEFAULT, jax.lax.Precision.DEFAULT))
 
 
 # --- loading: a memory-mapped checkpoint's pages are given back once on the device (device/host_pages.py)
