@@ -294,3 +294,54 @@ def test_written_mapped_pages_and_anonymous_memory_are_kept(tmp_path):
     resident = _resident_pages(x)
     assert_close(x.to("tpu").cpu(), x, rtol=0, atol=0)
     assert _resident_pages(x) == resident
+
+
+# --- one position written into a half-precision array (a static KV cache) on the host: a select, not a
+# scatter XLA:CPU would run in float32 over the whole array (ops/indexing.py `_select_one`)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_one_position_written_into_a_half_cache(dtype, compiled):
+    # large enough to be written by a flat scatter (indexing.FLAT_SCATTER_MIN), or now the select
+    cache, cache_t = _pair(1, 4, 128, 64, dtype=dtype, seed=40)
+    k, kt = _pair(1, 4, 1, 64, dtype=dtype, seed=41)
+    k2, k2t = _pair(1, 4, 2, 64, dtype=dtype, seed=42)
+
+    def update(c, k, k2, position):
+        c.index_copy_(2, position, k)  # transformers' StaticCache
+        c[:, :, 7] = k[:, :, 0] * 2  # a select_scatter in the graph
+        c[:, :, 9:10] = k + 1  # a slice_scatter of one position
+        c.index_copy_(2, torch.tensor([20, 3], device=c.device), k2)  # two positions: the scatter
+        return c * 1
+
+    fn = torch.compile(update, backend="tpu") if compiled else update
+    for position in (0, 37, 127):
+        where = torch.tensor([position])
+        want = update(cache, k, k2, where)
+        got = fn(cache_t, kt, k2t, where.to("tpu"))
+        assert_close(got.cpu(), want, atol=0, rtol=0)
+        assert_close(cache_t.cpu(), cache, atol=0, rtol=0)
+
+
+def test_one_position_trace_is_a_select_on_the_host_only():
+    from torchtpu.ops import indexing
+
+    def written(x, k, position):
+        return indexing.flat_set(x, 2, position, k)
+
+    def program(dtype, platform_name):
+        x, k = jnp.ones((1, 4, 4096, 32), dtype), jnp.ones((1, 4, 1, 32), dtype)
+        with platform.tracing_for(platform_name):
+            # (a new function per trace: JAX caches traces per argument types, not per platform)
+            return jax.jit(lambda *a: written(*a)).lower(x, k, jnp.array([5])).as_text()
+
+    host = program(jnp.bfloat16, "cpu")
+    assert "stablehlo.scatter" not in host and "stablehlo.select" in host
+    assert "stablehlo.scatter" in program(jnp.bfloat16, "tpu")  # native there
+    assert "stablehlo.scatter" in program(jnp.float32, "cpu")  # XLA:CPU updates float32 in place
+    # out of range: nothing written, as the scatter's "drop" (index_copy checks its indices before)
+    x = jnp.arange(2 * 3 * 5, dtype=jnp.float32).reshape(1, 2, 5, 3).astype(jnp.bfloat16)
+    with platform.tracing_for("cpu"):
+        same = jax.jit(written)(x, jnp.zeros((1, 2, 1, 3), jnp.bfloat16), jnp.array([5]))
+    assert (np.asarray(same.astype(jnp.float32)) == np.asarray(x.astype(jnp.float32))).all()
