@@ -1,6 +1,7 @@
 """Training step of a small Llama: torch CPU vs tpu eager (fused, strict) vs torch.compile, side by side.
 
     python benchmarks/train_step.py [--steps 3] [--rounds 5] [--variants cpu,fused,strict,compiled,compiled+opt]
+                                    [--matmul-precision highest|high|medium]
 
 LlamaForCausalLM from a config (hidden 512, 4 layers, 8 heads, 4 KV heads, vocab 8000, MLP 1408), batch
 4 x 128 tokens, labels = input ids (`out.loss`), `torch.optim.AdamW(lr=1e-3)` with its defaults. A step is
@@ -11,6 +12,10 @@ LlamaForCausalLM from a config (hidden 512, 4 layers, 8 heads, 4 KV heads, vocab
 - compiled: `torch.compile(model, backend="tpu")`, the optimizer's `step()` eager (the default fused mode);
 - compiled+opt: the same, plus the user's `torch.compile(opt.step, backend="tpu")`-style wrapper;
 - compiled+fusedadamw: compiled model, `torch.optim.AdamW(..., fused=True)` (one `_fused_adamw_` op).
+
+`--matmul-precision` is `torch.set_float32_matmul_precision` for every variant, torch CPU's included ("medium":
+float32 products with bfloat16 operands where a fast kernel has them, on "tpu"'s host platform XLA:CPU's
+YNNPACK bf16 dot; losses then differ from the CPU's by more than float32 rounding).
 
 Every variant is warmed up (compiles; the fused mode's background compiles waited for), then the variants
 take turns for --rounds rounds of --steps steps each; a round ends with a sync (the loss read to the host),
@@ -77,7 +82,9 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--variants", default="cpu,fused,strict,compiled,compiled+opt")
+    ap.add_argument("--matmul-precision", default="highest", choices=("highest", "high", "medium"))
     args = ap.parse_args()
+    torch.set_float32_matmul_precision(args.matmul_precision)
     kinds = args.variants.split(",")
     base = build()
     g = torch.Generator().manual_seed(1)
@@ -111,7 +118,8 @@ def main():
 
     print(
         f"\nsmall Llama training step (hidden 512, 4 layers, batch 4x128, AdamW), median of {args.rounds} "
-        f"interleaved rounds of {args.steps} steps; torch threads {torch.get_num_threads()}"
+        f"interleaved rounds of {args.steps} steps; torch threads {torch.get_num_threads()}; float32 matmul "
+        f"precision {args.matmul_precision!r}"
     )
     print(f"{'variant':22s} {'ms/step':>9s} {'rounds (ms)':>40s}")
     for kind in kinds:

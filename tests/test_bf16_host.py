@@ -2,7 +2,8 @@
 XLA:CPU takes its half-precision library dot instead of converting the whole weight to float32 at
 every call (ops/linalg.py `_host_half_matmul`). Results against torch CPU within half-precision
 tolerance, eager and compiled, for every product shape a decoder makes; the same lowering traced for
-a TPU keeps its bf16 dots native."""
+a TPU keeps its bf16 dots native. Float32 products under `torch.set_float32_matmul_precision("medium")`
+take bf16 operands on the host (ops/linalg.py `_host_bf16_passes`)."""
 
 import sys
 
@@ -177,6 +178,65 @@ def test_float32_is_not_padded():
     assert dot.invars[0].aval.shape == (1, 256)  # XLA:CPU's float32 GEMV is its fastest form
 
 
+# --- float32 products under torch.set_float32_matmul_precision("medium"): bf16 operands on the host
+
+
+@pytest.fixture
+def matmul_precision():
+    previous = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(previous)
+
+
+def _bf16_product(a, b):
+    """What "medium" computes: the operands rounded to bf16, the sum of products in (at least) float32."""
+    return (a.bfloat16().double() @ b.bfloat16().double()).float()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_medium_precision_runs_float32_products_with_bf16_operands(matmul_precision, compiled):
+    a, at = _pair(3, 96, 256, dtype=torch.float32, seed=30)
+    w, wt = _pair(384, 256, dtype=torch.float32, seed=31)
+    b, bt = _pair(384, dtype=torch.float32, seed=32)
+
+    def products(x, weight, bias):
+        return F.linear(x, weight, bias), x @ weight.T, torch.bmm(x, weight.T.expand(3, -1, -1))
+
+    fn = torch.compile(products, backend="tpu") if compiled else products
+    wants = [_bf16_product(a, w.T) + b, _bf16_product(a, w.T), _bf16_product(a, w.T)]
+    for setting, bf16 in (("medium", True), ("highest", False), ("high", False)):
+        matmul_precision(setting)
+        for got, want, exact in zip(fn(at, wt, bt), wants, products(a, w, b)):
+            assert got.dtype == torch.float32
+            if bf16:  # rounded operands, float32 sums: far from the float32 product (~1e-1), close to this
+                assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+                assert (got.cpu() - exact).abs().max() > 1e-2
+            else:
+                assert_close(got.cpu(), exact, atol=1e-4, rtol=1e-4)
+
+
+def test_medium_precision_keeps_small_and_one_row_float32_products_exact(matmul_precision):
+    matmul_precision("medium")
+    for a_shape, b_shape in (((1, 512), (512, 4096)), ((512, 1024), (1024, 1)), ((8, 16), (16, 8))):
+        a, at = _pair(*a_shape, dtype=torch.float32, seed=33)
+        b, bt = _pair(*b_shape, dtype=torch.float32, seed=34)
+        assert_close((at @ bt).cpu(), a @ b, atol=1e-4, rtol=1e-4)
+
+
+def test_medium_precision_trace_for_tpu_keeps_float32_operands(matmul_precision):
+    matmul_precision("medium")
+    a, b = jnp.ones((256, 256), jnp.float32), jnp.ones((256, 512), jnp.float32)
+    with platform.tracing_for("cpu"):
+        (host,) = _dots(lambda a, b: linalg.matmul(a, b), a, b)
+    with platform.tracing_for("tpu"):
+        (tpu,) = _dots(lambda a, b: linalg.matmul(a, b), a, b)
+    assert [v.aval.dtype for v in host.invars] == [jnp.bfloat16, jnp.bfloat16]
+    assert host.params["preferred_element_type"] == jnp.float32
+    # on a TPU one bf16 pass is XLA's DEFAULT precision of a float32 dot: no casts in the program
+    assert [v.aval.dtype for v in tpu.invars] == [jnp.float32, jnp.float32]
+    assert tpu.params["precision"] in (None, (jax.lax.Precision.DEFAULT, jax.lax.Precision.DEFAULT))
+
+
 # --- loading: a memory-mapped checkpoint's pages are given back once on the device (device/host_pages.py)
 
 
@@ -234,3 +294,54 @@ def test_written_mapped_pages_and_anonymous_memory_are_kept(tmp_path):
     resident = _resident_pages(x)
     assert_close(x.to("tpu").cpu(), x, rtol=0, atol=0)
     assert _resident_pages(x) == resident
+
+
+# --- one position written into a half-precision array (a static KV cache) on the host: a select, not a
+# scatter XLA:CPU would run in float32 over the whole array (ops/indexing.py `_select_one`)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_one_position_written_into_a_half_cache(dtype, compiled):
+    # large enough to be written by a flat scatter (indexing.FLAT_SCATTER_MIN), or now the select
+    cache, cache_t = _pair(1, 4, 128, 64, dtype=dtype, seed=40)
+    k, kt = _pair(1, 4, 1, 64, dtype=dtype, seed=41)
+    k2, k2t = _pair(1, 4, 2, 64, dtype=dtype, seed=42)
+
+    def update(c, k, k2, position):
+        c.index_copy_(2, position, k)  # transformers' StaticCache
+        c[:, :, 7] = k[:, :, 0] * 2  # a select_scatter in the graph
+        c[:, :, 9:10] = k + 1  # a slice_scatter of one position
+        c.index_copy_(2, torch.tensor([20, 3], device=c.device), k2)  # two positions: the scatter
+        return c * 1
+
+    fn = torch.compile(update, backend="tpu") if compiled else update
+    for position in (0, 37, 127):
+        where = torch.tensor([position])
+        want = update(cache, k, k2, where)
+        got = fn(cache_t, kt, k2t, where.to("tpu"))
+        assert_close(got.cpu(), want, atol=0, rtol=0)
+        assert_close(cache_t.cpu(), cache, atol=0, rtol=0)
+
+
+def test_one_position_trace_is_a_select_on_the_host_only():
+    from torchtpu.ops import indexing
+
+    def written(x, k, position):
+        return indexing.flat_set(x, 2, position, k)
+
+    def program(dtype, platform_name):
+        x, k = jnp.ones((1, 4, 4096, 32), dtype), jnp.ones((1, 4, 1, 32), dtype)
+        with platform.tracing_for(platform_name):
+            # (a new function per trace: JAX caches traces per argument types, not per platform)
+            return jax.jit(lambda *a: written(*a)).lower(x, k, jnp.array([5])).as_text()
+
+    host = program(jnp.bfloat16, "cpu")
+    assert "stablehlo.scatter" not in host and "stablehlo.select" in host
+    assert "stablehlo.scatter" in program(jnp.bfloat16, "tpu")  # native there
+    assert "stablehlo.scatter" in program(jnp.float32, "cpu")  # XLA:CPU updates float32 in place
+    # out of range: nothing written, as the scatter's "drop" (index_copy checks its indices before)
+    x = jnp.arange(2 * 3 * 5, dtype=jnp.float32).reshape(1, 2, 5, 3).astype(jnp.bfloat16)
+    with platform.tracing_for("cpu"):
+        same = jax.jit(written)(x, jnp.zeros((1, 2, 1, 3), jnp.bfloat16), jnp.array([5]))
+    assert (np.asarray(same.astype(jnp.float32)) == np.asarray(x.astype(jnp.float32))).all()

@@ -189,3 +189,9 @@ def test_copies_donations_rule():
     assert not B._copies_donations(Compiled(big), [4 * big + 1])  # a temporary smaller than a quarter
     assert not B._copies_donations(Compiled(big - 1), [big - 1])  # small temporaries are reused
     assert not B._copies_donations(object(), [4 * big])  # no memory analysis: keep donating
+    # a large temporary the plain executable has too (attention's float32 copy of a bf16 KV cache) is not
+    # the donation's: keep donating; one the donation adds (copies of the donated buffers): stop
+    assert not B._donation_adds_temporary(Compiled(big), Compiled(big), [4 * big])
+    assert not B._donation_adds_temporary(Compiled(2 * big), Compiled(big + 1), [4 * big])
+    assert B._donation_adds_temporary(Compiled(2 * big), Compiled(big), [4 * big])
+    assert B._donation_adds_temporary(Compiled(big), object(), [4 * big])  # no analysis: as before

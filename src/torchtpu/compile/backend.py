@@ -631,22 +631,29 @@ class CompiledGraph:
             entry.xla = xla_options.jax_options()  # keyed in _key
             entry.fn = lowered.compile(entry.xla)
             t2 = time.perf_counter()
-            if entry.donate and _copies_donations(entry.fn, [records[s].nbytes for s in entry.donated_slots]):
-                # XLA copies the donated buffers instead of updating them in place (a fusion still reads
-                # an old value after the in-place write: an optimizer step recomputes its new moments
-                # from the old ones inside the parameter's update). The copies live in a temporary
-                # allocated, and page-faulted afresh, at every call: compiled AdamW of a 20M-parameter
-                # model had 175 MB of it, 43k page faults and a 3.5x slower step than without donating.
-                log.debug("torchtpu compile: graph %d copies its donated buffers: compiled without donation", self.id)
-                entry.donate = False
-                jitted = jax.jit(traced, out_shardings=sharding if nb == 0 else None)
-                entry.fn = jitted.lower(*entry.sample).compile(entry.xla)
+            plain = None
+            donated_nbytes = [records[s].nbytes for s in entry.donated_slots]
+            if entry.donate and _copies_donations(entry.fn, donated_nbytes):
+                # XLA may copy the donated buffers instead of updating them in place (a fusion still
+                # reads an old value after the in-place write: an optimizer step recomputes its new
+                # moments from the old ones inside the parameter's update). The copies live in a
+                # temporary allocated, and page-faulted afresh, at every call: compiled AdamW of a
+                # 20M-parameter model had 175 MB of it, 43k page faults and a 3.5x slower step than
+                # without donating. The same executable without donation tells whether the temporary
+                # is the donation's (a bf16 decode step's is attention's float32 copy of its KV cache,
+                # there either way: that one keeps donating, and updates its cache in place).
+                plain_jitted = jax.jit(traced, out_shardings=sharding if nb == 0 else None)
+                plain = plain_jitted.lower(*entry.sample).compile(entry.xla)
                 _counters.compiled_xla_compiles += 1
+                if _donation_adds_temporary(entry.fn, plain, donated_nbytes):
+                    log.debug("torchtpu compile: graph %d copies its donated buffers: not donating", self.id)
+                    entry.donate = False
+                    entry.fn, jitted = plain, plain_jitted
                 t2 = time.perf_counter()
         TIMES["trace_s"] += t1 - t0
         TIMES["xla_compile_s"] += t2 - t1
         tpu_check.check(jitted, entry.sample, self.where)
-        entry.fn_plain = None if entry.donate else entry.fn
+        entry.fn_plain = plain if entry.donate else entry.fn
         entry.finish(outs_meta)
         return entry
 
@@ -687,6 +694,17 @@ def _copies_donations(compiled, donated_nbytes):
     except Exception:  # noqa: BLE001 - a backend without memory analysis: keep the donation
         return False
     return temp >= _FRESH_MAPPING_BYTES and temp * 4 >= sum(donated_nbytes)
+
+
+def _donation_adds_temporary(donating, plain, donated_nbytes):
+    """True when the donating executable's temporary exceeds the plain one's by a quarter of what it was
+    given to update in place or more (the copies of the donated buffers); True too when either has no
+    memory analysis (the first check saw a large temporary: as before, no donation)."""
+    try:
+        added = donating.memory_analysis().temp_size_in_bytes - plain.memory_analysis().temp_size_in_bytes
+    except Exception:  # noqa: BLE001 - a backend without memory analysis: the first check decides
+        return True
+    return added * 4 >= sum(donated_nbytes)
 
 
 _get_buffer = operator.attrgetter("_buffer")

@@ -283,8 +283,23 @@ def flat_scatter_pays(total, part):
 
 def flat_set(x, dim, index, source):
     """x with x[..., index[j], ...] (along dim) = source[..., j, ...], as a scatter at flat offsets."""
+    if index.shape[0] == 1 and x.dtype in (jnp.bfloat16, jnp.float16):
+        from ..device.platform import lowering_platform
+
+        if lowering_platform() == "cpu":
+            return _select_one(x, dim, index[0], source)
     at = _flat_offsets(x.shape, dim, index, source.shape).reshape(-1)
     return x.reshape(-1).at[at].set(source.reshape(-1), mode="drop").reshape(x.shape)
+
+
+def _select_one(x, dim, position, source):
+    """flat_set of one position of a bfloat16/float16 array on XLA:CPU, as an elementwise select. XLA:CPU
+    computes a half-precision scatter (and dynamic-update-slice) in float32: the whole array converted
+    there and back at every call (a (1, 8, 4096, 128) bf16 KV cache: 3-17 ms per written position
+    against 0.1 ms in float32); the select is one pass over the array in its own dtype (0.35 ms), in place.
+    An out-of-range position matches nothing: nothing is written, as the scatter's "drop"."""
+    at = lax.broadcasted_iota(position.dtype, x.shape, dim) == position
+    return jnp.where(at, jnp.broadcast_to(source, x.shape), x)
 
 
 @lowering(

@@ -3,6 +3,8 @@ float32 matmul precision every product follows. Decompositions and solves: linal
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -57,7 +59,30 @@ _HALF = (jnp.bfloat16, jnp.float16)
 def matmul(a, b):
     if a.dtype in _HALF and b.dtype == a.dtype and _for_host():
         return _host_half_matmul(a, b)
+    if _host_bf16_passes(a, b):
+        return _matmul(a, b, operand_dtype=jnp.bfloat16)
     return _matmul(a, b)
+
+
+# the smallest float32 product (m * n * k) run in bf16 on the host under "medium": a smaller one is not
+# compute-bound, and the operand casts would cost what the bf16 dot saves
+_BF16_PASS_MIN_WORK = 1 << 21
+
+
+def _host_bf16_passes(a, b):
+    """Whether a float32 product on XLA:CPU runs with bfloat16 operands and a float32 accumulator: where the
+    user asked for it (`torch.set_float32_matmul_precision("medium")`, PyTorch's "bf16 for internal
+    computations where a fast kernel has it") and the product is a matrix-matrix one. XLA:CPU ignores
+    DEFAULT/HIGH precision for float32 dots (Eigen float32 either way); its YNNPACK bf16 dot does a
+    512x512x1536 product in 0.6x the CPU time of Eigen's float32 one (benchmarks/RESULTS.md). A one-row
+    or one-column product stays float32: Eigen's float32 GEMV streams the weight faster than YNNPACK's
+    bf16 dot. On TPU DEFAULT already means one bf16 pass (precision())."""
+    if a.dtype != jnp.float32 or b.dtype != jnp.float32 or a.ndim < 2 or b.ndim < 2 or not _for_host():
+        return False
+    if precision() != lax.Precision.DEFAULT:  # (reads the setting, so executables are keyed on it)
+        return False
+    rows, k, n = math.prod(a.shape[:-1]), a.shape[-1], b.shape[-1]
+    return min(a.shape[-2], n) > 1 and rows * n * k >= _BF16_PASS_MIN_WORK
 
 
 def _for_host():
@@ -94,8 +119,14 @@ def _host_half_matmul(a, b):
     return out[..., :rows, :cols] if (rows == 1 or cols == 1) else out
 
 
-def _matmul(a, b):
+def _matmul(a, b, operand_dtype=None):
+    """a @ b in a's dtype, accumulated in float32 for half operands; `operand_dtype`: the operands rounded
+    to it first (bf16 passes of a float32 product)."""
+    out_dtype = a.dtype
     source = _transposed_from(b) if a.dtype == b.dtype else None
+    if operand_dtype is not None:
+        a, b = a.astype(operand_dtype), b.astype(operand_dtype)
+        source = None if source is None else source.astype(operand_dtype)
     if source is not None and b.ndim == 2:
         # x @ W.T (nn.Linear): contract W's own last dim rather than a transposed W. XLA:CPU folds a
         # transposed operand into the dot only where it calls Eigen (a matrix-matrix product); a
@@ -117,7 +148,7 @@ def _matmul(a, b):
         )
     else:
         out = jnp.matmul(a, b, precision=precision(), preferred_element_type=_acc(a))
-    return out.astype(a.dtype)
+    return out.astype(out_dtype)
 
 
 def _transposed_from(b):
