@@ -1,8 +1,8 @@
 """The eager engine: one PrivateUse1 kernel per ATen overload, running cached XLA executables.
 
 A call builds a key from static facts (each tensor's dtype and view layout, which inputs share a
-storage, the non-tensor arguments), finds the executable for it and calls it with the storages'
-flat buffers and the `Scalar` arguments (traced, so a changing learning rate does not recompile).
+storage, the non-tensor arguments, the shape of each storage's array), finds the executable for it
+and calls it with the storages' arrays and the `Scalar` arguments (traced, so a changing learning rate does not recompile).
 The executable reads the views, runs the lowering and writes in-place results back through the
 views, all in one XLA computation; outputs become new storages, mutated storages get new buffers.
 
