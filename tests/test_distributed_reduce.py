@@ -112,38 +112,36 @@ def _mesh(ranks):
     return mesh, NamedSharding(mesh, P(collectives.AXIS))
 
 
-def _program(kind, op, ranks):
+def _body(kind, ops, ranks):
+    """One program for every op of `ops`: collective `kind` with each, on the same input."""
+    bodies = [collectives._body(kind, (op,), ranks) for op in ops]
+    return lambda x: tuple(b(x) for b in bodies)
+
+
+def _program(kind, ops, ranks):
     mesh, _ = _mesh(ranks)
     check = {"check_vma": False} if collectives._has_check_vma() else {"check_rep": False}
-    return jax.jit(
-        collectives._shard_map(
-            collectives._body(kind, (op,), ranks),
-            mesh=mesh,
-            in_specs=P(collectives.AXIS),
-            out_specs=P(collectives.AXIS),
-            **check,
-        )
-    )
+    spec = P(collectives.AXIS)
+    return jax.jit(collectives._shard_map(_body(kind, ops, ranks), mesh=mesh, in_specs=spec, out_specs=spec, **check))
 
 
-def _run(kind, op, xs, lowering):
-    """Collective `kind` with `op` over the ranks' tensors xs, traced for `lowering` ("host", or "tpu":
-    the TPU's branches); each rank's result as a CPU tensor. Two ranks are two host devices under a
-    `shard_map` (XLA's all-reduce runs); more ranks than devices are a `vmap` over a named axis."""
+def _run(kind, ops, xs, lowering):
+    """Collective `kind` with each of `ops` over the ranks' tensors xs, traced for `lowering` ("host", or
+    "tpu": the TPU's branches); {op: each rank's result as a CPU tensor}. Two ranks are two host devices
+    under a `shard_map` (XLA's all-reduce runs); more ranks than devices are a `vmap` over a named axis."""
     ranks = len(xs)
-    body = collectives._body(kind, (op,), ranks)
     host = [dtypes.numpy_from_cpu(x) for x in xs]
     with platform.tracing_for("tpu") if lowering == "tpu" else contextlib.nullcontext():
         if ranks > platform.device_count():
-            out = jax.jit(jax.vmap(body, axis_name=collectives.AXIS))(np.stack(host))
-            results = [out[r] for r in range(ranks)]
+            outs = jax.jit(jax.vmap(_body(kind, ops, ranks), axis_name=collectives.AXIS))(np.stack(host))
+            results = [[out[r] for r in range(ranks)] for out in outs]
         else:
             _, sharding = _mesh(ranks)
             shards = [jax.device_put(h, platform.jax_device(r)) for r, h in enumerate(host)]
             arr = jax.make_array_from_single_device_arrays((ranks * N,), sharding, shards)
-            out = _program(kind, op, ranks)(arr)
-            results = [out.addressable_data(r) for r in range(ranks)]
-    return [dtypes.cpu_from_numpy(np.array(a), xs[0].dtype) for a in results]
+            outs = _program(kind, ops, ranks)(arr)
+            results = [[out.addressable_data(r) for r in range(ranks)] for out in outs]
+    return {op: [dtypes.cpu_from_numpy(np.array(a), xs[0].dtype) for a in res] for op, res in zip(ops, results)}
 
 
 def _tolerance(xs, op):
@@ -158,36 +156,20 @@ def _tolerance(xs, op):
 
 
 @pytest.mark.parametrize("lowering", ["host", "tpu"])
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("kind,ranks", [("all_reduce", 2), ("all_reduce", 3), ("reduce_scatter", 2)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_all_reduce_matches_cpu(dtype, ranks, lowering):
-    for i, op in enumerate(OPS):
-        if not _defined(op, dtype):
-            continue
-        xs = _inputs(dtype, ranks, seed=100 * i + ranks)
+def test_reductions_match_cpu(dtype, kind, ranks, lowering):
+    ops = [op for op in OPS if _defined(op, dtype)]
+    xs = _inputs(dtype, ranks, seed=10 * ranks + len(kind))
+    for op, results in _run(kind, ops, xs, lowering).items():
         want = _reference(xs, op)
-        for r, got in enumerate(_run("all_reduce", op, xs, lowering)):
-            assert_close(
-                got, want, equal_nan=True, **_tolerance(xs, op), msg=lambda m, op=op, r=r: f"{op} {dtype} rank {r}: {m}"
-            )
-
-
-@pytest.mark.parametrize("lowering", ["host", "tpu"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_reduce_scatter_matches_cpu(dtype, lowering):
-    ranks = 2
-    for i, op in enumerate(OPS):
-        if not _defined(op, dtype):
-            continue
-        xs = _inputs(dtype, ranks, seed=7 + i)
-        want = _reference(xs, op).chunk(ranks)
-        for r, got in enumerate(_run("reduce_scatter", op, xs, lowering)):
+        for r, got in enumerate(results):
             assert_close(
                 got,
-                want[r],
+                want.chunk(ranks)[r] if kind == "reduce_scatter" else want,
                 equal_nan=True,
                 **_tolerance(xs, op),
-                msg=lambda m, op=op, r=r: f"{op} {dtype} rank {r}: {m}",
+                msg=lambda m, op=op, r=r: f"{kind} {op} {dtype} rank {r}: {m}",
             )
 
 
@@ -195,9 +177,29 @@ def test_64_bit_extremes_use_32_bit_words_on_tpu_only():
     """The TPU's program has no 64-bit max/min all-reduce (XLA:TPU lowers only sums of 64 bits); the
     host's keeps the one all-reduce."""
     x = jax.ShapeDtypeStruct((2 * N,), np.int64, sharding=_mesh(2)[1])
-    host = _program("all_reduce", "MAX", 2).trace(x).jaxpr
+    host = _program("all_reduce", ["MAX"], 2).trace(x).jaxpr
     with platform.tracing_for("tpu"):
-        tpu = _program("all_reduce", "MAX", 2).trace(x).jaxpr
+        tpu = _program("all_reduce", ["MAX"], 2).trace(x).jaxpr
     assert "pmax" in str(host) and "i64[" in str(host)
     text = str(tpu)
     assert text.count("pmax") == 2 and "i32[" in text and "u32[" in text
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reductions_compile_for_tpu(dtype, monkeypatch):
+    """XLA:TPU compiles every reduction of `dtype` (all-reduce and reduce-scatter, one program) for 2
+    devices of a v5e; before the 32-bit words, int64 and float64 MAX/MIN did not compile."""
+    pytest.importorskip("libtpu", reason="the TPU compile check needs libtpu (pip install torchtpu[tpu-check])")
+    from torchtpu.eager import tpu_check
+
+    monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", "v5e:2x2")
+    ops = [op for op in OPS if _defined(op, dtype)]
+    mesh, sharding = _mesh(2)
+    check = {"check_vma": False} if collectives._has_check_vma() else {"check_rep": False}
+    spec = P(collectives.AXIS)
+    both = [_body("all_reduce", ops, 2), _body("reduce_scatter", ops, 2)]
+    program = jax.jit(
+        collectives._shard_map(lambda x: both[0](x) + both[1](x), mesh=mesh, in_specs=spec, out_specs=spec, **check)
+    )
+    x = jax.ShapeDtypeStruct((2 * N,), dtypes.to_jax(dtype), sharding=sharding)
+    tpu_check.check(program, (x,), f"test: every reduction of {dtype}")  # raises TpuCompileCheckError
