@@ -126,9 +126,14 @@ def jit(fn, name: str, **jit_kwargs):
 
 
 def jitting(**jit_kwargs):
-    """`jit` as a decorator (`@functools.partial(jax.jit, ...)`'s place): the program is named after the
-    function."""
-    return lambda fn: jit(fn, f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", **jit_kwargs)
+    """`jit` as a decorator (`@functools.partial(jax.jit, ...)`'s place) for functions jitted once, when
+    their module loads: the program is named after the function, and checked whenever the check is on
+    at a call (turned on after the import too), not only when it was on at the decoration."""
+
+    def decorate(fn):
+        return wrap(jax.jit(fn, **jit_kwargs), fn, f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", **jit_kwargs)
+
+    return decorate
 
 
 def wrap(run, fn, name: str, **jit_kwargs):
@@ -146,10 +151,10 @@ class _Checked:
         self.__wrapped__ = wrapped
 
     def __call__(self, *args, **kwargs):
+        if not enabled():  # the check is off (turned off after this program was built, or not on yet)
+            return self.run(*args, **kwargs)
         leaves = jax.tree_util.tree_leaves((args, kwargs))
         if any(isinstance(x, jax.core.Tracer) for x in leaves):  # inside a trace: the outer program is checked
-            return self.run(*args, **kwargs)
-        if topology() is None:  # the check was turned off after this program was built (a test's block)
             return self.run(*args, **kwargs)
         key = _signature(leaves)
         failure = self.seen.get(key, False)
