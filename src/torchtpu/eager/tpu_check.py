@@ -156,7 +156,7 @@ class _Checked:
         leaves = jax.tree_util.tree_leaves((args, kwargs))
         if any(isinstance(x, jax.core.Tracer) for x in leaves):  # inside a trace: the outer program is checked
             return self.run(*args, **kwargs)
-        key = _signature(leaves)
+        key = (topology(), _signature(leaves))  # (a later switch to another topology checks again)
         failure = self.seen.get(key, False)
         if failure is False:  # checked before the host runs it: a failure leaves donated inputs intact
             failure = self.seen[key] = _check_failure(self.traceable, args, kwargs, self.check_name)
