@@ -148,6 +148,17 @@ def test_data_dependent_helpers_checked_when_the_check_is_turned_on_after_import
     assert check.report().failed == 0, check.report().failures
 
 
+def test_bad_input_raises_the_hosts_error_and_is_no_tpu_failure(check):
+    """An op whose own trace refuses its input (on every platform) raises the host's error, and the
+    check does not count that program as failing to compile for the TPU."""
+    n = _fresh_shape()[0]
+    with pytest.raises(RuntimeError, match="not implemented for 'Half'") as tpu:
+        torch.linalg.cholesky(torch.eye(n, dtype=torch.half, device="tpu"))
+    assert not isinstance(tpu.value, tpu_check.TpuCompileCheckError)
+    report = check.report()
+    assert report.failed == 0 and not _programs(report, "aten::linalg_cholesky"), report.failures
+
+
 def test_fused_optimizer_step_compiles_for_tpu(check):
     from torchtpu.optim import AdamW
 

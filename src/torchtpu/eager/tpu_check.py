@@ -163,7 +163,11 @@ class _Checked:
         if failure is None:
             return self.run(*args, **kwargs)
         if failure.in_trace:  # an error of the host's own trace keeps its type: the host traces first
-            self.run(*args, **kwargs)
+            try:
+                self.run(*args, **kwargs)
+            except Exception:
+                _forget(failure.result)  # bad input on every platform (an op's own error): not the TPU's
+                raise
         raise failure.with_traceback(None)  # (the same error again: not the previous raise's frames)
 
     def lower(self, *args, **kwargs):
@@ -218,8 +222,10 @@ def _check_failure(traceable, args, kwargs, name):
         bytecode, replicas, partitions = _lower_for_tpu(traceable, args, kwargs)
     except Exception as e:  # noqa: BLE001 -- the TPU trace itself failed: a TPU-only branch, or a TPU lowering
         error = f"tracing for the TPU failed: {type(e).__name__}: {e}"
-        _record(ProgramResult(name, False, error, {}, 0.0))
-        return TpuCompileCheckError(name, topo, error, in_trace=True)
+        failure = TpuCompileCheckError(name, topo, error, in_trace=True)
+        failure.result = ProgramResult(name, False, error, {}, 0.0)
+        _record(failure.result)
+        return failure
     key = (topo, hashlib.sha256(bytecode).digest(), replicas, partitions)
     known = _compiled.get(key)
     if known is None or _test_abort_next[0]:
@@ -234,6 +240,11 @@ def _check_failure(traceable, args, kwargs, name):
 def _record(result):
     with _lock:
         _results.append(result)
+
+
+def _forget(result):
+    with _lock:
+        _results[:] = [r for r in _results if r is not result]
 
 
 def _trace_key():
