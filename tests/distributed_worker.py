@@ -39,6 +39,11 @@ def everyone(shape, dtype, salt=0):
 
 
 def reduce_cpu(xs, op):
+    if op in ("BAND", "BOR", "BXOR"):
+        out = xs[0]
+        for x in xs[1:]:
+            out = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op](out, x)
+        return out
     if xs[0].dtype == torch.bool:
         s = torch.stack([x.to(torch.uint8) for x in xs])
         return (s.amax(0) if op in ("SUM", "MAX") else s.amin(0)).bool()
@@ -57,7 +62,7 @@ def tol(dtype):
     return dict(rtol=2e-2, atol=2e-2) if dtype in (torch.bfloat16, torch.float16) else {}
 
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.bool]
 
 
 @scenario
@@ -71,12 +76,18 @@ def collectives():
         xs = everyone(shape, dtype)
         ops = ["SUM", "MAX", "MIN"] if dtype == torch.bool else ["SUM", "AVG", "MAX", "MIN", "PRODUCT"]
         if not dtype.is_floating_point:
-            ops = [o for o in ops if o != "AVG"]
+            ops = [o for o in ops if o != "AVG"] + ["BAND", "BOR", "BXOR"]
         for op in ops:
             x = xs[RANK].to(dev)
             dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
             want = reduce_cpu([t.double() if dtype.is_floating_point else t for t in xs], op)
             assert_close(x.cpu(), want.to(dtype), **tol(dtype), msg=f"all_reduce {op} {dtype}")
+        if dtype == torch.int64:  # past 32 bits (the TPU's MAX/MIN go through 32-bit words); same programs
+            big = [x * (2**35 + 3) - 7 for x in xs]
+            for op in ("SUM", "MAX", "MIN"):
+                x = big[RANK].to(dev)
+                dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+                assert_close(x.cpu(), reduce_cpu(big, op), rtol=0, atol=0, msg=f"all_reduce {op} of large int64")
         # all_gather (list and into one tensor)
         outs = [torch.empty(shape, dtype=dtype, device=dev) for _ in range(WORLD)]
         dist.all_gather(outs, xs[RANK].to(dev))

@@ -81,6 +81,32 @@ def test_single_process_group_in_process():
         dist.destroy_process_group()
 
 
+def test_reduce_ops_gloo_refuses_raise_its_error_type():
+    """A bitwise ReduceOp of floats and an average of integers: RuntimeError on tpu as from gloo (the
+    same group's CPU tensors), before any collective runs."""
+    import torch.distributed as dist
+
+    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        cases = [(op, torch.float32, "non-integral") for op in ("BAND", "BOR", "BXOR")]
+        cases += [("AVG", torch.int64, "AVG"), ("AVG", torch.bool, "AVG")]
+        for op, dtype, words in cases:
+            x = torch.ones(3, dtype=dtype)
+            with pytest.raises(RuntimeError):
+                dist.all_reduce(x, op=getattr(dist.ReduceOp, op))  # gloo's
+            with pytest.raises(RuntimeError, match=words):
+                dist.all_reduce(x.to("tpu"), op=getattr(dist.ReduceOp, op))
+            with pytest.raises(RuntimeError, match=words):
+                dist.reduce_scatter_tensor(
+                    torch.empty(3, dtype=dtype, device="tpu"), x.to("tpu"), op=getattr(dist.ReduceOp, op)
+                )
+        x = torch.tensor([5, -3], device="tpu")
+        dist.all_reduce(x, op=dist.ReduceOp.BXOR)  # integers: fine
+        assert x.tolist() == [5, -3]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_joining_after_the_device_started_raises_clearly():
     import datetime
 

@@ -134,6 +134,31 @@ def test_data_dependent_helpers_compile_for_tpu():
     assert "'data_dependent._count'" in done.stdout and "'data_dependent._nonzero'" in done.stdout, done.stdout
 
 
+def test_data_dependent_helpers_checked_when_the_check_is_turned_on_after_import(check):
+    """The helpers are jitted when eager/data_dependent.py loads, with the check off in this process;
+    turned on later (the `check` fixture sets the variable now), it covers them at their next call."""
+    from torchtpu.eager import data_dependent
+
+    assert data_dependent._nonzero  # (loaded before the check was on)
+    x = torch.randint(0, 3, _fresh_shape())
+    torch.testing.assert_close(x.to("tpu").nonzero().cpu(), x.nonzero())
+    torch.testing.assert_close(torch.unique(x.to("tpu")).cpu(), torch.unique(x))
+    names = {p.name for p in check.report().programs if p.ok}
+    assert {"data_dependent._count", "data_dependent._nonzero", "data_dependent._unique"} <= names, names
+    assert check.report().failed == 0, check.report().failures
+
+
+def test_bad_input_raises_the_hosts_error_and_is_no_tpu_failure(check):
+    """An op whose own trace refuses its input (on every platform) raises the host's error, and the
+    check does not count that program as failing to compile for the TPU."""
+    n = _fresh_shape()[0]
+    with pytest.raises(RuntimeError, match="not implemented for 'Half'") as tpu:
+        torch.linalg.cholesky(torch.eye(n, dtype=torch.half, device="tpu"))
+    assert not isinstance(tpu.value, tpu_check.TpuCompileCheckError)
+    report = check.report()
+    assert report.failed == 0 and not _programs(report, "aten::linalg_cholesky"), report.failures
+
+
 def test_fused_optimizer_step_compiles_for_tpu(check):
     from torchtpu.optim import AdamW
 

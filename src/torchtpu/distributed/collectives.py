@@ -24,6 +24,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..device import platform
 from ..eager import tpu_check
 
 try:
@@ -84,9 +85,11 @@ def _reduce(x, op, size, axis=AXIS):
     """All-reduce of this shard's x over mesh axis `axis` (the group's) with torch's ReduceOp name
     `op` (compiled graphs name their group's axis; eager collectives use AXIS)."""
     if x.dtype == jnp.bool_:
-        # torch reduces bools as bytes: SUM/MAX are "any", MIN/PRODUCT are "all"
+        # torch reduces bools as bytes: SUM/MAX/BOR are "any", MIN/PRODUCT/BAND "all", BXOR the parity
         b = x.astype(jnp.uint8)
-        return (lax.pmax(b, axis) if op in ("SUM", "MAX", "AVG") else lax.pmin(b, axis)) != 0
+        if op == "BXOR":
+            return (lax.psum(b.astype(jnp.int32), axis) & 1) != 0
+        return (lax.pmax(b, axis) if op in ("SUM", "MAX", "AVG", "BOR") else lax.pmin(b, axis)) != 0
     if op == "SUM":
         return lax.psum(x, axis)
     if op == "AVG":
@@ -94,10 +97,10 @@ def _reduce(x, op, size, axis=AXIS):
         if jnp.issubdtype(x.dtype, jnp.integer):
             return (s // size).astype(x.dtype)
         return (s / size).astype(x.dtype)
-    if op == "MAX":
-        return lax.pmax(x, axis)
-    if op == "MIN":
-        return lax.pmin(x, axis)
+    if op in ("MAX", "MIN"):
+        if x.dtype.itemsize == 8 and platform.lowering_platform() == "tpu":
+            return _extremum_by_words(x, op, axis)
+        return lax.pmax(x, axis) if op == "MAX" else lax.pmin(x, axis)
     if op == "PRODUCT":
         # XLA has no product all-reduce: gather the group's shards and multiply them locally
         return jnp.prod(lax.all_gather(x, axis), axis=0).astype(x.dtype)
@@ -109,6 +112,39 @@ def _reduce(x, op, size, axis=AXIS):
             out = f(out, g[i])
         return out
     raise ValueError(f"torchtpu.distributed: unsupported reduce op {op}")
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MIN = np.iinfo(np.int64).min
+
+
+def _extremum_by_words(x, op, axis):
+    """MAX/MIN all-reduce of a 64-bit x (int64, uint64, float64) as 32-bit all-reduces, which XLA:TPU
+    lowers (it lowers 64-bit all-reduces only as sums): the high words first (signed, or unsigned for
+    uint64), then the low words (unsigned) of the ranks whose high word is the extremum; the others
+    offer the low word that cannot win. float64 goes through an integer key of the same order."""
+    key = _float_order_key(x, op) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    signed = key.dtype == jnp.int64
+    high = (key >> 32).astype(jnp.int32 if signed else jnp.uint32)
+    low = (key & 0xFFFFFFFF).astype(jnp.uint32)
+    reduce = lax.pmax if op == "MAX" else lax.pmin
+    best_high = reduce(high, axis)
+    loser = jnp.uint32(0 if op == "MAX" else 0xFFFFFFFF)
+    best_low = reduce(jnp.where(high == best_high, low, loser), axis)
+    key = (best_high.astype(key.dtype) << 32) | best_low.astype(key.dtype)
+    return _float_of_order_key(key, x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else key
+
+
+def _float_order_key(x, op):
+    """float64 -> int64 whose signed order is the floats' order (-0.0 just below 0.0). A NaN becomes
+    the key that wins `op`, so the result is NaN wherever a rank has one, as XLA's max/min give."""
+    bits = lax.bitcast_convert_type(x, jnp.int64)
+    key = jnp.where(bits < 0, bits ^ _INT64_MAX, bits)  # negative floats: larger magnitude, smaller key
+    return jnp.where(jnp.isnan(x), jnp.int64(_INT64_MAX if op == "MAX" else _INT64_MIN), key)
+
+
+def _float_of_order_key(key, dtype):
+    return lax.bitcast_convert_type(jnp.where(key < 0, key ^ _INT64_MAX, key), dtype)
 
 
 def _body(kind, static, size, axis=AXIS):
@@ -124,9 +160,9 @@ def _body(kind, static, size, axis=AXIS):
 
         def rs(x):
             n = x.shape[0] // size
-            if op == "SUM" and x.dtype != jnp.bool_:
+            if op == "SUM" and _scatter_lowers(x.dtype):
                 return lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True)
-            if op == "AVG" and jnp.issubdtype(x.dtype, jnp.inexact):
+            if op == "AVG" and jnp.issubdtype(x.dtype, jnp.inexact) and _scatter_lowers(x.dtype):
                 return (lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True) / size).astype(x.dtype)
             # other reductions: reduce everything, keep this rank's block
             full = _reduce(x, op, size, axis)
@@ -161,6 +197,16 @@ def _body(kind, static, size, axis=AXIS):
         (pairs,) = static
         return lambda x: lax.ppermute(x, axis, perm=list(pairs))
     raise ValueError(kind)
+
+
+def _scatter_lowers(dtype):
+    """Whether a sum reduce-scatter of `dtype` lowers on the platform traced for: XLA:TPU has none for
+    float64 and complex types (the all-reduce and a slice do it there)."""
+    if dtype == jnp.bool_:
+        return False
+    if platform.lowering_platform() != "tpu":
+        return True
+    return dtype != jnp.float64 and not jnp.issubdtype(dtype, jnp.complexfloating)
 
 
 class GroupMesh:

@@ -35,12 +35,21 @@ _RED = {
 }
 
 
-def _op_name(reduce_op) -> str:
+def _op_name(reduce_op, dtype) -> str:
+    """torch's ReduceOp as collectives' name, for tensors of `dtype`; the combinations gloo refuses
+    raise its RuntimeError (a bitwise op of floats, an average of integers)."""
     op = getattr(reduce_op, "op", reduce_op)
     name = _RED.get(op)
     if name is None:
         raise ValueError(
             f"torchtpu.distributed: reduce op {op} is not supported on tpu (supported: {', '.join(_RED.values())})"
+        )
+    if name in ("BAND", "BOR", "BXOR") and (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError(f"torchtpu.distributed: cannot use ReduceOp.{name} with non-integral dtype {dtype}")
+    if name == "AVG" and not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError(
+            f"torchtpu.distributed: cannot use ReduceOp.AVG with integral dtype {dtype}: the average is not "
+            "an integer (gloo refuses it too)"
         )
     return name
 
@@ -285,9 +294,9 @@ class TpuProcessGroup(dist.ProcessGroup):
         if not _is_tpu(tensors):
             return self._cpu_group().allreduce(tensors, opts)
         _check_dense(tensors)
-        op = _op_name(opts.reduceOp)
+        ops = [_op_name(opts.reduceOp, t.dtype) for t in tensors]  # every tensor's op checked before any runs
         outs = []
-        for t in tensors:
+        for t, op in zip(tensors, ops):
             if t.numel():
                 out = self._run("all_reduce", (op,), t)
                 assign(t, out)
@@ -319,9 +328,9 @@ class TpuProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceOptions()
         if not _is_tpu(tensors):
             return self._cpu_group().reduce(tensors, opts)
-        op = _op_name(opts.reduceOp)
+        ops = [_op_name(opts.reduceOp, t.dtype) for t in tensors]  # every tensor's op checked before any runs
         outs = []
-        for t in tensors:
+        for t, op in zip(tensors, ops):
             if t.numel():
                 out = self._run("all_reduce", (op,), t)
                 if self.rank() == opts.rootRank:
@@ -393,7 +402,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         )
         if output.numel() == 0:
             return self._work([], output, "reduce_scatter_tensor")
-        out = self._run("reduce_scatter", (_op_name(opts.reduceOp),), input)
+        out = self._run("reduce_scatter", (_op_name(opts.reduceOp, input.dtype),), input)
         assign(output, out)
         return self._work([out], output, "reduce_scatter_tensor")
 
@@ -414,7 +423,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             if o.numel() == 0:
                 continue
             flat = _concat([flat_value(i) for i in inputs])
-            out = self._run("reduce_scatter", (_op_name(opts.reduceOp),), flat, o.dtype)
+            out = self._run("reduce_scatter", (_op_name(opts.reduceOp, o.dtype),), flat, o.dtype)
             assign(o, out)
             outs.append(out)
         return self._work(outs, outputs, "reduce_scatter")

@@ -126,9 +126,14 @@ def jit(fn, name: str, **jit_kwargs):
 
 
 def jitting(**jit_kwargs):
-    """`jit` as a decorator (`@functools.partial(jax.jit, ...)`'s place): the program is named after the
-    function."""
-    return lambda fn: jit(fn, f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", **jit_kwargs)
+    """`jit` as a decorator (`@functools.partial(jax.jit, ...)`'s place) for functions jitted once, when
+    their module loads: the program is named after the function, and checked whenever the check is on
+    at a call (turned on after the import too), not only when it was on at the decoration."""
+
+    def decorate(fn):
+        return wrap(jax.jit(fn, **jit_kwargs), fn, f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", **jit_kwargs)
+
+    return decorate
 
 
 def wrap(run, fn, name: str, **jit_kwargs):
@@ -146,19 +151,23 @@ class _Checked:
         self.__wrapped__ = wrapped
 
     def __call__(self, *args, **kwargs):
+        if not enabled():  # the check is off (turned off after this program was built, or not on yet)
+            return self.run(*args, **kwargs)
         leaves = jax.tree_util.tree_leaves((args, kwargs))
         if any(isinstance(x, jax.core.Tracer) for x in leaves):  # inside a trace: the outer program is checked
             return self.run(*args, **kwargs)
-        if topology() is None:  # the check was turned off after this program was built (a test's block)
-            return self.run(*args, **kwargs)
-        key = _signature(leaves)
+        key = (topology(), _signature(leaves))  # (a later switch to another topology checks again)
         failure = self.seen.get(key, False)
         if failure is False:  # checked before the host runs it: a failure leaves donated inputs intact
             failure = self.seen[key] = _check_failure(self.traceable, args, kwargs, self.check_name)
         if failure is None:
             return self.run(*args, **kwargs)
         if failure.in_trace:  # an error of the host's own trace keeps its type: the host traces first
-            self.run(*args, **kwargs)
+            try:
+                self.run(*args, **kwargs)
+            except Exception:
+                _forget(failure.result)  # bad input on every platform (an op's own error): not the TPU's
+                raise
         raise failure.with_traceback(None)  # (the same error again: not the previous raise's frames)
 
     def lower(self, *args, **kwargs):
@@ -213,8 +222,10 @@ def _check_failure(traceable, args, kwargs, name):
         bytecode, replicas, partitions = _lower_for_tpu(traceable, args, kwargs)
     except Exception as e:  # noqa: BLE001 -- the TPU trace itself failed: a TPU-only branch, or a TPU lowering
         error = f"tracing for the TPU failed: {type(e).__name__}: {e}"
-        _record(ProgramResult(name, False, error, {}, 0.0))
-        return TpuCompileCheckError(name, topo, error, in_trace=True)
+        failure = TpuCompileCheckError(name, topo, error, in_trace=True)
+        failure.result = ProgramResult(name, False, error, {}, 0.0)
+        _record(failure.result)
+        return failure
     key = (topo, hashlib.sha256(bytecode).digest(), replicas, partitions)
     known = _compiled.get(key)
     if known is None or _test_abort_next[0]:
@@ -229,6 +240,11 @@ def _check_failure(traceable, args, kwargs, name):
 def _record(result):
     with _lock:
         _results.append(result)
+
+
+def _forget(result):
+    with _lock:
+        _results[:] = [r for r in _results if r is not result]
 
 
 def _trace_key():
