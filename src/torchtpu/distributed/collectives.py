@@ -1,6 +1,8 @@
 """XLA collectives across the processes of a JAX multi-controller job, on flat device buffers.
 
-Every tpu storage holds a flat 1-D JAX array on this process's device. A collective over a group
+A collective takes a tensor's values as a flat 1-D JAX array on this process's device
+(process_group.flat_value: a storage's array flattened, which on a TPU is a relayout copy unless the
+storage is 1-D). A collective over a group
 of processes sees the group's buffers as one global array of shape (G * n,) sharded over a 1-D mesh
 of the group's devices (one shard per process, no copy: `make_array_from_single_device_arrays`),
 and runs a `shard_map` of `lax.psum` / `all_gather` / `psum_scatter` / `all_to_all` / `ppermute`

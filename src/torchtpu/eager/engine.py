@@ -2,8 +2,8 @@
 
 A call builds a key from static facts (each tensor's dtype and view layout, which inputs share a
 storage, the non-tensor arguments, the shape of each storage's array), finds the executable for it
-and calls it with the storages' arrays and the `Scalar` arguments (traced, so a changing learning rate does not recompile).
-The executable reads the views, runs the lowering and writes in-place results back through the
+and calls it with the storages' arrays and the `Scalar` arguments (traced, so a changing learning
+rate does not recompile). The executable reads the views, runs the lowering and writes in-place results back through the
 views, all in one XLA computation; outputs become new storages, mutated storages get new buffers.
 
 On a cache miss the op runs once on "meta" tensors: that gives PyTorch's own output shapes and
