@@ -124,3 +124,63 @@ def test_automatic_speech_recognition_pipeline_matches_cpu():
     want, got = cpu(clips(), **kw), tpu(clips(), **kw)
     assert got == want
     assert all(r["text"] for r in got)
+
+
+def test_image_text_to_text_pipeline_with_llava_matches_cpu():
+    from PIL import Image
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    special = ["<pad>", "<s>", "</s>", "<unk>", "<image>"]
+    vocab = {w: i for i, w in enumerate(special + WORDS + ["what", "is", "this"])}
+    words = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        extra_special_tokens={"image_token": "<image>"},
+    )
+    images = transformers.CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
+    # 16x16 images in 4x4 patches: 16 image tokens per <image> (the CLS feature is dropped by "default")
+    processor = transformers.LlavaProcessor(
+        image_processor=images,
+        tokenizer=tok,
+        patch_size=4,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        image_token="<image>",
+    )
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=16, patch_size=4
+    )
+    text = transformers.LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    config = transformers.LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=vocab["<image>"],
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+    )
+    torch.manual_seed(2)
+    model = transformers.LlavaForConditionalGeneration(config).eval()
+    cpu, tpu = _pipelines("image-text-to-text", model, processor=processor)
+    rng = np.random.default_rng(3)
+    pictures = [Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)) for _ in range(2)]
+    prompts = ["<image> what is this", "<image> the cat sat"]
+    kw = {"generate_kwargs": {"max_new_tokens": 5, "do_sample": False}}
+    want = cpu(images=pictures, text=prompts, **kw)
+    got = tpu(images=pictures, text=prompts, **kw)
+    assert got == want
+    assert all(len(g["generated_text"]) > len(p) for g, p in zip(got, prompts, strict=True))
