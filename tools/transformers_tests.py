@@ -250,6 +250,11 @@ def cause_of(message: str) -> str:
     return first[:160]
 
 
+def _test_seconds(records: dict[str, dict]) -> int:
+    """The time the file's tests took (a file cut by --file-timeout: only those that finished)."""
+    return round(sum(r["seconds"] for test_id, r in records.items() if "::" in test_id))
+
+
 def _counts(records: dict[str, dict]) -> collections.Counter:
     return collections.Counter("failed" if r["outcome"] == "error" else r["outcome"] for r in records.values())
 
@@ -295,6 +300,8 @@ def report(args) -> int:
                 tc["failed"],
                 tc["skipped"],
                 f"{passing - len(lost)}/{passing}",
+                _test_seconds(c),
+                _test_seconds(t),
             )
         )
     header = (
@@ -308,6 +315,8 @@ def report(args) -> int:
         "tpu fail",
         "tpu skip",
         "cpu-passing that pass on tpu",
+        "cpu s",
+        "tpu s",
     )
     if args.markdown:
         print("| " + " | ".join(header) + " |")
@@ -318,7 +327,7 @@ def report(args) -> int:
         for row in rows:
             print(
                 f"{row[0]}: cpu {row[2]} pass {row[3]} fail {row[4]} skip; tpu {row[6]} pass {row[7]} fail "
-                f"{row[8]} skip; cpu-passing tests passing on tpu {row[9]}"
+                f"{row[8]} skip; cpu-passing tests passing on tpu {row[9]}; test time cpu {row[10]} s, tpu {row[11]} s"
             )
     totals = [sum(r[i] for r in rows) for i in range(1, 9)]
     print(
