@@ -15,7 +15,8 @@ what finished), so a hang costs one file, not the run. A test that runs over --t
 with TimeoutError (a SIGALRM in the test's thread; a long XLA compile is interrupted when it returns
 to Python).
 
-`report` prints, per test file, what passed, failed and was skipped on each device, and the tests
+`report` prints, per test file, what passed, failed and was skipped on each device and the tests' time
+(the sum of their own durations) on each, and the tests
 that pass on the CPU but not on tpu, grouped by cause (the exception type and first line of its
 message, with numbers and addresses blanked so that one cause groups many tests).
 
