@@ -188,6 +188,31 @@ def test_device_map_split_across_two_devices(checkpoint):
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
 
 
+def test_device_map_auto_places_on_tpu_and_splits_with_max_memory(checkpoint):
+    path, ref = checkpoint
+    # no max_memory: Accelerate asks torch.accelerator ("tpu") for the device and its free memory
+    whole = AutoModelForCausalLM.from_pretrained(path, device_map="auto", dtype=torch.float32)
+    assert {p.device for p in whole.parameters()} == {torch.device("tpu", 0)}
+    # a budget that holds the embedding and one decoder layer (each ~17 KB here; Accelerate also keeps room
+    # for the largest layer): the rest is offloaded to the CPU with hooks that stream weights in, as on CUDA
+    split = AutoModelForCausalLM.from_pretrained(
+        path, device_map="auto", max_memory={0: "60KB", "cpu": "1GB"}, dtype=torch.float32
+    )
+    placed = set(split.hf_device_map.values())
+    assert 0 in placed and "cpu" in placed, split.hf_device_map
+    assert split.model.embed_tokens.weight.device == torch.device("tpu", 0)
+    ids, mask = _batch(torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = ref(ids, attention_mask=mask).logits
+        for model in (whole, split):
+            got = model(ids.to("tpu"), attention_mask=mask.to("tpu")).logits
+            assert got.device == torch.device("tpu", 0)
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    kw = dict(max_new_tokens=4, do_sample=False)
+    tokens = split.generate(input_ids=ids.to("tpu"), attention_mask=mask.to("tpu"), **kw)
+    assert torch.equal(tokens.cpu(), ref.generate(input_ids=ids, attention_mask=mask, **kw))
+
+
 def test_model_to_tpu_and_save_pretrained_round_trip(checkpoint, tmp_path):
     _, ref = checkpoint
     model = copy.deepcopy(ref).to("tpu")

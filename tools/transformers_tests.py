@@ -15,7 +15,8 @@ what finished), so a hang costs one file, not the run. A test that runs over --t
 with TimeoutError (a SIGALRM in the test's thread; a long XLA compile is interrupted when it returns
 to Python).
 
-`report` prints, per test file, what passed, failed and was skipped on each device, and the tests
+`report` prints, per test file, what passed, failed and was skipped on each device and the tests' time
+(the sum of their own durations) on each, and the tests
 that pass on the CPU but not on tpu, grouped by cause (the exception type and first line of its
 message, with numbers and addresses blanked so that one cause groups many tests).
 
@@ -250,6 +251,11 @@ def cause_of(message: str) -> str:
     return first[:160]
 
 
+def _test_seconds(records: dict[str, dict]) -> int:
+    """The time the file's tests took (a file cut by --file-timeout: only those that finished)."""
+    return round(sum(r["seconds"] for test_id, r in records.items() if "::" in test_id))
+
+
 def _counts(records: dict[str, dict]) -> collections.Counter:
     return collections.Counter("failed" if r["outcome"] == "error" else r["outcome"] for r in records.values())
 
@@ -295,6 +301,8 @@ def report(args) -> int:
                 tc["failed"],
                 tc["skipped"],
                 f"{passing - len(lost)}/{passing}",
+                _test_seconds(c),
+                _test_seconds(t),
             )
         )
     header = (
@@ -308,6 +316,8 @@ def report(args) -> int:
         "tpu fail",
         "tpu skip",
         "cpu-passing that pass on tpu",
+        "cpu s",
+        "tpu s",
     )
     if args.markdown:
         print("| " + " | ".join(header) + " |")
@@ -318,7 +328,7 @@ def report(args) -> int:
         for row in rows:
             print(
                 f"{row[0]}: cpu {row[2]} pass {row[3]} fail {row[4]} skip; tpu {row[6]} pass {row[7]} fail "
-                f"{row[8]} skip; cpu-passing tests passing on tpu {row[9]}"
+                f"{row[8]} skip; cpu-passing tests passing on tpu {row[9]}; test time cpu {row[10]} s, tpu {row[11]} s"
             )
     totals = [sum(r[i] for r in rows) for i in range(1, 9)]
     print(
