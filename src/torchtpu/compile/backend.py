@@ -57,7 +57,7 @@ from ..ops import dtypes as dt
 from ..ops.graph import GraphProgram, node_op_name
 from ..ops.linalg import matmul_precision
 from ..ops.resolve import NotLowered
-from ..storage.records import RECORDS, donatable, is_dense, new_tensor
+from ..storage.records import RECORDS, covers, donatable, is_dense, new_tensor
 from . import graph_placers, options
 
 log = logging.getLogger("torchtpu.compile")
@@ -506,7 +506,7 @@ class CompiledGraph:
                 if r is not None:
                     k, n = len(parts), len(records)
                     device = key_tensor(a, r, address, parts, slot_of, records, offsets, device, self.where)
-                    if len(records) > n and i not in written and _covers(a, r):
+                    if len(records) > n and i not in written and covers(a, r):
                         shape = tuple(a.shape)
                         parts[k] = parts[k][:6] + (shape,)
                         if shape != r.shape:
@@ -930,11 +930,6 @@ def _template(args, records, value_ints):
     return template, n_cpu, n_off
 
 
-def _covers(t, r):
-    """Whether tensor `t` is all of its storage (record `r`), contiguous, in the storage's dtype."""
-    return t.dtype == r.dtype and t.storage_offset() == 0 and t.numel() == r.numel and t.is_contiguous()
-
-
 def _input_forms(args, records, written):
     """The shape each storage's array is passed in (CompiledGraph._key): the shape of the first
     input on it where that input is all of it and not written, else the storage's own."""
@@ -945,7 +940,7 @@ def _input_forms(args, records, written):
             r = RECORDS[a.untyped_storage().data_ptr()]
             s = slot_of[id(r)]
             if forms[s] is None:
-                forms[s] = tuple(a.shape) if i not in written and _covers(a, r) else r.shape
+                forms[s] = tuple(a.shape) if i not in written and covers(a, r) else r.shape
     return forms
 
 

@@ -55,21 +55,10 @@ def _op_name(reduce_op, dtype) -> str:
 
 
 # ------------------------------------------------------------------ device buffers of tensors
-def _covers(t, r) -> bool:
-    return (
-        t.dtype == r.dtype
-        and t.storage_offset() == 0
-        and t.numel() == r.numel
-        and t.is_contiguous()
-        and not t.is_conj()
-        and not t.is_neg()
-    )
-
-
 def flat_value(t: torch.Tensor):
     """The values of tpu tensor `t` as a flat JAX array on its device, in row-major order."""
     r = records.record_of(t)
-    if not _covers(t, r):
+    if not records.covers(t, r):
         t = t.clone(memory_format=torch.contiguous_format)
         r = records.record_of(t)
     buf = r.buffer
@@ -84,7 +73,7 @@ def flat_value(t: torch.Tensor):
 def assign(t: torch.Tensor, flat) -> torch.Tensor:
     """Give tpu tensor `t` the values of flat JAX array `flat` (same element count and dtype)."""
     r = records.record_of(t)
-    if _covers(t, r):
+    if records.covers(t, r):
         records.set_buffer(r, flat)
     else:
         with torch.no_grad():

@@ -21,7 +21,7 @@ from ..ops import argument_checks, factories
 from ..ops import dtypes as dt
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts
-from ..storage.records import RECORDS, contiguous_strides, new_tensor, record_of, set_buffer
+from ..storage.records import RECORDS, contiguous_strides, covers, new_tensor, record_of, set_buffer
 from . import asserts, errors, fusion, host_copies, interrupts, tpu_check
 from .engine import CONSTANT_BYTES, OpKernel, _last, scalar_key
 from .fusion import Pending
@@ -158,23 +158,10 @@ def _resize_(self, size, memory_format=None):
 
 
 # ------------------------------------------------------------------ host <-> device
-def _covers(t: torch.Tensor, r) -> bool:
-    """Whether t is all of its storage's elements, in order and in the storage's dtype: its values are
-    then exactly the record's buffer (in the record's shape)."""
-    return (
-        t.dtype == r.dtype
-        and t.storage_offset() == 0
-        and t.numel() == r.numel
-        and t.is_contiguous()
-        and not t.is_conj()
-        and not t.is_neg()
-    )
-
-
 def _whole(t: torch.Tensor, r):
     """(t, its record), or for a tensor that is not all of its storage a contiguous copy of it (one
     gather, queued) and its record: the record's buffer then holds exactly t's values."""
-    if _covers(t, r):
+    if covers(t, r):
         return t, r
     t = aten.clone.default(t, memory_format=torch.contiguous_format)
     return t, record_of(t)
@@ -218,7 +205,7 @@ def _from_host(array: np.ndarray, dtype, index):
 def _write_whole_or_copy(dst, buffer, dtype):
     """Give dst the values of a device buffer (dst's elements in order) of `dtype`."""
     r = record_of(dst)
-    if dtype == dst.dtype and _covers(dst, r):
+    if dtype == dst.dtype and covers(dst, r):
         set_buffer(r, buffer)
     else:
         tmp = new_tensor(tuple(dst.shape), dtype, r.device_index, buffer)
@@ -236,7 +223,7 @@ def _clone(self, *, memory_format=None):
     _last.call = None
     r = RECORDS.get(self.untyped_storage().data_ptr())
     if memory_format in (None, torch.preserve_format, torch.contiguous_format):
-        if r is not None and r._buffer is not None and _covers(self, r):
+        if r is not None and r._buffer is not None and covers(self, r):
             return new_tensor(tuple(self.shape), self.dtype, r.device_index, r._buffer, form=r.shape)
         if memory_format is torch.contiguous_format or self.is_contiguous() or not is_non_overlapping_and_dense(self):
             return KERNELS[aten.clone.default](self, memory_format=memory_format)
@@ -265,8 +252,8 @@ def _copy_(self, src, non_blocking=False):
                 rs._buffer is not None
                 and self.dtype == src.dtype
                 and self.shape == src.shape
-                and _covers(self, rd)
-                and _covers(src, rs)
+                and covers(self, rd)
+                and covers(src, rs)
                 and not asserts.gating()
             ):
                 set_buffer(rd, rs._buffer if rs.shape == rd.shape else rs.buffer)

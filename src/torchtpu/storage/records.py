@@ -228,6 +228,19 @@ def record_of(t: torch.Tensor) -> StorageRecord:
     return RECORDS[t.untyped_storage().data_ptr()]
 
 
+def covers(t: torch.Tensor, record: StorageRecord) -> bool:
+    """Whether `t` is all of its storage's elements, in order, in the storage's dtype, with no lazy
+    conjugate or negative bit: its values are then exactly the record's buffer."""
+    return (
+        t.dtype == record.dtype
+        and t.storage_offset() == 0
+        and t.numel() == record.numel
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+    )
+
+
 def set_buffer(record: StorageRecord, buffer):
     """Give `record` the array `buffer` (the storage's elements in memory order, of any shape): kept in
     the record's shape, which keys executables (a reshape where they differ). A Placeholder must
