@@ -159,6 +159,32 @@ def test_training_step_adamw():
     assert torchtpu.metrics()["compiled_xla_compiles"] == compiles, "a steady training step must not recompile"
 
 
+def test_compiled_optimizer_step_counters_stay_on_the_host():
+    """torch.optim keeps `state["step"]` on the CPU; a compiled step() must update it there without
+    reading the device (a read would make the host wait for every optimizer step)."""
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    dev = copy.deepcopy(cpu).to("tpu")
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
+    opt_dev = torch.optim.AdamW(dev.parameters(), lr=1e-2)
+    step = torch.compile(opt_dev.step, backend="tpu")
+    for i in range(4):
+        x = torch.randn(8, 16)
+        opt_cpu.zero_grad()
+        cpu(x).square().mean().backward()
+        opt_cpu.step()
+        opt_dev.zero_grad()
+        dev(x.to("tpu")).square().mean().backward()
+        if i == 2:
+            reads = torchtpu.metrics()["d2h_transfers"]
+        step()
+    assert torchtpu.metrics()["d2h_transfers"] == reads, "the compiled step read the device"
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
+        assert opt_dev.state[q]["step"].device.type == "cpu"
+        assert opt_dev.state[q]["step"].item() == opt_cpu.state[p]["step"].item() == 4
+
+
 def test_batchnorm_running_stats_mutation():
     x = torch.randn(8, 6)
     torch.manual_seed(0)

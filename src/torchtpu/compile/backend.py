@@ -59,6 +59,7 @@ from ..ops.linalg import matmul_precision
 from ..ops.resolve import NotLowered
 from ..storage.records import RECORDS, covers, donatable, is_dense, new_tensor
 from . import graph_placers, options
+from .host_writes import plan_host_writes
 
 log = logging.getLogger("torchtpu.compile")
 _Tensor = torch.Tensor
@@ -115,6 +116,8 @@ class Entry:
         "fn",
         "fn_plain",
         "fused",
+        "host_inputs",
+        "host_writes",
         "make_outputs",
         "mutated_slots",
         "n_arrays",
@@ -447,6 +450,8 @@ class CompiledGraph:
             asserts.note(results[-1], entry.checks, self.where)
         if entry.cpu_mutations:  # a sync point: the host waits for these values
             _copy_to_host(entry, results, cpu_vals)
+        if entry.host_writes is not None:
+            entry.host_writes.apply({i: cpu_vals[pos] for i, pos in entry.host_inputs})
         if entry.tensor_outs is not None:
             made = entry.make_outputs(*entry.tensor_outs, dev, results)
             if bases is None:
@@ -569,6 +574,10 @@ class CompiledGraph:
         mutated_slots = sorted({template[i].slot for i in written})
         # CPU inputs the graph writes (the optimizer's `step` counters): new values go back by copy_
         cpu_mutations = [i for i in program.mutated_placeholders if type(template[i]) is ValueArg]
+        cpu_tensors = {i for i, a in enumerate(args) if type(template[i]) is ValueArg and isinstance(a, _Tensor)}
+        host_writes = plan_host_writes(program.graph, cpu_tensors) if cpu_mutations else None
+        if host_writes is not None:  # computed on the host instead: no device-to-host read (host_writes.py)
+            cpu_mutations = [i for i in cpu_mutations if i not in host_writes.written]
         outs_meta = []  # filled while tracing
 
         aliased = self.aliased
@@ -610,6 +619,8 @@ class CompiledGraph:
         entry.n_cpu = n_cpu
         cpu_index = [i for i, v in enumerate(template) if type(v) is ValueArg]
         entry.cpu_mutations = [cpu_index.index(i) for i in cpu_mutations]
+        entry.host_writes = host_writes
+        entry.host_inputs = [(i, pos) for pos, i in enumerate(cpu_index) if i in cpu_tensors]
         entry.fused = traced
         dev = device if device >= 0 else current_device()
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(dev))
