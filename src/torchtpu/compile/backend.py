@@ -35,7 +35,8 @@ from torch._C._dynamo.guards import TensorGuards
 from ..device import platform
 from ..device.state import current_device
 from ..eager import asserts, tpu_check, xla_options
-from ..eager.engine import DONATE_BYTES, scalar_key
+from ..eager.build import META_CHECKS
+from ..eager.entry import DONATE_BYTES, scalar_key
 from ..eager.executable import (
     Program,
     TensorArg,
@@ -49,7 +50,6 @@ from ..eager.executable import (
     traced_function,
 )
 from ..eager.fastpath import graph_functions
-from ..eager.kernels import META_CHECKS
 from ..eager.random import next_rng_args
 from ..eager.xla_options import ACTIVE as _xla_active
 from ..metrics import counters as _counters
@@ -69,7 +69,7 @@ TIMES = {"trace_s": 0.0, "xla_compile_s": 0.0}
 
 def _check_arguments(graph):
     """The argument checks PyTorch's CPU kernels make and its meta kernels (which traced the graph) do
-    not (eager/kernels.py META_CHECKS): bad input gets PyTorch's error, as in eager mode."""
+    not (eager/build.py META_CHECKS): bad input gets PyTorch's error, as in eager mode."""
 
     def meta(a):
         return a.meta.get("val") if isinstance(a, torch.fx.Node) else a

@@ -79,11 +79,16 @@ def _cache_dir() -> pathlib.Path:
     return root / "native"
 
 
+# C++17, every warning of ours shown (torch's and Python's headers are system headers: theirs are not)
+_FLAGS = ("-std=c++17", "-Wall", "-Wextra")
+
+
 def _target(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
     import torch
 
     key = hashlib.sha256(
         b"".join(p.read_bytes() for p in sources)
+        + " ".join(_FLAGS).encode()
         + torch.__version__.encode()
         + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()
         + (sys.version.encode() if python else b"")
@@ -120,19 +125,18 @@ def build(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
         extra_includes, extra_libs = [], []
         if python:
             extra_includes = [
-                f"-I{sysconfig.get_paths()['include']}",
-                f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+                f"-isystem{sysconfig.get_paths()['include']}",
+                f"-isystem{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
             ]
             extra_libs = ["-ltorch", "-ltorch_python"]
         cmd = [
             cxx,
             "-O2" if python else "-O1",
-            "-std=c++17",
-            "-w",
+            *_FLAGS,
             "-shared",
             "-fPIC",
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            f"-I{root / 'include'}",
+            f"-isystem{root / 'include'}",
             *extra_includes,
             *map(str, sources),
             f"-L{root / 'lib'}",

@@ -22,8 +22,10 @@ from ..ops import dtypes as dt
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS, contiguous_strides, covers, new_tensor, record_of, set_buffer
-from . import asserts, errors, fusion, host_copies, interrupts, tpu_check
-from .engine import CONSTANT_BYTES, OpKernel, _last, scalar_key
+from . import asserts, attention, data_dependent, errors, fastpath, fusion, host_copies, interrupts, tpu_check
+from .build import META_OVERRIDES
+from .engine import OpKernel, describe_last_call, forget_last_call
+from .entry import CONSTANT_BYTES, scalar_key
 from .fusion import Pending
 
 aten = torch.ops.aten
@@ -220,7 +222,7 @@ def _write_whole_or_copy(dst, buffer, dtype):
 # and copies logits and token ids every step; this makes those ~6 us instead of ~15-20 (an XLA call).
 def _clone(self, *, memory_format=None):
     # only the engine's clone kernel below says what ran (fastpath.describe): not an earlier call's
-    _last.call = None
+    forget_last_call()
     r = RECORDS.get(self.untyped_storage().data_ptr())
     if memory_format in (None, torch.preserve_format, torch.contiguous_format):
         if r is not None and r._buffer is not None and covers(self, r):
@@ -276,8 +278,6 @@ def _copy_(self, src, non_blocking=False):
         index = self.device.index
         if tuple(src.shape) == tuple(self.shape):
             buffer = _from_host(host, src.dtype, index)
-            from . import data_dependent
-
             if src.dtype in _INDEX_DTYPES and host.size <= data_dependent.HOST_VALUES_ELEMENTS:
                 # an index list (`x[[5]]`): its range is checked on the host at the op (eager/data_dependent.py)
                 data_dependent.remember_host_values(self.untyped_storage().data_ptr(), buffer, host.reshape(-1))
@@ -470,7 +470,7 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
         # storage), not empty_strided + copy_ into it (which first fills the new storage)
         return _clone(self, memory_format=kwargs.get("memory_format"))
     # only the engine's conversion kernel below says what ran (fastpath.describe)
-    _last.call = None
+    forget_last_call()
     memory_format = kwargs.get("memory_format")
     if (
         on_device
@@ -486,14 +486,9 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
     )
 
 
-# Meta kernels for ops PyTorch ships without one (the engine needs shapes and dtypes), meta functions
-# the eager engine (build.py) and Dynamo's fake tensors on "tpu" (_register_fake_overrides) use instead
-# of PyTorch's, and argument checks of CPU/CUDA kernels that PyTorch's meta kernels do not make, run on
-# the meta arguments before the op is built (build.py): each declared with the op's lowering
-# (`missing_meta=`, `meta=`, `meta_check=`).
+# Meta kernels for ops PyTorch ships without one (the engine needs shapes and dtypes), declared with
+# the op's lowering (`missing_meta=`); the meta functions used instead of PyTorch's: build.py
 _MISSING_META = declared_facts("missing_meta")
-META_OVERRIDES = declared_facts("meta")
-META_CHECKS = declared_facts("meta_check")
 
 
 def _register_fake_overrides():
@@ -633,9 +628,7 @@ def register_all():
         return
     _lib = torch.library.Library("aten", "IMPL")
     _fallback_lib = torch.library.Library("_", "IMPL")
-    from . import attention, data_dependent, fastpath
-
-    fast = fastpath.load()
+    fast = fastpath.load(describe_last_call, OpKernel._run.__name__)
     for name in _METADATA_OPS:
         packet, _, overload = name.partition(".")
         op = getattr(getattr(aten, packet, None), overload or "default", None)

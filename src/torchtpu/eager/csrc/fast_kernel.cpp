@@ -43,36 +43,45 @@
 
 namespace {
 
-constexpr int kAbi = 14;
+// What the fast path reads of the Python side: eager/fastpath.py FastPathTable, one attribute per
+// name of kTableNames (fastpath.load checks that the two name the same fields), read once by
+// torchtpu_fast_init; each is checked for its type there, with its name in the error.
+constexpr const char* kTableNames[] = {
+    "records", "mode", "strict_mode", "fused_mode", "failed_asserts", "pending_interrupts", "xla_active",
+    "unchecked_verdicts", "counters", "record_type", "array_type", "entry_type", "new_tensor", "describe",
+    "device_scalar", "note_verdict", "run_method", "native_outputs", "address_counter", "memory_stats",
+    "storage_ref_type", "memory_stats_type", "open_segments", "sync_count", "fusion_lock",
+    "pending_type", "segment_type", "min_ops", "limit", "cold_calls", "hot_syncs",
+};
 
 struct Config {
   PyObject* records = nullptr;     // storage address -> StorageRecord
-  PyObject* mode = nullptr;        // eager/modes.py: _mode, [name]
-  PyObject* failed = nullptr;      // eager/asserts.py: FAILED
-  PyObject* pending = nullptr;     // eager/interrupts.py: PENDING
-  PyObject* xla_active = nullptr;  // eager/xla_options.py: _active
-  PyObject* unchecked = nullptr;   // eager/asserts.py: _unchecked, [unchecked verdicts] (writes are gated when > 0)
+  PyObject* mode = nullptr;        // eager/modes.py: [the mode's name]
+  PyObject* strict = nullptr;      // its name for the strict mode
+  PyObject* fused = nullptr;       // its name for the fused mode
+  PyObject* failed = nullptr;      // eager/asserts.py: failed device-side asserts (a dict)
+  PyObject* pending = nullptr;     // eager/interrupts.py: pending interrupts (a list)
+  PyObject* xla_active = nullptr;  // eager/xla_options.py: [the options in force]
+  PyObject* unchecked = nullptr;   // eager/asserts.py: [unchecked verdicts] (writes are gated when > 0)
   PyObject* counters = nullptr;    // metrics.counters
   Py_ssize_t off_hits = -1;        // its eager_cache_hits slot
   Py_ssize_t off_buffer = -1, off_dtype = -1, off_numel = -1, off_device = -1, off_shape = -1;  // StorageRecord slots
   Py_ssize_t off_memo = -1;        // engine Entry's memo slot
   PyObject* new_tensor = nullptr;  // storage/records.py: new_tensor
-  PyObject* describe = nullptr;    // eager/fastpath.py: describe
+  PyObject* describe = nullptr;    // describe(kernel): what a fast entry runs (eager/fastpath.py)
   PyTypeObject* array_type = nullptr;  // jax.Array's implementation type
-  PyObject* strict = nullptr;      // "strict"
-  PyObject* fused = nullptr;       // "fused"
-  PyObject* run_name = nullptr;    // "_run": OpKernel._run
+  PyObject* run_name = nullptr;    // the OpKernel method that runs a keyed call (OpKernel._run)
   // what new_tensor (storage/records.py) touches, for making outputs here (tpu:0)
   bool native_outputs = false;
-  PyObject* bump = nullptr;         // _bump: [next address]
-  PyObject* stats = nullptr;        // _stats: device index -> MemoryStats
+  PyObject* bump = nullptr;         // [next address]
+  PyObject* stats = nullptr;        // device index -> MemoryStats
   PyObject* record_type = nullptr;  // StorageRecord
   PyObject* ref_type = nullptr;     // _StorageRef
-  PyObject* on_free = nullptr;      // _on_free
+  PyObject* on_free = nullptr;      // the storages' weak reference callback
   Py_ssize_t off_ref = -1, off_address = -1, off_nbytes = -1, off_oom = -1;
   Py_ssize_t off_allocated = -1, off_peak = -1, off_num_alloc = -1, off_num_free = -1, off_materialized = -1,
              off_peak_materialized = -1, off_failed = -1;
-  // device_scalar(number) -> that number as a device array on tpu:0 (eager/fastpath.py)
+  // device_scalar(number) -> that number as a device array on tpu:0 (eager/device_scalars.py)
   PyObject* device_scalar = nullptr;
   // eager/asserts.py: note(verdict, messages, where), for ops with device-side checks
   PyObject* note = nullptr;
@@ -80,13 +89,13 @@ struct Config {
 
 Config C;
 
-// The "fused" mode's queue (eager/fusion.py defer), for the common case: torchtpu_fast_init_fused
+// The "fused" mode's queue (eager/fusion.py defer), for the common case
 struct Fused {
   bool ready = false;
-  PyObject* open = nullptr;      // fusion._open: device index -> the open _Segment
-  PyObject* syncs = nullptr;     // fusion._syncs: [synchronizations so far]
-  PyObject* acquire = nullptr;   // fusion._lock.acquire
-  PyObject* release = nullptr;   // fusion._lock.release
+  PyObject* open = nullptr;      // fusion: device index -> the open _Segment
+  PyObject* syncs = nullptr;     // fusion: [synchronizations so far]
+  PyObject* acquire = nullptr;   // the fusion lock's acquire
+  PyObject* release = nullptr;   // the fusion lock's release
   PyTypeObject* pending = nullptr;   // fusion.Pending
   Py_ssize_t e_fn = -1, e_last_sync = -1, e_cold = -1, e_window_calls = -1, e_anchor = -1;   // Entry slots
   Py_ssize_t s_steps = -1, s_external = -1, s_external_ids = -1, s_undo = -1, s_undo_ids = -1;   // _Segment
@@ -1616,154 +1625,192 @@ PyMethodDef kGraphMethods[] = {
     {"storage_freed", storage_freed, METH_O, nullptr},
 };
 
-}  // namespace
+// Reads eager/fastpath.py FastPathTable: each getter returns the attribute `name` (borrowed: the
+// table holds it; every one read is kept with a reference of its own by Keep), or null with a
+// TypeError that names it and what it should be.
+class TableReader {
+ public:
+  explicit TableReader(PyObject* table) : table_(table) {}
+  ~TableReader() {
+    for (PyObject* x : read_) Py_DECREF(x);
+  }
 
-extern "C" {
+  PyObject* any(const char* name) {
+    PyObject* v = PyObject_GetAttrString(table_, name);
+    if (v) read_.push_back(v);
+    return v;
+  }
+  PyObject* dict(const char* name) { return checked(name, [](PyObject* o) { return PyDict_Check(o) != 0; }, "a dict"); }
+  PyObject* list(const char* name) { return checked(name, [](PyObject* o) { return PyList_Check(o) != 0; }, "a list"); }
+  PyObject* type(const char* name) { return checked(name, [](PyObject* o) { return PyType_Check(o) != 0; }, "a type"); }
+  PyObject* callable(const char* name) { return checked(name, [](PyObject* o) { return PyCallable_Check(o) != 0; }, "callable"); }
+  PyObject* str(const char* name) { return checked(name, [](PyObject* o) { return PyUnicode_Check(o) != 0; }, "a str"); }
+  long integer(const char* name) {
+    PyObject* v = checked(name, [](PyObject* o) { return PyLong_Check(o) != 0; }, "an int");
+    return v ? PyLong_AsLong(v) : -1;
+  }
+  // a new reference the configuration keeps (for the life of the process)
+  static PyObject* keep(PyObject* v) {
+    Py_XINCREF(v);
+    return v;
+  }
 
-int torchtpu_fast_abi() { return kAbi; }
-
-// config: (RECORDS, _mode, FAILED, PENDING, _active, counters, StorageRecord, new_tensor, describe,
-//          jax array type, _unchecked[, (_bump, _stats, _StorageRef, _on_free, MemoryStats)]): the last
-//          lets outputs on tpu:0 be made here instead of by new_tensor[, device_scalar[, note[,
-//          engine Entry type]]]
-int torchtpu_fast_init(PyObject* config) {
-  if (!PyTuple_Check(config) || (PyTuple_GET_SIZE(config) < 11 || PyTuple_GET_SIZE(config) > 15)) {
-    PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration");
-    return 0;
-  }
-  PyObject* items[11];
-  for (int i = 0; i < 11; i++) {
-    items[i] = PyTuple_GET_ITEM(config, i);
-    Py_INCREF(items[i]);
-  }
-  C.records = items[0];
-  C.mode = items[1];
-  C.failed = items[2];
-  C.pending = items[3];
-  C.xla_active = items[4];
-  C.counters = items[5];
-  PyObject* record_type = items[6];
-  C.new_tensor = items[7];
-  C.describe = items[8];
-  C.array_type = reinterpret_cast<PyTypeObject*>(items[9]);
-  C.unchecked = items[10];
-  if (!PyDict_Check(C.records) || !PyList_Check(C.mode) || !PyDict_Check(C.failed) ||
-      !PyList_Check(C.pending) || !PyList_Check(C.xla_active) || !PyType_Check(items[9]) ||
-      !PyList_Check(C.unchecked)) {
-    PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad configuration types");
-    return 0;
-  }
-  C.strict = PyUnicode_InternFromString("strict");
-  C.fused = PyUnicode_InternFromString("fused");
-  C.run_name = PyUnicode_InternFromString("_run");
-  if (PyTuple_GET_SIZE(config) >= 13 && PyCallable_Check(PyTuple_GET_ITEM(config, 12))) {
-    C.device_scalar = PyTuple_GET_ITEM(config, 12);
-    Py_INCREF(C.device_scalar);
-  }
-  if (PyTuple_GET_SIZE(config) >= 14 && PyCallable_Check(PyTuple_GET_ITEM(config, 13))) {
-    C.note = PyTuple_GET_ITEM(config, 13);
-    Py_INCREF(C.note);
-  }
-  if (PyTuple_GET_SIZE(config) == 15 && PyType_Check(PyTuple_GET_ITEM(config, 14))) {
-    if ((C.off_memo = member_offset(PyTuple_GET_ITEM(config, 14), "memo")) < 0) return 0;
-  }
-  if (PyTuple_GET_SIZE(config) >= 12) {   // (..., (_bump, _stats, _StorageRef, _on_free, MemoryStats))
-    PyObject* extra = PyTuple_GET_ITEM(config, 11);
-    if (PyTuple_Check(extra) && PyTuple_GET_SIZE(extra) == 5) {
-      C.bump = PyTuple_GET_ITEM(extra, 0);
-      C.stats = PyTuple_GET_ITEM(extra, 1);
-      C.ref_type = PyTuple_GET_ITEM(extra, 2);
-      C.on_free = PyTuple_GET_ITEM(extra, 3);
-      PyObject* stats_type = PyTuple_GET_ITEM(extra, 4);
-      C.record_type = record_type;
-      Py_INCREF(C.bump);
-      Py_INCREF(C.stats);
-      Py_INCREF(C.ref_type);
-      Py_INCREF(C.on_free);
-      Py_INCREF(C.record_type);
-      C.native_outputs = PyList_Check(C.bump) && PyDict_Check(C.stats) &&
-          (C.off_ref = member_offset(record_type, "ref")) >= 0 &&
-          (C.off_nbytes = member_offset(record_type, "nbytes")) >= 0 &&
-          (C.off_oom = member_offset(record_type, "oom")) >= 0 &&
-          (C.off_address = member_offset(C.ref_type, "address")) >= 0 &&
-          (C.off_allocated = member_offset(stats_type, "allocated")) >= 0 &&
-          (C.off_peak = member_offset(stats_type, "peak")) >= 0 &&
-          (C.off_num_alloc = member_offset(stats_type, "num_alloc")) >= 0 &&
-          (C.off_num_free = member_offset(stats_type, "num_free")) >= 0 &&
-          (C.off_materialized = member_offset(stats_type, "materialized")) >= 0 &&
-          (C.off_peak_materialized = member_offset(stats_type, "peak_materialized")) >= 0 &&
-          (C.off_failed = member_offset(stats_type, "failed")) >= 0;
-      if (!C.native_outputs) {
-        PyErr_Clear();   // outputs through new_tensor
-      } else if (PyObject* freed = PyCFunction_New(&kGraphMethods[4], nullptr)) {
-        Py_DECREF(C.on_free);   // storages freed through storage_freed, _on_free in C
-        C.on_free = freed;
-      } else {
-        return 0;
-      }
+ private:
+  PyObject* checked(const char* name, bool (*is)(PyObject*), const char* what) {
+    PyObject* v = any(name);
+    if (v && !is(v)) {
+      PyErr_Format(PyExc_TypeError, "torchtpu fast path: FastPathTable.%s is not %s", name, what);
+      return nullptr;
     }
+    return v;
   }
-  PyObject* counters_type = reinterpret_cast<PyObject*>(Py_TYPE(C.counters));
-  if ((C.off_hits = member_offset(counters_type, "eager_cache_hits")) < 0) return 0;
-  if ((C.off_buffer = member_offset(record_type, "_buffer")) < 0) return 0;
-  if ((C.off_dtype = member_offset(record_type, "dtype")) < 0) return 0;
-  if ((C.off_numel = member_offset(record_type, "numel")) < 0) return 0;
-  if ((C.off_shape = member_offset(record_type, "shape")) < 0) return 0;
-  if ((C.off_device = member_offset(record_type, "device_index")) < 0) return 0;
-  return 1;
+  PyObject* table_;
+  std::vector<PyObject*> read_;
+};
+
+// The slots new outputs are made with here (records, their weak references, memory statistics)
+bool read_native_outputs(TableReader& t, PyObject* record_type) {
+  PyObject* want = t.any("native_outputs");
+  if (!want) return false;
+  if (want != Py_True) return true;   // outputs through new_tensor
+  PyObject* stats_type = t.type("memory_stats_type");
+  C.bump = TableReader::keep(t.list("address_counter"));
+  C.stats = TableReader::keep(t.dict("memory_stats"));
+  C.ref_type = TableReader::keep(t.type("storage_ref_type"));
+  C.record_type = TableReader::keep(record_type);
+  if (!stats_type || !C.bump || !C.stats || !C.ref_type) return false;
+  struct Slot {
+    Py_ssize_t* offset;
+    PyObject* type;
+    const char* name;
+  };
+  const Slot slots[] = {
+      {&C.off_ref, record_type, "ref"},           {&C.off_nbytes, record_type, "nbytes"},
+      {&C.off_oom, record_type, "oom"},           {&C.off_address, C.ref_type, "address"},
+      {&C.off_allocated, stats_type, "allocated"}, {&C.off_peak, stats_type, "peak"},
+      {&C.off_num_alloc, stats_type, "num_alloc"}, {&C.off_num_free, stats_type, "num_free"},
+      {&C.off_materialized, stats_type, "materialized"},
+      {&C.off_peak_materialized, stats_type, "peak_materialized"}, {&C.off_failed, stats_type, "failed"},
+  };
+  for (const Slot& s : slots) {
+    if ((*s.offset = member_offset(s.type, s.name)) < 0) return false;
+  }
+  // storages are freed by storage_freed, the weak reference callback in C
+  C.on_free = PyCFunction_New(&kGraphMethods[4], nullptr);
+  C.native_outputs = C.on_free != nullptr;
+  return C.native_outputs;
 }
 
-// The fused mode's queue (eager/fusion.py): (_open, _syncs, _lock, Pending, _Segment, Entry,
-// MIN_OPS, LIMIT, COLD_CALLS, HOT_SYNCS); after torchtpu_fast_init. Without it every queued call goes through
-// OpKernel._run.
-int torchtpu_fast_init_fused(PyObject* config) {
-  if (!C.counters || !PyTuple_Check(config) || PyTuple_GET_SIZE(config) != 10) {
-    PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad fused-mode configuration");
-    return 0;
-  }
-  PyObject* pending = PyTuple_GET_ITEM(config, 3);
-  PyObject* segment = PyTuple_GET_ITEM(config, 4);
-  PyObject* entry = PyTuple_GET_ITEM(config, 5);
-  PyObject* lock = PyTuple_GET_ITEM(config, 2);
+// The fused mode's queue: the open segments, the sync count, the lock, the types it fills in and
+// fusion.py's limits (eager/fusion.py defer decides with the same numbers).
+bool read_fused(TableReader& t, PyObject* entry_type) {
+  PyObject* pending = t.type("pending_type");
+  PyObject* segment = t.type("segment_type");
+  PyObject* lock = t.any("fusion_lock");
   Fused f;
-  f.open = PyTuple_GET_ITEM(config, 0);
-  f.syncs = PyTuple_GET_ITEM(config, 1);
-  if (!PyDict_Check(f.open) || !PyList_Check(f.syncs) || !PyType_Check(pending) || !PyType_Check(segment) ||
-      !PyType_Check(entry)) {
-    PyErr_SetString(PyExc_TypeError, "torchtpu fast path: bad fused-mode configuration types");
-    return 0;
-  }
+  f.open = t.dict("open_segments");
+  f.syncs = t.list("sync_count");
+  f.min_ops = t.integer("min_ops");
+  f.limit = t.integer("limit");
+  f.cold_calls = t.integer("cold_calls");
+  f.hot_syncs = t.integer("hot_syncs");
+  if (!pending || !segment || !lock || !f.open || !f.syncs || PyErr_Occurred()) return false;
   f.pending = reinterpret_cast<PyTypeObject*>(pending);
-  f.min_ops = PyLong_AsLong(PyTuple_GET_ITEM(config, 6));
-  f.limit = PyLong_AsLong(PyTuple_GET_ITEM(config, 7));
-  f.cold_calls = PyLong_AsLong(PyTuple_GET_ITEM(config, 8));
-  f.hot_syncs = PyLong_AsLong(PyTuple_GET_ITEM(config, 9));
-  if (PyErr_Occurred()) return 0;
+  struct Slot {
+    Py_ssize_t* offset;
+    PyObject* type;
+    const char* name;
+  };
   PyObject* counters_type = reinterpret_cast<PyObject*>(Py_TYPE(C.counters));
-  if ((f.e_fn = member_offset(entry, "fn")) < 0 || (f.e_last_sync = member_offset(entry, "last_sync")) < 0 ||
-      (f.e_cold = member_offset(entry, "cold")) < 0 || (f.e_window_calls = member_offset(entry, "window_calls")) < 0 ||
-      (f.e_anchor = member_offset(entry, "anchor")) < 0 || (f.s_steps = member_offset(segment, "steps")) < 0 ||
-      (f.s_external = member_offset(segment, "external")) < 0 ||
-      (f.s_external_ids = member_offset(segment, "external_ids")) < 0 ||
-      (f.s_undo = member_offset(segment, "undo")) < 0 || (f.s_undo_ids = member_offset(segment, "undo_ids")) < 0 ||
-      (f.p_segment = member_offset(pending, "segment")) < 0 || (f.p_step = member_offset(pending, "step")) < 0 ||
-      (f.p_index = member_offset(pending, "index")) < 0 || (f.p_value = member_offset(pending, "value")) < 0 ||
-      (f.c_fused_ops = member_offset(counters_type, "fused_ops")) < 0) {
-    return 0;
+  const Slot slots[] = {
+      {&f.e_fn, entry_type, "fn"},           {&f.e_last_sync, entry_type, "last_sync"},
+      {&f.e_cold, entry_type, "cold"},       {&f.e_window_calls, entry_type, "window_calls"},
+      {&f.e_anchor, entry_type, "anchor"},   {&f.s_steps, segment, "steps"},
+      {&f.s_external, segment, "external"},  {&f.s_external_ids, segment, "external_ids"},
+      {&f.s_undo, segment, "undo"},          {&f.s_undo_ids, segment, "undo_ids"},
+      {&f.p_segment, pending, "segment"},    {&f.p_step, pending, "step"},
+      {&f.p_index, pending, "index"},        {&f.p_value, pending, "value"},
+      {&f.c_fused_ops, counters_type, "fused_ops"},
+  };
+  for (const Slot& s : slots) {
+    if ((*s.offset = member_offset(s.type, s.name)) < 0) return false;
   }
   f.acquire = PyObject_GetAttrString(lock, "acquire");
   f.release = PyObject_GetAttrString(lock, "release");
   if (!f.acquire || !f.release) {
     Py_XDECREF(f.acquire);
     Py_XDECREF(f.release);
-    return 0;
+    return false;
   }
-  Py_INCREF(f.open);
-  Py_INCREF(f.syncs);
-  Py_INCREF(pending);
+  TableReader::keep(f.open);
+  TableReader::keep(f.syncs);
+  TableReader::keep(pending);
   f.ready = true;
   F = f;
-  return 1;
+  return true;
+}
+
+// The checks, the eager state and the callables of the hot path, and the slots it reads
+bool read_core(TableReader& t, PyObject*& record_type, PyObject*& entry_type) {
+  C.records = TableReader::keep(t.dict("records"));
+  C.mode = TableReader::keep(t.list("mode"));
+  C.strict = TableReader::keep(t.str("strict_mode"));
+  C.fused = TableReader::keep(t.str("fused_mode"));
+  C.failed = TableReader::keep(t.dict("failed_asserts"));
+  C.pending = TableReader::keep(t.list("pending_interrupts"));
+  C.xla_active = TableReader::keep(t.list("xla_active"));
+  C.unchecked = TableReader::keep(t.list("unchecked_verdicts"));
+  C.counters = TableReader::keep(t.any("counters"));
+  C.new_tensor = TableReader::keep(t.callable("new_tensor"));
+  C.describe = TableReader::keep(t.callable("describe"));
+  C.device_scalar = TableReader::keep(t.callable("device_scalar"));
+  C.note = TableReader::keep(t.callable("note_verdict"));
+  C.run_name = TableReader::keep(t.str("run_method"));
+  PyObject* array_type = t.type("array_type");
+  record_type = t.type("record_type");
+  entry_type = t.type("entry_type");
+  if (PyErr_Occurred() || !array_type || !record_type || !entry_type) return false;
+  C.array_type = reinterpret_cast<PyTypeObject*>(TableReader::keep(array_type));
+  PyUnicode_InternInPlace(&C.strict);
+  PyUnicode_InternInPlace(&C.fused);
+  PyObject* counters_type = reinterpret_cast<PyObject*>(Py_TYPE(C.counters));
+  return (C.off_hits = member_offset(counters_type, "eager_cache_hits")) >= 0 &&
+         (C.off_buffer = member_offset(record_type, "_buffer")) >= 0 &&
+         (C.off_dtype = member_offset(record_type, "dtype")) >= 0 &&
+         (C.off_numel = member_offset(record_type, "numel")) >= 0 &&
+         (C.off_shape = member_offset(record_type, "shape")) >= 0 &&
+         (C.off_device = member_offset(record_type, "device_index")) >= 0 &&
+         (C.off_memo = member_offset(entry_type, "memo")) >= 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The names of FastPathTable's fields this library reads (kTableNames), for fastpath.load to check
+PyObject* torchtpu_fast_table_names() {
+  constexpr size_t n = sizeof(kTableNames) / sizeof(kTableNames[0]);
+  PyObject* names = PyTuple_New(n);
+  for (size_t i = 0; names && i < n; i++) {
+    PyObject* name = PyUnicode_FromString(kTableNames[i]);
+    if (!name) {
+      Py_CLEAR(names);
+      break;
+    }
+    PyTuple_SET_ITEM(names, i, name);
+  }
+  return names;
+}
+
+// Configure the fast path from `table` (eager/fastpath.py FastPathTable); 0 with a Python error
+// naming what does not fit.
+int torchtpu_fast_init(PyObject* table) {
+  TableReader t(table);
+  PyObject* record_type = nullptr;
+  PyObject* entry_type = nullptr;
+  if (!read_core(t, record_type, entry_type)) return 0;
+  if (!read_native_outputs(t, record_type)) return 0;
+  return read_fused(t, entry_type) ? 1 : 0;
 }
 
 // Queue fused-mode calls here (1, once configured) or through OpKernel._run (0); the previous setting.
