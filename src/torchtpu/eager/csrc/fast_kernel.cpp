@@ -118,11 +118,18 @@ struct FusionUnlock {
   }
 };
 
-void set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {   // steals `value`
+// Set an object slot to `value`: set_slot_owned takes the reference it is given, set_slot takes one
+// of its own. (Their one name once made the class's copy shadow this one: fused-mode steps leaked.)
+void set_slot_owned(PyObject* obj, Py_ssize_t offset, PyObject* value) {
   PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
   PyObject* old = *p;
   *p = value;
   Py_XDECREF(old);
+}
+
+void set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {
+  Py_INCREF(value);
+  set_slot_owned(obj, offset, value);
 }
 
 // JAX converts every Python number argument to a device array on each call (about 2.5 us each):
@@ -307,6 +314,24 @@ inline PyObject* slot_of(PyObject* obj, Py_ssize_t offset) {
   return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
 }
 
+// References held for one call, released when it returns
+struct HeldRefs {
+  c10::SmallVector<PyObject*, 16> items;
+  ~HeldRefs() {
+    for (PyObject* x : items) Py_XDECREF(x);
+  }
+  PyObject* hold(PyObject* x) {   // a borrowed reference, held from now on
+    Py_INCREF(x);
+    items.push_back(x);
+    return x;
+  }
+  PyObject* own(PyObject* x) {   // a new reference; null: the Python error is thrown
+    if (!x) throw python_error();
+    items.push_back(x);
+    return x;
+  }
+};
+
 struct Gil {
   PyGILState_STATE s;
   Gil() : s(PyGILState_Ensure()) {}
@@ -478,13 +503,7 @@ class FastKernel final : public c10::OperatorKernel {
       if (!res) throw python_error();
     }
     refs.items[3] = res;
-    PyObject* const* items = nullptr;
-    size_t n = p.outs.size() + p.mutated.size() + (p.checks ? 1 : 0);
-    if (PyTuple_Check(res) && static_cast<size_t>(PyTuple_GET_SIZE(res)) == n) {
-      items = &PyTuple_GET_ITEM(res, 0);
-    } else if (PyList_Check(res) && static_cast<size_t>(PyList_GET_SIZE(res)) == n) {
-      items = &PyList_GET_ITEM(res, 0);
-    }
+    PyObject* const* items = result_items(res, p);
     if (!items) {   // (it ran: the writes are done, the outputs cannot be made)
       PyErr_SetString(PyExc_RuntimeError, "torchtpu fast path: unexpected results from a queued op");
       throw python_error();
@@ -492,9 +511,7 @@ class FastKernel final : public c10::OperatorKernel {
     count_hit();
     g_fast_calls++;
     if (p.outs.empty()) {   // (_run gave the written storages their queued or new buffers)
-      c10::IValue returned = torch::jit::last(*stack, n_args_)[alias_arg_];
-      torch::jit::drop(*stack, n_args_);
-      torch::jit::push(*stack, std::move(returned));
+      return_written(stack);
       return true;
     }
     push_outputs(p, w, items, stack);
@@ -503,124 +520,190 @@ class FastKernel final : public c10::OperatorKernel {
 
   // eager/fusion.py defer, for the call the fast path keyed: the queued results (a new reference),
   // or null (no error set) where the Python kernel must queue it, which it does as before: a
-  // decision to make (the op's first call in a sync window, a cold op, a gated write, a segment to
-  // open or to end, an input not written yet or queued elsewhere), the fusion lock held by another
-  // thread. The step it appends is the one defer appends, so segments queued here and there are
-  // the same segments. Runs no Python code but the lock's methods, the weak references' and
-  // asserts.note: no interrupt can land between its writes.
+  // decision to make (the op's first call in a sync window that finds it cold, a cold op, a gated
+  // write, a segment to open or to end, an input not written yet or queued elsewhere), the fusion
+  // lock held by another thread. The step it appends is the one defer appends, so segments queued
+  // here and there are the same segments. Runs no Python code but the lock's methods, the weak
+  // references' and asserts.note: no interrupt can land between its writes.
   static PyObject* queue(const Plan& p, const Work& w) {
     if (!F.ready || !p.entry || !w.device_obj) return nullptr;
     PyObject* entry = p.entry;
     PyObject* fn = slot_of(entry, F.e_fn);
     PyObject* gate = nullptr;   // a gated write's gate (eager/asserts.py poison): one more input
-    struct Held {
-      PyObject* g = nullptr;
-      ~Held() { Py_XDECREF(g); }
-    } held_gate;
+    HeldRefs held;
     // (first: poison may queue the gate itself, or run the open segment; OpKernel._call asks it the
     // same question, answered from its cache, if this call ends up there after all)
-    if (!p.mutated.empty() && write_gate(p, w, true, fn, gate, held_gate.g) != OK) return nullptr;
+    if (!p.mutated.empty()) {
+      PyObject* g = nullptr;
+      Verdict v = write_gate(p, w, true, fn, gate, g);
+      if (g) held.items.push_back(g);
+      if (v != OK) return nullptr;
+    }
+    PyObject* now = PyList_GET_SIZE(F.syncs) ? PyList_GET_ITEM(F.syncs, 0) : nullptr;
+    if (!fn || fn == Py_None || !now) return nullptr;
+    // (what is used below is held: an allocation may run the GC, whose finalizers may let another
+    // thread run and replace the sync count, a record's buffer or a gate)
+    held.hold(fn);
+    held.hold(now);
+    bool new_window = false;
+    long calls = warm_calls(entry, now, new_window);
+    if (calls < 0) return nullptr;
+    PyObject* got = PyObject_CallOneArg(F.acquire, Py_False);
+    if (!got) throw python_error();
+    bool locked = got == Py_True;
+    Py_DECREF(got);
+    if (!locked) return nullptr;   // (another thread is flushing: Python waits for the lock)
+    FusionUnlock unlock;
+    Segment segment;
+    if (!open_segment(w.device_obj, fn, slot_of(entry, F.e_anchor), held, segment)) return nullptr;
+    c10::SmallVector<PyObject*, 8> inputs;
+    if (!step_inputs(w, gate, segment.obj, held, inputs)) return nullptr;
+    PyObject* results = append_step(p, w, fn, inputs, segment, held);
+    // the step is queued: from here on nothing can fail before the written storages get its results
+    PyObject* calls_now = PyLong_FromLong(calls);
+    if (calls_now) set_slot_owned(entry, F.e_window_calls, calls_now); else PyErr_Clear();
+    if (new_window) {   // (as defer records a warm op's first call in a window)
+      set_slot(entry, F.e_last_sync, now);
+      set_slot(entry, F.e_cold, Py_False);
+    }
+    commit_writes(p, w, &PyTuple_GET_ITEM(results, p.outs.size()));
+    add_counter(F.c_fused_ops);
+    g_queued_here++;
+    size_t n = static_cast<size_t>(PyTuple_GET_SIZE(results));
+    if (p.checks) {   // (queued: raised after, as in Python)
+      try {
+        note(p, PyTuple_GET_ITEM(results, n - 1));
+      } catch (...) {
+        Py_DECREF(results);
+        throw;
+      }
+    }
+    return results;
+  }
+
+  // defer's first decisions, for a warm op: its calls in this sync window counting this one, or -1
+  // where Python decides (its first call in a window that finds it cold, a cold op's early calls)
+  static long warm_calls(PyObject* entry, PyObject* now, bool& new_window) {
     PyObject* last = slot_of(entry, F.e_last_sync);
     PyObject* calls_obj = slot_of(entry, F.e_window_calls);
     PyObject* cold = slot_of(entry, F.e_cold);
-    PyObject* anchor = slot_of(entry, F.e_anchor);
-    PyObject* now = PyList_GET_SIZE(F.syncs) ? PyList_GET_ITEM(F.syncs, 0) : nullptr;
-    if (!fn || fn == Py_None || !last || !now || !calls_obj || !cold || !anchor || !PyLong_CheckExact(last) ||
-        !PyLong_CheckExact(now) || !PyLong_CheckExact(calls_obj)) {
-      return nullptr;
+    if (!last || !calls_obj || !cold || !PyLong_CheckExact(last) || !PyLong_CheckExact(now) ||
+        !PyLong_CheckExact(calls_obj)) {
+      return -1;
     }
-    // (what is used below is held: an allocation may run the GC, whose finalizers may let another
-    // thread run and replace the sync count, a record's buffer or a gate)
-    struct Owned {
-      c10::SmallVector<PyObject*, 16> items;
-      ~Owned() { for (PyObject* x : items) Py_XDECREF(x); }
-    } owned_;
-    auto hold = [&](PyObject* x) {
-      Py_INCREF(x);
-      owned_.items.push_back(x);
-      return x;
-    };
-    auto own = [&](PyObject* x) {
-      if (!x) throw python_error();
-      owned_.items.push_back(x);
-      return x;
-    };
-    hold(fn);
-    hold(now);
     int overflow = 0;
     long long last_sync = PyLong_AsLongLongAndOverflow(last, &overflow);
     long long now_sync = PyLong_AsLongLongAndOverflow(now, &overflow);
     long calls = PyLong_AsLong(calls_obj) + 1;
     if (overflow || PyErr_Occurred()) {
       PyErr_Clear();
-      return nullptr;
+      return -1;
     }
-    bool new_window = last_sync != now_sync;
-    if (new_window) {   // its first call in this sync window decides whether it is cold
-      if (now_sync - last_sync > F.hot_syncs) return nullptr;   // cold: it runs now (Python)
-      calls = 1;
-    } else if (cold != Py_False && calls <= F.cold_calls) {
-      return nullptr;   // a cold op runs now
-    }
-    PyObject* got = PyObject_CallOneArg(F.acquire, Py_False);
-    if (!got) throw python_error();
-    bool held = got == Py_True;
-    Py_DECREF(got);
-    if (!held) return nullptr;   // (another thread is flushing: Python waits for the lock)
-    FusionUnlock unlock;
-    PyObject* segment = PyDict_GetItemWithError(F.open, w.device_obj);
-    if (!segment) {
+    new_window = last_sync != now_sync;
+    if (new_window) return now_sync - last_sync > F.hot_syncs ? -1 : 1;   // cold: it runs now (Python)
+    return cold != Py_False && calls <= F.cold_calls ? -1 : calls;        // a cold op runs now
+  }
+
+  // The open segment of the call's device and its lists, held; false where Python decides: no
+  // segment yet, a loop's next iteration (a segment that starts with `fn`), a step that ends it
+  struct Segment {
+    PyObject *obj = nullptr, *steps = nullptr, *external = nullptr, *ids = nullptr, *undo = nullptr,
+             *undo_ids = nullptr;
+  };
+  static bool open_segment(PyObject* device, PyObject* fn, PyObject* anchor, HeldRefs& held, Segment& s) {
+    s.obj = PyDict_GetItemWithError(F.open, device);
+    if (!s.obj) {
       if (PyErr_Occurred()) throw python_error();
-      return nullptr;   // (Python opens one)
+      return false;   // (Python opens one)
     }
-    PyObject* steps = slot_of(segment, F.s_steps);
-    PyObject* external = slot_of(segment, F.s_external);
-    PyObject* ids = slot_of(segment, F.s_external_ids);
-    PyObject* undo = slot_of(segment, F.s_undo);
-    PyObject* undo_ids = slot_of(segment, F.s_undo_ids);
-    if (!steps || !PyList_CheckExact(steps) || !external || !PyList_CheckExact(external) || !ids ||
-        !PyDict_CheckExact(ids) || !undo || !PyList_CheckExact(undo) || !undo_ids || !PySet_CheckExact(undo_ids)) {
-      return nullptr;
+    s.steps = slot_of(s.obj, F.s_steps);
+    s.external = slot_of(s.obj, F.s_external);
+    s.ids = slot_of(s.obj, F.s_external_ids);
+    s.undo = slot_of(s.obj, F.s_undo);
+    s.undo_ids = slot_of(s.obj, F.s_undo_ids);
+    if (!anchor || !s.steps || !PyList_CheckExact(s.steps) || !s.external || !PyList_CheckExact(s.external) ||
+        !s.ids || !PyDict_CheckExact(s.ids) || !s.undo || !PyList_CheckExact(s.undo) || !s.undo_ids ||
+        !PySet_CheckExact(s.undo_ids)) {
+      return false;
     }
-    for (PyObject* x : {segment, steps, external, ids, undo, undo_ids}) hold(x);
-    Py_ssize_t step = PyList_GET_SIZE(steps);
+    for (PyObject* x : {s.obj, s.steps, s.external, s.ids, s.undo, s.undo_ids}) held.hold(x);
+    Py_ssize_t step = PyList_GET_SIZE(s.steps);
     if (step >= F.min_ops) {   // a loop's next iteration ends the segment: Python
-      PyObject* first = PyList_GET_ITEM(steps, 0);
-      if (!PyTuple_Check(first) || PyTuple_GET_SIZE(first) < 1 || PyTuple_GET_ITEM(first, 0) == fn) return nullptr;
+      PyObject* first = PyList_GET_ITEM(s.steps, 0);
+      if (!PyTuple_Check(first) || PyTuple_GET_SIZE(first) < 1 || PyTuple_GET_ITEM(first, 0) == fn) return false;
     }
-    if (step + 1 >= F.min_ops && (anchor != Py_False || step + 1 >= F.limit)) return nullptr;   // it flushes
-    // the inputs: a result queued in this segment, or a concrete array (a result of a segment
-    // that ran: its value); anything else (unwritten, queued in a segment not run yet): Python
-    c10::SmallVector<PyObject*, 8> inputs;
+    return !(step + 1 >= F.min_ops && (anchor != Py_False || step + 1 >= F.limit));   // (else it flushes)
+  }
+
+  // The step's inputs, held: each record's buffer, then the gate if any; a result queued in this
+  // segment, or a concrete array (a result of a segment that ran: its value). False for anything
+  // else (unwritten, queued in a segment not run yet): Python.
+  static bool step_inputs(const Work& w, PyObject* gate, PyObject* segment, HeldRefs& held,
+                          c10::SmallVector<PyObject*, 8>& inputs) {
     for (size_t i = 0; i <= w.records.size(); i++) {
-      PyObject* b = i < w.records.size() ? slot_of(w.records[i], C.off_buffer) : gate;
       if (i == w.records.size() && !gate) break;
-      if (!b || b == Py_None) return nullptr;
+      PyObject* b = i < w.records.size() ? slot_of(w.records[i], C.off_buffer) : gate;
+      if (!b || b == Py_None) return false;
       if (Py_TYPE(b) == F.pending && slot_of(b, F.p_segment) != segment) {
         b = slot_of(b, F.p_value);
-        if (!b || b == Py_None) return nullptr;
+        if (!b || b == Py_None) return false;
       }
-      inputs.push_back(hold(b));
+      inputs.push_back(held.hold(b));
     }
-    size_t n_in = inputs.size();
+    return true;
+  }
+
+  // Append the step (fn, sources, numbers, weak references to its results) to the segment, as
+  // defer does; its results: one new Pending each (a new reference). Throws on a Python error.
+  static PyObject* append_step(const Plan& p, const Work& w, PyObject* fn, const c10::SmallVector<PyObject*, 8>& inputs,
+                               const Segment& s, HeldRefs& held) {
+    PyObject* sources = step_sources(inputs, s, held);
+    PyObject* numbers = step_numbers(w, held);
+    PyObject* step = held.own(PyLong_FromSsize_t(PyList_GET_SIZE(s.steps)));
     size_t n = p.outs.size() + p.mutated.size() + (p.checks ? 1 : 0);
-    PyObject* sources = own(PyTuple_New(static_cast<Py_ssize_t>(n_in)));
-    for (size_t i = 0; i < n_in; i++) {
+    PyObject* weak = held.own(PyList_New(static_cast<Py_ssize_t>(n)));
+    PyObject* results = held.own(PyTuple_New(static_cast<Py_ssize_t>(n)));
+    for (size_t k = 0; k < n; k++) {
+      PyObject* pending = F.pending->tp_alloc(F.pending, 0);   // (Pending(segment, step, k): no __init__ to run)
+      if (!pending) throw python_error();
+      PyTuple_SET_ITEM(results, k, pending);
+      set_slot(pending, F.p_segment, s.obj);
+      set_slot(pending, F.p_step, step);
+      PyObject* index = PyLong_FromSsize_t(static_cast<Py_ssize_t>(k));
+      if (!index) throw python_error();
+      set_slot_owned(pending, F.p_index, index);
+      set_slot(pending, F.p_value, Py_None);
+      PyObject* ref = PyWeakref_NewRef(pending, nullptr);
+      if (!ref) throw python_error();
+      PyList_SET_ITEM(weak, k, ref);
+    }
+    remember_undo(p, w, s, held);
+    PyObject* queued = held.own(PyTuple_Pack(4, fn, sources, numbers, weak));
+    if (PyList_Append(s.steps, queued) < 0) throw python_error();
+    Py_INCREF(results);   // (the caller's; `held` drops its own)
+    return results;
+  }
+
+  // Where each input comes from (fusion.py _sources): (step, index) of a result queued in this
+  // segment, or the index of a concrete array among the segment's external inputs
+  static PyObject* step_sources(const c10::SmallVector<PyObject*, 8>& inputs, const Segment& s, HeldRefs& held) {
+    PyObject* sources = held.own(PyTuple_New(static_cast<Py_ssize_t>(inputs.size())));
+    for (size_t i = 0; i < inputs.size(); i++) {
       PyObject* b = inputs[i];
       PyObject* source;
       if (Py_TYPE(b) == F.pending) {
         source = PyTuple_Pack(2, slot_of(b, F.p_step), slot_of(b, F.p_index));
         if (!source) throw python_error();
       } else {
-        PyObject* id = own(PyLong_FromVoidPtr(b));
-        source = PyDict_GetItemWithError(ids, id);
+        PyObject* id = held.own(PyLong_FromVoidPtr(b));
+        source = PyDict_GetItemWithError(s.ids, id);
         if (source) {
           Py_INCREF(source);
         } else {
           if (PyErr_Occurred()) throw python_error();
-          if (PyList_Append(external, b) < 0) throw python_error();
-          source = PyLong_FromSsize_t(PyList_GET_SIZE(external) - 1);
-          if (!source || PyDict_SetItem(ids, id, source) < 0) {
+          if (PyList_Append(s.external, b) < 0) throw python_error();
+          source = PyLong_FromSsize_t(PyList_GET_SIZE(s.external) - 1);
+          if (!source || PyDict_SetItem(s.ids, id, source) < 0) {
             Py_XDECREF(source);
             throw python_error();
           }
@@ -628,7 +711,12 @@ class FastKernel final : public c10::OperatorKernel {
       }
       PyTuple_SET_ITEM(sources, i, source);
     }
-    PyObject* numbers = own(PyTuple_New(static_cast<Py_ssize_t>(w.values.size() + w.offsets.size())));
+    return sources;
+  }
+
+  // The step's numbers: the traced scalars, then the offsets of partial views
+  static PyObject* step_numbers(const Work& w, HeldRefs& held) {
+    PyObject* numbers = held.own(PyTuple_New(static_cast<Py_ssize_t>(w.values.size() + w.offsets.size())));
     for (size_t i = 0; i < w.values.size(); i++) {
       Py_INCREF(w.values[i]);
       PyTuple_SET_ITEM(numbers, i, w.values[i]);
@@ -638,66 +726,34 @@ class FastKernel final : public c10::OperatorKernel {
       if (!o) throw python_error();
       PyTuple_SET_ITEM(numbers, w.values.size() + i, o);
     }
-    PyObject* step_obj = own(PyLong_FromSsize_t(step));
-    PyObject* results = PyTuple_New(static_cast<Py_ssize_t>(n));   // returned: not in owned
-    if (!results) throw python_error();
-    struct Drop {
-      PyObject*& r;
-      ~Drop() { Py_XDECREF(r); }
-    } drop{results};
-    PyObject* weak = own(PyList_New(static_cast<Py_ssize_t>(n)));
-    for (size_t k = 0; k < n; k++) {
-      PyObject* pending = F.pending->tp_alloc(F.pending, 0);   // (Pending(segment, step, k): no __init__ to run)
-      if (!pending) throw python_error();
-      PyTuple_SET_ITEM(results, k, pending);
-      Py_INCREF(segment);
-      set_slot(pending, F.p_segment, segment);
-      Py_INCREF(step_obj);
-      set_slot(pending, F.p_step, step_obj);
-      PyObject* index = PyLong_FromSsize_t(static_cast<Py_ssize_t>(k));
-      if (!index) throw python_error();
-      set_slot(pending, F.p_index, index);
-      Py_INCREF(Py_None);
-      set_slot(pending, F.p_value, Py_None);
-      PyObject* ref = PyWeakref_NewRef(pending, nullptr);
-      if (!ref) throw python_error();
-      PyList_SET_ITEM(weak, k, ref);
-    }
-    for (int s : p.mutated) {   // what to restore if the segment cannot run
-      PyObject* r = w.records[s];
-      PyObject* id = own(PyLong_FromVoidPtr(r));
-      int seen = PySet_Contains(undo_ids, id);
+    return numbers;
+  }
+
+  // What to restore if the segment cannot run: each written record's buffer before the segment
+  static void remember_undo(const Plan& p, const Work& w, const Segment& s, HeldRefs& held) {
+    for (int slot : p.mutated) {
+      PyObject* r = w.records[slot];
+      PyObject* id = held.own(PyLong_FromVoidPtr(r));
+      int seen = PySet_Contains(s.undo_ids, id);
       if (seen < 0) throw python_error();
       if (seen) continue;
-      PyObject* pair = own(PyTuple_Pack(2, r, slot_of(r, C.off_buffer)));
-      if (PyList_Append(undo, pair) < 0 || PySet_Add(undo_ids, id) < 0) throw python_error();
+      PyObject* pair = held.own(PyTuple_Pack(2, r, slot_of(r, C.off_buffer)));
+      if (PyList_Append(s.undo, pair) < 0 || PySet_Add(s.undo_ids, id) < 0) throw python_error();
     }
-    PyObject* queued = own(PyTuple_Pack(4, fn, sources, numbers, weak));
-    if (PyList_Append(steps, queued) < 0) throw python_error();
-    // the step is queued: from here on nothing can fail before the written storages get its results
-    PyObject* calls_now = PyLong_FromLong(calls);
-    if (calls_now) set_slot(entry, F.e_window_calls, calls_now); else PyErr_Clear();
-    if (new_window) {   // (as defer records a warm op's first call in a window)
-      Py_INCREF(now);
-      set_slot(entry, F.e_last_sync, now);
-      Py_INCREF(Py_False);
-      set_slot(entry, F.e_cold, Py_False);
-    }
+  }
+
+  // The written storages get `buffers` (one per written slot) with no Python code between the
+  // assignments (a Ctrl-C cannot land in between: eager/executable.py call_and_commit); the old
+  // buffers are released after
+  static void commit_writes(const Plan& p, const Work& w, PyObject* const* buffers) {
     c10::SmallVector<PyObject*, 4> old;
     for (size_t i = 0; i < p.mutated.size(); i++) {
       PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.records[p.mutated[i]]) + C.off_buffer);
       old.push_back(*slot);
-      PyObject* item = PyTuple_GET_ITEM(results, p.outs.size() + i);
-      Py_INCREF(item);
-      *slot = item;
+      Py_INCREF(buffers[i]);
+      *slot = buffers[i];
     }
     for (PyObject* o : old) Py_XDECREF(o);
-    add_counter(F.c_fused_ops);
-    g_queued_here++;
-    if (p.checks) note(p, PyTuple_GET_ITEM(results, n - 1));   // (queued: raised after, as in Python)
-    PyObject* out = results;
-    results = nullptr;   // (the caller's now)
-    return out;
   }
 
   bool present(c10::ArrayRef<c10::IValue> args, int64_t i, int64_t positional_end) const {
@@ -718,47 +774,12 @@ class FastKernel final : public c10::OperatorKernel {
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     if (impl->key_set().has(c10::DispatchKey::Python)) return BAIL;
     c10::DeviceType dt = impl->device_type();
-    if (dt == c10::DeviceType::CPU) {
-      if (impl->dim() != 0 || t.is_conj() || t.is_neg()) return BAIL;
-      auto st = t.scalar_type();
-      if (st == c10::ScalarType::UInt64 || c10::isQIntType(st)) return BAIL;
-      c10::Scalar s = t.item();
-      PyObject* v;
-      if (s.isFloatingPoint()) v = PyFloat_FromDouble(s.toDouble());
-      else if (s.isBoolean()) v = PyBool_FromLong(s.toBool());
-      else if (s.isIntegral(false)) v = PyLong_FromLongLong(s.toLong());
-      else if (s.isComplex()) {
-        auto c = s.toComplexDouble();
-        v = PyComplex_FromDoubles(c.real(), c.imag());
-      } else return BAIL;
-      if (!v) return ERROR;
-      w.values.push_back(v);
-      w.key.push_back(K_CPU_SCALAR);
-      w.key.push_back(static_cast<int64_t>(st));
-      return OK;
-    }
+    if (dt == c10::DeviceType::CPU) return cpu_scalar(t, w);
     if (dt != c10::DeviceType::PrivateUse1 || impl->layout() != c10::kStrided) return BAIL;
-    const void* address = impl->storage().data_ptr().get();
     size_t slot = 0;
-    while (slot < w.addresses.size() && w.addresses[slot] != address) slot++;
-    PyObject* record;
-    if (slot == w.addresses.size()) {
-      PyObject* a = PyLong_FromVoidPtr(const_cast<void*>(address));
-      if (!a) return ERROR;
-      record = PyDict_GetItemWithError(C.records, a);
-      Py_DECREF(a);
-      if (!record) return PyErr_Occurred() ? ERROR : BAIL;
-      PyObject* dev = slot_of(record, C.off_device);
-      if (!dev || !PyLong_CheckExact(dev)) return BAIL;
-      long d = PyLong_AsLong(dev);
-      if (w.device >= 0 && d != w.device) return BAIL;  // the Python kernel raises PyTorch's error
-      w.device = d;
-      w.device_obj = dev;
-      w.addresses.push_back(address);
-      w.records.push_back(record);
-    } else {
-      record = w.records[slot];
-    }
+    PyObject* record = nullptr;
+    Verdict found = storage_slot(impl->storage().data_ptr().get(), w, slot, record);
+    if (found != OK) return found;
     PyObject* rdtype = slot_of(record, C.off_dtype);
     PyObject* rnumel = slot_of(record, C.off_numel);
     PyObject* rshape = slot_of(record, C.off_shape);   // the shape of the storage's array
@@ -792,32 +813,104 @@ class FastKernel final : public c10::OperatorKernel {
     return OK;
   }
 
+  // A CPU scalar tensor mixed with tpu tensors: a traced value, keyed by its dtype
+  static Verdict cpu_scalar(const at::Tensor& t, Work& w) {
+    if (t.dim() != 0 || t.is_conj() || t.is_neg()) return BAIL;
+    auto st = t.scalar_type();
+    if (st == c10::ScalarType::UInt64 || c10::isQIntType(st)) return BAIL;
+    c10::Scalar s = t.item();
+    PyObject* v;
+    if (s.isFloatingPoint()) {
+      v = PyFloat_FromDouble(s.toDouble());
+    } else if (s.isBoolean()) {
+      v = PyBool_FromLong(s.toBool());
+    } else if (s.isIntegral(false)) {
+      v = PyLong_FromLongLong(s.toLong());
+    } else if (s.isComplex()) {
+      auto c = s.toComplexDouble();
+      v = PyComplex_FromDoubles(c.real(), c.imag());
+    } else {
+      return BAIL;
+    }
+    if (!v) return ERROR;
+    w.values.push_back(v);
+    w.key.push_back(K_CPU_SCALAR);
+    w.key.push_back(static_cast<int64_t>(st));
+    return OK;
+  }
+
+  // The call's slot of the storage at `address` and its record (a storage seen before in the call
+  // reuses its slot, so aliasing is part of the key); the first storage sets the call's device
+  static Verdict storage_slot(const void* address, Work& w, size_t& slot, PyObject*& record) {
+    slot = 0;
+    while (slot < w.addresses.size() && w.addresses[slot] != address) slot++;
+    if (slot < w.addresses.size()) {
+      record = w.records[slot];
+      return OK;
+    }
+    PyObject* a = PyLong_FromVoidPtr(const_cast<void*>(address));
+    if (!a) return ERROR;
+    record = PyDict_GetItemWithError(C.records, a);
+    Py_DECREF(a);
+    if (!record) return PyErr_Occurred() ? ERROR : BAIL;
+    PyObject* dev = slot_of(record, C.off_device);
+    if (!dev || !PyLong_CheckExact(dev)) return BAIL;
+    long d = PyLong_AsLong(dev);
+    if (w.device >= 0 && d != w.device) return BAIL;  // the Python kernel raises PyTorch's error
+    w.device = d;
+    w.device_obj = dev;
+    w.addresses.push_back(address);
+    w.records.push_back(record);
+    return OK;
+  }
+
+  // A Scalar argument's number: a traced value, keyed by its type only
+  static Verdict traced_scalar(const c10::IValue& v, Work& w) {
+    PyObject* o;
+    if (v.isDouble()) {
+      o = PyFloat_FromDouble(v.toDouble());
+      w.key.push_back(K_SCALAR_DOUBLE);
+    } else if (v.isBool()) {
+      o = PyBool_FromLong(v.toBool());
+      w.key.push_back(K_SCALAR_BOOL);
+    } else if (v.isInt()) {
+      o = PyLong_FromLongLong(v.toInt());
+      w.key.push_back(K_SCALAR_INT);
+    } else {
+      auto c = v.toComplexDouble();
+      o = PyComplex_FromDoubles(c.real(), c.imag());
+      w.key.push_back(K_SCALAR_COMPLEX);
+    }
+    if (!o) return ERROR;
+    w.values.push_back(o);
+    return OK;
+  }
+
+  // A Tensor[] or Tensor?[] argument: its length, then each tensor's key (or None)
+  Verdict tensor_list(const c10::IValue& v, Work& w) {
+    auto l = v.toListRef();
+    w.key.push_back(K_LIST);
+    w.key.push_back(static_cast<int64_t>(l.size()));
+    for (const auto& x : l) {
+      if (x.isNone()) {
+        w.key.push_back(K_NONE);
+      } else if (x.isTensor()) {
+        Verdict r = tensor(x.toTensor(), w);
+        if (r != OK) return r;
+      } else {
+        return BAIL;
+      }
+    }
+    return OK;
+  }
+
   Verdict value(const c10::IValue& v, bool scalar, Work& w) {
     if (v.isTensor()) return tensor(v.toTensor(), w);
     if (v.isNone()) {
       w.key.push_back(K_NONE);
       return OK;
     }
-    if (scalar && (v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble())) {
-      PyObject* o;
-      if (v.isDouble()) {
-        o = PyFloat_FromDouble(v.toDouble());
-        w.key.push_back(K_SCALAR_DOUBLE);
-      } else if (v.isBool()) {
-        o = PyBool_FromLong(v.toBool());
-        w.key.push_back(K_SCALAR_BOOL);
-      } else if (v.isInt()) {
-        o = PyLong_FromLongLong(v.toInt());
-        w.key.push_back(K_SCALAR_INT);
-      } else {
-        auto c = v.toComplexDouble();
-        o = PyComplex_FromDoubles(c.real(), c.imag());
-        w.key.push_back(K_SCALAR_COMPLEX);
-      }
-      if (!o) return ERROR;
-      w.values.push_back(o);
-      return OK;
-    }
+    if (scalar && (v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble())) return traced_scalar(v, w);
     if (v.isBool()) {
       w.key.push_back(K_BOOL);
       w.key.push_back(v.toBool());
@@ -859,19 +952,7 @@ class FastKernel final : public c10::OperatorKernel {
       w.key.push_back(static_cast<int64_t>(l.size()));
       for (bool x : l) w.key.push_back(x);
     } else if (v.isList()) {   // Tensor[] and Tensor?[]
-      auto l = v.toListRef();
-      w.key.push_back(K_LIST);
-      w.key.push_back(static_cast<int64_t>(l.size()));
-      for (const auto& x : l) {
-        if (x.isNone()) {
-          w.key.push_back(K_NONE);
-        } else if (x.isTensor()) {
-          Verdict r = tensor(x.toTensor(), w);
-          if (r != OK) return r;
-        } else {
-          return BAIL;
-        }
-      }
+      return tensor_list(v, w);
     } else if (v.isDevice()) {
       // only the device of the tensors before it (`x.to(dtype)` passes x's own): a factory's device,
       // another device or an index to resolve are the Python kernel's
@@ -942,15 +1023,43 @@ class FastKernel final : public c10::OperatorKernel {
 
   // Run a fast entry; false (nothing changed, no Python error set) sends the call to the Python kernel.
   bool run(FastEntry& e, Work& w, torch::jit::Stack* stack) {
-    std::shared_ptr<const Plan> held = e.plan;   // (the entry may be dropped while the call runs: forget_executables)
-    const Plan& p = *held;
+    std::shared_ptr<const Plan> held_plan = e.plan;   // (the entry may be dropped while the call runs: forget_executables)
+    const Plan& p = *held_plan;
+    HeldRefs held;
     c10::SmallVector<PyObject*, 16> argv;
-    struct Owned {
-      c10::SmallVector<PyObject*, 16> items;
-      ~Owned() { for (PyObject* x : items) Py_DECREF(x); }
-    } owned_;
-    auto& owned = owned_.items;
-    PyObject* fn = p.fn;
+    PyObject* fn = nullptr;
+    if (!call_arguments(p, w, held, fn, argv)) return false;
+    PyObject* res = PyObject_Vectorcall(fn, argv.data(), argv.size(), nullptr);
+    if (!res) {
+      if (PyErr_ExceptionMatches(PyExc_Exception)) {   // the Python kernel runs it again and raises as it does
+        PyErr_Clear();
+        return false;
+      }
+      throw python_error();   // KeyboardInterrupt and the like: nothing was written
+    }
+    held.items.push_back(res);
+    PyObject* const* items = result_items(res, p);
+    if (!items) return false;
+    if (p.outs.empty()) {   // an in-place op: the written storages get their new buffers here
+      commit_writes(p, w, items);
+      note(p, items[p.mutated.size()]);   // (written: raised after the commit, as in Python)
+      return_written(stack);
+    } else {
+      note(p, items[p.outs.size()]);
+      push_outputs(p, w, items, stack);
+    }
+    count_hit();
+    g_fast_calls++;
+    return true;
+  }
+
+  // The function a fast entry calls and its arguments, held: the storages' buffers, a write's gate,
+  // the traced scalars, the offsets of partial views (kept device arrays for numbers on tpu:0,
+  // except for a memo plan's function, which keys the numbers themselves). False where the call
+  // goes to the Python kernel: an unwritten or queued buffer, a gate that does not fit.
+  static bool call_arguments(const Plan& p, const Work& w, HeldRefs& held, PyObject*& fn,
+                             c10::SmallVector<PyObject*, 16>& argv) {
+    fn = p.fn;
     bool raw_numbers = p.plain_fn != nullptr;
     if (raw_numbers && slot_of(p.entry, C.off_memo) == Py_None) {   // the memo gave up
       fn = p.plain_fn;
@@ -960,7 +1069,7 @@ class FastKernel final : public c10::OperatorKernel {
     if (!p.mutated.empty()) {
       PyObject* g = nullptr;
       Verdict v = write_gate(p, w, false, fn, gate, g);
-      if (g) owned.push_back(g);
+      if (g) held.items.push_back(g);
       if (v != OK) return false;
     }
     // (the arguments are held for the call: JAX may release the GIL while it runs, and another
@@ -970,18 +1079,14 @@ class FastKernel final : public c10::OperatorKernel {
       // (a result of a fused segment that ran, before the mode changed: its value)
       if (b && F.pending && Py_TYPE(b) == F.pending) b = slot_of(b, F.p_value);
       if (!b || Py_TYPE(b) != C.array_type) return false;   // unwritten (zeros) or queued: Python
-      Py_INCREF(b);
-      owned.push_back(b);
-      argv.push_back(b);
+      argv.push_back(held.hold(b));
     }
-    if (gate) argv.push_back(gate);   // (held by `g`)
+    if (gate) argv.push_back(gate);   // (held with the gate's tuple)
     bool cached = w.device == 0 && !raw_numbers;
     for (PyObject* v : w.values) {
       PyObject* a = cached ? device_scalar(v) : v;
       if (!a) throw python_error();   // nothing written yet
-      Py_INCREF(a);
-      owned.push_back(a);
-      argv.push_back(a);
+      argv.push_back(held.hold(a));
     }
     for (int64_t o : w.offsets) {
       PyObject* n = PyLong_FromLongLong(o);
@@ -989,60 +1094,27 @@ class FastKernel final : public c10::OperatorKernel {
         PyErr_Clear();
         return false;
       }
-      owned.push_back(n);
+      held.items.push_back(n);
       PyObject* a = cached ? device_scalar(n) : n;
       if (!a) throw python_error();
-      if (a != n) {
-        Py_INCREF(a);
-        owned.push_back(a);
-      }
-      argv.push_back(a);
+      argv.push_back(a == n ? a : held.hold(a));
     }
-    PyObject* res = PyObject_Vectorcall(fn, argv.data(), argv.size(), nullptr);
-    if (!res) {
-      if (PyErr_ExceptionMatches(PyExc_Exception)) {   // the Python kernel runs it again and raises as it does
-        PyErr_Clear();
-        return false;
-      }
-      throw python_error();   // KeyboardInterrupt and the like: nothing was written
-    }
-    struct Result {
-      PyObject* r;
-      ~Result() { Py_DECREF(r); }
-    } result_{res};
-    size_t n_results = p.outs.size() + p.mutated.size() + (p.checks ? 1 : 0);
-    PyObject* const* items = nullptr;
-    if (PyTuple_Check(res) && static_cast<size_t>(PyTuple_GET_SIZE(res)) == n_results) {
-      items = &PyTuple_GET_ITEM(res, 0);
-    } else if (PyList_Check(res) && static_cast<size_t>(PyList_GET_SIZE(res)) == n_results) {
-      items = &PyList_GET_ITEM(res, 0);
-    }
-    if (!items) return false;
-    if (p.outs.empty()) {
-      // an in-place op: the written storages get their new buffers here, with no Python code
-      // between the call's return and the last assignment (a Ctrl-C cannot land in between:
-      // eager/executable.py: call_and_commit); the old buffers are released after
-      c10::SmallVector<PyObject*, 4> old;
-      for (size_t i = 0; i < p.mutated.size(); i++) {
-        PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.records[p.mutated[i]]) + C.off_buffer);
-        old.push_back(*slot);
-        Py_INCREF(items[i]);
-        *slot = items[i];
-      }
-      for (PyObject* o : old) Py_XDECREF(o);
-      note(p, items[p.mutated.size()]);   // (written: raised after the commit, as in Python)
-      c10::IValue returned = torch::jit::last(*stack, n_args_)[alias_arg_];
-      torch::jit::drop(*stack, n_args_);
-      torch::jit::push(*stack, std::move(returned));
-      count_hit();
-      g_fast_calls++;
-      return true;
-    }
-    note(p, items[p.outs.size()]);
-    count_hit();
-    g_fast_calls++;
-    push_outputs(p, w, items, stack);
     return true;
+  }
+
+  // The items of an executable's results `res` (a tuple or list of the plan's length), or null
+  static PyObject* const* result_items(PyObject* res, const Plan& p) {
+    size_t n = p.outs.size() + p.mutated.size() + (p.checks ? 1 : 0);
+    if (PyTuple_Check(res) && static_cast<size_t>(PyTuple_GET_SIZE(res)) == n) return &PyTuple_GET_ITEM(res, 0);
+    if (PyList_Check(res) && static_cast<size_t>(PyList_GET_SIZE(res)) == n) return &PyList_GET_ITEM(res, 0);
+    return nullptr;
+  }
+
+  // An in-place or out= op returns the argument it wrote, in place of the arguments on the stack
+  void return_written(torch::jit::Stack* stack) const {
+    c10::IValue returned = torch::jit::last(*stack, n_args_)[alias_arg_];
+    torch::jit::drop(*stack, n_args_);
+    torch::jit::push(*stack, std::move(returned));
   }
 
   // The new output tensors over the results `items`, in place of the arguments on the stack.
@@ -1149,14 +1221,6 @@ class FastKernel final : public c10::OperatorKernel {
     Py_XDECREF(record);
     if (!ok || !count_new(e.nbytes, buffer != Py_None)) throw python_error();
     return t;
-  }
-
-  static void set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {
-    PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
-    PyObject* old = *p;
-    Py_INCREF(value);
-    *p = value;
-    Py_XDECREF(old);
   }
 
   static bool add_slot(PyObject* obj, Py_ssize_t offset, int64_t delta, int64_t* now) {
