@@ -22,9 +22,13 @@ Everything else runs the Python kernel, unchanged: a key seen for the first time
 failed device-side assert, a pending interrupt, XLA options in force, in strict mode an unwritten or
 queued input buffer, any error in strict mode (the Python kernel runs the op again and raises).
 
+What the C++ side reads of the Python side is one declared table, FastPathTable below (the live
+state it checks, the types whose slots it reads, the callables it calls, fusion's limits), read by
+name and checked at load; what a cache hit does there, step by step, is in docs/architecture.md.
+
 TORCHTPU_EAGER_FAST=0 (or TORCHTPU_NATIVE=off, or no C++ compiler) registers the Python kernels on
-PrivateUse1 as before. The library is compiled once per torch/Python version and source hash, like
-the device extension (device/native.py), and links libtorch_python.
+PrivateUse1 as before. The library is compiled once per torch/Python version, source hash and
+compiler flags, like the device extension (device/native.py), and links libtorch_python.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ class FastPathTable:
     memory_stats: dict  # device index -> MemoryStats
     storage_ref_type: type
     memory_stats_type: type
+    page_bytes: int  # storage/records.py's address spacing (a guard page after each storage)
     # the fused mode's queue (eager/fusion.py defer), with fusion's own limits
     open_segments: dict  # device index -> open _Segment
     sync_count: list
@@ -125,6 +130,7 @@ def _table(describe, run_method) -> FastPathTable:
         memory_stats=records._stats,
         storage_ref_type=records._StorageRef,
         memory_stats_type=records.MemoryStats,
+        page_bytes=records.PAGE_BYTES,
         open_segments=fusion._open,
         sync_count=fusion._syncs,
         fusion_lock=fusion._lock,

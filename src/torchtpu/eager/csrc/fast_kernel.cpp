@@ -22,6 +22,8 @@
 // a write strict mode donates, or an error — runs the Python kernel. The key is at least as fine
 // as the Python kernel's, so the entry it finds is the one the Python kernel would use.
 //
+// Everything it reads of the Python side comes from one table, eager/fastpath.py FastPathTable, read
+// by name at init (kTableNames); every rule not on this cache-hit path lives in Python only.
 // Loaded with ctypes.PyDLL (the GIL is held by every entry point called from Python).
 #include <Python.h>
 #include <structmember.h>
@@ -50,7 +52,7 @@ constexpr const char* kTableNames[] = {
     "records", "mode", "strict_mode", "fused_mode", "failed_asserts", "pending_interrupts", "xla_active",
     "unchecked_verdicts", "counters", "record_type", "array_type", "entry_type", "new_tensor", "describe",
     "device_scalar", "note_verdict", "run_method", "native_outputs", "address_counter", "memory_stats",
-    "storage_ref_type", "memory_stats_type", "open_segments", "sync_count", "fusion_lock",
+    "storage_ref_type", "memory_stats_type", "page_bytes", "open_segments", "sync_count", "fusion_lock",
     "pending_type", "segment_type", "min_ops", "limit", "cold_calls", "hot_syncs",
 };
 
@@ -74,6 +76,7 @@ struct Config {
   // what new_tensor (storage/records.py) touches, for making outputs here (tpu:0)
   bool native_outputs = false;
   PyObject* bump = nullptr;         // [next address]
+  int64_t page = 0;                 // the addresses' spacing unit: each storage ends with a guard page
   PyObject* stats = nullptr;        // device index -> MemoryStats
   PyObject* record_type = nullptr;  // StorageRecord
   PyObject* ref_type = nullptr;     // _StorageRef
@@ -1156,7 +1159,6 @@ class FastKernel final : public c10::OperatorKernel {
   // storage, the memory statistics. No Python tensor object is made (PyTorch makes one if the
   // result goes back to Python).
   static at::Tensor new_output(const Out& e, PyObject* device_obj, PyObject* buffer) {
-    constexpr int64_t kPage = 4096;
     {
       PyObject* key = PyLong_FromLong(0);
       if (!key) throw python_error();
@@ -1173,7 +1175,7 @@ class FastKernel final : public c10::OperatorKernel {
       throw python_error();
     }
     int64_t address = PyLong_AsLongLong(next);
-    PyObject* advanced = PyLong_FromLongLong(address + ((e.nbytes + 2 * kPage - 1) / kPage) * kPage);
+    PyObject* advanced = PyLong_FromLongLong(address + ((e.nbytes + 2 * C.page - 1) / C.page) * C.page);
     if (!advanced) throw python_error();
     if (PyList_SetItem(C.bump, 0, advanced) < 0) throw python_error();   // steals `advanced`
     c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(e.nbytes),
@@ -1742,7 +1744,12 @@ bool read_native_outputs(TableReader& t, PyObject* record_type) {
   C.stats = TableReader::keep(t.dict("memory_stats"));
   C.ref_type = TableReader::keep(t.type("storage_ref_type"));
   C.record_type = TableReader::keep(record_type);
-  if (!stats_type || !C.bump || !C.stats || !C.ref_type) return false;
+  C.page = t.integer("page_bytes");
+  if (!stats_type || !C.bump || !C.stats || !C.ref_type || PyErr_Occurred()) return false;
+  if (C.page <= 0) {
+    PyErr_SetString(PyExc_ValueError, "torchtpu fast path: FastPathTable.page_bytes is not positive");
+    return false;
+  }
   struct Slot {
     Py_ssize_t* offset;
     PyObject* type;
