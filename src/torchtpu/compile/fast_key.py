@@ -1,5 +1,5 @@
 """A compiled graph's fast key: the previous call's key, checked in a few C-level passes over the
-next call's tensors (eager/csrc/fast_kernel.cpp graph_match) instead of keyed input by input."""
+next call's tensors (eager/csrc/outputs.cpp graph_match) instead of keyed input by input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The eager engine's C++ fast path (csrc/fast_kernel.cpp), in front of the Python kernels.
+"""The eager engine's C++ fast path (csrc/: fast_path.h names its files), in front of the Python kernels.
 
 A strict-mode eager op used to cost, besides the executable call itself, PyTorch's boxing of the
 arguments into Python objects, the engine's Python key building and lookup, and the output tensor:
@@ -50,7 +50,12 @@ from . import asserts, fusion, interrupts, limits, modes, xla_options
 from .device_scalars import device_scalar
 from .entry import Entry
 
-_SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
+# the fast path's files (csrc/fast_path.h names each one's step), compiled as one unit
+_CSRC = pathlib.Path(__file__).with_name("csrc")
+_SOURCES = tuple(
+    _CSRC / name
+    for name in ("fast_path.h", "call_key.cpp", "fused_queue.cpp", "outputs.cpp", "table.cpp", "fast_kernel.cpp")
+)
 _lib = [None]
 _graph_functions = [None]
 _tried = [False]
@@ -59,7 +64,7 @@ _problem = [None]
 
 @dataclasses.dataclass(frozen=True)
 class FastPathTable:
-    """Everything the C++ fast path reads of the Python side, by name: csrc/fast_kernel.cpp reads
+    """Everything the C++ fast path reads of the Python side, by name: csrc/table.cpp reads
     each field as an attribute (its kTableNames lists the same names; `load` refuses a library whose
     list differs) and checks its type at init. The lists and dicts are the live objects the Python
     engine reads and writes, so both sides see one state."""
@@ -216,7 +221,7 @@ def _build_library() -> pathlib.Path:
     if failed.exists():
         raise RuntimeError(f"building the fast path failed before; see {failed}")
     try:
-        return native.build(_SOURCES, "tpu_fast", python=True)
+        return native.build(_SOURCES, "tpu_fast", python=True, unity=True)
     except Exception as e:
         if native.compiler() is not None:
             try:
@@ -233,7 +238,7 @@ def _declare(lib) -> None:
     names = set(lib.torchtpu_fast_table_names())
     if names != fields:
         raise RuntimeError(
-            "csrc/fast_kernel.cpp kTableNames and fastpath.py FastPathTable differ: "
+            "csrc/fast_path.h kTableNames and fastpath.py FastPathTable differ: "
             f"only in C++ {sorted(names - fields)}, only in Python {sorted(fields - names)}"
         )
     lib.torchtpu_fast_init.argtypes = [ctypes.py_object]

@@ -25,7 +25,7 @@ Only executables that already ran once are queued (their number of results is kn
 op's first call, and PyTorch's errors for bad arguments, happen at the op as in "strict" mode; an
 executable not queued recently ("cold", below) is not queued either but runs at once.
 
-`defer` has a twin in C++ (csrc/fast_kernel.cpp FastKernel::queue), which appends a warm op's step
+`defer` has a twin in C++ (csrc/fused_queue.cpp queue), which appends a warm op's step
 when nothing is to decide and leaves every decision here: a change to the layout of a step, a
 `_Segment` or a `Pending`, or to when an op is cold, is a change to both.
 """
