@@ -566,7 +566,7 @@ def test_second_process_compiles_nothing_the_disk_cache_holds(tmp_path):
     assert runs[1] == {"hits": runs[0]["misses"], "misses": 0}, runs
 
 
-# ---------------------------------------------------------------- the fast key (backend._FastKey)
+# ---------------------------------------------------------------- the fast key (compile/fast_key.py)
 def _graph_of(fn, *args):
     """The CompiledGraph `torch.compile(fn)` runs on `args`, and the argument list it got."""
     from torchtpu.compile import backend as B
@@ -729,11 +729,11 @@ def test_large_written_storages_are_donated_when_a_small_one_is_shared(monkeypat
 
 
 def test_fast_key_with_traced_ints(monkeypatch, fast_key_kind):
-    from torchtpu.compile import backend as B
+    from torchtpu.compile.fast_key import FastKey
 
     hits = []
-    match = B._FastKey.match
-    monkeypatch.setattr(B._FastKey, "match", lambda self, g, a: hits.append(match(self, g, a)) or hits[-1])
+    match = FastKey.match
+    monkeypatch.setattr(FastKey, "match", lambda self, g, a: hits.append(match(self, g, a)) or hits[-1])
     with torch.compiler.config.patch(dynamic_sources=r".*\.n$"):
         step = torch.compile(_step, backend="tpu", dynamic=False)
         x, buf = torch.randn(4), torch.zeros(3)

@@ -187,12 +187,12 @@ def test_views_at_changing_offsets_share_one_executable():
 def test_crowded_memory_maps_forget_executables_and_work_goes_on(monkeypatch):
     # XLA:CPU maps every executable; past half of vm.max_map_count the engine drops its caches
     # (a long test run or op sweep would otherwise abort inside XLA at the kernel's cap).
-    from torchtpu.eager import engine
+    from torchtpu.eager import limits
 
     with open("/proc/self/maps", "rb") as f:
         now = f.read().count(b"\n")
-    monkeypatch.setattr(engine, "_MAP_LIMIT", 2 * now)  # already crowded
-    monkeypatch.setattr(engine, "CHECK_EVERY", 4)
+    monkeypatch.setattr(limits, "_MAP_LIMIT", 2 * now)  # already crowded
+    monkeypatch.setattr(limits, "CHECK_EVERY", 4)
     forgotten = torchtpu.metrics()["executables_forgotten"]
     x = torch.arange(12.0, device="tpu")
     outs = [(x[:n] * 3 + n).sum() for n in range(1, 12)]  # new shapes: new executables
@@ -424,7 +424,7 @@ def test_in_place_ops_on_large_storages_donate_unshared_buffers():
     """An in-place op on a storage of at least DONATE_BYTES gives XLA the old buffer when nothing else
     refers to it (eager/engine.py); a buffer shared with a clone is kept, and every tensor involved
     reads the right values afterwards."""
-    from torchtpu.eager.engine import DONATE_BYTES
+    from torchtpu.eager.entry import DONATE_BYTES
 
     n = DONATE_BYTES // 4
     base = torch.randn(4, n // 4)

@@ -119,7 +119,7 @@ def test_autograd_through_the_fast_path():
 
 
 def test_forget_executables_clears_the_fast_entries():
-    from torchtpu.eager.engine import forget_executables
+    from torchtpu.eager.limits import forget_executables
 
     a, b = torch.randn(4096, device="tpu"), torch.randn(4096, device="tpu")
     a - b

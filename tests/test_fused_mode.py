@@ -1,6 +1,7 @@
 """The "fused" eager mode (eager/fusion.py): queued ops, repeated stretches run as one executable."""
 
 import copy
+import gc
 import os
 import subprocess
 import sys
@@ -85,6 +86,20 @@ def test_the_cpp_queue_makes_the_segments_the_python_queue_makes(fused):
         fastpath.set_fused_queue(was)
     assert _count("fused_compiles") == compiles
     assert _count("fused_runs") - runs == 5
+
+
+@pytest.mark.skipif(not fastpath.loaded(), reason="the C++ fast path is not built here")
+def test_segments_queued_in_cpp_are_freed_once_run(fused):
+    # each step the C++ queue appends holds its segment only through its results: once the segment
+    # ran and its tensors are gone, nothing keeps it (a reference counted twice kept every one)
+    da, db, expected = _warm_loop()
+    queued_here = fastpath.stats()["queued_here"]
+    for _ in range(20):
+        assert_close(_step(da, db).cpu(), expected)
+    assert fastpath.stats()["queued_here"] > queued_here
+    gc.collect()
+    alive = [o for o in gc.get_objects() if type(o) is fusion._Segment]
+    assert len(alive) <= 1  # (at most the open one)
 
 
 def test_a_stretch_of_strict_mode_leaves_the_fused_loop_warm(fused):

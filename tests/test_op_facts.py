@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchtpu  # noqa: F401  (fills the table)
-from torchtpu.eager import data_dependent, kernels
+from torchtpu.eager import build, data_dependent, kernels
 from torchtpu.ops import argument_checks, resolve
 from torchtpu.ops.graph_lowerings import GRAPH_LOWERINGS, RANDOM_GRAPH_OPS
 from torchtpu.ops.table import (
@@ -75,8 +75,8 @@ def test_real_only_without_lowering_names_unlowered_aten_ops():
 def test_derived_tables_are_read_only_views_of_the_declarations():
     for table, kind in (
         (argument_checks.CHECKS, "host_check"),
-        (kernels.META_CHECKS, "meta_check"),
-        (kernels.META_OVERRIDES, "meta"),
+        (build.META_CHECKS, "meta_check"),
+        (build.META_OVERRIDES, "meta"),
         (kernels._MISSING_META, "missing_meta"),
         (data_dependent.MASK_ARGUMENT_OPS, "mask_args"),
         (resolve._INPLACE_TWINS, "inplace_variant"),

@@ -170,37 +170,9 @@ def run(args) -> int:
                 results.unlink(missing_ok=True)
                 env = _device_env(device)
                 env[RESULTS_ENV], env[TIMEOUT_ENV] = str(results), str(args.test_timeout)
-                command = [
-                    sys.executable,
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-p",
-                    "no:cacheprovider",
-                    "-p",
-                    "transformers_tests",
-                    *(["-n0"] if _has_xdist() else []),
-                    test_file,
-                ]
-                if args.k:
-                    command += ["-k", args.k]
-                command += args.pytest_args
                 start = time.time()
-                try:
-                    done = subprocess.run(
-                        command,
-                        cwd=checkout,
-                        env=env,
-                        capture_output=True,
-                        text=True,
-                        check=False,
-                        timeout=args.file_timeout,
-                    )
-                    status = f"rc={done.returncode}"
-                    if done.returncode not in (0, 1, 5):  # 2: interrupted, 3: internal error, 4: usage
-                        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-                        status += " " + " | ".join(tail)
-                except subprocess.TimeoutExpired:
+                status = run_file(test_file, checkout, env, args.k, args.pytest_args, args.file_timeout)
+                if status is None:
                     status = f"file ran over {args.file_timeout} s (--file-timeout): results so far kept"
                     with open(results, "a") as f:
                         f.write(
@@ -219,6 +191,39 @@ def run(args) -> int:
         spec.unlink(missing_ok=True)
     print()
     return report(argparse.Namespace(out=str(out), markdown=args.markdown, by_class=args.by_class))
+
+
+def run_file(test_file, cwd, env, k, pytest_args, file_timeout, pytest_flags=()) -> str | None:
+    """Run one test file in its own pytest process with the recorder (-p transformers_tests; `env`
+    names its results file): how the process ended ("rc=N", with the output's last lines when the
+    code is not pytest's passed/failed/no tests: a negative code is the signal that killed it), or
+    None when it ran over `file_timeout` (the results recorded so far stay)."""
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        *pytest_flags,
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "transformers_tests",
+        *(["-n0"] if _has_xdist() else []),
+        test_file,
+    ]
+    if k:
+        command += ["-k", k]
+    command += pytest_args
+    try:
+        done = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=file_timeout
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    ending = f"rc={done.returncode}"
+    if done.returncode not in (0, 1, 5):  # 2: interrupted, 3: internal error, 4: usage, < 0: a signal
+        ending += " " + " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+    return ending
 
 
 def _has_xdist() -> bool:

@@ -33,11 +33,10 @@ import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import time
 
-from transformers_tests import RESULTS_ENV, TIMEOUT_ENV, _has_xdist, cause_of
+from transformers_tests import RESULTS_ENV, TIMEOUT_ENV, cause_of, run_file
 
 DEVICES = ("cpu", "tpu")
 # PrivateUse1TestBase names its classes TestFooPRIVATEUSE1 (older releases: TestFooTPU)
@@ -103,40 +102,19 @@ def run(args) -> int:
             done_before = _recorded_ids(results) if args.resume else []
             if not args.resume:
                 results.unlink(missing_ok=True)
-            command = [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-q",
-                "--noconftest",
-                "-p",
-                "no:cacheprovider",
-                "-p",
-                "transformers_tests",
-                *(["-n0"] if _has_xdist() else []),
-                test_file,
-            ]
-            if args.k:
-                command += ["-k", args.k]
-            for test_id in done_before:  # --resume: what a file that ran out of time left
-                command += ["--deselect", test_id]
-            command += args.pytest_args
+            # --resume: only what a file that ran out of time left
+            deselected = [arg for test_id in done_before for arg in ("--deselect", test_id)]
             start = time.time()
-            try:
-                done = subprocess.run(
-                    command,
-                    cwd=test_root,
-                    env=_device_env(device, results, args.test_timeout, args.eager_mode),
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                    timeout=args.file_timeout,
-                )
-                ending = f"rc={done.returncode}"
-                if done.returncode not in (0, 1, 5):  # a signal (negative), an interrupt or a usage error
-                    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-                    ending += " " + " | ".join(tail)
-            except subprocess.TimeoutExpired:
+            ending = run_file(
+                test_file,
+                test_root,
+                _device_env(device, results, args.test_timeout, args.eager_mode),
+                args.k,
+                deselected + args.pytest_args,
+                args.file_timeout,
+                pytest_flags=("--noconftest",),  # (the checkout's conftest wants PyTorch's CI plugins)
+            )
+            if ending is None:
                 ending = f"ran over {args.file_timeout:g} s (--file-timeout): results so far kept"
             key = f"{device} {test_file}"
             endings[key] = ending

@@ -11,7 +11,7 @@ inputs: BatchNorm statistics, KV caches, optimizer state) back through the input
 executable and gives the storages their new buffers, and wraps the outputs as new tpu tensors. No
 value crosses to the host. A call whose tensors are the previous call's, or lie on other storages
 the same way (a decode step: the same weights and cache, new token ids), reuses its key after a
-few C-level checks (_FastKey) instead of keying input by input.
+few C-level checks (compile/fast_key.py) instead of keying input by input.
 """
 
 from __future__ import annotations
@@ -19,23 +19,21 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-import sys
 import threading
 import time
 import warnings
-from itertools import compress, repeat
-from operator import ne
+from itertools import repeat
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch._C._dynamo.guards import TensorGuards
 
 from ..device import platform
 from ..device.state import current_device
 from ..eager import asserts, tpu_check, xla_options
-from ..eager.engine import DONATE_BYTES, scalar_key
+from ..eager.build import META_CHECKS
+from ..eager.entry import DONATE_BYTES, scalar_key
 from ..eager.executable import (
     Program,
     TensorArg,
@@ -49,7 +47,6 @@ from ..eager.executable import (
     traced_function,
 )
 from ..eager.fastpath import graph_functions
-from ..eager.kernels import META_CHECKS
 from ..eager.random import next_rng_args
 from ..eager.xla_options import ACTIVE as _xla_active
 from ..metrics import counters as _counters
@@ -59,7 +56,10 @@ from ..ops.linalg import matmul_precision
 from ..ops.resolve import NotLowered
 from ..storage.records import RECORDS, covers, donatable, is_dense, new_tensor
 from . import graph_placers, options
+from .fast_key import FAST_GIVE_UP, FastKey, picker
+from .graph_facts import dense_order, fill_aliases, host_int_outputs, output_aliases, value_int_inputs, with_aliases
 from .host_writes import plan_host_writes
+from .recompiles import log_recompile
 
 log = logging.getLogger("torchtpu.compile")
 _Tensor = torch.Tensor
@@ -70,7 +70,7 @@ TIMES = {"trace_s": 0.0, "xla_compile_s": 0.0}
 
 def _check_arguments(graph):
     """The argument checks PyTorch's CPU kernels make and its meta kernels (which traced the graph) do
-    not (eager/kernels.py META_CHECKS): bad input gets PyTorch's error, as in eager mode."""
+    not (eager/build.py META_CHECKS): bad input gets PyTorch's error, as in eager mode."""
 
     def meta(a):
         return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
@@ -82,17 +82,6 @@ def _check_arguments(graph):
                 check(*[meta(a) for a in node.args], **{k: meta(v) for k, v in node.kwargs.items()})
 
 
-def _dense_order(shape, stride):
-    """Dims from outermost to innermost if (shape, stride) is a dense, non-overlapping layout."""
-    dims = sorted(range(len(shape)), key=lambda d: (-stride[d], -d))
-    expected = 1
-    for d in reversed(dims):
-        if shape[d] != 1 and stride[d] != expected:
-            return None
-        expected *= shape[d]
-    return dims
-
-
 def _out_layout(val):
     """(shape, dtype, stride, order) PyTorch expects for a graph output, from its meta value."""
     if not isinstance(val, _Tensor):
@@ -100,7 +89,7 @@ def _out_layout(val):
     shape, stride = tuple(val.shape), tuple(val.stride())
     if not all(type(x) is int for x in shape + stride) or type(val.storage_offset()) is not int:
         return None  # symbolic (dynamic-shape graph): contiguous outputs
-    order = _dense_order(shape, stride) if val.storage_offset() == 0 else None
+    order = dense_order(shape, stride) if val.storage_offset() == 0 else None
     if order is None or order == list(range(len(shape))):
         return (shape, val.dtype, None, None)
     return (shape, val.dtype, stride, tuple(order))
@@ -132,12 +121,12 @@ class Entry:
     def finish(self, outs_meta):
         """The per-call helpers, once the outputs are known: `written` picks the records the call
         writes; `tensor_outs` (shapes, dtypes, strides), when every output is a tensor the executable
-        returns or an alias made on the host ("A", _output_aliases), builds the returned ones in one
+        returns or an alias made on the host ("A", output_aliases), builds the returned ones in one
         C-level pass; `array_positions` says where they go when aliases sit between them."""
         self.outs = list(outs_meta)
         self.n_arrays = sum(o[0] == "T" for o in self.outs)
         slots = self.mutated_slots
-        self.written = (lambda records: ()) if not slots else _picker(slots)
+        self.written = (lambda records: ()) if not slots else picker(slots)
         arrays = [o for o in self.outs if o[0] == "T"]
         if arrays and all(o[0] in "TA" for o in self.outs):
             self.tensor_outs = tuple(zip(*[o[1:] for o in arrays]))
@@ -153,204 +142,8 @@ def _new_tensors(shapes, dtypes, strides, device, results):
     return list(map(new_tensor, shapes, dtypes, repeat(device), results, strides))
 
 
-def _host_int_outputs(graph, out_vals):
-    """For each graph output that is a symbolic int (`cache.cumulative_length_int += 1` returns its
-    new value): a function of the call's arguments computing it on the host from the graph's own
-    int arithmetic, so the value comes back without a device round trip. {output index: fn}."""
-    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
-    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
-    ph_index = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
-    found = {}
-    for i, (node, val) in enumerate(zip(outs, out_vals)):
-        if isinstance(val, torch.SymInt) and isinstance(node, torch.fx.Node):
-            fn = _host_int_fn(node, ph_index)
-            if fn is not None:
-                found[i] = fn
-    return found
-
-
-def _host_int_fn(node, ph_index):
-    """`args -> int` evaluating `node` from int placeholders and Python arithmetic, or None."""
-    if node.op == "placeholder":
-        i = ph_index[node]
-        return lambda args: args[i]
-    val = node.meta.get("val")
-    if type(val) is int:
-        return lambda args: val
-    target = node.target
-    if (
-        node.op != "call_function"
-        or node.kwargs
-        or not (
-            getattr(target, "__module__", "") in ("_operator", "operator", "math", "builtins")
-            or target in (torch.sym_max, torch.sym_min, torch.sym_not)
-        )
-    ):
-        return None
-    parts = []
-    for a in node.args:
-        if isinstance(a, torch.fx.Node):
-            f = _host_int_fn(a, ph_index)
-            if f is None:
-                return None
-            parts.append(f)
-        elif type(a) in (int, bool):
-            parts.append(lambda args, a=a: a)
-        else:
-            return None
-    return lambda args: target(*[f(args) for f in parts])
-
-
 class _Rekey(Exception):
     """The graph stopped tracing its int inputs: the call's key must be built again."""
-
-
-def _free_symbols(value):
-    """The shape symbols a graph value's sizes, strides and offset use (empty when all are ints)."""
-    found = set()
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            found |= _free_symbols(v)
-    elif isinstance(value, _Tensor):
-        for x in (*value.shape, *value.stride(), value.storage_offset()):
-            if isinstance(x, torch.SymInt):
-                found |= x.node.expr.free_symbols
-    return found
-
-
-def _value_int_inputs(graph):
-    """Placeholders holding a symbolic int that no tensor's shape depends on (a cache position, an
-    offset Dynamo was told to keep dynamic): they travel as traced scalars, so a new value reuses
-    the executable instead of compiling one per value. Ints a shape depends on stay baked in."""
-    in_shapes = set()
-    for node in graph.nodes:
-        in_shapes |= _free_symbols(node.meta.get("val"))
-    found = set()
-    for i, node in enumerate(n for n in graph.nodes if n.op == "placeholder"):
-        val = node.meta.get("val")
-        if isinstance(val, torch.SymInt) and val.node.expr.is_Symbol and val.node.expr not in in_shapes:
-            found.add(i)
-    return frozenset(found)
-
-
-_ALIAS_ONLY = frozenset({torch.ops.aten._unsafe_view.default})  # not views by schema; views on the device
-
-
-def _view_step(node):
-    """(op, other args, kwargs) if `node` is a view op (by schema, or `_unsafe_view`) of its first argument
-    whose other arguments are plain values (no graph values, no symbolic sizes), else None."""
-    target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-        return None
-    if not (target.is_view or target in _ALIAS_ONLY) or not node.args or not isinstance(node.args[0], torch.fx.Node):
-        return None
-
-    def plain(a):
-        if isinstance(a, (list, tuple)):
-            return all(plain(x) for x in a)
-        return not isinstance(a, (torch.fx.Node, torch.SymInt, torch.SymFloat, torch.SymBool))
-
-    rest = tuple(node.args[1:])
-    if not plain(rest) or not plain(tuple(node.kwargs.values())):
-        return None
-    return target, rest, dict(node.kwargs)
-
-
-def _dense_at_zero(val):
-    """True when the backend returns the output `val` with exactly its meta strides (_out_layout)."""
-    if not isinstance(val, _Tensor):
-        return False
-    shape, stride = tuple(val.shape), tuple(val.stride())
-    return (
-        all(type(x) is int for x in shape + stride)
-        and val.storage_offset() == 0
-        and _dense_order(shape, stride) is not None
-    )
-
-
-def _output_aliases(graph, mutated, out_vals):
-    """Graph outputs that are a graph input or another output, directly or through view ops: a training
-    forward returns every weight it saves for the backward (`primals_5`, `t(primals_5)`) and outputs
-    twice (`detach(rsqrt)` beside `rsqrt`, a cache tensor returned and saved). Returned by the executable,
-    each is a copy XLA makes per call (the forward of a 4-layer Llama copied 79 buffers, every weight);
-    made on the host as views of the input or of the other output, they cost a few microseconds each.
-
-    Returns (plan, input positions): the plan lists (output position, "in" or "out", index, view steps)
-    in an order where an output another one views comes first; "in" indexes the input positions."""
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    ph_index = {n: i for i, n in enumerate(placeholders)}
-    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
-    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
-    mutated = set(mutated)
-
-    def to_input(node):
-        """(placeholder index, view steps from it) if `node` is an unmutated tpu input or a view of one."""
-        steps = []
-        while node.op != "placeholder":
-            step = _view_step(node)
-            if step is None:
-                return None
-            steps.append(step)
-            node = node.args[0]
-        val = node.meta.get("val")
-        if ph_index[node] in mutated or not isinstance(val, _Tensor) or val.device.type != "tpu":
-            return None
-        return ph_index[node], steps[::-1]
-
-    found = {}
-    first = {}  # node -> position of the output the executable returns for it
-    for pos, node in enumerate(outs):
-        if not isinstance(node, torch.fx.Node) or not isinstance(out_vals[pos], _Tensor):
-            continue
-        src = to_input(node)
-        if src is not None:
-            found[pos] = ("in", src[0], src[1])
-        elif node in first:
-            found[pos] = ("out", first[node], [])
-        else:
-            first[node] = pos
-    for pos, node in enumerate(outs):  # views of returned outputs
-        if pos in found or not isinstance(node, torch.fx.Node) or first.get(node) != pos:
-            continue
-        steps, cur = [], node
-        while True:
-            step = _view_step(cur)
-            if step is None:
-                break
-            steps.append(step)
-            cur = cur.args[0]
-            base = first.get(cur)
-            if base is not None and base not in found and _dense_at_zero(out_vals[base]):
-                found[pos] = ("out", base, steps[::-1])
-                break
-    inputs = sorted({src for kind, src, _ in found.values() if kind == "in"})
-    plan = [
-        (pos, kind, inputs.index(src) if kind == "in" else src, steps)
-        for pos, (kind, src, steps) in sorted(found.items())
-    ]
-    # an output viewing another output: a base an alias points at is never an alias itself (above)
-    return plan, inputs
-
-
-def _with_aliases(made, positions, n_outs, plan, bases):
-    """All outputs: the executable's (`made`, at `positions`) and the aliases of the plan."""
-    outs = [None] * n_outs
-    for p, t in zip(positions, made):
-        outs[p] = t
-    return _fill_aliases(outs, plan, bases)
-
-
-def _fill_aliases(outs, plan, bases):
-    """Fill the plan's positions of `outs` with views of the inputs `bases` or of other outputs."""
-    alias = torch.ops.aten.alias.default
-    for pos, kind, src, steps in plan:
-        value = bases[src] if kind == "in" else outs[src]
-        if not steps:
-            value = alias(value)  # its own tensor object, sharing the storage
-        for op, rest, kwargs in steps:
-            value = op(value, *rest, **kwargs)
-        outs[pos] = value
-    return outs
 
 
 class CompiledGraph:
@@ -358,8 +151,8 @@ class CompiledGraph:
 
     _boxed_call = True
     capture = False  # benchmarks: keep (executable, raw inputs) of the last call in `captured`
-    fast_key = True  # key a call like the last one in a few C-level passes (_FastKey); off: input by input
-    alias_outputs = True  # outputs that are inputs or views of inputs/outputs made on the host (_output_aliases)
+    fast_key = True  # key a call like the last one in a few C-level passes (FastKey); off: input by input
+    alias_outputs = True  # outputs that are inputs or views of inputs/outputs made on the host (output_aliases)
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str):
         self.gm = gm
@@ -381,18 +174,18 @@ class CompiledGraph:
             n.meta.get("val") if isinstance(n, torch.fx.Node) else n
             for n in (outs if isinstance(outs, (list, tuple)) else [outs])
         ]
-        self.value_ints = _value_int_inputs(gm.graph)
-        self.host_ints = _host_int_outputs(gm.graph, self.out_vals) if self.value_ints else {}
+        self.value_ints = value_int_inputs(gm.graph)
+        self.host_ints = host_int_outputs(gm.graph, self.out_vals) if self.value_ints else {}
         self.alias_plan, self.alias_inputs = [], []
         if CompiledGraph.alias_outputs and self.placement is None:
-            self.alias_plan, self.alias_inputs = _output_aliases(
+            self.alias_plan, self.alias_inputs = output_aliases(
                 gm.graph, self.program.mutated_placeholders, self.out_vals
             )
         self.aliased = frozenset(p[0] for p in self.alias_plan)
         self.written_inputs = frozenset(self.program.mutated_placeholders)
         self.cache = {}
         self.last_key = None
-        self._fast = None  # _FastKey of the last call (see there), or None
+        self._fast = None  # FastKey of the last call (see there), or None
         self._fast_misses = 0  # calls keyed the slow way since the last fast hit
         self.lock = threading.RLock()
         _counters.compiled_graphs += 1
@@ -456,7 +249,7 @@ class CompiledGraph:
             made = entry.make_outputs(*entry.tensor_outs, dev, results)
             if bases is None:
                 return made
-            return _with_aliases(made, entry.array_positions, len(entry.outs), self.alias_plan, bases)
+            return with_aliases(made, entry.array_positions, len(entry.outs), self.alias_plan, bases)
         outputs = []
         it = iter(results[: entry.n_arrays])
         for o in entry.outs:
@@ -470,20 +263,20 @@ class CompiledGraph:
             else:
                 outputs.append(o[1])
         if bases is not None:
-            _fill_aliases(outputs, self.alias_plan, bases)
+            fill_aliases(outputs, self.alias_plan, bases)
         return outputs
 
     def _remember(self, args, key, entry, records, offsets, device, reshapes):
-        """Keep what keying this call found as the graph's fast key (_FastKey), where the call fits
+        """Keep what keying this call found as the graph's fast key (FastKey), where the call fits
         one: every argument a tpu tensor with elements, on its own storage, or an int `value_ints`
         traces. A graph whose calls keep missing it stops building them (and trying them)."""
-        if self._fast_misses > _FAST_GIVE_UP or not self.fast_key:
+        if self._fast_misses > FAST_GIVE_UP or not self.fast_key:
             self._fast = None
             return
         self._fast_misses += 1
-        self._fast = _FastKey.of(args, key, entry, records, offsets, device, self.value_ints)
+        self._fast = FastKey.of(args, key, entry, records, offsets, device, self.value_ints)
         if self._fast is not None:
-            self._fast.reshapes = reshapes  # (its records keep their shapes: _FastKey checks)
+            self._fast.reshapes = reshapes  # (its records keep their shapes: FastKey checks)
 
     def _key(self, args):
         """The cache key of a call (the same tensor keys as eager ops: executable.key_tensor), the
@@ -542,7 +335,7 @@ class CompiledGraph:
             if entry is not None:
                 return entry
             if self.cache and options.recompile_logging_enabled():
-                _log_recompile(self, self.last_key, key)
+                log_recompile(self, self.last_key, key)
             t0 = time.perf_counter()
             entry = self._trace(key, args, records, device)
             self.cache[key] = entry
@@ -566,6 +359,24 @@ class CompiledGraph:
             raise _Rekey() from None
 
     def _trace_with(self, key, args, records, device, value_ints):
+        """The entry for this call form: the graph traced into one function over the storages'
+        buffers (_traced), compiled for the call's device (_compile, or the graph's placement)."""
+        entry, traced, outs_meta, n_off = self._traced(args, records, value_ints)
+        dev = device if device >= 0 else current_device()
+        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(dev))
+        entry.sample = _sample(args, records, sharding, self.program.random, n_off, value_ints, self.written_inputs)
+        if self.placement is not None:
+            return self._placed(entry, traced, outs_meta)
+        jitted, plain = self._compile(entry, traced, sharding, records)
+        tpu_check.check(jitted, entry.sample, self.where)
+        entry.fn_plain = plain if entry.donate else entry.fn
+        entry.finish(outs_meta)
+        return entry
+
+    def _traced(self, args, records, value_ints):
+        """A new entry, the traced function of the graph as eager/executable.py builds it (read each
+        input's view from its storage, run the graph, write the mutated inputs back), the outputs'
+        metadata (filled while it traces) and the number of traced offsets."""
         program = self.program
         template, n_cpu, n_off = _template(args, records, value_ints)
         nb = len(records)
@@ -585,7 +396,7 @@ class CompiledGraph:
         def run(inputs, key):
             outputs, mutations = program.run(inputs, key)
             outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-            if aliased:  # made on the host as views (_output_aliases): not returned, so not copied
+            if aliased:  # made on the host as views (output_aliases): not returned, so not copied
                 outputs = [None if i in aliased else v for i, v in enumerate(outputs)]
             return outputs, [mutations[i] for i in written], [jnp.asarray(mutations[i]) for i in cpu_mutations]
 
@@ -612,7 +423,7 @@ class CompiledGraph:
         )
         entry.mutated_slots = mutated_slots
         # the large written storages (a KV cache) are updated in place, as eager in-place ops do
-        # (engine.DONATE_BYTES); a small one (a cache's position counter), often shared with a kept
+        # (entry.DONATE_BYTES); a small one (a cache's position counter), often shared with a kept
         # memo result, must not keep the others from being donated
         entry.donated_slots = tuple(s for s in mutated_slots if records[s].nbytes >= DONATE_BYTES)
         entry.donate = bool(entry.donated_slots) and options.donation_enabled()
@@ -622,17 +433,18 @@ class CompiledGraph:
         entry.host_writes = host_writes
         entry.host_inputs = [(i, pos) for pos, i in enumerate(cpu_index) if i in cpu_tensors]
         entry.fused = traced
-        dev = device if device >= 0 else current_device()
-        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(dev))
-        entry.sample = _sample(args, records, sharding, program.random, n_off, value_ints, self.written_inputs)
-        if self.placement is not None:
-            return self._placed(entry, traced, outs_meta)
+        return entry, traced, outs_meta, n_off
+
+    def _compile(self, entry, traced, sharding, records):
+        """Trace and compile `traced` now (the output metadata is known, and compile time lands
+        here), donating the large written buffers unless XLA would copy them; (the jitted function,
+        the executable without donation or None)."""
+        nb = len(records)
         jitted = jax.jit(
             traced,
             donate_argnums=entry.donated_slots if entry.donate else (),
             out_shardings=sharding if nb == 0 else None,
         )
-        # trace and compile now: the output metadata is known, and compile time lands here
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
             t0 = time.perf_counter()
@@ -663,10 +475,7 @@ class CompiledGraph:
                 t2 = time.perf_counter()
         TIMES["trace_s"] += t1 - t0
         TIMES["xla_compile_s"] += t2 - t1
-        tpu_check.check(jitted, entry.sample, self.where)
-        entry.fn_plain = plain if entry.donate else entry.fn
-        entry.finish(outs_meta)
-        return entry
+        return jitted, plain
 
     def _placed(self, entry, traced, outs_meta):
         """The executable as the graph's placement compiles it (no donation: its buffers are this
@@ -734,186 +543,6 @@ def _input_buffers(records):
     if set(map(type, dyn)) <= _ARRAYS:
         return dyn
     return input_buffers(records)
-
-
-_data_ptr = _Tensor.data_ptr
-_FAST_GIVE_UP = 64  # slow keyings in a row after which a graph stops building fast keys
-
-
-class _FastKey:
-    """The previous call's key and what it was built from, to key the next call in a few C-level
-    passes instead of one Python step per input (a decode step passes the same weights and cache
-    tensors each time: keying them was most of the call's host work).
-
-    A call matches when its tensors are what the remembered ones were (dtype, device, conjugate and
-    negative bits, sizes and strides; eager/fastpath.py graph_functions, one C++ pass; without
-    the C++ library PyTorch's TensorGuards, which check that and more) and lie where they lay: each
-    its storage address and offset (the data pointer, without the library). An address names one
-    storage forever and storages' address ranges never overlap (storage/records.py), and a tensor
-    with elements lies inside its storage, so an unchanged place is the same storage at the same
-    offset: the same record, slot and traced offset. A tensor that moved (the next token's ids,
-    `timesteps[i]`) is keyed again alone: its storage's record must have the remembered dtype, size
-    and device, its partial-view status must be the same, and no two arguments may share a storage;
-    otherwise the call is keyed the slow way. Matmul precision and XLA options, which the key holds,
-    are compared too. Nothing here keeps a tensor, a record or a buffer alive: storages are
-    remembered by address and looked up in RECORDS.
-
-    `state` (where the tensors lie: the C++ fingerprint or the data pointers; storage addresses,
-    traced offsets and their int64 scalars) is replaced whole, never changed in place, so a thread
-    reads one consistent snapshot."""
-
-    __slots__ = (
-        "device",
-        "entry",
-        "graph_match",
-        "graph_records",
-        "guards",
-        "ints",
-        "key",
-        "meta",
-        "n",
-        "partial",
-        "pick",
-        "precision",
-        "reshapes",
-        "state",
-        "xla",
-    )
-
-    @classmethod
-    def of(cls, args, key, entry, records, offsets, device, value_ints):
-        tensor_at, int_at = [], []
-        for i, a in enumerate(args):
-            if isinstance(a, _Tensor):
-                tensor_at.append(i)
-            elif i in value_ints and type(a) is int:
-                int_at.append(i)
-            else:
-                return None
-        tensors = [args[i] for i in tensor_at]
-        if len(records) != len(tensors) or not tensors:  # storages shared between arguments; CPU tensors
-            return None
-        f = cls()
-        f.n = len(args)
-        f.pick = None if not int_at else _picker(tensor_at)
-        f.ints = _picker(int_at) if int_at else None
-        addresses = []
-        f.meta = []
-        f.partial = []
-        k = 0
-        for t, r in zip(tensors, records):
-            if t.numel() == 0:
-                return None  # its data pointer may lie past its storage
-            addresses.append(t.untyped_storage().data_ptr())
-            f.meta.append((r.dtype, r.numel, r.device_index, r.shape))
-            if t.storage_offset() or t.numel() != r.numel:  # as key_tensor: a traced offset
-                f.partial.append(k)
-                k += 1
-            else:
-                f.partial.append(-1)
-        if k != len(offsets) or any(RECORDS.get(a) is not r for a, r in zip(addresses, records)):
-            return None
-        functions = graph_functions()
-        if functions is not None:
-            where = functions[0](tensors)
-            if where is None:
-                return None
-            f.guards, f.graph_match, f.graph_records = None, functions[1], functions[3]
-        else:
-            f.guards = TensorGuards(
-                *tensors,
-                dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                dynamic_dims_strides=[list(t.stride()) for t in tensors],
-            )
-            where = list(map(_data_ptr, tensors))
-        f.state = (where, addresses, list(offsets), [np.int64(o) for o in offsets])
-        f.key = key
-        f.entry = entry
-        f.device = device
-        f.precision = key[-1][1] if key[-1][0] == "P" else key[-2][1]  # ("P", ...), then ("X", ...) if set
-        f.xla = _xla_active[0]
-        return f
-
-    def match(self, graph, args):
-        """(entry, records, their buffers or None (then input_buffers reads them), CPU values,
-        traced offsets) for `args` if they key as the remembered call did, else None."""
-        tensors = args if self.pick is None else self.pick(args)
-        state = self.state
-        if self.guards is None:
-            moved = self.graph_match(state[0], tensors)  # None, () or (fingerprint, moves)
-            if moved is None:
-                return None
-        else:
-            if not self.guards.check(*tensors):
-                return None
-            ptrs = list(map(_data_ptr, tensors))
-            moved = (
-                ()
-                if ptrs == state[0]
-                else (
-                    ptrs,
-                    [
-                        (j, tensors[j].untyped_storage().data_ptr(), tensors[j].storage_offset())
-                        for j in compress(range(len(ptrs)), map(ne, ptrs, state[0]))
-                    ],
-                )
-            )
-        if matmul_precision() != self.precision or _xla_active[0] != self.xla:
-            return None
-        if moved:
-            state = self._moved(tensors, moved, state)
-            if state is None:
-                return None
-            self.state = state
-        if self.ints is None:
-            cpu_vals = []
-        else:
-            cpu_vals = list(self.ints(args))
-            if not all(type(v) is int for v in cpu_vals):
-                return None
-        graph._fast_misses = 0
-        if self.guards is None:
-            records, buffers = self.graph_records(state[1])
-            return self.entry, records, buffers, cpu_vals, state[3]
-        return self.entry, list(map(RECORDS.__getitem__, state[1])), None, cpu_vals, state[3]
-
-    def _moved(self, tensors, moved, state):
-        """The state for `tensors`, some of which moved to other storages or offsets (`moved`: where
-        they all lie now, and (index, storage address, offset) of each that moved), or None if that
-        changes the key."""
-        where, moves = moved
-        _, addresses, offsets, offset_vals = state
-        addresses = addresses.copy()
-        new_offsets = None
-        stored = False
-        for j, address, off in moves:
-            meta = self.meta[j]
-            if address != addresses[j]:
-                r = RECORDS.get(address)
-                if r is None or r.dtype != meta[0] or r.shape != meta[3] or r.device_index != meta[2]:
-                    return None
-                addresses[j] = address
-                stored = True
-            k = self.partial[j]
-            if (k >= 0) != bool(off or tensors[j].numel() != meta[1]):
-                return None
-            if k >= 0:
-                if new_offsets is None:
-                    new_offsets = offsets.copy()
-                new_offsets[k] = off
-        if stored and any(addresses.count(a) > 1 for _, a, _ in moves):  # two arguments on one storage
-            return None
-        if new_offsets is None or new_offsets == offsets:
-            return where, addresses, offsets, offset_vals
-        return where, addresses, new_offsets, [np.int64(o) for o in new_offsets]
-
-
-def _picker(positions):
-    """`args -> tuple of args[i] for i in positions` in C (itemgetter returns a lone item bare)."""
-    if len(positions) == 1:
-        i = positions[0]
-        return lambda args: (args[i],)
-    return operator.itemgetter(*positions)
 
 
 def last_captured():
@@ -1024,54 +653,6 @@ def _host_value(t, dev):
     _counters.h2d_bytes += host.nbytes
     _counters.h2d_transfers += 1
     return platform.put(host, dev)
-
-
-def _inputs_of_key(key):
-    """The per-input parts of a call key (tensor parts start with their dtype; see _key)."""
-    return [p for p in key if isinstance(p[0], torch.dtype) or p[0] in ("C", "S", "V")]
-
-
-def _log_recompile(graph, old, new):
-    reasons = []
-    if old is None:
-        reasons.append("first signature")
-    else:
-        oi, ni = _inputs_of_key(old), _inputs_of_key(new)
-        if len(oi) != len(ni):
-            reasons.append(f"number of inputs {len(oi)} -> {len(ni)}")
-        for i, (a, b) in enumerate(zip(oi, ni)):
-            if a != b:
-                reasons.append(
-                    f"input {i}: " + _tensor_change(a, b)
-                    if isinstance(a[0], torch.dtype) and isinstance(b[0], torch.dtype)
-                    else f"input {i}: {a[1:]} -> {b[1:]}"
-                )
-        if old[-1] != new[-1]:
-            reasons.append(f"float32 matmul precision {old[-1][1]} -> {new[-1][1]}")
-        if not reasons:
-            reasons.append("input storages changed")
-    msg = (
-        f"torchtpu: recompiling graph {graph.id} ({graph.kind}, {len(graph.cache)} signature(s) cached): "
-        + "; ".join(reasons)
-    )
-    log.warning(msg)
-    print(msg, file=sys.stderr)
-
-
-def _tensor_change(a, b):
-    """What differs between two tensor keys (dtype, shape, stride, offset, slot, storage dtype, storage shape)."""
-    what = []
-    if a[0] != b[0]:
-        what.append(f"dtype {a[0]} -> {b[0]}")
-    if a[1] != b[1]:
-        what.append(f"shape {list(a[1])} -> {list(b[1])}")
-    if a[2] != b[2] or a[3] != b[3]:
-        what.append(f"layout stride={a[2]} offset={a[3]} -> stride={b[2]} offset={b[3]}")
-    if a[4] != b[4]:
-        what.append("storage sharing with other inputs changed")
-    if a[5:] != b[5:]:
-        what.append(f"storage {list(a[6])} of {a[5]} -> {list(b[6])} of {b[5]}")
-    return ", ".join(what or ["storage changed"])
 
 
 # ------------------------------------------------------------------ the Dynamo backend

@@ -79,11 +79,16 @@ def _cache_dir() -> pathlib.Path:
     return root / "native"
 
 
+# C++17, every warning of ours shown (torch's and Python's headers are system headers: theirs are not)
+_FLAGS = ("-std=c++17", "-Wall", "-Wextra")
+
+
 def _target(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
     import torch
 
     key = hashlib.sha256(
         b"".join(p.read_bytes() for p in sources)
+        + " ".join(_FLAGS).encode()
         + torch.__version__.encode()
         + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()
         + (sys.version.encode() if python else b"")
@@ -98,11 +103,12 @@ def compiler() -> str | None:
     return None
 
 
-def build(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
+def build(sources=_SOURCES, stem="tpu_native", python=False, unity=False) -> pathlib.Path:
     """Compile the extension (or, given `sources` and `stem`, another library of torchtpu's C++
     sources; `python`: one that includes Python's and torch's Python headers and links
     libtorch_python) into the cache (atomically, under a file lock: concurrent processes wait for
-    one build)."""
+    one build). Headers among `sources` only key the cache. `unity`: the .cpp files compile as one
+    translation unit, torch's headers parsed once (each parse costs ~10 s of CPU)."""
     import torch
 
     cxx = compiler()
@@ -117,24 +123,29 @@ def build(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
             return target
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
+        compiled = [str(p) for p in sources if p.suffix == ".cpp"]
+        if unity and len(compiled) > 1:
+            fd, unit = tempfile.mkstemp(suffix=".cpp", dir=target.parent)
+            with os.fdopen(fd, "w") as f:
+                f.write("".join(f'#include "{p}"\n' for p in compiled))
+            compiled = [unit]
         extra_includes, extra_libs = [], []
         if python:
             extra_includes = [
-                f"-I{sysconfig.get_paths()['include']}",
-                f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+                f"-isystem{sysconfig.get_paths()['include']}",
+                f"-isystem{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
             ]
             extra_libs = ["-ltorch", "-ltorch_python"]
         cmd = [
             cxx,
             "-O2" if python else "-O1",
-            "-std=c++17",
-            "-w",
+            *_FLAGS,
             "-shared",
             "-fPIC",
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            f"-I{root / 'include'}",
+            f"-isystem{root / 'include'}",
             *extra_includes,
-            *map(str, sources),
+            *compiled,
             f"-L{root / 'lib'}",
             "-lc10",
             "-ltorch_cpu",
@@ -149,8 +160,9 @@ def build(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
                 raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
             os.replace(tmp, target)
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            for leftover in {tmp, *compiled} - set(map(str, sources)):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
     return target
 
 

@@ -13,9 +13,10 @@ from torch.utils import _pytree as pytree
 from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
+from ..ops.table import declared_facts
 from ..storage.records import RECORDS, memory_order
 from . import fastpath, fusion, interrupts, overlap, tpu_check, xla_options
-from .engine import (
+from .entry import (
     CONSTANT_BYTES,
     DONATE_BYTES,
     FOREIGN,
@@ -29,12 +30,17 @@ from .engine import (
     arg_kind,
 )
 from .executable import Program, ValueArg, count_values, is_partial, stored_output, tensor_arg, traced_function
-from .kernels import META_CHECKS, META_OVERRIDES
 from .persistent_cache import ensure_persistent_cache
+
+# meta functions used instead of PyTorch's, and argument checks PyTorch's meta kernels do not make,
+# run on the meta arguments before an op is built: declared with the ops' lowerings (`meta=`,
+# `meta_check=`); Dynamo's fake tensors use the same (eager/kernels.py _register_fake_overrides)
+META_OVERRIDES = declared_facts("meta")
+META_CHECKS = declared_facts("meta_check")
 
 
 def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
-    """Map the arguments as the engine keyed them (engine.arg_kind: the one classification)."""
+    """Map the arguments as the engine keyed them (entry.arg_kind: the one classification)."""
 
     def one(a, is_scalar_arg):
         kind = arg_kind(a, is_scalar_arg)

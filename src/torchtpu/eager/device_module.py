@@ -11,12 +11,19 @@ import time
 import warnings
 import weakref
 
+import jax as _jax
 import torch
 
 from ..device import native as _native
 from ..device import platform as _platform
 from ..device.platform import device_count, is_available, is_initialized  # noqa: F401
 from ..device.state import current_device, device_index, set_device
+from ..storage.records import live_buffers as _live_buffers
+from ..storage.records import stats as _stats
+from . import asserts as _asserts
+from . import fusion as _fusion
+from . import host_copies as _host_copies
+from . import random as _random
 
 
 def init() -> None:
@@ -49,25 +56,20 @@ class device:
 
 def synchronize(device=None) -> None:
     """Wait for all work queued on `device` (the current one by default)."""
-    import jax
-
-    from ..storage.records import live_buffers
-    from . import asserts, fusion, host_copies
 
     index = _index(device)
-    fusion.flush_all()
-    jax.block_until_ready(live_buffers(index, computing=True))
-    host_copies.finish(index)
-    asserts.check()
+    _fusion.flush_all()
+    _jax.block_until_ready(_live_buffers(index, computing=True))
+    _host_copies.finish(index)
+    _asserts.check()
 
 
 def clear_device_assert(device=None) -> None:
     """Leave the error state a failed device-side assert put `device` in (every device when None).
     CUDA cannot (its context is corrupt); here the writes that depended on the failed check were
     not committed (eager/asserts.py), so the device's tensors hold consistent values."""
-    from . import asserts
 
-    asserts.clear_error(_index(device) if device is not None else None)
+    _asserts.clear_error(_index(device) if device is not None else None)
 
 
 def get_device_name(device=None) -> str:
@@ -158,59 +160,43 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 # ------------------------------------------------------------------ random numbers
 def manual_seed(seed: int) -> None:
-    from . import random
-
-    random.manual_seed(seed, current_device())
+    _random.manual_seed(seed, current_device())
 
 
 def manual_seed_all(seed: int) -> None:
-    from . import random
-
     for i in range(device_count()):
-        random.manual_seed(seed, i)
+        _random.manual_seed(seed, i)
 
 
 def seed() -> int:
-    from . import random
-
-    return random.seed(current_device())
+    return _random.seed(current_device())
 
 
 def seed_all() -> None:
-    from . import random
-
-    value = random.seed(0)
+    value = _random.seed(0)
     for i in range(1, device_count()):
-        random.manual_seed(value, i)
+        _random.manual_seed(value, i)
 
 
 def initial_seed() -> int:
-    from . import random
-
-    return random.initial_seed(current_device())
+    return _random.initial_seed(current_device())
 
 
 def get_rng_state(device="tpu") -> torch.Tensor:
-    from . import random
-
-    return random.get_rng_state(_index(device))
+    return _random.get_rng_state(_index(device))
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
-    from . import random
-
-    random.set_rng_state(new_state, _index(device))
+    _random.set_rng_state(new_state, _index(device))
 
 
 def _default_generators() -> tuple:
     """One `torch.Generator` per device, each the state behind the device's default random draws
     (CUDA's `torch.cuda.default_generators`); needs the C++ extension (device/native.py)."""
-    from ..device import native
-    from . import random
 
-    if not native.generators_available():
-        native.new_default_generator(0)  # raises, naming why there is none
-    return tuple(random.default(i) for i in range(device_count()))
+    if not _native.generators_available():
+        _native.new_default_generator(0)  # raises, naming why there is none
+    return tuple(_random.default(i) for i in range(device_count()))
 
 
 def __getattr__(name):
@@ -233,21 +219,15 @@ def set_rng_state_all(new_states) -> None:
 
 # ------------------------------------------------------------------ memory
 def memory_allocated(device=None) -> int:
-    from ..storage.records import stats
-
-    return stats(_index(device)).allocated
+    return _stats(_index(device)).allocated
 
 
 def max_memory_allocated(device=None) -> int:
-    from ..storage.records import stats
-
-    return stats(_index(device)).peak
+    return _stats(_index(device)).peak
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    from ..storage.records import stats
-
-    s = stats(_index(device))
+    s = _stats(_index(device))
     s.peak = s.allocated - s.failed  # (storages whose first write failed never count: MemoryStats)
     s.peak_materialized = s.materialized
 
@@ -268,9 +248,8 @@ def max_memory_reserved(device=None) -> int:
 def nested_memory_stats(device=None) -> dict:
     """Allocator statistics in the nested form of c10's DeviceStats (what the
     `torch._C._accelerator_getDeviceStats` builtin returns; `memory_stats` flattens it)."""
-    from ..storage.records import stats
 
-    s = stats(_index(device))
+    s = _stats(_index(device))
     current = s.num_alloc - s.num_free
     # Nothing is cached: reserved == allocated, one segment per live buffer.
     count = {"current": current, "allocated": s.num_alloc, "freed": s.num_free}
@@ -305,9 +284,7 @@ def memory_stats(device=None) -> dict:
 
 
 def reset_accumulated_memory_stats(device=None) -> None:
-    from ..storage.records import stats
-
-    s = stats(_index(device))
+    s = _stats(_index(device))
     s.num_alloc -= s.num_free
     s.num_free = 0
 
@@ -319,10 +296,9 @@ def empty_cache() -> None:
 def mem_get_info(device=None):
     """(free, total) bytes. Free counts the storages that hold a buffer (a lazy `empty(<huge>)` holds
     no device memory until written), never below zero."""
-    from ..storage.records import stats
 
     props = get_device_properties(device)
-    return max(props.total_memory - stats(_index(device)).materialized, 0), props.total_memory
+    return max(props.total_memory - _stats(_index(device)).materialized, 0), props.total_memory
 
 
 # ------------------------------------------------------------------ streams and events
@@ -338,59 +314,49 @@ class _Mark:
     __slots__ = ("buffers", "copies", "device", "time", "verdicts")
 
     def __init__(self, device, timing):
-        from . import asserts, host_copies
-
         self.device = device
         if timing:  # the time the queued work ended: wait for it
             synchronize(device)
             self.buffers, self.time = [], time.perf_counter()
         else:
             self.buffers, self.time = _unfinished(device), None
-        self.copies = host_copies.last(device)
-        self.verdicts = asserts.noted()
+        self.copies = _host_copies.last(device)
+        self.verdicts = _asserts.noted()
 
     def _alive(self):
         return [b for ref in self.buffers if (b := ref()) is not None and not b.is_deleted()]
 
     def done(self) -> bool:
         """Whether the marked work is done (then its host copies are written: `query` is a sync point)."""
-        from . import host_copies
 
-        if not (all(b.is_ready() for b in self._alive()) and host_copies.ready(self.device, self.copies)):
+        if not (all(b.is_ready() for b in self._alive()) and _host_copies.ready(self.device, self.copies)):
             return False
         self.wait()
         return True
 
     def wait(self):
-        import jax
-
-        from . import asserts, host_copies
-
         if self.buffers:
             alive = self._alive()
             try:
-                jax.block_until_ready(alive)
-            except jax.errors.JaxRuntimeError:  # (one donated meanwhile by another thread; else raises again)
+                _jax.block_until_ready(alive)
+            except _jax.errors.JaxRuntimeError:  # (one donated meanwhile by another thread; else raises again)
                 for b in alive:
                     if not b.is_deleted():
                         b.block_until_ready()
             self.buffers = []
-        host_copies.finish(self.device, self.copies)
-        asserts.check(upto=self.verdicts)  # (not the checks of ops queued after the event: no wait for them)
+        _host_copies.finish(self.device, self.copies)
+        _asserts.check(upto=self.verdicts)  # (not the checks of ops queued after the event: no wait for them)
 
 
 def _unfinished(device):
     """Weak references to the buffers of `device` still being computed (one already computed needs
     no wait, ever: most of them, the weights, are)."""
-    from ..storage.records import live_buffers
 
-    return [weakref.ref(b) for b in live_buffers(device, computing=True)]
+    return [weakref.ref(b) for b in _live_buffers(device, computing=True)]
 
 
 def _idle(index) -> bool:
-    from . import fusion
-
-    fusion.flush_all()
+    _fusion.flush_all()
     return _Mark(index, False).done()
 
 

@@ -22,33 +22,37 @@ from torch.utils import _pytree as pytree
 
 from ..device.state import current_device
 from ..metrics import counters
+from ..ops.dtypes import scalar_type_name
 from ..ops.linalg import matmul_precision as _matmul_precision
 from ..storage.records import RECORDS, donatable, new_tensor
-from . import asserts, errors, fastpath, fusion, interrupts
+from . import asserts, errors, fastpath, fusion, interrupts, limits
 from .asserts import FAILED as _failed
-from .executable import call_and_commit, device_mismatch, input_buffers, key_tensor
+from .build import build_entry, op_jit
+from .entry import (
+    _SCALAR_TYPES,
+    CONSTANT_VALUES,
+    FOREIGN,
+    LIST,
+    MEMO_GIVE_UP,
+    MEMO_VALUES,
+    SCALAR,
+    TENSOR,
+    NeedsResize,
+    SpecializeScalars,
+    arg_kind,
+    scalar_key,
+)
+from .executable import call_and_commit, device_mismatch, input_buffers, key_tensor, traced_function
 from .fusion import Pending
 from .interrupts import PENDING as _interrupted
+from .limits import note_executable
 from .modes import _mode
 from .random import generator_rng_args, next_rng_args
 from .xla_options import _active as _xla_active
 
-
-class SpecializeScalars(Exception):
-    """The op's JAX function bakes its Scalar arguments in: key the cache on their values."""
-
-
-class NeedsResize(Exception):
-    """An out= tensor has the wrong shape: PyTorch resizes it before writing, and so do we."""
-
-    def __init__(self, resizes):
-        self.resizes = resizes
-
-
 _Tensor = torch.Tensor
 _default_dtype = torch.get_default_dtype
 _FLOAT32 = torch.float32
-_SCALAR_TYPES = (bool, int, float, complex)
 # argument types that only ever key the cache as they are (checked by exact type, before isinstance)
 _PLAIN = frozenset({type(None), bool, str, torch.dtype, torch.layout, torch.memory_format})
 
@@ -57,92 +61,34 @@ class TpuOpError(RuntimeError):
     pass
 
 
-# How an argument travels (the one classification: the engine keys by it, build.py traces by it)
-TENSOR = "tensor"  # a tpu tensor: a buffer slot and a view layout
-FOREIGN = "foreign"  # another device's tensor: a CPU scalar travels as a traced value, others raise
-SCALAR = "scalar"  # a Python number in a Scalar/Tensor position: a traced value
-LIST = "list"  # a list of tensors (and Nones)
-OTHER = "other"  # anything else: part of the key, baked into the executable
-
-
-def arg_kind(a, is_scalar_arg):
-    if isinstance(a, _Tensor):
-        return TENSOR if RECORDS.get(a.untyped_storage().data_ptr()) is not None else FOREIGN
-    if type(a) in _SCALAR_TYPES and is_scalar_arg:
-        return SCALAR
-    if (
-        (type(a) is list or type(a) is tuple)
-        and a
-        and (isinstance(a[0], _Tensor) or (a[0] is None and any(isinstance(x, _Tensor) for x in a)))
-    ):
-        return LIST
-    return OTHER
-
-
-# XLA:CPU maps each loaded executable into memory with about three mappings, and Linux caps a process
-# at vm.max_map_count (65530 by default): a process that builds ~20,000 executables (a long test
-# run, an op sweep, a server seeing many shapes) would abort inside XLA. Every CHECK_EVERY new
-# executables the process's mappings are counted; past half the cap, every cached eager executable
-# (and JAX's own caches) is forgotten at once, and those still needed come back from the persistent
-# compilation cache. Where /proc is missing, MAX_EXECUTABLES stands in for the count.
-CHECK_EVERY = 256
-MAX_EXECUTABLES = 6000
-_executables = [0, 0]  # since the last check, since the last forget
-# Tensor-free ops whose results total at most CONSTANT_BYTES keep the results of up to
-# CONSTANT_VALUES distinct scalar values (Entry.consts).
-CONSTANT_BYTES = 1 << 14
-CONSTANT_VALUES = 8
-# Small deterministic ops (input storages and results together at most MEMO_BYTES) keep the results
-# of their last MEMO_VALUES calls, keyed by the identity of the input buffers and the scalar values
-# (Entry.memo). A buffer is immutable and a write gives its storage a new one, so the same buffers
-# mean the same values: generate() asks for `isin(arange(vocab), eos)` twice per token with the same
-# inputs. The memo holds the input buffers, so their identities cannot be reused while it keeps them.
-MEMO_BYTES = 1 << 14
-MEMO_VALUES = 2
-MEMO_GIVE_UP = 32  # an op whose first 32 calls never repeat an earlier one stops keeping results
 _KERNELS: list = []
-# this thread's latest call: (kernel, entry), for the C++ fast path (eager/fastpath.py: describe),
-# which asks right after the Python kernel returns, in the same thread
+# this thread's latest call: (kernel, entry), for the C++ fast path (describe_last_call), which asks
+# right after the Python kernel returns, in the same thread
 _last = threading.local()
 
 
-def _map_limit():
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return None
-
-
-_MAP_LIMIT = _map_limit()
-
-
-def note_executable():
-    _executables[0] += 1
-    _executables[1] += 1
-    if _executables[0] < CHECK_EVERY:
-        return
-    _executables[0] = 0
-    crowded = _executables[1] > MAX_EXECUTABLES
-    if _MAP_LIMIT is not None:
-        try:
-            with open("/proc/self/maps", "rb") as f:
-                crowded = f.read().count(b"\n") > _MAP_LIMIT // 2
-        except OSError:  # no /proc (not Linux): the executable count above decides alone
-            pass
-    if crowded:
-        forget_executables()
-
-
-def forget_executables():
-    """Drop every cached eager executable (and fused segment), freeing their device code."""
+def _forget_kernel_caches():
     for kernel in _KERNELS:
         kernel.cache.clear()
-    fastpath.clear()
-    fusion.forget()
-    jax.clear_caches()
-    _executables[1] = 0
-    counters.executables_forgotten += 1
+
+
+limits.FORGETTERS.append(_forget_kernel_caches)
+
+
+def forget_last_call():
+    """A kernel other than the engine's ran: the C++ fast path must not take the entry of an earlier
+    call for it."""
+    _last.call = None
+
+
+def describe_last_call(kernel):
+    """The C++ fast path's question once `kernel`'s Python kernel has run: eager/fastpath.py
+    describe of the entry it ran, or True (ask again later) when the last call was not this
+    kernel's."""
+    kernel_and_entry = getattr(_last, "call", None)
+    if kernel_and_entry is None or kernel_and_entry[0] is not kernel:
+        return True
+    return fastpath.describe(kernel, kernel_and_entry[1], memoizing, write_gate)
 
 
 def _scalar_positions(schema):
@@ -164,65 +110,6 @@ def _mutable_args(schema):
         for i, a in enumerate(schema.arguments)
         if a.alias_info is not None and a.alias_info.is_write
     ]
-
-
-class Entry:
-    """A cached executable and what to do with its results."""
-
-    __slots__ = (
-        "anchor",
-        "checks",
-        "cold",
-        "consts",
-        "donating_ran",
-        "fn",
-        "fn_donating",
-        "fn_gated",
-        "fn_gated_donating",
-        "gated_ran",
-        "host_checked",
-        "last_sync",
-        "memo",
-        "memo_misses",
-        "mutated_slots",
-        "n_results",
-        "nones",
-        "outs",
-        "overlap",
-        "source",
-        "spec",
-        "strides",
-        "traced",
-        "window_calls",
-        "xla",
-    )
-
-    def __init__(self):
-        self.fn = None  # jitted (buffers..., scalars...) -> (outputs..., mutated buffers...)
-        self.outs = []  # (shape, dtype) of each new output (contiguous unless `strides` says)
-        self.spec = None  # how returns nest; None: exactly one new tensor
-        self.mutated_slots = []  # input slots whose storages get new buffers
-        self.nones = None  # per return, which leaves are undefined (None)
-        self.checks = ()  # messages of the device-side asserts (ops/checks.py): one more output
-        self.n_results = None  # how many arrays fn returns, known once it has run ("fused" mode)
-        self.anchor = False  # "fused" mode: a segment may end after this op (eager/fusion.py)
-        self.last_sync = -1 << 40  # "fused" mode: when it was last queued, in syncs (eager/fusion.py)
-        self.cold = True  # "fused" mode: whether its first call in that sync window was cold
-        self.window_calls = 0  # "fused" mode: its calls in that sync window
-        self.consts = None  # small tensor-free ops (torch.full, scalar_tensor): scalars -> results
-        self.memo = None  # other small deterministic ops: (input buffer ids, scalars) -> results
-        self.memo_misses = 0  # calls that found nothing in `memo` before its first hit
-        self.traced = None  # in-place ops on large storages: the function fn jits, for fn_donating
-        self.fn_donating = None  # fn with the mutated storages' buffers donated (built on first use)
-        self.donating_ran = False  # whether fn_donating completed a call (then it is traced)
-        self.overlap = None  # a written tensor shares its storage with an input: eager/overlap.py
-        self.xla = None  # the XLA compiler options it was built with (eager/xla_options.py)
-        self.source = None  # in-place ops: their Program, for fn_gated
-        self.fn_gated = None  # fn gated on unchecked device-side asserts (built on first use: _gated)
-        self.fn_gated_donating = None  # the same, donating the written buffers
-        self.gated_ran = 0  # which gated forms completed a call (1 plain, 2 donating: then traced)
-        self.host_checked = False  # its kernel's host check may raise for some traced number: run per call
-        self.strides = None  # per new output, its strides where PyTorch keeps a channels_last layout
 
 
 class OpKernel:
@@ -458,22 +345,12 @@ class OpKernel:
 
     # ---------------------------------------------------------------- cache miss
     def _build(self, key, args, kwargs, bufs, device):
-        from .build import build_entry
-
         with self.lock:
             entry = self.cache.get(key)
             if entry is None:
                 entry = build_entry(self, key, args, kwargs, bufs, device)
                 self.cache[key] = entry
         return entry
-
-
-# In-place ops on storages of at least DONATE_BYTES donate the old buffer when nothing but its
-# storage record refers to it (a refcount check, as compiled graphs do): XLA then updates it in place
-# instead of writing a whole new copy (`cache[:, :, p] = k`, `index_copy_`, optimizer steps), and
-# the old and new buffers never coexist. A buffer shared by a clone, a kept constant or a queued op
-# has more references and is not donated.
-DONATE_BYTES = 1 << 18
 
 
 def _always(*args, **kwargs):
@@ -494,17 +371,9 @@ def _as_torch_error(kernel, error, args):
     message = str(error)
     first = next((a for a in args if isinstance(a, _Tensor)), None)
     if first is not None and ("dtype" in message or "must be integer" in message):
-        from ..ops.dtypes import scalar_type_name
-
         base = kernel.name.split(".")[0].rstrip("_")
         return NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(first.dtype)}'")
     return TpuOpError(f"torchtpu: aten::{kernel.name}: {message}")
-
-
-def scalar_key(values):
-    """A cache key for Python scalar values that keeps apart what == does not (-0.0 and 0.0, True and 1),
-    so a key always returns the array computed for exactly those values."""
-    return tuple((type(v), v.hex() if type(v) is float else repr(v) if type(v) is complex else v) for v in values)
 
 
 def _constant(entry, scalars):
@@ -638,9 +507,6 @@ def write_gate(entry):
 def _gated(entry, donating=False):
     """entry's executable in its gated form (eager/executable.py: traced_function), donating the
     written buffers or not; built on first use."""
-    from .build import op_jit
-    from .executable import traced_function
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         fn = op_jit(
@@ -657,8 +523,6 @@ def _gated(entry, donating=False):
 
 
 def _donating(entry):
-    from .build import op_jit
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         traced = entry.traced

@@ -1,4 +1,4 @@
-"""The eager engine's C++ fast path (csrc/fast_kernel.cpp), in front of the Python kernels.
+"""The eager engine's C++ fast path (csrc/: fast_path.h names its files), in front of the Python kernels.
 
 A strict-mode eager op used to cost, besides the executable call itself, PyTorch's boxing of the
 arguments into Python objects, the engine's Python key building and lookup, and the output tensor:
@@ -22,48 +22,142 @@ Everything else runs the Python kernel, unchanged: a key seen for the first time
 failed device-side assert, a pending interrupt, XLA options in force, in strict mode an unwritten or
 queued input buffer, any error in strict mode (the Python kernel runs the op again and raises).
 
+What the C++ side reads of the Python side is one declared table, FastPathTable below (the live
+state it checks, the types whose slots it reads, the callables it calls, fusion's limits), read by
+name and checked at load; what a cache hit does there, step by step, is in docs/architecture.md.
+
 TORCHTPU_EAGER_FAST=0 (or TORCHTPU_NATIVE=off, or no C++ compiler) registers the Python kernels on
-PrivateUse1 as before. The library is compiled once per torch/Python version and source hash, like
-the device extension (device/native.py), and links libtorch_python.
+PrivateUse1 as before. The library is compiled once per torch/Python version, source hash and
+compiler flags, like the device extension (device/native.py), and links libtorch_python.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import pathlib
 import warnings
+from collections.abc import Callable
+
+from jax._src.array import ArrayImpl
 
 from .. import config
 from ..device import native
 from ..metrics import counters
 from ..storage import records
 from ..storage.records import RECORDS, StorageRecord, new_tensor
-from . import asserts, interrupts, modes, xla_options
-from .asserts import _unchecked
+from . import asserts, fusion, interrupts, limits, modes, xla_options
+from .device_scalars import device_scalar
+from .entry import Entry
 
-_SOURCES = (pathlib.Path(__file__).with_name("csrc") / "fast_kernel.cpp",)
-_ABI = 14
+# the fast path's files (csrc/fast_path.h names each one's step), compiled as one unit
+_CSRC = pathlib.Path(__file__).with_name("csrc")
+_SOURCES = tuple(
+    _CSRC / name
+    for name in ("fast_path.h", "call_key.cpp", "fused_queue.cpp", "outputs.cpp", "table.cpp", "fast_kernel.cpp")
+)
 _lib = [None]
 _graph_functions = [None]
 _tried = [False]
 _problem = [None]
 
 
-def describe(kernel):
-    """What the C++ fast path may do with the entry `kernel` just ran: (jitted function, ((shape,
-    dtype) of each new output, ...), written slots, device-side check messages or None, the op's
-    name, its writes' gate or None, the entry (the "fused" mode queues it), for an entry with a memo
-    its executable, called directly once the memo gives up, else None, and whether only the fused
-    mode may take it: a write to a large storage, which strict mode's Python kernel donates)
-    for a plain entry: a functional op whose returns are all new tensors
-    (written slots ()), or an in-place or out= op (no new output; the written argument returned);
-    True to ask again later (the last call was not this kernel's); False never."""
-    from .engine import _last, memoizing, write_gate
+@dataclasses.dataclass(frozen=True)
+class FastPathTable:
+    """Everything the C++ fast path reads of the Python side, by name: csrc/table.cpp reads
+    each field as an attribute (its kTableNames lists the same names; `load` refuses a library whose
+    list differs) and checks its type at init. The lists and dicts are the live objects the Python
+    engine reads and writes, so both sides see one state."""
 
-    kernel_and_entry = getattr(_last, "call", None)
-    if kernel_and_entry is None or kernel_and_entry[0] is not kernel:
-        return True  # (not this kernel's call: ask again later)
-    entry = kernel_and_entry[1]
+    # the eager state a call checks before it may go fast (a change of any sends calls to Python)
+    records: dict  # storage address -> StorageRecord
+    mode: list  # [the eager mode's name]
+    strict_mode: str
+    fused_mode: str
+    failed_asserts: dict  # failed device-side asserts not raised yet
+    pending_interrupts: list
+    xla_active: list  # [XLA options in force]
+    unchecked_verdicts: list  # [device-side verdicts not checked yet]: writes are gated meanwhile
+    counters: object  # metrics.counters: eager_cache_hits, fused_ops
+    # the objects a cache hit reads and makes
+    record_type: type  # StorageRecord: _buffer, dtype, numel, shape, device_index slots
+    array_type: type  # the jax.Array implementation a record's plain buffer has
+    entry_type: type  # the engine's Entry: memo, and for the fused queue fn, last_sync, cold, ...
+    new_tensor: Callable  # storage/records.py new_tensor: outputs not made in C++
+    describe: Callable  # describe(kernel): the plan of the entry it just ran, True, or False
+    device_scalar: Callable  # a number as the device array kept for it
+    note_verdict: Callable  # asserts.note(verdict, messages, where)
+    run_method: str  # the OpKernel method that runs or queues a keyed call
+    # making new outputs on tpu:0 in C++ (as new_tensor does), while StorageRecord has the slots it fills
+    native_outputs: bool
+    address_counter: list  # [the next storage address]
+    memory_stats: dict  # device index -> MemoryStats
+    storage_ref_type: type
+    memory_stats_type: type
+    page_bytes: int  # storage/records.py's address spacing (a guard page after each storage)
+    # the fused mode's queue (eager/fusion.py defer), with fusion's own limits
+    open_segments: dict  # device index -> open _Segment
+    sync_count: list
+    fusion_lock: object
+    pending_type: type
+    segment_type: type
+    min_ops: int
+    limit: int
+    cold_calls: int
+    hot_syncs: int
+
+
+# the StorageRecord slots the C++ side fills when it makes an output
+_RECORD_SLOTS = {"_buffer", "dtype", "numel", "nbytes", "device_index", "ref", "oom", "shape", "__weakref__"}
+
+
+def _table(describe, run_method) -> FastPathTable:
+    return FastPathTable(
+        records=RECORDS,
+        mode=modes._mode,
+        strict_mode="strict",
+        fused_mode="fused",
+        failed_asserts=asserts.FAILED,
+        pending_interrupts=interrupts.PENDING,
+        xla_active=xla_options.ACTIVE,
+        unchecked_verdicts=asserts._unchecked,
+        counters=counters,
+        record_type=StorageRecord,
+        array_type=ArrayImpl,
+        entry_type=Entry,
+        new_tensor=new_tensor,
+        describe=describe,
+        device_scalar=device_scalar,
+        note_verdict=asserts.note,
+        run_method=run_method,
+        native_outputs=set(StorageRecord.__slots__) == _RECORD_SLOTS,
+        address_counter=records._bump,
+        memory_stats=records._stats,
+        storage_ref_type=records._StorageRef,
+        memory_stats_type=records.MemoryStats,
+        page_bytes=records.PAGE_BYTES,
+        open_segments=fusion._open,
+        sync_count=fusion._syncs,
+        fusion_lock=fusion._lock,
+        pending_type=fusion.Pending,
+        segment_type=fusion._Segment,
+        min_ops=fusion.MIN_OPS,
+        limit=fusion.LIMIT,
+        cold_calls=fusion.COLD_CALLS,
+        hot_syncs=fusion.HOT_SYNCS,
+    )
+
+
+def describe(kernel, entry, memoizing, write_gate):
+    """What the C++ fast path may do with `entry`, the entry `kernel` just ran (`memoizing` and
+    `write_gate`: the engine's, eager/engine.py): False for an entry that is not plain, else the
+    tuple of its plan, in the order describe_plan in csrc/fast_kernel.cpp reads it: (jitted function,
+    ((shape, dtype) of each new output, ...), written slots, device-side check messages or None, the
+    op's name, its writes' gate or None, the entry (the fused mode queues it), for an entry with a
+    memo its executable, called directly once the memo gives up, else None, and whether only the
+    fused mode may take it: a write to a large storage, which strict mode's Python kernel donates).
+    Plain: a functional op whose returns are all new tensors (written slots ()), or an in-place or
+    out= op (no new output; the written argument returned)."""
     if kernel.random or kernel.specialize_scalars:  # (the C++ key holds the matmul precision)
         return False
     if (
@@ -77,29 +171,7 @@ def describe(kernel):
         return False
     checks = tuple(entry.checks) if entry.checks else None
     if entry.mutated_slots:
-        if (
-            entry.outs
-            or entry.nones is not None
-            or entry.spec is None
-            or len(entry.spec) != 1
-            or not isinstance(entry.spec[0], str)
-            or entry.n_results != len(entry.mutated_slots) + bool(checks)
-        ):
-            return False
-        gate = write_gate(entry) if entry.source is not None else None
-        # (entry.traced: a large storage, donated when nothing else holds its buffer: strict mode's
-        # Python kernel)
-        return (
-            entry.fn,
-            (),
-            tuple(entry.mutated_slots),
-            checks,
-            kernel.where,
-            gate,
-            entry,
-            None,
-            entry.traced is not None,
-        )
+        return _describe_write(kernel, entry, checks, write_gate)
     n_returns = len(kernel.op._schema.returns)
     if (
         entry.nones is not None
@@ -115,18 +187,22 @@ def describe(kernel):
     return (entry.fn, outs, (), checks, kernel.where, None, entry, None, False)
 
 
-def device_scalar(value):
-    """A Python number as the device array JAX would make of it for a call: the C++ side keeps one
-    per value and passes it instead of the number, which JAX converts on every call (about 2.5 µs
-    each: a learning rate, `alpha`, the offsets of views). Uncommitted, as JAX's own conversion is
-    (a committed array is another argument mapping: a second compilation of every executable); the
-    number itself where JAX's default device is not tpu:0's."""
-    import jax
-
-    from ..device import platform
-
-    array = jax.device_put(value)
-    return array if array.devices() == {platform.jax_device(0)} else value
+def _describe_write(kernel, entry, checks, write_gate):
+    """describe for an in-place or out= entry: it returns the one argument it writes."""
+    if (
+        entry.outs
+        or entry.nones is not None
+        or entry.spec is None
+        or len(entry.spec) != 1
+        or not isinstance(entry.spec[0], str)
+        or entry.n_results != len(entry.mutated_slots) + bool(checks)
+    ):
+        return False
+    gate = write_gate(entry) if entry.source is not None else None
+    # (entry.traced: a large storage, donated when nothing else holds its buffer: strict mode's
+    # Python kernel)
+    slots = tuple(entry.mutated_slots)
+    return (entry.fn, (), slots, checks, kernel.where, gate, entry, None, entry.traced is not None)
 
 
 def set_cache_scalars(on: bool = True) -> bool:
@@ -135,8 +211,57 @@ def set_cache_scalars(on: bool = True) -> bool:
     return bool(lib.torchtpu_fast_cache_scalars(int(bool(on)))) if lib is not None else False
 
 
-def load() -> bool:
-    """Build (once) and load the library; whether the fast path is available."""
+def _build_library() -> pathlib.Path:
+    target = native._target(_SOURCES, "tpu_fast", python=True)
+    failed = target.with_suffix(".failed")
+    if target.exists():
+        return target
+    # a build that failed (no Python headers, say) is not tried again at every import (~20 s):
+    # delete the .failed file next to the library to retry
+    if failed.exists():
+        raise RuntimeError(f"building the fast path failed before; see {failed}")
+    try:
+        return native.build(_SOURCES, "tpu_fast", python=True, unity=True)
+    except Exception as e:
+        if native.compiler() is not None:
+            try:
+                failed.write_text(f"{type(e).__name__}: {e}\n")
+            except OSError:  # (a read-only cache: the build is tried again next time, nothing lost)
+                pass
+        raise
+
+
+def _declare(lib) -> None:
+    """The ctypes signatures of the library's entry points, and its table matching FastPathTable."""
+    lib.torchtpu_fast_table_names.restype = ctypes.py_object
+    fields = {f.name for f in dataclasses.fields(FastPathTable)}
+    names = set(lib.torchtpu_fast_table_names())
+    if names != fields:
+        raise RuntimeError(
+            "csrc/fast_path.h kTableNames and fastpath.py FastPathTable differ: "
+            f"only in C++ {sorted(names - fields)}, only in Python {sorted(fields - names)}"
+        )
+    lib.torchtpu_fast_init.argtypes = [ctypes.py_object]
+    lib.torchtpu_fast_attach.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.py_object,
+        ctypes.py_object,
+        ctypes.c_int,
+    ]
+    lib.torchtpu_fast_attach_metadata.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.torchtpu_fast_set_enabled.argtypes = [ctypes.c_int]
+    lib.torchtpu_fast_calls.restype = ctypes.c_longlong
+    lib.torchtpu_fast_fallbacks.restype = ctypes.c_longlong
+    lib.torchtpu_fast_queued_here.restype = ctypes.c_longlong
+    lib.torchtpu_graph_functions.restype = ctypes.py_object
+    lib.torchtpu_storage_freed.restype = ctypes.py_object
+
+
+def load(describe_last_call, run_method: str) -> bool:
+    """Build (once) and load the library; whether the fast path is available. `describe_last_call(kernel)`
+    answers the C++ side's question after a Python kernel ran (`describe`, or True: ask again
+    later); `run_method`: the OpKernel method that runs or queues a keyed call."""
     if _lib[0] is not None:
         return True
     if _tried[0]:
@@ -149,97 +274,9 @@ def load() -> bool:
         _problem[0] = "TORCHTPU_NATIVE=off"
         return False
     try:
-        from jax._src.array import ArrayImpl
-
-        from .engine import Entry
-
-        target = native._target(_SOURCES, "tpu_fast", python=True)
-        failed = target.with_suffix(".failed")
-        if not target.exists():
-            # a build that failed (no Python headers, say) is not tried again at every import (~20 s):
-            # delete the .failed file next to the library to retry
-            if failed.exists():
-                raise RuntimeError(f"building the fast path failed before; see {failed}")
-            try:
-                target = native.build(_SOURCES, "tpu_fast", python=True)
-            except Exception as e:
-                if native.compiler() is not None:
-                    try:
-                        failed.write_text(f"{type(e).__name__}: {e}\n")
-                    except OSError:  # (a read-only cache: the build is tried again next time, nothing lost)
-                        pass
-                raise
-        lib = ctypes.PyDLL(str(target))
-        if lib.torchtpu_fast_abi() != _ABI:
-            raise RuntimeError(f"{target}: unexpected ABI version")
-        lib.torchtpu_fast_init.argtypes = [ctypes.py_object]
-        lib.torchtpu_fast_attach.argtypes = [
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.py_object,
-            ctypes.py_object,
-            ctypes.c_int,
-        ]
-        lib.torchtpu_fast_attach_metadata.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-        lib.torchtpu_fast_set_enabled.argtypes = [ctypes.c_int]
-        lib.torchtpu_fast_calls.restype = ctypes.c_longlong
-        lib.torchtpu_fast_fallbacks.restype = ctypes.c_longlong
-        lib.torchtpu_fast_queued_here.restype = ctypes.c_longlong
-        lib.torchtpu_graph_functions.restype = ctypes.py_object
-        lib.torchtpu_storage_freed.restype = ctypes.py_object
-        # (the last tuple: what new_tensor touches, so outputs on tpu:0 are made in C++, their records
-        # slot by slot: only while these are StorageRecord's slots)
-        native_outputs = (records._bump, records._stats, records._StorageRef, records._on_free, records.MemoryStats)
-        if set(StorageRecord.__slots__) != {
-            "_buffer",
-            "dtype",
-            "numel",
-            "nbytes",
-            "device_index",
-            "ref",
-            "oom",
-            "shape",
-            "__weakref__",
-        }:
-            native_outputs = ()
-        if not lib.torchtpu_fast_init(
-            (
-                RECORDS,
-                modes._mode,
-                asserts.FAILED,
-                interrupts.PENDING,
-                xla_options._active,
-                counters,
-                StorageRecord,
-                new_tensor,
-                describe,
-                ArrayImpl,
-                _unchecked,
-                native_outputs,
-                device_scalar,
-                asserts.note,
-                Entry,
-            )
-        ):
-            raise RuntimeError("torchtpu_fast_init failed")
-        from . import fusion
-
-        lib.torchtpu_fast_init_fused.argtypes = [ctypes.py_object]
-        if not lib.torchtpu_fast_init_fused(
-            (
-                fusion._open,
-                fusion._syncs,
-                fusion._lock,
-                fusion.Pending,
-                fusion._Segment,
-                Entry,
-                fusion.MIN_OPS,
-                fusion.LIMIT,
-                fusion.COLD_CALLS,
-                fusion.HOT_SYNCS,
-            )
-        ):
-            raise RuntimeError("torchtpu_fast_init_fused failed")
+        lib = ctypes.PyDLL(str(_build_library()))
+        _declare(lib)
+        lib.torchtpu_fast_init(_table(describe_last_call, run_method))
     except Exception as e:  # noqa: BLE001 - the Python kernels work without it
         _problem[0] = f"{type(e).__name__}: {e}"
         # No compiler is the documented degradation, and a build that failed before was reported then:
@@ -365,6 +402,9 @@ def clear():
     """Forget every fast entry: the Python caches were cleared, or what keys them changed."""
     if _lib[0] is not None:
         _lib[0].torchtpu_fast_clear()
+
+
+limits.FORGETTERS.append(clear)
 
 
 def stats() -> dict:

@@ -25,7 +25,7 @@ Only executables that already ran once are queued (their number of results is kn
 op's first call, and PyTorch's errors for bad arguments, happen at the op as in "strict" mode; an
 executable not queued recently ("cold", below) is not queued either but runs at once.
 
-`defer` has a twin in C++ (csrc/fast_kernel.cpp FastKernel::queue), which appends a warm op's step
+`defer` has a twin in C++ (csrc/fused_queue.cpp queue), which appends a warm op's step
 when nothing is to decide and leaves every decision here: a change to the layout of a step, a
 `_Segment` or a `Pending`, or to when an op is cold, is a change to both.
 """
@@ -47,7 +47,9 @@ from .. import config
 from ..device import platform
 from ..metrics import counters
 from ..storage.records import Placeholder
-from . import tpu_check
+from . import limits, modes, tpu_check
+from .device_scalars import device_scalar
+from .limits import note_executable
 from .modes import _mode
 
 # Where a segment ends without being asked. The cuts depend on the ops, not on a count from wherever
@@ -135,7 +137,7 @@ _syncs = [0]  # host reads of device values, and flushes asked for by synchroniz
 _compiled: dict[tuple, object] = {}
 _compiling: dict = {}  # keys handed to the compile thread and not back yet -> flush last seen
 _epoch = [0]  # bumped by forget(): compiles started before it are dropped
-_unnoted = [0]  # background compiles not yet counted by engine.note_executable
+_unnoted = [0]  # background compiles not yet counted by limits.note_executable
 _consume = deque(maxlen=0).extend
 _FAILED = object()  # a segment whose compile failed: it keeps running op by op
 failures: list = []  # (segment key, exception) of the last background compiles that failed
@@ -266,7 +268,7 @@ def count_sync():
 
 
 def forget():
-    """Forget compiled segments (engine.forget_executables); queued segments still run."""
+    """Forget compiled segments (limits.forget_executables); queued segments still run."""
     with _lock:
         _compiled.clear()
         _seen.clear()
@@ -289,6 +291,10 @@ def flush_all():
         _syncs[0] += 1
         for segment in list(_open.values()):
             _flush(segment)
+
+
+limits.FORGETTERS.append(forget)
+modes.BEFORE_LEAVING_FUSED.append(flush_all)  # queued ops run before the mode changes
 
 
 def _flush(segment: _Segment):
@@ -396,7 +402,7 @@ def _executable_for(segment, key, plan, live):
             if COMPILE == "now":
                 fn = _compiled[key] = _fuse(plan, results, segment.device)
                 counters.fused_compiles += 1
-                _note_executable()
+                note_executable()
             else:
                 _compile_later(key, segment, plan, results)
         else:
@@ -416,7 +422,7 @@ def _as_arrays(scalars):
     """Each step's Python numbers as kept device arrays, for a compiled segment, from their second
     use: JAX converts a number at every call (~1.7 µs each; a decoder layer's segment has ~8), and
     takes a weakly typed array of the same dtype where it was lowered for a number. The op-by-op
-    replay keeps the numbers: its ops' executables were traced with them (fastpath.device_scalar)."""
+    replay keeps the numbers: its ops' executables were traced with them (device_scalars.py)."""
     return [_step_as_arrays(step) if step else step for step in scalars]
 
 
@@ -433,8 +439,6 @@ def _step_as_arrays(step):
             else:
                 a = _kept[k]
                 if a is None:
-                    from .fastpath import device_scalar
-
                     a = _kept[k] = device_scalar(v)
                 v = a
         converted.append(v)
@@ -594,13 +598,7 @@ def _note_failure(key, error):
     )
 
 
-def _note_executable():
-    from .engine import note_executable  # (engine imports this module)
-
-    note_executable()
-
-
 def _note_background_compiles():
     while _unnoted[0]:
         _unnoted[0] -= 1
-        _note_executable()
+        note_executable()

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch._C import DispatchKey, DispatchKeySet
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch._subclasses import fake_impls
 from torch.utils import _pytree as pytree
 
 from .. import config, metrics
@@ -22,8 +23,10 @@ from ..ops import dtypes as dt
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS, contiguous_strides, covers, new_tensor, record_of, set_buffer
-from . import asserts, errors, fusion, host_copies, interrupts, tpu_check
-from .engine import CONSTANT_BYTES, OpKernel, _last, scalar_key
+from . import asserts, attention, data_dependent, errors, fastpath, fusion, host_copies, interrupts, tpu_check
+from .build import META_OVERRIDES
+from .engine import OpKernel, describe_last_call, forget_last_call
+from .entry import CONSTANT_BYTES, scalar_key
 from .fusion import Pending
 
 aten = torch.ops.aten
@@ -220,7 +223,7 @@ def _write_whole_or_copy(dst, buffer, dtype):
 # and copies logits and token ids every step; this makes those ~6 us instead of ~15-20 (an XLA call).
 def _clone(self, *, memory_format=None):
     # only the engine's clone kernel below says what ran (fastpath.describe): not an earlier call's
-    _last.call = None
+    forget_last_call()
     r = RECORDS.get(self.untyped_storage().data_ptr())
     if memory_format in (None, torch.preserve_format, torch.contiguous_format):
         if r is not None and r._buffer is not None and covers(self, r):
@@ -276,8 +279,6 @@ def _copy_(self, src, non_blocking=False):
         index = self.device.index
         if tuple(src.shape) == tuple(self.shape):
             buffer = _from_host(host, src.dtype, index)
-            from . import data_dependent
-
             if src.dtype in _INDEX_DTYPES and host.size <= data_dependent.HOST_VALUES_ELEMENTS:
                 # an index list (`x[[5]]`): its range is checked on the host at the op (eager/data_dependent.py)
                 data_dependent.remember_host_values(self.untyped_storage().data_ptr(), buffer, host.reshape(-1))
@@ -416,8 +417,6 @@ def _warn_once(name):
 
 def _run_on_cpu(op, args, kwargs):
     """Run `op` on CPU copies of its tpu tensors; write mutated arguments back; results to tpu."""
-    from torch.utils._pytree import tree_leaves, tree_map
-
     _warn_once(op_name(op))
     metrics.counters.cpu_fallbacks += 1
     originals = {}  # id(cpu copy) -> tpu tensor
@@ -429,14 +428,18 @@ def _run_on_cpu(op, args, kwargs):
             return c
         return x
 
-    cpu_args, cpu_kwargs = tree_map(to_cpu, (list(args), dict(kwargs)))
+    cpu_args, cpu_kwargs = pytree.tree_map(to_cpu, (list(args), dict(kwargs)))
     out = op(*cpu_args, **cpu_kwargs)
     if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
-        for c in tree_leaves((cpu_args, cpu_kwargs)):
+        for c in pytree.tree_leaves((cpu_args, cpu_kwargs)):
             if id(c) in originals:
                 originals[id(c)].copy_(c)
     device = next(
-        (x.device for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor) and x.device.type == "tpu"),
+        (
+            x.device
+            for x in pytree.tree_leaves((args, kwargs))
+            if isinstance(x, torch.Tensor) and x.device.type == "tpu"
+        ),
         torch.device("tpu", 0),
     )
 
@@ -446,7 +449,7 @@ def _run_on_cpu(op, args, kwargs):
         original = originals.get(id(x))
         return original if original is not None else x.to(device)
 
-    return tree_map(back, out)
+    return pytree.tree_map(back, out)
 
 
 def _to_copy(self, *, non_blocking=False, **kwargs):
@@ -470,7 +473,7 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
         # storage), not empty_strided + copy_ into it (which first fills the new storage)
         return _clone(self, memory_format=kwargs.get("memory_format"))
     # only the engine's conversion kernel below says what ran (fastpath.describe)
-    _last.call = None
+    forget_last_call()
     memory_format = kwargs.get("memory_format")
     if (
         on_device
@@ -486,19 +489,12 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
     )
 
 
-# Meta kernels for ops PyTorch ships without one (the engine needs shapes and dtypes), meta functions
-# the eager engine (build.py) and Dynamo's fake tensors on "tpu" (_register_fake_overrides) use instead
-# of PyTorch's, and argument checks of CPU/CUDA kernels that PyTorch's meta kernels do not make, run on
-# the meta arguments before the op is built (build.py): each declared with the op's lowering
-# (`missing_meta=`, `meta=`, `meta_check=`).
+# Meta kernels for ops PyTorch ships without one (the engine needs shapes and dtypes), declared with
+# the op's lowering (`missing_meta=`); the meta functions used instead of PyTorch's: build.py
 _MISSING_META = declared_facts("missing_meta")
-META_OVERRIDES = declared_facts("meta")
-META_CHECKS = declared_facts("meta_check")
 
 
 def _register_fake_overrides():
-    from torch._subclasses import fake_impls
-
     ops = {
         getattr(getattr(aten, n.partition(".")[0]), n.partition(".")[2] or "default"): fn
         for n, fn in META_OVERRIDES.items()
@@ -633,20 +629,8 @@ def register_all():
         return
     _lib = torch.library.Library("aten", "IMPL")
     _fallback_lib = torch.library.Library("_", "IMPL")
-    from . import attention, data_dependent, fastpath
-
-    fast = fastpath.load()
-    for name in _METADATA_OPS:
-        packet, _, overload = name.partition(".")
-        op = getattr(getattr(aten, packet, None), overload or "default", None)
-        if op is not None:
-            if fast and fastpath.attach_metadata(op):
-                _note_registered(name)
-            elif name in _COMPOSITE_METADATA_OPS:
-                pass  # PyTorch's own C++ kernel: a Python kernel's result keeps its Python object, and
-                # `as_subclass` (every tensor subclass's `.to("tpu")`) then refuses to re-type it
-            else:
-                _impl(name, _redispatch_to_cpu(op))
+    fast = fastpath.load(describe_last_call, OpKernel._run.__name__)
+    _register_metadata_ops(fast)
     _impl("empty.memory_format", _empty_memory_format)
     _impl("empty_strided", _empty_strided)
     _impl("resize_", _resize_)
@@ -667,6 +651,32 @@ def register_all():
         _lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, key)
     _register_missing_meta()
     _register_fake_overrides()
+    _register_engine_kernels(fast)
+    _fallback_lib.fallback(_fallback, "PrivateUse1")
+    for key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
+        if hasattr(DispatchKey, key):
+            _fallback_lib.fallback(_sparse_fallback, key)
+
+
+def _register_metadata_ops(fast):
+    """View-like ops: the CPU kernel sets sizes, strides and offset over the shared storage (in C++
+    where the fast path is loaded)."""
+    for name in _METADATA_OPS:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet, None), overload or "default", None)
+        if op is not None:
+            if fast and fastpath.attach_metadata(op):
+                _note_registered(name)
+            elif name in _COMPOSITE_METADATA_OPS:
+                pass  # PyTorch's own C++ kernel: a Python kernel's result keeps its Python object, and
+                # `as_subclass` (every tensor subclass's `.to("tpu")`) then refuses to re-type it
+            else:
+                _impl(name, _redispatch_to_cpu(op))
+
+
+def _register_engine_kernels(fast):
+    """The engine's OpKernel for every lowered overload, behind the C++ fast path's kernel where
+    the overload is eligible (the engine's on PrivateUse3, the C++ one on PrivateUse1)."""
     deferred = []  # (op, kernel): the engine's kernel on PrivateUse3, the C++ fast path's on PrivateUse1
     manual = {"copy_", "resize_", "equal", "_local_scalar_dense", "clone", "_to_copy"}
     for op in _all_overloads():
@@ -708,7 +718,3 @@ def register_all():
             if fastpath.attach(op, engine_kernel):
                 continue
         _impl(op, python_kernel)
-    _fallback_lib.fallback(_fallback, "PrivateUse1")
-    for key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
-        if hasattr(DispatchKey, key):
-            _fallback_lib.fallback(_sparse_fallback, key)

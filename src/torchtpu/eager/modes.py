@@ -12,6 +12,8 @@ from .. import config
 
 _MODES = ("strict", "debug", "fused")
 _mode = [config.get("TORCHTPU_EAGER_MODE")]  # a bad value: warned, the default, raised at first use
+# what runs before the mode leaves "fused" (eager/fusion.py: its queued ops run first)
+BEFORE_LEAVING_FUSED: list = []
 
 
 class EagerMode(str, enum.Enum):
@@ -61,10 +63,9 @@ def set_eager_mode(mode) -> _ModeChange:
 
 
 def _switch(mode):
-    if _mode[0] == "fused" and mode != "fused":  # queued ops run before the mode changes
-        from .fusion import flush_all
-
-        flush_all()
+    if _mode[0] == "fused" and mode != "fused":
+        for run_queued_ops in BEFORE_LEAVING_FUSED:
+            run_queued_ops()
     _mode[0] = mode
 
 

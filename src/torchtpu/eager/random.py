@@ -22,6 +22,8 @@ import random as _pyrandom
 import numpy as np
 import torch
 
+from ..device import native
+
 _DEFAULT_SEED = 67280421310721  # PyTorch's default_rng_seed_val
 _STATE_BYTES = 16
 
@@ -85,8 +87,6 @@ def default(device_index: int):
     """The default generator of tpu:device_index (a torch.Generator, or a HostGenerator)."""
     g = _defaults.get(device_index)
     if g is None:
-        from ..device import native
-
         g = native.new_default_generator(device_index) if native.generators_available() else HostGenerator(device_index)
         g = _defaults.setdefault(device_index, g)
     return g

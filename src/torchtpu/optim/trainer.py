@@ -54,7 +54,7 @@ from torch.utils import _pytree as pytree
 from ..compile import options
 from ..device import platform
 from ..eager import asserts, tpu_check, xla_options
-from ..eager.engine import scalar_key
+from ..eager.entry import scalar_key
 from ..eager.executable import (
     Program,
     ValueArg,

@@ -30,7 +30,9 @@ _alias = torch.ops.aten.alias.default
 _create_empty = torch._C._acc.create_empty_tensor
 _make_storage = torch._C._construct_storage_from_data_pointer
 
-_PAGE = 4096
+# the spacing of the storage addresses torchtpu invents: a guard page after each storage (the C++
+# fast path makes addresses with the same spacing: eager/fastpath.py FastPathTable)
+PAGE_BYTES = 4096
 
 
 class Placeholder:
@@ -151,7 +153,7 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None, form=None
     nbytes = numel * dtype.itemsize
     # Non-overlapping ranges with a guard page, so PyTorch's overlap checks on data_ptr stay valid.
     address = _bump[0]
-    _bump[0] = address + ((nbytes + 2 * _PAGE - 1) // _PAGE) * _PAGE
+    _bump[0] = address + ((nbytes + 2 * PAGE_BYTES - 1) // PAGE_BYTES) * PAGE_BYTES
     fresh = _make_storage(address, _DEVICES.get(device_index) or _device(device_index), nbytes)
     # (create_empty_tensor gives a dimension before a zero-size one stride 0, PyTorch's contiguous
     # strides count a zero-size dimension as 1: those take the slow path)
@@ -314,7 +316,7 @@ def allocate_storage(nbytes):
 
     index = current_device()
     address = _bump[0]
-    _bump[0] = address + ((nbytes + 2 * _PAGE - 1) // _PAGE) * _PAGE
+    _bump[0] = address + ((nbytes + 2 * PAGE_BYTES - 1) // PAGE_BYTES) * PAGE_BYTES
     RECORDS[address] = StorageRecord(torch.uint8, nbytes, nbytes, index, None)
     s = stats(index)
     s.allocated += nbytes

@@ -216,7 +216,7 @@ class TpuStorageAllocator final : public c10::Allocator {
     if (free_fn != nullptr) free_fn(reinterpret_cast<uint64_t>(ctx));
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
+  void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {
     TORCH_CHECK(false, "torchtpu: a tpu storage's bytes live on the device; copy it with copy_()");
   }
 };
