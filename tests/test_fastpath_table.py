@@ -48,6 +48,18 @@ def test_describe_names_the_plan_the_cpp_side_runs():
     torch.testing.assert_close(b.cpu(), torch.arange(7.0) * 3)
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_the_cpp_key_keeps_apart_views_that_do_and_do_not_lie_along_the_storage(mode):
+    # the same sizes, strides and storage: only whether the view lies along the storage array's
+    # dimensions differs (executable.lies_along); the C++ key (call_key.cpp) must tell them apart
+    cpu = torch.arange(24.0).reshape(4, 6)
+    tpu = cpu.to("tpu")
+    with torchtpu.eager_mode(mode):
+        for start in (1, 4, 1, 4, 2, 3, 4):  # [1:5] lies along a row, [4:8] crosses one
+            got = tpu.view(-1)[start : start + 4] * 2
+            torch.testing.assert_close(got.cpu(), cpu.view(-1)[start : start + 4] * 2)
+
+
 def test_a_changed_source_or_flag_names_another_library(tmp_path):
     source = tmp_path / "x.cpp"
     source.write_text("int f() { return 1; }\n")
