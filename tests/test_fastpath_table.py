@@ -8,9 +8,9 @@ import sysconfig
 import pytest
 import torch
 
-import torchtpu  # noqa: F401
+import torchtpu
 from torchtpu.device import native
-from torchtpu.eager import fastpath
+from torchtpu.eager import engine, fastpath, kernels
 
 
 class _FakeLibrary:
@@ -33,6 +33,31 @@ def test_a_table_name_only_one_side_knows_is_refused_with_both_lists():
 @pytest.mark.skipif(not fastpath.loaded(), reason=f"no C++ fast path: {fastpath.problem()}")
 def test_the_loaded_library_reads_exactly_the_declared_fields():
     assert set(fastpath._lib[0].torchtpu_fast_table_names()) == set(_fields())
+
+
+def test_describe_names_the_plan_the_cpp_side_runs():
+    # a first call runs the Python kernel, which then says what the C++ side may run for its key
+    a = torch.arange(7.0, device="tpu")
+    with torchtpu.eager_mode("strict"):
+        b = a * 3
+    kernel = kernels.kernel_for(torch.ops.aten.mul.Tensor)
+    plan = engine.describe_last_call(kernel)
+    assert type(plan) is fastpath.FastPlan
+    assert plan.outs == (((7,), torch.float32),) and plan.written_slots == () and plan.where == "aten::mul.Tensor"
+    assert engine.describe_last_call(kernels.kernel_for(torch.ops.aten.add.Tensor)) is True  # not its call
+    torch.testing.assert_close(b.cpu(), torch.arange(7.0) * 3)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_the_cpp_key_keeps_apart_views_that_do_and_do_not_lie_along_the_storage(mode):
+    # the same sizes, strides and storage: only whether the view lies along the storage array's
+    # dimensions differs (executable.lies_along); the C++ key (call_key.cpp) must tell them apart
+    cpu = torch.arange(24.0).reshape(4, 6)
+    tpu = cpu.to("tpu")
+    with torchtpu.eager_mode(mode):
+        for start in (1, 4, 1, 4, 2, 3, 4):  # [1:5] lies along a row, [4:8] crosses one
+            got = tpu.view(-1)[start : start + 4] * 2
+            torch.testing.assert_close(got.cpu(), cpu.view(-1)[start : start + 4] * 2)
 
 
 def test_a_changed_source_or_flag_names_another_library(tmp_path):

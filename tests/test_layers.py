@@ -79,7 +79,19 @@ def test_imports_point_down():
 
 
 # Folders whose modules import one another one way only: no circle, function-level imports counted.
-ACYCLIC_FOLDERS = ["device", "eager"]
+# (ops/ is not yet: decompose -> graph -> resolve -> decompose)
+ACYCLIC_FOLDERS = [
+    "api",
+    "compile",
+    "device",
+    "distributed",
+    "eager",
+    "integrations",
+    "kernels",
+    "optim",
+    "profiling",
+    "storage",
+]
 
 
 def _sibling_imports(path: pathlib.Path, tree: ast.AST) -> set:

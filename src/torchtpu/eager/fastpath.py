@@ -38,6 +38,7 @@ import dataclasses
 import pathlib
 import warnings
 from collections.abc import Callable
+from typing import NamedTuple
 
 from jax._src.array import ArrayImpl
 
@@ -105,6 +106,22 @@ class FastPathTable:
     limit: int
     cold_calls: int
     hot_syncs: int
+    plan_type: type  # FastPlan: C++ finds each of its fields by name at load
+
+
+class FastPlan(NamedTuple):
+    """What `describe` says of a plain entry: what the C++ fast path runs for its key (csrc/fast_path.h
+    kPlanFields names the same fields; the load refuses a FastPlan that lacks one)."""
+
+    fn: Callable  # the jitted function (through the entry's memo for a small op: engine.memoizing)
+    outs: tuple  # ((shape, dtype) of each new output, ...); () for an in-place or out= op
+    written_slots: tuple  # the storage slots it writes
+    checks: tuple | None  # device-side check messages (fn returns a verdict last), or None
+    where: str  # the op's name, for those messages
+    gate: Callable | None  # the write's gate while unchecked verdicts exist (engine.write_gate), or None
+    entry: object  # the engine's Entry (the fused mode queues it)
+    unmemoized_fn: Callable | None  # for a memo plan, the executable called once the memo gives up
+    fused_only: bool  # a write to a large storage, which strict mode's Python kernel donates
 
 
 # the StorageRecord slots the C++ side fills when it makes an output
@@ -145,19 +162,15 @@ def _table(describe, run_method) -> FastPathTable:
         limit=fusion.LIMIT,
         cold_calls=fusion.COLD_CALLS,
         hot_syncs=fusion.HOT_SYNCS,
+        plan_type=FastPlan,
     )
 
 
 def describe(kernel, entry, memoizing, write_gate):
     """What the C++ fast path may do with `entry`, the entry `kernel` just ran (`memoizing` and
-    `write_gate`: the engine's, eager/engine.py): False for an entry that is not plain, else the
-    tuple of its plan, in the order describe_plan in csrc/fast_kernel.cpp reads it: (jitted function,
-    ((shape, dtype) of each new output, ...), written slots, device-side check messages or None, the
-    op's name, its writes' gate or None, the entry (the fused mode queues it), for an entry with a
-    memo its executable, called directly once the memo gives up, else None, and whether only the
-    fused mode may take it: a write to a large storage, which strict mode's Python kernel donates).
-    Plain: a functional op whose returns are all new tensors (written slots ()), or an in-place or
-    out= op (no new output; the written argument returned)."""
+    `write_gate`: the engine's, eager/engine.py): its FastPlan, or False for an entry that is not
+    plain. Plain: a functional op whose returns are all new tensors, or an in-place or out= op (no
+    new output; the written argument returned)."""
     if kernel.random or kernel.specialize_scalars:  # (the C++ key holds the matmul precision)
         return False
     if (
@@ -183,8 +196,8 @@ def describe(kernel, entry, memoizing, write_gate):
     outs = tuple((tuple(shape), dtype) for shape, dtype in entry.outs)
     if entry.memo is not None:  # a small op keeps its last results, keyed on the numbers' values:
         # memoizing takes the numbers themselves, not kept device arrays
-        return (memoizing(entry), outs, (), checks, kernel.where, None, entry, entry.fn, False)
-    return (entry.fn, outs, (), checks, kernel.where, None, entry, None, False)
+        return FastPlan(memoizing(entry), outs, (), checks, kernel.where, None, entry, entry.fn, False)
+    return FastPlan(entry.fn, outs, (), checks, kernel.where, None, entry, None, False)
 
 
 def _describe_write(kernel, entry, checks, write_gate):
@@ -202,7 +215,7 @@ def _describe_write(kernel, entry, checks, write_gate):
     # (entry.traced: a large storage, donated when nothing else holds its buffer: strict mode's
     # Python kernel)
     slots = tuple(entry.mutated_slots)
-    return (entry.fn, (), slots, checks, kernel.where, gate, entry, None, entry.traced is not None)
+    return FastPlan(entry.fn, (), slots, checks, kernel.where, gate, entry, None, entry.traced is not None)
 
 
 def set_cache_scalars(on: bool = True) -> bool:

@@ -438,15 +438,16 @@ class FastKernel final : public c10::OperatorKernel {
 
 
 
-  // describe's (fn, ((shape, dtype), ...) of the new outputs, written slots, check messages or None,
-  // where, gate or None, Entry, a memo plan's plain executable or None) as a Plan; null (a Python error may be set) when it does not fit this overload
+  // describe's FastPlan (eager/fastpath.py) as a Plan; null (a Python error may be set) when it does
+  // not fit this overload
   std::shared_ptr<Plan> describe_plan(PyObject* d) const {
-    PyObject* outs = PyTuple_GET_ITEM(d, 1);
-    PyObject* slots = PyTuple_GET_ITEM(d, 2);
-    PyObject* checks = PyTuple_GET_ITEM(d, 3);
+    auto field = [d](PlanField k) { return PyTuple_GET_ITEM(d, C.plan_index[k]); };
+    PyObject* outs = field(P_OUTS);
+    PyObject* slots = field(P_WRITTEN);
+    PyObject* checks = field(P_CHECKS);
     if (!PyTuple_Check(outs) || !PyTuple_Check(slots)) return nullptr;
     auto plan = std::make_shared<Plan>();
-    plan->fn = PyTuple_GET_ITEM(d, 0);
+    plan->fn = field(P_FN);
     Py_INCREF(plan->fn);
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(slots); i++) {
       plan->mutated.push_back(static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(slots, i))));
@@ -465,22 +466,22 @@ class FastKernel final : public c10::OperatorKernel {
     if (checks != Py_None) {
       if (!C.note) return nullptr;
       plan->checks = checks;
-      plan->where = PyTuple_GET_ITEM(d, 4);
+      plan->where = field(P_WHERE);
       Py_INCREF(plan->checks);
       Py_INCREF(plan->where);
     }
-    if (PyTuple_GET_ITEM(d, 5) != Py_None) {
-      plan->gate = PyTuple_GET_ITEM(d, 5);
+    if (field(P_GATE) != Py_None) {
+      plan->gate = field(P_GATE);
       Py_INCREF(plan->gate);
     }
-    plan->entry = PyTuple_GET_ITEM(d, 6);
+    plan->entry = field(P_ENTRY);
     Py_INCREF(plan->entry);
-    if (PyTuple_GET_ITEM(d, 7) != Py_None) {
+    if (field(P_UNMEMOIZED) != Py_None) {
       if (C.off_memo < 0) return nullptr;
-      plan->plain_fn = PyTuple_GET_ITEM(d, 7);
+      plan->plain_fn = field(P_UNMEMOIZED);
       Py_INCREF(plan->plain_fn);
     }
-    plan->queue_only = PyTuple_GET_ITEM(d, 8) == Py_True;
+    plan->queue_only = field(P_FUSED_ONLY) == Py_True;
     if (PyErr_Occurred()) return nullptr;
     // an in-place or out= op writes and returns its argument; a functional one makes every return
     bool in_place = !plan->mutated.empty();
@@ -501,7 +502,7 @@ class FastKernel final : public c10::OperatorKernel {
       return;
     }
     FastEntry e;
-    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 9) {
+    if (Py_TYPE(d) == C.plan_type && PyTuple_GET_SIZE(d) == P_COUNT) {
       std::shared_ptr<Plan> plan = describe_plan(d);
       if (!plan) {
         PyErr_Clear();

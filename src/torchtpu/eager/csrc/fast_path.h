@@ -38,7 +38,14 @@ inline constexpr const char* kTableNames[] = {
     "unchecked_verdicts", "counters", "record_type", "array_type", "entry_type", "new_tensor", "describe",
     "device_scalar", "note_verdict", "run_method", "native_outputs", "address_counter", "memory_stats",
     "storage_ref_type", "memory_stats_type", "page_bytes", "open_segments", "sync_count", "fusion_lock",
-    "pending_type", "segment_type", "min_ops", "limit", "cold_calls", "hot_syncs",
+    "pending_type", "segment_type", "min_ops", "limit", "cold_calls", "hot_syncs", "plan_type",
+};
+
+// The fields of eager/fastpath.py FastPlan (what `describe` says of a plain entry), found by name
+// in its _fields at init
+enum PlanField { P_FN, P_OUTS, P_WRITTEN, P_CHECKS, P_WHERE, P_GATE, P_ENTRY, P_UNMEMOIZED, P_FUSED_ONLY, P_COUNT };
+inline constexpr const char* kPlanFields[P_COUNT] = {
+    "fn", "outs", "written_slots", "checks", "where", "gate", "entry", "unmemoized_fn", "fused_only",
 };
 
 struct Config {
@@ -56,6 +63,8 @@ struct Config {
   Py_ssize_t off_memo = -1;        // engine Entry's memo slot
   PyObject* new_tensor = nullptr;  // storage/records.py: new_tensor
   PyObject* describe = nullptr;    // describe(kernel): what a fast entry runs (eager/fastpath.py)
+  PyTypeObject* plan_type = nullptr;   // FastPlan, what describe returns for a plain entry
+  Py_ssize_t plan_index[P_COUNT] = {};   // each PlanField's place in a FastPlan
   PyTypeObject* array_type = nullptr;  // jax.Array's implementation type
   PyObject* run_name = nullptr;    // the OpKernel method that runs a keyed call (OpKernel._run)
   // what new_tensor (storage/records.py) touches, for making outputs here (tpu:0)

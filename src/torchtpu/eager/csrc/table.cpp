@@ -147,6 +147,29 @@ bool read_fused(TableReader& t, PyObject* entry_type) {
   return true;
 }
 
+// FastPlan's fields, by name: each of kPlanFields has a place, and FastPlan has no other field
+bool read_plan_type(TableReader& t) {
+  PyObject* type = t.type("plan_type");
+  PyObject* fields = type ? PyObject_GetAttrString(type, "_fields") : nullptr;
+  if (!fields) return false;
+  bool ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == P_COUNT;
+  if (!ok) PyErr_SetString(PyExc_TypeError, "torchtpu fast path: FastPlan's fields are not kPlanFields");
+  for (int k = 0; ok && k < P_COUNT; k++) {
+    C.plan_index[k] = -1;
+    for (Py_ssize_t i = 0; i < P_COUNT; i++) {
+      PyObject* name = PyTuple_GET_ITEM(fields, i);
+      if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, kPlanFields[k]) == 0) C.plan_index[k] = i;
+    }
+    if (C.plan_index[k] < 0) {
+      PyErr_Format(PyExc_TypeError, "torchtpu fast path: FastPlan has no field '%s'", kPlanFields[k]);
+      ok = false;
+    }
+  }
+  Py_DECREF(fields);
+  if (ok) C.plan_type = reinterpret_cast<PyTypeObject*>(TableReader::keep(type));
+  return ok;
+}
+
 // The checks, the eager state and the callables of the hot path, and the slots it reads
 bool read_core(TableReader& t, PyObject*& record_type, PyObject*& entry_type) {
   C.records = TableReader::keep(t.dict("records"));
@@ -207,7 +230,7 @@ int torchtpu_fast_init(PyObject* table) {
   TableReader t(table);
   PyObject* record_type = nullptr;
   PyObject* entry_type = nullptr;
-  if (!read_core(t, record_type, entry_type)) return 0;
+  if (!read_core(t, record_type, entry_type) || !read_plan_type(t)) return 0;
   if (!read_native_outputs(t, record_type)) return 0;
   return read_fused(t, entry_type) ? 1 : 0;
 }
