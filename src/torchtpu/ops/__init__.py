@@ -22,5 +22,6 @@ from . import (  # noqa: F401
     reductions,
     shape,
     special,
+    special_polynomials,
 )
 from .table import LOWERINGS, lowering  # noqa: F401
