@@ -1,6 +1,8 @@
 """Ops without a lowering that PyTorch can decompose: traced into ops that have one.
 
-`decomposed(op, meta_args, meta_kwargs)` is the last step of `resolve`. In order it tries:
+`decomposed(op, meta_args, meta_kwargs)` is the last step of `resolve` (registered in
+`resolve.DECOMPOSERS` at import: resolve cannot import this module, which plans with graph.py,
+which resolves). In order it tries:
 1. an interpreter-only lowering of `ops/graph.py` (`cat`, `index`, `gather`, factories, ...);
 2. PyTorch's decomposition of the op (`torch._decomp`), or its CompositeExplicitAutograd /
    CompositeImplicitAutograd kernel, traced with `make_fx` on the meta arguments. Inner ops that
