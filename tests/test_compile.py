@@ -295,6 +295,21 @@ def test_eager_decompositions(name, fn):
     torch.testing.assert_close(fn(a.to("tpu"), b.to("tpu")).cpu(), fn(a, b), **TOL)
 
 
+def test_resolve_reaches_decompositions_through_its_registry(monkeypatch):
+    """resolve.py does not import decompose.py (that closes a circle through graph.py): importing the ops
+    package registers decompose as resolve's last resort, and why it found nothing is chained to NotLowered."""
+    from torchtpu.ops import decompose, resolve
+
+    assert [(decompose.decomposed, decompose.last_failure)] == resolve.DECOMPOSERS
+    op = torch.ops.aten.celu.default  # no lowering: PyTorch decomposes it
+    assert resolve.op_name(op) not in resolve.LOWERINGS and resolve.functional_twin(op) is None
+    why = RuntimeError("cannot trace")
+    monkeypatch.setattr(resolve, "DECOMPOSERS", [(lambda op, args, kwargs: None, lambda: why)])
+    with pytest.raises(resolve.NotLowered) as raised:
+        resolve.resolve(op, (torch.empty(3, device="meta"),), {})
+    assert raised.value.__cause__ is why
+
+
 def test_eager_batch_norm_decomposition_updates_running_stats():
     torch.manual_seed(0)
     bn = nn.BatchNorm1d(6)

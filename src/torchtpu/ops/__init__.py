@@ -1,9 +1,11 @@
-"""The lowering table (see table.py); importing this package registers every lowering."""
+"""The lowering table (see table.py); importing this package registers every lowering, and
+decompose.py as resolve's last resort for ops without one."""
 
 from . import (  # noqa: F401
     activations,
     attention,
     convolution,
+    decompose,  # registers itself in resolve.DECOMPOSERS
     elementwise,
     embedding,
     factories,
@@ -20,5 +22,6 @@ from . import (  # noqa: F401
     reductions,
     shape,
     special,
+    special_polynomials,
 )
 from .table import LOWERINGS, lowering  # noqa: F401

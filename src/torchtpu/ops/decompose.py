@@ -1,6 +1,8 @@
 """Ops without a lowering that PyTorch can decompose: traced into ops that have one.
 
-`decomposed(op, meta_args, meta_kwargs)` is the last step of `resolve`. In order it tries:
+`decomposed(op, meta_args, meta_kwargs)` is the last step of `resolve` (registered in
+`resolve.DECOMPOSERS` at import: resolve cannot import this module, which plans with graph.py,
+which resolves). In order it tries:
 1. an interpreter-only lowering of `ops/graph.py` (`cat`, `index`, `gather`, factories, ...);
 2. PyTorch's decomposition of the op (`torch._decomp`), or its CompositeExplicitAutograd /
    CompositeImplicitAutograd kernel, traced with `make_fx` on the meta arguments. Inner ops that
@@ -20,6 +22,11 @@ import torch
 from torch._C import DispatchKey
 from torch.utils import _pytree as pytree
 
+from . import resolve
+from .graph import GraphProgram
+from .graph_lowerings import GRAPH_LOWERINGS, RANDOM_GRAPH_OPS, node_op_name
+from .table import LOWERINGS
+
 __all__ = ["decomposed", "decomposition_table_for_lowering", "lowered"]
 
 _active = threading.local()
@@ -27,14 +34,10 @@ _active = threading.local()
 
 def lowered(op) -> bool:
     """Whether `op` (or its functional twin) has a lowering, in the main table or the interpreter's."""
-    from .graph import GRAPH_LOWERINGS, node_op_name
-    from .resolve import functional_twin
-    from .table import LOWERINGS
-
     name = node_op_name(op)
     if name in LOWERINGS or name in GRAPH_LOWERINGS:
         return True
-    twin = functional_twin(op)
+    twin = resolve.functional_twin(op)
     return twin is not None and (node_op_name(twin[0]) in LOWERINGS or node_op_name(twin[0]) in GRAPH_LOWERINGS)
 
 
@@ -83,8 +86,6 @@ def decomposed(op, meta_args, meta_kwargs):
     ]
     if mutable and any(a.kwarg_only for _, a_name, kw in mutable for a in schema.arguments if a.name == a_name and kw):
         return None  # out= variants go through their functional twin
-    from .graph_lowerings import GRAPH_LOWERINGS, RANDOM_GRAPH_OPS, node_op_name
-
     name = node_op_name(op)
     if name in GRAPH_LOWERINGS and name not in RANDOM_GRAPH_OPS:
         return _graph_lowering_fn(op, GRAPH_LOWERINGS[name], meta_args, meta_kwargs)
@@ -114,6 +115,9 @@ def last_failure():
     return getattr(_active, "failure", None)
 
 
+resolve.DECOMPOSERS.append((decomposed, last_failure))
+
+
 def _graph_lowering_fn(op, fn, meta_args, meta_kwargs):
     val = op(*meta_args, **meta_kwargs)
 
@@ -129,8 +133,6 @@ def schema_name(op, pos):
 
 def _trace(op, impl, meta_args, meta_kwargs, mutable=()):
     from torch.fx.experimental.proxy_tensor import make_fx
-
-    from .graph import GraphProgram
 
     leaves, spec = pytree.tree_flatten((list(meta_args), dict(meta_kwargs)))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]

@@ -2,7 +2,8 @@
 
 In-place (`foo_`) and `out=` overloads are the functional op plus a write into the mutated
 arguments, so only functional ops need lowerings. Ops with neither go through a PyTorch
-decomposition traced into ops that have lowerings (see decompose.py).
+decomposition traced into ops that have lowerings (decompose.py, which registers itself in
+DECOMPOSERS: it sits above this module, planning its traces with graph.py, which resolves here).
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from .table import LOWERINGS, apply, declared_facts, reject_complex
 
 class NotLowered(NotImplementedError):
     pass
+
+
+# The last resort for an op with neither a lowering nor a functional twin: (decomposed, last_failure)
+# pairs, filled at import by decompose.py (ops/__init__ imports it). `decomposed(op, meta_args,
+# meta_kwargs)` gives a JAX function or None; `last_failure()` says why it gave None (chained to
+# the NotLowered raised).
+DECOMPOSERS: list = []
 
 
 def op_name(op) -> str:
@@ -117,15 +125,16 @@ def resolve(op, meta_args, meta_kwargs):
         fn.extra_mutations = getattr(inner, "extra_mutations", ())
         fn.specialize_scalars = getattr(inner, "specialize_scalars", False)
         return fn
-    from .decompose import decomposed, last_failure
-
-    fn = decomposed(op, meta_args, meta_kwargs)
-    if fn is not None:
-        return fn
+    failure = None
+    for decomposed, last_failure in DECOMPOSERS:
+        fn = decomposed(op, meta_args, meta_kwargs)
+        if fn is not None:
+            return fn
+        failure = last_failure() or failure
     raise NotLowered(
         f"torchtpu: aten::{name} is not implemented for the tpu device. Set TORCHTPU_CPU_FALLBACK=1 "
         f"(or torchtpu.set_cpu_fallback(True)) to run it on the CPU, or file an issue."
-    ) from last_failure()
+    ) from failure
 
 
 def _check_inplace_cast(op, func, meta_args, meta_kwargs, adapt):
