@@ -89,3 +89,17 @@ def test_one_op_executables_at_llvm_o1_give_the_bits_of_o3(op):
             torch.manual_seed(7)
             results.append(op(x).cpu())
     assert torch.equal(results[0].view(torch.uint8), results[1].view(torch.uint8))
+
+
+def test_only_reductions_of_numbers_take_the_reduction_emitters():
+    """Reductions of booleans (device-side checks of index ops, any/all) keep the LLVM IR emitters."""
+    from torchtpu.eager.xla_options import _reduces
+
+    x, i = jax.numpy.ones((4, 5)), jax.numpy.ones((3,), "int32")
+    flags = lambda i: jax.numpy.stack([i > 0, i < 9])
+    assert _reduces(jax.make_jaxpr(lambda x: x.sum(0))(x))
+    assert _reduces(jax.make_jaxpr(lambda x: x.argmax(0))(x))
+    assert _reduces(jax.make_jaxpr(lambda x: (x > 0).sum())(x))  # (summed as integers)
+    assert not _reduces(jax.make_jaxpr(lambda i: jax.numpy.all(flags(i)))(i))
+    assert not _reduces(jax.make_jaxpr(lambda i: jax.numpy.argmin(flags(i)))(i))
+    assert not _reduces(jax.make_jaxpr(lambda x: jax.numpy.any(x > 0, 1))(x))
