@@ -64,31 +64,34 @@ def test_compiled_graph_compiles_with_the_options(tmp_path):
 @pytest.mark.skipif(torch.tpu.platform() != "cpu", reason="a default of XLA:CPU only")
 def test_one_op_executables_take_the_small_program_emitters_on_xla_cpu(tmp_path):
     """One eager op without a reduction compiles with XLA:CPU's LLVM IR fusion emitters (less compile
-    time for a small program); a reduction and a compiled graph keep XLA's default; the user's
-    option wins."""
+    time for a small program); a reduction keeps XLA's emitters; both take LLVM's -O1; a compiled
+    graph keeps XLA's defaults; the user's option wins."""
     cco = torch.tpu.compiler.custom_compiler_options
     x = torch.randn(_fresh_shape(), device="tpu")
     with cco({"xla_dump_to": str(tmp_path / "op")}):
         torch.testing.assert_close((x * 3 - 1).cpu(), x.cpu() * 3 - 1)
     dumped = _debug_options(tmp_path / "op")
     assert dumped and all("xla_cpu_use_fusion_emitters: false" in t for t in dumped)
-    with cco({"xla_dump_to": str(tmp_path / "reduction")}):  # a reduction keeps XLA's default
+    assert all("xla_backend_optimization_level: 1" in t for t in dumped)
+    with cco({"xla_dump_to": str(tmp_path / "reduction")}):  # a reduction keeps XLA's emitters
         torch.testing.assert_close(torch.softmax(x, -1).cpu(), torch.softmax(x.cpu(), -1))
     dumped = _debug_options(tmp_path / "reduction")
     assert dumped and not any("xla_cpu_use_fusion_emitters: false" in t for t in dumped)
+    assert all("xla_backend_optimization_level: 1" in t for t in dumped)
 
     f = torch.compile(lambda a: torch.sin(a) * 2 + a, backend="tpu")
     with cco({"xla_dump_to": str(tmp_path / "graph")}):
         torch.testing.assert_close(f(x).cpu(), torch.sin(x.cpu()) * 2 + x.cpu())
     dumped = _debug_options(tmp_path / "graph")
     assert dumped and not any("xla_cpu_use_fusion_emitters" in t for t in dumped)
+    assert not any("xla_backend_optimization_level: 1" in t for t in dumped)
 
     with cco({"xla_dump_to": str(tmp_path / "user"), "xla_cpu_use_fusion_emitters": True}):
         assert xla_options.op_options(xla_options.jax_options())["xla_cpu_use_fusion_emitters"] is True
         torch.testing.assert_close((x * 3 - 1).cpu(), x.cpu() * 3 - 1)
     dumped = _debug_options(tmp_path / "user")  # (XLA's own default is not written out)
     assert dumped and not any("xla_cpu_use_fusion_emitters: false" in t for t in dumped)
-    assert xla_options.op_options(None) == {"xla_cpu_use_fusion_emitters": False}
+    assert xla_options.op_options(None) == {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 
 
 def test_nesting_merges_inner_wins_and_restores():

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from ..device import platform
@@ -289,6 +290,11 @@ def call_and_commit(fn, args, records, first):
 # donated: its refcount is too high): `new_ones`, `empty(...).fill_()` and copies into a fresh
 # `empty` write a storage that was never written, whose zeros would otherwise cost a call each time.
 SMALL_ZEROS = 1 << 14
+# Zeros of at most HOST_ZEROS bytes are sent from the host: a compiled zeros program costs an XLA
+# compile per new shape (30-70 ms on XLA:CPU: every `torch.randn` of a new shape paid one), a
+# transfer of 1 MiB 0.1-0.3 ms here and well under a millisecond over PCIe; bigger ones are made on
+# the device, where a transfer would cost more than the compile.
+HOST_ZEROS = 1 << 20
 _zeros_fns = {}
 _zeros_kept = {}
 
@@ -297,11 +303,32 @@ def zeros(shape, dtype, device_index):
     """A buffer of zeros of `shape` and torch dtype `dtype` on tpu:`device_index`."""
     if type(shape) is int:
         shape = (shape,)
-    small = math.prod(shape) * dtype.itemsize <= SMALL_ZEROS
+    nbytes = math.prod(shape) * dtype.itemsize
+    small = nbytes <= SMALL_ZEROS
     if small:
         kept = _zeros_kept.get((shape, dtype, device_index))
         if kept is not None:
             return kept
+    make = _host_zeros if nbytes <= HOST_ZEROS else _device_zeros
+    try:
+        z = make(shape, dtype, device_index)
+    except jax.errors.JaxRuntimeError as e:
+        errors.raise_out_of_memory(e)
+        raise
+    if small:
+        if len(_zeros_kept) >= 256:
+            _zeros_kept.clear()
+        _zeros_kept[(shape, dtype, device_index)] = z
+    return z
+
+
+def _host_zeros(shape, dtype, device_index):
+    platform.require_x64()  # (else JAX would narrow a 64-bit array)
+    sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
+    return jax.device_put(np.zeros(shape, dt.to_jax(dtype)), sharding)
+
+
+def _device_zeros(shape, dtype, device_index):
     fn = _zeros_fns.get((dtype, device_index))
     if fn is None:
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
@@ -314,13 +341,4 @@ def zeros(shape, dtype, device_index):
         fn = _zeros_fns[(dtype, device_index)] = tpu_check.jit(
             make_zeros, f"zeros of {dtype}", static_argnums=0, out_shardings=sharding
         )
-    try:
-        z = fn(shape)
-    except jax.errors.JaxRuntimeError as e:
-        errors.raise_out_of_memory(e)
-        raise
-    if small:
-        if len(_zeros_kept) >= 256:
-            _zeros_kept.clear()
-        _zeros_kept[(shape, dtype, device_index)] = z
-    return z
+    return fn(shape)

@@ -28,7 +28,7 @@ _jax = [None]  # the same as JAX's compiler_options dict, or None when there are
 _base: dict = {}  # process-wide settings (allow_excess_precision)
 _stack: list = []  # the custom_compiler_options contexts, innermost last
 _checked: set = set()
-_op_defaults: list = []  # [defaults] once probed
+_op_defaults: list = []  # [with a reduction, the others' own, without one] once probed
 
 # One eager op is a small program. XLA:CPU's LLVM IR fusion emitters compile one without a
 # reduction ~30-45% faster than the MLIR fusion emitters XLA defaults to, and the code runs as fast
@@ -37,7 +37,15 @@ _op_defaults: list = []  # [defaults] once probed
 # graph (torch.compile's) compiles faster with the MLIR emitters. So only one-op executables
 # without a reduction take the LLVM IR emitters, on XLA:CPU; the user's options still win
 # (benchmarks/compile_time.py, docs/design.md).
-_SMALL_PROGRAM_DEFAULTS = {"cpu": {"xla_cpu_use_fusion_emitters": False}}
+# Every one-op executable takes LLVM's -O1 instead of XLA's default -O3 (its first call is mostly
+# compile: benchmarks/cold_start.py): the random ops' programs (threefry, inlined) compile 3-5x
+# faster (`randn`: 0.8-1.0 s -> 0.17-0.24 s), softmax ~2x, small ones 5-50%; the code runs as fast
+# (0.8-1.2x at 1024x1024; a few reductions 1.1-1.36x) and the results are bitwise the same (517
+# elementwise, cast and special-function programs over 9 dtypes, random draws, sums, softmax,
+# variance, cumsum, argmax, matmul). Not -O0: it leaves products and sums unfused (no FMA), which
+# changes float results.
+_SMALL_PROGRAM_DEFAULTS = {"cpu": {"xla_backend_optimization_level": 1}}
+_NO_REDUCTION_DEFAULTS = {"cpu": {"xla_cpu_use_fusion_emitters": False}}
 _REDUCTIONS = frozenset(
     {
         "reduce_sum",
@@ -75,37 +83,48 @@ def op_options(user, jaxpr=None):
     """The compiler options one eager op's executable is compiled with, given `user` (what
     jax_options() was when it was built: what keys it, and what the fused mode and the C++ fast path
     look at) and, when known, its jaxpr: the user's options merged over the platform's defaults for
-    small programs without a reduction, the user's winning."""
-    if jaxpr is not None and _reduces(jaxpr):  # (called when an op is built, not per call)
-        return user
-    merged = {**_small_program_defaults(), **(user or {})}
+    small programs (with or without a reduction), the user's winning."""
+    reduces = jaxpr is not None and _reduces(jaxpr)  # (called when an op is built, not per call)
+    merged = {**_small_program_defaults(reduces), **(user or {})}
     return merged or None
 
 
 def _reduces(jaxpr) -> bool:
-    """Whether a (closed) jaxpr or any jaxpr nested in its equations reduces."""
+    """Whether a (closed) jaxpr or any jaxpr nested in its equations reduces numbers. Reductions of
+    booleans do not count: the device-side checks of index ops (ops/checks.py: all/argmin over their
+    flags) would otherwise take every gather, scatter and embedding to the MLIR emitters, whose
+    compile is ~40% longer there (embedding with its check 83 -> 47 ms; `any(dim)` runs 1.5x faster
+    with the LLVM IR emitters too)."""
     from jax.extend.core import jaxprs_in_params
 
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name in _REDUCTIONS:
+        if eqn.primitive.name in _REDUCTIONS and not all(_is_bool(v) for v in eqn.invars):
             return True
         if any(_reduces(sub) for sub in jaxprs_in_params(eqn.params)):
             return True
     return False
 
 
-def _small_program_defaults() -> dict:
+def _is_bool(var) -> bool:
+    dtype = getattr(getattr(var, "aval", None), "dtype", None)
+    return dtype is not None and dtype.kind == "b"
+
+
+def _small_program_defaults(reduces: bool) -> dict:
     if not _op_defaults:
         from ..device import platform
 
-        defaults = _SMALL_PROGRAM_DEFAULTS.get(platform.platform(), {})
-        if defaults:  # a jaxlib whose XLA no longer has the option: XLA's own defaults
-            try:
-                _check(defaults, "")
-            except ValueError:
-                defaults = {}
-        _op_defaults.append(defaults)
-    return _op_defaults[0]
+        name = platform.platform()
+        for table in (_SMALL_PROGRAM_DEFAULTS, _NO_REDUCTION_DEFAULTS):
+            defaults = table.get(name, {})
+            if defaults:  # a jaxlib whose XLA no longer has the option: XLA's own defaults
+                try:
+                    _check(defaults, "")
+                except ValueError:
+                    defaults = {}
+            _op_defaults.append(defaults)
+        _op_defaults.append({**_op_defaults[0], **_op_defaults[1]})
+    return _op_defaults[0] if reduces else _op_defaults[2]
 
 
 def normalize(options, where="torch.tpu.compiler.custom_compiler_options") -> dict:
