@@ -8,6 +8,10 @@ the ordinary index / index_put kernels run.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 import jax.numpy as jnp
 import torch
 
@@ -293,6 +297,8 @@ def _check_host_indices(self, indices):
             size = self.shape[dim]
             bad = (i < -size) | (i >= size)
             if bad.any():
+                if size == 0:  # the CPU's words for indexing an empty dimension: no value, no dimension
+                    raise IndexError("index is out of bounds for dimension with size 0")
                 value = int(i[bad].reshape(-1)[0])
                 raise IndexError(f"index {value} is out of bounds for dimension {indexed} with size {size}")
         dim += 1
@@ -315,15 +321,74 @@ def _check_mask_shapes(self, indices):
             d += 1
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _warn_at_caller(message):
+    """A UserWarning attributed to the first frame outside torchtpu, where PyTorch's C++ warnings
+    land: the "default" filter then shows one per line of user code, as on the CPU."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
+def _warn_byte_masks(indices):
+    for i in indices:
+        if i is not None and i.dtype == torch.uint8:  # the CPU warns once per byte mask, every call
+            _warn_at_caller("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.")
+
+
+def _shape_text(shape):
+    return "[" + ", ".join(str(n) for n in shape) + "]"
+
+
+def _indexing_result_shape(shape, longs):
+    """The shape `x[indices]` has (long indices only), or PyTorch's IndexError where they do not broadcast."""
+    indexed = [d for d, i in enumerate(longs) if i is not None]
+    if not indexed:
+        return tuple(shape)
+    try:
+        together = tuple(torch.broadcast_shapes(*(tuple(longs[d].shape) for d in indexed)))
+    except RuntimeError:
+        shapes = ", ".join(_shape_text(longs[d].shape) for d in indexed)
+        message = f"shape mismatch: indexing tensors could not be broadcast together with shapes {shapes}"
+        raise IndexError(message) from None
+    kept = [n for d, n in enumerate(shape) if d >= len(longs) or longs[d] is None]
+    if indexed == list(range(indexed[0], indexed[-1] + 1)):  # adjacent: the result's dims go in their place
+        return tuple(kept[: indexed[0]]) + together + tuple(kept[indexed[0] :])
+    return together + tuple(kept)
+
+
+def _check_values_fit(values, result_shape):
+    """index_put's check: the values expand to the indexing result (no extra dims, even of size 1)."""
+    vshape = tuple(values.shape)
+    fits = len(vshape) <= len(result_shape) and all(
+        v in (1, r) for v, r in zip(reversed(vshape), reversed(result_shape))
+    )
+    if not fits:
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {_shape_text(vshape)} cannot be broadcast to indexing "
+            f"result of shape {_shape_text(result_shape)}"
+        )
+
+
 def with_masks(engine_kernel, position):
     def kernel(*args, **kwargs):
         indices = args[position] if len(args) > position else kwargs.get("indices")
         if indices is not None:
             _check_index_dtypes(indices)
+            _warn_byte_masks(indices)
             _check_host_indices(args[0], indices)
         longs = _long_indices(indices, args[0].device) if indices is not None else None
         if longs is not None:
             _check_mask_shapes(args[0], indices)
+        if indices is not None:
+            result_shape = _indexing_result_shape(tuple(args[0].shape), indices if longs is None else longs)
+            values = args[position + 1] if len(args) > position + 1 else kwargs.get("values")
+            if isinstance(values, torch.Tensor):  # the index_put family: values follow the indices
+                _check_values_fit(values, result_shape)
+        if longs is not None:
             if len(args) > position:
                 args = args[:position] + (longs,) + args[position + 1 :]
             else:
@@ -375,14 +440,32 @@ def bincount(self, weights=None, minlength=0):
     return new_tensor((n,), out_dtype, dev, _bincount(x, w, n))
 
 
+# The CPU's out= checks of each data-dependent op, in its words (its kernels check dtype first)
+def _nonzero_dtype_message(out, result):
+    # (the CPU's message lacks the space before the out tensor's type)
+    want, got = dt.scalar_type_name(result.dtype), dt.scalar_type_name(out.dtype)
+    return f"nonzero: Expected out tensor to have scalar type {want} but got scalar type{got}"
+
+
+_OUT_DTYPE_MESSAGES = {
+    "nonzero": _nonzero_dtype_message,
+    "masked_select": lambda out, result: "masked_select(): self and result must have the same scalar type",
+}
+
+
 def _into(out, result, name):
     """The `out=` form of a data-dependent op: PyTorch resizes `out` to the result."""
     if out.dtype != result.dtype:
+        message = _OUT_DTYPE_MESSAGES.get(name)
         raise RuntimeError(
-            f"{name}: Expected out tensor to have scalar type {result.dtype} but got {out.dtype} instead"
+            message(out, result)
+            if message
+            else f"{name}: Expected out tensor to have dtype {result.dtype}, but got {out.dtype} instead"
         )
-    if out.device != result.device:
-        raise RuntimeError(f"Expected out tensor to be on {result.device} but got {out.device}")
+    if out.device != result.device:  # CUDA's kernels say "on the same device"
+        raise RuntimeError(
+            f"{name}: Expected out tensor to be on the same device as self ({result.device}), but got {out.device}"
+        )
     out.resize_(result.shape)
     return out.copy_(result)
 
