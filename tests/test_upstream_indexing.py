@@ -1,0 +1,118 @@
+"""Regressions found by PyTorch's test_indexing.py, test_shape_ops.py and test_sort_and_select.py on "tpu"
+(issue 47): indexing, nonzero and unique, compared against the CPU on the same inputs."""
+
+import warnings
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+DEV = "tpu"
+
+
+def same_error(fn):
+    """fn(device) raises on the CPU and on tpu, with the same exception type and message."""
+    with pytest.raises(Exception) as cpu_error:
+        fn("cpu")
+    for _ in range(2):
+        with pytest.raises(type(cpu_error.value)) as tpu_error:
+            fn(DEV)
+        assert str(tpu_error.value) == str(cpu_error.value)
+
+
+def _byte_mask_warnings(device):
+    v = torch.tensor([True, False, True], device=device)
+    mask = torch.tensor([1, 0, 1], dtype=torch.uint8, device=device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        first = v[mask]
+        second = v[mask]
+    return first, second, [(w.category, str(w.message).split(" (Triggered")[0], w.lineno) for w in caught]
+
+
+def test_byte_masks_warn_once_per_line_as_on_the_cpu():
+    cpu_first, cpu_second, cpu_warnings = _byte_mask_warnings("cpu")
+    tpu_first, tpu_second, tpu_warnings = _byte_mask_warnings(DEV)
+    assert_close(tpu_first.cpu(), cpu_first)
+    assert_close(tpu_second.cpu(), cpu_second)
+    # one UserWarning per indexing line, attributed to the caller's line (not to torchtpu)
+    assert len(cpu_warnings) == 2 and [w[:2] for w in tpu_warnings] == [w[:2] for w in cpu_warnings]
+    assert [w[2] for w in tpu_warnings] == [w[2] for w in cpu_warnings]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, d: x[:, [0, 1]],
+        lambda x, d: x[:, torch.tensor([0, 1], device=d)],
+    ],
+)
+def test_index_into_an_empty_dimension_raises_the_cpus_index_error(call):
+    same_error(lambda d: call(torch.empty(10, 0, device=d), d))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.zeros(5, 5, device=d)[[0, 1], [0, 1, 2]],
+        lambda d: torch.zeros(5, 5, device=d).__setitem__(([0, 1], [0, 1, 2]), 0),
+        lambda d: torch.ones(2, 3, 4, device=d)[False, [0, 1], ...],
+    ],
+)
+def test_indices_that_do_not_broadcast_raise_the_cpus_index_error(call):
+    same_error(call)
+
+
+@pytest.mark.parametrize(
+    "target, index, values",
+    [
+        ((4,), lambda d: torch.arange(4, device=d) > -1, (0,)),
+        ((4,), lambda d: torch.arange(4, device=d) > -1, (3,)),
+        ((4,), lambda d: torch.tensor([0, 1, 2, 3], device=d), (1, 4)),
+        ((3, 4, 5), lambda d: torch.tensor([[True, False, True, True]] * 3, device=d), (2,)),
+        ((3, 4, 5), lambda d: torch.tensor([0, 1], device=d), (3, 4, 5)),
+    ],
+)
+def test_index_put_values_that_do_not_fit_raise_the_cpus_error(target, index, values):
+    def run(device):
+        x = torch.zeros(target, device=device)
+        x.index_put_((index(device),), torch.ones(values, device=device))
+
+    same_error(run)
+
+
+def test_index_put_values_that_broadcast_still_compute():
+    def run(device):
+        x = torch.zeros(3, 4, 5, device=device)
+        x[torch.tensor([0, 2], device=device), :, torch.tensor([1, 4], device=device)] = torch.ones(4, device=device)
+        x[:, torch.tensor([0, 2], device=device), torch.tensor([1, 4], device=device)] = torch.ones(3, 1, device=device)
+        x[torch.tensor([True, False, True], device=device)] = torch.arange(5.0, device=device)
+        x.index_put_((torch.tensor([1], device=device),), torch.ones((), device=device), accumulate=True)
+        return x
+
+    expected = run("cpu")
+    assert_close(run(DEV).cpu(), expected)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.nonzero(torch.tensor([1.0, 0, 2], device=d), out=torch.empty(0, device=d)),
+        lambda d: torch.masked_select(
+            torch.tensor([1.0, 0, 2], device=d),
+            torch.tensor([True, False, True], device=d),
+            out=torch.empty(0, dtype=torch.long, device=d),
+        ),
+    ],
+)
+def test_data_dependent_out_of_another_dtype_raises_the_cpus_error(call):
+    same_error(call)
+
+
+def test_nonzero_out_on_another_device_says_so():
+    with pytest.raises(RuntimeError, match="on the same device"):
+        torch.nonzero(torch.tensor([1.0, 0, 2], device=DEV), out=torch.empty(0, dtype=torch.long))
+    out = torch.empty(4, 4, dtype=torch.long, device=DEV)[:, ::2]
+    x = torch.tensor([[1, 0], [0, 3], [5, 0], [0, 0]])
+    torch.nonzero(x.to(DEV), out=out)
+    assert_close(out.cpu(), torch.nonzero(x))
