@@ -116,3 +116,21 @@ def test_nonzero_out_on_another_device_says_so():
     x = torch.tensor([[1, 0], [0, 3], [5, 0], [0, 0]])
     torch.nonzero(x.to(DEV), out=out)
     assert_close(out.cpu(), torch.nonzero(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int32])
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_mean_divides_the_rounded_sum_as_the_cpu(dtype, reduce, include_self):
+    # duplicate indices: the CPU sums a half tensor in float32, stores the sum as a half, then divides it
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(12, 9, generator=g) * 18 - 9).to(dtype)
+    src = (torch.rand(12, 9, generator=g) * 18 - 9).to(dtype)
+    index = torch.randint(0, 9, (12, 6), generator=g)
+
+    def run(device):
+        updates = src[:, :6].to(device)
+        return x.to(device).scatter_reduce(1, index.to(device), updates, reduce, include_self=include_self)
+
+    expected = run("cpu")
+    assert_close(run(DEV).cpu(), expected, rtol=0, atol=0)
