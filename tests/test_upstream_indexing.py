@@ -134,3 +134,30 @@ def test_scatter_reduce_mean_divides_the_rounded_sum_as_the_cpu(dtype, reduce, i
 
     expected = run("cpu")
     assert_close(run(DEV).cpu(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [[float("nan")], [0.0], [0.0], [float("nan")], [float("nan")], [1.0]],
+        [[3.0], [float("nan")], [1.0], [float("nan")], [0.0], [2.0], [1.0]],
+        [[3.0, float("nan")], [1, 2], [float("nan"), 1], [1, 2], [3, float("nan")], [0, 5]],
+        [[2.0, 1.0], [0.0, 1.0], [2.0, 0.0], [0.0, 1.0]],
+    ],
+)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_unique_dim_orders_nan_slices_as_the_cpu(values, dim):
+    # NaN is unordered: the CPU's order of slices holding one is its insertion sort's (up to 16 slices)
+    x = torch.tensor(values)
+
+    def run(device):
+        return torch.unique(x.to(device), dim=dim, return_inverse=True, return_counts=True)
+
+    expected = run("cpu")
+    for got, want in zip(run(DEV), expected):
+        assert_close(got.cpu(), want, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape, dim", [((5, 0, 0), 1), ((5, 0, 5), 2), ((0, 0), 0), ((5, 0, 5), 0)])
+def test_unique_dim_of_empty_tensors_raises_the_cpus_error(shape, dim):
+    same_error(lambda device: torch.unique(torch.empty(shape, device=device), dim=dim, return_inverse=True))

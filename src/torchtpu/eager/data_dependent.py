@@ -78,10 +78,42 @@ def _rows(x, dim):
     return moved.reshape(moved.shape[0], -1)
 
 
+def _row_less(a, rows):
+    """For each row of `rows`: whether `a` sorts before it, as the CPU's unique(dim) compares slices:
+    the first column where one is < or > the other decides; NaN is neither, so that column is skipped."""
+    lt, gt = a[None, :] < rows, a[None, :] > rows
+    decisive = lt | gt
+    first = jnp.argmax(decisive, axis=1)
+    return jnp.any(decisive, axis=1) & jnp.take_along_axis(lt, first[:, None], axis=1)[:, 0]
+
+
+# Up to this many slices, the CPU's std::sort is an insertion sort, which _insertion_order repeats step
+# by step: with NaNs (unordered) its order is the algorithm's, not a sorted one (`[nan, 0, nan, 1]`).
+_CPU_INSERTION_SORT_ROWS = 16
+
+
+def _insertion_order(rows):
+    """The permutation an insertion sort with _row_less leaves (libstdc++'s: a slice less than the first
+    goes to the front, else it moves left while less than its left neighbour)."""
+    d = rows.shape[0]
+    perm = jnp.arange(d)
+    slots = jnp.arange(d)
+    for i in range(1, d):
+        v = perm[i]
+        less = _row_less(rows[v], rows[perm[:i]])  # against the slices placed so far
+        trailing = jnp.sum(jnp.cumprod(less[::-1].astype(jnp.int32)))  # run of `less` ending at i - 1
+        j = jnp.where(less[0], 0, i - trailing)
+        shifted = jnp.where(slots > j, perm[jnp.maximum(slots - 1, 0)], perm)
+        perm = jnp.where(slots > i, perm, jnp.where(slots == j, v, shifted))
+    return perm
+
+
 def _groups(x, dim, sort):
     rows = _rows(x, dim)
     d = rows.shape[0]
-    if sort and d:
+    if sort and d and dim is not None and jnp.issubdtype(rows.dtype, jnp.floating) and d <= _CPU_INSERTION_SORT_ROWS:
+        perm = _insertion_order(rows)
+    elif sort and d:
         keys = [rows[:, j] for j in range(rows.shape[1] - 1, -1, -1)]  # lexsort: last key is primary
         perm = jnp.lexsort(keys) if keys else jnp.arange(d)
     else:
@@ -149,6 +181,8 @@ def _unique_impl(self, dim, sort, return_inverse, return_counts, inverse_shape):
         if self.dim() == 0:
             raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got 1)")
     if dim is not None and self.numel() == 0:  # as the CPU: nothing to group along an empty dim
+        if sum(n == 0 for n in shape) > 1:  # (the CPU's message ends in a space)
+            raise RuntimeError("Number of zero sized dimensions is more than one, so unique cannot be applied ")
         if shape[dim] != 0:
             raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique cannot be applied")
         dev = self.device.index
