@@ -161,3 +161,39 @@ def test_unique_dim_orders_nan_slices_as_the_cpu(values, dim):
 @pytest.mark.parametrize("shape, dim", [((5, 0, 0), 1), ((5, 0, 5), 2), ((0, 0), 0), ((5, 0, 5), 0)])
 def test_unique_dim_of_empty_tensors_raises_the_cpus_error(shape, dim):
     same_error(lambda device: torch.unique(torch.empty(shape, device=device), dim=dim, return_inverse=True))
+
+
+@pytest.mark.parametrize(
+    "assign",
+    [
+        lambda x, d: x.__setitem__(torch.tensor([True, False, True]), 5),
+        lambda x, d: x.__setitem__(torch.tensor([True, False, True], device=d), torch.tensor(7.0, device=d)),
+        lambda x, d: x.__setitem__(torch.rand(3, 4, generator=torch.Generator().manual_seed(0)) > 0.5, float("nan")),
+        lambda x, d: x.__setitem__(torch.tensor([True, False, True]), torch.tensor([[[1.0]]], device=d)),
+        lambda x, d: x.index_put_((torch.tensor([True, False, True]),), torch.tensor(2.0, device=d), accumulate=True),
+        lambda x, d: x.__setitem__(torch.tensor([True, False, True]), torch.arange(4.0, device=d)),
+    ],
+)
+def test_mask_assignments_of_one_value(assign):
+    # `x[mask] = v` with one value is a masked fill: no count of the mask's elements is needed
+    def run(device):
+        x = torch.arange(12.0, device=device).reshape(3, 4)
+        assign(x, device)
+        return x
+
+    expected = run("cpu")
+    assert_close(run(DEV).cpu(), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.zeros(3, 4, device=d).__setitem__(torch.tensor([1, 0, 1], dtype=torch.uint8), 2.0),
+        lambda d: torch.zeros(3, device=d).masked_fill(torch.tensor([1, 0, 1], device=d), 1.0),
+        lambda d: torch.zeros(3, device=d).masked_fill_(torch.ones(3, dtype=torch.bfloat16, device=d), 1.0),
+    ],
+)
+def test_masks_that_are_not_bool_raise_the_cpus_error(call):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the byte mask's deprecation warning)
+        same_error(call)

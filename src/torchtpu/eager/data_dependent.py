@@ -407,9 +407,35 @@ def _check_values_fit(values, result_shape):
         )
 
 
-def with_masks(engine_kernel, position):
+def _single_mask_fill(self, indices, values, accumulate):
+    """`x[mask] = v` with one mask over x's leading dims and a single value: which elements change
+    does not need their count, so it is x.masked_fill(mask, v) (no sync, no executable per count)."""
+    if accumulate or not isinstance(values, torch.Tensor) or values.numel() != 1 or values.dtype != self.dtype:
+        return None
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype not in (torch.bool, torch.uint8):
+        return None
+    mask = indices[0]
+    if mask.dim() == 0 or tuple(mask.shape) != tuple(self.shape[: mask.dim()]) or values.device != self.device:
+        return None
+    if values.dim() > 1 + self.dim() - mask.dim():  # more dims than the indexing result: index_put raises
+        return None
+    # (a byte mask stays one: masked_fill refuses it with the CPU's error, as the CPU's index_put_ does)
+    mask = mask.to(self.device).reshape(tuple(mask.shape) + (1,) * (self.dim() - mask.dim()))
+    return mask, values.reshape(())
+
+
+def with_masks(engine_kernel, position, name=""):
+    inplace = name.split(".")[0].endswith("_")  # index_put_, _index_put_impl_ (index_put: a new tensor)
+
     def kernel(*args, **kwargs):
         indices = args[position] if len(args) > position else kwargs.get("indices")
+        if indices is not None and position == 1:
+            values = args[2] if len(args) > 2 else kwargs.get("values")
+            accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+            fill = _single_mask_fill(args[0], indices, values, accumulate)
+            if fill is not None:
+                _warn_byte_masks(indices)
+                return (aten.masked_fill_ if inplace else aten.masked_fill).Tensor(args[0], *fill)
         if indices is not None:
             _check_index_dtypes(indices)
             _warn_byte_masks(indices)
