@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import fill_value_check, pow_exponent_check, same_dtype_out_check
+from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, operand_facts, promote, scalar_type_name
 from .table import KIND, Lowering, apply, lowering
 
@@ -682,36 +682,12 @@ def zero(a):
     return jnp.zeros(a.shape, a.dtype)
 
 
-# the C++ type names the CPU's masked_fill error spells a mask's dtype with
-_CPP_TYPE_NAMES = {
-    torch.uint8: "unsigned char",
-    torch.int8: "signed char",
-    torch.int16: "short int",
-    torch.uint16: "short unsigned int",
-    torch.int32: "int",
-    torch.int64: "long int",
-    torch.float32: "float",
-    torch.float64: "double",
-    torch.float16: "c10::Half",
-    torch.bfloat16: "c10::BFloat16",
-    torch.complex64: "c10::complex<float>",
-    torch.complex128: "c10::complex<double>",
-}
-
-
-def _bool_mask_check(a, mask, *_, **__):
-    """The CPU's error for a mask that is not bool (the meta kernel words it otherwise)."""
-    if mask.dtype != torch.bool:
-        name = _CPP_TYPE_NAMES.get(mask.dtype, scalar_type_name(mask.dtype))
-        raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype {name}")
-
-
 @lowering(
     "masked_fill.Scalar",
     "masked_fill.Tensor",
     host_check={"masked_fill.Scalar": fill_value_check(2), "masked_fill_.Scalar": fill_value_check(2)},
     meta_check=_with_variants(
-        _bool_mask_check, "masked_fill.Scalar", "masked_fill.Tensor", "masked_fill_.Scalar", "masked_fill_.Tensor"
+        bool_mask_check, "masked_fill.Scalar", "masked_fill.Tensor", "masked_fill_.Scalar", "masked_fill_.Tensor"
     ),
 )
 def masked_fill(a, mask, value):
