@@ -382,16 +382,23 @@ def _indexing_result_shape(shape, longs):
     indexed = [d for d, i in enumerate(longs) if i is not None]
     if not indexed:
         return tuple(shape)
-    try:
-        together = tuple(torch.broadcast_shapes(*(tuple(longs[d].shape) for d in indexed)))
-    except RuntimeError:
-        shapes = ", ".join(_shape_text(longs[d].shape) for d in indexed)
-        message = f"shape mismatch: indexing tensors could not be broadcast together with shapes {shapes}"
-        raise IndexError(message) from None
+    if len(indexed) == 1:  # (most calls: nothing to broadcast)
+        together = tuple(longs[indexed[0]].shape)
+    else:
+        together = _broadcast_indices(longs, indexed)
     kept = [n for d, n in enumerate(shape) if d >= len(longs) or longs[d] is None]
     if indexed == list(range(indexed[0], indexed[-1] + 1)):  # adjacent: the result's dims go in their place
         return tuple(kept[: indexed[0]]) + together + tuple(kept[indexed[0] :])
     return together + tuple(kept)
+
+
+def _broadcast_indices(longs, indexed):
+    try:
+        return tuple(torch.broadcast_shapes(*(tuple(longs[d].shape) for d in indexed)))
+    except RuntimeError:
+        shapes = ", ".join(_shape_text(longs[d].shape) for d in indexed)
+        message = f"shape mismatch: indexing tensors could not be broadcast together with shapes {shapes}"
+        raise IndexError(message) from None
 
 
 def _check_values_fit(values, result_shape):
