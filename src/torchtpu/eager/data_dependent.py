@@ -8,6 +8,10 @@ the ordinary index / index_put kernels run.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 import jax.numpy as jnp
 import torch
 
@@ -74,10 +78,42 @@ def _rows(x, dim):
     return moved.reshape(moved.shape[0], -1)
 
 
+def _row_less(a, rows):
+    """For each row of `rows`: whether `a` sorts before it, as the CPU's unique(dim) compares slices:
+    the first column where one is < or > the other decides; NaN is neither, so that column is skipped."""
+    lt, gt = a[None, :] < rows, a[None, :] > rows
+    decisive = lt | gt
+    first = jnp.argmax(decisive, axis=1)
+    return jnp.any(decisive, axis=1) & jnp.take_along_axis(lt, first[:, None], axis=1)[:, 0]
+
+
+# Up to this many slices, the CPU's std::sort is an insertion sort, which _insertion_order repeats step
+# by step: with NaNs (unordered) its order is the algorithm's, not a sorted one (`[nan, 0, nan, 1]`).
+_CPU_INSERTION_SORT_ROWS = 16
+
+
+def _insertion_order(rows):
+    """The permutation an insertion sort with _row_less leaves (libstdc++'s: a slice less than the first
+    goes to the front, else it moves left while less than its left neighbour)."""
+    d = rows.shape[0]
+    perm = jnp.arange(d)
+    slots = jnp.arange(d)
+    for i in range(1, d):
+        v = perm[i]
+        less = _row_less(rows[v], rows[perm[:i]])  # against the slices placed so far
+        trailing = jnp.sum(jnp.cumprod(less[::-1].astype(jnp.int32)))  # run of `less` ending at i - 1
+        j = jnp.where(less[0], 0, i - trailing)
+        shifted = jnp.where(slots > j, perm[jnp.maximum(slots - 1, 0)], perm)
+        perm = jnp.where(slots > i, perm, jnp.where(slots == j, v, shifted))
+    return perm
+
+
 def _groups(x, dim, sort):
     rows = _rows(x, dim)
     d = rows.shape[0]
-    if sort and d:
+    if sort and d and dim is not None and jnp.issubdtype(rows.dtype, jnp.floating) and d <= _CPU_INSERTION_SORT_ROWS:
+        perm = _insertion_order(rows)
+    elif sort and d:
         keys = [rows[:, j] for j in range(rows.shape[1] - 1, -1, -1)]  # lexsort: last key is primary
         perm = jnp.lexsort(keys) if keys else jnp.arange(d)
     else:
@@ -145,6 +181,8 @@ def _unique_impl(self, dim, sort, return_inverse, return_counts, inverse_shape):
         if self.dim() == 0:
             raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got 1)")
     if dim is not None and self.numel() == 0:  # as the CPU: nothing to group along an empty dim
+        if sum(n == 0 for n in shape) > 1:  # (the CPU's message ends in a space)
+            raise RuntimeError("Number of zero sized dimensions is more than one, so unique cannot be applied ")
         if shape[dim] != 0:
             raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique cannot be applied")
         dev = self.device.index
@@ -293,6 +331,8 @@ def _check_host_indices(self, indices):
             size = self.shape[dim]
             bad = (i < -size) | (i >= size)
             if bad.any():
+                if size == 0:  # the CPU's words for indexing an empty dimension: no value, no dimension
+                    raise IndexError("index is out of bounds for dimension with size 0")
                 value = int(i[bad].reshape(-1)[0])
                 raise IndexError(f"index {value} is out of bounds for dimension {indexed} with size {size}")
         dim += 1
@@ -315,15 +355,107 @@ def _check_mask_shapes(self, indices):
             d += 1
 
 
-def with_masks(engine_kernel, position):
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _warn_at_caller(message):
+    """A UserWarning attributed to the first frame outside torchtpu, where PyTorch's C++ warnings
+    land: the "default" filter then shows one per line of user code, as on the CPU."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
+def _warn_byte_masks(indices):
+    for i in indices:
+        if i is not None and i.dtype == torch.uint8:  # the CPU warns once per byte mask, every call
+            _warn_at_caller("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.")
+
+
+def _shape_text(shape):
+    return "[" + ", ".join(str(n) for n in shape) + "]"
+
+
+def _indexing_result_shape(shape, longs):
+    """The shape `x[indices]` has (long indices only), or PyTorch's IndexError where they do not broadcast."""
+    indexed = [d for d, i in enumerate(longs) if i is not None]
+    if not indexed:
+        return tuple(shape)
+    if len(indexed) == 1:  # (most calls: nothing to broadcast)
+        together = tuple(longs[indexed[0]].shape)
+    else:
+        together = _broadcast_indices(longs, indexed)
+    kept = [n for d, n in enumerate(shape) if d >= len(longs) or longs[d] is None]
+    if indexed == list(range(indexed[0], indexed[-1] + 1)):  # adjacent: the result's dims go in their place
+        return tuple(kept[: indexed[0]]) + together + tuple(kept[indexed[0] :])
+    return together + tuple(kept)
+
+
+def _broadcast_indices(longs, indexed):
+    try:
+        return tuple(torch.broadcast_shapes(*(tuple(longs[d].shape) for d in indexed)))
+    except RuntimeError:
+        shapes = ", ".join(_shape_text(longs[d].shape) for d in indexed)
+        message = f"shape mismatch: indexing tensors could not be broadcast together with shapes {shapes}"
+        raise IndexError(message) from None
+
+
+def _check_values_fit(values, result_shape):
+    """index_put's check: the values expand to the indexing result (no extra dims, even of size 1)."""
+    vshape = tuple(values.shape)
+    fits = len(vshape) <= len(result_shape) and all(
+        v in (1, r) for v, r in zip(reversed(vshape), reversed(result_shape))
+    )
+    if not fits:
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {_shape_text(vshape)} cannot be broadcast to indexing "
+            f"result of shape {_shape_text(result_shape)}"
+        )
+
+
+def _single_mask_fill(self, indices, values, accumulate):
+    """`x[mask] = v` with one mask over x's leading dims and a single value: which elements change
+    does not need their count, so it is x.masked_fill(mask, v) (no sync, no executable per count)."""
+    if accumulate or not isinstance(values, torch.Tensor) or values.numel() != 1 or values.dtype != self.dtype:
+        return None
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype not in (torch.bool, torch.uint8):
+        return None
+    mask = indices[0]
+    if mask.dim() == 0 or tuple(mask.shape) != tuple(self.shape[: mask.dim()]) or values.device != self.device:
+        return None
+    if values.dim() > 1 + self.dim() - mask.dim():  # more dims than the indexing result: index_put raises
+        return None
+    # (a byte mask stays one: masked_fill refuses it with the CPU's error, as the CPU's index_put_ does)
+    mask = mask.to(self.device).reshape(tuple(mask.shape) + (1,) * (self.dim() - mask.dim()))
+    return mask, values.reshape(())
+
+
+def with_masks(engine_kernel, position, name=""):
+    inplace = name.split(".")[0].endswith("_")  # index_put_, _index_put_impl_ (index_put: a new tensor)
+
     def kernel(*args, **kwargs):
         indices = args[position] if len(args) > position else kwargs.get("indices")
+        if indices is not None and position == 1:
+            values = args[2] if len(args) > 2 else kwargs.get("values")
+            accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+            fill = _single_mask_fill(args[0], indices, values, accumulate)
+            if fill is not None:
+                _warn_byte_masks(indices)
+                return (aten.masked_fill_ if inplace else aten.masked_fill).Tensor(args[0], *fill)
         if indices is not None:
             _check_index_dtypes(indices)
+            _warn_byte_masks(indices)
             _check_host_indices(args[0], indices)
         longs = _long_indices(indices, args[0].device) if indices is not None else None
         if longs is not None:
             _check_mask_shapes(args[0], indices)
+        if indices is not None:
+            result_shape = _indexing_result_shape(tuple(args[0].shape), indices if longs is None else longs)
+            values = args[position + 1] if len(args) > position + 1 else kwargs.get("values")
+            if isinstance(values, torch.Tensor):  # the index_put family: values follow the indices
+                _check_values_fit(values, result_shape)
+        if longs is not None:
             if len(args) > position:
                 args = args[:position] + (longs,) + args[position + 1 :]
             else:
@@ -375,14 +507,32 @@ def bincount(self, weights=None, minlength=0):
     return new_tensor((n,), out_dtype, dev, _bincount(x, w, n))
 
 
+# The CPU's out= checks of each data-dependent op, in its words (its kernels check dtype first)
+def _nonzero_dtype_message(out, result):
+    # (the CPU's message lacks the space before the out tensor's type)
+    want, got = dt.scalar_type_name(result.dtype), dt.scalar_type_name(out.dtype)
+    return f"nonzero: Expected out tensor to have scalar type {want} but got scalar type{got}"
+
+
+_OUT_DTYPE_MESSAGES = {
+    "nonzero": _nonzero_dtype_message,
+    "masked_select": lambda out, result: "masked_select(): self and result must have the same scalar type",
+}
+
+
 def _into(out, result, name):
     """The `out=` form of a data-dependent op: PyTorch resizes `out` to the result."""
     if out.dtype != result.dtype:
+        message = _OUT_DTYPE_MESSAGES.get(name)
         raise RuntimeError(
-            f"{name}: Expected out tensor to have scalar type {result.dtype} but got {out.dtype} instead"
+            message(out, result)
+            if message
+            else f"{name}: Expected out tensor to have dtype {result.dtype}, but got {out.dtype} instead"
         )
-    if out.device != result.device:
-        raise RuntimeError(f"Expected out tensor to be on {result.device} but got {out.device}")
+    if out.device != result.device:  # CUDA's kernels say "on the same device"
+        raise RuntimeError(
+            f"{name}: Expected out tensor to be on the same device as self ({result.device}), but got {out.device}"
+        )
     out.resize_(result.shape)
     return out.copy_(result)
 

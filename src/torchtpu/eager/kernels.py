@@ -687,7 +687,7 @@ def _register_engine_kernels(fast):
             continue  # decomposes before reaching the backend
         kernel = plain = kernel_for(op)
         if name in data_dependent.MASK_ARGUMENT_OPS:  # boolean masks become indices first
-            kernel = data_dependent.with_masks(kernel, data_dependent.MASK_ARGUMENT_OPS[name])
+            kernel = data_dependent.with_masks(kernel, data_dependent.MASK_ARGUMENT_OPS[name], name)
         check = argument_checks.CHECKS.get(name)  # host checks of Scalar arguments (pow, fill)
         if check is not None and kernel is plain:
             plain.host_check = check  # the engine runs it (and knows when it cannot raise)

@@ -20,6 +20,7 @@ from .table import declared_facts
 
 __all__ = [
     "CHECKS",
+    "bool_mask_check",
     "check_convertible",
     "factory_value_check",
     "fill_value_check",
@@ -238,6 +239,30 @@ def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None):
                 f"become an error in version 1.7 release, please fix the code in advance",
                 stacklevel=2,
             )
+
+
+# the C++ type names the CPU's masked_fill error spells a mask's dtype with
+_CPP_TYPE_NAMES = {
+    torch.uint8: "unsigned char",
+    torch.int8: "signed char",
+    torch.int16: "short int",
+    torch.uint16: "short unsigned int",
+    torch.int32: "int",
+    torch.int64: "long int",
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
+
+
+def bool_mask_check(a, mask, *_, **__):
+    """The CPU's error for a mask that is not bool (the meta kernel words it otherwise)."""
+    if mask.dtype != torch.bool:
+        name = _CPP_TYPE_NAMES.get(mask.dtype, str(mask.dtype).replace("torch.", ""))
+        raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype {name}")
 
 
 # ATen overload -> check of its (args, kwargs), as declared with the lowerings

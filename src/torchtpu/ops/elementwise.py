@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import fill_value_check, pow_exponent_check, same_dtype_out_check
+from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, operand_facts, promote, scalar_type_name
 from .table import KIND, Lowering, apply, lowering
 
@@ -686,6 +686,9 @@ def zero(a):
     "masked_fill.Scalar",
     "masked_fill.Tensor",
     host_check={"masked_fill.Scalar": fill_value_check(2), "masked_fill_.Scalar": fill_value_check(2)},
+    meta_check=_with_variants(
+        bool_mask_check, "masked_fill.Scalar", "masked_fill.Tensor", "masked_fill_.Scalar", "masked_fill_.Tensor"
+    ),
 )
 def masked_fill(a, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(a.dtype), a)

@@ -180,6 +180,8 @@ def _scatter_reduce(x, at, v, reduce, include_self):
         total = _scatter_add(base, at, v.astype(acc))
         if reduce == "sum":
             return total.astype(x.dtype)
+        # as the CPU: the sum is accumulated in opmath, stored in x's dtype, then divided
+        total = total.astype(x.dtype).astype(acc)
         count = jnp.zeros(x.shape, jnp.int64).at[at].add(1) + (1 if include_self else 0)
         count = jnp.maximum(count, 1)
         if jnp.issubdtype(x.dtype, jnp.integer):

@@ -1,0 +1,199 @@
+"""Regressions found by PyTorch's test_indexing.py, test_shape_ops.py and test_sort_and_select.py on "tpu"
+(issue 47): indexing, nonzero and unique, compared against the CPU on the same inputs."""
+
+import warnings
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+DEV = "tpu"
+
+
+def same_error(fn):
+    """fn(device) raises on the CPU and on tpu, with the same exception type and message."""
+    with pytest.raises(Exception) as cpu_error:
+        fn("cpu")
+    for _ in range(2):
+        with pytest.raises(type(cpu_error.value)) as tpu_error:
+            fn(DEV)
+        assert str(tpu_error.value) == str(cpu_error.value)
+
+
+def _byte_mask_warnings(device):
+    v = torch.tensor([True, False, True], device=device)
+    mask = torch.tensor([1, 0, 1], dtype=torch.uint8, device=device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        first = v[mask]
+        second = v[mask]
+    return first, second, [(w.category, str(w.message).split(" (Triggered")[0], w.lineno) for w in caught]
+
+
+def test_byte_masks_warn_once_per_line_as_on_the_cpu():
+    cpu_first, cpu_second, cpu_warnings = _byte_mask_warnings("cpu")
+    tpu_first, tpu_second, tpu_warnings = _byte_mask_warnings(DEV)
+    assert_close(tpu_first.cpu(), cpu_first)
+    assert_close(tpu_second.cpu(), cpu_second)
+    # one UserWarning per indexing line, attributed to the caller's line (not to torchtpu)
+    assert len(cpu_warnings) == 2 and [w[:2] for w in tpu_warnings] == [w[:2] for w in cpu_warnings]
+    assert [w[2] for w in tpu_warnings] == [w[2] for w in cpu_warnings]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, d: x[:, [0, 1]],
+        lambda x, d: x[:, torch.tensor([0, 1], device=d)],
+    ],
+)
+def test_index_into_an_empty_dimension_raises_the_cpus_index_error(call):
+    same_error(lambda d: call(torch.empty(10, 0, device=d), d))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.zeros(5, 5, device=d)[[0, 1], [0, 1, 2]],
+        lambda d: torch.zeros(5, 5, device=d).__setitem__(([0, 1], [0, 1, 2]), 0),
+        lambda d: torch.ones(2, 3, 4, device=d)[False, [0, 1], ...],
+    ],
+)
+def test_indices_that_do_not_broadcast_raise_the_cpus_index_error(call):
+    same_error(call)
+
+
+@pytest.mark.parametrize(
+    "target, index, values",
+    [
+        ((4,), lambda d: torch.arange(4, device=d) > -1, (0,)),
+        ((4,), lambda d: torch.arange(4, device=d) > -1, (3,)),
+        ((4,), lambda d: torch.tensor([0, 1, 2, 3], device=d), (1, 4)),
+        ((3, 4, 5), lambda d: torch.tensor([[True, False, True, True]] * 3, device=d), (2,)),
+        ((3, 4, 5), lambda d: torch.tensor([0, 1], device=d), (3, 4, 5)),
+    ],
+)
+def test_index_put_values_that_do_not_fit_raise_the_cpus_error(target, index, values):
+    def run(device):
+        x = torch.zeros(target, device=device)
+        x.index_put_((index(device),), torch.ones(values, device=device))
+
+    same_error(run)
+
+
+def test_index_put_values_that_broadcast_still_compute():
+    def run(device):
+        x = torch.zeros(3, 4, 5, device=device)
+        x[torch.tensor([0, 2], device=device), :, torch.tensor([1, 4], device=device)] = torch.ones(4, device=device)
+        x[:, torch.tensor([0, 2], device=device), torch.tensor([1, 4], device=device)] = torch.ones(3, 1, device=device)
+        x[torch.tensor([True, False, True], device=device)] = torch.arange(5.0, device=device)
+        x.index_put_((torch.tensor([1], device=device),), torch.ones((), device=device), accumulate=True)
+        return x
+
+    expected = run("cpu")
+    assert_close(run(DEV).cpu(), expected)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.nonzero(torch.tensor([1.0, 0, 2], device=d), out=torch.empty(0, device=d)),
+        lambda d: torch.masked_select(
+            torch.tensor([1.0, 0, 2], device=d),
+            torch.tensor([True, False, True], device=d),
+            out=torch.empty(0, dtype=torch.long, device=d),
+        ),
+    ],
+)
+def test_data_dependent_out_of_another_dtype_raises_the_cpus_error(call):
+    same_error(call)
+
+
+def test_nonzero_out_on_another_device_says_so():
+    with pytest.raises(RuntimeError, match="on the same device"):
+        torch.nonzero(torch.tensor([1.0, 0, 2], device=DEV), out=torch.empty(0, dtype=torch.long))
+    out = torch.empty(4, 4, dtype=torch.long, device=DEV)[:, ::2]
+    x = torch.tensor([[1, 0], [0, 3], [5, 0], [0, 0]])
+    torch.nonzero(x.to(DEV), out=out)
+    assert_close(out.cpu(), torch.nonzero(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int32])
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_mean_divides_the_rounded_sum_as_the_cpu(dtype, reduce, include_self):
+    # duplicate indices: the CPU sums a half tensor in float32, stores the sum as a half, then divides it
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(12, 9, generator=g) * 18 - 9).to(dtype)
+    src = (torch.rand(12, 9, generator=g) * 18 - 9).to(dtype)
+    index = torch.randint(0, 9, (12, 6), generator=g)
+
+    def run(device):
+        updates = src[:, :6].to(device)
+        return x.to(device).scatter_reduce(1, index.to(device), updates, reduce, include_self=include_self)
+
+    expected = run("cpu")
+    assert_close(run(DEV).cpu(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [[float("nan")], [0.0], [0.0], [float("nan")], [float("nan")], [1.0]],
+        [[3.0], [float("nan")], [1.0], [float("nan")], [0.0], [2.0], [1.0]],
+        [[3.0, float("nan")], [1, 2], [float("nan"), 1], [1, 2], [3, float("nan")], [0, 5]],
+        [[2.0, 1.0], [0.0, 1.0], [2.0, 0.0], [0.0, 1.0]],
+    ],
+)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_unique_dim_orders_nan_slices_as_the_cpu(values, dim):
+    # NaN is unordered: the CPU's order of slices holding one is its insertion sort's (up to 16 slices)
+    x = torch.tensor(values)
+
+    def run(device):
+        return torch.unique(x.to(device), dim=dim, return_inverse=True, return_counts=True)
+
+    expected = run("cpu")
+    for got, want in zip(run(DEV), expected):
+        assert_close(got.cpu(), want, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape, dim", [((5, 0, 0), 1), ((5, 0, 5), 2), ((0, 0), 0), ((5, 0, 5), 0)])
+def test_unique_dim_of_empty_tensors_raises_the_cpus_error(shape, dim):
+    same_error(lambda device: torch.unique(torch.empty(shape, device=device), dim=dim, return_inverse=True))
+
+
+@pytest.mark.parametrize(
+    "assign",
+    [
+        lambda x, d: x.__setitem__(torch.tensor([True, False, True]), 5),
+        lambda x, d: x.__setitem__(torch.tensor([True, False, True], device=d), torch.tensor(7.0, device=d)),
+        lambda x, d: x.__setitem__(torch.rand(3, 4, generator=torch.Generator().manual_seed(0)) > 0.5, float("nan")),
+        lambda x, d: x.__setitem__(torch.tensor([True, False, True]), torch.tensor([[[1.0]]], device=d)),
+        lambda x, d: x.index_put_((torch.tensor([True, False, True]),), torch.tensor(2.0, device=d), accumulate=True),
+        lambda x, d: x.__setitem__(torch.tensor([True, False, True]), torch.arange(4.0, device=d)),
+    ],
+)
+def test_mask_assignments_of_one_value(assign):
+    # `x[mask] = v` with one value is a masked fill: no count of the mask's elements is needed
+    def run(device):
+        x = torch.arange(12.0, device=device).reshape(3, 4)
+        assign(x, device)
+        return x
+
+    expected = run("cpu")
+    assert_close(run(DEV).cpu(), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.zeros(3, 4, device=d).__setitem__(torch.tensor([1, 0, 1], dtype=torch.uint8), 2.0),
+        lambda d: torch.zeros(3, device=d).masked_fill(torch.tensor([1, 0, 1], device=d), 1.0),
+        lambda d: torch.zeros(3, device=d).masked_fill_(torch.ones(3, dtype=torch.bfloat16, device=d), 1.0),
+    ],
+)
+def test_masks_that_are_not_bool_raise_the_cpus_error(call):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the byte mask's deprecation warning)
+        same_error(call)
