@@ -148,3 +148,44 @@ def test_storage_moves_go_through_the_patch():
     assert moved.device.type == "tpu"
     back = torch.empty(0, dtype=x.dtype, device="tpu").set_(moved.clone()).cpu()
     torch.testing.assert_close(back, x)
+
+
+def test_a_module_asked_for_while_it_still_imports_is_patched_once_it_finishes(tmp_path, monkeypatch):
+    """transformers.modeling_utils imports torch, which loads torchtpu, which asks for modeling_utils
+    while that module's classes are not defined yet: the hook must wait for the module to finish."""
+    from torchtpu import _import_hooks
+
+    package = tmp_path / "half_loaded_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "asks.py").write_text(
+        "from torchtpu._import_hooks import when_imported\n"
+        "import sys\n"
+        "seen = []\n"
+        "when_imported('half_loaded_pkg.host', lambda m: seen.append(hasattr(m, 'Defined')))\n"
+    )
+    (package / "later.py").write_text("")
+    (package / "host.py").write_text(
+        "from . import asks\nclass Defined:\n    pass\nassert asks.seen == []\n"  # not called half-loaded
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("half_loaded_pkg.host")
+    importlib.import_module("half_loaded_pkg.later")  # the next import anywhere runs it
+    assert importlib.import_module("half_loaded_pkg.asks").seen == [True]
+    assert not any(fn for _, fn in _import_hooks._unfinished)
+
+
+def test_transformers_testing_utils_imported_before_torch_gets_every_patch():
+    """Transformers' test suite imports transformers.testing_utils first: torch (and torchtpu) load
+    in the middle of transformers.modeling_utils; the compiled-call patch used to be missed."""
+    import subprocess
+    import sys
+
+    code = (
+        "import transformers.testing_utils\n"
+        "from torchtpu.integrations import patches\n"
+        "assert patches.problems() == [], patches.problems()\n"
+        "assert 'transformers.modeling_utils.PreTrainedModel.get_compiled_call' in patches.applied()\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

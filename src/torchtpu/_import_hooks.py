@@ -2,6 +2,10 @@
 
 `when_imported("accelerate.state", patch)` calls `patch(module)` now if the module is loaded,
 else once its import finishes. Importing torch stays as cheap as before: nothing is imported here.
+
+A module can be in `sys.modules` while its own code still runs: `transformers.modeling_utils`
+imports torch, which loads torchtpu, which asks for it. Its classes are not defined yet, so the
+call waits until the module has finished, noticed at the next import anywhere.
 """
 
 from __future__ import annotations
@@ -11,10 +15,28 @@ import importlib.machinery
 import sys
 
 _pending: dict[str, list] = {}
+_unfinished: list[tuple[object, object]] = []  # (module still executing, fn)
+
+
+def _initializing(module) -> bool:
+    # importlib marks a module's spec while the module's code runs (CPython's import system).
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def run_finished() -> None:
+    """Call the functions waiting for modules that have finished importing since they asked."""
+    if not _unfinished:
+        return
+    ready = [(m, fn) for m, fn in _unfinished if not _initializing(m)]
+    for entry in ready:
+        _unfinished.remove(entry)
+    for module, fn in ready:
+        fn(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
+        run_finished()
         if name not in _pending:
             return None
         for finder in sys.meta_path:
@@ -57,9 +79,12 @@ _finder = _Finder()
 
 def when_imported(name: str, fn) -> None:
     module = sys.modules.get(name)
-    if module is not None:
+    if module is not None and not _initializing(module):
         fn(module)
         return
-    _pending.setdefault(name, []).append(fn)
+    if module is not None:
+        _unfinished.append((module, fn))
+    else:
+        _pending.setdefault(name, []).append(fn)
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._import_hooks import when_imported
+from .._import_hooks import run_finished, when_imported
 
 # The releases the patches were checked against (major.minor, both included); the oldest is
 # pyproject.toml's lower bound (tests/test_patches.py checks that they agree, and docs/transformers.md).
@@ -750,11 +750,13 @@ def install() -> None:
 
 
 def applied() -> list[str]:
+    run_finished()
     return list(_applied)
 
 
 def problems() -> list[str]:
     """Patches that could not be applied because their target changed (empty when all is well)."""
+    run_finished()
     return list(_problems)
 
 
