@@ -1,0 +1,154 @@
+"""Lowerings: comparisons, logic, float classification (isnan, signbit, ...), bitwise ops and shifts,
+`where` and `nan_to_num`, with PyTorch's promotion rules (elementwise.py has the arithmetic)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .argument_checks import same_dtype_out_check
+from .table import KIND, lowering
+
+
+@lowering("eq.Tensor", "eq.Scalar", promote=KIND.ALWAYS_BOOL)
+def eq(a, b):
+    return jnp.equal(a, b)
+
+
+@lowering("ne.Tensor", "ne.Scalar", promote=KIND.ALWAYS_BOOL)
+def ne(a, b):
+    return jnp.not_equal(a, b)
+
+
+@lowering("lt.Tensor", "lt.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+def lt(a, b):
+    return jnp.less(a, b)
+
+
+@lowering("le.Tensor", "le.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+def le(a, b):
+    return jnp.less_equal(a, b)
+
+
+@lowering("gt.Tensor", "gt.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+def gt(a, b):
+    return jnp.greater(a, b)
+
+
+@lowering("ge.Tensor", "ge.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+def ge(a, b):
+    return jnp.greater_equal(a, b)
+
+
+@lowering("logical_and")
+def logical_and(a, b):
+    return jnp.logical_and(a, b)
+
+
+@lowering("logical_or")
+def logical_or(a, b):
+    return jnp.logical_or(a, b)
+
+
+@lowering("logical_xor")
+def logical_xor(a, b):
+    return jnp.logical_xor(a, b)
+
+
+@lowering("logical_not")
+def logical_not(a):
+    return jnp.logical_not(a)
+
+
+def _float_test(test, a, for_integers):
+    """`test(a)` for floating and complex `a`; integers and bools are finite, never NaN nor infinite."""
+    if jnp.issubdtype(a.dtype, jnp.inexact):
+        return test(a)
+    return jnp.ones_like(a, jnp.bool_) if for_integers else jnp.zeros_like(a, jnp.bool_)
+
+
+@lowering("isnan")
+def isnan(a):
+    return _float_test(jnp.isnan, a, False)
+
+
+@lowering("isinf")
+def isinf(a):
+    return _float_test(jnp.isinf, a, False)
+
+
+@lowering("isfinite")
+def isfinite(a):
+    return _float_test(jnp.isfinite, a, True)
+
+
+@lowering("isposinf")
+def isposinf(a):
+    return _float_test(jnp.isposinf, a, False)
+
+
+@lowering("isneginf")
+def isneginf(a):
+    return _float_test(jnp.isneginf, a, False)
+
+
+@lowering("signbit", real_only=True)
+def signbit(a):
+    return jnp.signbit(a) if jnp.issubdtype(a.dtype, jnp.inexact) else a < 0
+
+
+@lowering("bitwise_and.Tensor", "bitwise_and.Scalar", "bitwise_and.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+def bitwise_and(a, b):
+    return jnp.bitwise_and(a, b)
+
+
+@lowering("bitwise_or.Tensor", "bitwise_or.Scalar", "bitwise_or.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+def bitwise_or(a, b):
+    return jnp.bitwise_or(a, b)
+
+
+@lowering("bitwise_xor.Tensor", "bitwise_xor.Scalar", "bitwise_xor.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+def bitwise_xor(a, b):
+    return jnp.bitwise_xor(a, b)
+
+
+@lowering("bitwise_not", promote=KIND.DEFAULT, real_only=True, meta_check={"bitwise_not.out": same_dtype_out_check})
+def bitwise_not(a):
+    return jnp.logical_not(a) if a.dtype == jnp.bool_ else jnp.bitwise_not(a)
+
+
+@lowering(
+    "bitwise_left_shift.Tensor",
+    "bitwise_left_shift.Tensor_Scalar",
+    "bitwise_left_shift.Scalar_Tensor",
+    promote=KIND.DEFAULT,
+    real_only=True,
+)
+@lowering("__lshift__.Tensor", "__lshift__.Scalar", promote=KIND.DEFAULT)
+def lshift(a, b):
+    bits = jnp.iinfo(a.dtype).bits
+    return jnp.where((b >= bits) | (b < 0), jnp.zeros_like(a), jnp.left_shift(a, jnp.clip(b, 0, bits - 1)))
+
+
+@lowering(
+    "bitwise_right_shift.Tensor",
+    "bitwise_right_shift.Tensor_Scalar",
+    "bitwise_right_shift.Scalar_Tensor",
+    promote=KIND.DEFAULT,
+    real_only=True,
+)
+@lowering("__rshift__.Tensor", "__rshift__.Scalar", promote=KIND.DEFAULT)
+def rshift(a, b):
+    bits = jnp.iinfo(a.dtype).bits
+    return jnp.right_shift(a, jnp.clip(b, 0, bits - 1))
+
+
+@lowering("where.self")
+def where(cond, a, b):
+    return jnp.where(cond, a, b)
+
+
+@lowering("nan_to_num")
+def nan_to_num(a, nan=None, posinf=None, neginf=None):
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        return a
+    return jnp.nan_to_num(a, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
