@@ -5,19 +5,10 @@ import warnings
 
 import pytest
 import torch
+from error_parity import same_error
 from torch.testing import assert_close
 
 DEV = "tpu"
-
-
-def same_error(fn):
-    """fn(device) raises on the CPU and on tpu, with the same exception type and message."""
-    with pytest.raises(Exception) as cpu_error:
-        fn("cpu")
-    for _ in range(2):
-        with pytest.raises(type(cpu_error.value)) as tpu_error:
-            fn(DEV)
-        assert str(tpu_error.value) == str(cpu_error.value)
 
 
 def _byte_mask_warnings(device):

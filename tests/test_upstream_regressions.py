@@ -4,6 +4,7 @@ signature is served by the C++ fast path where it is built)."""
 
 import pytest
 import torch
+from error_parity import same_error
 from torch.testing import assert_close
 
 DEV = "tpu"
@@ -145,14 +146,6 @@ def test_empty_tensors_have_the_cpus_strides(shape):
 
 
 # ------------------------------------------------------------------ inputs the CPU rejects
-def same_error(fn):
-    """fn(device) raises on the CPU and on tpu, with the same exception type and message."""
-    with pytest.raises(Exception) as cpu_error:
-        fn("cpu")
-    for _ in range(2):
-        with pytest.raises(type(cpu_error.value)) as tpu_error:
-            fn(DEV)
-        assert str(tpu_error.value) == str(cpu_error.value)
 
 
 @pytest.mark.parametrize("op", [torch.neg, torch.floor, torch.round, torch.sign, torch.trunc, torch.frac])
