@@ -201,6 +201,44 @@ def test_crowded_memory_maps_forget_executables_and_work_goes_on(monkeypatch):
     torch.testing.assert_close((x * 2).cpu(), torch.arange(12.0) * 2)
 
 
+def test_shedding_jax_memo_caches_keeps_every_executable(monkeypatch):
+    # Every SHED_EVERY new executables JAX's Python memo caches are cleared (they keep each program's
+    # lowering alive, ~1.2 MB of host memory each); the executables themselves must survive it: the
+    # same ops on the same shapes afterwards compile nothing and give the same results.
+    from jax._src import monitoring, pjit
+
+    from torchtpu.eager import limits
+
+    monkeypatch.setattr(limits, "SHED_EVERY", 3)
+    shed = torchtpu.metrics()["jax_memo_caches_shed"]
+    x = torch.arange(40.0, device="tpu")
+
+    def ops():
+        return [((x[:n] - 0.5) * n).exp().sum() for n in range(31, 39)]  # new shapes: new executables
+
+    first = [o.item() for o in ops()]
+    assert torchtpu.metrics()["jax_memo_caches_shed"] > shed
+    limits._shed_jax_memo_caches()
+    assert pjit._infer_params_cached.cache_info().currsize == 0
+    compiles = torchtpu.metrics()["eager_compiles"]
+    jax_work = []  # JAX tracing, lowering or compiling anything again
+
+    def listen(event, _secs, **_kw):
+        jax_work.append(event)
+
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        again = [o.item() for o in ops()]
+    finally:
+        monitoring.unregister_event_duration_listener(listen)
+    assert torchtpu.metrics()["eager_compiles"] == compiles
+    assert not [e for e in jax_work if "compile" in e or "trace" in e or "lower" in e], jax_work
+    assert again == first
+    torch.testing.assert_close(
+        torch.tensor(first), torch.tensor([((torch.arange(n * 1.0) - 0.5) * n).exp().sum() for n in range(31, 39)])
+    )
+
+
 def test_clone_and_whole_copies_share_buffers_but_stay_independent():
     """clone() and copy_ of a whole storage share the source's (immutable) buffer instead of running an
     executable; a later write to either side must not show in the other."""

@@ -24,6 +24,7 @@ class Counters:
         "fused_runs",
         "h2d_bytes",
         "h2d_transfers",
+        "jax_memo_caches_shed",
     )
 
     def __init__(self):

@@ -47,6 +47,7 @@ from ..eager.executable import (
     traced_function,
 )
 from ..eager.fastpath import graph_functions
+from ..eager.limits import note_executable
 from ..eager.random import next_rng_args
 from ..eager.xla_options import ACTIVE as _xla_active
 from ..metrics import counters as _counters
@@ -475,6 +476,7 @@ class CompiledGraph:
                 t2 = time.perf_counter()
         TIMES["trace_s"] += t1 - t0
         TIMES["xla_compile_s"] += t2 - t1
+        note_executable()
         return jitted, plain
 
     def _placed(self, entry, traced, outs_meta):
