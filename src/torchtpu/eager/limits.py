@@ -19,25 +19,26 @@ CHECK_EVERY = 256
 MAX_EXECUTABLES = 6000
 _executables = [0, 0, 0]  # since the last check, since the last forget, since the last shed
 
-# JAX's Python-side memo caches (traced jaxprs, jit parameters, and through them each program's
-# lowering) keep ~1.2 MB per compiled program alive on XLA:CPU, which a compiled executable no
-# longer needs: each op's jitted function keeps its executable in its own C++ cache, which
-# `jax._src.util.clear_all_caches` (unlike `jax.clear_caches`) leaves alone. Shedding them every
-# SHED_EVERY new executables takes a decode's ~200 executables from ~1.4 to ~0.2 MB each of host
-# memory (checked with jax 0.10.2); the price is re-tracing JAX's own helpers once after each shed.
-SHED_EVERY = 64
+# Two of JAX's Python memo caches, of traced jaxprs and of jit parameters, keep each compiled
+# program's trace and lowering alive together (~1.2 MB of host memory per program on XLA:CPU), which
+# a compiled executable no longer needs: each op's jitted function keeps its executable in its own C++
+# cache, which clearing them leaves alone. Shedding them every SHED_EVERY new executables takes a
+# real-size eager decode's peak RSS down by ~240 MB; the price is ~5% more time for first calls,
+# which re-trace JAX's own helpers after a shed (benchmarks/RESULTS.md; checked with jax 0.10.2).
+SHED_EVERY = 16
+try:  # (private to JAX: where they are gone, the memory is merely kept)
+    from jax._src.interpreters.partial_eval import trace_to_jaxpr as _jaxpr_memo
+    from jax._src.pjit import _infer_params_cached as _jit_params_memo
 
-
-try:
-    from jax._src.util import clear_all_caches as _clear_jax_memo_caches
-except ImportError:  # (private to JAX: where it is gone, the memory is merely kept)
-    _clear_jax_memo_caches = None
+    _MEMO_CACHES = tuple(c for c in (_jaxpr_memo, _jit_params_memo) if hasattr(c, "cache_clear"))
+except ImportError:
+    _MEMO_CACHES = ()
 
 
 def _shed_jax_memo_caches():
-    if _clear_jax_memo_caches is not None:
-        _clear_jax_memo_caches()
-        counters.jax_memo_caches_shed += 1
+    for cache in _MEMO_CACHES:
+        cache.cache_clear()
+    counters.jax_memo_caches_shed += 1
 
 
 def _map_limit():
