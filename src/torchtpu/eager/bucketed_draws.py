@@ -54,7 +54,7 @@ class BucketedFill:
     rng, offsets...) -> (the written buffer,). `__wrapped__`: the one-program function, which a fused
     segment traces instead (eager/fusion.py _nestable)."""
 
-    __slots__ = ("__weakref__", "__wrapped__", "calls", "draw", "entry", "name", "n_values", "place", "xla")
+    __slots__ = ("__weakref__", "__wrapped__", "calls", "draw", "entry", "n_values", "name", "place", "xla")
 
     def __call__(self, *dyn):
         self.calls += 1
@@ -87,7 +87,7 @@ def fill(kernel, entry, program, fn, records, name):
     read = _tensor_args(program.template)
     if len(read) != 1:
         return None
-    shape, dtype = program.writes[0][1][0], program.writes[0][1][3]
+    shape = program.writes[0][1][0]
     n = math.prod(shape)
     if n == 0:
         return None
