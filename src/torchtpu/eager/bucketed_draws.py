@@ -54,7 +54,7 @@ class BucketedFill:
     rng, offsets...) -> (the written buffer,). `__wrapped__`: the one-program function, which a fused
     segment traces instead (eager/fusion.py _nestable)."""
 
-    __slots__ = ("__weakref__", "__wrapped__", "calls", "draw", "entry", "n_values", "name", "place", "xla")
+    __slots__ = ("__weakref__", "__wrapped__", "calls", "draw", "entry", "jit", "n_values", "name", "place", "xla")
 
     def __call__(self, *dyn):
         self.calls += 1
@@ -65,17 +65,16 @@ class BucketedFill:
         return self.place(dyn[0], flat, *dyn[2 + nv :])
 
     def _tier_up(self):
-        from .build import op_jit
-
         entry = self.entry
         if entry.fn is self:
-            entry.fn = op_jit(entry, "fn", self.__wrapped__, self.name)
+            entry.fn = self.jit(entry, "fn", self.__wrapped__, self.name)
         return entry.fn
 
 
-def fill(kernel, entry, program, fn, records, name):
+def fill(kernel, entry, program, fn, records, name, op_jit):
     """`entry.fn` as a BucketedFill when the op is a plain random fill of one small storage (`fn`: the
-    one-program function, `program` what it runs), else None."""
+    one-program function, `program` what it runs; `op_jit`: build.op_jit, which jits each part), else
+    None."""
     if not (
         kernel.draws_by_index
         and len(records) == 1
@@ -100,8 +99,6 @@ def fill(kernel, entry, program, fn, records, name):
         hash(key)
     except TypeError:  # an unhashable static argument: keep the exact-shape path
         return None
-    from .build import op_jit
-
     draw = _draws.get(key)
     if draw is None:
         if len(_draws) >= _MAX_DRAWS:
@@ -112,7 +109,7 @@ def fill(kernel, entry, program, fn, records, name):
         draw_fn = _draw_function(program, template, bucket)
         draw.fn = op_jit(draw, "fn", draw_fn, f"{name} (a draw of {bucket})", out_shardings=sharding)
     composite = BucketedFill()
-    composite.calls, composite.draw, composite.entry, composite.name = 0, draw, entry, name
+    composite.calls, composite.draw, composite.entry, composite.name, composite.jit = 0, draw, entry, name, op_jit
     composite.n_values, composite.xla, composite.__wrapped__ = program.n_values, entry.xla, fn
     place = program._replace(n_values=1, random=False, template=[ValueArg()], run=_first_elements(shape, n))
     composite.place = op_jit(composite, "place", traced_function(place), name)

@@ -135,7 +135,8 @@ def build_entry(kernel, key, args, kwargs, records, device):
         entry.fn = op_jit(entry, "fn", fn, name, out_shardings=sharding)
     else:
         # a random fill of a new shape draws through a shared executable per size bucket
-        entry.fn = bucketed_draws.fill(kernel, entry, program, fn, records, name) or op_jit(entry, "fn", fn, name)
+        bucketed = bucketed_draws.fill(kernel, entry, program, fn, records, name, op_jit)
+        entry.fn = bucketed or op_jit(entry, "fn", fn, name)
         if entry.mutated_slots:
             entry.source = program  # (its gated form: engine._gated)
         if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):
