@@ -188,3 +188,26 @@ def test_a_fused_loop_of_bucketed_fills_gives_the_strict_bits():
         got = [step() for _ in range(12)]
     for g in got:
         assert torch.equal(g, want)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_large_bucketed_fill_donates_and_gives_the_exact_bits(monkeypatch, mode):
+    """A storage of DONATE_BYTES or more: its copy program updates the old buffer in place."""
+    from torchtpu.eager import bucketed_draws
+    from torchtpu.eager.entry import DONATE_BYTES
+    from torchtpu.metrics import counters
+
+    monkeypatch.setattr(bucketed_draws, "TIER_UP", 1)
+    shape = (DONATE_BYTES // 4 // 1000 + 1, next(_sizes) // 3)
+    results = []
+    with torchtpu.eager_mode(mode):
+        for _ in range(3):  # bucketed, then the tier-up's own executable, then it again
+            x = torch.zeros(shape, device="tpu")  # (written: its buffer can be donated)
+            before = counters.eager_donations
+            torch.manual_seed(8)
+            x.normal_()
+            results.append(x.cpu())
+            if mode == "strict":
+                assert counters.eager_donations == before + 1
+    assert torch.equal(results[0], results[1]) and torch.equal(results[1], results[2])
+    assert results[0].std() > 0.9

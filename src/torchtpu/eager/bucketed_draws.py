@@ -13,8 +13,9 @@ writes its first n elements through the view (as cheap to compile as a copy). An
 being called (a loop drawing noise of one shape) builds its own one-program executable after
 TIER_UP calls, so warm code pays neither the second dispatch nor the padding.
 
-Only fills of storages below DONATE_BYTES take this path (bigger ones donate their buffer through
-the one-program executable); anything but a plain fill of one storage keeps the exact-shape path.
+A storage of DONATE_BYTES or more gets a donating twin (the engine's `fn_donating`), whose copy
+program updates the old buffer in place. Anything but a plain fill of one storage keeps the
+exact-shape path.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .entry import DONATE_BYTES
 from .executable import TensorArg, ValueArg, _fill, rng_key, traced_function
 
 SMALLEST_BUCKET = 256  # elements: smaller draws cost nothing to pad
+FINE_ABOVE = 1 << 16  # elements: bigger draws take finer buckets
 TIER_UP = 8  # calls of one entry after which it builds its own one-program executable
 _MAX_DRAWS = 512  # shared draw executables kept (then forgotten, like the engine's caches)
 _draws: dict = {}
@@ -38,8 +40,12 @@ limits.FORGETTERS.append(_draws.clear)
 
 
 def bucket_of(n: int) -> int:
-    """The number of elements drawn for a fill of `n`: the next power of two, at least SMALLEST_BUCKET."""
-    return max(SMALLEST_BUCKET, 1 << (n - 1).bit_length())
+    """The number of elements drawn for a fill of `n`: the next power of two (at least
+    SMALLEST_BUCKET), in quarter-octave steps above FINE_ABOVE (at most 25% drawn for nothing)."""
+    if n <= FINE_ABOVE:
+        return max(SMALLEST_BUCKET, 1 << (n - 1).bit_length())
+    step = 1 << ((n - 1).bit_length() - 3)
+    return -(-n // step) * step
 
 
 class _Draw:
@@ -50,11 +56,24 @@ class _Draw:
 
 
 class BucketedFill:
-    """The `entry.fn` of a bucketed fill: called as the one-program executable is, (buffer, values...,
-    rng, offsets...) -> (the written buffer,). `__wrapped__`: the one-program function, which a fused
-    segment traces instead (eager/fusion.py _nestable)."""
+    """The `entry.fn` (or `entry.fn_donating`: `attr`) of a bucketed fill: called as the one-program
+    executable is, (buffer, values..., rng, offsets...) -> (the written buffer,). `__wrapped__`: the
+    one-program function, which a fused segment traces instead (eager/fusion.py _nestable)."""
 
-    __slots__ = ("__weakref__", "__wrapped__", "calls", "draw", "entry", "jit", "n_values", "name", "place", "xla")
+    __slots__ = (
+        "__weakref__",
+        "__wrapped__",
+        "attr",
+        "calls",
+        "donate",
+        "draw",
+        "entry",
+        "jit",
+        "n_values",
+        "name",
+        "place",
+        "xla",
+    )
 
     def __call__(self, *dyn):
         self.calls += 1
@@ -65,23 +84,22 @@ class BucketedFill:
         return self.place(dyn[0], flat, *dyn[2 + nv :])
 
     def _tier_up(self):
-        entry = self.entry
-        if entry.fn is self:
-            entry.fn = self.jit(entry, "fn", self.__wrapped__, self.name)
-        return entry.fn
+        entry, attr = self.entry, self.attr
+        if getattr(entry, attr) is self:
+            if self.donate:  # (a new function: JAX keys its trace cache on the function, as engine._donating)
+                wrapped = self.__wrapped__
+                own = self.jit(entry, attr, lambda *dyn: wrapped(*dyn), self.name, donate_argnums=self.donate)
+            else:
+                own = self.jit(entry, attr, self.__wrapped__, self.name)
+            setattr(entry, attr, own)
+        return getattr(entry, attr)
 
 
 def fill(kernel, entry, program, fn, records, name, op_jit):
-    """`entry.fn` as a BucketedFill when the op is a plain random fill of one small storage (`fn`: the
+    """`entry.fn` as a BucketedFill when the op is a plain random fill of one storage (`fn`: the
     one-program function, `program` what it runs; `op_jit`: build.op_jit, which jits each part), else
-    None."""
-    if not (
-        kernel.draws_by_index
-        and len(records) == 1
-        and not entry.outs
-        and len(program.writes) == 1
-        and records[0].nbytes < DONATE_BYTES
-    ):
+    None. A storage of DONATE_BYTES or more also gets `entry.fn_donating`, which donates its buffer."""
+    if not (kernel.draws_by_index and len(records) == 1 and not entry.outs and len(program.writes) == 1):
         return None
     read = _tensor_args(program.template)
     if len(read) != 1:
@@ -108,12 +126,24 @@ def fill(kernel, entry, program, fn, records, name, op_jit):
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
         draw_fn = _draw_function(program, template, bucket)
         draw.fn = op_jit(draw, "fn", draw_fn, f"{name} (a draw of {bucket})", out_shardings=sharding)
-    composite = BucketedFill()
-    composite.calls, composite.draw, composite.entry, composite.name, composite.jit = 0, draw, entry, name, op_jit
-    composite.n_values, composite.xla, composite.__wrapped__ = program.n_values, entry.xla, fn
-    place = program._replace(n_values=1, random=False, template=[ValueArg()], run=_first_elements(shape, n))
-    composite.place = op_jit(composite, "place", traced_function(place), name)
-    return composite
+    place = traced_function(
+        program._replace(n_values=1, random=False, template=[ValueArg()], run=_first_elements(shape, n))
+    )
+    parts = (draw, entry, name, op_jit, program.n_values, fn)
+    if records[0].nbytes >= DONATE_BYTES:
+        entry.fn_donating = _composite(*parts, place, "fn_donating", tuple(program.mutated_slots))
+    return _composite(*parts, place, "fn", ())
+
+
+def _composite(draw, entry, name, op_jit, n_values, fn, place, attr, donate):
+    c = BucketedFill()
+    c.calls, c.draw, c.entry, c.name, c.jit, c.n_values, c.xla = 0, draw, entry, name, op_jit, n_values, entry.xla
+    c.__wrapped__, c.attr, c.donate = fn, attr, donate
+    if donate:  # (a function of its own for the donating jit, as engine._donating)
+        c.place = op_jit(c, "place", lambda *dyn: place(*dyn), name, donate_argnums=donate)
+    else:
+        c.place = op_jit(c, "place", place, name)
+    return c
 
 
 def _draw_function(program, template, bucket):
