@@ -7,11 +7,12 @@ counter-based generator (threefry, inlined): 0.2-0.4 s of XLA:CPU compile per ne
 on by default), so element i of a draw depends on the key and i alone, not on the shape: the first n
 elements of a draw of any larger size are the draw of those n elements, bit for bit. So a fill whose
 lowering declares `draws_by_index` (ops/random.py: normal, uniform, random_, exponential, ...) runs as
-two executables: the draw of a whole size bucket (a power of two), shared by every shape in the
+two executables: the draw of a whole size bucket (bucket_of), shared by every shape in the
 bucket and compiled once per (op, dtype, bucket, static arguments), then a per-shape program that
 writes its first n elements through the view (as cheap to compile as a copy). An entry that keeps
 being called (a loop drawing noise of one shape) builds its own one-program executable after
-TIER_UP calls, so warm code pays neither the second dispatch nor the padding.
+TIER_UP calls, so warm code pays neither the second dispatch nor the padding (at 1000x1000 the
+pair costs 1.14x the one program; at 64x64 it costs less).
 
 A storage of DONATE_BYTES or more gets a donating twin (the engine's `fn_donating`), whose copy
 program updates the old buffer in place. Anything but a plain fill of one storage keeps the
