@@ -103,3 +103,111 @@ def test_only_reductions_of_numbers_take_the_reduction_emitters():
     assert not _reduces(jax.make_jaxpr(lambda i: jax.numpy.all(flags(i)))(i))
     assert not _reduces(jax.make_jaxpr(lambda i: jax.numpy.argmin(flags(i)))(i))
     assert not _reduces(jax.make_jaxpr(lambda x: jax.numpy.any(x > 0, 1))(x))
+
+
+# ---------------------------------------------------------------- random fills drawn by size bucket
+_FILLS = {
+    "randn": lambda shape, d: torch.randn(shape, device=d),
+    "rand_f64": lambda shape, d: torch.rand(shape, device=d, dtype=torch.float64),
+    "randint": lambda shape, d: torch.randint(-3, 10, shape, device=d),
+    "uniform_bf16": lambda shape, d: torch.empty(shape, device=d, dtype=torch.bfloat16).uniform_(-2, 2),
+    "exponential": lambda shape, d: torch.empty(shape, device=d).exponential_(),
+    "random_int32": lambda shape, d: torch.empty(shape, device=d, dtype=torch.int32).random_(),
+    "bool": lambda shape, d: torch.randint(0, 2, shape, device=d, dtype=torch.bool),
+}
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.dtype != torch.bool else t
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("fill", list(_FILLS))
+def test_a_bucketed_fill_gives_the_bits_of_the_exact_shape_executable(monkeypatch, mode, fill):
+    """The first call draws a shared size bucket and keeps its first elements; the entry's own
+    one-program executable (built at the tier-up) draws exactly the same numbers."""
+    from torchtpu.eager import bucketed_draws
+
+    monkeypatch.setattr(bucketed_draws, "TIER_UP", 1)
+    shape = (3, *_fresh_shape())
+    results = []
+    with torchtpu.eager_mode(mode):
+        for _ in range(3):  # bucketed, then the tier-up's own executable, then it again
+            torch.manual_seed(11)
+            results.append(_FILLS[fill](shape, "tpu").cpu())
+    cpu = _FILLS[fill](shape, "cpu")  # (another stream: compared in what does not depend on it)
+    assert results[0].shape == cpu.shape and results[0].dtype == cpu.dtype
+    assert torch.equal(_bits(results[0]), _bits(results[1])) and torch.equal(_bits(results[1]), _bits(results[2]))
+    if fill in ("randint", "bool"):  # the same range as the CPU's draw
+        assert results[0].min() == cpu.min() and results[0].max() == cpu.max()
+    if fill == "uniform_bf16":
+        assert -2 <= results[0].min() < -1.9 and 1.9 < results[0].max() <= 2
+
+
+def test_a_new_shape_in_a_drawn_bucket_compiles_only_its_copy(xla_compiles):
+    from torchtpu.eager import bucketed_draws
+
+    n = 5 * next(_sizes)
+    m = n - 1 if bucketed_draws.bucket_of(n - 1) == bucketed_draws.bucket_of(n) else n + 1
+    torch.randn(n, device="tpu").cpu()  # (the bucket's draw, if no earlier test drew it)
+    xla_compiles.clear()
+    for shape in ((1, n), (m,)):  # new shapes, one bucket
+        torch.randn(shape, device="tpu").cpu()
+        assert len(xla_compiles) == 1, shape  # the per-shape copy, not the draw
+        xla_compiles.clear()
+
+
+def test_a_bucketed_fill_of_a_view_writes_only_the_view(monkeypatch):
+    from torchtpu.eager import bucketed_draws
+
+    monkeypatch.setattr(bucketed_draws, "TIER_UP", 1)
+    base = torch.randn(_fresh_shape(), generator=torch.Generator().manual_seed(2))
+    results = []
+    for _ in range(2):
+        x = base.to("tpu")
+        torch.manual_seed(5)
+        x[:, 1::3].normal_(2.0, 0.5)
+        results.append(x.cpu())
+    untouched = torch.ones_like(base, dtype=torch.bool)
+    untouched[:, 1::3] = False
+    torch.testing.assert_close(results[0][untouched], base[untouched], rtol=0, atol=0)
+    assert torch.equal(results[0], results[1]) and not torch.equal(results[0][:, 1::3], base[:, 1::3])
+
+
+def test_a_fused_loop_of_bucketed_fills_gives_the_strict_bits():
+    """A loop's segment traces the fill's one-program function (fusion._nestable)."""
+    shape = _fresh_shape()
+
+    def step():
+        torch.manual_seed(4)
+        return (torch.rand(shape, device="tpu") * 2 + 1).cpu()
+
+    with torchtpu.eager_mode("strict"):
+        want = step()
+    with torchtpu.eager_mode("fused"):
+        got = [step() for _ in range(12)]
+    for g in got:
+        assert torch.equal(g, want)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_large_bucketed_fill_donates_and_gives_the_exact_bits(monkeypatch, mode):
+    """A storage of DONATE_BYTES or more: its copy program updates the old buffer in place."""
+    from torchtpu.eager import bucketed_draws
+    from torchtpu.eager.entry import DONATE_BYTES
+    from torchtpu.metrics import counters
+
+    monkeypatch.setattr(bucketed_draws, "TIER_UP", 1)
+    shape = (DONATE_BYTES // 4 // 1000 + 1, next(_sizes) // 3)
+    results = []
+    with torchtpu.eager_mode(mode):
+        for _ in range(3):  # bucketed, then the tier-up's own executable, then it again
+            x = torch.zeros(shape, device="tpu")  # (written: its buffer can be donated)
+            before = counters.eager_donations
+            torch.manual_seed(8)
+            x.normal_()
+            results.append(x.cpu())
+            if mode == "strict":
+                assert counters.eager_donations == before + 1
+    assert torch.equal(results[0], results[1]) and torch.equal(results[1], results[2])
+    assert results[0].std() > 0.9

@@ -55,6 +55,19 @@ def test_eager_op_compiles_for_tpu_and_computes_on_host(check):
     assert report.failed == 0 and report.topology == TOPOLOGY
 
 
+def test_bucketed_random_fill_compiles_for_tpu(check):
+    """A random fill of a new shape: its shared draw of a size bucket and its per-shape copy."""
+    from torchtpu.eager import bucketed_draws
+
+    bucketed_draws._draws.clear()  # (a draw built before the check was on would not be checked)
+    x = torch.rand(_fresh_shape(), device="tpu")
+    assert float(x.min()) >= 0 and float(x.max()) < 1
+    report = torch.tpu.compiler.tpu_compile_check_report()
+    programs = _programs(report, "aten::uniform_.default")
+    assert {"draw" in p.name for p in programs} == {True, False}, [p.name for p in programs]
+    assert all(p.ok for p in programs) and report.failed == 0, report.failures
+
+
 @pytest.mark.parametrize("mode", ["strict", "debug", "fused", "compiled"])
 def test_training_compiles_for_tpu_in_every_mode(check, mode):
     """A small MLP's training steps: every program of forward, backward and AdamW checked, results the CPU's."""

@@ -15,7 +15,7 @@ from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..ops.table import declared_facts
 from ..storage.records import RECORDS, memory_order
-from . import fastpath, fusion, interrupts, overlap, tpu_check, xla_options
+from . import bucketed_draws, fastpath, fusion, interrupts, overlap, tpu_check, xla_options
 from .entry import (
     CONSTANT_BYTES,
     DONATE_BYTES,
@@ -134,7 +134,9 @@ def build_entry(kernel, key, args, kwargs, records, device):
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
         entry.fn = op_jit(entry, "fn", fn, name, out_shardings=sharding)
     else:
-        entry.fn = op_jit(entry, "fn", fn, name)
+        # a random fill of a new shape draws through a shared executable per size bucket
+        bucketed = bucketed_draws.fill(kernel, entry, program, fn, records, name, op_jit)
+        entry.fn = bucketed or op_jit(entry, "fn", fn, name)
         if entry.mutated_slots:
             entry.source = program  # (its gated form: engine._gated)
         if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):

@@ -16,7 +16,7 @@ def _float(a):
     return a.dtype if jnp.issubdtype(a.dtype, jnp.floating) else jnp.float32
 
 
-@lowering("uniform", random=True)
+@lowering("uniform", random=True, draws_by_index=True)
 def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
     if not jnp.issubdtype(a.dtype, jnp.inexact):  # `torch.rand(3, dtype=torch.int64)`, as the CPU
         raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{scalar_type_name(a.dtype)}'")
@@ -26,7 +26,7 @@ def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
     return (from_ + u * (to - from_)).astype(a.dtype)
 
 
-@lowering("normal_functional", random=True, inplace_variant="normal_.default")
+@lowering("normal_functional", random=True, draws_by_index=True, inplace_variant="normal_.default")
 def normal(a, mean=0.0, std=1.0, generator=None, *, key):
     z = jax.random.normal(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
     return (mean + z * std).astype(a.dtype)
@@ -80,24 +80,24 @@ def _u(key, a, tiny=False):
     return jax.random.uniform(key, a.shape, d, minval=lo, maxval=1.0)
 
 
-@lowering("exponential", random=True)
+@lowering("exponential", random=True, draws_by_index=True)
 def exponential(a, lambd=1.0, generator=None, *, key):
     return (-jnp.log1p(-_u(key, a)) / lambd).astype(a.dtype)
 
 
-@lowering("cauchy", random=True)
+@lowering("cauchy", random=True, draws_by_index=True)
 def cauchy(a, median=0.0, sigma=1.0, generator=None, *, key):
     return (median + sigma * jnp.tan(jnp.pi * (_u(key, a) - 0.5))).astype(a.dtype)
 
 
-@lowering("geometric", random=True)
+@lowering("geometric", random=True, draws_by_index=True)
 def geometric(a, p, generator=None, *, key):
     # number of Bernoulli(p) trials up to the first success: support {1, 2, ...}
     u = _u(key, a, tiny=True)
     return jnp.ceil(jnp.log(u) / jnp.log1p(-jnp.asarray(p, u.dtype))).astype(a.dtype)
 
 
-@lowering("log_normal", random=True)
+@lowering("log_normal", random=True, draws_by_index=True)
 def log_normal(a, mean=1.0, std=2.0, generator=None, *, key):
     d = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
     return jnp.exp(mean + std * jax.random.normal(key, a.shape, d)).astype(a.dtype)
@@ -131,7 +131,7 @@ def _check_bounds(dtype, low, high):
     return random_bounds_check(jnp.dtype(dtype).name, low, high, lowest=int(info.min), highest=int(info.max))
 
 
-@lowering("random.from", random=True)
+@lowering("random.from", random=True, draws_by_index=True)
 def random_from(a, from_, to=None, generator=None, *, key):
     if to is not None and from_ >= to:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
@@ -139,7 +139,7 @@ def random_from(a, from_, to=None, generator=None, *, key):
     return _random_ints(key, a, from_, _default_high(a.dtype) if to is None else to)
 
 
-@lowering("random.to", random=True)
+@lowering("random.to", random=True, draws_by_index=True)
 def random_to(a, to, generator=None, *, key):
     if to <= 0:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
@@ -147,7 +147,7 @@ def random_to(a, to, generator=None, *, key):
     return _random_ints(key, a, 0, to)
 
 
-@lowering("random", random=True)
+@lowering("random", random=True, draws_by_index=True)
 def random_in_default_range(a, generator=None, *, key):
     return _random_ints(key, a, 0, _default_high(a.dtype))
 

@@ -11,7 +11,10 @@ arrays (a tuple for several outputs). It holds no PyTorch objects.
 `promote=` applies PyTorch's elementwise type promotion before and after the function: tensor
 operands arrive already cast to the computation dtype (float32 for half types, as PyTorch's opmath),
 the result is cast to PyTorch's result dtype. In-place (`add_`) and `out=` variants are derived from
-the functional op: nobody writes them by hand. `random=True` lowerings receive a `key=` PRNG key.
+the functional op: nobody writes them by hand. `random=True` lowerings receive a `key=` PRNG key;
+`draws_by_index=True` says each element of the result is a function of the key, the op's scalars and
+its flat index alone (counter-based draws that read no tensor values), so the eager engine may draw
+a whole size bucket and keep the first elements (eager/bucketed_draws.py).
 
 Every other fact about an op is declared here too, as an argument of `@lowering`, so the op's name
 finds all of them (docs/design.md, "Adding an op"):
@@ -55,6 +58,7 @@ class Lowering:
     traced: tuple = ()  # names of float/int arguments to trace like Scalars (lr)
     real_only: bool = False  # complex inputs raise (REAL_ONLY)
     blas: bool = False  # promotes, but the CPU kernel is a BLAS call, not an elementwise loop
+    draws_by_index: bool = False  # random draws whose element i depends on (key, scalars, i) only
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -83,6 +87,7 @@ def lowering(
     traced=(),
     real_only=False,
     blas=False,
+    draws_by_index=False,
     **facts,
 ):
     """Register `fn` as the lowering of the ATen ops `names` ("add.Tensor", "relu.default", ...), with
@@ -115,6 +120,7 @@ def lowering(
                 tuple(traced),
                 real_only,
                 blas,
+                draws_by_index,
             )
             if real_only:
                 _REAL_ONLY[full.split(".")[0]] = True

@@ -1,0 +1,220 @@
+"""Random fills of a new shape without an XLA compile of their own draw.
+
+`torch.randn(shape)`, `rand`, `randint`, `make_tensor` (uniform_ / random_ on the device) and
+`nn.init` reach the engine as an in-place random fill of one storage. Its executable is mostly the
+counter-based generator (threefry, inlined): 0.2-0.4 s of XLA:CPU compile per new shape, against
+~20 ms for a program that only copies. JAX's draws are partitionable (`jax_threefry_partitionable`,
+on by default), so element i of a draw depends on the key and i alone, not on the shape: the first n
+elements of a draw of any larger size are the draw of those n elements, bit for bit. So a fill whose
+lowering declares `draws_by_index` (ops/random.py: normal, uniform, random_, exponential, ...) runs as
+two executables: the draw of a whole size bucket (bucket_of), shared by every shape in the
+bucket and compiled once per (op, dtype, bucket, static arguments), then a per-shape program that
+writes its first n elements through the view (as cheap to compile as a copy). An entry that keeps
+being called (a loop drawing noise of one shape) builds its own one-program executable after
+TIER_UP calls, so warm code pays neither the second dispatch nor the padding (at 1000x1000 the
+pair costs 1.14x the one program; at 64x64 it costs less).
+
+A storage of DONATE_BYTES or more gets a donating twin (the engine's `fn_donating`), whose copy
+program updates the old buffer in place. Anything but a plain fill of one storage keeps the
+exact-shape path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from ..device import platform
+from ..ops import checks
+from . import limits
+from .entry import DONATE_BYTES
+from .executable import TensorArg, ValueArg, _fill, rng_key, traced_function
+
+SMALLEST_BUCKET = 256  # elements: smaller draws cost nothing to pad
+FINE_ABOVE = 1 << 16  # elements: bigger draws take finer buckets
+TIER_UP = 8  # calls of one entry after which it builds its own one-program executable
+_MAX_DRAWS = 512  # shared draw executables kept (then forgotten, like the engine's caches)
+_draws: dict = {}
+limits.FORGETTERS.append(_draws.clear)
+
+
+def bucket_of(n: int) -> int:
+    """The number of elements drawn for a fill of `n`: the next power of two (at least
+    SMALLEST_BUCKET), in quarter-octave steps above FINE_ABOVE (at most 25% drawn for nothing)."""
+    if n <= FINE_ABOVE:
+        return max(SMALLEST_BUCKET, 1 << (n - 1).bit_length())
+    step = 1 << ((n - 1).bit_length() - 3)
+    return -(-n // step) * step
+
+
+class _Draw:
+    """A shared draw executable: `fn` (values..., rng) -> the flat draw of one bucket. `xla`: the
+    compiler options it is built with (build.op_jit reads them)."""
+
+    __slots__ = ("fn", "xla")
+
+
+class BucketedFill:
+    """The `entry.fn` (or `entry.fn_donating`: `attr`) of a bucketed fill: called as the one-program
+    executable is, (buffer, values..., rng, offsets...) -> (the written buffer,). `__wrapped__`: the
+    one-program function, which a fused segment traces instead (eager/fusion.py _nestable)."""
+
+    __slots__ = (
+        "__weakref__",
+        "__wrapped__",
+        "attr",
+        "calls",
+        "donate",
+        "draw",
+        "entry",
+        "jit",
+        "n_values",
+        "name",
+        "place",
+        "xla",
+    )
+
+    def __call__(self, *dyn):
+        self.calls += 1
+        if self.calls > TIER_UP:
+            return self._tier_up()(*dyn)
+        nv = self.n_values
+        flat = self.draw.fn(*dyn[1 : 2 + nv])
+        return self.place(dyn[0], flat, *dyn[2 + nv :])
+
+    def _tier_up(self):
+        entry, attr = self.entry, self.attr
+        if getattr(entry, attr) is self:
+            if self.donate:  # (a new function: JAX keys its trace cache on the function, as engine._donating)
+                wrapped = self.__wrapped__
+                own = self.jit(entry, attr, lambda *dyn: wrapped(*dyn), self.name, donate_argnums=self.donate)
+            else:
+                own = self.jit(entry, attr, self.__wrapped__, self.name)
+            setattr(entry, attr, own)
+        return getattr(entry, attr)
+
+
+def fill(kernel, entry, program, fn, records, name, op_jit):
+    """`entry.fn` as a BucketedFill when the op is a plain random fill of one storage (`fn`: the
+    one-program function, `program` what it runs; `op_jit`: build.op_jit, which jits each part), else
+    None. A storage of DONATE_BYTES or more also gets `entry.fn_donating`, which donates its buffer."""
+    if not (kernel.draws_by_index and len(records) == 1 and not entry.outs and len(program.writes) == 1):
+        return None
+    read = _tensor_args(program.template)
+    if len(read) != 1:
+        return None
+    shape = program.writes[0][1][0]
+    n = math.prod(shape)
+    if n == 0:
+        return None
+    bucket = bucket_of(n)
+    flat_arg = TensorArg(0, ((bucket,), (1,), 0, read[0].layout[3], bucket))
+    template = _swap(program.template, flat_arg)
+    device = records[0].device_index
+    try:
+        key = (kernel.name, bucket, device, entry.xla and tuple(sorted(entry.xla.items())), _frozen(template))
+        hash(key)
+    except TypeError:  # an unhashable static argument: keep the exact-shape path
+        return None
+    draw = _draws.get(key)
+    if draw is None:
+        if len(_draws) >= _MAX_DRAWS:
+            _draws.clear()
+        draw = _draws[key] = _Draw()
+        draw.xla = entry.xla
+        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
+        draw_fn = _draw_function(program, template, bucket)
+        draw.fn = op_jit(draw, "fn", draw_fn, f"{name} (a draw of {bucket})", out_shardings=sharding)
+    place = traced_function(
+        program._replace(n_values=1, random=False, template=[ValueArg()], run=_first_elements(shape, n))
+    )
+    parts = (draw, entry, name, op_jit, program.n_values, fn)
+    if records[0].nbytes >= DONATE_BYTES:
+        entry.fn_donating = _composite(*parts, place, "fn_donating", tuple(program.mutated_slots))
+    return _composite(*parts, place, "fn", ())
+
+
+def _composite(draw, entry, name, op_jit, n_values, fn, place, attr, donate):
+    c = BucketedFill()
+    c.calls, c.draw, c.entry, c.name, c.jit, c.n_values, c.xla = 0, draw, entry, name, op_jit, n_values, entry.xla
+    c.__wrapped__, c.attr, c.donate = fn, attr, donate
+    if donate:  # (a function of its own for the donating jit, as engine._donating)
+        c.place = op_jit(c, "place", lambda *dyn: place(*dyn), name, donate_argnums=donate)
+    else:
+        c.place = op_jit(c, "place", place, name)
+    return c
+
+
+def _draw_function(program, template, bucket):
+    """(values..., rng) -> the op's result over a flat stand-in of `bucket` elements (its values are
+    never read: draws_by_index)."""
+    nv = program.n_values
+    dtype = _tensor_args(template)[0].layout[3]
+
+    def draw(*dyn):
+        platform.require_x64()
+        arguments = _fill(template, [jnp.zeros((bucket,), dtype)], iter(dyn[:nv]), ())
+        with checks.collecting() as found:
+            _, written, _ = program.run(arguments, rng_key(dyn[nv]))
+        if found:
+            raise AssertionError("torchtpu: a draws_by_index lowering stated a device-side check")
+        (v,) = written
+        if v.shape != (bucket,):
+            raise AssertionError(f"torchtpu: a draws_by_index lowering drew {v.shape}, expected ({bucket},)")
+        return v
+
+    return draw
+
+
+def _first_elements(shape, n):
+    def run(arguments, key):
+        (flat,) = arguments
+        return [], [flat[:n].reshape(shape)], ()
+
+    return run
+
+
+def _tensor_args(spec, found=None):
+    found = [] if found is None else found
+    t = type(spec)
+    if t is TensorArg:
+        found.append(spec)
+    elif t is list:
+        for x in spec:
+            _tensor_args(x, found)
+    elif _is_args_kwargs(spec):
+        _tensor_args(spec[0], found)
+        for v in spec[1].values():
+            _tensor_args(v, found)
+    return found
+
+
+def _swap(spec, new):
+    """The template with its (one) tensor argument replaced by `new`."""
+    t = type(spec)
+    if t is TensorArg:
+        return new
+    if t is list:
+        return [_swap(x, new) for x in spec]
+    if _is_args_kwargs(spec):
+        return (_swap(spec[0], new), {k: _swap(v, new) for k, v in spec[1].items()})
+    return spec
+
+
+def _frozen(spec):
+    t = type(spec)
+    if t is list:
+        return ("[", *map(_frozen, spec))
+    if _is_args_kwargs(spec):
+        return ("(", _frozen(spec[0]), tuple((k, _frozen(v)) for k, v in sorted(spec[1].items())))
+    if t is ValueArg:
+        return (ValueArg, spec.dtype, _frozen(spec.static))
+    if t is float:  # (-0.0 and 0.0 apart)
+        return (float, spec.hex())
+    return (t, spec)
+
+
+def _is_args_kwargs(spec):
+    return type(spec) is tuple and spec and type(spec[0]) is list and type(spec[-1]) is dict
