@@ -29,3 +29,75 @@ def test_inplace_op_never_resizes_self(op):
     # PyTorch's meta kernels of pow_ and atan2_ resize `self` to the broadcast shape: the CPU raises
     same_error(lambda d: getattr(torch.ones(1, device=d), op)(torch.ones(3, device=d)))
     same_error(lambda d: getattr(torch.ones(2, 1, device=d), op)(torch.ones(1, 3, device=d)))
+
+
+def test_is_set_to_compares_storage_and_layout():
+    def answers(device):
+        x, y = torch.zeros(3, device=device), torch.zeros(3, device=device)
+        return [x.is_set_to(x[:]), x.is_set_to(y), x.is_set_to(x[1:]), x.is_set_to(x.view(1, 3))]
+
+    assert answers(DEV) == answers("cpu")
+
+
+def _expanded(d):
+    return torch.rand(1).to(d).expand(6)
+
+
+def _index(d):
+    return torch.tensor([2, 1, 0], device=d)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda d: _expanded(d).index_add_(0, _index(d), torch.ones(3, device=d)),
+        lambda d: (lambda y: y.index_add_(0, _index(d), y[:3]))(torch.rand(6).to(d)),
+        lambda d: (lambda i: i.index_copy_(0, i, i.clone()))(_index(d)),
+        lambda d: (lambda i: i.index_copy_(0, i.clone(), i))(_index(d)),
+        lambda d: _expanded(d).put_(_index(d), torch.ones(3, device=d)),
+        lambda d: (lambda y: y.put_(_index(d)[0], y[0]))(torch.rand(6).to(d)),
+        lambda d: (lambda i: i.put_(i, i))(_index(d)),
+        lambda d: _expanded(d).scatter_(0, _index(d), torch.ones(3, device=d)),
+        lambda d: (lambda s: s.scatter_(0, _index(d), s))(torch.rand(3).to(d)),
+        lambda d: (lambda i: i.scatter_(0, i, 1))(_index(d)),
+        lambda d: _expanded(d).masked_scatter_(torch.ones(6, dtype=torch.bool, device=d), torch.ones(6, device=d)),
+        lambda d: _expanded(d).uniform_(),
+        lambda d: _expanded(d).bernoulli_(0.5),
+        lambda d: (lambda y: y[1:].bernoulli_(y[:-1]))(torch.rand(6).to(d)),
+        lambda d: (lambda i: i.index_fill_(0, i, 0))(_index(d)),
+        lambda d: (lambda y: y.index_put_((_index(d),), y[0]))(torch.rand(6).to(d)),
+        lambda d: (lambda m: m[1:].masked_fill_(m[:-1], False))(torch.ones(6, dtype=torch.bool, device=d)),
+        lambda d: (lambda y: torch.index_select(y, 0, _index(d)[:2], out=y[1:3]))(torch.rand(6).to(d)),
+        lambda d: (lambda y: torch.take(y, _index(d)[:2], out=y[1:3]))(torch.rand(6).to(d)),
+    ],
+)
+def test_indexed_and_random_writes_refuse_overlap_as_on_the_cpu(write):
+    # these wrote silently on tpu: the CPU refuses an expanded `self` and an index/source sharing its memory
+    same_error(write)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda d: _expanded(d).index_put_((_index(d),), torch.ones(3, device=d)),
+        lambda d: _expanded(d).masked_fill_(torch.ones(6, dtype=torch.bool, device=d), 0.0),
+        lambda d: _expanded(d).index_fill_(0, _index(d), 1.0),
+    ],
+)
+def test_indexed_fills_of_expanded_tensors_warn_as_on_the_cpu(write):
+    for device in ("cpu", DEV, DEV):  # twice on tpu: a cached executable warns too
+        with pytest.warns(UserWarning, match="on expanded tensors is deprecated") as caught:
+            write(device)
+        assert len([w for w in caught if "expanded tensors" in str(w.message)]) == 1
+        assert all(w.filename == __file__ for w in caught if "expanded tensors" in str(w.message))
+
+
+def test_writes_that_do_not_overlap_still_run():
+    def writes(device):
+        y = torch.arange(6.0, device=device)
+        y.index_add_(0, _index(device), y[3:].clone())
+        y.scatter_(0, _index(device), y.flip(0)[:3].clone())
+        y[:3].index_copy_(0, _index(device), y[3:])  # another part of the same storage
+        return y.masked_fill_(y > 3, 0.0)
+
+    assert_close(writes(DEV).cpu(), writes("cpu"))

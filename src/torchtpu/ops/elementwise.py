@@ -10,7 +10,7 @@ from jax import lax
 
 from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, operand_facts, promote, scalar_type_name
-from .table import KIND, Lowering, apply, lowering
+from .table import KIND, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
 
@@ -544,6 +544,7 @@ def zero(a):
     meta_check=_with_variants(
         bool_mask_check, "masked_fill.Scalar", "masked_fill.Tensor", "masked_fill_.Scalar", "masked_fill_.Tensor"
     ),
+    write_overlap=WriteOverlap(expanded_warning("masked_fill_", "tensor[mask] = scalar"), no_partial_overlap=("mask",)),
 )
 def masked_fill(a, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(a.dtype), a)
