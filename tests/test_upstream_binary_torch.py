@@ -101,3 +101,17 @@ def test_writes_that_do_not_overlap_still_run():
         return y.masked_fill_(y > 3, 0.0)
 
     assert_close(writes(DEV).cpu(), writes("cpu"))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.multinomial(torch.ones(2, device=d), 3),
+        lambda d: torch.multinomial(torch.ones(2, device=d), 0),
+        lambda d: torch.multinomial(torch.ones(2, 2, 2, device=d), 1),
+        lambda d: torch.multinomial(torch.ones(0, device=d), 1),
+        lambda d: torch.multinomial(torch.ones(2, dtype=torch.long, device=d), 1),
+    ],
+)
+def test_multinomial_argument_errors_as_on_the_cpu(call):
+    same_error(call)

@@ -160,7 +160,28 @@ def randperm(n, generator=None, dtype=None, layout=None, device=None, pin_memory
     return jax.random.permutation(key, n).astype(dtype or jnp.int64)
 
 
-@lowering("multinomial", random=True)
+def _multinomial_check(probs, num_samples, replacement=False, generator=None, *, out=None):
+    """The CPU's argument checks, in its order (PyTorch's meta kernel words the first otherwise and
+    lets the others through)."""
+    if not 1 <= probs.dim() <= 2:
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if not probs.dtype.is_floating_point:
+        raise RuntimeError(
+            f"multinomial only supports floating-point dtypes for input, got: {scalar_type_name(probs.dtype)}"
+        )
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and num_samples > probs.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if probs.shape[-1] > 1 << 24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
+
+
+@lowering(
+    "multinomial",
+    random=True,
+    meta_check={"multinomial.default": _multinomial_check, "multinomial.out": _multinomial_check},
+)
 def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
     p = probs.astype(jnp.float64 if probs.dtype == jnp.float64 else jnp.float32)
     require(jnp.isfinite(p) & (p >= 0), "probability tensor contains either `inf`, `nan` or element < 0")
