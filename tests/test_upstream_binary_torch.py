@@ -115,3 +115,28 @@ def test_writes_that_do_not_overlap_still_run():
 )
 def test_multinomial_argument_errors_as_on_the_cpu(call):
     same_error(call)
+
+
+def test_nextafter_steps_half_types_in_their_own_precision():
+    for dtype in (torch.bfloat16, torch.float16):
+        a = torch.tensor([1.0, 0.0, 0.0, -1.0, float("inf")], dtype=dtype)
+        b = torch.tensor([2.0, -1.0, 1.0, -2.0, 0.0], dtype=dtype)
+        expected = torch.nextafter(a, b)  # one ulp of the half type (tpu stepped in float32: 1.0 stayed 1.0)
+        assert torch.equal(torch.nextafter(a.to(DEV), b.to(DEV)).cpu().view(torch.int16), expected.view(torch.int16))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.maximum(torch.tensor([1j], device=d), torch.tensor([1j], device=d)),
+        lambda d: torch.fmin(torch.tensor([1j], device=d), torch.tensor([1j], device=d)),
+        lambda d: torch.heaviside(torch.tensor([1j], device=d), torch.tensor([1.0], device=d)),
+        lambda d: torch.heaviside(torch.tensor([1.0], device=d), torch.tensor([1], device=d)),
+        lambda d: torch.heaviside(torch.tensor([1.0], device=d), torch.tensor(1.0, dtype=torch.float64, device=d)),
+        lambda d: torch.heaviside(
+            torch.tensor([1.0], device=d), torch.tensor([1.0], device=d), out=torch.empty(1, dtype=torch.long, device=d)
+        ),
+    ],
+)
+def test_heaviside_and_maximum_refuse_as_on_the_cpu(call):
+    same_error(call)

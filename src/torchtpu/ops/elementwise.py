@@ -320,22 +320,22 @@ def atan2(a, b):
     return jnp.arctan2(a, b)
 
 
-@lowering("maximum", promote=KIND.DEFAULT, real_only=True)
+@lowering("maximum", promote=KIND.DEFAULT, real_only="maximum not implemented for complex tensors.")
 def maximum(a, b):
     return jnp.maximum(a, b)
 
 
-@lowering("minimum", promote=KIND.DEFAULT, real_only=True)
+@lowering("minimum", promote=KIND.DEFAULT, real_only="minimum not implemented for complex tensors.")
 def minimum(a, b):
     return jnp.minimum(a, b)
 
 
-@lowering("fmax", promote=KIND.DEFAULT, real_only=True)
+@lowering("fmax", promote=KIND.DEFAULT, real_only="fmax not implemented for complex tensors.")
 def fmax(a, b):
     return jnp.fmax(a, b)
 
 
-@lowering("fmin", promote=KIND.DEFAULT, real_only=True)
+@lowering("fmin", promote=KIND.DEFAULT, real_only="fmin not implemented for complex tensors.")
 def fmin(a, b):
     return jnp.fmin(a, b)
 
@@ -586,7 +586,7 @@ def frexp(a):
     return m, e.astype(jnp.int32)
 
 
-@lowering("nextafter", promote=KIND.DEFAULT)
+@lowering("nextafter", promote=KIND.NO_OPMATH)  # half types step in their own precision
 def nextafter(a, b):
     return jnp.nextafter(a, b)
 
@@ -680,7 +680,20 @@ def logaddexp2(a, b):
     return jnp.logaddexp2(a, b)
 
 
-@lowering("heaviside", promote=KIND.DEFAULT, real_only=True)
+def _heaviside_check(a, values, *, out=None):
+    """The CPU's check after the complex one: one dtype for the input, the values and `out` (no
+    promotion, not even of a 0-dim tensor)."""
+    tensors = [t for t in (a, values, out) if isinstance(t, torch.Tensor)]
+    if len({t.dtype for t in tensors}) > 1:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+
+
+@lowering(
+    "heaviside",
+    promote=KIND.DEFAULT,
+    real_only="heaviside is not yet implemented for complex tensors.",
+    meta_check=_with_variants(_heaviside_check, "heaviside.default", "heaviside_.default", "heaviside.out"),
+)
 def heaviside(a, values):
     return jnp.where(a == 0, values, (a > 0).astype(a.dtype))
 

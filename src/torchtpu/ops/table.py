@@ -16,7 +16,8 @@ the functional op: nobody writes them by hand. `random=True` lowerings receive a
 Every other fact about an op is declared here too, as an argument of `@lowering`, so the op's name
 finds all of them (docs/design.md, "Adding an op"):
 
-    real_only=True          complex inputs raise, as PyTorch's CPU and CUDA kernels (reject_complex)
+    real_only=True          complex inputs raise, as PyTorch's CPU and CUDA kernels (reject_complex); a
+                            string: the RuntimeError message the CPU raises instead of its dtype error
     blas=True               a promoting op whose CPU kernel is a BLAS call, not an elementwise loop: its
                             in-place and out= writes skip the memory-overlap checks (eager/overlap.py)
     host_check=f            f(*args, **kwargs) checks Scalar arguments on the host per call (argument_checks.py)
@@ -66,7 +67,7 @@ class Lowering:
     mutates: tuple = ()  # ((position, name), ...) written although the schema says not
     static_scalars: bool = False  # Scalars decide shapes (arange): compile per value
     traced: tuple = ()  # names of float/int arguments to trace like Scalars (lr)
-    real_only: bool = False  # complex inputs raise (REAL_ONLY)
+    real_only: bool | str = False  # complex inputs raise (REAL_ONLY)
     blas: bool = False  # promotes, but the CPU kernel is a BLAS call, not an elementwise loop
 
 
@@ -77,7 +78,7 @@ FACT_KINDS = ("host_check", "meta_check", "meta", "missing_meta", "mask_args", "
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
 FACT_OWNERS: dict[str, dict[str, str]] = {kind: {} for kind in FACT_KINDS}
-_REAL_ONLY: dict[str, bool] = {}  # base name -> True
+_REAL_ONLY: dict[str, bool | str] = {}  # base name -> True, or the CPU's message
 _REAL_ONLY_WITHOUT_LOWERING: set = set()
 
 
@@ -154,7 +155,7 @@ def lowering(
                 blas,
             )
             if real_only:
-                _REAL_ONLY[full.split(".")[0]] = True
+                _REAL_ONLY[full.split(".")[0]] = real_only
         for kind, values in declared.items():
             _FACTS[kind].update(values)
             FACT_OWNERS[kind].update(dict.fromkeys(values, full_names[0]))
@@ -211,6 +212,8 @@ def reject_complex(name, values):
     for v in values:  # torch (meta) tensors or JAX arrays: their dtype names agree
         kind = str(getattr(v, "dtype", "")).replace("torch.", "")
         if kind in ("complex64", "complex128"):
+            if isinstance(REAL_ONLY[base], str):  # the op's own words on the CPU
+                raise RuntimeError(REAL_ONLY[base])
             raise NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(kind)}'")
 
 
