@@ -140,3 +140,32 @@ def test_nextafter_steps_half_types_in_their_own_precision():
 )
 def test_heaviside_and_maximum_refuse_as_on_the_cpu(call):
     same_error(call)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int64, torch.float16, torch.float32])
+@pytest.mark.parametrize("rounding_mode", [None, "trunc", "floor"])
+def test_div_with_a_rounding_mode_argument_as_on_the_cpu(dtype, rounding_mode):
+    # rounding_mode=None given explicitly (div.Tensor_mode) is true division: integers gave truncated
+    # quotients on tpu
+    a = torch.tensor([100, 50, 7, 0], dtype=dtype)
+    b = torch.tensor([3, 7, 2, 5], dtype=dtype)
+    for other_cpu, other_tpu in ((b, b.to(DEV)), (3, 3)):
+        expected = torch.divide(a, other_cpu, rounding_mode=rounding_mode)
+        actual = torch.divide(a.to(DEV), other_tpu, rounding_mode=rounding_mode)
+        assert actual.dtype == expected.dtype
+        assert_close(actual.cpu(), expected)
+
+
+def test_int_true_division_follows_the_default_dtype_after_a_float32_call():
+    # the cached promotion answer ignored the default dtype: int64 / int64 under float64 was computed
+    # in float32 once the same division had run under float32 (float64 result, float32 digits)
+    a, b = torch.tensor([7, 10**18 + 3]), torch.tensor([3, 47])
+    torch.divide(a.to(DEV), b.to(DEV))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        expected, actual = torch.divide(a, b), torch.divide(a.to(DEV), b.to(DEV))
+    finally:
+        torch.set_default_dtype(previous)
+    assert actual.dtype == expected.dtype == torch.float64
+    assert_close(actual.cpu(), expected, rtol=1e-15, atol=0)

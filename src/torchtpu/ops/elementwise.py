@@ -10,7 +10,7 @@ from jax import lax
 
 from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, operand_facts, promote, scalar_type_name
-from .table import KIND, Lowering, WriteOverlap, apply, expanded_warning, lowering
+from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
 
@@ -190,11 +190,7 @@ def _trunc_div(a, b):
     return jnp.trunc(a / b)
 
 
-def _div_mode(a, b, rounding_mode=None):
-    if rounding_mode is None:
-        if _is_int(a) and _is_int(b):
-            return a.astype(jnp.float32) / b
-        return a / b
+def _div_mode(a, b, rounding_mode):
     if rounding_mode == "trunc":
         return _trunc_div(a, b)
     return _floor_div(a, b)
@@ -205,10 +201,12 @@ _DIV_MODE = Lowering("div.Tensor_mode", _div_mode, promote=KIND.DEFAULT)
 
 @lowering("div.Tensor_mode", "div.Scalar_mode")
 def div_mode(a, b, rounding_mode=None):
+    if rounding_mode is None:  # true division: integers promote to the default float dtype, as div.Tensor
+        return apply(LOWERINGS["div.Tensor"], (a, b), {})
     if rounding_mode == "trunc" and promote(KIND.DEFAULT, operand_facts((a, b)))[1] in (jnp.bfloat16, jnp.float16):
         # PyTorch truncates the quotient rounded to the half dtype, not the float32 opmath one
-        return jnp.trunc(apply(_DIV_MODE, (a, b), {}))
-    return apply(_DIV_MODE, (a, b), {"rounding_mode": rounding_mode})
+        return jnp.trunc(apply(LOWERINGS["div.Tensor"], (a, b), {}))
+    return apply(_DIV_MODE, (a, b), {"rounding_mode": rounding_mode})  # floor or trunc: result of a's kind
 
 
 @lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT, real_only=True)
