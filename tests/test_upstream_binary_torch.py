@@ -3,10 +3,12 @@ compared against the CPU on the same inputs."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from error_parity import same_error
 from torch.testing import assert_close
 
 DEV = "tpu"
+LONG = torch.long
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int64])
@@ -169,3 +171,28 @@ def test_int_true_division_follows_the_default_dtype_after_a_float32_call():
         torch.set_default_dtype(previous)
     assert actual.dtype == expected.dtype == torch.float64
     assert_close(actual.cpu(), expected, rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: F.nll_loss(
+            torch.randn(10, 3, device=d), torch.zeros(10, dtype=LONG, device=d), weight=torch.ones(4, device=d)
+        ),
+        lambda d: F.nll_loss(
+            torch.randn(10, 3, 2, 2, device=d),
+            torch.zeros(10, 2, 2, dtype=LONG, device=d),
+            weight=torch.ones(4, device=d),
+        ),
+        lambda d: F.nll_loss(torch.randn(10, 3, device=d), torch.zeros(10, 2, dtype=LONG, device=d)),
+        lambda d: torch.ops.aten.nll_loss_forward(
+            torch.randn(2, 2, 2, device=d), torch.zeros(2, dtype=LONG, device=d), None, 1, -100
+        ),
+        lambda d: torch.ops.aten.nll_loss_forward(
+            torch.randn(2, 2, device=d), torch.zeros(3, dtype=LONG, device=d), None, 1, -100
+        ),
+    ],
+)
+def test_nll_loss_argument_errors_as_on_the_cpu(call):
+    # PyTorch's meta kernel asserts (an AssertionError) or words them otherwise
+    same_error(call)
