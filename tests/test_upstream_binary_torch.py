@@ -196,3 +196,8 @@ def test_int_true_division_follows_the_default_dtype_after_a_float32_call():
 def test_nll_loss_argument_errors_as_on_the_cpu(call):
     # PyTorch's meta kernel asserts (an AssertionError) or words them otherwise
     same_error(call)
+
+
+def test_elementwise_overlap_error_comes_before_the_dtype_error():
+    # TensorIterator checks memory overlap first: a float `x[:-1] <<= x[1:]` is refused for overlapping
+    same_error(lambda d: (lambda x: x[:-1].__ilshift__(x[1:]))(torch.rand(3).to(d)))

@@ -88,9 +88,13 @@ def build_entry(kernel, key, args, kwargs, records, device):
         _cache_ready[0] = True
     slot_of = {id(r): i for i, r in enumerate(records)}
     dyn_offset = _dynamic_offsets(kernel, args, kwargs)
+    # PyTorch's overlapping-write errors: an elementwise op (a TensorIterator) checks before anything
+    # else (`x[:-1] <<= x[1:]` of floats: the overlap error, not the dtype one), the others after
+    early = overlap.checks_first(kernel)
+    guard = overlap.guard(kernel, args, kwargs, dyn_offset) if early else None
     compute, meta_out = _meta_call(kernel, args, kwargs)
     entry = Entry()
-    entry.overlap = overlap.guard(kernel, args, kwargs, dyn_offset)  # PyTorch's overlapping-write errors
+    entry.overlap = guard if early else overlap.guard(kernel, args, kwargs, dyn_offset)
     entry.anchor = zlib.crc32(repr((kernel.name, key)).encode()) % fusion.ANCHOR_EVERY == 0
     outs = _returns_of(kernel, entry, meta_out)
     writes = _writes(kernel, compute, args, kwargs, slot_of, dyn_offset)

@@ -92,6 +92,12 @@ def _slots(kernel, args, kwargs):
     return out
 
 
+def checks_first(kernel) -> bool:
+    """Whether the op's overlap checks come before its other argument checks: an elementwise op's
+    (TensorIterator's) do; an op with declared rules checks its arguments first."""
+    return bool(kernel.mutable) and _rule(kernel.op) is None and _elementwise(kernel.op)
+
+
 def guard(kernel, args, kwargs, dyn_offset):
     """At an executable's build: raise if a written tensor overlaps itself; return None, or a function
     of the call's traced offsets that raises where a written tensor overlaps an input it may not
