@@ -134,6 +134,7 @@ def test_nextafter_steps_half_types_in_their_own_precision():
         lambda d: torch.fmin(torch.tensor([1j], device=d), torch.tensor([1j], device=d)),
         lambda d: torch.heaviside(torch.tensor([1j], device=d), torch.tensor([1.0], device=d)),
         lambda d: torch.heaviside(torch.tensor([1.0], device=d), torch.tensor([1], device=d)),
+        lambda d: torch.tensor([1, 0], device=d).heaviside_(torch.tensor([0.5, 0.5], device=d)),
         lambda d: torch.heaviside(torch.tensor([1.0], device=d), torch.tensor(1.0, dtype=torch.float64, device=d)),
         lambda d: torch.heaviside(
             torch.tensor([1.0], device=d), torch.tensor([1.0], device=d), out=torch.empty(1, dtype=torch.long, device=d)
