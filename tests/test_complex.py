@@ -171,10 +171,14 @@ def test_ops_without_complex_meaning_raise_as_the_cpu(name):
     # orderings, rounding, activations: the CPU and CUDA refuse complex inputs, and so does tpu
     # (JAX would order complex numbers lexicographically and answer)
     fn, c = REAL_ONLY_CALLS[name], torch.randn(6, dtype=torch.complex64)
-    with pytest.raises((NotImplementedError, RuntimeError)):
+    with pytest.raises((NotImplementedError, RuntimeError)) as on_cpu:
         fn(c)
-    with pytest.raises(NotImplementedError, match="not implemented for 'ComplexFloat'"):
+    with pytest.raises((NotImplementedError, RuntimeError)) as on_tpu:
         fn(c.to(TPU))
+    if on_tpu.type is RuntimeError:  # an op with its own words on the CPU (maximum, heaviside): those
+        assert str(on_tpu.value) == str(on_cpu.value)
+    else:
+        assert "not implemented for 'ComplexFloat'" in str(on_tpu.value)
 
 
 def test_compiled_ops_without_complex_meaning_raise():

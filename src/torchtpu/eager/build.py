@@ -88,9 +88,13 @@ def build_entry(kernel, key, args, kwargs, records, device):
         _cache_ready[0] = True
     slot_of = {id(r): i for i, r in enumerate(records)}
     dyn_offset = _dynamic_offsets(kernel, args, kwargs)
+    # PyTorch's overlapping-write errors: an elementwise op (a TensorIterator) checks before anything
+    # else (`x[:-1] <<= x[1:]` of floats: the overlap error, not the dtype one), the others after
+    early = overlap.checks_first(kernel)
+    guard = overlap.guard(kernel, args, kwargs, dyn_offset) if early else None
     compute, meta_out = _meta_call(kernel, args, kwargs)
     entry = Entry()
-    entry.overlap = overlap.guard(kernel, args, kwargs, dyn_offset)  # PyTorch's overlapping-write errors
+    entry.overlap = guard if early else overlap.guard(kernel, args, kwargs, dyn_offset)
     entry.anchor = zlib.crc32(repr((kernel.name, key)).encode()) % fusion.ANCHOR_EVERY == 0
     outs = _returns_of(kernel, entry, meta_out)
     writes = _writes(kernel, compute, args, kwargs, slot_of, dyn_offset)
@@ -235,16 +239,49 @@ def _meta_call(kernel, args, kwargs):
         raise _as_cpu_cast_error(e) from None
     resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]
     if resized:
+        _check_inplace_not_resized(kernel, meta_args, resized)
         _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized)
     return compute, meta_out
 
 
 _META_CAST = re.compile(r"Attempting to cast from torch\.(\w+) to out tensor with dtype torch\.(\w+), but")
+_META_INPLACE_BROADCAST = re.compile(
+    r"output with shape torch\.Size\((\[.*?\])\) doesn't match the broadcast shape \((.*)\)"
+)
+# in-place ops whose `self` changes shape by design
+_RESHAPING_INPLACE = ("resize_", "resize_as_", "set_", "_resize_output_")
+
+
+def _shape_words(shape):
+    return "[" + ", ".join(str(n) for n in shape) + "]"
+
+
+def _inplace_broadcast_error(self_shape, broadcast_shape):
+    """The CPU's (TensorIterator's) error for an in-place op whose other operands broadcast beyond `self`."""
+    self_words, broadcast_words = _shape_words(self_shape), _shape_words(broadcast_shape)
+    return RuntimeError(f"output with shape {self_words} doesn't match the broadcast shape {broadcast_words}")
+
+
+def _check_inplace_not_resized(kernel, meta_args, resized):
+    """An in-place op never resizes `self` (some of PyTorch's meta kernels do, e.g. pow_ and atan2_
+    with a larger `other`): the CPU raises instead."""
+    if not meta_args or kernel.name.split(".")[0] in _RESHAPING_INPLACE:
+        return
+    writes_self = any(i == 0 and name == "self" for i, name, _ in kernel.mutable)
+    for m, shape in resized:
+        if writes_self and m is meta_args[0]:
+            raise _inplace_broadcast_error(shape, tuple(m.shape))
 
 
 def _as_cpu_cast_error(e):
-    """The CPU's (and CUDA's) words for an `out=` tensor the result cannot be cast to, where PyTorch's
-    meta kernels word it otherwise; any other error as it is."""
+    """The CPU's (and CUDA's) words for an `out=` tensor the result cannot be cast to, or an in-place
+    op's operands that broadcast beyond `self`, where PyTorch's meta kernels word them otherwise; any
+    other error as it is."""
+    m = _META_INPLACE_BROADCAST.search(str(e))
+    if m is not None:
+        self_shape = [int(n) for n in m.group(1).strip("[]").split(",") if n.strip()]
+        broadcast = [int(n) for n in m.group(2).split(",") if n.strip()]
+        return _inplace_broadcast_error(self_shape, broadcast)
     m = _META_CAST.search(str(e))
     if m is None:
         return e

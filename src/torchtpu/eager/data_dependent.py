@@ -358,7 +358,7 @@ def _check_mask_shapes(self, indices):
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _warn_at_caller(message):
+def warn_at_caller(message):
     """A UserWarning attributed to the first frame outside torchtpu, where PyTorch's C++ warnings
     land: the "default" filter then shows one per line of user code, as on the CPU."""
     frame, level = sys._getframe(0), 1
@@ -370,7 +370,7 @@ def _warn_at_caller(message):
 def _warn_byte_masks(indices):
     for i in indices:
         if i is not None and i.dtype == torch.uint8:  # the CPU warns once per byte mask, every call
-            _warn_at_caller("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.")
+            warn_at_caller("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.")
 
 
 def _shape_text(shape):

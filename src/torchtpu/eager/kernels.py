@@ -67,6 +67,7 @@ _METADATA_OPS = [
     "_nested_view_from_buffer",
     "view_as_real",
     "view_as_complex",
+    "is_set_to",  # compares storage, offset, sizes and strides only
 ]
 
 

@@ -21,8 +21,9 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as _dense
 
 from ..ops.resolve import functional_twin, op_name
-from ..ops.table import LOWERINGS
+from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS
+from .data_dependent import warn_at_caller
 
 INTERNAL = (
     "unsupported operation: more than one element of the written-to tensor refers to a single "
@@ -33,7 +34,10 @@ PARTIAL = (
     "single memory location. Please clone() the tensor before performing the operation."
 )
 
-_EXTRA = {"copy_.default"}  # elementwise writes whose functional twin has no promoting lowering
+_EXTRA = {"copy_.default"}
+# the other ops' rules, declared with their lowerings (`write_overlap=`): index_add_, scatter_, uniform_, ...
+_RULES = declared_facts("write_overlap")
+_INPLACE_OF = declared_facts("inplace_variant")  # elementwise writes whose functional twin has no promoting lowering
 
 
 def _elementwise(op) -> bool:
@@ -57,47 +61,77 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     return any(s == 0 and n > 1 for n, s in zip(t.shape, t.stride()))
 
 
-def _tensors(kernel, args, kwargs):
-    """(tensor, written) for every tpu tensor among the arguments, lists included."""
+def _rule(op):
+    """The op's declared WriteOverlap (ops/table.py), by its own name, the functional op whose in-place
+    variant it is, or its functional twin; None for an op that declares none."""
+    name = op_name(op)
+    rule = _RULES.get(name)
+    if rule is None and name in _INPLACE_OF:
+        rule = _RULES.get(_INPLACE_OF[name])
+    if rule is None:
+        twin = functional_twin(op)
+        rule = _RULES.get(op_name(twin[0])) if twin is not None else None
+    return rule
+
+
+def _slots(kernel, args, kwargs):
+    """(argument name, tensor, written) for every tpu tensor among the arguments, lists included."""
     written_names = {name for _, name, _ in kernel.mutable}
     names = [a.name for a in kernel.op._schema.arguments]
     out = []
 
-    def add(value, written):
+    def add(name, value):
         for t in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(t, torch.Tensor) and RECORDS.get(t.untyped_storage().data_ptr()) is not None:
-                out.append((t, written))
+                out.append((name, t, name in written_names))
 
     for i, a in enumerate(args):
-        add(a, i < len(names) and names[i] in written_names)
+        add(names[i] if i < len(names) else None, a)
     for k, a in kwargs.items():
-        add(a, k in written_names)
+        add(k, a)
     return out
+
+
+def checks_first(kernel) -> bool:
+    """Whether the op's overlap checks come before its other argument checks: an elementwise op's
+    (TensorIterator's) do; an op with declared rules checks its arguments first."""
+    return bool(kernel.mutable) and _rule(kernel.op) is None and _elementwise(kernel.op)
 
 
 def guard(kernel, args, kwargs, dyn_offset):
     """At an executable's build: raise if a written tensor overlaps itself; return None, or a function
-    of the call's traced offsets that raises where a written tensor partly overlaps an input."""
-    if not kernel.mutable or not _elementwise(kernel.op):
+    of the call's traced offsets that raises where a written tensor overlaps an input it may not
+    (and gives an op's per-call warning for an expanded written tensor)."""
+    if not kernel.mutable:
         return None
-    tensors = _tensors(kernel, args, kwargs)
-    written = [t for t, w in tensors if w]
+    rule = _rule(kernel.op)
+    if rule is None and not _elementwise(kernel.op):
+        return None
+    slots = _slots(kernel, args, kwargs)
+    written = [t for _, t, w in slots if w]
+    warning = None
     for t in written:
         if t.numel() and has_internal_overlap(t):
-            raise RuntimeError(INTERNAL)
+            if rule is None or rule.expanded_warning is None:
+                raise RuntimeError(INTERNAL)
+            warning = rule.expanded_warning
     pairs = []
     for w in written:
-        for t, is_written in tensors:
-            if t is w or is_written or t.numel() == 0 or w.numel() == 0:
+        for name, t, is_written in slots:
+            if is_written or t.numel() == 0 or w.numel() == 0:
+                continue
+            full_raises = rule is not None and name in rule.no_overlap
+            if rule is not None and not full_raises and name not in rule.no_partial_overlap:
                 continue
             if t.untyped_storage().data_ptr() != w.untyped_storage().data_ptr():
                 continue
             if not (_dense(t) and _dense(w)):
                 continue  # "too hard" for PyTorch too: it does not raise
-            pairs.append((_extent(w, dyn_offset), _extent(t, dyn_offset), tuple(w.stride()) == tuple(t.stride())))
-    if not pairs:
+            same_strides = tuple(w.stride()) == tuple(t.stride())
+            pairs.append((_extent(w, dyn_offset), _extent(t, dyn_offset), same_strides and not full_raises))
+    if not pairs and warning is None:
         return None
-    check = _PartialOverlap(tuple(pairs))
+    check = _WriteCheck(tuple(pairs), warning)
     check(_current_offsets(args, kwargs, dyn_offset))
     return check
 
@@ -118,19 +152,22 @@ def _current_offsets(args, kwargs, dyn_offset):
     return tuple(found.get(i, 0) for i in range(max(found, default=-1) + 1))
 
 
-class _PartialOverlap:
-    __slots__ = ("pairs",)
+class _WriteCheck:
+    __slots__ = ("pairs", "warning")
 
-    def __init__(self, pairs):
-        self.pairs = pairs
+    def __init__(self, pairs, warning):
+        self.pairs, self.warning = pairs, warning
 
     def __call__(self, offsets):
-        for (wo, wn, wsize), (to, tn, tsize), same_strides in self.pairs:
+        if self.warning is not None:
+            warn_at_caller(self.warning)
+        # a full overlap (same elements, same strides) passes where only a partial one is refused
+        for (wo, wn, wsize), (to, tn, tsize), full_passes in self.pairs:
             wb = (offsets[wo[1]] if type(wo) is tuple else wo) * wsize
             tb = (offsets[to[1]] if type(to) is tuple else to) * tsize
             we, te = wb + wn * wsize, tb + tn * tsize
             if wb == tb and we == te:
-                if not same_strides:
+                if not full_passes:
                     raise RuntimeError(PARTIAL)
             elif wb < te and tb < we:
                 raise RuntimeError(PARTIAL)

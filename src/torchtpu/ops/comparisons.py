@@ -138,8 +138,13 @@ def lshift(a, b):
 )
 @lowering("__rshift__.Tensor", "__rshift__.Scalar", promote=KIND.DEFAULT)
 def rshift(a, b):
+    # the CPU's rule for a shift out of range (negative or >= the width): a signed value keeps only its
+    # sign (0 or -1), an unsigned one becomes 0
     bits = jnp.iinfo(a.dtype).bits
-    return jnp.right_shift(a, jnp.clip(b, 0, bits - 1))
+    shifted = jnp.right_shift(a, jnp.clip(b, 0, bits - 1))
+    signed = jnp.issubdtype(a.dtype, jnp.signedinteger)
+    overflow = jnp.right_shift(a, bits - 1) if signed else jnp.zeros_like(a)
+    return jnp.where((b >= bits) | (b < 0), overflow, shifted)
 
 
 @lowering("where.self")

@@ -105,13 +105,18 @@ def _meta(dtype, ndim):
     return t
 
 
-@functools.lru_cache(maxsize=4096)
 def promote(kind, operands):
     """(computation dtype, result dtype) as jnp dtypes for PyTorch's elementwise promotion.
 
     `operands` is a tuple of ('t', torch dtype, is_0dim) for tensors and ('s', python type) for
-    scalars: static facts, so the answer is cached and costs nothing at run time.
+    scalars: static facts, so the answer is cached and costs nothing at run time. The default dtype
+    is part of the question (`int / int`, `tensor + 1.5` follow it).
     """
+    return _promote(kind, operands, torch.get_default_dtype())
+
+
+@functools.lru_cache(maxsize=4096)
+def _promote(kind, operands, default_dtype):
     args = []
     for op in operands:
         if op[0] == "t":

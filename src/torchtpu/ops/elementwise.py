@@ -10,7 +10,7 @@ from jax import lax
 
 from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, operand_facts, promote, scalar_type_name
-from .table import KIND, Lowering, apply, lowering
+from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
 
@@ -190,11 +190,7 @@ def _trunc_div(a, b):
     return jnp.trunc(a / b)
 
 
-def _div_mode(a, b, rounding_mode=None):
-    if rounding_mode is None:
-        if _is_int(a) and _is_int(b):
-            return a.astype(jnp.float32) / b
-        return a / b
+def _div_mode(a, b, rounding_mode):
     if rounding_mode == "trunc":
         return _trunc_div(a, b)
     return _floor_div(a, b)
@@ -205,10 +201,12 @@ _DIV_MODE = Lowering("div.Tensor_mode", _div_mode, promote=KIND.DEFAULT)
 
 @lowering("div.Tensor_mode", "div.Scalar_mode")
 def div_mode(a, b, rounding_mode=None):
+    if rounding_mode is None:  # true division: integers promote to the default float dtype, as div.Tensor
+        return apply(LOWERINGS["div.Tensor"], (a, b), {})
     if rounding_mode == "trunc" and promote(KIND.DEFAULT, operand_facts((a, b)))[1] in (jnp.bfloat16, jnp.float16):
         # PyTorch truncates the quotient rounded to the half dtype, not the float32 opmath one
-        return jnp.trunc(apply(_DIV_MODE, (a, b), {}))
-    return apply(_DIV_MODE, (a, b), {"rounding_mode": rounding_mode})
+        return jnp.trunc(apply(LOWERINGS["div.Tensor"], (a, b), {}))
+    return apply(_DIV_MODE, (a, b), {"rounding_mode": rounding_mode})  # floor or trunc: result of a's kind
 
 
 @lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT, real_only=True)
@@ -320,22 +318,22 @@ def atan2(a, b):
     return jnp.arctan2(a, b)
 
 
-@lowering("maximum", promote=KIND.DEFAULT, real_only=True)
+@lowering("maximum", promote=KIND.DEFAULT, real_only="maximum not implemented for complex tensors.")
 def maximum(a, b):
     return jnp.maximum(a, b)
 
 
-@lowering("minimum", promote=KIND.DEFAULT, real_only=True)
+@lowering("minimum", promote=KIND.DEFAULT, real_only="minimum not implemented for complex tensors.")
 def minimum(a, b):
     return jnp.minimum(a, b)
 
 
-@lowering("fmax", promote=KIND.DEFAULT, real_only=True)
+@lowering("fmax", promote=KIND.DEFAULT, real_only="fmax not implemented for complex tensors.")
 def fmax(a, b):
     return jnp.fmax(a, b)
 
 
-@lowering("fmin", promote=KIND.DEFAULT, real_only=True)
+@lowering("fmin", promote=KIND.DEFAULT, real_only="fmin not implemented for complex tensors.")
 def fmin(a, b):
     return jnp.fmin(a, b)
 
@@ -544,6 +542,7 @@ def zero(a):
     meta_check=_with_variants(
         bool_mask_check, "masked_fill.Scalar", "masked_fill.Tensor", "masked_fill_.Scalar", "masked_fill_.Tensor"
     ),
+    write_overlap=WriteOverlap(expanded_warning("masked_fill_", "tensor[mask] = scalar"), no_partial_overlap=("mask",)),
 )
 def masked_fill(a, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(a.dtype), a)
@@ -585,7 +584,7 @@ def frexp(a):
     return m, e.astype(jnp.int32)
 
 
-@lowering("nextafter", promote=KIND.DEFAULT)
+@lowering("nextafter", promote=KIND.NO_OPMATH)  # half types step in their own precision
 def nextafter(a, b):
     return jnp.nextafter(a, b)
 
@@ -679,7 +678,20 @@ def logaddexp2(a, b):
     return jnp.logaddexp2(a, b)
 
 
-@lowering("heaviside", promote=KIND.DEFAULT, real_only=True)
+def _heaviside_check(a, values, *, out=None):
+    """The CPU's check after the complex one: one dtype for the input, the values and `out` (no
+    promotion, not even of a 0-dim tensor)."""
+    tensors = [t for t in (a, values, out) if isinstance(t, torch.Tensor)]
+    if len({t.dtype for t in tensors}) > 1:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+
+
+@lowering(
+    "heaviside",
+    promote=KIND.DEFAULT,
+    real_only="heaviside is not yet implemented for complex tensors.",
+    meta_check=_with_variants(_heaviside_check, "heaviside.default", "heaviside_.default", "heaviside.out"),
+)
 def heaviside(a, values):
     return jnp.where(a == 0, values, (a > 0).astype(a.dtype))
 

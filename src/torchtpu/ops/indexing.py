@@ -16,7 +16,7 @@ from jax import lax
 from .argument_checks import fill_value_check
 from .checks import require, require_index
 from .dtypes import opmath, scalar_type_name
-from .table import lowering
+from .table import INDEXED_WRITE, WriteOverlap, expanded_warning, lowering
 
 
 def _check(index, size, dim, negative_ok):
@@ -55,6 +55,9 @@ def index(x, indices):
     "index_put",
     "_index_put_impl",
     mask_args={"index_put.default": 1, "index_put_.default": 1, "_index_put_impl_.default": 1},
+    write_overlap=WriteOverlap(
+        expanded_warning("index_put_", "tensor[indices] = tensor"), no_overlap=("indices", "values")
+    ),
 )
 def index_put(x, indices, values, accumulate=False, unsafe=False):
     if values.dtype != x.dtype:  # as the CPU and CUDA kernels (a float64 value into float32 raises)
@@ -152,20 +155,20 @@ def _src(src, index, dtype):
     return jnp.broadcast_to(jnp.asarray(src, dtype), index.shape)
 
 
-@lowering("scatter.src", "scatter.value")
+@lowering("scatter.src", "scatter.value", write_overlap=INDEXED_WRITE)
 def scatter(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
     return x.at[at].set(_src(src, index, x.dtype))
 
 
-@lowering("scatter.reduce", "scatter.value_reduce")
+@lowering("scatter.reduce", "scatter.value_reduce", write_overlap=INDEXED_WRITE)
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     at, _ = _scatter_target(x, dim, index)
     v = _src(src, index, x.dtype)
     return _scatter_add(x, at, v) if reduce == "add" else _scatter_mul(x, at, v)
 
 
-@lowering("scatter_add")
+@lowering("scatter_add", write_overlap=INDEXED_WRITE)
 def scatter_add(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
     return _scatter_add(x, at, _src(src, index, x.dtype))
@@ -205,7 +208,7 @@ def _scatter_reduce(x, at, v, reduce, include_self):
     raise ValueError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
 
 
-@lowering("scatter_reduce.two")
+@lowering("scatter_reduce.two", write_overlap=INDEXED_WRITE)
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if reduce in ("amax", "amin") and jnp.iscomplexobj(x):  # no order on complex numbers (as the CPU)
         raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{scalar_type_name(x.dtype)}'")
@@ -217,7 +220,7 @@ def _along(dim, ndim, index):
     return (slice(None),) * dim + (index,)
 
 
-@lowering("index_select")
+@lowering("index_select", write_overlap=WriteOverlap(no_overlap=("self", "index")))
 def index_select(x, dim, index):
     if index.ndim > 1:  # the meta kernel lets this through, the CPU kernel does not
         raise IndexError("index_select(): Index is supposed to be a vector")
@@ -229,7 +232,7 @@ def index_select(x, dim, index):
     return jnp.take(x, index, axis=dim)
 
 
-@lowering("index_add")
+@lowering("index_add", write_overlap=INDEXED_WRITE)
 def index_add(x, dim, index, source, alpha=1):
     if x.ndim == 0:
         return x + source.reshape(()).astype(x.dtype) * alpha
@@ -265,7 +268,7 @@ def _flat_offsets(shape, dim, index, src_shape):
     return jnp.where(valid[lax.broadcasted_iota(jnp.int32, src_shape, dim)], offsets, stride)
 
 
-@lowering("index_copy")
+@lowering("index_copy", write_overlap=INDEXED_WRITE)
 def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(()).astype(x.dtype)
@@ -308,6 +311,7 @@ def _select_one(x, dim, position, source):
     "index_fill.int_Scalar",
     "index_fill.int_Tensor",
     host_check={"index_fill.int_Scalar": fill_value_check(3), "index_fill_.int_Scalar": fill_value_check(3)},
+    write_overlap=WriteOverlap(expanded_warning("index_fill_", "tensor[mask] = scalar"), no_overlap=("index",)),
 )
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
@@ -319,7 +323,7 @@ def index_fill(x, dim, index, value):
     return x.at[_along(dim, x.ndim, index)].set(jnp.asarray(value).astype(x.dtype))
 
 
-@lowering("index_reduce", real_only=True)
+@lowering("index_reduce", real_only=True, write_overlap=INDEXED_WRITE)
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     if x.ndim == 0:
         x, source = x.reshape(1), source.reshape(1)
@@ -333,7 +337,7 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
     return _scatter_reduce(x, at, source.astype(x.dtype), reduce, include_self)
 
 
-@lowering("masked_scatter")
+@lowering("masked_scatter", write_overlap=WriteOverlap())
 def masked_scatter(x, mask, source):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     x = jnp.broadcast_to(x, shape)
@@ -349,14 +353,14 @@ def masked_scatter(x, mask, source):
     return jnp.where(m, picked, x.reshape(-1)).reshape(shape)
 
 
-@lowering("take")
+@lowering("take", write_overlap=WriteOverlap(no_overlap=("self", "index")))
 def take(x, index):
     flat = x.reshape(-1)
     _check(index, flat.shape[0], 0, True)
     return flat[jnp.where(index < 0, index + flat.shape[0], index)]
 
 
-@lowering("put")
+@lowering("put", write_overlap=INDEXED_WRITE)
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
     idx = index.reshape(-1)

@@ -15,7 +15,53 @@ from .nn_common import _grad_input_meta
 from .table import lowering
 
 
-@lowering("nll_loss_forward", "nll_loss2d_forward", real_only=True)
+def _sizes(t):
+    return "[" + ", ".join(str(n) for n in t.shape) + "]"
+
+
+def _nll_loss_check(a, target, weight, reduction, ignore_index, **out):
+    """The CPU's checks of nll_loss_forward, in its order and words (PyTorch's meta kernel asserts)."""
+    if not 0 < a.dim() <= 2:
+        raise RuntimeError("input tensor should be 1D or 2D")
+    if target.dim() > 1:
+        raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
+    if not (a.dim() == 1 and target.dim() == 0) and a.shape[0] != target.shape[0]:
+        raise RuntimeError(f"size mismatch (got input: {_sizes(a)}, target: {_sizes(target)})")
+    classes = a.shape[-1]
+    if weight is not None and (weight.dim() != 1 or weight.numel() != classes):
+        raise RuntimeError(
+            f"weight tensor should be defined either for all {classes} classes or no classes but got weight "
+            f"tensor of shape: {_sizes(weight)}"
+        )
+
+
+def _nll_loss2d_check(a, target, weight, reduction, ignore_index, **out):
+    """The CPU's checks of nll_loss2d_forward, in its order and words."""
+    if target.dim() != 3:
+        raise RuntimeError(
+            f"only batches of spatial targets supported (3D tensors) but got targets of dimension: {target.dim()}"
+        )
+    if a.dim() != 4:
+        raise RuntimeError(
+            f"only batches of spatial inputs supported (4D tensors), but got input of dimension: {a.dim()}"
+        )
+    if weight is not None and weight.numel() != a.shape[1]:
+        raise RuntimeError("weight tensor should be defined either for all or no classes")
+    if (a.shape[0], *a.shape[2:]) != tuple(target.shape):
+        raise RuntimeError(f"size mismatch (got input: {_sizes(a)} , target: {_sizes(target)}")
+
+
+@lowering(
+    "nll_loss_forward",
+    "nll_loss2d_forward",
+    real_only=True,
+    meta_check={
+        "nll_loss_forward.default": _nll_loss_check,
+        "nll_loss_forward.output": _nll_loss_check,
+        "nll_loss2d_forward.default": _nll_loss2d_check,
+        "nll_loss2d_forward.output": _nll_loss2d_check,
+    },
+)
 def nll_loss_forward(a, target, weight, reduction, ignore_index):
     x = a if a.ndim > 1 else a[None]
     t = target if target.ndim else target[None]

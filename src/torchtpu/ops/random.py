@@ -9,14 +9,17 @@ from jax import lax
 from .argument_checks import random_bounds_check
 from .checks import require
 from .dtypes import scalar_type_name
-from .table import lowering
+from .table import WriteOverlap, lowering
+
+# a random fill refuses an expanded `self`, as the CPU's (a TensorIterator without inputs)
+FILL = WriteOverlap()
 
 
 def _float(a):
     return a.dtype if jnp.issubdtype(a.dtype, jnp.floating) else jnp.float32
 
 
-@lowering("uniform", random=True, draws_by_index=True)
+@lowering("uniform", random=True, draws_by_index=True, write_overlap=FILL)
 def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
     if not jnp.issubdtype(a.dtype, jnp.inexact):  # `torch.rand(3, dtype=torch.int64)`, as the CPU
         raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{scalar_type_name(a.dtype)}'")
@@ -26,7 +29,7 @@ def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
     return (from_ + u * (to - from_)).astype(a.dtype)
 
 
-@lowering("normal_functional", random=True, draws_by_index=True, inplace_variant="normal_.default")
+@lowering("normal_functional", random=True, draws_by_index=True, inplace_variant="normal_.default", write_overlap=FILL)
 def normal(a, mean=0.0, std=1.0, generator=None, *, key):
     z = jax.random.normal(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
     return (mean + z * std).astype(a.dtype)
@@ -36,13 +39,13 @@ def _check_probabilities(p):
     require((p >= 0) & (p <= 1), "Expected p_in >= 0 && p_in <= 1: every probability must be in [0, 1]")
 
 
-@lowering("bernoulli.p", random=True, inplace_variant="bernoulli_.float")
+@lowering("bernoulli.p", random=True, inplace_variant="bernoulli_.float", write_overlap=FILL)
 def bernoulli_p(a, p=0.5, generator=None, *, key):
     require((p >= 0) & (p <= 1), "bernoulli_ expects p to be in [0, 1]")
     return (jax.random.uniform(key, a.shape, jnp.float32) < p).astype(a.dtype)
 
 
-@lowering("bernoulli.Tensor", random=True)
+@lowering("bernoulli.Tensor", random=True, write_overlap=WriteOverlap(no_partial_overlap=("p",)))
 def bernoulli_t(a, p, generator=None, *, key):
     _check_probabilities(p)
     return (jax.random.uniform(key, a.shape, jnp.float32) < p).astype(a.dtype)
@@ -80,24 +83,24 @@ def _u(key, a, tiny=False):
     return jax.random.uniform(key, a.shape, d, minval=lo, maxval=1.0)
 
 
-@lowering("exponential", random=True, draws_by_index=True)
+@lowering("exponential", random=True, draws_by_index=True, write_overlap=FILL)
 def exponential(a, lambd=1.0, generator=None, *, key):
     return (-jnp.log1p(-_u(key, a)) / lambd).astype(a.dtype)
 
 
-@lowering("cauchy", random=True, draws_by_index=True)
+@lowering("cauchy", random=True, draws_by_index=True, write_overlap=FILL)
 def cauchy(a, median=0.0, sigma=1.0, generator=None, *, key):
     return (median + sigma * jnp.tan(jnp.pi * (_u(key, a) - 0.5))).astype(a.dtype)
 
 
-@lowering("geometric", random=True, draws_by_index=True)
+@lowering("geometric", random=True, draws_by_index=True, write_overlap=FILL)
 def geometric(a, p, generator=None, *, key):
     # number of Bernoulli(p) trials up to the first success: support {1, 2, ...}
     u = _u(key, a, tiny=True)
     return jnp.ceil(jnp.log(u) / jnp.log1p(-jnp.asarray(p, u.dtype))).astype(a.dtype)
 
 
-@lowering("log_normal", random=True, draws_by_index=True)
+@lowering("log_normal", random=True, draws_by_index=True, write_overlap=FILL)
 def log_normal(a, mean=1.0, std=2.0, generator=None, *, key):
     d = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
     return jnp.exp(mean + std * jax.random.normal(key, a.shape, d)).astype(a.dtype)
@@ -131,7 +134,7 @@ def _check_bounds(dtype, low, high):
     return random_bounds_check(jnp.dtype(dtype).name, low, high, lowest=int(info.min), highest=int(info.max))
 
 
-@lowering("random.from", random=True, draws_by_index=True)
+@lowering("random.from", random=True, draws_by_index=True, write_overlap=FILL)
 def random_from(a, from_, to=None, generator=None, *, key):
     if to is not None and from_ >= to:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
@@ -139,7 +142,7 @@ def random_from(a, from_, to=None, generator=None, *, key):
     return _random_ints(key, a, from_, _default_high(a.dtype) if to is None else to)
 
 
-@lowering("random.to", random=True, draws_by_index=True)
+@lowering("random.to", random=True, draws_by_index=True, write_overlap=FILL)
 def random_to(a, to, generator=None, *, key):
     if to <= 0:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
@@ -147,7 +150,7 @@ def random_to(a, to, generator=None, *, key):
     return _random_ints(key, a, 0, to)
 
 
-@lowering("random", random=True, draws_by_index=True)
+@lowering("random", random=True, draws_by_index=True, write_overlap=FILL)
 def random_in_default_range(a, generator=None, *, key):
     return _random_ints(key, a, 0, _default_high(a.dtype))
 
@@ -157,7 +160,28 @@ def randperm(n, generator=None, dtype=None, layout=None, device=None, pin_memory
     return jax.random.permutation(key, n).astype(dtype or jnp.int64)
 
 
-@lowering("multinomial", random=True)
+def _multinomial_check(probs, num_samples, replacement=False, generator=None, *, out=None):
+    """The CPU's argument checks, in its order (PyTorch's meta kernel words the first otherwise and
+    lets the others through)."""
+    if not 1 <= probs.dim() <= 2:
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if not probs.dtype.is_floating_point:
+        raise RuntimeError(
+            f"multinomial only supports floating-point dtypes for input, got: {scalar_type_name(probs.dtype)}"
+        )
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and num_samples > probs.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if probs.shape[-1] > 1 << 24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
+
+
+@lowering(
+    "multinomial",
+    random=True,
+    meta_check={"multinomial.default": _multinomial_check, "multinomial.out": _multinomial_check},
+)
 def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
     p = probs.astype(jnp.float64 if probs.dtype == jnp.float64 else jnp.float32)
     require(jnp.isfinite(p) & (p >= 0), "probability tensor contains either `inf`, `nan` or element < 0")

@@ -144,6 +144,9 @@ def _check_inplace_cast(op, func, meta_args, meta_kwargs, adapt):
     low = LOWERINGS.get(op_name(func))
     if low is None or low.promote is None:
         return
+    own_check = declared_facts("meta_check").get(op_name(op))
+    if own_check is not None:  # the op's own argument checks come first (heaviside_: "different dtypes")
+        own_check(*meta_args, **meta_kwargs)
     written = next(
         (meta_args[i] if i < len(meta_args) else meta_kwargs.get(a.name))
         for i, a in enumerate(op._schema.arguments)

@@ -19,7 +19,8 @@ a whole size bucket and keep the first elements (eager/bucketed_draws.py).
 Every other fact about an op is declared here too, as an argument of `@lowering`, so the op's name
 finds all of them (docs/design.md, "Adding an op"):
 
-    real_only=True          complex inputs raise, as PyTorch's CPU and CUDA kernels (reject_complex)
+    real_only=True          complex inputs raise, as PyTorch's CPU and CUDA kernels (reject_complex); a
+                            string: the RuntimeError message the CPU raises instead of its dtype error
     blas=True               a promoting op whose CPU kernel is a BLAS call, not an elementwise loop: its
                             in-place and out= writes skip the memory-overlap checks (eager/overlap.py)
     host_check=f            f(*args, **kwargs) checks Scalar arguments on the host per call (argument_checks.py)
@@ -28,6 +29,8 @@ finds all of them (docs/design.md, "Adding an op"):
     missing_meta=f          a Meta kernel registered for an op PyTorch ships without one
     mask_args=i             position of an index list whose boolean masks become indices first (eager)
     inplace_variant="foo_.ov"  the in-place overload whose functional twin this is, where the names do not say
+    write_overlap=WriteOverlap(...)  ATen's memory-overlap rules for the op's in-place and out= writes,
+                            where it is not an elementwise op (those follow TensorIterator's: eager/overlap.py)
 
 A per-overload fact is one value for every name of the decorator, or a dict from overload names (the
 decorator's own, or their in-place and out= variants, named explicitly) to values. The tables other
@@ -42,7 +45,18 @@ from collections.abc import Callable
 
 from .dtypes import KIND, operand_facts, promote, scalar_type_name
 
-__all__ = ["KIND", "LOWERINGS", "Lowering", "apply", "declared_facts", "lowering", "real_only_without_lowering"]
+__all__ = [
+    "INDEXED_WRITE",
+    "KIND",
+    "LOWERINGS",
+    "Lowering",
+    "WriteOverlap",
+    "apply",
+    "declared_facts",
+    "expanded_warning",
+    "lowering",
+    "real_only_without_lowering",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +70,7 @@ class Lowering:
     mutates: tuple = ()  # ((position, name), ...) written although the schema says not
     static_scalars: bool = False  # Scalars decide shapes (arange): compile per value
     traced: tuple = ()  # names of float/int arguments to trace like Scalars (lr)
-    real_only: bool = False  # complex inputs raise (REAL_ONLY)
+    real_only: bool | str = False  # complex inputs raise (REAL_ONLY)
     blas: bool = False  # promotes, but the CPU kernel is a BLAS call, not an elementwise loop
     draws_by_index: bool = False  # random draws whose element i depends on (key, scalars, i) only
 
@@ -64,12 +78,36 @@ class Lowering:
 LOWERINGS: dict[str, Lowering] = {}
 
 # the facts declared per overload with `@lowering(..., kind=value)`: kind -> {overload: value}
-FACT_KINDS = ("host_check", "meta_check", "meta", "missing_meta", "mask_args", "inplace_variant")
+FACT_KINDS = ("host_check", "meta_check", "meta", "missing_meta", "mask_args", "inplace_variant", "write_overlap")
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
 FACT_OWNERS: dict[str, dict[str, str]] = {kind: {} for kind in FACT_KINDS}
-_REAL_ONLY: dict[str, bool] = {}  # base name -> True
+_REAL_ONLY: dict[str, bool | str] = {}  # base name -> True, or the CPU's message
 _REAL_ONLY_WITHOUT_LOWERING: set = set()
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteOverlap:
+    """How an op's CPU kernel guards the tensor it writes (ATen's MemOverlap checks): a written tensor
+    that overlaps itself (an expanded view) raises, or gives this deprecation warning where
+    `expanded_warning` is set; the arguments named in `no_overlap` may not share any element with
+    it (assert_no_overlap), those in `no_partial_overlap` only all of them, with the same strides."""
+
+    expanded_warning: str | None = None
+    no_overlap: tuple = ()
+    no_partial_overlap: tuple = ()
+
+
+def expanded_warning(op: str, example: str) -> str:
+    """The CPU's deprecation warning for an indexed write into an expanded tensor."""
+    return (
+        f"Use of {op} on expanded tensors is deprecated. Please clone() the tensor before performing this "
+        f"operation. This also applies to advanced indexing e.g. {example}"
+    )
+
+
+# index_add_, index_copy_, put_, scatter_, ...: no expanded `self`, no index or source sharing its memory
+INDEXED_WRITE = WriteOverlap(no_overlap=("index", "source", "src"))
 
 
 def _full_name(name):
@@ -123,7 +161,7 @@ def lowering(
                 draws_by_index,
             )
             if real_only:
-                _REAL_ONLY[full.split(".")[0]] = True
+                _REAL_ONLY[full.split(".")[0]] = real_only
         for kind, values in declared.items():
             _FACTS[kind].update(values)
             FACT_OWNERS[kind].update(dict.fromkeys(values, full_names[0]))
@@ -180,6 +218,8 @@ def reject_complex(name, values):
     for v in values:  # torch (meta) tensors or JAX arrays: their dtype names agree
         kind = str(getattr(v, "dtype", "")).replace("torch.", "")
         if kind in ("complex64", "complex128"):
+            if isinstance(REAL_ONLY[base], str):  # the op's own words on the CPU
+                raise RuntimeError(REAL_ONLY[base])
             raise NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(kind)}'")
 
 
