@@ -607,6 +607,12 @@ def _arange_start_out(start, end, step=1, *, out):
     if out.dtype.is_floating_point or all(isinstance(v, int) for v in (start, end, step)):
         n = factories.arange_length(start, end, step, dt.to_jax(out.dtype))
         if out.numel() != n:
+            if out.numel() > 0:  # the CPU's warning: a non-empty `out` of another length (rounding, often)
+                argument_checks.warn_at_caller(
+                    f"The number of elements in the out tensor of shape {list(out.shape)} is {out.numel()} "
+                    f"which does not match the computed number of elements {n}. Note that this may occur "
+                    f"as a result of rounding error. The out tensor will be resized to a tensor of shape ({n},)."
+                )
             out.resize_((n,))
     return kernel_for(aten.arange.start_out)(start, end, step, out=out)
 

@@ -13,6 +13,9 @@ the device by device-side asserts (ops/checks.py).
 from __future__ import annotations
 
 import math
+import os
+import sys
+import warnings
 
 import torch
 
@@ -30,6 +33,7 @@ __all__ = [
     "pow_exponent_check",
     "random_bounds_check",
     "same_dtype_out_check",
+    "warn_at_caller",
     "wrap",
 ]
 
@@ -224,7 +228,6 @@ def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None):
     """random_(from, to)'s range against the tensor's dtype, as the CPU checks it: `from` and `to - 1`
     within [lowest, highest] of the type, else an error; for a float type with `bits` of mantissa,
     a warning beyond +-2^bits, where not every integer is representable."""
-    import warnings
 
     name = _RANDOM_TYPE_NAMES.get(dtype_name, dtype_name)
     for value, what in ((low, "from"), (None if high is None else high - 1, "to - 1")):
@@ -280,3 +283,15 @@ def wrap(name: str, kernel):
         return kernel(*args, **kwargs)
 
     return checked
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def warn_at_caller(message):
+    """A UserWarning attributed to the first frame outside torchtpu, where PyTorch's C++ warnings
+    land: the "default" filter then shows one per line of user code, as on the CPU."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)

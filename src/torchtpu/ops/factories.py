@@ -84,13 +84,15 @@ def _fill_out_meta(packet, overload):
     """The meta function of a factory's out= overload on "tpu". PyTorch's CPU and CUDA kernels resize
     `out` only when its element count differs from the result's, and otherwise fill it in its own
     shape (a (2, 2) view of a wider tensor takes `arange(4)` row by row); PyTorch's meta function
-    resizes whenever the shape differs, which would move a view's writes onto other elements."""
+    resizes whenever the shape differs, which would move a view's writes onto other elements. The
+    scratch tensor is empty, so PyTorch's meta resizes it without its resize warning: linspace and
+    logspace resize silently on the CPU (arange's own warning: eager/kernels.py, _arange_start_out)."""
 
     def meta(*args, out, **kwargs):
         no_internal_overlap(out)  # (an expanded `out`: the CPU refuses to write it)
-        scratch = torch.empty(out.numel(), dtype=out.dtype, device="meta")
+        scratch = torch.empty(0, dtype=out.dtype, device="meta")
         getattr(getattr(torch.ops.aten, packet), overload)(*args, out=scratch, **kwargs)
-        if tuple(scratch.shape) != (out.numel(),):
+        if scratch.numel() != out.numel():
             out.resize_(scratch.shape)
         return out
 
