@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from error_parity import same_error
 from torch.testing import assert_close
 
 DEV = "tpu"
@@ -58,3 +59,29 @@ def test_float_to_integer_conversion_out_of_range_matches_the_cpu(source, target
         assert torch.equal(on_device.to(target).cpu(), expected)
         out = torch.empty(len(_OUT_OF_RANGE), dtype=target, device=DEV)
         assert torch.equal(out.copy_(on_device).cpu(), expected)
+
+
+@pytest.mark.parametrize("factory", [torch.linspace, torch.logspace], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "ends", [(0, 1j), (0j, 1), (torch.tensor(1j), 2)], ids=["real-complex", "complex-real", "tensor"]
+)
+def test_complex_ends_with_a_real_dtype_raise_the_cpus_error(factory, ends):
+    same_error(lambda device: factory(*ends, 5, device=device, dtype=torch.float32))
+
+
+def _sliced_with_size_one_dims(device):
+    sliced = torch.randn(4, 3, 2, device=device)[:, :, ::2]  # (4, 3, 1), strides (6, 2, 2)
+    gapped = torch.empty_strided((4, 3, 2), (4, 2, 1), device=device)[:, :, ::2]
+    return [sliced.permute(0, 2, 1), gapped.permute(2, 0, 1)]
+
+
+@pytest.mark.parametrize(
+    "like",
+    [torch.empty_like, torch.zeros_like, lambda t: torch.full_like(t, 7), torch.randn_like],
+    ids=["empty", "zeros", "full", "randn"],
+)
+def test_like_factories_keep_the_cpus_strides_of_size_one_dims(like):
+    # a dense layout whose size-1 dims have other strides than the contiguous ones: PyTorch keeps them
+    for cpu, tpu in zip(_sliced_with_size_one_dims("cpu"), _sliced_with_size_one_dims(DEV)):
+        assert like(tpu).stride() == like(cpu).stride()
+    assert torch.empty_strided((4, 1, 3), (3, 1, 1), device=DEV).stride() == (3, 1, 1)

@@ -9,7 +9,7 @@ import torch
 from jax import lax
 
 from .argument_checks import factory_value_check, no_internal_overlap
-from .dtypes import to_jax
+from .dtypes import scalar_type_name, to_jax
 from .table import lowering
 
 
@@ -151,7 +151,31 @@ def _ramp_dtype(start, end):
     return _inferred_dtype(1j if complex_ends else 1.0)
 
 
-@lowering("linspace", "linspace.Tensor_Tensor", "linspace.Tensor_Scalar", "linspace.Scalar_Tensor")
+def _complex_ends_check(name):
+    """The CPU's error for complex ends with a real dtype= (it names the default complex dtype,
+    whatever the ends' own precision); PyTorch's meta words it otherwise."""
+
+    def check(start, end, *args, dtype=None, **kwargs):
+        complex_ends = any(
+            v.dtype.is_complex if isinstance(v, torch.Tensor) else isinstance(v, complex) for v in (start, end)
+        )
+        if complex_ends and dtype is not None and not dtype.is_complex:
+            inferred = "c10::complex<double>" if torch.get_default_dtype() == torch.float64 else "c10::complex<float>"
+            raise RuntimeError(
+                f"torch.{name}(): inferred dtype {inferred} can't be safely cast to passed dtype "
+                f"{scalar_type_name(dtype)}"
+            )
+
+    return check
+
+
+@lowering(
+    "linspace",
+    "linspace.Tensor_Tensor",
+    "linspace.Tensor_Scalar",
+    "linspace.Scalar_Tensor",
+    meta_check=_complex_ends_check("linspace"),
+)
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     d = dtype or _ramp_dtype(start, end)
     if steps == 0:
@@ -159,7 +183,13 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
     return _ramp(start, end, steps, d).astype(d)
 
 
-@lowering("logspace", "logspace.Tensor_Tensor", "logspace.Tensor_Scalar", "logspace.Scalar_Tensor")
+@lowering(
+    "logspace",
+    "logspace.Tensor_Tensor",
+    "logspace.Tensor_Scalar",
+    "logspace.Scalar_Tensor",
+    meta_check=_complex_ends_check("logspace"),
+)
 def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
     d = dtype or _ramp_dtype(start, end)
     if steps == 0:
