@@ -85,3 +85,25 @@ def test_like_factories_keep_the_cpus_strides_of_size_one_dims(like):
     for cpu, tpu in zip(_sliced_with_size_one_dims("cpu"), _sliced_with_size_one_dims(DEV)):
         assert like(tpu).stride() == like(cpu).stride()
     assert torch.empty_strided((4, 1, 3), (3, 1, 1), device=DEV).stride() == (3, 1, 1)
+
+
+def _random_bound_warnings(device, dtype, low, high):
+    t = torch.empty(8, dtype=dtype, device=device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.random_(low, high)
+    return [(w.category, str(w.message).split(" (Triggered")[0]) for w in caught]
+
+
+_MANTISSA_BITS = {torch.float32: 24, torch.bfloat16: 8, torch.float16: 11, torch.float64: 53}
+
+
+@pytest.mark.parametrize("dtype", list(_MANTISSA_BITS), ids=str)
+@pytest.mark.parametrize("side", ["to", "from", "both"])
+def test_random_bounds_beyond_a_floats_precision_warn_on_every_call(dtype, side):
+    beyond = 2 ** _MANTISSA_BITS[dtype] + 10
+    bounds = {"to": (-42, beyond), "from": (-beyond, 0), "both": (-beyond, beyond)}[side]
+    expected = _random_bound_warnings("cpu", dtype, *bounds)
+    assert expected
+    for _ in range(3):  # the cached executable's calls warn too
+        assert _random_bound_warnings(DEV, dtype, *bounds) == expected

@@ -224,10 +224,11 @@ _RANDOM_TYPE_NAMES = {
 }
 
 
-def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None):
+def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None, warn=True):
     """random_(from, to)'s range against the tensor's dtype, as the CPU checks it: `from` and `to - 1`
     within [lowest, highest] of the type, else an error; for a float type with `bits` of mantissa,
-    a warning beyond +-2^bits, where not every integer is representable."""
+    a warning (per call, as the CPU's: `warn` only from the per-call host check) beyond +-2^bits,
+    where not every integer is representable."""
 
     name = _RANDOM_TYPE_NAMES.get(dtype_name, dtype_name)
     for value, what in ((low, "from"), (None if high is None else high - 1, "to - 1")):
@@ -235,12 +236,11 @@ def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None):
             continue
         if not lowest <= value <= highest:
             raise RuntimeError(f"{what} is out of bounds for {name}")
-        if bits is not None and not -(1 << bits) <= value <= 1 << bits:
-            warnings.warn(
+        if warn and bits is not None and not -(1 << bits) <= value <= 1 << bits:
+            warn_at_caller(
                 f"{what} is out of bounds [-(2^{bits}), 2^{bits}]. Due to precision limitations {name} "
                 f"can support discrete uniform distribution only within this range. This warning will "
-                f"become an error in version 1.7 release, please fix the code in advance",
-                stacklevel=2,
+                f"become an error in version 1.7 release, please fix the code in advance"
             )
 
 

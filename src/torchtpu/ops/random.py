@@ -8,7 +8,7 @@ from jax import lax
 
 from .argument_checks import random_bounds_check
 from .checks import require
-from .dtypes import scalar_type_name
+from .dtypes import scalar_type_name, to_jax
 from .table import lowering
 
 
@@ -121,25 +121,41 @@ def _default_high(dtype):
     return int(jnp.iinfo(dtype).max) + 1
 
 
-def _check_bounds(dtype, low, high):
+def _check_bounds(dtype, low, high, warn=False):
     if dtype == jnp.bool_:
         return random_bounds_check("bool", low, high, lowest=0, highest=1)
     if jnp.issubdtype(dtype, jnp.floating):
         info = jnp.finfo(dtype)
-        return random_bounds_check(jnp.dtype(dtype).name, low, high, int(info.min), int(info.max), info.nmant + 1)
+        bits = info.nmant + 1
+        return random_bounds_check(jnp.dtype(dtype).name, low, high, int(info.min), int(info.max), bits, warn)
     info = jnp.iinfo(dtype)
     return random_bounds_check(jnp.dtype(dtype).name, low, high, lowest=int(info.min), highest=int(info.max))
 
 
-@lowering("random.from", random=True)
+def _random_from_check(self, from_, to=None, generator=None):
+    # per call: the CPU warns on every call whose bounds a float type cannot represent exactly
+    if to is not None and from_ >= to:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+    _check_bounds(to_jax(self.dtype), from_, to, warn=True)
+
+
+def _random_to_check(self, to, generator=None):
+    if to <= 0:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
+    _check_bounds(to_jax(self.dtype), 0, to, warn=True)
+
+
+@lowering(
+    "random.from", random=True, host_check={"random.from": _random_from_check, "random_.from": _random_from_check}
+)
 def random_from(a, from_, to=None, generator=None, *, key):
     if to is not None and from_ >= to:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
-    _check_bounds(a.dtype, from_, to)
+    _check_bounds(a.dtype, from_, to)  # (compiled graphs: the errors, without the host check's warning)
     return _random_ints(key, a, from_, _default_high(a.dtype) if to is None else to)
 
 
-@lowering("random.to", random=True)
+@lowering("random.to", random=True, host_check={"random.to": _random_to_check, "random_.to": _random_to_check})
 def random_to(a, to, generator=None, *, key):
     if to <= 0:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
