@@ -107,3 +107,19 @@ def test_random_bounds_beyond_a_floats_precision_warn_on_every_call(dtype, side)
     assert expected
     for _ in range(3):  # the cached executable's calls warn too
         assert _random_bound_warnings(DEV, dtype, *bounds) == expected
+
+
+def test_range_out_into_a_non_contiguous_view():
+    def run(device):
+        x = torch.zeros(2, 3, device=device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (torch.range is deprecated)
+            torch.range(0, 3, out=x.narrow(1, 1, 2))
+            square = torch.ones(2, 2, device=device, dtype=torch.int64)
+            torch.range(1, 7, 2, out=square)
+        return x, square
+
+    expected = run("cpu")
+    for _ in range(2):
+        for got, want in zip(run(DEV), expected):
+            assert_close(got.cpu(), want, rtol=0, atol=0)

@@ -122,6 +122,17 @@ def range_step(start, end, step=1, dtype=None, layout=None, device=None, pin_mem
     return (jnp.asarray(start, acc) + jnp.arange(n, dtype=acc) * jnp.asarray(step, acc)).astype(d)
 
 
+@lowering(
+    "range.out",
+    "range.out_",
+    static_scalars=True,
+    meta={"range.out": _fill_out_meta("range", "out"), "range.out_": _fill_out_meta("range", "out_")},
+)
+def range_out(start, end, step=1, *, out):
+    # filled in `out`'s own shape, as arange.start_out (a non-contiguous view of as many elements)
+    return range_step(start, end, step, dtype=out.dtype).reshape(out.shape)
+
+
 def _compute_dtype(d):
     # PyTorch's CPU kernel steps in double for integers and in the (op-math) float type otherwise
     if jnp.issubdtype(d, jnp.complexfloating):
