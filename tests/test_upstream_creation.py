@@ -123,3 +123,15 @@ def test_range_out_into_a_non_contiguous_view():
     for _ in range(2):
         for got, want in zip(run(DEV), expected):
             assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda device: torch.empty_strided((1,), (), device=device),
+        lambda device: torch.empty_strided((1, 2), (1,), device=device),
+        lambda device: torch.zeros(5, 5, device=device).new_empty_strided((2,), ()),
+    ],
+)
+def test_empty_strided_with_mismatched_lengths_raises_the_cpus_error(make):
+    same_error(make)

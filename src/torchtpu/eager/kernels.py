@@ -103,6 +103,10 @@ def _restride(t, memory_format):
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    if len(size) != len(stride):
+        raise RuntimeError(
+            f"dimensionality of sizes ({len(size)}) must match dimensionality of strides ({len(stride)})"
+        )
     _check_sizes(size)
     index = _device_index(device)
     dtype = dtype or torch.get_default_dtype()
