@@ -135,3 +135,10 @@ def test_range_out_into_a_non_contiguous_view():
 )
 def test_empty_strided_with_mismatched_lengths_raises_the_cpus_error(make):
     same_error(make)
+
+
+@pytest.mark.parametrize(
+    "shifts, dims", [((1,), (1, 2)), ((1, 2), (1,)), ((1, 2), ()), ((), ()), ((1, 2), (0, 5))], ids=str
+)
+def test_roll_argument_errors_are_the_cpus(shifts, dims):
+    same_error(lambda device: torch.arange(8, device=device).view(2, 4).roll(shifts, dims))
