@@ -142,3 +142,17 @@ def test_empty_strided_with_mismatched_lengths_raises_the_cpus_error(make):
 )
 def test_roll_argument_errors_are_the_cpus(shifts, dims):
     same_error(lambda device: torch.arange(8, device=device).view(2, 4).roll(shifts, dims))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.int64, torch.complex64], ids=str)
+def test_element_reads_of_views_match_the_cpu(dtype):
+    # a few elements of a small storage are read from its host copy (a loop like `all(mask)`)
+    base = torch.randn(5, 6, 4, generator=torch.Generator().manual_seed(0)).to(dtype)
+    device_base = base.to(DEV)
+    for view in (lambda t: t.permute(2, 0, 1), lambda t: t[1:, ::2, 3], lambda t: t.transpose(0, 2)[2]):
+        cpu_view, tpu_view = view(base), view(device_base)
+        assert [v.item() for v in tpu_view.reshape(-1)[:7]] == [v.item() for v in cpu_view.reshape(-1)[:7]]
+        assert torch.equal(tpu_view[1, :2].cpu(), cpu_view[1, :2])
+    device_base[1, 2, 3] = base[0, 0, 0]  # a write replaces the buffer: the next read sees it
+    assert device_base[1, 2, 3].item() == base[0, 0, 0].item()
+    assert all(device_base[0, 1]) == all(base[0, 1])

@@ -174,6 +174,34 @@ def _whole(t: torch.Tensor, r):
     return t, record_of(t)
 
 
+# A few elements of a small storage (`bool(mask[i])` in a loop over a tensor) are read from the host
+# copy of the whole storage (JAX keeps it with the array; on XLA:CPU it is the buffer itself) instead
+# of a gather on the device per read: 5000 reads 3.0 s -> ~0.1 s
+_FEW_ELEMENTS = 16
+_HOST_COPY_BYTES = 4 << 20
+
+
+def _few_from_host_copy(t, r):
+    buffer = r._buffer
+    if (
+        t.numel() > _FEW_ELEMENTS
+        or r.nbytes > _HOST_COPY_BYTES
+        or t.dtype != r.dtype
+        or not isinstance(buffer, jax.Array)
+        or covers(t, r)
+    ):
+        return None
+    fusion.count_sync()
+    flat = np.asarray(buffer).reshape(-1)
+    size = flat.itemsize
+    out = np.lib.stride_tricks.as_strided(
+        flat[t.storage_offset() :], tuple(t.shape), tuple(st * size for st in t.stride()), writeable=False
+    ).copy()
+    metrics.counters.d2h_bytes += out.nbytes
+    metrics.counters.d2h_transfers += 1
+    return out
+
+
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
     r = record_of(t)
@@ -182,6 +210,9 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     if host_copies.PENDING:  # earlier non-blocking copies to the host land first, as in CUDA's stream order
         host_copies.finish(r.device_index)
     asserts.check(r.device_index)
+    few = _few_from_host_copy(t, r)
+    if few is not None:
+        return few
     t, r = _whole(t, r)
     if type(r._buffer) is not Pending:  # (reading a queued value counts itself, when it runs the queue)
         fusion.count_sync()
