@@ -156,3 +156,31 @@ def test_element_reads_of_views_match_the_cpu(dtype):
     device_base[1, 2, 3] = base[0, 0, 0]  # a write replaces the buffer: the next read sees it
     assert device_base[1, 2, 3].item() == base[0, 0, 0].item()
     assert all(device_base[0, 1]) == all(base[0, 1])
+
+
+def _parts(device, dtype, other=None):
+    return torch.tensor([1, 2], device=device, dtype=dtype), torch.tensor([3, 4], device=device, dtype=other or dtype)
+
+
+@pytest.mark.parametrize("op", [torch.complex, torch.polar], ids=lambda op: op.__name__)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda op, device: op(*_parts(device, torch.int64)),
+        lambda op, device: op(*_parts(device, torch.bool)),
+        lambda op, device: op(*_parts(device, torch.complex64)),
+        lambda op, device: op(*_parts(device, torch.float32, torch.float64)),
+        lambda op, device: op(*_parts(device, torch.float32), out=torch.zeros(2, device=device)),
+        lambda op, device: op(*_parts(device, torch.float64), out=torch.zeros(2, device=device, dtype=torch.complex64)),
+    ],
+)
+def test_complex_and_polar_argument_errors_are_the_cpus(op, call):
+    same_error(lambda device: call(op, device))
+
+
+@pytest.mark.parametrize("op", [torch.complex, torch.polar], ids=lambda op: op.__name__)
+def test_complex_and_polar_still_compute(op):
+    expected = op(*_parts("cpu", torch.float64), out=torch.empty(2, dtype=torch.complex128))
+    got = op(*_parts(DEV, torch.float64), out=torch.empty(2, dtype=torch.complex128, device=DEV))
+    assert_close(got.cpu(), expected)
+    assert_close(op(*_parts(DEV, torch.float32)).cpu(), op(*_parts("cpu", torch.float32)))
