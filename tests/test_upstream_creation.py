@@ -184,3 +184,19 @@ def test_complex_and_polar_still_compute(op):
     got = op(*_parts(DEV, torch.float64), out=torch.empty(2, dtype=torch.complex128, device=DEV))
     assert_close(got.cpu(), expected)
     assert_close(op(*_parts(DEV, torch.float32)).cpu(), op(*_parts("cpu", torch.float32)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda device: torch.normal(0, -1, (10,), device=device),
+        lambda device: torch.normal(torch.zeros((), device=device), -1.5),
+        lambda device: torch.empty(3, device=device).normal_(0, -1e-7),
+        lambda device: torch.normal(torch.zeros((), device=device), torch.tensor(-1.0, device=device)),
+        lambda device: torch.normal(2.0, torch.tensor([1.0, float("nan")], device=device)),
+        lambda device: torch.normal(torch.zeros(3, device=device), torch.tensor([1.0, -1.0, 1.0], device=device)),
+    ],
+)
+def test_normal_with_a_negative_std_raises_at_the_op(call):
+    torch.empty(3, device=DEV).normal_(0, 1)  # a cached executable for a valid std must still check
+    same_error(call)

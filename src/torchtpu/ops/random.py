@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from .argument_checks import random_bounds_check
@@ -26,7 +27,34 @@ def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
     return (from_ + u * (to - from_)).astype(a.dtype)
 
 
-@lowering("normal_functional", random=True, inplace_variant="normal_.default")
+def _std_float_check(self, mean=0.0, std=1.0, *args, **kwargs):
+    # per call (std is traced): the CPU's words, a double as C++ prints it
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+
+
+def _std_tensor_check(mean, std=1.0, *args, **kwargs):
+    if isinstance(std, torch.Tensor):
+        # a sync, as on the CPU and CUDA, whose kernels read std.min() on the host
+        if std.numel() and not bool((std >= 0).all()):
+            raise RuntimeError("normal expects all elements of std >= 0.0")
+    elif std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+
+
+_STD_TENSOR_CHECKS = {
+    f"normal.{overload}{suffix}": _std_tensor_check
+    for overload in ("Tensor_Tensor", "Tensor_float", "float_Tensor")
+    for suffix in ("", "_out")
+}
+
+
+@lowering(
+    "normal_functional",
+    random=True,
+    inplace_variant="normal_.default",
+    host_check={"normal_functional": _std_float_check, "normal_.default": _std_float_check},
+)
 def normal(a, mean=0.0, std=1.0, generator=None, *, key):
     z = jax.random.normal(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
     return (mean + z * std).astype(a.dtype)
@@ -189,7 +217,9 @@ def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
     return idx.astype(jnp.int64)
 
 
-@lowering("normal.Tensor_Tensor", "normal.Tensor_float", "normal.float_Tensor", random=True)
+@lowering(
+    "normal.Tensor_Tensor", "normal.Tensor_float", "normal.float_Tensor", random=True, host_check=_STD_TENSOR_CHECKS
+)
 def normal_tensors(mean, std=1.0, generator=None, *, key):
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
     dtype = next(
