@@ -200,3 +200,26 @@ def test_complex_and_polar_still_compute(op):
 def test_normal_with_a_negative_std_raises_at_the_op(call):
     torch.empty(3, device=DEV).normal_(0, 1)  # a cached executable for a valid std must still check
     same_error(call)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bounds", [(5, 1), (-3e38, 3e38), (-1e308, 1e308), (-40000, 40000), (-1e39, 0), (0, 1e39)])
+def test_uniform_bounds_errors_are_the_cpus(dtype, bounds):
+    def call(device):
+        return torch.empty(4, dtype=dtype, device=device).uniform_(*bounds)
+
+    try:
+        call("cpu")
+    except RuntimeError:
+        same_error(call)
+    else:
+        assert call(DEV).shape == (4,)
+
+
+@pytest.mark.parametrize(
+    "dtype, n", [(torch.uint8, 2**8 + 1), (torch.half, 2**11 + 2), (torch.float, 2**24 + 2), (torch.double, 2**53 + 2)]
+)
+def test_randperm_too_large_for_the_out_dtype_raises_the_cpus_error(dtype, n):
+    same_error(lambda device: torch.randperm(n, out=torch.empty(0, dtype=dtype, device=device)))
+    largest = n - 1 if dtype in (torch.uint8, torch.half) else 5
+    assert torch.randperm(largest, out=torch.empty(0, dtype=dtype, device=DEV)).numel() == largest

@@ -32,6 +32,7 @@ __all__ = [
     "overflows",
     "pow_exponent_check",
     "random_bounds_check",
+    "random_type_name",
     "same_dtype_out_check",
     "warn_at_caller",
     "wrap",
@@ -222,6 +223,11 @@ _RANDOM_TYPE_NAMES = {
     "float64": "double",
     "bool": "bool",
 }
+
+
+def random_type_name(dtype):
+    """The C++ type name random_'s and uniform_'s bounds errors print for a JAX dtype."""
+    return _RANDOM_TYPE_NAMES.get(str(dtype), str(dtype))
 
 
 def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None, warn=True):

@@ -7,14 +7,27 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import random_bounds_check
+from .argument_checks import check_convertible, random_bounds_check, random_type_name
 from .checks import require
-from .dtypes import scalar_type_name, to_jax
+from .dtypes import scalar_type_name, to_jax, to_torch
 from .table import lowering
 
 
 def _float(a):
     return a.dtype if jnp.issubdtype(a.dtype, jnp.floating) else jnp.float32
+
+
+def _uniform_range_check(dtype, from_, to):
+    """The CPU's: both ends within the float type, and to - from too (the draw scales by it)."""
+    highest = float(jnp.finfo(dtype).max)
+    for value, what in ((from_, "from"), (to, "to")):
+        if not -highest <= value <= highest:
+            raise RuntimeError(f"{what} is out of bounds for {random_type_name(dtype)}")
+    if to - from_ > highest:
+        raise RuntimeError(
+            f"uniform_ expects to-from <= std::numeric_limits<{scalar_type_name(dtype)}>::max(), but found "
+            f"to={to:g} and from={from_:g} which result in to-from to exceed the limit"
+        )
 
 
 @lowering("uniform", random=True)
@@ -23,6 +36,8 @@ def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
         raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{scalar_type_name(a.dtype)}'")
     if from_ > to:  # (floats: keyed, so known when the executable is built)
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        _uniform_range_check(a.dtype, from_, to)
     u = jax.random.uniform(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
     return (from_ + u * (to - from_)).astype(a.dtype)
 
@@ -196,8 +211,36 @@ def random_in_default_range(a, generator=None, *, key):
     return _random_ints(key, a, 0, _default_high(a.dtype))
 
 
-@lowering("randperm", "randperm.generator", random=True)
+# the CPU's words for the largest n whose values a float type holds exactly
+_RANDPERM_LIMITS = {jnp.dtype(jnp.float16): "2049", jnp.dtype(jnp.float32): "2^24+1", jnp.dtype(jnp.float64): "2^53+1"}
+
+
+def _randperm_size_check(n, dtype):
+    if dtype in _RANDPERM_LIMITS:
+        if n > 2 ** (jnp.finfo(dtype).nmant + 1) + 1:
+            limit = _RANDPERM_LIMITS[dtype]
+            raise RuntimeError(f"n cannot be greater than {limit} for {scalar_type_name(dtype)} type.")
+    elif n > 0 and jnp.issubdtype(dtype, jnp.integer):
+        check_convertible(n - 1, to_torch(dtype))
+
+
+def _randperm_meta_check(n, *args, dtype=None, out=None, **kwargs):
+    # before PyTorch's meta resizes `out` to n elements (2^53 + 2 of them: out of memory, not the error)
+    torch_dtype = out.dtype if isinstance(out, torch.Tensor) else dtype or torch.int64
+    _randperm_size_check(n, to_jax(torch_dtype))
+
+
+@lowering(
+    "randperm",
+    "randperm.generator",
+    random=True,
+    meta_check={
+        name: _randperm_meta_check
+        for name in ("randperm", "randperm.generator", "randperm.out", "randperm.generator_out")
+    },
+)
 def randperm(n, generator=None, dtype=None, layout=None, device=None, pin_memory=None, *, key):
+    _randperm_size_check(n, jnp.dtype(dtype or jnp.int64))
     return jax.random.permutation(key, n).astype(dtype or jnp.int64)
 
 
