@@ -223,3 +223,15 @@ def test_randperm_too_large_for_the_out_dtype_raises_the_cpus_error(dtype, n):
     same_error(lambda device: torch.randperm(n, out=torch.empty(0, dtype=dtype, device=device)))
     largest = n - 1 if dtype in (torch.uint8, torch.half) else 5
     assert torch.randperm(largest, out=torch.empty(0, dtype=dtype, device=DEV)).numel() == largest
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda device: torch.arange(1.175494351e-38, 3.402823466e38, device=device),
+        lambda device: torch.arange(1.175494351e-38, 3.402823466e38, out=torch.empty(3, device=device)),
+        lambda device: torch.arange(0, float("inf"), device=device),
+    ],
+)
+def test_arange_of_an_overflowing_length_raises_the_cpus_error(call):
+    same_error(call)

@@ -62,7 +62,10 @@ def arange_length(start, end, step, dtype):
         sgn = (st > 0) - (st < 0)
         num = e - s + st - sgn
         return max(abs(num) // abs(st) * (1 if (num >= 0) == (st > 0) else -1), 0)  # C++ truncation
-    return max(0, math.ceil((float(end) - float(start)) / float(step)))
+    size = math.ceil((float(end) - float(start)) / float(step))
+    if size > float(2**63 - 1):  # the CPU's check of the double length against int64
+        raise RuntimeError("invalid size, possible overflow?")
+    return max(0, size)
 
 
 @lowering("arange.start_step", static_scalars=True)
