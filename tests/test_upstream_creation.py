@@ -153,6 +153,10 @@ def test_element_reads_of_views_match_the_cpu(dtype):
         cpu_view, tpu_view = view(base), view(device_base)
         assert [v.item() for v in tpu_view.reshape(-1)[:7]] == [v.item() for v in cpu_view.reshape(-1)[:7]]
         assert torch.equal(tpu_view[1, :2].cpu(), cpu_view[1, :2])
+        # lazily conjugated views: their values are not the stored ones
+        assert torch.equal(tpu_view.conj()[1, :2].cpu(), cpu_view.conj()[1, :2].resolve_conj())
+        corner = (1,) * tpu_view.dim()
+        assert tpu_view.conj()[corner].item() == cpu_view.conj()[corner].item()
     device_base[1, 2, 3] = base[0, 0, 0]  # a write replaces the buffer: the next read sees it
     assert device_base[1, 2, 3].item() == base[0, 0, 0].item()
     assert all(device_base[0, 1]) == all(base[0, 1])

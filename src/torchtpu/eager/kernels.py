@@ -187,6 +187,8 @@ def _few_from_host_copy(t, r):
         t.numel() > _FEW_ELEMENTS
         or r.nbytes > _HOST_COPY_BYTES
         or t.dtype != r.dtype
+        or t.is_conj()  # (lazily conjugated or negated views: their values are not the stored ones)
+        or t.is_neg()
         or not isinstance(buffer, jax.Array)
         or covers(t, r)
     ):
