@@ -8,14 +8,11 @@ the ordinary index / index_put kernels run.
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
-
 import jax.numpy as jnp
 import torch
 
 from ..ops import dtypes as dt
+from ..ops.argument_checks import warn_at_caller
 from ..ops.table import declared_facts
 from ..storage.records import RECORDS, new_tensor, record_of
 from . import tpu_check
@@ -353,18 +350,6 @@ def _check_mask_shapes(self, indices):
             d += i.dim()
         else:
             d += 1
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def warn_at_caller(message):
-    """A UserWarning attributed to the first frame outside torchtpu, where PyTorch's C++ warnings
-    land: the "default" filter then shows one per line of user code, as on the CPU."""
-    frame, level = sys._getframe(0), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 def _warn_byte_masks(indices):

@@ -20,10 +20,10 @@ from __future__ import annotations
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as _dense
 
+from ..ops.argument_checks import warn_at_caller
 from ..ops.resolve import functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS
-from .data_dependent import warn_at_caller
 
 INTERNAL = (
     "unsupported operation: more than one element of the written-to tensor refers to a single "

@@ -13,6 +13,9 @@ the device by device-side asserts (ops/checks.py).
 from __future__ import annotations
 
 import math
+import os
+import sys
+import warnings
 
 import torch
 
@@ -29,7 +32,9 @@ __all__ = [
     "overflows",
     "pow_exponent_check",
     "random_bounds_check",
+    "random_type_name",
     "same_dtype_out_check",
+    "warn_at_caller",
     "wrap",
 ]
 
@@ -220,11 +225,16 @@ _RANDOM_TYPE_NAMES = {
 }
 
 
-def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None):
+def random_type_name(dtype):
+    """The C++ type name random_'s and uniform_'s bounds errors print for a JAX dtype."""
+    return _RANDOM_TYPE_NAMES.get(str(dtype), str(dtype))
+
+
+def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None, warn=True):
     """random_(from, to)'s range against the tensor's dtype, as the CPU checks it: `from` and `to - 1`
     within [lowest, highest] of the type, else an error; for a float type with `bits` of mantissa,
-    a warning beyond +-2^bits, where not every integer is representable."""
-    import warnings
+    a warning (per call, as the CPU's: `warn` only from the per-call host check) beyond +-2^bits,
+    where not every integer is representable."""
 
     name = _RANDOM_TYPE_NAMES.get(dtype_name, dtype_name)
     for value, what in ((low, "from"), (None if high is None else high - 1, "to - 1")):
@@ -232,12 +242,11 @@ def random_bounds_check(dtype_name, low, high, lowest, highest, bits=None):
             continue
         if not lowest <= value <= highest:
             raise RuntimeError(f"{what} is out of bounds for {name}")
-        if bits is not None and not -(1 << bits) <= value <= 1 << bits:
-            warnings.warn(
+        if warn and bits is not None and not -(1 << bits) <= value <= 1 << bits:
+            warn_at_caller(
                 f"{what} is out of bounds [-(2^{bits}), 2^{bits}]. Due to precision limitations {name} "
                 f"can support discrete uniform distribution only within this range. This warning will "
-                f"become an error in version 1.7 release, please fix the code in advance",
-                stacklevel=2,
+                f"become an error in version 1.7 release, please fix the code in advance"
             )
 
 
@@ -280,3 +289,15 @@ def wrap(name: str, kernel):
         return kernel(*args, **kwargs)
 
     return checked
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def warn_at_caller(message):
+    """A UserWarning attributed to the first frame outside torchtpu, where PyTorch's C++ warnings
+    land: the "default" filter then shows one per line of user code, as on the CPU."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)

@@ -63,7 +63,34 @@ def convert(v, dtype):
             if jnp.issubdtype(v.dtype, jnp.integer)
             else jnp.where(jnp.isnan(v), v, jnp.clip(v, -_E4M3FN_MAX, _E4M3FN_MAX))
         )
+    if jnp.issubdtype(v.dtype, jnp.floating) and dtype in _TRUNCATED_THROUGH:
+        v = _truncate_as_x86(v, _TRUNCATED_THROUGH[dtype])
     return v.astype(dtype)
+
+
+# A float out of an integer type's range has no defined conversion in C++; PyTorch's CPU kernels (and
+# NumPy) get x86's: cvttss2si/cvttsd2si to int32 or int64 gives the most negative value for anything
+# out of range (NaN too), and the 8- and 16-bit types keep the low bits of the int32. XLA saturates
+# instead (float32 max -> 127 for int8, where the CPU gives 0). Unsigned 32/64-bit targets: XLA's.
+_TRUNCATED_THROUGH = {
+    jnp.dtype(d): w
+    for d, w in (
+        (jnp.int8, jnp.int32),
+        (jnp.int16, jnp.int32),
+        (jnp.uint8, jnp.int32),
+        (jnp.uint16, jnp.int32),
+        (jnp.int32, jnp.int32),
+        (jnp.int64, jnp.int64),
+    )
+}
+
+
+def _truncate_as_x86(v, wide):
+    if v.dtype.itemsize < 4:
+        v = v.astype(jnp.float32)  # (exact; +-2^31 is not representable in a 16-bit float)
+    limit = float(2 ** (jnp.iinfo(wide).bits - 1))
+    inside = (v >= -limit) & (v < limit)
+    return jnp.where(inside, v, -limit).astype(wide)
 
 
 def to_torch(dtype) -> torch.dtype:

@@ -735,13 +735,20 @@ def conj_physical(a):
     return jnp.conj(a) if jnp.iscomplexobj(a) else a
 
 
+# (torch dtypes in the meta check, JAX dtypes in the lowering)
 _COMPLEX_PARTS = {jnp.dtype(jnp.float16), jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)}
+_COMPLEX_PARTS |= {torch.float16, torch.float32, torch.float64}
 
 
 def _complex_parts(a, b):
+    _check_complex_parts(a, b)
+    return jnp.broadcast_arrays(a, b)
+
+
+def _check_complex_parts(a, b):
     """PyTorch's checks for the two real parts of torch.complex / torch.polar."""
     names = [scalar_type_name(x.dtype) for x in (a, b)]
-    if not all(jnp.dtype(x.dtype) in _COMPLEX_PARTS for x in (a, b)):
+    if not all(x.dtype in _COMPLEX_PARTS for x in (a, b)):
         raise RuntimeError(
             f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}"
         )
@@ -749,15 +756,28 @@ def _complex_parts(a, b):
         raise RuntimeError(
             f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second argument"
         )
-    return jnp.broadcast_arrays(a, b)
 
 
-@lowering("complex")
+_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
+def _complex_parts_check(a, b, *, out=None):
+    """meta_check: the CPU's checks of torch.complex / torch.polar, before PyTorch's meta asserts."""
+    _check_complex_parts(a, b)
+    expected = _COMPLEX_OF[a.dtype]
+    if isinstance(out, torch.Tensor) and out.dtype != expected:
+        raise RuntimeError(
+            f"Expected object of scalar type {scalar_type_name(expected)} but got scalar type "
+            f"{scalar_type_name(out.dtype)} for argument 'out'"
+        )
+
+
+@lowering("complex", meta_check={"complex": _complex_parts_check, "complex.out": _complex_parts_check})
 def make_complex(real, imag):
     return lax.complex(*_complex_parts(real, imag))
 
 
-@lowering("polar")
+@lowering("polar", meta_check={"polar": _complex_parts_check, "polar.out": _complex_parts_check})
 def polar(abs_, angle_):
     abs_, angle_ = _complex_parts(abs_, angle_)
     return lax.complex(abs_ * jnp.cos(angle_), abs_ * jnp.sin(angle_))

@@ -9,7 +9,7 @@ import torch
 from jax import lax
 
 from .argument_checks import factory_value_check, no_internal_overlap
-from .dtypes import to_jax
+from .dtypes import scalar_type_name, to_jax
 from .table import lowering
 
 
@@ -62,7 +62,10 @@ def arange_length(start, end, step, dtype):
         sgn = (st > 0) - (st < 0)
         num = e - s + st - sgn
         return max(abs(num) // abs(st) * (1 if (num >= 0) == (st > 0) else -1), 0)  # C++ truncation
-    return max(0, math.ceil((float(end) - float(start)) / float(step)))
+    size = math.ceil((float(end) - float(start)) / float(step))
+    if size > float(2**63 - 1):  # the CPU's check of the double length against int64
+        raise RuntimeError("invalid size, possible overflow?")
+    return max(0, size)
 
 
 @lowering("arange.start_step", static_scalars=True)
@@ -84,13 +87,15 @@ def _fill_out_meta(packet, overload):
     """The meta function of a factory's out= overload on "tpu". PyTorch's CPU and CUDA kernels resize
     `out` only when its element count differs from the result's, and otherwise fill it in its own
     shape (a (2, 2) view of a wider tensor takes `arange(4)` row by row); PyTorch's meta function
-    resizes whenever the shape differs, which would move a view's writes onto other elements."""
+    resizes whenever the shape differs, which would move a view's writes onto other elements. The
+    scratch tensor is empty, so PyTorch's meta resizes it without its resize warning: linspace and
+    logspace resize silently on the CPU (arange's own warning: eager/kernels.py, _arange_start_out)."""
 
     def meta(*args, out, **kwargs):
         no_internal_overlap(out)  # (an expanded `out`: the CPU refuses to write it)
-        scratch = torch.empty(out.numel(), dtype=out.dtype, device="meta")
+        scratch = torch.empty(0, dtype=out.dtype, device="meta")
         getattr(getattr(torch.ops.aten, packet), overload)(*args, out=scratch, **kwargs)
-        if tuple(scratch.shape) != (out.numel(),):
+        if scratch.numel() != out.numel():
             out.resize_(scratch.shape)
         return out
 
@@ -118,6 +123,17 @@ def range_step(start, end, step=1, dtype=None, layout=None, device=None, pin_mem
     n = math.floor((float(end) - float(start)) / float(step)) + 1
     acc = jnp.int64 if jnp.issubdtype(d, jnp.integer) else jnp.float64
     return (jnp.asarray(start, acc) + jnp.arange(n, dtype=acc) * jnp.asarray(step, acc)).astype(d)
+
+
+@lowering(
+    "range.out",
+    "range.out_",
+    static_scalars=True,
+    meta={"range.out": _fill_out_meta("range", "out"), "range.out_": _fill_out_meta("range", "out_")},
+)
+def range_out(start, end, step=1, *, out):
+    # filled in `out`'s own shape, as arange.start_out (a non-contiguous view of as many elements)
+    return range_step(start, end, step, dtype=out.dtype).reshape(out.shape)
 
 
 def _compute_dtype(d):
@@ -149,7 +165,31 @@ def _ramp_dtype(start, end):
     return _inferred_dtype(1j if complex_ends else 1.0)
 
 
-@lowering("linspace", "linspace.Tensor_Tensor", "linspace.Tensor_Scalar", "linspace.Scalar_Tensor")
+def _complex_ends_check(name):
+    """The CPU's error for complex ends with a real dtype= (it names the default complex dtype,
+    whatever the ends' own precision); PyTorch's meta words it otherwise."""
+
+    def check(start, end, *args, dtype=None, **kwargs):
+        complex_ends = any(
+            v.dtype.is_complex if isinstance(v, torch.Tensor) else isinstance(v, complex) for v in (start, end)
+        )
+        if complex_ends and dtype is not None and not dtype.is_complex:
+            inferred = "c10::complex<double>" if torch.get_default_dtype() == torch.float64 else "c10::complex<float>"
+            raise RuntimeError(
+                f"torch.{name}(): inferred dtype {inferred} can't be safely cast to passed dtype "
+                f"{scalar_type_name(dtype)}"
+            )
+
+    return check
+
+
+@lowering(
+    "linspace",
+    "linspace.Tensor_Tensor",
+    "linspace.Tensor_Scalar",
+    "linspace.Scalar_Tensor",
+    meta_check=_complex_ends_check("linspace"),
+)
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     d = dtype or _ramp_dtype(start, end)
     if steps == 0:
@@ -157,7 +197,13 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
     return _ramp(start, end, steps, d).astype(d)
 
 
-@lowering("logspace", "logspace.Tensor_Tensor", "logspace.Tensor_Scalar", "logspace.Scalar_Tensor")
+@lowering(
+    "logspace",
+    "logspace.Tensor_Tensor",
+    "logspace.Tensor_Scalar",
+    "logspace.Scalar_Tensor",
+    meta_check=_complex_ends_check("logspace"),
+)
 def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
     d = dtype or _ramp_dtype(start, end)
     if steps == 0:

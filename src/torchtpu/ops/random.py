@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
-from .argument_checks import random_bounds_check
+from .argument_checks import check_convertible, random_bounds_check, random_type_name
 from .checks import require
-from .dtypes import scalar_type_name
+from .dtypes import scalar_type_name, to_jax, to_torch
 from .table import WriteOverlap, lowering
 
 # a random fill refuses an expanded `self`, as the CPU's (a TensorIterator without inputs)
@@ -19,17 +20,61 @@ def _float(a):
     return a.dtype if jnp.issubdtype(a.dtype, jnp.floating) else jnp.float32
 
 
+def _uniform_range_check(dtype, from_, to):
+    """The CPU's: both ends within the float type, and to - from too (the draw scales by it)."""
+    highest = float(jnp.finfo(dtype).max)
+    for value, what in ((from_, "from"), (to, "to")):
+        if not -highest <= value <= highest:
+            raise RuntimeError(f"{what} is out of bounds for {random_type_name(dtype)}")
+    if to - from_ > highest:
+        raise RuntimeError(
+            f"uniform_ expects to-from <= std::numeric_limits<{scalar_type_name(dtype)}>::max(), but found "
+            f"to={to:g} and from={from_:g} which result in to-from to exceed the limit"
+        )
+
+
 @lowering("uniform", random=True, draws_by_index=True, write_overlap=FILL)
 def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
     if not jnp.issubdtype(a.dtype, jnp.inexact):  # `torch.rand(3, dtype=torch.int64)`, as the CPU
         raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{scalar_type_name(a.dtype)}'")
     if from_ > to:  # (floats: keyed, so known when the executable is built)
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        _uniform_range_check(a.dtype, from_, to)
     u = jax.random.uniform(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
     return (from_ + u * (to - from_)).astype(a.dtype)
 
 
-@lowering("normal_functional", random=True, draws_by_index=True, inplace_variant="normal_.default", write_overlap=FILL)
+def _std_float_check(self, mean=0.0, std=1.0, *args, **kwargs):
+    # per call (std is traced): the CPU's words, a double as C++ prints it
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+
+
+def _std_tensor_check(mean, std=1.0, *args, **kwargs):
+    if isinstance(std, torch.Tensor):
+        # a sync, as on the CPU and CUDA, whose kernels read std.min() on the host
+        if std.numel() and not bool((std >= 0).all()):
+            raise RuntimeError("normal expects all elements of std >= 0.0")
+    elif std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+
+
+_STD_TENSOR_CHECKS = {
+    f"normal.{overload}{suffix}": _std_tensor_check
+    for overload in ("Tensor_Tensor", "Tensor_float", "float_Tensor")
+    for suffix in ("", "_out")
+}
+
+
+@lowering(
+    "normal_functional",
+    random=True,
+    draws_by_index=True,
+    write_overlap=FILL,
+    inplace_variant="normal_.default",
+    host_check={"normal_functional": _std_float_check, "normal_.default": _std_float_check},
+)
 def normal(a, mean=0.0, std=1.0, generator=None, *, key):
     z = jax.random.normal(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
     return (mean + z * std).astype(a.dtype)
@@ -124,25 +169,51 @@ def _default_high(dtype):
     return int(jnp.iinfo(dtype).max) + 1
 
 
-def _check_bounds(dtype, low, high):
+def _check_bounds(dtype, low, high, warn=False):
     if dtype == jnp.bool_:
         return random_bounds_check("bool", low, high, lowest=0, highest=1)
     if jnp.issubdtype(dtype, jnp.floating):
         info = jnp.finfo(dtype)
-        return random_bounds_check(jnp.dtype(dtype).name, low, high, int(info.min), int(info.max), info.nmant + 1)
+        bits = info.nmant + 1
+        return random_bounds_check(jnp.dtype(dtype).name, low, high, int(info.min), int(info.max), bits, warn)
     info = jnp.iinfo(dtype)
     return random_bounds_check(jnp.dtype(dtype).name, low, high, lowest=int(info.min), highest=int(info.max))
 
 
-@lowering("random.from", random=True, draws_by_index=True, write_overlap=FILL)
+def _random_from_check(self, from_, to=None, generator=None):
+    # per call: the CPU warns on every call whose bounds a float type cannot represent exactly
+    if to is not None and from_ >= to:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+    _check_bounds(to_jax(self.dtype), from_, to, warn=True)
+
+
+def _random_to_check(self, to, generator=None):
+    if to <= 0:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
+    _check_bounds(to_jax(self.dtype), 0, to, warn=True)
+
+
+@lowering(
+    "random.from",
+    random=True,
+    draws_by_index=True,
+    write_overlap=FILL,
+    host_check={"random.from": _random_from_check, "random_.from": _random_from_check},
+)
 def random_from(a, from_, to=None, generator=None, *, key):
     if to is not None and from_ >= to:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
-    _check_bounds(a.dtype, from_, to)
+    _check_bounds(a.dtype, from_, to)  # (compiled graphs: the errors, without the host check's warning)
     return _random_ints(key, a, from_, _default_high(a.dtype) if to is None else to)
 
 
-@lowering("random.to", random=True, draws_by_index=True, write_overlap=FILL)
+@lowering(
+    "random.to",
+    random=True,
+    draws_by_index=True,
+    write_overlap=FILL,
+    host_check={"random.to": _random_to_check, "random_.to": _random_to_check},
+)
 def random_to(a, to, generator=None, *, key):
     if to <= 0:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
@@ -155,8 +226,36 @@ def random_in_default_range(a, generator=None, *, key):
     return _random_ints(key, a, 0, _default_high(a.dtype))
 
 
-@lowering("randperm", "randperm.generator", random=True)
+# the CPU's words for the largest n whose values a float type holds exactly
+_RANDPERM_LIMITS = {jnp.dtype(jnp.float16): "2049", jnp.dtype(jnp.float32): "2^24+1", jnp.dtype(jnp.float64): "2^53+1"}
+
+
+def _randperm_size_check(n, dtype):
+    if dtype in _RANDPERM_LIMITS:
+        if n > 2 ** (jnp.finfo(dtype).nmant + 1) + 1:
+            limit = _RANDPERM_LIMITS[dtype]
+            raise RuntimeError(f"n cannot be greater than {limit} for {scalar_type_name(dtype)} type.")
+    elif n > 0 and jnp.issubdtype(dtype, jnp.integer):
+        check_convertible(n - 1, to_torch(dtype))
+
+
+def _randperm_meta_check(n, *args, dtype=None, out=None, **kwargs):
+    # before PyTorch's meta resizes `out` to n elements (2^53 + 2 of them: out of memory, not the error)
+    torch_dtype = out.dtype if isinstance(out, torch.Tensor) else dtype or torch.int64
+    _randperm_size_check(n, to_jax(torch_dtype))
+
+
+@lowering(
+    "randperm",
+    "randperm.generator",
+    random=True,
+    meta_check={
+        name: _randperm_meta_check
+        for name in ("randperm", "randperm.generator", "randperm.out", "randperm.generator_out")
+    },
+)
 def randperm(n, generator=None, dtype=None, layout=None, device=None, pin_memory=None, *, key):
+    _randperm_size_check(n, jnp.dtype(dtype or jnp.int64))
     return jax.random.permutation(key, n).astype(dtype or jnp.int64)
 
 
@@ -197,7 +296,9 @@ def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
     return idx.astype(jnp.int64)
 
 
-@lowering("normal.Tensor_Tensor", "normal.Tensor_float", "normal.float_Tensor", random=True)
+@lowering(
+    "normal.Tensor_Tensor", "normal.Tensor_float", "normal.float_Tensor", random=True, host_check=_STD_TENSOR_CHECKS
+)
 def normal_tensors(mean, std=1.0, generator=None, *, key):
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
     dtype = next(

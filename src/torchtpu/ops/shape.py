@@ -123,7 +123,13 @@ def flip(x, dims):
     return jnp.flip(x, axis=tuple(d % x.ndim for d in dims)) if x.ndim else x
 
 
-@lowering("roll")
+def _roll_alignment_check(x, shifts, dims=()):
+    # the CPU compares the lengths before it wraps the dims (PyTorch's meta wraps them first)
+    if len(shifts) and len(shifts) != len(dims) and not (len(dims) == 0 and len(shifts) == 1):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
+
+
+@lowering("roll", meta_check=_roll_alignment_check)
 def roll(x, shifts, dims=()):
     if not dims:
         return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)

@@ -156,8 +156,9 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None, form=None
     _bump[0] = address + ((nbytes + 2 * PAGE_BYTES - 1) // PAGE_BYTES) * PAGE_BYTES
     fresh = _make_storage(address, _DEVICES.get(device_index) or _device(device_index), nbytes)
     # (create_empty_tensor gives a dimension before a zero-size one stride 0, PyTorch's contiguous
-    # strides count a zero-size dimension as 1: those take the slow path)
-    if device_index == 0 and numel and (stride is None or is_dense(shape, stride)):
+    # strides count a zero-size dimension as 1: those take the slow path; so do dense layouts whose
+    # size-1 dimensions have other strides, which PyTorch keeps: empty_like of a (4, 1, 3) slice)
+    if device_index == 0 and numel and (stride is None or list(stride) == contiguous_strides(shape)):
         # Fast path (the engine's outputs): create_empty_tensor already has the sizes and
         # contiguous strides; give its storage our address and size instead of a `set_`.
         t = _create_empty(shape, dtype)
