@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from .checks import require, require_index
-from .dtypes import opmath, to_opmath
+from .dtypes import opmath, scalar_type_name, to_opmath
 from .table import lowering, real_only_without_lowering
 
 
@@ -100,12 +103,23 @@ def min_dim(a, dim, keepdim=False):
     return jnp.min(a, axis=d, keepdims=keepdim), jnp.argmin(a, axis=d, keepdims=keepdim).astype(jnp.int64)
 
 
-@lowering("any", "any.dim", "any.dims")
+def _bool_or_byte_out_check(name):
+    """meta_check of any/all's out= overloads: the CPU's check_result_is_bytebool (the meta kernels
+    accept an `out` of any dtype)."""
+
+    def check(*args, out=None, **kwargs):
+        if isinstance(out, torch.Tensor) and out.dtype not in (torch.bool, torch.uint8):
+            raise RuntimeError(f"{name} only supports bool tensor for result, got: {scalar_type_name(out.dtype)}")
+
+    return dict.fromkeys((f"{name}.out", f"{name}.dims_out", f"{name}.all_out"), check)
+
+
+@lowering("any", "any.dim", "any.dims", meta_check=_bool_or_byte_out_check("any"))
 def any_reduction(a, dim=None, keepdim=False):
     return jnp.any(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
-@lowering("all", "all.dim", "all.dims")
+@lowering("all", "all.dim", "all.dims", meta_check=_bool_or_byte_out_check("all"))
 def all_reduction(a, dim=None, keepdim=False):
     return jnp.all(a, axis=_dims(a, dim), keepdims=keepdim)
 
@@ -163,6 +177,39 @@ def aminmax(a, dim=None, keepdim=False):
     if dim is None and keepdim:
         return (jnp.min(a, keepdims=True).reshape((1,) * a.ndim), jnp.max(a, keepdims=True).reshape((1,) * a.ndim))
     return jnp.min(a, axis=axis, keepdims=keepdim), jnp.max(a, axis=axis, keepdims=keepdim)
+
+
+_AMINMAX_DEPRECATED = (
+    "_aminmax is deprecated as of PyTorch 1.11 and will be removed in a future release. Use aminmax "
+    "instead. This warning will only appear once per process."
+)
+_aminmax_warned = {"_aminmax": False, "_aminmax.dim": False}
+
+
+def _aminmax_deprecation(a, dim=None, keepdim=False):
+    """host_check of `_aminmax`: the CPU's deprecation warning, once per process and overload (two
+    TORCH_WARN_ONCEs) unless torch.set_warn_always(True)."""
+    overload = "_aminmax" if dim is None else "_aminmax.dim"
+    if torch.is_warn_always_enabled() or not _aminmax_warned[overload]:
+        _aminmax_warned[overload] = True
+        warnings.warn(_AMINMAX_DEPRECATED, UserWarning, stacklevel=3)
+
+
+def _aminmax_meta(a, dim=None, keepdim=False):
+    """PyTorch ships `_aminmax` without a Meta kernel: aminmax's shapes and errors."""
+    return torch.aminmax(a) if dim is None else torch.aminmax(a, dim=dim, keepdim=keepdim)
+
+
+@lowering(
+    "_aminmax",
+    "_aminmax.dim",
+    real_only=True,
+    host_check=_aminmax_deprecation,
+    missing_meta={"_aminmax": _aminmax_meta, "_aminmax.dim": _aminmax_meta},
+)
+def deprecated_aminmax(a, dim=None, keepdim=False):
+    """`_aminmax(a)` and `_aminmax(a, dim, keepdim)`: `aminmax` under its old name."""
+    return aminmax(a, dim, keepdim)
 
 
 @lowering("count_nonzero", "count_nonzero.dim_IntList")
