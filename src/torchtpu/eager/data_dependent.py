@@ -8,14 +8,11 @@ the ordinary index / index_put kernels run.
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
-
 import jax.numpy as jnp
 import torch
 
 from ..ops import dtypes as dt
+from ..ops.argument_checks import warn_at_caller
 from ..ops.table import declared_facts
 from ..storage.records import RECORDS, new_tensor, record_of
 from . import tpu_check
@@ -355,22 +352,10 @@ def _check_mask_shapes(self, indices):
             d += 1
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _warn_at_caller(message):
-    """A UserWarning attributed to the first frame outside torchtpu, where PyTorch's C++ warnings
-    land: the "default" filter then shows one per line of user code, as on the CPU."""
-    frame, level = sys._getframe(0), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, UserWarning, stacklevel=level)
-
-
 def _warn_byte_masks(indices):
     for i in indices:
         if i is not None and i.dtype == torch.uint8:  # the CPU warns once per byte mask, every call
-            _warn_at_caller("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.")
+            warn_at_caller("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.")
 
 
 def _shape_text(shape):
@@ -482,9 +467,14 @@ def _min_max(x):
     return jnp.min(x), jnp.max(x)
 
 
+_BINCOUNT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
 def bincount(self, weights=None, minlength=0):
     _check_tpu(self, *([weights] if weights is not None else []))
-    if self.dim() != 1 or self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
+    if self.dtype not in _BINCOUNT_DTYPES:  # the CPU checks the dtype first (its kernel's dispatch)
+        raise NotImplementedError(f"\"bincount_tpu\" not implemented for '{dt.scalar_type_name(self.dtype)}'")
+    if self.dim() != 1:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")

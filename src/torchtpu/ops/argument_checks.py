@@ -13,6 +13,9 @@ the device by device-side asserts (ops/checks.py).
 from __future__ import annotations
 
 import math
+import os
+import sys
+import warnings
 
 import torch
 
@@ -30,8 +33,21 @@ __all__ = [
     "pow_exponent_check",
     "random_bounds_check",
     "same_dtype_out_check",
+    "warn_at_caller",
     "wrap",
 ]
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def warn_at_caller(message, category=UserWarning):
+    """A warning attributed to the first frame outside torchtpu, where PyTorch's C++ warnings land:
+    the "default" filter then shows one per line of user code, as on the CPU."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
 
 # the C++ type names PyTorch's "value cannot be converted to type ... without overflow" prints
 _CPP_NAMES = {

@@ -1,0 +1,89 @@
+"""Regressions found by PyTorch's test_reductions.py and test_type_promotion.py on "tpu" (issue 47),
+compared against the CPU on the same inputs."""
+
+import warnings
+
+import pytest
+import torch
+from error_parity import same_error
+from torch.testing import assert_close
+
+DEV = "tpu"
+
+
+@pytest.mark.parametrize("op", [torch.all, torch.any])
+@pytest.mark.parametrize("dims", [(), (0,), ((0, 1),)])
+def test_all_any_out_must_be_bool_or_uint8(op, dims):
+    same_error(lambda d: op(torch.ones(2, 3, device=d), *dims, out=torch.empty(3, device=d)))
+    # a uint8 out is accepted for any input, as on the CPU
+    x = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 5.0]])
+    cpu_out, tpu_out = torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8, device=DEV)
+    op(x, *dims, out=cpu_out)
+    op(x.to(DEV), *dims, out=tpu_out)
+    assert_close(tpu_out.cpu(), cpu_out)
+
+
+def _aminmax_calls(device):
+    x = torch.tensor([[3.0, -1.0, 2.0], [0.5, 7.0, -4.0]], device=device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.set_warn_always(True)
+        try:
+            results = [torch._aminmax(x), torch._aminmax(x, 1, True), torch._aminmax(x, 0)]
+        finally:
+            torch.set_warn_always(False)
+    messages = [str(w.message).split(" (Triggered")[0] for w in caught]
+    return [t.cpu() for r in results for t in r], messages
+
+
+def test_deprecated_aminmax_values_and_warning():
+    cpu_values, cpu_messages = _aminmax_calls("cpu")
+    tpu_values, tpu_messages = _aminmax_calls(DEV)
+    for tpu, cpu in zip(tpu_values, cpu_values):
+        assert_close(tpu, cpu)
+    assert len(cpu_messages) == 3 and tpu_messages == cpu_messages
+
+
+@pytest.mark.parametrize(
+    "values", [torch.tensor([1.0, 0.3]), torch.tensor([True, False]), torch.tensor([[1.0, 2.0]])], ids=str
+)
+def test_bincount_refuses_a_dtype_first(values):
+    # the CPU's kernel names itself ("bincount_cpu"): the message's device word differs, as on CUDA
+    with pytest.raises(NotImplementedError) as cpu_error:
+        torch.bincount(values)
+    with pytest.raises(NotImplementedError) as tpu_error:
+        torch.bincount(values.to(DEV))
+    assert str(tpu_error.value) == str(cpu_error.value).replace("bincount_cpu", "bincount_tpu")
+
+
+def test_bincount_of_a_matrix_of_integers():
+    same_error(lambda d: torch.bincount(torch.tensor([[1, 2], [3, 4]], device=d)))
+
+
+def _searchsorted_warnings(device):
+    boundaries = torch.tensor([1.0, 9.0, 2.0, 9.0, 3.0, 9.0, 4.0], device=device)[::2]
+    values = torch.tensor([[1.5, 2.5], [3.5, 0.5]], device=device).t()
+    sorter = torch.tensor([0, 9, 1, 9, 2, 9, 3], device=device)[::2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.set_warn_always(True)
+        try:
+            results = [
+                torch.bucketize(values, boundaries),
+                torch.searchsorted(boundaries, values, sorter=sorter),
+                torch.searchsorted(boundaries.contiguous(), values.contiguous()),
+                torch.searchsorted(boundaries.contiguous(), values.contiguous()),
+            ]
+        finally:
+            torch.set_warn_always(False)
+    messages = [str(w.message).split(" (Triggered")[0][:60] for w in caught]
+    return [r.cpu() for r in results], messages, [w.filename for w in caught]
+
+
+def test_searchsorted_warns_of_non_contiguous_operands():
+    cpu_results, cpu_messages, _ = _searchsorted_warnings("cpu")
+    tpu_results, tpu_messages, files = _searchsorted_warnings(DEV)
+    for tpu, cpu in zip(tpu_results, cpu_results):
+        assert_close(tpu, cpu)
+    assert len(cpu_messages) == 5 and tpu_messages == cpu_messages
+    assert set(files) == {__file__}  # attributed to the caller's line, as PyTorch's C++ warnings are
