@@ -87,3 +87,28 @@ def test_searchsorted_warns_of_non_contiguous_operands():
         assert_close(tpu, cpu)
     assert len(cpu_messages) == 5 and tpu_messages == cpu_messages
     assert set(files) == {__file__}  # attributed to the caller's line, as PyTorch's C++ warnings are
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64, torch.int16, torch.uint8, torch.bool])
+@pytest.mark.parametrize("op", [torch.median, torch.nanmedian])
+def test_median_of_no_elements(op, dtype):
+    assert_close(op(torch.tensor([], dtype=dtype, device=DEV)).cpu(), op(torch.tensor([], dtype=dtype)), equal_nan=True)
+
+
+def test_histc_of_no_elements():
+    for lo, hi in ((0, 0), (1, 3)):
+        assert_close(
+            torch.histc(torch.tensor([], device=DEV), 4, lo, hi).cpu(), torch.histc(torch.tensor([]), 4, lo, hi)
+        )
+
+
+@pytest.mark.parametrize(
+    "values_dtype, indices_dtype", [(torch.int8, torch.int64), (torch.uint8, torch.int8), (torch.float64, torch.int64)]
+)
+def test_mode_out_dtypes(values_dtype, indices_dtype):
+    def call(device):
+        x = torch.ones(10, dtype=torch.uint8 if values_dtype != torch.float64 else torch.float32, device=device)
+        out = (torch.ones(10, dtype=values_dtype, device=device), torch.ones(10, dtype=indices_dtype, device=device))
+        torch.mode(x, -1, True, out=out)
+
+    same_error(call)

@@ -377,17 +377,41 @@ def nanmedian_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, True)
 
 
+# The CPU's median of no elements is NaN converted to the dtype by x86's truncating conversions (NaN
+# becomes the "integer indefinite" 0x80...0 of the 32- or 64-bit conversion, narrower types keep its
+# low bits, 0); XLA converts NaN to 0, so the integer results are spelled out.
+_EMPTY_MEDIAN = {jnp.dtype(jnp.int32): -(2**31), jnp.dtype(jnp.int64): -(2**63), jnp.dtype(jnp.uint64): 2**63}
+
+
+def _whole_median(a, ignore_nan):
+    if a.size == 0:
+        if jnp.issubdtype(a.dtype, jnp.inexact):
+            return jnp.full((), jnp.nan, a.dtype)
+        return jnp.full((), True if a.dtype == jnp.bool_ else _EMPTY_MEDIAN.get(a.dtype, 0), a.dtype)
+    return _median(a.reshape(-1), 0, False, ignore_nan)[0]
+
+
 @lowering("median", real_only=True)
 def median(a):
-    return _median(a.reshape(-1), 0, False, False)[0]
+    return _whole_median(a, False)
 
 
 @lowering("nanmedian", real_only=True)
 def nanmedian(a):
-    return _median(a.reshape(-1), 0, False, True)[0]
+    return _whole_median(a, True)
 
 
-@lowering("mode", real_only=True)
+def _mode_out_check(a, *args, values=None, indices=None, **kwargs):
+    """meta_check of mode.values: the CPU's dtype checks of its outputs (the meta kernel has none)."""
+    for out, want, what in ((values, a.dtype, "values"), (indices, torch.int64, "indices")):
+        if isinstance(out, torch.Tensor) and out.dtype != want:
+            raise RuntimeError(
+                f"expected scalar type '{scalar_type_name(want)}' but got '{scalar_type_name(out.dtype)}' "
+                f"for {what} output"
+            )
+
+
+@lowering("mode", real_only=True, meta_check={"mode.values": _mode_out_check})
 def mode(a, dim=-1, keepdim=False):
     """Most frequent value (the smallest among equally frequent ones) and its last index."""
     if a.ndim == 0:
@@ -563,6 +587,8 @@ def renorm(a, p, dim, maxnorm):
 def histc(a, bins=100, min=0, max=0):
     # PyTorch: min == max means the data's own range; values outside [min, max] are ignored
     x = a.astype(jnp.float32) if not jnp.issubdtype(a.dtype, jnp.floating) else a
+    if x.size == 0:  # nothing to count (and no range to take from the data)
+        return jnp.zeros((bins,), a.dtype)
     lo = jnp.where(min == max, jnp.min(x), min).astype(x.dtype)
     hi = jnp.where(min == max, jnp.max(x), max).astype(x.dtype)
     same = hi == lo  # PyTorch widens an empty range by one on each side
