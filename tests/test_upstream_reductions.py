@@ -112,3 +112,35 @@ def test_mode_out_dtypes(values_dtype, indices_dtype):
         torch.mode(x, -1, True, out=out)
 
     same_error(call)
+
+
+@pytest.mark.parametrize("op", [torch.sum, torch.mean, torch.var, torch.logsumexp, torch.amax])
+@pytest.mark.parametrize("dim", [(0, 0), (1, -2)])
+def test_repeated_reduction_dim(op, dim):
+    same_error(lambda d: op(torch.ones(3, 3, 3, device=d), dim=dim))
+
+
+_EMPTY_REDUCTIONS = {
+    "argmax": lambda x: torch.argmax(x),
+    "argmin_dim": lambda x: torch.argmin(x, 1, True),
+    "max": lambda x: torch.max(x),
+    "max_dim": lambda x: torch.max(x, 1),
+    "amax_all": lambda x: torch.amax(x, ()),
+    "amin_dims": lambda x: torch.amin(x, (2, 1)),
+    "aminmax": lambda x: torch.aminmax(x),
+    "aminmax_dim": lambda x: torch.aminmax(x, dim=1),
+    "nanmedian_dim": lambda x: torch.nanmedian(x, 1),
+    "kthvalue": lambda x: torch.kthvalue(x, 1, 1),
+    "mode": lambda x: torch.mode(x, -2),
+}
+
+
+@pytest.mark.parametrize("call", _EMPTY_REDUCTIONS.values(), ids=_EMPTY_REDUCTIONS.keys())
+def test_reductions_without_identity_over_nothing(call):
+    same_error(lambda d: call(torch.ones(2, 0, 4, device=d)))
+
+
+def test_reductions_without_identity_over_a_nonempty_dim_of_an_empty_tensor():
+    x = torch.ones(2, 0, 4)
+    for call in (lambda t: torch.max(t, 2).values, lambda t: torch.argmax(t, -1, True), lambda t: torch.amin(t, 0)):
+        assert call(x.to(DEV)).shape == call(x).shape

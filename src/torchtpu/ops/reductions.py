@@ -49,22 +49,73 @@ def prod(a, dim=None, keepdim=False, dtype=None):
     return jnp.prod(a.astype(opmath(d)), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
-@lowering("amax", real_only=True)
+def _empty_reduction_check(name, *overloads, dim_at=1, all_dims_error=None):
+    """meta_check of a reduction without identity (max, argmax, median, ...): the CPU's errors for a
+    zero-size reduction dim (IndexError "max(): Expected reduction dim 1 to have non-zero size.") and,
+    where `all_dims_error(name)` is given, for reducing every dim of an empty tensor. `dim_at`: the
+    position of the dim argument."""
+
+    def check(a, *args, **kwargs):
+        dim = kwargs.get("dim", args[dim_at - 1] if len(args) >= dim_at else None)
+        dims = [] if dim is None else list(dim) if isinstance(dim, (list, tuple)) else [dim]
+        if not dims:
+            if all_dims_error is not None and a.numel() == 0:
+                raise all_dims_error(name)
+            return
+        for d in dims:
+            if a.dim() > 0 and a.shape[d % a.dim()] == 0:
+                raise IndexError(f"{name}: Expected reduction dim {d % a.dim()} to have non-zero size.")
+
+    return dict.fromkeys(overloads, check)
+
+
+def _unspecified_dim(name):
+    return RuntimeError(
+        f"{name}: Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim "
+        "with the 'dim' argument."
+    )
+
+
+def _unspecified_arg_dim(name):
+    return IndexError(f"{name}: Expected reduction dim to be specified for input.numel() == 0.")
+
+
+def _empty_aminmax(name):
+    return RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.")
+
+
+@lowering(
+    "amax",
+    real_only=True,
+    meta_check=_empty_reduction_check("amax()", "amax", "amax.out", all_dims_error=_unspecified_dim),
+)
 def amax(a, dim=(), keepdim=False):
     return jnp.max(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
-@lowering("amin", real_only=True)
+@lowering(
+    "amin",
+    real_only=True,
+    meta_check=_empty_reduction_check("amin()", "amin", "amin.out", all_dims_error=_unspecified_dim),
+)
 def amin(a, dim=(), keepdim=False):
     return jnp.min(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
-@lowering("max", real_only=True)
+@lowering(
+    "max",
+    real_only=True,
+    meta_check=_empty_reduction_check("max()", "max", "max.unary_out", all_dims_error=_unspecified_dim),
+)
 def max_all(a):
     return jnp.max(a)
 
 
-@lowering("min", real_only=True)
+@lowering(
+    "min",
+    real_only=True,
+    meta_check=_empty_reduction_check("min()", "min", "min.unary_out", all_dims_error=_unspecified_dim),
+)
 def min_all(a):
     return jnp.min(a)
 
@@ -76,17 +127,25 @@ def _arg_reduce(a, dim, keepdim, fn):
     return fn(a, axis=d, keepdims=keepdim).astype(jnp.int64) if a.ndim else jnp.zeros((), jnp.int64)
 
 
-@lowering("argmax", real_only=True)
+@lowering(
+    "argmax",
+    real_only=True,
+    meta_check=_empty_reduction_check("argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim),
+)
 def argmax(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmax)
 
 
-@lowering("argmin", real_only=True)
+@lowering(
+    "argmin",
+    real_only=True,
+    meta_check=_empty_reduction_check("argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim),
+)
 def argmin(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmin)
 
 
-@lowering("max.dim", real_only=True)
+@lowering("max.dim", real_only=True, meta_check=_empty_reduction_check("max()", "max.dim", "max.dim_max"))
 def max_dim(a, dim, keepdim=False):
     d = dim % max(a.ndim, 1)
     if a.ndim == 0:
@@ -94,7 +153,7 @@ def max_dim(a, dim, keepdim=False):
     return jnp.max(a, axis=d, keepdims=keepdim), jnp.argmax(a, axis=d, keepdims=keepdim).astype(jnp.int64)
 
 
-@lowering("min.dim", real_only=True)
+@lowering("min.dim", real_only=True, meta_check=_empty_reduction_check("min()", "min.dim", "min.dim_min"))
 def min_dim(a, dim, keepdim=False):
     d = dim % max(a.ndim, 1)
     if a.ndim == 0:
@@ -170,7 +229,11 @@ def nansum(a, dim=None, keepdim=False, dtype=None):
     return jnp.sum(x, axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
-@lowering("aminmax", real_only=True)
+@lowering(
+    "aminmax",
+    real_only=True,
+    meta_check=_empty_reduction_check("aminmax", "aminmax", "aminmax.out", all_dims_error=_empty_aminmax),
+)
 def aminmax(a, dim=None, keepdim=False):
     axis = None if dim is None else _dims(a, dim)
     if dim is None and keepdim:
@@ -340,7 +403,9 @@ def _pick(v, i, pos, axis, keepdim):
     return v, i
 
 
-@lowering("kthvalue", real_only=True)
+@lowering(
+    "kthvalue", real_only=True, meta_check=_empty_reduction_check("kthvalue()", "kthvalue", "kthvalue.values", dim_at=2)
+)
 def kthvalue(a, k, dim=-1, keepdim=False):
     if a.ndim == 0:
         return a, jnp.zeros((), jnp.int64)
@@ -367,12 +432,18 @@ def _median(a, dim, keepdim, ignore_nan):
     return _pick(v, i, (n - 1) // 2, axis, keepdim)
 
 
-@lowering("median.dim", real_only=True)
+@lowering(
+    "median.dim", real_only=True, meta_check=_empty_reduction_check("median()", "median.dim", "median.dim_values")
+)
 def median_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, False)
 
 
-@lowering("nanmedian.dim", real_only=True)
+@lowering(
+    "nanmedian.dim",
+    real_only=True,
+    meta_check=_empty_reduction_check("median()", "nanmedian.dim", "nanmedian.dim_values"),
+)
 def nanmedian_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, True)
 
@@ -411,7 +482,12 @@ def _mode_out_check(a, *args, values=None, indices=None, **kwargs):
             )
 
 
-@lowering("mode", real_only=True, meta_check={"mode.values": _mode_out_check})
+def _mode_check(a, *args, **kwargs):
+    _mode_out_check(a, *args, **kwargs)
+    _empty_reduction_check("mode()", "mode")["mode"](a, *args, **kwargs)
+
+
+@lowering("mode", real_only=True, meta_check={"mode": _mode_check, "mode.values": _mode_check})
 def mode(a, dim=-1, keepdim=False):
     """Most frequent value (the smallest among equally frequent ones) and its last index."""
     if a.ndim == 0:
