@@ -144,3 +144,24 @@ def test_reductions_without_identity_over_a_nonempty_dim_of_an_empty_tensor():
     x = torch.ones(2, 0, 4)
     for call in (lambda t: torch.max(t, 2).values, lambda t: torch.argmax(t, -1, True), lambda t: torch.amin(t, 0)):
         assert call(x.to(DEV)).shape == call(x).shape
+
+
+def _searchsorted_argument_errors():
+    values_1d = lambda d: torch.tensor([1, 2, 3, 4], device=d)
+    matrix = lambda d: torch.tensor([[1, 2, 3], [4, 5, 6]], device=d)
+    return {
+        "side": lambda d: torch.searchsorted(values_1d(d), values_1d(d), side="bad"),
+        "side_and_right": lambda d: torch.searchsorted(values_1d(d), values_1d(d), right=True, side="left"),
+        "sorter_size": lambda d: torch.searchsorted(values_1d(d), values_1d(d), sorter=values_1d(d)[:-1]),
+        "sorter_dtype": lambda d: torch.searchsorted(values_1d(d), values_1d(d), sorter=values_1d(d).float()),
+        "scalar_value": lambda d: torch.searchsorted(matrix(d), 1),
+        "out_dtype": lambda d: torch.searchsorted(values_1d(d), values_1d(d), out=values_1d(d).int()),
+        "out_int32": lambda d: torch.searchsorted(values_1d(d), 2, out=values_1d(d)[:1], out_int32=True),
+        "bucketize_2d": lambda d: torch.bucketize(values_1d(d), matrix(d)),
+        "bucketize_scalar_2d": lambda d: torch.bucketize(1, matrix(d)),
+    }
+
+
+@pytest.mark.parametrize("call", _searchsorted_argument_errors().values(), ids=_searchsorted_argument_errors().keys())
+def test_searchsorted_argument_errors(call):
+    same_error(call)

@@ -8,7 +8,7 @@ import torch
 from jax import lax
 
 from .argument_checks import warn_at_caller
-from .checks import require, require_index
+from .checks import require
 from .dtypes import opmath, scalar_type_name, to_opmath
 from .table import lowering, real_only_without_lowering
 
@@ -511,89 +511,6 @@ def mode(a, dim=-1, keepdim=False):
     if keepdim:
         val, idx = jnp.expand_dims(val, axis), jnp.expand_dims(idx, axis)
     return val, idx
-
-
-def _searchsorted(seq, values, right, sorter):
-    if sorter is not None:
-        require_index(sorter, seq.shape[-1], False, "torch.searchsorted(): sorter index out of range")
-        seq = jnp.take_along_axis(seq, sorter, axis=-1)
-    side = "right" if right else "left"
-    if seq.ndim == 1:
-        return jnp.searchsorted(seq, values, side=side, method="compare_all" if seq.shape[0] <= 64 else "scan")
-    flat_seq = seq.reshape(-1, seq.shape[-1])
-    flat_val = values.reshape(flat_seq.shape[0], -1)
-    out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_seq, flat_val)
-    return out.reshape(values.shape)
-
-
-_searchsorted_warned = set()
-
-
-def _non_contiguous_warning(what, tensor):
-    """The CPU's performance warning for a non-contiguous operand of searchsorted/bucketize: once per
-    program and operand (TORCH_WARN_ONCE) unless torch.set_warn_always(True)."""
-    if not isinstance(tensor, torch.Tensor) or tensor.is_contiguous():
-        return
-    if what in _searchsorted_warned and not torch.is_warn_always_enabled():
-        return
-    _searchsorted_warned.add(what)
-    warn_at_caller(
-        f"torch.searchsorted(): {what} tensor is non-contiguous, this will lower the performance due to extra "
-        f"data copy when converting non-contiguous tensor to contiguous, please use contiguous {what} tensor if "
-        "possible. This message will only appear once per program."
-    )
-
-
-def _searchsorted_contiguity(boundaries, values, *args, sorter=None, **kwargs):
-    """host_check of searchsorted (values may be a Scalar): the CPU's order of warnings."""
-    _non_contiguous_warning("input value", values)
-    _non_contiguous_warning("boundary", boundaries)
-    _non_contiguous_warning("sorter", sorter)
-
-
-def _bucketize_contiguity(values, boundaries, *args, **kwargs):
-    _searchsorted_contiguity(boundaries, values)
-
-
-@lowering(
-    "searchsorted.Tensor",
-    real_only=True,
-    host_check=dict.fromkeys(("searchsorted.Tensor", "searchsorted.Tensor_out"), _searchsorted_contiguity),
-)
-def searchsorted(seq, values, out_int32=False, right=False, side=None, sorter=None):
-    right = right or side == "right"
-    out = _searchsorted(seq, values, right, sorter)
-    return out.astype(jnp.int32 if out_int32 else jnp.int64)
-
-
-@lowering(
-    "searchsorted.Scalar",
-    real_only=True,
-    host_check=dict.fromkeys(("searchsorted.Scalar", "searchsorted.Scalar_out"), _searchsorted_contiguity),
-)
-def searchsorted_scalar(seq, value, out_int32=False, right=False, side=None, sorter=None):
-    right = right or side == "right"
-    value = jnp.asarray(value, seq.dtype) if not hasattr(value, "shape") or value.ndim == 0 else value
-    out = _searchsorted(
-        seq, value.reshape(()) if seq.ndim == 1 else jnp.broadcast_to(value, seq.shape[:-1] + (1,)), right, sorter
-    )
-    return out.astype(jnp.int32 if out_int32 else jnp.int64)
-
-
-@lowering(
-    "bucketize.Tensor",
-    real_only=True,
-    host_check=dict.fromkeys(("bucketize.Tensor", "bucketize.Tensor_out"), _bucketize_contiguity),
-)
-def bucketize(values, boundaries, out_int32=False, right=False):
-    out = _searchsorted(boundaries, values, right, None)
-    return out.astype(jnp.int32 if out_int32 else jnp.int64)
-
-
-@lowering("bucketize.Scalar", real_only=True, host_check=_bucketize_contiguity)
-def bucketize_scalar(value, boundaries, out_int32=False, right=False):
-    out = _searchsorted(boundaries, jnp.asarray(value, boundaries.dtype), right, None)
-    return out.astype(jnp.int32 if out_int32 else jnp.int64)
 
 
 # ---------------------------------------------------------------- norms
