@@ -165,3 +165,12 @@ def _searchsorted_argument_errors():
 @pytest.mark.parametrize("call", _searchsorted_argument_errors().values(), ids=_searchsorted_argument_errors().keys())
 def test_searchsorted_argument_errors(call):
     same_error(call)
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("shape, dim", [((), 0), ((), -1), ((3, 4), 1), ((2, 3, 0), 1)])
+def test_hash_tensor_along_a_dim(shape, dim, keepdim):
+    x = torch.arange(24, dtype=torch.float32)[: torch.Size(shape).numel()].reshape(shape)
+    assert_close(
+        torch.hash_tensor(x.to(DEV), dim=dim, keepdim=keepdim).cpu(), torch.hash_tensor(x, dim=dim, keepdim=keepdim)
+    )

@@ -748,6 +748,7 @@ def hash_tensor(x, dim=(), keepdim=False, mode=0):
     else:
         wide = x.astype(jnp.uint64 if jnp.issubdtype(x.dtype, jnp.unsignedinteger) else jnp.int64)
     bits = lax.bitcast_convert_type(wide, jnp.uint64)
-    axes = tuple(sorted({d % max(x.ndim, 1) for d in dim})) if dim else tuple(range(x.ndim))
+    # a 0-dim tensor's dim 0 is itself: nothing to reduce
+    axes = tuple(sorted({d % x.ndim for d in dim})) if dim and x.ndim else tuple(range(x.ndim))
     out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, axes) if axes else bits
     return jnp.expand_dims(out, axes) if keepdim and axes else out
