@@ -236,7 +236,7 @@ def _meta_call(kernel, args, kwargs):
     try:
         meta_out = META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
     except RuntimeError as e:
-        raise _as_cpu_cast_error(e) from None
+        raise _as_cpu_error(_as_cpu_cast_error(e), kernel, meta_args, meta_kwargs) from None
     resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]
     if resized:
         _check_inplace_not_resized(kernel, meta_args, resized)
@@ -287,6 +287,25 @@ def _as_cpu_cast_error(e):
         return e
     src, dst = (dt.scalar_type_name(getattr(torch, name)) for name in m.groups())
     return RuntimeError(f"result type {src} can't be cast to the desired output type {dst}")
+
+
+def _as_cpu_error(e, kernel, args, kwargs):
+    """The CPU's words for a repeated reduction dim ("dim 0 appears multiple times in the list of
+    dims": its dim bitset names the first repeat, wrapped), where PyTorch's meta kernels say "duplicate
+    value in the list of dims"; any other error as it is."""
+    if str(e) != "duplicate value in the list of dims":
+        return e
+    named = dict(zip((a.name for a in kernel.op._schema.arguments), args)) | kwargs
+    dims, tensor = named.get("dim"), next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if not isinstance(dims, (list, tuple)) or tensor is None:
+        return e
+    seen = set()
+    for d in dims:
+        wrapped = d % max(tensor.dim(), 1)
+        if wrapped in seen:
+            return RuntimeError(f"dim {wrapped} appears multiple times in the list of dims")
+        seen.add(wrapped)
+    return e
 
 
 def _returns_of(kernel, entry, meta_out):

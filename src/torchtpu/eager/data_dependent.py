@@ -467,9 +467,14 @@ def _min_max(x):
     return jnp.min(x), jnp.max(x)
 
 
+_BINCOUNT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
 def bincount(self, weights=None, minlength=0):
     _check_tpu(self, *([weights] if weights is not None else []))
-    if self.dim() != 1 or self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
+    if self.dtype not in _BINCOUNT_DTYPES:  # the CPU checks the dtype first (its kernel's dispatch)
+        raise NotImplementedError(f"\"bincount_tpu\" not implemented for '{dt.scalar_type_name(self.dtype)}'")
+    if self.dim() != 1:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")

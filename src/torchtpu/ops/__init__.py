@@ -4,6 +4,7 @@ decompose.py as resolve's last resort for ops without one."""
 from . import (  # noqa: F401
     activations,
     attention,
+    bucketize,
     comparisons,
     convolution,
     decompose,  # registers itself in resolve.DECOMPOSERS

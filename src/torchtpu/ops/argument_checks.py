@@ -38,6 +38,18 @@ __all__ = [
     "wrap",
 ]
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def warn_at_caller(message, category=UserWarning):
+    """A warning attributed to the first frame outside torchtpu, where PyTorch's C++ warnings land:
+    the "default" filter then shows one per line of user code, as on the CPU."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
 # the C++ type names PyTorch's "value cannot be converted to type ... without overflow" prints
 _CPP_NAMES = {
     torch.int8: "int8_t",
@@ -289,15 +301,3 @@ def wrap(name: str, kernel):
         return kernel(*args, **kwargs)
 
     return checked
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def warn_at_caller(message):
-    """A UserWarning attributed to the first frame outside torchtpu, where PyTorch's C++ warnings
-    land: the "default" filter then shows one per line of user code, as on the CPU."""
-    frame, level = sys._getframe(0), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, UserWarning, stacklevel=level)

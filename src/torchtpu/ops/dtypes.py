@@ -203,13 +203,14 @@ def cpu_from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     carrier = NUMPY_CARRIER.get(dtype)
     if carrier is not None:
         a = a.view(TO_JAX[carrier])
-    if _read_only_seen[0] or a.flags.writeable:
+    if a.flags.writeable or (_read_only_seen[0] and not torch.is_warn_always_enabled()):
         t = torch.from_numpy(a)
     else:
         with warnings.catch_warnings():  # (~15 µs: only until PyTorch's warning has fired once)
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             t = torch.from_numpy(a)
-        _read_only_seen[0] = True  # PyTorch gives that warning once per process (TORCH_WARN_ONCE)
+        _read_only_seen[0] = True  # PyTorch gives that warning once per process (TORCH_WARN_ONCE, or always
+        # under torch.set_warn_always(True): suppressed on every call then)
     return t if carrier is None else t.view(dtype)
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
-from .checks import require, require_index
-from .dtypes import opmath, to_opmath
+from .argument_checks import warn_at_caller
+from .checks import require
+from .dtypes import opmath, scalar_type_name, to_opmath
 from .table import lowering, real_only_without_lowering
 
 
@@ -47,22 +49,73 @@ def prod(a, dim=None, keepdim=False, dtype=None):
     return jnp.prod(a.astype(opmath(d)), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
-@lowering("amax", real_only=True)
+def _empty_reduction_check(name, *overloads, dim_at=1, all_dims_error=None):
+    """meta_check of a reduction without identity (max, argmax, median, ...): the CPU's errors for a
+    zero-size reduction dim (IndexError "max(): Expected reduction dim 1 to have non-zero size.") and,
+    where `all_dims_error(name)` is given, for reducing every dim of an empty tensor. `dim_at`: the
+    position of the dim argument."""
+
+    def check(a, *args, **kwargs):
+        dim = kwargs.get("dim", args[dim_at - 1] if len(args) >= dim_at else None)
+        dims = [] if dim is None else list(dim) if isinstance(dim, (list, tuple)) else [dim]
+        if not dims:
+            if all_dims_error is not None and a.numel() == 0:
+                raise all_dims_error(name)
+            return
+        for d in dims:
+            if a.dim() > 0 and a.shape[d % a.dim()] == 0:
+                raise IndexError(f"{name}: Expected reduction dim {d % a.dim()} to have non-zero size.")
+
+    return dict.fromkeys(overloads, check)
+
+
+def _unspecified_dim(name):
+    return RuntimeError(
+        f"{name}: Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim "
+        "with the 'dim' argument."
+    )
+
+
+def _unspecified_arg_dim(name):
+    return IndexError(f"{name}: Expected reduction dim to be specified for input.numel() == 0.")
+
+
+def _empty_aminmax(name):
+    return RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.")
+
+
+@lowering(
+    "amax",
+    real_only=True,
+    meta_check=_empty_reduction_check("amax()", "amax", "amax.out", all_dims_error=_unspecified_dim),
+)
 def amax(a, dim=(), keepdim=False):
     return jnp.max(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
-@lowering("amin", real_only=True)
+@lowering(
+    "amin",
+    real_only=True,
+    meta_check=_empty_reduction_check("amin()", "amin", "amin.out", all_dims_error=_unspecified_dim),
+)
 def amin(a, dim=(), keepdim=False):
     return jnp.min(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
-@lowering("max", real_only=True)
+@lowering(
+    "max",
+    real_only=True,
+    meta_check=_empty_reduction_check("max()", "max", "max.unary_out", all_dims_error=_unspecified_dim),
+)
 def max_all(a):
     return jnp.max(a)
 
 
-@lowering("min", real_only=True)
+@lowering(
+    "min",
+    real_only=True,
+    meta_check=_empty_reduction_check("min()", "min", "min.unary_out", all_dims_error=_unspecified_dim),
+)
 def min_all(a):
     return jnp.min(a)
 
@@ -74,17 +127,25 @@ def _arg_reduce(a, dim, keepdim, fn):
     return fn(a, axis=d, keepdims=keepdim).astype(jnp.int64) if a.ndim else jnp.zeros((), jnp.int64)
 
 
-@lowering("argmax", real_only=True)
+@lowering(
+    "argmax",
+    real_only=True,
+    meta_check=_empty_reduction_check("argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim),
+)
 def argmax(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmax)
 
 
-@lowering("argmin", real_only=True)
+@lowering(
+    "argmin",
+    real_only=True,
+    meta_check=_empty_reduction_check("argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim),
+)
 def argmin(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmin)
 
 
-@lowering("max.dim", real_only=True)
+@lowering("max.dim", real_only=True, meta_check=_empty_reduction_check("max()", "max.dim", "max.dim_max"))
 def max_dim(a, dim, keepdim=False):
     d = dim % max(a.ndim, 1)
     if a.ndim == 0:
@@ -92,7 +153,7 @@ def max_dim(a, dim, keepdim=False):
     return jnp.max(a, axis=d, keepdims=keepdim), jnp.argmax(a, axis=d, keepdims=keepdim).astype(jnp.int64)
 
 
-@lowering("min.dim", real_only=True)
+@lowering("min.dim", real_only=True, meta_check=_empty_reduction_check("min()", "min.dim", "min.dim_min"))
 def min_dim(a, dim, keepdim=False):
     d = dim % max(a.ndim, 1)
     if a.ndim == 0:
@@ -100,12 +161,23 @@ def min_dim(a, dim, keepdim=False):
     return jnp.min(a, axis=d, keepdims=keepdim), jnp.argmin(a, axis=d, keepdims=keepdim).astype(jnp.int64)
 
 
-@lowering("any", "any.dim", "any.dims")
+def _bool_or_byte_out_check(name):
+    """meta_check of any/all's out= overloads: the CPU's check_result_is_bytebool (the meta kernels
+    accept an `out` of any dtype)."""
+
+    def check(*args, out=None, **kwargs):
+        if isinstance(out, torch.Tensor) and out.dtype not in (torch.bool, torch.uint8):
+            raise RuntimeError(f"{name} only supports bool tensor for result, got: {scalar_type_name(out.dtype)}")
+
+    return dict.fromkeys((f"{name}.out", f"{name}.dims_out", f"{name}.all_out"), check)
+
+
+@lowering("any", "any.dim", "any.dims", meta_check=_bool_or_byte_out_check("any"))
 def any_reduction(a, dim=None, keepdim=False):
     return jnp.any(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
-@lowering("all", "all.dim", "all.dims")
+@lowering("all", "all.dim", "all.dims", meta_check=_bool_or_byte_out_check("all"))
 def all_reduction(a, dim=None, keepdim=False):
     return jnp.all(a, axis=_dims(a, dim), keepdims=keepdim)
 
@@ -157,12 +229,49 @@ def nansum(a, dim=None, keepdim=False, dtype=None):
     return jnp.sum(x, axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
-@lowering("aminmax", real_only=True)
+@lowering(
+    "aminmax",
+    real_only=True,
+    meta_check=_empty_reduction_check("aminmax", "aminmax", "aminmax.out", all_dims_error=_empty_aminmax),
+)
 def aminmax(a, dim=None, keepdim=False):
     axis = None if dim is None else _dims(a, dim)
     if dim is None and keepdim:
         return (jnp.min(a, keepdims=True).reshape((1,) * a.ndim), jnp.max(a, keepdims=True).reshape((1,) * a.ndim))
     return jnp.min(a, axis=axis, keepdims=keepdim), jnp.max(a, axis=axis, keepdims=keepdim)
+
+
+_AMINMAX_DEPRECATED = (
+    "_aminmax is deprecated as of PyTorch 1.11 and will be removed in a future release. Use aminmax "
+    "instead. This warning will only appear once per process."
+)
+_aminmax_warned = {"_aminmax": False, "_aminmax.dim": False}
+
+
+def _aminmax_deprecation(a, dim=None, keepdim=False):
+    """host_check of `_aminmax`: the CPU's deprecation warning, once per process and overload (two
+    TORCH_WARN_ONCEs) unless torch.set_warn_always(True)."""
+    overload = "_aminmax" if dim is None else "_aminmax.dim"
+    if torch.is_warn_always_enabled() or not _aminmax_warned[overload]:
+        _aminmax_warned[overload] = True
+        warn_at_caller(_AMINMAX_DEPRECATED)
+
+
+def _aminmax_meta(a, dim=None, keepdim=False):
+    """PyTorch ships `_aminmax` without a Meta kernel: aminmax's shapes and errors."""
+    return torch.aminmax(a) if dim is None else torch.aminmax(a, dim=dim, keepdim=keepdim)
+
+
+@lowering(
+    "_aminmax",
+    "_aminmax.dim",
+    real_only=True,
+    host_check=_aminmax_deprecation,
+    missing_meta={"_aminmax": _aminmax_meta, "_aminmax.dim": _aminmax_meta},
+)
+def deprecated_aminmax(a, dim=None, keepdim=False):
+    """`_aminmax(a)` and `_aminmax(a, dim, keepdim)`: `aminmax` under its old name."""
+    return aminmax(a, dim, keepdim)
 
 
 @lowering("count_nonzero", "count_nonzero.dim_IntList")
@@ -294,7 +403,9 @@ def _pick(v, i, pos, axis, keepdim):
     return v, i
 
 
-@lowering("kthvalue", real_only=True)
+@lowering(
+    "kthvalue", real_only=True, meta_check=_empty_reduction_check("kthvalue()", "kthvalue", "kthvalue.values", dim_at=2)
+)
 def kthvalue(a, k, dim=-1, keepdim=False):
     if a.ndim == 0:
         return a, jnp.zeros((), jnp.int64)
@@ -321,27 +432,62 @@ def _median(a, dim, keepdim, ignore_nan):
     return _pick(v, i, (n - 1) // 2, axis, keepdim)
 
 
-@lowering("median.dim", real_only=True)
+@lowering(
+    "median.dim", real_only=True, meta_check=_empty_reduction_check("median()", "median.dim", "median.dim_values")
+)
 def median_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, False)
 
 
-@lowering("nanmedian.dim", real_only=True)
+@lowering(
+    "nanmedian.dim",
+    real_only=True,
+    meta_check=_empty_reduction_check("median()", "nanmedian.dim", "nanmedian.dim_values"),
+)
 def nanmedian_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, True)
 
 
+# The CPU's median of no elements is NaN converted to the dtype by x86's truncating conversions (NaN
+# becomes the "integer indefinite" 0x80...0 of the 32- or 64-bit conversion, narrower types keep its
+# low bits, 0); XLA converts NaN to 0, so the integer results are spelled out.
+_EMPTY_MEDIAN = {jnp.dtype(jnp.int32): -(2**31), jnp.dtype(jnp.int64): -(2**63), jnp.dtype(jnp.uint64): 2**63}
+
+
+def _whole_median(a, ignore_nan):
+    if a.size == 0:
+        if jnp.issubdtype(a.dtype, jnp.inexact):
+            return jnp.full((), jnp.nan, a.dtype)
+        return jnp.full((), True if a.dtype == jnp.bool_ else _EMPTY_MEDIAN.get(a.dtype, 0), a.dtype)
+    return _median(a.reshape(-1), 0, False, ignore_nan)[0]
+
+
 @lowering("median", real_only=True)
 def median(a):
-    return _median(a.reshape(-1), 0, False, False)[0]
+    return _whole_median(a, False)
 
 
 @lowering("nanmedian", real_only=True)
 def nanmedian(a):
-    return _median(a.reshape(-1), 0, False, True)[0]
+    return _whole_median(a, True)
 
 
-@lowering("mode", real_only=True)
+def _mode_out_check(a, *args, values=None, indices=None, **kwargs):
+    """meta_check of mode.values: the CPU's dtype checks of its outputs (the meta kernel has none)."""
+    for out, want, what in ((values, a.dtype, "values"), (indices, torch.int64, "indices")):
+        if isinstance(out, torch.Tensor) and out.dtype != want:
+            raise RuntimeError(
+                f"expected scalar type '{scalar_type_name(want)}' but got '{scalar_type_name(out.dtype)}' "
+                f"for {what} output"
+            )
+
+
+def _mode_check(a, *args, **kwargs):
+    _mode_out_check(a, *args, **kwargs)
+    _empty_reduction_check("mode()", "mode")["mode"](a, *args, **kwargs)
+
+
+@lowering("mode", real_only=True, meta_check={"mode": _mode_check, "mode.values": _mode_check})
 def mode(a, dim=-1, keepdim=False):
     """Most frequent value (the smallest among equally frequent ones) and its last index."""
     if a.ndim == 0:
@@ -365,48 +511,6 @@ def mode(a, dim=-1, keepdim=False):
     if keepdim:
         val, idx = jnp.expand_dims(val, axis), jnp.expand_dims(idx, axis)
     return val, idx
-
-
-def _searchsorted(seq, values, right, sorter):
-    if sorter is not None:
-        require_index(sorter, seq.shape[-1], False, "torch.searchsorted(): sorter index out of range")
-        seq = jnp.take_along_axis(seq, sorter, axis=-1)
-    side = "right" if right else "left"
-    if seq.ndim == 1:
-        return jnp.searchsorted(seq, values, side=side, method="compare_all" if seq.shape[0] <= 64 else "scan")
-    flat_seq = seq.reshape(-1, seq.shape[-1])
-    flat_val = values.reshape(flat_seq.shape[0], -1)
-    out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_seq, flat_val)
-    return out.reshape(values.shape)
-
-
-@lowering("searchsorted.Tensor", real_only=True)
-def searchsorted(seq, values, out_int32=False, right=False, side=None, sorter=None):
-    right = right or side == "right"
-    out = _searchsorted(seq, values, right, sorter)
-    return out.astype(jnp.int32 if out_int32 else jnp.int64)
-
-
-@lowering("searchsorted.Scalar", real_only=True)
-def searchsorted_scalar(seq, value, out_int32=False, right=False, side=None, sorter=None):
-    right = right or side == "right"
-    value = jnp.asarray(value, seq.dtype) if not hasattr(value, "shape") or value.ndim == 0 else value
-    out = _searchsorted(
-        seq, value.reshape(()) if seq.ndim == 1 else jnp.broadcast_to(value, seq.shape[:-1] + (1,)), right, sorter
-    )
-    return out.astype(jnp.int32 if out_int32 else jnp.int64)
-
-
-@lowering("bucketize.Tensor", real_only=True)
-def bucketize(values, boundaries, out_int32=False, right=False):
-    out = _searchsorted(boundaries, values, right, None)
-    return out.astype(jnp.int32 if out_int32 else jnp.int64)
-
-
-@lowering("bucketize.Scalar", real_only=True)
-def bucketize_scalar(value, boundaries, out_int32=False, right=False):
-    out = _searchsorted(boundaries, jnp.asarray(value, boundaries.dtype), right, None)
-    return out.astype(jnp.int32 if out_int32 else jnp.int64)
 
 
 # ---------------------------------------------------------------- norms
@@ -476,6 +580,8 @@ def renorm(a, p, dim, maxnorm):
 def histc(a, bins=100, min=0, max=0):
     # PyTorch: min == max means the data's own range; values outside [min, max] are ignored
     x = a.astype(jnp.float32) if not jnp.issubdtype(a.dtype, jnp.floating) else a
+    if x.size == 0:  # nothing to count (and no range to take from the data)
+        return jnp.zeros((bins,), a.dtype)
     lo = jnp.where(min == max, jnp.min(x), min).astype(x.dtype)
     hi = jnp.where(min == max, jnp.max(x), max).astype(x.dtype)
     same = hi == lo  # PyTorch widens an empty range by one on each side
@@ -642,6 +748,7 @@ def hash_tensor(x, dim=(), keepdim=False, mode=0):
     else:
         wide = x.astype(jnp.uint64 if jnp.issubdtype(x.dtype, jnp.unsignedinteger) else jnp.int64)
     bits = lax.bitcast_convert_type(wide, jnp.uint64)
-    axes = tuple(sorted({d % max(x.ndim, 1) for d in dim})) if dim else tuple(range(x.ndim))
+    # a 0-dim tensor's dim 0 is itself: nothing to reduce
+    axes = tuple(sorted({d % x.ndim for d in dim})) if dim and x.ndim else tuple(range(x.ndim))
     out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, axes) if axes else bits
     return jnp.expand_dims(out, axes) if keepdim and axes else out
