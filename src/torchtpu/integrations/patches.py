@@ -532,7 +532,11 @@ def _deferred_stop_check(module) -> None:
     `isinstance(cache, EncoderDecoderCache)` first; other revisions do not: AttributeError). So on tpu the
     stop is deferred with a returned cache only when that cache has `layers` (a decoder-only model's);
     an encoder-decoder model returning its cache checks every token, as on CUDA (same tokens, one
-    host sync a token); without a returned cache there is nothing to roll back and it defers."""
+    host sync a token); without a returned cache there is nothing to roll back and it defers.
+    Layers that roll back by recording their past (`record_past`: Mamba 2's linear-attention states,
+    dynamic sliding windows) are left as `crop` slices them, views of wider tensors with new strides,
+    so the next compiled decode step recompiles (a static-cache Mamba 2: "stride mismatch" on the
+    conv state); a returned cache holding such layers is also checked every token, as on CUDA."""
     cls = getattr(module, "DeferredStopCheck", None)
     if cls is None:
         return
@@ -550,7 +554,12 @@ def _deferred_stop_check(module) -> None:
 
     def rollback_works(cache) -> bool:
         # finish() reads cache.layers, which encoder-decoder caches (and caches of other shapes) lack
-        return hasattr(cache, "layers") and not hasattr(cache, "self_attention_cache")
+        layers = getattr(cache, "layers", None)
+        if layers is None or hasattr(cache, "self_attention_cache"):
+            return False
+        # a layer that must record its past to be rolled back (linear attention, dynamic sliding window)
+        # leaves its states as views of wider tensors: new strides, so a compiled decode step recompiles
+        return not any(hasattr(layer, "record_past") for layer in layers)
 
     def is_supported(device, *args, **kwargs):
         if getattr(device, "type", None) != "tpu":
