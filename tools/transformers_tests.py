@@ -40,7 +40,9 @@ import sys
 import time
 
 DEVICES = ("cpu", "tpu")
-SPEC_NAME = "torchtpu_device_spec.py"
+# One spec file per run (Transformers imports it by bare name from the checkout's root): runs that share a
+# checkout must not remove each other's spec when they finish.
+SPEC_NAME = f"torchtpu_device_spec_{os.getpid()}.py"
 RESULTS_ENV = "TORCHTPU_TESTS_RESULTS"
 TIMEOUT_ENV = "TORCHTPU_TESTS_TEST_TIMEOUT"
 
