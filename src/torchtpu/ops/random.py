@@ -180,16 +180,20 @@ def _check_bounds(dtype, low, high, warn=False):
     return random_bounds_check(jnp.dtype(dtype).name, low, high, lowest=int(info.min), highest=int(info.max))
 
 
-def _random_from_check(self, from_, to=None, generator=None):
-    # per call: the CPU warns on every call whose bounds a float type cannot represent exactly
+def _check_from_below_to(from_, to):
+    """random_'s range check: the host check and the lowering (compiled graphs) both raise it."""
     if to is not None and from_ >= to:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+
+
+def _random_from_check(self, from_, to=None, generator=None):
+    # per call: the CPU warns on every call whose bounds a float type cannot represent exactly
+    _check_from_below_to(from_, to)
     _check_bounds(to_jax(self.dtype), from_, to, warn=True)
 
 
 def _random_to_check(self, to, generator=None):
-    if to <= 0:
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
+    _check_from_below_to(0, to)
     _check_bounds(to_jax(self.dtype), 0, to, warn=True)
 
 
@@ -201,8 +205,7 @@ def _random_to_check(self, to, generator=None):
     host_check={"random.from": _random_from_check, "random_.from": _random_from_check},
 )
 def random_from(a, from_, to=None, generator=None, *, key):
-    if to is not None and from_ >= to:
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+    _check_from_below_to(from_, to)
     _check_bounds(a.dtype, from_, to)  # (compiled graphs: the errors, without the host check's warning)
     return _random_ints(key, a, from_, _default_high(a.dtype) if to is None else to)
 
@@ -215,8 +218,7 @@ def random_from(a, from_, to=None, generator=None, *, key):
     host_check={"random.to": _random_to_check, "random_.to": _random_to_check},
 )
 def random_to(a, to, generator=None, *, key):
-    if to <= 0:
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
+    _check_from_below_to(0, to)
     _check_bounds(a.dtype, 0, to)
     return _random_ints(key, a, 0, to)
 
