@@ -1,7 +1,7 @@
 """Greedy MoE decoding tokens/s: a Qwen3-MoE-shaped model (2 layers, 64 experts, top-8, hidden 256), batch
 64, on "tpu" (eager and compiled) and torch CPU, with each experts implementation, in one run.
 
-    PYTHONPATH=src python benchmarks/moe_decode.py [--new-tokens 16 --batch 64 --repeats 2] [--profile]
+    python benchmarks/moe_decode.py [--new-tokens 16 --batch 64 --repeats 2] [--profile]
 
 The model is built from a config (random weights, no download). Experts implementations:
   loop        Transformers' experts_implementation="eager": a Python loop over the hit experts
