@@ -36,98 +36,107 @@ def small_vae(latent_channels, **kw):
     return tiny._vae((16, 32, 32, 32), latent_channels, 16, **kw)
 
 
-def small_build(kind):
+def _small_sd3():
+    """Stable Diffusion 3: a 4-layer SD3 transformer, two CLIP text encoders and a T5 one."""
     import diffusers
-    from diffusers import (
-        EulerDiscreteScheduler,
-        FlowMatchEulerDiscreteScheduler,
-        FluxTransformer2DModel,
-        SD3Transformer2DModel,
-        UNet2DConditionModel,
-    )
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+    from transformers import CLIPTextModelWithProjection
 
-    torch.manual_seed(0)
-    if kind == "sd3":
-        parts = dict(
-            transformer=SD3Transformer2DModel(
-                sample_size=32,
-                patch_size=2,
-                in_channels=16,
-                num_layers=4,
-                attention_head_dim=64,
-                num_attention_heads=4,
-                caption_projection_dim=256,
-                joint_attention_dim=256,
-                pooled_projection_dim=128,
-                out_channels=16,
-            ),
-            scheduler=FlowMatchEulerDiscreteScheduler(),
-            vae=small_vae(
-                16, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False
-            ),
-            text_encoder=CLIPTextModelWithProjection(tiny.clip_text_config(hidden=64, projection=64)),
-            tokenizer=tiny.clip_tokenizer(),
-            text_encoder_2=CLIPTextModelWithProjection(tiny.clip_text_config(hidden=64, projection=64)),
-            tokenizer_2=tiny.clip_tokenizer(),
-            text_encoder_3=tiny.t5_encoder(d_model=256),
-            tokenizer_3=tiny.t5_tokenizer(),
-        )
-        pipe = diffusers.StableDiffusion3Pipeline(**parts)
-    elif kind == "sd":
-        parts = dict(
-            unet=UNet2DConditionModel(
-                block_out_channels=(32, 64),
-                layers_per_block=1,
-                sample_size=32,
-                in_channels=4,
-                out_channels=4,
-                down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-                cross_attention_dim=64,
-                norm_num_groups=32,
-                attention_head_dim=1,
-            ),
-            scheduler=EulerDiscreteScheduler(
-                beta_start=0.00085,
-                beta_end=0.012,
-                beta_schedule="scaled_linear",
-                timestep_spacing="leading",
-                steps_offset=1,
-            ),
-            vae=small_vae(4),
-            text_encoder=CLIPTextModel(tiny.clip_text_config(hidden=64, projection=64)),
-            tokenizer=tiny.clip_tokenizer(),
-            safety_checker=None,
-            feature_extractor=None,
-            image_encoder=None,
-        )
-        pipe = diffusers.StableDiffusionPipeline(**parts, requires_safety_checker=False)
-    elif kind == "flux":
-        parts = dict(
-            transformer=FluxTransformer2DModel(
-                patch_size=1,
-                in_channels=64,
-                num_layers=2,
-                num_single_layers=2,
-                attention_head_dim=64,
-                num_attention_heads=4,
-                joint_attention_dim=256,
-                pooled_projection_dim=64,
-                axes_dims_rope=[16, 24, 24],
-            ),
-            scheduler=FlowMatchEulerDiscreteScheduler(),
-            vae=small_vae(
-                16, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False
-            ),
-            text_encoder=CLIPTextModel(tiny.clip_text_config(hidden=64, projection=64)),
-            tokenizer=tiny.clip_tokenizer(),
-            text_encoder_2=tiny.t5_encoder(d_model=256),
-            tokenizer_2=tiny.t5_tokenizer(),
-        )
-        pipe = diffusers.FluxPipeline(**parts)
-    else:
+    parts = dict(
+        transformer=SD3Transformer2DModel(
+            sample_size=32,
+            patch_size=2,
+            in_channels=16,
+            num_layers=4,
+            attention_head_dim=64,
+            num_attention_heads=4,
+            caption_projection_dim=256,
+            joint_attention_dim=256,
+            pooled_projection_dim=128,
+            out_channels=16,
+        ),
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=small_vae(16, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False),
+        text_encoder=CLIPTextModelWithProjection(tiny.clip_text_config(hidden=64, projection=64)),
+        tokenizer=tiny.clip_tokenizer(),
+        text_encoder_2=CLIPTextModelWithProjection(tiny.clip_text_config(hidden=64, projection=64)),
+        tokenizer_2=tiny.clip_tokenizer(),
+        text_encoder_3=tiny.t5_encoder(d_model=256),
+        tokenizer_3=tiny.t5_tokenizer(),
+    )
+    return diffusers.StableDiffusion3Pipeline(**parts)
+
+
+def _small_sd():
+    """Stable Diffusion 1.x: a two-block UNet and a CLIP text encoder."""
+    import diffusers
+    from diffusers import EulerDiscreteScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    parts = dict(
+        unet=UNet2DConditionModel(
+            block_out_channels=(32, 64),
+            layers_per_block=1,
+            sample_size=32,
+            in_channels=4,
+            out_channels=4,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=64,
+            norm_num_groups=32,
+            attention_head_dim=1,
+        ),
+        scheduler=EulerDiscreteScheduler(
+            beta_start=0.00085,
+            beta_end=0.012,
+            beta_schedule="scaled_linear",
+            timestep_spacing="leading",
+            steps_offset=1,
+        ),
+        vae=small_vae(4),
+        text_encoder=CLIPTextModel(tiny.clip_text_config(hidden=64, projection=64)),
+        tokenizer=tiny.clip_tokenizer(),
+        safety_checker=None,
+        feature_extractor=None,
+        image_encoder=None,
+    )
+    return diffusers.StableDiffusionPipeline(**parts, requires_safety_checker=False)
+
+
+def _small_flux():
+    """Flux: a 2 + 2 layer Flux transformer, a CLIP and a T5 text encoder."""
+    import diffusers
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+    from transformers import CLIPTextModel
+
+    parts = dict(
+        transformer=FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=64,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=64,
+            num_attention_heads=4,
+            joint_attention_dim=256,
+            pooled_projection_dim=64,
+            axes_dims_rope=[16, 24, 24],
+        ),
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=small_vae(16, shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False),
+        text_encoder=CLIPTextModel(tiny.clip_text_config(hidden=64, projection=64)),
+        tokenizer=tiny.clip_tokenizer(),
+        text_encoder_2=tiny.t5_encoder(d_model=256),
+        tokenizer_2=tiny.t5_tokenizer(),
+    )
+    return diffusers.FluxPipeline(**parts)
+
+
+def small_build(kind):
+    builders = {"sd3": _small_sd3, "sd": _small_sd, "flux": _small_flux}
+    if kind not in builders:
         raise ValueError(kind)
+    torch.manual_seed(0)
+    pipe = builders[kind]()
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

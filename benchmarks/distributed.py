@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 
 def _port():
@@ -34,7 +33,6 @@ def _port():
 def spawn(nprocs, args, role):
     port, coordinator = _port(), _port()
     procs = []
-    src = Path(__file__).resolve().parent.parent / "src"
     for rank in range(nprocs):
         env = dict(
             os.environ,
@@ -46,7 +44,6 @@ def spawn(nprocs, args, role):
             MASTER_PORT=str(port),
             TORCHTPU_COORDINATOR_ADDRESS=f"127.0.0.1:{coordinator}",
             OMP_NUM_THREADS="1",
-            PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
         )
         env.pop("TORCHTPU_NUM_DEVICES", None)
         procs.append(

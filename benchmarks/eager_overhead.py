@@ -47,13 +47,8 @@ def interleaved(variants, iters, rounds=7):
     return samples
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
-    n = args.iters
-
+def _cases():
+    """op -> (tpu, raw JAX eager, one precompiled jax.jit call, torch CPU) callables on the same values."""
     a_c, b_c = torch.randn(64, 64), torch.randn(64, 64)
     x_c, w_c, bias_c = torch.randn(64, 256), torch.randn(256, 256), torch.randn(256)
     a_t, b_t, x_t, w_t, bias_t = (t.to("tpu") for t in (a_c, b_c, x_c, w_c, bias_c))
@@ -65,15 +60,6 @@ def main():
         box["j"] = box["j"].at[:, 4:12].add(b_j[:, :8])
         return box["j"]
 
-    def no_sync(kept):
-        pass
-
-    def tpu_sync(kept):
-        torch.tpu.synchronize()
-
-    def jax_sync(kept):
-        jax.block_until_ready(kept)
-
     jit_add = jax.jit(jnp.add)
     jit_inplace_fn = jax.jit(lambda a, b: a.at[:, 4:12].add(b[:, :8]))
     jit_linear_gelu = jax.jit(lambda x, w, b: jax.nn.gelu(x @ w.T + b, approximate=False))
@@ -82,8 +68,7 @@ def main():
         box["j"] = jit_inplace_fn(box["j"], b_j)
         return box["j"]
 
-    # (tpu, raw JAX eager, one precompiled jax.jit call, torch CPU)
-    cases = {
+    return {
         "add 64x64": (lambda: a_t + b_t, lambda: jnp.add(a_j, b_j), lambda: jit_add(a_j, b_j), lambda: a_c + b_c),
         "in-place add on a view": (
             lambda: a_t[:, 4:12].add_(view_src_t),
@@ -98,6 +83,27 @@ def main():
             lambda: F.gelu(F.linear(x_c, w_c, bias_c)),
         ),
     }
+
+
+def _no_sync(kept):
+    pass
+
+
+def _tpu_sync(kept):
+    torch.tpu.synchronize()
+
+
+def _jax_sync(kept):
+    jax.block_until_ready(kept)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    n = args.iters
+    cases = _cases()
     print(
         f"torch {torch.__version__}, jax {jax.__version__}, XLA platform {torch.tpu.platform()}, "
         f"{n} calls per batch, {args.rounds} rounds of every variant in turn; µs per call and ratios: "
@@ -111,17 +117,17 @@ def main():
     for name, (tpu_fn, jax_fn, jit_fn, cpu_fn) in cases.items():
         t = interleaved(
             {
-                "tpu": (tpu_fn, tpu_sync, lambda: torch.tpu.set_eager_mode("strict")),
-                "fused": (tpu_fn, tpu_sync, lambda: torch.tpu.set_eager_mode("fused")),
-                "jax": (jax_fn, jax_sync, plain),
-                "jit": (jit_fn, jax_sync, plain),
-                "cpu": (cpu_fn, no_sync, plain),
+                "tpu": (tpu_fn, _tpu_sync, lambda: torch.tpu.set_eager_mode("strict")),
+                "fused": (tpu_fn, _tpu_sync, lambda: torch.tpu.set_eager_mode("fused")),
+                "jax": (jax_fn, _jax_sync, plain),
+                "jit": (jit_fn, _jax_sync, plain),
+                "cpu": (cpu_fn, _no_sync, plain),
             },
             n,
             args.rounds,
         )
 
-        def median(key, over=None):
+        def median(key, over=None, t=t):
             if over is None:
                 return statistics.median(t[key])
             return statistics.median(a / b for a, b in zip(t[key], t[over]))

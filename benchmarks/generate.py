@@ -98,7 +98,7 @@ def measure(name, model, ids, args, results, reference=None, **kw):
     return out
 
 
-def main():
+def _arguments():
     p = argparse.ArgumentParser()
     p.add_argument("--preset", choices=sorted(PRESETS), default="smollm-135m")
     p.add_argument("--hidden", type=int)
@@ -123,123 +123,98 @@ def main():
     for name, value in PRESETS[args.preset].items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
+    return args
+
+
+def main():
+    args = _arguments()
     if args.threads:
         torch.set_num_threads(args.threads)
-
     cpu = build(args)
     ids = torch.randint(3, args.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
     n_params = sum(p.numel() for p in cpu.parameters())
     print(
-        f"Llama-shaped model ({args.preset}): {n_params / 1e6:.2f} M params, hidden {args.hidden}, {args.layers} layers; "  # noqa: E501
-        f"batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens; XLA platform "
-        f"{torch.tpu.platform()}, torch threads {torch.get_num_threads()}"
+        f"Llama-shaped model ({args.preset}): {n_params / 1e6:.2f} M params, hidden {args.hidden}, "
+        f"{args.layers} layers; batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens; "
+        f"XLA platform {torch.tpu.platform()}, torch threads {torch.get_num_threads()}"
     )
     results = {}
     ref = measure("cpu eager (dynamic cache)", cpu, ids, args, results)
-
     tpu = copy.deepcopy(cpu).to("tpu")
     ids_t = ids.to("tpu")
+    static = dict(cache_implementation="static", disable_compile=True)
     with torch.tpu.eager_mode("strict"):  # (the default eager mode, fused, is measured below)
         measure("tpu strict eager (dynamic cache)", tpu, ids_t, args, results, ref)
         # transformers auto-compiles the decode step of a static cache on "tpu" (backend "tpu"):
         # disable_compile=True keeps this mode eager
-        measure(
-            "tpu strict eager (static cache)",
-            tpu,
-            ids_t,
-            args,
-            results,
-            ref,
-            cache_implementation="static",
-            disable_compile=True,
-        )
-    if args.skip_compiled:
-        pass
-    elif "tpu" not in torch._dynamo.list_backends():
-        print(f"{'tpu compiled (static cache)':<34} skipped: torch.compile backend 'tpu' is not registered")
-    else:
-        compiled = copy.deepcopy(cpu).to("tpu")
-        compiled.forward = torch.compile(compiled.forward, backend="tpu", fullgraph=True)
-        with torch.tpu.eager_mode("strict"):  # (generate()'s own per-token ops)
-            measure(
-                "tpu compiled fwd (static cache)",
-                compiled,
-                ids_t,
-                args,
-                results,
-                ref,
-                cache_implementation="static",
-                disable_compile=True,
-            )
-            interleaved = (compiled, ids_t)
-            auto = copy.deepcopy(cpu).to("tpu")
-            measure(
-                "tpu generate auto-compile (static)", auto, ids_t, args, results, ref, cache_implementation="static"
-            )
-        # the same compiled forward, with generate()'s own per-token ops in the "fused" eager mode
-        with torch.tpu.eager_mode("fused"):
-            measure(
-                "tpu compiled fwd + fused eager",
-                compiled,
-                ids_t,
-                args,
-                results,
-                ref,
-                cache_implementation="static",
-                disable_compile=True,
-            )
+        measure("tpu strict eager (static cache)", tpu, ids_t, args, results, ref, **static)
+    compiled = _compiled_modes(args, cpu, ids_t, results, ref, static)
     with torch.tpu.eager_mode("fused"):  # the default eager mode
         measure("tpu fused eager (dynamic cache)", tpu, ids_t, args, results, ref)
-        measure(
-            "tpu fused eager (static cache)",
-            tpu,
-            ids_t,
-            args,
-            results,
-            ref,
-            cache_implementation="static",
-            disable_compile=True,
-        )
+        measure("tpu fused eager (static cache)", tpu, ids_t, args, results, ref, **static)
 
     base = results.get("cpu eager (dynamic cache)")
     if base:
         print("\nratios to cpu eager:")
         for name, v in results.items():
             print(f"  {name:<32} {v / base:6.2f}x")
-    if args.rounds and "interleaved" in locals():
-        # shared machines drift between the sequential measurements above: alternate the modes
-        compiled, ids_t = interleaved
-        static = dict(cache_implementation="static", disable_compile=True)
-        modes = (
-            ("cpu", cpu, ids, {}, "strict"),
-            ("tpu", compiled, ids_t, static, "strict"),
-            ("tpu fused", compiled, ids_t, static, "fused"),
-            ("tpu eager", tpu, ids_t, static, "strict"),
-            ("tpu stop every token", compiled, ids_t, static, "every token"),
-            ("tpu fused eager", tpu, ids_t, static, "fused"),
-            ("tpu fused eager dynamic", tpu, ids_t, {}, "fused"),
-        )
-        tps = {name: [] for name, *_ in modes}
-        for _ in range(args.rounds):
-            for name, model, inputs, kw, mode in modes:
-                with (
-                    stop_flag_read_every_token(mode == "every token"),
-                    torch.tpu.eager_mode("strict" if mode == "every token" else mode),
-                ):
-                    start = time.perf_counter()
-                    run(model, inputs, args, **kw)
-                    tps[name].append(args.new_tokens * args.batch / (time.perf_counter() - start))
-                if mode == "fused":  # (its background compiles must not run into the next mode's time)
-                    fusion.wait_for_compiles()
-        c, t, f, e, w, fe, fd = (statistics.median(tps[name]) for name, *_ in modes)
-        print(
-            f"\ninterleaved, {args.rounds} rounds: cpu eager {c:.1f} tok/s, tpu compiled fwd {t:.1f} tok/s, "
-            f"ratio {t / c:.2f}x; with generate()'s own ops fused {f:.1f} tok/s, ratio {f / c:.2f}x; "
-            f"tpu strict eager (static cache) {e:.1f} tok/s, {e / t:.2f} of compiled; fused eager (the "
-            f"default) {fe:.1f} tok/s, {fe / t:.2f} of compiled, with generate()'s default dynamic cache {fd:.1f} "
-            f"tok/s, {fd / t:.2f} of compiled; compiled fwd with the stop flag read at every token "
-            f"{w:.1f} tok/s, ratio {w / c:.2f}x"
-        )
+    if args.rounds and compiled is not None:
+        _interleaved(args, (cpu, ids), (tpu, compiled, ids_t), static)
+
+
+def _compiled_modes(args, cpu, ids_t, results, ref, static):
+    """The compiled forward (strict and fused eager around it) and generate()'s own auto-compile; returns
+    the compiled model, or None when skipped."""
+    if args.skip_compiled:
+        return None
+    if "tpu" not in torch._dynamo.list_backends():
+        print(f"{'tpu compiled (static cache)':<34} skipped: torch.compile backend 'tpu' is not registered")
+        return None
+    compiled = copy.deepcopy(cpu).to("tpu")
+    compiled.forward = torch.compile(compiled.forward, backend="tpu", fullgraph=True)
+    with torch.tpu.eager_mode("strict"):  # (generate()'s own per-token ops)
+        measure("tpu compiled fwd (static cache)", compiled, ids_t, args, results, ref, **static)
+        auto = copy.deepcopy(cpu).to("tpu")
+        measure("tpu generate auto-compile (static)", auto, ids_t, args, results, ref, cache_implementation="static")
+    # the same compiled forward, with generate()'s own per-token ops in the "fused" eager mode
+    with torch.tpu.eager_mode("fused"):
+        measure("tpu compiled fwd + fused eager", compiled, ids_t, args, results, ref, **static)
+    return compiled
+
+
+def _interleaved(args, on_cpu, on_tpu, static):
+    """Shared machines drift between the sequential measurements: alternate the modes, medians."""
+    (cpu, ids), (tpu, compiled, ids_t) = on_cpu, on_tpu
+    modes = (
+        ("cpu", cpu, ids, {}, "strict"),
+        ("tpu", compiled, ids_t, static, "strict"),
+        ("tpu fused", compiled, ids_t, static, "fused"),
+        ("tpu eager", tpu, ids_t, static, "strict"),
+        ("tpu stop every token", compiled, ids_t, static, "every token"),
+        ("tpu fused eager", tpu, ids_t, static, "fused"),
+        ("tpu fused eager dynamic", tpu, ids_t, {}, "fused"),
+    )
+    tps = {name: [] for name, *_ in modes}
+    for _ in range(args.rounds):
+        for name, model, inputs, kw, mode in modes:
+            with (
+                stop_flag_read_every_token(mode == "every token"),
+                torch.tpu.eager_mode("strict" if mode == "every token" else mode),
+            ):
+                start = time.perf_counter()
+                run(model, inputs, args, **kw)
+                tps[name].append(args.new_tokens * args.batch / (time.perf_counter() - start))
+            if mode == "fused":  # (its background compiles must not run into the next mode's time)
+                fusion.wait_for_compiles()
+    c, t, f, e, w, fe, fd = (statistics.median(tps[name]) for name, *_ in modes)
+    print(
+        f"\ninterleaved, {args.rounds} rounds: cpu eager {c:.1f} tok/s, tpu compiled fwd {t:.1f} tok/s, "
+        f"ratio {t / c:.2f}x; with generate()'s own ops fused {f:.1f} tok/s, ratio {f / c:.2f}x; "
+        f"tpu strict eager (static cache) {e:.1f} tok/s, {e / t:.2f} of compiled; fused eager (the "
+        f"default) {fe:.1f} tok/s, {fe / t:.2f} of compiled, with generate()'s default dynamic cache {fd:.1f} "
+        f"tok/s, {fd / t:.2f} of compiled; compiled fwd with the stop flag read at every token "
+        f"{w:.1f} tok/s, ratio {w / c:.2f}x"
+    )
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """Host time of one eager jax_op call against a built-in op of the same arity (two tensors and a float).
 
-    PYTHONPATH=src python benchmarks/jax_op_overhead.py [n]     (n x n operands, default 64)
+    python benchmarks/jax_op_overhead.py [n]     (n x n operands, default 64)
 
 Both run their cached executable asynchronously; the loop measures the host work per call (dispatch,
 cache key, executable call, output tensor) as the calling thread's CPU time (`time.thread_time`: on a

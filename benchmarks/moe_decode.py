@@ -1,7 +1,7 @@
 """Greedy MoE decoding tokens/s: a Qwen3-MoE-shaped model (2 layers, 64 experts, top-8, hidden 256), batch
 64, on "tpu" (eager and compiled) and torch CPU, with each experts implementation, in one run.
 
-    PYTHONPATH=src python benchmarks/moe_decode.py [--new-tokens 16 --batch 64 --repeats 2] [--profile]
+    python benchmarks/moe_decode.py [--new-tokens 16 --batch 64 --repeats 2] [--profile]
 
 The model is built from a config (random weights, no download). Experts implementations:
   loop        Transformers' experts_implementation="eager": a Python loop over the hit experts
@@ -103,7 +103,7 @@ def profile(name, model, ids, args, **kw):
     )
 
 
-def main():
+def _arguments():
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--experts", type=int, default=64)
@@ -118,8 +118,11 @@ def main():
     p.add_argument("--skip-loop", action="store_true", help="skip the slow expert-loop modes")
     p.add_argument("--skip-compiled", action="store_true")
     p.add_argument("--profile", action="store_true")
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def main():
+    args = _arguments()
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     from kernels import get_local_kernel
@@ -143,27 +146,34 @@ def main():
         set_experts(cpu, "eager")
         measure("cpu expert loop", cpu, ids, args, results, ref)
         set_experts(cpu, "grouped_mm")
-
-    tpu = copy.deepcopy(cpu).to("tpu")
-    ids_t = ids.to("tpu")
     eager_modes = [("loop", "eager"), ("grouped_mm", "grouped_mm"), ("hub kernel", "torchtpu_hub")]
     if args.skip_loop:
         eager_modes = eager_modes[1:]
+    tpu, ids_t = _tpu_modes(args, cpu, ids, eager_modes, results, ref)
+    _summary(results)
+    if args.profile:
+        print("\nwhere eager decode time goes (one warm generate, per decoded token):")
+        for label, impl in eager_modes:
+            set_experts(tpu, impl)
+            profile(f"tpu eager {label}", tpu, ids_t, args)
+        set_experts(tpu, "torchtpu_hub")
+        profile(
+            "tpu eager hub kernel (static cache)", tpu, ids_t, args, cache_implementation="static", disable_compile=True
+        )
+
+
+def _tpu_modes(args, cpu, ids, eager_modes, results, ref):
+    """Eager (dynamic and static cache) and compiled decode on tpu per experts implementation; returns
+    the eager tpu model and its inputs."""
+    tpu = copy.deepcopy(cpu).to("tpu")
+    ids_t = ids.to("tpu")
+    static = dict(cache_implementation="static", disable_compile=True)
     for label, impl in eager_modes:
         set_experts(tpu, impl)
         measure(f"tpu eager {label}", tpu, ids_t, args, results, ref)
     for label, impl in eager_modes[-2:]:
         set_experts(tpu, impl)
-        measure(
-            f"tpu eager {label} (static cache)",
-            tpu,
-            ids_t,
-            args,
-            results,
-            ref,
-            cache_implementation="static",
-            disable_compile=True,
-        )
+        measure(f"tpu eager {label} (static cache)", tpu, ids_t, args, results, ref, **static)
     if not args.skip_compiled:
         for label, impl in eager_modes[-2:]:
             compiled = copy.deepcopy(cpu).to("tpu")
@@ -171,17 +181,11 @@ def main():
             # dynamic=False: prefill and decode are two static graphs (a jax_op's shapes come from
             # jax.eval_shape, which needs concrete sizes)
             compiled.forward = torch.compile(compiled.forward, backend="tpu", fullgraph=True, dynamic=False)
-            measure(
-                f"tpu compiled {label} (static cache)",
-                compiled,
-                ids_t,
-                args,
-                results,
-                ref,
-                cache_implementation="static",
-                disable_compile=True,
-            )
+            measure(f"tpu compiled {label} (static cache)", compiled, ids_t, args, results, ref, **static)
+    return tpu, ids_t
 
+
+def _summary(results):
     loop = results.get("tpu eager loop")
     cpu_best = max((v for k, v in results.items() if k.startswith("cpu")), default=None)
     tpu_best = max(((v, k) for k, v in results.items() if k.startswith("tpu")), default=None)
@@ -192,15 +196,6 @@ def main():
                 print(f"  {name:<40} {v / loop:6.1f}x the tpu eager expert loop")
     if cpu_best and tpu_best:
         print(f"  best tpu ({tpu_best[1]}) / best cpu: {tpu_best[0] / cpu_best:.2f}x")
-    if args.profile:
-        print("\nwhere eager decode time goes (one warm generate, per decoded token):")
-        for label, impl in eager_modes:
-            set_experts(tpu, impl)
-            profile(f"tpu eager {label}", tpu, ids_t, args)
-        set_experts(tpu, "torchtpu_hub")
-        profile(
-            "tpu eager hub kernel (static cache)", tpu, ids_t, args, cache_implementation="static", disable_compile=True
-        )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,44 @@ import torchtpu  # noqa: F401
 from torchtpu.optim import AdamW, SingleTraceTrainer
 
 
+def _step_function(kind, base, ids_cpu, ids):
+    """One training step of `kind` on a fresh copy of `base`, as a function returning the loss."""
+    if kind == "cpu eager + torch.optim.AdamW":
+        model = copy.deepcopy(base)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step():
+            # one intra-op thread: on a shared 2-core VM torch's spinning OpenMP threads made this
+            # variant 10x slower (1-3 steps/s) than with one
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                opt.zero_grad()
+                loss = model(input_ids=ids_cpu, labels=ids_cpu).loss
+                loss.backward()
+                opt.step()
+            finally:
+                torch.set_num_threads(threads)
+            return loss
+
+        return step
+    model = copy.deepcopy(base).to("tpu")
+    opt = AdamW(model.parameters(), lr=1e-3)
+    if kind == "SingleTraceTrainer":
+        train_step = SingleTraceTrainer(model, opt).make_compiled_train_step({"input_ids": ids, "labels": ids})
+        return lambda: train_step({"input_ids": ids, "labels": ids})
+    forward = torch.compile(model, backend="tpu") if kind.startswith("torch.compile") else model
+
+    def step():
+        opt.zero_grad()
+        loss = forward(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
@@ -43,43 +81,6 @@ def main():
     base = LlamaForCausalLM(cfg)
     ids_cpu = torch.randint(0, 256, (4, 32))
     ids = ids_cpu.to("tpu")
-
-    def make(kind):
-        if kind == "cpu eager + torch.optim.AdamW":
-            model = copy.deepcopy(base)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-            def step():
-                # one intra-op thread: on a shared 2-core VM torch's spinning OpenMP threads made this
-                # variant 10x slower (1-3 steps/s) than with one
-                threads = torch.get_num_threads()
-                torch.set_num_threads(1)
-                try:
-                    opt.zero_grad()
-                    loss = model(input_ids=ids_cpu, labels=ids_cpu).loss
-                    loss.backward()
-                    opt.step()
-                finally:
-                    torch.set_num_threads(threads)
-                return loss
-
-            return step
-        model = copy.deepcopy(base).to("tpu")
-        opt = AdamW(model.parameters(), lr=1e-3)
-        if kind == "SingleTraceTrainer":
-            train_step = SingleTraceTrainer(model, opt).make_compiled_train_step({"input_ids": ids, "labels": ids})
-            return lambda: train_step({"input_ids": ids, "labels": ids})
-        forward = torch.compile(model, backend="tpu") if kind.startswith("torch.compile") else model
-
-        def step():
-            opt.zero_grad()
-            loss = forward(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            return loss
-
-        return step
-
     kinds = [
         "eager + fused AdamW",
         "torch.compile(model) + fused AdamW",
@@ -89,7 +90,7 @@ def main():
     steps = {}
     for kind in kinds:
         t0 = time.perf_counter()
-        steps[kind] = make(kind)
+        steps[kind] = _step_function(kind, base, ids_cpu, ids)
         for _ in range(3):
             loss = steps[kind]()
         loss.item()

@@ -62,6 +62,17 @@ def causal_lm_tp_plan(config_class, model_class, **config):
 
 
 @scenario
+def llama_tp_plan():
+    """A tiny Llama: attention and MLP projections both sharded; the unsharded model's logits and tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = causal_lm_tp_plan(LlamaConfig, LlamaForCausalLM, intermediate_size=128)
+    gate = model.model.layers[0].mlp.gate_proj.weight
+    local = gate.to_local() if hasattr(gate, "to_local") else gate
+    assert local.shape[0] == 128 // WORLD, f"gate_proj not sharded: {tuple(local.shape)}"
+
+
+@scenario
 def qwen3_tp_plan():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

@@ -160,3 +160,57 @@ def test_readme_environment_table_lists_every_variable():
             assert not absent, f"README.md's row for {name} does not mention {absent}"
     for alias in config.ALIASES:  # TorchTPU's names are documented next to ours
         assert alias in "".join(rows.values()), f"README.md's Environment table does not mention {alias}"
+
+
+def _environment_names_in_source():
+    """(read, set): the literal environment variable names src/torchtpu reads and sets, found in the
+    syntax tree (os.environ[...], .get/.pop/.setdefault, os.getenv, `in os.environ`, and names bound
+    to os.environ). TORCHTPU_* variables are read through config.get with a name, not a literal."""
+    import ast
+    import pathlib
+    import re
+
+    read, written = set(), set()
+    for path in pathlib.Path(config.__file__).parent.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        environ = {"os.environ"} | {
+            ast.unparse(t)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if ast.unparse(n.value) == "os.environ"
+        }
+        for node in ast.walk(tree):
+            key, into = None, read
+            if isinstance(node, ast.Call) and node.args:
+                func = node.func
+                if ast.unparse(func) == "os.getenv":
+                    key = node.args[0]
+                elif isinstance(func, ast.Attribute) and ast.unparse(func.value) in environ:
+                    key, into = node.args[0], (written if func.attr == "setdefault" else read)
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in environ:
+                key, into = node.slice, (written if isinstance(node.ctx, ast.Store) else read)
+            elif isinstance(node, ast.Compare) and ast.unparse(node.comparators[0]) in environ:
+                key = node.left
+            if isinstance(key, ast.Constant) and re.fullmatch(r"[A-Z][A-Z0-9_]+", str(key.value)):
+                into.add(key.value)
+    return read, written
+
+
+def test_readme_lists_every_other_environment_variable():
+    """Besides config.VARIABLES, the README's Environment section lists exactly the variables the code
+    reads or sets by name: nothing missing, nothing the code does not touch."""
+    import re
+
+    read, written = _environment_names_in_source()
+    assert read and written, "the scan found nothing: it no longer matches how the code reads os.environ"
+    assert not {n for n in read if n.startswith(("TORCHTPU_", "TORCH_TPU_"))}, "read through config.get"
+    with open(README, encoding="utf-8") as f:
+        section = f.read().split("\n## Environment\n", 1)[1].split("\n## ", 1)[0]
+    listed = set()
+    for line in section.split("Other variables", 1)[1].splitlines():
+        if line.startswith(("- ", "  ")):
+            listed |= set(re.findall(r"`([A-Z][A-Z0-9_]+)`", line))
+    listed -= set(config.VARIABLES)  # (a bullet may name one of the table's variables)
+    touched = (read | written) - set(config.VARIABLES)
+    assert listed == touched, f"README lacks {sorted(touched - listed)}; lists {sorted(listed - touched)}"

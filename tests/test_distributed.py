@@ -1,4 +1,5 @@
-"""torch.distributed on "tpu" (backend tpu_dist): multi-process tests, 2 and 4 ranks on 127.0.0.1.
+"""torch.distributed on "tpu" (backend tpu_dist), process groups: multi-process tests, 2 and 4 ranks on
+127.0.0.1. DTensor, compiled SPMD collectives and FSDP are in tests/test_distributed_spmd.py.
 
 Each test starts its ranks as torchrun would (tests/distributed_launch.py) and runs one scenario of
 tests/distributed_worker.py, where every rank checks its results against CPU arithmetic."""
@@ -22,12 +23,6 @@ def test_backend_registered_for_tpu():
         ("subgroups", 4),  # new_group, a 2x2 DeviceMesh, uneven all_to_all
         ("ddp", 2),  # DDP on 2 ranks == one process on the full batch
         ("backend_strings", 2),  # "cpu:gloo,tpu:tpu_dist" through a tcp:// store, no torchrun env
-        ("dtensor", 2),  # distribute_tensor, redistribute, Colwise/Rowwise
-        ("compiled_collectives", 2),  # funcol under torch.compile(fullgraph): one SPMD executable
-        ("compiled_dtensor", 2),  # DTensor Colwise/Rowwise compiled: forward and backward graphs
-        ("compiled_collectives_2d", 4),  # one graph over both axes of a 2x2 mesh; SequenceParallel block
-        ("fsdp", 2),  # fully_shard + MixedPrecisionPolicy parity, distributed checkpoint save/load
-        ("dtensor_2d", 4),  # dp x tp mesh: SequenceParallel + Colwise/Rowwise, outputs and grads
         ("reinit", 2),  # a second default group over the first one's store: no stale signatures
     ],
 )
@@ -52,11 +47,6 @@ def test_rank_that_never_joins_makes_others_raise():
     results = launch("straggler", 2, timeout=120)
     rc, out = results[0]
     assert rc == 0 and out.count("TIMEOUT-RAISED") == 2, out[-4000:]
-
-
-@pytest.mark.slow  # ~1-2.5 min on a loaded 2-core machine (Transformers' import and load on 2 ranks)
-def test_transformers_tp_plan_auto(tmp_path):
-    check(launch("hf_tp_plan", 2, timeout=300, env={"TORCHTPU_TEST_TMP": str(tmp_path)}), "hf_tp_plan")
 
 
 @pytest.mark.slow  # two torchrun agents and four ranks: ~1-2 min on a loaded 2-core machine

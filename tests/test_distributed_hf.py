@@ -1,5 +1,5 @@
 """Hugging Face libraries under torchrun on "tpu" (2 ranks, loopback, bounded): Transformers'
-tp_plan="auto" on Qwen3 and Qwen3-MoE, Diffusers' TensorParallelConfig on a Flux transformer, and
+tp_plan="auto" on Llama, Qwen3 and Qwen3-MoE, Diffusers' TensorParallelConfig on a Flux transformer, and
 Trainer's data parallelism through accelerate. Each rank checks against the unsharded model or a
 single-process run on the CPU (tests/distributed_hf_worker.py)."""
 
@@ -28,3 +28,8 @@ def test_trainer_data_parallel_matches_one_process(tmp_path):
 @pytest.mark.slow  # the dense model's path is the MoE test's attention and Llama's (slow) test
 def test_qwen3_tp_plan_auto(tmp_path):
     run("qwen3_tp_plan", tmp_path)
+
+
+@pytest.mark.slow  # ~1-2.5 min on a loaded 2-core machine (Transformers' import and load on 2 ranks)
+def test_llama_tp_plan_auto(tmp_path):
+    run("llama_tp_plan", tmp_path)

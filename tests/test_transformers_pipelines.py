@@ -1,7 +1,7 @@
 """Transformers pipelines on device "tpu" give the CPU's results (issue 48, item 4).
 
 Tiny models built from configs with tokenizers built in memory: no downloads. Text generation is
-in tests/test_transformers.py (test_text_generation_pipeline).
+in tests/test_transformers_generate.py (test_text_generation_pipeline).
 """
 
 import copy

@@ -259,7 +259,9 @@ def test_storages_made_by_pytorch_itself():
 _STORAGES_WITHOUT_THE_EXTENSION = """
 import torch, warnings
 from torchtpu.device import native
+from torchtpu.integrations import patches
 assert not native.loaded()
+assert getattr(torch.UntypedStorage.__new__, "_torchtpu", False), patches.applied()
 values = torch.randint(0, 256, (8,), dtype=torch.uint8)
 storage = torch.UntypedStorage(8, device="tpu")
 assert storage.device.type == "tpu" and storage.nbytes() == 8, storage

@@ -115,6 +115,45 @@ def _done_keys(state):
 
 
 # ------------------------------------------------------------------ driver
+def _forget_failures(state, ops):
+    """--rerun-failed: keep the passes (and the results of ops `ops` leaves out), forget the rest."""
+    pat = re.compile(ops) if ops else None
+    for path in glob.glob(os.path.join(state, "results-*.jsonl")):
+        keep = []
+        for line in open(path):
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a killed worker
+            if r["status"] == "pass" or (pat is not None and not pat.search(r["op"])):
+                keep.append(line if line.endswith("\n") else line + "\n")
+        open(path, "w").writelines(keep)
+
+
+def _worker_command(args, cid, idx, seed):
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        "--chunk",
+        str(cid),
+        "--indices",
+        ",".join(map(str, idx)),
+        "--state",
+        args.state,
+        "--dtypes",
+        args.dtypes,
+        "--kinds",
+        args.kinds,
+        "--max-samples",
+        str(args.max_samples),
+        "--timeout",
+        str(args.timeout),
+        "--seed",
+        str(seed),
+    ]
+
+
 def sweep(args):
     import opinfo_support as S
     import torch  # noqa: F401  (op_db needs torch; the driver itself runs nothing on tpu)
@@ -124,18 +163,8 @@ def sweep(args):
     if not args.resume and not args.rerun_failed:
         for path in glob.glob(os.path.join(args.state, "*")):
             os.remove(path)
-    if args.rerun_failed:  # keep the passes (and results of ops --ops leaves out), forget the rest
-        pat = re.compile(args.ops) if args.ops else None
-        for path in glob.glob(os.path.join(args.state, "results-*.jsonl")):
-            keep = []
-            for line in open(path):
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if r["status"] == "pass" or (pat is not None and not pat.search(r["op"])):
-                    keep.append(line if line.endswith("\n") else line + "\n")
-            open(path, "w").writelines(keep)
+    if args.rerun_failed:
+        _forget_failures(args.state, args.ops)
     meta_path = os.path.join(args.state, "meta.json")
     meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {"seconds": 0.0, "seed": args.seed}
     pattern = re.compile(args.ops) if args.ops else None
@@ -151,27 +180,7 @@ def sweep(args):
     log = open(os.path.join(args.state, "workers.log"), "a")
 
     def launch(cid, idx):
-        cmd = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--worker",
-            "--chunk",
-            str(cid),
-            "--indices",
-            ",".join(map(str, idx)),
-            "--state",
-            args.state,
-            "--dtypes",
-            args.dtypes,
-            "--kinds",
-            args.kinds,
-            "--max-samples",
-            str(args.max_samples),
-            "--timeout",
-            str(args.timeout),
-            "--seed",
-            str(meta["seed"] + cid),
-        ]
+        cmd = _worker_command(args, cid, idx, meta["seed"] + cid)
         running[cid] = [subprocess.Popen(cmd, stdout=log, stderr=log), idx, time.time(), None]
 
     finished = 0
@@ -228,42 +237,32 @@ def _record_abort(state, cid, current, reason):
 
 
 # ------------------------------------------------------------------ report
+_COUNTED = {"pass", "fail", "error", "not_lowered", "timeout"}
+
+
 def _pct(a, b):
     return f"{100.0 * a / b:.1f}% ({a}/{b})" if b else "n/a"
 
 
-def report(args, meta, command):
-    import jax
-    import opinfo_support as S
-    import torch
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    rows = _load(args.state)
-    pattern = re.compile(args.ops) if args.ops and not args.rerun_failed else None
-    ops = [op for op in op_db if pattern is None or pattern.search(S.op_id(op))]
-    scoped = [op for op in ops if not S.out_of_scope(S.op_id(op))]
-    oos = [(S.op_id(op), S.out_of_scope(S.op_id(op))) for op in ops if S.out_of_scope(S.op_id(op))]
-    counted = {"pass", "fail", "error", "not_lowered", "timeout"}
+def _counts_by_kind_dtype(rows):
     by_kind_dtype = collections.defaultdict(collections.Counter)
-    for (op, dtype, kind), r in rows.items():
-        if r["status"] in counted:
+    for (_op, dtype, kind), r in rows.items():
+        if r["status"] in _COUNTED:
             by_kind_dtype[(kind, dtype)]["total"] += 1
             by_kind_dtype[(kind, dtype)]["pass"] += r["status"] == "pass"
+    return by_kind_dtype
 
-    def total(kind):
-        t = sum(c["total"] for (k, _), c in by_kind_dtype.items() if k == kind)
-        p = sum(c["pass"] for (k, _), c in by_kind_dtype.items() if k == kind)
-        return p, t
 
-    fwd_p, fwd_t = total("forward")
-    grad_p, grad_t = total("grad")
-    ops_all_pass = collections.defaultdict(lambda: True)
-    for (op, dtype, kind), r in rows.items():
-        if kind == "forward" and r["status"] in counted:
-            ops_all_pass[op] &= r["status"] == "pass"
-    no_samples = sorted({(op, d, k) for (op, d, k), r in rows.items() if r["status"] == "no_samples"})
+def _total(by_kind_dtype, kind):
+    t = sum(c["total"] for (k, _), c in by_kind_dtype.items() if k == kind)
+    p = sum(c["pass"] for (k, _), c in by_kind_dtype.items() if k == kind)
+    return p, t
 
-    L = []
+
+def _header(L, args, meta, command):
+    import jax
+    import torch
+
     L.append("# ATen coverage of the tpu device, measured against PyTorch's OpInfo database\n")
     L.append(
         f"Generated by `{command}` on {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} "
@@ -284,13 +283,24 @@ def report(args, meta, command):
         "(op, dtype) pairs whose samples the CPU accepts. Test harness: `tests/opinfo_support.py`; "
         "the same checks run under `pytest -m slow tests/test_opinfo.py`.\n"
     )
+
+
+def _summary(L, rows, ops, scoped, oos, by_kind_dtype):
+    ops_all_pass = collections.defaultdict(lambda: True)
+    for (op, _dtype, kind), r in rows.items():
+        if kind == "forward" and r["status"] in _COUNTED:
+            ops_all_pass[op] &= r["status"] == "pass"
     L.append("## Summary\n")
     L.append(f"- OpInfos: {len(ops)}; in scope: {len(scoped)}; out of scope: {len(oos)} (listed below)")
-    L.append(f"- **Forward parity: {_pct(fwd_p, fwd_t)}** of (op, dtype) pairs")
-    L.append(f"- **Gradient parity (float32, complex64): {_pct(grad_p, grad_t)}** of (differentiable op, dtype) pairs")
-    ip, it = total("inplace")
-    op_, ot = total("out")
-    L.append(f"- In-place variants: {_pct(ip, it)}; out= variants: {_pct(op_, ot)}")
+    L.append(f"- **Forward parity: {_pct(*_total(by_kind_dtype, 'forward'))}** of (op, dtype) pairs")
+    L.append(
+        f"- **Gradient parity (float32, complex64): {_pct(*_total(by_kind_dtype, 'grad'))}** of (differentiable op, "
+        "dtype) pairs"
+    )
+    L.append(
+        f"- In-place variants: {_pct(*_total(by_kind_dtype, 'inplace'))}; out= variants: "
+        f"{_pct(*_total(by_kind_dtype, 'out'))}"
+    )
     L.append(f"- OpInfos passing forward at every dtype: {_pct(sum(ops_all_pass.values()), len(ops_all_pass))}")
     L.append("")
     L.append("| dtype | forward | in-place | out= | gradient |")
@@ -307,7 +317,8 @@ def report(args, meta, command):
         "Results by status (all checks): " + ", ".join(f"{k} {v}" for k, v in sorted(status_counts.items())) + "\n"
     )
 
-    # missing lowerings
+
+def _missing_lowerings(L, rows):
     missing = collections.defaultdict(set)
     for (op, dtype, kind), r in rows.items():
         if r["status"] == "not_lowered":
@@ -326,7 +337,8 @@ def report(args, meta, command):
         L.append(f"| `{name}` | {len(names)}: {shown} |")
     L.append("")
 
-    # failures
+
+def _failures(L, rows):
     L.append("## Failing checks\n")
     L.append(
         "Every failing (op, dtype, check) except missing lowerings (above), with the first line of "
@@ -345,6 +357,8 @@ def report(args, meta, command):
         L.append(f"| {op} | {kind} | {', '.join(dts)} | {status} | {reason} |")
     L.append("")
 
+
+def _out_of_scope(L, oos, S):
     L.append("## Out of scope\n")
     L.append("| OpInfo | reason |")
     L.append("|---|---|")
@@ -355,13 +369,33 @@ def report(args, meta, command):
         "Random ops (compared on shape and dtype only; their distributions are tested in "
         "`tests/test_random_ops.py`): " + ", ".join(sorted(S.RANDOM_OPS)) + ".\n"
     )
+
+
+def report(args, meta, command):
+    import opinfo_support as S
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    rows = _load(args.state)
+    pattern = re.compile(args.ops) if args.ops and not args.rerun_failed else None
+    ops = [op for op in op_db if pattern is None or pattern.search(S.op_id(op))]
+    scoped = [op for op in ops if not S.out_of_scope(S.op_id(op))]
+    oos = [(S.op_id(op), S.out_of_scope(S.op_id(op))) for op in ops if S.out_of_scope(S.op_id(op))]
+    by_kind_dtype = _counts_by_kind_dtype(rows)
+    L = []
+    _header(L, args, meta, command)
+    _summary(L, rows, ops, scoped, oos, by_kind_dtype)
+    _missing_lowerings(L, rows)
+    _failures(L, rows)
+    _out_of_scope(L, oos, S)
+    no_samples = sorted({(op, d, k) for (op, d, k), r in rows.items() if r["status"] == "no_samples"})
     if no_samples:
         L.append("## Not compared: the CPU accepted no sample\n")
         L.append(", ".join(f"{op}/{d}/{k}" for op, d, k in no_samples) + "\n")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("\n".join(L))
-    print(f"wrote {args.out}: forward {_pct(fwd_p, fwd_t)}, gradient {_pct(grad_p, grad_t)}")
+    fwd, grad = _total(by_kind_dtype, "forward"), _total(by_kind_dtype, "grad")
+    print(f"wrote {args.out}: forward {_pct(*fwd)}, gradient {_pct(*grad)}")
 
 
 def main():

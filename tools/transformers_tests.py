@@ -267,68 +267,64 @@ def _counts(records: dict[str, dict]) -> collections.Counter:
     return collections.Counter("failed" if r["outcome"] == "error" else r["outcome"] for r in records.values())
 
 
+_HEADER = (
+    "file",
+    "cpu run",
+    "cpu pass",
+    "cpu fail",
+    "cpu skip",
+    "tpu run",
+    "tpu pass",
+    "tpu fail",
+    "tpu skip",
+    "cpu-passing that pass on tpu",
+    "cpu s",
+    "tpu s",
+)
+
+
+def _compare(test_file, c, t, found):
+    """The file's row of the table; appends its tests to `found`'s lists (regressions, tpu_only_fail,
+    fixed, tpu_only, both)."""
+    cc, tc = _counts(c), _counts(t)
+    lost = [i for i, r in c.items() if r["outcome"] == "passed" and t.get(i, {}).get("outcome") != "passed"]
+    missing = {"outcome": "missing", "message": "not run on tpu (timeout or crash)"}
+    found["regressions"] += [(i, t.get(i, missing)) for i in lost]
+    cpu_skipped = lambda i: c.get(i, {}).get("outcome", "skipped") == "skipped"  # (or absent)
+    found["tpu_only_fail"] += [(i, r) for i, r in t.items() if r["outcome"] in ("failed", "error") and cpu_skipped(i)]
+    found["tpu_only"] += [r["outcome"] for i, r in t.items() if r["outcome"] != "skipped" and cpu_skipped(i)]
+    found["fixed"] += [i for i, r in t.items() if r["outcome"] == "passed" and c.get(i, {}).get("outcome") == "failed"]
+    found["both"] += [
+        (i, r)
+        for i, r in c.items()
+        if r["outcome"] in ("failed", "error") and t.get(i, {}).get("outcome") in ("failed", "error")
+    ]
+    passing = sum(r["outcome"] == "passed" for r in c.values())
+    return (
+        test_file,
+        len(c),
+        cc["passed"],
+        cc["failed"],
+        cc["skipped"],
+        len(t),
+        tc["passed"],
+        tc["failed"],
+        tc["skipped"],
+        f"{passing - len(lost)}/{passing}",
+        _test_seconds(c),
+        _test_seconds(t),
+    )
+
+
 def report(args) -> int:
     out = pathlib.Path(args.out)
     by_class = getattr(args, "by_class", False)
     cpu, tpu = _load(out, "cpu", by_class), _load(out, "tpu", by_class)
-    rows, regressions, tpu_only_fail, fixed, tpu_only, both = [], [], [], [], [], []
-    for test_file in sorted(set(cpu) | set(tpu)):
-        c, t = cpu.get(test_file, {}), tpu.get(test_file, {})
-        cc, tc = _counts(c), _counts(t)
-        lost = [i for i, r in c.items() if r["outcome"] == "passed" and t.get(i, {}).get("outcome") != "passed"]
-        regressions += [
-            (i, t.get(i, {"outcome": "missing", "message": "not run on tpu (timeout or crash)"})) for i in lost
-        ]
-        tpu_only_fail += [
-            (i, r)
-            for i, r in t.items()
-            if r["outcome"] in ("failed", "error") and c.get(i, {}).get("outcome", "skipped") == "skipped"
-        ]
-        tpu_only += [
-            r["outcome"]
-            for i, r in t.items()
-            if r["outcome"] != "skipped" and c.get(i, {}).get("outcome", "skipped") == "skipped"
-        ]
-        fixed += [i for i, r in t.items() if r["outcome"] == "passed" and c.get(i, {}).get("outcome") == "failed"]
-        both += [
-            (i, r)
-            for i, r in c.items()
-            if r["outcome"] in ("failed", "error") and t.get(i, {}).get("outcome") in ("failed", "error")
-        ]
-        passing = sum(r["outcome"] == "passed" for r in c.values())
-        rows.append(
-            (
-                test_file,
-                len(c),
-                cc["passed"],
-                cc["failed"],
-                cc["skipped"],
-                len(t),
-                tc["passed"],
-                tc["failed"],
-                tc["skipped"],
-                f"{passing - len(lost)}/{passing}",
-                _test_seconds(c),
-                _test_seconds(t),
-            )
-        )
-    header = (
-        "file",
-        "cpu run",
-        "cpu pass",
-        "cpu fail",
-        "cpu skip",
-        "tpu run",
-        "tpu pass",
-        "tpu fail",
-        "tpu skip",
-        "cpu-passing that pass on tpu",
-        "cpu s",
-        "tpu s",
-    )
+    found = {name: [] for name in ("regressions", "tpu_only_fail", "fixed", "tpu_only", "both")}
+    rows = [_compare(f, cpu.get(f, {}), tpu.get(f, {}), found) for f in sorted(set(cpu) | set(tpu))]
     if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
+        print("| " + " | ".join(_HEADER) + " |")
+        print("|" + "---|" * len(_HEADER))
         for row in rows:
             print("| " + " | ".join(str(x) for x in row) + " |")
     else:
@@ -338,16 +334,17 @@ def report(args) -> int:
                 f"{row[8]} skip; cpu-passing tests passing on tpu {row[9]}; test time cpu {row[10]} s, tpu {row[11]} s"
             )
     totals = [sum(r[i] for r in rows) for i in range(1, 9)]
+    tpu_only = found["tpu_only"]
     print(
         f"\ntotal: cpu {totals[1]} pass / {totals[2]} fail / {totals[3]} skip; tpu {totals[5]} pass / "
-        f"{totals[6]} fail / {totals[7]} skip; {totals[1] - len(regressions)} of {totals[1]} cpu-passing tests "
-        f"pass on tpu; {len(fixed)} fail on cpu and pass on tpu; {len(tpu_only)} run on tpu only (skipped or "
-        f"absent on cpu: accelerator-only tests), {tpu_only.count('passed')} of them pass"
+        f"{totals[6]} fail / {totals[7]} skip; {totals[1] - len(found['regressions'])} of {totals[1]} cpu-passing "
+        f"tests pass on tpu; {len(found['fixed'])} fail on cpu and pass on tpu; {len(tpu_only)} run on tpu only "
+        f"(skipped or absent on cpu: accelerator-only tests), {tpu_only.count('passed')} of them pass"
     )
     for title, failures in (
-        ("cpu-passing tests that fail on tpu, by cause", regressions),
-        ("tests run on tpu only (skipped on cpu) that fail, by cause", tpu_only_fail),
-        ("tests that fail on both devices (cpu's cause), by cause", both),
+        ("cpu-passing tests that fail on tpu, by cause", found["regressions"]),
+        ("tests run on tpu only (skipped on cpu) that fail, by cause", found["tpu_only_fail"]),
+        ("tests that fail on both devices (cpu's cause), by cause", found["both"]),
     ):
         if not failures:
             continue

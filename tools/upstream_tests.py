@@ -166,6 +166,66 @@ def _load(out: pathlib.Path, device: str) -> dict[str, dict[str, dict]]:
     return files
 
 
+_MISSING = {"outcome": "missing", "message": "not run on tpu (the process crashed or ran out of time before it)"}
+_HEADER = (
+    "file",
+    "cpu pass",
+    "of those, tpu pass",
+    "rate",
+    "tpu fail",
+    "tpu skip",
+    "cpu-passing, not for tpu",
+    "time tpu / cpu",
+    "tpu process",
+)
+
+
+def _file_row(test_file, c, t, endings, seconds):
+    """(the file's row of the table, its cpu-passing tests that do not pass on tpu with their tpu records)."""
+    # A tpu process that ended normally ran every test the file makes for tpu: a cpu test it lacks
+    # was not made for tpu (per-device dtype lists: @dtypesIfCPU), not lost to a crash or a timeout.
+    finished = endings.get(f"tpu {test_file}", "").startswith(("rc=0", "rc=1", "rc=5"))
+
+    def other_devices_only(name, record):
+        return _device_only_skip(t.get(name, record)) or (finished and name not in t)
+
+    # tests the CPU passes, less those the file itself runs on other devices only
+    passing = [name for name, r in c.items() if r["outcome"] == "passed" and not other_devices_only(name, r)]
+    device_only = sum(1 for name, r in c.items() if r["outcome"] == "passed" and other_devices_only(name, r))
+    lost = [(name, t.get(name, _MISSING)) for name in passing if t.get(name, {}).get("outcome") != "passed"]
+    counts = collections.Counter(r["outcome"] for r in t.values())
+    rate = f"{(len(passing) - len(lost)) / len(passing):.1%}" if passing else "-"
+    cpu_s, tpu_s = seconds.get(f"cpu {test_file}"), seconds.get(f"tpu {test_file}")
+    times = f"{tpu_s:.0f} s / {cpu_s:.0f} s ({tpu_s / cpu_s:.1f}x)" if cpu_s and tpu_s else "-"
+    row = (
+        test_file,
+        len(passing),
+        len(passing) - len(lost),
+        rate,
+        counts["failed"] + counts["error"],
+        counts["skipped"],
+        device_only,
+        times,
+        endings.get(f"tpu {test_file}", ""),
+    )
+    return row, lost
+
+
+def _print_causes(lost_all):
+    groups = collections.defaultdict(list)
+    for name, record in lost_all:
+        missing = record["outcome"] == "missing"
+        groups["missing: " + record["message"] if missing else cause_of(record.get("message", ""))].append(name)
+    if groups:
+        print("\ncpu-passing tests that do not pass on tpu, by cause:")
+        for cause, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            print(f"  [{len(names)}] {cause}")
+            for name in names[:5]:
+                print(f"      {name}")
+            if len(names) > 5:
+                print(f"      ... {len(names) - 5} more")
+
+
 def report(args) -> int:
     out = pathlib.Path(args.out)
     run_info = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
@@ -173,63 +233,12 @@ def report(args) -> int:
     cpu, tpu = _load(out, "cpu"), _load(out, "tpu")
     rows, lost_all = [], []
     for test_file in sorted(set(cpu) | set(tpu)):
-        c, t = cpu.get(test_file, {}), tpu.get(test_file, {})
-        # A tpu process that ended normally ran every test the file makes for tpu: a cpu test it lacks
-        # was not made for tpu (per-device dtype lists: @dtypesIfCPU), not lost to a crash or a timeout.
-        finished = endings.get(f"tpu {test_file}", "").startswith(("rc=0", "rc=1", "rc=5"))
-
-        def other_devices_only(name, record):
-            return _device_only_skip(t.get(name, record)) or (finished and name not in t)
-
-        # tests the CPU passes, less those the file itself runs on other devices only
-        passing = [name for name, r in c.items() if r["outcome"] == "passed" and not other_devices_only(name, r)]
-        device_only = sum(1 for name, r in c.items() if r["outcome"] == "passed" and other_devices_only(name, r))
-        lost = [
-            (
-                name,
-                t.get(
-                    name,
-                    {
-                        "outcome": "missing",
-                        "message": "not run on tpu (the process crashed or ran out of time before it)",
-                    },
-                ),
-            )
-            for name in passing
-            if t.get(name, {}).get("outcome") != "passed"
-        ]
-        lost_all += [(name, record) for name, record in lost]
-        counts = collections.Counter(r["outcome"] for r in t.values())
-        rate = f"{(len(passing) - len(lost)) / len(passing):.1%}" if passing else "-"
-        cpu_s, tpu_s = seconds.get(f"cpu {test_file}"), seconds.get(f"tpu {test_file}")
-        times = f"{tpu_s:.0f} s / {cpu_s:.0f} s ({tpu_s / cpu_s:.1f}x)" if cpu_s and tpu_s else "-"
-        rows.append(
-            (
-                test_file,
-                len(passing),
-                len(passing) - len(lost),
-                rate,
-                counts["failed"] + counts["error"],
-                counts["skipped"],
-                device_only,
-                times,
-                endings.get(f"tpu {test_file}", ""),
-            )
-        )
-    header = (
-        "file",
-        "cpu pass",
-        "of those, tpu pass",
-        "rate",
-        "tpu fail",
-        "tpu skip",
-        "cpu-passing, not for tpu",
-        "time tpu / cpu",
-        "tpu process",
-    )
+        row, lost = _file_row(test_file, cpu.get(test_file, {}), tpu.get(test_file, {}), endings, seconds)
+        rows.append(row)
+        lost_all += lost
     if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
+        print("| " + " | ".join(_HEADER) + " |")
+        print("|" + "---|" * len(_HEADER))
         for row in rows:
             print("| " + " | ".join(str(x) for x in row) + " |")
     else:
@@ -240,19 +249,7 @@ def report(args) -> int:
             )
     total = sum(r[1] for r in rows)
     print(f"\ntotal: {total - len(lost_all)} of {total} cpu-passing tests pass on tpu")
-    groups = collections.defaultdict(list)
-    for name, record in lost_all:
-        groups[
-            cause_of(record.get("message", "")) if record["outcome"] != "missing" else "missing: " + record["message"]
-        ].append(name)
-    if groups:
-        print("\ncpu-passing tests that do not pass on tpu, by cause:")
-        for cause, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-            print(f"  [{len(names)}] {cause}")
-            for name in names[:5]:
-                print(f"      {name}")
-            if len(names) > 5:
-                print(f"      ... {len(names) - 5} more")
+    _print_causes(lost_all)
     return 0
 
 

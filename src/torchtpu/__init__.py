@@ -20,9 +20,6 @@ def _load():
     from .eager import kernels
 
     registration.install()
-    from .storage import legacy
-
-    legacy.install_storage_constructor()  # without the C++ extension: no allocator for "tpu"
     from . import api
 
     api.install()  # torch.tpu, before anything asks PyTorch for the device module
@@ -32,7 +29,7 @@ def _load():
     install_hooks()  # registers backend="tpu" with Dynamo when Dynamo is first imported
     from . import integrations
 
-    integrations.install()  # patches (integrations/patches.py): storage moves, DataLoader pinning, accelerate
+    integrations.install()  # patches (integrations/patches.py): storages, DataLoader pinning, accelerate
     from .distributed import register as register_distributed
 
     register_distributed()  # process-group backends "tpu_dist" and "tpu" for torch.distributed

@@ -95,9 +95,8 @@ def info() -> int:
         print(f"platform: unavailable: {e}")
         return 1
     print(f"eager mode: {torch.tpu.get_eager_mode()}")
-    print(
-        f"compile cache: {options.cache_dir() or ('off' if not config.get('TORCHTPU_COMPILE_CACHE') else 'on first compile')}"  # noqa: E501
-    )
+    cache = options.cache_dir() or ("on first compile" if config.get("TORCHTPU_COMPILE_CACHE") else "off")
+    print(f"compile cache: {cache}")
     print(
         f"C++ device guard: {'loaded' if native.loaded() else (native.problem() or 'TORCHTPU_NATIVE=off')}; "
         f"torch.Generator('tpu'): {'yes' if native.generators_available() else 'no'}"
@@ -129,7 +128,7 @@ def info() -> int:
         checks.append("torch.compile")
         torch.accelerator.synchronize()
         checks.append("synchronize")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - any failure is the self-check's finding, printed
         print(f"self-check FAILED after {checks}: {type(e).__name__}: {e}")
         return 1
     print(f"self-check: ok ({', '.join(checks)}) in {time.perf_counter() - start:.1f}s")

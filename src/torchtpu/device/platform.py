@@ -160,7 +160,7 @@ def tpu_chip_visible() -> bool:
             with open(vendor) as f:
                 if f.read().strip() == "0x1ae0":
                     return True
-        except OSError:
+        except OSError:  # an unreadable PCI entry is not a TPU we could use
             continue
     return False
 
@@ -176,7 +176,7 @@ def _host_only(jax):
 
         if xla_bridge.backends_are_initialized():
             return
-    except (ImportError, AttributeError):
+    except (ImportError, AttributeError):  # a JAX without that query: leave its platform choice alone
         return
     jax.config.update("jax_platforms", "cpu")
 

@@ -375,7 +375,7 @@ def _all_overloads():
             continue
         try:
             yield getattr(packet, overload or "default")
-        except AttributeError:
+        except AttributeError:  # an overload this torch does not have
             continue
 
 

@@ -96,7 +96,7 @@ def _die_with_parent():
         import signal
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    except (OSError, AttributeError):  # not Linux: the closed pipe still ends the child, later
         pass
 
 

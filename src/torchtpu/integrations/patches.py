@@ -1,7 +1,7 @@
-"""Every change torchtpu makes to another library's code (torch, accelerate, transformers), in one place.
+"""Every change torchtpu makes to another library's code (torch, jax, accelerate, transformers), in one place.
 
 `PATCHES` (at the end) is the table: for each patch, what it changes, the library and the releases it
-was checked against (TORCH_CHECKED, ACCELERATE_CHECKED, TRANSFORMERS_CHECKED: the oldest is
+was checked against (TORCH_CHECKED, JAX_CHECKED, ACCELERATE_CHECKED, TRANSFORMERS_CHECKED: the oldest is
 pyproject.toml's lower bound), and the module whose import applies it. With an installed release
 outside that range, `warnings.warn` says so once per library and the patch still applies where its
 target exists. A patch whose target has gone missing or changed shape is not applied: it is listed in
@@ -9,16 +9,12 @@ target exists. A patch whose target has gone missing or changed shape is not app
 tests/test_patches.py imports accelerate and transformers and checks that every patch is installed,
 so a new release that moves a target is caught in CI instead of silently changing behaviour.
 
-torch.accelerator (torch 2.13). `torch.accelerator`'s functions are thin Python wrappers
-over `torch._C._accelerator_*` builtins, which for a PrivateUse1 backend reach C++ interfaces that
-a backend written in Python cannot provide (a `c10::DeviceAllocator`, a stream-aware
-`DeviceGuardImpl`): `empty_cache()` and `memory_stats()` hit "Allocator for tpu is not a
-DeviceAllocator", `synchronize()` "Backend doesn't support synchronizing all streams",
-`set_device_index()` is ignored. We wrap those builtins: when the current accelerator is "tpu" the
-wrapper answers from `torch.tpu`, otherwise it calls the original. Wrapping the builtins (not the
-`torch.accelerator` functions) keeps PyTorch's own argument handling and covers every caller,
-including `from torch.accelerator import empty_cache`. docs/design.md ("torch.accelerator")
-weighs this against a C++ extension.
+torch.accelerator (torch 2.13): its functions wrap `torch._C._accelerator_*` builtins, which for a
+PrivateUse1 backend reach C++ interfaces a Python backend cannot provide (a `c10::DeviceAllocator`, a
+stream-aware `DeviceGuardImpl`): `empty_cache()` and `memory_stats()` raise, `synchronize()` too,
+`set_device_index()` is ignored. The builtins are wrapped (answered from `torch.tpu` when the current
+accelerator is "tpu"): PyTorch's argument handling stays, and every caller is covered, including
+`from torch.accelerator import empty_cache`. docs/design.md ("torch.accelerator") weighs this against C++.
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ from .._import_hooks import run_finished, when_imported
 # The releases the patches were checked against (major.minor, both included); the oldest is
 # pyproject.toml's lower bound (tests/test_patches.py checks that they agree, and docs/transformers.md).
 TORCH_CHECKED = ("2.13", "2.13")
+JAX_CHECKED = ("0.10", "0.10")
 ACCELERATE_CHECKED = ("1.16", "1.16")
 TRANSFORMERS_CHECKED = ("5.24", "5.25")
 
@@ -629,72 +626,98 @@ def _host_storage_moves() -> None:
     _applied.append("torch.storage._to, torch.UntypedStorage.clone/.tpu, torch.serialization location 'tpu'")
 
 
+# ------------------------------------------------------------------ storage constructor (torch 2.13)
+def _without_native() -> bool:
+    from ..device import native
+
+    return not native.loaded()
+
+
+def _storage_constructor() -> None:
+    """Without the C++ extension PyTorch has no allocator for "tpu": `torch.UntypedStorage(8, device="tpu")`
+    (and `torch.tpu.FloatStorage(n)`, `TypedStorage(..., device="tpu")`) would segfault. Such storages are
+    allocated through the empty kernel (storage/legacy.py); everything else goes to PyTorch's."""
+    from ..storage import legacy
+
+    base_new = getattr(getattr(torch._C, "StorageBase", None), "__new__", None)
+    if base_new is None:
+        _problems.append("torch._C.StorageBase.__new__ is missing (checked against torch 2.13)")
+        return
+    if getattr(torch.UntypedStorage.__new__, "_torchtpu", False):
+        return
+
+    def __new__(cls, *args, **kwargs):
+        device = kwargs.get("device")
+        if legacy.is_tpu_device(device) and _without_native() and cls is torch.UntypedStorage:
+            if kwargs.get("allocator") is not None:
+                raise RuntimeError("UntypedStorage(): a custom allocator is not supported for tpu storages")
+            return legacy.untyped_storage_on_tpu(base_new, args, device)
+        return base_new(cls, *args, **kwargs)
+
+    torch.UntypedStorage.__new__ = _mark(__new__, base_new)
+    _applied.append("torch.UntypedStorage.__new__ (without the C++ extension)")
+
+
+# ------------------------------------------------------------------ Pallas (jax 0.10)
+def _pallas_calls_in_32_bits(module) -> None:
+    """`pl.pallas_call(...)` builds its callable with the private `_pallas_call` (checked against jax 0.10);
+    it is wrapped so that ops/pallas_support.py's `pallas_calls_in_32_bits()` block traces the kernels
+    built inside it with x64 off (Mosaic has no 64-bit integers). Outside that block it is the original."""
+    from ..ops import pallas_support
+
+    build = getattr(module, "_pallas_call", None)
+    if not callable(build):
+        _problems.append("jax._src.pallas.pallas_call._pallas_call is missing (checked against jax 0.10)")
+        return
+    if getattr(build, "_torchtpu", False):
+        return
+    module._pallas_call = _mark(pallas_support.in_32_bits_when_asked(build), build)
+    _applied.append("jax._src.pallas.pallas_call._pallas_call")
+
+
 # ------------------------------------------------------------------ the table
-
-
 @dataclass(frozen=True)
 class Patch:
     """One row of PATCHES: `apply` changes `marker` (a dotted name whose object then carries `_torchtpu`),
     checked against releases `checked[0]` .. `checked[1]` (major.minor, both included) of `library`;
-    `module` names the module whose import applies it (None: applied by `install()`)."""
+    `module` names the module whose import applies it (None: applied by `install()`); `needed`, when
+    given, says whether this process needs it at all (checked when it would be applied)."""
 
     apply: Callable
     library: str
     checked: tuple[str, str]
     marker: str
     module: str | None = None
+    needed: Callable[[], bool] | None = None
 
 
+# one patch per row or two, so the table reads as a table
+# fmt: off
 PATCHES: tuple[Patch, ...] = (
     Patch(_patch_accelerator, "torch", TORCH_CHECKED, "torch._C._accelerator_emptyCache"),
     Patch(_dataloader_pinning, "torch", TORCH_CHECKED, "torch.utils.data.dataloader._BaseDataLoaderIter.__init__"),
     Patch(_default_backend_for_tpu, "torch", TORCH_CHECKED, "torch._TorchCompileInductorWrapper.__call__"),
     Patch(_profiler_trace_window, "torch", TORCH_CHECKED, "torch.profiler.profiler._KinetoProfile.start_trace"),
     Patch(_host_storage_moves, "torch", TORCH_CHECKED, "torch.UntypedStorage.clone"),
-    Patch(
-        _accelerate_default_device,
-        "accelerate",
-        ACCELERATE_CHECKED,
-        "accelerate.state.PartialState.default_device",
-        "accelerate.state",
-    ),
-    Patch(
-        _accelerate_data_parallel,
-        "accelerate",
-        ACCELERATE_CHECKED,
-        "accelerate.state.PartialState.set_device",
-        "accelerate.state",
-    ),
-    Patch(
-        _accelerate_ddp,
-        "accelerate",
-        ACCELERATE_CHECKED,
-        "accelerate.accelerator.Accelerator.prepare_model",
-        "accelerate.accelerator",
-    ),
-    Patch(
-        _sliding_window_decode,
-        "transformers",
-        TRANSFORMERS_CHECKED,
-        "transformers.modeling_utils.PreTrainedModel.get_compiled_call",
-        "transformers.modeling_utils",
-    ),
-    Patch(
-        _sliding_window_layer,
-        "transformers",
-        TRANSFORMERS_CHECKED,
-        "transformers.cache_utils.StaticSlidingWindowLayer.update",
-        "transformers.cache_utils",
-    ),
+    Patch(_storage_constructor, "torch", TORCH_CHECKED, "torch.UntypedStorage.__new__", needed=_without_native),
+    Patch(_pallas_calls_in_32_bits, "jax", JAX_CHECKED,
+          "jax._src.pallas.pallas_call._pallas_call", "jax._src.pallas.pallas_call"),
+    Patch(_accelerate_default_device, "accelerate", ACCELERATE_CHECKED,
+          "accelerate.state.PartialState.default_device", "accelerate.state"),
+    Patch(_accelerate_data_parallel, "accelerate", ACCELERATE_CHECKED,
+          "accelerate.state.PartialState.set_device", "accelerate.state"),
+    Patch(_accelerate_ddp, "accelerate", ACCELERATE_CHECKED,
+          "accelerate.accelerator.Accelerator.prepare_model", "accelerate.accelerator"),
+    Patch(_sliding_window_decode, "transformers", TRANSFORMERS_CHECKED,
+          "transformers.modeling_utils.PreTrainedModel.get_compiled_call", "transformers.modeling_utils"),
+    Patch(_sliding_window_layer, "transformers", TRANSFORMERS_CHECKED,
+          "transformers.cache_utils.StaticSlidingWindowLayer.update", "transformers.cache_utils"),
     # DeferredStopCheck is new in 5.25: on 5.24 there is nothing to patch (and nothing is reported)
-    Patch(
-        _deferred_stop_check,
-        "transformers",
-        ("5.25", "5.25"),
-        "transformers.generation.utils.DeferredStopCheck.is_supported",
-        "transformers.generation.utils",
-    ),
+    Patch(_deferred_stop_check, "transformers", ("5.25", "5.25"),
+          "transformers.generation.utils.DeferredStopCheck.is_supported", "transformers.generation.utils"),
 )
+# fmt: on
+# fmt: on
 
 _warned_libraries: set[str] = set()
 
@@ -733,6 +756,8 @@ def _warn_outside_range(patch: Patch) -> None:
 def _run(patch: Patch, *module) -> None:
     """Apply one patch: warn (once per library) outside its checked releases, and turn a target that is
     gone or an exception into a problem and a warning, never an error while a library imports."""
+    if patch.needed is not None and not patch.needed():
+        return
     _warn_outside_range(patch)
     known = len(_problems)
     try:

@@ -545,7 +545,8 @@ def _lstsq_meta(a, b, rcond=None, *, driver=None):
     torch._check(
         a.dim() >= b.dim() and a.dim() - b.dim() <= 1,
         lambda: (
-            "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1"  # noqa: E501
+            "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() "
+            "and (input.dim() - other.dim()) <= 1"
         ),
     )
     torch._check(

@@ -22,7 +22,6 @@ import jax
 
 _state = threading.local()
 _interpret_ready = [False]
-_patched = [False]
 
 
 def kernel_tracing():
@@ -52,9 +51,9 @@ def enable_interpret_on_cpu():
 @contextlib.contextmanager
 def pallas_calls_in_32_bits():
     """While active (in this thread), a `pl.pallas_call(...)(*args)` whose operands and outputs are all 32-bit
-    or narrower traces its kernel and index maps with x64 off. Installed by wrapping the callable
-    `pallas_call` builds (JAX 0.10's `_pallas_call`); on a JAX without that function nothing changes."""
-    _install()
+    or narrower traces its kernel and index maps with x64 off, through the patch of JAX 0.10's `_pallas_call`
+    (`in_32_bits_when_asked`, applied when Pallas is imported); where that patch could not be applied
+    (integrations.patches.problems() says so) nothing changes."""
     depth = getattr(_state, "depth", 0)
     _state.depth = depth + 1
     try:
@@ -72,17 +71,9 @@ def _has_64_bit_values(tree):
     return any(getattr(x, "dtype", None) in _WIDE for x in jax.tree_util.tree_leaves(tree))
 
 
-def _install():
-    if _patched[0]:
-        return
-    _patched[0] = True
-    try:
-        from jax._src.pallas import pallas_call as module
-    except ImportError:
-        return
-    build = getattr(module, "_pallas_call", None)
-    if build is None or getattr(build, "_torchtpu_32_bit", False):
-        return
+def in_32_bits_when_asked(build):
+    """`build` (JAX 0.10's `_pallas_call`, which `pl.pallas_call` makes its callable with), wrapped so that
+    the callable traces with x64 off inside `pallas_calls_in_32_bits()`; integrations/patches.py installs it."""
 
     @functools.wraps(build)
     def build_32_bit(kernel, out_shape, *args, **kwargs):
@@ -97,5 +88,4 @@ def _install():
 
         return run
 
-    build_32_bit._torchtpu_32_bit = True
-    module._pallas_call = build_32_bit
+    return build_32_bit

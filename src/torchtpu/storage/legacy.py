@@ -51,40 +51,19 @@ __all__ = list(_DTYPES)  # (the classes made above)
 
 
 # ------------------------------------------------------------------ torch.UntypedStorage(n, device="tpu")
-def _is_tpu(device) -> bool:
+def is_tpu_device(device) -> bool:
     if device is None:
         return False
     return (device if isinstance(device, torch.device) else torch.device(device)).type == "tpu"
 
 
-def _untyped_storage_on_tpu(base_new, args, device):
+def untyped_storage_on_tpu(base_new, args, device):
     """What the C++ allocator would make: a storage of n bytes (or of the given bytes) on `device`,
-    allocated through the "tpu" empty kernel instead."""
+    allocated through the "tpu" empty kernel instead (for integrations/patches.py's wrapper of
+    `torch.UntypedStorage.__new__`, used without the C++ extension)."""
     device = device if isinstance(device, torch.device) else torch.device(device)
     if len(args) == 1 and isinstance(args[0], int) and args[0] >= 0:
         return torch.empty(args[0], dtype=torch.uint8, device=device).untyped_storage()
     # anything else is built on the host first: PyTorch's own argument checks, errors and byte values
     host = base_new(torch.UntypedStorage, *args)
     return torch.empty(0, dtype=torch.uint8).set_(host).to(device).untyped_storage()
-
-
-def install_storage_constructor() -> None:
-    """Without the C++ extension PyTorch has no allocator for "tpu", and `torch.UntypedStorage(8,
-    device="tpu")` (also reached by `torch.tpu.FloatStorage(n)` and TypedStorage(..., device="tpu"))
-    dereferences the missing one: a segfault. The constructor is wrapped to allocate tpu storages
-    through the empty kernel while the extension is not loaded; everything else goes to PyTorch's."""
-    from ..device import native
-
-    if native.loaded():
-        return
-    base_new = torch._C.StorageBase.__new__
-
-    def __new__(cls, *args, **kwargs):
-        device = kwargs.get("device")
-        if _is_tpu(device) and not native.loaded() and cls is torch.UntypedStorage:
-            if kwargs.get("allocator") is not None:
-                raise RuntimeError("UntypedStorage(): a custom allocator is not supported for tpu storages")
-            return _untyped_storage_on_tpu(base_new, args, device)
-        return base_new(cls, *args, **kwargs)
-
-    torch.UntypedStorage.__new__ = __new__
