@@ -66,7 +66,7 @@ def flat_value(t: torch.Tensor):
         import jax
         import jax.numpy as jnp
 
-        buf = jax.device_put(jnp.zeros((t.numel(),), dtypes.to_jax(t.dtype)), platform.jax_device(r.device_index))
+        buf = jax.device_put(jnp.zeros((t.numel(),), dtypes.storage_jax(t.dtype)), platform.jax_device(r.device_index))
     return buf.reshape(-1) if buf.ndim != 1 else buf  # (a storage's array has its tensor's shape)
 
 
@@ -494,7 +494,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         import numpy as np
 
         G = self.size()
-        jd = dtypes.to_jax(dtype)
+        jd = dtypes.storage_jax(dtype)
         local = self.mesh().local_device
         biggest = jax.device_put(np.array([max(max(in_counts), max(out_counts), 1)], np.int64), local)
         m = int(np.asarray(self._run("all_reduce", ("MAX",), biggest, torch.int64))[0])
@@ -546,7 +546,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             import jax.numpy as jnp
 
             flat = jax.device_put(
-                jnp.zeros((o.numel() * self.size(),), dtypes.to_jax(o.dtype)), self.mesh().local_device
+                jnp.zeros((o.numel() * self.size(),), dtypes.storage_jax(o.dtype)), self.mesh().local_device
             )
         out = self._run("scatter", (int(opts.rootRank),), flat, o.dtype)
         assign(o, out)

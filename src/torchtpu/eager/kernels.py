@@ -91,7 +91,7 @@ def _check_sizes(size):
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_sizes(size)
     index = _device_index(device)
-    dt.to_jax(dtype or torch.get_default_dtype())  # complex32: our TypeError now, not a confusing one later
+    dt.to_jax(dtype or torch.get_default_dtype())  # a dtype tpu lacks: our TypeError now, not a confusing one later
     t = new_tensor(tuple(size), dtype or torch.get_default_dtype(), index)
     if memory_format is not None and memory_format not in (torch.contiguous_format, torch.preserve_format):
         t = _restride(t, memory_format)
@@ -220,7 +220,7 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     if type(r._buffer) is not Pending:  # (reading a queued value counts itself, when it runs the queue)
         fusion.count_sync()
     if r.buffer is None:
-        out = np.zeros(tuple(t.shape), dt.to_jax(t.dtype))
+        out = np.zeros(tuple(t.shape), dt.storage_jax(t.dtype))
     else:
         try:
             out = np.asarray(r.buffer).reshape(tuple(t.shape))  # (t covers its storage: _whole)
@@ -300,7 +300,7 @@ def _copy_(self, src, non_blocking=False):
                 set_buffer(rd, rs._buffer if rs.shape == rd.shape else rs.buffer)
                 return self
             return KERNELS[aten.copy_.default](self, src)
-        value = to_host(src) if src.numel() else np.zeros(tuple(src.shape), dt.to_jax(src.dtype))
+        value = to_host(src) if src.numel() else np.zeros(tuple(src.shape), dt.storage_jax(src.dtype))
         moved = platform.put(np.ascontiguousarray(value), self.device.index)
         return (
             _write_whole_or_copy(self, moved, src.dtype)
@@ -312,7 +312,7 @@ def _copy_(self, src, non_blocking=False):
             src = src.cpu()
         if src.is_conj() or src.is_neg():
             src = src.resolve_conj().resolve_neg()
-        dt.to_jax(src.dtype)  # a dtype tpu has no arrays for (complex32) raises our TypeError, not numpy's
+        dt.to_jax(src.dtype)  # a dtype tpu has no arrays for raises our TypeError, not numpy's
         host = dt.numpy_from_cpu(src.contiguous())
         index = self.device.index
         if tuple(src.shape) == tuple(self.shape):
@@ -345,7 +345,7 @@ def _copy_to_host_async(dst, src):
     src, r = _whole(src, record_of(src))
     buffer = r.buffer
     if buffer is None:  # never written: nothing on the device to wait for
-        return dst.copy_(dt.cpu_from_numpy(np.zeros(tuple(src.shape), dt.to_jax(src.dtype)), src.dtype))
+        return dst.copy_(dt.cpu_from_numpy(np.zeros(tuple(src.shape), dt.storage_jax(src.dtype)), src.dtype))
     host_copies.start(dst, buffer, tuple(src.shape), src.dtype, r.device_index)
     return dst
 
