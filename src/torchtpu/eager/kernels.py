@@ -88,10 +88,23 @@ def _check_sizes(size):
             raise RuntimeError(f"Trying to create tensor with negative dimension {n}: {list(size)}")
 
 
+def _warn_if_complex_half(dtype):
+    """PyTorch's warning at each new complex32 tensor (once per process unless warn_always)."""
+    if dtype == torch.complex32 and (not _complex_half_warned[0] or torch.is_warn_always_enabled()):
+        _complex_half_warned[0] = True
+        warnings.warn(
+            "ComplexHalf support is experimental and many operators don't support it yet.", UserWarning, stacklevel=3
+        )
+
+
+_complex_half_warned = [False]
+
+
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_sizes(size)
     index = _device_index(device)
     dt.to_jax(dtype or torch.get_default_dtype())  # a dtype tpu lacks: our TypeError now, not a confusing one later
+    _warn_if_complex_half(dtype)
     t = new_tensor(tuple(size), dtype or torch.get_default_dtype(), index)
     if memory_format is not None and memory_format not in (torch.contiguous_format, torch.preserve_format):
         t = _restride(t, memory_format)
@@ -112,6 +125,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     index = _device_index(device)
     dtype = dtype or torch.get_default_dtype()
     dt.to_jax(dtype)
+    _warn_if_complex_half(dtype)
     size, stride = tuple(size), tuple(stride)
     extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
     if extent == math.prod(size):
@@ -355,6 +369,8 @@ def _copy_from(self, dst, non_blocking=False):
 
 
 def _local_scalar_dense(self):
+    if self.dtype == torch.complex32:  # (its host array holds uint32: ops/dtypes.py TO_JAX)
+        return dt.cpu_from_numpy(to_host(self), self.dtype).item()
     return to_host(self).item()
 
 

@@ -79,6 +79,11 @@ def element(dtype: torch.dtype):
     return COMPLEX32 if dtype == torch.complex32 else to_jax(dtype)
 
 
+def stored(element):
+    """The jnp dtype of the arrays holding `element` (a layout's: see `element`)."""
+    return _UINT32 if element is COMPLEX32 else element
+
+
 def storage_jax(dtype: torch.dtype):
     """The jnp dtype of the arrays a storage of torch `dtype` holds (uint32 for complex32)."""
     return _UINT32 if dtype == torch.complex32 else to_jax(dtype)

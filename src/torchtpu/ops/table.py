@@ -73,6 +73,8 @@ class Lowering:
     real_only: bool | str = False  # complex inputs raise (REAL_ONLY)
     blas: bool = False  # promotes, but the CPU kernel is a BLAS call, not an elementwise loop
     draws_by_index: bool = False  # random draws whose element i depends on (key, scalars, i) only
+    # called with half_parts=True where its tensor is complex32, which it sees as complex64 (ops/dtypes.py)
+    half_parts: bool = False
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -126,6 +128,7 @@ def lowering(
     real_only=False,
     blas=False,
     draws_by_index=False,
+    half_parts=False,
     **facts,
 ):
     """Register `fn` as the lowering of the ATen ops `names` ("add.Tensor", "relu.default", ...), with
@@ -159,6 +162,7 @@ def lowering(
                 real_only,
                 blas,
                 draws_by_index,
+                half_parts,
             )
             if real_only:
                 _REAL_ONLY[full.split(".")[0]] = real_only
