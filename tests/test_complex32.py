@@ -339,3 +339,31 @@ def test_experimental_warning():
                 make()
     finally:
         torch.set_warn_always(False)
+
+
+def test_complex_from_half_parts():
+    re, im = torch.randn(4, 3, dtype=torch.float16), torch.randn(4, 3, dtype=torch.float16)
+    assert_same(torch.complex(re.to(TPU), im.to(TPU)), torch.complex(re, im))
+    with pytest.raises(NotImplementedError, match="not implemented for 'Half'"):  # as the CPU's polar
+        torch.polar(re.abs().to(TPU), im.to(TPU))
+
+
+def test_collectives_in_a_world_of_one():
+    """complex32 reductions go through view_as_real (distributed/process_group.py); a world of one
+    shows the paths run and keep the bits (the sums themselves need two ranks)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = _chalf(3, 4)
+        t = x.to(TPU)
+        dist.all_reduce(t)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        assert_same(t, x)
+        out = torch.empty(3, 4, dtype=CHALF, device=TPU)
+        dist.reduce_scatter_tensor(out, t)
+        assert_same(out, x)
+        dist.all_gather_into_tensor(out, t * 2)
+        assert_same(out, x * 2)
+    finally:
+        dist.destroy_process_group()
