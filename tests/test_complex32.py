@@ -348,22 +348,33 @@ def test_complex_from_half_parts():
         torch.polar(re.abs().to(TPU), im.to(TPU))
 
 
-def test_collectives_in_a_world_of_one():
-    """complex32 reductions go through view_as_real (distributed/process_group.py); a world of one
-    shows the paths run and keep the bits (the sums themselves need two ranks)."""
+def test_collectives_in_a_world_of_one(monkeypatch):
+    """complex32 reductions go through view_as_real (distributed/process_group.py). In a world of one a
+    reduction is the identity, so a stand-in second rank with the same values doubles each SUM: a sum
+    of the stored uint32 words instead of the float16 parts would not give 2x."""
     import torch.distributed as dist
 
+    from torchtpu.distributed import collectives
+
+    run = collectives.GroupMesh.run
+
+    def two_equal_ranks(self, kind, static, local, timeout_s=None):
+        out = run(self, kind, static, local, timeout_s)
+        return out * 2 if kind in ("all_reduce", "reduce_scatter") and static[0] == "SUM" else out
+
+    monkeypatch.setattr(collectives.GroupMesh, "run", two_equal_ranks)
     dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
     try:
         x = _chalf(3, 4)
         t = x.to(TPU)
         dist.all_reduce(t)
+        assert_same(t, x * 2)
         dist.all_reduce(t, op=dist.ReduceOp.AVG)
-        assert_same(t, x)
+        assert_same(t, x * 2)
         out = torch.empty(3, 4, dtype=CHALF, device=TPU)
         dist.reduce_scatter_tensor(out, t)
+        assert_same(out, x * 4)
+        dist.all_gather_into_tensor(out, x.to(TPU))
         assert_same(out, x)
-        dist.all_gather_into_tensor(out, t * 2)
-        assert_same(out, x * 2)
     finally:
         dist.destroy_process_group()
