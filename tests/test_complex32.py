@@ -177,6 +177,10 @@ def test_conversions_and_copy_from_every_dtype(dtype):
             pick(out).copy_(pick(x.to(TPU)))
             pick(out_cpu).copy_(pick(x))
             assert_same(out, out_cpu)
+        if dtype == torch.float64:  # rounded through float32 (twice), as PyTorch converts a double
+            tie = torch.tensor([1 + 2**-11 + 2**-40], dtype=dtype)
+            assert_same(tie.to(TPU).to(CHALF), tie.to(CHALF))
+            assert_same(tie.to(TPU).to(torch.complex128).to(CHALF), tie.to(torch.complex128).to(CHALF))
         # host complex32 straight into a tpu tensor of another dtype, and back
         assert_same(torch.zeros(6, 5, dtype=dtype, device=TPU).copy_(x), torch.zeros(6, 5, dtype=dtype).copy_(x))
         assert_same(torch.zeros(6, 5, dtype=CHALF, device=TPU).copy_(src), torch.zeros(6, 5, dtype=CHALF).copy_(src))

@@ -51,8 +51,7 @@ _UINT32 = jnp.dtype(jnp.uint32)
 class _Complex32:
     """complex32 as the element of a layout or a stored output (see TO_JAX): stored as uint32."""
 
-    itemsize = 4
-    stored = _UINT32
+    __slots__ = ()
 
     def __repr__(self):
         return "complex32"
