@@ -345,6 +345,17 @@ def test_experimental_warning():
         torch.set_warn_always(False)
 
 
+def test_real_only_ops_name_complex_half():
+    """Ops that refuse complex tensors name complex32 as the CPU does (its kernel name aside)."""
+    x = _chalf(4)
+    for f in (lambda a: a < a, lambda a: torch.atan2(a, a)):
+        with pytest.raises(NotImplementedError) as cpu:
+            f(x)
+        with pytest.raises(NotImplementedError, match="not implemented for 'ComplexHalf'") as tpu:
+            f(x.to(TPU))
+        assert str(cpu.value).split('"')[-1] == str(tpu.value).split('"')[-1]
+
+
 def test_complex_from_half_parts():
     re, im = torch.randn(4, 3, dtype=torch.float16), torch.randn(4, 3, dtype=torch.float16)
     assert_same(torch.complex(re.to(TPU), im.to(TPU)), torch.complex(re, im))

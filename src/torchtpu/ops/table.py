@@ -221,10 +221,10 @@ def reject_complex(name, values):
         return
     for v in values:  # torch (meta) tensors or JAX arrays: their dtype names agree
         kind = str(getattr(v, "dtype", "")).replace("torch.", "")
-        if kind in ("complex64", "complex128"):
+        if kind in ("complex64", "complex128", "complex32"):  # (complex32: meta tensors; its arrays are complex64)
             if isinstance(REAL_ONLY[base], str):  # the op's own words on the CPU
                 raise RuntimeError(REAL_ONLY[base])
-            raise NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(kind)}'")
+            raise NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(v.dtype)}'")
 
 
 def apply(low: Lowering, args, kwargs):
