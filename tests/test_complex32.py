@@ -356,6 +356,15 @@ def test_real_only_ops_name_complex_half():
         assert str(cpu.value).split('"')[-1] == str(tpu.value).split('"')[-1]
 
 
+def test_sum_and_mean():
+    """CUDA sums complex32 (the CPU does not) but has no ComplexHalf mean (PyTorch's own test says so)."""
+    x = _chalf(6, 5)
+    assert_close_chalf(x.to(TPU).sum(), _rounded(torch.sum, x), rtol=4e-3, atol=1e-2)
+    assert_close_chalf(x.to(TPU).sum(1), _rounded(lambda a: a.sum(1), x), rtol=4e-3, atol=1e-2)
+    with pytest.raises(NotImplementedError, match="not implemented for 'ComplexHalf'"):
+        x.to(TPU).mean()
+
+
 def test_complex_from_half_parts():
     re, im = torch.randn(4, 3, dtype=torch.float16), torch.randn(4, 3, dtype=torch.float16)
     assert_same(torch.complex(re.to(TPU), im.to(TPU)), torch.complex(re, im))
