@@ -134,6 +134,23 @@ def test_random_factories():
         assert torch.equal(_bits(a), _bits(b))
 
 
+@pytest.mark.parametrize("dtype", [CHALF, torch.complex64, torch.float16])
+def test_random_factories_compiled(dtype):
+    """rand/randn inside a compiled graph (graph_lowerings.py): complex draws fill both parts, half
+    parts never round up to 1."""
+    f = torch.compile(
+        lambda: (torch.rand(400, 50, dtype=dtype, device=TPU), torch.randn(400, 50, dtype=dtype, device=TPU)),
+        backend="tpu",
+    )
+    u, n = (v.cpu().to(torch.complex64) for v in f())
+    for part in (u.real, u.imag) if dtype.is_complex else (u.real,):
+        assert part.min() >= 0 and part.max() < 1 and abs(part.mean() - 0.5) < 0.02
+    if dtype.is_complex:
+        assert abs(n.real.var() - 0.5) < 0.05 and abs(n.imag.var() - 0.5) < 0.05
+    else:
+        assert abs(n.real.var() - 1) < 0.1
+
+
 ALL_DTYPES = [
     torch.bool,
     torch.uint8,

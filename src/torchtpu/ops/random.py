@@ -43,21 +43,35 @@ def uniform(a, from_=0.0, to=1.0, generator=None, *, key, half_parts=False):
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
     if jnp.issubdtype(a.dtype, jnp.floating):
         _uniform_range_check(a.dtype, from_, to)
-    u = _draw(jax.random.uniform, key, a)
+    return uniform_values(key, a.shape, a.dtype, from_, to, half_parts)
+
+
+def uniform_values(key, shape, dtype, from_=0.0, to=1.0, half_parts=False):
+    """Uniform [from_, to) values of a float or complex `dtype` (`half_parts`: complex32's, computed as
+    complex64), as PyTorch draws them (compiled graphs' `rand` too: graph_lowerings.py)."""
+    u = _draw(jax.random.uniform, key, shape, dtype)
     # PyTorch draws (random bits & (2^digits - 1)) / 2^digits with the digits of the element type, so
     # a half type never rounds up to `to`; float32's draw keeps 24 bits already
-    part = jnp.float16 if half_parts else a.dtype
+    part = jnp.float16 if half_parts else dtype
     if part in (jnp.float16, jnp.bfloat16):
         scale = float(2 ** (jnp.finfo(part).nmant + 1))
         u = jnp.floor(u * scale) / scale
-    return _as_complex(from_ + u * (to - from_), a.dtype)
+    return _as_complex(from_ + u * (to - from_), dtype)
 
 
-def _draw(fn, key, a):
-    """`fn(key, shape, dtype)` for each element of `a` in float32 (float64 for 64-bit types); a complex
-    `a` draws its real and imaginary parts (PyTorch's kernels fill the tensor's `view_as_real`)."""
-    wide = a.dtype in (jnp.float64, jnp.complex128)
-    shape = a.shape + (2,) if jnp.issubdtype(a.dtype, jnp.complexfloating) else a.shape
+def normal_values(key, shape, dtype, mean=0.0, std=1.0):
+    """Normal values of a float or complex `dtype`, as PyTorch draws them: a complex value's parts each
+    have variance std**2 / 2 (compiled graphs' `randn` too: graph_lowerings.py)."""
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        std = std / math.sqrt(2)
+    return _as_complex(mean + _draw(jax.random.normal, key, shape, dtype) * std, dtype)
+
+
+def _draw(fn, key, shape, dtype):
+    """`fn(key, shape, dtype)` for each element in float32 (float64 for 64-bit types); a complex dtype
+    draws real and imaginary parts (PyTorch's kernels fill the tensor's `view_as_real`)."""
+    wide = dtype in (jnp.float64, jnp.complex128)
+    shape = tuple(shape) + (2,) if jnp.issubdtype(dtype, jnp.complexfloating) else shape
     return fn(key, shape, jnp.float64 if wide else jnp.float32)
 
 
@@ -99,9 +113,7 @@ _STD_TENSOR_CHECKS = {
     host_check={"normal_functional": _std_float_check, "normal_.default": _std_float_check},
 )
 def normal(a, mean=0.0, std=1.0, generator=None, *, key):
-    if jnp.issubdtype(a.dtype, jnp.complexfloating):
-        std = std / math.sqrt(2)  # (each part: the variance of the complex value is std**2, as PyTorch's)
-    return _as_complex(mean + _draw(jax.random.normal, key, a) * std, a.dtype)
+    return normal_values(key, a.shape, a.dtype, mean, std)
 
 
 def _check_probabilities(p):
