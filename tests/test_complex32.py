@@ -5,6 +5,7 @@ tpu stores a complex32 element as two float16 halves in PyTorch's byte layout an
 complex64 result rounded to complex32 (PyTorch's CUDA kernels compute complex32 in complex64 too).
 Values are compared bit for bit (through an int32 view) where both sides round one exact result."""
 
+import io
 import math
 import warnings
 
@@ -87,9 +88,14 @@ def test_byte_views_share_pytorch_layout():
     r[1].mul_(3)
     rx[1].mul_(3)
     assert_same(t, x)
-    # untyped storage bytes are PyTorch's
+    # untyped storage bytes are PyTorch's; a storage made from bytes (torch.load) reads as complex32
     data = bytes(t.untyped_storage().cpu())
     assert data == bytes(x.untyped_storage())
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    loaded = torch.load(io.BytesIO(buf.getvalue()))
+    assert_same(loaded, x)
+    assert_same(loaded * 2, x * 2)
 
 
 def test_factories():

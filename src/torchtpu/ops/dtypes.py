@@ -99,14 +99,17 @@ def pack_complex32(v):
     else:
         re = convert(v, jnp.float32)
         im = jnp.zeros_like(re)
-    parts = jnp.stack([re.astype(jnp.float16), im.astype(jnp.float16)], -1)
-    return lax.bitcast_convert_type(parts, jnp.uint32)
+    # (same-width bitcasts and shifts: XLA folds a chain of width-changing bitcasts, u8 -> u32 -> f16
+    # pairs from a byte storage, into one it then rejects)
+    lo, hi = (lax.bitcast_convert_type(p.astype(jnp.float16), jnp.uint16).astype(jnp.uint32) for p in (re, im))
+    return lo | (hi << 16)
 
 
 def unpack_complex32(u):
     """Stored complex32 elements (uint32) as complex64 values."""
-    parts = lax.bitcast_convert_type(u, jnp.float16).astype(jnp.float32)
-    return lax.complex(parts[..., 0], parts[..., 1])
+    half = (lax.bitcast_convert_type(h.astype(jnp.uint16), jnp.float16) for h in (u & 0xFFFF, u >> 16))
+    re, im = (h.astype(jnp.float32) for h in half)
+    return lax.complex(re, im)
 
 
 def round_complex32(v):
