@@ -104,8 +104,6 @@ def out_of_scope(name: str) -> str | None:
     """Why an OpInfo is not part of the parity sweep, or None when it is."""
     if name.startswith("sparse.") or name == "to_sparse":
         return "sparse layouts are not supported on tpu"
-    if name == "chalf":
-        return "complex32 is not a tpu dtype (JAX has none): converting raises a TypeError naming the supported dtypes"
     if name in LINALG_NOT_LOWERED:
         return "linalg op without a lowering (geqrf)"
     if name in LINALG_EIG:

@@ -90,7 +90,8 @@ def test_dynamo_device_interface_is_the_runtime():
     assert issubclass(interface.Stream, torch.Stream) and issubclass(interface.Event, torch.Event)
     assert interface.current_stream().device.type == "tpu"
     assert interface.get_device_properties().multi_processor_count >= 1
-    assert interface.is_dtype_supported(torch.bfloat16) and not interface.is_dtype_supported(torch.complex32)
+    assert interface.is_dtype_supported(torch.bfloat16) and interface.is_dtype_supported(torch.complex32)
+    assert not interface.is_dtype_supported(torch.qint8)
     if torch.tpu.platform() != "tpu":
         assert interface.is_dtype_supported(torch.float64)
     assert interface.exchange_device(0) == torch.tpu.current_device()

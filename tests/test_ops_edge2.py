@@ -317,19 +317,20 @@ def test_addbmm_half_rounds_once_per_batch_as_pytorch(dtype, beta, alpha):
 
 
 # ---------------------------------------------------------------- complex32
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: torch.randn(3, dtype=torch.complex64).chalf().to(D),
-        lambda: torch.empty(3, dtype=torch.chalf, device=D),
-        lambda: torch.zeros(2, 3, dtype=torch.chalf, device=D),
-        lambda: torch.empty_strided((2, 3), (1, 2), dtype=torch.chalf, device=D),
-        lambda: torch.randn(3, device=D).to(torch.chalf),
+        lambda d: torch.tensor([1 + 2j, -3.5j, 0.25], dtype=torch.complex64).chalf().to(d),
+        lambda d: torch.zeros(2, 3, dtype=torch.chalf, device=d),
+        lambda d: torch.full((2, 3), 1 - 1j, dtype=torch.chalf, device=d).t(),
+        lambda d: torch.tensor([1.5, -2.0, 3.0], device=d).to(torch.chalf),
     ],
-    ids=["from_cpu", "empty", "zeros", "empty_strided", "convert"],
+    ids=["from_cpu", "zeros", "full_t", "convert"],
 )
-def test_complex32_says_it_is_not_a_tpu_dtype(make):
-    """complex32 has no JAX dtype (docs/design.md): every way of making one on tpu raises our TypeError
-    naming the supported dtypes, not numpy's or a confusing one at a later op."""
-    with pytest.raises(TypeError, match="dtype torch.complex32 is not supported on the tpu device"):
-        make()
+def test_complex32_is_a_tpu_dtype(make):
+    """complex32 is stored as float16 pairs (ops/dtypes.py): every way of making one gives PyTorch's
+    bytes (tests/test_complex32.py covers its ops)."""
+    t, c = make(D), make("cpu")
+    assert t.dtype == torch.chalf and t.device.type == "tpu" and t.stride() == c.stride()
+    assert torch.equal(t.cpu().contiguous().view(torch.int32), c.contiguous().view(torch.int32))

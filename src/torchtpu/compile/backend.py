@@ -589,7 +589,7 @@ def _input_forms(args, records, written):
 def _sample(args, records, sharding, random, n_off, value_ints, written=frozenset()):
     """Abstract arguments to lower the executable with, in its calling order."""
     forms = _input_forms(args, records, written)
-    sample = [jax.ShapeDtypeStruct(f, dt.to_jax(r.dtype), sharding=sharding) for f, r in zip(forms, records)]
+    sample = [jax.ShapeDtypeStruct(f, dt.storage_jax(r.dtype), sharding=sharding) for f, r in zip(forms, records)]
     for i, a in enumerate(args):
         if isinstance(a, _Tensor) and a.device.type != "tpu":
             sample.append(jax.ShapeDtypeStruct(tuple(a.shape), dt.to_jax(a.dtype), sharding=sharding))
@@ -624,7 +624,7 @@ def _output_caster(layouts, outs_meta, host_ints, aliased=frozenset()):
             shape = tuple(v.shape)
             # (a dense layout keeps the output's shape: size-1 dimensions' strides do not move elements)
             strided = lay is not None and lay[2] is not None and lay[0] == shape and not is_dense(shape, lay[2])
-            flat.append(stored_output(v, dt.to_jax(tdtype), order=lay[3] if strided else None))
+            flat.append(stored_output(v, dt.element(tdtype), order=lay[3] if strided else None))
             outs_meta.append(("T", shape, tdtype, lay[2] if strided else None))
         return flat
 
@@ -651,6 +651,8 @@ def _copy_to_host(entry, results, cpu_vals):
 
 
 def _host_value(t, dev):
+    if t.dtype == torch.complex32:  # a graph computes complex32 as complex64 (ops/dtypes.py TO_JAX)
+        t = t.to(torch.complex64)
     host = dt.numpy_from_cpu(t.detach().contiguous())
     _counters.h2d_bytes += host.nbytes
     _counters.h2d_transfers += 1

@@ -66,7 +66,7 @@ def flat_value(t: torch.Tensor):
         import jax
         import jax.numpy as jnp
 
-        buf = jax.device_put(jnp.zeros((t.numel(),), dtypes.to_jax(t.dtype)), platform.jax_device(r.device_index))
+        buf = jax.device_put(jnp.zeros((t.numel(),), dtypes.storage_jax(t.dtype)), platform.jax_device(r.device_index))
     return buf.reshape(-1) if buf.ndim != 1 else buf  # (a storage's array has its tensor's shape)
 
 
@@ -79,6 +79,12 @@ def assign(t: torch.Tensor, flat) -> torch.Tensor:
         with torch.no_grad():
             t.copy_(records.new_tensor(tuple(t.shape), t.dtype, r.device_index, flat))
     return t
+
+
+def _reduced(t: torch.Tensor) -> torch.Tensor:
+    """The tensor a reduction works on: a complex32 tensor's storage holds float16 pairs as uint32
+    (ops/dtypes.py), so it reduces its `view_as_real` (as ProcessGroupNCCL reduces complex tensors)."""
+    return torch.view_as_real(t) if t.dtype == torch.complex32 else t
 
 
 def _is_tpu(tensors) -> bool:
@@ -285,7 +291,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         _check_dense(tensors)
         ops = [_op_name(opts.reduceOp, t.dtype) for t in tensors]  # every tensor's op checked before any runs
         outs = []
-        for t, op in zip(tensors, ops):
+        for t, op in zip(map(_reduced, tensors), ops):
             if t.numel():
                 out = self._run("all_reduce", (op,), t)
                 assign(t, out)
@@ -319,7 +325,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             return self._cpu_group().reduce(tensors, opts)
         ops = [_op_name(opts.reduceOp, t.dtype) for t in tensors]  # every tensor's op checked before any runs
         outs = []
-        for t, op in zip(tensors, ops):
+        for t, op in zip(map(_reduced, tensors), ops):
             if t.numel():
                 out = self._run("all_reduce", (op,), t)
                 if self.rank() == opts.rootRank:
@@ -391,8 +397,8 @@ class TpuProcessGroup(dist.ProcessGroup):
         )
         if output.numel() == 0:
             return self._work([], output, "reduce_scatter_tensor")
-        out = self._run("reduce_scatter", (_op_name(opts.reduceOp, input.dtype),), input)
-        assign(output, out)
+        out = self._run("reduce_scatter", (_op_name(opts.reduceOp, input.dtype),), _reduced(input))
+        assign(_reduced(output), out)
         return self._work([out], output, "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
@@ -411,9 +417,10 @@ class TpuProcessGroup(dist.ProcessGroup):
                 self._check_sizes(i.numel(), o.numel(), "reduce_scatter", "each input", "output", i.dtype, o.dtype)
             if o.numel() == 0:
                 continue
-            flat = _concat([flat_value(i) for i in inputs])
-            out = self._run("reduce_scatter", (_op_name(opts.reduceOp, o.dtype),), flat, o.dtype)
-            assign(o, out)
+            flat = _concat([flat_value(_reduced(i)) for i in inputs])
+            op = _op_name(opts.reduceOp, o.dtype)
+            out = self._run("reduce_scatter", (op,), flat, _reduced(o).dtype)
+            assign(_reduced(o), out)
             outs.append(out)
         return self._work(outs, outputs, "reduce_scatter")
 
@@ -494,7 +501,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         import numpy as np
 
         G = self.size()
-        jd = dtypes.to_jax(dtype)
+        jd = dtypes.storage_jax(dtype)
         local = self.mesh().local_device
         biggest = jax.device_put(np.array([max(max(in_counts), max(out_counts), 1)], np.int64), local)
         m = int(np.asarray(self._run("all_reduce", ("MAX",), biggest, torch.int64))[0])
@@ -546,7 +553,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             import jax.numpy as jnp
 
             flat = jax.device_put(
-                jnp.zeros((o.numel() * self.size(),), dtypes.to_jax(o.dtype)), self.mesh().local_device
+                jnp.zeros((o.numel() * self.size(),), dtypes.storage_jax(o.dtype)), self.mesh().local_device
             )
         out = self._run("scatter", (int(opts.rootRank),), flat, o.dtype)
         assign(o, out)

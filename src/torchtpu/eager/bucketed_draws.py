@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from ..device import platform
 from ..ops import checks
+from ..ops import dtypes as dt
 from . import limits
 from .entry import DONATE_BYTES
 from .executable import TensorArg, ValueArg, _fill, rng_key, traced_function
@@ -155,7 +156,7 @@ def _draw_function(program, template, bucket):
 
     def draw(*dyn):
         platform.require_x64()
-        arguments = _fill(template, [jnp.zeros((bucket,), dtype)], iter(dyn[:nv]), ())
+        arguments = _fill(template, [jnp.zeros((bucket,), dt.stored(dtype))], iter(dyn[:nv]), ())
         with checks.collecting() as found:
             _, written, _ = program.run(arguments, rng_key(dyn[nv]))
         if found:

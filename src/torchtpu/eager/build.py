@@ -387,7 +387,7 @@ def _runner(kernel, compute, n_out, n_writes):
 
 
 def _output_caster(kernel, outs, strides):
-    dtypes = [dt.to_jax(dtype) for _, dtype in outs]
+    dtypes = [dt.element(dtype) for _, dtype in outs]
     orders = [None] * len(outs)
     if strides is not None:  # (the order storage_shape gives the output's storage)
         orders = [memory_order(shape, st) if st is not None else None for (shape, _), st in zip(outs, strides)]

@@ -71,7 +71,7 @@ def layout_of(t, record, dyn_index=None, along=False):
     offset = t.storage_offset()
     if dyn_index is not None:
         offset = DynOffset(dyn_index, along and lies_along(t, offset, record))
-    return (tuple(t.shape), tuple(t.stride()), offset, dt.to_jax(t.dtype), record.numel)
+    return (tuple(t.shape), tuple(t.stride()), offset, dt.element(t.dtype), record.numel)
 
 
 def tensor_arg(t, slot, record, dyn_index=None, along=False):
@@ -104,7 +104,9 @@ def stored_output(v, dtype, shape=None, order=None, where="op"):
     return a scalar or a broadcastable value), transposed to the memory `order` of a strided output
     (so its shape is storage_shape's for the output's layout)."""
     v = jnp.asarray(v)
-    if v.dtype != dtype:
+    if dtype is dt.COMPLEX32:
+        v = dt.pack_complex32(v)
+    elif v.dtype != dtype:
         v = v.astype(dtype)
     if shape is not None and v.shape != shape:
         if v.size == 1 or v.ndim < len(shape):
@@ -325,14 +327,14 @@ def zeros(shape, dtype, device_index):
 def _host_zeros(shape, dtype, device_index):
     platform.require_x64()  # (else JAX would narrow a 64-bit array)
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
-    return jax.device_put(np.zeros(shape, dt.to_jax(dtype)), sharding)
+    return jax.device_put(np.zeros(shape, dt.storage_jax(dtype)), sharding)
 
 
 def _device_zeros(shape, dtype, device_index):
     fn = _zeros_fns.get((dtype, device_index))
     if fn is None:
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device_index))
-        jd = dt.to_jax(dtype)
+        jd = dt.storage_jax(dtype)
 
         def make_zeros(shape):
             platform.require_x64()

@@ -88,10 +88,23 @@ def _check_sizes(size):
             raise RuntimeError(f"Trying to create tensor with negative dimension {n}: {list(size)}")
 
 
+def _warn_if_complex_half(dtype):
+    """PyTorch's warning at each new complex32 tensor (once per process unless warn_always)."""
+    if dtype == torch.complex32 and (not _complex_half_warned[0] or torch.is_warn_always_enabled()):
+        _complex_half_warned[0] = True
+        warnings.warn(
+            "ComplexHalf support is experimental and many operators don't support it yet.", UserWarning, stacklevel=3
+        )
+
+
+_complex_half_warned = [False]
+
+
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_sizes(size)
     index = _device_index(device)
-    dt.to_jax(dtype or torch.get_default_dtype())  # complex32: our TypeError now, not a confusing one later
+    dt.to_jax(dtype or torch.get_default_dtype())  # a dtype tpu lacks: our TypeError now, not a confusing one later
+    _warn_if_complex_half(dtype)
     t = new_tensor(tuple(size), dtype or torch.get_default_dtype(), index)
     if memory_format is not None and memory_format not in (torch.contiguous_format, torch.preserve_format):
         t = _restride(t, memory_format)
@@ -112,6 +125,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     index = _device_index(device)
     dtype = dtype or torch.get_default_dtype()
     dt.to_jax(dtype)
+    _warn_if_complex_half(dtype)
     size, stride = tuple(size), tuple(stride)
     extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
     if extent == math.prod(size):
@@ -220,7 +234,7 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     if type(r._buffer) is not Pending:  # (reading a queued value counts itself, when it runs the queue)
         fusion.count_sync()
     if r.buffer is None:
-        out = np.zeros(tuple(t.shape), dt.to_jax(t.dtype))
+        out = np.zeros(tuple(t.shape), dt.storage_jax(t.dtype))
     else:
         try:
             out = np.asarray(r.buffer).reshape(tuple(t.shape))  # (t covers its storage: _whole)
@@ -300,7 +314,7 @@ def _copy_(self, src, non_blocking=False):
                 set_buffer(rd, rs._buffer if rs.shape == rd.shape else rs.buffer)
                 return self
             return KERNELS[aten.copy_.default](self, src)
-        value = to_host(src) if src.numel() else np.zeros(tuple(src.shape), dt.to_jax(src.dtype))
+        value = to_host(src) if src.numel() else np.zeros(tuple(src.shape), dt.storage_jax(src.dtype))
         moved = platform.put(np.ascontiguousarray(value), self.device.index)
         return (
             _write_whole_or_copy(self, moved, src.dtype)
@@ -312,7 +326,7 @@ def _copy_(self, src, non_blocking=False):
             src = src.cpu()
         if src.is_conj() or src.is_neg():
             src = src.resolve_conj().resolve_neg()
-        dt.to_jax(src.dtype)  # a dtype tpu has no arrays for (complex32) raises our TypeError, not numpy's
+        dt.to_jax(src.dtype)  # a dtype tpu has no arrays for raises our TypeError, not numpy's
         host = dt.numpy_from_cpu(src.contiguous())
         index = self.device.index
         if tuple(src.shape) == tuple(self.shape):
@@ -345,7 +359,7 @@ def _copy_to_host_async(dst, src):
     src, r = _whole(src, record_of(src))
     buffer = r.buffer
     if buffer is None:  # never written: nothing on the device to wait for
-        return dst.copy_(dt.cpu_from_numpy(np.zeros(tuple(src.shape), dt.to_jax(src.dtype)), src.dtype))
+        return dst.copy_(dt.cpu_from_numpy(np.zeros(tuple(src.shape), dt.storage_jax(src.dtype)), src.dtype))
     host_copies.start(dst, buffer, tuple(src.shape), src.dtype, r.device_index)
     return dst
 
@@ -355,6 +369,8 @@ def _copy_from(self, dst, non_blocking=False):
 
 
 def _local_scalar_dense(self):
+    if self.dtype == torch.complex32:  # (its host array holds uint32: ops/dtypes.py TO_JAX)
+        return dt.cpu_from_numpy(to_host(self), self.dtype).item()
     return to_host(self).item()
 
 

@@ -66,11 +66,12 @@ _CPP_NAMES = {
     torch.float64: "double",
     torch.complex64: "c10::complex<float>",
     torch.complex128: "c10::complex<double>",
+    torch.complex32: "c10::complex<c10::Half>",
     torch.float8_e4m3fn: "c10::Float8_e4m3fn",
     torch.float8_e5m2: "c10::Float8_e5m2",
 }
 _NO_INFINITY = (torch.float8_e4m3fn,)
-_REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+_REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16}
 
 
 def overflows(value, dtype: torch.dtype) -> bool:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import torch
+from jax import lax
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 TO_JAX = {
@@ -31,13 +32,38 @@ TO_JAX = {
     torch.float8_e5m2: jnp.dtype(ml_dtypes.float8_e5m2),
 }
 TO_TORCH = {v: k for k, v in TO_JAX.items()}
-# numpy has no bfloat16/float8: move those through an integer view of the same width.
-NUMPY_CARRIER = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
+# complex32 (torch.chalf): JAX has no such dtype. Its values are computed as complex64, as PyTorch's
+# own kernels do (complex64 is its opmath type); its storage holds each element as one uint32 whose
+# low half is the real part's float16 bits and high half the imaginary part's (PyTorch's little-endian
+# layout), so element size, byte views (`view(torch.float16)`, `view_as_real`) and host copies are
+# PyTorch's. A layout (ops/views.py) names the element COMPLEX32: read unpacks, write packs.
+TO_JAX[torch.complex32] = jnp.dtype(jnp.complex64)
+# numpy has no bfloat16/float8/complex32: move those through an integer view of the same width.
+NUMPY_CARRIER = {
+    torch.bfloat16: torch.int16,
+    torch.float8_e4m3fn: torch.uint8,
+    torch.float8_e5m2: torch.uint8,
+    torch.complex32: torch.int32,
+}
+_UINT32 = jnp.dtype(jnp.uint32)
+
+
+class _Complex32:
+    """complex32 as the element of a layout or a stored output (see TO_JAX): stored as uint32."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "complex32"
+
+
+COMPLEX32 = _Complex32()
 
 KIND = ELEMENTWISE_TYPE_PROMOTION_KIND
 
 
 def to_jax(dtype: torch.dtype):
+    """The jnp dtype `dtype`'s values are computed in (complex64 for complex32: see TO_JAX)."""
     try:
         return TO_JAX[dtype]
     except KeyError:
@@ -45,6 +71,50 @@ def to_jax(dtype: torch.dtype):
             f"torchtpu: dtype {dtype} is not supported on the tpu device "
             f"(supported: {', '.join(str(d).replace('torch.', '') for d in TO_JAX)})"
         ) from None
+
+
+def element(dtype: torch.dtype):
+    """What a layout or a stored output of torch `dtype` names: its jnp dtype, or COMPLEX32."""
+    return COMPLEX32 if dtype == torch.complex32 else to_jax(dtype)
+
+
+def stored(element):
+    """The jnp dtype of the arrays holding `element` (a layout's: see `element`)."""
+    return _UINT32 if element is COMPLEX32 else element
+
+
+def storage_jax(dtype: torch.dtype):
+    """The jnp dtype of the arrays a storage of torch `dtype` holds (uint32 for complex32)."""
+    return _UINT32 if dtype == torch.complex32 else to_jax(dtype)
+
+
+def pack_complex32(v):
+    """complex32 values as stored (uint32: float16 real part in the low half), each part rounded to
+    float16 to nearest even as PyTorch's conversion does."""
+    v = jnp.asarray(v)
+    # (through float32, as PyTorch converts a double to Half: rounded twice)
+    if jnp.issubdtype(v.dtype, jnp.complexfloating):
+        v = v.astype(jnp.complex64)
+        re, im = jnp.real(v), jnp.imag(v)
+    else:
+        re = convert(v, jnp.float32)
+        im = jnp.zeros_like(re)
+    # (same-width bitcasts and shifts: XLA folds a chain of width-changing bitcasts, u8 -> u32 -> f16
+    # pairs from a byte storage, into one it then rejects)
+    lo, hi = (lax.bitcast_convert_type(p.astype(jnp.float16), jnp.uint16).astype(jnp.uint32) for p in (re, im))
+    return lo | (hi << 16)
+
+
+def unpack_complex32(u):
+    """Stored complex32 elements (uint32) as complex64 values."""
+    half = (lax.bitcast_convert_type(h.astype(jnp.uint16), jnp.float16) for h in (u & 0xFFFF, u >> 16))
+    re, im = (h.astype(jnp.float32) for h in half)
+    return lax.complex(re, im)
+
+
+def round_complex32(v):
+    """Complex values rounded to complex32's precision, kept as complex64."""
+    return unpack_complex32(pack_complex32(v))
 
 
 _E4M3FN = jnp.dtype(ml_dtypes.float8_e4m3fn)
@@ -105,6 +175,7 @@ _SCALAR_TYPE_NAMES = {
     torch.bfloat16: "BFloat16",
     torch.complex64: "ComplexFloat",
     torch.complex128: "ComplexDouble",
+    torch.complex32: "ComplexHalf",
     torch.bool: "Bool",
     torch.uint8: "Byte",
     torch.int8: "Char",
@@ -194,7 +265,7 @@ def numpy_from_cpu(t: torch.Tensor) -> np.ndarray:
     carrier = NUMPY_CARRIER.get(t.dtype)
     if carrier is None:
         return t.numpy()
-    return t.view(carrier).numpy().view(TO_JAX[t.dtype])
+    return t.view(carrier).numpy().view(storage_jax(t.dtype))
 
 
 def cpu_from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -403,7 +403,9 @@ def _fix(out, val):
     """Make a lowering's value agree with PyTorch's meta value (dtype, broadcast shape)."""
     if isinstance(val, torch.Tensor) and hasattr(out, "dtype") and hasattr(out, "shape"):
         d = dt.to_jax(val.dtype)
-        if out.dtype != d:
+        if val.dtype == torch.complex32:  # computed as complex64, rounded at each op as eager rounds
+            out = dt.round_complex32(out)
+        elif out.dtype != d:
             out = out.astype(d)
         shape = static_shape(val.shape)
         if shape is None:  # symbolic: the traced value is the truth
@@ -424,7 +426,9 @@ def _constant(t):
         return t
     if t.device.type == "tpu":
         r = record_of(t)
-        flat = r.buffer if r.buffer is not None else jnp.zeros(r.shape, dt.to_jax(r.dtype))
-        return read(flat, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), dt.to_jax(t.dtype), r.numel))
-    host = dt.numpy_from_cpu(t.detach().contiguous()) if hasattr(dt, "numpy_from_cpu") else t.detach().numpy()
+        flat = r.buffer if r.buffer is not None else jnp.zeros(r.shape, dt.storage_jax(r.dtype))
+        return read(flat, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), dt.element(t.dtype), r.numel))
+    if t.dtype == torch.complex32:
+        t = t.to(torch.complex64)
+    host = dt.numpy_from_cpu(t.detach().contiguous())
     return jnp.asarray(host, dt.to_jax(t.dtype))

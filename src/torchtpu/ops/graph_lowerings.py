@@ -20,6 +20,7 @@ from jax import lax
 
 from . import dtypes as dt
 from . import indexing
+from . import random as random_ops
 from .misc import assert_async
 from .views import bitcast, read
 
@@ -396,6 +397,9 @@ def _prims_var(val, a, dims, correction=1, *, output_dtype=None):
 @graph_lowering("rand_like", "rand", random=True)
 def _rand(val, *args, key, **kw):
     d = _jdtype(val)
+    if jnp.issubdtype(d, jnp.inexact):  # (complex: both parts; half types: never rounded up to 1)
+        half = getattr(val, "dtype", None) == torch.complex32
+        return random_ops.uniform_values(key, _size_from_args(args), d, half_parts=half)
     return jax.random.uniform(key, _size_from_args(args), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(
         d
     )
@@ -404,6 +408,8 @@ def _rand(val, *args, key, **kw):
 @graph_lowering("randn_like", "randn", random=True)
 def _randn(val, *args, key, **kw):
     d = _jdtype(val)
+    if jnp.issubdtype(d, jnp.inexact):  # (complex: both parts)
+        return random_ops.normal_values(key, _size_from_args(args), d)
     return jax.random.normal(key, _size_from_args(args), d if jnp.issubdtype(d, jnp.floating) else jnp.float32).astype(
         d
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -33,16 +35,51 @@ def _uniform_range_check(dtype, from_, to):
         )
 
 
-@lowering("uniform", random=True, draws_by_index=True, write_overlap=FILL)
-def uniform(a, from_=0.0, to=1.0, generator=None, *, key):
+@lowering("uniform", random=True, draws_by_index=True, write_overlap=FILL, half_parts=True)
+def uniform(a, from_=0.0, to=1.0, generator=None, *, key, half_parts=False):
     if not jnp.issubdtype(a.dtype, jnp.inexact):  # `torch.rand(3, dtype=torch.int64)`, as the CPU
         raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{scalar_type_name(a.dtype)}'")
     if from_ > to:  # (floats: keyed, so known when the executable is built)
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
     if jnp.issubdtype(a.dtype, jnp.floating):
         _uniform_range_check(a.dtype, from_, to)
-    u = jax.random.uniform(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
-    return (from_ + u * (to - from_)).astype(a.dtype)
+    return uniform_values(key, a.shape, a.dtype, from_, to, half_parts)
+
+
+def uniform_values(key, shape, dtype, from_=0.0, to=1.0, half_parts=False):
+    """Uniform [from_, to) values of a float or complex `dtype` (`half_parts`: complex32's, computed as
+    complex64), as PyTorch draws them (compiled graphs' `rand` too: graph_lowerings.py)."""
+    u = _draw(jax.random.uniform, key, shape, dtype)
+    # PyTorch draws (random bits & (2^digits - 1)) / 2^digits with the digits of the element type, so
+    # a half type never rounds up to `to`; float32's draw keeps 24 bits already
+    part = jnp.float16 if half_parts else dtype
+    if part in (jnp.float16, jnp.bfloat16):
+        scale = float(2 ** (jnp.finfo(part).nmant + 1))
+        u = jnp.floor(u * scale) / scale
+    return _as_complex(from_ + u * (to - from_), dtype)
+
+
+def normal_values(key, shape, dtype, mean=0.0, std=1.0):
+    """Normal values of a float or complex `dtype`, as PyTorch draws them: a complex value's parts each
+    have variance std**2 / 2 (compiled graphs' `randn` too: graph_lowerings.py)."""
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        std = std / math.sqrt(2)
+    return _as_complex(mean + _draw(jax.random.normal, key, shape, dtype) * std, dtype)
+
+
+def _draw(fn, key, shape, dtype):
+    """`fn(key, shape, dtype)` for each element in float32 (float64 for 64-bit types); a complex dtype
+    draws real and imaginary parts (PyTorch's kernels fill the tensor's `view_as_real`)."""
+    wide = dtype in (jnp.float64, jnp.complex128)
+    shape = tuple(shape) + (2,) if jnp.issubdtype(dtype, jnp.complexfloating) else shape
+    return fn(key, shape, jnp.float64 if wide else jnp.float32)
+
+
+def _as_complex(parts, dtype):
+    """Drawn values (`_draw`) in `dtype`: a complex dtype takes them as (real, imaginary) pairs."""
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return lax.complex(parts[..., 0], parts[..., 1]).astype(dtype)
+    return parts.astype(dtype)
 
 
 def _std_float_check(self, mean=0.0, std=1.0, *args, **kwargs):
@@ -76,8 +113,7 @@ _STD_TENSOR_CHECKS = {
     host_check={"normal_functional": _std_float_check, "normal_.default": _std_float_check},
 )
 def normal(a, mean=0.0, std=1.0, generator=None, *, key):
-    z = jax.random.normal(key, a.shape, jnp.float32 if a.dtype != jnp.float64 else jnp.float64)
-    return (mean + z * std).astype(a.dtype)
+    return normal_values(key, a.shape, a.dtype, mean, std)
 
 
 def _check_probabilities(p):
@@ -170,6 +206,8 @@ def _default_high(dtype):
 
 
 def _check_bounds(dtype, low, high, warn=False):
+    if jnp.issubdtype(dtype, jnp.complexfloating):  # (`torch.randint(6, (2,), dtype=torch.cfloat)`)
+        raise RuntimeError("check_random_bounds handles only integral, floating-point and boolean types")
     if dtype == jnp.bool_:
         return random_bounds_check("bool", low, high, lowest=0, highest=1)
     if jnp.issubdtype(dtype, jnp.floating):

@@ -111,6 +111,10 @@ def resolve(op, meta_args, meta_kwargs):
     low = LOWERINGS.get(name)
     if low is not None:
         fn = functools.partial(_call_lowering, low)
+        if low.half_parts and any(
+            isinstance(t, torch.Tensor) and t.dtype == torch.complex32 for t in (*meta_args, *meta_kwargs.values())
+        ):
+            fn = functools.partial(_call_lowering_half_parts, low)
         fn.extra_mutations = low.mutates
         fn.specialize_scalars = low.static_scalars
         return fn
@@ -194,3 +198,7 @@ def _call_twin(inner, adapt, a, k):
 
 def _call_lowering(low, a, k):
     return apply(low, a, k)
+
+
+def _call_lowering_half_parts(low, a, k):
+    return apply(low, a, dict(k, half_parts=True))

@@ -73,6 +73,8 @@ class Lowering:
     real_only: bool | str = False  # complex inputs raise (REAL_ONLY)
     blas: bool = False  # promotes, but the CPU kernel is a BLAS call, not an elementwise loop
     draws_by_index: bool = False  # random draws whose element i depends on (key, scalars, i) only
+    # called with half_parts=True where its tensor is complex32, which it sees as complex64 (ops/dtypes.py)
+    half_parts: bool = False
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -126,6 +128,7 @@ def lowering(
     real_only=False,
     blas=False,
     draws_by_index=False,
+    half_parts=False,
     **facts,
 ):
     """Register `fn` as the lowering of the ATen ops `names` ("add.Tensor", "relu.default", ...), with
@@ -159,6 +162,7 @@ def lowering(
                 real_only,
                 blas,
                 draws_by_index,
+                half_parts,
             )
             if real_only:
                 _REAL_ONLY[full.split(".")[0]] = real_only
@@ -217,10 +221,10 @@ def reject_complex(name, values):
         return
     for v in values:  # torch (meta) tensors or JAX arrays: their dtype names agree
         kind = str(getattr(v, "dtype", "")).replace("torch.", "")
-        if kind in ("complex64", "complex128"):
+        if kind in ("complex64", "complex128", "complex32"):  # (complex32: meta tensors; its arrays are complex64)
             if isinstance(REAL_ONLY[base], str):  # the op's own words on the CPU
                 raise RuntimeError(REAL_ONLY[base])
-            raise NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(kind)}'")
+            raise NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(v.dtype)}'")
 
 
 def apply(low: Lowering, args, kwargs):

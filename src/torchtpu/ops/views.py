@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 
 from ..storage.records import is_dense
+from .dtypes import COMPLEX32, pack_complex32, stored, unpack_complex32
 from .indexing import flat_scatter_pays
 
 
@@ -238,6 +239,8 @@ def read(buffer, layout):
     """The value of a view of the storage whose array is `buffer`. layout = (shape, stride, offset,
     dtype, numel)."""
     shape, stride, offset, dtype, numel = layout
+    if dtype is COMPLEX32:  # stored as uint32, computed as complex64 (ops/dtypes.py TO_JAX)
+        return unpack_complex32(read(buffer, (shape, stride, offset, stored(dtype), numel)))
     if type(offset) is AlongOffset:
         if math.prod(shape) == 0:
             return jnp.zeros(shape, dtype)
@@ -280,6 +283,8 @@ def write(buffer, layout, value):
     """`buffer` (a storage's array) with the view `layout` set to `value` (broadcast and cast to the
     view's dtype), in `buffer`'s shape."""
     shape, stride, offset, dtype, numel = layout
+    if dtype is COMPLEX32:
+        return write(buffer, (shape, stride, offset, stored(dtype), numel), pack_complex32(value))
     if type(offset) is AlongOffset:
         if math.prod(shape) == 0:
             return buffer

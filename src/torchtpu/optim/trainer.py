@@ -596,7 +596,7 @@ class SingleTraceTrainer:
             ]
 
         def cast(outs):
-            return [stored_output(v, dt.to_jax(dtype)) for v, (_, dtype) in zip(outs, out_specs)]
+            return [stored_output(v, dt.element(dtype)) for v, (_, dtype) in zip(outs, out_specs)]
 
         entry = _Entry()
         entry.checks = ()
@@ -697,7 +697,7 @@ def _compile(traced, entry, records, host, random, n_off, device):
     entry.donate), the optimizer's host scalars `host` (None without an optimizer), a PRNG key when
     `random`, and `n_off` traced offsets; checked for a TPU when TORCHTPU_TPU_COMPILE_CHECK asks."""
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
-    sample = [jax.ShapeDtypeStruct(r.shape, dt.to_jax(r.dtype), sharding=sharding) for r in records]
+    sample = [jax.ShapeDtypeStruct(r.shape, dt.storage_jax(r.dtype), sharding=sharding) for r in records]
     if host is not None:
         sample.append(jax.ShapeDtypeStruct(host.shape, np.float32))
     if random:
