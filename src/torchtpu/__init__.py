@@ -20,9 +20,10 @@ def _load():
     from .eager import kernels
 
     registration.install()
-    from .storage import legacy
+    from .storage import legacy, storage_methods
 
     legacy.install_storage_constructor()  # without the C++ extension: no allocator for "tpu"
+    storage_methods.install()  # storage methods that would read a tpu storage's bytes on the host
     from . import api
 
     api.install()  # torch.tpu, before anything asks PyTorch for the device module

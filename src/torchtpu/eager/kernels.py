@@ -654,6 +654,7 @@ def register_all():
     _impl("empty_strided", _empty_strided)
     _impl("resize_", storage_kernels.resize_)
     _impl("set_.source_Storage_storage_offset", storage_kernels.set_storage)
+    _impl("set_", storage_kernels.set_empty)
     _impl("copy_", _copy_)
     _impl("_copy_from", _copy_from)
     _impl("_copy_from_and_resize", lambda self, dst: _copy_(dst.resize_(self.shape), self))

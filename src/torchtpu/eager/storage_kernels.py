@@ -67,6 +67,12 @@ def set_storage(self, source, storage_offset=0, size=(), stride=()):
     return _set.redispatch(CPU_KEYS, self, source, storage_offset, size, stride)
 
 
+def set_empty(self):
+    """`set_()`: the tensor becomes empty, over a new storage of no bytes (as CUDA's kernel)."""
+    fresh = new_tensor((0,), self.dtype, self.device.index)
+    return _set.redispatch(CPU_KEYS, self, fresh.untyped_storage(), 0, (0,), (1,))
+
+
 def _bytes_needed(self, source, offset, size, stride):
     """The bytes a view reaches into its storage (PyTorch's computeStorageNbytes), or 0 where the
     arguments are for PyTorch's kernel to reject (it raises its own error)."""

@@ -3,7 +3,8 @@
 // new and default generators (`getNewGenerator`, `getDefaultGenerator`); the hooks object a Python
 // backend can register (torch._C._acc.PrivateUse1Hooks) forwards neither, and PyTorch accepts one
 // hooks object per process, so this one is registered *instead of* the Python one, before it
-// (device/registration.py). `isAvailable` calls back into Python (device/platform.py).
+// (device/registration.py). `isAvailable` calls back into Python (device/platform.py). The same
+// hooks resize tpu storages (`resizePrivateUse1Bytes`, below the storage allocator).
 //
 // The state is what torchtpu's eager RNG (eager/random.py) needs, as on CUDA: a 64-bit seed and a
 // counter (`offset`) that every random op advances by one; the executable derives its PRNG key from
@@ -24,6 +25,17 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+
+// The few CPython functions the storage deleter needs, from the stable ABI (the library is loaded
+// into the Python process; Python's headers are not on this build's include path).
+extern "C" {
+typedef struct _object PyObject;
+int Py_IsInitialized(void);
+int PyGILState_Ensure(void);  // PyGILState_STATE, an int-sized enum
+void PyGILState_Release(int);
+void PyErr_Fetch(PyObject**, PyObject**, PyObject**);
+void PyErr_Restore(PyObject*, PyObject*, PyObject*);
+}
 
 namespace {
 
@@ -220,7 +232,15 @@ class TpuStorageAllocator final : public c10::Allocator {
   }
   static void release(void* ctx) {
     StorageFreeFn free_fn = g_storage_free.load();
-    if (free_fn != nullptr) free_fn(reinterpret_cast<uint64_t>(ctx));
+    if (free_fn == nullptr || !Py_IsInitialized()) return;
+    // A storage can die while a Python exception is on its way out (a temporary storage dropped as
+    // PyTorch raises): the callback must neither see nor clear it, or Python reports a SystemError.
+    int gil = PyGILState_Ensure();
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    free_fn(reinterpret_cast<uint64_t>(ctx));
+    PyErr_Restore(type, value, traceback);
+    PyGILState_Release(gil);
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {
