@@ -14,7 +14,7 @@ from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..ops.table import declared_facts
-from ..storage.records import RECORDS, memory_order
+from ..storage.records import RECORDS, contiguous_strides, is_dense, memory_order
 from . import bucketed_draws, fastpath, fusion, interrupts, overlap, tpu_check, xla_options
 from .entry import (
     CONSTANT_BYTES,
@@ -320,7 +320,7 @@ def _returns_of(kernel, entry, meta_out):
             leaves, s = pytree.tree_flatten(value)
             # undefined outputs (None: a backward's output_mask False) stay None, on both sides
             outs.extend((tuple(m.shape), m.dtype) for m in leaves if m is not None)
-            strides.extend(_channels_last_strides(m) for m in leaves if m is not None)
+            strides.extend(_kept_strides(m) for m in leaves if m is not None)
             nones.append(tuple(m is None for m in leaves))
             spec.append(s)
     entry.outs = outs
@@ -341,16 +341,18 @@ def _returns_of(kernel, entry, meta_out):
     return outs
 
 
-_CHANNELS_LAST = {4: (torch.channels_last, (0, 2, 3, 1)), 5: (torch.channels_last_3d, (0, 2, 3, 4, 1))}
-
-
-def _channels_last_strides(m):
-    """The strides of a new output that PyTorch lays out channels_last (a ReLU, a cat, a conv of
-    channels_last inputs), else None: the output is contiguous."""
-    layout = _CHANNELS_LAST.get(m.dim())
-    if layout is None or m.is_contiguous() or not m.is_contiguous(memory_format=layout[0]):
+def _kept_strides(m):
+    """The strides of a new output that PyTorch does not lay out contiguously, as its meta kernel
+    gives them, else None (contiguous). TensorIterator gives an elementwise op's output the memory
+    order of its inputs (a permuted or channels_last input, a broadcast with one), and PyTorch's meta
+    kernels compute the same strides; a layout that is not a permutation of a dense one is not kept."""
+    shape, stride = tuple(m.shape), m.stride()
+    if list(stride) == contiguous_strides(shape) or not m.numel():
         return None
-    return tuple(m.stride())
+    order = memory_order(shape, stride)
+    if not is_dense(tuple(shape[d] for d in order), tuple(stride[d] for d in order)):
+        return None
+    return tuple(stride)
 
 
 def _writes(kernel, compute, args, kwargs, slot_of, dyn_offset):
