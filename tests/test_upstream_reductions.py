@@ -174,3 +174,18 @@ def test_hash_tensor_along_a_dim(shape, dim, keepdim):
     assert_close(
         torch.hash_tensor(x.to(DEV), dim=dim, keepdim=keepdim).cpu(), torch.hash_tensor(x, dim=dim, keepdim=keepdim)
     )
+
+
+@pytest.mark.parametrize("op", [torch.sum, torch.nansum])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dim", [None, 1])
+def test_sum_into_a_narrower_dtype_rounds_each_element_first(op, dtype, dim):
+    # (test_nansum_out_dtype) the CPU casts every element to `dtype` before it accumulates in float32:
+    # summing the float32 values themselves differed in the last bit of the half result
+    x = torch.randn(7, 9, 8, generator=torch.Generator().manual_seed(0)) * 100
+    x[0, 0, 0] = float("nan") if op is torch.nansum else x[0, 0, 0]
+    args = () if dim is None else (dim,)
+    expected = op(x, *args, dtype=dtype)
+    actual = op(x.to(DEV), *args, dtype=dtype)
+    assert actual.dtype == expected.dtype
+    assert torch.equal(actual.cpu(), expected)

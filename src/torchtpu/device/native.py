@@ -9,8 +9,9 @@ Two things PyTorch only reads from C++ need it:
   (set_event_callbacks; eager/device_module.py answers);
 - the PrivateUse1 hooks with a generator (csrc/tpu_hooks.cpp): `torch.Generator("tpu")` and
   `torch.tpu.default_generators` need `getNewGenerator`/`getDefaultGenerator`, which the Python hooks
-  object does not forward. PyTorch accepts one hooks object per process, so the C++ one must be
-  registered at `import torch`, before the Python one would be (registration.py).
+  object does not forward; the same hooks resize tpu storages (`resizePrivateUse1Bytes`). PyTorch
+  accepts one hooks object per process, so the C++ one must be registered at `import torch`, before
+  the Python one would be (registration.py).
 
 It is compiled here, not at `pip install`: building at install time would need torch in pip's
 isolated build environment (a multi-GB download) and a compiler on every machine. Instead:
@@ -49,7 +50,7 @@ from . import platform, state
 
 _CSRC = pathlib.Path(__file__).with_name("csrc")
 _SOURCES = (_CSRC / "tpu_guard.cpp", _CSRC / "tpu_hooks.cpp")
-_ABI = 1  # tpu_hooks.cpp
+_ABI = 2  # tpu_hooks.cpp
 _GUARD_ABI = 2  # tpu_guard.cpp
 _AVAILABLE_FN = ctypes.CFUNCTYPE(ctypes.c_int)
 # the device guard's event callbacks (tpu_guard.cpp: Callbacks)
@@ -239,21 +240,24 @@ def _install_event_callbacks(lib, functions) -> None:
 
 _STORAGE_FNS = (
     ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int64)),  # allocate
-    ctypes.CFUNCTYPE(None, ctypes.c_uint64),
-)  # free
+    ctypes.CFUNCTYPE(None, ctypes.c_uint64),  # free
+    ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64),  # resize
+)
 _storage_callbacks = [None]
 
 
-def set_storage_callbacks(allocate, free) -> None:
-    """The storage layer's answers to PyTorch's PrivateUse1 allocator (tpu_hooks.cpp), which makes the
-    storages PyTorch creates itself (`torch.UntypedStorage(n, device="tpu")`): allocate(nbytes) ->
-    (address, device index), free(address). Without the extension PyTorch has no allocator for "tpu"."""
-    _storage_callbacks[0] = (allocate, free)
+def set_storage_callbacks(allocate, free, resize) -> None:
+    """The storage layer's answers to PyTorch's PrivateUse1 allocator and storage resize hook
+    (tpu_hooks.cpp), which make the storages PyTorch creates itself (`torch.UntypedStorage(n,
+    device="tpu")`) and resize any tpu storage: allocate(nbytes) -> (address, device index),
+    free(address), resize(address, nbytes) -> new address. Without the extension PyTorch has no
+    allocator for "tpu" and a storage's resize_ raises PyTorch's NotImplementedError."""
+    _storage_callbacks[0] = (allocate, free, resize)
     if _lib[0] is not None:
-        _install_storage_callbacks(_lib[0], allocate, free)
+        _install_storage_callbacks(_lib[0], allocate, free, resize)
 
 
-def _install_storage_callbacks(lib, allocate, free) -> None:
+def _install_storage_callbacks(lib, allocate, free, resize) -> None:
     def on_allocate(nbytes, index_out):
         try:
             address, index = allocate(nbytes)
@@ -268,8 +272,17 @@ def _install_storage_callbacks(lib, allocate, free) -> None:
         except BaseException:  # noqa: BLE001, S110 - nothing can be raised from a storage's deleter
             pass
 
-    pointers = [kind(fn) for kind, fn in zip(_STORAGE_FNS, (on_allocate, on_free))]
+    def on_resize(address, nbytes):
+        try:
+            return resize(address, nbytes)
+        except BaseException as e:  # noqa: BLE001 - an exception must not cross into C++: its message does
+            message = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+            lib.torchtpu_set_storage_error(message.encode("utf-8", "replace"))
+            return 0
+
+    pointers = [kind(fn) for kind, fn in zip(_STORAGE_FNS, (on_allocate, on_free, on_resize))]
     _callbacks.extend(pointers)
+    lib.torchtpu_set_storage_error.argtypes = [ctypes.c_char_p]
     lib.torchtpu_set_storage_callbacks(*pointers)
     # storages freed while the interpreter shuts down must not call into it
     atexit.register(lambda: lib.torchtpu_set_storage_callbacks(*(kind() for kind in _STORAGE_FNS)))
@@ -286,6 +299,11 @@ def problem() -> str | None:
 
 def generators_available() -> bool:
     """Whether `torch.Generator("tpu")` works: the C++ hooks are registered."""
+    return _hooks[0]
+
+
+def resizes_storages() -> bool:
+    """Whether `UntypedStorage.resize_` works on tpu storages: the C++ hooks are registered."""
     return _hooks[0]
 
 

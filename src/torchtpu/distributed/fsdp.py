@@ -2,10 +2,11 @@
 
 FSDP2 frees an unsharded parameter after use with `untyped_storage().resize_(0)` and brings it back
 with `resize_(nbytes)` before the next all-gather writes it. PyTorch resizes a PrivateUse1 storage
-through a C++ hook (`resizePrivateUse1Bytes`) that a backend written in Python cannot provide, so
-for tpu tensors the storage keeps its size and the device buffer is what gets freed: dropping the
-record's buffer releases the device memory exactly as the resize would, and the all-gather gives it
-a new one. CPU/CUDA tensors keep PyTorch's helpers.
+through a C++ hook (`resizePrivateUse1Bytes`), which torchtpu has only with its C++ extension
+(device/csrc/tpu_hooks.cpp), and a resize moves the storage to a new address. For tpu tensors the
+storage keeps its size and address and the device buffer is what gets freed: dropping the record's
+buffer releases the device memory exactly as the resize would, with or without the extension, and
+the all-gather gives it a new one. CPU/CUDA tensors keep PyTorch's helpers.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import resolve
 from ..ops.table import declared_facts
-from ..storage.records import RECORDS, memory_order
+from ..storage.records import RECORDS, contiguous_strides, is_dense, memory_order
 from . import bucketed_draws, fastpath, fusion, interrupts, overlap, tpu_check, xla_options
 from .entry import (
     CONSTANT_BYTES,
@@ -37,6 +37,7 @@ from .persistent_cache import ensure_persistent_cache
 # `meta_check=`); Dynamo's fake tensors use the same (eager/kernels.py _register_fake_overrides)
 META_OVERRIDES = declared_facts("meta")
 META_CHECKS = declared_facts("meta_check")
+OUTPUT_LAYOUTS = declared_facts("output_layout")
 
 
 def _walk(kernel, args, kwargs, on_tensor, on_scalar, on_cpu_scalar, on_other):
@@ -96,7 +97,7 @@ def build_entry(kernel, key, args, kwargs, records, device):
     entry = Entry()
     entry.overlap = guard if early else overlap.guard(kernel, args, kwargs, dyn_offset)
     entry.anchor = zlib.crc32(repr((kernel.name, key)).encode()) % fusion.ANCHOR_EVERY == 0
-    outs = _returns_of(kernel, entry, meta_out)
+    outs = _returns_of(kernel, entry, meta_out, _layout_rule(kernel, args, kwargs))
     writes = _writes(kernel, compute, args, kwargs, slot_of, dyn_offset)
     entry.mutated_slots = sorted({slot for slot, _, _ in writes})
 
@@ -308,7 +309,7 @@ def _as_cpu_error(e, kernel, args, kwargs):
     return e
 
 
-def _returns_of(kernel, entry, meta_out):
+def _returns_of(kernel, entry, meta_out, layout):
     """Which returns are new tensors, and how they nest; fills entry.outs/spec/nones."""
     schema = kernel.op._schema
     rets = meta_out if len(schema.returns) != 1 else (meta_out,)
@@ -320,7 +321,7 @@ def _returns_of(kernel, entry, meta_out):
             leaves, s = pytree.tree_flatten(value)
             # undefined outputs (None: a backward's output_mask False) stay None, on both sides
             outs.extend((tuple(m.shape), m.dtype) for m in leaves if m is not None)
-            strides.extend(_channels_last_strides(m) for m in leaves if m is not None)
+            strides.extend(_kept_strides(m, layout) for m in leaves if m is not None)
             nones.append(tuple(m is None for m in leaves))
             spec.append(s)
     entry.outs = outs
@@ -341,16 +342,32 @@ def _returns_of(kernel, entry, meta_out):
     return outs
 
 
-_CHANNELS_LAST = {4: (torch.channels_last, (0, 2, 3, 1)), 5: (torch.channels_last_3d, (0, 2, 3, 4, 1))}
+def _layout_rule(kernel, args, kwargs):
+    """How the CPU lays out the op's new outputs: "meta" (as PyTorch's meta kernel says) unless the
+    lowering declares otherwise (`output_layout`, ops/table.py)."""
+    rule = OUTPUT_LAYOUTS.get(kernel.name, "meta")
+    return rule(*args, **kwargs) if callable(rule) else rule
 
 
-def _channels_last_strides(m):
-    """The strides of a new output that PyTorch lays out channels_last (a ReLU, a cat, a conv of
-    channels_last inputs), else None: the output is contiguous."""
-    layout = _CHANNELS_LAST.get(m.dim())
-    if layout is None or m.is_contiguous() or not m.is_contiguous(memory_format=layout[0]):
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def _kept_strides(m, layout):
+    """The strides of a new output that PyTorch does not lay out contiguously, as its meta kernel
+    gives them, else None (contiguous). TensorIterator gives an elementwise op's output the memory
+    order of its inputs (a permuted or channels_last input, a broadcast with one), and PyTorch's meta
+    kernels compute the same strides; a layout that is not a permutation of a dense one is not kept.
+    With layout "memory_format" only a channels_last layout is kept."""
+    shape, stride = tuple(m.shape), m.stride()
+    if list(stride) == contiguous_strides(shape) or not m.numel():
         return None
-    return tuple(m.stride())
+    if layout == "memory_format":
+        channels_last = _CHANNELS_LAST.get(m.dim())
+        return tuple(stride) if channels_last and m.is_contiguous(memory_format=channels_last) else None
+    order = memory_order(shape, stride)
+    if not is_dense(tuple(shape[d] for d in order), tuple(stride[d] for d in order)):
+        return None
+    return tuple(stride)
 
 
 def _writes(kernel, compute, args, kwargs, slot_of, dyn_offset):

@@ -46,7 +46,7 @@ from .. import config
 from ..device import native
 from ..metrics import counters
 from ..storage import records
-from ..storage.records import RECORDS, StorageRecord, new_tensor
+from ..storage.records import RECORDS, StorageRecord, new_tensor, storage_shape
 from . import asserts, fusion, interrupts, limits, modes, xla_options
 from .device_scalars import device_scalar
 from .entry import Entry
@@ -114,7 +114,7 @@ class FastPlan(NamedTuple):
     kPlanFields names the same fields; the load refuses a FastPlan that lacks one)."""
 
     fn: Callable  # the jitted function (through the entry's memo for a small op: engine.memoizing)
-    outs: tuple  # ((shape, dtype) of each new output, ...); () for an in-place or out= op
+    outs: tuple  # ((shape, dtype[, strides, form]) of each new output, ...); () for an in-place or out= op
     written_slots: tuple  # the storage slots it writes
     checks: tuple | None  # device-side check messages (fn returns a verdict last), or None
     where: str  # the op's name, for those messages
@@ -179,8 +179,7 @@ def describe(kernel, entry, memoizing, write_gate):
         or entry.xla is not None
         or entry.fn is None
         or entry.host_checked
-        or entry.strides is not None
-    ):  # (C++ makes contiguous outputs only)
+    ):
         return False
     checks = tuple(entry.checks) if entry.checks else None
     if entry.mutated_slots:
@@ -193,7 +192,13 @@ def describe(kernel, entry, memoizing, write_gate):
         or (entry.spec is not None and not all(type(s) is not str and s.is_leaf() for s in entry.spec))
     ):
         return False
-    outs = tuple((tuple(shape), dtype) for shape, dtype in entry.outs)
+    # (shape, dtype) per new output; (shape, dtype, strides, its storage's array shape) for one laid
+    # out otherwise than contiguously
+    strides = entry.strides or (None,) * len(entry.outs)
+    outs = tuple(
+        (tuple(shape), dtype) if st is None else (tuple(shape), dtype, st, storage_shape(shape, st))
+        for (shape, dtype), st in zip(entry.outs, strides)
+    )
     if entry.memo is not None:  # a small op keeps its last results, keyed on the numbers' values:
         # memoizing takes the numbers themselves, not kept device arrays
         return FastPlan(memoizing(entry), outs, (), checks, kernel.where, None, entry, entry.fn, False)

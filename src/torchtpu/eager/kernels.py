@@ -22,8 +22,19 @@ from ..ops import argument_checks, factories
 from ..ops import dtypes as dt
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts
-from ..storage.records import RECORDS, contiguous_strides, covers, new_tensor, record_of, set_buffer
-from . import asserts, attention, data_dependent, errors, fastpath, fusion, host_copies, interrupts, tpu_check
+from ..storage.records import RECORDS, covers, new_tensor, record_of, set_buffer
+from . import (
+    asserts,
+    attention,
+    data_dependent,
+    errors,
+    fastpath,
+    fusion,
+    host_copies,
+    interrupts,
+    storage_kernels,
+    tpu_check,
+)
 from .build import META_OVERRIDES
 from .engine import OpKernel, describe_last_call, forget_last_call
 from .entry import CONSTANT_BYTES, scalar_key
@@ -59,7 +70,6 @@ _METADATA_OPS = [
     "alias",
     "unfold",
     "set_.source_Storage",
-    "set_.source_Storage_storage_offset",
     "set_.source_Tensor",
     "view.dtype",
     "_unsafe_view",
@@ -141,42 +151,6 @@ def _device_index(device):
         index = current_device() if device.index is None else device.index
     platform.jax_device(index)  # raises naming the index and the device count
     return index
-
-
-def _resize_(self, size, memory_format=None):
-    size = tuple(size)
-    if any(n < 0 for n in size):
-        raise RuntimeError(
-            "numel: integer multiplication overflow"
-            if len(size) == 1
-            else f"Trying to create tensor with negative dimension {min(size)}: {list(size)}"
-        )
-    if memory_format is torch.preserve_format:
-        raise RuntimeError("Unsupported memory formatPreserve")
-    r = record_of(self)
-    needed = (int(np.prod(size)) + self.storage_offset()) * self.element_size()
-    strides = contiguous_strides(size)
-    if size == tuple(self.shape):
-        pass  # the same sizes keep their strides (a transposed tensor stays transposed), as PyTorch's resize_
-    elif needed <= r.nbytes:
-        aten.set_.source_Storage_storage_offset.redispatch(
-            CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, strides
-        )
-    else:  # grow: a new storage keeping the old elements in front, as PyTorch does
-        fresh = new_tensor((needed // self.element_size(),), self.dtype, r.device_index)
-        if r.buffer is not None:
-            old = r.buffer if r.dtype == self.dtype else None
-            if old is not None:
-                set_buffer(record_of(fresh), jax.numpy.pad(old.reshape(-1), (0, fresh.numel() - old.size)))
-        aten.set_.source_Storage_storage_offset.redispatch(
-            CPU_KEYS, self, fresh.untyped_storage(), self.storage_offset(), size, strides
-        )
-    if memory_format is not None:  # restrides even at the same sizes, as PyTorch's empty_tensor_restride
-        st = torch.empty(size, device="meta").contiguous(memory_format=memory_format).stride()
-        aten.set_.source_Storage_storage_offset.redispatch(
-            CPU_KEYS, self, self.untyped_storage(), self.storage_offset(), size, st
-        )
-    return self
 
 
 # ------------------------------------------------------------------ host <-> device
@@ -694,7 +668,9 @@ def register_all():
     _register_metadata_ops(fast)
     _impl("empty.memory_format", _empty_memory_format)
     _impl("empty_strided", _empty_strided)
-    _impl("resize_", _resize_)
+    _impl("resize_", storage_kernels.resize_)
+    _impl("set_.source_Storage_storage_offset", storage_kernels.set_storage)
+    _impl("set_", storage_kernels.set_empty)
     _impl("copy_", _copy_)
     _impl("_copy_from", _copy_from)
     _impl("_copy_from_and_resize", lambda self, dst: _copy_(dst.resize_(self.shape), self))

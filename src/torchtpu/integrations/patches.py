@@ -9,12 +9,10 @@ target exists. A patch whose target has gone missing or changed shape is not app
 tests/test_patches.py imports accelerate and transformers and checks that every patch is installed,
 so a new release that moves a target is caught in CI instead of silently changing behaviour.
 
-torch.accelerator (torch 2.13): its functions wrap `torch._C._accelerator_*` builtins, which for a
-PrivateUse1 backend reach C++ interfaces a Python backend cannot provide (a `c10::DeviceAllocator`, a
-stream-aware `DeviceGuardImpl`): `empty_cache()` and `memory_stats()` raise, `synchronize()` too,
-`set_device_index()` is ignored. The builtins are wrapped (answered from `torch.tpu` when the current
-accelerator is "tpu"): PyTorch's argument handling stays, and every caller is covered, including
-`from torch.accelerator import empty_cache`. docs/design.md ("torch.accelerator") weighs this against C++.
+torch.accelerator (torch 2.13): for a PrivateUse1 backend its `torch._C._accelerator_*` builtins reach
+C++ interfaces a Python backend cannot provide (`empty_cache()`, `memory_stats()`, `synchronize()` raise;
+`set_device_index()` is ignored): they are wrapped, answered from `torch.tpu` when the accelerator is
+"tpu" (docs/design.md, "torch.accelerator").
 """
 
 from __future__ import annotations
@@ -399,15 +397,11 @@ DYNAMIC_CACHE_INTS = r".*\.cumulative_length_int$"
 
 
 def _sliding_window_decode(module) -> None:
-    """Transformers' sliding-window static cache (`StaticSlidingWindowLayer`) counts the tokens it
-    has seen in a Python int, `cumulative_length_int`, which its `update` and `get_mask_sizes` read.
-    `generate()` compiles the decode step for "tpu" with `dynamic=False`, so Dynamo bakes that int
-    into the graph and compiles a new graph for every token (Gemma 2/3/4, Mistral: 11 graphs for 8
-    tokens, then Dynamo's recompile limit sends decoding back to eager). For tpu models the compiled
-    call runs with the int marked dynamic (`torch.compiler.config.dynamic_sources`, scoped to the
-    call): Dynamo guards on the cache's state (filling / full) instead of the count, and our backend
-    passes the int to the executable as a traced scalar (compile/backend.py), so a decode step reuses
-    one graph. Wraps `PreTrainedModel.get_compiled_call`."""
+    """`StaticSlidingWindowLayer` counts its tokens in a Python int, `cumulative_length_int`; `generate()`
+    compiles tpu decode steps with `dynamic=False`, so Dynamo baked the int in and compiled a graph per
+    token (Gemma 2/3/4, Mistral), then fell back to eager at its recompile limit. For tpu models the
+    compiled call runs with that int marked dynamic (`torch.compiler.config.dynamic_sources`, scoped to
+    the call; compile/backend.py passes it as a traced scalar): one decode graph."""
     cls = getattr(module, "PreTrainedModel", None)
     original = getattr(cls, "get_compiled_call", None) if cls is not None else None
     config = getattr(torch.compiler, "config", None)
@@ -511,29 +505,16 @@ def _sliding_window_layer(module) -> None:
 
 
 def _deferred_stop_check(module) -> None:
-    """`generate()` asks after every token whether all sequences have finished
-    (`unfinished_sequences.max() == 0`), which makes the host wait for the device's step before it
-    can queue the next one. Transformers 5.25 has `DeferredStopCheck`, which reads that flag one step
-    late through a non-blocking copy to host memory and an event, so the host queues step t+1 while
-    the device runs step t (one extra step, undone at the end); it enables it on "mps" only. On tpu
-    the same holds (a pinned non-blocking copy and `torch.Event` work as on CUDA: eager/host_copies.py,
-    device_module.py), and a compiled decode of a small Llama is 8-25% faster with it on a 2-core
-    XLA:CPU host (benchmarks/RESULTS.md). Enabled for tpu, with the same conditions on the cache as
-    "mps" (the original decides them), and the host slots pinned: a copy into pageable memory waits,
-    as on CUDA. Releases before 5.25 have no DeferredStopCheck: nothing to do.
-
-    CUDA never takes this path (5.25 defers on "mps" only), and it breaks for encoder-decoder models whose
-    cache `generate()` returns (`return_dict_in_generate=True`, or a cache passed in): rolling the extra
-    step back calls `EncoderDecoderCache.crop`, which refuses anything but two DynamicCaches (a static
-    cache: TypeError), and `finish` reads `cache.layers`, which an EncoderDecoderCache lacks (5.25 tests
-    `isinstance(cache, EncoderDecoderCache)` first; other revisions do not: AttributeError). So on tpu the
-    stop is deferred with a returned cache only when that cache has `layers` (a decoder-only model's);
-    an encoder-decoder model returning its cache checks every token, as on CUDA (same tokens, one
-    host sync a token); without a returned cache there is nothing to roll back and it defers.
-    Layers that roll back by recording their past (`record_past`: Mamba 2's linear-attention states,
-    dynamic sliding windows) are left as `crop` slices them, views of wider tensors with new strides,
-    so the next compiled decode step recompiles (a static-cache Mamba 2: "stride mismatch" on the
-    conv state); a returned cache holding such layers is also checked every token, as on CUDA."""
+    """`generate()` reads `unfinished_sequences.max() == 0` after every token, so the host waits for each
+    step. Transformers 5.25's `DeferredStopCheck` reads it one step late (non-blocking copy + event) so
+    the host queues step t+1 while the device runs step t; 5.25 enables it on "mps" only. Enabled for
+    tpu with the same cache conditions (asked of the original as "mps"), its host slots pinned (a copy
+    to pageable memory waits, as on CUDA): compiled small-Llama decode 8-25% faster (RESULTS.md).
+    CUDA never takes this path, and rolling the extra step back breaks for caches `generate()` returns
+    from encoder-decoder models (`EncoderDecoderCache.crop` refuses static caches, `finish` reads
+    `cache.layers`) and leaves layers that `record_past` (Mamba 2, dynamic sliding windows) as views
+    with new strides (the next compiled step recompiles). A returned cache of those kinds is checked
+    every token, as on CUDA; without a returned cache nothing is rolled back and the check defers."""
     cls = getattr(module, "DeferredStopCheck", None)
     if cls is None:
         return
@@ -658,6 +639,26 @@ def _storage_constructor() -> None:
     _applied.append("torch.UntypedStorage.__new__ (without the C++ extension)")
 
 
+def _storage_methods() -> None:
+    """UntypedStorage methods that would crash on a tpu storage: storage/storage_methods.py ON_TPU."""
+    from ..storage.storage_methods import ON_TPU
+
+    def for_tpu_storages(original, on_tpu):
+        def method(self, *args):
+            return on_tpu(original, self, *args) if self.device.type == "tpu" else original(self, *args)
+
+        method.__name__ = original.__name__
+        return _mark(method, original)
+
+    for name, on_tpu in ON_TPU.items():
+        original = getattr(torch.UntypedStorage, name, None)
+        if original is None:
+            _problems.append(f"torch.UntypedStorage.{name} is missing (checked against torch 2.13)")
+        elif not getattr(original, "_torchtpu", False):
+            setattr(torch.UntypedStorage, name, for_tpu_storages(original, on_tpu))
+    _applied.append(f"torch.UntypedStorage.{'/'.join(ON_TPU)} (tpu storages)")
+
+
 # ------------------------------------------------------------------ Pallas (jax 0.10)
 def _pallas_calls_in_32_bits(module) -> None:
     """`pl.pallas_call(...)` builds its callable with the private `_pallas_call` (checked against jax 0.10);
@@ -680,8 +681,7 @@ def _pallas_calls_in_32_bits(module) -> None:
 class Patch:
     """One row of PATCHES: `apply` changes `marker` (a dotted name whose object then carries `_torchtpu`),
     checked against releases `checked[0]` .. `checked[1]` (major.minor, both included) of `library`;
-    `module` names the module whose import applies it (None: applied by `install()`); `needed`, when
-    given, says whether this process needs it at all (checked when it would be applied)."""
+    `module` names the module whose import applies it (None: `install()`); `needed`: does this process need it."""
 
     apply: Callable
     library: str
@@ -700,6 +700,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch(_profiler_trace_window, "torch", TORCH_CHECKED, "torch.profiler.profiler._KinetoProfile.start_trace"),
     Patch(_host_storage_moves, "torch", TORCH_CHECKED, "torch.UntypedStorage.clone"),
     Patch(_storage_constructor, "torch", TORCH_CHECKED, "torch.UntypedStorage.__new__", needed=_without_native),
+    Patch(_storage_methods, "torch", TORCH_CHECKED, "torch.UntypedStorage._byteswap"),
     Patch(_pallas_calls_in_32_bits, "jax", JAX_CHECKED,
           "jax._src.pallas.pallas_call._pallas_call", "jax._src.pallas.pallas_call"),
     Patch(_accelerate_default_device, "accelerate", ACCELERATE_CHECKED,
@@ -716,7 +717,6 @@ PATCHES: tuple[Patch, ...] = (
     Patch(_deferred_stop_check, "transformers", ("5.25", "5.25"),
           "transformers.generation.utils.DeferredStopCheck.is_supported", "transformers.generation.utils"),
 )
-# fmt: on
 # fmt: on
 
 _warned_libraries: set[str] = set()

@@ -64,7 +64,14 @@ def _fft_r2c_check(a, *_, **__):
         raise RuntimeError(f"Only supports floating-point dtypes, but found: {scalar_type_name(a.dtype)}")
 
 
-@lowering("_fft_r2c", meta_check=_fft_r2c_check)
+def _r2c_layout(self, dim, *_, **__):
+    """The CPU's real-to-complex output over several dims is not laid out as PyTorch's meta kernel says
+    (the halved dim innermost, the others in the input's order): contiguous then, as before; over one
+    dim the meta kernel's layout is the CPU's."""
+    return "meta" if len(dim) == 1 else "memory_format"
+
+
+@lowering("_fft_r2c", meta_check=_fft_r2c_check, output_layout=_r2c_layout)
 def fft_r2c(self, dim, normalization, onesided):
     _check_dtype(self, "_fft_r2c")
     axes = _axes(self, dim)

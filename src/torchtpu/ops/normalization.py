@@ -92,43 +92,53 @@ def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, 
     return out, running_mean.astype(acc), invstd, running_mean, running_var
 
 
+# the CPU's batch norm writes a contiguous output, or a channels_last one for a channels_last input
+# (suggest_memory_format); PyTorch's meta kernel keeps any permuted input layout
+_BN_LAYOUT = "memory_format"
+
+
 def _drop_none(*values):
     return tuple(v for v in values if v is not None)
 
 
-@lowering("native_batch_norm", mutates=((3, "running_mean"), (4, "running_var")), real_only=True)
+@lowering(
+    "native_batch_norm",
+    mutates=((3, "running_mean"), (4, "running_var")),
+    real_only=True,
+    output_layout=_BN_LAYOUT,
+)
 def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     out, mean, invstd, rm, rv = _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps)
     return (out, mean, invstd) + _drop_none(rm, rv)
 
 
-@lowering("_native_batch_norm_legit", real_only=True)
+@lowering("_native_batch_norm_legit", real_only=True, output_layout=_BN_LAYOUT)
 def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
     return native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lowering("_native_batch_norm_legit.no_stats", real_only=True)
+@lowering("_native_batch_norm_legit.no_stats", real_only=True, output_layout=_BN_LAYOUT)
 def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
     return _bn_forward(x, weight, bias, None, None, True, momentum, eps)[:3]
 
 
-@lowering("_native_batch_norm_legit_functional")
+@lowering("_native_batch_norm_legit_functional", output_layout=_BN_LAYOUT)
 def native_batch_norm_legit_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
     return _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lowering("_native_batch_norm_legit_no_training", real_only=True)
+@lowering("_native_batch_norm_legit_no_training", real_only=True, output_layout=_BN_LAYOUT)
 def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     return _bn_forward(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
 
-@lowering("_batch_norm_with_update", real_only=True)
+@lowering("_batch_norm_with_update", real_only=True, output_layout=_BN_LAYOUT)
 def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
     out, mean, invstd, rm, rv = _bn_forward(x, weight, bias, running_mean, running_var, True, momentum, eps)
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8), rm, rv
 
 
-@lowering("_batch_norm_no_update", real_only=True)
+@lowering("_batch_norm_no_update", real_only=True, output_layout=_BN_LAYOUT)
 def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
     if running_mean is None:
         out, mean, invstd, _, _ = _bn_forward(x, weight, bias, None, None, True, momentum, eps)

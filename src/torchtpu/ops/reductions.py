@@ -33,7 +33,9 @@ def _acc_dtype(a, dtype):
 def sum_reduction(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
     acc = opmath(d)
-    return jnp.sum(a.astype(acc), axis=_dims(a, dim), keepdims=keepdim).astype(d)
+    # the CPU casts each element to the result dtype first (a float32 input summed as float16 rounds
+    # every element to float16), then accumulates in its opmath type
+    return jnp.sum(a.astype(d).astype(acc), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
 def _mean_complex_half_check(a, *args, **kwargs):
@@ -230,7 +232,7 @@ def std_mean(a, dim=None, correction=None, keepdim=False):
 @lowering("nansum", real_only=True)
 def nansum(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
-    x = a.astype(opmath(d))
+    x = a.astype(d).astype(opmath(d))  # (each element in the result dtype first, as sum)
     if jnp.issubdtype(x.dtype, jnp.floating):
         x = jnp.where(jnp.isnan(x), 0, x)
     return jnp.sum(x, axis=_dims(a, dim), keepdims=keepdim).astype(d)

@@ -31,6 +31,10 @@ finds all of them (docs/design.md, "Adding an op"):
     inplace_variant="foo_.ov"  the in-place overload whose functional twin this is, where the names do not say
     write_overlap=WriteOverlap(...)  ATen's memory-overlap rules for the op's in-place and out= writes,
                             where it is not an elementwise op (those follow TensorIterator's: eager/overlap.py)
+    output_layout="memory_format"  the CPU kernel lays its new outputs out contiguously, or channels_last
+                            for a channels_last input, where PyTorch's meta kernel keeps another input
+                            layout (the engine otherwise takes the meta kernel's strides); or f(*args,
+                            **kwargs) -> "memory_format" or "meta", per call
 
 A per-overload fact is one value for every name of the decorator, or a dict from overload names (the
 decorator's own, or their in-place and out= variants, named explicitly) to values. The tables other
@@ -80,7 +84,16 @@ class Lowering:
 LOWERINGS: dict[str, Lowering] = {}
 
 # the facts declared per overload with `@lowering(..., kind=value)`: kind -> {overload: value}
-FACT_KINDS = ("host_check", "meta_check", "meta", "missing_meta", "mask_args", "inplace_variant", "write_overlap")
+FACT_KINDS = (
+    "host_check",
+    "meta_check",
+    "meta",
+    "missing_meta",
+    "mask_args",
+    "inplace_variant",
+    "write_overlap",
+    "output_layout",
+)
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
 FACT_OWNERS: dict[str, dict[str, str]] = {kind: {} for kind in FACT_KINDS}

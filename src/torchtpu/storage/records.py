@@ -152,8 +152,7 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None, form=None
     numel = math.prod(shape)
     nbytes = numel * dtype.itemsize
     # Non-overlapping ranges with a guard page, so PyTorch's overlap checks on data_ptr stay valid.
-    address = _bump[0]
-    _bump[0] = address + ((nbytes + 2 * PAGE_BYTES - 1) // PAGE_BYTES) * PAGE_BYTES
+    address = _fresh_address(nbytes)
     fresh = _make_storage(address, _DEVICES.get(device_index) or _device(device_index), nbytes)
     # (create_empty_tensor gives a dimension before a zero-size one stride 0, PyTorch's contiguous
     # strides count a zero-size dimension as 1: those take the slow path; so do dense layouts whose
@@ -316,8 +315,7 @@ def allocate_storage(nbytes):
     from ..device.state import current_device
 
     index = current_device()
-    address = _bump[0]
-    _bump[0] = address + ((nbytes + 2 * PAGE_BYTES - 1) // PAGE_BYTES) * PAGE_BYTES
+    address = _fresh_address(nbytes)
     RECORDS[address] = StorageRecord(torch.uint8, nbytes, nbytes, index, None)
     s = stats(index)
     s.allocated += nbytes
@@ -327,4 +325,50 @@ def allocate_storage(nbytes):
     return address, index
 
 
-native.set_storage_callbacks(allocate_storage, free_storage)
+def _fresh_address(nbytes):
+    address = _bump[0]
+    _bump[0] = address + ((nbytes + 2 * PAGE_BYTES - 1) // PAGE_BYTES) * PAGE_BYTES
+    return address
+
+
+def resize_storage(address, nbytes):
+    """PyTorch resizes the storage at `address` to `nbytes` bytes (`storage.resize_(n)`, a tensor's
+    resize_ growing its storage: device/csrc/tpu_hooks.cpp resizePrivateUse1Bytes). As CUDA reallocates,
+    the record moves to a fresh address (a grown storage would overlap the next one's range) and keeps
+    the old elements in front; new elements read as zeros (CUDA leaves them uninitialised). The record
+    keeps its element dtype: a size that is not a whole number of elements keeps the last, partial one
+    (every view of the storage lies inside `nbytes`, PyTorch checks). Returns the new address."""
+    record = RECORDS.get(address)
+    if record is None:
+        raise RuntimeError(f"torchtpu: no tpu storage at address {address:#x} to resize")
+    if nbytes == record.nbytes:
+        return address
+    numel = -(-nbytes // record.dtype.itemsize)
+    s = stats(record.device_index)
+    buffer = record.buffer  # (a queued result of the fused mode is computed first)
+    if buffer is not None:
+        flat = buffer.reshape(-1)
+        if numel == 0:
+            buffer = None  # nothing left to hold: the device memory goes now (FSDP2's resize_(0))
+        elif numel <= flat.shape[0]:
+            buffer = flat[:numel]
+        else:
+            import jax.numpy as jnp
+
+            buffer = jnp.pad(flat, (0, numel - flat.shape[0]))
+        s.materialized += (nbytes if buffer is not None else 0) - record.nbytes
+    new = _fresh_address(nbytes)
+    del RECORDS[address]  # (the old data pointer's deleter, when it has one, then finds nothing)
+    s.allocated += nbytes - record.nbytes
+    record._buffer, record.numel, record.nbytes, record.shape = buffer, numel, nbytes, (numel,)
+    if record.ref is not None:
+        record.ref.address = new
+    RECORDS[new] = record
+    if s.allocated - s.failed > s.peak:
+        s.peak = s.allocated - s.failed
+    if s.materialized > s.peak_materialized:
+        s.peak_materialized = s.materialized
+    return new
+
+
+native.set_storage_callbacks(allocate_storage, free_storage, resize_storage)

@@ -3,7 +3,8 @@
 // new and default generators (`getNewGenerator`, `getDefaultGenerator`); the hooks object a Python
 // backend can register (torch._C._acc.PrivateUse1Hooks) forwards neither, and PyTorch accepts one
 // hooks object per process, so this one is registered *instead of* the Python one, before it
-// (device/registration.py). `isAvailable` calls back into Python (device/platform.py).
+// (device/registration.py). `isAvailable` calls back into Python (device/platform.py). The same
+// hooks resize tpu storages (`resizePrivateUse1Bytes`, below the storage allocator).
 //
 // The state is what torchtpu's eager RNG (eager/random.py) needs, as on CUDA: a 64-bit seed and a
 // counter (`offset`) that every random op advances by one; the executable derives its PRNG key from
@@ -19,10 +20,22 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <string>
 #include <array>
 #include <atomic>
 #include <map>
 #include <mutex>
+
+// The few CPython functions the storage deleter needs, from the stable ABI (the library is loaded
+// into the Python process; Python's headers are not on this build's include path).
+extern "C" {
+typedef struct _object PyObject;
+int Py_IsInitialized(void);
+int PyGILState_Ensure(void);  // PyGILState_STATE, an int-sized enum
+void PyGILState_Release(int);
+void PyErr_Fetch(PyObject**, PyObject**, PyObject**);
+void PyErr_Restore(PyObject*, PyObject*, PyObject*);
+}
 
 namespace {
 
@@ -180,6 +193,8 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   at::Allocator* getPinnedMemoryAllocator() const override { return &pinned_; }
   bool isPinnedPtr(const void* data) const override { return pinned_.contains(data); }
 
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override;
+
   AvailableFn is_available_ = nullptr;
 
  private:
@@ -197,8 +212,12 @@ TpuHooks* g_hooks = nullptr;
 // callbacks (ctypes takes the GIL); at exit they are cleared and a late deleter does nothing.
 using StorageAllocFn = uint64_t (*)(uint64_t nbytes, int64_t* device_index);
 using StorageFreeFn = void (*)(uint64_t address);
+// resize(address, new nbytes) -> the storage's new address (0: failed, the reason in t_storage_error)
+using StorageResizeFn = uint64_t (*)(uint64_t address, uint64_t nbytes);
 std::atomic<StorageAllocFn> g_storage_alloc{nullptr};
 std::atomic<StorageFreeFn> g_storage_free{nullptr};
+std::atomic<StorageResizeFn> g_storage_resize{nullptr};
+thread_local std::string t_storage_error;
 
 class TpuStorageAllocator final : public c10::Allocator {
  public:
@@ -213,7 +232,15 @@ class TpuStorageAllocator final : public c10::Allocator {
   }
   static void release(void* ctx) {
     StorageFreeFn free_fn = g_storage_free.load();
-    if (free_fn != nullptr) free_fn(reinterpret_cast<uint64_t>(ctx));
+    if (free_fn == nullptr || !Py_IsInitialized()) return;
+    // A storage can die while a Python exception is on its way out (a temporary storage dropped as
+    // PyTorch raises): the callback must neither see nor clear it, or Python reports a SystemError.
+    int gil = PyGILState_Ensure();
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    free_fn(reinterpret_cast<uint64_t>(ctx));
+    PyErr_Restore(type, value, traceback);
+    PyGILState_Release(gil);
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {
@@ -223,10 +250,34 @@ class TpuStorageAllocator final : public c10::Allocator {
 
 TpuStorageAllocator g_storage_allocator;
 
+// `storage.resize_(n)`, `tensor.resize_` growing its storage, `set_` onto a storage too small: as
+// CUDA's resize_bytes_cuda, the storage gets a new allocation of n bytes holding the old bytes in
+// front, and every tensor over the storage sees it. The storage layer moves the storage's record
+// to a fresh address (addresses are spaced by size, so a grown storage cannot stay where it was);
+// the old DataPtr's deleter then finds no record there. The new DataPtr frees the record like an
+// allocated one (a storage made from an address is also freed by its weak reference: the second
+// free finds nothing).
+void TpuHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const {
+  StorageResizeFn resize = g_storage_resize.load();
+  TORCH_CHECK(resize != nullptr, "torchtpu: tpu storages can only be resized while torchtpu is loaded");
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  auto old = reinterpret_cast<uint64_t>(impl->data_ptr().get());
+  t_storage_error.clear();
+  uint64_t address = resize(old, static_cast<uint64_t>(newsize));
+  TORCH_CHECK(address != 0, t_storage_error.empty() ? "torchtpu: could not resize a tpu storage" : t_storage_error);
+  if (address == old) {   // the same size: the same allocation, as on CUDA
+    impl->set_nbytes(newsize);
+    return;
+  }
+  void* p = reinterpret_cast<void*>(address);
+  impl->set_data_ptr_noswap(c10::DataPtr(p, p, &TpuStorageAllocator::release, impl->device()));
+  impl->set_nbytes(newsize);
+}
+
 }  // namespace
 
 extern "C" {
-int torchtpu_hooks_abi() { return 1; }
+int torchtpu_hooks_abi() { return 2; }
 // 1: registered; 0: PyTorch already had PrivateUse1 hooks (registered once per process).
 int torchtpu_register_hooks(AvailableFn is_available) {
   if (at::isPrivateUse1HooksRegistered()) return 0;
@@ -239,7 +290,8 @@ int torchtpu_register_hooks(AvailableFn is_available) {
 // so that `torch.Generator("tpu:i")` right after this call is a Python object over it; 0 clears it.
 void torchtpu_next_new_is_default(int on) { t_hand_out_default = on; }
 // The storage layer's callbacks (NULLs at exit); the allocator is registered at the first call.
-void torchtpu_set_storage_callbacks(StorageAllocFn alloc, StorageFreeFn free_fn) {
+void torchtpu_set_storage_callbacks(StorageAllocFn alloc, StorageFreeFn free_fn, StorageResizeFn resize) {
+  g_storage_resize.store(resize);
   g_storage_free.store(free_fn);
   g_storage_alloc.store(alloc);
   static bool registered = false;
@@ -248,4 +300,6 @@ void torchtpu_set_storage_callbacks(StorageAllocFn alloc, StorageFreeFn free_fn)
     registered = true;
   }
 }
+// Why the resize callback failed (its exception's message), raised by resizePrivateUse1Bytes.
+void torchtpu_set_storage_error(const char* message) { t_storage_error = message ? message : ""; }
 }

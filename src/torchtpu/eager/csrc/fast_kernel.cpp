@@ -419,9 +419,9 @@ class FastKernel final : public c10::OperatorKernel {
       if (C.native_outputs && w.device == 0 && o.scalar_type != c10::ScalarType::Undefined) {
         t = new_output(o, w.device_obj, items[i]);   // throws python_error
       }
-      if (!t.defined()) {
-        PyObject* nargs[4] = {o.shape, o.dtype, w.device_obj, items[i]};
-        PyObject* made = PyObject_Vectorcall(C.new_tensor, nargs, 4, nullptr);
+      if (!t.defined()) {   // (new_tensor(shape, dtype, device, buffer[, strides]))
+        PyObject* nargs[5] = {o.shape, o.dtype, w.device_obj, items[i], o.stride};
+        PyObject* made = PyObject_Vectorcall(C.new_tensor, nargs, o.stride ? 5 : 4, nullptr);
         if (!made) throw python_error();
         t = THPVariable_Unpack(made);
         Py_DECREF(made);
@@ -453,14 +453,23 @@ class FastKernel final : public c10::OperatorKernel {
       plan->mutated.push_back(static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(slots, i))));
     }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(outs); i++) {
+      // (shape, dtype), or (shape, dtype, strides, storage form) for an output laid out otherwise
+      // than contiguously
       PyObject* pair = PyTuple_GET_ITEM(outs, i);
-      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) return nullptr;
+      if (!PyTuple_Check(pair) || (PyTuple_GET_SIZE(pair) != 2 && PyTuple_GET_SIZE(pair) != 4)) return nullptr;
       Out o;
       o.shape = PyTuple_GET_ITEM(pair, 0);
       o.dtype = PyTuple_GET_ITEM(pair, 1);
       Py_INCREF(o.shape);
       Py_INCREF(o.dtype);
       o.measure();
+      if (PyTuple_GET_SIZE(pair) == 4) {
+        o.stride = PyTuple_GET_ITEM(pair, 2);
+        o.form = PyTuple_GET_ITEM(pair, 3);
+        Py_INCREF(o.stride);
+        Py_INCREF(o.form);
+        if (!o.measure_strides()) o.scalar_type = c10::ScalarType::Undefined;   // (new_tensor makes it)
+      }
       plan->outs.push_back(std::move(o));
     }
     if (checks != Py_None) {

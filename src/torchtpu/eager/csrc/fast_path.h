@@ -134,6 +134,11 @@ constexpr size_t kMaxEntries = 4096; // per op; past it the table starts over
 struct Out {
   PyObject* shape = nullptr;  // owned (in a Plan)
   PyObject* dtype = nullptr;  // owned (in a Plan)
+  // owned (in a Plan), or null: the strides of an output not laid out contiguously (a permutation
+  // of a dense layout) and its storage's array shape (storage/records.py storage_shape)
+  PyObject* stride = nullptr;
+  PyObject* form = nullptr;
+  std::vector<int64_t> strides;   // `stride`'s values
   std::vector<int64_t> sizes;
   int64_t numel = 0, nbytes = 0;
   c10::ScalarType scalar_type = c10::ScalarType::Undefined;   // Undefined: made by new_tensor
@@ -153,6 +158,20 @@ struct Out {
     }
     scalar_type = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
     nbytes = numel * static_cast<int64_t>(c10::elementSize(scalar_type));
+  }
+
+  // strides from `stride` (a tuple of ints, one per dimension) and `form` a tuple; false where not
+  bool measure_strides() {
+    if (!PyTuple_Check(stride) || !PyTuple_Check(form) || PyTuple_GET_SIZE(stride) != static_cast<Py_ssize_t>(sizes.size())) {
+      return false;
+    }
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(stride); j++) strides.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(stride, j)));
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      strides.clear();
+      return false;
+    }
+    return true;
   }
 };
 
@@ -181,6 +200,8 @@ struct Plan {
     for (Out& o : outs) {
       Py_XDECREF(o.shape);
       Py_XDECREF(o.dtype);
+      Py_XDECREF(o.stride);
+      Py_XDECREF(o.form);
     }
     Py_XDECREF(checks);
     Py_XDECREF(where);

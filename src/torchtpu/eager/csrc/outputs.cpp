@@ -77,7 +77,11 @@ at::Tensor new_output(const Out& e, PyObject* device_obj, PyObject* buffer) {
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
       caffe2::TypeMeta::fromScalarType(e.scalar_type));
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(e.sizes);
+  if (e.strides.empty()) {
+    t.unsafeGetTensorImpl()->set_sizes_contiguous(e.sizes);
+  } else {   // a permutation of a dense layout (the storage holds numel elements all the same)
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(e.sizes, e.strides);
+  }
 
   PyObject* storage_obj = THPStorage_Wrap(storage);
   if (!storage_obj) throw python_error();
@@ -98,7 +102,8 @@ at::Tensor new_output(const Out& e, PyObject* device_obj, PyObject* buffer) {
       set_slot(record, C.off_buffer, buffer);
       set_slot(record, C.off_dtype, e.dtype);
       set_slot(record, C.off_numel, numel_obj);
-      set_slot(record, C.off_shape, e.shape);   // a contiguous output: its array has its shape
+      // a contiguous output's array has its shape; a permuted one's its shape in memory order
+      set_slot(record, C.off_shape, e.form ? e.form : e.shape);
       set_slot(record, C.off_nbytes, nbytes_obj);
       set_slot(record, C.off_device, device_obj);
       set_slot(record, C.off_oom, Py_False);
