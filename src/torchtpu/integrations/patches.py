@@ -656,7 +656,7 @@ def _storage_methods() -> None:
             _problems.append(f"torch.UntypedStorage.{name} is missing (checked against torch 2.13)")
         elif not getattr(original, "_torchtpu", False):
             setattr(torch.UntypedStorage, name, for_tpu_storages(original, on_tpu))
-    _applied.append(f"torch.UntypedStorage.{'/'.join(ON_TPU)} (tpu storages)")
+            _applied.append(f"torch.UntypedStorage.{name} (tpu storages)")
 
 
 # ------------------------------------------------------------------ Pallas (jax 0.10)
