@@ -202,3 +202,22 @@ def test_nll_loss_argument_errors_as_on_the_cpu(call):
 def test_elementwise_overlap_error_comes_before_the_dtype_error():
     # TensorIterator checks memory overlap first: a float `x[:-1] <<= x[1:]` is refused for overlapping
     same_error(lambda d: (lambda x: x[:-1].__ilshift__(x[1:]))(torch.rand(3).to(d)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.int64])
+@pytest.mark.parametrize("value", [1 + 1j, 1 + 0j, lambda: torch.tensor(1 + 1j), lambda: torch.tensor([1.0])])
+def test_index_fill_refuses_complex_and_non_scalar_values_as_on_the_cpu(dtype, value):
+    # tpu filled a bool tensor with 1+1j (True), a tensor value's complex part was dropped, and a
+    # complex Scalar got the overflow error instead of the CPU's type error
+    def fill(d):
+        x = torch.tensor([[1, 2], [4, 5]], dtype=dtype, device=d)
+        return x.index_fill_(1, torch.tensor([0], device=d), value() if callable(value) else value)
+
+    same_error(fill)
+
+
+def test_index_fill_with_a_tensor_value_still_fills():
+    x, index = torch.randn(3, 4), torch.tensor([2, 0])
+    for value in (torch.tensor(-1.5), -2.5, torch.tensor(3, dtype=torch.int32)):
+        expected = x.index_fill(1, index, value)
+        assert_close(x.to(DEV).index_fill(1, index.to(DEV), value).cpu(), expected)

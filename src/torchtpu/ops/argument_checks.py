@@ -27,6 +27,7 @@ __all__ = [
     "check_convertible",
     "factory_value_check",
     "fill_value_check",
+    "index_fill_value_check",
     "no_internal_overlap",
     "out_overlaps_inputs_check",
     "overflows",
@@ -119,6 +120,26 @@ def fill_value_check(position):
             check_convertible(value, self.dtype)
 
     return check
+
+
+def index_fill_value_check(self, dim, index, value):
+    """index_fill's value (a Scalar, or a 0-dim tensor the CPU reads as one): a complex one into a real
+    tensor is refused by its type, before any overflow check (1 + 0j too); then it must fit."""
+    if not isinstance(self, torch.Tensor):
+        return
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise RuntimeError(
+                "index_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                f"{value.dim()} dimension(s)."
+            )
+        complex_value = value.is_complex()
+    else:
+        complex_value = isinstance(value, complex)
+    if complex_value and not self.is_complex():
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
+    if not isinstance(value, torch.Tensor):
+        check_convertible(value, self.dtype)
 
 
 def factory_value_check(position, name):

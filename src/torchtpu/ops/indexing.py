@@ -13,7 +13,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from .argument_checks import fill_value_check
+from .argument_checks import index_fill_value_check
 from .checks import require, require_index
 from .dtypes import opmath, scalar_type_name
 from .table import INDEXED_WRITE, WriteOverlap, expanded_warning, lowering
@@ -310,7 +310,10 @@ def _select_one(x, dim, position, source):
 @lowering(
     "index_fill.int_Scalar",
     "index_fill.int_Tensor",
-    host_check={"index_fill.int_Scalar": fill_value_check(3), "index_fill_.int_Scalar": fill_value_check(3)},
+    host_check=dict.fromkeys(
+        ("index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Tensor", "index_fill_.int_Tensor"),
+        index_fill_value_check,
+    ),
     write_overlap=WriteOverlap(expanded_warning("index_fill_", "tensor[mask] = scalar"), no_overlap=("index",)),
 )
 def index_fill(x, dim, index, value):
