@@ -221,3 +221,19 @@ def test_index_fill_with_a_tensor_value_still_fills():
     for value in (torch.tensor(-1.5), -2.5, torch.tensor(3, dtype=torch.int32)):
         expected = x.index_fill(1, index, value)
         assert_close(x.to(DEV).index_fill(1, index.to(DEV), value).cpu(), expected)
+
+
+def test_masked_scatter_with_a_short_source_raises_once_and_the_device_keeps_working():
+    # the CPU raises at the op; tpu checks on the device without a sync (as CUDA) and reports at the
+    # next sync. It put the device in the sticky error state: every later test of test_torch failed.
+    mask = torch.tensor([0, 1, 1, 0, 1], dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
+        torch.zeros(5).masked_scatter_(mask, torch.ones(2))
+    dest = torch.zeros(5, device=DEV)
+    dest.masked_scatter_(mask.to(DEV), torch.ones(2, device=DEV))
+    with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
+        dest.cpu()
+    x = torch.randn(5)
+    source = torch.randn(3)
+    assert_close(x.to(DEV).masked_scatter(mask.to(DEV), source.to(DEV)).cpu(), x.masked_scatter(mask, source))
+    torch.tpu.synchronize()

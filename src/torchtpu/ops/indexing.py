@@ -348,6 +348,7 @@ def masked_scatter(x, mask, source):
     require(
         jnp.sum(m, dtype=jnp.int64) <= source.size,
         "masked_scatter: Number of elements of source < number of ones in mask",
+        recoverable=True,  # a read of `source` out of bounds: nothing else is wrong
     )
     # the k-th True takes the k-th element of source
     pos = jnp.clip(jnp.cumsum(m.astype(jnp.int64)) - 1, 0, max(source.size - 1, 0))
