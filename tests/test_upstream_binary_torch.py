@@ -237,3 +237,60 @@ def test_masked_scatter_with_a_short_source_raises_once_and_the_device_keeps_wor
     source = torch.randn(3)
     assert_close(x.to(DEV).masked_scatter(mask.to(DEV), source.to(DEV)).cpu(), x.masked_scatter(mask, source))
     torch.tpu.synchronize()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.logcumsumexp(
+            torch.randn(5, 2, device=d, dtype=torch.float64), 1, out=torch.zeros(5, 2, device=d)
+        ),
+        lambda d: torch.logcumsumexp(
+            torch.randn(5, 2, device=d), 1, out=torch.zeros(5, 2, device=d, dtype=torch.float64)
+        ),
+        lambda d: torch.cummax(torch.randn(3, device=d), 0, out=(torch.zeros(3, device=d), torch.zeros(3, device=d))),
+        lambda d: torch.cummin(
+            torch.randn(3, device=d), 0, out=(torch.zeros(3, device=d), torch.zeros(3, dtype=torch.int32, device=d))
+        ),
+    ],
+)
+def test_cumulative_out_in_another_dtype_is_refused_as_on_the_cpu(call):
+    # tpu cast the result into `out`; the CPU's check_scalar_type_device_layout_equal refuses
+    same_error(call)
+
+
+def test_cumulative_out_in_the_same_dtype_still_writes():
+    x = torch.randn(4, 3, dtype=torch.float64)
+    out, values, indices = (
+        torch.empty(4, 3, dtype=torch.float64),
+        torch.empty(4, 3, dtype=torch.float64),
+        torch.empty(4, 3, dtype=LONG),
+    )
+    torch.logcumsumexp(x, 1, out=out)
+    torch.cummax(x, 0, out=(values, indices))
+    t_out, t_values, t_indices = (t.to(DEV) for t in (out, values, indices))
+    torch.logcumsumexp(x.to(DEV), 1, out=t_out)
+    torch.cummax(x.to(DEV), 0, out=(t_values, t_indices))
+    for actual, expected in ((t_out, out), (t_values, values), (t_indices, indices)):
+        assert_close(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("op", ["grid_sampler", "grid_sampler_2d", "grid_sampler_3d"])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((5, 5, 5, 5), (1, 1, 4, 4), 0),
+        ((5, 5, 5, 5, 5), (1, 1, 1, 4, 4), 0),
+        ((2, 3, 4, 4), (2, 3, 3, 3), 0),
+        ((2, 3, 0, 4), (2, 3, 3, 2), 0),
+        ((2, 3, 4, 4, 4), (2, 3, 3, 3, 3), 2),
+        ((2, 3, 4, 4, 4), (2, 3, 3, 3), 0),
+    ],
+)
+def test_grid_sampler_argument_errors_as_on_the_cpu(op, shapes):
+    # the meta kernel of grid_sampler_2d is a decomposition: an AssertionError or a ValueError from
+    # unpacking; the 3-D one printed torch.Size([...]) where the CPU prints [...]
+    x_shape, grid_shape, mode = shapes
+    same_error(
+        lambda d: getattr(torch, op)(torch.randn(x_shape, device=d), torch.randn(grid_shape, device=d), mode, 0, True)
+    )

@@ -35,6 +35,7 @@ __all__ = [
     "random_bounds_check",
     "random_type_name",
     "same_dtype_out_check",
+    "same_scalar_type_out_check",
     "warn_at_caller",
     "wrap",
 ]
@@ -189,6 +190,20 @@ def same_dtype_out_check(self, *args, out=None, **kwargs):
         from .dtypes import scalar_type_name
 
         raise RuntimeError(f"Found dtype {scalar_type_name(out.dtype)} but expected {scalar_type_name(self.dtype)}")
+
+
+def same_scalar_type_out_check(self, *args, out=None, values=None, indices=None, **kwargs):
+    """meta_check of the out= overloads whose CPU kernels call check_scalar_type_device_layout_equal
+    (logcumsumexp: `out` in the input's dtype; cummax/cummin: `values` in it, `indices` int64), which
+    PyTorch's meta kernels leave out: they cast the result into `out` instead."""
+    from .dtypes import scalar_type_name
+
+    expected = ((out, self.dtype), (values, self.dtype), (indices, torch.int64))
+    for written, dtype in expected:
+        if isinstance(written, torch.Tensor) and written.dtype != dtype:
+            raise RuntimeError(
+                f"expected scalar_type {scalar_type_name(dtype)} but found {scalar_type_name(written.dtype)}"
+            )
 
 
 _INTERNAL_OVERLAP = (
