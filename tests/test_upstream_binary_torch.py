@@ -1,6 +1,8 @@
 """Regressions found by PyTorch's test_binary_ufuncs.py and test_torch.py on "tpu" (issue 47),
 compared against the CPU on the same inputs."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -294,3 +296,56 @@ def test_grid_sampler_argument_errors_as_on_the_cpu(op, shapes):
     same_error(
         lambda d: getattr(torch, op)(torch.randn(x_shape, device=d), torch.randn(grid_shape, device=d), mode, 0, True)
     )
+
+
+def test_max_unpool_lowered_matches_the_cpu():
+    # max_unpool2d/3d ran as PyTorch's decomposition, which (an unchecked index_put) dropped an index out
+    # of range silently, and under deterministic mode failed as "not implemented"
+    x, x3 = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4, 4)
+    (v, i), (v3, i3) = F.max_pool2d(x, 2, return_indices=True), F.max_pool3d(x3, 2, return_indices=True)
+    assert_close(F.max_unpool2d(v.to(DEV), i.to(DEV), 2).cpu(), F.max_unpool2d(v, i, 2))
+    assert_close(F.max_unpool3d(v3.to(DEV), i3.to(DEV), 2).cpu(), F.max_unpool3d(v3, i3, 2))
+    v1, i1 = F.max_pool1d(x[0], 2, return_indices=True)
+    assert_close(F.max_unpool1d(v1.to(DEV), i1.to(DEV), 2).cpu(), F.max_unpool1d(v1, i1, 2))
+    bad = torch.tensor([[[0, 9]]])
+    with pytest.raises(RuntimeError, match="Found an invalid max index"):
+        F.max_unpool1d(torch.ones(1, 1, 2), bad, 2)
+    with pytest.raises(RuntimeError, match=r"Found an invalid max index.*4x1"):
+        F.max_unpool1d(torch.ones(1, 1, 2, device=DEV), bad.to(DEV), 2).cpu()
+    assert (torch.ones(2, device=DEV) + 1).sum().item() == 4.0  # the device keeps working
+
+
+@pytest.mark.parametrize("warn_only", [False, True])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: F.max_unpool1d(torch.ones(1, 1, 7, device=d), torch.zeros(1, 1, 7, dtype=LONG, device=d), 3, 1),
+        lambda d: F.max_unpool3d(
+            torch.ones(1, 1, 2, 2, 2, device=d), torch.zeros(1, 1, 2, 2, 2, dtype=LONG, device=d), 2
+        ),
+        lambda d: torch.zeros(5, device=d).put_(torch.tensor([0, 0], device=d), torch.tensor([1.0, 2.0], device=d)),
+        lambda d: torch.zeros(5, device=d).put(torch.tensor([0, 0], device=d), torch.ones(2, device=d), True),
+        lambda d: torch.histc(torch.tensor([1.0, 2.0], device=d), bins=4, min=0, max=3),
+        lambda d: torch.median(torch.arange(10.0, device=d), 0),
+    ],
+)
+def test_nondeterministic_alerts_as_on_the_cpu(call, warn_only):
+    # tpu gave CUDA's alerts (histc, median: PyTorch's meta kernels take a meta tensor for CUDA) and none
+    # of the CPU's (put_, max_unpool); each call alerts, cached executable or not
+    def alerts(device):
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    call(device)
+                    error = None
+                except RuntimeError as e:
+                    error = str(e)
+        finally:
+            torch.use_deterministic_algorithms(False)
+        return error, [str(w.message).split(" (Triggered")[0] for w in caught if "deterministic" in str(w.message)]
+
+    call(DEV)  # a cached executable, built without the alerts
+    expected = alerts("cpu")
+    assert alerts(DEV) == expected == alerts(DEV)

@@ -12,6 +12,7 @@ the device by device-side asserts (ops/checks.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -25,6 +26,8 @@ __all__ = [
     "CHECKS",
     "bool_mask_check",
     "check_convertible",
+    "deterministic_alert",
+    "deterministic_alerts_off",
     "factory_value_check",
     "fill_value_check",
     "index_fill_value_check",
@@ -50,6 +53,49 @@ def warn_at_caller(message, category=UserWarning):
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def deterministic_alert(caller, applies=None):
+    """host_check of an op whose CPU kernel calls alertNotDeterministic(caller) (where `applies(*args,
+    **kwargs)`, if given): under torch.use_deterministic_algorithms(True) the CPU's RuntimeError, with
+    warn_only its warning, per call (the setting may change between calls of one cached executable)."""
+
+    def check(*args, **kwargs):
+        if not torch.are_deterministic_algorithms_enabled() or (applies is not None and not applies(*args, **kwargs)):
+            return
+        if torch.is_deterministic_algorithms_warn_only_enabled():
+            warn_at_caller(
+                f"{caller} does not have a deterministic implementation, but you set "
+                "'torch.use_deterministic_algorithms(True, warn_only=True)'. You can file an issue at "
+                "https://github.com/pytorch/pytorch/issues to help us prioritize adding deterministic support "
+                "for this operation."
+            )
+            return
+        raise RuntimeError(
+            f"{caller} does not have a deterministic implementation, but you set "
+            "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just for this operation, "
+            "or you can use the 'warn_only=True' option, if that's acceptable for your application. You can also "
+            "file an issue at https://github.com/pytorch/pytorch/issues to help us prioritize adding deterministic "
+            "support for this operation."
+        )
+
+    return check
+
+
+@contextlib.contextmanager
+def deterministic_alerts_off():
+    """PyTorch's meta kernels and decompositions, run on meta tensors, take the device for CUDA and
+    raise CUDA's nondeterminism alerts (histc, median with indices); run once per executable, they
+    cannot alert per call anyway: the ops that alert on tpu declare `deterministic_alert` instead."""
+    if not torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
 
 
 # the C++ type names PyTorch's "value cannot be converted to type ... without overflow" prints

@@ -13,7 +13,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from .argument_checks import index_fill_value_check
+from .argument_checks import deterministic_alert, index_fill_value_check
 from .checks import require, require_index
 from .dtypes import opmath, scalar_type_name
 from .table import INDEXED_WRITE, WriteOverlap, expanded_warning, lowering
@@ -364,7 +364,15 @@ def take(x, index):
     return flat[jnp.where(index < 0, index + flat.shape[0], index)]
 
 
-@lowering("put", write_overlap=INDEXED_WRITE)
+def _put_alerts(self, index, source, accumulate=False):
+    return not accumulate  # duplicate indices: which source wins is not defined (the CPU's rule)
+
+
+@lowering(
+    "put",
+    write_overlap=INDEXED_WRITE,
+    host_check=dict.fromkeys(("put", "put_"), deterministic_alert("put_", _put_alerts)),
+)
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
     idx = index.reshape(-1)
