@@ -349,3 +349,31 @@ def test_nondeterministic_alerts_as_on_the_cpu(call, warn_only):
     call(DEV)  # a cached executable, built without the alerts
     expected = alerts("cpu")
     assert alerts(DEV) == expected == alerts(DEV)
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize(
+    "shapes", [((), ()), ((), (1,)), ((1,), ()), ((1, 1), (1, 1)), ((3, 4), (3, 4)), ((4,), (4,)), ((), (1, 1))]
+)
+def test_multilabel_margin_loss_shapes_as_on_the_cpu(shapes, reduction):
+    # PyTorch's meta kernel (its decomposition) makes input and target 2-D first: a 0-d input gave a (1,)
+    # loss without reduction and refused a one-element 1-D target, which the CPU accepts
+    x_shape, t_shape = shapes
+    x = torch.randn(x_shape, dtype=torch.float64)
+    target = torch.randint(-1, x.shape[-1] if x.dim() else 1, t_shape)
+
+    def loss(device):
+        v = x.detach().to(device).requires_grad_()  # (a fresh leaf per device)
+        out = F.multilabel_margin_loss(v, target.to(device), reduction=reduction)
+        out.sum().backward()
+        return out, v.grad
+
+    try:
+        expected = loss("cpu")
+    except RuntimeError:
+        same_error(lambda d: [t.cpu() for t in loss(d)])
+        return
+    out, grad = loss(DEV)
+    assert out.shape == expected[0].shape
+    assert_close(out.cpu(), expected[0])
+    assert_close(grad.cpu(), expected[1])
