@@ -377,3 +377,35 @@ def test_multilabel_margin_loss_shapes_as_on_the_cpu(shapes, reduction):
     assert out.shape == expected[0].shape
     assert_close(out.cpu(), expected[0])
     assert_close(grad.cpu(), expected[1])
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize(
+    "shapes", [((), ()), ((1,), (1,)), ((1, 1), ()), ((3, 4), (3,)), ((4,), ()), ((3, 4), (1,)), ((4,), (3,))]
+)
+def test_multi_margin_loss_shapes_as_on_the_cpu(shapes, weighted, reduction):
+    # without reduction the CPU's loss is 0-d for a 0-d target (PyTorch's meta kernel: (1,)); its
+    # argument errors in its words
+    x_shape, t_shape = shapes
+    x = torch.randn(x_shape, dtype=torch.float64)
+    classes = x.shape[-1] if x.dim() else 1
+    target = torch.randint(0, classes, t_shape)
+    weight = torch.rand(classes, dtype=torch.float64) if weighted else None
+
+    def loss(device):
+        v = x.detach().to(device).requires_grad_()  # (a fresh leaf per device)
+        w = None if weight is None else weight.to(device)
+        out = F.multi_margin_loss(v, target.to(device), weight=w, reduction=reduction)
+        out.sum().backward()
+        return out, v.grad
+
+    try:
+        expected = loss("cpu")
+    except RuntimeError:
+        same_error(lambda d: [t.cpu() for t in loss(d)])
+        return
+    out, grad = loss(DEV)
+    assert out.shape == expected[0].shape
+    assert_close(out.cpu(), expected[0])
+    assert_close(grad.cpu(), expected[1])

@@ -218,10 +218,31 @@ def _multi_margin(x, target, p, margin, weight, reduction):
         h = h * to_opmath(weight)[t][:, None]
     h = jnp.where(jnp.arange(x2.shape[1])[None, :] == t[:, None], 0, h)  # the target class itself
     loss = jnp.sum(h, axis=1) / x2.shape[1]
-    return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype)
+    # (no reduction: one loss per sample, 0-d for a 0-d target, as the CPU's)
+    return _reduce(loss.reshape(target.shape), reduction, x.dtype)
 
 
-@lowering("multi_margin_loss", real_only=True)
+def _multi_margin_meta(x, target, p=1, margin=1, weight=None, reduction=1):
+    """The CPU's shape rules (multi_margin_loss_shape_check): the loss is 0-d for a 0-d target even
+    without reduction (PyTorch's meta kernel gives (1,)), and its errors in its words."""
+    n = x.dim()
+    if not ((n == 2 and x.shape[1] != 0) or (n == 1 and x.shape[0] != 0) or n == 0):
+        raise RuntimeError(
+            f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {list(x.shape)}"
+        )
+    frames, dim = (1, x.shape[0] if n else 1) if n <= 1 else tuple(x.shape)
+    if not (target.dim() <= 1 and target.numel() == frames):
+        raise RuntimeError(
+            "multi_margin_loss: target tensor should be 1-D with size equal to the number of input samples "
+            f"(batch size). Expected target size [{frames}], but got {list(target.shape)}. Input has shape "
+            f"{list(x.shape)}."
+        )
+    if weight is not None and not (weight.dim() <= 1 and weight.numel() == dim):
+        raise RuntimeError(f"inconsistent weight size, expected {dim} but got {list(weight.shape)}")
+    return x.new_empty((frames,) if reduction == 0 and target.dim() > 0 else ())
+
+
+@lowering("multi_margin_loss", real_only=True, meta=_multi_margin_meta)
 def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     require_index(target, x.shape[-1] if x.ndim else 1, False, "target out of range")
     return _multi_margin(x, target, p, margin, weight, reduction)
