@@ -409,3 +409,14 @@ def test_multi_margin_loss_shapes_as_on_the_cpu(shapes, weighted, reduction):
     assert out.shape == expected[0].shape
     assert_close(out.cpu(), expected[0])
     assert_close(grad.cpu(), expected[1])
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last, torch.preserve_format, None])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_to_dtype_honours_an_explicit_memory_format(memory_format, dtype):
+    # x.to(dtype, memory_format=torch.contiguous_format) of a channels_last tensor kept channels_last
+    x = torch.randn(4, 3, 5, 6).contiguous(memory_format=torch.channels_last)
+    kwargs = {} if memory_format is None else {"memory_format": memory_format}
+    expected, actual = x.to(dtype, **kwargs), x.to(DEV).to(dtype, **kwargs)
+    assert actual.stride() == expected.stride()
+    assert_close(actual.cpu(), expected)
