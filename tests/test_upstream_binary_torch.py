@@ -420,3 +420,17 @@ def test_to_dtype_honours_an_explicit_memory_format(memory_format, dtype):
     expected, actual = x.to(dtype, **kwargs), x.to(DEV).to(dtype, **kwargs)
     assert actual.stride() == expected.stride()
     assert_close(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("fn", [torch.fmod, torch.remainder])
+def test_fmod_remainder_round_a_scalar_to_a_half_type_as_on_the_cpu(fn, dtype):
+    # the CPU rounds the Python scalar to the tensor's half type first; tpu divided by 2.3 in float32
+    x = (torch.rand(10, 10) * 18 - 9).to(dtype)
+    other = (torch.rand(10, 10) * 18 - 9).to(dtype)
+    other[other == 0] = 1
+    for mod in (2.3, -2.3, 3, other, other.t()):
+        expected = fn(x, mod)
+        actual = fn(x.to(DEV), mod.to(DEV) if isinstance(mod, torch.Tensor) else mod).cpu()
+        assert actual.dtype == expected.dtype
+        assert torch.equal(actual, expected)

@@ -214,7 +214,9 @@ def floor_divide(a, b):
     return _floor_div(a, b)
 
 
-@lowering("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+# (NO_OPMATH: as the CPU's and CUDA's kernels, a Python scalar is rounded to a half type first, and each
+# step rounds to it; fmod itself is exact)
+@lowering("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=KIND.NO_OPMATH, real_only=True)
 def remainder(a, b):
     if _is_int(a) and _is_int(b):
         r = _int_trunc_divmod(a, b)[1]
@@ -223,7 +225,7 @@ def remainder(a, b):
     return jnp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 
 
-@lowering("fmod.Tensor", "fmod.Scalar", promote=KIND.DEFAULT, real_only=True)
+@lowering("fmod.Tensor", "fmod.Scalar", promote=KIND.NO_OPMATH, real_only=True)
 def fmod(a, b):
     if _is_int(a) and _is_int(b):
         return _int_trunc_divmod(a, b)[1]
