@@ -434,3 +434,14 @@ def test_fmod_remainder_round_a_scalar_to_a_half_type_as_on_the_cpu(fn, dtype):
         actual = fn(x.to(DEV), mod.to(DEV) if isinstance(mod, torch.Tensor) else mod).cpu()
         assert actual.dtype == expected.dtype
         assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("fn", [torch.xlogy, torch.special.xlog1py])
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32, torch.int32])
+def test_xlogy_of_zero_and_nan_is_nan_as_on_the_cpu(fn, dtype):
+    # a bool/int 0 times log(NaN) gave 0 on tpu; PyTorch: NaN wherever `other` is NaN
+    nan = float("nan")
+    x = torch.tensor([0, 0, 1, 1, 2, -1]).to(dtype)
+    y = torch.tensor([nan, 1.0, nan, 0.0, 3.0, 2.0])
+    for a, b in ((x, y), (y, x)):
+        assert_close(fn(a.to(DEV), b.to(DEV)).cpu(), fn(a, b), equal_nan=True)

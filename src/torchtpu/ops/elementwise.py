@@ -342,7 +342,8 @@ def fmin(a, b):
 
 @lowering("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote=KIND.INT_TO_FLOAT, real_only=True)
 def xlogy(a, b):
-    return jax.scipy.special.xlogy(a, b)
+    # PyTorch's rule: a NaN `b` gives NaN even where `a` is 0 (JAX's xlogy gave 0 for a bool False)
+    return jnp.where(jnp.isnan(b), b, jax.scipy.special.xlogy(a, b))
 
 
 @lowering("lerp.Scalar", "lerp.Tensor", promote=KIND.DEFAULT)
@@ -651,7 +652,8 @@ def zeta(x, q):
     real_only=True,
 )
 def xlog1py(a, b):
-    return _special.xlog1py(a, b)
+    # (a NaN `b` gives NaN even where `a` is 0, as xlogy)
+    return jnp.where(jnp.isnan(b), b, _special.xlog1py(a, b))
 
 
 @lowering("logaddexp", promote=KIND.INT_TO_FLOAT)
