@@ -11,11 +11,12 @@ Three promises beyond "reported at the next sync":
   checks its own, so another thread's `.item()` never receives it. (Backward runs on autograd's
   device threads for a caller we cannot name: its verdicts go to a shared list that the next sync of
   any thread reports; with one thread calling backward, that is the caller.)
-- **Sticky, as on CUDA, except for indices.** Once raised, every later op and sync on that device
+- **Sticky, as on CUDA, except for bounds.** Once raised, every later op and sync on that device
   raises the same error (naming the op) until `clear_error(device)` (`torch.tpu.clear_device_assert`).
   CUDA never clears (its context is corrupt); here nothing was corrupted (next point), so clearing is
-  safe. An index out of range (DeviceIndexError, an IndexError as the CPU raises) is raised once and
-  leaves the device working: only the failed op's own results are meaningless.
+  safe. An index out of range (DeviceIndexError, an IndexError as the CPU raises), and the other
+  bounds checks a lowering declares `recoverable` (masked_scatter's source too short), are raised once
+  and leave the device working: only the failed op's own results are meaningless.
 - **Writes that may depend on a failed check are not committed.** While unchecked verdicts exist,
   eager in-place writes into existing storages run gated (`poison`): the executable also takes the
   maximum of the verdicts the write may depend on (the thread's own and backward's; in backward,
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 
 from ..device import platform
+from ..ops.checks import RECOVERABLE
 from . import fusion, tpu_check
 from .fusion import Pending
 from .modes import _mode
@@ -324,11 +326,13 @@ def check(device_index=None, upto=None):
         for value, (verdict, messages, where) in zip(values, group):
             if value:
                 kind = _error_type(messages[value - 1])
-                # an index out of range leaves the device working (the IndexError the CPU raises at
-                # the op, reported here); other asserts put it in the error state, as on CUDA
+                # an index out of range (the IndexError the CPU raises at the op, reported here) or
+                # another bounds check leaves the device working; other asserts put it in the error
+                # state, as on CUDA
+                recoverable = kind is DeviceIndexError or messages[value - 1] in RECOVERABLE
                 after = (
                     "the device keeps working; the values this op produced are meaningless"
-                    if kind is DeviceIndexError
+                    if recoverable
                     else "the device stays in this error state (every op raises this) until "
                     "torch.tpu.clear_device_assert()"
                 )
@@ -338,7 +342,7 @@ def check(device_index=None, upto=None):
                     f"torchtpu.set_eager_mode('debug') raises at the op itself. Writes into existing "
                     f"tensors issued after it were not committed; {after}"
                 )
-                if kind is not DeviceIndexError:
+                if not recoverable:
                     FAILED.setdefault(_device_index(verdict), error)
                 raise error
 

@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 
 from ..device import platform
 from ..ops import dtypes as dt
+from ..ops.argument_checks import deterministic_alerts_off
 from ..ops.resolve import resolve
 from ..ops.table import declared_facts
 from ..storage.records import RECORDS, contiguous_strides, is_dense, memory_order
@@ -222,7 +223,8 @@ def _meta_call(kernel, args, kwargs):
         return src.as_strided(t.shape, t.stride(), t.storage_offset())
 
     meta_args, meta_kwargs = _walk(kernel, args, kwargs, meta_tensor, lambda s: s, _meta_cpu_scalar, _meta_other)
-    compute = resolve(kernel.op, meta_args, meta_kwargs)  # first: an op we cannot lower fails here
+    with deterministic_alerts_off():  # (the meta kernels' CUDA alerts; the tpu's are host checks)
+        compute = resolve(kernel.op, meta_args, meta_kwargs)  # first: an op we cannot lower fails here
     if getattr(compute, "specialize_scalars", False) and not kernel.specialize_scalars:
         kernel.specialize_scalars = True
         kernel.cache.clear()
@@ -235,7 +237,8 @@ def _meta_call(kernel, args, kwargs):
     if meta_check is not None:
         meta_check(*meta_args, **meta_kwargs)
     try:
-        meta_out = META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
+        with deterministic_alerts_off():
+            meta_out = META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
     except RuntimeError as e:
         raise _as_cpu_error(_as_cpu_cast_error(e), kernel, meta_args, meta_kwargs) from None
     resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]

@@ -512,6 +512,9 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
         # `x.to(dtype)` (bfloat16 models' norms do it twice each): one executable that the C++ fast
         # path serves from its second call, not empty_strided + a Python copy_ (~50 µs). (Complex to
         # real keeps PyTorch's path; a non-contiguous tensor's preserved strides too.)
+        if memory_format is torch.contiguous_format and not self.is_contiguous():
+            # (asked for explicitly: the result is contiguous, whatever `self`'s layout)
+            return KERNELS[aten._to_copy.default](self, dtype=dtype, memory_format=memory_format)
         return KERNELS[aten._to_copy.default](self, dtype=dtype)
     return aten._to_copy.default._op_dk(
         DispatchKey.CompositeExplicitAutograd, self, non_blocking=non_blocking, **kwargs

@@ -12,6 +12,7 @@ the device by device-side asserts (ops/checks.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -25,8 +26,11 @@ __all__ = [
     "CHECKS",
     "bool_mask_check",
     "check_convertible",
+    "deterministic_alert",
+    "deterministic_alerts_off",
     "factory_value_check",
     "fill_value_check",
+    "index_fill_value_check",
     "no_internal_overlap",
     "out_overlaps_inputs_check",
     "overflows",
@@ -34,6 +38,7 @@ __all__ = [
     "random_bounds_check",
     "random_type_name",
     "same_dtype_out_check",
+    "same_scalar_type_out_check",
     "warn_at_caller",
     "wrap",
 ]
@@ -48,6 +53,49 @@ def warn_at_caller(message, category=UserWarning):
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def deterministic_alert(caller, applies=None):
+    """host_check of an op whose CPU kernel calls alertNotDeterministic(caller) (where `applies(*args,
+    **kwargs)`, if given): under torch.use_deterministic_algorithms(True) the CPU's RuntimeError, with
+    warn_only its warning, per call (the setting may change between calls of one cached executable)."""
+
+    def check(*args, **kwargs):
+        if not torch.are_deterministic_algorithms_enabled() or (applies is not None and not applies(*args, **kwargs)):
+            return
+        if torch.is_deterministic_algorithms_warn_only_enabled():
+            warn_at_caller(
+                f"{caller} does not have a deterministic implementation, but you set "
+                "'torch.use_deterministic_algorithms(True, warn_only=True)'. You can file an issue at "
+                "https://github.com/pytorch/pytorch/issues to help us prioritize adding deterministic support "
+                "for this operation."
+            )
+            return
+        raise RuntimeError(
+            f"{caller} does not have a deterministic implementation, but you set "
+            "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just for this operation, "
+            "or you can use the 'warn_only=True' option, if that's acceptable for your application. You can also "
+            "file an issue at https://github.com/pytorch/pytorch/issues to help us prioritize adding deterministic "
+            "support for this operation."
+        )
+
+    return check
+
+
+@contextlib.contextmanager
+def deterministic_alerts_off():
+    """PyTorch's meta kernels and decompositions, run on meta tensors, take the device for CUDA and
+    raise CUDA's nondeterminism alerts (histc, median with indices); run once per executable, they
+    cannot alert per call anyway: the ops that alert on tpu declare `deterministic_alert` instead."""
+    if not torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
 
 
 # the C++ type names PyTorch's "value cannot be converted to type ... without overflow" prints
@@ -122,6 +170,26 @@ def fill_value_check(position):
     return check
 
 
+def index_fill_value_check(self, dim, index, value):
+    """index_fill's value (a Scalar, or a 0-dim tensor the CPU reads as one): a complex one into a real
+    tensor is refused by its type, before any overflow check (1 + 0j too); then it must fit."""
+    if not isinstance(self, torch.Tensor):
+        return
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise RuntimeError(
+                "index_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                f"{value.dim()} dimension(s)."
+            )
+        complex_value = value.is_complex()
+    else:
+        complex_value = isinstance(value, complex)
+    if complex_value and not self.is_complex():
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
+    if not isinstance(value, torch.Tensor):
+        check_convertible(value, self.dtype)
+
+
 def factory_value_check(position, name):
     """The value (argument `position`, or keyword `name`) must fit the dtype asked for (or out='s)."""
 
@@ -169,6 +237,20 @@ def same_dtype_out_check(self, *args, out=None, **kwargs):
         from .dtypes import scalar_type_name
 
         raise RuntimeError(f"Found dtype {scalar_type_name(out.dtype)} but expected {scalar_type_name(self.dtype)}")
+
+
+def same_scalar_type_out_check(self, *args, out=None, values=None, indices=None, **kwargs):
+    """meta_check of the out= overloads whose CPU kernels call check_scalar_type_device_layout_equal
+    (logcumsumexp: `out` in the input's dtype; cummax/cummin: `values` in it, `indices` int64), which
+    PyTorch's meta kernels leave out: they cast the result into `out` instead."""
+    from .dtypes import scalar_type_name
+
+    expected = ((out, self.dtype), (values, self.dtype), (indices, torch.int64))
+    for written, dtype in expected:
+        if isinstance(written, torch.Tensor) and written.dtype != dtype:
+            raise RuntimeError(
+                f"expected scalar_type {scalar_type_name(dtype)} but found {scalar_type_name(written.dtype)}"
+            )
 
 
 _INTERNAL_OVERLAP = (

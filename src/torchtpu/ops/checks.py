@@ -18,6 +18,9 @@ import jax.numpy as jnp
 from jax._src import core as _core
 
 _local = threading.local()
+# messages of the conditions whose failure leaves the device working (eager/asserts.py): bounds checks,
+# like an index out of range, where only the failed op's own results are meaningless
+RECOVERABLE: set = set()
 
 
 @contextlib.contextmanager
@@ -33,8 +36,11 @@ def collecting():
         _local.active = outer
 
 
-def require(ok, message: str):
-    """Inside a lowering: every element of the boolean array `ok` must be true, else `message`."""
+def require(ok, message: str, recoverable: bool = False):
+    """Inside a lowering: every element of the boolean array `ok` must be true, else `message`.
+    `recoverable`: its failure is raised once and leaves the device working (not sticky)."""
+    if recoverable:
+        RECOVERABLE.add(message)
     active = getattr(_local, "active", None)
     # a condition traced inside an inner transformation (vjp, vmap, a loop body) cannot leave it
     if active is None or _core.trace_ctx.trace is not active[1]:

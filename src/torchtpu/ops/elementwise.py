@@ -214,7 +214,9 @@ def floor_divide(a, b):
     return _floor_div(a, b)
 
 
-@lowering("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+# (NO_OPMATH: as the CPU's and CUDA's kernels, a Python scalar is rounded to a half type first, and each
+# step rounds to it; fmod itself is exact)
+@lowering("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=KIND.NO_OPMATH, real_only=True)
 def remainder(a, b):
     if _is_int(a) and _is_int(b):
         r = _int_trunc_divmod(a, b)[1]
@@ -223,7 +225,7 @@ def remainder(a, b):
     return jnp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 
 
-@lowering("fmod.Tensor", "fmod.Scalar", promote=KIND.DEFAULT, real_only=True)
+@lowering("fmod.Tensor", "fmod.Scalar", promote=KIND.NO_OPMATH, real_only=True)
 def fmod(a, b):
     if _is_int(a) and _is_int(b):
         return _int_trunc_divmod(a, b)[1]
@@ -340,7 +342,8 @@ def fmin(a, b):
 
 @lowering("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote=KIND.INT_TO_FLOAT, real_only=True)
 def xlogy(a, b):
-    return jax.scipy.special.xlogy(a, b)
+    # PyTorch's rule: a NaN `b` gives NaN even where `a` is 0 (JAX's xlogy gave 0 for a bool False)
+    return jnp.where(jnp.isnan(b), b, jax.scipy.special.xlogy(a, b))
 
 
 @lowering("lerp.Scalar", "lerp.Tensor", promote=KIND.DEFAULT)
@@ -649,7 +652,8 @@ def zeta(x, q):
     real_only=True,
 )
 def xlog1py(a, b):
-    return _special.xlog1py(a, b)
+    # (a NaN `b` gives NaN even where `a` is 0, as xlogy)
+    return jnp.where(jnp.isnan(b), b, _special.xlog1py(a, b))
 
 
 @lowering("logaddexp", promote=KIND.INT_TO_FLOAT)

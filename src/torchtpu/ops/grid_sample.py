@@ -161,7 +161,50 @@ def _sampler(x):
     return _grid_sample if x.ndim == 4 else _grid_sample_3d  # (N, C, H, W) or (N, C, D, H, W)
 
 
-@lowering("grid_sampler_2d", "grid_sampler_3d")
+def _sizes(t):
+    return list(t.shape)  # as C++ prints sizes: [5, 5, 5, 5]
+
+
+def _grid_sampler_check(dims):
+    """The CPU's argument checks of grid_sampler_{dims}d (check_grid_sampler_common, then its own), in
+    its words: PyTorch's meta kernel of grid_sampler_2d is its decomposition, which asserts or fails to
+    unpack, and the 3-D one prints torch.Size."""
+    want = dims + 2
+
+    def check(x, grid, interpolation_mode, *args, **kwargs):
+        n = x.dim()
+        if x.shape[0] != grid.shape[0]:
+            raise RuntimeError(
+                "grid_sampler(): expected grid and input to have same batch size, but got input with sizes "
+                f"{_sizes(x)} and grid with sizes {_sizes(grid)}"
+            )
+        if grid.shape[-1] != n - 2:
+            raise RuntimeError(
+                f"grid_sampler(): expected grid to have size {n - 2} in last dimension, but got grid with sizes "
+                f"{_sizes(grid)}"
+            )
+        for i in range(2, n):
+            if x.shape[i] <= 0:
+                raise RuntimeError(
+                    "grid_sampler(): expected input to have non-empty spatial dimensions, but input has sizes "
+                    f"{_sizes(x)} with dimension {i} being empty"
+                )
+        if n != want or n != grid.dim():
+            raise RuntimeError(
+                f"grid_sampler(): expected {want}D input and grid with same number of dimensions, but got "
+                f"input with sizes {_sizes(x)} and grid with sizes {_sizes(grid)}"
+            )
+        if want == 5 and interpolation_mode == 2:
+            raise RuntimeError("grid_sampler(): bicubic interpolation only supports 4D input")
+
+    return check
+
+
+@lowering(
+    "grid_sampler_2d",
+    "grid_sampler_3d",
+    meta_check={"grid_sampler_2d": _grid_sampler_check(2), "grid_sampler_3d": _grid_sampler_check(3)},
+)
 def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
     return _sampler(x)(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)
 

@@ -13,7 +13,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from .argument_checks import fill_value_check
+from .argument_checks import deterministic_alert, index_fill_value_check
 from .checks import require, require_index
 from .dtypes import opmath, scalar_type_name
 from .table import INDEXED_WRITE, WriteOverlap, expanded_warning, lowering
@@ -310,7 +310,10 @@ def _select_one(x, dim, position, source):
 @lowering(
     "index_fill.int_Scalar",
     "index_fill.int_Tensor",
-    host_check={"index_fill.int_Scalar": fill_value_check(3), "index_fill_.int_Scalar": fill_value_check(3)},
+    host_check=dict.fromkeys(
+        ("index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Tensor", "index_fill_.int_Tensor"),
+        index_fill_value_check,
+    ),
     write_overlap=WriteOverlap(expanded_warning("index_fill_", "tensor[mask] = scalar"), no_overlap=("index",)),
 )
 def index_fill(x, dim, index, value):
@@ -345,6 +348,7 @@ def masked_scatter(x, mask, source):
     require(
         jnp.sum(m, dtype=jnp.int64) <= source.size,
         "masked_scatter: Number of elements of source < number of ones in mask",
+        recoverable=True,  # a read of `source` out of bounds: nothing else is wrong
     )
     # the k-th True takes the k-th element of source
     pos = jnp.clip(jnp.cumsum(m.astype(jnp.int64)) - 1, 0, max(source.size - 1, 0))
@@ -360,7 +364,15 @@ def take(x, index):
     return flat[jnp.where(index < 0, index + flat.shape[0], index)]
 
 
-@lowering("put", write_overlap=INDEXED_WRITE)
+def _put_alerts(self, index, source, accumulate=False):
+    return not accumulate  # duplicate indices: which source wins is not defined (the CPU's rule)
+
+
+@lowering(
+    "put",
+    write_overlap=INDEXED_WRITE,
+    host_check=dict.fromkeys(("put", "put_"), deterministic_alert("put_", _put_alerts)),
+)
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
     idx = index.reshape(-1)

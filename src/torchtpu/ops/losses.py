@@ -218,10 +218,31 @@ def _multi_margin(x, target, p, margin, weight, reduction):
         h = h * to_opmath(weight)[t][:, None]
     h = jnp.where(jnp.arange(x2.shape[1])[None, :] == t[:, None], 0, h)  # the target class itself
     loss = jnp.sum(h, axis=1) / x2.shape[1]
-    return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype)
+    # (no reduction: one loss per sample, 0-d for a 0-d target, as the CPU's)
+    return _reduce(loss.reshape(target.shape), reduction, x.dtype)
 
 
-@lowering("multi_margin_loss", real_only=True)
+def _multi_margin_meta(x, target, p=1, margin=1, weight=None, reduction=1):
+    """The CPU's shape rules (multi_margin_loss_shape_check): the loss is 0-d for a 0-d target even
+    without reduction (PyTorch's meta kernel gives (1,)), and its errors in its words."""
+    n = x.dim()
+    if not ((n == 2 and x.shape[1] != 0) or (n == 1 and x.shape[0] != 0) or n == 0):
+        raise RuntimeError(
+            f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {list(x.shape)}"
+        )
+    frames, dim = (1, x.shape[0] if n else 1) if n <= 1 else tuple(x.shape)
+    if not (target.dim() <= 1 and target.numel() == frames):
+        raise RuntimeError(
+            "multi_margin_loss: target tensor should be 1-D with size equal to the number of input samples "
+            f"(batch size). Expected target size [{frames}], but got {list(target.shape)}. Input has shape "
+            f"{list(x.shape)}."
+        )
+    if weight is not None and not (weight.dim() <= 1 and weight.numel() == dim):
+        raise RuntimeError(f"inconsistent weight size, expected {dim} but got {list(weight.shape)}")
+    return x.new_empty((frames,) if reduction == 0 and target.dim() > 0 else ())
+
+
+@lowering("multi_margin_loss", real_only=True, meta=_multi_margin_meta)
 def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     require_index(target, x.shape[-1] if x.ndim else 1, False, "target out of range")
     return _multi_margin(x, target, p, margin, weight, reduction)
@@ -229,8 +250,9 @@ def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
 
 @lowering("multi_margin_loss_backward", missing_meta=_grad_input_meta)
 def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
-    _, vjp = jax.vjp(lambda v: _multi_margin(v, target, p, margin, weight, reduction).astype(jnp.float32), to_opmath(x))
-    return vjp(to_opmath(grad))[0].astype(x.dtype)
+    v = to_opmath(x)  # (float64 stays float64: a float32 loss refused a float64 cotangent)
+    _, vjp = jax.vjp(lambda v: _multi_margin(v, target, p, margin, weight, reduction).astype(v.dtype), v)
+    return vjp(to_opmath(grad).astype(v.dtype))[0].astype(x.dtype)
 
 
 def _multilabel_margin(x, target, reduction, is_target=None):
@@ -243,10 +265,28 @@ def _multilabel_margin(x, target, reduction, is_target=None):
     z = jnp.maximum(1 - picked[:, :, None] + x2[:, None, :], 0)  # (N, targets, C)
     z = z * valid[:, :, None] * (1 - to_opmath(is_target).reshape(-1, c))[:, None, :]
     loss = jnp.sum(z, axis=(1, 2)) / c
-    return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype), is_target.reshape(x.shape)
+    # (a 0-d input may come with a one-element 1-D target: is_target takes the target's shape)
+    return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype), is_target.reshape(target.shape)
 
 
-@lowering("multilabel_margin_loss_forward", real_only=True)
+def _multilabel_margin_meta(x, target, reduction):
+    """The CPU's shape rules (multilabel_margin_loss_shape_check): a 0-d input takes a 0-d or one-element
+    target, and the loss is 0-d for targets of at most one dimension even without reduction. PyTorch's
+    meta kernel (its decomposition) makes both 2-D first: a (1,) loss, or an "inconsistent target size"."""
+    n = x.dim()
+    if not ((n == 2 and x.shape[1] != 0) or (n == 1 and x.shape[0] != 0) or n == 0):
+        raise RuntimeError(
+            f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {list(x.shape)}"
+        )
+    frames, dim = (1, x.shape[0] if n else 1) if n <= 1 else tuple(x.shape)
+    fits = target.dim() <= 1 and target.numel() == dim if n <= 1 else tuple(target.shape) == (frames, dim)
+    if not fits:
+        raise RuntimeError(f"inconsistent target size: {list(target.shape)} for input of size: {list(x.shape)}")
+    loss_shape = () if reduction != 0 or target.dim() <= 1 else (frames,)
+    return x.new_empty(loss_shape), x.new_empty(target.shape)
+
+
+@lowering("multilabel_margin_loss_forward", real_only=True, meta=_multilabel_margin_meta)
 def multilabel_margin_loss_forward(x, target, reduction):
     c = x.shape[-1] if x.ndim else 1
     require((target >= -1) & (target < c), "argument #2 'target' is out of range")  # -1 ends the list
@@ -255,8 +295,9 @@ def multilabel_margin_loss_forward(x, target, reduction):
 
 @lowering("multilabel_margin_loss_backward", missing_meta=_grad_input_meta)
 def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
-    _, vjp = jax.vjp(lambda v: _multilabel_margin(v, target, reduction, is_target)[0].astype(jnp.float32), to_opmath(x))
-    return vjp(to_opmath(grad))[0].astype(x.dtype)
+    v = to_opmath(x)  # (float64 stays float64: a float32 loss refused a float64 cotangent)
+    _, vjp = jax.vjp(lambda v: _multilabel_margin(v, target, reduction, is_target)[0].astype(v.dtype), v)
+    return vjp(to_opmath(grad).astype(v.dtype))[0].astype(x.dtype)
 
 
 # ---------------------------------------------------------------- CTC loss

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .argument_checks import deterministic_alert
+from .checks import require
 from .dtypes import to_opmath
 from .nn_common import _grad_input_meta, _low
 from .table import lowering, real_only_without_lowering
@@ -337,3 +339,34 @@ def adaptive_max_pool2d(x, output_size):
 @lowering("adaptive_max_pool3d", real_only=True)
 def adaptive_max_pool3d(x, output_size):
     return _adaptive_max(x, 3, output_size)
+
+
+def _max_unpool(x, indices, output_size):
+    """Each (batch, channel) plane's values written at their flat positions in a zero plane of
+    `output_size`; an index outside the plane is the CPU's error (a device-side assert here)."""
+    dims = len(output_size)
+    out_shape = (*x.shape[: x.ndim - dims], *output_size)
+    plane = math.prod(output_size)
+    if math.prod(out_shape) == 0 or x.size == 0:
+        return jnp.zeros(out_shape, x.dtype)
+    planes = math.prod(x.shape[: x.ndim - dims])
+    at = indices.reshape(planes, -1)
+    require(
+        (at >= 0) & (at < plane),
+        f"Found an invalid max index (output volumes are of size {'x'.join(map(str, output_size))})",
+        recoverable=True,
+    )
+    rows = jnp.arange(planes)[:, None]
+    out = jnp.zeros((planes, plane), x.dtype).at[rows, at].set(x.reshape(planes, -1), mode="drop")
+    return out.reshape(out_shape)
+
+
+# the CPU alerts: with duplicate indices (not from max_pool) which value lands is not defined
+@lowering("max_unpool2d", host_check=deterministic_alert("max_unpooling2d_forward_out"))
+def max_unpool2d(x, indices, output_size):
+    return _max_unpool(x, indices, tuple(output_size))
+
+
+@lowering("max_unpool3d", host_check=deterministic_alert("max_unpooling3d_forward_out"))
+def max_unpool3d(x, indices, output_size, stride, padding):
+    return _max_unpool(x, indices, tuple(output_size))

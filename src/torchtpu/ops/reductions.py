@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import warn_at_caller
+from .argument_checks import same_scalar_type_out_check, warn_at_caller
 from .checks import require
 from .dtypes import opmath, scalar_type_name, to_opmath
 from .table import lowering, real_only_without_lowering
@@ -323,7 +323,7 @@ def cumprod(a, dim, dtype=None):
     return (jnp.cumprod(x, axis=_axis(a, dim)) if a.ndim else x).astype(d)
 
 
-@lowering("logcumsumexp")
+@lowering("logcumsumexp", meta_check={"logcumsumexp.out": same_scalar_type_out_check})
 def logcumsumexp(a, dim):
     x = a.astype(opmath(a.dtype))
     return (lax.cumlogsumexp(x, axis=_axis(a, dim)) if a.ndim and a.size else x).astype(a.dtype)
@@ -351,12 +351,12 @@ def _cum_extreme(a, dim, better):
     return v, i
 
 
-@lowering("cummax", real_only=True)
+@lowering("cummax", real_only=True, meta_check={"cummax.out": same_scalar_type_out_check})
 def cummax(a, dim):
     return _cum_extreme(a, dim, lambda r, l: r >= l)
 
 
-@lowering("cummin", real_only=True)
+@lowering("cummin", real_only=True, meta_check={"cummin.out": same_scalar_type_out_check})
 def cummin(a, dim):
     return _cum_extreme(a, dim, lambda r, l: r <= l)
 
