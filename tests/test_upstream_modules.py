@@ -1,0 +1,90 @@
+"""Regressions found by PyTorch's test_modules.py on "tpu" (issue 47), compared against the CPU on
+the same inputs and parameters."""
+
+import copy
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+DEV = "tpu"
+
+
+def _grads_of(module, inputs, dtype, create_graph=False):
+    """The module's outputs and the gradients of a random projection of them (fixed seed), w.r.t. its
+    inputs and parameters."""
+    out = module(*inputs)
+    flat = [t for t in (out if isinstance(out, tuple) else (out,)) for t in (t if isinstance(t, tuple) else (t,))]
+    g = torch.Generator().manual_seed(3)
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=dtype).to(t.device)).sum() for t in flat)
+    wrt = [*inputs, *module.parameters()]
+    grads = torch.autograd.grad(loss, wrt, create_graph=create_graph)
+    return flat, grads
+
+
+def _cpu_and_tpu(make, inputs, training=True):
+    torch.manual_seed(0)
+    cpu = make().train(training)
+    tpu = copy.deepcopy(cpu).to(DEV)
+    cpu_in = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    tpu_in = [t.to(DEV).requires_grad_(t.is_floating_point()) for t in inputs]
+    return cpu, tpu, cpu_in, tpu_in
+
+
+RNN_CASES = [
+    ("lstm", lambda: torch.nn.LSTM(4, 3, num_layers=2, bidirectional=True), lambda: [torch.randn(5, 2, 4)]),
+    ("lstm_proj", lambda: torch.nn.LSTM(4, 3, proj_size=2, batch_first=True), lambda: [torch.randn(2, 5, 4)]),
+    ("lstm_no_bias", lambda: torch.nn.LSTM(4, 3, bias=False), lambda: [torch.randn(5, 2, 4)]),
+    ("gru", lambda: torch.nn.GRU(4, 3, num_layers=2, bidirectional=True), lambda: [torch.randn(5, 2, 4)]),
+    ("gru_no_bias", lambda: torch.nn.GRU(4, 3, bias=False), lambda: [torch.randn(5, 2, 4)]),
+    ("lstm_cell", lambda: torch.nn.LSTMCell(4, 3), lambda: [torch.randn(2, 4)]),
+    ("gru_cell", lambda: torch.nn.GRUCell(4, 3), lambda: [torch.randn(2, 4), torch.randn(2, 3)]),
+    ("gru_cell_unbatched", lambda: torch.nn.GRUCell(4, 3, bias=False), lambda: [torch.randn(4)]),
+]
+
+
+@pytest.mark.parametrize("name,make,inputs", RNN_CASES, ids=[c[0] for c in RNN_CASES])
+def test_rnn_cells_forward_backward_double_backward(name, make, inputs):
+    # the fused LSTM/GRU cell ops ATen calls for PrivateUse1 (the CPU composes ordinary ops)
+    dtype = torch.float64
+    torch.manual_seed(1)
+    xs = [t.to(dtype) for t in inputs()]
+    cpu, tpu, cpu_in, tpu_in = _cpu_and_tpu(lambda: make().to(dtype), xs)
+    cpu_out, cpu_grads = _grads_of(cpu, cpu_in, dtype, create_graph=True)
+    tpu_out, tpu_grads = _grads_of(tpu, tpu_in, dtype, create_graph=True)
+    for a, b in zip(tpu_out, cpu_out):
+        assert_close(a.cpu(), b.detach())
+    for a, b in zip(tpu_grads, cpu_grads):
+        assert_close(a.cpu(), b.detach())
+    # double backward through the gradients (ATen's differentiable cell backward)
+    gg_cpu = torch.autograd.grad(sum((g * g).sum() for g in cpu_grads), cpu_in)
+    gg_tpu = torch.autograd.grad(sum((g * g).sum() for g in tpu_grads), tpu_in)
+    for a, b in zip(gg_tpu, gg_cpu):
+        assert_close(a.cpu(), b)
+
+
+def test_fused_cells_without_gradients_and_in_float32():
+    torch.manual_seed(2)
+    for make in (lambda: torch.nn.LSTM(6, 5), lambda: torch.nn.GRU(6, 5)):
+        cpu = make()
+        tpu = copy.deepcopy(cpu).to(DEV)
+        x = torch.randn(7, 3, 6)
+        with torch.no_grad():
+            cpu_out, tpu_out = cpu(x), tpu(x.to(DEV))
+        assert_close(tpu_out[0].cpu(), cpu_out[0])
+        for a, b in zip(
+            tpu_out[1] if isinstance(tpu_out[1], tuple) else (tpu_out[1],),
+            cpu_out[1] if isinstance(cpu_out[1], tuple) else (cpu_out[1],),
+        ):
+            assert_close(a.cpu(), b)
+
+
+def test_fused_cells_check_sizes_as_cuda():
+    # the CPU has no fused cells: CUDA's size checks, for cells with and without biases
+    gru, lstm = torch.ops.aten._thnn_fused_gru_cell, torch.ops.aten._thnn_fused_lstm_cell
+    with pytest.raises(RuntimeError, match=r"torch.Size\(\[2, 9\]\) != torch.Size\(\[2, 6\]\)"):
+        gru(torch.randn(2, 9, device=DEV), torch.randn(2, 6, device=DEV), torch.randn(2, 3, device=DEV))
+    with pytest.raises(RuntimeError, match=r"8 != 2 \* 12 // 4 \(aka 6\)"):
+        lstm(torch.randn(2, 12, device=DEV), torch.randn(2, 12, device=DEV), torch.randn(2, 4, device=DEV))
+    hy, workspace = gru(torch.randn(2, 9, device=DEV), torch.randn(2, 9, device=DEV), torch.randn(2, 3, device=DEV))
+    assert hy.shape == (2, 3) and workspace.shape == (2, 15)
