@@ -88,3 +88,59 @@ def test_fused_cells_check_sizes_as_cuda():
         lstm(torch.randn(2, 12, device=DEV), torch.randn(2, 12, device=DEV), torch.randn(2, 4, device=DEV))
     hy, workspace = gru(torch.randn(2, 9, device=DEV), torch.randn(2, 9, device=DEV), torch.randn(2, 3, device=DEV))
     assert hy.shape == (2, 3) and workspace.shape == (2, 15)
+
+
+CL = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def _strides_values_and_grad(fn, x):
+    """fn(x)'s strides and values, and the gradient's (of a random contiguous incoming gradient)."""
+    x = x.detach().requires_grad_()
+    y = fn(x)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(4)).to(x.device)
+    (gx,) = torch.autograd.grad(y, x, g)
+    return y.stride(), gx.stride(), y.detach().cpu(), gx.cpu()
+
+
+@pytest.mark.parametrize(
+    "name,fn,shape",
+    [
+        ("reflect2d", lambda x: torch.nn.functional.pad(x, (1, 2, 2, 1), mode="reflect"), (2, 3, 5, 6)),
+        ("replicate2d", lambda x: torch.nn.functional.pad(x, (1, 2, 2, 1), mode="replicate"), (2, 3, 5, 6)),
+        ("reflect3d", lambda x: torch.nn.functional.pad(x, (1,) * 6, mode="reflect"), (2, 3, 4, 5, 6)),
+        ("replicate3d", lambda x: torch.nn.functional.pad(x, (1,) * 6, mode="replicate"), (2, 3, 4, 5, 6)),
+        ("reflect2d_unbatched", lambda x: torch.nn.functional.pad(x[0], (1, 2, 2, 1), mode="reflect"), (2, 3, 5, 6)),
+        ("pixel_shuffle", lambda x: torch.nn.functional.pixel_shuffle(x, 2), (2, 8, 3, 3)),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_channels_last_layout_kept_as_on_the_cpu(name, fn, shape):
+    # ReflectionPad2d's test_memory_format: the CPU's pads (and their gradients, laid out as the
+    # input) and pixel_shuffle keep a channels_last input's layout; PyTorch's meta kernels do not
+    x = torch.randn(shape).contiguous(memory_format=CL[len(shape)])
+    cpu = _strides_values_and_grad(fn, x)
+    tpu = _strides_values_and_grad(fn, x.to(DEV))
+    assert tpu[:2] == cpu[:2]
+    assert_close(tpu[2], cpu[2])
+    assert_close(tpu[3], cpu[3])
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 2, 2), (0, 5, 2, 2, 3), (2, 0, 3, 4)])
+def test_empty_tensor_clone_keeps_its_strides(shape):
+    # BatchNorm2d's test_memory_format (zero_batch): an empty batch goes through clone(), which keeps
+    # a channels_last layout on the CPU
+    x = torch.randn(shape).contiguous(memory_format=CL[len(shape)])
+    assert x.to(DEV).clone().stride() == x.clone().stride()
+    assert x.to(DEV).permute(0, 2, 1, 3, *range(4, len(shape))).clone().stride() == (
+        x.permute(0, 2, 1, 3, *range(4, len(shape))).clone().stride()
+    )
+    assert x.to(DEV).clone(memory_format=torch.contiguous_format).stride() == (
+        x.clone(memory_format=torch.contiguous_format).stride()
+    )
+    # (with affine=True the CPU multiplies the clone by weight[0], and its TensorIterator keeps an empty
+    # channels_last layout there where PyTorch's meta kernels do not: not matched on tpu)
+    torch.manual_seed(0)
+    bn = (torch.nn.BatchNorm2d if len(shape) == 4 else torch.nn.BatchNorm3d)(shape[1], affine=False)
+    for training in (True, False):
+        bn.train(training)
+        assert bn.to(DEV)(x.to(DEV)).stride() == bn.cpu()(x).stride()
