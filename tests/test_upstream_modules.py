@@ -144,3 +144,23 @@ def test_empty_tensor_clone_keeps_its_strides(shape):
     for training in (True, False):
         bn.train(training)
         assert bn.to(DEV)(x.to(DEV)).stride() == bn.cpu()(x).stride()
+
+
+@pytest.mark.parametrize("shape,groups", [((4, 6, 5), 3), ((4, 9, 2, 3), 3), ((150, 6), 1)])
+def test_group_norm_float64_keeps_weight_and_bias_in_float64(shape, groups):
+    # GroupNorm's test_grad: gradcheck's central differences of 1e-6 in the weight vanished when the
+    # lowering multiplied by the weight in float32
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64)
+    w = torch.rand(shape[1], dtype=torch.float64) + 0.5
+    b = torch.randn(shape[1], dtype=torch.float64)
+
+    def slope(d):
+        xs, ws, bs = x.to(d), w.to(d), b.to(d)
+        step = torch.zeros_like(ws)
+        step[1] = 1e-6
+        up = torch.nn.functional.group_norm(xs, groups, ws + step, bs + step)
+        down = torch.nn.functional.group_norm(xs, groups, ws - step, bs - step)
+        return ((up - down) / 2e-6).cpu()
+
+    assert_close(slope(DEV), slope("cpu"))
