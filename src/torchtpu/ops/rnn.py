@@ -55,7 +55,7 @@ def _lstm_meta(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None)
     return hy, torch.empty_like(hy), torch.empty_like(input_gates, memory_format=torch.contiguous_format)
 
 
-@lowering("_thnn_fused_lstm_cell", meta=_lstm_meta)
+@lowering("_thnn_fused_lstm_cell", meta=_lstm_meta, real_only=True)
 def thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
     (ii, fi, gi, oi), (ih, fh, gh, oh) = _gates(input_gates, hidden_gates, input_bias, hidden_bias, 4)
     i, f, g, o = jax.nn.sigmoid(ii + ih), jax.nn.sigmoid(fi + fh), jnp.tanh(gi + gh), jax.nn.sigmoid(oi + oh)
@@ -65,7 +65,7 @@ def thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_
     return hy.astype(dt), cy.astype(dt), jnp.concatenate([i, f, g, o], axis=1).astype(dt)
 
 
-@lowering("_thnn_fused_lstm_cell_backward_impl")
+@lowering("_thnn_fused_lstm_cell_backward_impl", real_only=True)
 def thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias):
     if grad_hy is None and grad_cy is None:
         return None, None, None  # as CUDA: nothing flows back
@@ -101,7 +101,7 @@ def _gru_backward_meta(grad_hy, workspace, has_bias):
     return (grad_hy.new_empty((n, 3 * h)), grad_hy.new_empty((n, 3 * h)), grad_hy.new_empty((n, h)), *biases)
 
 
-@lowering("_thnn_fused_gru_cell", missing_meta=_gru_meta)
+@lowering("_thnn_fused_gru_cell", missing_meta=_gru_meta, real_only=True)
 def thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
     (ri, zi, ni), (rh, zh, nh) = _gates(input_gates, hidden_gates, input_bias, hidden_bias, 3)
     r, z = jax.nn.sigmoid(ri + rh), jax.nn.sigmoid(zi + zh)
@@ -112,7 +112,7 @@ def thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_b
     return hy.astype(dt), jnp.concatenate([r, z, n, h, nh], axis=1).astype(dt)
 
 
-@lowering("_thnn_fused_gru_cell_backward", missing_meta=_gru_backward_meta)
+@lowering("_thnn_fused_gru_cell_backward", missing_meta=_gru_backward_meta, real_only=True)
 def thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
     dt = grad_hy.dtype
     r, z, n, h, nh = jnp.split(to_opmath(workspace), 5, axis=1)
