@@ -164,3 +164,17 @@ def test_group_norm_float64_keeps_weight_and_bias_in_float64(shape, groups):
         return ((up - down) / 2e-6).cpu()
 
     assert_close(slope(DEV), slope("cpu"))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shape", [(10,), (4, 10)])
+def test_multilabel_margin_loss_of_one_sample_is_0_dim(shape, reduction):
+    # MultiLabelMarginLoss's test_cpu_gpu_parity: PyTorch's meta kernel shapes one sample's unreduced loss [1]
+    torch.manual_seed(0)
+    x, y = torch.randn(shape), torch.randint(-1, 10, shape)
+    xc, xt = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+    cpu = torch.nn.functional.multilabel_margin_loss(xc, y, reduction=reduction)
+    tpu = torch.nn.functional.multilabel_margin_loss(xt, y.to(DEV), reduction=reduction)
+    assert tpu.shape == cpu.shape
+    assert_close(tpu.detach().cpu(), cpu.detach())
+    assert_close(torch.autograd.grad(tpu.sum(), xt)[0].cpu(), torch.autograd.grad(cpu.sum(), xc)[0])

@@ -246,7 +246,13 @@ def _multilabel_margin(x, target, reduction, is_target=None):
     return _reduce(loss.reshape(x.shape[:-1]), reduction, x.dtype), is_target.reshape(x.shape)
 
 
-@lowering("multilabel_margin_loss_forward", real_only=True)
+def _multilabel_margin_meta(x, target, reduction):
+    """PyTorch's meta kernel gives one sample's unreduced loss the shape [1]; the CPU's (and CUDA's) is 0-dim."""
+    out, is_target = torch.ops.aten.multilabel_margin_loss_forward.default(x, target, reduction)
+    return (out.reshape(()) if x.dim() <= 1 and out.dim() == 1 else out), is_target
+
+
+@lowering("multilabel_margin_loss_forward", real_only=True, meta=_multilabel_margin_meta)
 def multilabel_margin_loss_forward(x, target, reduction):
     c = x.shape[-1] if x.ndim else 1
     require((target >= -1) & (target < c), "argument #2 'target' is out of range")  # -1 ends the list
