@@ -252,6 +252,9 @@ def _clone(self, *, memory_format=None):
     forget_last_call()
     r = RECORDS.get(self.untyped_storage().data_ptr())
     if memory_format in (None, torch.preserve_format, torch.contiguous_format):
+        if self.numel() == 0 and memory_format is not torch.contiguous_format and is_non_overlapping_and_dense(self):
+            # nothing to copy, and an empty tensor's layout is in its strides alone (the CPU keeps them)
+            return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=self.device)
         if r is not None and r._buffer is not None and covers(self, r):
             return new_tensor(tuple(self.shape), self.dtype, r.device_index, r._buffer, form=r.shape)
         if memory_format is torch.contiguous_format or self.is_contiguous() or not is_non_overlapping_and_dense(self):

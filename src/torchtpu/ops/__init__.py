@@ -22,6 +22,7 @@ from . import (  # noqa: F401
     pooling,
     random,
     reductions,
+    rnn,
     shape,
     special,
     special_polynomials,

@@ -189,10 +189,11 @@ def _group_norm(x, weight, bias, n, c, hxw, group, eps):
     var = jnp.mean(jnp.square(xf - mean[..., None]), axis=-1)
     rstd = lax.rsqrt(var + eps)
     out = ((xf - mean[..., None]) * rstd[..., None]).reshape(n, c, -1)
+    # weight and bias in the opmath dtype: a float64 norm rounded through float32 loses small steps
     if weight is not None:
-        out = out * weight.astype(jnp.float32)[None, :, None]
+        out = out * weight.astype(xf.dtype)[None, :, None]
     if bias is not None:
-        out = out + bias.astype(jnp.float32)[None, :, None]
+        out = out + bias.astype(xf.dtype)[None, :, None]
     return out.reshape(x.shape), mean, rstd
 
 
@@ -209,7 +210,7 @@ def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, ou
     xf, g = to_opmath(x).reshape(shape), to_opmath(grad).reshape(shape)
     m, r = to_opmath(mean)[:, :, None, None], to_opmath(rstd)[:, :, None, None]
     xhat = (xf - m) * r
-    w = weight.astype(jnp.float32).reshape(1, group, c // group, 1) if weight is not None else 1.0
+    w = weight.astype(xf.dtype).reshape(1, group, c // group, 1) if weight is not None else 1.0
     gw_ = g * w
     axes = (2, 3)
     dx = r * (gw_ - jnp.mean(gw_, axis=axes, keepdims=True) - xhat * jnp.mean(gw_ * xhat, axis=axes, keepdims=True))

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from torch._prims_common import suggest_memory_format
 
 from .argument_checks import out_overlaps_inputs_check
 from .dtypes import scalar_type_name, to_opmath
@@ -97,22 +98,51 @@ def _pad_backward(grad, x, padding, mode):
     return vjp(to_opmath(grad))[0].astype(x.dtype)
 
 
-@lowering("reflection_pad1d", "reflection_pad2d", "reflection_pad3d")
+def _laid_out_as_input(*names, input_position=0):
+    """meta= of ops whose CPU kernels lay the result out as their input suggests (a channels_last
+    input, a channels_last result), where PyTorch's meta kernels make it contiguous."""
+
+    def meta_of(name):
+        op = getattr(torch.ops.aten, name).default
+
+        def meta(*args):
+            out = op(*args)
+            layout = suggest_memory_format(args[input_position])
+            if layout is torch.contiguous_format or out.dim() != args[input_position].dim():
+                return out
+            return out.contiguous(memory_format=layout)
+
+        return meta
+
+    return {name: meta_of(name) for name in names}
+
+
+_PADS = ("reflection_pad1d", "reflection_pad2d", "reflection_pad3d")
+_REPLICATION = ("replication_pad1d", "replication_pad2d", "replication_pad3d")
+
+
+@lowering(*_PADS, meta=_laid_out_as_input(*_PADS))
 def reflection_pad(x, padding):
     return _mode_pad(x, padding, "reflect")
 
 
-@lowering("replication_pad1d", "replication_pad2d", "replication_pad3d")
+@lowering(*_REPLICATION, meta=_laid_out_as_input(*_REPLICATION))
 def replication_pad(x, padding):
     return _mode_pad(x, padding, "edge")
 
 
-@lowering("reflection_pad1d_backward", "reflection_pad2d_backward", "reflection_pad3d_backward")
+# the gradient is laid out as the input (not as the incoming gradient), as on the CPU
+@lowering(
+    *(n + "_backward" for n in _PADS), meta=_laid_out_as_input(*(n + "_backward" for n in _PADS), input_position=1)
+)
 def reflection_pad_backward(grad, x, padding):
     return _pad_backward(grad, x, padding, "reflect")
 
 
-@lowering("replication_pad1d_backward", "replication_pad2d_backward", "replication_pad3d_backward")
+@lowering(
+    *(n + "_backward" for n in _REPLICATION),
+    meta=_laid_out_as_input(*(n + "_backward" for n in _REPLICATION), input_position=1),
+)
 def replication_pad_backward(grad, x, padding):
     return _pad_backward(grad, x, padding, "edge")
 
@@ -162,7 +192,7 @@ def diag_embed(x, offset=0, dim1=-2, dim2=-1):
     return jnp.moveaxis(out, (-2, -1), (d1, d2))
 
 
-@lowering("pixel_shuffle")
+@lowering("pixel_shuffle", meta=_laid_out_as_input("pixel_shuffle"))
 def pixel_shuffle(x, r):
     *lead, c, h, w = x.shape
     oc = c // (r * r)
