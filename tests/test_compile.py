@@ -1,6 +1,7 @@
 """torch.compile(backend="tpu"): compiled vs eager-on-device vs CPU, caching, mutations, training."""
 
 import copy
+import gc
 import warnings
 
 import pytest
@@ -781,6 +782,7 @@ def test_compiled_outputs_are_counted_freed_and_keep_their_layout(native, monkey
     x_cpu = torch.randn(6, 5)
     x = x_cpu.to("tpu")
     fn(x)  # compile
+    gc.collect()  # tensors in reference cycles left by earlier tests in this process free now, not mid-count
     torch.tpu.synchronize()
     before = torch.tpu.memory_allocated()
     outs = fn(x)
