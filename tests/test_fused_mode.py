@@ -332,21 +332,10 @@ def test_a_training_loop_that_rarely_syncs_compiles_nothing_once_warm(fused):
 
 
 def test_greedy_generation_matches_cpu(fused):
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    pytest.importorskip("transformers")
+    import tiny_llama
+
+    model = tiny_llama.model(vocab_size=64)
     ids = torch.randint(3, 64, (1, 6))
     kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
     with torch.no_grad():

@@ -351,6 +351,19 @@ def test_nondeterministic_alerts_as_on_the_cpu(call, warn_only):
     assert alerts(DEV) == expected == alerts(DEV)
 
 
+def _loss_and_grad_as_on_the_cpu(loss):
+    """`loss(device)` -> (loss, input grad): the CPU's shape and values on tpu, or the CPU's error."""
+    try:
+        expected = loss("cpu")
+    except RuntimeError:
+        same_error(lambda d: [t.cpu() for t in loss(d)])
+        return
+    out, grad = loss(DEV)
+    assert out.shape == expected[0].shape
+    assert_close(out.cpu(), expected[0])
+    assert_close(grad.cpu(), expected[1])
+
+
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 @pytest.mark.parametrize(
     "shapes", [((), ()), ((), (1,)), ((1,), ()), ((1, 1), (1, 1)), ((3, 4), (3, 4)), ((4,), (4,)), ((), (1, 1))]
@@ -368,15 +381,7 @@ def test_multilabel_margin_loss_shapes_as_on_the_cpu(shapes, reduction):
         out.sum().backward()
         return out, v.grad
 
-    try:
-        expected = loss("cpu")
-    except RuntimeError:
-        same_error(lambda d: [t.cpu() for t in loss(d)])
-        return
-    out, grad = loss(DEV)
-    assert out.shape == expected[0].shape
-    assert_close(out.cpu(), expected[0])
-    assert_close(grad.cpu(), expected[1])
+    _loss_and_grad_as_on_the_cpu(loss)
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum"])
@@ -400,15 +405,7 @@ def test_multi_margin_loss_shapes_as_on_the_cpu(shapes, weighted, reduction):
         out.sum().backward()
         return out, v.grad
 
-    try:
-        expected = loss("cpu")
-    except RuntimeError:
-        same_error(lambda d: [t.cpu() for t in loss(d)])
-        return
-    out, grad = loss(DEV)
-    assert out.shape == expected[0].shape
-    assert_close(out.cpu(), expected[0])
-    assert_close(grad.cpu(), expected[1])
+    _loss_and_grad_as_on_the_cpu(loss)
 
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last, torch.preserve_format, None])

@@ -85,7 +85,7 @@ def stored(element):
 
 def storage_jax(dtype: torch.dtype):
     """The jnp dtype of the arrays a storage of torch `dtype` holds (uint32 for complex32)."""
-    return _UINT32 if dtype == torch.complex32 else to_jax(dtype)
+    return stored(element(dtype))
 
 
 def pack_complex32(v):
