@@ -19,7 +19,8 @@ YNNPACK bf16 dot; losses then differ from the CPU's by more than float32 roundin
 
 Every variant is warmed up (compiles; the fused mode's background compiles waited for), then the variants
 take turns for --rounds rounds of --steps steps each; a round ends with a sync (the loss read to the host),
-so the device's work is timed. Prints each variant's median ms per step over the rounds, the ratios, the
+so the device's work is timed. Prints each variant's median ms per step over the rounds (wall, and the process's
+CPU time: under load torch CPU's OpenMP threads spin), the ratios, the
 steady-state compile counters, and each variant's losses against the CPU's (same data every step).
 """
 
@@ -90,7 +91,7 @@ def main():
     g = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, 8000, (4, 128), generator=g) for _ in range(4)]
 
-    steps, losses, times, models = {}, {}, {}, {}
+    steps, losses, times, cpu_times, models = {}, {}, {}, {}, {}
     for kind in kinds:
         t0 = time.perf_counter()
         step, mode, model = make(kind, base, batches)
@@ -105,25 +106,28 @@ def main():
         for kind in kinds:
             step, mode = steps[kind]
             with torchtpu.eager_mode(mode):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for i in range(done, done + args.steps):
                     loss = step(i)
                     losses[kind].append(loss.detach())
                 torch.tpu.synchronize()
                 losses[kind][-1] = losses[kind][-1].item()  # the round's sync point: the device's work is timed
                 times.setdefault(kind, []).append((time.perf_counter() - t0) / args.steps)
+                cpu_times.setdefault(kind, []).append((time.process_time() - c0) / args.steps)
         done += args.steps
     m1 = torchtpu.metrics()
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    cpu_med = {k: statistics.median(v) * 1e3 for k, v in cpu_times.items()}
 
     print(
         f"\nsmall Llama training step (hidden 512, 4 layers, batch 4x128, AdamW), median of {args.rounds} "
         f"interleaved rounds of {args.steps} steps; torch threads {torch.get_num_threads()}; float32 matmul "
         f"precision {args.matmul_precision!r}"
     )
-    print(f"{'variant':22s} {'ms/step':>9s} {'rounds (ms)':>40s}")
+    print(f"{'variant':22s} {'ms/step':>9s} {'CPU ms/step':>12s} {'rounds (ms)':>40s}")
     for kind in kinds:
-        print(f"{kind:22s} {med[kind]:9.1f}   {' '.join(f'{t * 1e3:.0f}' for t in times[kind]):>37s}")
+        rounds = " ".join(f"{t * 1e3:.0f}" for t in times[kind])
+        print(f"{kind:22s} {med[kind]:9.1f} {cpu_med[kind]:12.1f}   {rounds:>37s}")
     ratios = []
     for kind in kinds:
         if kind.startswith("compiled"):
@@ -133,6 +137,14 @@ def main():
     if "fused" in med and "cpu" in med:
         ratios.append(f"fused/cpu {med['fused'] / med['cpu']:.2f}")
     print("ratios: " + ", ".join(ratios))
+    cpu_ratios = [
+        f"{kind}/{ref} {cpu_med[kind] / cpu_med[ref]:.2f}"
+        for kind in kinds
+        if kind.startswith("compiled")
+        for ref in ("fused", "cpu")
+        if ref in cpu_med
+    ]
+    print("process CPU time ratios: " + ", ".join(cpu_ratios))
     print(
         "steady state: "
         + ", ".join(

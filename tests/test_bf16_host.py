@@ -223,6 +223,32 @@ def test_medium_precision_keeps_small_and_one_row_float32_products_exact(matmul_
         assert_close((at @ bt).cpu(), a @ b, atol=1e-4, rtol=1e-4)
 
 
+def test_medium_precision_backward_products_stay_bf16_dots(matmul_precision):
+    """The backward of a linear layer multiplies by t(t(W)) and by t(dY): its bf16 passes contract the
+    untransposed arrays (XLA:CPU turned convert(transpose(W)) into a float32 dot plus two conversions),
+    and dY.T @ X, which XLA:CPU has no bf16 dot for, stays float32."""
+    matmul_precision("medium")
+    x, xt = _pair(192, 256, dtype=torch.float32, seed=35)
+    w, wt = _pair(384, 256, dtype=torch.float32, seed=36)
+    dy, dyt = _pair(192, 384, dtype=torch.float32, seed=37)
+
+    def grads(x, w, dy):
+        return dy @ w.t().t(), dy.t() @ x
+
+    got_dx, got_dw = torch.compile(grads, backend="tpu")(xt, wt, dyt)
+    assert_close(got_dx.cpu(), _bf16_product(dy, w), atol=1e-4, rtol=1e-4)
+    assert_close(got_dw.cpu(), dy.t() @ x, atol=1e-4, rtol=1e-4)
+    a, b = jnp.asarray(dy.numpy()), jnp.asarray(w.numpy())
+    with platform.tracing_for("cpu"):
+        (dx_dot,) = _dots(lambda a, b: linalg.matmul(a, b.T.T), a, b)
+        (dw_dot,) = _dots(lambda a, b: linalg.matmul(a.T, b), a, a)
+        hlo = jax.jit(lambda a, b: linalg.matmul(a, b.T.T)).lower(a, b).compile().as_text()
+    assert [v.aval.dtype for v in dx_dot.invars] == [jnp.bfloat16, jnp.bfloat16]
+    assert dx_dot.params["dimension_numbers"][0] == ((1,), (0,))  # on W itself, no transpose
+    assert [v.aval.dtype for v in dw_dot.invars] == [jnp.float32, jnp.float32]
+    assert "convert_convert" not in hlo
+
+
 def test_medium_precision_trace_for_tpu_keeps_float32_operands(matmul_precision):
     matmul_precision("medium")
     a, b = jnp.ones((256, 256), jnp.float32), jnp.ones((256, 512), jnp.float32)
