@@ -211,3 +211,34 @@ def test_a_large_bucketed_fill_donates_and_gives_the_exact_bits(monkeypatch, mod
                 assert counters.eager_donations == before + 1
     assert torch.equal(results[0], results[1]) and torch.equal(results[1], results[2])
     assert results[0].std() > 0.9
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32, torch.bfloat16, torch.complex64])
+def test_small_nonzero_compiles_nothing_per_count(xla_compiles, dtype):
+    """A small input's nonzero indices come from the host: a new count (an MoE layer's tokens per
+    expert) compiles no program (eager/data_dependent.py)."""
+    shape = _fresh_shape()
+    for density in (0.5, 0.3, 0.7):  # a new count each time: only the first round may compile (view copies)
+        values = torch.randn(shape) * (torch.rand(shape) > density)
+        values[0, 0] = float("nan")
+        x = values.to(dtype).to("tpu")
+        torch.tpu.synchronize()
+        for rows in (slice(None), slice(1, None), slice(None, 3)):
+            expected = values.to(dtype)[rows]
+            torch.testing.assert_close(x[rows].nonzero().cpu(), expected.nonzero())
+            if density == 0.5:  # (reading where's columns copies strided views: a program per count)
+                for got, want in zip(torch.where(x[rows]), torch.where(expected)):
+                    torch.testing.assert_close(got.cpu(), want)
+        if density == 0.5:
+            xla_compiles.clear()
+    assert not xla_compiles, len(xla_compiles)
+
+
+def test_large_nonzero_runs_on_the_device(monkeypatch):
+    from torchtpu.eager import data_dependent
+
+    monkeypatch.setattr(data_dependent, "HOST_NONZERO_ELEMENTS", 8)
+    x = torch.randn(_fresh_shape()) > 0.3
+    torch.testing.assert_close(x.to("tpu").nonzero().cpu(), x.nonzero())
+    y = torch.randn(x.shape)
+    torch.testing.assert_close(y.to("tpu")[x.to("tpu")].cpu(), y[x])
