@@ -242,3 +242,16 @@ def test_large_nonzero_runs_on_the_device(monkeypatch):
     torch.testing.assert_close(x.to("tpu").nonzero().cpu(), x.nonzero())
     y = torch.randn(x.shape)
     torch.testing.assert_close(y.to("tpu")[x.to("tpu")].cpu(), y[x])
+
+
+@pytest.mark.parametrize("dtype", [None, torch.int32, torch.uint8, torch.float32, torch.float64, torch.bfloat16])
+def test_short_arange_of_a_new_length_compiles_nothing(xla_compiles, dtype):
+    """A short arange is computed on the host in PyTorch's arithmetic (eager/kernels.py _host_arange)."""
+    n = next(_sizes) % 997 + 5
+    for start, end, step in ((0, n, 1), (3, n, 2), (n, -1, -3), (0.5, n / 7, 0.3), (-2.5, 2.5, 0.125)):
+        want = torch.arange(start, end, step, dtype=dtype)
+        got = torch.arange(start, end, step, dtype=dtype, device="tpu").cpu()
+        # (a step of 0.3: the CPU's vectorized kernel rounds some elements otherwise, as XLA did; bf16
+        # elements by one bf16 step)
+        torch.testing.assert_close(got, want, rtol=1.6e-2 if dtype is torch.bfloat16 else 1e-5, atol=0)
+    assert not xla_compiles
