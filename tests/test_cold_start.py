@@ -255,3 +255,24 @@ def test_short_arange_of_a_new_length_compiles_nothing(xla_compiles, dtype):
         # elements by one bf16 step)
         torch.testing.assert_close(got, want, rtol=1.6e-2 if dtype is torch.bfloat16 else 1e-5, atol=0)
     assert not xla_compiles
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int16, torch.float32])
+def test_random_bounds_travel_as_values(xla_compiles, dtype):
+    """random_(from, to) with new bounds reuses its executables (make_tensor's index tensors draw in
+    [0, size) of each dimension); the range checks stay the CPU's, per call."""
+    x = torch.empty(_fresh_shape(), dtype=dtype, device="tpu")
+    x.random_(0, 3)
+    torch.tpu.synchronize()
+    xla_compiles.clear()
+    for low, high in ((0, 4), (0, 5), (-7, 2), (3, 4), (-100, 100)):
+        values = x.random_(low, high).cpu()
+        assert values.min() >= low and values.max() < high, (low, high)
+        assert len(values.unique()) == high - low  # (5 x 3000 draws cover every value)
+        assert x.random_(high).cpu().max() < high
+    assert len(xla_compiles) <= 1, len(xla_compiles)  # (random_(to)'s own executable)
+    with pytest.raises(RuntimeError, match="expects 'from' to be less than 'to'"):
+        x.random_(5, 2)
+    if dtype is torch.int16:
+        with pytest.raises(RuntimeError, match="to - 1 is out of bounds for short"):
+            x.random_(0, 1 << 20)
