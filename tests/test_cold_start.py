@@ -211,3 +211,68 @@ def test_a_large_bucketed_fill_donates_and_gives_the_exact_bits(monkeypatch, mod
                 assert counters.eager_donations == before + 1
     assert torch.equal(results[0], results[1]) and torch.equal(results[1], results[2])
     assert results[0].std() > 0.9
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32, torch.bfloat16, torch.complex64])
+def test_small_nonzero_compiles_nothing_per_count(xla_compiles, dtype):
+    """A small input's nonzero indices come from the host: a new count (an MoE layer's tokens per
+    expert) compiles no program (eager/data_dependent.py)."""
+    shape = _fresh_shape()
+    for density in (0.5, 0.3, 0.7):  # a new count each time: only the first round may compile (view copies)
+        values = torch.randn(shape) * (torch.rand(shape) > density)
+        values[0, 0] = float("nan")
+        x = values.to(dtype).to("tpu")
+        torch.tpu.synchronize()
+        for rows in (slice(None), slice(1, None), slice(None, 3)):
+            expected = values.to(dtype)[rows]
+            torch.testing.assert_close(x[rows].nonzero().cpu(), expected.nonzero())
+            if density == 0.5:  # (reading where's columns copies strided views: a program per count)
+                for got, want in zip(torch.where(x[rows]), torch.where(expected)):
+                    torch.testing.assert_close(got.cpu(), want)
+        if density == 0.5:
+            xla_compiles.clear()
+    assert not xla_compiles, len(xla_compiles)
+
+
+def test_large_nonzero_runs_on_the_device(monkeypatch):
+    from torchtpu.eager import data_dependent
+
+    monkeypatch.setattr(data_dependent, "HOST_NONZERO_ELEMENTS", 8)
+    x = torch.randn(_fresh_shape()) > 0.3
+    torch.testing.assert_close(x.to("tpu").nonzero().cpu(), x.nonzero())
+    y = torch.randn(x.shape)
+    torch.testing.assert_close(y.to("tpu")[x.to("tpu")].cpu(), y[x])
+
+
+@pytest.mark.parametrize("dtype", [None, torch.int32, torch.uint8, torch.float32, torch.float64, torch.bfloat16])
+def test_short_arange_of_a_new_length_compiles_nothing(xla_compiles, dtype):
+    """A short arange is computed on the host in PyTorch's arithmetic (eager/kernels.py _host_arange)."""
+    n = next(_sizes) % 997 + 5
+    for start, end, step in ((0, n, 1), (3, n, 2), (n, -1, -3), (0.5, n / 7, 0.3), (-2.5, 2.5, 0.125)):
+        want = torch.arange(start, end, step, dtype=dtype)
+        got = torch.arange(start, end, step, dtype=dtype, device="tpu").cpu()
+        # (a step of 0.3: the CPU's vectorized kernel rounds some elements otherwise, as XLA did; bf16
+        # elements by one bf16 step)
+        torch.testing.assert_close(got, want, rtol=1.6e-2 if dtype is torch.bfloat16 else 1e-5, atol=0)
+    assert not xla_compiles
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int16, torch.float32])
+def test_random_bounds_travel_as_values(xla_compiles, dtype):
+    """random_(from, to) with new bounds reuses its executables (make_tensor's index tensors draw in
+    [0, size) of each dimension); the range checks stay the CPU's, per call."""
+    x = torch.empty(_fresh_shape(), dtype=dtype, device="tpu")
+    x.random_(0, 3)
+    torch.tpu.synchronize()
+    xla_compiles.clear()
+    for low, high in ((0, 4), (0, 5), (-7, 2), (3, 4), (-100, 100)):
+        values = x.random_(low, high).cpu()
+        assert values.min() >= low and values.max() < high, (low, high)
+        assert len(values.unique()) == high - low  # (5 x 3000 draws cover every value)
+        assert x.random_(high).cpu().max() < high
+    assert len(xla_compiles) <= 1, len(xla_compiles)  # (random_(to)'s own executable)
+    with pytest.raises(RuntimeError, match="expects 'from' to be less than 'to'"):
+        x.random_(5, 2)
+    if dtype is torch.int16:
+        with pytest.raises(RuntimeError, match="to - 1 is out of bounds for short"):
+            x.random_(0, 1 << 20)

@@ -9,6 +9,7 @@ the ordinary index / index_put kernels run.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from ..ops import dtypes as dt
@@ -147,12 +148,34 @@ def _unique(buf, shape, dim, sort, n):
 
 
 # ------------------------------------------------------------------ kernels
+# Inputs of at most this many elements find their nonzero indices on the host: the count is read
+# back anyway (a sync point), while the device form compiles a program per (shape, count) that costs
+# 0.2-0.4 s of CPU time to compile on XLA:CPU (an eager MoE layer's `torch.where(expert_mask[e])`
+# gives a new count per expert and batch); reading 64 Ki elements costs well under a millisecond.
+HOST_NONZERO_ELEMENTS = 1 << 16
+
+
 def nonzero(self):
     _check_tpu(self)
+    if self.numel() <= HOST_NONZERO_ELEMENTS:
+        return _host_nonzero(self)
     buf, dev = _flat(self)
     shape = tuple(self.shape)
     n = int(_count(buf, shape))  # sync point
     return new_tensor((n, self.dim()), torch.int64, dev, _nonzero(buf, shape, n))
+
+
+def _host_nonzero(self):
+    from .kernels import _from_host, to_host
+
+    host = to_host(self)
+    if host.dtype.kind == "V":  # bfloat16 and the float8 types (ml_dtypes): zeros and NaNs stay as they were
+        host = host.astype(np.float32)
+    indices = np.argwhere(host).astype(np.int64, copy=False)
+    dev = self.device.index
+    out = new_tensor(indices.shape, torch.int64, dev, _from_host(indices, torch.int64, dev))
+    remember_host_values(out.untyped_storage().data_ptr(), record_of(out)._buffer, indices.reshape(-1))
+    return out
 
 
 def masked_select(self, mask):

@@ -9,10 +9,10 @@ say (see MIN_OPS). Flushing is where the gain is:
 
 - a segment's key is its sequence of (executable, input wiring) plus which of its results are
   still referenced. A loop (a training step, a sampling step) issues the same segments every
-  iteration; a segment that comes back within RECENT flushes is compiled as one jitted function
-  that calls the ops' executables in order. XLA inlines and fuses them: one dispatch replaces
-  dozens, and results nobody holds any more (temporaries, buffers an in-place op replaced) are
-  never written out;
+  iteration; a segment that comes back within RECENT flushes (its COMPILE_AT-th run in a row) is
+  compiled as one jitted function that calls the ops' executables in order. XLA inlines and
+  fuses them: one dispatch replaces dozens, and results nobody holds any more (temporaries,
+  buffers an in-place op replaced) are never written out;
 - any other segment runs op by op through the same executables, compiling nothing, so code whose
   shapes change every step (a growing KV cache, generate()'s growing token list) costs what the
   "strict" mode costs instead of compiling a graph per step, the trap of torch_xla's lazy tensors.
@@ -77,6 +77,11 @@ LIMIT = 384
 # look warm and pull a once-per-length op into the repeating segment. A loop that never synchronizes
 # warms up after COLD_CALLS iterations.
 RECENT = 16
+# ... and compiled at its COMPILE_AT-th run in a row (each within RECENT flushes of the one before): a
+# segment that runs exactly twice (a test calling generate() twice on the same shapes) compiled an
+# executable (~1 s of XLA:CPU compile for a decoder step) that never ran; a loop's body waits one more
+# iteration, replayed op by op.
+COMPILE_AT = 3
 HOT_SYNCS = 8
 COLD_CALLS = 4
 _MAX_KEYS = 4096  # segments remembered as seen before that memory is cleared
@@ -131,7 +136,7 @@ class _Segment:
 
 _open: dict[int, _Segment] = {}
 _lock = threading.RLock()
-_seen: dict[tuple, int] = {}  # segment key -> the flush that last ran it op by op
+_seen: dict[tuple, tuple] = {}  # segment key -> (the flush that last ran it op by op, recent runs)
 _flushes = [0]
 _syncs = [0]  # host reads of device values, and flushes asked for by synchronize or a mode switch
 _compiled: dict[tuple, object] = {}
@@ -393,8 +398,9 @@ def _executable_for(segment, key, plan, live):
     if key in _compiling:
         _compiling[key] = _flushes[0]  # still wanted: the compile thread skips segments gone stale
     elif len(plan) > 1:  # (one op is already one executable)
-        last = _seen.get(key)
-        if last is not None and _flushes[0] - last <= RECENT:
+        last, runs = _seen.get(key, (None, 0))
+        recent = last is not None and _flushes[0] - last <= RECENT
+        if recent and runs + 1 >= COMPILE_AT:
             del _seen[key]
             results = _results(segment.steps, live)
             if tpu_check.enabled():
@@ -408,7 +414,7 @@ def _executable_for(segment, key, plan, live):
         else:
             if len(_seen) >= _MAX_KEYS:
                 _seen.clear()
-            _seen[key] = _flushes[0]
+            _seen[key] = (_flushes[0], runs + 1 if recent else 1)
     return fn
 
 

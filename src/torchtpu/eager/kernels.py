@@ -630,10 +630,22 @@ def _arange_values(n, jd, index, start, step):
     if values is None:
         if len(_arange_kept) >= 256:
             _arange_kept.clear()
-        values = _arange_kept[key] = _arange_executable(n, jd, index)(start, step)
+        values = _arange_kept[key] = _from_host(_host_arange(n, jd, start, step), None, index)
     else:
         metrics.counters.eager_constants_reused += 1
     return values
+
+
+def _host_arange(n, jd, start, step):
+    """A short arange's values computed on the host, in the arithmetic of factories._arange_values
+    (PyTorch's): a new length then costs a transfer instead of an XLA compile (~30-100 ms CPU here;
+    masks and position ids ask for one per sequence length)."""
+    d = np.dtype(jd)
+    if d.kind in "iub":
+        return (int(start) + np.arange(n, dtype=np.int64) * int(step)).astype(d)
+    acc = np.float32 if d.itemsize < 4 else np.float64  # (float16, bfloat16: PyTorch's CPU acc_type)
+    with np.errstate(over="ignore"):  # (beyond float16's range: inf, as on the CPU)
+        return (acc(start) + np.arange(n, dtype=acc) * acc(step)).astype(d)
 
 
 def _arange_start_out(start, end, step=1, *, out):
