@@ -56,6 +56,8 @@ def test_complex_scatter_multiply_agrees_with_mul(dtype):
         assert _bits_equal(got, expected)
     legacy = xt.clone().scatter_(1, it, st, reduce="multiply")
     assert_close(legacy.cpu(), x.clone().scatter_(1, index, src, reduce="multiply"))
+    empty = torch.tensor((), dtype=torch.long)  # (fewer dims than x: allowed when empty)
+    assert_close(xt.scatter_reduce(0, empty.to(DEV), st[0], "prod").cpu(), x)
     scalar = xt.clone().scatter_(1, it, 0.5, reduce="multiply")
     assert _bits_equal(scalar, x.clone().scatter_(1, index, 0.5, reduce="multiply"))
 

@@ -150,6 +150,8 @@ def _scatter_mul(x, at, v):
     if x.dtype == jnp.bool_:
         return x.at[at].min(v)
     if jnp.iscomplexobj(x) and lowering_platform() == "cpu":
+        if v.size == 0:  # (an empty index may have fewer dims than x)
+            return x
         if not at:  # a 0-dim x
             return multiply(x, v.reshape(())) if v.size == 1 else x.at[at].multiply(v)
         return _scatter_with_combiner(x, at, v, rounded_complex_product)
