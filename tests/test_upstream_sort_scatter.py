@@ -35,6 +35,17 @@ def test_complex_mul_rounds_each_product_as_the_cpu(dtype):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
+def test_complex_addcmul_rounds_as_the_cpu(dtype):
+    c, a, b = (torch.randn(4096, dtype=dtype) for _ in range(3))
+    for value in (1, 0.5, 2 - 1j):
+        got = torch.addcmul(c.to(DEV), a.to(DEV), b.to(DEV), value=value)
+        assert _bits_equal(got, torch.addcmul(c, a, b, value=value))
+    real = [torch.randn(100) for _ in range(3)]
+    got = torch.addcmul(*(t.to(DEV) for t in real), value=0.5).cpu()
+    assert_close(got, torch.addcmul(*real, value=0.5))
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
 def test_complex_scatter_multiply_agrees_with_mul(dtype):
     # test_scatter_reduce_prod / test_scatter__reductions: the scatter's product of each element must be
     # the elementwise `*=` one (the upstream test compares them with atol=0)

@@ -355,7 +355,7 @@ def lerp(a, b, w):
 def addcmul(a, t1, t2, value=1):
     if not jnp.issubdtype(a.dtype, jnp.inexact):
         value = jnp.asarray(value).astype(a.dtype)  # the CPU converts value to the integer type: 0.5 -> 0
-    return a + value * t1 * t2
+    return a + multiply(multiply(value, t1), t2)  # (complex: the CPU's rounding, in its order)
 
 
 def _integer_addcdiv_check(a, t1, t2, *_, **__):
