@@ -305,10 +305,10 @@ def randperm(n, generator=None, dtype=None, layout=None, device=None, pin_memory
 
 def _packed_permutation(key, n):
     """A uniform permutation of range(n) by sorting uint64 words (random high bits, the position in
-    the low ones) and keeping the low bits: one sort of one operand, where jax.random.permutation
-    sorts key-value pairs with 32-bit keys 2-3 times (XLA:CPU, n = 2^25: 3.0 s CPU time against 37 s).
-    Two rounds: a tie in the random bits of one round (about n^2 / 2^(65 - bits) pairs) keeps the
-    other round's random order."""
+    the low ones) and keeping the low bits: a sort of one operand, where jax.random.permutation
+    sorts key-value pairs with 32-bit keys 2-3 times (XLA:CPU, n = 2^25, two rounds: 6.4 s CPU time
+    against 37 s; benchmarks/cpu_parity_cost.py). Two rounds: a tie in the random bits of one round
+    (about n^2 / 2^(65 - bits) pairs) keeps the other round's random order."""
     bits = max(n - 1, 1).bit_length()
     low = jnp.uint64((1 << bits) - 1)
     position = lax.iota(jnp.uint64, n)
