@@ -46,6 +46,19 @@ def test_complex_addcmul_rounds_as_the_cpu(dtype):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
+def test_complex_pow_by_2_and_3_is_the_cpus_product(dtype):
+    a = torch.randn(4096, dtype=dtype)
+    for exponent in (2, 3, 2.0, 2 + 0j):
+        assert _bits_equal(a.to(DEV) ** exponent, a**exponent)
+    got = a.to(DEV)
+    got.pow_(3)
+    assert _bits_equal(got, a**3)
+    # other exponents, and a 0-dim tensor exponent, take the CPU's general pow (close, not bit for bit)
+    for exponent in (0.5, torch.tensor(2.0)):
+        assert_close(a.to(DEV).pow(exponent.to(DEV) if torch.is_tensor(exponent) else exponent).cpu(), a.pow(exponent))
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
 def test_complex_scatter_multiply_agrees_with_mul(dtype):
     # test_scatter_reduce_prod / test_scatter__reductions: the scatter's product of each element must be
     # the elementwise `*=` one (the upstream test compares them with atol=0)

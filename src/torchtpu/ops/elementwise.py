@@ -233,9 +233,7 @@ def fmod(a, b):
 
 
 @lowering(
-    "pow.Tensor_Tensor",
     "pow.Tensor_Scalar",
-    "pow.Scalar",
     promote=KIND.DEFAULT,
     host_check={
         "pow.Tensor_Scalar": pow_exponent_check,
@@ -243,6 +241,15 @@ def fmod(a, b):
         "pow.Tensor_Scalar_out": pow_exponent_check,
     },
 )
+def power_by_scalar(a, b):
+    if not jnp.iscomplexobj(a):
+        return power(a, b)
+    # the CPU's complex pow by a Scalar 2 or 3 is its product a*a or a*a*a (by a 0-dim tensor: pow)
+    square = multiply(a, a)
+    return jnp.where(b == 2, square, jnp.where(b == 3, multiply(square, a), power(a, b)))
+
+
+@lowering("pow.Tensor_Tensor", "pow.Scalar", promote=KIND.DEFAULT)
 def power(a, b):
     if _is_int(a) and _is_int(b):
         if isinstance(b, int) and b >= 0:
