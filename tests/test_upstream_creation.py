@@ -239,3 +239,27 @@ def test_randperm_too_large_for_the_out_dtype_raises_the_cpus_error(dtype, n):
 )
 def test_arange_of_an_overflowing_length_raises_the_cpus_error(call):
     same_error(call)
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.float, torch.double, torch.uint8])
+def test_randperm_is_a_uniform_permutation(dtype):
+    # test_randperm ran over its limit on 2^24+1 and 2^25 elements: randperm now sorts packed words
+    # (random high bits, the position below) twice; check what that must keep
+    for n in (1, 2, 7, 256) if dtype == torch.uint8 else (1, 2, 7, 255, 4097):
+        p = torch.randperm(n, dtype=dtype, device=DEV)
+        assert p.dtype == dtype and p.device.type == DEV
+        assert_close(p.cpu().long().sort().values, torch.arange(n))
+    with torch.random.fork_rng(devices=[DEV]):
+        first = torch.randperm(100, dtype=dtype, device=DEV)
+    out = torch.empty(0, dtype=dtype, device=DEV)
+    assert_close(torch.randperm(100, out=out, dtype=dtype, device=DEV).cpu(), first.cpu())
+    strided = torch.zeros(2, 3, dtype=dtype, device=DEV).t()
+    torch.randperm(6, out=strided)
+    assert_close(strided.cpu().reshape(-1).long().sort().values, torch.arange(6))
+
+
+def test_randperm_draws_every_order_about_equally_often():
+    # of the 6 orders of 3 elements (1200 draws: 200 each, sd 13)
+    draws = torch.stack([torch.randperm(3, device=DEV) for _ in range(1200)]).cpu()
+    counts = torch.unique(draws, dim=0, return_counts=True)[1]
+    assert counts.numel() == 6 and int(counts.min()) > 140 and int(counts.max()) < 260

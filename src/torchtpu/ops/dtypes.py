@@ -163,6 +163,32 @@ def _truncate_as_x86(v, wide):
     return jnp.where(inside, v, -limit).astype(wide)
 
 
+def multiply(a, b):
+    """a * b. A complex product on XLA:CPU rounds each of its four real products before their sum, as
+    PyTorch's vectorized CPU kernel: LLVM would contract `ac - bd` into an FMA (1 complex64 product
+    in 2 differed in its last bit), and would do it differently in a scatter's combiner than in an
+    elementwise loop. copysign(p, p) is p, but LLVM does not see through it (no measurable cost on a
+    2^20-element product: benchmarks/cpu_parity_cost.py)."""
+    dtype = jnp.result_type(a, b)
+    if not jnp.issubdtype(dtype, jnp.complexfloating):
+        return a * b
+    from ..device.platform import lowering_platform
+
+    if lowering_platform() != "cpu":
+        return a * b
+    return rounded_complex_product(jnp.asarray(a, dtype), jnp.asarray(b, dtype))
+
+
+def rounded_complex_product(a, b):
+    """The complex product of `multiply` with each real product rounded, on any platform."""
+    ar, ai, br, bi = jnp.real(a), jnp.imag(a), jnp.real(b), jnp.imag(b)
+
+    def rounded(p):
+        return jnp.copysign(p, p)
+
+    return lax.complex(rounded(ar * br) - rounded(ai * bi), rounded(ar * bi) + rounded(ai * br))
+
+
 def to_torch(dtype) -> torch.dtype:
     return TO_TORCH[jnp.dtype(dtype)]
 

@@ -9,7 +9,7 @@ import torch
 from jax import lax
 
 from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
-from .dtypes import convert, operand_facts, promote, scalar_type_name
+from .dtypes import convert, multiply, operand_facts, promote, scalar_type_name
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -94,7 +94,7 @@ def rsub(a, b, alpha=1):
 def mul(a, b):
     if getattr(a, "dtype", None) == jnp.bool_:
         return jnp.logical_and(a, b)
-    return a * b
+    return multiply(a, b)  # (complex: the CPU's rounding)
 
 
 def _is_int(x):
@@ -233,9 +233,7 @@ def fmod(a, b):
 
 
 @lowering(
-    "pow.Tensor_Tensor",
     "pow.Tensor_Scalar",
-    "pow.Scalar",
     promote=KIND.DEFAULT,
     host_check={
         "pow.Tensor_Scalar": pow_exponent_check,
@@ -243,6 +241,15 @@ def fmod(a, b):
         "pow.Tensor_Scalar_out": pow_exponent_check,
     },
 )
+def power_by_scalar(a, b):
+    if not jnp.iscomplexobj(a):
+        return power(a, b)
+    # the CPU's complex pow by a Scalar 2 or 3 is its product a*a or a*a*a (by a 0-dim tensor: pow)
+    square = multiply(a, a)
+    return jnp.where(b == 2, square, jnp.where(b == 3, multiply(square, a), power(a, b)))
+
+
+@lowering("pow.Tensor_Tensor", "pow.Scalar", promote=KIND.DEFAULT)
 def power(a, b):
     if _is_int(a) and _is_int(b):
         if isinstance(b, int) and b >= 0:
@@ -355,7 +362,7 @@ def lerp(a, b, w):
 def addcmul(a, t1, t2, value=1):
     if not jnp.issubdtype(a.dtype, jnp.inexact):
         value = jnp.asarray(value).astype(a.dtype)  # the CPU converts value to the integer type: 0.5 -> 0
-    return a + value * t1 * t2
+    return a + multiply(multiply(value, t1), t2)  # (complex: the CPU's rounding, in its order)
 
 
 def _integer_addcdiv_check(a, t1, t2, *_, **__):
