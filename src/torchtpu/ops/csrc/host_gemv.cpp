@@ -1,7 +1,7 @@
 // bfloat16 matrix-vector products for XLA:CPU (an XLA FFI custom call; ops/host_gemv.py).
 //
 // y (M, N) float32 = x (M, K) bf16 @ W (N, K) bf16 ^T, for M <= 4 (batch-1 decoding's nn.Linear): the
-// weight is streamed once, four rows at a time, with AVX512-BF16 dot products accumulated in float32.
+// weight is streamed once, with AVX512-BF16 dot products accumulated in float32.
 // XLA:CPU's own bf16 dot (YNNPACK) prepares the whole weight at every call and costs ~1.5x the CPU time
 // of this loop on a 1x1024 by 151936x1024 product (benchmarks/RESULTS.md). Rows are handed out in
 // chunks through an atomic counter to the caller and to tasks on XLA's intra-op pool: the caller waits
@@ -27,55 +27,31 @@ namespace {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
 
-// one block of 4 weight rows against M input rows; `tail` masks the last K % 32 elements
-template <int M>
-inline void block4(const uint16_t* x, const uint16_t* w, float* y, int64_t n, int64_t N, int64_t K) {
-  __m512 acc[M][4];
-  for (int m = 0; m < M; ++m)
-    for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
-  const uint16_t* r = w + n * K;
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    __m512bh wv[4];
-    for (int j = 0; j < 4; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(r + j * K + k);
-    for (int m = 0; m < M; ++m) {
-      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * K + k);
-      for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], wv[j], xv);
-    }
-  }
-  if (k < K) {
-    __mmask32 mask = (__mmask32)((1ull << (K - k)) - 1);
-    __m512bh wv[4];
-    for (int j = 0; j < 4; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, r + j * K + k);
-    for (int m = 0; m < M; ++m) {
-      __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * K + k);
-      for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], wv[j], xv);
-    }
-  }
-  for (int m = 0; m < M; ++m)
-    for (int j = 0; j < 4; ++j) y[m * N + n + j] = _mm512_reduce_add_ps(acc[m][j]);
-}
-
+// rows n0..n1 of W against the M rows of x, one weight row at a time with four accumulators along K
+// (a single forward stream: at the machine's read bandwidth, where four rows interleaved ran at half of it)
 template <int M>
 void rows(const uint16_t* x, const uint16_t* w, float* y, int64_t n0, int64_t n1, int64_t N, int64_t K) {
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) block4<M>(x, w, y, n, N, K);
-  if (n < n1) {  // the last 1-3 rows of W (N % 4): W's last row repeated, its results dropped
-    float tmp[M * 4];
-    const uint16_t* last[4];
-    for (int j = 0; j < 4; ++j) last[j] = w + (n + j < n1 ? n + j : n1 - 1) * K;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* r = w + n * K;
+    __m512 acc[M][4];
     for (int m = 0; m < M; ++m)
-      for (int j = 0; j < 4; ++j) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t k = 0; k < K; k += 32) {
-          __mmask32 mask = K - k >= 32 ? (__mmask32)~0u : (__mmask32)((1ull << (K - k)) - 1);
-          acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(mask, last[j] + k),
-                                 (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * K + k));
-        }
-        tmp[m * 4 + j] = _mm512_reduce_add_ps(acc);
+      for (int u = 0; u < 4; ++u) acc[m][u] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 128 <= K; k += 128)
+      for (int u = 0; u < 4; ++u) {
+        __m512bh wv = (__m512bh)_mm512_loadu_si512(r + k + 32 * u);
+        for (int m = 0; m < M; ++m)
+          acc[m][u] = _mm512_dpbf16_ps(acc[m][u], wv, (__m512bh)_mm512_loadu_si512(x + m * K + k + 32 * u));
       }
+    for (; k < K; k += 32) {  // the last K % 128 elements (masked past K)
+      __mmask32 mask = K - k >= 32 ? (__mmask32)~0u : (__mmask32)((1u << (K - k)) - 1);
+      __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, r + k);
+      for (int m = 0; m < M; ++m)
+        acc[m][0] = _mm512_dpbf16_ps(acc[m][0], wv, (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * K + k));
+    }
     for (int m = 0; m < M; ++m)
-      for (int64_t j = 0; n + j < n1; ++j) y[m * N + n + j] = tmp[m * 4 + j];
+      y[m * N + n] = _mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]), _mm512_add_ps(acc[m][2], acc[m][3])));
   }
 }
 
