@@ -145,12 +145,13 @@ def _linear_one_row():
     return lambda x, w: linalg.matmul(x, w.T)
 
 
-def test_host_trace_pads_a_one_row_product():
-    x, w = jnp.ones((1, 256), jnp.bfloat16), jnp.ones((384, 256), jnp.bfloat16)
+@pytest.mark.parametrize("dtype,n", [(jnp.float16, 384), (jnp.bfloat16, 96)])  # bf16: below host_gemv's size
+def test_host_trace_pads_a_one_row_product(dtype, n):
+    x, w = jnp.ones((1, 256), dtype), jnp.ones((n, 256), dtype)
     with platform.tracing_for("cpu"):
         (dot,) = _dots(_linear_one_row(), x, w)
     lhs, rhs = (v.aval for v in dot.invars)
-    assert lhs.shape == (2, 256) and lhs.dtype == jnp.bfloat16 and rhs.shape == (384, 256)  # W as stored
+    assert lhs.shape == (2, 256) and lhs.dtype == dtype and rhs.shape == (n, 256)  # W as stored
     assert dot.params["preferred_element_type"] == jnp.float32
 
 
