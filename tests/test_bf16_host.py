@@ -145,12 +145,13 @@ def _linear_one_row():
     return lambda x, w: linalg.matmul(x, w.T)
 
 
-def test_host_trace_pads_a_one_row_product():
-    x, w = jnp.ones((1, 256), jnp.bfloat16), jnp.ones((384, 256), jnp.bfloat16)
+@pytest.mark.parametrize("dtype,n", [(jnp.float16, 384), (jnp.bfloat16, 96)])  # bf16: below host_gemv's size
+def test_host_trace_pads_a_one_row_product(dtype, n):
+    x, w = jnp.ones((1, 256), dtype), jnp.ones((n, 256), dtype)
     with platform.tracing_for("cpu"):
         (dot,) = _dots(_linear_one_row(), x, w)
     lhs, rhs = (v.aval for v in dot.invars)
-    assert lhs.shape == (2, 256) and lhs.dtype == jnp.bfloat16 and rhs.shape == (384, 256)  # W as stored
+    assert lhs.shape == (2, 256) and lhs.dtype == dtype and rhs.shape == (n, 256)  # W as stored
     assert dot.params["preferred_element_type"] == jnp.float32
 
 
@@ -371,3 +372,30 @@ def test_one_position_trace_is_a_select_on_the_host_only():
     with platform.tracing_for("cpu"):
         same = jax.jit(written)(x, jnp.zeros((1, 2, 1, 3), jnp.bfloat16), jnp.array([5]))
     assert (np.asarray(same.astype(jnp.float32)) == np.asarray(x.astype(jnp.float32))).all()
+
+
+# --- attention of one query row (a decode step) over a half KV cache: a zero row on the host
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("kv_heads", [16, 8])  # 8: grouped heads, already two rows per key/value head
+@pytest.mark.parametrize("compiled", [False, True])
+def test_one_query_row_attention(dtype, kv_heads, compiled):
+    q, qt = _pair(1, 16, 1, 64, dtype=dtype, seed=40)
+    k, kt = _pair(1, kv_heads, 300, 64, dtype=dtype, seed=41)
+    v, vt = _pair(1, kv_heads, 300, 64, dtype=dtype, seed=42)
+    mask = (torch.arange(300) < 250).view(1, 1, 1, 300)  # a static cache's unwritten positions masked out
+    fn = F.scaled_dot_product_attention
+    gqa = kv_heads != 16
+    tfn = torch.compile(fn, backend="tpu") if compiled else fn
+    _close(tfn(qt, kt, vt, attn_mask=mask.to("tpu"), enable_gqa=gqa), fn(q, k, v, attn_mask=mask, enable_gqa=gqa))
+
+
+def test_one_query_row_attention_trace_pads_on_the_host_only():
+    from torchtpu.ops.attention import sdpa_fused
+
+    q, k = jnp.ones((1, 16, 1, 64), jnp.bfloat16), jnp.ones((1, 16, 300, 64), jnp.bfloat16)
+    for target, rows in (("cpu", 2), ("tpu", 1)):
+        with platform.tracing_for(target):
+            dots = _dots(lambda q, k, v: sdpa_fused(q, k, v)[0], q, k, k)
+        assert {d.invars[0].aval.shape[-2] for d in dots[:1]} == {rows}

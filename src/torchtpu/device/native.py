@@ -84,12 +84,12 @@ def _cache_dir() -> pathlib.Path:
 _FLAGS = ("-std=c++17", "-Wall", "-Wextra")
 
 
-def _target(sources=_SOURCES, stem="tpu_native", python=False) -> pathlib.Path:
+def _target(sources=_SOURCES, stem="tpu_native", python=False, flags=()) -> pathlib.Path:
     import torch
 
     key = hashlib.sha256(
         b"".join(p.read_bytes() for p in sources)
-        + " ".join(_FLAGS).encode()
+        + " ".join((*_FLAGS, *flags)).encode()
         + torch.__version__.encode()
         + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()
         + (sys.version.encode() if python else b"")
@@ -104,19 +104,20 @@ def compiler() -> str | None:
     return None
 
 
-def build(sources=_SOURCES, stem="tpu_native", python=False, unity=False) -> pathlib.Path:
+def build(sources=_SOURCES, stem="tpu_native", python=False, unity=False, flags=()) -> pathlib.Path:
     """Compile the extension (or, given `sources` and `stem`, another library of torchtpu's C++
     sources; `python`: one that includes Python's and torch's Python headers and links
     libtorch_python) into the cache (atomically, under a file lock: concurrent processes wait for
     one build). Headers among `sources` only key the cache. `unity`: the .cpp files compile as one
-    translation unit, torch's headers parsed once (each parse costs ~10 s of CPU)."""
+    translation unit, torch's headers parsed once (each parse costs ~10 s of CPU). `flags`: more
+    compiler flags (another library's headers: they key the cache too)."""
     import torch
 
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     root = pathlib.Path(torch.__file__).parent
-    target = _target(sources, stem, python)
+    target = _target(sources, stem, python, flags)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -146,6 +147,7 @@ def build(sources=_SOURCES, stem="tpu_native", python=False, unity=False) -> pat
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             f"-isystem{root / 'include'}",
             *extra_includes,
+            *flags,
             *compiled,
             f"-L{root / 'lib'}",
             "-lc10",

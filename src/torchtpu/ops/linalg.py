@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from . import host_gemv
 from .dtypes import scalar_type_name
 from .table import KIND, lowering
 
@@ -114,6 +115,9 @@ def _host_half_matmul(a, b):
         return _host_half_matmul(a, b[:, None])[..., 0]
     if a.ndim == 1:
         return _host_half_matmul(a[None], b)[..., 0, :]
+    weight = _transposed_from(b) if b.ndim == 2 else None
+    if weight is not None and host_gemv.eligible(a, weight):  # x @ W.T of a bf16 decode step: the C++ kernel
+        return host_gemv.product(a, weight).astype(a.dtype)
     rows, cols = a.shape[-2], b.shape[-1]
     if rows == 1:
         a = _pad_rows(a, a.ndim - 2)
