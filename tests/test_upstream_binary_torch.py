@@ -225,20 +225,40 @@ def test_index_fill_with_a_tensor_value_still_fills():
         assert_close(x.to(DEV).index_fill(1, index.to(DEV), value).cpu(), expected)
 
 
-def test_masked_scatter_with_a_short_source_raises_once_and_the_device_keeps_working():
-    # the CPU raises at the op; tpu checks on the device without a sync (as CUDA) and reports at the
+_SHORT = "Number of elements of source < number of ones in mask"
+
+
+def test_masked_scatter_short_source_of_a_device_mask_raises_once_and_the_device_keeps_working():
+    # a mask computed on the device is checked there without a sync (as CUDA) and reported at the
     # next sync. It put the device in the sticky error state: every later test of test_torch failed.
     mask = torch.tensor([0, 1, 1, 0, 1], dtype=torch.bool)
-    with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
-        torch.zeros(5).masked_scatter_(mask, torch.ones(2))
     dest = torch.zeros(5, device=DEV)
-    dest.masked_scatter_(mask.to(DEV), torch.ones(2, device=DEV))
-    with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
+    dest.masked_scatter_(mask.to(DEV).logical_not().logical_not(), torch.ones(2, device=DEV))
+    with pytest.raises(RuntimeError, match=_SHORT):
         dest.cpu()
     x = torch.randn(5)
     source = torch.randn(3)
     assert_close(x.to(DEV).masked_scatter(mask.to(DEV), source.to(DEV)).cpu(), x.masked_scatter(mask, source))
     torch.tpu.synchronize()
+
+
+@pytest.mark.parametrize("mask_shape", [(4,), (6, 1), (6, 4)])
+def test_masked_scatter_short_source_of_a_host_mask_raises_at_the_op_as_on_the_cpu(mask_shape):
+    # a mask just copied from the host: its ones are counted there (storage/host_values.py)
+    mask = torch.rand(mask_shape) < 0.5
+    mask.view(-1)[0] = True
+    ones = int(mask.broadcast_to(6, 4).sum())
+    dest = torch.randn(6, 4)
+    for device in ("cpu", DEV):
+        with pytest.raises(RuntimeError, match=_SHORT):
+            dest.to(device).masked_scatter_(mask.to(device), torch.ones(ones - 1, device=device))
+    source = torch.randn(ones)
+    expected = dest.masked_scatter(mask, source)
+    assert_close(dest.to(DEV).masked_scatter(mask.to(DEV), source.to(DEV)).cpu(), expected)
+    out = torch.empty(6, 4, device=DEV)
+    with pytest.raises(RuntimeError, match=_SHORT):
+        torch.ops.aten.masked_scatter.out(dest.to(DEV), mask.to(DEV), source[:-1].to(DEV), out=out)
+    torch.tpu.synchronize()  # nothing left to report
 
 
 @pytest.mark.parametrize(
