@@ -465,3 +465,27 @@ def test_xlogy_of_zero_and_nan_is_nan_as_on_the_cpu(fn, dtype):
     y = torch.tensor([nan, 1.0, nan, 0.0, 3.0, 2.0])
     for a, b in ((x, y), (y, x)):
         assert_close(fn(a.to(DEV), b.to(DEV)).cpu(), fn(a, b), equal_nan=True)
+
+
+
+
+_ELEMENTWISE_OUT = {
+    "exp": (lambda x, out: torch.exp(x, out=out), torch.float32),
+    "add": (lambda x, out: torch.add(x, x, out=out), torch.float32),
+    "eq": (lambda x, out: torch.eq(x, 0.5, out=out), torch.bool),
+}
+
+
+@pytest.mark.parametrize("name", list(_ELEMENTWISE_OUT))
+@pytest.mark.parametrize("dims", [(2, 0, 1, 3), (1, 2, 3, 0), (0, 1, 2, 3)])
+def test_out_resized_by_an_elementwise_op_takes_its_layout_as_on_the_cpu(name, dims):
+    # TensorIterator restrides an out= tensor it resizes like the functional result (size-1 dims
+    # included); PyTorch's meta kernels leave it contiguous (test_torch's test_strides_propagation)
+    op, dtype = _ELEMENTWISE_OUT[name]
+    base = torch.randn(1, 3, 4, 12)
+    results = []
+    for device in ("cpu", DEV):
+        x = base.to(device)[..., ::2].permute(dims)
+        results.append(op(x, torch.empty(0, device=device, dtype=dtype)))
+    assert results[1].stride() == results[0].stride()
+    assert_close(results[1].cpu(), results[0])
