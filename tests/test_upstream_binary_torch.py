@@ -467,8 +467,6 @@ def test_xlogy_of_zero_and_nan_is_nan_as_on_the_cpu(fn, dtype):
         assert_close(fn(a.to(DEV), b.to(DEV)).cpu(), fn(a, b), equal_nan=True)
 
 
-
-
 _ELEMENTWISE_OUT = {
     "exp": (lambda x, out: torch.exp(x, out=out), torch.float32),
     "add": (lambda x, out: torch.add(x, x, out=out), torch.float32),
