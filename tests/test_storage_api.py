@@ -200,6 +200,10 @@ def _storage_calls():
         "slice_copy_into": mutated(lambda d: u(list(range(8)), device=d), lambda s: s[4:8].copy_(u([5, 6, 7, 8]))),
         "slice_resize": lambda d: u([1, 2, 3, 4], device=d)[1:3].resize_(8),
         "slice_from_0_resize": lambda d: u([1, 2, 3, 4], device=d)[0:3].resize_(8),
+        "slice_pickle_typed": lambda d: pickle.loads(
+            pickle.dumps(torch.TypedStorage(wrap_storage=_f32(d).untyped_storage()[8:16], dtype=torch.float32))
+        ),
+        "slice_save": lambda d: _round_trip(_f32(d).untyped_storage()[6:18]),
         "slice_set_too_far": lambda d: torch.empty(0, device=d).set_(u(16, device=d)[4:12], 0, (3,), (1,)),
         "byteswap_f32": mutated(lambda d: _f32(d).untyped_storage(), lambda s: s.byteswap(torch.float32)),
         "byteswap_c64": mutated(lambda d: _f32(d).untyped_storage(), lambda s: s.byteswap(torch.complex64)),

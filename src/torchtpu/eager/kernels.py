@@ -22,6 +22,7 @@ from ..ops import argument_checks, factories
 from ..ops import dtypes as dt
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts
+from ..storage import slices
 from ..storage.records import RECORDS, covers, new_tensor, record_of, set_buffer
 from . import (
     asserts,
@@ -195,7 +196,11 @@ def _few_from_host_copy(t, r):
 
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
-    r = record_of(t)
+    r = RECORDS.get(t.untyped_storage().data_ptr())
+    if r is None:  # a tensor PyTorch made over a storage slice's address (storage/slices.py)
+        moved = slices.on_parent(t)
+        t = t if moved is None else moved
+        r = record_of(t)
     if interrupts.PENDING:
         interrupts.raise_pending()
     if host_copies.PENDING:  # earlier non-blocking copies to the host land first, as in CUDA's stream order

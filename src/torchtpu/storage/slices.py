@@ -39,3 +39,17 @@ def origin(storage):
         return None
     found = _SLICES.get(storage)
     return found if found is not None and found[1] else None
+
+
+def on_parent(t):
+    """`t`, over a storage PyTorch made at a slice's address itself (`_write_file`'s `from_blob` over
+    the slice's data pointer: torch.save's legacy format, pickling a slice), as a tensor over the
+    slice's parent; None where no live slice starts at that address."""
+    address = t.untyped_storage().data_ptr()
+    for sliced, (parent, start) in list(_SLICES.items()):
+        if start and sliced.data_ptr() == address:
+            if start % t.element_size():
+                return None
+            empty = t.new_empty(0)
+            return empty.set_(parent, t.storage_offset() + start // t.element_size(), t.shape, t.stride())
+    return None
