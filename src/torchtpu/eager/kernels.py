@@ -313,7 +313,7 @@ def _copy_(self, src, non_blocking=False):
         index = self.device.index
         if tuple(src.shape) == tuple(self.shape):
             buffer = _from_host(host, src.dtype, index)
-            if src.dtype in _INDEX_DTYPES and host.size <= data_dependent.HOST_VALUES_ELEMENTS:
+            if src.dtype in _HOST_KNOWN_DTYPES and host.size <= data_dependent.HOST_VALUES_ELEMENTS:
                 # an index list (`x[[5]]`) or a mask: checked on the host at the op (storage/host_values.py)
                 data_dependent.remember_host_values(self.untyped_storage().data_ptr(), buffer, host.reshape(-1))
             return _write_whole_or_copy(self, buffer, src.dtype)
@@ -332,7 +332,7 @@ def _copy_(self, src, non_blocking=False):
     return self.copy_(host)
 
 
-_INDEX_DTYPES = (torch.int64, torch.int32, torch.bool)
+_HOST_KNOWN_DTYPES = (torch.int64, torch.int32, torch.bool)  # index lists and masks (storage/host_values.py)
 
 
 def _copy_to_host_async(dst, src):
