@@ -190,6 +190,21 @@ def _storage_calls():
         "setitem": mutated(lambda d: u([1, 2, 3], device=d), lambda s: s.__setitem__(1, 7)),
         "slice_from_0": lambda d: u([1, 2, 3, 4], device=d)[0:2],
         "slice_empty": lambda d: u([1, 2, 3, 4], device=d)[2:2].nbytes(),
+        "slice_inside": lambda d: u([1, 2, 3, 4, 5, 6], device=d)[2:5],
+        "slice_of_slice": lambda d: u([1, 2, 3, 4, 5, 6, 7], device=d)[1:6][2:4],
+        "slice_step": lambda d: u([1, 2, 3, 4], device=d)[0:4:2],
+        "slice_getitem": lambda d: u([1, 2, 3, 4], device=d)[1:3][1],
+        "slice_writes_parent": mutated(
+            lambda d: u(list(range(8)), device=d), lambda s: (s[2:6].fill_(9), s[3:7].__setitem__(2, 7))
+        ),
+        "slice_copy_into": mutated(lambda d: u(list(range(8)), device=d), lambda s: s[4:8].copy_(u([5, 6, 7, 8]))),
+        "slice_resize": lambda d: u([1, 2, 3, 4], device=d)[1:3].resize_(8),
+        "slice_from_0_resize": lambda d: u([1, 2, 3, 4], device=d)[0:3].resize_(8),
+        "slice_pickle_typed": lambda d: pickle.loads(
+            pickle.dumps(torch.TypedStorage(wrap_storage=_f32(d).untyped_storage()[8:16], dtype=torch.float32))
+        ),
+        "slice_save": lambda d: _round_trip(_f32(d).untyped_storage()[6:18]),
+        "slice_set_too_far": lambda d: torch.empty(0, device=d).set_(u(16, device=d)[4:12], 0, (3,), (1,)),
         "byteswap_f32": mutated(lambda d: _f32(d).untyped_storage(), lambda s: s.byteswap(torch.float32)),
         "byteswap_c64": mutated(lambda d: _f32(d).untyped_storage(), lambda s: s.byteswap(torch.complex64)),
         "byteswap_ragged": lambda d: u([1, 2, 3], device=d).byteswap(torch.float32),
@@ -262,10 +277,38 @@ def test_storages_report_their_device_as_cuda_does():
         assert _f32(DEV).storage().type() == "torch.tpu.FloatStorage"
 
 
-def test_slicing_a_storage_from_inside_raises_clearly():
-    s = torch.UntypedStorage([1, 2, 3, 4], device=DEV)
-    with pytest.raises(NotImplementedError, match=r"storage\[1:3\]"):
-        s[1:3]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.complex64, torch.bool])
+def test_a_tensor_over_a_storage_slice_shares_its_bytes(dtype):
+    """CUDA's slice `s[a:b]` is a storage at the parent's address plus a: tensors over it read and
+    write the parent's bytes (here they sit on the parent itself, as far in: storage/slices.py)."""
+    values = torch.randn(10).to(dtype)
+    outcomes = []
+    for device in ("cpu", DEV):
+        t = values.clone().to(device)
+        size = t.element_size()
+        piece = t.untyped_storage()[2 * size : 8 * size][size : 5 * size]  # elements 3..6
+        over = torch.empty(0, dtype=dtype, device=device).set_(piece)
+        assert over.data_ptr() - t.data_ptr() == 3 * size and over.shape == (4,)
+        read = over.cpu().clone()
+        over[1:3] = over[0]  # written through the slice, seen by the parent tensor
+        outcomes.append((read, t.cpu(), [piece[i] for i in range(piece.nbytes())]))
+    for expected, actual in zip(*outcomes):
+        assert_close(actual, expected)
+
+
+def test_a_storage_slice_not_on_an_element_boundary_is_refused_clearly():
+    piece = torch.arange(4.0, device=DEV).untyped_storage()[2:10]
+    assert list(piece) == list(torch.arange(4.0).untyped_storage()[2:10])  # its bytes read as on the CPU
+    with pytest.raises(NotImplementedError, match="starting at byte 2"):
+        torch.empty(0, device=DEV).set_(piece)
+
+
+@needs_extension
+def test_resizable_answers_as_cuda():
+    s = _f32(DEV).untyped_storage()
+    assert s.resizable() and torch.UntypedStorage(4, device=DEV).resizable()
+    assert not s[4:8].resizable() and not s[0:8].resizable()  # PyTorch's slices never resize
+    assert s.resize_(64).nbytes() == 64
 
 
 def test_what_cuda_rejects_raises_the_same():

@@ -225,20 +225,40 @@ def test_index_fill_with_a_tensor_value_still_fills():
         assert_close(x.to(DEV).index_fill(1, index.to(DEV), value).cpu(), expected)
 
 
-def test_masked_scatter_with_a_short_source_raises_once_and_the_device_keeps_working():
-    # the CPU raises at the op; tpu checks on the device without a sync (as CUDA) and reports at the
+_SHORT = "Number of elements of source < number of ones in mask"
+
+
+def test_masked_scatter_short_source_of_a_device_mask_raises_once_and_the_device_keeps_working():
+    # a mask computed on the device is checked there without a sync (as CUDA) and reported at the
     # next sync. It put the device in the sticky error state: every later test of test_torch failed.
     mask = torch.tensor([0, 1, 1, 0, 1], dtype=torch.bool)
-    with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
-        torch.zeros(5).masked_scatter_(mask, torch.ones(2))
     dest = torch.zeros(5, device=DEV)
-    dest.masked_scatter_(mask.to(DEV), torch.ones(2, device=DEV))
-    with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
+    dest.masked_scatter_(mask.to(DEV).logical_not().logical_not(), torch.ones(2, device=DEV))
+    with pytest.raises(RuntimeError, match=_SHORT):
         dest.cpu()
     x = torch.randn(5)
     source = torch.randn(3)
     assert_close(x.to(DEV).masked_scatter(mask.to(DEV), source.to(DEV)).cpu(), x.masked_scatter(mask, source))
     torch.tpu.synchronize()
+
+
+@pytest.mark.parametrize("mask_shape", [(4,), (6, 1), (6, 4)])
+def test_masked_scatter_short_source_of_a_host_mask_raises_at_the_op_as_on_the_cpu(mask_shape):
+    # a mask just copied from the host: its ones are counted there (storage/host_values.py)
+    mask = torch.rand(mask_shape) < 0.5
+    mask.view(-1)[0] = True
+    ones = int(mask.broadcast_to(6, 4).sum())
+    dest = torch.randn(6, 4)
+    for device in ("cpu", DEV):
+        with pytest.raises(RuntimeError, match=_SHORT):
+            dest.to(device).masked_scatter_(mask.to(device), torch.ones(ones - 1, device=device))
+    source = torch.randn(ones)
+    expected = dest.masked_scatter(mask, source)
+    assert_close(dest.to(DEV).masked_scatter(mask.to(DEV), source.to(DEV)).cpu(), expected)
+    out = torch.empty(6, 4, device=DEV)
+    with pytest.raises(RuntimeError, match=_SHORT):
+        torch.ops.aten.masked_scatter.out(dest.to(DEV), mask.to(DEV), source[:-1].to(DEV), out=out)
+    torch.tpu.synchronize()  # nothing left to report
 
 
 @pytest.mark.parametrize(
@@ -442,3 +462,25 @@ def test_xlogy_of_zero_and_nan_is_nan_as_on_the_cpu(fn, dtype):
     y = torch.tensor([nan, 1.0, nan, 0.0, 3.0, 2.0])
     for a, b in ((x, y), (y, x)):
         assert_close(fn(a.to(DEV), b.to(DEV)).cpu(), fn(a, b), equal_nan=True)
+
+
+_ELEMENTWISE_OUT = {
+    "exp": (lambda x, out: torch.exp(x, out=out), torch.float32),
+    "add": (lambda x, out: torch.add(x, x, out=out), torch.float32),
+    "eq": (lambda x, out: torch.eq(x, 0.5, out=out), torch.bool),
+}
+
+
+@pytest.mark.parametrize("name", list(_ELEMENTWISE_OUT))
+@pytest.mark.parametrize("dims", [(2, 0, 1, 3), (1, 2, 3, 0), (0, 1, 2, 3)])
+def test_out_resized_by_an_elementwise_op_takes_its_layout_as_on_the_cpu(name, dims):
+    # TensorIterator restrides an out= tensor it resizes like the functional result (size-1 dims
+    # included); PyTorch's meta kernels leave it contiguous (test_torch's test_strides_propagation)
+    op, dtype = _ELEMENTWISE_OUT[name]
+    base = torch.randn(1, 3, 4, 12)
+    results = []
+    for device in ("cpu", DEV):
+        x = base.to(device)[..., ::2].permute(dims)
+        results.append(op(x, torch.empty(0, device=device, dtype=dtype)))
+    assert results[1].stride() == results[0].stride()
+    assert_close(results[1].cpu(), results[0])

@@ -521,6 +521,39 @@ def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
     assert "3/4 cpu-passing tests pass on tpu" in resumed.stdout, resumed.stdout + resumed.stderr
 
 
+_DEFERRED_ASSERT_FILE = """
+import unittest
+import torch
+
+
+class TestDeferred(unittest.TestCase):
+    def test_a_leaves_an_assert(self):
+        mask = torch.arange(5, device="tpu") > 1  # computed on the device: checked there
+        torch.zeros(5, device="tpu").masked_scatter_(mask, torch.ones(2, device="tpu"))
+
+    def test_b_next(self):
+        self.assertEqual(torch.ones(3, device="tpu").add(1).sum().item(), 6.0)
+"""
+
+
+def test_upstream_tests_tool_fails_the_test_that_left_a_device_assert(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[1] / "tools"
+    (tmp_path / "pytorch" / "test").mkdir(parents=True)
+    (tmp_path / "pytorch" / "test" / "test_deferred.py").write_text(_DEFERRED_ASSERT_FILE)
+    command = [sys.executable, str(tools / "upstream_tests.py"), "run", str(tmp_path / "pytorch"), "test_deferred.py"]
+    subprocess.run(command + ["--devices", "tpu", "--out", str(tmp_path / "runs")], capture_output=True, timeout=600)
+    lines = (tmp_path / "runs" / "tpu" / "test_deferred.py.jsonl").read_text().splitlines()
+    outcomes = {json.loads(line)["id"].split("::")[-1]: json.loads(line) for line in lines}
+    assert outcomes["test_a_leaves_an_assert"]["outcome"] == "error"
+    assert "Number of elements of source" in outcomes["test_a_leaves_an_assert"]["message"]
+    assert outcomes["test_b_next"]["outcome"] == "passed"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64])
 def test_storage_type_names_the_tpu_legacy_class(dtype):
     import warnings

@@ -45,6 +45,7 @@ DEVICES = ("cpu", "tpu")
 SPEC_NAME = f"torchtpu_device_spec_{os.getpid()}.py"
 RESULTS_ENV = "TORCHTPU_TESTS_RESULTS"
 TIMEOUT_ENV = "TORCHTPU_TESTS_TEST_TIMEOUT"
+SYNC_ENV = "TORCHTPU_TESTS_SYNC_EACH"  # set: synchronize tpu after each test (_settle_tpu)
 
 
 # ------------------------------------------------------------------ the pytest plugin (-p transformers_tests)
@@ -108,10 +109,34 @@ class _Recorder:
         raise TimeoutError(f"test ran over {self.test_timeout:g} s (--test-timeout)")
 
 
+def _settle_tpu():
+    """A device-side assert a test left unreported (raised at the next sync: CUDA's contract) fails that
+    test's teardown, not the next test; a sticky one is then cleared, as a fresh process would be."""
+    import torch
+
+    try:
+        torch.tpu.synchronize()
+    finally:
+        torch.tpu.clear_device_assert()
+
+
+def _settler():
+    import pytest
+
+    class Settle:
+        @pytest.hookimpl(trylast=True)  # after pytest's own teardown, which an error here would cut short
+        def pytest_runtest_teardown(self, item):
+            _settle_tpu()
+
+    return Settle()
+
+
 def pytest_configure(config):
     path = os.environ.get(RESULTS_ENV)
     if path:
         config.pluginmanager.register(_Recorder(path, float(os.environ.get(TIMEOUT_ENV, "0"))), "torchtpu_recorder")
+    if os.environ.get(SYNC_ENV):
+        config.pluginmanager.register(_settler(), "torchtpu_settle")
 
 
 # ------------------------------------------------------------------ run

@@ -36,7 +36,7 @@ import re
 import sys
 import time
 
-from transformers_tests import RESULTS_ENV, TIMEOUT_ENV, cause_of, run_file
+from transformers_tests import RESULTS_ENV, SYNC_ENV, TIMEOUT_ENV, cause_of, run_file
 
 DEVICES = ("cpu", "tpu")
 # PrivateUse1TestBase names its classes TestFooPRIVATEUSE1 (older releases: TestFooTPU)
@@ -76,6 +76,8 @@ def _device_env(device: str, results: pathlib.Path, test_timeout: float, eager_m
     if eager_mode:
         env["TORCHTPU_EAGER_MODE"] = eager_mode
     env[RESULTS_ENV], env[TIMEOUT_ENV] = str(results), str(test_timeout)
+    if device == "tpu":  # a deferred device-side assert fails the test that caused it, not the next one
+        env[SYNC_ENV] = "1"
     tools = str(pathlib.Path(__file__).resolve().parent)
     env["PYTHONPATH"] = tools + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env

@@ -13,7 +13,7 @@ from torch.utils import _pytree as pytree
 from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.argument_checks import deterministic_alerts_off
-from ..ops.resolve import resolve
+from ..ops.resolve import functional_twin, resolve
 from ..ops.table import declared_facts
 from ..storage.records import RECORDS, contiguous_strides, is_dense, memory_order
 from . import bucketed_draws, fastpath, fusion, interrupts, overlap, tpu_check, xla_options
@@ -436,11 +436,12 @@ def _choose_reuse(kernel, entry, records, outs, writes):
 
 def _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized):
     by_meta = {id(m): shape for m, shape in resized}
+    strides = _iterator_strides(kernel, meta_args, meta_kwargs)
     pairs = []
 
     def collect(real, meta):
         if isinstance(real, torch.Tensor) and id(meta) in by_meta:
-            pairs.append((real, tuple(meta.shape)))
+            pairs.append((real, tuple(meta.shape), strides.get(id(meta))))
         elif isinstance(real, (list, tuple)) and isinstance(meta, (list, tuple)):
             for r, m in zip(real, meta):
                 collect(r, m)
@@ -450,3 +451,20 @@ def _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized):
     for k in kwargs:
         collect(kwargs[k], meta_kwargs[k])
     raise NeedsResize(pairs)
+
+
+def _iterator_strides(kernel, meta_args, meta_kwargs):
+    """{id(meta out=): strides} for an elementwise op: TensorIterator lays out an out= tensor it
+    resizes as the functional op's result (`exp(x.permute(1, 0, 2), out=empty(0))` is permuted too),
+    where PyTorch's meta kernels leave it contiguous."""
+    twin = functional_twin(kernel.op) if overlap.elementwise(kernel.op) else None
+    if twin is None or not twin[1]:
+        return {}
+    op, outs, order = twin
+    if order is not None:
+        return {}
+    inputs = {k: v for k, v in meta_kwargs.items() if k not in outs}
+    with deterministic_alerts_off():
+        result = op(*meta_args, **inputs)
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    return {id(meta_kwargs[name]): r.stride() for name, r in zip(outs, results) if name in meta_kwargs}

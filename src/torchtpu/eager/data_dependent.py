@@ -15,7 +15,8 @@ import torch
 from ..ops import dtypes as dt
 from ..ops.argument_checks import warn_at_caller
 from ..ops.table import declared_facts
-from ..storage.records import RECORDS, new_tensor, record_of
+from ..storage import host_values
+from ..storage.records import new_tensor, record_of
 from . import tpu_check
 from .executable import device_mismatch, zeros
 
@@ -174,7 +175,7 @@ def _host_nonzero(self):
     indices = np.argwhere(host).astype(np.int64, copy=False)
     dev = self.device.index
     out = new_tensor(indices.shape, torch.int64, dev, _from_host(indices, torch.int64, dev))
-    remember_host_values(out.untyped_storage().data_ptr(), record_of(out)._buffer, indices.reshape(-1))
+    host_values.remember(out.untyped_storage().data_ptr(), record_of(out)._buffer, indices.reshape(-1))
     return out
 
 
@@ -303,31 +304,6 @@ def _check_index_dtypes(indices):
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
 
 
-# The host values of small integer tensors just copied from the host (`x[[5]]`: PyTorch makes the
-# index list a CPU tensor and copies it to the device), keyed by storage address: (the buffer they
-# became, the values). Valid while the storage still holds that buffer (a write gives it a new one).
-HOST_VALUES_ELEMENTS = 1024
-_HOST_VALUES: dict = {}
-
-
-def remember_host_values(address, buffer, values):
-    """Keep `values` (numpy) as the host copy of the storage at `address` while it holds `buffer`."""
-    if values.size <= HOST_VALUES_ELEMENTS and values.dtype.kind in "iu":
-        if len(_HOST_VALUES) >= 64:
-            _HOST_VALUES.pop(next(iter(_HOST_VALUES)))
-        _HOST_VALUES[address] = (buffer, values)
-
-
-def _host_values(t):
-    """A tpu index tensor's values as a CPU tensor if the host still knows them, else None."""
-    address = t.untyped_storage().data_ptr()
-    kept = _HOST_VALUES.get(address)
-    if kept is None:
-        return None
-    r = RECORDS.get(address)
-    if r is None or r._buffer is not kept[0] or t.storage_offset() or not t.is_contiguous() or t.numel() != r.numel:
-        return None
-    return torch.from_numpy(kept[1]).reshape(t.shape)
 
 
 def _check_host_indices(self, indices):
@@ -346,7 +322,7 @@ def _check_host_indices(self, indices):
             indexed += i.dim()
             continue
         if i.device.type != "cpu" and i.numel():
-            i = _host_values(i) if _HOST_VALUES and i.numel() <= HOST_VALUES_ELEMENTS else None
+            i = host_values.values_of(i) if host_values.KNOWN and i.numel() <= host_values.ELEMENTS else None
         if i is not None and i.device.type == "cpu" and i.numel() and dim < self.dim():
             size = self.shape[dim]
             bad = (i < -size) | (i >= size)

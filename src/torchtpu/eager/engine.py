@@ -191,8 +191,10 @@ class OpKernel:
         try:
             entry = self._build(key, args, kwargs, records, device)
         except NeedsResize as e:
-            for t, shape in e.resizes:
+            for t, shape, strides in e.resizes:
                 t.resize_(shape)
+                if strides is not None and tuple(strides) != tuple(t.stride()):
+                    t.as_strided_(shape, strides, t.storage_offset())
             return self(*args, **kwargs)
         except SpecializeScalars:
             return self(*args, **kwargs)

@@ -22,6 +22,7 @@ from ..ops import argument_checks, factories
 from ..ops import dtypes as dt
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts
+from ..storage import host_values, slices
 from ..storage.records import RECORDS, covers, new_tensor, record_of, set_buffer
 from . import (
     asserts,
@@ -195,7 +196,11 @@ def _few_from_host_copy(t, r):
 
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
-    r = record_of(t)
+    r = RECORDS.get(t.untyped_storage().data_ptr())
+    if r is None:  # a tensor PyTorch made over a storage slice's address (storage/slices.py)
+        moved = slices.on_parent(t)
+        t = t if moved is None else moved
+        r = record_of(t)
     if interrupts.PENDING:
         interrupts.raise_pending()
     if host_copies.PENDING:  # earlier non-blocking copies to the host land first, as in CUDA's stream order
@@ -308,9 +313,9 @@ def _copy_(self, src, non_blocking=False):
         index = self.device.index
         if tuple(src.shape) == tuple(self.shape):
             buffer = _from_host(host, src.dtype, index)
-            if src.dtype in _INDEX_DTYPES and host.size <= data_dependent.HOST_VALUES_ELEMENTS:
-                # an index list (`x[[5]]`): its range is checked on the host at the op (eager/data_dependent.py)
-                data_dependent.remember_host_values(self.untyped_storage().data_ptr(), buffer, host.reshape(-1))
+            if src.dtype in _HOST_KNOWN_DTYPES and host.size <= host_values.ELEMENTS:
+                # an index list (`x[[5]]`) or a mask: checked on the host at the op (storage/host_values.py)
+                host_values.remember(self.untyped_storage().data_ptr(), buffer, host.reshape(-1))
             return _write_whole_or_copy(self, buffer, src.dtype)
         tmp = new_tensor(tuple(src.shape), src.dtype, index, _from_host(host, src.dtype, index))
         return KERNELS[aten.copy_.default](self, tmp)
@@ -327,7 +332,7 @@ def _copy_(self, src, non_blocking=False):
     return self.copy_(host)
 
 
-_INDEX_DTYPES = (torch.int64, torch.int32)
+_HOST_KNOWN_DTYPES = (torch.int64, torch.int32, torch.bool)  # index lists and masks (storage/host_values.py)
 
 
 def _copy_to_host_async(dst, src):

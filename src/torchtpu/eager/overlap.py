@@ -40,7 +40,8 @@ _RULES = declared_facts("write_overlap")
 _INPLACE_OF = declared_facts("inplace_variant")  # elementwise writes whose functional twin has no promoting lowering
 
 
-def _elementwise(op) -> bool:
+def elementwise(op) -> bool:
+    """Whether `op` is a TensorIterator op on the CPU (an in-place or out= variant of one)."""
     name = op_name(op)
     if name in _EXTRA:
         return True
@@ -95,7 +96,7 @@ def _slots(kernel, args, kwargs):
 def checks_first(kernel) -> bool:
     """Whether the op's overlap checks come before its other argument checks: an elementwise op's
     (TensorIterator's) do; an op with declared rules checks its arguments first."""
-    return bool(kernel.mutable) and _rule(kernel.op) is None and _elementwise(kernel.op)
+    return bool(kernel.mutable) and _rule(kernel.op) is None and elementwise(kernel.op)
 
 
 def guard(kernel, args, kwargs, dyn_offset):
@@ -105,7 +106,7 @@ def guard(kernel, args, kwargs, dyn_offset):
     if not kernel.mutable:
         return None
     rule = _rule(kernel.op)
-    if rule is None and not _elementwise(kernel.op):
+    if rule is None and not elementwise(kernel.op):
         return None
     slots = _slots(kernel, args, kwargs)
     written = [t for _, t, w in slots if w]

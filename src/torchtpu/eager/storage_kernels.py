@@ -13,6 +13,7 @@ import torch
 from torch._C import DispatchKey, DispatchKeySet
 
 from ..device import native
+from ..storage import slices
 from ..storage.records import contiguous_strides, new_tensor, record_of, set_buffer
 
 aten = torch.ops.aten
@@ -64,7 +65,24 @@ def set_storage(self, source, storage_offset=0, size=(), stride=()):
     needed = _bytes_needed(self, source, storage_offset, size, stride)
     if needed > source.nbytes():
         source.resize_(needed)
+    inside = slices.origin(source)
+    if inside is not None:
+        source, storage_offset = _onto_parent(self, source, storage_offset, *inside)
     return _set.redispatch(CPU_KEYS, self, source, storage_offset, size, stride)
+
+
+def _onto_parent(self, source, storage_offset, parent, start):
+    """A slice starting inside another storage has no record of its own: the tensor goes onto the
+    storage it was cut from, as many bytes further in (storage/slices.py)."""
+    if not isinstance(source, torch.UntypedStorage) or source.device != self.device:
+        return source, storage_offset  # (PyTorch's kernel raises its own error)
+    size = self.element_size()
+    if start % size:
+        raise NotImplementedError(
+            f"torchtpu: a {self.dtype} tensor over a storage slice starting at byte {start} of its storage "
+            f"(not a multiple of the element size, {size}) is not supported; slice from a multiple of {size}"
+        )
+    return parent, storage_offset + start // size
 
 
 def set_empty(self):

@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from ..device.platform import lowering_platform
+from ..storage import host_values
 from .argument_checks import deterministic_alert, index_fill_value_check
 from .checks import require, require_index
 from .dtypes import multiply, opmath, rounded_complex_product, scalar_type_name
@@ -379,7 +381,33 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
     return _scatter_reduce(x, at, source.astype(x.dtype), reduce, include_self)
 
 
-@lowering("masked_scatter", write_overlap=WriteOverlap())
+def _masked_scatter_source_check(self, mask, source, *_, **__):
+    """host_check: a mask whose values the host knows (just copied from it: storage/host_values.py)
+    with more ones than `source` has elements raises the CPU's error at the op. Any other mask is
+    checked on the device (the require below), reported at the next sync as on CUDA: counting its
+    ones here would be a sync per call."""
+    if not host_values.KNOWN or not _source_may_be_short(self, mask, source):
+        return
+    known = host_values.values_of(mask) if mask.numel() <= host_values.ELEMENTS else None
+    if known is not None:
+        ones = int(known.broadcast_to(torch.broadcast_shapes(self.shape, mask.shape)).count_nonzero())
+        if ones > source.numel():
+            raise RuntimeError("Number of elements of source < number of ones in mask")
+
+
+def _source_may_be_short(self, mask, source, *_, **__):
+    # (shapes key the eager cache: where this is False the C++ fast path skips the check)
+    return source.numel() < math.prod(torch.broadcast_shapes(self.shape, mask.shape))
+
+
+_masked_scatter_source_check.can_raise = _source_may_be_short
+
+
+@lowering(
+    "masked_scatter",
+    write_overlap=WriteOverlap(),
+    host_check=dict.fromkeys(("masked_scatter", "masked_scatter_", "masked_scatter.out"), _masked_scatter_source_check),
+)
 def masked_scatter(x, mask, source):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     x = jnp.broadcast_to(x, shape)

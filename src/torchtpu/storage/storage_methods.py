@@ -1,13 +1,15 @@
 """`torch.UntypedStorage` methods whose C++ reads a storage's bytes through its data pointer, or makes
 a storage with the storage's allocator: on a tpu storage (an address torchtpu invented, no allocator
 of its own) they would crash the process. For tpu storages they do the same work with tensor ops on
-the device, or raise a clear error; integrations/patches.py wraps them (ON_TPU)."""
+the device, or raise a clear error; slicing and `resizable` answer as on CUDA (storage/slices.py).
+integrations/patches.py wraps them (ON_TPU)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..device import native
+from . import slices
 
 
 def _as_bytes(storage) -> torch.Tensor:
@@ -29,18 +31,6 @@ def _new(self):
     return torch.UntypedStorage(0, device=self.device)
 
 
-def _check_slice(self, index):
-    """A slice from byte 0 shares the storage's address, and so its record: it works as on CUDA. One
-    starting further in would be a storage at an address inside another's, which has no record."""
-    start, stop, _ = index.indices(self.nbytes())
-    if 0 < start < stop:
-        raise NotImplementedError(
-            f"slicing a tpu storage from byte {start} (storage[{start}:{stop}]) is not supported: a tpu "
-            "storage's bytes are one device array, and a storage starting inside it has none of its own. "
-            "Slice a tensor over it instead: torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)[start:stop]"
-        )
-
-
 def _check_resizable():
     """Resizing goes through the C++ hooks (device/csrc/tpu_hooks.cpp); without them, PyTorch's
     message would name an interface to register rather than what is missing."""
@@ -53,14 +43,23 @@ def _check_resizable():
 
 
 def _getitem(original, self, index):
-    if isinstance(index, slice):
-        _check_slice(self, index)
-    return original(self, index)
+    result = original(self, index)
+    if isinstance(index, slice):  # PyTorch's slice shares the bytes; tensors set onto it: storage/slices.py
+        slices.register(result, self, result.data_ptr() - self.data_ptr())
+    return result
 
 
 def _resize(original, self, size):
+    if slices.is_slice(self):  # (PyTorch makes slices non-resizable; the hook would move the parent's record)
+        raise RuntimeError("Trying to resize storage that is not resizable")
     _check_resizable()
     return original(self, size)
+
+
+def _resizable(original, self):
+    """As on CUDA: a storage resizes (through the C++ hooks) unless it is a slice of another. PyTorch's
+    flag is False for every storage torchtpu makes over an invented address, though resize_ works."""
+    return native.resizes_storages() and not slices.is_slice(self)
 
 
 # what each wrapped `torch.UntypedStorage` method does for a tpu storage, given PyTorch's own method
@@ -70,4 +69,5 @@ ON_TPU = {
     "new": lambda original, self: _new(self),
     "__getitem__": _getitem,
     "resize_": _resize,
+    "resizable": _resizable,
 }
