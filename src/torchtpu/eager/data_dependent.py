@@ -304,8 +304,6 @@ def _check_index_dtypes(indices):
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
 
 
-
-
 def _check_host_indices(self, indices):
     """Index tensors whose values the host knows (on the CPU, or just copied from it: `x[[5]]`,
     `x[torch.tensor([5], device="tpu")]`): an index out of range raises PyTorch's IndexError at the op,
