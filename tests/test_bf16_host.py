@@ -323,6 +323,32 @@ def test_written_mapped_pages_and_anonymous_memory_are_kept(tmp_path):
     assert _resident_pages(x) == resident
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/pagemap")
+def test_staged_weight_is_the_device_buffer_and_independent(tmp_path, monkeypatch):
+    # a large mapped weight is staged in populated pages the device buffer adopts (device/host_pages.py)
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from torchtpu.device import host_pages, platform
+    from torchtpu.storage.records import record_of
+
+    monkeypatch.setattr(host_pages, "CHUNK_BYTES", 1 << 20)
+    staged = []
+    real = host_pages._staging
+    monkeypatch.setattr(host_pages, "_staging", lambda n: staged.append(real(n)) or staged[-1])
+    save_file({"w": torch.randn(900, 700, generator=torch.Generator().manual_seed(31))}, str(tmp_path / "m.st"))
+    with safe_open(str(tmp_path / "m.st"), framework="pt", device="cpu") as f:
+        w = f.get_tensor("w")
+        expected = w.clone()
+        wt = w.to("tpu")
+        assert len(staged) == 1 and staged[0].nbytes == w.nbytes
+        if platform.buffers_in_host_memory():  # adopted, not copied again
+            assert record_of(wt).buffer.unsafe_buffer_pointer() == staged[0].__array_interface__["data"][0]
+        wt.mul_(3).add_(1)
+        assert_close(wt.cpu(), expected * 3 + 1)
+        assert_close(w, expected, rtol=0, atol=0)
+
+
 # --- one position written into a half-precision array (a static KV cache) on the host: a select, not a
 # scatter XLA:CPU would run in float32 over the whole array (ops/indexing.py `_select_one`)
 
