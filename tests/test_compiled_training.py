@@ -195,3 +195,26 @@ def test_copies_donations_rule():
     assert not B._donation_adds_temporary(Compiled(2 * big), Compiled(big + 1), [4 * big])
     assert B._donation_adds_temporary(Compiled(2 * big), Compiled(big), [4 * big])
     assert B._donation_adds_temporary(Compiled(big), object(), [4 * big])  # no analysis: as before
+
+
+def test_backward_is_called_boxed_without_a_warning():
+    # AOTAutograd wraps the compiled backward in torch._dynamo.disable; the wrapper must still say it
+    # takes boxed arguments, or every backward warns (and its inputs stay alive through the call)
+    import warnings
+
+    from torch.testing import assert_close
+
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    tpu = copy.deepcopy(cpu).to("tpu")
+    compiled = torch.compile(tpu, backend="tpu", dynamic=False)
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            compiled(x.to("tpu")).sum().backward()
+    cpu(x).sum().backward()
+    cpu(x).sum().backward()
+    assert not [w for w in caught if "boxed arguments" in str(w.message)]
+    for p_cpu, p_tpu in zip(cpu.parameters(), tpu.parameters()):
+        assert_close(p_tpu.grad.cpu(), p_cpu.grad)

@@ -156,6 +156,9 @@ class CompiledGraph:
     alias_outputs = True  # outputs that are inputs or views of inputs/outputs made on the host (output_aliases)
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str):
+        # also on the instance: AOTAutograd wraps the backward in torch._dynamo.disable, whose
+        # functools.wraps copies the instance's __dict__ only (without it: an unboxed call and a warning)
+        self._boxed_call = True
         self.gm = gm
         self.kind = kind
         self.id = next(_graph_ids)
