@@ -167,16 +167,24 @@ def nonzero(self):
 
 
 def _host_nonzero(self):
-    from .kernels import _from_host, to_host
+    host = self.cpu()  # (the device's sync point, its checks and its order of pending copies)
+    if host.dtype in _NO_NUMPY_DTYPES:  # exact: zeros (of either sign) and NaNs stay what they were
+        host = host.to(torch.complex64 if host.is_complex() else torch.float32)
+    # (argwhere's array is a transpose: a contiguous copy, or the device copy keeps its strides)
+    indices = torch.from_numpy(np.ascontiguousarray(np.argwhere(host.numpy()), dtype=np.int64))
+    return indices.to(self.device)  # (a small copy from the host: its values stay known there)
 
-    host = to_host(self)
-    if host.dtype.kind == "V":  # bfloat16 and the float8 types (ml_dtypes): zeros and NaNs stay as they were
-        host = host.astype(np.float32)
-    indices = np.argwhere(host).astype(np.int64, copy=False)
-    dev = self.device.index
-    out = new_tensor(indices.shape, torch.int64, dev, _from_host(indices, torch.int64, dev))
-    host_values.remember(out.untyped_storage().data_ptr(), record_of(out)._buffer, indices.reshape(-1))
-    return out
+
+_NO_NUMPY_DTYPES = frozenset(
+    {
+        torch.bfloat16,
+        torch.complex32,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.float8_e4m3fnuz,
+        torch.float8_e5m2fnuz,
+    }
+)
 
 
 def masked_select(self, mask):
