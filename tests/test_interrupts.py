@@ -186,7 +186,10 @@ def test_a_write_whose_check_failed_is_not_committed():
 
 
 GC_CALLBACK = """
-import gc, _thread, torch, torchtpu
+import gc, signal, _thread, torch, torchtpu
+# Python's own Ctrl-C handler, whatever this process inherited: a job started in the background
+# ignores SIGINT, and then interrupt_main() does nothing
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from jax._src.lib import _jax
 x = torch.ones(3, device="tpu")
 (x + 1).cpu()
