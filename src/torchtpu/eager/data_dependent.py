@@ -328,7 +328,7 @@ def _check_host_indices(self, indices):
             indexed += i.dim()
             continue
         if i.device.type != "cpu" and i.numel():
-            i = host_values.values_of(i) if host_values.KNOWN and i.numel() <= host_values.ELEMENTS else None
+            i = host_values.values_of(i)
         if i is not None and i.device.type == "cpu" and i.numel() and dim < self.dim():
             size = self.shape[dim]
             bad = (i < -size) | (i >= size)

@@ -313,9 +313,8 @@ def _copy_(self, src, non_blocking=False):
         index = self.device.index
         if tuple(src.shape) == tuple(self.shape):
             buffer = _from_host(host, src.dtype, index)
-            if src.dtype in _HOST_KNOWN_DTYPES and host.size <= host_values.ELEMENTS:
-                # an index list (`x[[5]]`) or a mask: checked on the host at the op (storage/host_values.py)
-                host_values.remember(self.untyped_storage().data_ptr(), buffer, host.reshape(-1))
+            # an index list (`x[[5]]`) or a mask: checked on the host at the op (storage/host_values.py)
+            host_values.remember(self.untyped_storage().data_ptr(), buffer, host.reshape(-1), src.dtype)
             return _write_whole_or_copy(self, buffer, src.dtype)
         tmp = new_tensor(tuple(src.shape), src.dtype, index, _from_host(host, src.dtype, index))
         return KERNELS[aten.copy_.default](self, tmp)
@@ -330,9 +329,6 @@ def _copy_(self, src, non_blocking=False):
         return _copy_to_host_async(self, src)
     host = dt.cpu_from_numpy(to_host(src), src.dtype)
     return self.copy_(host)
-
-
-_HOST_KNOWN_DTYPES = (torch.int64, torch.int32, torch.bool)  # index lists and masks (storage/host_values.py)
 
 
 def _copy_to_host_async(dst, src):

@@ -388,7 +388,7 @@ def _masked_scatter_source_check(self, mask, source, *_, **__):
     ones here would be a sync per call."""
     if not host_values.KNOWN or not _source_may_be_short(self, mask, source):
         return
-    known = host_values.values_of(mask) if mask.numel() <= host_values.ELEMENTS else None
+    known = host_values.values_of(mask)
     if known is not None:
         ones = int(known.broadcast_to(torch.broadcast_shapes(self.shape, mask.shape)).count_nonzero())
         if ones > source.numel():

@@ -13,12 +13,14 @@ import torch
 from .records import RECORDS
 
 ELEMENTS = 1024  # the most elements kept per tensor
+DTYPES = (torch.int64, torch.int32, torch.bool)  # those of index lists and masks
 KNOWN: dict = {}  # storage address -> (buffer, numpy values); at most 64, the oldest dropped first
 
 
-def remember(address, buffer, values):
-    """Keep `values` (numpy) as the host copy of the storage at `address` while it holds `buffer`."""
-    if values.size <= ELEMENTS and values.dtype.kind in "iub":
+def remember(address, buffer, values, dtype):
+    """Keep `values` (numpy, of torch dtype `dtype`) as the host copy of the storage at `address`
+    while it holds `buffer`, if it may be an index list or a mask."""
+    if dtype in DTYPES and values.size <= ELEMENTS:
         if len(KNOWN) >= 64:
             KNOWN.pop(next(iter(KNOWN)))
         KNOWN[address] = (buffer, values)
@@ -27,6 +29,8 @@ def remember(address, buffer, values):
 def values_of(t):
     """A tpu tensor's values as a CPU tensor if the host still knows them (`t` all of its storage, in
     order), else None."""
+    if not KNOWN or t.numel() > ELEMENTS:
+        return None
     address = t.untyped_storage().data_ptr()
     kept = KNOWN.get(address)
     if kept is None:
