@@ -365,6 +365,10 @@ def test_converting_copy_to_the_device_is_the_cpus_conversion(src, dst):
         assert_close(x.view(-1)[3], torch.tensor(-0.0, dtype=src), rtol=0, atol=0)
     view = torch.randn(900, 800, generator=g).to(src)[:, ::2]  # not contiguous
     assert_close(view.to("tpu", dst).cpu(), view.to(dst), rtol=0, atol=0)
+    param = torch.nn.Parameter(torch.randn(800, 700, generator=g).to(src))  # (autograd's view of the copy)
+    moved = param.to("tpu", dst)
+    assert moved.requires_grad
+    assert_close(moved.detach().cpu(), param.detach().to(dst), rtol=0, atol=0)
 
 
 # --- one position written into a half-precision array (a static KV cache) on the host: a select, not a

@@ -198,5 +198,5 @@ def put_converted(src, dtype, carrier, index: int):
     staging = _staging(nbytes)
     torch.frombuffer(staging, dtype=dtype, count=src.numel()).view(src.shape).copy_(src)
     if src.is_contiguous() and src.nbytes >= MIN_BYTES:
-        release_file_pages(src.view(-1).view(torch.uint8).numpy())
+        release_file_pages(src.detach().view(-1).view(torch.uint8).numpy())
     return _adopt(staging.view(carrier).reshape(tuple(src.shape)), index)
