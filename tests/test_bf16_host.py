@@ -349,12 +349,15 @@ def test_staged_weight_is_the_device_buffer_and_independent(tmp_path, monkeypatc
         assert_close(w, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("src", "dst"), [(torch.bfloat16, torch.float32), (torch.float32, torch.float16)])
+@pytest.mark.parametrize(
+    ("src", "dst"), [(torch.bfloat16, torch.float32), (torch.float32, torch.float16), (torch.float64, torch.bfloat16)]
+)
 def test_converting_copy_to_the_device_is_the_cpus_conversion(src, dst):
     # a large float-to-float `.to("tpu", dtype)` is converted by torch CPU into the pages the device
     # buffer adopts (device/host_pages.py put_converted); small ones on the device
     g = torch.Generator().manual_seed(32)
-    for shape in [(700, 900), (3, 5)]:
+    # (a small float64 source converts on the device, whose float64 conversions flush denormals: not here)
+    for shape in [(700, 900), (3, 5)] if src != torch.float64 else [(700, 900)]:
         x = (torch.randn(shape, generator=g) * 1e3).to(src)
         x.view(-1)[:4] = torch.tensor([float("inf"), float("nan"), 1e-40, -0.0]).to(src)
         y = x.to("tpu", dst)
