@@ -349,6 +349,31 @@ def test_staged_weight_is_the_device_buffer_and_independent(tmp_path, monkeypatc
         assert_close(w, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    ("src", "dst"), [(torch.bfloat16, torch.float32), (torch.float32, torch.float16), (torch.float64, torch.bfloat16)]
+)
+def test_converting_copy_to_the_device_is_the_cpus_conversion(src, dst):
+    # a large float-to-float `.to("tpu", dtype)` is converted by torch CPU into the pages the device
+    # buffer adopts (device/host_pages.py put_converted); small ones on the device
+    g = torch.Generator().manual_seed(32)
+    # (a small float64 source converts on the device, whose float64 conversions flush denormals: not here)
+    for shape in [(700, 900), (3, 5)] if src != torch.float64 else [(700, 900)]:
+        x = (torch.randn(shape, generator=g) * 1e3).to(src)
+        x.view(-1)[:4] = torch.tensor([float("inf"), float("nan"), 1e-40, -0.0]).to(src)
+        y = x.to("tpu", dst)
+        assert y.dtype == dst
+        assert_close(y.cpu(), x.to(dst), rtol=0, atol=0, equal_nan=True)
+        y.mul_(2)  # the device copy is its own: the source keeps its values (XLA:CPU's product flushes denormals)
+        assert_close(y.cpu().view(-1)[3:], (x.to(dst) * 2).view(-1)[3:], rtol=0, atol=0, equal_nan=True)
+        assert_close(x.view(-1)[3], torch.tensor(-0.0, dtype=src), rtol=0, atol=0)
+    view = torch.randn(900, 800, generator=g).to(src)[:, ::2]  # not contiguous
+    assert_close(view.to("tpu", dst).cpu(), view.to(dst), rtol=0, atol=0)
+    param = torch.nn.Parameter(torch.randn(800, 700, generator=g).to(src))  # (autograd's view of the copy)
+    moved = param.to("tpu", dst)
+    assert moved.requires_grad
+    assert_close(moved.detach().cpu(), param.detach().to(dst), rtol=0, atol=0)
+
+
 # --- one position written into a half-precision array (a static KV cache) on the host: a select, not a
 # scatter XLA:CPU would run in float32 over the whole array (ops/indexing.py `_select_one`)
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..device import platform
+from ..device import host_pages, platform
 from ..device.state import current_device
 from ..eager import asserts, tpu_check, xla_options
 from ..eager.build import META_CHECKS
@@ -456,7 +456,10 @@ class CompiledGraph:
             t1 = time.perf_counter()
             options._maybe_dump(self, lowered)
             entry.xla = xla_options.jax_options()  # keyed in _key
+            host_pages.give_back_heap()  # (tracing's garbage: the compile's transient is not added to it)
             entry.fn = lowered.compile(entry.xla)
+            del lowered
+            host_pages.give_back_heap()
             t2 = time.perf_counter()
             plain = None
             donated_nbytes = [records[s].nbytes for s in entry.donated_slots]

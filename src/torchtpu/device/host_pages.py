@@ -10,12 +10,17 @@ cache and in the file, and a later read of the source maps them again, with the 
 the process wrote (a private mapping's copy-on-write page) or anonymous memory is never touched:
 `/proc/self/pagemap` tells them apart, page by page. Linux only; elsewhere nothing happens.
 
-Where device buffers are host memory (XLA:CPU), a weight larger than CHUNK_BYTES (an LM head: 311 MB
-in bf16 for a 152k vocabulary) is copied in chunks into an aligned host array of its own, each chunk's
-file pages given back as it goes, and the device buffer then adopts that array (no second copy):
-otherwise its pages and its device copy were both resident at once, and that one tensor set the peak
-of the whole load. (Assembling the chunks on the device instead, into a donated buffer, took 2.4 s
-for 311 MB against 1.1 s for one copy.)
+Where device buffers are host memory (XLA:CPU), a mapped weight of STAGE_BYTES or more is copied into
+an aligned host array of its own whose pages were made resident in one system call, and the device
+buffer then adopts that array (no second copy). PJRT's own copy wrote into fresh pages, one page fault
+each: with 586k faults, a float32 checkpoint's load was mostly the kernel's fault path (2.4 GB: 1.1 s
+of system time). One larger than CHUNK_BYTES (an LM head: 311 MB in bf16 for a 152k vocabulary) is
+copied in chunks, each chunk's file pages given back as it goes: otherwise its pages and its device
+copy were both resident at once, and that one tensor set the peak of the whole load. (Assembling the
+chunks on the device instead, into a donated buffer, took 2.4 s for 311 MB against 1.1 s for one copy.)
+A weight loaded in another floating dtype (a bfloat16 checkpoint as float32) is converted by torch
+CPU straight into such staged pages (`put_converted`): one pass, not a host copy in the file's dtype and
+then a conversion on the device into fresh buffers.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ import mmap
 import sys
 
 import numpy as np
+import torch
 
 from . import platform
 
 MIN_BYTES = 1 << 20  # smaller copies: not worth the two system calls
+STAGE_BYTES = 1 << 20  # smaller weights: PJRT's own copy
 CHUNK_BYTES = 32 << 20
 _MADV_DONTNEED = 4
 _FILE_OR_SHARED = np.uint64(1 << 61)  # pagemap: a file page (or shared anonymous memory)
@@ -124,23 +131,72 @@ def _staging(nbytes: int) -> np.ndarray:
     return np.frombuffer(pages, np.uint8, nbytes)
 
 
+def give_back_heap():
+    """Return the free memory glibc's heaps hold to the system (`malloc_trim`). A compiled graph's
+    tracing and XLA compile free hundreds of MB that glibc kept (a 28-layer decode graph: ~140 MB
+    after its compile, and the next compile's transient then came on top); 5-40 ms each, so only
+    around large compiles. Elsewhere (no glibc) nothing happens."""
+    trim = _state.get("malloc_trim", False)
+    if trim is False:
+        trim = None
+        if sys.platform.startswith("linux"):
+            try:
+                trim = ctypes.CDLL(None).malloc_trim
+                trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+            except (OSError, AttributeError):  # musl: no malloc_trim
+                trim = None
+        _state["malloc_trim"] = trim
+    if trim is not None:
+        trim(0)
+
+
+def _adopt(staging: np.ndarray, index: int):
+    import jax
+
+    # the device buffer is `staging` itself, which nothing else refers to: immutable from here on
+    return jax.device_put(staging, platform.jax_device(index), may_alias=True)
+
+
+def _stages(flat: np.ndarray) -> bool:
+    return flat.nbytes >= STAGE_BYTES and platform.buffers_in_host_memory() and _maps_a_file(flat)
+
+
 def put_releasing(host: np.ndarray, index: int, put):
     """`put(host)` (a C-contiguous host array to a device buffer of tpu:`index`, of the same shape),
     giving back `host`'s mapped file pages: through an adopted host array of its own when `host` is
     large and maps a file on XLA:CPU (see the module's docstring), else after the copy."""
     flat = host.reshape(-1)
-    if flat.nbytes <= CHUNK_BYTES or not platform.buffers_in_host_memory() or not _maps_a_file(flat):
+    if not _stages(flat):
         moved = put(host)
         if flat.nbytes >= MIN_BYTES:
             release_file_pages(flat)
         return moved
-    import jax
-
     staging = _staging(flat.nbytes).view(flat.dtype)
     part = max(1, CHUNK_BYTES // flat.itemsize)
     for at in range(0, flat.size, part):
         staging[at : at + part] = flat[at : at + part]
         release_file_pages(flat[max(0, at - part) : at + part])  # (from the last chunk: the page across the seam)
-    # the device buffer is `staging` itself, which nothing else refers to: immutable from here on
-    staging = staging.reshape(host.shape)
-    return jax.device_put(staging, platform.jax_device(index), may_alias=True)
+    return _adopt(staging.reshape(host.shape), index)
+
+
+_CONVERTIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def put_converted(src, dtype, carrier, index: int):
+    """A device buffer of tpu:`index` holding CPU tensor `src` (contiguous) converted to torch `dtype`,
+    stored as numpy dtype `carrier`, converted by torch CPU into staged pages the buffer adopts (see the
+    module's docstring); None where that does not apply (small, not on XLA:CPU, not a float-to-float
+    conversion), the caller then converting on the device."""
+    if (
+        src.dtype not in _CONVERTIBLE
+        or dtype not in _CONVERTIBLE
+        or src.numel() * dtype.itemsize < STAGE_BYTES
+        or not platform.buffers_in_host_memory()
+    ):
+        return None
+    nbytes = src.numel() * dtype.itemsize
+    staging = _staging(nbytes)
+    torch.frombuffer(staging, dtype=dtype, count=src.numel()).view(src.shape).copy_(src)
+    if src.is_contiguous() and src.nbytes >= MIN_BYTES:
+        release_file_pages(src.detach().view(-1).view(torch.uint8).numpy())
+    return _adopt(staging.view(carrier).reshape(tuple(src.shape)), index)

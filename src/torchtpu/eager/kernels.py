@@ -309,8 +309,16 @@ def _copy_(self, src, non_blocking=False):
         if src.is_conj() or src.is_neg():
             src = src.resolve_conj().resolve_neg()
         dt.to_jax(src.dtype)  # a dtype tpu has no arrays for raises our TypeError, not numpy's
-        host = dt.numpy_from_cpu(src.contiguous())
         index = self.device.index
+        if src.dtype != self.dtype and tuple(src.shape) == tuple(self.shape):
+            # (a bfloat16 checkpoint loaded as float32: converted by torch CPU into the pages the device
+            # buffer adopts, on XLA:CPU: device/host_pages.py)
+            moved = host_pages.put_converted(src.contiguous(), self.dtype, dt.storage_jax(self.dtype), index)
+            if moved is not None:
+                metrics.counters.h2d_bytes += src.nbytes
+                metrics.counters.h2d_transfers += 1
+                return _write_whole_or_copy(self, moved, self.dtype)
+        host = dt.numpy_from_cpu(src.contiguous())
         if tuple(src.shape) == tuple(self.shape):
             buffer = _from_host(host, src.dtype, index)
             # an index list (`x[[5]]`) or a mask: checked on the host at the op (storage/host_values.py)
