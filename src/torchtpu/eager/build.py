@@ -96,6 +96,7 @@ def build_entry(kernel, key, args, kwargs, records, device):
     guard = overlap.guard(kernel, args, kwargs, dyn_offset) if early else None
     compute, meta_out = _meta_call(kernel, args, kwargs)
     entry = Entry()
+    entry.default_dtype = torch.get_default_dtype()  # (what the meta call and the trace see)
     entry.overlap = guard if early else overlap.guard(kernel, args, kwargs, dyn_offset)
     entry.anchor = zlib.crc32(repr((kernel.name, key)).encode()) % fusion.ANCHOR_EVERY == 0
     outs = _returns_of(kernel, entry, meta_out, _layout_rule(kernel, args, kwargs))
@@ -125,7 +126,7 @@ def build_entry(kernel, key, args, kwargs, records, device):
         random=kernel.random,
         n_offsets=len(dyn_offset),
         template=template,
-        run=_runner(kernel, compute, len(outs), len(writes)),
+        run=_runner(kernel, entry, compute, len(outs), len(writes)),
         outputs=_output_caster(kernel, outs, entry.strides),
         writes=writes,
         mutated_slots=entry.mutated_slots,
@@ -188,6 +189,29 @@ class _OptionsAtFirstCall:
             else:
                 setattr(self.entry, self.attr, jitted)
         return jitted(*dyn)
+
+
+def follows_default_dtype(kernel, entry, args, kwargs):
+    """Whether `entry`, built under another default dtype, computes otherwise under the current one:
+    its trace read the setting (ops/dtypes.py: default_dtype, promote), the op runs a traced PyTorch
+    decomposition (which may read it anywhere), or PyTorch's meta kernel now gives other result
+    dtypes (`int / int`, `scalar_tensor(1)`, factories without dtype=) or raises."""
+    if entry.follows_default_dtype or kernel.specialize_scalars:
+        return True
+    try:
+        _, meta_out = _meta_call(kernel, args, kwargs)
+    except Exception:  # noqa: BLE001 - (a build under this default dtype raises it again)
+        return True
+    schema = kernel.op._schema
+    rets = meta_out if len(schema.returns) != 1 else (meta_out,)
+    dtypes = [
+        m.dtype
+        for alias_name, value in zip(kernel.aliased_returns, rets if schema.returns else ())
+        if alias_name is None
+        for m in pytree.tree_leaves(value)
+        if m is not None
+    ]
+    return dtypes != [dtype for _, dtype in entry.outs]
 
 
 def _traced(kernel, entry, messages, read_precision):
@@ -389,12 +413,15 @@ def _writes(kernel, compute, args, kwargs, slot_of, dyn_offset):
     return writes
 
 
-def _runner(kernel, compute, n_out, n_writes):
+def _runner(kernel, entry, compute, n_out, n_writes):
     def run(arguments, key):
         a, k = arguments
         if key is not None:
             k["key"] = key
+        reads = dt.DEFAULT_DTYPE_READS[0]
         result = compute(a, k)
+        if dt.DEFAULT_DTYPE_READS[0] != reads:  # the computation follows torch's default dtype
+            entry.follows_default_dtype = True
         leaves = [v for v in pytree.tree_leaves(result) if v is not None]
         if len(leaves) != n_out + n_writes:
             raise AssertionError(

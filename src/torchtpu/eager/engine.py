@@ -27,7 +27,7 @@ from ..ops.linalg import matmul_precision as _matmul_precision
 from ..storage.records import RECORDS, donatable, new_tensor
 from . import asserts, errors, fastpath, fusion, interrupts, limits
 from .asserts import FAILED as _failed
-from .build import build_entry, op_jit
+from .build import build_entry, follows_default_dtype, op_jit
 from .entry import (
     _SCALAR_TYPES,
     CONSTANT_VALUES,
@@ -52,7 +52,6 @@ from .xla_options import _active as _xla_active
 
 _Tensor = torch.Tensor
 _default_dtype = torch.get_default_dtype
-_FLOAT32 = torch.float32
 # argument types that only ever key the cache as they are (checked by exact type, before isinstance)
 _PLAIN = frozenset({type(None), bool, str, torch.dtype, torch.layout, torch.memory_format})
 
@@ -158,10 +157,6 @@ class OpKernel:
             for k, a in kwargs.items():
                 parts.append(k)
                 device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, k in self.scalar_names)
-        if _default_dtype() is not _FLOAT32:
-            # the result dtype of `int / int`, `scalar_tensor(1)`, factories without dtype= (the C++
-            # fast path's keys always hold it)
-            parts.append(("D", _default_dtype()))
         keyed_precision = self.precision_sensitive
         if keyed_precision:
             parts.append(_matmul_precision())
@@ -175,6 +170,11 @@ class OpKernel:
         entry = self.cache.get(key)
         if entry is None:
             return self._first_call(key, keyed_precision, args, kwargs, records, scalars, offsets, device)
+        dd = entry.default_dtype
+        if dd is not None and dd is not _default_dtype():  # built under another torch default dtype
+            key, entry = self._other_default_dtype(key, entry, args, kwargs)
+            if entry is None:
+                return self._first_call(key, keyed_precision, args, kwargs, records, scalars, offsets, device)
         counters.eager_cache_hits += 1
         _last.call = (self, entry)
         if entry.overlap is not None:  # PyTorch's partial-overlap error for writes (eager/overlap.py)
@@ -185,6 +185,20 @@ class OpKernel:
             shape, dtype = entry.outs[0]
             return new_tensor(shape, dtype, dev, results[0])
         return self._returns(entry, results, dev, args, kwargs)
+
+    def _other_default_dtype(self, key, entry, args, kwargs):
+        """(key, entry or None) for a call whose key found an entry built under another default
+        dtype: that entry, from now on for every default dtype, when neither its result dtypes nor
+        its trace depend on the setting (eager/build.py follows_default_dtype); else the key with
+        the default dtype in it (the C++ fast path's keys always hold it). Keying every op on it
+        compiled everything twice in tests that switch it (PyTorch's do, per test)."""
+        if not entry.follows_default_dtype:
+            if not follows_default_dtype(self, entry, args, kwargs):
+                entry.default_dtype = None
+                return key, entry
+            entry.follows_default_dtype = True
+        key = (*key, ("D", _default_dtype()))
+        return key, self.cache.get(key)
 
     def _first_call(self, key, keyed_precision, args, kwargs, records, scalars, offsets, device):
         """A cache miss: build the entry, run it (JAX traces it then), keep it."""

@@ -80,11 +80,13 @@ class Entry:
         "checks",
         "cold",
         "consts",
+        "default_dtype",
         "donating_ran",
         "fn",
         "fn_donating",
         "fn_gated",
         "fn_gated_donating",
+        "follows_default_dtype",
         "gated_ran",
         "host_checked",
         "last_sync",
@@ -129,3 +131,7 @@ class Entry:
         self.gated_ran = 0  # which gated forms completed a call (1 plain, 2 donating: then traced)
         self.host_checked = False  # its kernel's host check may raise for some traced number: run per call
         self.strides = None  # per new output, its strides where PyTorch keeps a channels_last layout
+        # torch.get_default_dtype() when it was built, None once shown not to matter (the same
+        # entry serves every default dtype: engine.py OpKernel._other_default_dtype)
+        self.default_dtype = None
+        self.follows_default_dtype = False  # its result dtypes or its trace depend on that setting

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 
 from ..device import platform
 from ..ops import checks, linalg, views
@@ -190,6 +191,8 @@ def traced_function(p: Program, gated=False):
         flags, messages = checks.verdict(found)
         p.on_trace(messages, linalg.PRECISION_READS[0] != reads)
         flat = p.outputs(outs)
+        # (lax.select of a scalar predicate, not jnp.where: no broadcast, no nested jit to lower)
+        passed = None if flags is None or not p.writes else flags == 0
         for (slot, layout, bits), v in zip(p.writes, written):
             v = views.apply_bits(v, bits)
             if gated:
@@ -197,7 +200,7 @@ def traced_function(p: Program, gated=False):
                 v = jnp.where(gate == 0, jnp.asarray(v).astype(old.dtype), old)
             new = views.write(buffers[slot], at(layout, offsets), v)
             # a write whose check failed is not committed: the storage keeps its old value
-            buffers[slot] = new if flags is None else jnp.where(flags == 0, new, buffers[slot])
+            buffers[slot] = new if passed is None else lax.select(passed, new, buffers[slot])
         return (*flat, *(buffers[s] for s in p.mutated_slots), *extras, *(() if flags is None else (flags,)))
 
     return executable

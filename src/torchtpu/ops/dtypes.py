@@ -229,14 +229,31 @@ def _meta(dtype, ndim):
     return t
 
 
+# Reads of torch.get_default_dtype() that decided a traced computation: the eager engine shares an
+# executable across default dtypes unless its trace read the setting here (or PyTorch's meta
+# answer differs under another one: eager/engine.py OpKernel._other_default_dtype)
+DEFAULT_DTYPE_READS = [0]
+
+
+def default_dtype():
+    """torch.get_default_dtype(), for a lowering whose computation follows it (counted: see
+    DEFAULT_DTYPE_READS)."""
+    DEFAULT_DTYPE_READS[0] += 1
+    return torch.get_default_dtype()
+
+
 def promote(kind, operands):
     """(computation dtype, result dtype) as jnp dtypes for PyTorch's elementwise promotion.
 
     `operands` is a tuple of ('t', torch dtype, is_0dim) for tensors and ('s', python type) for
     scalars: static facts, so the answer is cached and costs nothing at run time. The default dtype
-    is part of the question (`int / int`, `tensor + 1.5` follow it).
+    is part of the question (`int / int`, `tensor + 1.5` follow it), and a read of it when the
+    answer follows it (DEFAULT_DTYPE_READS).
     """
-    return _promote(kind, operands, torch.get_default_dtype())
+    compute, result, follows = _promote(kind, operands, torch.get_default_dtype())
+    if follows:
+        DEFAULT_DTYPE_READS[0] += 1
+    return compute, result
 
 
 @functools.lru_cache(maxsize=4096)
@@ -248,7 +265,11 @@ def _promote(kind, operands, default_dtype):
         else:
             args.append({bool: True, int: 1, float: 1.0, complex: 1j}[op[1]])
     compute, result = elementwise_dtypes(*args, type_promotion_kind=kind)
-    return to_jax(compute), to_jax(result)
+    # a float or complex answer follows the default dtype unless a float or complex tensor (of any
+    # dimension) gave it: PyTorch promotes by category, and within one the tensors' dtypes win
+    inexact = compute.is_floating_point or compute.is_complex or result.is_floating_point or result.is_complex
+    follows = inexact and not any(op[0] == "t" and (op[1].is_floating_point or op[1].is_complex) for op in operands)
+    return to_jax(compute), to_jax(result), follows
 
 
 def operand_facts(values):

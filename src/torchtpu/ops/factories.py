@@ -9,13 +9,14 @@ import torch
 from jax import lax
 
 from .argument_checks import factory_value_check, no_internal_overlap
-from .dtypes import scalar_type_name, to_jax
+from .dtypes import default_dtype, scalar_type_name, to_jax
 from .table import lowering
 
 
 def default_float():
-    """torch.get_default_dtype() as a JAX dtype (the eager engine keys executables on it: engine.py)."""
-    return to_jax(torch.get_default_dtype())
+    """torch.get_default_dtype() as a JAX dtype (a counted read: the eager engine then keys the
+    executable on it, ops/dtypes.py default_dtype)."""
+    return to_jax(default_dtype())
 
 
 def _inferred_dtype(*values):

@@ -66,7 +66,7 @@ def node_op_name(op) -> str:
 def _jdtype(val, fallback=None):
     if isinstance(val, torch.Tensor):
         return dt.to_jax(val.dtype)
-    return fallback if fallback is not None else dt.to_jax(torch.get_default_dtype())
+    return fallback if fallback is not None else dt.to_jax(dt.default_dtype())
 
 
 def static_shape(shape):

@@ -278,7 +278,8 @@ Verdict CallKey::build(c10::ArrayRef<c10::IValue> args, Work& w) const {
     return BAIL;
   }
   // torch.get_default_dtype(): the result dtype of `int / int`, `scalar_tensor(1)`, a factory without
-  // dtype=, ... (the Python kernel's key holds it too, when it is not float32)
+  // dtype=, ... (the Python kernel keys it only for the entries that follow it: engine.py
+  // _other_default_dtype; this key maps to whichever entry the Python kernel ran)
   w.key.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   int64_t positional_end = kwarg_only_start_;
   while (positional_end > 0 && is_default(args, positional_end - 1)) positional_end--;
