@@ -384,6 +384,21 @@ def _lowered(op) -> bool:
     return twin is not None and op_name(twin[0]) in LOWERINGS
 
 
+_COMPOSITE_IN_EAGER = declared_facts("composite_in_eager")
+
+
+def _whole_composite(op, kernel):
+    """A composite op's engine kernel; complex32 operands decompose as before (the lowering would see
+    them as complex64 and round once, where each step of the decomposition rounds)."""
+
+    def whole(*args, **kwargs):
+        if any(isinstance(a, torch.Tensor) and a.dtype == torch.complex32 for a in args):
+            return op.decompose(*args, **kwargs)
+        return kernel(*args, **kwargs)
+
+    return whole
+
+
 def kernel_for(op) -> OpKernel:
     k = KERNELS.get(op)
     if k is None:
@@ -744,6 +759,10 @@ def _register_engine_kernels(fast):
         if name.split(".")[0] in manual or name in ("arange.start_step", "arange.start_out") or not _lowered(op):
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+            if name in _COMPOSITE_IN_EAGER:  # taken whole, before the Autograd key decomposes it
+                whole = _whole_composite(op, kernel_for(op))
+                _impl(op, whole)
+                _lib.impl(op, whole, "AutogradPrivateUse1")
             continue  # decomposes before reaching the backend
         kernel = plain = kernel_for(op)
         if name in data_dependent.MASK_ARGUMENT_OPS:  # boolean masks become indices first
