@@ -270,3 +270,29 @@ def test_random_fill_of_a_new_tensor_after_a_checked_op_is_not_gated(monkeypatch
     y.uniform_()
     torch.tpu.synchronize()
     assert len(built) >= 1 and bool(((y >= 0) & (y < 1)).all())
+
+
+def test_isclose_under_dynamo_functorch_and_dispatch_modes():
+    """The whole-op kernel sits on the Autograd key: fake tensors (torch.compile), functorch's wrappers
+    and a TorchDispatchMode get PyTorch's decomposition, as they did."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    a = torch.randn(4, 5)
+    b = a + torch.randn(4, 5) * 1e-3
+    want = torch.isclose(a, b, rtol=1e-3)
+    x, y = a.to(DEV), b.to(DEV)
+    compiled = torch.compile(lambda p, q: torch.isclose(p, q, rtol=1e-3), backend="tpu")
+    assert_close(compiled(x, y).cpu(), want, rtol=0, atol=0)
+    assert_close(torch.vmap(lambda p, q: torch.isclose(p, q, rtol=1e-3))(x, y).cpu(), want, rtol=0, atol=0)
+    grad = torch.func.grad(lambda p: (p * torch.isclose(p, y, rtol=1e-3)).sum())(x)
+    assert_close(grad.cpu(), want.float(), rtol=0, atol=0)
+    seen = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        assert_close(torch.isclose(x, y, rtol=1e-3).cpu(), want, rtol=0, atol=0)
+    assert torch.ops.aten.eq.Tensor in seen

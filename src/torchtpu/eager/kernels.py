@@ -387,12 +387,21 @@ def _lowered(op) -> bool:
 _COMPOSITE_IN_EAGER = declared_facts("composite_in_eager")
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 def _whole_composite(op, kernel):
-    """A composite op's engine kernel; complex32 operands decompose as before (the lowering would see
-    them as complex64 and round once, where each step of the decomposition rounds)."""
+    """A composite op's engine kernel, for plain tpu tensors outside any dispatch mode. It sits on the
+    Autograd key, before the Python key: fake and functional tensors (Dynamo, export), functorch's
+    wrappers and a TorchDispatchMode get the decomposition, as before; complex32 too (the lowering
+    would see complex64 and round once, where each step of the decomposition rounds)."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
     def whole(*args, **kwargs):
-        if any(isinstance(a, torch.Tensor) and a.dtype == torch.complex32 for a in args):
+        if torch._C._len_torch_dispatch_stack() or any(
+            isinstance(a, torch.Tensor) and (type(a) not in _PLAIN_TENSORS or wrapped(a) or a.dtype == torch.complex32)
+            for a in args
+        ):
             return op.decompose(*args, **kwargs)
         return kernel(*args, **kwargs)
 
