@@ -8,6 +8,8 @@ import torch
 from error_parity import same_error
 from torch.testing import assert_close
 
+import torchtpu
+
 DEV = "tpu"
 
 
@@ -188,3 +190,109 @@ def test_masks_that_are_not_bool_raise_the_cpus_error(call):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the byte mask's deprecation warning)
         same_error(call)
+
+
+# ------------------------------------------------------------------ compiles per shape (cold start)
+def _isclose_operands(dtype):
+    if dtype.is_floating_point or dtype.is_complex:
+        a = torch.randn(40, dtype=dtype)
+        b = a + (torch.randn(40, dtype=dtype) * 1e-3).to(dtype)
+        a[:3] = torch.tensor([float("nan"), float("inf"), float("inf")], dtype=dtype)
+        b[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
+        return a, b
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (40,)).bool(), torch.randint(0, 2, (40,)).bool()
+    info = torch.iinfo(dtype)
+    a = torch.randint(info.min, info.max, (40,), dtype=dtype)
+    b = a.clone()
+    b[::3] = torch.randint(info.min, info.max, (14,), dtype=dtype)
+    a[0], b[0], b[1] = info.min, 0, a[1] + 1  # (|min - 0| wraps in the integer type: not close)
+    return a, b
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.complex64,
+        torch.int64,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    ],
+)
+def test_isclose_is_one_executable_with_the_cpus_result(dtype):
+    """isclose (ATen: a composite of ~12 ops, each compiled per shape) runs whole on tpu, with the
+    decomposition's roundings: the CPU's answer for every tolerance, NaN and integer-overflow case."""
+    a, b = _isclose_operands(dtype)
+    for kwargs in (
+        {},
+        {"rtol": 0, "atol": 0},
+        {"rtol": 1e-2, "atol": 1e-3},
+        {"rtol": 0, "atol": 1},
+        {"equal_nan": True},
+    ):
+        before = torchtpu.metrics()["eager_compiles"]
+        got = torch.isclose(a.to(DEV), b.to(DEV), **kwargs)
+        assert torchtpu.metrics()["eager_compiles"] - before <= 1
+        assert_close(got.cpu(), torch.isclose(a, b, **kwargs), rtol=0, atol=0)
+    assert torch.allclose(a.to(DEV), a.to(DEV), equal_nan=True) == torch.allclose(a, a, equal_nan=True)
+
+
+def test_isclose_errors_as_on_the_cpu():
+    same_error(lambda d: torch.isclose(torch.ones(3, device=d), torch.ones(3, dtype=torch.float64, device=d)))
+    same_error(lambda d: torch.isclose(torch.ones(3, device=d), torch.ones(3, device=d), rtol=-1.0))
+    same_error(lambda d: torch.isclose(torch.ones(3, device=d), torch.ones(3, device=d), atol=-1.0))
+
+
+def test_random_fill_of_a_new_tensor_after_a_checked_op_is_not_gated(monkeypatch):
+    """`rand_like`/`randn` after an indexing op (its bounds verdict unchecked): the fill writes a storage
+    never written, so it takes the bucketed draw rather than compiling a gated program per shape; a
+    write into an existing tensor is still gated."""
+    from torchtpu.eager import engine
+
+    built = []
+    real = engine._gated
+    monkeypatch.setattr(engine, "_gated", lambda entry, *a: built.append(entry) or real(entry, *a))
+    x = torch.arange(30.0, device=DEV).reshape(5, 6)
+    for n in (13, 14, 15):
+        picked = x[[0, 2, 4]]  # leaves a verdict unchecked
+        fresh = torch.rand(n, 3, device=DEV)
+        assert fresh.shape == (n, 3) and bool(((fresh >= 0) & (fresh < 1)).all())
+        assert_close(picked.cpu(), torch.arange(30.0).reshape(5, 6)[[0, 2, 4]])
+    assert built == []
+    y = torch.zeros(7, 3, device=DEV)
+    y.cpu()
+    x[[1]].sum()  # unchecked again, then a write into the existing y
+    y.uniform_()
+    torch.tpu.synchronize()
+    assert len(built) >= 1 and bool(((y >= 0) & (y < 1)).all())
+
+
+def test_isclose_under_dynamo_functorch_and_dispatch_modes():
+    """The whole-op kernel sits on the Autograd key: fake tensors (torch.compile), functorch's wrappers
+    and a TorchDispatchMode get PyTorch's decomposition, as they did."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    a = torch.randn(4, 5)
+    b = a + torch.randn(4, 5) * 1e-3
+    want = torch.isclose(a, b, rtol=1e-3)
+    x, y = a.to(DEV), b.to(DEV)
+    compiled = torch.compile(lambda p, q: torch.isclose(p, q, rtol=1e-3), backend="tpu")
+    assert_close(compiled(x, y).cpu(), want, rtol=0, atol=0)
+    assert_close(torch.vmap(lambda p, q: torch.isclose(p, q, rtol=1e-3))(x, y).cpu(), want, rtol=0, atol=0)
+    grad = torch.func.grad(lambda p: (p * torch.isclose(p, y, rtol=1e-3)).sum())(x)
+    assert_close(grad.cpu(), want.float(), rtol=0, atol=0)
+    seen = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        assert_close(torch.isclose(x, y, rtol=1e-3).cpu(), want, rtol=0, atol=0)
+    assert torch.ops.aten.eq.Tensor in seen

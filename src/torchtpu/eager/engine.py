@@ -255,6 +255,12 @@ class OpKernel:
         else:
             # (an op built with XLA options runs as in strict mode: a fused segment has one set)
             deferred = mode == "fused" and entry.n_results is not None and entry.xla is None
+            # a write whose storages were never written (`empty` then `uniform_`: randn, rand_like)
+            # is a new tensor's first value: not gated, as new tensors are not (the gated form is a
+            # program of its own per shape, which a random fill's bucketed draw would otherwise avoid)
+            gated = entry.mutated_slots and entry.source is not None and asserts.gating()
+            if gated and all(records[s]._buffer is None for s in entry.mutated_slots):
+                gated = False
             inputs = input_buffers(records, deferred)
             if self.random:
                 scalars.append(self._rng_args(args, kwargs, dev))
@@ -262,7 +268,7 @@ class OpKernel:
             if deferred:
                 fn = None
                 queued = inputs
-                if entry.mutated_slots and entry.source is not None and asserts.gating():
+                if gated:
                     gate = asserts.poison(dev, queue=True)  # (eager/asserts.py; may be queued)
                     if gate is not None:
                         fn = entry.fn_gated or _gated(entry)
@@ -273,7 +279,7 @@ class OpKernel:
             if results is None:  # strict, or a "cold" op in fused mode: it runs now
                 if deferred:
                     inputs = [b.get() if type(b) is Pending else b for b in inputs]
-                results = _execute(entry, inputs, scalars, offsets, records)
+                results = _execute(entry, inputs, scalars, offsets, records, gated)
         return results
 
     def _rng_args(self, args, kwargs, device):
@@ -460,7 +466,7 @@ def _memo(entry, mkey, keep, argv):
     return results
 
 
-def _execute(entry, inputs, scalars, offsets, records):
+def _execute(entry, inputs, scalars, offsets, records, gated=True):
     """Run the executable now; the written storages get their new buffers even if an interrupt
     arrives as it returns (a donated input is gone: the record must not keep it)."""
     if entry.memo is not None:
@@ -471,7 +477,8 @@ def _execute(entry, inputs, scalars, offsets, records):
         results = fn(*inputs, *scalars, *offsets)
         entry.n_results = len(results)
         return results
-    gate = asserts.poison(records[slots[0]].device_index) if entry.source is not None and asserts.gating() else None
+    gated = gated and entry.source is not None and asserts.gating()
+    gate = asserts.poison(records[slots[0]].device_index) if gated else None
     if gate is not None:
         # unchecked device-side asserts: the writes keep the old values unless all of them passed
         donating = entry.traced is not None and donatable(inputs, slots)

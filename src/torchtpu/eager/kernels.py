@@ -388,6 +388,30 @@ def _lowered(op) -> bool:
     return twin is not None and op_name(twin[0]) in LOWERINGS
 
 
+_COMPOSITE_IN_EAGER = declared_facts("composite_in_eager")
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _whole_composite(op, kernel):
+    """A composite op's engine kernel, for plain tpu tensors outside any dispatch mode. It sits on the
+    Autograd key, before the Python key: fake and functional tensors (Dynamo, export), functorch's
+    wrappers and a TorchDispatchMode get the decomposition, as before; complex32 too (the lowering
+    would see complex64 and round once, where each step of the decomposition rounds)."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+    def whole(*args, **kwargs):
+        if torch._C._len_torch_dispatch_stack() or any(
+            isinstance(a, torch.Tensor) and (type(a) not in _PLAIN_TENSORS or wrapped(a) or a.dtype == torch.complex32)
+            for a in args
+        ):
+            return op.decompose(*args, **kwargs)
+        return kernel(*args, **kwargs)
+
+    return whole
+
+
 def kernel_for(op) -> OpKernel:
     k = KERNELS.get(op)
     if k is None:
@@ -748,6 +772,10 @@ def _register_engine_kernels(fast):
         if name.split(".")[0] in manual or name in ("arange.start_step", "arange.start_out") or not _lowered(op):
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+            if name in _COMPOSITE_IN_EAGER:  # taken whole, before the Autograd key decomposes it
+                whole = _whole_composite(op, kernel_for(op))
+                _impl(op, whole)
+                _lib.impl(op, whole, "AutogradPrivateUse1")
             continue  # decomposes before reaching the backend
         kernel = plain = kernel_for(op)
         if name in data_dependent.MASK_ARGUMENT_OPS:  # boolean masks become indices first

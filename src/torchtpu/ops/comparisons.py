@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import torch
 
 from .argument_checks import same_dtype_out_check
-from .table import KIND, lowering
+from .dtypes import to_jax
+from .table import KIND, LOWERINGS, apply, lowering
 
 
 @lowering("eq.Tensor", "eq.Scalar", promote=KIND.ALWAYS_BOOL)
@@ -37,6 +39,30 @@ def gt(a, b):
 @lowering("ge.Tensor", "ge.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
 def ge(a, b):
     return jnp.greater_equal(a, b)
+
+
+def _op(name, *args):
+    """Another op's lowering with its promotion: isclose rounds where its ATen decomposition does."""
+    return apply(LOWERINGS[name], args, {})
+
+
+# ATen's isclose is a composite of ~12 ops (eq, isnan, sub, abs, mul, add, le, isfinite, and, or),
+# each a new executable per shape: assert_close of two tpu tensors compiled a dozen programs per shape
+# and dtype. Eager runs it whole (composite_in_eager), with the decomposition's steps and roundings.
+@lowering("isclose", composite_in_eager=True)
+def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    close = _op("eq.Tensor", a, b)
+    inexact = jnp.issubdtype(a.dtype, jnp.inexact)
+    if equal_nan and inexact:
+        close = close | (_op("isnan.default", a) & _op("isnan.default", b))
+    if rtol == 0 and atol == 0:  # (an integer difference can wrap: |INT_MIN - 0| <= 0)
+        return close
+    if not inexact:  # `other` in the default dtype (a bool `self` too): the difference is a float's
+        default = to_jax(torch.get_default_dtype())
+        a, b = a.astype(default) if a.dtype == jnp.bool_ else a, b.astype(default)
+    allowed = _op("add.Tensor", _op("abs.default", _op("mul.Tensor", b, rtol)), atol)
+    actual = _op("abs.default", _op("sub.Tensor", a, b))
+    return close | (_op("isfinite.default", actual) & _op("le.Tensor", actual, allowed))
 
 
 @lowering("logical_and")

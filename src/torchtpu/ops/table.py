@@ -35,6 +35,9 @@ finds all of them (docs/design.md, "Adding an op"):
                             for a channels_last input, where PyTorch's meta kernel keeps another input
                             layout (the engine otherwise takes the meta kernel's strides); or f(*args,
                             **kwargs) -> "memory_format" or "meta", per call
+    composite_in_eager=True an ATen CompositeImplicit op (it decomposes before a backend sees it) that
+                            eager runs whole, one executable instead of one per step; for ops without a
+                            gradient only (the kernel sits on the Autograd key too)
 
 A per-overload fact is one value for every name of the decorator, or a dict from overload names (the
 decorator's own, or their in-place and out= variants, named explicitly) to values. The tables other
@@ -93,6 +96,7 @@ FACT_KINDS = (
     "inplace_variant",
     "write_overlap",
     "output_layout",
+    "composite_in_eager",
 )
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
