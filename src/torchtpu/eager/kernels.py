@@ -362,6 +362,25 @@ def _equal(self, other):
     return bool(torch.eq(self, other).all().item())
 
 
+def _isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """isclose as one lowered op (ops/comparisons.py) instead of PyTorch's composite of a dozen. The
+    composite is CompositeImplicit, so this sits on the AutogradPrivateUse1 key (a bool result has no
+    gradient), above the Python key: fake or functional tensors and dispatch modes get the composite,
+    which they would have seen."""
+    if _plain(self) and _plain(other) and not torch._C._dispatch_tls_is_dispatch_key_included(DispatchKey.Python):
+        return kernel_for(aten.isclose.default)(self, other, rtol, atol, equal_nan)
+    return aten.isclose.default.decompose(self, other, rtol, atol, equal_nan)
+
+
+def _plain(t):
+    return type(t) is torch.Tensor and (t.device.type != "tpu" or not torch._is_functional_tensor(t))
+
+
+def _allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    # (PyTorch's CompositeExplicit allclose would run the composite isclose: one executable per op)
+    return bool(kernel_for(aten.isclose.default)(self, other, rtol, atol, equal_nan).all().item())
+
+
 # ------------------------------------------------------------------ registration and fallback
 def _all_overloads():
     for qualified in torch._C._dispatch_get_all_op_names():
@@ -699,6 +718,9 @@ def register_all():
     _impl("_copy_from_and_resize", lambda self, dst: _copy_(dst.resize_(self.shape), self))
     _impl("_local_scalar_dense", _local_scalar_dense)
     _impl("equal", _equal)
+    _impl("allclose", _allclose)
+    _impl("isclose", _isclose)
+    _lib.impl("isclose", _isclose, "AutogradPrivateUse1")
     _impl("arange.start_step", _arange)
     # arange.default/.start are CompositeImplicit (they would decompose into empty + resize_ +
     # arange.start_out before the backend sees them): a backend kernel, and one on the Autograd key

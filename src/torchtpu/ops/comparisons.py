@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .argument_checks import same_dtype_out_check
+from .factories import default_float
 from .table import KIND, lowering
 
 
@@ -145,6 +146,23 @@ def rshift(a, b):
     signed = jnp.issubdtype(a.dtype, jnp.signedinteger)
     overflow = jnp.right_shift(a, bits - 1) if signed else jnp.zeros_like(a)
     return jnp.where((b >= bits) | (b < 0), overflow, shifted)
+
+
+@lowering("isclose")
+def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """One program for PyTorch's composite isclose (a dozen ops, each its own executable per shape:
+    every `torch.allclose` of a new shape compiled them all). Registered by eager/kernels.py, since the
+    composite would decompose first. Integers and bools measure their error in the default float
+    dtype, as the CPU does (no wrap-around of `3 - 5` in uint8); the tolerances are baked-in values."""
+    close = a == b
+    if equal_nan and jnp.issubdtype(a.dtype, jnp.inexact):
+        close = close | (jnp.isnan(a) & jnp.isnan(b))
+    if rtol == 0 and atol == 0:
+        return close
+    if not jnp.issubdtype(a.dtype, jnp.inexact):
+        a, b = a.astype(default_float()), b.astype(default_float())
+    actual = jnp.abs(a - b)
+    return close | (jnp.isfinite(actual) & (actual <= atol + jnp.abs(rtol * b)))
 
 
 @lowering("where.self")
