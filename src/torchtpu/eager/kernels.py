@@ -367,12 +367,13 @@ def _isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     composite is CompositeImplicit, so this sits on the AutogradPrivateUse1 key (a bool result has no
     gradient), above the Python key: fake or functional tensors and dispatch modes get the composite,
     which they would have seen."""
-    if _plain(self) and _plain(other) and not torch._C._dispatch_tls_is_dispatch_key_included(DispatchKey.Python):
+    moded = torch._C._dispatch_tls_is_dispatch_key_included(DispatchKey.Python)
+    if _unwrapped(self) and _unwrapped(other) and not moded:
         return kernel_for(aten.isclose.default)(self, other, rtol, atol, equal_nan)
     return aten.isclose.default.decompose(self, other, rtol, atol, equal_nan)
 
 
-def _plain(t):
+def _unwrapped(t):
     return type(t) is torch.Tensor and (t.device.type != "tpu" or not torch._is_functional_tensor(t))
 
 
