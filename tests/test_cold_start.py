@@ -328,3 +328,18 @@ def test_isclose_under_a_dispatch_mode_or_fake_tensors_is_the_composite():
         assert torch.isclose(f, f).shape == (3, 4)
     with pytest.raises(RuntimeError, match="did not match"):
         torch.isclose(a.to("tpu"), a.to("tpu", torch.float64))
+
+
+@pytest.mark.parametrize("op", ["cat", "stack"])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_a_cat_of_many_tensors_compiles_chunks_not_a_program_per_count(xla_compiles, op, dim):
+    n = 64 * 2 + next(_sizes) % 50 + 1  # over two chunks, a new count
+    xs = [torch.randn(3, 5) for _ in range(n)]
+    ts = [x.to("tpu") for x in xs]
+    xla_compiles.clear()
+    got = getattr(torch, op)(ts, dim)
+    assert len(xla_compiles) <= 4  # a full chunk's program, the last chunk's, their cat (the program
+    # of all n tensors has n parameters, and compiles in time that grows with n)
+    torch.testing.assert_close(got.cpu(), getattr(torch, op)(xs, dim), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="tensor number 100 in the list|stack expects each tensor"):
+        getattr(torch, op)([*ts[:100], torch.randn(3, 6, device="tpu"), *ts[100:]], 0)
