@@ -277,3 +277,69 @@ def test_random_bounds_travel_as_values(xla_compiles, dtype):
     if dtype is torch.int16:
         with pytest.raises(RuntimeError, match="to - 1 is out of bounds for short"):
             x.random_(0, 1 << 20)
+
+
+def _close_pair(dtype, shape):
+    if dtype.is_floating_point or dtype.is_complex:
+        a = torch.randn(shape, dtype=dtype)
+        b = a + torch.randn(shape, dtype=dtype) * 1e-3
+        if dtype.is_floating_point:  # NaN against NaN, inf against inf and against -inf
+            a[0, :3] = torch.tensor([float("nan"), float("inf"), float("inf")], dtype=dtype)
+            b[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
+        return a, b
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5, torch.rand(shape) > 0.5
+    a = torch.randint(0, 100, shape)
+    return a.to(dtype), (a + torch.randint(-3, 4, shape)).clamp(0, 127).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.uint8, torch.bool])
+def test_isclose_and_allclose_compile_one_program_and_match_the_cpu(xla_compiles, dtype):
+    a, b = _close_pair(dtype, _fresh_shape())
+    ta, tb = a.to("tpu"), b.to("tpu")
+    for kw in ({}, {"rtol": 1e-2, "atol": 1e-3}, {"rtol": 0.0, "atol": 2.0}, {"equal_nan": True}):
+        xla_compiles.clear()
+        torch.testing.assert_close(torch.isclose(ta, tb, **kw).cpu(), torch.isclose(a, b, **kw))
+        assert len(xla_compiles) <= 2  # the isclose program (and the host copy's), not PyTorch's dozen ops
+        assert torch.allclose(ta, tb, **kw) == torch.allclose(a, b, **kw)
+        assert torch.allclose(ta, ta, **kw) == torch.allclose(a, a, **kw)
+    assert torch.allclose(ta[1:], tb[1:], rtol=1.0, atol=10.0)
+
+
+def test_isclose_under_a_dispatch_mode_or_fake_tensors_is_the_composite():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    a = torch.randn(3, 4)
+    b = a + torch.randn(3, 4) * 1e-6
+    with Record():
+        got = torch.isclose(a.to("tpu"), b.to("tpu"))
+    assert torch.ops.aten.eq.Tensor in seen  # the mode saw the composite's ops
+    torch.testing.assert_close(got.cpu(), torch.isclose(a, b))
+    with FakeTensorMode():
+        f = torch.empty(3, 4, device="tpu")
+        assert torch.isclose(f, f).shape == (3, 4)
+    with pytest.raises(RuntimeError, match="did not match"):
+        torch.isclose(a.to("tpu"), a.to("tpu", torch.float64))
+
+
+@pytest.mark.parametrize("op", ["cat", "stack"])
+@pytest.mark.parametrize("dim", [1, -1])
+def test_a_cat_of_many_tensors_compiles_chunks_not_a_program_per_count(xla_compiles, op, dim):
+    n = 64 * 2 + next(_sizes) % 50 + 1  # over two chunks, a new count
+    xs = [torch.randn(3, 5) for _ in range(n)]
+    ts = [x.to("tpu") for x in xs]
+    xla_compiles.clear()
+    got = getattr(torch, op)(ts, dim)
+    assert len(xla_compiles) <= 4  # a full chunk's program, the last chunk's, their cat (the program
+    # of all n tensors has n parameters, and compiles in time that grows with n)
+    torch.testing.assert_close(got.cpu(), getattr(torch, op)(xs, dim), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="tensor number 100 in the list|stack expects each tensor"):
+        getattr(torch, op)([*ts[:100], torch.randn(3, 6, device="tpu"), *ts[100:]], 0)

@@ -131,6 +131,8 @@ class OpKernel:
         self.precision_sensitive = False
         # ops/argument_checks.py: a check of the op's Scalar arguments on the host, run per call
         self.host_check = None
+        # eager/kernels.py: a first call it serves another way (a cat of many tensors, in chunks), or None
+        self.split_call = None
         self.lock = threading.RLock()
         _KERNELS.append(self)
 
@@ -202,6 +204,11 @@ class OpKernel:
 
     def _first_call(self, key, keyed_precision, args, kwargs, records, scalars, offsets, device):
         """A cache miss: build the entry, run it (JAX traces it then), keep it."""
+        if self.split_call is not None:
+            results = self.split_call(self, args, kwargs)
+            if results is not None:
+                forget_last_call()  # (the C++ fast path keeps no entry for this key)
+                return results
         try:
             entry = self._build(key, args, kwargs, records, device)
         except NeedsResize as e:
