@@ -45,6 +45,15 @@ def test_small_zeros_come_from_the_host_without_a_compile(xla_compiles, dtype):
     shape = _fresh_shape()
     z = executable.zeros(shape, dtype, 0)
     assert not xla_compiles
+
+
+@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two tpu devices")
+def test_a_fill_on_the_second_device_stays_there():
+    from torchtpu.storage.records import record_of
+
+    t = torch.empty(_fresh_shape(), device="tpu:1").fill_(2.5)  # its target on tpu:1 was pruned: on tpu:0
+    assert record_of(t).buffer.devices() == {platform.jax_device(1)}
+    torch.testing.assert_close((t * 2).cpu(), torch.full(t.shape, 5.0))
     assert z.shape == shape and z.dtype == dt.to_jax(dtype) and z.devices() == {platform.jax_device(0)}
     assert not jax.numpy.any(z)
 
@@ -257,6 +266,15 @@ def test_short_arange_of_a_new_length_compiles_nothing(xla_compiles, dtype):
     assert not xla_compiles
 
 
+@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two tpu devices")
+def test_a_fill_on_the_second_device_stays_there():
+    from torchtpu.storage.records import record_of
+
+    t = torch.empty(_fresh_shape(), device="tpu:1").fill_(2.5)  # its target on tpu:1 was pruned: on tpu:0
+    assert record_of(t).buffer.devices() == {platform.jax_device(1)}
+    torch.testing.assert_close((t * 2).cpu(), torch.full(t.shape, 5.0))
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int16, torch.float32])
 def test_random_bounds_travel_as_values(xla_compiles, dtype):
     """random_(from, to) with new bounds reuses its executables (make_tensor's index tensors draw in
@@ -277,3 +295,25 @@ def test_random_bounds_travel_as_values(xla_compiles, dtype):
     if dtype is torch.int16:
         with pytest.raises(RuntimeError, match="to - 1 is out of bounds for short"):
             x.random_(0, 1 << 20)
+
+
+@pytest.mark.parametrize("fill", [torch.ones, torch.zeros, lambda s, device: torch.empty(s, device=device).fill_(2.5)])
+def test_a_filled_tensor_is_committed_as_a_drawn_one(xla_compiles, fill):
+    # a fill reads no array: JAX left its result uncommitted, another argument mapping for every later
+    # op, which then compiled once for it and once for a drawn or copied tensor
+    shape = _fresh_shape()
+    x, filled = torch.randn(shape, device="tpu"), fill(shape, device="tpu")
+    torch.testing.assert_close((x * filled).cpu(), x.cpu() * filled.cpu())
+    xla_compiles.clear()
+    y = x.clone()
+    torch.testing.assert_close((x * y).cpu(), x.cpu() * y.cpu())
+    assert not xla_compiles
+
+
+@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two tpu devices")
+def test_a_fill_on_the_second_device_stays_there():
+    from torchtpu.storage.records import record_of
+
+    t = torch.empty(_fresh_shape(), device="tpu:1").fill_(2.5)  # its target on tpu:1 was pruned: on tpu:0
+    assert record_of(t).buffer.devices() == {platform.jax_device(1)}
+    torch.testing.assert_close((t * 2).cpu(), torch.full(t.shape, 5.0))
