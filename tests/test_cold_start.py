@@ -45,15 +45,6 @@ def test_small_zeros_come_from_the_host_without_a_compile(xla_compiles, dtype):
     shape = _fresh_shape()
     z = executable.zeros(shape, dtype, 0)
     assert not xla_compiles
-
-
-@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two tpu devices")
-def test_a_fill_on_the_second_device_stays_there():
-    from torchtpu.storage.records import record_of
-
-    t = torch.empty(_fresh_shape(), device="tpu:1").fill_(2.5)  # its target on tpu:1 was pruned: on tpu:0
-    assert record_of(t).buffer.devices() == {platform.jax_device(1)}
-    torch.testing.assert_close((t * 2).cpu(), torch.full(t.shape, 5.0))
     assert z.shape == shape and z.dtype == dt.to_jax(dtype) and z.devices() == {platform.jax_device(0)}
     assert not jax.numpy.any(z)
 
@@ -266,15 +257,6 @@ def test_short_arange_of_a_new_length_compiles_nothing(xla_compiles, dtype):
     assert not xla_compiles
 
 
-@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two tpu devices")
-def test_a_fill_on_the_second_device_stays_there():
-    from torchtpu.storage.records import record_of
-
-    t = torch.empty(_fresh_shape(), device="tpu:1").fill_(2.5)  # its target on tpu:1 was pruned: on tpu:0
-    assert record_of(t).buffer.devices() == {platform.jax_device(1)}
-    torch.testing.assert_close((t * 2).cpu(), torch.full(t.shape, 5.0))
-
-
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int16, torch.float32])
 def test_random_bounds_travel_as_values(xla_compiles, dtype):
     """random_(from, to) with new bounds reuses its executables (make_tensor's index tensors draw in
@@ -317,3 +299,15 @@ def test_a_fill_on_the_second_device_stays_there():
     t = torch.empty(_fresh_shape(), device="tpu:1").fill_(2.5)  # its target on tpu:1 was pruned: on tpu:0
     assert record_of(t).buffer.devices() == {platform.jax_device(1)}
     torch.testing.assert_close((t * 2).cpu(), torch.full(t.shape, 5.0))
+
+
+@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two tpu devices")
+def test_a_drawn_fill_on_the_second_device_stays_there():
+    from torchtpu.storage.records import record_of
+
+    shape = _fresh_shape()
+    torch.randn(shape, device="tpu:0").cpu()  # builds the fill's entry, which tpu:1 then reuses
+    for _ in range(3):
+        t = torch.randn(shape, device="tpu:1")  # drawn on tpu:0, placed there
+        assert record_of(t).buffer.devices() == {platform.jax_device(1)}
+        torch.testing.assert_close((t * 2).cpu(), t.cpu() * 2)
