@@ -343,3 +343,37 @@ def test_a_cat_of_many_tensors_compiles_chunks_not_a_program_per_count(xla_compi
     torch.testing.assert_close(got.cpu(), getattr(torch, op)(xs, dim), rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="tensor number 100 in the list|stack expects each tensor"):
         getattr(torch, op)([*ts[:100], torch.randn(3, 6, device="tpu"), *ts[100:]], 0)
+
+
+@pytest.mark.parametrize("fill", [torch.ones, torch.zeros, lambda s, device: torch.empty(s, device=device).fill_(2.5)])
+def test_a_filled_tensor_is_committed_as_a_drawn_one(xla_compiles, fill):
+    # a fill reads no array: JAX left its result uncommitted, another argument mapping for every later
+    # op, which then compiled once for it and once for a drawn or copied tensor
+    shape = _fresh_shape()
+    x, filled = torch.randn(shape, device="tpu"), fill(shape, device="tpu")
+    torch.testing.assert_close((x * filled).cpu(), x.cpu() * filled.cpu())
+    xla_compiles.clear()
+    y = x.clone()
+    torch.testing.assert_close((x * y).cpu(), x.cpu() * y.cpu())
+    assert not xla_compiles
+
+
+@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two tpu devices")
+def test_a_fill_on_the_second_device_stays_there():
+    from torchtpu.storage.records import record_of
+
+    t = torch.empty(_fresh_shape(), device="tpu:1").fill_(2.5)  # its target on tpu:1 was pruned: on tpu:0
+    assert record_of(t).buffer.devices() == {platform.jax_device(1)}
+    torch.testing.assert_close((t * 2).cpu(), torch.full(t.shape, 5.0))
+
+
+@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two tpu devices")
+def test_a_drawn_fill_on_the_second_device_stays_there():
+    from torchtpu.storage.records import record_of
+
+    shape = _fresh_shape()
+    torch.randn(shape, device="tpu:0").cpu()  # builds the fill's entry, which tpu:1 then reuses
+    for _ in range(3):
+        t = torch.randn(shape, device="tpu:1")  # drawn on tpu:0, placed there
+        assert record_of(t).buffer.devices() == {platform.jax_device(1)}
+        torch.testing.assert_close((t * 2).cpu(), t.cpu() * 2)

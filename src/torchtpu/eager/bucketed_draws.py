@@ -83,7 +83,10 @@ class BucketedFill:
             return self._tier_up()(*dyn)
         nv = self.n_values
         flat = self.draw.fn(*dyn[1 : 2 + nv])
-        return self.place(dyn[0], flat, *dyn[2 + nv :])
+        target = dyn[0]
+        if flat.sharding != target.sharding:  # an entry drawn for another device (keys do not hold it)
+            flat = jax.device_put(flat, target.sharding)
+        return self.place(target, flat, *dyn[2 + nv :])
 
     def _tier_up(self):
         entry, attr = self.entry, self.attr

@@ -154,7 +154,10 @@ def build_entry(kernel, key, args, kwargs, records, device):
 def op_jit(entry, attr, fn, name=None, **jit_kwargs):
     """`jax.jit(fn)` for `entry.<attr>`, compiled with the options eager/xla_options.py's op_options
     picks from what the op computes (known at its first call); the user's options (entry.xla) alone
-    where the platform has no defaults."""
+    where the platform has no defaults. It keeps the arguments it does not read (`keep_unused`): JAX
+    would prune a fill's unread target, and with no committed array left its results were uncommitted,
+    another argument mapping for every later op, which then compiled again."""
+    jit_kwargs.setdefault("keep_unused", True)
     if xla_options.op_options(entry.xla) == entry.xla:
         run = jax.jit(fn, compiler_options=entry.xla, **jit_kwargs)
     else:

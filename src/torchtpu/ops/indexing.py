@@ -8,6 +8,7 @@ gathers and dropped by its scatters: every lowering states the range PyTorch acc
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax.numpy as jnp
@@ -215,27 +216,42 @@ def scatter_add(x, dim, index, src):
     return _scatter_add(x, at, _src(src, index, x.dtype))
 
 
-def _scatter_reduce(x, at, v, reduce, include_self):
-    """PyTorch's scatter_reduce on full coordinates `at` with updates `v` of x's dtype."""
-    hit = jnp.zeros(x.shape, jnp.bool_).at[at].set(True)
+def _scatter_reduce(x, at, v, reduce, include_self, counts=None, fold=None):
+    """PyTorch's scatter_reduce at index `at` (coordinates or a NumPy-style tuple) with updates `v` of
+    x's dtype. `include_self`: a bool, or a traced one (index_reduce's travels as a value). `counts`:
+    how many updates land on each element (int64, broadcastable to x), where the caller has them
+    cheaper than a scatter over x. `fold(base, multiply)`: where given, sums and products combine the
+    updates into `base` one at a time, each step rounded to x's dtype, instead of a scatter."""
+    if counts is None:
+        counts = jnp.zeros(x.shape, jnp.int64).at[at].add(1)
+    hit = counts > 0
+
+    def start(ident):  # x, or the reduction's identity where an update lands and self is left out
+        if include_self is True:
+            return x
+        fresh = hit if include_self is False else hit & ~jnp.asarray(include_self, jnp.bool_)
+        return jnp.where(fresh, jnp.asarray(ident, x.dtype), x)
+
     if reduce in ("sum", "mean"):
         acc = opmath(x.dtype)
-        base = x.astype(acc) if include_self else jnp.where(hit, 0, x).astype(acc)
-        total = _scatter_add(base, at, v.astype(acc))
+        if fold is not None:
+            total = fold(start(0), False).astype(acc)
+        else:
+            total = _scatter_add(start(0).astype(acc), at, v.astype(acc))
         if reduce == "sum":
             return total.astype(x.dtype)
         # as the CPU: the sum is accumulated in opmath, stored in x's dtype, then divided
         total = total.astype(x.dtype).astype(acc)
-        count = jnp.zeros(x.shape, jnp.int64).at[at].add(1) + (1 if include_self else 0)
-        count = jnp.maximum(count, 1)
+        count = jnp.maximum(counts + jnp.asarray(include_self, jnp.int64), 1)
+        # a true division: XLA turns one by a broadcast into a multiplication by its reciprocal
+        count = lax.optimization_barrier(jnp.broadcast_to(count, x.shape))
         if jnp.issubdtype(x.dtype, jnp.integer):
             out = jnp.floor_divide(total, count.astype(total.dtype))
         else:
             out = total / count.astype(total.dtype)
         return jnp.where(hit, out, x).astype(x.dtype)
     if reduce == "prod":
-        base = x if include_self else jnp.where(hit, jnp.ones((), x.dtype), x)
-        return _scatter_mul(base, at, v)
+        return fold(start(1), True) if fold is not None else _scatter_mul(start(1), at, v)
     if reduce in ("amax", "amin"):
         if jnp.issubdtype(x.dtype, jnp.floating):
             ident = -jnp.inf if reduce == "amax" else jnp.inf
@@ -244,7 +260,7 @@ def _scatter_reduce(x, at, v, reduce, include_self):
         else:
             info = jnp.iinfo(x.dtype)
             ident = info.min if reduce == "amax" else info.max
-        base = x if include_self else jnp.where(hit, jnp.asarray(ident, x.dtype), x)
+        base = start(ident)
         return base.at[at].max(v) if reduce == "amax" else base.at[at].min(v)
     raise ValueError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
 
@@ -367,18 +383,42 @@ def index_fill(x, dim, index, value):
     return x.at[_along(dim, x.ndim, index)].set(jnp.asarray(value).astype(x.dtype))
 
 
-@lowering("index_reduce", real_only=True, write_overlap=INDEXED_WRITE)
+# include_self travels as a value (`traced=`): keyed by it, each index_reduce_ compiled twice
+@lowering("index_reduce", real_only=True, write_overlap=INDEXED_WRITE, traced=("include_self",))
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     if x.ndim == 0:
         x, source = x.reshape(1), source.reshape(1)
         return index_reduce(x, 0, index, source, reduce, include_self).reshape(())
     dim = _dim(dim, x.ndim)
+    index = index.reshape(-1)
     _check(index, x.shape[dim], dim, False)
-    shape = [1] * source.ndim
+    # whole slices along dim (a scatter of windows: cheaper to compile than coordinates per element)
+    shape = [1] * x.ndim
     shape[dim] = -1
-    full = jnp.broadcast_to(index.reshape(shape), source.shape)
-    at = _full_index(full, dim)
-    return _scatter_reduce(x, at, source.astype(x.dtype), reduce, include_self)
+    counts = jnp.zeros(x.shape[dim], jnp.int64).at[index].add(1).reshape(shape)
+    source = source.astype(x.dtype)
+    fold = None
+    if x.dtype in (jnp.bfloat16, jnp.float16) and index.shape[0] <= FOLD_MAX:
+        fold = functools.partial(_fold_along, dim=dim, index=index, source=source)
+    return _scatter_reduce(x, _along(dim, x.ndim, index), source, reduce, include_self, counts, fold)
+
+
+# The CPU's index_reduce adds and multiplies the source's slices into self one at a time in self's
+# dtype: in half types each step rounds (a bfloat16 mean off by 3% from a sum rounded once, as a
+# scatter on XLA:CPU computes it in float32). A loop step per index entry, up to FOLD_MAX of them.
+FOLD_MAX = 1 << 12
+
+
+def _fold_along(base, multiply, *, dim, index, source):
+    if index.shape[0] == 0:
+        return base
+
+    def step(i, acc):
+        j = index[i]
+        row, s = lax.dynamic_index_in_dim(acc, j, dim), lax.dynamic_index_in_dim(source, i, dim)
+        return lax.dynamic_update_index_in_dim(acc, (row * s if multiply else row + s).astype(acc.dtype), j, dim)
+
+    return lax.fori_loop(0, index.shape[0], step, base)
 
 
 def _masked_scatter_source_check(self, mask, source, *_, **__):
