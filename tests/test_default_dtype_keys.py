@@ -95,3 +95,15 @@ def test_an_op_that_does_not_follow_the_default_dtype_compiles_once():
             a / b
             x * y + 1
     assert counters.eager_compiles == compiles  # each found its own again
+
+
+def test_integer_isclose_measures_in_the_current_default_dtype():
+    # isclose of integers takes their difference in the default float dtype (a bool result either way):
+    # 2**40 + 1 and 2**40 are one apart in float64 but equal in float32
+    n = next(_sizes)
+    a = torch.full((n,), 2**40 + 1, dtype=torch.int64)
+    b = torch.full((n,), 2**40, dtype=torch.int64)
+    for dtype in (torch.float32, torch.float64, torch.float32):
+        with default_dtype(dtype):
+            got = torch.isclose(a.to(DEV), b.to(DEV), rtol=0, atol=0.5).cpu()
+            assert_close(got, torch.isclose(a, b, rtol=0, atol=0.5))

@@ -473,7 +473,7 @@ def _memo(entry, mkey, keep, argv):
     return results
 
 
-def _execute(entry, inputs, scalars, offsets, records, gated=True):
+def _execute(entry, inputs, scalars, offsets, records, gated):
     """Run the executable now; the written storages get their new buffers even if an interrupt
     arrives as it returns (a donated input is gone: the record must not keep it)."""
     if entry.memo is not None:
@@ -484,8 +484,7 @@ def _execute(entry, inputs, scalars, offsets, records, gated=True):
         results = fn(*inputs, *scalars, *offsets)
         entry.n_results = len(results)
         return results
-    gated = gated and entry.source is not None and asserts.gating()
-    gate = asserts.poison(records[slots[0]].device_index) if gated else None
+    gate = asserts.poison(records[slots[0]].device_index) if gated else None  # (None once all are checked)
     if gate is not None:
         # unchecked device-side asserts: the writes keep the old values unless all of them passed
         donating = entry.traced is not None and donatable(inputs, slots)
