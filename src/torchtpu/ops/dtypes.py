@@ -135,7 +135,46 @@ def convert(v, dtype):
         )
     if jnp.issubdtype(v.dtype, jnp.floating) and dtype in _TRUNCATED_THROUGH:
         v = _truncate_as_x86(v, _TRUNCATED_THROUGH[dtype])
+    if v.dtype in _F64 and dtype in _F32_RANGE or v.dtype in _F32_RANGE and dtype in _F64:
+        return _keeping_subnormals(v, dtype)
     return v.astype(dtype)
+
+
+# XLA:CPU runs its programs with the x86 flush-to-zero and denormals-are-zero modes on (no flag turns
+# them off), so its float64 <-> float32 conversions (bfloat16's go through float32) turn float32's
+# subnormals (below 2^-126) into zeros, where the CPU's and CUDA's keep them: 1e-40 became 0. Those
+# values are converted with integer operations instead; the float16 ones are exact already (float16's
+# subnormals are float32 normals, and the conversion is F16C's). On XLA:CPU only (elsewhere the
+# hardware's own rules stand: a TPU flushes subnormals in its arithmetic, jax's docs/accuracy).
+_F64 = (jnp.dtype(jnp.float64), jnp.dtype(jnp.complex128))
+_F32_RANGE = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.complex64))
+_MIN_NORMAL32 = 2.0**-126
+_SUBNORMAL32_STEP = 2.0**-149
+
+
+def _keeping_subnormals(v, dtype):
+    from ..device.platform import lowering_platform
+
+    if lowering_platform() != "cpu":
+        return v.astype(dtype)
+    if jnp.issubdtype(v.dtype, jnp.complexfloating):
+        real = jnp.float64 if dtype in _F64 else jnp.float32
+        parts = (_keeping_subnormals(p, real) for p in (jnp.real(v), jnp.imag(v)))
+        return lax.complex(*parts).astype(dtype)
+    if dtype in _F64:  # (from float32 or bfloat16, whose subnormals float32 holds exactly)
+        v = v.astype(jnp.float32)
+        bits = lax.bitcast_convert_type(v, jnp.uint32)
+        magnitude = bits & 0x7FFFFFFF
+        # a subnormal is its integer significand times 2^-149: both factors are float64 normals
+        tiny = magnitude.astype(jnp.float64) * _SUBNORMAL32_STEP
+        tiny = jnp.where(bits >> 31 == 1, -tiny, tiny)
+        return jnp.where(magnitude < 0x00800000, tiny, v.astype(jnp.float64)).astype(dtype)
+    # to float32 (then bfloat16, as PyTorch rounds a double: through float): below 2^-126 the result
+    # is the rounded count of 2^-149 steps, whose bits are those of the float32 (2^23 steps: 2^-126)
+    steps = jnp.round(jnp.abs(v) * (1 / _SUBNORMAL32_STEP)).astype(jnp.uint32)  # (half to even, as IEEE)
+    bits = steps | (jnp.signbit(v).astype(jnp.uint32) << 31)
+    tiny = lax.bitcast_convert_type(bits, jnp.float32)
+    return jnp.where(jnp.abs(v) < _MIN_NORMAL32, tiny, v.astype(jnp.float32)).astype(dtype)
 
 
 # A float out of an integer type's range has no defined conversion in C++; PyTorch's CPU kernels (and
@@ -177,6 +216,40 @@ def multiply(a, b):
     if lowering_platform() != "cpu":
         return a * b
     return rounded_complex_product(jnp.asarray(a, dtype), jnp.asarray(b, dtype))
+
+
+def is_python_scalar(v) -> bool:
+    """Whether a lowering's operand is a Python number: as one, or traced (a weakly typed 0-d array)."""
+    return isinstance(v, (bool, int, float, complex)) or (getattr(v, "weak_type", False) and v.ndim == 0)
+
+
+def divide(a, b):
+    """a / b as PyTorch's device kernels divide floats: by a Python scalar, CUDA multiplies by its
+    reciprocal, computed in the operands' (opmath) dtype (BinaryDivTrueKernel.cu, the trunc and floor
+    kernels alike; the CPU divides); by a tensor, both divide (true_divide)."""
+    if is_python_scalar(b):
+        return multiply(a, 1 / jnp.asarray(b, jnp.result_type(a, b)))
+    return true_divide(a, b)
+
+
+def true_divide(a, b):
+    """a / b, each element an IEEE division, as the CPU's and CUDA's kernels compute it. XLA's algebraic
+    simplifier turns a division by a broadcast into a multiplication by the broadcast reciprocal (a
+    float32 quotient an ulp off in 15-33% of elements), and its other rewrites can make a broadcast of
+    a divisor that was none in the program (an expanded view; `exp` of one): so the divisor, at the
+    quotient's shape, passes an optimization barrier. XLA removes the barrier after simplifying and
+    fuses the broadcast into the division: no array is made, only divisions replace multiplications
+    (no measurable cost at 1024x1024 / (1024, 1): benchmarks/RESULTS.md). On XLA:CPU only: elsewhere
+    XLA's division is not correctly rounded itself (XLA:GPU's float32 one is PTX div.full,
+    openxla/xla#37181), so a division per element would cost time without the CPU's answer."""
+    from ..device.platform import lowering_platform
+
+    if lowering_platform() != "cpu" or not jnp.issubdtype(jnp.result_type(a, b), jnp.inexact):
+        return a / b
+    dtype = jnp.result_type(a, b)
+    shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+    a = jnp.broadcast_to(jnp.asarray(a, dtype), shape)
+    return a / lax.optimization_barrier(jnp.broadcast_to(jnp.asarray(b, dtype), shape))
 
 
 def rounded_complex_product(a, b):

@@ -9,7 +9,7 @@ import torch
 from jax import lax
 
 from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
-from .dtypes import convert, multiply, operand_facts, promote, scalar_type_name
+from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -101,9 +101,10 @@ def _is_int(x):
     return jnp.issubdtype(jnp.result_type(x), jnp.integer) or jnp.result_type(x) == jnp.bool_
 
 
+# (a Python scalar divisor: CUDA's reciprocal; a tensor one: a true division, as the CPU and CUDA)
 @lowering("div.Tensor", "div.Scalar", promote=KIND.INT_TO_FLOAT)
 def div(a, b):
-    return a / b
+    return divide(a, b)
 
 
 def _int_trunc_div(a, b):
@@ -177,17 +178,18 @@ def _floor_div(a, b):
 def _float_floor_div(a, b):
     # PyTorch's div_floor: computes via fmod to match CPU rounding exactly
     mod = jnp.fmod(a, b)
-    div = (a - mod) / b
+    div = divide(a - mod, b)
     div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
     floordiv = jnp.floor(div)
     floordiv = jnp.where(div - floordiv > 0.5, floordiv + 1, floordiv)
-    return jnp.where(b == 0, a / b, jnp.where(div != 0, floordiv, jnp.copysign(jnp.zeros_like(div), a / b)))
+    quotient = divide(a, b)
+    return jnp.where(b == 0, quotient, jnp.where(div != 0, floordiv, jnp.copysign(jnp.zeros_like(div), quotient)))
 
 
 def _trunc_div(a, b):
     if _is_int(a) and _is_int(b):
         return _int_trunc_div(a, b)
-    return jnp.trunc(a / b)
+    return jnp.trunc(divide(a, b))
 
 
 def _div_mode(a, b, rounding_mode):
@@ -386,7 +388,7 @@ def _integer_addcdiv_check(a, t1, t2, *_, **__):
     meta_check=_with_variants(_integer_addcdiv_check, "addcdiv", "addcdiv_", "addcdiv.out"),
 )
 def addcdiv(a, t1, t2, value=1):
-    return a + value * (t1 / t2)
+    return a + value * true_divide(t1, t2)  # (CUDA's order; the CPU's is (value * t1) / t2)
 
 
 def _clamp_check(a, min=None, max=None, *_, **__):
