@@ -135,7 +135,7 @@ def convert(v, dtype):
         )
     if jnp.issubdtype(v.dtype, jnp.floating) and dtype in _TRUNCATED_THROUGH:
         v = _truncate_as_x86(v, _TRUNCATED_THROUGH[dtype])
-    if v.dtype in _F64 and dtype in _F32_RANGE or v.dtype in _F32_RANGE and dtype in _F64:
+    if (v.dtype in _F64 and dtype in _F32_RANGE) or (v.dtype in _F32_RANGE and dtype in _F64):
         return _keeping_subnormals(v, dtype)
     return v.astype(dtype)
 
