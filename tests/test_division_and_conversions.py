@@ -127,3 +127,22 @@ def test_vmap_of_isclose_as_on_the_cpu():
         messages[device] = sorted({str(w.message).split(".")[0] for w in caught})
     assert torch.equal(results["tpu"], results["cpu"])
     assert messages["tpu"] == messages["cpu"]
+
+
+def test_a_cpu_scalar_tensor_after_a_python_number_promotes_by_its_dtype():
+    # the C++ fast path keyed `x / 1.0` (a wrapped CPU double) and `x / torch.tensor(2.0, dtype=float64)`
+    # alike: the second reused the first's executable, a float32 result where the CPU's is float64
+    x = torch.randint(-9, 9, (5,))
+    calls = [
+        lambda t: t / 1.0,
+        lambda t: t / torch.tensor(3.0, dtype=torch.float64),
+        lambda t: t + 2.5,
+        lambda t: t + torch.tensor(2.5, dtype=torch.float64),
+        lambda t: t.float() * 3.0,
+        lambda t: t.float() * torch.tensor(3.0, dtype=torch.float64),
+    ]
+    for call in calls:
+        want = call(x)
+        got = call(x.to("tpu"))
+        assert got.dtype == want.dtype
+        _same_bits(got, want)

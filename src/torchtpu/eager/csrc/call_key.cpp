@@ -66,7 +66,9 @@ bool CallKey::is_default(c10::ArrayRef<c10::IValue> args, int64_t i) const {
   return d.has_value() && !(*d != args[i]);
 }
 
-// A CPU scalar tensor mixed with tpu tensors: a traced value, keyed by its dtype
+// A CPU scalar tensor mixed with tpu tensors: a traced value, keyed by its dtype and by whether it is
+// a wrapped Python number (`x / 1.0`), which promotes as a Python scalar where a 0-dim tensor of the same
+// dtype (`int_x / torch.tensor(1., dtype=float64)`: float64) promotes by its dtype
 static Verdict cpu_scalar(const at::Tensor& t, Work& w) {
   if (t.dim() != 0 || t.is_conj() || t.is_neg()) return BAIL;
   auto st = t.scalar_type();
@@ -89,6 +91,7 @@ static Verdict cpu_scalar(const at::Tensor& t, Work& w) {
   w.values.push_back(v);
   w.key.push_back(K_CPU_SCALAR);
   w.key.push_back(static_cast<int64_t>(st));
+  w.key.push_back(t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0);
   return OK;
 }
 
