@@ -44,8 +44,8 @@ def _timed(fn, args, repeats):
 def _compare(title, new, old, args, repeats):
     (nw, nc), (ow, oc) = _timed(new, args, repeats), _timed(old, args, repeats)
     print(
-        f"{title}: new {nw * 1e3:.1f} ms wall {nc * 1e3:.1f} ms CPU; "
-        f"before {ow * 1e3:.1f} ms wall {oc * 1e3:.1f} ms CPU; new/before wall {nw / ow:.2f}x CPU {nc / oc:.2f}x"
+        f"{title}: new {nw * 1e3:.2f} ms wall {nc * 1e3:.2f} ms CPU; "
+        f"before {ow * 1e3:.2f} ms wall {oc * 1e3:.2f} ms CPU; new/before wall {nw / ow:.2f}x CPU {nc / oc:.2f}x"
     )
 
 
@@ -86,7 +86,7 @@ def _division(repeats):
     _compare("a / a.sum(-1)", softmax_like(true_divide), softmax_like(lambda a, b: a / b), (x,), repeats)
     import torch
 
-    xt, yt = torch.from_numpy(np.asarray(x)).to("tpu"), torch.from_numpy(np.asarray(y)).to("tpu")
+    xt, yt = torch.from_numpy(np.array(x)).to("tpu"), torch.from_numpy(np.array(y)).to("tpu")
     for title, exact, rewritten in (
         ("compiled a / b", lambda a, b: a / b, lambda a, b: a * (1 / b)),
         (
