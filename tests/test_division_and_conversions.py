@@ -77,7 +77,10 @@ def _subnormal_probe(dtype):
     bits = torch.randint(0, 0x00900000, (512,), dtype=torch.int32)
     tiny = bits.view(torch.float32) * torch.where(torch.rand(512) < 0.5, -1.0, 1.0)
     specials = torch.tensor([0.0, -0.0, 1.0, float("inf"), -float("inf"), 2.0**-126, 2.0**-149, 1e-46, 7e-46])
-    values = torch.cat([tiny.double(), torch.randn(64).double() * 1e-38, torch.randn(64).double(), specials.double()])
+    halves = torch.randn(64).double() * 1e-5  # (float16's subnormals: below 6.1e-5)
+    values = torch.cat(
+        [tiny.double(), torch.randn(64).double() * 1e-38, halves, torch.randn(64).double(), specials.double()]
+    )
     if dtype.is_complex:
         return torch.complex(values, values.flip(0)).to(dtype)
     return values.to(dtype)
@@ -96,6 +99,13 @@ def test_conversions_keep_subnormals_as_on_the_cpu(source, target):
         got, want = torch.view_as_real(got), torch.view_as_real(want)
     _same_bits(got, want)
     assert torch.equal(got.signbit(), want.signbit())
+
+
+def test_compiled_conversions_keep_subnormals():
+    x = _subnormal_probe(torch.float64)
+    got = torch.compile(lambda t: (t.float(), t.float().double()), backend="tpu")(x.to("tpu"))
+    _same_bits(got[0], x.float())
+    _same_bits(got[1], x.float().double())
 
 
 @pytest.mark.parametrize("dtype", HALVES)
