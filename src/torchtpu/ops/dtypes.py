@@ -145,7 +145,7 @@ def convert(v, dtype):
 # subnormals (below 2^-126) into zeros, where the CPU's and CUDA's keep them: 1e-40 became 0. Those
 # values are converted with integer operations instead; the float16 ones are exact already (float16's
 # subnormals are float32 normals, and the conversion is F16C's). On XLA:CPU only (elsewhere the
-# hardware's own rules stand: a TPU flushes subnormals in its arithmetic, jax's docs/accuracy).
+# hardware's own rules stand: a TPU flushes subnormals in its arithmetic, JAX's accuracy notes).
 _F64 = (jnp.dtype(jnp.float64), jnp.dtype(jnp.complex128))
 _F32_RANGE = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.complex64))
 _MIN_NORMAL32 = 2.0**-126
