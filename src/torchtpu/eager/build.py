@@ -96,6 +96,7 @@ def build_entry(kernel, key, args, kwargs, records, device):
     guard = overlap.guard(kernel, args, kwargs, dyn_offset) if early else None
     compute, meta_out = _meta_call(kernel, args, kwargs)
     entry = Entry()
+    note_build(kernel, entry)
     entry.default_dtype = torch.get_default_dtype()  # (what the meta call and the trace see)
     entry.overlap = guard if early else overlap.guard(kernel, args, kwargs, dyn_offset)
     entry.anchor = zlib.crc32(repr((kernel.name, key)).encode()) % fusion.ANCHOR_EVERY == 0
@@ -149,6 +150,16 @@ def build_entry(kernel, key, args, kwargs, records, device):
         if any(records[s].nbytes >= DONATE_BYTES for s in entry.mutated_slots):
             entry.traced = fn
     return entry
+
+
+def note_build(kernel, entry):
+    """The fused mode's clock at a build: `entry` is fresh (eager/fusion.py FRESH_SYNCS) when its
+    kernel also built an executable in an earlier sync window not long before."""
+    now = fusion._syncs[0]
+    before, last = kernel.build_windows
+    if last != now:
+        before, last = kernel.build_windows = (last, now)
+    entry.fresh = before is not None and now - before <= fusion.FRESH_SYNCS
 
 
 def op_jit(entry, attr, fn, name=None, **jit_kwargs):
