@@ -193,10 +193,15 @@ class _OptionsAtFirstCall:
         jitted = self.jitted
         if jitted is None:
             user, fn = self.entry.xla, self.__wrapped__
-            traced = jax.jit(fn, compiler_options=user, **self.jit_kwargs).trace(*dyn)
-            jitted = self.jitted = jax.jit(
-                fn, compiler_options=xla_options.op_options(user, traced.jaxpr), **self.jit_kwargs
-            )
+            # traced under the options of a program without a reduction (most ops), whose call below
+            # reuses the trace (JAX keeps it); one that reduces is traced again under its own. (Traced
+            # under the user's options and jitted again, every op was traced twice: 2-4 ms each.)
+            guess = xla_options.op_options(user)
+            jitted = jax.jit(fn, compiler_options=guess, **self.jit_kwargs)
+            chosen = xla_options.op_options(user, jitted.trace(*dyn).jaxpr)
+            if chosen != guess:
+                jitted = jax.jit(fn, compiler_options=chosen, **self.jit_kwargs)
+            self.jitted = jitted
             current = getattr(self.entry, self.attr)
             if getattr(current, "run", None) is self:  # the TPU compile check's wrapper: it keeps checking
                 current.run = jitted
