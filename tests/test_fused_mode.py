@@ -491,10 +491,10 @@ def test_a_new_length_per_step_in_every_layer_compiles_nothing_per_position(fuse
     dynamic KV cache's `cat` and attention: one new shape per step, called once per layer): those
     executables run at once all step ("fresh": their kernels built others one step before), so the
     layer's segment does not become a new key per position, compiled once per position."""
-    w = torch.randn(8, 8)
+    w = torch.randn(11, 11)  # (shapes no other test uses)
 
     def decode(h, steps, layers=10):
-        caches = [torch.zeros(1, 1, 8, device=h.device) for _ in range(layers)]
+        caches = [torch.zeros(1, 1, 11, device=h.device) for _ in range(layers)]
         for _ in range(steps):
             for i in range(layers):
                 x = torch.tanh(h @ w.to(h.device)) * 0.5 + 0.1  # fixed shapes
@@ -504,14 +504,14 @@ def test_a_new_length_per_step_in_every_layer_compiles_nothing_per_position(fuse
                 break
         return h
 
-    h0 = torch.randn(1, 8)
+    h0 = torch.randn(1, 11)
     expected = decode(h0, 14)
     compiles = _count("fused_compiles")
     for _call in range(2):
         assert_close(decode(h0.to("tpu"), 14).cpu(), expected)
     # the fixed-shape stretches between the appends: a few segments, whatever the number of steps
-    # (before: 12 in 9 steps, one or more per position)
-    assert _count("fused_compiles") - compiles <= 4, _count("fused_compiles") - compiles
+    # (4-6 here, with the earlier tests' executables or without; before: 17, one or more per position)
+    assert _count("fused_compiles") - compiles <= 8, _count("fused_compiles") - compiles
 
 
 def test_every_host_read_counts_on_the_sync_clock(fused):
