@@ -39,7 +39,6 @@ from . import (
 from .build import META_OVERRIDES
 from .engine import OpKernel, describe_last_call, forget_last_call
 from .entry import CONSTANT_BYTES, scalar_key
-from .fusion import Pending
 
 aten = torch.ops.aten
 CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
