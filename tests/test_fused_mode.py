@@ -484,3 +484,53 @@ def test_a_segment_that_ran_keeps_nothing_but_its_results(fused):
     assert type(pending) is Pending and pending.value is not None
     assert pending.segment.steps is None and pending.segment.external is None
     assert_close(w.cpu(), w_cpu)
+
+
+def test_a_new_length_per_step_in_every_layer_compiles_nothing_per_position(fused):
+    """A decoding step whose every layer appends to its own cache and reads the whole of it (the
+    dynamic KV cache's `cat` and attention: one new shape per step, called once per layer): those
+    executables run at once all step ("fresh": their kernels built others one step before), so the
+    layer's segment does not become a new key per position, compiled once per position."""
+    w = torch.randn(11, 11)  # (shapes no other test uses)
+
+    def decode(h, steps, layers=10):
+        caches = [torch.zeros(1, 1, 11, device=h.device) for _ in range(layers)]
+        for _ in range(steps):
+            for i in range(layers):
+                x = torch.tanh(h @ w.to(h.device)) * 0.5 + 0.1  # fixed shapes
+                caches[i] = torch.cat([caches[i], x[:, None]], dim=1)  # length L + 1, in every layer
+                h = (caches[i] * x[:, None]).sum(1).softmax(-1)  # over the whole cache
+            if h.sum().item() < -1:  # a sync every step
+                break
+        return h
+
+    h0 = torch.randn(1, 11)
+    expected = decode(h0, 14)
+    compiles = _count("fused_compiles")
+    for _call in range(2):
+        assert_close(decode(h0.to("tpu"), 14).cpu(), expected)
+    # the fixed-shape stretches between the appends: a few segments, whatever the number of steps
+    # (4-6 here, with the earlier tests' executables or without; before: 17, one or more per position)
+    assert _count("fused_compiles") - compiles <= 8, _count("fused_compiles") - compiles
+
+
+def test_every_host_read_counts_on_the_sync_clock(fused):
+    """The clock of "cold" counts host reads; a read of a value whose segment already ran, and a
+    non-blocking copy of a value not queued, counted nothing, so a loop whose stop flag was computed
+    at once (by cold ops) stopped the clock and found its ops cold forever."""
+    a = torch.randn(6, 5)
+    x = a.to("tpu")
+    for _ in range(3):  # warm: queued from now on
+        y = (x * 3).exp()
+        y.cpu()
+    y = (x * 3).exp()
+    assert type(record_of(y)._buffer) is Pending
+    torch.tpu.synchronize()  # runs the segment (one sync); y's buffer keeps its Pending, with a value
+    syncs = fusion._syncs[0]
+    assert_close(y.cpu(), (a * 3).exp())
+    assert fusion._syncs[0] == syncs + 1
+    dst = torch.zeros(6, 5, pin_memory=True)
+    dst.copy_(x, non_blocking=True)  # x: not queued
+    torch.tpu.synchronize()
+    assert fusion._syncs[0] == syncs + 3  # the copy, then synchronize
+    assert_close(dst, a)

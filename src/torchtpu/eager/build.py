@@ -96,6 +96,7 @@ def build_entry(kernel, key, args, kwargs, records, device):
     guard = overlap.guard(kernel, args, kwargs, dyn_offset) if early else None
     compute, meta_out = _meta_call(kernel, args, kwargs)
     entry = Entry()
+    note_build(kernel, entry)
     entry.default_dtype = torch.get_default_dtype()  # (what the meta call and the trace see)
     entry.overlap = guard if early else overlap.guard(kernel, args, kwargs, dyn_offset)
     entry.anchor = zlib.crc32(repr((kernel.name, key)).encode()) % fusion.ANCHOR_EVERY == 0
@@ -151,6 +152,16 @@ def build_entry(kernel, key, args, kwargs, records, device):
     return entry
 
 
+def note_build(kernel, entry):
+    """The fused mode's clock at a build: `entry` is fresh (eager/fusion.py FRESH_SYNCS) when its
+    kernel also built an executable in an earlier sync window not long before."""
+    now = fusion._syncs[0]
+    before, last = kernel.build_windows
+    if last != now:
+        before, last = kernel.build_windows = (last, now)
+    entry.fresh = before is not None and now - before <= fusion.FRESH_SYNCS
+
+
 def op_jit(entry, attr, fn, name=None, **jit_kwargs):
     """`jax.jit(fn)` for `entry.<attr>`, compiled with the options eager/xla_options.py's op_options
     picks from what the op computes (known at its first call); the user's options (entry.xla) alone
@@ -182,10 +193,15 @@ class _OptionsAtFirstCall:
         jitted = self.jitted
         if jitted is None:
             user, fn = self.entry.xla, self.__wrapped__
-            traced = jax.jit(fn, compiler_options=user, **self.jit_kwargs).trace(*dyn)
-            jitted = self.jitted = jax.jit(
-                fn, compiler_options=xla_options.op_options(user, traced.jaxpr), **self.jit_kwargs
-            )
+            # traced under the options of a program without a reduction (most ops), whose call below
+            # reuses the trace (JAX keeps it); one that reduces is traced again under its own. (Traced
+            # under the user's options and jitted again, every op was traced twice: 2-4 ms each.)
+            guess = xla_options.op_options(user)
+            jitted = jax.jit(fn, compiler_options=guess, **self.jit_kwargs)
+            chosen = xla_options.op_options(user, jitted.trace(*dyn).jaxpr)
+            if chosen != guess:
+                jitted = jax.jit(fn, compiler_options=chosen, **self.jit_kwargs)
+            self.jitted = jitted
             current = getattr(self.entry, self.attr)
             if getattr(current, "run", None) is self:  # the TPU compile check's wrapper: it keeps checking
                 current.run = jitted

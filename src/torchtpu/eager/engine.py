@@ -133,6 +133,8 @@ class OpKernel:
         self.host_check = None
         # eager/kernels.py: a first call it serves another way (a cat of many tensors, in chunks), or None
         self.split_call = None
+        # the sync windows of its last two builds (eager/build.py note_build)
+        self.build_windows = (None, None)
         self.lock = threading.RLock()
         _KERNELS.append(self)
 

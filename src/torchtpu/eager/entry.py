@@ -87,6 +87,7 @@ class Entry:
         "fn_gated",
         "fn_gated_donating",
         "follows_default_dtype",
+        "fresh",
         "gated_ran",
         "host_checked",
         "last_sync",
@@ -117,6 +118,9 @@ class Entry:
         self.last_sync = -1 << 40  # "fused" mode: when it was last queued, in syncs (eager/fusion.py)
         self.cold = True  # "fused" mode: whether its first call in that sync window was cold
         self.window_calls = 0  # "fused" mode: its calls in that sync window
+        # "fused" mode: built in a sync window just after its kernel built one in an earlier window (a
+        # new shape per decoding position): a window whose first call finds it cold, it stays cold
+        self.fresh = False
         self.consts = None  # small tensor-free ops (torch.full, scalar_tensor): scalars -> results
         self.memo = None  # other small deterministic ops: (input buffer ids, scalars) -> results
         self.memo_misses = 0  # calls that found nothing in `memo` before its first hit

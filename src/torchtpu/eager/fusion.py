@@ -84,6 +84,13 @@ RECENT = 16
 COMPILE_AT = 3
 HOT_SYNCS = 8
 COLD_CALLS = 4
+# ... except a "fresh" executable, built in a sync window at most FRESH_SYNCS after its kernel built
+# another (eager/build.py note_build): a new shape per decoding position (the growing KV cache's
+# `cat`, attention over it), called by every layer of its step. Cold at its first call in a window,
+# it stays cold all that window: else each layer's segment, a new key per position, was compiled
+# once per position (16 of a 16-token generate()'s 20 compiles; at 1-2 s of XLA:CPU each, mostly
+# ready after their step, of use only to a later generate() of exactly those lengths).
+FRESH_SYNCS = 8
 _MAX_KEYS = 4096  # segments remembered as seen before that memory is cleared
 # "background" (default): segments compile on a worker thread while they keep running op by op;
 # "now": in the flush that decides to compile (deterministic counts, for tests).
@@ -162,7 +169,9 @@ def defer(entry, inputs, scalars, device, mutated=(), fn=None):
             entry.window_calls = 0
         entry.window_calls += 1
         segment = _open.get(device)
-        if entry.cold and entry.window_calls <= COLD_CALLS:
+        if entry.cold and (entry.window_calls <= COLD_CALLS or entry.fresh):
+            if entry.fresh:  # cold all window (the C++ queue asks here while calls <= COLD_CALLS)
+                entry.window_calls = 1
             # run now, outside any segment, so the segments around it repeat from one step to the
             # next: only its inputs still queued in the open segment end that segment first
             if segment is not None and any(type(b) is Pending and b.segment is segment for b in inputs):
@@ -195,7 +204,7 @@ class _Combination:
     """The maximum of `n` int32 verdicts on one device (eager/asserts.py poison: a write's gate), an
     executable that is queued like an op (`queued_maximum`) or called at once (`maximum`)."""
 
-    __slots__ = ("anchor", "cold", "fn", "last_sync", "n_results", "window_calls")
+    __slots__ = ("anchor", "cold", "fn", "fresh", "last_sync", "n_results", "window_calls")
 
     def __init__(self, device, n):
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
@@ -206,6 +215,7 @@ class _Combination:
         self.anchor = False
         self.last_sync = -1 << 40
         self.cold = True
+        self.fresh = False
         self.window_calls = 0
 
 
@@ -270,6 +280,15 @@ def count_sync():
     compiled forward's generate(), say) must not find every op cold when the fused mode comes back."""
     if _mode[0] == "fused":
         _syncs[0] += 1
+
+
+def count_read(buffer):
+    """A host read of `buffer` (a copy to the host, blocking or not): a sync point, counted here
+    unless reading it runs its queued segment, which counts itself. (A value that is not queued, or
+    whose segment already ran, ended by a cold op that took another of its results, was not counted:
+    generate()'s stop flag, computed by cold ops, then stopped the clock, and every op stayed cold.)"""
+    if type(buffer) is not Pending or buffer.value is not None:
+        count_sync()
 
 
 def forget():

@@ -39,7 +39,6 @@ from . import (
 from .build import META_OVERRIDES
 from .engine import OpKernel, describe_last_call, forget_last_call
 from .entry import CONSTANT_BYTES, scalar_key
-from .fusion import Pending
 
 aten = torch.ops.aten
 CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
@@ -210,8 +209,7 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     if few is not None:
         return few
     t, r = _whole(t, r)
-    if type(r._buffer) is not Pending:  # (reading a queued value counts itself, when it runs the queue)
-        fusion.count_sync()
+    fusion.count_read(r._buffer)
     if r.buffer is None:
         out = np.zeros(tuple(t.shape), dt.storage_jax(t.dtype))
     else:
@@ -343,6 +341,7 @@ def _copy_to_host_async(dst, src):
     """`dst.copy_(src, non_blocking=True)` into pinned host memory: the transfer starts now and
     lands at the device's next sync point (eager/host_copies.py), as CUDA's does."""
     src, r = _whole(src, record_of(src))
+    fusion.count_read(r._buffer)
     buffer = r.buffer
     if buffer is None:  # never written: nothing on the device to wait for
         return dst.copy_(dt.cpu_from_numpy(np.zeros(tuple(src.shape), dt.storage_jax(src.dtype)), src.dtype))
