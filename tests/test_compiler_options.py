@@ -65,7 +65,7 @@ def test_compiled_graph_compiles_with_the_options(tmp_path):
 def test_one_op_executables_take_the_small_program_emitters_on_xla_cpu(tmp_path):
     """One eager op without a reduction compiles with XLA:CPU's LLVM IR fusion emitters (less compile
     time for a small program); a reduction keeps XLA's emitters; both take LLVM's -O1; a compiled
-    graph keeps XLA's defaults; the user's option wins."""
+    graph keeps XLA's emitters and takes -O1 too; the user's option wins."""
     cco = torch.tpu.compiler.custom_compiler_options
     x = torch.randn(_fresh_shape(), device="tpu")
     with cco({"xla_dump_to": str(tmp_path / "op")}):
@@ -84,7 +84,8 @@ def test_one_op_executables_take_the_small_program_emitters_on_xla_cpu(tmp_path)
         torch.testing.assert_close(f(x).cpu(), torch.sin(x.cpu()) * 2 + x.cpu())
     dumped = _debug_options(tmp_path / "graph")
     assert dumped and not any("xla_cpu_use_fusion_emitters" in t for t in dumped)
-    assert not any("xla_backend_optimization_level: 1" in t for t in dumped)
+    assert all("xla_backend_optimization_level: 1" in t for t in dumped)
+    assert xla_options.graph_options({"xla_backend_optimization_level": 3}) == {"xla_backend_optimization_level": 3}
 
     with cco({"xla_dump_to": str(tmp_path / "user"), "xla_cpu_use_fusion_emitters": True}):
         assert xla_options.op_options(xla_options.jax_options())["xla_cpu_use_fusion_emitters"] is True

@@ -455,7 +455,7 @@ class CompiledGraph:
             lowered = jitted.lower(*entry.sample)
             t1 = time.perf_counter()
             options._maybe_dump(self, lowered)
-            entry.xla = xla_options.jax_options()  # keyed in _key
+            entry.xla = xla_options.graph_options(xla_options.jax_options())  # the user's part keyed in _key
             host_pages.give_back_heap()  # (tracing's garbage: the compile's transient is not added to it)
             entry.fn = lowered.compile(entry.xla)
             del lowered
@@ -489,7 +489,7 @@ class CompiledGraph:
         """The executable as the graph's placement compiles it (no donation: its buffers are this
         process's shards of global arrays)."""
         entry.donate = False
-        entry.xla = xla_options.jax_options()  # keyed in _key
+        entry.xla = xla_options.graph_options(xla_options.jax_options())  # the user's part keyed in _key
         t0 = time.perf_counter()
         entry.fn, lowered = self.placement.compile(traced, entry.sample, entry.xla, self.where)
         options._maybe_dump(self, lowered)
