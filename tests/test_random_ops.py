@@ -89,3 +89,19 @@ def test_generator_state_reproducible():
     b = torch.rand(100, device="tpu").cpu()
     c = torch.rand(100, device="tpu").cpu()
     assert torch.equal(a, b) and not torch.equal(b, c)
+
+
+def test_multinomial_of_one_sample_is_the_first_of_the_top_k():
+    """One sample without replacement takes an argmax (no sort): the same draw as the first of a
+    larger Gumbel-top-k with the same generator state, and frequencies that follow the weights."""
+    probs = torch.rand(300, 7, dtype=torch.float64)
+    probs[:, 3] = 0.0  # a zero weight is never drawn
+    d = probs.to("tpu")
+    one = torch.multinomial(d, 1, generator=torch.Generator("tpu").manual_seed(5)).cpu()
+    top = torch.multinomial(d, 4, generator=torch.Generator("tpu").manual_seed(5)).cpu()
+    assert one.shape == (300, 1) and one.dtype == torch.int64
+    assert torch.equal(one, top[:, :1])
+    assert not (one == 3).any()
+    w = torch.tensor([0.1, 0.6, 0.3], dtype=torch.float64)
+    draws = torch.multinomial(w.to("tpu").expand(20000, 3).contiguous(), 1).cpu().flatten()
+    torch.testing.assert_close(torch.bincount(draws, minlength=3).double() / 20000, w, atol=0.02, rtol=0)

@@ -32,6 +32,7 @@ from . import (
     fastpath,
     fusion,
     host_copies,
+    host_fills,
     interrupts,
     storage_kernels,
     tpu_check,
@@ -171,18 +172,25 @@ _HOST_COPY_BYTES = 4 << 20
 
 
 def _few_from_host_copy(t, r):
-    buffer = r._buffer
     if (
         t.numel() > _FEW_ELEMENTS
         or r.nbytes > _HOST_COPY_BYTES
         or t.dtype != r.dtype
         or t.is_conj()  # (lazily conjugated or negated views: their values are not the stored ones)
         or t.is_neg()
-        or not isinstance(buffer, jax.Array)
+        or r._buffer is None
         or covers(t, r)
     ):
         return None
-    fusion.count_sync()
+    if type(r._buffer) is Pending:
+        # a value still queued: run its segment (which counts the sync) rather than queue a gather
+        # of this view, a program per view layout (`all(verdicts)` reads each element of a new shape)
+        buffer = r.buffer
+    else:
+        buffer = r._buffer
+        if not isinstance(buffer, jax.Array):
+            return None
+        fusion.count_sync()
     flat = np.asarray(buffer).reshape(-1)
     size = flat.itemsize
     out = np.lib.stride_tricks.as_strided(
@@ -813,6 +821,9 @@ def _register_engine_kernels(fast):
     attention.register()
     for op in (aten.cat.default, aten.stack.default):
         kernel_for(op).split_call = _cat_in_chunks
+    for op, serve in ((aten.fill_.Scalar, host_fills.fill), (aten.zero_.default, host_fills.zero)):
+        kernel_for(op).split_call = serve
+    kernel_for(aten.full.default).split_call = host_fills.full
     for op, kernel in deferred:
         if op in _registered or op_name(op) in _registered:  # a later registration took the overload over
             continue

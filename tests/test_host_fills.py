@@ -1,0 +1,96 @@
+"""Small fills of a new shape come from the host without an executable (eager/host_fills.py), with
+the CPU's values; reads of a few elements of a queued small tensor need no program either."""
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu.eager import host_fills
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.uint8,
+          torch.bool, torch.complex64]  # fmt: skip
+
+
+def _compiles():
+    return torchtpu.metrics()["eager_compiles"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fills_of_new_shapes_match_the_cpu_without_compiling(dtype):
+    before = _compiles()
+    for shape in [(3,), (2, 7), (1, 3, 5)]:
+        for value in [0, 1, -3, 2.75, -0.0, float("nan"), True]:
+            if not dtype.is_floating_point and not dtype.is_complex and isinstance(value, float):
+                continue  # (PyTorch's own overflow/NaN checks: the host check, as before)
+            if dtype == torch.uint8 and value == -3:
+                continue
+            torch.testing.assert_close(
+                torch.full(shape, value, dtype=dtype, device="tpu").cpu(),
+                torch.full(shape, value, dtype=dtype),
+                equal_nan=True,
+            )
+        torch.testing.assert_close(torch.ones(shape, dtype=dtype, device="tpu").cpu(), torch.ones(shape, dtype=dtype))
+        torch.testing.assert_close(torch.zeros(shape, dtype=dtype, device="tpu").cpu(), torch.zeros(shape, dtype=dtype))
+    assert _compiles() == before
+
+
+def test_full_infers_the_dtype_and_keeps_signs():
+    assert torch.full((2,), True, device="tpu").dtype == torch.bool
+    assert torch.full((2,), 3, device="tpu").dtype == torch.int64
+    assert torch.full((2,), 3.0, device="tpu").dtype == torch.get_default_dtype()
+    assert torch.signbit(torch.full((4,), -0.0, device="tpu").cpu()).all()
+    x = torch.full((2, 2), 2.5, device="tpu")
+    x.add_(1)  # the written storage gets a new buffer; a later fill of the same value is unchanged
+    torch.testing.assert_close(torch.full((2, 2), 2.5, device="tpu").cpu(), torch.full((2, 2), 2.5))
+    torch.testing.assert_close(x.cpu(), torch.full((2, 2), 3.5))
+
+
+def test_fill_of_a_view_or_shared_storage_writes_through():
+    base = torch.randn(4, 5)
+    t = base.to("tpu")
+    alias = t.view(20)
+    t.fill_(1.5)  # the whole storage: every alias sees it
+    torch.testing.assert_close(alias.cpu(), torch.full((20,), 1.5))
+    t[1].fill_(-2.0)  # a part: the engine's scatter, the rest kept
+    expected = torch.full((4, 5), 1.5)
+    expected[1] = -2.0
+    torch.testing.assert_close(t.cpu(), expected)
+    t.zero_()
+    torch.testing.assert_close(alias.cpu(), torch.zeros(20))
+
+
+def test_fill_keeps_the_cpu_errors():
+    x = torch.zeros(3, dtype=torch.uint8, device="tpu")
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.full((3,), 300, dtype=torch.uint8, device="tpu")
+    with pytest.raises(RuntimeError, match="overflow"):
+        x.fill_(300)
+
+
+def test_recurring_fill_gets_its_executable(monkeypatch):
+    monkeypatch.setattr(host_fills, "HOST_CALLS", 2)
+    before = _compiles()
+    for i in range(4):
+        torch.testing.assert_close(torch.full((3, 11), i, device="tpu").cpu(), torch.full((3, 11), i))
+    assert _compiles() == before + 1
+
+
+def test_large_fill_is_not_made_on_the_host():
+    big = host_fills.HOST_BYTES // 4 + 1
+    before = _compiles()
+    torch.testing.assert_close(torch.ones(big, device="tpu")[-3:].cpu(), torch.ones(3))
+    assert _compiles() > before
+
+
+def test_fill_of_a_queued_tensor_and_reading_its_elements():
+    """In the fused mode a tensor computed by queued ops can be refilled, and its elements read one by
+    one (`all(verdicts)`), without a program per element view."""
+    a = torch.randn(6, device="tpu")
+    b = (a * 2).exp()  # queued or run: either way b has a value
+    b.fill_(0.25)
+    torch.testing.assert_close(b.cpu(), torch.full((6,), 0.25))
+    v = torch.rand(5).to("tpu") > 0.5
+    w = v | torch.full((5,), False, device="tpu")
+    before = _compiles()
+    assert [bool(e) for e in w] == [bool(e) for e in v.cpu()]
+    assert _compiles() == before
