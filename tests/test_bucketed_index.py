@@ -64,9 +64,11 @@ def test_index_add_copy_fill_over_lengths_match_the_cpu(dtype):
             src_shape = (n, 9) if dim == 0 else (10, n)
             src = _values(src_shape, dtype, gen)
             xt, it, st = x.to(DEV), index.to(DEV), src.to(DEV)
-            assert _same(xt.index_add(dim, it, st, alpha=2), x.index_add(dim, index, src, alpha=2)), (n, dim)
+            assert _same(xt.index_add(dim, it, st), x.index_add(dim, index, src)), (n, dim)
             unique = torch.randperm(size, generator=gen)[: min(n, size)]
             src_u = src.narrow(dim, 0, unique.shape[0])
+            got = xt.index_add(dim, unique.to(DEV), src_u.to(DEV), alpha=2)
+            assert _same(got, x.index_add(dim, unique, src_u, alpha=2)), (n, dim)
             got = xt.index_copy(dim, unique.to(DEV), src_u.to(DEV))
             assert _same(got, x.index_copy(dim, unique, src_u)), (n, dim)
             assert _same(xt.index_fill(dim, it - size, -0.0), x.index_fill(dim, index - size, -0.0)), (n, dim)
@@ -116,7 +118,8 @@ def test_put_and_scatters_over_lengths_match_the_cpu(dtype):
             got = xt.scatter_reduce(0, rows.to(DEV), vals.to(DEV), reduce, include_self=False)
             assert _same(got, x.scatter_reduce(0, rows, vals, reduce, include_self=False)), (n, reduce)
         cols = torch.stack([torch.randperm(5, generator=gen)[: min(n, 5)] for _ in range(6)])
-        assert _same(xt.scatter(1, cols.to(DEV), vals[:6].to(DEV)), x.scatter(1, cols, vals[:6])), n
+        rows6 = _values((6, 5), dtype, gen)
+        assert _same(xt.scatter(1, cols.to(DEV), rows6.to(DEV)), x.scatter(1, cols, rows6)), n
         assert _same(xt.scatter(1, cols.to(DEV), -0.0), x.scatter(1, cols, -0.0)), n
 
 
@@ -167,3 +170,26 @@ def test_tier_up_after_repeated_calls():
     want = torch.zeros(9)
     want[1], want[4] = 2 * (bucketed_index.TIER_UP + 3), bucketed_index.TIER_UP + 3
     assert _same(x, want)
+
+
+def test_padding_on_the_device_matches_the_cpu(monkeypatch):
+    """Bigger indices and sources are padded by a program on the device (views read there)."""
+    monkeypatch.setattr(bucketed_index, "HOST_PAD_BYTES", 0)
+    bucketed_index._pads.clear()
+    gen = torch.Generator().manual_seed(6)
+    for n in (3, 9, 20):
+        x = _values((8, 6), torch.float32, gen)
+        index = torch.stack([torch.randint(0, 8, (n,), generator=gen)] * 2).T.reshape(-1)[::2]
+        src = _values((2 * n, 12), torch.float32, gen)[::2, ::2]
+        got = x.to(DEV).index_add(0, index.to(DEV), src.to(DEV))
+        assert _same(got, x.index_add(0, index, src)), n
+        neg = src.to(DEV).to(torch.complex64).conj()  # a lazily conjugated view, padded as its value
+        xc = x.to(torch.complex64)
+        assert _same(
+            torch.view_as_real(xc.to(DEV).index_add(0, index.to(DEV), neg)),
+            torch.view_as_real(xc.index_add(0, index, src.to(torch.complex64).conj())),
+        ), n
+        flat = torch.randint(-48, 48, (2, n), generator=gen)
+        vals = _values((2, n), torch.float32, gen)
+        assert _same(x.to(DEV).put(flat.to(DEV), vals.to(DEV), True), x.put(flat, vals, True)), n
+    assert bucketed_index._pads  # (the device programs ran)

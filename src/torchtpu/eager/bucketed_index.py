@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 import threading
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -327,6 +329,8 @@ def _pad(found, records, n, shapes, xla, op_jit):
         parts.append((layout, bits, buffer_shape, axis, flatten, repr(fill), fill, shape))
     if not parts:
         return None, (), ()
+    if _on_host(parts, records, slots):
+        return _HostPad(parts, n), tuple(slots), tuple(offs)
     key = (tuple(p[:6] + p[7:] for p in parts), n, xla and tuple(sorted(xla.items())))
     pad = _pads.get(key)
     if pad is not None:
@@ -353,3 +357,52 @@ def _pad(found, records, n, shapes, xla, op_jit):
 
     pad.fn = op_jit(pad, "fn", padding, f"a pad of index arguments to {shapes}")
     return pad, tuple(slots), tuple(offs)
+
+
+# Padded tensors of at most HOST_PAD_BYTES in all are padded on the host: a program per new length
+# costs an XLA compile (50-100 ms on XLA:CPU, as much as the op's own program for a small index_put),
+# a round trip of a few KiB microseconds. It waits for the index's value (a stall, once per new
+# length until the entry tiers up), cheaper than the compile it saves.
+HOST_PAD_BYTES = 1 << 16
+
+
+def _on_host(parts, records, slots):
+    total = 0
+    for (layout, *_, shape), slot in zip(parts, slots):
+        dtype = layout[3]
+        if dtype != dt.stored(dt.element(records[slot].dtype)):  # (a view as another dtype: the device reads it)
+            return False
+        total += math.prod(shape) * dtype.itemsize
+    return total <= HOST_PAD_BYTES
+
+
+class _HostPad:
+    """`fn(*buffers, *offsets)`: the padded arrays of `parts`, made on the host and sent back."""
+
+    __slots__ = ("n", "parts")
+
+    def __init__(self, parts, n):
+        self.parts, self.n = parts, n
+
+    def fn(self, *dyn):
+        offsets = dyn[len(self.parts) :]
+        out = []
+        for buffer, (layout, bits, _, axis, flatten, _, fill, shape) in zip(dyn, self.parts):
+            view_shape, stride, off, dtype = layout[:4]
+            if type(off) is DynOffset:
+                off = offsets[off.index]
+            flat = np.asarray(buffer).reshape(-1)
+            v = np.lib.stride_tricks.as_strided(
+                flat[off:], view_shape, [st * flat.itemsize for st in stride], writeable=False
+            )
+            if bits[0]:
+                v = np.conj(v)
+            if bits[1]:
+                v = -v
+            if flatten:
+                v = v.reshape(-1)
+            padded = np.full(shape, fill, dtype=flat.dtype)
+            cut = tuple(slice(0, self.n) if d == axis else slice(None) for d in range(v.ndim))
+            padded[cut] = v[cut]
+            out.append(jax.device_put(padded, buffer.sharding))
+        return tuple(out)

@@ -220,6 +220,15 @@ def _scatter_add(x, at, v):
     return x.at[at].add(v)
 
 
+def _scatter_add_rounded_once(x, at, v):
+    """_scatter_add as the CPU's scatter_add and index_add: half types summed in float32, rounded once
+    (XLA:CPU's half scatter rounds after each update: duplicate indices differed)."""
+    if x.dtype not in (jnp.bfloat16, jnp.float16):
+        return _scatter_add(x, at, v)
+    acc = opmath(x.dtype)
+    return _scatter_add(x.astype(acc), at, v.astype(acc)).astype(x.dtype)
+
+
 def _scatter_mul(x, at, v):
     """x.at[at].multiply(v); on bool, a logical and; complex on XLA:CPU: the products of `multiply`,
     which the scatter's own combiner would round otherwise (the elementwise `*=` and the scatter must
@@ -281,13 +290,13 @@ def scatter(x, dim, index, src):
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     at, _ = _scatter_target(x, dim, index)
     v = _src(src, index, x.dtype)
-    return _scatter_add(x, at, v) if reduce == "add" else _scatter_mul(x, at, v)
+    return _scatter_add_rounded_once(x, at, v) if reduce == "add" else _scatter_mul(x, at, v)
 
 
 @lowering("scatter_add", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads)
 def scatter_add(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
-    return _scatter_add(x, at, _src(src, index, x.dtype))
+    return _scatter_add_rounded_once(x, at, _src(src, index, x.dtype))
 
 
 def _scatter_reduce(x, at, v, reduce, include_self, counts=None, fold=None):
@@ -369,10 +378,14 @@ def index_add(x, dim, index, source, alpha=1):
         return x + source.reshape(()).astype(x.dtype) * alpha
     dim = _dim(dim, x.ndim)
     _check(index, x.shape[dim], dim, False)
+    at = _along(dim, x.ndim, index.reshape(-1))
+    one = isinstance(alpha, (int, float)) and alpha == 1
+    if one:  # (with another alpha the CPU rounds half types otherwise, per path: not matched bit for bit)
+        return _scatter_add_rounded_once(x, at, source.astype(x.dtype))
     src = source.astype(x.dtype)
-    if not (isinstance(alpha, (int, float)) and alpha == 1):
+    if not one:
         src = (src * alpha).astype(x.dtype)
-    return _scatter_add(x, _along(dim, x.ndim, index.reshape(-1)), src)
+    return _scatter_add(x, at, src)
 
 
 # index_copy writing a small slab into a large array (a static KV cache's new position) is a scatter at
