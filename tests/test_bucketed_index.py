@@ -193,3 +193,16 @@ def test_padding_on_the_device_matches_the_cpu(monkeypatch):
         vals = _values((2, n), torch.float32, gen)
         assert _same(x.to(DEV).put(flat.to(DEV), vals.to(DEV), True), x.put(flat, vals, True)), n
     assert bucketed_index._pads  # (the device programs ran)
+
+
+def test_repeated_calls_with_views_at_offsets():
+    """The C++ fast path calls the bucketed executable again (offsets of views as it passes them)."""
+    gen = torch.Generator().manual_seed(7)
+    base = torch.randint(0, 9, (40,), generator=gen)
+    src = _values((40, 4), torch.float32, gen)
+    x = _values((9, 4), torch.float32, gen)
+    xt, bt, st = x.to(DEV), base.to(DEV), src.to(DEV)
+    for start in range(1, 12):  # the same shapes, another offset each call
+        xt.index_add_(0, bt[start : start + 5], st[start : start + 5])
+        x.index_add_(0, base[start : start + 5], src[start : start + 5])
+    assert _same(xt, x)

@@ -390,7 +390,7 @@ class _HostPad:
         for buffer, (layout, bits, _, axis, flatten, _, fill, shape) in zip(dyn, self.parts):
             view_shape, stride, off, dtype = layout[:4]
             if type(off) is DynOffset:
-                off = offsets[off.index]
+                off = int(offsets[off.index])  # (the C++ fast path may pass it as a kept device array)
             flat = np.asarray(buffer).reshape(-1)
             v = np.lib.stride_tricks.as_strided(
                 flat[off:], view_shape, [st * flat.itemsize for st in stride], writeable=False
