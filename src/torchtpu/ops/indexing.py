@@ -93,6 +93,11 @@ def _along_dim_pads(self, dim, index, source=None, *_, **__):
     return plan
 
 
+def _index_copy_pads(self, dim, index, source, *_, **__):
+    # one position per call (a static KV cache's step) repeats its shape and has its own path (_select_one)
+    return None if index.numel() == 1 else _along_dim_pads(self, dim, index, source)
+
+
 def _index_fill_pads(self, dim, index, *_, **__):
     return _along_dim_pads(self, dim, index)
 
@@ -412,7 +417,7 @@ def _flat_offsets(shape, dim, index, src_shape):
     return jnp.where(valid[lax.broadcasted_iota(jnp.int32, src_shape, dim)], offsets, stride)
 
 
-@lowering("index_copy", write_overlap=INDEXED_WRITE, index_buckets=_along_dim_pads)
+@lowering("index_copy", write_overlap=INDEXED_WRITE, index_buckets=_index_copy_pads)
 def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(()).astype(x.dtype)
