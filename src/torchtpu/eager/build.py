@@ -16,7 +16,7 @@ from ..ops.argument_checks import deterministic_alerts_off
 from ..ops.resolve import functional_twin, resolve
 from ..ops.table import declared_facts
 from ..storage.records import RECORDS, contiguous_strides, is_dense, memory_order
-from . import bucketed_draws, fastpath, fusion, interrupts, overlap, tpu_check, xla_options
+from . import bucketed_draws, bucketed_index, fastpath, fusion, interrupts, overlap, tpu_check, xla_options
 from .entry import (
     CONSTANT_BYTES,
     DONATE_BYTES,
@@ -144,6 +144,8 @@ def build_entry(kernel, key, args, kwargs, records, device):
     else:
         # a random fill of a new shape draws through a shared executable per size bucket
         bucketed = bucketed_draws.fill(kernel, entry, program, fn, records, name, op_jit)
+        # an indexed write through an index of a new length pads it to a size bucket
+        bucketed = bucketed or bucketed_index.build(kernel, entry, program, fn, records, args, kwargs, name, op_jit)
         entry.fn = bucketed or op_jit(entry, "fn", fn, name)
         if entry.mutated_slots:
             entry.source = program  # (its gated form: engine._gated)

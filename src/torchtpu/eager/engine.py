@@ -126,6 +126,7 @@ class OpKernel:
         self.aliased_returns = [_aliased_name(schema, r) for r in schema.returns]
         self.random = False  # set at registration: the lowering takes a PRNG key
         self.draws_by_index = False  # set at registration: eager/bucketed_draws.py may draw it
+        self.index_buckets = None  # set at registration: eager/bucketed_index.py may pad its index
         self.specialize_scalars = False  # set when the op runs through a traced decomposition
         # set when its lowering read torch's float32 matmul precision: the setting keys the cache
         self.precision_sensitive = False

@@ -449,6 +449,7 @@ def kernel_for(op) -> OpKernel:
         low = LOWERINGS.get(name) or (LOWERINGS.get(op_name(twin[0])) if twin else None)
         k.random = bool(low and low.random)
         k.draws_by_index = bool(low and low.draws_by_index)
+        k.index_buckets = low.index_buckets if low is not None else None
         for i, a in enumerate(op._schema.arguments):
             if low is not None and a.name in low.traced:  # e.g. a fused optimizer's lr
                 if a.kwarg_only:

@@ -51,11 +51,29 @@ def require(ok, message: str, recoverable: bool = False):
 
 
 def require_index(index, size: int, negative_ok: bool, message: str):
-    """`index` (any integer array) within [0, size), or [-size, size) where negatives wrap."""
+    """`index` (any integer array) within [0, size), or [-size, size) where negatives wrap. Entries an
+    executable padded (`padded`) are left out."""
     if not jnp.issubdtype(index.dtype, jnp.integer) or index.size == 0:
         return
     low = -size if negative_ok else 0
-    require((index >= low) & (index < size), message)
+    ok = (index >= low) & (index < size)
+    real = getattr(_local, "padded", None)
+    if real is not None and id(index) in real:
+        ok = ok | ~real[id(index)][1]
+    require(ok, message)
+
+
+@contextlib.contextmanager
+def padded(masks):
+    """While a lowering is traced: the arrays of `masks` ({id(array): (array, which entries are real)})
+    were padded with out-of-range entries that the op drops (eager/bucketed_index.py); index checks
+    of those arrays leave the padding out. (The arrays are held, so their ids stay theirs.)"""
+    outer = getattr(_local, "padded", None)
+    _local.padded = masks
+    try:
+        yield
+    finally:
+        _local.padded = outer
 
 
 def verdict(found):

@@ -48,6 +48,84 @@ def _advanced(indices, x_shape):
     return tuple(out)
 
 
+# Index buckets (eager/bucketed_index.py): an op whose result does not depend on its index's length may
+# run with the index padded to a size bucket, one past the end of its dimension (the scatter drops it;
+# the checks leave it out), and the source padded alike along that axis. Each plan names the padded
+# arguments: (argument, element of a list or None, axis, flatten, filler).
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def _past_end(index, size):
+    """`size` as the filler of a padded `index` (one past the end), or None where it cannot be."""
+    if not isinstance(index, torch.Tensor) or index.dtype not in _INDEX_DTYPES:
+        return None
+    return size if index.dtype == torch.int64 or size < (1 << 31) - 1 else None
+
+
+def _index_put_pads(self, indices, values, *_, **__):
+    tensors = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(tensors) != 1 or tensors[0][0] >= self.dim() or tensors[0][1].dim() != 1:
+        return None
+    d, index = tensors[0]
+    fill = _past_end(index, self.shape[d])
+    if fill is None or not isinstance(values, torch.Tensor):
+        return None
+    plan = [("indices", d, 0, False, fill)]
+    axis = values.dim() - (self.dim() - d)  # values' axis along the index (they broadcast to the slab)
+    if axis >= 0 and values.shape[axis] != 1:
+        plan.append(("values", None, axis, False, 0))
+    return plan
+
+
+def _along_dim_pads(self, dim, index, source=None, *_, **__):
+    """index_add/index_copy/index_reduce: index, and source along `dim`."""
+    if self.dim() == 0 or not isinstance(index, torch.Tensor) or index.dim() != 1:
+        return None
+    d = dim % self.dim()
+    fill = _past_end(index, self.shape[d])
+    if fill is None:
+        return None
+    plan = [("index", None, 0, False, fill)]
+    if isinstance(source, torch.Tensor):
+        if source.dim() != self.dim():
+            return None
+        plan.append(("source", None, d, False, 0))
+    return plan
+
+
+def _index_copy_pads(self, dim, index, source, *_, **__):
+    # one position per call (a static KV cache's step) repeats its shape and has its own path (_select_one)
+    return None if index.numel() == 1 else _along_dim_pads(self, dim, index, source)
+
+
+def _index_fill_pads(self, dim, index, *_, **__):
+    return _along_dim_pads(self, dim, index)
+
+
+def _scatter_pads(self, dim, index, src=None, *_, **__):
+    """scatter, scatter_add, scatter_reduce: index (and src) along `dim`."""
+    if self.dim() == 0 or not isinstance(index, torch.Tensor) or index.dim() != self.dim():
+        return None
+    d = dim % self.dim()
+    fill = _past_end(index, self.shape[d])
+    if fill is None:
+        return None
+    plan = [("index", None, d, False, fill)]
+    if isinstance(src, torch.Tensor) and src.dim() == index.dim():
+        plan.append(("src", None, d, False, 0))
+    elif isinstance(src, torch.Tensor) and src.numel() != 1:
+        return None
+    return plan
+
+
+def _put_pads(self, index, source, *_, **__):
+    """put: index and source flattened (the op reads them so)."""
+    fill = _past_end(index, self.numel())
+    if fill is None or not isinstance(source, torch.Tensor):
+        return None
+    return [("index", None, 0, True, fill), ("source", None, 0, True, 0)]
+
+
 # mask_args: the index list (argument 1) may hold boolean masks, which the eager kernel turns into
 # indices first (their shapes depend on values; eager/data_dependent.py)
 @lowering("index.Tensor", mask_args=1)
@@ -58,6 +136,7 @@ def index(x, indices):
 @lowering(
     "index_put",
     "_index_put_impl",
+    index_buckets=_index_put_pads,
     mask_args={"index_put.default": 1, "index_put_.default": 1, "_index_put_impl_.default": 1},
     write_overlap=WriteOverlap(
         expanded_warning("index_put_", "tensor[indices] = tensor"), no_overlap=("indices", "values")
@@ -94,7 +173,7 @@ def unsafe_index(x, indices):
     return x[_advanced(indices, x.shape)]
 
 
-@lowering("_unsafe_index_put")
+@lowering("_unsafe_index_put", index_buckets=_index_put_pads)
 def unsafe_index_put(x, indices, values, accumulate=False):
     return _index_put(x, indices, values, accumulate)
 
@@ -144,6 +223,15 @@ def _scatter_add(x, at, v):
     if x.dtype == jnp.bool_:
         return x.at[at].max(v)
     return x.at[at].add(v)
+
+
+def _scatter_add_rounded_once(x, at, v):
+    """_scatter_add as the CPU's scatter_add and index_add: half types summed in float32, rounded once
+    (XLA:CPU's half scatter rounds after each update: duplicate indices differed)."""
+    if x.dtype not in (jnp.bfloat16, jnp.float16):
+        return _scatter_add(x, at, v)
+    acc = opmath(x.dtype)
+    return _scatter_add(x.astype(acc), at, v.astype(acc)).astype(x.dtype)
 
 
 def _scatter_mul(x, at, v):
@@ -197,23 +285,23 @@ def _src(src, index, dtype):
     return jnp.broadcast_to(jnp.asarray(src, dtype), index.shape)
 
 
-@lowering("scatter.src", "scatter.value", write_overlap=INDEXED_WRITE)
+@lowering("scatter.src", "scatter.value", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads)
 def scatter(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
     return x.at[at].set(_src(src, index, x.dtype))
 
 
-@lowering("scatter.reduce", "scatter.value_reduce", write_overlap=INDEXED_WRITE)
+@lowering("scatter.reduce", "scatter.value_reduce", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads)
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     at, _ = _scatter_target(x, dim, index)
     v = _src(src, index, x.dtype)
-    return _scatter_add(x, at, v) if reduce == "add" else _scatter_mul(x, at, v)
+    return _scatter_add_rounded_once(x, at, v) if reduce == "add" else _scatter_mul(x, at, v)
 
 
-@lowering("scatter_add", write_overlap=INDEXED_WRITE)
+@lowering("scatter_add", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads)
 def scatter_add(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
-    return _scatter_add(x, at, _src(src, index, x.dtype))
+    return _scatter_add_rounded_once(x, at, _src(src, index, x.dtype))
 
 
 def _scatter_reduce(x, at, v, reduce, include_self, counts=None, fold=None):
@@ -265,7 +353,7 @@ def _scatter_reduce(x, at, v, reduce, include_self, counts=None, fold=None):
     raise ValueError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
 
 
-@lowering("scatter_reduce.two", write_overlap=INDEXED_WRITE)
+@lowering("scatter_reduce.two", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads)
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if reduce in ("amax", "amin") and jnp.iscomplexobj(x):  # no order on complex numbers (as the CPU)
         raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{scalar_type_name(x.dtype)}'")
@@ -289,16 +377,20 @@ def index_select(x, dim, index):
     return jnp.take(x, index, axis=dim)
 
 
-@lowering("index_add", write_overlap=INDEXED_WRITE)
+@lowering("index_add", write_overlap=INDEXED_WRITE, index_buckets=_along_dim_pads)
 def index_add(x, dim, index, source, alpha=1):
     if x.ndim == 0:
         return x + source.reshape(()).astype(x.dtype) * alpha
     dim = _dim(dim, x.ndim)
     _check(index, x.shape[dim], dim, False)
+    at = _along(dim, x.ndim, index.reshape(-1))
+    one = isinstance(alpha, (int, float)) and alpha == 1
+    if one:  # (with another alpha the CPU rounds half types otherwise, per path: not matched bit for bit)
+        return _scatter_add_rounded_once(x, at, source.astype(x.dtype))
     src = source.astype(x.dtype)
-    if not (isinstance(alpha, (int, float)) and alpha == 1):
+    if not one:
         src = (src * alpha).astype(x.dtype)
-    return _scatter_add(x, _along(dim, x.ndim, index.reshape(-1)), src)
+    return _scatter_add(x, at, src)
 
 
 # index_copy writing a small slab into a large array (a static KV cache's new position) is a scatter at
@@ -325,13 +417,13 @@ def _flat_offsets(shape, dim, index, src_shape):
     return jnp.where(valid[lax.broadcasted_iota(jnp.int32, src_shape, dim)], offsets, stride)
 
 
-@lowering("index_copy", write_overlap=INDEXED_WRITE)
+@lowering("index_copy", write_overlap=INDEXED_WRITE, index_buckets=_index_copy_pads)
 def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(()).astype(x.dtype)
     dim = _dim(dim, x.ndim)
+    _check(index, x.shape[dim], dim, False)  # (before any reshape: a padded index is checked as itself)
     index = index.reshape(-1)
-    _check(index, x.shape[dim], dim, False)
     source = jnp.broadcast_to(source, x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1 :]).astype(x.dtype)
     if flat_scatter_pays(x.size, source.size):
         return flat_set(x, dim, index, source)
@@ -372,26 +464,33 @@ def _select_one(x, dim, position, source):
         index_fill_value_check,
     ),
     write_overlap=WriteOverlap(expanded_warning("index_fill_", "tensor[mask] = scalar"), no_overlap=("index",)),
+    index_buckets=_index_fill_pads,
 )
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
         return jnp.asarray(value, x.dtype).reshape(())
     dim = _dim(dim, x.ndim)
-    index = index.reshape(-1)
     _check(index, x.shape[dim], dim, True)
+    index = index.reshape(-1)
     index = jnp.where(index < 0, index + x.shape[dim], index)
     return x.at[_along(dim, x.ndim, index)].set(jnp.asarray(value).astype(x.dtype))
 
 
 # include_self travels as a value (`traced=`): keyed by it, each index_reduce_ compiled twice
-@lowering("index_reduce", real_only=True, write_overlap=INDEXED_WRITE, traced=("include_self",))
+@lowering(
+    "index_reduce",
+    real_only=True,
+    write_overlap=INDEXED_WRITE,
+    traced=("include_self",),
+    index_buckets=_along_dim_pads,
+)
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     if x.ndim == 0:
         x, source = x.reshape(1), source.reshape(1)
         return index_reduce(x, 0, index, source, reduce, include_self).reshape(())
     dim = _dim(dim, x.ndim)
-    index = index.reshape(-1)
     _check(index, x.shape[dim], dim, False)
+    index = index.reshape(-1)
     # whole slices along dim (a scatter of windows: cheaper to compile than coordinates per element)
     shape = [1] * x.ndim
     shape[dim] = -1
@@ -413,10 +512,15 @@ def _fold_along(base, multiply, *, dim, index, source):
     if index.shape[0] == 0:
         return base
 
+    size = base.shape[dim]
+
     def step(i, acc):
         j = index[i]
         row, s = lax.dynamic_index_in_dim(acc, j, dim), lax.dynamic_index_in_dim(source, i, dim)
-        return lax.dynamic_update_index_in_dim(acc, (row * s if multiply else row + s).astype(acc.dtype), j, dim)
+        new = (row * s if multiply else row + s).astype(acc.dtype)
+        # an index out of range is dropped, as the scatter drops it (a padded one: eager/bucketed_index.py)
+        new = jnp.where((j >= 0) & (j < size), new, row)
+        return lax.dynamic_update_index_in_dim(acc, new, j, dim)
 
     return lax.fori_loop(0, index.shape[0], step, base)
 
@@ -479,11 +583,12 @@ def _put_alerts(self, index, source, accumulate=False):
     "put",
     write_overlap=INDEXED_WRITE,
     host_check=dict.fromkeys(("put", "put_"), deterministic_alert("put_", _put_alerts)),
+    index_buckets=_put_pads,
 )
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
+    _check(index, flat.shape[0], 0, True)
     idx = index.reshape(-1)
-    _check(idx, flat.shape[0], 0, True)
     idx = jnp.where(idx < 0, idx + flat.shape[0], idx)
     src = source.reshape(-1).astype(x.dtype)
     out = _scatter_add(flat, idx, src) if accumulate else flat.at[idx].set(src)

@@ -14,7 +14,9 @@ the result is cast to PyTorch's result dtype. In-place (`add_`) and `out=` varia
 the functional op: nobody writes them by hand. `random=True` lowerings receive a `key=` PRNG key;
 `draws_by_index=True` says each element of the result is a function of the key, the op's scalars and
 its flat index alone (counter-based draws that read no tensor values), so the eager engine may draw
-a whole size bucket and keep the first elements (eager/bucketed_draws.py).
+a whole size bucket and keep the first elements (eager/bucketed_draws.py). `index_buckets=f` says the
+op writes through an index whose length does not shape the result: f(*args, **kwargs) names the
+arguments that may be padded to a size bucket with entries the op drops (eager/bucketed_index.py).
 
 Every other fact about an op is declared here too, as an argument of `@lowering`, so the op's name
 finds all of them (docs/design.md, "Adding an op"):
@@ -82,6 +84,7 @@ class Lowering:
     draws_by_index: bool = False  # random draws whose element i depends on (key, scalars, i) only
     # called with half_parts=True where its tensor is complex32, which it sees as complex64 (ops/dtypes.py)
     half_parts: bool = False
+    index_buckets: Callable | None = None  # the arguments a size bucket pads (eager/bucketed_index.py)
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -146,6 +149,7 @@ def lowering(
     blas=False,
     draws_by_index=False,
     half_parts=False,
+    index_buckets=None,
     **facts,
 ):
     """Register `fn` as the lowering of the ATen ops `names` ("add.Tensor", "relu.default", ...), with
@@ -180,6 +184,7 @@ def lowering(
                 blas,
                 draws_by_index,
                 half_parts,
+                index_buckets,
             )
             if real_only:
                 _REAL_ONLY[full.split(".")[0]] = real_only
