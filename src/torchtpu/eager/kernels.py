@@ -40,6 +40,7 @@ from . import (
 from .build import META_OVERRIDES
 from .engine import OpKernel, describe_last_call, forget_last_call
 from .entry import CONSTANT_BYTES, scalar_key
+from .fusion import Pending
 
 aten = torch.ops.aten
 CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
@@ -182,15 +183,12 @@ def _few_from_host_copy(t, r):
         or covers(t, r)
     ):
         return None
-    if type(r._buffer) is Pending:
-        # a value still queued: run its segment (which counts the sync) rather than queue a gather
-        # of this view, a program per view layout (`all(verdicts)` reads each element of a new shape)
-        buffer = r.buffer
-    else:
-        buffer = r._buffer
-        if not isinstance(buffer, jax.Array):
-            return None
-        fusion.count_sync()
+    if type(r._buffer) is not Pending and not isinstance(r._buffer, jax.Array):
+        return None
+    fusion.count_read(r._buffer)
+    # (a value still queued: its segment runs, rather than a gather of this view queued, a program
+    # per view layout: `all(verdicts)` reads each element of a new shape)
+    buffer = r.buffer
     flat = np.asarray(buffer).reshape(-1)
     size = flat.itemsize
     out = np.lib.stride_tricks.as_strided(
