@@ -68,7 +68,9 @@ def test_switching_the_default_dtype_gives_the_cpu_dtypes(order):
             got = _mix(DEV, ints, floats, halves)
         for k, (g, e) in enumerate(zip(got, expected)):
             assert g.dtype == e.dtype, (dtype, k, g.dtype, e.dtype)
-            assert_close(g.cpu(), e, msg=lambda m, k=k, dtype=dtype: f"{dtype} op {k}: {m}")
+            # (f.sum(1) adds ~5000 values in XLA's order, not the CPU's: a float32 sum's rounding)
+            tol = {"rtol": 1e-5, "atol": 1e-4} if k == 15 else {}
+            assert_close(g.cpu(), e, **tol, msg=lambda m, k=k, dtype=dtype: f"{dtype} op {k}: {m}")
 
 
 def test_an_op_that_does_not_follow_the_default_dtype_compiles_once():

@@ -156,6 +156,10 @@ def test_strict_mode_reads_results_of_fused_segments_on_the_fast_path():
         d + 1.5  # (the key's first call: the fast path learns it)
         d + 1.5
     with torchtpu.eager_mode("fused"):
+        # (two synced windows first: after another test built a `mul`, this one is "fresh", cold
+        # through the window of its build and the next: fusion.FRESH_SYNCS)
+        for _ in range(2):
+            (d * 2.0).cpu()
         for _ in range(6):
             y = d * 2.0
         assert type(record_of(y)._buffer) is Pending
