@@ -41,11 +41,12 @@ _draws: dict = {}
 limits.FORGETTERS.append(_draws.clear)
 
 
-def bucket_of(n: int) -> int:
-    """The number of elements drawn for a fill of `n`: the next power of two (at least
-    SMALLEST_BUCKET), in quarter-octave steps above FINE_ABOVE (at most 25% drawn for nothing)."""
+def bucket_of(n: int, smallest: int = SMALLEST_BUCKET) -> int:
+    """The number of elements drawn for a fill of `n` (or an index of `n` entries padded to:
+    eager/bucketed_index.py): the next power of two (at least `smallest`), in quarter-octave steps
+    above FINE_ABOVE (at most 25% drawn for nothing)."""
     if n <= FINE_ABOVE:
-        return max(SMALLEST_BUCKET, 1 << (n - 1).bit_length())
+        return max(smallest, 1 << (n - 1).bit_length())
     step = 1 << ((n - 1).bit_length() - 3)
     return -(-n // step) * step
 
@@ -57,7 +58,27 @@ class _Draw:
     __slots__ = ("fn", "xla")
 
 
-class BucketedFill:
+class TieringStandIn:
+    """An entry's function (`entry.<attr>`) served through a shared bucket's executable until the
+    entry has been called TIER_UP times; `_tier_up` then puts the entry's own one-program executable
+    (`jit` of `__wrapped__`, donating `donate` when set) in its place."""
+
+    __slots__ = ()
+    donate = None
+
+    def _tier_up(self):
+        entry, attr = self.entry, self.attr
+        if getattr(entry, attr) is self:
+            if self.donate:  # (a new function: JAX keys its trace cache on the function, as engine._donating)
+                wrapped = self.__wrapped__
+                own = self.jit(entry, attr, lambda *dyn: wrapped(*dyn), self.name, donate_argnums=self.donate)
+            else:
+                own = self.jit(entry, attr, self.__wrapped__, self.name)
+            setattr(entry, attr, own)
+        return getattr(entry, attr)
+
+
+class BucketedFill(TieringStandIn):
     """The `entry.fn` (or `entry.fn_donating`: `attr`) of a bucketed fill: called as the one-program
     executable is, (buffer, values..., rng, offsets...) -> (the written buffer,). `__wrapped__`: the
     one-program function, which a fused segment traces instead (eager/fusion.py _nestable)."""
@@ -87,17 +108,6 @@ class BucketedFill:
         if flat.sharding != target.sharding:  # an entry drawn for another device (keys do not hold it)
             flat = jax.device_put(flat, target.sharding)
         return self.place(target, flat, *dyn[2 + nv :])
-
-    def _tier_up(self):
-        entry, attr = self.entry, self.attr
-        if getattr(entry, attr) is self:
-            if self.donate:  # (a new function: JAX keys its trace cache on the function, as engine._donating)
-                wrapped = self.__wrapped__
-                own = self.jit(entry, attr, lambda *dyn: wrapped(*dyn), self.name, donate_argnums=self.donate)
-            else:
-                own = self.jit(entry, attr, self.__wrapped__, self.name)
-            setattr(entry, attr, own)
-        return getattr(entry, attr)
 
 
 def fill(kernel, entry, program, fn, records, name, op_jit):

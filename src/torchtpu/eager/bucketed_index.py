@@ -32,12 +32,11 @@ from ..device import platform
 from ..ops import checks, views
 from ..ops import dtypes as dt
 from ..storage.records import contiguous_strides
-from . import limits
-from .bucketed_draws import _frozen, _tensor_args
+from . import bucketed_draws, limits
+from .bucketed_draws import TieringStandIn, _frozen, _tensor_args
 from .executable import DynOffset, TensorArg, at, traced_function
 
 SMALLEST_BUCKET = 16  # index entries: a shorter index is padded to this many
-FINE_ABOVE = 1 << 16  # entries: longer indices take quarter-octave buckets
 TIER_UP = 8  # calls of one entry after which it builds its own one-program executable
 _MAX_KEPT = 512  # shared programs (and pad programs) kept, then forgotten like the engine's caches
 _shared: dict = {}
@@ -48,12 +47,8 @@ _tracing = threading.local()  # the traced real length while a shared program is
 
 
 def bucket_of(n: int) -> int:
-    """The padded length of an index of `n` entries: the next power of two (at least
-    SMALLEST_BUCKET), in quarter-octave steps above FINE_ABOVE (at most 25% padding)."""
-    if n <= FINE_ABOVE:
-        return max(SMALLEST_BUCKET, 1 << (n - 1).bit_length())
-    step = 1 << ((n - 1).bit_length() - 3)
-    return -(-n // step) * step
+    """The padded length of an index of `n` entries: the buckets of random draws, from SMALLEST_BUCKET."""
+    return bucketed_draws.bucket_of(n, SMALLEST_BUCKET)
 
 
 class _Jitted:
@@ -66,7 +61,7 @@ class _Jitted:
         self.checks, self.fn, self.fn_gated, self.xla = (), None, None, xla
 
 
-class BucketedIndex:
+class BucketedIndex(TieringStandIn):
     """`entry.fn` (or `entry.fn_gated`: `attr`) of a padded indexed write, called as the one-program
     executable is: (buffers..., [gate], values..., offsets...). `__wrapped__`: the one-program
     function, which a fused segment traces instead (eager/fusion.py _nestable) and which the entry
@@ -107,12 +102,6 @@ class BucketedIndex:
         results = run(*buffers, *head, self.n, *(offsets[i] for i in self.kept))
         self.entry.checks = shared.checks
         return results
-
-    def _tier_up(self):
-        entry, attr = self.entry, self.attr
-        if getattr(entry, attr) is self:
-            setattr(entry, attr, self.jit(entry, attr, self.__wrapped__, self.name))
-        return getattr(entry, attr)
 
 
 def build(kernel, entry, program, fn, records, args, kwargs, name, op_jit):
