@@ -21,6 +21,7 @@ import functools
 import importlib.metadata
 import inspect
 import re
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -676,6 +677,37 @@ def _pallas_calls_in_32_bits(module) -> None:
     _applied.append("jax._src.pallas.pallas_call._pallas_call")
 
 
+# ------------------------------------------------------------------ MLIR contexts (jax 0.10)
+CONTEXT_MODULES = 256  # modules lowered per MLIR context; what a context interns is freed with it
+
+
+def _reused_mlir_contexts(module) -> None:
+    """JAX lowers each module in a new MLIR context (`ModuleContext(context=None)`: ~4.5 ms of CPU to make
+    and first use, most of a small executable's lowering). A module lowered without a context given takes
+    its thread's, made anew every CONTEXT_MODULES modules (types and constant attributes stay interned
+    while a context lives); a module keeps its own context alive. Same IR, same cache keys."""
+    cls, make = getattr(module, "ModuleContext", None), getattr(module, "make_ir_context", None)
+    init = getattr(cls, "__init__", None)
+    if make is None or init is None or "context" not in inspect.signature(init).parameters:
+        _problems.append("jax._src.interpreters.mlir.ModuleContext(context=) is missing (checked against jax 0.10)")
+        return
+    if getattr(init, "_torchtpu", False):
+        return
+    local = threading.local()
+
+    def __init__(self, *args, context=None, **kwargs):
+        if context is None:
+            uses = getattr(local, "uses", 0)
+            if uses % CONTEXT_MODULES == 0:
+                local.context = make()
+            local.uses = uses + 1
+            context = local.context
+        init(self, *args, context=context, **kwargs)
+
+    cls.__init__ = _mark(__init__, init)
+    _applied.append("jax._src.interpreters.mlir.ModuleContext.__init__ (reused MLIR contexts)")
+
+
 # ------------------------------------------------------------------ the table
 @dataclass(frozen=True)
 class Patch:
@@ -703,6 +735,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch(_storage_methods, "torch", TORCH_CHECKED, "torch.UntypedStorage._byteswap"),
     Patch(_pallas_calls_in_32_bits, "jax", JAX_CHECKED,
           "jax._src.pallas.pallas_call._pallas_call", "jax._src.pallas.pallas_call"),
+    Patch(_reused_mlir_contexts, "jax", JAX_CHECKED,
+          "jax._src.interpreters.mlir.ModuleContext.__init__", "jax._src.interpreters.mlir"),
     Patch(_accelerate_default_device, "accelerate", ACCELERATE_CHECKED,
           "accelerate.state.PartialState.default_device", "accelerate.state"),
     Patch(_accelerate_data_parallel, "accelerate", ACCELERATE_CHECKED,
