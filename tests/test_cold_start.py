@@ -438,3 +438,18 @@ def test_lowerings_share_their_threads_mlir_context():
     x = torch.randn(_fresh_shape())
     for fn in (torch.tanh, lambda t: torch.where(t > 0, t.exp(), t * 2).sum(1)):
         torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x))
+
+
+def test_views_at_traced_offsets_along_the_arrays_dimensions():
+    """ops/views.py _traced_starts (lax div/rem, no nested jits): reads and writes of views that lie
+    along a 4-d storage's dimensions, at offsets that travel as traced values, match the CPU."""
+    n = next(_sizes) % 7 + 3
+    x = torch.randn(2, 3, n, 4)
+    y = x.to("tpu")
+    for i in (0, 1, n - 1):
+        torch.testing.assert_close(y[:, :, i].cpu(), x[:, :, i])
+        torch.testing.assert_close((y[1, :, i] * 2).cpu(), x[1, :, i] * 2)
+        v = torch.randn(2, 3, 4)
+        x[:, :, i] = v
+        y[:, :, i] = v.to("tpu")
+    torch.testing.assert_close(y.cpu(), x)

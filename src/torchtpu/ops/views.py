@@ -123,11 +123,19 @@ def _nd_box(shape, sshape, starts, axes):
 
 
 def _traced_starts(offset, sshape):
-    """The array index of flat element `offset` (traced)."""
-    starts, span = [], math.prod(sshape)
+    """The array index of flat element `offset` (traced, 0 <= offset < the array's size). With lax's
+    truncating div/rem (exact for non-negative values: jnp's `//` and `%` each trace and lower a nested
+    jit: 12 -> 6 ms to trace and lower a read of a 4-d view), none on a dimension of 1 or for the first."""
+    offset = jnp.asarray(offset)
+    starts, span, first = [], math.prod(sshape), True
     for n in sshape:
         span //= n
-        starts.append((offset // span) % n)
+        if n == 1:
+            starts.append(0)
+            continue
+        start = lax.div(offset, np.array(span, offset.dtype)) if span != 1 else offset
+        starts.append(start if first else lax.rem(start, np.array(n, offset.dtype)))
+        first = False
     return tuple(starts)
 
 
