@@ -122,6 +122,11 @@ def _nd_box(shape, sshape, starts, axes):
     return sizes, along
 
 
+# (every start below is a storage offset, never negative: lax's dynamic slices then skip the
+# normalisation of negative starts, a compare, an add and a select per traced start)
+NONNEG = {"allow_negative_indices": False}
+
+
 def _traced_starts(offset, sshape):
     """The array index of flat element `offset` (traced, 0 <= offset < the array's size). With lax's
     truncating div/rem (exact for non-negative values: jnp's `//` and `%` each trace and lower a nested
@@ -142,7 +147,7 @@ def _traced_starts(offset, sshape):
 def _nd_read(arr, shape, starts, axes):
     sizes, along = _nd_box(shape, arr.shape, starts, axes)
     if not all(isinstance(s, int) for s in starts):
-        arr = lax.dynamic_slice(arr, starts, sizes)
+        arr = lax.dynamic_slice(arr, starts, sizes, **NONNEG)
     elif any(starts) or tuple(sizes) != arr.shape:
         arr = lax.slice(arr, starts, tuple(s + n for s, n in zip(starts, sizes)))
     unused = tuple(j for j in range(arr.ndim) if j not in {j for j, _ in along})
@@ -167,7 +172,7 @@ def _nd_write(arr, shape, starts, axes, value):
     v = v.reshape(sizes)
     if tuple(sizes) == arr.shape:
         return v
-    return lax.dynamic_update_slice(arr, v, starts)
+    return lax.dynamic_update_slice(arr, v, starts, **NONNEG)
 
 
 def _gather_indices(shape, stride, offset):
@@ -190,7 +195,7 @@ def _region(flat, start, length, pad=None):
     if pad is None:
         return lax.slice(_pad_to(flat, start + length), (start,), (start + length,))
     padded = jnp.pad(flat, (0, pad)) if pad else flat
-    return lax.dynamic_slice(padded, (start,), (length,))
+    return lax.dynamic_slice(padded, (start,), (length,), **NONNEG)
 
 
 def _box_read(flat, shape, start, vshape, order, pad=None):
@@ -208,9 +213,9 @@ def _box_write(flat, shape, start, vshape, order, value, pad=None):
     ascending = sorted(order)
     v = jnp.transpose(v, [ascending.index(d) for d in order])[..., None]
     padded = _pad_to(flat, start + length) if pad is None else (jnp.pad(flat, (0, pad)) if pad else flat)
-    region = lax.dynamic_slice(padded, (start,), (length,)).reshape(vshape)
-    region = lax.dynamic_update_slice(region, v, (0,) * len(vshape))
-    padded = lax.dynamic_update_slice(padded, region.reshape(-1), (start,))
+    region = lax.dynamic_slice(padded, (start,), (length,), **NONNEG).reshape(vshape)
+    region = lax.dynamic_update_slice(region, v, (0,) * len(vshape), **NONNEG)
+    padded = lax.dynamic_update_slice(padded, region.reshape(-1), (start,), **NONNEG)
     return padded[: flat.shape[0]] if padded.shape[0] != flat.shape[0] else padded
 
 
@@ -268,7 +273,7 @@ def read(buffer, layout):
         p = dynamic_plan(shape, stride, numel)
         kind = p[0]
         if kind == "slice":
-            return lax.dynamic_slice(flat, (offset,), (p[1],)).reshape(shape)
+            return lax.dynamic_slice(flat, (offset,), (p[1],), **NONNEG).reshape(shape)
         if kind == "box":
             return _box_read(flat, shape, offset, p[2], p[3], pad=p[1])
         if kind == "empty":
@@ -318,7 +323,7 @@ def write(buffer, layout, value):
         p = dynamic_plan(shape, stride, numel)
         kind = p[0]
         if kind == "slice":
-            return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
+            return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,), **NONNEG)
         # a box covering a small part of a large block goes as a scatter at the view's own offsets,
         # which XLA:CPU runs in place (ops/indexing.py: flat_scatter_pays)
         if kind == "box" and not flat_scatter_pays(math.prod(p[2]), math.prod(shape)):
@@ -331,7 +336,7 @@ def write(buffer, layout, value):
     if kind == "whole":
         return value.reshape(-1)
     if kind == "slice":
-        return lax.dynamic_update_slice(flat, value.reshape(-1), (p[1],))
+        return lax.dynamic_update_slice(flat, value.reshape(-1), (p[1],), **NONNEG)
     if kind == "empty":
         return flat
     if kind == "box" and not flat_scatter_pays(math.prod(p[2]), math.prod(shape)):
