@@ -441,8 +441,9 @@ def test_lowerings_share_their_threads_mlir_context():
 
 
 def test_views_at_traced_offsets_along_the_arrays_dimensions():
-    """ops/views.py _traced_starts (lax div/rem, no nested jits; dynamic slices without negative starts): reads and writes of views that lie
-    along a 4-d storage's dimensions, at offsets that travel as traced values, match the CPU."""
+    """ops/views.py _traced_starts (lax div/rem, no nested jits; dynamic slices without negative
+    starts): reads and writes of views that lie along a 4-d storage's dimensions, at offsets that
+    travel as traced values, match the CPU."""
     n = next(_sizes) % 7 + 3
     x = torch.randn(2, 3, n, 4)
     y = x.to("tpu")
