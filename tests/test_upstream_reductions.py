@@ -189,3 +189,66 @@ def test_sum_into_a_narrower_dtype_rounds_each_element_first(op, dtype, dim):
     actual = op(x.to(DEV), *args, dtype=dtype)
     assert actual.dtype == expected.dtype
     assert torch.equal(actual.cpu(), expected)
+
+
+def _same_refusal(fn, cpu_kernel, tpu_kernel):
+    """fn(device) raises the same exception type on both devices, the kernel's name aside (the CPU's
+    names its CPU kernel)."""
+    with pytest.raises(Exception) as cpu_error:
+        fn("cpu")
+    with pytest.raises(type(cpu_error.value)) as tpu_error:
+        fn(DEV)
+    assert str(tpu_error.value) == str(cpu_error.value).replace(cpu_kernel, tpu_kernel)
+
+
+_BOOLS = torch.tensor([[True, False, True], [False, False, True]])
+
+
+@pytest.mark.parametrize("op", [torch.argmax, torch.argmin])
+@pytest.mark.parametrize("x, dims", [(_BOOLS, (1,)), (_BOOLS, ()), (torch.tensor(True), ()), (_BOOLS[:, :0], (1,))])
+def test_argmax_argmin_refuse_bool_inputs(op, x, dims):
+    # computed before (found by torch.masked.argmax/argmin, which pass the input's dtype through)
+    same_error(lambda d: op(x.to(d), *dims))
+
+
+@pytest.mark.parametrize("op, kernel", [(torch.cumsum, "cumsum"), (torch.cumprod, "cumprod")])
+def test_scans_refuse_a_bool_result(op, kernel):
+    x = torch.tensor([[1, 0, 2], [3, 1, 0]])
+    calls = [
+        lambda d: op(x.to(d).bool(), 1, dtype=torch.bool),
+        lambda d: op(x.to(d), 1, dtype=torch.bool),
+        lambda d: op(x.to(d, torch.float), 0, out=torch.empty(0, dtype=torch.bool, device=d)),
+        lambda d: getattr(x.to(d).bool(), kernel + "_")(1),
+    ]
+    for call in calls:
+        _same_refusal(call, f"{kernel}_out_cpu", f"{kernel}_tpu")
+    # a bool input scans into int64 (or a given out), and nothing to scan is no kernel call
+    for call in (
+        lambda d: op(x.to(d).bool(), 1),
+        lambda d: op(x.to(d).bool(), 1, out=torch.empty(0, dtype=torch.int32, device=d)),
+        lambda d: op(torch.ones(0, 3, dtype=torch.bool, device=d), 1, dtype=torch.bool),
+        lambda d: op(torch.tensor(True, device=d), 0, dtype=torch.bool),
+    ):
+        assert_close(call(DEV).cpu(), call("cpu"))
+
+
+@pytest.mark.parametrize("x", [torch.tensor([[1, 2], [3, 4]]), torch.tensor(3), torch.ones(0, dtype=torch.int32)])
+def test_logcumsumexp_refuses_integers(x):
+    _same_refusal(lambda d: torch.logcumsumexp(x.to(d), 0), "logcumsumexp_out_cpu", "logcumsumexp_tpu")
+    _same_refusal(lambda d: torch.logcumsumexp(x.to(d).bool(), 0), "logcumsumexp_out_cpu", "logcumsumexp_tpu")
+
+
+@pytest.mark.parametrize("op", [torch.softmax, torch.log_softmax, torch.masked.softmax, torch.masked.log_softmax])
+@pytest.mark.parametrize("x, dim", [(torch.tensor([[1, 2, 0], [3, 1, 1]]), 1), (torch.tensor([[1, 2]]), 0)])
+def test_softmax_refuses_integer_inputs(op, x, dim):
+    # the CPU's kernel names differ by dim (softmax_lastdim_kernel_impl, softmax_kernel_impl): types compared
+    with pytest.raises(NotImplementedError):
+        op(x, dim)
+    with pytest.raises(NotImplementedError, match="softmax_tpu\" not implemented for 'Long'"):
+        op(x.to(DEV), dim)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16])
+def test_softmax_of_no_elements_returns_them(dtype):
+    x = torch.zeros(2, 0, dtype=dtype)
+    assert_close(torch.softmax(x.to(DEV), 1).cpu(), torch.softmax(x, 1))

@@ -58,13 +58,16 @@ def prod(a, dim=None, keepdim=False, dtype=None):
     return jnp.prod(a.astype(opmath(d)), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
-def _empty_reduction_check(name, *overloads, dim_at=1, all_dims_error=None):
+def _empty_reduction_check(name, *overloads, dim_at=1, all_dims_error=None, no_bool=False):
     """meta_check of a reduction without identity (max, argmax, median, ...): the CPU's errors for a
     zero-size reduction dim (IndexError "max(): Expected reduction dim 1 to have non-zero size.") and,
     where `all_dims_error(name)` is given, for reducing every dim of an empty tensor. `dim_at`: the
-    position of the dim argument."""
+    position of the dim argument. `no_bool`: bool inputs refused first, whatever their shape (argmax,
+    argmin: the CPU and CUDA check it before the sizes)."""
 
     def check(a, *args, **kwargs):
+        if no_bool and a.dtype == torch.bool:
+            raise RuntimeError(f"{name}: does not support bool input")
         dim = kwargs.get("dim", args[dim_at - 1] if len(args) >= dim_at else None)
         dims = [] if dim is None else list(dim) if isinstance(dim, (list, tuple)) else [dim]
         if not dims:
@@ -139,7 +142,9 @@ def _arg_reduce(a, dim, keepdim, fn):
 @lowering(
     "argmax",
     real_only=True,
-    meta_check=_empty_reduction_check("argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim),
+    meta_check=_empty_reduction_check(
+        "argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim, no_bool=True
+    ),
 )
 def argmax(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmax)
@@ -148,7 +153,9 @@ def argmax(a, dim=None, keepdim=False):
 @lowering(
     "argmin",
     real_only=True,
-    meta_check=_empty_reduction_check("argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim),
+    meta_check=_empty_reduction_check(
+        "argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim, no_bool=True
+    ),
 )
 def argmin(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmin)
@@ -309,21 +316,53 @@ def _axis(a, dim):
     return dim % a.ndim if a.ndim else None
 
 
-@lowering("cumsum")
+def _no_bool_scan_check(kernel):
+    """meta_check of cumsum/cumprod: their CPU and CUDA kernels have no bool version, so a bool result
+    (dtype=torch.bool, a bool `out`, a bool tensor scanned in place) of a scan that runs (an input with
+    elements and dims) raises; a bool input scanned into int64 (the default) is fine."""
+
+    def result_dtype(a, args, dtype, out, inplace):
+        dtype = args[1] if dtype is None and len(args) > 1 else dtype
+        if out is not None or inplace:
+            return (out if out is not None else a).dtype
+        if dtype is not None:
+            return dtype
+        return torch.int64 if a.dtype == torch.bool or not (a.is_floating_point() or a.is_complex()) else a.dtype
+
+    def check(inplace):
+        def run(a, *args, dtype=None, out=None, **kwargs):
+            if a.dim() and a.numel() and result_dtype(a, args, dtype, out, inplace) == torch.bool:
+                raise NotImplementedError(f"\"{kernel}_tpu\" not implemented for 'Bool'")
+
+        return run
+
+    return {kernel: check(False), f"{kernel}.out": check(False), f"{kernel}_": check(True)}
+
+
+@lowering("cumsum", meta_check=_no_bool_scan_check("cumsum"))
 def cumsum(a, dim, dtype=None):
     d = _acc_dtype(a, dtype)
     x = a.astype(opmath(d))
     return (jnp.cumsum(x, axis=_axis(a, dim)) if a.ndim else x).astype(d)
 
 
-@lowering("cumprod")
+@lowering("cumprod", meta_check=_no_bool_scan_check("cumprod"))
 def cumprod(a, dim, dtype=None):
     d = _acc_dtype(a, dtype)
     x = a.astype(opmath(d))
     return (jnp.cumprod(x, axis=_axis(a, dim)) if a.ndim else x).astype(d)
 
 
-@lowering("logcumsumexp", meta_check={"logcumsumexp.out": same_scalar_type_out_check})
+def _logcumsumexp_check(a, *args, out=None, **kwargs):
+    # the out dtype first, then the input's: the CPU and CUDA kernels take floating and complex types
+    # only, even for no elements (a 0-dim or empty integer input raises too)
+    if out is not None:
+        same_scalar_type_out_check(a, *args, out=out, **kwargs)
+    if not (a.is_floating_point() or a.is_complex()):
+        raise NotImplementedError(f"\"logcumsumexp_tpu\" not implemented for '{scalar_type_name(a.dtype)}'")
+
+
+@lowering("logcumsumexp", meta_check=dict.fromkeys(("logcumsumexp", "logcumsumexp.out"), _logcumsumexp_check))
 def logcumsumexp(a, dim):
     x = a.astype(opmath(a.dtype))
     return (lax.cumlogsumexp(x, axis=_axis(a, dim)) if a.ndim and a.size else x).astype(a.dtype)
