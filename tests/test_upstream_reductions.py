@@ -252,3 +252,41 @@ def test_softmax_refuses_integer_inputs(op, x, dim):
 def test_softmax_of_no_elements_returns_them(dtype):
     x = torch.zeros(2, 0, dtype=dtype)
     assert_close(torch.softmax(x.to(DEV), 1).cpu(), torch.softmax(x, 1))
+
+
+@pytest.mark.parametrize("op", [torch.var, torch.std, torch.var_mean, torch.std_mean])
+@pytest.mark.parametrize("x", [torch.tensor([[1, 2], [3, 5]]), torch.ones(0, dtype=torch.int32), torch.tensor(True)])
+def test_moments_refuse_integer_and_bool_inputs(op, x):
+    same_error(lambda d: op(x.to(d)))
+
+
+def _median_kthvalue_calls():
+    b = torch.tensor([[True, False, True], [False, False, True]])
+    return {
+        "median": (lambda d: torch.median(b.to(d)), "median_cpu"),
+        "nanmedian": (lambda d: torch.nanmedian(b.to(d)), "median_cpu"),
+        "median.dim": (lambda d: torch.median(b.to(d), 0), "median_out"),
+        "median.dim 0-dim": (lambda d: torch.median(b[0, 0].to(d), 0), "median_out"),
+        "nanmedian.dim": (lambda d: torch.nanmedian(b.to(d), 1), "median_out"),
+        "kthvalue": (lambda d: torch.kthvalue(b.to(d), 1), "kthvalue_cpu"),
+        "kthvalue of no rows": (lambda d: torch.kthvalue(b[:0].to(d), 1), "kthvalue_cpu"),
+        # the empty-dim check comes first, with the default dim too
+        "kthvalue of an empty dim": (lambda d: torch.kthvalue(b[:, :0].to(d), 1), None),
+        "mode of an empty dim": (lambda d: torch.mode(b[:, :0].to(d)), None),
+    }
+
+
+@pytest.mark.parametrize("call, kernel", _median_kthvalue_calls().values(), ids=_median_kthvalue_calls().keys())
+def test_median_kthvalue_refuse_bool_inputs(call, kernel):
+    if kernel is None:
+        same_error(call)
+    else:
+        _same_refusal(call, kernel, kernel.split("_")[0] + "_tpu")
+
+
+def test_median_kthvalue_of_bools_without_a_kernel_call():
+    # what the CPU returns before choosing a kernel: the whole median of nothing, a 0-dim kthvalue
+    empty, one = torch.ones(0, dtype=torch.bool), torch.tensor(True)
+    assert_close(torch.median(empty.to(DEV)).cpu(), torch.median(empty))
+    for tpu, cpu in zip(torch.kthvalue(one.to(DEV), 1), torch.kthvalue(one, 1)):
+        assert_close(tpu.cpu(), cpu)

@@ -58,27 +58,39 @@ def prod(a, dim=None, keepdim=False, dtype=None):
     return jnp.prod(a.astype(opmath(d)), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
-def _empty_reduction_check(name, *overloads, dim_at=1, all_dims_error=None, no_bool=False):
+def _empty_reduction_check(name, *overloads, dim_at=1, all_dims_error=None, no_bool=False, then=None, default_dim=None):
     """meta_check of a reduction without identity (max, argmax, median, ...): the CPU's errors for a
     zero-size reduction dim (IndexError "max(): Expected reduction dim 1 to have non-zero size.") and,
     where `all_dims_error(name)` is given, for reducing every dim of an empty tensor. `dim_at`: the
     position of the dim argument. `no_bool`: bool inputs refused first, whatever their shape (argmax,
-    argmin: the CPU and CUDA check it before the sizes)."""
+    argmin: the CPU and CUDA check it before the sizes). `then(a, *args, **kwargs)`: a check after them.
+    `default_dim`: the dim of a call without one (kthvalue and mode: -1)."""
 
     def check(a, *args, **kwargs):
         if no_bool and a.dtype == torch.bool:
             raise RuntimeError(f"{name}: does not support bool input")
-        dim = kwargs.get("dim", args[dim_at - 1] if len(args) >= dim_at else None)
+        dim = kwargs.get("dim", args[dim_at - 1] if len(args) >= dim_at else default_dim)
         dims = [] if dim is None else list(dim) if isinstance(dim, (list, tuple)) else [dim]
-        if not dims:
-            if all_dims_error is not None and a.numel() == 0:
-                raise all_dims_error(name)
-            return
+        if not dims and all_dims_error is not None and a.numel() == 0:
+            raise all_dims_error(name)
         for d in dims:
             if a.dim() > 0 and a.shape[d % a.dim()] == 0:
                 raise IndexError(f"{name}: Expected reduction dim {d % a.dim()} to have non-zero size.")
+        if then is not None:
+            then(a, *args, **kwargs)
 
     return dict.fromkeys(overloads, check)
+
+
+def _no_bool_kernel(kernel, refuses=lambda a: True):
+    """A check raising the CPU's dispatch error of a kernel without a bool version (median, kthvalue;
+    CUDA's have none either) where `refuses(a)` (some of them return an empty or 0-dim input first)."""
+
+    def check(a, *args, **kwargs):
+        if a.dtype == torch.bool and refuses(a):
+            raise NotImplementedError(f"\"{kernel}_tpu\" not implemented for 'Bool'")
+
+    return check
 
 
 def _unspecified_dim(name):
@@ -207,7 +219,22 @@ def _count(a, axis):
     return n
 
 
-@lowering("var.correction")
+def _moments_check(words):
+    """meta_check of var/std/var_mean/std_mean: the CPU and CUDA take floating and complex inputs only
+    (even with no elements); `words` start their message."""
+
+    def check(a, *args, **kwargs):
+        if not (a.is_floating_point() or a.is_complex()):
+            raise RuntimeError(f"{words} only support floating point and complex dtypes")
+
+    return check
+
+
+def _moments_checks(op, words):
+    return dict.fromkeys((f"{op}.correction", f"{op}.correction_out"), _moments_check(words))
+
+
+@lowering("var.correction", meta_check=_moments_checks("var", "std and var"))
 def var(a, dim=None, correction=None, keepdim=False):
     axis = _dims(a, dim)
     x = a.astype(opmath(a.dtype))
@@ -221,17 +248,17 @@ def var(a, dim=None, correction=None, keepdim=False):
     return (ss / jnp.maximum(_count(a, axis) - ddof, 0)).astype(ss.dtype if jnp.iscomplexobj(a) else a.dtype)
 
 
-@lowering("std.correction")
+@lowering("std.correction", meta_check=_moments_checks("std", "std and var"))
 def std(a, dim=None, correction=None, keepdim=False):
     return jnp.sqrt(var(a, dim, correction, keepdim))
 
 
-@lowering("var_mean.correction")
+@lowering("var_mean.correction", meta_check=_moments_checks("var_mean", "var_mean"))
 def var_mean(a, dim=None, correction=None, keepdim=False):
     return var(a, dim, correction, keepdim), mean(a, dim, keepdim)
 
 
-@lowering("std_mean.correction")
+@lowering("std_mean.correction", meta_check=_moments_checks("std_mean", "std_mean"))
 def std_mean(a, dim=None, correction=None, keepdim=False):
     return std(a, dim, correction, keepdim), mean(a, dim, keepdim)
 
@@ -452,7 +479,16 @@ def _pick(v, i, pos, axis, keepdim):
 
 
 @lowering(
-    "kthvalue", real_only=True, meta_check=_empty_reduction_check("kthvalue()", "kthvalue", "kthvalue.values", dim_at=2)
+    "kthvalue",
+    real_only=True,
+    meta_check=_empty_reduction_check(
+        "kthvalue()",
+        "kthvalue",
+        "kthvalue.values",
+        dim_at=2,
+        default_dim=-1,
+        then=_no_bool_kernel("kthvalue", lambda a: a.dim()),
+    ),
 )
 def kthvalue(a, k, dim=-1, keepdim=False):
     if a.ndim == 0:
@@ -481,7 +517,9 @@ def _median(a, dim, keepdim, ignore_nan):
 
 
 @lowering(
-    "median.dim", real_only=True, meta_check=_empty_reduction_check("median()", "median.dim", "median.dim_values")
+    "median.dim",
+    real_only=True,
+    meta_check=_empty_reduction_check("median()", "median.dim", "median.dim_values", then=_no_bool_kernel("median")),
 )
 def median_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, False)
@@ -490,7 +528,9 @@ def median_dim(a, dim, keepdim=False):
 @lowering(
     "nanmedian.dim",
     real_only=True,
-    meta_check=_empty_reduction_check("median()", "nanmedian.dim", "nanmedian.dim_values"),
+    meta_check=_empty_reduction_check(
+        "median()", "nanmedian.dim", "nanmedian.dim_values", then=_no_bool_kernel("median")
+    ),
 )
 def nanmedian_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, True)
@@ -510,12 +550,15 @@ def _whole_median(a, ignore_nan):
     return _median(a.reshape(-1), 0, False, ignore_nan)[0]
 
 
-@lowering("median", real_only=True)
+_WHOLE_MEDIAN_CHECK = _no_bool_kernel("median", lambda a: a.numel())  # (no elements: True, as the CPU)
+
+
+@lowering("median", real_only=True, meta_check=_WHOLE_MEDIAN_CHECK)
 def median(a):
     return _whole_median(a, False)
 
 
-@lowering("nanmedian", real_only=True)
+@lowering("nanmedian", real_only=True, meta_check=_WHOLE_MEDIAN_CHECK)
 def nanmedian(a):
     return _whole_median(a, True)
 
@@ -532,7 +575,7 @@ def _mode_out_check(a, *args, values=None, indices=None, **kwargs):
 
 def _mode_check(a, *args, **kwargs):
     _mode_out_check(a, *args, **kwargs)
-    _empty_reduction_check("mode()", "mode")["mode"](a, *args, **kwargs)
+    _empty_reduction_check("mode()", "mode", default_dim=-1)["mode"](a, *args, **kwargs)
 
 
 @lowering("mode", real_only=True, meta_check={"mode": _mode_check, "mode.values": _mode_check})
