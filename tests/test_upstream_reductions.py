@@ -206,9 +206,10 @@ _BOOLS = torch.tensor([[True, False, True], [False, False, True]])
 
 @pytest.mark.parametrize("op", [torch.argmax, torch.argmin])
 @pytest.mark.parametrize("x, dims", [(_BOOLS, (1,)), (_BOOLS, ()), (torch.tensor(True), ()), (_BOOLS[:, :0], (1,))])
-def test_argmax_argmin_refuse_bool_inputs(op, x, dims):
-    # computed before (found by torch.masked.argmax/argmin, which pass the input's dtype through)
+def test_argmax_argmin_refuse_bool_and_complex_inputs(op, x, dims):
+    # bool was computed before (found by torch.masked.argmax/argmin, which pass the input's dtype through)
     same_error(lambda d: op(x.to(d), *dims))
+    same_error(lambda d: op(x.to(d, torch.complex64), *dims))  # (the CPU's words, not a dispatch error)
 
 
 @pytest.mark.parametrize("op, kernel", [(torch.cumsum, "cumsum"), (torch.cumprod, "cumprod")])

@@ -153,7 +153,7 @@ def _arg_reduce(a, dim, keepdim, fn):
 
 @lowering(
     "argmax",
-    real_only=True,
+    real_only="argmax(): does not support complex input",
     meta_check=_empty_reduction_check(
         "argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim, no_bool=True
     ),
@@ -164,7 +164,7 @@ def argmax(a, dim=None, keepdim=False):
 
 @lowering(
     "argmin",
-    real_only=True,
+    real_only="argmin(): does not support complex input",
     meta_check=_empty_reduction_check(
         "argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim, no_bool=True
     ),
