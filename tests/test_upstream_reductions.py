@@ -291,3 +291,16 @@ def test_median_kthvalue_of_bools_without_a_kernel_call():
     assert_close(torch.median(empty.to(DEV)).cpu(), torch.median(empty))
     for tpu, cpu in zip(torch.kthvalue(one.to(DEV), 1), torch.kthvalue(one, 1)):
         assert_close(tpu.cpu(), cpu)
+
+
+@pytest.mark.parametrize("data, bounds", [([1.0, float("nan"), 3.0], ()), ([1.0, 2.0], (0.0, float("inf")))])
+def test_histc_refuses_a_range_that_is_not_finite(data, bounds):
+    # the CPU raises at the op after reading the range back; tpu at the next sync (a device-side
+    # check, as CUDA's asserts), and the device keeps working
+    x = torch.tensor(data)
+    with pytest.raises(RuntimeError, match="range of .* is not finite"):
+        torch.histc(x, 4, *bounds)
+    with pytest.raises(RuntimeError, match="torch.histc: range is not finite"):
+        torch.histc(x.to(DEV), 4, *bounds).cpu()
+    y = torch.tensor([1.0, 2.0, 2.5])
+    assert_close(torch.histc(y.to(DEV), 4).cpu(), torch.histc(y, 4))

@@ -675,6 +675,13 @@ def histc(a, bins=100, min=0, max=0):
         return jnp.zeros((bins,), a.dtype)
     lo = jnp.where(min == max, jnp.min(x), min).astype(x.dtype)
     hi = jnp.where(min == max, jnp.max(x), max).astype(x.dtype)
+    # the CPU and CUDA read the range back and refuse NaN or infinite ends; here a device-side check
+    # (raised at the next sync, as CUDA's asserts) instead of a sync per call
+    require(
+        jnp.isfinite(lo) & jnp.isfinite(hi),
+        "torch.histc: range is not finite (a NaN or infinite min or max)",
+        recoverable=True,
+    )
     same = hi == lo  # PyTorch widens an empty range by one on each side
     lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
     idx = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
