@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -667,7 +669,14 @@ def renorm(a, p, dim, maxnorm):
     return (x * scale).astype(a.dtype)
 
 
-@lowering("histc", real_only=True)
+def _histc_bounds_check(a, bins=100, min=0, max=0, **kwargs):
+    """host_check of histc: given bounds (min != max) with a NaN or infinite end raise at the op with the
+    CPU's words (C++ stream formatting: %g); a range taken from the data is checked on the device."""
+    if min != max and not (math.isfinite(min) and math.isfinite(max)):
+        raise RuntimeError(f"torch.histc: range of [{float(min):g}, {float(max):g}] is not finite")
+
+
+@lowering("histc", real_only=True, host_check=dict.fromkeys(("histc", "histc.out"), _histc_bounds_check))
 def histc(a, bins=100, min=0, max=0):
     # PyTorch: min == max means the data's own range; values outside [min, max] are ignored
     x = a.astype(jnp.float32) if not jnp.issubdtype(a.dtype, jnp.floating) else a
