@@ -189,3 +189,119 @@ def test_sum_into_a_narrower_dtype_rounds_each_element_first(op, dtype, dim):
     actual = op(x.to(DEV), *args, dtype=dtype)
     assert actual.dtype == expected.dtype
     assert torch.equal(actual.cpu(), expected)
+
+
+def _same_refusal(fn, cpu_kernel, tpu_kernel):
+    """fn(device) raises the same exception type on both devices, the kernel's name aside (the CPU's
+    names its CPU kernel)."""
+    with pytest.raises(Exception) as cpu_error:
+        fn("cpu")
+    with pytest.raises(type(cpu_error.value)) as tpu_error:
+        fn(DEV)
+    assert str(tpu_error.value) == str(cpu_error.value).replace(cpu_kernel, tpu_kernel)
+
+
+_BOOLS = torch.tensor([[True, False, True], [False, False, True]])
+
+
+@pytest.mark.parametrize("op", [torch.argmax, torch.argmin])
+@pytest.mark.parametrize("x, dims", [(_BOOLS, (1,)), (_BOOLS, ()), (torch.tensor(True), ()), (_BOOLS[:, :0], (1,))])
+def test_argmax_argmin_refuse_bool_and_complex_inputs(op, x, dims):
+    # bool was computed before (found by torch.masked.argmax/argmin, which pass the input's dtype through)
+    same_error(lambda d: op(x.to(d), *dims))
+    same_error(lambda d: op(x.to(d, torch.complex64), *dims))  # (the CPU's words, not a dispatch error)
+
+
+@pytest.mark.parametrize("op, kernel", [(torch.cumsum, "cumsum"), (torch.cumprod, "cumprod")])
+def test_scans_refuse_a_bool_result(op, kernel):
+    x = torch.tensor([[1, 0, 2], [3, 1, 0]])
+    calls = [
+        lambda d: op(x.to(d).bool(), 1, dtype=torch.bool),
+        lambda d: op(x.to(d), 1, dtype=torch.bool),
+        lambda d: op(x.to(d, torch.float), 0, out=torch.empty(0, dtype=torch.bool, device=d)),
+        lambda d: getattr(x.to(d).bool(), kernel + "_")(1),
+    ]
+    for call in calls:
+        _same_refusal(call, f"{kernel}_out_cpu", f"{kernel}_tpu")
+    # a bool input scans into int64 (or a given out), and nothing to scan is no kernel call
+    for call in (
+        lambda d: op(x.to(d).bool(), 1),
+        lambda d: op(x.to(d).bool(), 1, out=torch.empty(0, dtype=torch.int32, device=d)),
+        lambda d: op(torch.ones(0, 3, dtype=torch.bool, device=d), 1, dtype=torch.bool),
+        lambda d: op(torch.tensor(True, device=d), 0, dtype=torch.bool),
+    ):
+        assert_close(call(DEV).cpu(), call("cpu"))
+
+
+@pytest.mark.parametrize("x", [torch.tensor([[1, 2], [3, 4]]), torch.tensor(3), torch.ones(0, dtype=torch.int32)])
+def test_logcumsumexp_refuses_integers(x):
+    _same_refusal(lambda d: torch.logcumsumexp(x.to(d), 0), "logcumsumexp_out_cpu", "logcumsumexp_tpu")
+    _same_refusal(lambda d: torch.logcumsumexp(x.to(d).bool(), 0), "logcumsumexp_out_cpu", "logcumsumexp_tpu")
+
+
+@pytest.mark.parametrize("op", [torch.softmax, torch.log_softmax, torch.masked.softmax, torch.masked.log_softmax])
+@pytest.mark.parametrize("x, dim", [(torch.tensor([[1, 2, 0], [3, 1, 1]]), 1), (torch.tensor([[1, 2]]), 0)])
+def test_softmax_refuses_integer_inputs(op, x, dim):
+    # the CPU's kernel names differ by dim (softmax_lastdim_kernel_impl, softmax_kernel_impl): types compared
+    with pytest.raises(NotImplementedError):
+        op(x, dim)
+    with pytest.raises(NotImplementedError, match="softmax_tpu\" not implemented for 'Long'"):
+        op(x.to(DEV), dim)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16])
+def test_softmax_of_no_elements_returns_them(dtype):
+    x = torch.zeros(2, 0, dtype=dtype)
+    assert_close(torch.softmax(x.to(DEV), 1).cpu(), torch.softmax(x, 1))
+
+
+@pytest.mark.parametrize("op", [torch.var, torch.std, torch.var_mean, torch.std_mean])
+@pytest.mark.parametrize("x", [torch.tensor([[1, 2], [3, 5]]), torch.ones(0, dtype=torch.int32), torch.tensor(True)])
+def test_moments_refuse_integer_and_bool_inputs(op, x):
+    same_error(lambda d: op(x.to(d)))
+
+
+def _median_kthvalue_calls():
+    b = torch.tensor([[True, False, True], [False, False, True]])
+    return {
+        "median": (lambda d: torch.median(b.to(d)), "median_cpu"),
+        "nanmedian": (lambda d: torch.nanmedian(b.to(d)), "median_cpu"),
+        "median.dim": (lambda d: torch.median(b.to(d), 0), "median_out"),
+        "median.dim 0-dim": (lambda d: torch.median(b[0, 0].to(d), 0), "median_out"),
+        "nanmedian.dim": (lambda d: torch.nanmedian(b.to(d), 1), "median_out"),
+        "kthvalue": (lambda d: torch.kthvalue(b.to(d), 1), "kthvalue_cpu"),
+        "kthvalue of no rows": (lambda d: torch.kthvalue(b[:0].to(d), 1), "kthvalue_cpu"),
+        # the empty-dim check comes first, with the default dim too
+        "kthvalue of an empty dim": (lambda d: torch.kthvalue(b[:, :0].to(d), 1), None),
+        "mode of an empty dim": (lambda d: torch.mode(b[:, :0].to(d)), None),
+    }
+
+
+@pytest.mark.parametrize("call, kernel", _median_kthvalue_calls().values(), ids=_median_kthvalue_calls().keys())
+def test_median_kthvalue_refuse_bool_inputs(call, kernel):
+    if kernel is None:
+        same_error(call)
+    else:
+        _same_refusal(call, kernel, kernel.split("_")[0] + "_tpu")
+
+
+def test_median_kthvalue_of_bools_without_a_kernel_call():
+    # what the CPU returns before choosing a kernel: the whole median of nothing, a 0-dim kthvalue
+    empty, one = torch.ones(0, dtype=torch.bool), torch.tensor(True)
+    assert_close(torch.median(empty.to(DEV)).cpu(), torch.median(empty))
+    for tpu, cpu in zip(torch.kthvalue(one.to(DEV), 1), torch.kthvalue(one, 1)):
+        assert_close(tpu.cpu(), cpu)
+
+
+def test_histc_refuses_a_range_that_is_not_finite():
+    # given bounds: at the op, in the CPU's words; a range taken from the data: the CPU reads it back,
+    # tpu checks it on the device and raises at the next sync (as CUDA's asserts); the device keeps working
+    for bounds in ((0.0, float("inf")), (float("nan"), 1.0)):
+        same_error(lambda d: torch.histc(torch.tensor([1.0, 2.0], device=d), 4, *bounds))
+    x = torch.tensor([1.0, float("nan"), 3.0])
+    with pytest.raises(RuntimeError, match="range of .* is not finite"):
+        torch.histc(x, 4)
+    with pytest.raises(RuntimeError, match="torch.histc: range is not finite"):
+        torch.histc(x.to(DEV), 4).cpu()
+    y = torch.tensor([1.0, 2.0, 2.5])
+    assert_close(torch.histc(y.to(DEV), 4).cpu(), torch.histc(y, 4))

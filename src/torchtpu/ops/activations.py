@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .dtypes import to_opmath
+from .dtypes import scalar_type_name, to_opmath
 from .table import KIND, lowering
 
 
@@ -56,14 +56,29 @@ def tanh_backward(grad, out):
     return grad * jnp.conj(1 - out * out)
 
 
-@lowering("_softmax", real_only=True)
+def _floating_input_check(kernel):
+    """meta_check of _softmax/_log_softmax: their CPU and CUDA kernels take floating inputs only, but
+    return an input without elements (of any dtype) as it is, before choosing a kernel."""
+
+    def check(a, *args, **kwargs):
+        if a.numel() and not a.is_floating_point():
+            raise NotImplementedError(f"\"{kernel}_tpu\" not implemented for '{scalar_type_name(a.dtype)}'")
+
+    return dict.fromkeys((kernel, f"{kernel}.out"), check)
+
+
+@lowering("_softmax", real_only=True, meta_check=_floating_input_check("_softmax"))
 def softmax(a, dim, half_to_float=False):
+    if not a.size:
+        return a.astype(jnp.float32) if half_to_float else a
     out = jax.nn.softmax(to_opmath(a), axis=dim) if a.ndim else jnp.ones_like(to_opmath(a))
     return out if half_to_float else out.astype(a.dtype)
 
 
-@lowering("_log_softmax", real_only=True)
+@lowering("_log_softmax", real_only=True, meta_check=_floating_input_check("_log_softmax"))
 def log_softmax(a, dim, half_to_float=False):
+    if not a.size:
+        return a.astype(jnp.float32) if half_to_float else a
     out = jax.nn.log_softmax(to_opmath(a), axis=dim) if a.ndim else jnp.zeros_like(to_opmath(a))
     return out if half_to_float else out.astype(a.dtype)
 

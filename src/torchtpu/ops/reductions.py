@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -58,24 +60,39 @@ def prod(a, dim=None, keepdim=False, dtype=None):
     return jnp.prod(a.astype(opmath(d)), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
-def _empty_reduction_check(name, *overloads, dim_at=1, all_dims_error=None):
+def _empty_reduction_check(name, *overloads, dim_at=1, all_dims_error=None, no_bool=False, then=None, default_dim=None):
     """meta_check of a reduction without identity (max, argmax, median, ...): the CPU's errors for a
     zero-size reduction dim (IndexError "max(): Expected reduction dim 1 to have non-zero size.") and,
     where `all_dims_error(name)` is given, for reducing every dim of an empty tensor. `dim_at`: the
-    position of the dim argument."""
+    position of the dim argument. `no_bool`: bool inputs refused first, whatever their shape (argmax,
+    argmin: the CPU and CUDA check it before the sizes). `then(a, *args, **kwargs)`: a check after them.
+    `default_dim`: the dim of a call without one (kthvalue and mode: -1)."""
 
     def check(a, *args, **kwargs):
-        dim = kwargs.get("dim", args[dim_at - 1] if len(args) >= dim_at else None)
+        if no_bool and a.dtype == torch.bool:
+            raise RuntimeError(f"{name}: does not support bool input")
+        dim = kwargs.get("dim", args[dim_at - 1] if len(args) >= dim_at else default_dim)
         dims = [] if dim is None else list(dim) if isinstance(dim, (list, tuple)) else [dim]
-        if not dims:
-            if all_dims_error is not None and a.numel() == 0:
-                raise all_dims_error(name)
-            return
+        if not dims and all_dims_error is not None and a.numel() == 0:
+            raise all_dims_error(name)
         for d in dims:
             if a.dim() > 0 and a.shape[d % a.dim()] == 0:
                 raise IndexError(f"{name}: Expected reduction dim {d % a.dim()} to have non-zero size.")
+        if then is not None:
+            then(a, *args, **kwargs)
 
     return dict.fromkeys(overloads, check)
+
+
+def _no_bool_kernel(kernel, refuses=lambda a: True):
+    """A check raising the CPU's dispatch error of a kernel without a bool version (median, kthvalue;
+    CUDA's have none either) where `refuses(a)` (some of them return an empty or 0-dim input first)."""
+
+    def check(a, *args, **kwargs):
+        if a.dtype == torch.bool and refuses(a):
+            raise NotImplementedError(f"\"{kernel}_tpu\" not implemented for 'Bool'")
+
+    return check
 
 
 def _unspecified_dim(name):
@@ -138,8 +155,10 @@ def _arg_reduce(a, dim, keepdim, fn):
 
 @lowering(
     "argmax",
-    real_only=True,
-    meta_check=_empty_reduction_check("argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim),
+    real_only="argmax(): does not support complex input",
+    meta_check=_empty_reduction_check(
+        "argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim, no_bool=True
+    ),
 )
 def argmax(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmax)
@@ -147,8 +166,10 @@ def argmax(a, dim=None, keepdim=False):
 
 @lowering(
     "argmin",
-    real_only=True,
-    meta_check=_empty_reduction_check("argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim),
+    real_only="argmin(): does not support complex input",
+    meta_check=_empty_reduction_check(
+        "argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim, no_bool=True
+    ),
 )
 def argmin(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmin)
@@ -200,7 +221,22 @@ def _count(a, axis):
     return n
 
 
-@lowering("var.correction")
+def _moments_check(words):
+    """meta_check of var/std/var_mean/std_mean: the CPU and CUDA take floating and complex inputs only
+    (even with no elements); `words` start their message."""
+
+    def check(a, *args, **kwargs):
+        if not (a.is_floating_point() or a.is_complex()):
+            raise RuntimeError(f"{words} only support floating point and complex dtypes")
+
+    return check
+
+
+def _moments_checks(op, words):
+    return dict.fromkeys((f"{op}.correction", f"{op}.correction_out"), _moments_check(words))
+
+
+@lowering("var.correction", meta_check=_moments_checks("var", "std and var"))
 def var(a, dim=None, correction=None, keepdim=False):
     axis = _dims(a, dim)
     x = a.astype(opmath(a.dtype))
@@ -214,17 +250,17 @@ def var(a, dim=None, correction=None, keepdim=False):
     return (ss / jnp.maximum(_count(a, axis) - ddof, 0)).astype(ss.dtype if jnp.iscomplexobj(a) else a.dtype)
 
 
-@lowering("std.correction")
+@lowering("std.correction", meta_check=_moments_checks("std", "std and var"))
 def std(a, dim=None, correction=None, keepdim=False):
     return jnp.sqrt(var(a, dim, correction, keepdim))
 
 
-@lowering("var_mean.correction")
+@lowering("var_mean.correction", meta_check=_moments_checks("var_mean", "var_mean"))
 def var_mean(a, dim=None, correction=None, keepdim=False):
     return var(a, dim, correction, keepdim), mean(a, dim, keepdim)
 
 
-@lowering("std_mean.correction")
+@lowering("std_mean.correction", meta_check=_moments_checks("std_mean", "std_mean"))
 def std_mean(a, dim=None, correction=None, keepdim=False):
     return std(a, dim, correction, keepdim), mean(a, dim, keepdim)
 
@@ -309,21 +345,53 @@ def _axis(a, dim):
     return dim % a.ndim if a.ndim else None
 
 
-@lowering("cumsum")
+def _no_bool_scan_check(kernel):
+    """meta_check of cumsum/cumprod: their CPU and CUDA kernels have no bool version, so a bool result
+    (dtype=torch.bool, a bool `out`, a bool tensor scanned in place) of a scan that runs (an input with
+    elements and dims) raises; a bool input scanned into int64 (the default) is fine."""
+
+    def result_dtype(a, args, dtype, out, inplace):
+        dtype = args[1] if dtype is None and len(args) > 1 else dtype
+        if out is not None or inplace:
+            return (out if out is not None else a).dtype
+        if dtype is not None:
+            return dtype
+        return torch.int64 if a.dtype == torch.bool or not (a.is_floating_point() or a.is_complex()) else a.dtype
+
+    def check(inplace):
+        def run(a, *args, dtype=None, out=None, **kwargs):
+            if a.dim() and a.numel() and result_dtype(a, args, dtype, out, inplace) == torch.bool:
+                raise NotImplementedError(f"\"{kernel}_tpu\" not implemented for 'Bool'")
+
+        return run
+
+    return {kernel: check(False), f"{kernel}.out": check(False), f"{kernel}_": check(True)}
+
+
+@lowering("cumsum", meta_check=_no_bool_scan_check("cumsum"))
 def cumsum(a, dim, dtype=None):
     d = _acc_dtype(a, dtype)
     x = a.astype(opmath(d))
     return (jnp.cumsum(x, axis=_axis(a, dim)) if a.ndim else x).astype(d)
 
 
-@lowering("cumprod")
+@lowering("cumprod", meta_check=_no_bool_scan_check("cumprod"))
 def cumprod(a, dim, dtype=None):
     d = _acc_dtype(a, dtype)
     x = a.astype(opmath(d))
     return (jnp.cumprod(x, axis=_axis(a, dim)) if a.ndim else x).astype(d)
 
 
-@lowering("logcumsumexp", meta_check={"logcumsumexp.out": same_scalar_type_out_check})
+def _logcumsumexp_check(a, *args, out=None, **kwargs):
+    # the out dtype first, then the input's: the CPU and CUDA kernels take floating and complex types
+    # only, even for no elements (a 0-dim or empty integer input raises too)
+    if out is not None:
+        same_scalar_type_out_check(a, *args, out=out, **kwargs)
+    if not (a.is_floating_point() or a.is_complex()):
+        raise NotImplementedError(f"\"logcumsumexp_tpu\" not implemented for '{scalar_type_name(a.dtype)}'")
+
+
+@lowering("logcumsumexp", meta_check=dict.fromkeys(("logcumsumexp", "logcumsumexp.out"), _logcumsumexp_check))
 def logcumsumexp(a, dim):
     x = a.astype(opmath(a.dtype))
     return (lax.cumlogsumexp(x, axis=_axis(a, dim)) if a.ndim and a.size else x).astype(a.dtype)
@@ -413,7 +481,16 @@ def _pick(v, i, pos, axis, keepdim):
 
 
 @lowering(
-    "kthvalue", real_only=True, meta_check=_empty_reduction_check("kthvalue()", "kthvalue", "kthvalue.values", dim_at=2)
+    "kthvalue",
+    real_only=True,
+    meta_check=_empty_reduction_check(
+        "kthvalue()",
+        "kthvalue",
+        "kthvalue.values",
+        dim_at=2,
+        default_dim=-1,
+        then=_no_bool_kernel("kthvalue", lambda a: a.dim()),
+    ),
 )
 def kthvalue(a, k, dim=-1, keepdim=False):
     if a.ndim == 0:
@@ -442,7 +519,9 @@ def _median(a, dim, keepdim, ignore_nan):
 
 
 @lowering(
-    "median.dim", real_only=True, meta_check=_empty_reduction_check("median()", "median.dim", "median.dim_values")
+    "median.dim",
+    real_only=True,
+    meta_check=_empty_reduction_check("median()", "median.dim", "median.dim_values", then=_no_bool_kernel("median")),
 )
 def median_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, False)
@@ -451,7 +530,9 @@ def median_dim(a, dim, keepdim=False):
 @lowering(
     "nanmedian.dim",
     real_only=True,
-    meta_check=_empty_reduction_check("median()", "nanmedian.dim", "nanmedian.dim_values"),
+    meta_check=_empty_reduction_check(
+        "median()", "nanmedian.dim", "nanmedian.dim_values", then=_no_bool_kernel("median")
+    ),
 )
 def nanmedian_dim(a, dim, keepdim=False):
     return _median(a, dim, keepdim, True)
@@ -471,12 +552,15 @@ def _whole_median(a, ignore_nan):
     return _median(a.reshape(-1), 0, False, ignore_nan)[0]
 
 
-@lowering("median", real_only=True)
+_WHOLE_MEDIAN_CHECK = _no_bool_kernel("median", lambda a: a.numel())  # (no elements: True, as the CPU)
+
+
+@lowering("median", real_only=True, meta_check=_WHOLE_MEDIAN_CHECK)
 def median(a):
     return _whole_median(a, False)
 
 
-@lowering("nanmedian", real_only=True)
+@lowering("nanmedian", real_only=True, meta_check=_WHOLE_MEDIAN_CHECK)
 def nanmedian(a):
     return _whole_median(a, True)
 
@@ -493,7 +577,7 @@ def _mode_out_check(a, *args, values=None, indices=None, **kwargs):
 
 def _mode_check(a, *args, **kwargs):
     _mode_out_check(a, *args, **kwargs)
-    _empty_reduction_check("mode()", "mode")["mode"](a, *args, **kwargs)
+    _empty_reduction_check("mode()", "mode", default_dim=-1)["mode"](a, *args, **kwargs)
 
 
 @lowering("mode", real_only=True, meta_check={"mode": _mode_check, "mode.values": _mode_check})
@@ -585,7 +669,14 @@ def renorm(a, p, dim, maxnorm):
     return (x * scale).astype(a.dtype)
 
 
-@lowering("histc", real_only=True)
+def _histc_bounds_check(a, bins=100, min=0, max=0, **kwargs):
+    """host_check of histc: given bounds (min != max) with a NaN or infinite end raise at the op with the
+    CPU's words (C++ stream formatting: %g); a range taken from the data is checked on the device."""
+    if min != max and not (math.isfinite(min) and math.isfinite(max)):
+        raise RuntimeError(f"torch.histc: range of [{float(min):g}, {float(max):g}] is not finite")
+
+
+@lowering("histc", real_only=True, host_check=dict.fromkeys(("histc", "histc.out"), _histc_bounds_check))
 def histc(a, bins=100, min=0, max=0):
     # PyTorch: min == max means the data's own range; values outside [min, max] are ignored
     x = a.astype(jnp.float32) if not jnp.issubdtype(a.dtype, jnp.floating) else a
@@ -593,6 +684,13 @@ def histc(a, bins=100, min=0, max=0):
         return jnp.zeros((bins,), a.dtype)
     lo = jnp.where(min == max, jnp.min(x), min).astype(x.dtype)
     hi = jnp.where(min == max, jnp.max(x), max).astype(x.dtype)
+    # the CPU and CUDA read the range back and refuse NaN or infinite ends; here a device-side check
+    # (raised at the next sync, as CUDA's asserts) instead of a sync per call
+    require(
+        jnp.isfinite(lo) & jnp.isfinite(hi),
+        "torch.histc: range is not finite (a NaN or infinite min or max)",
+        recoverable=True,
+    )
     same = hi == lo  # PyTorch widens an empty range by one on each side
     lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
     idx = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
