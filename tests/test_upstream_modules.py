@@ -178,3 +178,32 @@ def test_multilabel_margin_loss_of_one_sample_is_0_dim(shape, reduction):
     assert tpu.shape == cpu.shape
     assert_close(tpu.detach().cpu(), cpu.detach())
     assert_close(torch.autograd.grad(tpu.sum(), xt)[0].cpu(), torch.autograd.grad(cpu.sum(), xc)[0])
+
+
+def test_lazy_module_converts_dtype_on_the_device_before_its_first_call():
+    # LazyConv*'s test_forward (float64): `.to("tpu").double()` converts the uninitialized parameters,
+    # whose `shape` raises
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, dtype=torch.float64)
+    for cls in (torch.nn.LazyConv1d, torch.nn.LazyConvTranspose1d):
+        tpu = cls(4, 2).to(DEV).double()
+        out = tpu(x.to(DEV))  # (initialised on the device: the CPU's module takes its parameters)
+        assert tpu.weight.dtype == torch.float64 and tpu.weight.device.type == DEV
+        cpu = cls(4, 2).double()
+        cpu(x)
+        cpu.load_state_dict({k: v.cpu() for k, v in tpu.state_dict().items()})
+        assert_close(out.cpu(), cpu(x))
+
+
+def test_fractional_max_pool3d_unbatched_with_a_batch_of_samples():
+    # FractionalMaxPool3d's test_forward (no_batch_dim): samples for 2 batches, an unbatched input;
+    # the first row serves
+    torch.manual_seed(0)
+    x = torch.randn(4, 5, 5, 5, dtype=torch.float64)
+    samples = torch.rand(2, 4, 3, dtype=torch.float64)
+    xc, xt = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+    cpu = torch.nn.functional.fractional_max_pool3d(xc, 2, output_ratio=0.5, _random_samples=samples)
+    tpu = torch.nn.functional.fractional_max_pool3d(xt, 2, output_ratio=0.5, _random_samples=samples.to(DEV))
+    assert_close(tpu.detach().cpu(), cpu.detach())
+    g = torch.randn(cpu.shape, dtype=torch.float64)
+    assert_close(torch.autograd.grad(tpu, xt, g.to(DEV))[0].cpu(), torch.autograd.grad(cpu, xc, g)[0])

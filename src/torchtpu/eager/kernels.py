@@ -13,6 +13,7 @@ import torch
 from torch._C import DispatchKey, DispatchKeySet
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch._subclasses import fake_impls
+from torch.nn.parameter import UninitializedTensorMixin
 from torch.utils import _pytree as pytree
 
 from .. import config, metrics
@@ -549,6 +550,10 @@ def _to_copy(self, *, non_blocking=False, **kwargs):
     host memory (there is no pinned allocator for tpu; our device-to-host copies complete before
     they return, so the result is the same as CUDA's once synchronised), and that a copy keeping
     device, dtype and layout is a clone. (Registered for tpu: `self` is always a tpu tensor.)"""
+    if isinstance(self, UninitializedTensorMixin):
+        # a lazy module's placeholder (`LazyConv1d().to("tpu").double()`): its `shape` raises, and the
+        # engine keys on shapes; the plain tensor underneath (size 0) converts as the CPU's does
+        self = self.as_subclass(torch.Tensor)
     device = kwargs.get("device")
     if device is not None:
         device = torch.device(device)

@@ -108,7 +108,9 @@ def _fractional_max_pool(x, nd, kernel_size, output_size, samples):
     dtype = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
     # samples hold (W, H) for 2-D and (T, H, W) for 3-D, as PyTorch's CPU kernels read them
     order = (1, 0) if nd == 2 else (0, 1, 2)
-    samples = samples.reshape(n, c, nd)
+    # (batch, plane, dim) as CUDA indexes them: a 3-D input may come with the samples of a larger
+    # batch (FractionalMaxPool3d's unbatched inputs), of which the first row serves
+    samples = samples[:n, :c] if samples.ndim == 3 else samples.reshape(n, c, nd)
     gathered = xb.reshape(n, c, -1)
     flat = jnp.zeros((n, c) + tuple(output_size) + tuple(kernel_size), jnp.int64)
     for d in range(nd):
