@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import jax
+import numpy as np
 import pytest
 import torch
 
@@ -297,3 +298,30 @@ def test_bad_topology_is_a_config_error(monkeypatch):
     assert config.get("TORCHTPU_TPU_COMPILE_CHECK") == "v6e:2x2"
     monkeypatch.setenv("TORCHTPU_TPU_COMPILE_CHECK", "0")
     assert config.get("TORCHTPU_TPU_COMPILE_CHECK") is None
+
+
+@pytest.mark.slow  # (XLA:TPU takes seconds per float64 DFT program; the values are checked below)
+def test_double_precision_ffts_compile_for_tpu(check):
+    """XLA:TPU's FFT is complex64-only: float64/complex128 ones are float64 DFT products there (ops/fft.py)."""
+    r = torch.randn(3, 9 + 2 * next(_next_fresh), dtype=torch.float64)
+    spectrum = torch.fft.rfft(r.to("tpu"))
+    torch.testing.assert_close(spectrum.cpu(), torch.fft.rfft(r))
+    torch.testing.assert_close(torch.fft.irfft(spectrum, n=r.shape[1]).cpu(), r)
+    programs = _programs(check.report(), "aten::_fft")
+    assert len(programs) >= 2 and all(p.ok for p in programs), check.report().failures
+
+
+def test_double_precision_ffts_tpu_branch_matches_cpu():
+    """The TPU branch of float64/complex128 FFTs (direct DFTs and the four-step split), traced on the host."""
+    from torchtpu.device import platform
+    from torchtpu.ops import fft
+
+    x = torch.randn(2, 150, dtype=torch.complex128)  # past _DIRECT_DFT: 10 x 15
+    r = torch.randn(3, 9, dtype=torch.float64)
+    with platform.tracing_for("tpu"):  # (a new lambda each: not the host's cached trace)
+        tpu = jax.jit(lambda a: fft.fft_c2c(a, [1], 1, False))(x.numpy())
+        half = jax.jit(lambda a: fft.fft_r2c(a, [0, 1], 2, True))(r.numpy())
+        back = jax.jit(lambda a: fft.fft_c2r(a, [0, 1], 0, 9))(np.asarray(half))
+    torch.testing.assert_close(torch.from_numpy(np.asarray(tpu)), torch._fft_c2c(x, [1], 1, False))
+    torch.testing.assert_close(torch.from_numpy(np.asarray(half)), torch._fft_r2c(r, [0, 1], 2, True))
+    torch.testing.assert_close(torch.from_numpy(np.asarray(back)), r)  # (half was scaled by 1/27)

@@ -99,17 +99,11 @@ _REFUSED = {
         (2, 3, 5, 5),
         r'"convolution_tpu" not implemented for \'Long\'',
     ),
-    "complex128 fft": (
+    "complex128 fft of a long prime length": (
         lambda a: fft.fft_c2c(a.astype(jnp.complex128), [0], 0, True),
         np.float64,
-        (8,),
-        "FFTs of ComplexDouble tensors are not supported on a TPU",
-    ),
-    "float64 rfft": (
-        lambda a: fft.fft_r2c(a, [0], 0, True),
-        np.float64,
-        (8,),
-        "FFTs of Double tensors are not supported on a TPU",
+        (4099,),
+        "FFT of prime length 4099 is not supported on a TPU",
     ),
 }
 
