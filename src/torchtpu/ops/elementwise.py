@@ -10,6 +10,7 @@ from jax import lax
 
 from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
+from .elementwise_pow import complex_pow, int_pow
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -48,6 +49,8 @@ def _with_variants(check, *names):
     meta_check=_with_variants(_alpha_check, "add.Tensor", "add.Scalar", "add_.Tensor", "add_.Scalar", "add.out"),
 )
 def add(a, b, alpha=1):
+    if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
+        return _complex_add(a, b, alpha)
     return a + b * alpha if not (isinstance(alpha, int) and alpha == 1) else a + b
 
 
@@ -76,7 +79,16 @@ def _sub_check(a, b, *_, **__):
     ),
 )
 def sub(a, b, alpha=1):
+    if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
+        return _complex_add(a, b, -alpha)
     return a - b * alpha if not (isinstance(alpha, int) and alpha == 1) else a - b
+
+
+def _complex_add(a, b, alpha):
+    """a + alpha b as the CPU's and CUDA's kernels compute it, alpha 1 included: a complex product, so an
+    infinite part of b gives NaN in the other part too (0 + infj is nan+infj there)."""
+    dtype = jnp.result_type(a, b)
+    return a + multiply(jnp.asarray(b, dtype), jnp.asarray(alpha, dtype))
 
 
 @lowering(
@@ -87,6 +99,8 @@ def sub(a, b, alpha=1):
     meta_check=_with_variants(_sub_and_alpha_check, "rsub.Tensor", "rsub.Scalar"),
 )
 def rsub(a, b, alpha=1):
+    if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
+        return _complex_add(b, a, -alpha)
     return b - a * alpha if not (isinstance(alpha, int) and alpha == 1) else b - a
 
 
@@ -244,9 +258,11 @@ def fmod(a, b):
 def power_by_scalar(a, b):
     if not jnp.iscomplexobj(a):
         return power(a, b)
-    # the CPU's complex pow by a Scalar 2 or 3 is its product a*a or a*a*a (by a 0-dim tensor: pow)
+    # the CPU's complex pow by a Scalar 2 or 3 is its product a*a or a*a*a, by 0.5 its sqrt (by a 0-dim
+    # tensor: pow)
     square = multiply(a, a)
-    return jnp.where(b == 2, square, jnp.where(b == 3, multiply(square, a), power(a, b)))
+    other = jnp.where(b == 0.5, jnp.sqrt(a), power(a, b))
+    return jnp.where(b == 2, square, jnp.where(b == 3, multiply(square, a), other))
 
 
 @lowering("pow.Tensor_Tensor", "pow.Scalar", promote=KIND.DEFAULT)
@@ -254,30 +270,10 @@ def power(a, b):
     if _is_int(a) and _is_int(b):
         if isinstance(b, int) and b >= 0:
             return lax.integer_pow(a, b)
-        return _int_pow(a, b)
+        return int_pow(a, b)
+    if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
+        return complex_pow(a, b)
     return jnp.power(a, b)
-
-
-def _int_pow(a, b):
-    """PyTorch's integer pow: square-and-multiply over every bit of the exponent (wrapping on
-    overflow; jnp.power stops early), and for b < 0: 1 for a == 1, ±1 for a == -1, else 0."""
-    dtype = jnp.result_type(a, b) if not isinstance(b, int) else jnp.result_type(a)
-    if dtype == jnp.bool_:
-        return jnp.logical_or(jnp.asarray(a), jnp.logical_not(b))
-    a, b = jnp.broadcast_arrays(jnp.asarray(a, dtype), jnp.asarray(b, dtype))
-    e = jnp.abs(b) if jnp.issubdtype(dtype, jnp.signedinteger) else b
-
-    def step(_, carry):
-        result, base, e = carry
-        result = jnp.where((e & 1) == 1, result * base, result)
-        return result, base * base, e >> 1
-
-    bits = jnp.iinfo(dtype).bits
-    result = lax.fori_loop(0, bits, step, (jnp.ones_like(a), a, e))[0]
-    if jnp.issubdtype(dtype, jnp.signedinteger):
-        neg = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(b % 2 == 0, 1, -1), 0)).astype(dtype)
-        result = jnp.where(b < 0, neg, result)
-    return result
 
 
 @lowering("neg", promote=KIND.DEFAULT, meta_check={"neg.out": same_dtype_out_check})
@@ -722,8 +718,12 @@ def gcd(a, b):
 
 @lowering("lcm", promote=KIND.DEFAULT, real_only=True)
 def lcm(a, b):
+    dtype = jnp.result_type(a, b)
+    # C++ computes abs(a / g * b) of (u)int8/int16 in int, wrapping when storing: int16 lcm(1113, 10701) is -27625
+    wide = jnp.int32 if dtype != jnp.bool_ and jnp.iinfo(dtype).bits < 32 else dtype  # (bool: gcd refuses it)
+    a, b = jnp.asarray(a, wide), jnp.asarray(b, wide)
     g = jnp.gcd(a, b)
-    return jnp.abs(jnp.where(g == 0, 0, a // jnp.where(g == 0, 1, g) * b))
+    return jnp.abs(jnp.where(g == 0, 0, a // jnp.where(g == 0, 1, g) * b)).astype(dtype)
 
 
 def _isin(elements, tests, invert):
