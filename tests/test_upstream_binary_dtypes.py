@@ -68,3 +68,14 @@ def test_complex_pow_of_large_values_as_on_the_cpu(dtype):
     y = torch.randn(300, dtype=dtype) * 3
     assert_close(torch.pow(x.to(DEV), y.to(DEV)).cpu(), torch.pow(x, y))
     assert_close((x.to(DEV) ** 0.5).cpu(), x**0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64, torch.uint8])
+def test_gcd_of_a_signed_minimum_ends_and_matches_the_cpu(dtype):
+    # jnp.gcd's loop never ended for a signed type's minimum (int8 gcd(55, -128) hung the process)
+    info = torch.iinfo(dtype)
+    v = torch.tensor([0, 1, 55, 12, 18, info.max, info.min, info.min + 1 if info.min else 128], dtype=dtype)
+    if info.min:
+        v = torch.cat([v, -v[1:5]])
+    a, b = v.repeat_interleave(len(v)), v.repeat(len(v))
+    assert torch.equal(torch.gcd(a.to(DEV), b.to(DEV)).cpu(), torch.gcd(a, b))

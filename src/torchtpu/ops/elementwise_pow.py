@@ -1,4 +1,4 @@
-"""Helpers of the pow lowerings (elementwise.py): PyTorch's integer and complex powers."""
+"""Helpers of elementwise.py's lowerings: PyTorch's integer and complex powers, its gcd."""
 
 from __future__ import annotations
 
@@ -62,3 +62,21 @@ def _int_pow(a, b):
         neg = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(b % 2 == 0, 1, -1), 0)).astype(dtype)
         result = jnp.where(b < 0, neg, result)
     return result
+
+
+def euclid_gcd(a, b):
+    """gcd as the CPU's and CUDA's calc_gcd: Euclid's loop on abs(a), abs(b) with C's remainder. jnp.gcd
+    never ended for a signed type's minimum (abs keeps it negative, and its swap to keep the larger
+    first then cycles): int8 gcd(55, -128) hung the process."""
+    dtype = jnp.result_type(a, b)
+    if dtype == jnp.bool_:
+        return jnp.gcd(a, b)  # (refused: the CPU's "not implemented for 'Bool'")
+    a, b = jnp.broadcast_arrays(jnp.abs(jnp.asarray(a, dtype)), jnp.abs(jnp.asarray(b, dtype)))
+
+    def step(ab):
+        a, b = ab
+        nonzero = a != 0
+        return jnp.where(nonzero, lax.rem(b, jnp.where(nonzero, a, 1)), 0), jnp.where(nonzero, a, b)
+
+    # (|b % a| < |a| as unsigned magnitudes, so each element reaches a == 0)
+    return lax.while_loop(lambda ab: jnp.any(ab[0] != 0), step, (a, b))[1]
