@@ -70,6 +70,15 @@ def test_complex_pow_of_large_values_as_on_the_cpu(dtype):
     assert_close((x.to(DEV) ** 0.5).cpu(), x**0.5)
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_pow_of_infinities_and_nans_as_on_the_cpu(dtype):
+    # C's cpow: clog(inf+nanj) has an infinite real part, and C's complex product recovers infinities
+    # where the plain one gives NaN+NaNj; (inf+infj) ** (-inf+nanj) is 0 on the CPU, NaN on tpu before
+    parts = (0.0, 1.0, -2.5, INF, -INF, NAN)
+    x, y = _all_pairs([complex(p, q) for p in parts for q in parts], dtype)
+    assert_close(torch.pow(x.to(DEV), y.to(DEV)).cpu(), torch.pow(x, y), equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64, torch.uint8])
 def test_gcd_of_a_signed_minimum_ends_and_matches_the_cpu(dtype):
     # jnp.gcd's loop never ended for a signed type's minimum (int8 gcd(55, -128) hung the process)

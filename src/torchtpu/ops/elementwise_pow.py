@@ -35,7 +35,14 @@ def complex_pow(a, b):
     multiplies |a|^re(b) by exp(-im(b) arg(a)) separately: 0 * inf = NaN where one underflows and the
     other overflows (43% of the results NaN for |a|, |b| ~ 1e5, where the CPU has 0 or inf)."""
     dtype = jnp.result_type(a, b)
-    w = multiply(jnp.asarray(b, dtype), jnp.log(jnp.asarray(a, dtype)))
+    a = jnp.asarray(a, dtype)
+    log = jnp.log(a)  # (C's clog: |a| is inf where a part is, NaN or not)
+    log = jnp.where(
+        jnp.isinf(jnp.real(a)) | jnp.isinf(jnp.imag(a)),
+        lax.complex(jnp.full_like(jnp.real(log), jnp.inf), jnp.imag(log)),
+        log,
+    )
+    w = _c_product(jnp.asarray(b, dtype), log)
     re, im = jnp.real(w), jnp.imag(w)
     scale = jnp.exp(re)
     result = lax.complex(scale * jnp.cos(im), scale * jnp.sin(im))
@@ -62,6 +69,29 @@ def _int_pow(a, b):
         neg = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(b % 2 == 0, 1, -1), 0)).astype(dtype)
         result = jnp.where(b < 0, neg, result)
     return result
+
+
+def _c_product(p, q):
+    """C's complex product (libgcc's __mulsc3, which glibc's cpow uses): where the plain product is
+    NaN in both parts, infinite parts are boxed to +-1, NaN parts of the other operand to +-0, and the
+    product taken again times inf ((-inf+nanj) * (inf+0.8j) is -inf+nanj, so cpow gives 0, not NaN)."""
+    w = multiply(p, q)
+    pr, pi, qr, qi = jnp.real(p), jnp.imag(p), jnp.real(q), jnp.imag(q)
+
+    def box(x, y, other_inf):  # an infinite operand's parts as +-1/+-0; the other's NaNs as +-0
+        inf = jnp.isinf(x) | jnp.isinf(y)
+        x = jnp.where(inf, jnp.copysign(jnp.isinf(x).astype(x.dtype), x), x)
+        y = jnp.where(inf, jnp.copysign(jnp.isinf(y).astype(y.dtype), y), y)
+        x = jnp.where(other_inf & jnp.isnan(x), jnp.copysign(jnp.zeros_like(x), x), x)
+        y = jnp.where(other_inf & jnp.isnan(y), jnp.copysign(jnp.zeros_like(y), y), y)
+        return x, y, inf
+
+    p_inf, q_inf = jnp.isinf(pr) | jnp.isinf(pi), jnp.isinf(qr) | jnp.isinf(qi)
+    pr, pi, _ = box(pr, pi, q_inf)
+    qr, qi, _ = box(qr, qi, p_inf)
+    again = lax.complex(jnp.inf * (pr * qr - pi * qi), jnp.inf * (pr * qi + pi * qr))
+    recover = jnp.isnan(jnp.real(w)) & jnp.isnan(jnp.imag(w)) & (p_inf | q_inf)
+    return jnp.where(recover, again, w)
 
 
 def euclid_gcd(a, b):
