@@ -88,3 +88,28 @@ def test_gcd_of_a_signed_minimum_ends_and_matches_the_cpu(dtype):
         v = torch.cat([v, -v[1:5]])
     a, b = v.repeat_interleave(len(v)), v.repeat(len(v))
     assert torch.equal(torch.gcd(a.to(DEV), b.to(DEV)).cpu(), torch.gcd(a, b))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d, out: torch.floor_divide(torch.tensor([7, -9], dtype=torch.int16, device=d), 2, out=out),
+        lambda d, out: torch.ge(torch.tensor([1.0, 2.0], device=d), 1.5, out=out),
+        lambda d, out: torch.bitwise_and(torch.tensor([6, 3], device=d), 5, out=out),
+        lambda d, out: torch.clamp(torch.tensor([0.2, 2.0], device=d), 0.5, 1.0, out=out),
+    ],
+)
+@pytest.mark.parametrize("out_dtype", [torch.complex64, torch.float64])
+def test_real_only_ops_write_into_a_complex_out_as_on_the_cpu(call, out_dtype):
+    # the CPU computes in the inputs' dtype and casts into `out`; tpu's real-only check read `out` too.
+    # clamp by Scalars refuses any other dtype of `out` on the CPU ("Found dtype ... but expected Float")
+    results = []
+    for d in ("cpu", DEV):
+        try:
+            results.append(call(d, torch.zeros(2, dtype=out_dtype, device=d)).cpu())
+        except RuntimeError as e:
+            results.append(str(e))
+    if isinstance(results[0], str):
+        assert results[0] == results[1]
+    else:
+        assert_close(results[1], results[0])

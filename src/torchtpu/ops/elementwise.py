@@ -10,7 +10,7 @@ from jax import lax
 
 from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
-from .elementwise_pow import complex_pow, euclid_gcd, int_pow
+from .elementwise_pow import complex_add, complex_pow, euclid_gcd, int_pow
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -50,7 +50,7 @@ def _with_variants(check, *names):
 )
 def add(a, b, alpha=1):
     if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
-        return _complex_add(a, b, alpha)
+        return complex_add(a, b, alpha)
     return a + b * alpha if not (isinstance(alpha, int) and alpha == 1) else a + b
 
 
@@ -80,15 +80,8 @@ def _sub_check(a, b, *_, **__):
 )
 def sub(a, b, alpha=1):
     if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
-        return _complex_add(a, b, -alpha)
+        return complex_add(a, b, -alpha)
     return a - b * alpha if not (isinstance(alpha, int) and alpha == 1) else a - b
-
-
-def _complex_add(a, b, alpha):
-    """a + alpha b as the CPU's and CUDA's kernels compute it, alpha 1 included: a complex product, so an
-    infinite part of b gives NaN in the other part too (0 + infj is nan+infj there)."""
-    dtype = jnp.result_type(a, b)
-    return a + multiply(jnp.asarray(b, dtype), jnp.asarray(alpha, dtype))
 
 
 @lowering(
@@ -100,7 +93,7 @@ def _complex_add(a, b, alpha):
 )
 def rsub(a, b, alpha=1):
     if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
-        return _complex_add(b, a, -alpha)
+        return complex_add(b, a, -alpha)
     return b - a * alpha if not (isinstance(alpha, int) and alpha == 1) else b - a
 
 
@@ -391,14 +384,20 @@ def _clamp_check(a, min=None, max=None, *_, **__):
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
 
 
+def _clamp_out_check(a, min=None, max=None, *_, out=None, **__):
+    _clamp_check(a, min, max)
+    same_dtype_out_check(a, out=out)  # (clamp by Scalars only: the CPU's "Found dtype Double but expected Float")
+
+
 @lowering(
     "clamp",
     "clamp.Tensor",
     promote=KIND.DEFAULT,
     real_only=True,
-    meta_check=dict.fromkeys(
-        ("clamp", "clamp_", "clamp.out", "clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"), _clamp_check
-    ),
+    meta_check={
+        **dict.fromkeys(("clamp", "clamp_", "clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"), _clamp_check),
+        "clamp.out": _clamp_out_check,
+    },
 )
 def clamp(a, min=None, max=None):
     if min is not None:

@@ -1,4 +1,4 @@
-"""Helpers of elementwise.py's lowerings: PyTorch's integer and complex powers, its gcd."""
+"""Helpers of elementwise.py's lowerings: PyTorch's integer and complex powers, complex add, gcd."""
 
 from __future__ import annotations
 
@@ -110,3 +110,10 @@ def euclid_gcd(a, b):
 
     # (|b % a| < |a| as unsigned magnitudes, so each element reaches a == 0)
     return lax.while_loop(lambda ab: jnp.any(ab[0] != 0), step, (a, b))[1]
+
+
+def complex_add(a, b, alpha):
+    """a + alpha b as the CPU's and CUDA's kernels compute it, alpha 1 included: a complex product, so an
+    infinite part of b gives NaN in the other part too (0 + infj is nan+infj there)."""
+    dtype = jnp.result_type(a, b)
+    return a + multiply(jnp.asarray(b, dtype), jnp.asarray(alpha, dtype))
