@@ -113,3 +113,11 @@ def test_real_only_ops_write_into_a_complex_out_as_on_the_cpu(call, out_dtype):
         assert results[0] == results[1]
     else:
         assert_close(results[1], results[0])
+
+
+def test_lcm_of_bools_refused_as_on_the_cpu():
+    # PyTorch's meta kernel raised its own RuntimeError ("Tensor with dtype torch.int64 is not the expected ...")
+    a = torch.tensor([True, False], device=DEV)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        torch.lcm(a, a)
+    assert torch.equal(torch.lcm(a, torch.tensor([4, 6], device=DEV)).cpu(), torch.tensor([4, 0]))

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
+from .argument_checks import bool_mask_check, fill_value_check, no_bool_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
-from .elementwise_pow import complex_add, complex_pow, euclid_gcd, int_pow
+from .elementwise_c import c_lcm, complex_add, complex_pow, euclid_gcd, int_pow
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -715,14 +715,14 @@ def gcd(a, b):
     return euclid_gcd(a, b)
 
 
-@lowering("lcm", promote=KIND.DEFAULT, real_only=True)
+@lowering(
+    "lcm",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    meta_check=_with_variants(no_bool_check("lcm"), "lcm", "lcm_", "lcm.out"),
+)
 def lcm(a, b):
-    dtype = jnp.result_type(a, b)
-    # C++ computes abs(a / g * b) of (u)int8/int16 in int, wrapping when storing: int16 lcm(1113, 10701) is -27625
-    wide = jnp.int32 if dtype != jnp.bool_ and jnp.iinfo(dtype).bits < 32 else dtype  # (bool: gcd refuses it)
-    a, b = jnp.asarray(a, wide), jnp.asarray(b, wide)
-    g = euclid_gcd(a, b)
-    return jnp.abs(jnp.where(g == 0, 0, a // jnp.where(g == 0, 1, g) * b)).astype(dtype)
+    return c_lcm(a, b)
 
 
 def _isin(elements, tests, invert):
