@@ -239,6 +239,16 @@ def same_dtype_out_check(self, *args, out=None, **kwargs):
         raise RuntimeError(f"Found dtype {scalar_type_name(out.dtype)} but expected {scalar_type_name(self.dtype)}")
 
 
+def no_bool_check(name):
+    """A meta_check: `name`'s CPU kernel has no bool loop (lcm); PyTorch's meta kernel says something else."""
+
+    def check(a, b, *_, **__):
+        if torch.result_type(a, b) == torch.bool:
+            raise NotImplementedError(f"\"{name}_tpu\" not implemented for 'Bool'")
+
+    return check
+
+
 def same_scalar_type_out_check(self, *args, out=None, values=None, indices=None, **kwargs):
     """meta_check of the out= overloads whose CPU kernels call check_scalar_type_device_layout_equal
     (logcumsumexp: `out` in the input's dtype; cummax/cummin: `values` in it, `indices` int64), which

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import bool_mask_check, fill_value_check, pow_exponent_check, same_dtype_out_check
+from .argument_checks import bool_mask_check, fill_value_check, no_bool_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
+from .elementwise_c import c_lcm, complex_add, complex_pow, euclid_gcd, int_pow
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -48,6 +49,8 @@ def _with_variants(check, *names):
     meta_check=_with_variants(_alpha_check, "add.Tensor", "add.Scalar", "add_.Tensor", "add_.Scalar", "add.out"),
 )
 def add(a, b, alpha=1):
+    if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
+        return complex_add(a, b, alpha)
     return a + b * alpha if not (isinstance(alpha, int) and alpha == 1) else a + b
 
 
@@ -76,6 +79,8 @@ def _sub_check(a, b, *_, **__):
     ),
 )
 def sub(a, b, alpha=1):
+    if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
+        return complex_add(a, b, -alpha)
     return a - b * alpha if not (isinstance(alpha, int) and alpha == 1) else a - b
 
 
@@ -87,6 +92,8 @@ def sub(a, b, alpha=1):
     meta_check=_with_variants(_sub_and_alpha_check, "rsub.Tensor", "rsub.Scalar"),
 )
 def rsub(a, b, alpha=1):
+    if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
+        return complex_add(b, a, -alpha)
     return b - a * alpha if not (isinstance(alpha, int) and alpha == 1) else b - a
 
 
@@ -244,9 +251,11 @@ def fmod(a, b):
 def power_by_scalar(a, b):
     if not jnp.iscomplexobj(a):
         return power(a, b)
-    # the CPU's complex pow by a Scalar 2 or 3 is its product a*a or a*a*a (by a 0-dim tensor: pow)
+    # the CPU's complex pow by a Scalar 2 or 3 is its product a*a or a*a*a, by 0.5 its sqrt (by a 0-dim
+    # tensor: pow)
     square = multiply(a, a)
-    return jnp.where(b == 2, square, jnp.where(b == 3, multiply(square, a), power(a, b)))
+    other = jnp.where(b == 0.5, jnp.sqrt(a), power(a, b))
+    return jnp.where(b == 2, square, jnp.where(b == 3, multiply(square, a), other))
 
 
 @lowering("pow.Tensor_Tensor", "pow.Scalar", promote=KIND.DEFAULT)
@@ -254,30 +263,10 @@ def power(a, b):
     if _is_int(a) and _is_int(b):
         if isinstance(b, int) and b >= 0:
             return lax.integer_pow(a, b)
-        return _int_pow(a, b)
+        return int_pow(a, b)
+    if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
+        return complex_pow(a, b)
     return jnp.power(a, b)
-
-
-def _int_pow(a, b):
-    """PyTorch's integer pow: square-and-multiply over every bit of the exponent (wrapping on
-    overflow; jnp.power stops early), and for b < 0: 1 for a == 1, ±1 for a == -1, else 0."""
-    dtype = jnp.result_type(a, b) if not isinstance(b, int) else jnp.result_type(a)
-    if dtype == jnp.bool_:
-        return jnp.logical_or(jnp.asarray(a), jnp.logical_not(b))
-    a, b = jnp.broadcast_arrays(jnp.asarray(a, dtype), jnp.asarray(b, dtype))
-    e = jnp.abs(b) if jnp.issubdtype(dtype, jnp.signedinteger) else b
-
-    def step(_, carry):
-        result, base, e = carry
-        result = jnp.where((e & 1) == 1, result * base, result)
-        return result, base * base, e >> 1
-
-    bits = jnp.iinfo(dtype).bits
-    result = lax.fori_loop(0, bits, step, (jnp.ones_like(a), a, e))[0]
-    if jnp.issubdtype(dtype, jnp.signedinteger):
-        neg = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(b % 2 == 0, 1, -1), 0)).astype(dtype)
-        result = jnp.where(b < 0, neg, result)
-    return result
 
 
 @lowering("neg", promote=KIND.DEFAULT, meta_check={"neg.out": same_dtype_out_check})
@@ -395,14 +384,20 @@ def _clamp_check(a, min=None, max=None, *_, **__):
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
 
 
+def _clamp_out_check(a, min=None, max=None, *_, out=None, **__):
+    _clamp_check(a, min, max)
+    same_dtype_out_check(a, out=out)  # (clamp by Scalars only: the CPU's "Found dtype Double but expected Float")
+
+
 @lowering(
     "clamp",
     "clamp.Tensor",
     promote=KIND.DEFAULT,
     real_only=True,
-    meta_check=dict.fromkeys(
-        ("clamp", "clamp_", "clamp.out", "clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"), _clamp_check
-    ),
+    meta_check={
+        **dict.fromkeys(("clamp", "clamp_", "clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"), _clamp_check),
+        "clamp.out": _clamp_out_check,
+    },
 )
 def clamp(a, min=None, max=None):
     if min is not None:
@@ -717,13 +712,17 @@ def ldexp(a, b):
 
 @lowering("gcd", promote=KIND.DEFAULT, real_only=True)
 def gcd(a, b):
-    return jnp.gcd(a, b)
+    return euclid_gcd(a, b)
 
 
-@lowering("lcm", promote=KIND.DEFAULT, real_only=True)
+@lowering(
+    "lcm",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    meta_check=_with_variants(no_bool_check("lcm"), "lcm", "lcm_", "lcm.out"),
+)
 def lcm(a, b):
-    g = jnp.gcd(a, b)
-    return jnp.abs(jnp.where(g == 0, 0, a // jnp.where(g == 0, 1, g) * b))
+    return c_lcm(a, b)
 
 
 def _isin(elements, tests, invert):

@@ -106,8 +106,9 @@ def _resolve_name(qualified):
 def resolve(op, meta_args, meta_kwargs):
     """A function (args, kwargs) -> outputs (+ new values of mutated arguments) in JAX."""
     name = op_name(op)
-    # before any lowering, twin or decomposition: a decomposed real-only op would compute on complex
-    reject_complex(name, (*meta_args, *meta_kwargs.values()))
+    # before any lowering, twin or decomposition: a decomposed real-only op would compute on complex. Not
+    # `out`: the CPU writes a real result into a complex `out` (floor_divide(int16, int32, out=complex64))
+    reject_complex(name, (*meta_args, *(v for k, v in meta_kwargs.items() if k != "out")))
     low = LOWERINGS.get(name)
     if low is not None:
         fn = functools.partial(_call_lowering, low)

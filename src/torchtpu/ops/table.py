@@ -251,7 +251,8 @@ def reject_complex(name, values):
 
 def apply(low: Lowering, args, kwargs):
     """Call a lowering with PyTorch's type promotion applied around it."""
-    reject_complex(low.name, (*args, *kwargs.values()))  # (at tracing time only: no cost per call)
+    # (at tracing time only: no cost per call; not `out`: see resolve)
+    reject_complex(low.name, (*args, *(v for k, v in kwargs.items() if k != "out")))
     if low.promote is None:
         return low.fn(*args, **kwargs)
     positions = low.promote_args if low.promote_args is not None else range(len(args))
