@@ -100,8 +100,8 @@ def euclid_gcd(a, b):
     never ended for a signed type's minimum (abs keeps it negative, and its swap to keep the larger
     first then cycles): int8 gcd(55, -128) hung the process."""
     dtype = jnp.result_type(a, b)
-    if dtype == jnp.bool_:
-        return jnp.gcd(a, b)  # (refused: the CPU's "not implemented for 'Bool'")
+    if not jnp.issubdtype(dtype, jnp.integer):
+        return jnp.gcd(a, b)  # JAX refuses bool and floats, which the engine reports as the CPU's error
     a, b = jnp.broadcast_arrays(jnp.abs(jnp.asarray(a, dtype)), jnp.abs(jnp.asarray(b, dtype)))
 
     def step(ab):
