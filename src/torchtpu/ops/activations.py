@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .dtypes import scalar_type_name, to_opmath
+from .dtypes import not_implemented_for, to_opmath
 from .table import KIND, lowering
 
 
@@ -62,7 +62,7 @@ def _floating_input_check(kernel):
 
     def check(a, *args, **kwargs):
         if a.numel() and not a.is_floating_point():
-            raise NotImplementedError(f"\"{kernel}_tpu\" not implemented for '{scalar_type_name(a.dtype)}'")
+            raise not_implemented_for(kernel, a.dtype)
 
     return dict.fromkeys((kernel, f"{kernel}.out"), check)
 

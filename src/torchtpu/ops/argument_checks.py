@@ -244,7 +244,9 @@ def no_bool_check(name):
 
     def check(a, b, *_, **__):
         if torch.result_type(a, b) == torch.bool:
-            raise NotImplementedError(f"\"{name}_tpu\" not implemented for 'Bool'")
+            from .dtypes import not_implemented_for
+
+            raise not_implemented_for(name, torch.bool)
 
     return check
 

@@ -291,6 +291,11 @@ def scalar_type_name(dtype) -> str:
     return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
+def not_implemented_for(kernel: str, dtype) -> NotImplementedError:
+    """The error the CPU raises for a kernel with no loop for `dtype`, in tpu's words."""
+    return NotImplementedError(f"\"{kernel}_tpu\" not implemented for '{scalar_type_name(dtype)}'")
+
+
 _META_BY_KIND = {}
 
 

@@ -50,28 +50,6 @@ def complex_pow(a, b):
     return jnp.where(re == -jnp.inf, jnp.zeros((), dtype), result)  # C's cexp(-inf + iy): 0 for any y
 
 
-def _int_pow(a, b):
-    """PyTorch's integer pow: square-and-multiply over every bit of the exponent (wrapping on
-    overflow; jnp.power stops early), and for b < 0: 1 for a == 1, ±1 for a == -1, else 0."""
-    dtype = jnp.result_type(a, b) if not isinstance(b, int) else jnp.result_type(a)
-    if dtype == jnp.bool_:
-        return jnp.logical_or(jnp.asarray(a), jnp.logical_not(b))
-    a, b = jnp.broadcast_arrays(jnp.asarray(a, dtype), jnp.asarray(b, dtype))
-    e = jnp.abs(b) if jnp.issubdtype(dtype, jnp.signedinteger) else b
-
-    def step(_, carry):
-        result, base, e = carry
-        result = jnp.where((e & 1) == 1, result * base, result)
-        return result, base * base, e >> 1
-
-    bits = jnp.iinfo(dtype).bits
-    result = lax.fori_loop(0, bits, step, (jnp.ones_like(a), a, e))[0]
-    if jnp.issubdtype(dtype, jnp.signedinteger):
-        neg = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(b % 2 == 0, 1, -1), 0)).astype(dtype)
-        result = jnp.where(b < 0, neg, result)
-    return result
-
-
 def _c_product(p, q):
     """C's complex product (libgcc's __mulsc3, which glibc's cpow uses): where the plain product is
     NaN in both parts, infinite parts are boxed to +-1, NaN parts of the other operand to +-0, and the

@@ -11,7 +11,7 @@ from jax import lax
 
 from .argument_checks import same_scalar_type_out_check, warn_at_caller
 from .checks import require
-from .dtypes import opmath, scalar_type_name, to_opmath
+from .dtypes import not_implemented_for, opmath, scalar_type_name, to_opmath
 from .table import lowering, real_only_without_lowering
 
 
@@ -90,7 +90,7 @@ def _no_bool_kernel(kernel, refuses=lambda a: True):
 
     def check(a, *args, **kwargs):
         if a.dtype == torch.bool and refuses(a):
-            raise NotImplementedError(f"\"{kernel}_tpu\" not implemented for 'Bool'")
+            raise not_implemented_for(kernel, torch.bool)
 
     return check
 
@@ -361,7 +361,7 @@ def _no_bool_scan_check(kernel):
     def check(inplace):
         def run(a, *args, dtype=None, out=None, **kwargs):
             if a.dim() and a.numel() and result_dtype(a, args, dtype, out, inplace) == torch.bool:
-                raise NotImplementedError(f"\"{kernel}_tpu\" not implemented for 'Bool'")
+                raise not_implemented_for(kernel, torch.bool)
 
         return run
 
@@ -388,7 +388,7 @@ def _logcumsumexp_check(a, *args, out=None, **kwargs):
     if out is not None:
         same_scalar_type_out_check(a, *args, out=out, **kwargs)
     if not (a.is_floating_point() or a.is_complex()):
-        raise NotImplementedError(f"\"logcumsumexp_tpu\" not implemented for '{scalar_type_name(a.dtype)}'")
+        raise not_implemented_for("logcumsumexp", a.dtype)
 
 
 @lowering("logcumsumexp", meta_check=dict.fromkeys(("logcumsumexp", "logcumsumexp.out"), _logcumsumexp_check))

@@ -52,7 +52,7 @@ import dataclasses
 import types
 from collections.abc import Callable
 
-from .dtypes import KIND, operand_facts, promote, scalar_type_name
+from .dtypes import KIND, not_implemented_for, operand_facts, promote
 
 __all__ = [
     "INDEXED_WRITE",
@@ -246,7 +246,7 @@ def reject_complex(name, values):
         if kind in ("complex64", "complex128", "complex32"):  # (complex32: meta tensors; its arrays are complex64)
             if isinstance(REAL_ONLY[base], str):  # the op's own words on the CPU
                 raise RuntimeError(REAL_ONLY[base])
-            raise NotImplementedError(f"\"{base}_tpu\" not implemented for '{scalar_type_name(v.dtype)}'")
+            raise not_implemented_for(base, v.dtype)
 
 
 def apply(low: Lowering, args, kwargs):
