@@ -4,32 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from optimizer_support import paired_params, step_both
 
 from torchtpu.optim import Muon
 
 SHAPES = [(16, 8), (8, 24), (12, 12)]  # tall (transposed inside Newton-Schulz), wide, square
-
-
-def _params(dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    cpu = [torch.randn(s, generator=g).to(dtype).requires_grad_() for s in SHAPES]
-    tpu = [p.detach().to("tpu").requires_grad_() for p in cpu]
-    return cpu, tpu
-
-
-def _run(ref, opt, cpu, tpu, steps, seed=1, lrs=None):
-    g = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        if lrs is not None:
-            for o in (ref, opt):
-                for group in o.param_groups:
-                    group["lr"] = lrs[step]
-        for pc, pt in zip(cpu, tpu):
-            grad = torch.randn(pc.shape, generator=g).to(pc.dtype)
-            pc.grad = grad.clone()
-            pt.grad = grad.to("tpu")
-        ref.step()
-        opt.step()
 
 
 KWARGS = [
@@ -42,9 +21,9 @@ KWARGS = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kwargs", KWARGS)
 def test_muon_matches_torch(dtype, kwargs):
-    cpu, tpu = _params(dtype)
+    cpu, tpu = paired_params(SHAPES, dtype)
     ref, opt = torch.optim.Muon(cpu, **kwargs), Muon(tpu, **kwargs)
-    _run(ref, opt, cpu, tpu, steps=3)
+    step_both(ref, opt, cpu, tpu, steps=3)
     # Newton-Schulz runs in bfloat16 on both sides and matches op by op, but the float32 sums inside
     # the matmuls add in another order: now and then one bfloat16 ulp of the update differs (x lr)
     tol = dict(atol=3e-4, rtol=1e-3) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
@@ -55,9 +34,9 @@ def test_muon_matches_torch(dtype, kwargs):
 
 
 def test_muon_lr_schedule_does_not_recompile_and_state_dict_is_torchs():
-    cpu, tpu = _params(torch.float32)
+    cpu, tpu = paired_params(SHAPES, torch.float32)
     ref, opt = torch.optim.Muon(cpu, lr=0.02), Muon(tpu, lr=0.02)
-    _run(ref, opt, cpu, tpu, steps=4, lrs=[0.02, 0.015, 0.01, 0.005])
+    step_both(ref, opt, cpu, tpu, steps=4, lrs=[0.02, 0.015, 0.01, 0.005])
     assert opt.executables_built == 1
     for pc, pt in zip(cpu, tpu):
         torch.testing.assert_close(pt.detach().cpu(), pc.detach(), atol=3e-4, rtol=1e-3)

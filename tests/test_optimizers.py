@@ -7,32 +7,11 @@ import copy
 import jax
 import pytest
 import torch
+from optimizer_support import paired_params, step_both
 
 from torchtpu.optim import SGD, AdamW, Sgd
 
 SHAPES = [(7, 5), (5,), (3, 4, 2)]
-
-
-def _params(dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    cpu = [torch.randn(s, generator=g).to(dtype).requires_grad_() for s in SHAPES]
-    tpu = [p.detach().to("tpu").requires_grad_() for p in cpu]
-    return cpu, tpu
-
-
-def _run(cpu_opt, tpu_opt, cpu, tpu, steps, seed=1, lrs=None):
-    g = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        if lrs is not None:
-            for o in (cpu_opt, tpu_opt):
-                for group in o.param_groups:
-                    group["lr"] = lrs[step]
-        for pc, pt in zip(cpu, tpu):
-            grad = torch.randn(pc.shape, generator=g).to(pc.dtype)
-            pc.grad = grad.clone()
-            pt.grad = grad.to("tpu")
-        cpu_opt.step()
-        tpu_opt.step()
 
 
 def _close(cpu, tpu, dtype):
@@ -53,9 +32,9 @@ SGDS = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kwargs", ADAMW)
 def test_adamw_matches_torch(dtype, kwargs):
-    cpu, tpu = _params(dtype)
+    cpu, tpu = paired_params(SHAPES, dtype)
     ref, opt = torch.optim.AdamW(cpu, lr=1e-2, **kwargs), AdamW(tpu, lr=1e-2, **kwargs)
-    _run(ref, opt, cpu, tpu, steps=4)
+    step_both(ref, opt, cpu, tpu, steps=4)
     _close(cpu, tpu, dtype)
     for pc, pt in zip(cpu, tpu):
         for k, v in ref.state[pc].items():
@@ -66,9 +45,9 @@ def test_adamw_matches_torch(dtype, kwargs):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kwargs", SGDS)
 def test_sgd_matches_torch(dtype, kwargs):
-    cpu, tpu = _params(dtype)
+    cpu, tpu = paired_params(SHAPES, dtype)
     ref, opt = torch.optim.SGD(cpu, lr=0.1, **kwargs), Sgd(tpu, lr=0.1, **kwargs)
-    _run(ref, opt, cpu, tpu, steps=4)
+    step_both(ref, opt, cpu, tpu, steps=4)
     _close(cpu, tpu, dtype)
 
 
@@ -79,14 +58,14 @@ def test_one_executable_across_steps_and_lr_schedule():
         if "backend_compile" in event:
             compiles.append(event)
 
-    cpu, tpu = _params(torch.float32)
+    cpu, tpu = paired_params(SHAPES, torch.float32)
     ref, opt = torch.optim.AdamW(cpu, lr=1e-2), AdamW(tpu, lr=1e-2)
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        _run(ref, opt, cpu, tpu, steps=1)
+        step_both(ref, opt, cpu, tpu, steps=1)
         assert opt.executables_built == 1 and compiles  # the listener sees XLA compiles
         compiles.clear()
-        _run(ref, opt, cpu, tpu, steps=5, seed=3, lrs=[1e-2, 5e-3, 2e-3, 1e-3, 3e-4])
+        step_both(ref, opt, cpu, tpu, steps=5, seed=3, lrs=[1e-2, 5e-3, 2e-3, 1e-3, 3e-4])
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert opt.executables_built == 1
@@ -95,30 +74,30 @@ def test_one_executable_across_steps_and_lr_schedule():
 
 
 def test_sgd_momentum_first_step_needs_no_second_executable():
-    cpu, tpu = _params(torch.float32)
+    cpu, tpu = paired_params(SHAPES, torch.float32)
     ref, opt = torch.optim.SGD(cpu, lr=0.1, momentum=0.9), SGD(tpu, lr=0.1, momentum=0.9)
-    _run(ref, opt, cpu, tpu, steps=3, lrs=[0.1, 0.05, 0.01])
+    step_both(ref, opt, cpu, tpu, steps=3, lrs=[0.1, 0.05, 0.01])
     assert opt.executables_built == 1
     _close(cpu, tpu, torch.float32)
 
 
 def test_param_groups_mixed_states_and_params_without_grad():
-    cpu, tpu = _params(torch.float32)
+    cpu, tpu = paired_params(SHAPES, torch.float32)
     groups = lambda ps: [{"params": ps[:1], "momentum": 0.9}, {"params": ps[1:], "lr": 0.3}]
     ref, opt = torch.optim.SGD(groups(cpu), lr=0.1), SGD(groups(tpu), lr=0.1)
     frozen_c, frozen_t = torch.randn(3), None
     frozen_t = frozen_c.to("tpu").requires_grad_()
     opt.add_param_group({"params": [frozen_t]})  # never gets a grad: skipped
-    _run(ref, opt, cpu, tpu, steps=2)
+    step_both(ref, opt, cpu, tpu, steps=2)
     _close(cpu, tpu, torch.float32)
     torch.testing.assert_close(frozen_t.detach().cpu(), frozen_c)
     assert frozen_t not in opt.state
 
 
 def test_state_dict_round_trip_with_torch():
-    cpu, tpu = _params(torch.float32)
+    cpu, tpu = paired_params(SHAPES, torch.float32)
     ref, opt = torch.optim.AdamW(cpu, lr=1e-2, amsgrad=True), AdamW(tpu, lr=1e-2, amsgrad=True)
-    _run(ref, opt, cpu, tpu, steps=2)
+    step_both(ref, opt, cpu, tpu, steps=2)
     sd = opt.state_dict()
     assert sd["state"][0].keys() == ref.state_dict()["state"][0].keys()
     assert sd["state"][0]["step"].device.type == "cpu" and float(sd["state"][0]["step"]) == 2
@@ -130,9 +109,9 @@ def test_state_dict_round_trip_with_torch():
     opt2 = AdamW(tpu2, lr=1e-2, amsgrad=True)
     opt2.load_state_dict(copy.deepcopy(ref.state_dict()))  # torch shares CPU "step" tensors
     assert opt2.state[tpu2[0]]["exp_avg"].device.type == "tpu"
-    _run(ref2, opt, cpu2, tpu, steps=2, seed=5)
+    step_both(ref2, opt, cpu2, tpu, steps=2, seed=5)
     _close(cpu2, tpu, torch.float32)
-    _run(ref, opt2, cpu, tpu2, steps=2, seed=5)
+    step_both(ref, opt2, cpu, tpu2, steps=2, seed=5)
     _close(cpu, tpu2, torch.float32)
 
 
@@ -151,7 +130,7 @@ def test_bad_params_are_clear_errors():
 
 
 def test_non_contiguous_grad_is_accepted():
-    cpu, tpu = _params(torch.float32)
+    cpu, tpu = paired_params(SHAPES, torch.float32)
     ref, opt = torch.optim.SGD(cpu[:1], lr=0.1), SGD(tpu[:1], lr=0.1)
     g = torch.randn(5, 7)
     cpu[0].grad = g.t().contiguous()
