@@ -240,23 +240,6 @@ def test_shedding_jax_memo_caches_keeps_every_executable(monkeypatch):
     )
 
 
-def test_shedding_gives_the_free_heap_back(monkeypatch):
-    # Each shed also trims glibc's heap (the garbage of loading executables stayed resident); the ops
-    # built across the trims still compute what the CPU does.
-    from torchtpu.device import host_pages
-    from torchtpu.eager import limits
-
-    trims = []
-    monkeypatch.setattr(limits, "SHED_EVERY", 2)
-    monkeypatch.setattr(host_pages, "give_back_heap", lambda: trims.append(1))
-    x = torch.randn(50)
-    got = [(x.to("tpu")[:n] * 1.5 - n).square().mean().cpu() for n in range(41, 47)]  # new shapes
-    assert trims
-    torch.testing.assert_close(
-        torch.stack(got), torch.stack([(x[:n] * 1.5 - n).square().mean() for n in range(41, 47)])
-    )
-
-
 def test_clone_and_whole_copies_share_buffers_but_stay_independent():
     """clone() and copy_ of a whole storage share the source's (immutable) buffer instead of running an
     executable; a later write to either side must not show in the other."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import jax
 
-from ..device import host_pages
 from ..metrics import counters
 
 # XLA:CPU maps each loaded executable into memory with about three mappings, and Linux caps a process
@@ -26,10 +25,6 @@ _executables = [0, 0, 0]  # since the last check, since the last forget, since t
 # cache, which clearing them leaves alone. Shedding them every SHED_EVERY new executables takes a
 # real-size eager decode's peak RSS down by ~240 MB; the price is ~5% more time for first calls,
 # which re-trace JAX's own helpers after a shed (benchmarks/RESULTS.md; checked with jax 0.10.2).
-# Each shed also hands glibc's free heap memory back (`malloc_trim`): loading an executable from the
-# on-disk cache frees more than it keeps (XLA parses its proto and copies it), and the free chunks
-# stayed resident between the ones kept, ~30 MB by the end of a real-size eager first generate()
-# (peak RSS 1787 -> 1765 MB for 260 executables; 16 trims, 10-20 ms in all).
 SHED_EVERY = 16
 try:  # (private to JAX: where they are gone, the memory is merely kept)
     from jax._src.interpreters.partial_eval import trace_to_jaxpr as _jaxpr_memo
@@ -44,7 +39,6 @@ def _shed_jax_memo_caches():
     for cache in _MEMO_CACHES:
         cache.cache_clear()
     counters.jax_memo_caches_shed += 1
-    host_pages.give_back_heap()
 
 
 def _map_limit():
