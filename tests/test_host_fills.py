@@ -94,3 +94,46 @@ def test_fill_of_a_queued_tensor_and_reading_its_elements():
     before = _compiles()
     assert [bool(e) for e in w] == [bool(e) for e in v.cpu()]
     assert _compiles() == before
+
+
+FOLD_CASES = [
+    (lambda a, b: a / 9, torch.float32, torch.float32),
+    (lambda a, b: a | b, torch.bool, torch.bool),
+    (lambda a, b: (a * 3 - b) == 2, torch.int64, torch.int64),
+    (lambda a, b: a / b, torch.int64, torch.int8),  # integers' true division: the default float
+    (lambda a, b: a + 2.5, torch.int8, torch.int8),  # a wrapped float promotes to the default float
+    (lambda a, b: torch.add(a, b, alpha=3), torch.uint8, torch.uint8),
+    (lambda a, b: a + 300, torch.uint8, torch.uint8),  # a wrapped int wraps into uint8 as on the CPU
+    (lambda a, b: a / torch.zeros_like(b), torch.float64, torch.float64),
+    (lambda a, b: torch.logical_not(a > b), torch.bfloat16, torch.float16),
+]
+
+
+@pytest.mark.parametrize("i", range(len(FOLD_CASES)))
+def test_elementwise_ops_of_fills_fold_on_the_host_as_the_cpu(i):
+    """`torch.ones(n) / n` and `full | full` (stopping criteria) of new shapes compile nothing."""
+    op, dtype_a, dtype_b = FOLD_CASES[i]
+    shape = (3, 5 + i)
+    expected = op(torch.ones(shape, dtype=dtype_a), torch.full((shape[1],), 1, dtype=dtype_b))
+    before = _compiles()
+    got = op(torch.ones(shape, dtype=dtype_a, device="tpu"), torch.full((shape[1],), 1, dtype=dtype_b, device="tpu"))
+    assert _compiles() == before
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+
+
+def test_fold_needs_whole_unwritten_fills():
+    """A written fill, part of one, a random tensor or a subnormal result take the engine's path."""
+    x = torch.ones(3, 4, device="tpu")
+    x.add_(1)  # a new buffer: no longer the fill's
+    torch.testing.assert_close((x / 2).cpu(), torch.ones(3, 4))
+    torch.testing.assert_close((torch.ones(3, 6, device="tpu")[1] * 4).cpu(), torch.full((6,), 4.0))
+    r = torch.randn(3, 7)
+    torch.testing.assert_close((torch.ones(3, 7, device="tpu") + r.to("tpu")).cpu(), r + 1)
+    # a subnormal result is the engine's (XLA:CPU flushes it), as for a tensor that is no fill
+    engine = torch.tensor([1e-38] * 9).to("tpu") * 0.01
+    torch.testing.assert_close((torch.full((9,), 1e-38, device="tpu") * 0.01).cpu(), engine.cpu())
+    before = _compiles()
+    product = torch.full((3, 9), 2.0, device="tpu").mul(torch.full((3, 9), 3.0, device="tpu"))
+    assert _compiles() == before
+    assert product.sum().item() == 162

@@ -550,3 +550,18 @@ def test_stopping_criteria_match_cpu():
             got = make("tpu")(ids.to("tpu"), scores.to("tpu"))
             assert got.device.type == "tpu" and got.dtype == torch.bool, name
             assert got.cpu().tolist() == ref.tolist(), f"{name} at length {length}"
+
+
+def test_time_limited_criteria_compile_nothing_on_new_shapes():
+    """test_stopping_criteria.py's test_list_criteria: a 0.1 s MaxTimeCriteria window spans the first
+    calls of new shapes (`full` verdicts, their `|`, `ones((3, n)) / n`); none compiles (host folds)."""
+    from transformers import generation as g
+
+    for length in (11, 23):
+        criteria = g.StoppingCriteriaList([g.MaxLengthCriteria(max_length=23), g.MaxTimeCriteria(max_time=60)])
+        before = torchtpu.metrics()["eager_compiles"]
+        scores = torch.ones((3, length), device="tpu") / length
+        verdicts = criteria(torch.zeros((3, length), dtype=torch.long, device="tpu"), scores)
+        assert torchtpu.metrics()["eager_compiles"] == before
+        assert verdicts.cpu().tolist() == [length >= 23] * 3
+        torch.testing.assert_close(scores.cpu(), torch.ones((3, length)) / length)

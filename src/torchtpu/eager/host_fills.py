@@ -9,12 +9,19 @@ XLA:CPU, where the host array costs ~20 us: processors and stopping criteria mak
 shape per call, and `MaxTimeCriteria(0.1)` counted those compiles. A fill that keeps recurring
 (HOST_CALLS per shape and dtype) gets its executable as before, so loops keep the C++ fast path and
 the fused segments; a large fill never comes here (HOST_BYTES: a host array and a transfer per call).
+
+Such an array stays known to be uniform (one value) while a storage holds it, so the first calls of
+a few exact elementwise ops whose tensor inputs are all such fills (`torch.ones(n) / n`, the
+`is_done | verdict` of two `torch.full` verdicts) run on the host too (`fold`): the CPU's kernel on
+broadcast 0-d stand-ins, its result a new uniform fill. Only ops whose XLA:CPU result is the
+CPU's bit for bit (integer and bool ops, comparisons, IEEE add/sub/mul/div) are folded.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import weakref
 
 import torch
 
@@ -29,11 +36,17 @@ HOST_BYTES = 64 << 10
 HOST_CALLS = 64
 _served: collections.Counter = collections.Counter()
 _NUMBERS = (bool, int, float)
+# id(array) -> (weak reference to the array, its value as a 0-d CPU tensor): the host-made arrays,
+# each uniform; a storage holds one while its buffer is that very array (writes replace buffers)
+_uniform: dict = {}
 
 
 def _take(name, shape, dtype, value) -> bool:
-    """Whether this fill goes through the host (and count it)."""
-    if type(value) not in _NUMBERS or not 0 < math.prod(shape) * dtype.itemsize <= HOST_BYTES:
+    """Whether this fill (a value of `_NUMBERS`; None: a fold's result) goes through the host (and
+    count it)."""
+    if value is not None and type(value) not in _NUMBERS:
+        return False
+    if not 0 < math.prod(shape) * dtype.itemsize <= HOST_BYTES:
         return False
     key = (name, shape, dtype, type(value))
     if _served[key] >= HOST_CALLS:
@@ -47,9 +60,27 @@ def _array(shape, dtype, value, index):
         host = dt.numpy_from_cpu(torch.full(shape, value, dtype=dtype))
     except (TypeError, RuntimeError):  # a dtype without a numpy carrier: the engine's path
         return None
+    return _put(host, index, torch.full((), value, dtype=dtype))
+
+
+def _put(host, index, value):
+    """The device array of `host`, noted as uniform with the 0-d CPU tensor `value`."""
     metrics.counters.h2d_bytes += host.nbytes
     metrics.counters.h2d_transfers += 1
-    return platform.put(host, index)
+    array = platform.put(host, index)
+    key = id(array)
+    _uniform[key] = (weakref.ref(array, lambda _, key=key: _uniform.pop(key, None)), value)
+    return array
+
+
+def _uniform_value(t):
+    """The 0-d CPU tensor of `t`'s one value when `t` is all of a storage holding a host-made fill."""
+    r = RECORDS.get(t.untyped_storage().data_ptr())
+    if r is None or not covers(t, r):
+        return None
+    buffer = r._buffer
+    known = _uniform.get(id(buffer))
+    return known[1] if known is not None and known[0]() is buffer else None
 
 
 def _fill_whole(kernel, self, value):
@@ -100,3 +131,58 @@ def full(kernel, args, kwargs):
         return None
     array = _array(shape, dtype, value, index)
     return None if array is None else new_tensor(shape, dtype, index, array)
+
+
+def _plain(value) -> bool:
+    """Whether a 0-d value is neither complex nor a subnormal float."""
+    if value.dtype.is_complex:
+        return False
+    if not value.dtype.is_floating_point:
+        return True
+    magnitude = abs(float(value))
+    return not 0 < magnitude < torch.finfo(value.dtype).tiny
+
+
+# Elementwise ops whose XLA:CPU results equal the CPU kernel's bit for bit (no transcendental ops;
+# complex products and subnormal floats, which XLA:CPU flushes to zero, are not folded)
+FOLDED = (
+    "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor",
+    "bitwise_or.Tensor", "bitwise_and.Tensor", "bitwise_xor.Tensor",
+    "logical_or.default", "logical_and.default", "logical_xor.default", "logical_not.default",
+    "eq.Tensor", "ne.Tensor", "lt.Tensor", "le.Tensor", "gt.Tensor", "ge.Tensor",
+    "eq.Scalar", "ne.Scalar", "lt.Scalar", "le.Scalar", "gt.Scalar", "ge.Scalar",
+)  # fmt: skip
+
+
+def fold(kernel, args, kwargs):
+    """A first call of a FOLDED op whose tpu tensors are all uniform host fills: the CPU kernel's
+    result on 0-d stand-ins broadcast to their shapes (its promotion, wrapped numbers and errors
+    are the CPU's), put on the device as a new uniform fill; None otherwise (the engine's path)."""
+    index, stand_ins = None, []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == "tpu":
+            value = _uniform_value(a)
+            if value is None or not _plain(value):
+                return None
+            index = a.device.index if a.device.index is not None else current_device()
+            a = value.expand(a.shape)
+        stand_ins.append(a)
+    if index is None or any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        return None
+    try:  # (torch's function, not the overload: a Python number in a Tensor slot is a wrapped number)
+        result = getattr(torch, kernel.name.partition(".")[0])(*stand_ins, **kwargs)
+    except (RuntimeError, TypeError, ValueError, ZeroDivisionError):
+        return None  # the engine's path raises its own error
+    if result.numel() == 0 or result.dtype.is_complex:
+        return None
+    shape, value = tuple(result.shape), result.reshape(-1)[0].clone()
+    tiny = torch.finfo(result.dtype).tiny if result.dtype.is_floating_point else 0
+    if not _plain(value) or any(0 < abs(a) < tiny for a in args if type(a) is float):
+        return None
+    if not _take(kernel.name, shape, result.dtype, None):
+        return None
+    try:
+        host = dt.numpy_from_cpu(result.contiguous())
+    except (TypeError, RuntimeError):
+        return None
+    return new_tensor(shape, result.dtype, index, _put(host, index, value))

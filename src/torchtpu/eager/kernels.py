@@ -828,6 +828,9 @@ def _register_engine_kernels(fast):
     for op, serve in ((aten.fill_.Scalar, host_fills.fill), (aten.zero_.default, host_fills.zero)):
         kernel_for(op).split_call = serve
     kernel_for(aten.full.default).split_call = host_fills.full
+    for name in host_fills.FOLDED:
+        packet, _, overload = name.partition(".")
+        kernel_for(getattr(getattr(aten, packet), overload)).split_call = host_fills.fold
     for op, kernel in deferred:
         if op in _registered or op_name(op) in _registered:  # a later registration took the overload over
             continue
