@@ -207,3 +207,21 @@ def test_fractional_max_pool3d_unbatched_with_a_batch_of_samples():
     assert_close(tpu.detach().cpu(), cpu.detach())
     g = torch.randn(cpu.shape, dtype=torch.float64)
     assert_close(torch.autograd.grad(tpu, xt, g.to(DEV))[0].cpu(), torch.autograd.grad(cpu, xc, g)[0])
+
+
+def test_sdpa_backward_of_an_undefined_gradient_is_undefined():
+    """gradcheck's undefined-gradient check (test_grad of TransformerEncoderLayer) calls the fused
+    attention backward with no incoming gradient: the CPU's kernel answers three undefined gradients,
+    tpu's lowering read the missing gradient's dtype. With a gradient, the values and the CPU's layout."""
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    q, k, v = (torch.randn(2, 3, 4, 5, dtype=torch.float64) for _ in range(3))
+    results = []
+    for dev in ("cpu", DEV):
+        qd, kd, vd = q.to(dev), k.to(dev), v.to(dev)
+        out, lse = op(qd, kd, vd, is_causal=True)[:2]
+        assert back(None, qd, kd, vd, out, lse, 0.0, True) == (None, None, None)
+        results.append(back(out * 0.5, qd, kd, vd, out, lse, 0.0, True))
+    for c, t in zip(*results):
+        assert t.stride() == c.stride()
+        assert_close(t.cpu(), c)

@@ -110,8 +110,18 @@ def sdpa_fused(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=No
     return out.astype(q.dtype), lse
 
 
-@lowering("_scaled_dot_product_flash_attention_for_cpu_backward")
+def _sdpa_fused_backward_meta(grad, *args, **kwargs):
+    if grad is None:  # an undefined incoming gradient (gradcheck asks): undefined results, as the CPU's kernel
+        return None, None, None
+    from torch._meta_registrations import meta__scaled_dot_product_flash_attention_for_cpu_backward as meta
+
+    return meta(grad, *args, **kwargs)
+
+
+@lowering("_scaled_dot_product_flash_attention_for_cpu_backward", meta=_sdpa_fused_backward_meta)
 def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask=None, scale=None):
+    if grad is None:
+        return None, None, None
     splash = _splash_plan(q, k, v, dropout_p, is_causal, attn_mask)
     if splash is not None:
         return _splash.backward(splash, grad, q, k, v, out, lse, _scale(q, scale))
