@@ -15,6 +15,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from . import attention_blockwise as _blockwise
@@ -113,9 +114,7 @@ def sdpa_fused(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=No
 def _sdpa_fused_backward_meta(grad, *args, **kwargs):
     if grad is None:  # an undefined incoming gradient (gradcheck asks): undefined results, as the CPU's kernel
         return None, None, None
-    from torch._meta_registrations import meta__scaled_dot_product_flash_attention_for_cpu_backward as meta
-
-    return meta(grad, *args, **kwargs)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(grad, *args, **kwargs)
 
 
 @lowering("_scaled_dot_product_flash_attention_for_cpu_backward", meta=_sdpa_fused_backward_meta)
