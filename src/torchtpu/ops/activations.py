@@ -215,7 +215,8 @@ def log_sigmoid_backward(grad, a, buffer):
 
 @lowering("softshrink", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def softshrink(a, lambd=0.5):
-    return jnp.where(a > lambd, a - lambd, jnp.where(a < -lambd, a + lambd, 0)).astype(a.dtype)
+    # the CPU's a * 0 in the dead zone: NaN stays NaN, a negative gives -0
+    return jnp.where(a > lambd, a - lambd, jnp.where(a < -lambd, a + lambd, a * 0)).astype(a.dtype)
 
 
 @lowering("softshrink_backward", promote=KIND.DEFAULT, promote_args=(0, 1))

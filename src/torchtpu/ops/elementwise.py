@@ -281,14 +281,22 @@ def absolute(a):
     return jnp.abs(a)
 
 
+def _real_sign(a):
+    if a.dtype == jnp.bool_:
+        return a
+    if jnp.issubdtype(a.dtype, jnp.floating):  # the CPU's and CUDA's (0 < a) - (a < 0): NaN and -0 give +0
+        return (a > 0).astype(a.dtype) - (a < 0).astype(a.dtype)
+    return jnp.sign(a)
+
+
 @lowering("sign", promote=KIND.DEFAULT, real_only=True, meta_check={"sign.out": same_dtype_out_check})
 def sign(a):
-    return jnp.sign(a) if a.dtype != jnp.bool_ else a
+    return _real_sign(a)
 
 
 @lowering("sgn", promote=KIND.DEFAULT, meta_check={"sgn.out": same_dtype_out_check})
 def sgn(a):
-    return jnp.sign(a) if a.dtype != jnp.bool_ else a
+    return jnp.sign(a) if jnp.iscomplexobj(a) else _real_sign(a)
 
 
 @lowering("reciprocal", promote=KIND.INT_TO_FLOAT)
@@ -576,7 +584,8 @@ _unary("special_erfcx", _special.erfcx, real_only=True)
 
 @lowering("special_spherical_bessel_j0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def spherical_bessel_j0(x):
-    return jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x))
+    j0 = jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x))
+    return jnp.where(jnp.isinf(x), jnp.zeros_like(x), j0)  # the CPU's limit at +-inf (sin(inf) is NaN)
 
 
 @lowering("angle", promote=KIND.INT_TO_FLOAT, keep_result_dtype=True)  # complex -> real
@@ -586,7 +595,19 @@ def angle(a):
     return jnp.where(jnp.isnan(a), a, jnp.where(a < 0, jnp.pi, 0).astype(a.dtype))
 
 
-@lowering("frexp.Tensor")
+def _frexp_out_check(a, *_, mantissa=None, exponent=None, **__):
+    # the CPU's checks of frexp's outputs, which PyTorch's meta kernel casts into instead
+    from .argument_checks import _CPP_TYPE_NAMES
+
+    if mantissa is not None and mantissa.dtype != a.dtype:
+        got, want = (_CPP_TYPE_NAMES.get(t, str(t)) for t in (mantissa.dtype, a.dtype))
+        raise RuntimeError(f"torch.frexp() expects mantissa to have dtype {want} but got {got}")
+    if exponent is not None and exponent.dtype != torch.int32:
+        got = _CPP_TYPE_NAMES.get(exponent.dtype, str(exponent.dtype))
+        raise RuntimeError(f"torch.frexp() expects exponent to have int dtype but got {got}")
+
+
+@lowering("frexp.Tensor", meta_check={"frexp.Tensor_out": _frexp_out_check})
 def frexp(a):
     m, e = jnp.frexp(a)
     return m, e.astype(jnp.int32)
@@ -597,14 +618,25 @@ def nextafter(a, b):
     return jnp.nextafter(a, b)
 
 
+def _igamma_edges(a, x, value, at_a_zero, at_x_zero, at_a_inf, at_x_inf):
+    # the CPU's and CUDA's edge cases (calc_igamma/calc_igammac), checked in their order; JAX's gammainc
+    # gives NaN at a = 0 and at a = inf, 1 at (inf, inf)
+    nan = jnp.full_like(value, jnp.nan)
+    result = jnp.where(jnp.isinf(x), at_x_inf, value)
+    result = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), nan, at_a_inf), result)
+    result = jnp.where(x == 0, at_x_zero, result)
+    result = jnp.where(a == 0, jnp.where(x > 0, at_a_zero, nan), result)
+    return jnp.where((x < 0) | (a < 0), nan, result).astype(value.dtype)
+
+
 @lowering("igamma", promote=KIND.INT_TO_FLOAT)
 def igamma(a, x):
-    return _special.gammainc(a, x)
+    return _igamma_edges(a, x, _special.gammainc(a, x), 1, 0, 0, 1)
 
 
 @lowering("igammac", promote=KIND.INT_TO_FLOAT)
 def igammac(a, x):
-    return _special.gammaincc(a, x)
+    return _igamma_edges(a, x, _special.gammaincc(a, x), 0, 1, 1, 0)
 
 
 def _digamma(x):
