@@ -11,6 +11,7 @@ from jax import lax
 from .argument_checks import bool_mask_check, fill_value_check, no_bool_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
 from .elementwise_c import c_lcm, complex_add, complex_pow, euclid_gcd, int_pow
+from .elementwise_complex import cabs, cacos, cacosh, casin, casinh, catan, catanh, csqrt
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -278,7 +279,7 @@ def neg(a):
 def absolute(a):
     if a.dtype == jnp.bool_:  # as the CPU and CUDA kernels
         raise NotImplementedError("\"abs_tpu\" not implemented for 'Bool'")
-    return jnp.abs(a)
+    return cabs(a) if jnp.iscomplexobj(a) else jnp.abs(a)
 
 
 def _real_sign(a):
@@ -434,6 +435,16 @@ def clamp_max(a, max):
 
 
 # ---------------------------------------------------------------- unary float math
+def _real_or(real_fn, complex_fn):
+    """jnp's function for real arrays, C99's (elementwise_complex.py) for complex ones."""
+
+    def fn(a):
+        return complex_fn(a) if jnp.iscomplexobj(a) else real_fn(a)
+
+    fn.__name__ = real_fn.__name__
+    return fn
+
+
 def _unary(name, fn, kind=KIND.INT_TO_FLOAT, **facts):
     """Register the JAX function `fn` itself as the lowering of `name` (a declaration per line, so the
     op's name finds it)."""
@@ -447,20 +458,20 @@ _unary("log", jnp.log)
 _unary("log2", jnp.log2)
 _unary("log10", jnp.log10)
 _unary("log1p", jnp.log1p)
-_unary("sqrt", jnp.sqrt)
+_unary("sqrt", _real_or(jnp.sqrt, csqrt))
 _unary("rsqrt", lax.rsqrt)
 _unary("sin", jnp.sin)
 _unary("cos", jnp.cos)
 _unary("tan", jnp.tan)
-_unary("asin", jnp.arcsin)
-_unary("acos", jnp.arccos)
-_unary("atan", jnp.arctan)
+_unary("asin", _real_or(jnp.arcsin, casin))
+_unary("acos", _real_or(jnp.arccos, cacos))
+_unary("atan", _real_or(jnp.arctan, catan))
 _unary("sinh", jnp.sinh)
 _unary("cosh", jnp.cosh)
 _unary("tanh", jnp.tanh)
-_unary("asinh", jnp.arcsinh)
-_unary("acosh", jnp.arccosh)
-_unary("atanh", jnp.arctanh)
+_unary("asinh", _real_or(jnp.arcsinh, casinh))
+_unary("acosh", _real_or(jnp.arccosh, cacosh))
+_unary("atanh", _real_or(jnp.arctanh, catanh))
 _unary("sigmoid", jax.nn.sigmoid)
 _unary("erf", jax.scipy.special.erf, real_only=True)
 _unary("erfc", jax.scipy.special.erfc, real_only=True)
@@ -600,10 +611,10 @@ def _frexp_out_check(a, *_, mantissa=None, exponent=None, **__):
     from .argument_checks import _CPP_TYPE_NAMES
 
     if mantissa is not None and mantissa.dtype != a.dtype:
-        got, want = (_CPP_TYPE_NAMES.get(t, str(t)) for t in (mantissa.dtype, a.dtype))
+        got, want = (_CPP_TYPE_NAMES.get(t, str(t).replace("torch.", "")) for t in (mantissa.dtype, a.dtype))
         raise RuntimeError(f"torch.frexp() expects mantissa to have dtype {want} but got {got}")
     if exponent is not None and exponent.dtype != torch.int32:
-        got = _CPP_TYPE_NAMES.get(exponent.dtype, str(exponent.dtype))
+        got = _CPP_TYPE_NAMES.get(exponent.dtype, str(exponent.dtype).replace("torch.", ""))
         raise RuntimeError(f"torch.frexp() expects exponent to have int dtype but got {got}")
 
 
