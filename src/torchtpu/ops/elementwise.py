@@ -11,7 +11,7 @@ from jax import lax
 from .argument_checks import bool_mask_check, fill_value_check, no_bool_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
 from .elementwise_c import c_lcm, complex_add, complex_pow, euclid_gcd, int_pow
-from .elementwise_complex import cabs, cacos, cacosh, casin, casinh, catan, catanh, csqrt
+from .elementwise_complex import cabs, cacos, cacosh, casin, casinh, catan, catanh, cexp, clog_fixed, csqrt
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -451,12 +451,12 @@ def _unary(name, fn, kind=KIND.INT_TO_FLOAT, **facts):
     lowering(name, promote=kind, **facts)(fn)
 
 
-_unary("exp", jnp.exp)
+_unary("exp", _real_or(jnp.exp, cexp))
 _unary("exp2", jnp.exp2)
 _unary("expm1", jnp.expm1)
-_unary("log", jnp.log)
-_unary("log2", jnp.log2)
-_unary("log10", jnp.log10)
+_unary("log", _real_or(jnp.log, clog_fixed(jnp.log)))
+_unary("log2", _real_or(jnp.log2, clog_fixed(jnp.log2)))
+_unary("log10", _real_or(jnp.log10, clog_fixed(jnp.log10)))
 _unary("log1p", jnp.log1p)
 _unary("sqrt", _real_or(jnp.sqrt, csqrt))
 _unary("rsqrt", lax.rsqrt)

@@ -129,3 +129,31 @@ def cabs(z):
     """|z| as C's cabs (hypot): inf where either part is infinite, NaN or not."""
     x, y = _parts(z)
     return jnp.where(jnp.isinf(x) | jnp.isinf(y), jnp.inf, jnp.abs(z)).astype(jnp.abs(z).dtype)
+
+
+def cexp(z):
+    """exp: G.6.3.1's values where XLA's exp(x) cis(y) gives NaN: a zero imaginary part stays (inf + 0j,
+    NaN + 0j), exp(-inf + i y) is 0 for y infinite or NaN, exp(+inf + i y) is inf + nan j."""
+    x, y = _parts(z)
+    u, v = _parts(jnp.exp(z))
+    bad_y = ~jnp.isfinite(y)
+    u = jnp.where(y == 0, jnp.exp(x), u)
+    v = jnp.where(y == 0, y, v)
+    u = jnp.where(jnp.isneginf(x) & bad_y, jnp.zeros_like(x), u)
+    v = jnp.where(jnp.isneginf(x) & bad_y, jnp.zeros_like(x), v)
+    u = jnp.where(jnp.isposinf(x) & bad_y, jnp.full_like(x, jnp.inf), u)
+    v = jnp.where(jnp.isposinf(x) & bad_y, _nan(x), v)
+    return lax.complex(u, v)
+
+
+def clog_fixed(fn):
+    """fn (log, log2, log10) of complex z with C's clog at inf + nan j and nan + inf j: |z| is inf, so the
+    real part is inf (XLA's is NaN)."""
+
+    def log(z):
+        x, y = _parts(z)
+        w = fn(z)
+        inf_nan = (jnp.isinf(x) & jnp.isnan(y)) | (jnp.isnan(x) & jnp.isinf(y))
+        return lax.complex(jnp.where(inf_nan, jnp.inf, jnp.real(w)).astype(x.dtype), jnp.imag(w))
+
+    return log
