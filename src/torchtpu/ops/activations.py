@@ -215,8 +215,9 @@ def log_sigmoid_backward(grad, a, buffer):
 
 @lowering("softshrink", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def softshrink(a, lambd=0.5):
-    # the CPU's a * 0 in the dead zone: NaN stays NaN, a negative gives -0
-    return jnp.where(a > lambd, a - lambd, jnp.where(a < -lambd, a + lambd, a * 0)).astype(a.dtype)
+    # NaN stays NaN, as on the CPU (its vectorized loop; CUDA's gives 0)
+    shrunk = jnp.where(a > lambd, a - lambd, jnp.where(a < -lambd, a + lambd, 0))
+    return jnp.where(jnp.isnan(a), a, shrunk).astype(a.dtype)
 
 
 @lowering("softshrink_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
