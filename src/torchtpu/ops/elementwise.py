@@ -11,7 +11,22 @@ from jax import lax
 from .argument_checks import bool_mask_check, fill_value_check, no_bool_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
 from .elementwise_c import c_lcm, complex_add, complex_pow, euclid_gcd, int_pow
-from .elementwise_complex import cabs, cacos, cacosh, casin, casinh, catan, catanh, cexp, clog_fixed, csqrt
+from .elementwise_complex import (
+    cabs,
+    cacos,
+    cacosh,
+    casin,
+    casinh,
+    catan,
+    catanh,
+    cexp,
+    cexp2,
+    clog_fixed,
+    creciprocal,
+    crsqrt,
+    csigmoid,
+    csqrt,
+)
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -302,7 +317,7 @@ def sgn(a):
 
 @lowering("reciprocal", promote=KIND.INT_TO_FLOAT)
 def reciprocal(a):
-    return 1 / a
+    return creciprocal(a) if jnp.iscomplexobj(a) else 1 / a
 
 
 @lowering("square", promote=KIND.BOOL_TO_LONG)
@@ -452,14 +467,14 @@ def _unary(name, fn, kind=KIND.INT_TO_FLOAT, **facts):
 
 
 _unary("exp", _real_or(jnp.exp, cexp))
-_unary("exp2", jnp.exp2)
+_unary("exp2", _real_or(jnp.exp2, cexp2))
 _unary("expm1", jnp.expm1)
 _unary("log", _real_or(jnp.log, clog_fixed(jnp.log)))
 _unary("log2", _real_or(jnp.log2, clog_fixed(jnp.log2)))
 _unary("log10", _real_or(jnp.log10, clog_fixed(jnp.log10)))
 _unary("log1p", jnp.log1p)
 _unary("sqrt", _real_or(jnp.sqrt, csqrt))
-_unary("rsqrt", lax.rsqrt)
+_unary("rsqrt", _real_or(lax.rsqrt, crsqrt))
 _unary("sin", jnp.sin)
 _unary("cos", jnp.cos)
 _unary("tan", jnp.tan)
@@ -472,7 +487,7 @@ _unary("tanh", jnp.tanh)
 _unary("asinh", _real_or(jnp.arcsinh, casinh))
 _unary("acosh", _real_or(jnp.arccosh, cacosh))
 _unary("atanh", _real_or(jnp.arctanh, catanh))
-_unary("sigmoid", jax.nn.sigmoid)
+_unary("sigmoid", _real_or(jax.nn.sigmoid, csigmoid))
 _unary("erf", jax.scipy.special.erf, real_only=True)
 _unary("erfc", jax.scipy.special.erfc, real_only=True)
 _unary("erfinv", jax.scipy.special.erfinv, real_only=True)

@@ -157,3 +157,39 @@ def clog_fixed(fn):
         return lax.complex(jnp.where(inf_nan, jnp.inf, jnp.real(w)).astype(x.dtype), jnp.imag(w))
 
     return log
+
+
+def cexp2(z):
+    """exp2 of complex z: exp(z log 2) through cexp's C99 values."""
+    x, y = _parts(z)
+    ln2 = jnp.log(2).astype(x.dtype)  # (each part times a real: a complex product makes inf * 0 = NaN)
+    return cexp(lax.complex(x * ln2, y * ln2))
+
+
+def csigmoid(z):
+    """1 / (1 + exp(-z)), the CPU's complex sigmoid, through cexp's C99 values (XLA's logistic gives NaN
+    where exp(-z) overflows)."""
+    return creciprocal(1 + cexp(-z))
+
+
+def crsqrt(z):
+    """1 / sqrt(z), the CPU's complex rsqrt (a complex division: 1 / (inf + inf j) is NaN there)."""
+    return creciprocal(csqrt(z))
+
+
+def creciprocal(b):
+    """1 / b as c10::complex's division of 1 + 0j (Smith's, NumPy's too): 1 / (inf + inf j) is NaN, where
+    XLA's is 0. Spelled out for the numerator 1 + 0j: XLA folds `x + 0` to x, which the sign of a zero
+    part would notice (1 / -1j is +0 + 1j)."""
+    c, d = _parts(b)
+    c_wide = jnp.abs(c) >= jnp.abs(d)
+    rat = jnp.where(c_wide, d / c, c / d)
+    scl = 1 / jnp.where(c_wide, c + d * rat, d + c * rat)
+    one_or_nan = jnp.where(jnp.isfinite(rat), 1, jnp.nan).astype(c.dtype)  # (1 + 0 * rat, -(0 * rat - 1))
+    plus_zero = jnp.where(rat == 0, jnp.zeros_like(rat), rat)  # rat + 0: -0 becomes +0
+    re = jnp.where(c_wide, one_or_nan, plus_zero) * scl
+    im = jnp.where(c_wide, jnp.where(rat == 0, jnp.zeros_like(rat), -rat), -one_or_nan) * scl
+    both_zero = (c == 0) & (d == 0)
+    re = jnp.where(both_zero, jnp.inf, re)
+    im = jnp.where(both_zero, jnp.nan, im)
+    return lax.complex(re, im)
