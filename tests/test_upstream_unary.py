@@ -85,3 +85,15 @@ def test_out_errors_in_the_cpus_words():
         )
     with pytest.raises(RuntimeError, match=r"expects exponent to have int dtype but got long int"):
         torch.frexp(x, out=(torch.empty(3, device=DEV), torch.empty(3, device=DEV, dtype=torch.long)))
+
+
+@pytest.mark.parametrize("fn", [torch.abs, torch.angle])
+def test_abs_angle_of_complex_into_complex_or_wider_out(fn):
+    # the CPU writes a complex input's abs/angle into a complex `out` (zero imaginary part) or any float
+    # `out`; PyTorch's meta function refused all but the real dtype (and angle wrote an int `out`)
+    t = torch.randn(7, dtype=torch.complex64)
+    for dtype in (torch.complex64, torch.float64, torch.bfloat16):
+        out, expected = torch.empty(0, dtype=dtype, device=DEV), torch.empty(0, dtype=dtype)
+        assert_close(fn(t.to(DEV), out=out).cpu(), fn(t, out=expected))
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Int"):
+        fn(t.to(DEV), out=torch.empty(7, dtype=torch.int32, device=DEV))

@@ -290,7 +290,27 @@ def neg(a):
     return -a
 
 
-@lowering("abs", promote=KIND.COMPLEX_TO_FLOAT)
+def _complex_out_meta(name):
+    """The meta function of abs.out/angle.out on "tpu": the CPU writes a complex input's result into a
+    complex `out` too (its real values, a zero imaginary part) or into a wider float one, where PyTorch's
+    meta function refuses any `out` but the real dtype."""
+
+    def meta(a, *, out):
+        if not a.dtype.is_complex:
+            return getattr(torch.ops.aten, name).out(a, out=out)
+        result = getattr(torch.ops.aten, name).default(a)
+        if not torch.can_cast(result.dtype, out.dtype):
+            got, want = scalar_type_name(result.dtype), scalar_type_name(out.dtype)
+            raise RuntimeError(f"result type {got} can't be cast to the desired output type {want}")
+        if name == "abs" and out.dtype.is_complex and out.dtype != a.dtype:  # (abs's complex loop)
+            raise RuntimeError(f"Found dtype {scalar_type_name(out.dtype)} but expected {scalar_type_name(a.dtype)}")
+        torch._resize_output_(out, result.shape, out.device)  # (the CPU's warning for a non-empty `out`)
+        return out
+
+    return meta
+
+
+@lowering("abs", promote=KIND.COMPLEX_TO_FLOAT, meta={"abs.out": _complex_out_meta("abs")})
 def absolute(a):
     if a.dtype == jnp.bool_:  # as the CPU and CUDA kernels
         raise NotImplementedError("\"abs_tpu\" not implemented for 'Bool'")
@@ -614,7 +634,7 @@ def spherical_bessel_j0(x):
     return jnp.where(jnp.isinf(x), jnp.zeros_like(x), j0)  # the CPU's limit at +-inf (sin(inf) is NaN)
 
 
-@lowering("angle", promote=KIND.INT_TO_FLOAT, keep_result_dtype=True)  # complex -> real
+@lowering("angle", promote=KIND.INT_TO_FLOAT, keep_result_dtype=True, meta={"angle.out": _complex_out_meta("angle")})
 def angle(a):
     if jnp.iscomplexobj(a):
         return jnp.angle(a)  # atan2(imag, real): a real result
