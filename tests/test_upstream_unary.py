@@ -97,3 +97,6 @@ def test_abs_angle_of_complex_into_complex_or_wider_out(fn):
         assert_close(fn(t.to(DEV), out=out).cpu(), fn(t, out=expected))
     with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Int"):
         fn(t.to(DEV), out=torch.empty(7, dtype=torch.int32, device=DEV))
+    if fn is torch.abs:
+        with pytest.raises(RuntimeError, match="In-place abs is not supported for complex tensors"):
+            t.to(DEV).abs_()

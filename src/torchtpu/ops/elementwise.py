@@ -310,7 +310,17 @@ def _complex_out_meta(name):
     return meta
 
 
-@lowering("abs", promote=KIND.COMPLEX_TO_FLOAT, meta={"abs.out": _complex_out_meta("abs")})
+def _abs_inplace_check(a, *_, **__):
+    if a.dtype.is_complex:  # the CPU's words (the meta kernel's are about the dtype of `out`)
+        raise RuntimeError("In-place abs is not supported for complex tensors.")
+
+
+@lowering(
+    "abs",
+    promote=KIND.COMPLEX_TO_FLOAT,
+    meta={"abs.out": _complex_out_meta("abs")},
+    meta_check={"abs_": _abs_inplace_check},
+)
 def absolute(a):
     if a.dtype == jnp.bool_:  # as the CPU and CUDA kernels
         raise NotImplementedError("\"abs_tpu\" not implemented for 'Bool'")
