@@ -108,3 +108,20 @@ def test_float32_igamma_near_a_equals_x_as_precise_as_the_cpu(fn):
     a = torch.rand(200) * 60 + 1
     x = a * (1 + (torch.rand(200) - 0.5) * 0.2)
     assert_close(fn(a.to(DEV), x.to(DEV)).cpu(), fn(a, x), atol=2e-6, rtol=1.3e-6)
+
+
+def test_inplace_activation_backward_with_a_negative_slope_refused():
+    # test_nn's test_{elu,leaky_relu}_inplace_with_neg_*: the CPU's backward from the saved result cannot
+    # invert a negative slope and refuses on the host; tpu computed a gradient
+    fns = (
+        lambda a: torch.nn.functional.elu_(a, alpha=-2),
+        lambda a: torch.nn.functional.celu_(a, alpha=-2),
+        lambda a: torch.nn.functional.leaky_relu_(a, -2),
+    )
+    for fn in fns:
+        a = torch.tensor([-1.0, 1.0], device=DEV, requires_grad=True)
+        with pytest.raises(RuntimeError, match="call out-of-place version"):
+            fn(a.clone()).backward(torch.ones(2, device=DEV))
+    a = torch.tensor([-1.0, 1.0], device=DEV, requires_grad=True)
+    torch.nn.functional.leaky_relu_(a.clone(), 0.5).backward(torch.ones(2, device=DEV))
+    assert_close(a.grad.cpu(), torch.tensor([0.5, 1.0]))
