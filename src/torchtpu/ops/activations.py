@@ -100,7 +100,28 @@ def leaky_relu(a, negative_slope=0.01):
     return jnp.where(a > 0, a, a * negative_slope)
 
 
-@lowering("leaky_relu_backward", promote=KIND.DEFAULT, promote_args=(0, 1))
+def _inplace_negative_slope_check(name, slope_at, result_at):
+    """The CPU's host check of an in-place activation's backward (the forward's result saved instead of
+    its input): a negative slope makes the input unrecoverable from the result."""
+
+    def check(*args, **kwargs):
+        slope, from_result = args[slope_at], args[result_at]
+        if from_result and slope < 0:
+            raise RuntimeError(
+                f"In-place {name} backward calculation is triggered with a negative slope which is not supported. "
+                "This is caused by calling in-place forward function with a negative slope, please call "
+                "out-of-place version instead."
+            )
+
+    return check
+
+
+@lowering(
+    "leaky_relu_backward",
+    promote=KIND.DEFAULT,
+    promote_args=(0, 1),
+    host_check=_inplace_negative_slope_check("leakyReLu", 2, 3),
+)
 def leaky_relu_backward(grad, a, negative_slope, self_is_result):
     return jnp.where(a > 0, grad, grad * negative_slope)
 
@@ -111,7 +132,9 @@ def elu(a, alpha=1, scale=1, input_scale=1):
     return jnp.where(x > 0, x * scale, jnp.expm1(x * input_scale) * alpha * scale).astype(a.dtype)
 
 
-@lowering("elu_backward", promote=KIND.DEFAULT, promote_args=(0, 5))
+@lowering(
+    "elu_backward", promote=KIND.DEFAULT, promote_args=(0, 5), host_check=_inplace_negative_slope_check("elu", 1, 4)
+)
 def elu_backward(grad, alpha, scale, input_scale, is_result, x):
     g, v = to_opmath(grad), to_opmath(x)
     if is_result:
@@ -215,7 +238,9 @@ def log_sigmoid_backward(grad, a, buffer):
 
 @lowering("softshrink", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
 def softshrink(a, lambd=0.5):
-    return jnp.where(a > lambd, a - lambd, jnp.where(a < -lambd, a + lambd, 0)).astype(a.dtype)
+    # NaN stays NaN, as on the CPU (its vectorized loop; CUDA's gives 0)
+    shrunk = jnp.where(a > lambd, a - lambd, jnp.where(a < -lambd, a + lambd, 0))
+    return jnp.where(jnp.isnan(a), a, shrunk).astype(a.dtype)
 
 
 @lowering("softshrink_backward", promote=KIND.DEFAULT, promote_args=(0, 1))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import torch
 
 from .argument_checks import same_dtype_out_check
 from .dtypes import default_dtype, to_jax
@@ -106,12 +107,22 @@ def isfinite(a):
     return _float_test(jnp.isfinite, a, True)
 
 
-@lowering("isposinf")
+def _bool_out_check(name):
+    """The CPU's own words for a non-bool `out` of isposinf/isneginf (the meta kernel's differ)."""
+
+    def check(a, *_, out=None, **__):
+        if out is not None and out.dtype != torch.bool:
+            raise RuntimeError(f"{name} does not support non-boolean outputs.")
+
+    return check
+
+
+@lowering("isposinf", meta_check={"isposinf.out": _bool_out_check("isposinf")})
 def isposinf(a):
     return _float_test(jnp.isposinf, a, False)
 
 
-@lowering("isneginf")
+@lowering("isneginf", meta_check={"isneginf.out": _bool_out_check("isneginf")})
 def isneginf(a):
     return _float_test(jnp.isneginf, a, False)
 

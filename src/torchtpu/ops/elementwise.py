@@ -11,6 +11,22 @@ from jax import lax
 from .argument_checks import bool_mask_check, fill_value_check, no_bool_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
 from .elementwise_c import c_lcm, complex_add, complex_pow, euclid_gcd, int_pow
+from .elementwise_complex import (
+    cabs,
+    cacos,
+    cacosh,
+    casin,
+    casinh,
+    catan,
+    catanh,
+    cexp,
+    cexp2,
+    clog_fixed,
+    creciprocal,
+    crsqrt,
+    csigmoid,
+    csqrt,
+)
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
 # ---------------------------------------------------------------- arithmetic
@@ -274,26 +290,64 @@ def neg(a):
     return -a
 
 
-@lowering("abs", promote=KIND.COMPLEX_TO_FLOAT)
+def _complex_out_meta(name):
+    """The meta function of abs.out/angle.out on "tpu": the CPU writes a complex input's result into a
+    complex `out` too (its real values, a zero imaginary part) or into a wider float one, where PyTorch's
+    meta function refuses any `out` but the real dtype."""
+
+    def meta(a, *, out):
+        if not a.dtype.is_complex:
+            return getattr(torch.ops.aten, name).out(a, out=out)
+        result = getattr(torch.ops.aten, name).default(a)
+        if not torch.can_cast(result.dtype, out.dtype):
+            got, want = scalar_type_name(result.dtype), scalar_type_name(out.dtype)
+            raise RuntimeError(f"result type {got} can't be cast to the desired output type {want}")
+        if name == "abs" and out.dtype.is_complex and out.dtype != a.dtype:  # (abs's complex loop)
+            raise RuntimeError(f"Found dtype {scalar_type_name(out.dtype)} but expected {scalar_type_name(a.dtype)}")
+        torch._resize_output_(out, result.shape, out.device)  # (the CPU's warning for a non-empty `out`)
+        return out
+
+    return meta
+
+
+def _abs_inplace_check(a, *_, **__):
+    if a.dtype.is_complex:  # the CPU's words (the meta kernel's are about the dtype of `out`)
+        raise RuntimeError("In-place abs is not supported for complex tensors.")
+
+
+@lowering(
+    "abs",
+    promote=KIND.COMPLEX_TO_FLOAT,
+    meta={"abs.out": _complex_out_meta("abs")},
+    meta_check={"abs_": _abs_inplace_check},
+)
 def absolute(a):
     if a.dtype == jnp.bool_:  # as the CPU and CUDA kernels
         raise NotImplementedError("\"abs_tpu\" not implemented for 'Bool'")
-    return jnp.abs(a)
+    return cabs(a) if jnp.iscomplexobj(a) else jnp.abs(a)
+
+
+def _real_sign(a):
+    if a.dtype == jnp.bool_:
+        return a
+    if jnp.issubdtype(a.dtype, jnp.floating):  # the CPU's and CUDA's (0 < a) - (a < 0): NaN and -0 give +0
+        return (a > 0).astype(a.dtype) - (a < 0).astype(a.dtype)
+    return jnp.sign(a)
 
 
 @lowering("sign", promote=KIND.DEFAULT, real_only=True, meta_check={"sign.out": same_dtype_out_check})
 def sign(a):
-    return jnp.sign(a) if a.dtype != jnp.bool_ else a
+    return _real_sign(a)
 
 
 @lowering("sgn", promote=KIND.DEFAULT, meta_check={"sgn.out": same_dtype_out_check})
 def sgn(a):
-    return jnp.sign(a) if a.dtype != jnp.bool_ else a
+    return jnp.sign(a) if jnp.iscomplexobj(a) else _real_sign(a)
 
 
 @lowering("reciprocal", promote=KIND.INT_TO_FLOAT)
 def reciprocal(a):
-    return 1 / a
+    return creciprocal(a) if jnp.iscomplexobj(a) else 1 / a
 
 
 @lowering("square", promote=KIND.BOOL_TO_LONG)
@@ -426,34 +480,44 @@ def clamp_max(a, max):
 
 
 # ---------------------------------------------------------------- unary float math
+def _real_or(real_fn, complex_fn):
+    """jnp's function for real arrays, C99's (elementwise_complex.py) for complex ones."""
+
+    def fn(a):
+        return complex_fn(a) if jnp.iscomplexobj(a) else real_fn(a)
+
+    fn.__name__ = real_fn.__name__
+    return fn
+
+
 def _unary(name, fn, kind=KIND.INT_TO_FLOAT, **facts):
     """Register the JAX function `fn` itself as the lowering of `name` (a declaration per line, so the
     op's name finds it)."""
     lowering(name, promote=kind, **facts)(fn)
 
 
-_unary("exp", jnp.exp)
-_unary("exp2", jnp.exp2)
+_unary("exp", _real_or(jnp.exp, cexp))
+_unary("exp2", _real_or(jnp.exp2, cexp2))
 _unary("expm1", jnp.expm1)
-_unary("log", jnp.log)
-_unary("log2", jnp.log2)
-_unary("log10", jnp.log10)
+_unary("log", _real_or(jnp.log, clog_fixed(jnp.log)))
+_unary("log2", _real_or(jnp.log2, clog_fixed(jnp.log2)))
+_unary("log10", _real_or(jnp.log10, clog_fixed(jnp.log10)))
 _unary("log1p", jnp.log1p)
-_unary("sqrt", jnp.sqrt)
-_unary("rsqrt", lax.rsqrt)
+_unary("sqrt", _real_or(jnp.sqrt, csqrt))
+_unary("rsqrt", _real_or(lax.rsqrt, crsqrt))
 _unary("sin", jnp.sin)
 _unary("cos", jnp.cos)
 _unary("tan", jnp.tan)
-_unary("asin", jnp.arcsin)
-_unary("acos", jnp.arccos)
-_unary("atan", jnp.arctan)
+_unary("asin", _real_or(jnp.arcsin, casin))
+_unary("acos", _real_or(jnp.arccos, cacos))
+_unary("atan", _real_or(jnp.arctan, catan))
 _unary("sinh", jnp.sinh)
 _unary("cosh", jnp.cosh)
 _unary("tanh", jnp.tanh)
-_unary("asinh", jnp.arcsinh)
-_unary("acosh", jnp.arccosh)
-_unary("atanh", jnp.arctanh)
-_unary("sigmoid", jax.nn.sigmoid)
+_unary("asinh", _real_or(jnp.arcsinh, casinh))
+_unary("acosh", _real_or(jnp.arccosh, cacosh))
+_unary("atanh", _real_or(jnp.arctanh, catanh))
+_unary("sigmoid", _real_or(jax.nn.sigmoid, csigmoid))
 _unary("erf", jax.scipy.special.erf, real_only=True)
 _unary("erfc", jax.scipy.special.erfc, real_only=True)
 _unary("erfinv", jax.scipy.special.erfinv, real_only=True)
@@ -576,17 +640,30 @@ _unary("special_erfcx", _special.erfcx, real_only=True)
 
 @lowering("special_spherical_bessel_j0", promote=KIND.INT_TO_FLOAT, real_only=True)
 def spherical_bessel_j0(x):
-    return jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x))
+    j0 = jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / jnp.where(x == 0, 1, x))
+    return jnp.where(jnp.isinf(x), jnp.zeros_like(x), j0)  # the CPU's limit at +-inf (sin(inf) is NaN)
 
 
-@lowering("angle", promote=KIND.INT_TO_FLOAT, keep_result_dtype=True)  # complex -> real
+@lowering("angle", promote=KIND.INT_TO_FLOAT, keep_result_dtype=True, meta={"angle.out": _complex_out_meta("angle")})
 def angle(a):
     if jnp.iscomplexobj(a):
         return jnp.angle(a)  # atan2(imag, real): a real result
     return jnp.where(jnp.isnan(a), a, jnp.where(a < 0, jnp.pi, 0).astype(a.dtype))
 
 
-@lowering("frexp.Tensor")
+def _frexp_out_check(a, *_, mantissa=None, exponent=None, **__):
+    # the CPU's checks of frexp's outputs, which PyTorch's meta kernel casts into instead
+    from .argument_checks import _CPP_TYPE_NAMES
+
+    if mantissa is not None and mantissa.dtype != a.dtype:
+        got, want = (_CPP_TYPE_NAMES.get(t, str(t).replace("torch.", "")) for t in (mantissa.dtype, a.dtype))
+        raise RuntimeError(f"torch.frexp() expects mantissa to have dtype {want} but got {got}")
+    if exponent is not None and exponent.dtype != torch.int32:
+        got = _CPP_TYPE_NAMES.get(exponent.dtype, str(exponent.dtype).replace("torch.", ""))
+        raise RuntimeError(f"torch.frexp() expects exponent to have int dtype but got {got}")
+
+
+@lowering("frexp.Tensor", meta_check={"frexp.Tensor_out": _frexp_out_check})
 def frexp(a):
     m, e = jnp.frexp(a)
     return m, e.astype(jnp.int32)
@@ -595,16 +672,6 @@ def frexp(a):
 @lowering("nextafter", promote=KIND.NO_OPMATH)  # half types step in their own precision
 def nextafter(a, b):
     return jnp.nextafter(a, b)
-
-
-@lowering("igamma", promote=KIND.INT_TO_FLOAT)
-def igamma(a, x):
-    return _special.gammainc(a, x)
-
-
-@lowering("igammac", promote=KIND.INT_TO_FLOAT)
-def igammac(a, x):
-    return _special.gammaincc(a, x)
 
 
 def _digamma(x):
