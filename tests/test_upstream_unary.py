@@ -125,3 +125,29 @@ def test_inplace_activation_backward_with_a_negative_slope_refused():
     a = torch.tensor([-1.0, 1.0], device=DEV, requires_grad=True)
     torch.nn.functional.leaky_relu_(a.clone(), 0.5).backward(torch.ones(2, device=DEV))
     assert_close(a.grad.cpu(), torch.tensor([0.5, 1.0]))
+
+
+@pytest.mark.parametrize("mode,antialias", [("bilinear", False), ("bilinear", True), ("bicubic", False)])
+def test_uint8_image_resize_rounds_each_pass_as_the_cpu(mode, antialias):
+    """test_nn's test_upsamplingBiLinear2d_consistency: a uint8 image resized is its float resize rounded
+    (the CPU's fixed-point kernel stores each pass rounded and saturated); tpu truncated (mean error 0.5)."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 256, (1, 3, 40, 40), dtype=torch.uint8)
+    for size in (17, 61):
+        kw = dict(size=(size, size), mode=mode, antialias=antialias, align_corners=False)
+        cpu = torch.nn.functional.interpolate(x, **kw).int()
+        tpu = torch.nn.functional.interpolate(x.to("tpu"), **kw).cpu()
+        assert tpu.dtype == torch.uint8
+        assert (tpu.int() - cpu).abs().max() <= 1
+        if mode == "bilinear":  # (a cubic's passes saturate in between, the CPU's as well)
+            exact = torch.nn.functional.interpolate(x.float(), **kw).round()
+            assert (tpu.float() - exact).abs().mean() < 0.3
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.bool])
+def test_integer_resize_without_a_cpu_loop_raises_as_the_cpu(dtype):
+    x = torch.zeros(1, 2, 6, 6, dtype=dtype)
+    with pytest.raises(NotImplementedError):
+        torch.nn.functional.interpolate(x, size=(4, 4), mode="bilinear")
+    with pytest.raises(NotImplementedError, match="not implemented for"):
+        torch.nn.functional.interpolate(x.to("tpu"), size=(4, 4), mode="bilinear")

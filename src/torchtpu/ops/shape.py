@@ -16,7 +16,7 @@ from jax import lax
 from torch._prims_common import suggest_memory_format
 
 from .argument_checks import out_overlaps_inputs_check
-from .dtypes import scalar_type_name, to_opmath
+from .dtypes import not_implemented_for, scalar_type_name, to_opmath
 from .table import lowering
 
 
@@ -286,10 +286,38 @@ def _linear_weights(n_in, n_out, align_corners, scale, dtype=np.float32):
     return i0, i1, 1 - l1, l1
 
 
+def _pass_order(x, nd):
+    """The resampled dimensions in the order the CPU's kernel passes over them: uint8 images go
+    through its separable integer kernel, width first."""
+    return range(nd - 1, -1, -1) if x.dtype == jnp.uint8 else range(nd)
+
+
+def _pass_result(x, y):
+    """One pass's result: a uint8 image's is rounded half up and saturated, as the CPU's fixed-point
+    uint8 kernel stores each pass (a cubic's overshoot clamps before the next pass)."""
+    return jnp.clip(jnp.floor(y + 0.5), 0, 255) if x.dtype == jnp.uint8 else y
+
+
+# the CPU's resampling kernels with a uint8 loop (images); its others take floating inputs only
+_UINT8_RESAMPLING = ("upsample_bilinear2d", "upsample_bicubic2d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")
+
+
+def _check_resample_input(name, x, *args, **kwargs):
+    if not (x.is_floating_point() or x.is_complex()) and not (x.dtype == torch.uint8 and name in _UINT8_RESAMPLING):
+        raise not_implemented_for(name, x.dtype)
+
+
+def _resample_input_check(*kernels):
+    """meta_check of resampling kernels: integer inputs other than the CPU's uint8 images have no
+    loop on the CPU (nor on CUDA)."""
+    return {f"{k}{suffix}": functools.partial(_check_resample_input, k) for k in kernels for suffix in ("", ".out")}
+
+
 def _linear(x, output_size, align_corners, scales):
     nd = len(output_size)
     y = to_opmath(x)
-    for i, n_out in enumerate(output_size):
+    for i in _pass_order(x, nd):
+        n_out = output_size[i]
         ax = y.ndim - nd + i
         i0, i1, l0, l1 = _linear_weights(y.shape[ax], n_out, align_corners, scales[i], _weight_dtype(x))
         shape = [1] * y.ndim
@@ -297,6 +325,7 @@ def _linear(x, output_size, align_corners, scales):
         y = jnp.take(y, jnp.asarray(i0), axis=ax) * jnp.asarray(l0).reshape(shape) + jnp.take(
             y, jnp.asarray(i1), axis=ax
         ) * jnp.asarray(l1).reshape(shape)
+        y = _pass_result(x, y)
     return y.astype(x.dtype)
 
 
@@ -322,7 +351,8 @@ def cubic_coeffs(t, a=-0.75, r=_same):
 def _bicubic(x, output_size, align_corners, scales):
     y = to_opmath(x)
     dtype = _weight_dtype(x)
-    for i, n_out in enumerate(output_size):
+    for i in _pass_order(x, 2):
+        n_out = output_size[i]
         ax = y.ndim - 2 + i
         n_in = y.shape[ax]
         s = dtype(_scale(n_in, n_out, align_corners, scales[i]))
@@ -337,7 +367,7 @@ def _bicubic(x, output_size, align_corners, scales):
         for k, c in enumerate(cubic_coeffs(t)):
             idx = np.clip(f - 1 + k, 0, n_in - 1)
             acc = acc + jnp.take(y, jnp.asarray(idx), axis=ax) * jnp.asarray(c.astype(dtype)).reshape(shape)
-        y = acc
+        y = _pass_result(x, acc)
     return y.astype(x.dtype)
 
 
@@ -377,7 +407,13 @@ def upsample_nearest_exact_backward(grad, output_size, input_size, *scales):
     return _resample_backward(lambda v: _nearest(v, output_size, sc, True), grad, input_size)
 
 
-@lowering("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", real_only=True)
+@lowering(
+    "upsample_linear1d",
+    "upsample_bilinear2d",
+    "upsample_trilinear3d",
+    real_only=True,
+    meta_check=_resample_input_check("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d"),
+)
 def upsample_linear(x, output_size, align_corners, *scales):
     return _linear(x, output_size, align_corners, _scales(scales, output_size))
 
@@ -388,7 +424,7 @@ def upsample_linear_backward(grad, output_size, input_size, align_corners, *scal
     return _resample_backward(lambda v: _linear(v, output_size, align_corners, sc), grad, input_size)
 
 
-@lowering("upsample_bicubic2d", real_only=True)
+@lowering("upsample_bicubic2d", real_only=True, meta_check=_resample_input_check("upsample_bicubic2d"))
 def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=None):
     return _bicubic(x, output_size, align_corners, (scales_h, scales_w))
 
@@ -432,10 +468,11 @@ def _resample_aa(x, output_size, align_corners, scales, interp_size, kernel):
         ax = y.ndim - 2 + i
         w = _aa_weights(y.shape[ax], output_size[i], align_corners, scales[i], interp_size, kernel, np_dtype)
         y = jnp.moveaxis(jnp.tensordot(y, jnp.asarray(w), axes=([ax], [1]), precision=lax.Precision.HIGHEST), -1, ax)
+        y = _pass_result(x, y)
     return y.astype(x.dtype)
 
 
-@lowering("_upsample_bilinear2d_aa", real_only=True)
+@lowering("_upsample_bilinear2d_aa", real_only=True, meta_check=_resample_input_check("_upsample_bilinear2d_aa"))
 def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
     return _resample_aa(x, output_size, align_corners, (scales_h, scales_w), 2, _aa_triangle)
 
@@ -447,7 +484,7 @@ def upsample_bilinear2d_aa_backward(grad, output_size, input_size, align_corners
     )
 
 
-@lowering("_upsample_bicubic2d_aa", real_only=True)
+@lowering("_upsample_bicubic2d_aa", real_only=True, meta_check=_resample_input_check("_upsample_bicubic2d_aa"))
 def upsample_bicubic2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
     return _resample_aa(x, output_size, align_corners, (scales_h, scales_w), 4, _aa_cubic)
 
