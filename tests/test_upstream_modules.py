@@ -225,3 +225,17 @@ def test_sdpa_backward_of_an_undefined_gradient_is_undefined():
     for c, t in zip(*results):
         assert t.stride() == c.stride()
         assert_close(t.cpu(), c)
+
+
+def test_group_norm_of_an_empty_batch_as_the_cpu():
+    """test_nn's GroupNorm of an empty batch: the lowering reshaped (0, groups, -1) and divided by zero."""
+    for shape in ((0, 4, 3), (0, 4, 2, 2)):
+        cpu = torch.nn.GroupNorm(2, 4)
+        tpu = torch.nn.GroupNorm(2, 4).to("tpu")
+        x = torch.randn(*shape, requires_grad=True)
+        xt = x.detach().to("tpu").requires_grad_()
+        cpu(x).sum().backward()
+        out = tpu(xt)
+        out.sum().backward()
+        assert out.shape == shape and xt.grad.shape == shape
+        torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad)

@@ -184,11 +184,11 @@ def batch_norm_backward(
 
 
 def _group_norm(x, weight, bias, n, c, hxw, group, eps):
-    xf = to_opmath(x).reshape(n, group, -1)
+    xf = to_opmath(x).reshape(n, group, c // group * hxw)  # (sizes spelled out: n may be 0)
     mean = jnp.mean(xf, axis=-1)
     var = jnp.mean(jnp.square(xf - mean[..., None]), axis=-1)
     rstd = lax.rsqrt(var + eps)
-    out = ((xf - mean[..., None]) * rstd[..., None]).reshape(n, c, -1)
+    out = ((xf - mean[..., None]) * rstd[..., None]).reshape(n, c, hxw)
     # weight and bias in the opmath dtype: a float64 norm rounded through float32 loses small steps
     if weight is not None:
         out = out * weight.astype(xf.dtype)[None, :, None]
@@ -206,7 +206,7 @@ def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
 @lowering("native_group_norm_backward")
 def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, output_mask):
     # with the saved statistics, as layer norm: xhat = (x - mean) * rstd per (sample, group)
-    shape = (n, group, c // group, -1)
+    shape = (n, group, c // group, hxw)
     xf, g = to_opmath(x).reshape(shape), to_opmath(grad).reshape(shape)
     m, r = to_opmath(mean)[:, :, None, None], to_opmath(rstd)[:, :, None, None]
     xhat = (xf - m) * r
