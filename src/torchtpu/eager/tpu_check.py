@@ -77,6 +77,7 @@ class Report:
 _lock = threading.RLock()  # one program at a time through the child
 _results: list = []
 _atexit = [False]
+_EXIT_FAILURES = 20  # failed programs listed at exit
 _test_abort_next = [False]
 _jax_state = []  # the JAX configuration value that keys JAX's caches on the TPU trace
 # (topology, StableHLO digest, replicas, partitions) -> the child's answer: the same program built again
@@ -113,6 +114,14 @@ def _at_exit():
     _child.stop()
     if topology() is not None:
         print(summary_line(), file=sys.stderr, flush=True)
+        # the failed programs' names and first error lines: a sweep's errors may have been caught
+        # (a test comparing exceptions with the CPU's), and this line is all a long run leaves
+        failures = report().failures
+        for p in failures[:_EXIT_FAILURES]:
+            first = next((line.strip() for line in (p.error or "").splitlines() if line.strip()), "")
+            print(f"  failed: {p.name}: {first[:300]}", file=sys.stderr, flush=True)
+        if len(failures) > _EXIT_FAILURES:
+            print(f"  ... and {len(failures) - _EXIT_FAILURES} more", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- building programs
