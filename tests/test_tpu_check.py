@@ -250,20 +250,36 @@ def _run_python(code, **env):
     )
 
 
-def test_exit_line_printed_once_and_libtpu_noise_kept_away():
+def test_exit_line_printed_once_and_libtpu_noise_kept_away(tmp_path):
+    log = tmp_path / "check.log"
     done = _run_python(
         """
-        import torch
+        import jax, torch
+        from torch.tpu.pallas import jax_op
+        from torchtpu.device.platform import lowering_platform
         x = torch.randn(5, 7, device="tpu")
         print(float((x @ x.T).sum()))
+        def f(x: jax.Array) -> jax.Array:  # a custom call XLA:TPU lacks, on its TPU branch only
+            if lowering_platform() == "tpu":
+                return jax.ffi.ffi_call("torchtpu_no_such_target", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+            return x
+        try:
+            jax_op("tpucheck::exit_listed", f)(x)
+        except RuntimeError:
+            pass
         """,
         TORCHTPU_TPU_COMPILE_CHECK=TOPOLOGY,
+        TORCHTPU_TPU_COMPILE_CHECK_LOG=str(log),
     )
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("tpu compile check")]
     assert len(lines) == 1, done.stderr
-    m = re.fullmatch(rf"tpu compile check \({TOPOLOGY}\): (\d+) programs compiled, 0 failed", lines[0])
+    m = re.fullmatch(rf"tpu compile check \({TOPOLOGY}\): (\d+) programs compiled, 1 failed", lines[0])
     assert m and int(m.group(1)) >= 2, lines
+    # the failed program is listed after the line, and both go to the log file too
+    listed = done.stderr[done.stderr.index(lines[0]) :]
+    assert "failed: tpucheck::exit_listed" in listed and "torchtpu_no_such_target" in listed, listed
+    assert lines[0] in log.read_text() and "failed: tpucheck::exit_listed" in log.read_text()
     assert "TPU_ACCELERATOR_TYPE" not in done.stderr and "libtpu" not in done.stderr, done.stderr
 
 
