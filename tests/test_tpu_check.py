@@ -341,3 +341,31 @@ def test_double_precision_ffts_tpu_branch_matches_cpu():
     torch.testing.assert_close(torch.from_numpy(np.asarray(tpu)), torch._fft_c2c(x, [1], 1, False))
     torch.testing.assert_close(torch.from_numpy(np.asarray(half)), torch._fft_r2c(r, [0, 1], 2, True))
     torch.testing.assert_close(torch.from_numpy(np.asarray(back)), r)  # (half was scaled by 1/27)
+
+
+def test_uint64_division_tpu_branch_is_exact_and_has_no_64_bit_divide():
+    """uint64 floor_divide/remainder/fmod take the int64 TPU branch (int32 when every value fits, else a
+    long division): XLA:TPU's own 64-bit divide took minutes to compile. Exact against NumPy."""
+    from torchtpu.device import platform
+    from torchtpu.ops import elementwise
+
+    g = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    n, top = 256, np.iinfo(np.uint64).max
+    wide = (
+        np.concatenate([g.integers(0, top, n, dtype=np.uint64, endpoint=True), np.array([top, top, 0, 7], np.uint64)]),
+        np.concatenate([g.integers(1, top, n // 2, dtype=np.uint64), g.integers(1, 60, n // 2, dtype=np.uint64)]),
+    )
+    wide = (wide[0], np.concatenate([wide[1], np.array([1, top, 3, 2**63], np.uint64)]))
+    narrow = (g.integers(0, 2**31 - 1, n, dtype=np.uint64), g.integers(1, 5000, n, dtype=np.uint64))
+
+    def program(x, y):
+        return elementwise.floor_divide(x, y), elementwise.remainder(x, y), elementwise.fmod(x, y)
+
+    for a, b in (wide, narrow):
+        with platform.tracing_for("tpu"):
+            jitted = jax.jit(program)
+            got = jitted(a, b)
+            hlo = jitted.lower(a, b).as_text()
+        assert not re.search(r"stablehlo\.(divide|remainder).*ui64", hlo)
+        for value, reference in zip(got, (a // b, a % b, np.fmod(a, b))):
+            np.testing.assert_array_equal(np.asarray(value), reference)
