@@ -369,3 +369,19 @@ def test_uint64_division_tpu_branch_is_exact_and_has_no_64_bit_divide():
         assert not re.search(r"stablehlo\.(divide|remainder).*ui64", hlo)
         for value, reference in zip(got, (a // b, a % b, np.fmod(a, b))):
             np.testing.assert_array_equal(np.asarray(value), reference)
+
+
+def test_float64_logcumsumexp_tpu_branch_is_a_log_depth_scan():
+    """float64 logcumsumexp on a TPU: JAX's TPU lowering (a reduce_window over logaddexp) took XLA:TPU
+    minutes to compile; the TPU branch is an associative scan, equal to the CPU's values."""
+    from torchtpu.device import platform
+    from torchtpu.ops import reductions
+
+    x = torch.randn(3, 37, dtype=torch.float64) * 30
+    x[0, 5], x[1, :4] = float("-inf"), float("-inf")
+    with platform.tracing_for("tpu"):
+        jitted = jax.jit(lambda v: reductions.logcumsumexp(v, 1))
+        got = jitted(x.numpy())
+        hlo = jitted.lower(x.numpy()).as_text()
+    assert "reduce_window" not in hlo
+    torch.testing.assert_close(torch.from_numpy(np.array(got)), torch.logcumsumexp(x, 1))
