@@ -373,7 +373,7 @@ def test_uint64_division_tpu_branch_is_exact_and_has_no_64_bit_divide():
 
 def test_float64_logcumsumexp_tpu_branch_is_a_log_depth_scan():
     """float64 logcumsumexp on a TPU: JAX's TPU lowering (a reduce_window over logaddexp) took XLA:TPU
-    minutes to compile; the TPU branch is an associative scan, equal to the CPU's values."""
+    189 s to compile 20 elements; the TPU branch is an associative scan (67 s), equal to the CPU's values."""
     from torchtpu.device import platform
     from torchtpu.ops import reductions
 

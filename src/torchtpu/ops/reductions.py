@@ -400,7 +400,7 @@ def logcumsumexp(a, dim):
 
     if x.dtype == jnp.float64 and lowering_platform() == "tpu":
         # JAX lowers the scan for a TPU as a reduce_window over a logaddexp body, which XLA:TPU (emulating
-        # float64) took 513 s to compile for 20 elements; a log-depth scan of the same combine instead
+        # float64) took 189 s to compile for 20 elements, this log-depth scan of the same combine 67 s
         return lax.associative_scan(jnp.logaddexp, x, axis=_axis(a, dim))
     return lax.cumlogsumexp(x, axis=_axis(a, dim)).astype(a.dtype)
 
