@@ -237,6 +237,22 @@ def test_compiler_abort_is_the_programs_failure_not_the_processes(check):
     assert report.failed == 1 and report.compiled >= 1
 
 
+def test_interrupt_of_the_process_group_is_no_compile_failure(check):
+    """SIGINT to the compiler process (Ctrl-C reaches the whole group) does not end it, so a run
+    interrupted mid-compile does not count that program as failed."""
+    import signal
+    import time
+
+    torch.sin(torch.randn(_fresh_shape()).to("tpu"))
+    child = tpu_check._child.proc
+    os.kill(child.pid, signal.SIGINT)
+    time.sleep(0.5)
+    x = torch.randn(_fresh_shape())
+    torch.testing.assert_close(torch.cos(x.to("tpu")).cpu(), torch.cos(x))
+    assert child.poll() is None and tpu_check._child.proc is child
+    assert check.report().failed == 0, check.report().failures
+
+
 def _run_python(code, **env):
     full = {k: v for k, v in os.environ.items() if k != "TORCHTPU_TPU_COMPILE_CHECK"}
     full.update(env)
