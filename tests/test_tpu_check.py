@@ -237,6 +237,22 @@ def test_compiler_abort_is_the_programs_failure_not_the_processes(check):
     assert report.failed == 1 and report.compiled >= 1
 
 
+def test_interrupt_of_the_process_group_is_no_compile_failure(check):
+    """SIGINT to the compiler process (Ctrl-C reaches the whole group) does not end it, so a run
+    interrupted mid-compile does not count that program as failed."""
+    import signal
+    import time
+
+    torch.sin(torch.randn(_fresh_shape()).to("tpu"))
+    child = tpu_check._child.proc
+    os.kill(child.pid, signal.SIGINT)
+    time.sleep(0.5)
+    x = torch.randn(_fresh_shape())
+    torch.testing.assert_close(torch.cos(x.to("tpu")).cpu(), torch.cos(x))
+    assert child.poll() is None and tpu_check._child.proc is child
+    assert check.report().failed == 0, check.report().failures
+
+
 def _run_python(code, **env):
     full = {k: v for k, v in os.environ.items() if k != "TORCHTPU_TPU_COMPILE_CHECK"}
     full.update(env)
@@ -250,20 +266,36 @@ def _run_python(code, **env):
     )
 
 
-def test_exit_line_printed_once_and_libtpu_noise_kept_away():
+def test_exit_line_printed_once_and_libtpu_noise_kept_away(tmp_path):
+    log = tmp_path / "check.log"
     done = _run_python(
         """
-        import torch
+        import jax, torch
+        from torch.tpu.pallas import jax_op
+        from torchtpu.device.platform import lowering_platform
         x = torch.randn(5, 7, device="tpu")
         print(float((x @ x.T).sum()))
+        def f(x: jax.Array) -> jax.Array:  # a custom call XLA:TPU lacks, on its TPU branch only
+            if lowering_platform() == "tpu":
+                return jax.ffi.ffi_call("torchtpu_no_such_target", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+            return x
+        try:
+            jax_op("tpucheck::exit_listed", f)(x)
+        except RuntimeError:
+            pass
         """,
         TORCHTPU_TPU_COMPILE_CHECK=TOPOLOGY,
+        TORCHTPU_TPU_COMPILE_CHECK_LOG=str(log),
     )
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("tpu compile check")]
     assert len(lines) == 1, done.stderr
-    m = re.fullmatch(rf"tpu compile check \({TOPOLOGY}\): (\d+) programs compiled, 0 failed", lines[0])
+    m = re.fullmatch(rf"tpu compile check \({TOPOLOGY}\): (\d+) programs compiled, 1 failed", lines[0])
     assert m and int(m.group(1)) >= 2, lines
+    # the failed program is listed after the line, and both go to the log file too
+    listed = done.stderr[done.stderr.index(lines[0]) :]
+    assert "failed: tpucheck::exit_listed" in listed and "torchtpu_no_such_target" in listed, listed
+    assert lines[0] in log.read_text() and "failed: tpucheck::exit_listed" in log.read_text()
     assert "TPU_ACCELERATOR_TYPE" not in done.stderr and "libtpu" not in done.stderr, done.stderr
 
 
@@ -325,3 +357,47 @@ def test_double_precision_ffts_tpu_branch_matches_cpu():
     torch.testing.assert_close(torch.from_numpy(np.asarray(tpu)), torch._fft_c2c(x, [1], 1, False))
     torch.testing.assert_close(torch.from_numpy(np.asarray(half)), torch._fft_r2c(r, [0, 1], 2, True))
     torch.testing.assert_close(torch.from_numpy(np.asarray(back)), r)  # (half was scaled by 1/27)
+
+
+def test_uint64_division_tpu_branch_is_exact_and_has_no_64_bit_divide():
+    """uint64 floor_divide/remainder/fmod take the int64 TPU branch (int32 when every value fits, else a
+    long division): XLA:TPU's own 64-bit divide took minutes to compile. Exact against NumPy."""
+    from torchtpu.device import platform
+    from torchtpu.ops import elementwise
+
+    g = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    n, top = 256, np.iinfo(np.uint64).max
+    wide = (
+        np.concatenate([g.integers(0, top, n, dtype=np.uint64, endpoint=True), np.array([top, top, 0, 7], np.uint64)]),
+        np.concatenate([g.integers(1, top, n // 2, dtype=np.uint64), g.integers(1, 60, n // 2, dtype=np.uint64)]),
+    )
+    wide = (wide[0], np.concatenate([wide[1], np.array([1, top, 3, 2**63], np.uint64)]))
+    narrow = (g.integers(0, 2**31 - 1, n, dtype=np.uint64), g.integers(1, 5000, n, dtype=np.uint64))
+
+    def program(x, y):
+        return elementwise.floor_divide(x, y), elementwise.remainder(x, y), elementwise.fmod(x, y)
+
+    for a, b in (wide, narrow):
+        with platform.tracing_for("tpu"):
+            jitted = jax.jit(program)
+            got = jitted(a, b)
+            hlo = jitted.lower(a, b).as_text()
+        assert not re.search(r"stablehlo\.(divide|remainder).*ui64", hlo)
+        for value, reference in zip(got, (a // b, a % b, np.fmod(a, b))):
+            np.testing.assert_array_equal(np.asarray(value), reference)
+
+
+def test_float64_logcumsumexp_tpu_branch_is_a_log_depth_scan():
+    """float64 logcumsumexp on a TPU: JAX's TPU lowering (a reduce_window over logaddexp) took XLA:TPU
+    189 s to compile 20 elements; the TPU branch is an associative scan (67 s), equal to the CPU's values."""
+    from torchtpu.device import platform
+    from torchtpu.ops import reductions
+
+    x = torch.randn(3, 37, dtype=torch.float64) * 30
+    x[0, 5], x[1, :4] = float("-inf"), float("-inf")
+    with platform.tracing_for("tpu"):
+        jitted = jax.jit(lambda v: reductions.logcumsumexp(v, 1))
+        got = jitted(x.numpy())
+        hlo = jitted.lower(x.numpy()).as_text()
+    assert "reduce_window" not in hlo
+    torch.testing.assert_close(torch.from_numpy(np.array(got)), torch.logcumsumexp(x, 1))

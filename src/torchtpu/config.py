@@ -83,6 +83,13 @@ VARIABLES: dict[str, tuple] = {
         "also compile every program for this TPU topology (e.g. v5e:2x2) with XLA:TPU "
         "(libtpu, no chip needed; docs/tpu.md)",
     ),
+    "TORCHTPU_TPU_COMPILE_CHECK_LOG": (
+        "text",
+        None,
+        None,
+        "with the check on, a file the exit line and the failed programs are also appended to (for runs "
+        "whose output is not kept, e.g. pytest subprocesses of tools/)",
+    ),
 }
 
 # TorchTPU's names -> (our name, value mapping): a set TorchTPU flag selects our setting.

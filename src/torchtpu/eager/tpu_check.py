@@ -77,6 +77,7 @@ class Report:
 _lock = threading.RLock()  # one program at a time through the child
 _results: list = []
 _atexit = [False]
+_EXIT_FAILURES = 20  # failed programs listed at exit
 _test_abort_next = [False]
 _jax_state = []  # the JAX configuration value that keys JAX's caches on the TPU trace
 # (topology, StableHLO digest, replicas, partitions) -> the child's answer: the same program built again
@@ -112,7 +113,20 @@ def summary_line() -> str:
 def _at_exit():
     _child.stop()
     if topology() is not None:
-        print(summary_line(), file=sys.stderr, flush=True)
+        lines = [summary_line()]
+        # the failed programs' names and first error lines: a sweep's errors may have been caught
+        # (a test comparing exceptions with the CPU's), and this is all a long run leaves
+        failures = report().failures
+        for p in failures[:_EXIT_FAILURES]:
+            first = next((line.strip() for line in (p.error or "").splitlines() if line.strip()), "")
+            lines.append(f"  failed: {p.name}: {first[:300]}")
+        if len(failures) > _EXIT_FAILURES:
+            lines.append(f"  ... and {len(failures) - _EXIT_FAILURES} more")
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        log = config.get("TORCHTPU_TPU_COMPILE_CHECK_LOG")
+        if log:
+            with open(log, "a") as f:
+                f.write(f"[pid {os.getpid()}] " + "\n".join(lines) + "\n")
 
 
 # ---------------------------------------------------------------- building programs

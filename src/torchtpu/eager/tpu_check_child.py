@@ -102,6 +102,11 @@ def _die_with_parent():
 
 if __name__ == "__main__":
     _die_with_parent()
+    # Ctrl-C (or `timeout -s INT`) reaches the whole process group: the parent decides whether to stop,
+    # and the child ends with it; dying here would count the program being compiled as a TPU failure
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the libraries' prints on stdout go to stderr; replies have their own descriptor
     reply_fd = os.dup(1)
     os.dup2(2, 1)
