@@ -239,3 +239,24 @@ def test_group_norm_of_an_empty_batch_as_the_cpu():
         out.sum().backward()
         assert out.shape == shape and xt.grad.shape == shape
         torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32])
+def test_nll_loss_target_dtypes_as_the_cpu(dtype):
+    """uint8 class indices are taken by the CPU's (and CUDA's) nll_loss; other integer types are refused."""
+    a = torch.randn(4, 6)
+    target = torch.randint(0, 6, (4,)).to(dtype)
+    results = []
+    for device in ("cpu", "tpu"):
+        x = a.clone().to(device).requires_grad_()
+        try:
+            loss = torch.nn.functional.nll_loss(x.log_softmax(1), target.to(device), ignore_index=3)
+        except RuntimeError as e:
+            results.append(str(e))
+            continue
+        loss.backward()
+        results.append((loss.cpu(), x.grad.cpu()))
+    if dtype == torch.uint8:
+        torch.testing.assert_close(results[1], results[0])
+    else:
+        assert results[0] == results[1] and "Long or Byte" in results[0]

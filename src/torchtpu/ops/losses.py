@@ -10,7 +10,7 @@ import torch
 from jax import lax
 
 from .checks import require, require_index
-from .dtypes import to_opmath
+from .dtypes import scalar_type_name, to_opmath
 from .nn_common import _grad_input_meta
 from .table import lowering
 
@@ -19,8 +19,26 @@ def _sizes(t):
     return "[" + ", ".join(str(n) for n in t.shape) + "]"
 
 
+def _check_target_dtype(target):
+    if target.dtype not in (torch.int64, torch.uint8):
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {scalar_type_name(target.dtype)}")
+
+
+def _long_target(op, target_at):
+    """meta= of the nll losses: PyTorch's meta kernel gathers with the target, which refuses the uint8
+    class indices the CPU's and CUDA's kernels take; their meaning is the same as int64's."""
+
+    def meta(*args, **kwargs):
+        if args[target_at].dtype == torch.uint8:
+            args = (*args[:target_at], args[target_at].long(), *args[target_at + 1 :])
+        return op(*args, **kwargs)
+
+    return meta
+
+
 def _nll_loss_check(a, target, weight, reduction, ignore_index, **out):
     """The CPU's checks of nll_loss_forward, in its order and words (PyTorch's meta kernel asserts)."""
+    _check_target_dtype(target)
     if not 0 < a.dim() <= 2:
         raise RuntimeError("input tensor should be 1D or 2D")
     if target.dim() > 1:
@@ -37,6 +55,7 @@ def _nll_loss_check(a, target, weight, reduction, ignore_index, **out):
 
 def _nll_loss2d_check(a, target, weight, reduction, ignore_index, **out):
     """The CPU's checks of nll_loss2d_forward, in its order and words."""
+    _check_target_dtype(target)
     if target.dim() != 3:
         raise RuntimeError(
             f"only batches of spatial targets supported (3D tensors) but got targets of dimension: {target.dim()}"
@@ -49,6 +68,8 @@ def _nll_loss2d_check(a, target, weight, reduction, ignore_index, **out):
         raise RuntimeError("weight tensor should be defined either for all or no classes")
     if (a.shape[0], *a.shape[2:]) != tuple(target.shape):
         raise RuntimeError(f"size mismatch (got input: {_sizes(a)} , target: {_sizes(target)}")
+    if target.dtype != torch.int64:
+        raise RuntimeError(f"expected scalar type Long but found {scalar_type_name(target.dtype)}")
 
 
 @lowering(
@@ -61,10 +82,11 @@ def _nll_loss2d_check(a, target, weight, reduction, ignore_index, **out):
         "nll_loss2d_forward.default": _nll_loss2d_check,
         "nll_loss2d_forward.output": _nll_loss2d_check,
     },
+    meta={"nll_loss_forward": _long_target(torch.ops.aten.nll_loss_forward.default, 1)},
 )
 def nll_loss_forward(a, target, weight, reduction, ignore_index):
     x = a if a.ndim > 1 else a[None]
-    t = target if target.ndim else target[None]
+    t = (target if target.ndim else target[None]).astype(jnp.int32 if target.dtype == jnp.uint8 else target.dtype)
     valid = t != ignore_index
     classes = x.shape[1]
     require(
@@ -84,10 +106,14 @@ def nll_loss_forward(a, target, weight, reduction, ignore_index):
     return jnp.sum(losses).astype(a.dtype), total.astype(a.dtype)
 
 
-@lowering("nll_loss_backward", "nll_loss2d_backward")
+@lowering(
+    "nll_loss_backward",
+    "nll_loss2d_backward",
+    meta={"nll_loss_backward": _long_target(torch.ops.aten.nll_loss_backward.default, 2)},
+)
 def nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_weight):
     x = a if a.ndim > 1 else a[None]
-    t = target if target.ndim else target[None]
+    t = (target if target.ndim else target[None]).astype(jnp.int32 if target.dtype == jnp.uint8 else target.dtype)
     valid = t != ignore_index
     classes = x.shape[1]
     require(
