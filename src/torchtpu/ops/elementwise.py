@@ -10,8 +10,8 @@ from jax import lax
 
 from .argument_checks import bool_mask_check, fill_value_check, no_bool_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
-from .elementwise_c import c_lcm, complex_add, complex_pow, euclid_gcd, int_pow
-from .elementwise_complex import (
+from .elementwise_c import (
+    c_lcm,
     cabs,
     cacos,
     cacosh,
@@ -22,10 +22,14 @@ from .elementwise_complex import (
     cexp,
     cexp2,
     clog_fixed,
+    complex_add,
+    complex_pow,
     creciprocal,
     crsqrt,
     csigmoid,
     csqrt,
+    euclid_gcd,
+    int_pow,
 )
 from .table import KIND, LOWERINGS, Lowering, WriteOverlap, apply, expanded_warning, lowering
 
@@ -484,7 +488,7 @@ def clamp_max(a, max):
 
 # ---------------------------------------------------------------- unary float math
 def _real_or(real_fn, complex_fn):
-    """jnp's function for real arrays, C99's (elementwise_complex.py) for complex ones."""
+    """jnp's function for real arrays, C99's (elementwise_c.py) for complex ones."""
 
     def fn(a):
         return complex_fn(a) if jnp.iscomplexobj(a) else real_fn(a)
