@@ -153,3 +153,13 @@ def test_every_host_to_device_path_copies(dtype):
     for got, expected in ((moved, want), (into, want), (strided, want[:, ::3]), (from_numpy, torch.arange(12))):
         torch.testing.assert_close(got.cpu(), expected)
     torch.testing.assert_close(out.cpu(), torch.full((3,), 8.0))
+
+
+def test_a_cpu_tensor_copied_to_tpu_stays_resizable():
+    """Tensor.numpy() marks a storage non-resizable for good: the host-to-device copy read through it,
+    and the user's CPU tensor could no longer be resized (nor be an out= that resizes), unlike on CUDA."""
+    x = torch.randn(3)
+    y = x.to("tpu")
+    x.resize_(10)
+    torch.add(torch.ones(4), 1, out=x)
+    assert x.shape == (4,) and torch.equal(y.cpu(), y.cpu())

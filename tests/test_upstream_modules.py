@@ -260,3 +260,15 @@ def test_nll_loss_target_dtypes_as_the_cpu(dtype):
         torch.testing.assert_close(results[1], results[0])
     else:
         assert results[0] == results[1] and "Long or Byte" in results[0]
+
+
+@pytest.mark.parametrize("shape", [(1,), (10,), (1, 10)])
+def test_addbmm_inplace_resizes_a_broadcast_self_as_the_cpu(shape):
+    """ATen's addbmm_ writes addbmm.out into `self`: a `self` that broadcasts to (n, p) is resized
+    (OpInfo's addbmm in-place samples); PyTorch's meta kernel refused it on tpu."""
+    b1, b2 = torch.randn(3, 5, 4), torch.randn(3, 4, 10)
+    cpu = torch.randn(shape)
+    tpu = cpu.to("tpu")
+    cpu.addbmm_(b1, b2, beta=0.5, alpha=2)
+    assert tpu.addbmm_(b1.to("tpu"), b2.to("tpu"), beta=0.5, alpha=2) is tpu
+    torch.testing.assert_close(tpu.cpu(), cpu)

@@ -393,6 +393,23 @@ def _cat_in_chunks(kernel, args, kwargs):
         return None
 
 
+def _addbmm_into_broadcast_self(kernel, args, kwargs):
+    """addbmm_ of a `self` that only broadcasts to the product's (n, p): ATen's addbmm_ is addbmm.out
+    into `self`, which computes with `self` broadcast, then resizes it (CPU and CUDA alike); PyTorch's
+    meta kernel refuses instead. Only a `self` of one element or one row: the CPU reads a column-shaped
+    one through the storage it is overwriting. None otherwise (the engine's path, and its errors)."""
+    self, batch1, batch2 = args[:3]
+    if batch1.dim() != 3 or batch2.dim() != 3 or self.numel() not in (1, batch2.shape[2]) or self.dim() > 2:
+        return None
+    if tuple(self.shape) == (batch1.shape[1], batch2.shape[2]) or (self.dim() == 2 and self.shape[0] != 1):
+        return None
+    try:
+        result = kernel_for(aten.addbmm.default)(*args, **kwargs)
+    except RuntimeError:
+        return None
+    return self.resize_(result.shape).copy_(result)
+
+
 # ------------------------------------------------------------------ registration and fallback
 def _all_overloads():
     for qualified in torch._C._dispatch_get_all_op_names():
@@ -828,6 +845,7 @@ def _register_engine_kernels(fast):
     for op, serve in ((aten.fill_.Scalar, host_fills.fill), (aten.zero_.default, host_fills.zero)):
         kernel_for(op).split_call = serve
     kernel_for(aten.full.default).split_call = host_fills.full
+    kernel_for(aten.addbmm_.default).split_call = _addbmm_into_broadcast_self
     for name in host_fills.FOLDED:
         packet, _, overload = name.partition(".")
         kernel_for(getattr(getattr(aten, packet), overload)).split_call = host_fills.fold

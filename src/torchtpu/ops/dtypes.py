@@ -385,12 +385,14 @@ def is_float(dtype) -> bool:
 
 
 def numpy_from_cpu(t: torch.Tensor) -> np.ndarray:
-    """A numpy array with `t`'s values (bfloat16 and float8 through an integer view)."""
+    """A numpy array with `t`'s values (bfloat16 and float8 through an integer view), through DLPack:
+    `Tensor.numpy()` marks the CPU storage non-resizable for good, and a user's tensor copied to tpu
+    could then no longer be resized (nor written by an out= that resizes), unlike one copied to CUDA."""
     t = t.detach()  # kernels see the user's Python object, autograd metadata and all
     carrier = NUMPY_CARRIER.get(t.dtype)
     if carrier is None:
-        return t.numpy()
-    return t.view(carrier).numpy().view(storage_jax(t.dtype))
+        return np.from_dlpack(t)
+    return np.from_dlpack(t.view(carrier)).view(storage_jax(t.dtype))
 
 
 def cpu_from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
