@@ -159,7 +159,10 @@ def test_a_cpu_tensor_copied_to_tpu_stays_resizable():
     """Tensor.numpy() marks a storage non-resizable for good: the host-to-device copy read through it,
     and the user's CPU tensor could no longer be resized (nor be an out= that resizes), unlike on CUDA."""
     x = torch.randn(3)
+    expected = x.clone()
     y = x.to("tpu")
     x.resize_(10)
+    x.resize_(0)
     torch.add(torch.ones(4), 1, out=x)
-    assert x.shape == (4,) and torch.equal(y.cpu(), y.cpu())
+    assert x.shape == (4,)
+    assert torch.equal(y.cpu(), expected)
