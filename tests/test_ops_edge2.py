@@ -84,8 +84,15 @@ def test_ctc_loss_tensor_lengths_unbatched_and_empty_inputs():
         lambda d: F.ctc_loss(lp.to(d), tg.to(d), torch.tensor(il).to(d), torch.tensor(tl).to(d)),
         lambda d: F.ctc_loss(lp[:, 0].to(d), tg[0, : tl[0]].to(d), il[:1], tl[:1], reduction="none"),
         lambda d: F.ctc_loss(lp.to(d), tg.to(d), [0, 0, 5, 5], [0, 2, 0, 1], reduction="none"),
+        # every target empty: one state (test_nn's test_CTCLoss_empty_target; the scans' shifts broke)
+        lambda d: F.ctc_loss(lp.to(d), tg[:, :0].to(d), il, [0] * len(il), reduction="none"),
     ):
         torch.testing.assert_close(fn(D).cpu(), fn("cpu"))
+    x = lp.detach().to(D).requires_grad_()
+    F.ctc_loss(x, tg[:, :0].to(D), il, [0] * len(il)).backward()
+    reference = lp.detach().requires_grad_()
+    F.ctc_loss(reference, tg[:, :0], il, [0] * len(il)).backward()
+    torch.testing.assert_close(x.grad.cpu(), reference.grad)
 
 
 def test_ctc_loss_bad_input_raises_as_on_the_cpu():

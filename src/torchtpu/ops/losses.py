@@ -377,16 +377,24 @@ def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
     return ext, lp_ext, skip, jnp.asarray(np.asarray(input_lengths, np.int64)), jnp.asarray(tl)
 
 
+def _ctc_shifted(x, by, fill):
+    """x[:, s - by] over the states s (a negative `by` looks ahead), `fill` where that is outside;
+    the width stays x's, also when it is under |by| (every target empty: one state)."""
+    width = x.shape[1]
+    pad = ((0, 0), (by, 0)) if by > 0 else ((0, 0), (0, -by))
+    padded = jnp.pad(x, pad, constant_values=fill)
+    return padded[:, :width] if by > 0 else padded[:, -by : -by + width]
+
+
 def _ctc_alpha(lp_ext, skip, il):
     """log alpha (T, N, S'); rows t >= input_length repeat the last computed one."""
-    ninf = jnp.full(lp_ext.shape[1:2] + (1,), -jnp.inf, lp_ext.dtype)
     first = jnp.full(lp_ext.shape[1:], -jnp.inf, lp_ext.dtype)
     first = first.at[:, :2].set(lp_ext[0, :, :2])
 
     def step(alpha, xs):
         t, lp_t = xs
-        a1 = jnp.concatenate([ninf, alpha[:, :-1]], 1)
-        a2 = jnp.where(skip, jnp.concatenate([ninf, ninf, alpha[:, :-2]], 1), -jnp.inf)
+        a1 = _ctc_shifted(alpha, 1, -jnp.inf)
+        a2 = jnp.where(skip, _ctc_shifted(alpha, 2, -jnp.inf), -jnp.inf)
         new = jnp.where((t < il)[:, None], _ctc_lse3(alpha, a1, a2) + lp_t, alpha)
         return new, new
 
@@ -428,18 +436,17 @@ def ctc_loss_backward(
     ext, lp_ext, skip, il, tl = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
     steps, n, width = lp_ext.shape
     alpha = jnp.transpose(log_alpha, (1, 0, 2))
-    ninf = jnp.full((n, 1), -jnp.inf, lp_ext.dtype)
     s = jnp.arange(width)
     # beta at each row's last step: eq. (10), the final blank and the last label
     end = jnp.where(
         (s[None, :] == 2 * tl[:, None]) | ((s[None, :] == 2 * tl[:, None] - 1) & (tl[:, None] > 0)), 0, -jnp.inf
     ).astype(lp_ext.dtype)
-    skip_up = jnp.concatenate([skip[:, 2:], jnp.zeros((n, 2), bool)], 1)  # s -> s+2 allowed
+    skip_up = _ctc_shifted(skip, -2, False)  # s -> s+2 allowed
 
     def step(beta, xs):
         t, lp_t = xs
-        b1 = jnp.concatenate([beta[:, 1:], ninf], 1)
-        b2 = jnp.where(skip_up, jnp.concatenate([beta[:, 2:], ninf, ninf], 1), -jnp.inf)
+        b1 = _ctc_shifted(beta, -1, -jnp.inf)
+        b2 = jnp.where(skip_up, _ctc_shifted(beta, -2, -jnp.inf), -jnp.inf)
         new = jnp.where(
             (t == il - 1)[:, None],
             end + lp_t,
