@@ -272,3 +272,18 @@ def test_addbmm_inplace_resizes_a_broadcast_self_as_the_cpu(shape):
     cpu.addbmm_(b1, b2, beta=0.5, alpha=2)
     assert tpu.addbmm_(b1.to("tpu"), b2.to("tpu"), beta=0.5, alpha=2) is tpu
     torch.testing.assert_close(tpu.cpu(), cpu)
+
+
+def test_threshold_inplace_writes_an_expanded_tensor_as_the_cpu():
+    """threshold_ is idempotent: the CPU's kernel skips the memory-overlap checks (test_nn's
+    test_threshold_inplace_overlap); relu_ of the same tensor is still refused on both."""
+    base = torch.randn(1, 6)
+    results = []
+    for device in ("cpu", "tpu"):
+        x = base.clone().to(device).expand(6, 6)
+        torch.nn.functional.threshold(x, 0.5, 0.5, inplace=True)
+        torch.nn.functional.threshold_(x, 0.1, -1.0)
+        results.append(x.cpu())
+        with pytest.raises(RuntimeError, match="more than one element"):
+            x.relu_()
+    torch.testing.assert_close(results[1], results[0])

@@ -106,7 +106,7 @@ def guard(kernel, args, kwargs, dyn_offset):
     if not kernel.mutable:
         return None
     rule = _rule(kernel.op)
-    if rule is None and not elementwise(kernel.op):
+    if (rule is None and not elementwise(kernel.op)) or (rule is not None and rule.unchecked):
         return None
     slots = _slots(kernel, args, kwargs)
     written = [t for _, t, w in slots if w]

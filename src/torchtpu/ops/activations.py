@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from .dtypes import not_implemented_for, to_opmath
-from .table import KIND, lowering
+from .table import KIND, WriteOverlap, lowering
 
 
 @lowering("relu", promote=KIND.DEFAULT, real_only=True)
@@ -14,7 +14,9 @@ def relu(a):
     return jnp.maximum(a, 0)
 
 
-@lowering("threshold", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+@lowering(
+    "threshold", promote=KIND.DEFAULT, promote_args=(0,), real_only=True, write_overlap=WriteOverlap(unchecked=True)
+)
 def threshold(a, threshold, value):
     return jnp.where(a <= threshold, value, a)
 

@@ -113,11 +113,14 @@ class WriteOverlap:
     """How an op's CPU kernel guards the tensor it writes (ATen's MemOverlap checks): a written tensor
     that overlaps itself (an expanded view) raises, or gives this deprecation warning where
     `expanded_warning` is set; the arguments named in `no_overlap` may not share any element with
-    it (assert_no_overlap), those in `no_partial_overlap` only all of them, with the same strides."""
+    it (assert_no_overlap), those in `no_partial_overlap` only all of them, with the same strides.
+    `unchecked`: the CPU's kernel makes none of these checks (threshold_, idempotent, writes an
+    expanded tensor)."""
 
     expanded_warning: str | None = None
     no_overlap: tuple = ()
     no_partial_overlap: tuple = ()
+    unchecked: bool = False
 
 
 def expanded_warning(op: str, example: str) -> str:
