@@ -151,3 +151,13 @@ def test_integer_resize_without_a_cpu_loop_raises_as_the_cpu(dtype):
         torch.nn.functional.interpolate(x, size=(4, 4), mode="bilinear")
     with pytest.raises(NotImplementedError, match="not implemented for"):
         torch.nn.functional.interpolate(x.to("tpu"), size=(4, 4), mode="bilinear")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_softshrink_lambda_out_of_range_in_the_cpus_words(dtype):
+    messages = []
+    for device in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError) as error:
+            torch.nn.functional.softshrink(torch.randn(3, device=device, dtype=dtype), -0.5)
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]

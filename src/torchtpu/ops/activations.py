@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 
-from .dtypes import not_implemented_for, to_opmath
+from .dtypes import not_implemented_for, scalar_type_name, to_opmath
 from .table import KIND, WriteOverlap, lowering
 
 
@@ -238,7 +239,22 @@ def log_sigmoid_backward(grad, a, buffer):
     return (to_opmath(grad) * jax.nn.sigmoid(-to_opmath(a))).astype(grad.dtype)
 
 
-@lowering("softshrink", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+def _softshrink_lambda_check(a, lambd=0.5, **out):
+    """The CPU's check and words (PyTorch's meta kernel formats the bound and dtype as Python does)."""
+    bound = torch.finfo(a.dtype).max if a.dtype.is_floating_point else None
+    if bound is not None and not 0 <= float(lambd) <= bound:
+        raise RuntimeError(
+            f"lambda must be in range [0, {bound:g}] for input dtype {scalar_type_name(a.dtype)}, but found {lambd:g}"
+        )
+
+
+@lowering(
+    "softshrink",
+    promote=KIND.DEFAULT,
+    promote_args=(0,),
+    real_only=True,
+    meta_check=dict.fromkeys(("softshrink", "softshrink.out"), _softshrink_lambda_check),
+)
 def softshrink(a, lambd=0.5):
     # NaN stays NaN, as on the CPU (its vectorized loop; CUDA's gives 0)
     shrunk = jnp.where(a > lambd, a - lambd, jnp.where(a < -lambd, a + lambd, 0))
