@@ -208,6 +208,7 @@ class OpKernel:
     def _first_call(self, key, keyed_precision, args, kwargs, records, scalars, offsets, device):
         """A cache miss: build the entry, run it (JAX traces it then), keep it."""
         if self.split_call is not None:
+            interrupts.install()  # (as build_entry does: a process may serve all its first ops this way)
             results = self.split_call(self, args, kwargs)
             if results is not None:
                 forget_last_call()  # (the C++ fast path keeps no entry for this key)
