@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .dtypes import not_implemented_for, scalar_type_name, to_opmath
+from .argument_checks import input_loop_check
+from .dtypes import scalar_type_name, to_opmath
 from .table import KIND, WriteOverlap, lowering
 
 
@@ -59,18 +60,13 @@ def tanh_backward(grad, out):
     return grad * jnp.conj(1 - out * out)
 
 
-def _floating_input_check(kernel):
-    """meta_check of _softmax/_log_softmax: their CPU and CUDA kernels take floating inputs only, but
-    return an input without elements (of any dtype) as it is, before choosing a kernel."""
-
-    def check(a, *args, **kwargs):
-        if a.numel() and not a.is_floating_point():
-            raise not_implemented_for(kernel, a.dtype)
-
-    return dict.fromkeys((kernel, f"{kernel}.out"), check)
+def _softmax_has_loop(a, kernel):
+    """_softmax/_log_softmax's CPU and CUDA kernels take floating inputs only, but return an input
+    without elements (of any dtype) as it is, before choosing a kernel."""
+    return not a.numel() or a.is_floating_point()
 
 
-@lowering("_softmax", real_only=True, meta_check=_floating_input_check("_softmax"))
+@lowering("_softmax", real_only=True, meta_check=input_loop_check(("_softmax",), _softmax_has_loop))
 def softmax(a, dim, half_to_float=False):
     if not a.size:
         return a.astype(jnp.float32) if half_to_float else a
@@ -78,7 +74,7 @@ def softmax(a, dim, half_to_float=False):
     return out if half_to_float else out.astype(a.dtype)
 
 
-@lowering("_log_softmax", real_only=True, meta_check=_floating_input_check("_log_softmax"))
+@lowering("_log_softmax", real_only=True, meta_check=input_loop_check(("_log_softmax",), _softmax_has_loop))
 def log_softmax(a, dim, half_to_float=False):
     if not a.size:
         return a.astype(jnp.float32) if half_to_float else a

@@ -251,6 +251,23 @@ def no_bool_check(name):
     return check
 
 
+def input_loop_check(kernels, has_loop):
+    """meta_checks of kernels whose CPU kernel has loops for some input dtypes only (PyTorch's meta
+    kernels accept every dtype): an input for which `has_loop(input, kernel)` is false raises the
+    CPU's NotImplementedError; for each kernel and its out= overload."""
+
+    def check_for(kernel):
+        def check(a, *_, **__):
+            if not has_loop(a, kernel):
+                from .dtypes import not_implemented_for
+
+                raise not_implemented_for(kernel, a.dtype)
+
+        return check
+
+    return {f"{k}{suffix}": check_for(k) for k in kernels for suffix in ("", ".out")}
+
+
 def same_scalar_type_out_check(self, *args, out=None, values=None, indices=None, **kwargs):
     """meta_check of the out= overloads whose CPU kernels call check_scalar_type_device_layout_equal
     (logcumsumexp: `out` in the input's dtype; cummax/cummin: `values` in it, `indices` int64), which

@@ -156,11 +156,17 @@ def casinh(z):
     return lax.complex(_signed(u, x), _signed(v, y))
 
 
-def casin(z):
-    """asin(z) = -i asinh(i z), the factors of i exchanging parts exactly."""
+def _through_i(hyperbolic, z):
+    """-i f(i z): a trigonometric function from its hyperbolic twin, the factors of i exchanging parts
+    exactly (no complex products)."""
     x, y = _parts(z)
-    w = casinh(lax.complex(-y, x))
+    w = hyperbolic(lax.complex(-y, x))
     return lax.complex(jnp.imag(w), -jnp.real(w))
+
+
+def casin(z):
+    """asin(z) = -i asinh(i z)."""
+    return _through_i(casinh, z)
 
 
 def catanh(z):
@@ -180,9 +186,7 @@ def catanh(z):
 
 def catan(z):
     """atan(z) = -i atanh(i z)."""
-    x, y = _parts(z)
-    w = catanh(lax.complex(-y, x))
-    return lax.complex(jnp.imag(w), -jnp.real(w))
+    return _through_i(catanh, z)
 
 
 def cacos(z):

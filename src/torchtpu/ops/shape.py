@@ -15,8 +15,8 @@ import torch
 from jax import lax
 from torch._prims_common import suggest_memory_format
 
-from .argument_checks import out_overlaps_inputs_check
-from .dtypes import not_implemented_for, scalar_type_name, to_opmath
+from .argument_checks import input_loop_check, out_overlaps_inputs_check
+from .dtypes import scalar_type_name, to_opmath
 from .table import lowering
 
 
@@ -302,15 +302,13 @@ def _pass_result(x, y):
 _UINT8_RESAMPLING = ("upsample_bilinear2d", "upsample_bicubic2d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")
 
 
-def _check_resample_input(name, x, *args, **kwargs):
-    if not (x.is_floating_point() or x.is_complex()) and not (x.dtype == torch.uint8 and name in _UINT8_RESAMPLING):
-        raise not_implemented_for(name, x.dtype)
+def _resample_has_loop(x, kernel):
+    """Integer inputs other than the CPU's uint8 images have no resampling loop on the CPU (nor CUDA)."""
+    return x.is_floating_point() or x.is_complex() or (x.dtype == torch.uint8 and kernel in _UINT8_RESAMPLING)
 
 
 def _resample_input_check(*kernels):
-    """meta_check of resampling kernels: integer inputs other than the CPU's uint8 images have no
-    loop on the CPU (nor on CUDA)."""
-    return {f"{k}{suffix}": functools.partial(_check_resample_input, k) for k in kernels for suffix in ("", ".out")}
+    return input_loop_check(kernels, _resample_has_loop)
 
 
 def _linear(x, output_size, align_corners, scales):
