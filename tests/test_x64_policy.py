@@ -134,7 +134,8 @@ def test_int64_conv_on_the_host_matches_cpu():
 def test_tpu_branch_of_64_bit_integer_matmul_is_exact_and_wraps(dtype):
     """XLA:TPU has no 64-bit integer dot: on a TPU the product is int32 dots of 8-bit limbs
     (linalg._wide_integer_matmul). Run here on the host and compared over the whole range, where the
-    products wrap modulo 2**64 as PyTorch's do; batched, matrix-vector and vector-vector shapes."""
+    products wrap modulo 2**64 as PyTorch's do; batched, matrix-vector, vector-vector, empty and
+    chunked (a contraction longer than one int32-exact chunk) shapes."""
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     info = np.iinfo(dtype)
     k = _fresh(2, 9)
@@ -142,7 +143,11 @@ def test_tpu_branch_of_64_bit_integer_matmul_is_exact_and_wraps(dtype):
     b = rng.integers(info.min, info.max, (2, k, 4), dtype=dtype, endpoint=True)
     v = rng.integers(info.min, info.max, (k,), dtype=dtype, endpoint=True)
     torch.tpu.is_available()  # (the 64-bit types on)
-    for x, y in ((a, b), (a[0], v), (v, v), (a[:, :, :0], b[:, :0])):
+    cases = [(a, b), (a[0], v), (v, v), (a[:, :, :0], b[:, :0])]
+    if dtype == np.int64:  # a contraction of two int32-exact chunks (the same code for uint64)
+        w = rng.integers(info.min, info.max, (linalg._LIMB_K + 5,), dtype=dtype, endpoint=True)
+        cases.append((w, w))
+    for x, y in cases:
         with platform.tracing_for("tpu"):
             got = jax.jit(lambda p, q: linalg.matmul(p, q))(x, y)
         want = jax.jit(lambda p, q: jnp.matmul(p, q))(x, y)
