@@ -91,8 +91,6 @@ def test_float64_keeps_double_precision_and_float32_stays_float32():
 
 # ---------------------------------------------------------------- what XLA:TPU cannot compile: errors
 _REFUSED = {
-    "int64 mm": (lambda a: linalg.mm(a, a), np.int64, (4, 4), r'"mm_tpu" not implemented for \'Long\''),
-    "int64 addmm": (lambda a: linalg.addmm(a, a, a), np.int64, (4, 4), r'"addmm_tpu" not implemented for \'Long\''),
     "int64 conv": (
         lambda a: convolution.convolution(a, a[:2, :, :2, :2], None, [1], [0], [1], False, [0], 1),
         np.int64,
@@ -118,30 +116,43 @@ def test_tpu_only_errors_raise_only_when_tracing_for_a_tpu(case):
     jax.block_until_ready(jax.jit(lambda a: fn(a))(x))  # the host platform computes it
 
 
-def test_int64_matmul_and_conv_on_the_host_match_cpu():
-    """XLA:CPU computes them as the CPU does; under TORCHTPU_TPU_COMPILE_CHECK the TPU trace refuses them."""
+def test_int64_conv_on_the_host_matches_cpu():
+    """XLA:CPU computes it as the CPU does; under TORCHTPU_TPU_COMPILE_CHECK the TPU trace refuses it."""
     from torchtpu.eager import tpu_check
 
     a = torch.randint(-1000, 1000, (2, 3, _fresh(6, 12), 6))
     w = torch.randint(-1000, 1000, (4, 3, 2, 2))
-    cases = [
-        (
-            lambda: torch.nn.functional.conv2d(a.to(D), w.to(D)).cpu(),
-            torch.nn.functional.conv2d(a, w),
-            r'"convolution_tpu" not implemented for \'Long\'',
-        ),
-        (
-            lambda: (a[0, 0].to(D) @ a[1, 1].T.to(D)).cpu(),
-            a[0, 0] @ a[1, 1].T,
-            r'"mm_tpu" not implemented for \'Long\'',
-        ),
-    ]
-    for run, expected, refusal in cases:
-        if tpu_check.enabled():
-            with pytest.raises(RuntimeError, match=refusal):
-                run()
-        else:
-            torch.testing.assert_close(run(), expected)
+    expected = torch.nn.functional.conv2d(a, w)
+    if tpu_check.enabled():
+        with pytest.raises(RuntimeError, match=r'"convolution_tpu" not implemented for \'Long\''):
+            torch.nn.functional.conv2d(a.to(D), w.to(D)).cpu()
+    else:
+        torch.testing.assert_close(torch.nn.functional.conv2d(a.to(D), w.to(D)).cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+def test_tpu_branch_of_64_bit_integer_matmul_is_exact_and_wraps(dtype):
+    """XLA:TPU has no 64-bit integer dot: on a TPU the product is int32 dots of 8-bit limbs
+    (linalg._wide_integer_matmul). Run here on the host and compared over the whole range, where the
+    products wrap modulo 2**64 as PyTorch's do; batched, matrix-vector, vector-vector, empty and
+    chunked (a contraction longer than one int32-exact chunk) shapes."""
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    info = np.iinfo(dtype)
+    k = _fresh(2, 9)
+    a = rng.integers(info.min, info.max, (2, 3, k), dtype=dtype, endpoint=True)
+    b = rng.integers(info.min, info.max, (2, k, 4), dtype=dtype, endpoint=True)
+    v = rng.integers(info.min, info.max, (k,), dtype=dtype, endpoint=True)
+    torch.tpu.is_available()  # (the 64-bit types on)
+    cases = [(a, b), (a[0], v), (v, v), (a[:, :, :0], b[:, :0])]
+    if dtype == np.int64:  # a contraction of two int32-exact chunks (the same code for uint64)
+        w = rng.integers(info.min, info.max, (linalg._LIMB_K + 5,), dtype=dtype, endpoint=True)
+        cases.append((w, w))
+    for x, y in cases:
+        with platform.tracing_for("tpu"):
+            got = jax.jit(lambda p, q: linalg.matmul(p, q))(x, y)
+        want = jax.jit(lambda p, q: jnp.matmul(p, q))(x, y)
+        assert got.dtype == want.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 # ---------------------------------------------------------------- the TPU branches compute the right values
@@ -274,7 +285,13 @@ def test_int64_index_arithmetic_compiles_for_tpu_in_seconds(tpu_compile_check):
             assert program.compile_seconds < 5, (program.name, program.compile_seconds)
 
 
-def test_int64_matmul_refused_by_the_tpu_compile_check(tpu_compile_check):
-    a = torch.randint(-9, 9, (_fresh(), 3))
-    with pytest.raises(RuntimeError, match=r'"mm_tpu" not implemented for \'Long\''):
-        (a.to(D) @ a.T.to(D)).cpu()
+def test_int64_matmul_compiles_for_the_tpu(tpu_compile_check):
+    a = torch.randint(-(2**62), 2**62, (_fresh(), 3))
+    b = torch.randint(-(2**62), 2**62, (3, 2))
+    torch.testing.assert_close((a.to(D) @ b.to(D)).cpu(), a @ b, rtol=0, atol=0)
+    c = torch.randint(-(2**62), 2**62, (a.shape[0], 2))
+    got = torch.addmm(c.to(D), a.to(D), b.to(D), beta=3, alpha=-2).cpu()
+    torch.testing.assert_close(got, torch.addmm(c, a, b, beta=3, alpha=-2), rtol=0, atol=0)
+    for prefix in ("aten::mm", "aten::addmm"):
+        for program in _checked(tpu_compile_check, prefix):
+            assert program.compile_seconds < 20, (program.name, program.compile_seconds)

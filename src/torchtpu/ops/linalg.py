@@ -55,9 +55,12 @@ def operand_precision(*operands):
 
 
 _HALF = (jnp.bfloat16, jnp.float16)
+_WIDE_INTEGERS = (jnp.int64, jnp.uint64)
 
 
 def matmul(a, b):
+    if a.dtype in _WIDE_INTEGERS and _lowering_platform() == "tpu":
+        return _wide_integer_matmul(a, b)
     if a.dtype in _HALF and b.dtype == a.dtype and _for_host():
         return _host_half_matmul(a, b)
     if _host_bf16_passes(a, b):
@@ -90,10 +93,14 @@ def _host_bf16_passes(a, b):
     return min(a.shape[-2], n) > 1 and rows * n * k >= _BF16_PASS_MIN_WORK
 
 
-def _for_host():
+def _lowering_platform():
     from ..device.platform import lowering_platform
 
-    return lowering_platform() == "cpu"
+    return lowering_platform()
+
+
+def _for_host():
+    return _lowering_platform() == "cpu"
 
 
 def _pad_rows(x, axis):
@@ -250,21 +257,35 @@ def _addmm_dtypes(c, a, b, *_, **__):
         raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {_name(a)} and {_name(b)}")
 
 
-_WIDE_INTEGERS = (jnp.int64, jnp.uint64)
+# 8-bit limbs: a product of two is below 2**16, so an int32 accumulator holds the sum of this many
+_LIMB_BITS, _LIMB_K = 8, (2**31 - 1) // (255 * 255)
 
 
-def _integer_product_check(x, kernel):
-    """XLA:TPU has no 64-bit integer dot product (compiling one fails): refused at the op when tracing
-    for a TPU, as CUDA refuses int64 matmuls ('"addmm_cuda" not implemented for 'Long''). XLA:CPU
-    computes them: there they keep working."""
-    if x.dtype in _WIDE_INTEGERS:
-        from ..device.platform import lowering_platform
+def _wide_integer_matmul(a, b):
+    """An int64/uint64 matrix product for XLA:TPU, which has no 64-bit integer dot (compiling one
+    fails). Each operand is split into eight 8-bit limbs of its two's-complement bits; the int32 dots of
+    the limb pairs whose shift stays below 64 bits (36 of them) are exact, and their sum shifted into
+    place, wrapping in uint64, is the product modulo 2**64: PyTorch's wrapping int64 result. The
+    contraction runs in chunks of `_LIMB_K` so an int32 sum cannot overflow."""
+    d = a.dtype
+    n_limbs = 64 // _LIMB_BITS
+    k = a.shape[-1]
+    ua, ub = lax.bitcast_convert_type(a, jnp.uint64), lax.bitcast_convert_type(b, jnp.uint64)
 
-        if lowering_platform() == "tpu":
-            raise RuntimeError(
-                f"\"{kernel}_tpu\" not implemented for '{_name(x)}': XLA:TPU has no 64-bit "
-                f"integer matrix product (compute it in int32 or a floating dtype on the TPU)"
-            )
+    def limbs(x):
+        return [((x >> (_LIMB_BITS * i)) & 0xFF).astype(jnp.int32) for i in range(n_limbs)]
+
+    total = None
+    for start in range(0, max(k, 1), _LIMB_K):
+        stop = min(k, start + _LIMB_K)
+        pa = limbs(ua[..., start:stop])
+        pb = limbs(ub[start:stop] if ub.ndim == 1 else ub[..., start:stop, :])
+        for i in range(n_limbs):
+            for j in range(n_limbs - i):
+                part = jnp.matmul(pa[i], pb[j], preferred_element_type=jnp.int32)
+                part = part.astype(jnp.uint64) << (_LIMB_BITS * (i + j))
+                total = part if total is None else total + part
+    return lax.bitcast_convert_type(total, d)
 
 
 @lowering(
@@ -283,13 +304,11 @@ def _integer_product_check(x, kernel):
     },
 )
 def mm(a, b):
-    _integer_product_check(a, "mm")
     return matmul(a, b)
 
 
 @lowering("vdot")
 def vdot(a, b):
-    _integer_product_check(a, "vdot")
     return matmul(jnp.conj(a), b)  # conjugates its first argument (a no-op for real dtypes)
 
 
@@ -320,7 +339,6 @@ def _scaled_sum(c, prod, beta, alpha):
     meta_check={"addmm": _addmm_dtypes, "addmm_": _addmm_dtypes, "addmm.out": _addmm_dtypes},
 )
 def addmm(c, a, b, beta=1, alpha=1):
-    _integer_product_check(a, "addmm")
     return _scaled_sum(c, matmul(a, b), beta, alpha)
 
 
@@ -341,7 +359,6 @@ def _addbmm_half(c, a, b, beta, alpha):
     "addbmm", blas=True, meta_check={"addbmm": _addmm_dtypes, "addbmm_": _addmm_dtypes, "addbmm.out": _addmm_dtypes}
 )
 def addbmm(c, a, b, beta=1, alpha=1):
-    _integer_product_check(a, "addbmm")
     if c.dtype in (jnp.bfloat16, jnp.float16):
         return _addbmm_half(c, a, b, beta, alpha)
     return _scaled_sum(c, matmul(a, b).sum(0), beta, alpha)
