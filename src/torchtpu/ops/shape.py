@@ -16,7 +16,7 @@ from jax import lax
 from torch._prims_common import suggest_memory_format
 
 from .argument_checks import input_loop_check, out_overlaps_inputs_check
-from .dtypes import scalar_type_name, to_opmath
+from .dtypes import WIDE_UNSIGNED, scalar_type_name, to_opmath
 from .table import lowering
 
 
@@ -148,7 +148,7 @@ def replication_pad_backward(grad, x, padding):
 
 
 # ---------------------------------------------------------------- rearrangements
-@lowering("flip")
+@lowering("flip", no_loop_for=WIDE_UNSIGNED)
 def flip(x, dims):
     return jnp.flip(x, axis=tuple(d % x.ndim for d in dims)) if x.ndim else x
 
