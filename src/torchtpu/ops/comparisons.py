@@ -65,22 +65,22 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     return close | (_op("isfinite.default", actual) & _op("le.Tensor", actual, allowed))
 
 
-@lowering("logical_and")
+@lowering("logical_and", no_loop_for=WIDE_UNSIGNED)
 def logical_and(a, b):
     return jnp.logical_and(a, b)
 
 
-@lowering("logical_or")
+@lowering("logical_or", no_loop_for=WIDE_UNSIGNED)
 def logical_or(a, b):
     return jnp.logical_or(a, b)
 
 
-@lowering("logical_xor")
+@lowering("logical_xor", no_loop_for=WIDE_UNSIGNED)
 def logical_xor(a, b):
     return jnp.logical_xor(a, b)
 
 
-@lowering("logical_not")
+@lowering("logical_not", no_loop_for=WIDE_UNSIGNED)
 def logical_not(a):
     return jnp.logical_not(a)
 

@@ -273,6 +273,7 @@ def fmod(a, b):
 
 @lowering(
     "pow.Tensor_Scalar",
+    no_loop_for=(torch.bool,),
     promote=KIND.DEFAULT,
     host_check={
         "pow.Tensor_Scalar": pow_exponent_check,
@@ -290,7 +291,7 @@ def power_by_scalar(a, b):
     return jnp.where(b == 2, square, jnp.where(b == 3, multiply(square, a), other))
 
 
-@lowering("pow.Tensor_Tensor", "pow.Scalar", promote=KIND.DEFAULT)
+@lowering("pow.Tensor_Tensor", "pow.Scalar", promote=KIND.DEFAULT, no_loop_for=(torch.bool,))
 def power(a, b):
     if _is_int(a) and _is_int(b):
         if isinstance(b, int) and b >= 0:
@@ -375,7 +376,7 @@ def copysign(a, b):
     return jnp.copysign(a, b)
 
 
-@lowering("hypot", promote=KIND.DEFAULT)
+@lowering("hypot", promote=KIND.DEFAULT, no_loop_for=(torch.bool,))
 def hypot(a, b):
     return jnp.hypot(a, b)
 
@@ -411,7 +412,7 @@ def xlogy(a, b):
     return jnp.where(jnp.isnan(b), b, jax.scipy.special.xlogy(a, b))
 
 
-@lowering("lerp.Scalar", "lerp.Tensor", promote=KIND.DEFAULT)
+@lowering("lerp.Scalar", "lerp.Tensor", promote=KIND.DEFAULT, no_loop_for=(torch.bool,))
 def lerp(a, b, w):
     return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
 
@@ -653,6 +654,7 @@ def zero(a):
 @lowering(
     "masked_fill.Scalar",
     "masked_fill.Tensor",
+    no_loop_for=WIDE_UNSIGNED,
     host_check={"masked_fill.Scalar": fill_value_check(2), "masked_fill_.Scalar": fill_value_check(2)},
     meta_check=_with_variants(
         bool_mask_check, "masked_fill.Scalar", "masked_fill.Tensor", "masked_fill_.Scalar", "masked_fill_.Tensor"
@@ -712,7 +714,7 @@ def frexp(a):
     return m, e.astype(jnp.int32)
 
 
-@lowering("nextafter", promote=KIND.NO_OPMATH)  # half types step in their own precision
+@lowering("nextafter", promote=KIND.NO_OPMATH, no_loop_for=(torch.bool,))  # half types step in their own precision
 def nextafter(a, b):
     return jnp.nextafter(a, b)
 

@@ -19,7 +19,7 @@ from ..device.platform import lowering_platform
 from ..storage import host_values
 from .argument_checks import deterministic_alert, index_fill_value_check
 from .checks import require, require_index
-from .dtypes import multiply, opmath, rounded_complex_product, scalar_type_name
+from .dtypes import WIDE_UNSIGNED, multiply, opmath, rounded_complex_product, scalar_type_name
 from .table import INDEXED_WRITE, WriteOverlap, expanded_warning, lowering
 
 
@@ -549,6 +549,7 @@ _masked_scatter_source_check.can_raise = _source_may_be_short
 
 @lowering(
     "masked_scatter",
+    no_loop_for=WIDE_UNSIGNED,
     write_overlap=WriteOverlap(),
     host_check=dict.fromkeys(("masked_scatter", "masked_scatter_", "masked_scatter.out"), _masked_scatter_source_check),
 )

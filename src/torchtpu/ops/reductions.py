@@ -503,6 +503,7 @@ def _pick(v, i, pos, axis, keepdim):
 
 @lowering(
     "kthvalue",
+    no_loop_for=WIDE_UNSIGNED,
     real_only=True,
     meta_check=_empty_reduction_check(
         "kthvalue()",
