@@ -773,7 +773,7 @@ def xlog1py(a, b):
     return jnp.where(jnp.isnan(b), b, _special.xlog1py(a, b))
 
 
-@lowering("logaddexp", promote=KIND.INT_TO_FLOAT)
+@lowering("logaddexp", promote=KIND.INT_TO_FLOAT, no_loop_for=WIDE_UNSIGNED)
 def logaddexp(a, b):
     if jnp.iscomplexobj(a):
         return _complex_logaddexp(a, b)
@@ -794,7 +794,7 @@ def _complex_logaddexp(a, b):
     return jnp.where(nan, jnp.full_like(out, complex(jnp.nan, jnp.nan)), out)
 
 
-@lowering("logaddexp2", promote=KIND.INT_TO_FLOAT)
+@lowering("logaddexp2", promote=KIND.INT_TO_FLOAT, no_loop_for=WIDE_UNSIGNED)
 def logaddexp2(a, b):
     return jnp.logaddexp2(a, b)
 

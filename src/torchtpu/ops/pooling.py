@@ -11,7 +11,7 @@ from jax import lax
 
 from .argument_checks import deterministic_alert
 from .checks import require
-from .dtypes import to_opmath
+from .dtypes import WIDE_UNSIGNED, to_opmath
 from .nn_common import _grad_input_meta, _low
 from .table import lowering, real_only_without_lowering
 
@@ -152,12 +152,12 @@ def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
     return _max_pool_backward(grad, x, 3, indices)
 
 
-@lowering("max_pool2d_with_indices", real_only=True)
+@lowering("max_pool2d_with_indices", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     return _max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-@lowering("max_pool3d_with_indices", real_only=True)
+@lowering("max_pool3d_with_indices", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def max_pool3d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     return _max_pool(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
 
@@ -269,7 +269,7 @@ def _adaptive_avg(x, nd, output_size):
     return out.astype(x.dtype)
 
 
-@lowering("_adaptive_avg_pool2d", real_only=True)
+@lowering("_adaptive_avg_pool2d", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def adaptive_avg_pool2d(x, output_size):
     return _adaptive_avg(x, 2, output_size)
 
@@ -333,7 +333,7 @@ def _adaptive_max(x, nd, output_size):
     return out, ind
 
 
-@lowering("adaptive_max_pool2d", real_only=True)
+@lowering("adaptive_max_pool2d", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def adaptive_max_pool2d(x, output_size):
     return _adaptive_max(x, 2, output_size)
 

@@ -114,6 +114,7 @@ def _empty_aminmax(name):
     "amax",
     real_only=True,
     meta_check=_empty_reduction_check("amax()", "amax", "amax.out", all_dims_error=_unspecified_dim),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def amax(a, dim=(), keepdim=False):
     return jnp.max(a, axis=_dims(a, dim), keepdims=keepdim)
@@ -123,6 +124,7 @@ def amax(a, dim=(), keepdim=False):
     "amin",
     real_only=True,
     meta_check=_empty_reduction_check("amin()", "amin", "amin.out", all_dims_error=_unspecified_dim),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def amin(a, dim=(), keepdim=False):
     return jnp.min(a, axis=_dims(a, dim), keepdims=keepdim)
@@ -161,6 +163,7 @@ def _arg_reduce(a, dim, keepdim, fn):
     meta_check=_empty_reduction_check(
         "argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim, no_bool=True
     ),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def argmax(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmax)
@@ -172,6 +175,7 @@ def argmax(a, dim=None, keepdim=False):
     meta_check=_empty_reduction_check(
         "argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim, no_bool=True
     ),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def argmin(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmin)
@@ -700,7 +704,12 @@ def _histc_bounds_check(a, bins=100, min=0, max=0, **kwargs):
         raise RuntimeError(f"torch.histc: range of [{float(min):g}, {float(max):g}] is not finite")
 
 
-@lowering("histc", real_only=True, host_check=dict.fromkeys(("histc", "histc.out"), _histc_bounds_check))
+@lowering(
+    "histc",
+    real_only=True,
+    host_check=dict.fromkeys(("histc", "histc.out"), _histc_bounds_check),
+    no_loop_for=WIDE_UNSIGNED,
+)
 def histc(a, bins=100, min=0, max=0):
     # PyTorch: min == max means the data's own range; values outside [min, max] are ignored
     x = a.astype(jnp.float32) if not jnp.issubdtype(a.dtype, jnp.floating) else a

@@ -148,7 +148,16 @@ def replication_pad_backward(grad, x, padding):
 
 
 # ---------------------------------------------------------------- rearrangements
-@lowering("flip", no_loop_for=WIDE_UNSIGNED)
+def _flip_loop_check(a, dims, *_, **__):
+    """The CPU's flip has no loop for uint16/32/64 where it flips the innermost dimension (flipping
+    only outer ones moves whole rows, for any dtype)."""
+    if a.dtype in WIDE_UNSIGNED and (a.dim() == 0 or a.dim() - 1 in {d % a.dim() for d in dims}):
+        from .dtypes import not_implemented_for
+
+        raise not_implemented_for("flip", a.dtype)
+
+
+@lowering("flip", meta_check=dict.fromkeys(("flip", "flip.out"), _flip_loop_check))
 def flip(x, dims):
     return jnp.flip(x, axis=tuple(d % x.ndim for d in dims)) if x.ndim else x
 
@@ -171,12 +180,12 @@ def repeat(x, repeats):
     return jnp.tile(x, tuple(repeats))
 
 
-@lowering("tril")
+@lowering("tril", no_loop_for=WIDE_UNSIGNED)
 def tril(x, diagonal=0):
     return jnp.tril(x, diagonal)
 
 
-@lowering("triu")
+@lowering("triu", no_loop_for=WIDE_UNSIGNED)
 def triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
 
@@ -381,7 +390,7 @@ def _scales(scales, output_size):
     return (list(scales) + [None] * nd)[:nd]
 
 
-@lowering("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", real_only=True)
+@lowering("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def upsample_nearest(x, output_size, *scales):
     return _nearest(x, output_size, _scales(scales, output_size), False)
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from .dtypes import WIDE_UNSIGNED
 from .table import KIND, lowering
 
 # ---------------------------------------------------------------- helpers
@@ -664,11 +665,11 @@ def _gammainc_precise(fn, a, x):
     return fn(a, x)
 
 
-@lowering("igamma", promote=KIND.INT_TO_FLOAT, no_loop_for=(torch.bool,))
+@lowering("igamma", promote=KIND.INT_TO_FLOAT, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def igamma(a, x):
     return _igamma_edges(a, x, _gammainc_precise(jax.scipy.special.gammainc, a, x), 1, 0, 0, 1)
 
 
-@lowering("igammac", promote=KIND.INT_TO_FLOAT, no_loop_for=(torch.bool,))
+@lowering("igammac", promote=KIND.INT_TO_FLOAT, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def igammac(a, x):
     return _igamma_edges(a, x, _gammainc_precise(jax.scipy.special.gammaincc, a, x), 0, 1, 1, 0)
