@@ -40,6 +40,15 @@ REFUSED = {
     "masked_fill u32": lambda d: _t(d, U32).masked_fill(_t(d, torch.bool), 3),
     "logical_and u32": lambda d: torch.logical_and(_t(d, U32), _t(d, U32)),
     "mm u32": lambda d: _t(d, U32, (2, 2)) @ _t(d, U32, (2, 2)),
+    "index_select u32": lambda d: _t(d, U32).index_select(0, torch.tensor([0, 2], device=d)),
+    "gather u64": lambda d: _t(d, U64).gather(0, torch.tensor([0, 2], device=d)),
+    "tril u32": lambda d: _t(d, U32, (3, 3)).tril(),
+    "amax u16": lambda d: _t(d, U16).amax(),
+    "argmax u32": lambda d: _t(d, U32).argmax(),
+    "conv2d bool": lambda d: torch.nn.functional.conv2d(
+        _t(d, torch.bool, (1, 1, 3, 3)), _t(d, torch.bool, (1, 1, 2, 2))
+    ),
+    "avg_pool2d bool": lambda d: torch.nn.functional.avg_pool2d(_t(d, torch.bool, (1, 1, 4, 4)), 2),
     "matmul bool": lambda d: _t(d, torch.bool, (2, 2)) @ _t(d, torch.bool, (2, 2)),
     "dot bool": lambda d: torch.dot(_t(d, torch.bool), _t(d, torch.bool)),
     "addmm bool": lambda d: torch.addmm(*(_t(d, torch.bool, (2, 2)) for _ in range(3))),
@@ -81,6 +90,7 @@ COMPUTED = {
     "div u16": lambda d: _t(d, U16) / 2,
     "sum u32": lambda d: _t(d, U32).sum(),
     "where u32": lambda d: torch.where(_t(d, torch.bool), _t(d, U32), 0),
+    "interpolate uint8": lambda d: torch.nn.functional.interpolate(_t(d, torch.uint8, (1, 1, 2, 2)), scale_factor=2),
     "cat u64": lambda d: torch.cat([_t(d, U64), _t(d, U64)]),
     "index u32": lambda d: _t(d, U32)[1:4],
     "flip outer u32": lambda d: _t(d, U32, (2, 3)).flip(0),

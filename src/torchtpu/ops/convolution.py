@@ -86,7 +86,7 @@ def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_
     return out
 
 
-@lowering("convolution", "convolution_overrideable", meta=_convolution_meta, no_loop_for=WIDE_UNSIGNED)
+@lowering("convolution", "convolution_overrideable", meta=_convolution_meta, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:

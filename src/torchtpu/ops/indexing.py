@@ -493,7 +493,7 @@ def index_fill(x, dim, index, value):
     write_overlap=INDEXED_WRITE,
     traced=("include_self",),
     index_buckets=_along_dim_pads,
-    no_loop_for=WIDE_UNSIGNED,
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
 )
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     if x.ndim == 0:

@@ -7,6 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from .argument_checks import deterministic_alert
@@ -219,12 +220,12 @@ real_only_without_lowering(
 )
 
 
-@lowering("avg_pool2d", real_only=True)
+@lowering("avg_pool2d", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def avg_pool2d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
-@lowering("avg_pool3d", real_only=True)
+@lowering("avg_pool3d", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
@@ -269,12 +270,12 @@ def _adaptive_avg(x, nd, output_size):
     return out.astype(x.dtype)
 
 
-@lowering("_adaptive_avg_pool2d", real_only=True, no_loop_for=WIDE_UNSIGNED)
+@lowering("_adaptive_avg_pool2d", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def adaptive_avg_pool2d(x, output_size):
     return _adaptive_avg(x, 2, output_size)
 
 
-@lowering("_adaptive_avg_pool3d", real_only=True)
+@lowering("_adaptive_avg_pool3d", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def adaptive_avg_pool3d(x, output_size):
     return _adaptive_avg(x, 3, output_size)
 
@@ -338,7 +339,7 @@ def adaptive_max_pool2d(x, output_size):
     return _adaptive_max(x, 2, output_size)
 
 
-@lowering("adaptive_max_pool3d", real_only=True)
+@lowering("adaptive_max_pool3d", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def adaptive_max_pool3d(x, output_size):
     return _adaptive_max(x, 3, output_size)
 
@@ -364,11 +365,11 @@ def _max_unpool(x, indices, output_size):
 
 
 # the CPU alerts: with duplicate indices (not from max_pool) which value lands is not defined
-@lowering("max_unpool2d", host_check=deterministic_alert("max_unpooling2d_forward_out"))
+@lowering("max_unpool2d", host_check=deterministic_alert("max_unpooling2d_forward_out"), no_loop_for=WIDE_UNSIGNED)
 def max_unpool2d(x, indices, output_size):
     return _max_unpool(x, indices, tuple(output_size))
 
 
-@lowering("max_unpool3d", host_check=deterministic_alert("max_unpooling3d_forward_out"))
+@lowering("max_unpool3d", host_check=deterministic_alert("max_unpooling3d_forward_out"), no_loop_for=WIDE_UNSIGNED)
 def max_unpool3d(x, indices, output_size, stride, padding):
     return _max_unpool(x, indices, tuple(output_size))

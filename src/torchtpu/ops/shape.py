@@ -239,7 +239,7 @@ def _im2col(x, kernel_size, dilation, padding, stride):
     return out if batched else out[0]
 
 
-@lowering("im2col")
+@lowering("im2col", no_loop_for=WIDE_UNSIGNED)
 def im2col(x, kernel_size, dilation, padding, stride):
     return _im2col(x, kernel_size, dilation, padding, stride)
 
@@ -390,12 +390,24 @@ def _scales(scales, output_size):
     return (list(scales) + [None] * nd)[:nd]
 
 
-@lowering("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", real_only=True, no_loop_for=WIDE_UNSIGNED)
+@lowering(
+    "upsample_nearest1d",
+    "upsample_nearest2d",
+    "upsample_nearest3d",
+    real_only=True,
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
+)
 def upsample_nearest(x, output_size, *scales):
     return _nearest(x, output_size, _scales(scales, output_size), False)
 
 
-@lowering("_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", real_only=True)
+@lowering(
+    "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d",
+    "_upsample_nearest_exact3d",
+    real_only=True,
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
+)
 def upsample_nearest_exact(x, output_size, *scales):
     return _nearest(x, output_size, _scales(scales, output_size), True)
 
