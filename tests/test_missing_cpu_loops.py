@@ -49,6 +49,9 @@ REFUSED = {
         _t(d, torch.bool, (1, 1, 3, 3)), _t(d, torch.bool, (1, 1, 2, 2))
     ),
     "avg_pool2d bool": lambda d: torch.nn.functional.avg_pool2d(_t(d, torch.bool, (1, 1, 4, 4)), 2),
+    "grid_sample int64": lambda d: torch.nn.functional.grid_sample(
+        _t(d, torch.int64, (1, 1, 3, 3)), _t(d, torch.int64, (1, 2, 2, 2)), align_corners=False
+    ),
     "matmul bool": lambda d: _t(d, torch.bool, (2, 2)) @ _t(d, torch.bool, (2, 2)),
     "dot bool": lambda d: torch.dot(_t(d, torch.bool), _t(d, torch.bool)),
     "addmm bool": lambda d: torch.addmm(*(_t(d, torch.bool, (2, 2)) for _ in range(3))),
