@@ -11,13 +11,23 @@ from .dtypes import scalar_type_name, to_opmath
 from .table import KIND, WriteOverlap, lowering
 
 
-@lowering("relu", promote=KIND.DEFAULT, real_only=True)
+def _relu_bool_check(a, *_, **__):
+    if a.dtype == torch.bool:  # the CPU's and CUDA's check, before any kernel
+        raise RuntimeError("Boolean inputs not supported for relu")
+
+
+@lowering("relu", promote=KIND.DEFAULT, real_only=True, meta_check=dict.fromkeys(("relu", "relu_"), _relu_bool_check))
 def relu(a):
     return jnp.maximum(a, 0)
 
 
 @lowering(
-    "threshold", promote=KIND.DEFAULT, promote_args=(0,), real_only=True, write_overlap=WriteOverlap(unchecked=True)
+    "threshold",
+    promote=KIND.DEFAULT,
+    promote_args=(0,),
+    real_only=True,
+    no_loop_for=(torch.bool,),
+    write_overlap=WriteOverlap(unchecked=True),
 )
 def threshold(a, threshold, value):
     return jnp.where(a <= threshold, value, a)
@@ -28,7 +38,7 @@ def threshold_backward(grad, a, threshold):
     return jnp.where(a <= threshold, 0, grad)
 
 
-@lowering("gelu", promote=KIND.DEFAULT)
+@lowering("gelu", promote=KIND.DEFAULT, no_loop_for=(torch.bool,))
 def gelu(a, approximate="none"):
     return jax.nn.gelu(a, approximate=approximate == "tanh")
 
@@ -153,7 +163,7 @@ def hardtanh_backward(grad, a, min_val, max_val):
     return jnp.where((a <= min_val) | (a >= max_val), 0, grad).astype(grad.dtype)
 
 
-@lowering("hardswish", promote=KIND.DEFAULT, real_only=True)
+@lowering("hardswish", promote=KIND.DEFAULT, no_loop_for=(torch.bool,), real_only=True)
 def hardswish(a):
     x = to_opmath(a)
     return (x * jnp.clip(x + 3, 0, 6) / 6).astype(a.dtype)
@@ -165,7 +175,7 @@ def hardswish_backward(grad, a):
     return jnp.where(x <= -3, 0, jnp.where(x < 3, g * (x / 3 + 0.5), g)).astype(grad.dtype)
 
 
-@lowering("hardsigmoid", promote=KIND.DEFAULT, real_only=True)
+@lowering("hardsigmoid", promote=KIND.DEFAULT, no_loop_for=(torch.bool,), real_only=True)
 def hardsigmoid(a):
     return (jnp.clip(to_opmath(a) + 3, 0, 6) / 6).astype(a.dtype)
 
@@ -188,7 +198,7 @@ def softplus_backward(grad, a, beta, threshold):
     return jnp.where(x * beta > threshold, g, g * z / (z + 1)).astype(grad.dtype)
 
 
-@lowering("mish", promote=KIND.DEFAULT, real_only=True)
+@lowering("mish", promote=KIND.DEFAULT, no_loop_for=(torch.bool,), real_only=True)
 def mish(a):
     x = to_opmath(a)
     return (x * jnp.tanh(jax.nn.softplus(x))).astype(a.dtype)
@@ -262,7 +272,7 @@ def softshrink_backward(grad, a, lambd):
     return jnp.where((a >= -lambd) & (a <= lambd), 0, grad).astype(grad.dtype)
 
 
-@lowering("hardshrink", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+@lowering("hardshrink", promote=KIND.DEFAULT, no_loop_for=(torch.bool,), promote_args=(0,), real_only=True)
 def hardshrink(a, lambd=0.5):
     return jnp.where((a >= -lambd) & (a <= lambd), 0, a).astype(a.dtype)
 

@@ -7,16 +7,16 @@ import jax.numpy as jnp
 import torch
 
 from .argument_checks import same_dtype_out_check
-from .dtypes import default_dtype, to_jax
+from .dtypes import WIDE_UNSIGNED, default_dtype, to_jax
 from .table import KIND, LOWERINGS, apply, lowering
 
 
-@lowering("eq.Tensor", "eq.Scalar", promote=KIND.ALWAYS_BOOL)
+@lowering("eq.Tensor", "eq.Scalar", promote=KIND.ALWAYS_BOOL, loops_for=WIDE_UNSIGNED)
 def eq(a, b):
     return jnp.equal(a, b)
 
 
-@lowering("ne.Tensor", "ne.Scalar", promote=KIND.ALWAYS_BOOL)
+@lowering("ne.Tensor", "ne.Scalar", promote=KIND.ALWAYS_BOOL, loops_for=WIDE_UNSIGNED)
 def ne(a, b):
     return jnp.not_equal(a, b)
 
@@ -65,22 +65,22 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     return close | (_op("isfinite.default", actual) & _op("le.Tensor", actual, allowed))
 
 
-@lowering("logical_and")
+@lowering("logical_and", no_loop_for=WIDE_UNSIGNED)
 def logical_and(a, b):
     return jnp.logical_and(a, b)
 
 
-@lowering("logical_or")
+@lowering("logical_or", no_loop_for=WIDE_UNSIGNED)
 def logical_or(a, b):
     return jnp.logical_or(a, b)
 
 
-@lowering("logical_xor")
+@lowering("logical_xor", no_loop_for=WIDE_UNSIGNED)
 def logical_xor(a, b):
     return jnp.logical_xor(a, b)
 
 
-@lowering("logical_not")
+@lowering("logical_not", no_loop_for=WIDE_UNSIGNED)
 def logical_not(a):
     return jnp.logical_not(a)
 
@@ -132,17 +132,38 @@ def signbit(a):
     return jnp.signbit(a) if jnp.issubdtype(a.dtype, jnp.inexact) else a < 0
 
 
-@lowering("bitwise_and.Tensor", "bitwise_and.Scalar", "bitwise_and.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+@lowering(
+    "bitwise_and.Tensor",
+    "bitwise_and.Scalar",
+    "bitwise_and.Scalar_Tensor",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    loops_for=WIDE_UNSIGNED,
+)
 def bitwise_and(a, b):
     return jnp.bitwise_and(a, b)
 
 
-@lowering("bitwise_or.Tensor", "bitwise_or.Scalar", "bitwise_or.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+@lowering(
+    "bitwise_or.Tensor",
+    "bitwise_or.Scalar",
+    "bitwise_or.Scalar_Tensor",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    loops_for=WIDE_UNSIGNED,
+)
 def bitwise_or(a, b):
     return jnp.bitwise_or(a, b)
 
 
-@lowering("bitwise_xor.Tensor", "bitwise_xor.Scalar", "bitwise_xor.Scalar_Tensor", promote=KIND.DEFAULT, real_only=True)
+@lowering(
+    "bitwise_xor.Tensor",
+    "bitwise_xor.Scalar",
+    "bitwise_xor.Scalar_Tensor",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    loops_for=WIDE_UNSIGNED,
+)
 def bitwise_xor(a, b):
     return jnp.bitwise_xor(a, b)
 

@@ -8,7 +8,7 @@ import torch
 from jax import lax
 from torch._prims_common import suggest_memory_format
 
-from .dtypes import scalar_type_name
+from .dtypes import WIDE_UNSIGNED, scalar_type_name
 from .nn_common import _low, _precision
 from .table import lowering
 
@@ -86,7 +86,7 @@ def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_
     return out
 
 
-@lowering("convolution", "convolution_overrideable", meta=_convolution_meta)
+@lowering("convolution", "convolution_overrideable", meta=_convolution_meta, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:

@@ -281,7 +281,16 @@ _SCALAR_TYPE_NAMES = {
     torch.int16: "Short",
     torch.int32: "Int",
     torch.int64: "Long",
+    torch.uint16: "UInt16",
+    torch.uint32: "UInt32",
+    torch.uint64: "UInt64",
 }
+
+# the unsigned types wider than uint8: PyTorch's CPU kernels have loops for them in a few ops only
+# (copies, fills, views, indexing, mul, eq/ne, bitwise and/or/xor, rounding), so an elementwise
+# (promoting) lowering refuses them unless it names them in `loops_for=` (ops/table.py). complex32 is
+# not one of them here: it follows CUDA's kernels (docs/design.md, "complex32")
+WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
 
 
 def scalar_type_name(dtype) -> str:

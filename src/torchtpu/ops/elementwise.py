@@ -9,7 +9,16 @@ import torch
 from jax import lax
 
 from .argument_checks import bool_mask_check, fill_value_check, no_bool_check, pow_exponent_check, same_dtype_out_check
-from .dtypes import convert, divide, multiply, operand_facts, promote, scalar_type_name, true_divide
+from .dtypes import (
+    WIDE_UNSIGNED,
+    convert,
+    divide,
+    multiply,
+    operand_facts,
+    promote,
+    scalar_type_name,
+    true_divide,
+)
 from .elementwise_c import (
     c_lcm,
     cabs,
@@ -117,7 +126,7 @@ def rsub(a, b, alpha=1):
     return b - a * alpha if not (isinstance(alpha, int) and alpha == 1) else b - a
 
 
-@lowering("mul.Tensor", "mul.Scalar", promote=KIND.DEFAULT)
+@lowering("mul.Tensor", "mul.Scalar", promote=KIND.DEFAULT, loops_for=WIDE_UNSIGNED)
 def mul(a, b):
     if getattr(a, "dtype", None) == jnp.bool_:
         return jnp.logical_and(a, b)
@@ -264,6 +273,7 @@ def fmod(a, b):
 
 @lowering(
     "pow.Tensor_Scalar",
+    no_loop_for=(torch.bool,),
     promote=KIND.DEFAULT,
     host_check={
         "pow.Tensor_Scalar": pow_exponent_check,
@@ -281,7 +291,7 @@ def power_by_scalar(a, b):
     return jnp.where(b == 2, square, jnp.where(b == 3, multiply(square, a), other))
 
 
-@lowering("pow.Tensor_Tensor", "pow.Scalar", promote=KIND.DEFAULT)
+@lowering("pow.Tensor_Tensor", "pow.Scalar", promote=KIND.DEFAULT, no_loop_for=(torch.bool,))
 def power(a, b):
     if _is_int(a) and _is_int(b):
         if isinstance(b, int) and b >= 0:
@@ -325,12 +335,11 @@ def _abs_inplace_check(a, *_, **__):
 @lowering(
     "abs",
     promote=KIND.COMPLEX_TO_FLOAT,
+    no_loop_for=(torch.bool,),
     meta={"abs.out": _complex_out_meta("abs")},
     meta_check={"abs_": _abs_inplace_check},
 )
 def absolute(a):
-    if a.dtype == jnp.bool_:  # as the CPU and CUDA kernels
-        raise NotImplementedError("\"abs_tpu\" not implemented for 'Bool'")
     return cabs(a) if jnp.iscomplexobj(a) else jnp.abs(a)
 
 
@@ -367,7 +376,7 @@ def copysign(a, b):
     return jnp.copysign(a, b)
 
 
-@lowering("hypot", promote=KIND.DEFAULT)
+@lowering("hypot", promote=KIND.DEFAULT, no_loop_for=(torch.bool,))
 def hypot(a, b):
     return jnp.hypot(a, b)
 
@@ -403,12 +412,12 @@ def xlogy(a, b):
     return jnp.where(jnp.isnan(b), b, jax.scipy.special.xlogy(a, b))
 
 
-@lowering("lerp.Scalar", "lerp.Tensor", promote=KIND.DEFAULT)
+@lowering("lerp.Scalar", "lerp.Tensor", promote=KIND.DEFAULT, no_loop_for=(torch.bool,))
 def lerp(a, b, w):
     return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
 
 
-@lowering("addcmul", promote=KIND.DEFAULT, promote_args=(0, 1, 2))
+@lowering("addcmul", promote=KIND.DEFAULT, promote_args=(0, 1, 2), no_loop_for=(torch.bool,))
 def addcmul(a, t1, t2, value=1):
     if not jnp.issubdtype(a.dtype, jnp.inexact):
         value = jnp.asarray(value).astype(a.dtype)  # the CPU converts value to the integer type: 0.5 -> 0
@@ -547,17 +556,38 @@ def logit(a, eps=None):
     return jnp.log(a / (1 - a))
 
 
-@lowering("floor", promote=KIND.DEFAULT, real_only=True, meta_check={"floor.out": same_dtype_out_check})
+@lowering(
+    "floor",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    loops_for=WIDE_UNSIGNED,
+    no_loop_for=(torch.bool,),
+    meta_check={"floor.out": same_dtype_out_check},
+)
 def floor(a):
     return a if _is_int(a) else jnp.floor(a)
 
 
-@lowering("ceil", promote=KIND.DEFAULT, real_only=True, meta_check={"ceil.out": same_dtype_out_check})
+@lowering(
+    "ceil",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    loops_for=WIDE_UNSIGNED,
+    no_loop_for=(torch.bool,),
+    meta_check={"ceil.out": same_dtype_out_check},
+)
 def ceil(a):
     return a if _is_int(a) else jnp.ceil(a)
 
 
-@lowering("trunc", promote=KIND.DEFAULT, real_only=True, meta_check={"trunc.out": same_dtype_out_check})
+@lowering(
+    "trunc",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    loops_for=WIDE_UNSIGNED,
+    no_loop_for=(torch.bool,),
+    meta_check={"trunc.out": same_dtype_out_check},
+)
 def trunc(a):
     return a if _is_int(a) else jnp.trunc(a)
 
@@ -567,7 +597,14 @@ def frac(a):
     return a if _is_int(a) else a - jnp.trunc(a)
 
 
-@lowering("round", promote=KIND.DEFAULT, real_only=True, meta_check={"round.out": same_dtype_out_check})
+@lowering(
+    "round",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    loops_for=WIDE_UNSIGNED,
+    no_loop_for=(torch.bool,),
+    meta_check={"round.out": same_dtype_out_check},
+)
 def round_half_even(a):
     return a if _is_int(a) else jnp.round(a)
 
@@ -617,6 +654,7 @@ def zero(a):
 @lowering(
     "masked_fill.Scalar",
     "masked_fill.Tensor",
+    no_loop_for=WIDE_UNSIGNED,
     host_check={"masked_fill.Scalar": fill_value_check(2), "masked_fill_.Scalar": fill_value_check(2)},
     meta_check=_with_variants(
         bool_mask_check, "masked_fill.Scalar", "masked_fill.Tensor", "masked_fill_.Scalar", "masked_fill_.Tensor"
@@ -676,7 +714,7 @@ def frexp(a):
     return m, e.astype(jnp.int32)
 
 
-@lowering("nextafter", promote=KIND.NO_OPMATH)  # half types step in their own precision
+@lowering("nextafter", promote=KIND.NO_OPMATH, no_loop_for=(torch.bool,))  # half types step in their own precision
 def nextafter(a, b):
     return jnp.nextafter(a, b)
 
@@ -735,7 +773,7 @@ def xlog1py(a, b):
     return jnp.where(jnp.isnan(b), b, _special.xlog1py(a, b))
 
 
-@lowering("logaddexp", promote=KIND.INT_TO_FLOAT)
+@lowering("logaddexp", promote=KIND.INT_TO_FLOAT, no_loop_for=WIDE_UNSIGNED)
 def logaddexp(a, b):
     if jnp.iscomplexobj(a):
         return _complex_logaddexp(a, b)
@@ -756,7 +794,7 @@ def _complex_logaddexp(a, b):
     return jnp.where(nan, jnp.full_like(out, complex(jnp.nan, jnp.nan)), out)
 
 
-@lowering("logaddexp2", promote=KIND.INT_TO_FLOAT)
+@lowering("logaddexp2", promote=KIND.INT_TO_FLOAT, no_loop_for=WIDE_UNSIGNED)
 def logaddexp2(a, b):
     return jnp.logaddexp2(a, b)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
-from .dtypes import to_opmath
+from .dtypes import WIDE_UNSIGNED, to_opmath
 from .shape import cubic_coeffs
 from .table import lowering
 
@@ -204,6 +205,7 @@ def _grid_sampler_check(dims):
     "grid_sampler_2d",
     "grid_sampler_3d",
     meta_check={"grid_sampler_2d": _grid_sampler_check(2), "grid_sampler_3d": _grid_sampler_check(3)},
+    no_loop_for=(torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, *WIDE_UNSIGNED),
 )
 def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
     return _sampler(x)(x, grid, interpolation_mode, padding_mode, align_corners).astype(x.dtype)

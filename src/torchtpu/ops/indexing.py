@@ -19,7 +19,7 @@ from ..device.platform import lowering_platform
 from ..storage import host_values
 from .argument_checks import deterministic_alert, index_fill_value_check
 from .checks import require, require_index
-from .dtypes import multiply, opmath, rounded_complex_product, scalar_type_name
+from .dtypes import WIDE_UNSIGNED, multiply, opmath, rounded_complex_product, scalar_type_name
 from .table import INDEXED_WRITE, WriteOverlap, expanded_warning, lowering
 
 
@@ -141,6 +141,7 @@ def index(x, indices):
     write_overlap=WriteOverlap(
         expanded_warning("index_put_", "tensor[indices] = tensor"), no_overlap=("indices", "values")
     ),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def index_put(x, indices, values, accumulate=False, unsafe=False):
     if values.dtype != x.dtype:  # as the CPU and CUDA kernels (a float64 value into float32 raises)
@@ -197,7 +198,7 @@ def _fit(src, shape):
     return src[tuple(slice(0, n) for n in shape)]
 
 
-@lowering("gather")
+@lowering("gather", no_loop_for=WIDE_UNSIGNED)
 def gather(x, dim, index, sparse_grad=False):
     if index.size == 0:  # PyTorch lets an empty index have any number of dimensions
         return jnp.zeros(index.shape, x.dtype)
@@ -285,20 +286,28 @@ def _src(src, index, dtype):
     return jnp.broadcast_to(jnp.asarray(src, dtype), index.shape)
 
 
-@lowering("scatter.src", "scatter.value", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads)
+@lowering(
+    "scatter.src", "scatter.value", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads, no_loop_for=WIDE_UNSIGNED
+)
 def scatter(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
     return x.at[at].set(_src(src, index, x.dtype))
 
 
-@lowering("scatter.reduce", "scatter.value_reduce", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads)
+@lowering(
+    "scatter.reduce",
+    "scatter.value_reduce",
+    write_overlap=INDEXED_WRITE,
+    index_buckets=_scatter_pads,
+    no_loop_for=WIDE_UNSIGNED,
+)
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     at, _ = _scatter_target(x, dim, index)
     v = _src(src, index, x.dtype)
     return _scatter_add_rounded_once(x, at, v) if reduce == "add" else _scatter_mul(x, at, v)
 
 
-@lowering("scatter_add", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads)
+@lowering("scatter_add", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads, no_loop_for=WIDE_UNSIGNED)
 def scatter_add(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
     return _scatter_add_rounded_once(x, at, _src(src, index, x.dtype))
@@ -353,7 +362,7 @@ def _scatter_reduce(x, at, v, reduce, include_self, counts=None, fold=None):
     raise ValueError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
 
 
-@lowering("scatter_reduce.two", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads)
+@lowering("scatter_reduce.two", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads, no_loop_for=WIDE_UNSIGNED)
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if reduce in ("amax", "amin") and jnp.iscomplexobj(x):  # no order on complex numbers (as the CPU)
         raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{scalar_type_name(x.dtype)}'")
@@ -365,7 +374,7 @@ def _along(dim, ndim, index):
     return (slice(None),) * dim + (index,)
 
 
-@lowering("index_select", write_overlap=WriteOverlap(no_overlap=("self", "index")))
+@lowering("index_select", write_overlap=WriteOverlap(no_overlap=("self", "index")), no_loop_for=WIDE_UNSIGNED)
 def index_select(x, dim, index):
     if index.ndim > 1:  # the meta kernel lets this through, the CPU kernel does not
         raise IndexError("index_select(): Index is supposed to be a vector")
@@ -377,7 +386,7 @@ def index_select(x, dim, index):
     return jnp.take(x, index, axis=dim)
 
 
-@lowering("index_add", write_overlap=INDEXED_WRITE, index_buckets=_along_dim_pads)
+@lowering("index_add", write_overlap=INDEXED_WRITE, index_buckets=_along_dim_pads, no_loop_for=WIDE_UNSIGNED)
 def index_add(x, dim, index, source, alpha=1):
     if x.ndim == 0:
         return x + source.reshape(()).astype(x.dtype) * alpha
@@ -417,7 +426,7 @@ def _flat_offsets(shape, dim, index, src_shape):
     return jnp.where(valid[lax.broadcasted_iota(jnp.int32, src_shape, dim)], offsets, stride)
 
 
-@lowering("index_copy", write_overlap=INDEXED_WRITE, index_buckets=_index_copy_pads)
+@lowering("index_copy", write_overlap=INDEXED_WRITE, index_buckets=_index_copy_pads, no_loop_for=WIDE_UNSIGNED)
 def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(()).astype(x.dtype)
@@ -465,6 +474,7 @@ def _select_one(x, dim, position, source):
     ),
     write_overlap=WriteOverlap(expanded_warning("index_fill_", "tensor[mask] = scalar"), no_overlap=("index",)),
     index_buckets=_index_fill_pads,
+    no_loop_for=WIDE_UNSIGNED,
 )
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
@@ -483,6 +493,7 @@ def index_fill(x, dim, index, value):
     write_overlap=INDEXED_WRITE,
     traced=("include_self",),
     index_buckets=_along_dim_pads,
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
 )
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     if x.ndim == 0:
@@ -549,6 +560,7 @@ _masked_scatter_source_check.can_raise = _source_may_be_short
 
 @lowering(
     "masked_scatter",
+    no_loop_for=WIDE_UNSIGNED,
     write_overlap=WriteOverlap(),
     host_check=dict.fromkeys(("masked_scatter", "masked_scatter_", "masked_scatter.out"), _masked_scatter_source_check),
 )
@@ -568,7 +580,7 @@ def masked_scatter(x, mask, source):
     return jnp.where(m, picked, x.reshape(-1)).reshape(shape)
 
 
-@lowering("take", write_overlap=WriteOverlap(no_overlap=("self", "index")))
+@lowering("take", write_overlap=WriteOverlap(no_overlap=("self", "index")), no_loop_for=WIDE_UNSIGNED)
 def take(x, index):
     flat = x.reshape(-1)
     _check(index, flat.shape[0], 0, True)
@@ -584,6 +596,7 @@ def _put_alerts(self, index, source, accumulate=False):
     write_overlap=INDEXED_WRITE,
     host_check=dict.fromkeys(("put", "put_"), deterministic_alert("put_", _put_alerts)),
     index_buckets=_put_pads,
+    no_loop_for=WIDE_UNSIGNED,
 )
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)

@@ -10,7 +10,7 @@ import torch
 from jax import lax
 
 from . import host_gemv
-from .dtypes import scalar_type_name
+from .dtypes import WIDE_UNSIGNED, scalar_type_name
 from .table import KIND, lowering
 
 # reads of the setting: tracing an executable notes whether its computation read it (then the
@@ -294,6 +294,7 @@ def _wide_integer_matmul(a, b):
     "matmul",
     "dot",
     "mv",
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
     meta_check={
         "mm": _mm_dtypes,
         "mm.out": _mm_dtypes,
@@ -307,7 +308,7 @@ def mm(a, b):
     return matmul(a, b)
 
 
-@lowering("vdot")
+@lowering("vdot", no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def vdot(a, b):
     return matmul(jnp.conj(a), b)  # conjugates its first argument (a no-op for real dtypes)
 
@@ -336,6 +337,7 @@ def _scaled_sum(c, prod, beta, alpha):
     promote=KIND.DEFAULT,
     promote_args=(0, 1, 2),
     blas=True,
+    no_loop_for=(torch.bool,),
     meta_check={"addmm": _addmm_dtypes, "addmm_": _addmm_dtypes, "addmm.out": _addmm_dtypes},
 )
 def addmm(c, a, b, beta=1, alpha=1):
@@ -356,7 +358,10 @@ def _addbmm_half(c, a, b, beta, alpha):
 
 
 @lowering(
-    "addbmm", blas=True, meta_check={"addbmm": _addmm_dtypes, "addbmm_": _addmm_dtypes, "addbmm.out": _addmm_dtypes}
+    "addbmm",
+    blas=True,
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
+    meta_check={"addbmm": _addmm_dtypes, "addbmm_": _addmm_dtypes, "addbmm.out": _addmm_dtypes},
 )
 def addbmm(c, a, b, beta=1, alpha=1):
     if c.dtype in (jnp.bfloat16, jnp.float16):

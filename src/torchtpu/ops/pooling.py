@@ -7,11 +7,12 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from .argument_checks import deterministic_alert
 from .checks import require
-from .dtypes import to_opmath
+from .dtypes import WIDE_UNSIGNED, to_opmath
 from .nn_common import _grad_input_meta, _low
 from .table import lowering, real_only_without_lowering
 
@@ -152,12 +153,12 @@ def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
     return _max_pool_backward(grad, x, 3, indices)
 
 
-@lowering("max_pool2d_with_indices", real_only=True)
+@lowering("max_pool2d_with_indices", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     return _max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-@lowering("max_pool3d_with_indices", real_only=True)
+@lowering("max_pool3d_with_indices", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def max_pool3d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     return _max_pool(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
 
@@ -219,12 +220,12 @@ real_only_without_lowering(
 )
 
 
-@lowering("avg_pool2d", real_only=True)
+@lowering("avg_pool2d", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def avg_pool2d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
-@lowering("avg_pool3d", real_only=True)
+@lowering("avg_pool3d", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
@@ -269,12 +270,12 @@ def _adaptive_avg(x, nd, output_size):
     return out.astype(x.dtype)
 
 
-@lowering("_adaptive_avg_pool2d", real_only=True)
+@lowering("_adaptive_avg_pool2d", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def adaptive_avg_pool2d(x, output_size):
     return _adaptive_avg(x, 2, output_size)
 
 
-@lowering("_adaptive_avg_pool3d", real_only=True)
+@lowering("_adaptive_avg_pool3d", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def adaptive_avg_pool3d(x, output_size):
     return _adaptive_avg(x, 3, output_size)
 
@@ -333,12 +334,12 @@ def _adaptive_max(x, nd, output_size):
     return out, ind
 
 
-@lowering("adaptive_max_pool2d", real_only=True)
+@lowering("adaptive_max_pool2d", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def adaptive_max_pool2d(x, output_size):
     return _adaptive_max(x, 2, output_size)
 
 
-@lowering("adaptive_max_pool3d", real_only=True)
+@lowering("adaptive_max_pool3d", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def adaptive_max_pool3d(x, output_size):
     return _adaptive_max(x, 3, output_size)
 
@@ -364,11 +365,11 @@ def _max_unpool(x, indices, output_size):
 
 
 # the CPU alerts: with duplicate indices (not from max_pool) which value lands is not defined
-@lowering("max_unpool2d", host_check=deterministic_alert("max_unpooling2d_forward_out"))
+@lowering("max_unpool2d", host_check=deterministic_alert("max_unpooling2d_forward_out"), no_loop_for=WIDE_UNSIGNED)
 def max_unpool2d(x, indices, output_size):
     return _max_unpool(x, indices, tuple(output_size))
 
 
-@lowering("max_unpool3d", host_check=deterministic_alert("max_unpooling3d_forward_out"))
+@lowering("max_unpool3d", host_check=deterministic_alert("max_unpooling3d_forward_out"), no_loop_for=WIDE_UNSIGNED)
 def max_unpool3d(x, indices, output_size, stride, padding):
     return _max_unpool(x, indices, tuple(output_size))

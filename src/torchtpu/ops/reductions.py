@@ -11,7 +11,7 @@ from jax import lax
 
 from .argument_checks import same_scalar_type_out_check, warn_at_caller
 from .checks import require
-from .dtypes import not_implemented_for, opmath, scalar_type_name, to_opmath
+from .dtypes import WIDE_UNSIGNED, not_implemented_for, opmath, scalar_type_name, to_opmath
 from .table import lowering, real_only_without_lowering
 
 
@@ -114,6 +114,7 @@ def _empty_aminmax(name):
     "amax",
     real_only=True,
     meta_check=_empty_reduction_check("amax()", "amax", "amax.out", all_dims_error=_unspecified_dim),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def amax(a, dim=(), keepdim=False):
     return jnp.max(a, axis=_dims(a, dim), keepdims=keepdim)
@@ -123,6 +124,7 @@ def amax(a, dim=(), keepdim=False):
     "amin",
     real_only=True,
     meta_check=_empty_reduction_check("amin()", "amin", "amin.out", all_dims_error=_unspecified_dim),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def amin(a, dim=(), keepdim=False):
     return jnp.min(a, axis=_dims(a, dim), keepdims=keepdim)
@@ -132,6 +134,7 @@ def amin(a, dim=(), keepdim=False):
     "max",
     real_only=True,
     meta_check=_empty_reduction_check("max()", "max", "max.unary_out", all_dims_error=_unspecified_dim),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def max_all(a):
     return jnp.max(a)
@@ -141,6 +144,7 @@ def max_all(a):
     "min",
     real_only=True,
     meta_check=_empty_reduction_check("min()", "min", "min.unary_out", all_dims_error=_unspecified_dim),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def min_all(a):
     return jnp.min(a)
@@ -159,6 +163,7 @@ def _arg_reduce(a, dim, keepdim, fn):
     meta_check=_empty_reduction_check(
         "argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim, no_bool=True
     ),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def argmax(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmax)
@@ -170,12 +175,18 @@ def argmax(a, dim=None, keepdim=False):
     meta_check=_empty_reduction_check(
         "argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim, no_bool=True
     ),
+    no_loop_for=WIDE_UNSIGNED,
 )
 def argmin(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmin)
 
 
-@lowering("max.dim", real_only=True, meta_check=_empty_reduction_check("max()", "max.dim", "max.dim_max"))
+@lowering(
+    "max.dim",
+    real_only=True,
+    meta_check=_empty_reduction_check("max()", "max.dim", "max.dim_max"),
+    no_loop_for=WIDE_UNSIGNED,
+)
 def max_dim(a, dim, keepdim=False):
     d = dim % max(a.ndim, 1)
     if a.ndim == 0:
@@ -183,7 +194,12 @@ def max_dim(a, dim, keepdim=False):
     return jnp.max(a, axis=d, keepdims=keepdim), jnp.argmax(a, axis=d, keepdims=keepdim).astype(jnp.int64)
 
 
-@lowering("min.dim", real_only=True, meta_check=_empty_reduction_check("min()", "min.dim", "min.dim_min"))
+@lowering(
+    "min.dim",
+    real_only=True,
+    meta_check=_empty_reduction_check("min()", "min.dim", "min.dim_min"),
+    no_loop_for=WIDE_UNSIGNED,
+)
 def min_dim(a, dim, keepdim=False):
     d = dim % max(a.ndim, 1)
     if a.ndim == 0:
@@ -277,6 +293,7 @@ def nansum(a, dim=None, keepdim=False, dtype=None):
 @lowering(
     "aminmax",
     real_only=True,
+    no_loop_for=WIDE_UNSIGNED,
     meta_check=_empty_reduction_check("aminmax", "aminmax", "aminmax.out", all_dims_error=_empty_aminmax),
 )
 def aminmax(a, dim=None, keepdim=False):
@@ -427,12 +444,12 @@ def _cum_extreme(a, dim, better):
     return v, i
 
 
-@lowering("cummax", real_only=True, meta_check={"cummax.out": same_scalar_type_out_check})
+@lowering("cummax", real_only=True, meta_check={"cummax.out": same_scalar_type_out_check}, no_loop_for=WIDE_UNSIGNED)
 def cummax(a, dim):
     return _cum_extreme(a, dim, lambda r, l: r >= l)
 
 
-@lowering("cummin", real_only=True, meta_check={"cummin.out": same_scalar_type_out_check})
+@lowering("cummin", real_only=True, meta_check={"cummin.out": same_scalar_type_out_check}, no_loop_for=WIDE_UNSIGNED)
 def cummin(a, dim):
     return _cum_extreme(a, dim, lambda r, l: r <= l)
 
@@ -467,7 +484,7 @@ def sort_stable(a, stable=None, dim=-1, descending=False):
     return _sort(a, _axis(a, dim), descending)
 
 
-@lowering("topk", real_only=True)
+@lowering("topk", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def topk(a, k, dim=-1, largest=True, sorted=True):
     if a.ndim == 0:
         return a, jnp.zeros((), jnp.int64)
@@ -490,6 +507,7 @@ def _pick(v, i, pos, axis, keepdim):
 
 @lowering(
     "kthvalue",
+    no_loop_for=WIDE_UNSIGNED,
     real_only=True,
     meta_check=_empty_reduction_check(
         "kthvalue()",
@@ -563,12 +581,12 @@ def _whole_median(a, ignore_nan):
 _WHOLE_MEDIAN_CHECK = _no_bool_kernel("median", lambda a: a.numel())  # (no elements: True, as the CPU)
 
 
-@lowering("median", real_only=True, meta_check=_WHOLE_MEDIAN_CHECK)
+@lowering("median", real_only=True, meta_check=_WHOLE_MEDIAN_CHECK, no_loop_for=WIDE_UNSIGNED)
 def median(a):
     return _whole_median(a, False)
 
 
-@lowering("nanmedian", real_only=True, meta_check=_WHOLE_MEDIAN_CHECK)
+@lowering("nanmedian", real_only=True, meta_check=_WHOLE_MEDIAN_CHECK, no_loop_for=WIDE_UNSIGNED)
 def nanmedian(a):
     return _whole_median(a, True)
 
@@ -588,7 +606,9 @@ def _mode_check(a, *args, **kwargs):
     _empty_reduction_check("mode()", "mode", default_dim=-1)["mode"](a, *args, **kwargs)
 
 
-@lowering("mode", real_only=True, meta_check={"mode": _mode_check, "mode.values": _mode_check})
+@lowering(
+    "mode", real_only=True, meta_check={"mode": _mode_check, "mode.values": _mode_check}, no_loop_for=WIDE_UNSIGNED
+)
 def mode(a, dim=-1, keepdim=False):
     """Most frequent value (the smallest among equally frequent ones) and its last index."""
     if a.ndim == 0:
@@ -684,7 +704,12 @@ def _histc_bounds_check(a, bins=100, min=0, max=0, **kwargs):
         raise RuntimeError(f"torch.histc: range of [{float(min):g}, {float(max):g}] is not finite")
 
 
-@lowering("histc", real_only=True, host_check=dict.fromkeys(("histc", "histc.out"), _histc_bounds_check))
+@lowering(
+    "histc",
+    real_only=True,
+    host_check=dict.fromkeys(("histc", "histc.out"), _histc_bounds_check),
+    no_loop_for=WIDE_UNSIGNED,
+)
 def histc(a, bins=100, min=0, max=0):
     # PyTorch: min == max means the data's own range; values outside [min, max] are ignored
     x = a.astype(jnp.float32) if not jnp.issubdtype(a.dtype, jnp.floating) else a

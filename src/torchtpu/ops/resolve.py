@@ -13,7 +13,7 @@ import functools
 import torch
 
 from .dtypes import scalar_type_name, to_jax
-from .table import LOWERINGS, apply, declared_facts, reject_complex
+from .table import LOWERINGS, apply, declared_facts, reject_complex, reject_missing_loop
 
 
 class NotLowered(NotImplementedError):
@@ -111,6 +111,7 @@ def resolve(op, meta_args, meta_kwargs):
     reject_complex(name, (*meta_args, *(v for k, v in meta_kwargs.items() if k != "out")))
     low = LOWERINGS.get(name)
     if low is not None:
+        reject_missing_loop(low, meta_args, meta_kwargs)
         fn = functools.partial(_call_lowering, low)
         if low.half_parts and any(
             isinstance(t, torch.Tensor) and t.dtype == torch.complex32 for t in (*meta_args, *meta_kwargs.values())

@@ -16,7 +16,7 @@ from jax import lax
 from torch._prims_common import suggest_memory_format
 
 from .argument_checks import input_loop_check, out_overlaps_inputs_check
-from .dtypes import scalar_type_name, to_opmath
+from .dtypes import WIDE_UNSIGNED, scalar_type_name, to_opmath
 from .table import lowering
 
 
@@ -148,7 +148,16 @@ def replication_pad_backward(grad, x, padding):
 
 
 # ---------------------------------------------------------------- rearrangements
-@lowering("flip")
+def _flip_loop_check(a, dims, *_, **__):
+    """The CPU's flip has no loop for uint16/32/64 where it flips the innermost dimension (flipping
+    only outer ones moves whole rows, for any dtype)."""
+    if a.dtype in WIDE_UNSIGNED and (a.dim() == 0 or a.dim() - 1 in {d % a.dim() for d in dims}):
+        from .dtypes import not_implemented_for
+
+        raise not_implemented_for("flip", a.dtype)
+
+
+@lowering("flip", meta_check=dict.fromkeys(("flip", "flip.out"), _flip_loop_check))
 def flip(x, dims):
     return jnp.flip(x, axis=tuple(d % x.ndim for d in dims)) if x.ndim else x
 
@@ -171,12 +180,12 @@ def repeat(x, repeats):
     return jnp.tile(x, tuple(repeats))
 
 
-@lowering("tril")
+@lowering("tril", no_loop_for=WIDE_UNSIGNED)
 def tril(x, diagonal=0):
     return jnp.tril(x, diagonal)
 
 
-@lowering("triu")
+@lowering("triu", no_loop_for=WIDE_UNSIGNED)
 def triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
 
@@ -230,7 +239,7 @@ def _im2col(x, kernel_size, dilation, padding, stride):
     return out if batched else out[0]
 
 
-@lowering("im2col")
+@lowering("im2col", no_loop_for=WIDE_UNSIGNED)
 def im2col(x, kernel_size, dilation, padding, stride):
     return _im2col(x, kernel_size, dilation, padding, stride)
 
@@ -381,12 +390,24 @@ def _scales(scales, output_size):
     return (list(scales) + [None] * nd)[:nd]
 
 
-@lowering("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", real_only=True)
+@lowering(
+    "upsample_nearest1d",
+    "upsample_nearest2d",
+    "upsample_nearest3d",
+    real_only=True,
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
+)
 def upsample_nearest(x, output_size, *scales):
     return _nearest(x, output_size, _scales(scales, output_size), False)
 
 
-@lowering("_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", real_only=True)
+@lowering(
+    "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d",
+    "_upsample_nearest_exact3d",
+    real_only=True,
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
+)
 def upsample_nearest_exact(x, output_size, *scales):
     return _nearest(x, output_size, _scales(scales, output_size), True)
 

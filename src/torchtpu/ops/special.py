@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
+from .dtypes import WIDE_UNSIGNED
 from .table import KIND, lowering
 
 # ---------------------------------------------------------------- helpers
@@ -663,11 +665,11 @@ def _gammainc_precise(fn, a, x):
     return fn(a, x)
 
 
-@lowering("igamma", promote=KIND.INT_TO_FLOAT)
+@lowering("igamma", promote=KIND.INT_TO_FLOAT, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def igamma(a, x):
     return _igamma_edges(a, x, _gammainc_precise(jax.scipy.special.gammainc, a, x), 1, 0, 0, 1)
 
 
-@lowering("igammac", promote=KIND.INT_TO_FLOAT)
+@lowering("igammac", promote=KIND.INT_TO_FLOAT, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def igammac(a, x):
     return _igamma_edges(a, x, _gammainc_precise(jax.scipy.special.gammaincc, a, x), 0, 1, 1, 0)

@@ -37,6 +37,11 @@ finds all of them (docs/design.md, "Adding an op"):
                             for a channels_last input, where PyTorch's meta kernel keeps another input
                             layout (the engine otherwise takes the meta kernel's strides); or f(*args,
                             **kwargs) -> "memory_format" or "meta", per call
+    no_loop_for=dtypes      torch dtypes the CPU kernel has no loop for (its NotImplementedError "... not
+                            implemented for 'UInt32'"), where the lowering would compute: checked on the
+                            dtype the CPU dispatches on (dispatch_dtype), once per executable. A promoting
+                            (elementwise) lowering lacks WIDE_UNSIGNED (uint16/32/64) too, but
+    loops_for=WIDE_UNSIGNED an elementwise lowering whose CPU kernel has loops for them (mul, eq, bitwise_and)
     composite_in_eager=True an ATen CompositeImplicit op (it decomposes before a backend sees it) that
                             eager runs whole, one executable instead of one per step; for ops without a
                             gradient only (the kernel sits on the Autograd key too)
@@ -52,7 +57,10 @@ import dataclasses
 import types
 from collections.abc import Callable
 
-from .dtypes import KIND, not_implemented_for, operand_facts, promote
+import torch
+from torch._prims_common import elementwise_dtypes
+
+from .dtypes import KIND, WIDE_UNSIGNED, not_implemented_for, operand_facts, promote
 
 __all__ = [
     "INDEXED_WRITE",
@@ -100,6 +108,8 @@ FACT_KINDS = (
     "write_overlap",
     "output_layout",
     "composite_in_eager",
+    "no_loop_for",
+    "loops_for",
 )
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
@@ -250,6 +260,39 @@ def reject_complex(name, values):
             if isinstance(REAL_ONLY[base], str):  # the op's own words on the CPU
                 raise RuntimeError(REAL_ONLY[base])
             raise not_implemented_for(base, v.dtype)
+
+
+def dispatch_dtype(low: Lowering, args, kwargs, kind=KIND.NO_OPMATH):
+    """The dtype the CPU kernel of `low` picks its loop by, from meta arguments: for a promoting op the
+    common dtype of its operands (TensorIterator's; with `kind` INT_TO_FLOAT, an integral one becomes
+    the float it computes in), else the dtype of its first tensor argument; None without one."""
+    if low.promote is not None:
+        positions = low.promote_args if low.promote_args is not None else range(len(args))
+        numbers = (torch.Tensor, bool, int, float, complex)
+        operands = [args[i] for i in positions if i < len(args) and isinstance(args[i], numbers)]
+        if operands:
+            tensors = [t for t in operands if isinstance(t, torch.Tensor)]
+            for i, a in enumerate(tensors):  # the CPU's promotion errors (uint32 with int64)
+                for b in tensors[i + 1 :]:
+                    torch.result_type(a, b)
+            return elementwise_dtypes(*operands, type_promotion_kind=kind)[1]
+    return next((a.dtype for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+
+
+def reject_missing_loop(low: Lowering, args, kwargs):
+    """Raise the CPU's NotImplementedError where `low`'s op has no CPU loop for the dtype it dispatches
+    on: `no_loop_for` of the lowering, and for an elementwise (promoting) one WIDE_UNSIGNED less its
+    `loops_for` (meta arguments, once per executable)."""
+    lacking = _FACTS["no_loop_for"].get(low.name, ())
+    wide = low.promote is not None and low.name not in _FACTS["loops_for"]
+    if not lacking and not wide:
+        return
+    kwargs = {k: v for k, v in kwargs.items() if k != "out"}
+    dtype = dispatch_dtype(low, args, kwargs)
+    if dtype not in lacking and wide and low.promote == KIND.INT_TO_FLOAT:
+        dtype = dispatch_dtype(low, args, kwargs, KIND.INT_TO_FLOAT)  # sqrt(uint32) computes in float
+    if dtype in lacking or (wide and dtype in WIDE_UNSIGNED):
+        raise not_implemented_for(low.name.split(".")[0].strip("_"), dtype)
 
 
 def apply(low: Lowering, args, kwargs):
