@@ -170,3 +170,19 @@ def test_a_second_process_hits_bitwise(tmp_path):
     assert runs[1]["hits"] >= 4 and runs[1]["traces"] == 0, runs
     first, second = torch.load(tmp_path / "out0.pt"), torch.load(tmp_path / "out1.pt")
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_the_key_ignores_environment_variables_torchtpu_does_not_read(monkeypatch):
+    import jax.numpy as jnp
+
+    dyn = (jnp.ones((2, 3)), 1.5)
+    monkeypatch.setitem(op_store._state, "process", None)
+    first = op_store.key(("aten::add.Tensor", ()), dyn)
+    monkeypatch.setenv("TORCHTPU_TESTS_RESULTS", "/tmp/another-run")  # (a test runner's, per run)
+    monkeypatch.setitem(op_store._state, "process", None)
+    assert op_store.key(("aten::add.Tensor", ()), dyn)[0] == first[0]
+    monkeypatch.setenv("TORCHTPU_CPU_FALLBACK", "1")  # (one torchtpu reads)
+    monkeypatch.setitem(op_store._state, "process", None)
+    assert op_store.key(("aten::add.Tensor", ()), dyn)[0] != first[0]
+    now = op_store.key(("aten::add.Tensor", ()), dyn)[0]
+    assert op_store.key(("aten::add.Tensor", ()), (dyn[0], 2))[0] != now  # another argument type

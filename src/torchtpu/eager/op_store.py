@@ -6,7 +6,8 @@ it can even look. This store sits beside it: each eager executable is kept under
 determines its program before the trace (the engine's in-memory key, which names the op, its
 argument layouts, dtypes and static values; the executable's role and jit arguments; the arguments'
 avals and shardings; the compiler options; the global settings a lowering may read; the platform;
-the versions of jax, jaxlib, torch, numpy, Python and a hash of torchtpu's sources), with what its
+the torchtpu variables its sources name and JAX's and XLA's environment; the versions of jax,
+jaxlib, torch, numpy, Python and a hash of torchtpu's sources), with what its
 trace left behind (device-side check messages, whether it read the default dtype or the matmul
 precision). A new process loads the executable (jax.experimental.serialize_executable) and skips
 tracing, lowering and JAX's cache.
@@ -28,6 +29,7 @@ import hashlib
 import os
 import pathlib
 import pickle
+import re
 import sys
 import threading
 import time
@@ -141,15 +143,28 @@ def signature(dyn) -> str:
     return ";".join(parts)
 
 
-def _source_hash():
-    """A hash of torchtpu's sources (Python and the native fast path's C++)."""
+# environment variables named in torchtpu's sources that cannot change a program (paths of outputs)
+_ENV_NOT_KEYED = (
+    b"TORCHTPU_COMPILE_CACHE_DIR",
+    b"TORCH_TPU_TIER2_COMPILATION_CACHE",
+    b"TORCHTPU_TPU_COMPILE_CHECK_LOG",
+)
+
+
+def _sources():
+    """A hash of torchtpu's sources (Python and the native fast path's C++), and the TORCHTPU_ (and
+    TORCH_TPU_) environment variables they name: those key the store, not every variable of the
+    prefix (tools/transformers_tests.py's per-run results path made every run miss)."""
     root = pathlib.Path(__file__).resolve().parents[1]
     h = hashlib.blake2b(digest_size=16)
+    names = set()
     for p in sorted(root.rglob("*")):
         if p.suffix in (".py", ".c", ".cc", ".cpp", ".h") and p.is_file():
+            data = p.read_bytes()
             h.update(str(p.relative_to(root)).encode() + b"\0")
-            h.update(p.read_bytes())
-    return h.hexdigest()
+            h.update(data)
+            names.update(re.findall(rb"\bTORCH_?TPU_[A-Z0-9_]+", data))
+    return h.hexdigest(), {n.decode() for n in names if n not in _ENV_NOT_KEYED}
 
 
 def _process_facts():
@@ -161,15 +176,13 @@ def _process_facts():
         from ..device import platform
 
         devices = jax.devices()
+        source_hash, names = _sources()
         env = sorted(
-            (k, v)
-            for k, v in os.environ.items()
-            if k.startswith(("TORCHTPU_", "TORCH_TPU_", "JAX_", "XLA_", "LIBTPU", "TPU_"))
-            and k not in ("TORCHTPU_COMPILE_CACHE_DIR",)
+            (k, v) for k, v in os.environ.items() if k in names or k.startswith(("JAX_", "XLA_", "LIBTPU", "TPU_"))
         )
         facts = _state["process"] = "\n".join(
             (
-                f"torchtpu {_source_hash()}",
+                f"torchtpu {source_hash}",
                 f"jax {jax.__version__} jaxlib {jaxlib.__version__} torch {torch.__version__}",
                 f"numpy {np.__version__} python {sys.version}",
                 f"platform {platform.platform()} {platform.lowering_platform()} {devices[0].client.platform}",
