@@ -150,7 +150,9 @@ def build_entry(kernel, key, args, kwargs, records, device):
         bucketed = bucketed_draws.fill(kernel, entry, program, fn, records, name, op_jit)
         # an indexed write through an index of a new length pads it to a size bucket
         bucketed = bucketed or bucketed_index.build(kernel, entry, program, fn, records, args, kwargs, name, op_jit)
-        if not bucketed and _storable(kernel):
+        # (not an op that writes: its executable is called by call_and_commit, where no Python code may
+        # run between the call and the records taking its results, and _Stored is Python)
+        if not bucketed and not writes and _storable(kernel):
             entry.store = (kernel, (name, key))
         entry.fn = bucketed or op_jit(entry, "fn", fn, name)
         if entry.mutated_slots:

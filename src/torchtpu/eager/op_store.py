@@ -17,7 +17,10 @@ store); each file carries its full key text and a checksum, is written to a temp
 renamed (two processes writing one entry both leave a whole file), and any error reading or loading
 one drops it and takes the normal path. An executable JAX loaded from its own cache cannot be
 serialized again on XLA:CPU (the copy fails at run time: "Function ... not found"), so a program
-stored here is compiled afresh, past JAX's cache (integrations/patches.py: the bypass). The store is
+stored here is compiled afresh, past JAX's cache (integrations/patches.py: the bypass). Ops that
+write a tensor are left out: their executables run inside engine.call_and_commit, which lets no
+Python code run between the call and the records taking its results (a Ctrl-C there would lose a
+donated buffer), and the store's callable is Python (build._Stored). The store is
 off with TORCHTPU_COMPILE_CACHE=0 (no cache directory) and under the TPU compile check, which must
 check every program. Size: at most MAX_BYTES, least recently used entries removed first.
 """
