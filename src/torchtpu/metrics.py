@@ -25,6 +25,9 @@ class Counters:
         "h2d_bytes",
         "h2d_transfers",
         "jax_memo_caches_shed",
+        "op_store_errors",
+        "op_store_hits",
+        "op_store_writes",
     )
 
     def __init__(self):

@@ -11,12 +11,14 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..device import platform
+from ..metrics import counters
+from ..ops import checks
 from ..ops import dtypes as dt
 from ..ops.argument_checks import deterministic_alerts_off
 from ..ops.resolve import functional_twin, resolve
-from ..ops.table import declared_facts
+from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS, contiguous_strides, is_dense, memory_order
-from . import bucketed_draws, bucketed_index, fastpath, fusion, interrupts, overlap, tpu_check, xla_options
+from . import bucketed_draws, bucketed_index, fastpath, fusion, interrupts, op_store, overlap, tpu_check, xla_options
 from .entry import (
     CONSTANT_BYTES,
     DONATE_BYTES,
@@ -140,12 +142,18 @@ def build_entry(kernel, key, args, kwargs, records, device):
     if not records:
         index = device if device >= 0 else 0
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
+        if _storable(kernel):
+            entry.store = (kernel, (name, key))
         entry.fn = op_jit(entry, "fn", fn, name, out_shardings=sharding)
     else:
         # a random fill of a new shape draws through a shared executable per size bucket
         bucketed = bucketed_draws.fill(kernel, entry, program, fn, records, name, op_jit)
         # an indexed write through an index of a new length pads it to a size bucket
         bucketed = bucketed or bucketed_index.build(kernel, entry, program, fn, records, args, kwargs, name, op_jit)
+        # (not an op that writes: its executable is called by call_and_commit, where no Python code may
+        # run between the call and the records taking its results, and _Stored is Python)
+        if not bucketed and not writes and _storable(kernel):
+            entry.store = (kernel, (name, key))
         entry.fn = bucketed or op_jit(entry, "fn", fn, name)
         if entry.mutated_slots:
             entry.source = program  # (its gated form: engine._gated)
@@ -169,8 +177,12 @@ def op_jit(entry, attr, fn, name=None, **jit_kwargs):
     picks from what the op computes (known at its first call); the user's options (entry.xla) alone
     where the platform has no defaults. It keeps the arguments it does not read (`keep_unused`): JAX
     would prune a fill's unread target, and with no committed array left its results were uncommitted,
-    another argument mapping for every later op, which then compiled again."""
+    another argument mapping for every later op, which then compiled again. An entry the op-key cache
+    may keep (`entry.store`) gets a _Stored instead, unless the TPU compile check must see the program."""
     jit_kwargs.setdefault("keep_unused", True)
+    store = getattr(entry, "store", None)
+    if store is not None and not tpu_check.enabled() and op_store.directory() is not None:
+        return _Stored(entry, attr, fn, store, jit_kwargs)
     if xla_options.op_options(entry.xla) == entry.xla:
         run = jax.jit(fn, compiler_options=entry.xla, **jit_kwargs)
     else:
@@ -178,6 +190,115 @@ def op_jit(entry, attr, fn, name=None, **jit_kwargs):
     if tpu_check.enabled():  # (_OptionsAtFirstCall's first call then puts its jitted function in the wrapper)
         return tpu_check.wrap(run, fn, name or getattr(entry.fn, "check_name", "an eager op"), **jit_kwargs)
     return run
+
+
+def _options_jit(entry, fn, jit_kwargs, dyn):
+    """(jax.jit of `fn` under the compiler options op_options picks for it, its trace for `dyn`)."""
+    user = entry.xla
+    guess = xla_options.op_options(user)
+    jitted = jax.jit(fn, compiler_options=guess, **jit_kwargs)
+    traced = jitted.trace(*dyn)
+    if guess != user:  # (the platform has defaults: they depend on what the program computes)
+        chosen = xla_options.op_options(user, traced.jaxpr)
+        if chosen != guess:
+            jitted = jax.jit(fn, compiler_options=chosen, **jit_kwargs)
+            traced = jitted.trace(*dyn)
+    return jitted, traced
+
+
+class _Stored:
+    """An eager executable the op-key cache (eager/op_store.py) may serve: its first call looks the
+    program up by a key made before any trace and loads it, or traces, compiles it afresh and stores
+    it. Later calls go straight to the executable; a call with other argument types or devices than
+    the first (which JAX's jit would compile again) moves it to JAX's jit for good. `__wrapped__`:
+    what a fused segment traces (eager/fusion.py _nestable)."""
+
+    __slots__ = ("__weakref__", "__wrapped__", "attr", "call", "entry", "jit_kwargs", "signature", "store")
+
+    def __init__(self, entry, attr, fn, store, jit_kwargs):
+        self.entry, self.attr, self.store, self.jit_kwargs = entry, attr, store, jit_kwargs
+        self.__wrapped__ = fn
+        self.call = self.signature = None
+
+    def __call__(self, *dyn):
+        call = self.call
+        if call is None:
+            return self._first(dyn)
+        try:
+            return call(*dyn)
+        except (TypeError, ValueError):
+            # JAX's refusal of arguments the executable was not compiled for (another device)
+            if self.signature is None or _signature_or_none(dyn) == self.signature:
+                raise
+        self.signature = None
+        self.call = _options_jit(self.entry, self.__wrapped__, self.jit_kwargs, dyn)[0]
+        return self.call(*dyn)
+
+    def _first(self, dyn):
+        kernel, ident = self.store
+        jit_kwargs = self.jit_kwargs
+        shown = {k: jit_kwargs[k] for k in sorted(jit_kwargs)}
+        k = op_store.key((*ident, self.attr, shown, self.entry.xla, self.entry.default_dtype), dyn)
+        loaded = op_store.load(k) if k is not None else None
+        if loaded is not None:
+            compiled, effects = loaded
+            _apply_effects(kernel, self.entry, effects)
+            counters.op_store_hits += 1
+        else:
+            jitted, traced = _options_jit(self.entry, self.__wrapped__, jit_kwargs, dyn)
+            if k is None or not op_store.BYPASS_INSTALLED[0]:
+                self.call = jitted
+                return jitted(*dyn)
+            with op_store.fresh_compile():  # (op_store's docstring: why not from JAX's cache)
+                compiled = traced.lower().compile()
+            op_store.save(k, compiled, _effects(kernel, self.entry))
+        self.signature = k[2]
+        self.call = compiled
+        results = compiled(*dyn)
+        self.call = getattr(compiled, "_call", None) or compiled  # (its C++ call, made at the first)
+        return results
+
+
+def _signature_or_none(dyn):
+    try:
+        return op_store.signature(dyn)
+    except op_store.Unkeyable:
+        return None
+
+
+def _effects(kernel, entry):
+    """What tracing the op left behind (eager/executable.py Program.on_trace, _runner), for a process
+    that loads the program without tracing it."""
+    return {
+        "checks": tuple(entry.checks),
+        "recoverable": tuple(m for m in entry.checks if m in checks.RECOVERABLE),
+        "follows_default_dtype": bool(entry.follows_default_dtype),
+        "precision_sensitive": bool(kernel.precision_sensitive),
+    }
+
+
+def _apply_effects(kernel, entry, effects):
+    entry.checks = effects["checks"]
+    checks.RECOVERABLE.update(effects["recoverable"])
+    if effects["follows_default_dtype"]:
+        entry.follows_default_dtype = True
+    if effects["precision_sensitive"]:
+        kernel.precision_sensitive = True
+
+
+_STORED_NAMESPACES = ("aten", "prims")
+_own_lowerings = [-1, False]  # (how many lowerings were registered, whether all are torchtpu's)
+
+
+def _storable(kernel):
+    """Whether the op-key cache may keep `kernel`'s executables: an ATen (or prims) op while every
+    registered lowering is torchtpu's own or JAX's (their sources and versions key the store; a user's do not)."""
+    if kernel.op._schema.name.split("::")[0] not in _STORED_NAMESPACES:
+        return False
+    if _own_lowerings[0] != len(LOWERINGS):
+        own = all(getattr(low.fn, "__module__", "").startswith(("torchtpu.", "jax.")) for low in LOWERINGS.values())
+        _own_lowerings[:] = [len(LOWERINGS), own]
+    return _own_lowerings[1]
 
 
 class _OptionsAtFirstCall:

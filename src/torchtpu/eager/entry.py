@@ -100,6 +100,7 @@ class Entry:
         "overlap",
         "source",
         "spec",
+        "store",
         "strides",
         "traced",
         "window_calls",
@@ -138,4 +139,6 @@ class Entry:
         # torch.get_default_dtype() when it was built, None once shown not to matter (the same
         # entry serves every default dtype: engine.py OpKernel._other_default_dtype)
         self.default_dtype = None
+        # (kernel, (op name, engine key)) when the op-key cache may keep its executables (eager/op_store.py)
+        self.store = None
         self.follows_default_dtype = False  # its result dtypes or its trace depend on that setting

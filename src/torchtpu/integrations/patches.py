@@ -708,6 +708,30 @@ def _reused_mlir_contexts(module) -> None:
     _applied.append("jax._src.interpreters.mlir.ModuleContext.__init__ (reused MLIR contexts)")
 
 
+# ------------------------------------------------------------------ JAX's on-disk cache (jax 0.10)
+def _compile_cache_bypass(module) -> None:
+    """`compilation_cache.is_cache_used(backend)` (checked against jax 0.10: `compiler.compile_or_get_cached`
+    asks it per compile) answers False inside eager/op_store.py's `fresh_compile()` block, so the op-key
+    cache stores a program compiled afresh: on XLA:CPU an executable JAX loaded from its own cache and
+    serialized again fails when run ("Function ... not found"). Outside that block it is the original."""
+    from ..eager import op_store
+
+    used = getattr(module, "is_cache_used", None)
+    if not callable(used):
+        _problems.append("jax._src.compilation_cache.is_cache_used is missing (checked against jax 0.10)")
+        return
+    if getattr(used, "_torchtpu", False):
+        op_store.BYPASS_INSTALLED[0] = True
+        return
+
+    def is_cache_used(backend):
+        return False if op_store.compiling_fresh() else used(backend)
+
+    module.is_cache_used = _mark(is_cache_used, used)
+    op_store.BYPASS_INSTALLED[0] = True
+    _applied.append("jax._src.compilation_cache.is_cache_used (the op-key cache's fresh compiles)")
+
+
 # ------------------------------------------------------------------ the table
 @dataclass(frozen=True)
 class Patch:
@@ -737,6 +761,8 @@ PATCHES: tuple[Patch, ...] = (
           "jax._src.pallas.pallas_call._pallas_call", "jax._src.pallas.pallas_call"),
     Patch(_reused_mlir_contexts, "jax", JAX_CHECKED,
           "jax._src.interpreters.mlir.ModuleContext.__init__", "jax._src.interpreters.mlir"),
+    Patch(_compile_cache_bypass, "jax", JAX_CHECKED,
+          "jax._src.compilation_cache.is_cache_used", "jax._src.compilation_cache"),
     Patch(_accelerate_default_device, "accelerate", ACCELERATE_CHECKED,
           "accelerate.state.PartialState.default_device", "accelerate.state"),
     Patch(_accelerate_data_parallel, "accelerate", ACCELERATE_CHECKED,
