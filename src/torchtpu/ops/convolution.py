@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -75,15 +77,26 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
 def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     """PyTorch's meta kernel leaves a convolution's output contiguous (it cannot tell the device); the
     CPU kernels lay it out channels_last when the input or the weight is, except the 3-d ones in
-    (complex) double or half precision, which have no channels_last path on the CPU."""
+    (complex) double precision, and in half precision where this CPU has no oneDNN path for it
+    (bf16 needs AVX512; fp16 AMX-FP16): those have no channels_last path on the CPU."""
     out = torch.ops.aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
-    if out.dim() == 5 and x.dtype in (torch.float64, torch.float16, torch.complex128):
+    if out.dim() == 5 and x.dtype in _contiguous_3d_dtypes():
         return out
     for t in (x, w):
         layout = suggest_memory_format(t)
         if layout is not torch.contiguous_format and t.dim() == out.dim():
             return out.contiguous(memory_format=layout)
     return out
+
+
+@functools.cache
+def _contiguous_3d_dtypes():
+    dtypes = {torch.float64, torch.complex128}
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        dtypes.add(torch.bfloat16)
+    if not torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        dtypes.add(torch.float16)
+    return frozenset(dtypes)
 
 
 @lowering("convolution", "convolution_overrideable", meta=_convolution_meta, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
