@@ -193,16 +193,18 @@ def op_jit(entry, attr, fn, name=None, **jit_kwargs):
 
 
 def _options_jit(entry, fn, jit_kwargs, dyn):
-    """(jax.jit of `fn` under the compiler options op_options picks for it, its trace for `dyn`)."""
+    """(jax.jit of `fn` under the compiler options op_options picks for it, its trace for `dyn`).
+    Traced under the options of a program without a reduction (most ops), whose call reuses the
+    trace (JAX keeps it); one that reduces is traced again under its own. (Traced under the user's
+    options and jitted again, every op was traced twice: 2-4 ms each.)"""
     user = entry.xla
     guess = xla_options.op_options(user)
     jitted = jax.jit(fn, compiler_options=guess, **jit_kwargs)
     traced = jitted.trace(*dyn)
-    if guess != user:  # (the platform has defaults: they depend on what the program computes)
-        chosen = xla_options.op_options(user, traced.jaxpr)
-        if chosen != guess:
-            jitted = jax.jit(fn, compiler_options=chosen, **jit_kwargs)
-            traced = jitted.trace(*dyn)
+    chosen = xla_options.op_options(user, traced.jaxpr)
+    if chosen != guess:
+        jitted = jax.jit(fn, compiler_options=chosen, **jit_kwargs)
+        traced = jitted.trace(*dyn)
     return jitted, traced
 
 
@@ -315,16 +317,7 @@ class _OptionsAtFirstCall:
     def __call__(self, *dyn):
         jitted = self.jitted
         if jitted is None:
-            user, fn = self.entry.xla, self.__wrapped__
-            # traced under the options of a program without a reduction (most ops), whose call below
-            # reuses the trace (JAX keeps it); one that reduces is traced again under its own. (Traced
-            # under the user's options and jitted again, every op was traced twice: 2-4 ms each.)
-            guess = xla_options.op_options(user)
-            jitted = jax.jit(fn, compiler_options=guess, **self.jit_kwargs)
-            chosen = xla_options.op_options(user, jitted.trace(*dyn).jaxpr)
-            if chosen != guess:
-                jitted = jax.jit(fn, compiler_options=chosen, **self.jit_kwargs)
-            self.jitted = jitted
+            jitted = self.jitted = _options_jit(self.entry, self.__wrapped__, self.jit_kwargs, dyn)[0]
             current = getattr(self.entry, self.attr)
             if getattr(current, "run", None) is self:  # the TPU compile check's wrapper: it keeps checking
                 current.run = jitted
