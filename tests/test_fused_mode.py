@@ -6,13 +6,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 import torchtpu
-from torchtpu.eager import fastpath, fusion
+from torchtpu.eager import fastpath, fusion, limits
 from torchtpu.eager.fusion import Pending
 from torchtpu.storage.records import record_of
 
@@ -191,6 +192,42 @@ def test_background_compiles_keep_the_loop_running(monkeypatch):
             assert_close(_step(da, db).cpu(), expected)
         assert _count("fused_runs") - runs >= 2
     fusion.flush_all()
+
+
+def test_which_runs_are_compiled_does_not_depend_on_the_compile_timing(monkeypatch):
+    """A compiled segment can differ from its op-by-op replay in the last bit (XLA contracts one op's
+    multiply and the next op's add into an FMA), so the run where a loop switches to it must not
+    depend on when the background compile finishes: a seeded program gives the same results each
+    time it runs (`python -m torchtpu`'s sample text changed from run to run)."""
+    monkeypatch.setattr(fusion, "COMPILE", "background")
+    gen = torch.Generator().manual_seed(5)
+    a, w, b = (torch.randn(40, 24, generator=gen).to("tpu") for _ in range(3))  # shapes no other test compiles
+
+    def loop(after_each_run):
+        limits.forget_executables()  # each loop starts cold, as a new process would
+        outs = []
+        with torchtpu.eager_mode("fused"):
+            for _ in range(fusion.COMPILE_AT + fusion.USE_AFTER + 3):
+                y = a
+                for _ in range(4):
+                    y = (y * w + b).tanh() * 0.9 + y * 0.1
+                outs.append(y.cpu())
+                after_each_run()
+        fusion.flush_all()
+        return outs
+
+    runs = _count("fused_runs")
+    prompt = loop(lambda: fusion.wait_for_compiles(timeout=300))  # each compile done before the next run
+    assert _count("fused_runs") > runs  # the compiled segment ran
+    real = fusion._Job.compile
+
+    def slow(job):
+        time.sleep(0.5)  # the compile finishes runs later than above
+        return real(job)
+
+    monkeypatch.setattr(fusion._Job, "compile", slow)
+    late = loop(lambda: None)
+    assert all(torch.equal(p, q) for p, q in zip(prompt, late, strict=True))
 
 
 def test_in_place_writes_through_views_are_kept(fused):

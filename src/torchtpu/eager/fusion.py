@@ -17,9 +17,13 @@ say (see MIN_OPS). Flushing is where the gain is:
   shapes change every step (a growing KV cache, generate()'s growing token list) costs what the
   "strict" mode costs instead of compiling a graph per step, the trap of torch_xla's lazy tensors.
 
-The compile of a segment (seconds for a long one) happens on a background thread: until it is
-ready the segment keeps running op by op, so a loop's first iterations cost what "strict" mode
-costs instead of stalling while XLA compiles (TORCHTPU_FUSED_COMPILE=now compiles in the flush).
+The compile of a segment (seconds for a long one) happens on a background thread while the
+segment keeps running op by op, so a loop's first iterations cost what "strict" mode costs instead of
+stalling while XLA compiles (TORCHTPU_FUSED_COMPILE=now compiles in the flush). The compiled form is
+first used at a fixed run (USE_AFTER), waiting there for the thread if needed, never "as soon as it is
+ready": a segment's compiled form and its op-by-op replay can differ in the last bit (XLA contracts
+one op's multiply and the next op's add into one FMA), so which runs are fused must depend on the
+program alone, not on the compile's timing, for a seeded program to give the same results each run.
 
 Only executables that already ran once are queued (their number of results is known then), so an
 op's first call, and PyTorch's errors for bad arguments, happen at the op as in "strict" mode; an
@@ -82,6 +86,10 @@ RECENT = 16
 # executable (~1 s of XLA:CPU compile for a decoder step) that never ran; a loop's body waits one more
 # iteration, replayed op by op.
 COMPILE_AT = 3
+# A segment compiled in the background replays op by op for USE_AFTER - 1 more runs, then runs
+# compiled from its (COMPILE_AT + USE_AFTER)-th run on, waiting there for the compile if it is not done
+# (a warm on-disk cache loads it in milliseconds; a cold compile overlaps USE_AFTER runs).
+USE_AFTER = 2
 HOT_SYNCS = 8
 COLD_CALLS = 4
 # ... except a "fresh" executable, built in a sync window at most FRESH_SYNCS after its kernel built
@@ -147,9 +155,9 @@ _seen: dict[tuple, tuple] = {}  # segment key -> (the flush that last ran it op 
 _flushes = [0]
 _syncs = [0]  # host reads of device values, and flushes asked for by synchronize or a mode switch
 _compiled: dict[tuple, object] = {}
-_compiling: dict = {}  # keys handed to the compile thread and not back yet -> flush last seen
+_compiling: dict = {}  # keys handed to the compile thread, not used yet -> their _Job
 _epoch = [0]  # bumped by forget(): compiles started before it are dropped
-_unnoted = [0]  # background compiles not yet counted by limits.note_executable
+_unnoted: deque = deque()  # background compiles not yet counted by limits.note_executable
 _consume = deque(maxlen=0).extend
 _FAILED = object()  # a segment whose compile failed: it keeps running op by op
 failures: list = []  # (segment key, exception) of the last background compiles that failed
@@ -410,12 +418,18 @@ def _executable_for(segment, key, plan, live):
     """The segment's compiled executable if it has one, else None (it runs op by op); decides
     whether to compile it (see RECENT)."""
     fn = _compiled.get(key)
-    if _unnoted[0]:
+    if _unnoted:
         _note_background_compiles()
-    if fn is not None:  # (a compiled segment is never also queued: the thread moves it across)
+    if fn is not None:  # (a compiled segment is never also compiling)
         return fn
-    if key in _compiling:
-        _compiling[key] = _flushes[0]  # still wanted: the compile thread skips segments gone stale
+    job = _compiling.get(key)
+    if job is not None:
+        job.last = _flushes[0]  # still wanted: the compile thread skips segments gone stale
+        if job.runs_left:
+            job.runs_left -= 1
+        else:  # its run to switch (USE_AFTER), whether or not the thread is done
+            fn = _compiled[key] = _finished(job)
+            del _compiling[key]
     elif len(plan) > 1:  # (one op is already one executable)
         last, runs = _seen.get(key, (None, 0))
         recent = last is not None and _flushes[0] - last <= RECENT
@@ -572,12 +586,47 @@ def _check_for_tpu(segment, plan, live):
         _tpu_check_failure[:] = [failure]
 
 
+class _Job:
+    """A segment handed to the compile thread: what to compile, and (`done`) its executable, or None
+    where the thread skipped it."""
+
+    __slots__ = ("done", "epoch", "executable", "external", "fused", "key", "last", "runs_left", "scalars")
+
+    def __init__(self, key, fused, external, scalars):
+        self.key, self.fused, self.external, self.scalars = key, fused, external, scalars
+        self.epoch = _epoch[0]
+        self.last = _flushes[0]  # the flush that last ran the segment
+        self.runs_left = USE_AFTER - 1  # op-by-op runs before the compiled form is used
+        self.executable = None
+        self.done = threading.Event()
+
+    def compile(self):
+        try:
+            return self.fused.lower(self.external, self.scalars).compile()
+        except Exception as e:  # noqa: BLE001 -- any compile failure: the segment keeps running op by op
+            _note_failure(self.key, e)
+            return _FAILED
+
+
 def _compile_later(key, segment, plan, live):
-    _compiling[key] = _flushes[0]
     fused = _fuse(plan, live, segment.device)
     external = [_abstract(a) for a in segment.external]
     scalars = [_abstract(step) for step in _as_arrays([step[2] for step in segment.steps])]
-    _jobs().put(((key, fused, external, scalars, _epoch[0]), None))
+    job = _compiling[key] = _Job(key, fused, external, scalars)
+    _jobs().put((job, None))
+
+
+def _finished(job):
+    """The job's executable, at the run where its segment switches to it: waits for the compile thread
+    (which takes no lock of this module, so the caller may hold `_lock`), or compiles here a job the
+    thread skipped as stale."""
+    job.done.wait()
+    if job.executable is None:
+        job.executable = job.compile()
+        if job.executable is not _FAILED:
+            counters.fused_compiles += 1
+            note_executable()
+    return job.executable
 
 
 def _compile_loop(q):
@@ -588,25 +637,15 @@ def _compile_loop(q):
         if job is None:  # wait_for_compiles: every job queued before it has finished
             done.set()
             continue
-        key, fused, external, scalars, epoch = job
-        with _lock:
-            last = _compiling.get(key)
-            if epoch != _epoch[0] or last is None:
-                continue
-            if _flushes[0] - last > RECENT:  # not run since it was queued: not a loop's body after all
-                del _compiling[key]
-                continue
-        try:
-            fn = fused.lower(external, scalars).compile()
-        except Exception as e:  # noqa: BLE001 -- any compile failure: the segment keeps running op by op
-            fn = _FAILED
-            _note_failure(key, e)
-        with _lock:
-            if epoch == _epoch[0] and _compiling.pop(key, None) is not None:
-                _compiled[key] = fn
-                if fn is not _FAILED:
-                    counters.fused_compiles += 1
-                    _unnoted[0] += 1
+        # (read without `_lock`: a run waiting in _finished holds it. Skipping changes when the
+        # segment compiles, not which of its runs are compiled: _finished compiles a skipped one.)
+        stale = _flushes[0] - job.last > RECENT  # not run since it was queued: not a loop's body after all
+        if job.epoch == _epoch[0] and not stale:
+            job.executable = job.compile()
+            if job.executable is not _FAILED:
+                counters.fused_compiles += 1
+                _unnoted.append(None)
+        job.done.set()
 
 
 def _note_failure(key, error):
@@ -624,6 +663,6 @@ def _note_failure(key, error):
 
 
 def _note_background_compiles():
-    while _unnoted[0]:
-        _unnoted[0] -= 1
+    while _unnoted:
+        _unnoted.popleft()
         note_executable()
