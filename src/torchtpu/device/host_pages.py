@@ -21,23 +21,12 @@ chunks on the device instead, into a donated buffer, took 2.4 s for 311 MB again
 A weight loaded in another floating dtype (a bfloat16 checkpoint as float32) is converted by torch
 CPU straight into such staged pages (`put_converted`): one pass, not a host copy in the file's dtype and
 then a conversion on the device into fresh buffers.
-
-A staged weight whose bytes are the file's (every page a clean page of one file mapping) is read from the
-file with `pread` into the staged pages rather than copied from the map (`_read_from_file`): the map's
-pages never become resident, so there are no page faults on it, no page-table walk to give them back and no
-TLB flushes of that (with the loader's two threads, each `madvise` interrupts the other core). The kernel
-names the mapped file and its offset (`PROCMAP_QUERY`, Linux 6.11+: ~15 us, where reading /proc/self/maps
-took ~2 ms in a process with JAX loaded); the file opened by that name must be the mapped one (device and
-inode), else, and on older kernels, the copy from the map as before.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import mmap
-import os
-import stat
 import sys
 
 import numpy as np
@@ -73,25 +62,19 @@ def _madvise():
     return fn
 
 
-def _clean_file_pages(start: int, end: int):
-    """None unless every page in [start, end) is a file page or not resident (none written by this process:
-    a written page of a private mapping is anonymous; none swapped out); else whether any is resident."""
+def _only_clean_file_pages(start: int, end: int) -> bool:
+    """Whether every page in [start, end) is a file page or not resident: none written by this process
+    (a written page of a private mapping is anonymous), none swapped out."""
     with open("/proc/self/pagemap", "rb", buffering=0) as f:
         f.seek(start // _PAGE * 8)
         first = np.frombuffer(f.read(8), np.uint64)  # anonymous memory (the usual CPU tensor): one read
         if first.size != 1 or (first[0] & _PRESENT and not first[0] & _FILE_OR_SHARED) or first[0] & _SWAPPED:
-            return None
+            return False
         entries = np.frombuffer(f.read((end - start) // _PAGE * 8 - 8), np.uint64)
     if entries.size != (end - start) // _PAGE - 1:
-        return None
-    present = (entries & _PRESENT) != 0
-    if (present & ((entries & _FILE_OR_SHARED) == 0)).any() or ((entries & _SWAPPED) != 0).any():
-        return None
-    return bool(first[0] & _PRESENT) or bool(present.any())
-
-
-def _only_clean_file_pages(start: int, end: int) -> bool:
-    return _clean_file_pages(start, end) is not None
+        return False
+    anonymous = ((entries & _PRESENT) != 0) & ((entries & _FILE_OR_SHARED) == 0)
+    return not (anonymous.any() or ((entries & _SWAPPED) != 0).any())
 
 
 def _page_range(host):
@@ -125,93 +108,6 @@ def _maps_a_file(flat: np.ndarray) -> bool:
         return end - start >= _PAGE and _madvise() is not None and _only_clean_file_pages(start, start + _PAGE)
     except OSError:
         return False
-
-
-class _ProcmapQuery(ctypes.Structure):  # <linux/fs.h> struct procmap_query (Linux 6.11)
-    _fields_ = [
-        *((name, ctypes.c_uint64) for name in ("size", "query_flags", "query_addr", "vma_start", "vma_end")),
-        *((name, ctypes.c_uint64) for name in ("vma_flags", "vma_page_size", "vma_offset", "inode")),
-        *((name, ctypes.c_uint32) for name in ("dev_major", "dev_minor", "vma_name_size", "build_id_size")),
-        ("vma_name_addr", ctypes.c_uint64),
-        ("build_id_addr", ctypes.c_uint64),
-    ]
-
-
-_PROCMAP_QUERY = 0xC0686611  # _IOWR('f', 17, struct procmap_query): 104 bytes
-_QUERY_FILE_BACKED = 0x20
-_VMA_READABLE = 0x01
-
-
-def _mapped_file(address: int, nbytes: int):
-    """(path, file offset, device, inode) of the file one mapping of which holds [address, address +
-    nbytes), as the kernel names it; None where it cannot say (not a file, not one mapping, no
-    PROCMAP_QUERY: Linux before 6.11, or not Linux)."""
-    ioctl = _state.get("ioctl", False)
-    if ioctl is False:
-        ioctl = None
-        if sys.platform.startswith("linux"):
-            try:
-                ioctl = ctypes.CDLL(None, use_errno=True).ioctl
-                ioctl.argtypes, ioctl.restype = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p], ctypes.c_int
-            except (OSError, AttributeError):
-                ioctl = None
-        _state["ioctl"] = ioctl
-    if ioctl is None:
-        return None
-    name = ctypes.create_string_buffer(4096)
-    query = _ProcmapQuery(size=ctypes.sizeof(_ProcmapQuery), query_flags=_QUERY_FILE_BACKED, query_addr=address)
-    query.vma_name_size, query.vma_name_addr = len(name), ctypes.addressof(name)
-    try:
-        fd = os.open("/proc/self/maps", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        found = ioctl(fd, _PROCMAP_QUERY, ctypes.addressof(query)) == 0
-    finally:
-        os.close(fd)
-    if not found or query.vma_end < address + nbytes or not query.vma_flags & _VMA_READABLE or not name.value:
-        if not found and ctypes.get_errno() in (errno.ENOTTY, errno.EINVAL):  # a kernel without the query
-            _state["ioctl"] = None
-        return None
-    offset = query.vma_offset + address - query.vma_start
-    return os.fsdecode(name.value), offset, (query.dev_major, query.dev_minor), query.inode
-
-
-def _read_from_file(flat: np.ndarray, staging: np.ndarray) -> bool:
-    """Fill `staging` (uint8, flat.nbytes) with `flat`'s bytes read from the file it maps, when every
-    page it spans is a clean page of one file mapping, and give back those of its pages that were
-    resident; False (nothing given back, `staging` to be filled from memory) where that is not so."""
-    address = flat.__array_interface__["data"][0]
-    first, last = address // _PAGE * _PAGE, -(-(address + flat.nbytes) // _PAGE) * _PAGE
-    source = _mapped_file(address, flat.nbytes)
-    if source is None:
-        return False
-    path, offset, device, inode = source
-    try:
-        resident = _clean_file_pages(first, last)  # (a page this process wrote holds other bytes than the file)
-        if resident is None:
-            return False
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return False
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_ino != inode or (os.major(st.st_dev), os.minor(st.st_dev)) != device:
-            return False  # (renamed over, or deleted, since it was mapped: not the mapped file)
-        into = memoryview(staging)
-        done = 0
-        while done < flat.nbytes:
-            got = os.preadv(fd, [into[done:]], offset + done)  # (the GIL is released while it reads)
-            if got <= 0:
-                return False
-            done += got
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    if resident:
-        release_file_pages(flat)
-    return True
 
 
 def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
@@ -275,14 +171,12 @@ def put_releasing(host: np.ndarray, index: int, put):
         if flat.nbytes >= MIN_BYTES:
             release_file_pages(flat)
         return moved
-    staging = _staging(flat.nbytes)
-    if not _read_from_file(flat, staging):
-        staging = staging.view(flat.dtype)
-        part = max(1, CHUNK_BYTES // flat.itemsize)
-        for at in range(0, flat.size, part):
-            staging[at : at + part] = flat[at : at + part]
-            release_file_pages(flat[max(0, at - part) : at + part])  # (from the last chunk: the page across the seam)
-    return _adopt(staging.view(flat.dtype).reshape(host.shape), index)
+    staging = _staging(flat.nbytes).view(flat.dtype)
+    part = max(1, CHUNK_BYTES // flat.itemsize)
+    for at in range(0, flat.size, part):
+        staging[at : at + part] = flat[at : at + part]
+        release_file_pages(flat[max(0, at - part) : at + part])  # (from the last chunk: the page across the seam)
+    return _adopt(staging.reshape(host.shape), index)
 
 
 _CONVERTIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
