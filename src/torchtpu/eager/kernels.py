@@ -433,6 +433,7 @@ def _lowered(op) -> bool:
 
 
 _COMPOSITE_IN_EAGER = declared_facts("composite_in_eager")
+_CPU_OPERANDS = declared_facts("cpu_operands")
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -466,6 +467,13 @@ def kernel_for(op) -> OpKernel:
         k.random = bool(low and low.random)
         k.draws_by_index = bool(low and low.draws_by_index)
         k.index_buckets = low.index_buckets if low is not None else None
+        movable = _CPU_OPERANDS.get(low.name) if low is not None else None
+        if movable:
+            arguments = op._schema.arguments
+            k.cpu_operands = (
+                frozenset(i for i, a in enumerate(arguments) if a.name in movable and not a.kwarg_only),
+                frozenset(a.name for a in arguments if a.name in movable),
+            )
         for i, a in enumerate(op._schema.arguments):
             if low is not None and a.name in low.traced:  # e.g. a fused optimizer's lr
                 if a.kwarg_only:

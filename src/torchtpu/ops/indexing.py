@@ -374,7 +374,17 @@ def _along(dim, ndim, index):
     return (slice(None),) * dim + (index,)
 
 
-@lowering("index_select", write_overlap=WriteOverlap(no_overlap=("self", "index")), no_loop_for=WIDE_UNSIGNED)
+# The index_* family's index may be a CPU tensor on a tpu op: moved to the device, as CUDA's advanced
+# indexing (`x[cpu_index]`) moves one (eager/engine.py); their other tensors keep the device error.
+CPU_INDEX = ("index",)
+
+
+@lowering(
+    "index_select",
+    write_overlap=WriteOverlap(no_overlap=("self", "index")),
+    no_loop_for=WIDE_UNSIGNED,
+    cpu_operands=CPU_INDEX,
+)
 def index_select(x, dim, index):
     if index.ndim > 1:  # the meta kernel lets this through, the CPU kernel does not
         raise IndexError("index_select(): Index is supposed to be a vector")
@@ -386,7 +396,13 @@ def index_select(x, dim, index):
     return jnp.take(x, index, axis=dim)
 
 
-@lowering("index_add", write_overlap=INDEXED_WRITE, index_buckets=_along_dim_pads, no_loop_for=WIDE_UNSIGNED)
+@lowering(
+    "index_add",
+    write_overlap=INDEXED_WRITE,
+    index_buckets=_along_dim_pads,
+    no_loop_for=WIDE_UNSIGNED,
+    cpu_operands=CPU_INDEX,
+)
 def index_add(x, dim, index, source, alpha=1):
     if x.ndim == 0:
         return x + source.reshape(()).astype(x.dtype) * alpha
@@ -426,7 +442,13 @@ def _flat_offsets(shape, dim, index, src_shape):
     return jnp.where(valid[lax.broadcasted_iota(jnp.int32, src_shape, dim)], offsets, stride)
 
 
-@lowering("index_copy", write_overlap=INDEXED_WRITE, index_buckets=_index_copy_pads, no_loop_for=WIDE_UNSIGNED)
+@lowering(
+    "index_copy",
+    write_overlap=INDEXED_WRITE,
+    index_buckets=_index_copy_pads,
+    no_loop_for=WIDE_UNSIGNED,
+    cpu_operands=CPU_INDEX,
+)
 def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(()).astype(x.dtype)
@@ -475,6 +497,7 @@ def _select_one(x, dim, position, source):
     write_overlap=WriteOverlap(expanded_warning("index_fill_", "tensor[mask] = scalar"), no_overlap=("index",)),
     index_buckets=_index_fill_pads,
     no_loop_for=WIDE_UNSIGNED,
+    cpu_operands=CPU_INDEX,
 )
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
@@ -494,6 +517,7 @@ def index_fill(x, dim, index, value):
     traced=("include_self",),
     index_buckets=_along_dim_pads,
     no_loop_for=(torch.bool, *WIDE_UNSIGNED),
+    cpu_operands=CPU_INDEX,
 )
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     if x.ndim == 0:

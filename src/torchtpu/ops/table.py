@@ -42,6 +42,10 @@ finds all of them (docs/design.md, "Adding an op"):
                             dtype the CPU dispatches on (dispatch_dtype), once per executable. A promoting
                             (elementwise) lowering lacks WIDE_UNSIGNED (uint16/32/64) too, but
     loops_for=WIDE_UNSIGNED an elementwise lowering whose CPU kernel has loops for them (mul, eq, bitwise_and)
+    cpu_operands=("index",) tensor arguments that may live on the CPU when the op runs on tpu: the eager
+                            engine moves them to the op's device (the index of index_select and the
+                            index_* writes, as advanced indexing takes a CPU index on CUDA); a CPU
+                            tensor in any other argument raises PyTorch's device error
     composite_in_eager=True an ATen CompositeImplicit op (it decomposes before a backend sees it) that
                             eager runs whole, one executable instead of one per step; for ops without a
                             gradient only (the kernel sits on the Autograd key too)
@@ -110,6 +114,7 @@ FACT_KINDS = (
     "composite_in_eager",
     "no_loop_for",
     "loops_for",
+    "cpu_operands",
 )
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
