@@ -22,7 +22,7 @@ from ..device.state import current_device
 from ..ops import argument_checks, factories
 from ..ops import dtypes as dt
 from ..ops.resolve import NotLowered, functional_twin, op_name
-from ..ops.table import LOWERINGS, declared_facts
+from ..ops.table import LOWERINGS, declared_facts, reject_missing_loop
 from ..storage import host_values, slices
 from ..storage.records import RECORDS, covers, new_tensor, record_of, set_buffer
 from . import (
@@ -687,8 +687,8 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
         if dtype is not None
         else (torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype())
     )
-    if d.is_complex or d == torch.bool:
-        raise NotImplementedError(f'"arange" not implemented for {d}')  # as the CPU
+    if d in factories.ARANGE_NO_LOOP:  # the CPU's NotImplementedError (the lowering's fact)
+        reject_missing_loop(LOWERINGS["arange.start_step"], (), {"dtype": d})
     _arange_checks(start, end, step)
     jd = dt.to_jax(d)
     n = factories.arange_length(start, end, step, jd)

@@ -9,8 +9,12 @@ import torch
 from jax import lax
 
 from .argument_checks import factory_value_check, no_internal_overlap
-from .dtypes import default_dtype, scalar_type_name, to_jax
+from .dtypes import WIDE_UNSIGNED, default_dtype, scalar_type_name, to_jax
 from .table import lowering
+
+# the CPU's ramps (arange, linspace, logspace) have no bool or wide unsigned loops
+_RAMP_NO_LOOP = (torch.bool, *WIDE_UNSIGNED)
+ARANGE_NO_LOOP = (*_RAMP_NO_LOOP, torch.complex32, torch.complex64, torch.complex128)
 
 
 def default_float():
@@ -69,7 +73,7 @@ def arange_length(start, end, step, dtype):
     return max(0, size)
 
 
-@lowering("arange.start_step", static_scalars=True)
+@lowering("arange.start_step", static_scalars=True, no_loop_for=ARANGE_NO_LOOP)
 def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
     # compiled graphs only: eager arange allocates `out` at the length above and runs arange.start_out
     d = arange_dtype(start, end, step, dtype)
@@ -103,7 +107,7 @@ def _fill_out_meta(packet, overload):
     return meta
 
 
-@lowering("arange.start_out", meta=_fill_out_meta("arange", "start_out"))
+@lowering("arange.start_out", meta=_fill_out_meta("arange", "start_out"), no_loop_for=ARANGE_NO_LOOP)
 def arange_out(start, end, step=1, *, out):
     # `out` arrives sized to PyTorch's length, so start and step stay traced: a decoding loop's
     # `arange(pos, pos + n)` reuses one executable for every position
@@ -190,6 +194,7 @@ def _complex_ends_check(name):
     "linspace.Tensor_Scalar",
     "linspace.Scalar_Tensor",
     meta_check=_complex_ends_check("linspace"),
+    no_loop_for=_RAMP_NO_LOOP,
 )
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     d = dtype or _ramp_dtype(start, end)
@@ -204,6 +209,7 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
     "logspace.Tensor_Scalar",
     "logspace.Scalar_Tensor",
     meta_check=_complex_ends_check("logspace"),
+    no_loop_for=_RAMP_NO_LOOP,
 )
 def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
     d = dtype or _ramp_dtype(start, end)
@@ -223,16 +229,16 @@ _LINSPACE_OUTS = (
 _LOGSPACE_OUTS = tuple(n.replace("linspace", "logspace") for n in _LINSPACE_OUTS)
 
 
-@lowering(*_LINSPACE_OUTS, meta={n: _fill_out_meta(*n.split(".")) for n in _LINSPACE_OUTS})
+@lowering(*_LINSPACE_OUTS, meta={n: _fill_out_meta(*n.split(".")) for n in _LINSPACE_OUTS}, no_loop_for=_RAMP_NO_LOOP)
 def linspace_out(start, end, steps, *, out):
     return linspace(start, end, steps, dtype=out.dtype).reshape(out.shape)
 
 
-@lowering(*_LOGSPACE_OUTS, meta={n: _fill_out_meta(*n.split(".")) for n in _LOGSPACE_OUTS})
+@lowering(*_LOGSPACE_OUTS, meta={n: _fill_out_meta(*n.split(".")) for n in _LOGSPACE_OUTS}, no_loop_for=_RAMP_NO_LOOP)
 def logspace_out(start, end, steps, base=10.0, *, out):
     return logspace(start, end, steps, base, dtype=out.dtype).reshape(out.shape)
 
 
-@lowering("eye", "eye.m")
+@lowering("eye", "eye.m", no_loop_for=WIDE_UNSIGNED)
 def eye(n, m=None, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, n if m is None else m, dtype=dtype or default_float())

@@ -19,7 +19,7 @@ from ..device.platform import lowering_platform
 from ..storage import host_values
 from .argument_checks import deterministic_alert, index_fill_value_check
 from .checks import require, require_index
-from .dtypes import WIDE_UNSIGNED, multiply, opmath, rounded_complex_product, scalar_type_name
+from .dtypes import WIDE_UNSIGNED, multiply, not_implemented_for, opmath, rounded_complex_product, scalar_type_name
 from .table import INDEXED_WRITE, WriteOverlap, expanded_warning, lowering
 
 
@@ -362,7 +362,20 @@ def _scatter_reduce(x, at, v, reduce, include_self, counts=None, fold=None):
     raise ValueError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
 
 
-@lowering("scatter_reduce.two", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads, no_loop_for=WIDE_UNSIGNED)
+def _scatter_reduce_mean_check(x, dim, index, src, reduce, *_, **__):
+    if reduce == "mean" and x.dtype == torch.bool:  # (the CPU's other reductions have a bool loop)
+        raise not_implemented_for("scatter_gather_tensor_reduce_mean", x.dtype)
+
+
+@lowering(
+    "scatter_reduce.two",
+    write_overlap=INDEXED_WRITE,
+    index_buckets=_scatter_pads,
+    no_loop_for=WIDE_UNSIGNED,
+    meta_check=dict.fromkeys(
+        ("scatter_reduce.two", "scatter_reduce_.two", "scatter_reduce.two_out"), _scatter_reduce_mean_check
+    ),
+)
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if reduce in ("amax", "amin") and jnp.iscomplexobj(x):  # no order on complex numbers (as the CPU)
         raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{scalar_type_name(x.dtype)}'")

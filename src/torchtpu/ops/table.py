@@ -64,7 +64,7 @@ from collections.abc import Callable
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from .dtypes import KIND, WIDE_UNSIGNED, not_implemented_for, operand_facts, promote
+from .dtypes import KIND, WIDE_UNSIGNED, not_implemented_for, operand_facts, promote, to_torch
 
 __all__ = [
     "INDEXED_WRITE",
@@ -270,7 +270,8 @@ def reject_complex(name, values):
 def dispatch_dtype(low: Lowering, args, kwargs, kind=KIND.NO_OPMATH):
     """The dtype the CPU kernel of `low` picks its loop by, from meta arguments: for a promoting op the
     common dtype of its operands (TensorIterator's; with `kind` INT_TO_FLOAT, an integral one becomes
-    the float it computes in), else the dtype of its first tensor argument; None without one."""
+    the float it computes in), else the `dtype=` it makes (a factory), else the dtype of its first tensor
+    argument; None without one."""
     if low.promote is not None:
         positions = low.promote_args if low.promote_args is not None else range(len(args))
         numbers = (torch.Tensor, bool, int, float, complex)
@@ -281,6 +282,9 @@ def dispatch_dtype(low: Lowering, args, kwargs, kind=KIND.NO_OPMATH):
                 for b in tensors[i + 1 :]:
                     torch.result_type(a, b)
             return elementwise_dtypes(*operands, type_promotion_kind=kind)[1]
+    made = kwargs.get("dtype")
+    if made is not None:  # a factory's (arange, linspace, eye, and their out= through their twin)
+        return made if isinstance(made, torch.dtype) else to_torch(made)
     return next((a.dtype for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
 
 
@@ -292,8 +296,11 @@ def reject_missing_loop(low: Lowering, args, kwargs):
     wide = low.promote is not None and low.name not in _FACTS["loops_for"]
     if not lacking and not wide:
         return
+    out = kwargs.get("out")
     kwargs = {k: v for k, v in kwargs.items() if k != "out"}
     dtype = dispatch_dtype(low, args, kwargs)
+    if dtype is None and isinstance(out, torch.Tensor):  # a factory's out= (arange(out=)): its dtype
+        dtype = out.dtype
     if dtype not in lacking and wide and low.promote == KIND.INT_TO_FLOAT:
         dtype = dispatch_dtype(low, args, kwargs, KIND.INT_TO_FLOAT)  # sqrt(uint32) computes in float
     if dtype in lacking or (wide and dtype in WIDE_UNSIGNED):
