@@ -196,6 +196,10 @@ COMPUTED = {
     "cross int64": lambda d: torch.linalg.cross(_t(d, I64, (2, 3)), _t(d, I64, (1, 3)) + 2),
     "histc float16": lambda d: torch.histc(_t(d, torch.float16), 4),
     "bernoulli_ int64 zero": lambda d: _t(d, I64).bernoulli_(0.0),
+    # the CPU returns before its dtype dispatch: a ramp of fewer than two steps, an empty search or fill
+    "linspace one step bool": lambda d: torch.linspace(0, 1, 1, dtype=torch.bool, device=d),
+    "searchsorted empty u32": lambda d: torch.searchsorted(_t(d, U32), _t(d, U32)[:0]),
+    "bernoulli_ empty u32": lambda d: _t(d, U32)[:0].bernoulli_(0.5),
 }
 
 

@@ -87,7 +87,8 @@ def _searchsorted_check(boundaries, values, *, out_int32=False, right=False, sid
         )
     # the CPU searches in the operands' common dtype, and has no bool or wide unsigned loop for it
     common = torch.result_type(boundaries, values)
-    if common == torch.bool or common in WIDE_UNSIGNED:
+    empty = isinstance(values, torch.Tensor) and values.numel() == 0  # (returns before its dispatch)
+    if not empty and (common == torch.bool or common in WIDE_UNSIGNED):
         raise not_implemented_for("searchsorted_out", common)
 
 

@@ -9,7 +9,7 @@ import torch
 from jax import lax
 
 from .argument_checks import factory_value_check, no_internal_overlap
-from .dtypes import WIDE_UNSIGNED, default_dtype, scalar_type_name, to_jax
+from .dtypes import WIDE_UNSIGNED, default_dtype, not_implemented_for, scalar_type_name, to_jax
 from .table import lowering
 
 # the CPU's ramps (arange, linspace, logspace) have no bool or wide unsigned loops
@@ -170,11 +170,26 @@ def _ramp_dtype(start, end):
     return _inferred_dtype(1j if complex_ends else 1.0)
 
 
+def _ramp_loop_check(name, steps, dtype):
+    """linspace/logspace: the CPU fills a ramp of two or more values by dtype (none for bool or the wide
+    unsigned types); fewer steps return before its dispatch (an empty result, or `start` filled in)."""
+    if dtype in _RAMP_NO_LOOP and isinstance(steps, int) and steps > 1:
+        raise not_implemented_for(name, dtype)
+
+
+def _ramp_out_loop_check(name):
+    def check(start, end, steps, *args, out=None, **kwargs):
+        _ramp_loop_check(name, steps, out.dtype if isinstance(out, torch.Tensor) else None)
+
+    return check
+
+
 def _complex_ends_check(name):
     """The CPU's error for complex ends with a real dtype= (it names the default complex dtype,
     whatever the ends' own precision); PyTorch's meta words it otherwise."""
 
-    def check(start, end, *args, dtype=None, **kwargs):
+    def check(start, end, steps=None, *args, dtype=None, **kwargs):
+        _ramp_loop_check(name, steps, dtype)
         complex_ends = any(
             v.dtype.is_complex if isinstance(v, torch.Tensor) else isinstance(v, complex) for v in (start, end)
         )
@@ -194,7 +209,6 @@ def _complex_ends_check(name):
     "linspace.Tensor_Scalar",
     "linspace.Scalar_Tensor",
     meta_check=_complex_ends_check("linspace"),
-    no_loop_for=_RAMP_NO_LOOP,
 )
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     d = dtype or _ramp_dtype(start, end)
@@ -209,7 +223,6 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
     "logspace.Tensor_Scalar",
     "logspace.Scalar_Tensor",
     meta_check=_complex_ends_check("logspace"),
-    no_loop_for=_RAMP_NO_LOOP,
 )
 def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
     d = dtype or _ramp_dtype(start, end)
@@ -229,12 +242,20 @@ _LINSPACE_OUTS = (
 _LOGSPACE_OUTS = tuple(n.replace("linspace", "logspace") for n in _LINSPACE_OUTS)
 
 
-@lowering(*_LINSPACE_OUTS, meta={n: _fill_out_meta(*n.split(".")) for n in _LINSPACE_OUTS}, no_loop_for=_RAMP_NO_LOOP)
+@lowering(
+    *_LINSPACE_OUTS,
+    meta={n: _fill_out_meta(*n.split(".")) for n in _LINSPACE_OUTS},
+    meta_check=_ramp_out_loop_check("linspace"),
+)
 def linspace_out(start, end, steps, *, out):
     return linspace(start, end, steps, dtype=out.dtype).reshape(out.shape)
 
 
-@lowering(*_LOGSPACE_OUTS, meta={n: _fill_out_meta(*n.split(".")) for n in _LOGSPACE_OUTS}, no_loop_for=_RAMP_NO_LOOP)
+@lowering(
+    *_LOGSPACE_OUTS,
+    meta={n: _fill_out_meta(*n.split(".")) for n in _LOGSPACE_OUTS},
+    meta_check=_ramp_out_loop_check("logspace"),
+)
 def logspace_out(start, end, steps, base=10.0, *, out):
     return logspace(start, end, steps, base, dtype=out.dtype).reshape(out.shape)
 

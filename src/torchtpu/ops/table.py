@@ -296,6 +296,8 @@ def reject_missing_loop(low: Lowering, args, kwargs):
     wide = low.promote is not None and low.name not in _FACTS["loops_for"]
     if not lacking and not wide:
         return
+    if low.random and args and isinstance(args[0], torch.Tensor) and args[0].numel() == 0:
+        return  # a random fill of an empty tensor returns before the CPU's dispatch (normal_, bernoulli_)
     out = kwargs.get("out")
     kwargs = {k: v for k, v in kwargs.items() if k != "out"}
     dtype = dispatch_dtype(low, args, kwargs)
