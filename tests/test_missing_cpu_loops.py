@@ -12,6 +12,8 @@ import torch
 import torchtpu  # noqa: F401
 
 U16, U32, U64 = torch.uint16, torch.uint32, torch.uint64
+I64, C64, F32 = torch.int64, torch.complex64, torch.float32
+F = torch.nn.functional
 
 
 def _t(device, dtype, shape=(5,)):
@@ -62,6 +64,80 @@ REFUSED = {
     "relu bool": lambda d: torch.relu(_t(d, torch.bool)),
     "relu_ bool": lambda d: torch.relu_(_t(d, torch.bool)),
     "hardswish bool": lambda d: torch.nn.functional.hardswish(_t(d, torch.bool)),
+    # float-only CPU kernels (NOT_FLOATING): integers too
+    "gelu int64": lambda d: F.gelu(_t(d, I64)),
+    "leaky_relu int32": lambda d: F.leaky_relu(_t(d, torch.int32)),
+    "elu int8": lambda d: F.elu(_t(d, torch.int8)),
+    "softplus uint8": lambda d: F.softplus(_t(d, torch.uint8)),
+    "logsigmoid int64": lambda d: F.logsigmoid(_t(d, I64)),
+    "sigmoid_backward int16": lambda d: torch.ops.aten.sigmoid_backward(_t(d, torch.int16), _t(d, torch.int16)),
+    "frac int32": lambda d: torch.frac(_t(d, torch.int32)),
+    "round decimals int64": lambda d: torch.round(_t(d, I64), decimals=1),
+    "hypot int64": lambda d: torch.hypot(_t(d, I64), _t(d, I64)),
+    "hypot complex64": lambda d: torch.hypot(_t(d, C64), _t(d, C64)),
+    "logaddexp int64": lambda d: torch.logaddexp(_t(d, I64), _t(d, I64)),
+    "lerp bool": lambda d: torch.lerp(_t(d, torch.bool), _t(d, torch.bool), 0.5),
+    "lerp_ int32": lambda d: _t(d, torch.int32).lerp_(_t(d, torch.int32), 0.5),
+    "mse_loss int64": lambda d: F.mse_loss(_t(d, I64), _t(d, I64)),
+    "huber_loss uint8": lambda d: F.huber_loss(_t(d, torch.uint8), _t(d, torch.uint8)),
+    "nll_loss int64": lambda d: F.nll_loss(_t(d, I64, (2, 3)), torch.tensor([0, 2], device=d)),
+    "bce int64": lambda d: F.binary_cross_entropy(_t(d, I64) * 0, _t(d, I64) * 0),
+    "multi_margin float16": lambda d: F.multi_margin_loss(_t(d, torch.float16, (2, 3)), torch.tensor([0, 2], device=d)),
+    "soft_margin int64": lambda d: F.soft_margin_loss(_t(d, I64), _t(d, I64)),
+    "soft_margin u32": lambda d: F.soft_margin_loss(_t(d, U32), _t(d, U32)),
+    "histc int64": lambda d: torch.histc(_t(d, I64), 4),
+    "histogram float16": lambda d: torch.histogram(_t(d, torch.float16), 4),
+    "segment_reduce int64": lambda d: torch.segment_reduce(_t(d, I64), "sum", lengths=torch.tensor([2, 3], device=d)),
+    "max_unpool2d int64": lambda d: F.max_unpool2d(_t(d, I64, (1, 1, 1, 1)), _t(d, I64, (1, 1, 1, 1)) * 0, 2),
+    "adaptive_max_pool2d int64": lambda d: F.adaptive_max_pool2d(_t(d, I64, (1, 2, 2)), 1),
+    "avg_pool2d int8": lambda d: F.avg_pool2d(_t(d, torch.int8, (1, 2, 2)), 2),
+    "avg_pool3d float16": lambda d: F.avg_pool3d(_t(d, torch.float16, (1, 2, 2, 2)), 2),
+    "max_pool2d bool": lambda d: F.max_pool2d(_t(d, torch.bool, (1, 2, 2)), 2),
+    "unfold int32": lambda d: F.unfold(_t(d, torch.int32, (1, 1, 3, 3)), 2),
+    "conv_transpose2d int32": lambda d: F.conv_transpose2d(
+        _t(d, torch.int32, (1, 1, 2, 2)), _t(d, torch.int32, (1, 1, 2, 2))
+    ),
+    "cdist float16": lambda d: torch.cdist(_t(d, torch.float16, (1, 2, 2)), _t(d, torch.float16, (1, 2, 2))),
+    # the dtype a factory makes (its dtype= or out=)
+    "arange u32": lambda d: torch.arange(3, dtype=U32, device=d),
+    "arange bool": lambda d: torch.arange(3, dtype=torch.bool, device=d),
+    "linspace bool": lambda d: torch.linspace(0, 1, 3, dtype=torch.bool, device=d),
+    "logspace out u32": lambda d: torch.logspace(0, 1, 3, out=torch.empty(3, dtype=U32, device=d)),
+    "eye u32": lambda d: torch.eye(3, dtype=U32, device=d),
+    "randperm bool": lambda d: torch.randperm(3, dtype=torch.bool, device=d),
+    "randn int64": lambda d: torch.randn(3, dtype=I64, device=d),
+    "normal_ int32": lambda d: _t(d, torch.int32).normal_(),
+    "log_normal_ complex64": lambda d: _t(d, C64).log_normal_(),
+    "geometric_ bool": lambda d: _t(d, torch.bool).geometric_(0.5),
+    "bernoulli int64": lambda d: torch.bernoulli(_t(d, I64) * 0),
+    "bernoulli_ u32": lambda d: _t(d, U32).bernoulli_(0.5),
+    # checks that depend on more than one dtype (meta_check) and ops without a lowering before
+    "clamp bool tensors": lambda d: _t(d, torch.bool).clamp(_t(d, torch.bool), _t(d, torch.bool)),
+    "div trunc u32": lambda d: torch.div(_t(d, U32), 2, rounding_mode="trunc"),
+    "div floor bool": lambda d: torch.div(_t(d, torch.bool), _t(d, torch.bool), rounding_mode="floor"),
+    "div floor complex64": lambda d: torch.div(_t(d, C64), _t(d, C64), rounding_mode="floor"),
+    "floor_divide bool": lambda d: _t(d, torch.bool) // _t(d, torch.bool),
+    "searchsorted bool": lambda d: torch.searchsorted(_t(d, torch.bool).sort().values, _t(d, torch.bool)),
+    "bucketize u32": lambda d: torch.bucketize(_t(d, U32), _t(d, U32).sort().values),
+    "scatter_reduce mean bool": lambda d: _t(d, torch.bool).scatter_reduce(
+        0, torch.tensor([0, 1], device=d), _t(d, torch.bool)[:2], "mean"
+    ),
+    "reflection_pad bool": lambda d: F.pad(_t(d, torch.bool, (1, 1, 5)), (2, 2), mode="reflect"),
+    "replication_pad u32": lambda d: F.pad(_t(d, U32, (1, 1, 5)), (2, 2), mode="replicate"),
+    "pixel_shuffle u32": lambda d: F.pixel_shuffle(_t(d, U32, (1, 4, 2, 2)), 2),
+    "trace bool": lambda d: _t(d, torch.bool, (3, 3)).trace(),
+    "trace u32": lambda d: _t(d, U32, (3, 3)).trace(),
+    "cross bool": lambda d: torch.linalg.cross(_t(d, torch.bool, (2, 3)), _t(d, torch.bool, (2, 3))),
+    "cross u32": lambda d: torch.linalg.cross(_t(d, U32, (2, 3)), _t(d, U32, (2, 3))),
+    "nonzero u32": lambda d: _t(d, U32).nonzero(),
+    "masked_select u32": lambda d: _t(d, U32).masked_select(_t(d, torch.bool)),
+    "count_nonzero u32": lambda d: _t(d, U32).count_nonzero(),
+    "hash_tensor u32": lambda d: torch.hash_tensor(_t(d, U32)),
+    # RuntimeErrors in the CPU's own words
+    "sort complex64": lambda d: _t(d, C64).sort(),
+    "topk bool": lambda d: _t(d, torch.bool).topk(2),
+    "topk complex64": lambda d: _t(d, C64).topk(2),
+    "nansum complex64": lambda d: _t(d, C64).nansum(),
 }
 
 
@@ -103,6 +179,27 @@ COMPUTED = {
     "clamp bool": lambda d: _t(d, torch.bool).clamp(0, 1),
     "abs int64": lambda d: (-_t(d, torch.int64)).abs(),
     "add c32": lambda d: _t(d, torch.float32).to(torch.complex32) + 1,
+    # where the CPU's check depends on more than the dtype, the other side computes
+    "clamp bool min tensor": lambda d: _t(d, torch.bool).clamp(min=_t(d, torch.bool)),
+    "div floor bool scalar": lambda d: torch.div(_t(d, torch.bool), 2, rounding_mode="floor"),
+    "div trunc u32 float": lambda d: torch.div(_t(d, U32), _t(d, torch.float32), rounding_mode="trunc"),
+    "round int64": lambda d: torch.round(_t(d, I64)),
+    "lerp float16": lambda d: torch.lerp(_t(d, torch.float16), _t(d, torch.float16) * 3, 0.3),
+    "lerp weight tensor": lambda d: torch.lerp(_t(d, F32), _t(d, F32) * 3, _t(d, F32) / 7),
+    "avg_pool2d int64": lambda d: F.avg_pool2d(_t(d, I64, (1, 2, 2)), 2),
+    "unfold bool": lambda d: F.unfold(_t(d, torch.bool, (1, 1, 3, 3)), 2),
+    "scatter_reduce sum bool": lambda d: _t(d, torch.bool).scatter_reduce(
+        0, torch.tensor([0, 1], device=d), _t(d, torch.bool)[:2], "sum"
+    ),
+    "bucketize float in u32": lambda d: torch.bucketize(_t(d, torch.float32), _t(d, U32).sort().values),
+    "trace int8": lambda d: _t(d, torch.int8, (3, 4)).trace(),
+    "cross int64": lambda d: torch.linalg.cross(_t(d, I64, (2, 3)), _t(d, I64, (1, 3)) + 2),
+    "histc float16": lambda d: torch.histc(_t(d, torch.float16), 4),
+    "bernoulli_ int64 zero": lambda d: _t(d, I64).bernoulli_(0.0),
+    # the CPU returns before its dtype dispatch: a ramp of fewer than two steps, an empty search or fill
+    "linspace one step bool": lambda d: torch.linspace(0, 1, 1, dtype=torch.bool, device=d),
+    "searchsorted empty u32": lambda d: torch.searchsorted(_t(d, U32), _t(d, U32)[:0]),
+    "bernoulli_ empty u32": lambda d: _t(d, U32)[:0].bernoulli_(0.5),
 }
 
 

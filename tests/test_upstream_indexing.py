@@ -296,3 +296,53 @@ def test_isclose_under_dynamo_functorch_and_dispatch_modes():
     with Seen():
         assert_close(torch.isclose(x, y, rtol=1e-3).cpu(), want, rtol=0, atol=0)
     assert torch.ops.aten.eq.Tensor in seen
+
+
+# The index_* family takes a CPU index on a tpu tensor (moved to the device, as CUDA's advanced
+# indexing moves one: test_sort_and_select's index_fill with a CPU `randint`), of 3 and of 0 entries.
+_CPU_INDEX_CALLS = {
+    "index_fill": lambda x, i, s: x.index_fill(1, i, -1.5),
+    "index_fill_": lambda x, i, s: x.clone().index_fill_(1, i, torch.tensor(2.0)),
+    "index_select": lambda x, i, s: x.index_select(1, i),
+    "index_add_": lambda x, i, s: x.clone().index_add_(1, i, s, alpha=2),
+    "index_copy": lambda x, i, s: x.index_copy(1, i, s),
+    "index_reduce": lambda x, i, s: x.index_reduce(1, i, s, "amax", include_self=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CPU_INDEX_CALLS))
+@pytest.mark.parametrize("index", [[3, 0, 3], []])
+def test_index_ops_take_a_cpu_index(name, index):
+    call = _CPU_INDEX_CALLS[name]
+    i = torch.tensor(index, dtype=torch.long)
+    x = torch.randn(3, 5)
+    s = torch.randn(3, i.numel())
+    expected = call(x, i, s)
+    got = call(x.to(DEV), i, s.to(DEV))
+    assert got.device.type == DEV
+    assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
+def test_index_select_gradient_with_a_cpu_index():
+    i = torch.tensor([1, 1, 3])
+    x = torch.randn(4, 3)
+    a, b = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+    (a.index_select(0, i) ** 2).sum().backward()
+    (b.index_select(0, i) ** 2).sum().backward()
+    assert_close(b.grad.cpu(), a.grad)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, i, s: x.index_add(0, i, s),  # a CPU source
+        lambda x, i, s: x.index_copy_(0, i, s),
+        lambda x, i, s: x.index_reduce(0, i, s, "prod"),
+        lambda x, i, s: torch.index_select(x.cpu(), 0, i, out=torch.empty(2, 3, device=DEV)),  # a CPU self
+        lambda x, i, s: x.cpu().index_select(0, i.to(DEV)),
+    ],
+)
+def test_index_ops_refuse_other_cpu_operands(call):
+    x, i, s = torch.randn(4, 3, device=DEV), torch.tensor([0, 2]), torch.randn(2, 3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least two"):
+        call(x, i, s)

@@ -158,6 +158,8 @@ HOST_NONZERO_ELEMENTS = 1 << 16
 
 def nonzero(self):
     _check_tpu(self)
+    if self.dtype in dt.WIDE_UNSIGNED:  # (the CPU's nonzero and masked_select have no loop for them)
+        raise dt.not_implemented_for("nonzero_count", self.dtype)
     if self.numel() <= HOST_NONZERO_ELEMENTS:
         return _host_nonzero(self)
     buf, dev = _flat(self)
@@ -191,6 +193,8 @@ def masked_select(self, mask):
     _check_tpu(self, mask)
     if mask.dtype != torch.bool:
         raise RuntimeError(f"masked_select: expected BoolTensor for mask, but got {mask.dtype}")
+    if self.dtype in dt.WIDE_UNSIGNED:
+        raise dt.not_implemented_for("masked_select", self.dtype)
     xbuf, dev = _flat(self)
     mbuf, _ = _flat(mask)
     xs, ms = tuple(self.shape), tuple(mask.shape)

@@ -60,6 +60,14 @@ class TpuOpError(RuntimeError):
     pass
 
 
+class _CpuOperand(Exception):  # (control flow: never seen outside the engine)
+    """A CPU tensor (not 0-dim) among the arguments of an op that declares cpu_operands."""
+
+    def __init__(self, tensor, device):
+        super().__init__()
+        self.tensor, self.device = tensor, device
+
+
 _KERNELS: list = []
 # this thread's latest call: (kernel, entry), for the C++ fast path (describe_last_call), which asks
 # right after the Python kernel returns, in the same thread
@@ -132,6 +140,9 @@ class OpKernel:
         self.precision_sensitive = False
         # ops/argument_checks.py: a check of the op's Scalar arguments on the host, run per call
         self.host_check = None
+        # ops/table.py cpu_operands: (positions, names) of the arguments whose CPU tensors the call
+        # moves to its device (set at registration), or None
+        self.cpu_operands = None
         # eager/kernels.py: a first call it serves another way (a cat of many tensors, in chunks), or None
         self.split_call = None
         # the sync windows of its last two builds (eager/build.py note_build)
@@ -150,18 +161,21 @@ class OpKernel:
         offsets = []  # non-zero storage offsets travel as traced values: x[i] in a loop compiles once
         device = -1
         scalar_pos = self.scalar_pos
-        for i, a in enumerate(args):
-            if isinstance(a, _Tensor):  # the common case first
-                address = a.untyped_storage().data_ptr()
-                r = RECORDS.get(address)
-                if r is not None:
-                    device = key_tensor(a, r, address, parts, slot_of, records, offsets, device, self.where)
-                    continue
-            device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, i in scalar_pos)
-        if kwargs:
-            for k, a in kwargs.items():
-                parts.append(k)
-                device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, k in self.scalar_names)
+        try:  # (free unless raised: Python 3.11's exceptions cost only when raised)
+            for i, a in enumerate(args):
+                if isinstance(a, _Tensor):  # the common case first
+                    address = a.untyped_storage().data_ptr()
+                    r = RECORDS.get(address)
+                    if r is not None:
+                        device = key_tensor(a, r, address, parts, slot_of, records, offsets, device, self.where)
+                        continue
+                device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, i in scalar_pos)
+            if kwargs:
+                for k, a in kwargs.items():
+                    parts.append(k)
+                    device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, k in self.scalar_names)
+        except _CpuOperand as e:
+            return self._with_cpu_operands_moved(e.tensor, e.device, args, kwargs)
         keyed_precision = self.precision_sensitive
         if keyed_precision:
             parts.append(_matmul_precision())
@@ -353,7 +367,28 @@ class OpKernel:
             return device
         if a.device.type == "tpu":
             raise TpuOpError(f"torchtpu: aten::{self.name} got a tpu tensor whose storage torchtpu does not know")
+        if self.cpu_operands is not None and a.device.type == "cpu":
+            raise _CpuOperand(a, device)
         device_mismatch(self.where, max(device, 0), a.device)
+
+    def _with_cpu_operands_moved(self, a, device, args, kwargs):
+        """The call again with the CPU tensors of the arguments the op's lowering declares
+        `cpu_operands` (index_select's index) moved to its tpu device, as CUDA's advanced indexing
+        moves a CPU index; `a`, a CPU tensor found in another argument, raises PyTorch's device error."""
+        positions, names = self.cpu_operands
+        movable = [args[i] for i in positions if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
+        target = next(
+            (t.device for t in (*args, *kwargs.values()) if isinstance(t, _Tensor) and t.device.type == "tpu"), None
+        )
+        if target is None or not any(m is a for m in movable):
+            device_mismatch(self.where, max(device, 0) if target is None else target.index, a.device)
+
+        def moved(t):
+            return t.to(target) if isinstance(t, _Tensor) and t.device.type == "cpu" else t
+
+        args = tuple(moved(t) if i in positions else t for i, t in enumerate(args))
+        kwargs = {k: moved(t) if k in names else t for k, t in kwargs.items()}
+        return self(*args, **kwargs)
 
     def _returns(self, entry, results, dev, args, kwargs):
         """The op's returns: new tensors over the results, the aliased arguments, Nones, as nested

@@ -22,7 +22,7 @@ from ..device.state import current_device
 from ..ops import argument_checks, factories
 from ..ops import dtypes as dt
 from ..ops.resolve import NotLowered, functional_twin, op_name
-from ..ops.table import LOWERINGS, declared_facts
+from ..ops.table import LOWERINGS, declared_facts, reject_missing_loop
 from ..storage import host_values, slices
 from ..storage.records import RECORDS, covers, new_tensor, record_of, set_buffer
 from . import (
@@ -433,6 +433,7 @@ def _lowered(op) -> bool:
 
 
 _COMPOSITE_IN_EAGER = declared_facts("composite_in_eager")
+_CPU_OPERANDS = declared_facts("cpu_operands")
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -466,6 +467,13 @@ def kernel_for(op) -> OpKernel:
         k.random = bool(low and low.random)
         k.draws_by_index = bool(low and low.draws_by_index)
         k.index_buckets = low.index_buckets if low is not None else None
+        movable = _CPU_OPERANDS.get(low.name) if low is not None else None
+        if movable:
+            arguments = op._schema.arguments
+            k.cpu_operands = (
+                frozenset(i for i, a in enumerate(arguments) if a.name in movable and not a.kwarg_only),
+                frozenset(a.name for a in arguments if a.name in movable),
+            )
         for i, a in enumerate(op._schema.arguments):
             if low is not None and a.name in low.traced:  # e.g. a fused optimizer's lr
                 if a.kwarg_only:
@@ -679,8 +687,8 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
         if dtype is not None
         else (torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype())
     )
-    if d.is_complex or d == torch.bool:
-        raise NotImplementedError(f'"arange" not implemented for {d}')  # as the CPU
+    if d in factories.ARANGE_NO_LOOP:  # the CPU's NotImplementedError (the lowering's fact)
+        reject_missing_loop(LOWERINGS["arange.start_step"], (), {"dtype": d})
     _arange_checks(start, end, step)
     jd = dt.to_jax(d)
     n = factories.arange_length(start, end, step, jd)

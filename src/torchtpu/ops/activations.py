@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 
 from .argument_checks import input_loop_check
-from .dtypes import scalar_type_name, to_opmath
+from .dtypes import NOT_FLOATING, scalar_type_name, to_opmath
 from .table import KIND, WriteOverlap, lowering
 
 
@@ -38,7 +38,7 @@ def threshold_backward(grad, a, threshold):
     return jnp.where(a <= threshold, 0, grad)
 
 
-@lowering("gelu", promote=KIND.DEFAULT, no_loop_for=(torch.bool,))
+@lowering("gelu", promote=KIND.DEFAULT, no_loop_for=NOT_FLOATING)
 def gelu(a, approximate="none"):
     return jax.nn.gelu(a, approximate=approximate == "tanh")
 
@@ -60,12 +60,12 @@ def silu_backward(grad, a):
     return grad * s * (1 + a * (1 - s))
 
 
-@lowering("sigmoid_backward", promote=KIND.DEFAULT)
+@lowering("sigmoid_backward", promote=KIND.DEFAULT, no_loop_for=NOT_FLOATING)
 def sigmoid_backward(grad, out):
     return grad * jnp.conj(out * (1 - out))  # conj: PyTorch's complex (Wirtinger) convention
 
 
-@lowering("tanh_backward", promote=KIND.DEFAULT)
+@lowering("tanh_backward", promote=KIND.DEFAULT, no_loop_for=NOT_FLOATING)
 def tanh_backward(grad, out):
     return grad * jnp.conj(1 - out * out)
 
@@ -104,7 +104,7 @@ def log_softmax_backward(grad, out, dim, input_dtype):
     return (g - jnp.exp(o) * jnp.sum(g, axis=dim if g.ndim else None, keepdims=True)).astype(input_dtype)
 
 
-@lowering("leaky_relu", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+@lowering("leaky_relu", promote=KIND.DEFAULT, promote_args=(0,), real_only=True, no_loop_for=NOT_FLOATING)
 def leaky_relu(a, negative_slope=0.01):
     return jnp.where(a > 0, a, a * negative_slope)
 
@@ -135,7 +135,7 @@ def leaky_relu_backward(grad, a, negative_slope, self_is_result):
     return jnp.where(a > 0, grad, grad * negative_slope)
 
 
-@lowering("elu", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+@lowering("elu", promote=KIND.DEFAULT, promote_args=(0,), real_only=True, no_loop_for=NOT_FLOATING)
 def elu(a, alpha=1, scale=1, input_scale=1):
     x = to_opmath(a)
     return jnp.where(x > 0, x * scale, jnp.expm1(x * input_scale) * alpha * scale).astype(a.dtype)
@@ -175,7 +175,7 @@ def hardswish_backward(grad, a):
     return jnp.where(x <= -3, 0, jnp.where(x < 3, g * (x / 3 + 0.5), g)).astype(grad.dtype)
 
 
-@lowering("hardsigmoid", promote=KIND.DEFAULT, no_loop_for=(torch.bool,), real_only=True)
+@lowering("hardsigmoid", promote=KIND.DEFAULT, no_loop_for=NOT_FLOATING, real_only=True)
 def hardsigmoid(a):
     return (jnp.clip(to_opmath(a) + 3, 0, 6) / 6).astype(a.dtype)
 
@@ -185,7 +185,7 @@ def hardsigmoid_backward(grad, a):
     return jnp.where((a > -3) & (a < 3), to_opmath(grad) / 6, 0).astype(grad.dtype)
 
 
-@lowering("softplus", promote=KIND.DEFAULT, promote_args=(0,), real_only=True)
+@lowering("softplus", promote=KIND.DEFAULT, promote_args=(0,), real_only=True, no_loop_for=NOT_FLOATING)
 def softplus(a, beta=1, threshold=20):
     x = to_opmath(a)
     return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta).astype(a.dtype)
@@ -198,7 +198,7 @@ def softplus_backward(grad, a, beta, threshold):
     return jnp.where(x * beta > threshold, g, g * z / (z + 1)).astype(grad.dtype)
 
 
-@lowering("mish", promote=KIND.DEFAULT, no_loop_for=(torch.bool,), real_only=True)
+@lowering("mish", promote=KIND.DEFAULT, no_loop_for=NOT_FLOATING, real_only=True)
 def mish(a):
     x = to_opmath(a)
     return (x * jnp.tanh(jax.nn.softplus(x))).astype(a.dtype)
@@ -223,7 +223,7 @@ def glu_backward(grad, a, dim):
     return vjp(to_opmath(grad))[0].astype(a.dtype)
 
 
-@lowering("_prelu_kernel", promote=KIND.DEFAULT, real_only=True)
+@lowering("_prelu_kernel", promote=KIND.DEFAULT, real_only=True, no_loop_for=NOT_FLOATING)
 def prelu_kernel(a, weight):
     return jnp.where(a > 0, a, weight * a)
 
@@ -233,7 +233,7 @@ def prelu_kernel_backward(grad, a, weight):
     return (jnp.where(a > 0, grad, weight * grad).astype(a.dtype), jnp.where(a > 0, 0, a * grad).astype(weight.dtype))
 
 
-@lowering("log_sigmoid_forward", real_only=True)
+@lowering("log_sigmoid_forward", real_only=True, no_loop_for=NOT_FLOATING)
 def log_sigmoid_forward(a):
     x = to_opmath(a)
     out = jnp.minimum(x, 0) - jnp.log1p(jnp.exp(-jnp.abs(x)))
@@ -260,6 +260,7 @@ def _softshrink_lambda_check(a, lambd=0.5, **out):
     promote_args=(0,),
     real_only=True,
     meta_check=dict.fromkeys(("softshrink", "softshrink.out"), _softshrink_lambda_check),
+    no_loop_for=NOT_FLOATING,
 )
 def softshrink(a, lambd=0.5):
     # NaN stays NaN, as on the CPU (its vectorized loop; CUDA's gives 0)
@@ -272,7 +273,7 @@ def softshrink_backward(grad, a, lambd):
     return jnp.where((a >= -lambd) & (a <= lambd), 0, grad).astype(grad.dtype)
 
 
-@lowering("hardshrink", promote=KIND.DEFAULT, no_loop_for=(torch.bool,), promote_args=(0,), real_only=True)
+@lowering("hardshrink", promote=KIND.DEFAULT, no_loop_for=NOT_FLOATING, promote_args=(0,), real_only=True)
 def hardshrink(a, lambd=0.5):
     return jnp.where((a >= -lambd) & (a <= lambd), 0, a).astype(a.dtype)
 
@@ -282,7 +283,7 @@ def hardshrink_backward(grad, a, lambd):
     return jnp.where((a >= -lambd) & (a <= lambd), 0, grad).astype(grad.dtype)
 
 
-@lowering("rrelu_with_noise", random=True, real_only=True)
+@lowering("rrelu_with_noise", random=True, real_only=True, no_loop_for=NOT_FLOATING)
 def rrelu_with_noise(a, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
     if training:
         r = jax.random.uniform(key, a.shape, jnp.float32, 0, 1) * (upper - lower) + lower

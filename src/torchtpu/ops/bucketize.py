@@ -8,7 +8,7 @@ import torch
 
 from .argument_checks import warn_at_caller
 from .checks import require_index
-from .dtypes import scalar_type_name
+from .dtypes import WIDE_UNSIGNED, not_implemented_for, scalar_type_name
 from .table import lowering
 
 
@@ -85,6 +85,11 @@ def _searchsorted_check(boundaries, values, *, out_int32=False, right=False, sid
             f"on whether out_int32 flag is True, but we got output tensor's dtype {scalar_type_name(out.dtype)} and "
             f"out_int32 flag is {out_int32}"
         )
+    # the CPU searches in the operands' common dtype, and has no bool or wide unsigned loop for it
+    common = torch.result_type(boundaries, values)
+    empty = isinstance(values, torch.Tensor) and values.numel() == 0  # (returns before its dispatch)
+    if not empty and (common == torch.bool or common in WIDE_UNSIGNED):
+        raise not_implemented_for("searchsorted_out", common)
 
 
 def _bucketize_check(values, boundaries, *, out_int32=False, right=False, out=None):

@@ -10,7 +10,7 @@ import torch
 from jax import lax
 from torch._prims_common import suggest_memory_format
 
-from .dtypes import WIDE_UNSIGNED, scalar_type_name
+from .dtypes import WIDE_UNSIGNED, not_implemented_for, scalar_type_name
 from .nn_common import _low, _precision
 from .table import lowering
 
@@ -99,7 +99,19 @@ def _contiguous_3d_dtypes():
     return frozenset(dtypes)
 
 
-@lowering("convolution", "convolution_overrideable", meta=_convolution_meta, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
+def _transposed_loop_check(x, w, bias, stride, padding, dilation, transposed, *_, **__):
+    """The CPU's transposed convolutions have no uint8/int8/int16/int32 loop (its other ones do)."""
+    if transposed and x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):
+        raise not_implemented_for(f"slow_conv_transpose{x.dim() - 2 if x.dim() == 5 else 2}d_out", x.dtype)
+
+
+@lowering(
+    "convolution",
+    "convolution_overrideable",
+    meta=_convolution_meta,
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
+    meta_check=dict.fromkeys(("convolution", "convolution_overrideable"), _transposed_loop_check),
+)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:

@@ -291,6 +291,11 @@ _SCALAR_TYPE_NAMES = {
 # (promoting) lowering refuses them unless it names them in `loops_for=` (ops/table.py). complex32 is
 # not one of them here: it follows CUDA's kernels (docs/design.md, "complex32")
 WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+# the integer types a CPU kernel that dispatches on floating types only has no loop for (gelu, the
+# losses, lerp, histc); with bool, NOT_FLOATING. PyTorch's tensors of these dtypes raise there:
+# "\"gelu_cpu\" not implemented for 'Long'"
+INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, *WIDE_UNSIGNED)
+NOT_FLOATING = (torch.bool, *INTEGERS)
 
 
 def scalar_type_name(dtype) -> str:

@@ -10,10 +10,12 @@ from jax import lax
 
 from .argument_checks import bool_mask_check, fill_value_check, no_bool_check, pow_exponent_check, same_dtype_out_check
 from .dtypes import (
+    NOT_FLOATING,
     WIDE_UNSIGNED,
     convert,
     divide,
     multiply,
+    not_implemented_for,
     operand_facts,
     promote,
     scalar_type_name,
@@ -238,7 +240,29 @@ def _div_mode(a, b, rounding_mode):
 _DIV_MODE = Lowering("div.Tensor_mode", _div_mode, promote=KIND.DEFAULT)
 
 
-@lowering("div.Tensor_mode", "div.Scalar_mode")
+def _div_mode_loop_check(a, b, rounding_mode=None, **_):
+    """div with a rounding mode: the CPU's floor and trunc loops lack bool and the wide unsigned types
+    and complex types (of the operands' common dtype: div(bool, 2, rounding_mode="floor") computes in
+    int64); true division computes in float."""
+    if rounding_mode is not None:
+        dtype = torch.result_type(a, b)
+        if dtype == torch.bool or dtype in WIDE_UNSIGNED or dtype in (torch.complex64, torch.complex128):
+            raise not_implemented_for(f"div_{rounding_mode}", dtype)
+
+
+@lowering(
+    "div.Tensor_mode",
+    "div.Scalar_mode",
+    meta_check=_with_variants(
+        _div_mode_loop_check,
+        "div.Tensor_mode",
+        "div.Scalar_mode",
+        "div_.Tensor_mode",
+        "div_.Scalar_mode",
+        "div.out_mode",
+        "div.Scalar_mode_out",
+    ),
+)
 def div_mode(a, b, rounding_mode=None):
     if rounding_mode is None:  # true division: integers promote to the default float dtype, as div.Tensor
         return apply(LOWERINGS["div.Tensor"], (a, b), {})
@@ -248,7 +272,7 @@ def div_mode(a, b, rounding_mode=None):
     return apply(_DIV_MODE, (a, b), {"rounding_mode": rounding_mode})  # floor or trunc: result of a's kind
 
 
-@lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT, real_only=True)
+@lowering("floor_divide", "floor_divide.Scalar", promote=KIND.DEFAULT, real_only=True, no_loop_for=(torch.bool,))
 def floor_divide(a, b):
     return _floor_div(a, b)
 
@@ -376,7 +400,7 @@ def copysign(a, b):
     return jnp.copysign(a, b)
 
 
-@lowering("hypot", promote=KIND.DEFAULT, no_loop_for=(torch.bool,))
+@lowering("hypot", promote=KIND.DEFAULT, no_loop_for=(*NOT_FLOATING, torch.complex64, torch.complex128))
 def hypot(a, b):
     return jnp.hypot(a, b)
 
@@ -412,8 +436,11 @@ def xlogy(a, b):
     return jnp.where(jnp.isnan(b), b, jax.scipy.special.xlogy(a, b))
 
 
-@lowering("lerp.Scalar", "lerp.Tensor", promote=KIND.DEFAULT, no_loop_for=(torch.bool,))
+# the CPU's loop is picked by self and end (one dtype, checked by the meta kernel): the weight is no operand
+@lowering("lerp.Scalar", "lerp.Tensor", promote=KIND.DEFAULT, promote_args=(0, 1), no_loop_for=NOT_FLOATING)
 def lerp(a, b, w):
+    if hasattr(w, "dtype") and not getattr(w, "weak_type", False):
+        w = w.astype(a.dtype)  # (a weight tensor computes in the opmath type too)
     return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
 
 
@@ -454,6 +481,16 @@ def _clamp_check(a, min=None, max=None, *_, **__):
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
 
 
+def _clamp_tensors_check(a, min=None, max=None, *_, **__):
+    """clamp.Tensor: the CPU has no bool loop where both bounds are given (one bound is clamp_min's
+    or clamp_max's kernel, which has one)."""
+    _clamp_check(a, min, max)
+    if min is not None and max is not None:
+        dtype = torch.promote_types(torch.result_type(a, min), torch.result_type(a, max))
+        if dtype == torch.bool:
+            raise not_implemented_for("clamp", dtype)
+
+
 def _clamp_out_check(a, min=None, max=None, *_, out=None, **__):
     _clamp_check(a, min, max)
     same_dtype_out_check(a, out=out)  # (clamp by Scalars only: the CPU's "Found dtype Double but expected Float")
@@ -465,7 +502,8 @@ def _clamp_out_check(a, min=None, max=None, *_, out=None, **__):
     promote=KIND.DEFAULT,
     real_only=True,
     meta_check={
-        **dict.fromkeys(("clamp", "clamp_", "clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"), _clamp_check),
+        **dict.fromkeys(("clamp", "clamp_"), _clamp_check),
+        **dict.fromkeys(("clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"), _clamp_tensors_check),
         "clamp.out": _clamp_out_check,
     },
 )
@@ -592,7 +630,13 @@ def trunc(a):
     return a if _is_int(a) else jnp.trunc(a)
 
 
-@lowering("frac", promote=KIND.DEFAULT, real_only=True, meta_check={"frac.out": same_dtype_out_check})
+@lowering(
+    "frac",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    meta_check={"frac.out": same_dtype_out_check},
+    no_loop_for=NOT_FLOATING,
+)
 def frac(a):
     return a if _is_int(a) else a - jnp.trunc(a)
 
@@ -610,7 +654,11 @@ def round_half_even(a):
 
 
 @lowering(
-    "round.decimals", promote=KIND.DEFAULT, real_only=True, meta_check={"round.decimals_out": same_dtype_out_check}
+    "round.decimals",
+    promote=KIND.DEFAULT,
+    real_only=True,
+    meta_check={"round.decimals_out": same_dtype_out_check},
+    no_loop_for=NOT_FLOATING,  # (round.default has integer loops: a copy)
 )
 def round_decimals(a, decimals=0):
     # the CPU's and CUDA's steps, an IEEE division (XLA would multiply by the reciprocal: 20-57% were off)
@@ -773,7 +821,7 @@ def xlog1py(a, b):
     return jnp.where(jnp.isnan(b), b, _special.xlog1py(a, b))
 
 
-@lowering("logaddexp", promote=KIND.INT_TO_FLOAT, no_loop_for=WIDE_UNSIGNED)
+@lowering("logaddexp", promote=KIND.INT_TO_FLOAT, no_loop_for=NOT_FLOATING)
 def logaddexp(a, b):
     if jnp.iscomplexobj(a):
         return _complex_logaddexp(a, b)
@@ -794,7 +842,7 @@ def _complex_logaddexp(a, b):
     return jnp.where(nan, jnp.full_like(out, complex(jnp.nan, jnp.nan)), out)
 
 
-@lowering("logaddexp2", promote=KIND.INT_TO_FLOAT, no_loop_for=WIDE_UNSIGNED)
+@lowering("logaddexp2", promote=KIND.INT_TO_FLOAT, no_loop_for=NOT_FLOATING)
 def logaddexp2(a, b):
     return jnp.logaddexp2(a, b)
 

@@ -9,8 +9,12 @@ import torch
 from jax import lax
 
 from .argument_checks import factory_value_check, no_internal_overlap
-from .dtypes import default_dtype, scalar_type_name, to_jax
+from .dtypes import WIDE_UNSIGNED, default_dtype, not_implemented_for, scalar_type_name, to_jax
 from .table import lowering
+
+# the CPU's ramps (arange, linspace, logspace) have no bool or wide unsigned loops
+_RAMP_NO_LOOP = (torch.bool, *WIDE_UNSIGNED)
+ARANGE_NO_LOOP = (*_RAMP_NO_LOOP, torch.complex32, torch.complex64, torch.complex128)
 
 
 def default_float():
@@ -69,7 +73,7 @@ def arange_length(start, end, step, dtype):
     return max(0, size)
 
 
-@lowering("arange.start_step", static_scalars=True)
+@lowering("arange.start_step", static_scalars=True, no_loop_for=ARANGE_NO_LOOP)
 def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
     # compiled graphs only: eager arange allocates `out` at the length above and runs arange.start_out
     d = arange_dtype(start, end, step, dtype)
@@ -103,7 +107,7 @@ def _fill_out_meta(packet, overload):
     return meta
 
 
-@lowering("arange.start_out", meta=_fill_out_meta("arange", "start_out"))
+@lowering("arange.start_out", meta=_fill_out_meta("arange", "start_out"), no_loop_for=ARANGE_NO_LOOP)
 def arange_out(start, end, step=1, *, out):
     # `out` arrives sized to PyTorch's length, so start and step stay traced: a decoding loop's
     # `arange(pos, pos + n)` reuses one executable for every position
@@ -166,11 +170,26 @@ def _ramp_dtype(start, end):
     return _inferred_dtype(1j if complex_ends else 1.0)
 
 
+def _ramp_loop_check(name, steps, dtype):
+    """linspace/logspace: the CPU fills a ramp of two or more values by dtype (none for bool or the wide
+    unsigned types); fewer steps return before its dispatch (an empty result, or `start` filled in)."""
+    if dtype in _RAMP_NO_LOOP and isinstance(steps, int) and steps > 1:
+        raise not_implemented_for(name, dtype)
+
+
+def _ramp_out_loop_check(name):
+    def check(start, end, steps, *args, out=None, **kwargs):
+        _ramp_loop_check(name, steps, out.dtype if isinstance(out, torch.Tensor) else None)
+
+    return check
+
+
 def _complex_ends_check(name):
     """The CPU's error for complex ends with a real dtype= (it names the default complex dtype,
     whatever the ends' own precision); PyTorch's meta words it otherwise."""
 
-    def check(start, end, *args, dtype=None, **kwargs):
+    def check(start, end, steps=None, *args, dtype=None, **kwargs):
+        _ramp_loop_check(name, steps, dtype)
         complex_ends = any(
             v.dtype.is_complex if isinstance(v, torch.Tensor) else isinstance(v, complex) for v in (start, end)
         )
@@ -223,16 +242,24 @@ _LINSPACE_OUTS = (
 _LOGSPACE_OUTS = tuple(n.replace("linspace", "logspace") for n in _LINSPACE_OUTS)
 
 
-@lowering(*_LINSPACE_OUTS, meta={n: _fill_out_meta(*n.split(".")) for n in _LINSPACE_OUTS})
+@lowering(
+    *_LINSPACE_OUTS,
+    meta={n: _fill_out_meta(*n.split(".")) for n in _LINSPACE_OUTS},
+    meta_check=_ramp_out_loop_check("linspace"),
+)
 def linspace_out(start, end, steps, *, out):
     return linspace(start, end, steps, dtype=out.dtype).reshape(out.shape)
 
 
-@lowering(*_LOGSPACE_OUTS, meta={n: _fill_out_meta(*n.split(".")) for n in _LOGSPACE_OUTS})
+@lowering(
+    *_LOGSPACE_OUTS,
+    meta={n: _fill_out_meta(*n.split(".")) for n in _LOGSPACE_OUTS},
+    meta_check=_ramp_out_loop_check("logspace"),
+)
 def logspace_out(start, end, steps, base=10.0, *, out):
     return logspace(start, end, steps, base, dtype=out.dtype).reshape(out.shape)
 
 
-@lowering("eye", "eye.m")
+@lowering("eye", "eye.m", no_loop_for=WIDE_UNSIGNED)
 def eye(n, m=None, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, n if m is None else m, dtype=dtype or default_float())

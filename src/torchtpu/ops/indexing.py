@@ -19,7 +19,7 @@ from ..device.platform import lowering_platform
 from ..storage import host_values
 from .argument_checks import deterministic_alert, index_fill_value_check
 from .checks import require, require_index
-from .dtypes import WIDE_UNSIGNED, multiply, opmath, rounded_complex_product, scalar_type_name
+from .dtypes import WIDE_UNSIGNED, multiply, not_implemented_for, opmath, rounded_complex_product, scalar_type_name
 from .table import INDEXED_WRITE, WriteOverlap, expanded_warning, lowering
 
 
@@ -362,7 +362,20 @@ def _scatter_reduce(x, at, v, reduce, include_self, counts=None, fold=None):
     raise ValueError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
 
 
-@lowering("scatter_reduce.two", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads, no_loop_for=WIDE_UNSIGNED)
+def _scatter_reduce_mean_check(x, dim, index, src, reduce, *_, **__):
+    if reduce == "mean" and x.dtype == torch.bool:  # (the CPU's other reductions have a bool loop)
+        raise not_implemented_for("scatter_gather_tensor_reduce_mean", x.dtype)
+
+
+@lowering(
+    "scatter_reduce.two",
+    write_overlap=INDEXED_WRITE,
+    index_buckets=_scatter_pads,
+    no_loop_for=WIDE_UNSIGNED,
+    meta_check=dict.fromkeys(
+        ("scatter_reduce.two", "scatter_reduce_.two", "scatter_reduce.two_out"), _scatter_reduce_mean_check
+    ),
+)
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if reduce in ("amax", "amin") and jnp.iscomplexobj(x):  # no order on complex numbers (as the CPU)
         raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{scalar_type_name(x.dtype)}'")
@@ -374,7 +387,17 @@ def _along(dim, ndim, index):
     return (slice(None),) * dim + (index,)
 
 
-@lowering("index_select", write_overlap=WriteOverlap(no_overlap=("self", "index")), no_loop_for=WIDE_UNSIGNED)
+# The index_* family's index may be a CPU tensor on a tpu op: moved to the device, as CUDA's advanced
+# indexing (`x[cpu_index]`) moves one (eager/engine.py); their other tensors keep the device error.
+CPU_INDEX = ("index",)
+
+
+@lowering(
+    "index_select",
+    write_overlap=WriteOverlap(no_overlap=("self", "index")),
+    no_loop_for=WIDE_UNSIGNED,
+    cpu_operands=CPU_INDEX,
+)
 def index_select(x, dim, index):
     if index.ndim > 1:  # the meta kernel lets this through, the CPU kernel does not
         raise IndexError("index_select(): Index is supposed to be a vector")
@@ -386,7 +409,13 @@ def index_select(x, dim, index):
     return jnp.take(x, index, axis=dim)
 
 
-@lowering("index_add", write_overlap=INDEXED_WRITE, index_buckets=_along_dim_pads, no_loop_for=WIDE_UNSIGNED)
+@lowering(
+    "index_add",
+    write_overlap=INDEXED_WRITE,
+    index_buckets=_along_dim_pads,
+    no_loop_for=WIDE_UNSIGNED,
+    cpu_operands=CPU_INDEX,
+)
 def index_add(x, dim, index, source, alpha=1):
     if x.ndim == 0:
         return x + source.reshape(()).astype(x.dtype) * alpha
@@ -426,7 +455,13 @@ def _flat_offsets(shape, dim, index, src_shape):
     return jnp.where(valid[lax.broadcasted_iota(jnp.int32, src_shape, dim)], offsets, stride)
 
 
-@lowering("index_copy", write_overlap=INDEXED_WRITE, index_buckets=_index_copy_pads, no_loop_for=WIDE_UNSIGNED)
+@lowering(
+    "index_copy",
+    write_overlap=INDEXED_WRITE,
+    index_buckets=_index_copy_pads,
+    no_loop_for=WIDE_UNSIGNED,
+    cpu_operands=CPU_INDEX,
+)
 def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(()).astype(x.dtype)
@@ -475,6 +510,7 @@ def _select_one(x, dim, position, source):
     write_overlap=WriteOverlap(expanded_warning("index_fill_", "tensor[mask] = scalar"), no_overlap=("index",)),
     index_buckets=_index_fill_pads,
     no_loop_for=WIDE_UNSIGNED,
+    cpu_operands=CPU_INDEX,
 )
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
@@ -494,6 +530,7 @@ def index_fill(x, dim, index, value):
     traced=("include_self",),
     index_buckets=_along_dim_pads,
     no_loop_for=(torch.bool, *WIDE_UNSIGNED),
+    cpu_operands=CPU_INDEX,
 )
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     if x.ndim == 0:

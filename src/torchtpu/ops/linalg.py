@@ -484,7 +484,7 @@ def _distance(diff, p):
     return _norm(diff, p, (diff.ndim - 1,), False)
 
 
-@lowering("_cdist_forward")
+@lowering("_cdist_forward", no_loop_for=(torch.float16, torch.bfloat16))
 def cdist(x1, x2, p, compute_mode=None):
     return _distance(_pair_diff(x1, x2), p)
 
@@ -520,7 +520,7 @@ def cdist_backward(grad, x1, x2, p, cdist):
     return jnp.sum(g, axis=-2).astype(x1.dtype)
 
 
-@lowering("_pdist_forward")
+@lowering("_pdist_forward", no_loop_for=(torch.float16, torch.bfloat16))
 def pdist(x, p=2.0):
     i, j = jnp.triu_indices(x.shape[0], 1)  # pairs i < j, row-major: PyTorch's order
     return _distance(x[i] - x[j], p)
@@ -531,3 +531,10 @@ def pdist_backward(grad, x, p, pdist):
     i, j = jnp.triu_indices(x.shape[0], 1)
     g = _dist_grad(x[i] - x[j], pdist[:, None], p) * grad[:, None]
     return jnp.zeros_like(x).at[i].add(g).at[j].add(-g)
+
+
+# (PyTorch's decomposition computed it; a lowering of its own carries the CPU's missing loops)
+@lowering("linalg_cross", no_loop_for=(torch.bool, *WIDE_UNSIGNED))
+def linalg_cross(a, b, dim=-1):
+    a, b = jnp.broadcast_arrays(a, b)
+    return jnp.cross(a, b, axis=dim % a.ndim)

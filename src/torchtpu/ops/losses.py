@@ -10,9 +10,12 @@ import torch
 from jax import lax
 
 from .checks import require, require_index
-from .dtypes import scalar_type_name, to_opmath
+from .dtypes import INTEGERS, NOT_FLOATING, WIDE_UNSIGNED, not_implemented_for, scalar_type_name, to_opmath
 from .nn_common import _grad_input_meta
 from .table import lowering
+
+# the CPU computes these losses in floating types only (multi_margin and multilabel_margin not in half ones)
+_HALF_TOO = (*NOT_FLOATING, torch.float16, torch.bfloat16)
 
 
 def _sizes(t):
@@ -83,6 +86,7 @@ def _nll_loss2d_check(a, target, weight, reduction, ignore_index, **out):
         "nll_loss2d_forward.output": _nll_loss2d_check,
     },
     meta={"nll_loss_forward": _long_target(torch.ops.aten.nll_loss_forward.default, 1)},
+    no_loop_for=NOT_FLOATING,
 )
 def nll_loss_forward(a, target, weight, reduction, ignore_index):
     x = a if a.ndim > 1 else a[None]
@@ -147,7 +151,7 @@ def _loss_grad(grad, x, reduction):
     return g / x.size if reduction == 1 else g
 
 
-@lowering("mse_loss", real_only=True)
+@lowering("mse_loss", real_only=True, no_loop_for=NOT_FLOATING)
 def mse_loss(x, t, reduction=1):
     return _reduce(jnp.square(to_opmath(x) - to_opmath(t)), reduction, x.dtype)
 
@@ -162,7 +166,7 @@ def _smooth_l1(d, beta):
     return jnp.where(a < beta, 0.5 * d * d / jnp.where(beta == 0, 1, beta), a - 0.5 * beta)
 
 
-@lowering("smooth_l1_loss", real_only=True)
+@lowering("smooth_l1_loss", real_only=True, no_loop_for=NOT_FLOATING)
 def smooth_l1_loss(x, t, reduction=1, beta=1.0):
     d = to_opmath(x) - to_opmath(t)
     return _reduce(jnp.abs(d) if beta == 0 else _smooth_l1(d, beta), reduction, x.dtype)
@@ -175,7 +179,7 @@ def smooth_l1_loss_backward(grad, x, t, reduction, beta):
     return (g * _loss_grad(grad, x, reduction)).astype(x.dtype)
 
 
-@lowering("huber_loss", real_only=True)
+@lowering("huber_loss", real_only=True, no_loop_for=NOT_FLOATING)
 def huber_loss(x, t, reduction=1, delta=1.0):
     d = to_opmath(x) - to_opmath(t)
     a = jnp.abs(d)
@@ -189,7 +193,7 @@ def huber_loss_backward(grad, x, t, reduction, delta):
     return (g * _loss_grad(grad, x, reduction)).astype(x.dtype)
 
 
-@lowering("binary_cross_entropy", real_only=True)
+@lowering("binary_cross_entropy", real_only=True, no_loop_for=NOT_FLOATING)
 def binary_cross_entropy(x, t, weight=None, reduction=1):
     xf, tf = to_opmath(x), to_opmath(t)
     require((xf >= 0) & (xf <= 1), "all elements of input should be between 0 and 1")
@@ -209,7 +213,7 @@ def binary_cross_entropy_backward(grad, x, t, weight=None, reduction=1):
     return g.astype(x.dtype)
 
 
-@lowering("binary_cross_entropy_with_logits", real_only=True)
+@lowering("binary_cross_entropy_with_logits", real_only=True, no_loop_for=NOT_FLOATING)
 def binary_cross_entropy_with_logits(x, t, weight=None, pos_weight=None, reduction=1):
     xf, tf = to_opmath(x), to_opmath(t)
     softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(xf))) + jnp.maximum(-xf, 0)  # log(1 + exp(-x))
@@ -222,7 +226,18 @@ def binary_cross_entropy_with_logits(x, t, weight=None, pos_weight=None, reducti
     return _reduce(loss, reduction, x.dtype)
 
 
-@lowering("soft_margin_loss")
+def _soft_margin_loop_check(x, t, *_, **__):
+    """The CPU computes soft_margin_loss as in-place steps on -x in x's dtype: an integer x fails at its
+    exp_ ("result type Float can't be cast"), a wide unsigned one at neg."""
+    if x.dtype in WIDE_UNSIGNED:
+        raise not_implemented_for("neg", x.dtype)
+    if x.dtype in INTEGERS:
+        raise RuntimeError(f"result type Float can't be cast to the desired output type {scalar_type_name(x.dtype)}")
+
+
+@lowering(
+    "soft_margin_loss", meta_check=dict.fromkeys(("soft_margin_loss", "soft_margin_loss.out"), _soft_margin_loop_check)
+)
 def soft_margin_loss(x, t, reduction=1):
     return _reduce(jnp.log1p(jnp.exp(-to_opmath(t) * to_opmath(x))), reduction, x.dtype)
 
@@ -268,7 +283,7 @@ def _multi_margin_meta(x, target, p=1, margin=1, weight=None, reduction=1):
     return x.new_empty((frames,) if reduction == 0 and target.dim() > 0 else ())
 
 
-@lowering("multi_margin_loss", real_only=True, meta=_multi_margin_meta)
+@lowering("multi_margin_loss", real_only=True, meta=_multi_margin_meta, no_loop_for=_HALF_TOO)
 def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     require_index(target, x.shape[-1] if x.ndim else 1, False, "target out of range")
     return _multi_margin(x, target, p, margin, weight, reduction)
@@ -312,7 +327,7 @@ def _multilabel_margin_meta(x, target, reduction):
     return x.new_empty(loss_shape), x.new_empty(target.shape)
 
 
-@lowering("multilabel_margin_loss_forward", real_only=True, meta=_multilabel_margin_meta)
+@lowering("multilabel_margin_loss_forward", real_only=True, meta=_multilabel_margin_meta, no_loop_for=_HALF_TOO)
 def multilabel_margin_loss_forward(x, target, reduction):
     c = x.shape[-1] if x.ndim else 1
     require((target >= -1) & (target < c), "argument #2 'target' is out of range")  # -1 ends the list

@@ -12,9 +12,13 @@ from jax import lax
 
 from .argument_checks import deterministic_alert
 from .checks import require
-from .dtypes import WIDE_UNSIGNED, to_opmath
+from .dtypes import NOT_FLOATING, WIDE_UNSIGNED, to_opmath
 from .nn_common import _grad_input_meta, _low
 from .table import lowering, real_only_without_lowering
+
+# the CPU's average pools have integer loops for int64 only
+_AVG_NO_LOOP = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, *WIDE_UNSIGNED)
+_UNPOOL_NO_LOOP = (*NOT_FLOATING, torch.complex64, torch.complex128)
 
 
 def _tuple(v, nd, default=None):
@@ -153,12 +157,12 @@ def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
     return _max_pool_backward(grad, x, 3, indices)
 
 
-@lowering("max_pool2d_with_indices", real_only=True, no_loop_for=WIDE_UNSIGNED)
+@lowering("max_pool2d_with_indices", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     return _max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-@lowering("max_pool3d_with_indices", real_only=True, no_loop_for=WIDE_UNSIGNED)
+@lowering("max_pool3d_with_indices", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def max_pool3d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     return _max_pool(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
 
@@ -220,12 +224,12 @@ real_only_without_lowering(
 )
 
 
-@lowering("avg_pool2d", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
+@lowering("avg_pool2d", real_only=True, no_loop_for=_AVG_NO_LOOP)
 def avg_pool2d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
-@lowering("avg_pool3d", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
+@lowering("avg_pool3d", real_only=True, no_loop_for=(*_AVG_NO_LOOP, torch.float16, torch.bfloat16))
 def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
@@ -334,12 +338,12 @@ def _adaptive_max(x, nd, output_size):
     return out, ind
 
 
-@lowering("adaptive_max_pool2d", real_only=True, no_loop_for=WIDE_UNSIGNED)
+@lowering("adaptive_max_pool2d", real_only=True, no_loop_for=NOT_FLOATING)
 def adaptive_max_pool2d(x, output_size):
     return _adaptive_max(x, 2, output_size)
 
 
-@lowering("adaptive_max_pool3d", real_only=True, no_loop_for=WIDE_UNSIGNED)
+@lowering("adaptive_max_pool3d", real_only=True, no_loop_for=NOT_FLOATING)
 def adaptive_max_pool3d(x, output_size):
     return _adaptive_max(x, 3, output_size)
 
@@ -365,11 +369,11 @@ def _max_unpool(x, indices, output_size):
 
 
 # the CPU alerts: with duplicate indices (not from max_pool) which value lands is not defined
-@lowering("max_unpool2d", host_check=deterministic_alert("max_unpooling2d_forward_out"), no_loop_for=WIDE_UNSIGNED)
+@lowering("max_unpool2d", host_check=deterministic_alert("max_unpooling2d_forward_out"), no_loop_for=_UNPOOL_NO_LOOP)
 def max_unpool2d(x, indices, output_size):
     return _max_unpool(x, indices, tuple(output_size))
 
 
-@lowering("max_unpool3d", host_check=deterministic_alert("max_unpooling3d_forward_out"), no_loop_for=WIDE_UNSIGNED)
+@lowering("max_unpool3d", host_check=deterministic_alert("max_unpooling3d_forward_out"), no_loop_for=_UNPOOL_NO_LOOP)
 def max_unpool3d(x, indices, output_size, stride, padding):
     return _max_unpool(x, indices, tuple(output_size))

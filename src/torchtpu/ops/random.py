@@ -11,8 +11,10 @@ from jax import lax
 
 from .argument_checks import check_convertible, random_bounds_check, random_type_name
 from .checks import require
-from .dtypes import scalar_type_name, to_jax, to_torch
+from .dtypes import NOT_FLOATING, WIDE_UNSIGNED, scalar_type_name, to_jax, to_torch
 from .table import WriteOverlap, lowering
+
+_COMPLEX = (torch.complex64, torch.complex128)  # (complex32 follows CUDA: docs/design.md)
 
 # a random fill refuses an expanded `self`, as the CPU's (a TensorIterator without inputs)
 FILL = WriteOverlap()
@@ -111,6 +113,7 @@ _STD_TENSOR_CHECKS = {
     write_overlap=FILL,
     inplace_variant="normal_.default",
     host_check={"normal_functional": _std_float_check, "normal_.default": _std_float_check},
+    no_loop_for=NOT_FLOATING,
 )
 def normal(a, mean=0.0, std=1.0, generator=None, *, key):
     return normal_values(key, a.shape, a.dtype, mean, std)
@@ -120,19 +123,27 @@ def _check_probabilities(p):
     require((p >= 0) & (p <= 1), "Expected p_in >= 0 && p_in <= 1: every probability must be in [0, 1]")
 
 
-@lowering("bernoulli.p", random=True, inplace_variant="bernoulli_.float", write_overlap=FILL)
+@lowering(
+    "bernoulli.p",
+    random=True,
+    inplace_variant="bernoulli_.float",
+    write_overlap=FILL,
+    no_loop_for=(*WIDE_UNSIGNED, *_COMPLEX),
+)
 def bernoulli_p(a, p=0.5, generator=None, *, key):
     require((p >= 0) & (p <= 1), "bernoulli_ expects p to be in [0, 1]")
     return (jax.random.uniform(key, a.shape, jnp.float32) < p).astype(a.dtype)
 
 
-@lowering("bernoulli.Tensor", random=True, write_overlap=WriteOverlap(no_partial_overlap=("p",)))
+@lowering(
+    "bernoulli.Tensor", random=True, write_overlap=WriteOverlap(no_partial_overlap=("p",)), no_loop_for=WIDE_UNSIGNED
+)
 def bernoulli_t(a, p, generator=None, *, key):
     _check_probabilities(p)
     return (jax.random.uniform(key, a.shape, jnp.float32) < p).astype(a.dtype)
 
 
-@lowering("bernoulli", random=True)
+@lowering("bernoulli", random=True, no_loop_for=(*NOT_FLOATING, *_COMPLEX))  # (p is the tensor itself)
 def bernoulli(a, generator=None, *, key):
     _check_probabilities(a)
     return (jax.random.uniform(key, a.shape, jnp.float32) < a).astype(a.dtype)
@@ -174,14 +185,20 @@ def cauchy(a, median=0.0, sigma=1.0, generator=None, *, key):
     return (median + sigma * jnp.tan(jnp.pi * (_u(key, a) - 0.5))).astype(a.dtype)
 
 
-@lowering("geometric", random=True, draws_by_index=True, write_overlap=FILL)
+@lowering(
+    "geometric",
+    random=True,
+    draws_by_index=True,
+    write_overlap=FILL,
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED, *_COMPLEX),
+)
 def geometric(a, p, generator=None, *, key):
     # number of Bernoulli(p) trials up to the first success: support {1, 2, ...}
     u = _u(key, a, tiny=True)
     return jnp.ceil(jnp.log(u) / jnp.log1p(-jnp.asarray(p, u.dtype))).astype(a.dtype)
 
 
-@lowering("log_normal", random=True, draws_by_index=True, write_overlap=FILL)
+@lowering("log_normal", random=True, draws_by_index=True, write_overlap=FILL, no_loop_for=(*NOT_FLOATING, *_COMPLEX))
 def log_normal(a, mean=1.0, std=2.0, generator=None, *, key):
     d = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
     return jnp.exp(mean + std * jax.random.normal(key, a.shape, d)).astype(a.dtype)
@@ -303,6 +320,7 @@ def _randperm_meta_check(n, *args, dtype=None, out=None, **kwargs):
     "randperm",
     "randperm.generator",
     random=True,
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED, *_COMPLEX),
     meta_check={
         name: _randperm_meta_check
         for name in ("randperm", "randperm.generator", "randperm.out", "randperm.generator_out")

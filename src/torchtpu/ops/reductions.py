@@ -11,7 +11,7 @@ from jax import lax
 
 from .argument_checks import same_scalar_type_out_check, warn_at_caller
 from .checks import require
-from .dtypes import WIDE_UNSIGNED, not_implemented_for, opmath, scalar_type_name, to_opmath
+from .dtypes import NOT_FLOATING, WIDE_UNSIGNED, not_implemented_for, opmath, scalar_type_name, to_opmath
 from .table import lowering, real_only_without_lowering
 
 
@@ -38,6 +38,12 @@ def sum_reduction(a, dim=None, keepdim=False, dtype=None):
     # the CPU casts each element to the result dtype first (a float32 input summed as float16 rounds
     # every element to float16), then accumulates in its opmath type
     return jnp.sum(a.astype(d).astype(acc), axis=_dims(a, dim), keepdims=keepdim).astype(d)
+
+
+# the CPU's trace sums the diagonal as sum does (integers into int64); it has no bool or wide unsigned loop
+@lowering("trace", no_loop_for=(torch.bool, *WIDE_UNSIGNED))
+def trace(a):
+    return sum_reduction(jnp.diagonal(a))
 
 
 def _mean_complex_half_check(a, *args, **kwargs):
@@ -281,7 +287,7 @@ def std_mean(a, dim=None, correction=None, keepdim=False):
     return std(a, dim, correction, keepdim), mean(a, dim, keepdim)
 
 
-@lowering("nansum", real_only=True)
+@lowering("nansum", real_only="nansum on CPU does not support complex inputs")
 def nansum(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
     x = a.astype(d).astype(opmath(d))  # (each element in the result dtype first, as sum)
@@ -336,7 +342,7 @@ def deprecated_aminmax(a, dim=None, keepdim=False):
     return aminmax(a, dim, keepdim)
 
 
-@lowering("count_nonzero", "count_nonzero.dim_IntList")
+@lowering("count_nonzero", "count_nonzero.dim_IntList", no_loop_for=WIDE_UNSIGNED)
 def count_nonzero(a, dim=None):
     return jnp.sum(a != 0, axis=_dims(a, dim), dtype=jnp.int64)
 
@@ -474,17 +480,31 @@ def _sort(a, axis, descending):
     return keys.astype(a.dtype), idx
 
 
-@lowering("sort", real_only=True)
+# the CPU's words for complex input (a RuntimeError, leading space and all)
+_SORT_COMPLEX = " Sort does not support complex dtypes on CPU"
+
+
+@lowering("sort", real_only=_SORT_COMPLEX)
 def sort(a, dim=-1, descending=False):
     return _sort(a, _axis(a, dim), descending)
 
 
-@lowering("sort.stable", real_only=True)
+@lowering("sort.stable", real_only=_SORT_COMPLEX)
 def sort_stable(a, stable=None, dim=-1, descending=False):
     return _sort(a, _axis(a, dim), descending)
 
 
-@lowering("topk", real_only=True, no_loop_for=(torch.bool, *WIDE_UNSIGNED))
+def _topk_bool_check(a, *_, **__):
+    if a.dtype == torch.bool:
+        raise RuntimeError("topk does not support bool dtypes on CPU")  # (its words; no dtype dispatch)
+
+
+@lowering(
+    "topk",
+    real_only=" topk does not support complex dtypes on CPU",
+    no_loop_for=WIDE_UNSIGNED,
+    meta_check=dict.fromkeys(("topk", "topk.values"), _topk_bool_check),
+)
 def topk(a, k, dim=-1, largest=True, sorted=True):
     if a.ndim == 0:
         return a, jnp.zeros((), jnp.int64)
@@ -708,7 +728,7 @@ def _histc_bounds_check(a, bins=100, min=0, max=0, **kwargs):
     "histc",
     real_only=True,
     host_check=dict.fromkeys(("histc", "histc.out"), _histc_bounds_check),
-    no_loop_for=WIDE_UNSIGNED,
+    no_loop_for=NOT_FLOATING,
 )
 def histc(a, bins=100, min=0, max=0):
     # PyTorch: min == max means the data's own range; values outside [min, max] are ignored
@@ -762,9 +782,14 @@ def _histogram_bins_tensor_out_meta(self, bins, *, weight=None, density=False, h
     return hist.resize_((bins.shape[0] - 1,)), bin_edges.resize_((bins.shape[0],))
 
 
+# histogramdd, the CPU kernel of every histogram overload, computes in float32 and float64 only
+HISTOGRAM_NO_LOOP = (*NOT_FLOATING, torch.float16, torch.bfloat16)
+
+
 @lowering(
     "histogram.bin_ct",
     missing_meta={"histogram.bin_ct": _histogram_bin_ct_meta, "histogram.bin_ct_out": _histogram_bin_ct_out_meta},
+    no_loop_for=HISTOGRAM_NO_LOOP,
 )
 def histogram(a, bins=100, range=None, weight=None, density=False):
     from .factories import linspace
@@ -793,6 +818,7 @@ def histogram(a, bins=100, range=None, weight=None, density=False):
         "histogram.bins_tensor": _histogram_bins_tensor_meta,
         "histogram.bins_tensor_out": _histogram_bins_tensor_out_meta,
     },
+    no_loop_for=HISTOGRAM_NO_LOOP,
 )
 def histogram_bins_tensor(a, bins, weight=None, density=False):
     x, edges = a.reshape(-1), bins.astype(a.dtype)
@@ -850,7 +876,7 @@ def _segment_reduce(data, reduce, lengths, offsets, axis, initial):
     return out.astype(data.dtype)
 
 
-@lowering("segment_reduce", real_only=True)
+@lowering("segment_reduce", real_only=True, no_loop_for=NOT_FLOATING)
 def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
     size = data.shape[axis % data.ndim]
     if lengths is not None:
@@ -877,7 +903,7 @@ def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=No
     return vjp(grad.astype(x.dtype))[0].astype(data.dtype)
 
 
-@lowering("hash_tensor", real_only=True)
+@lowering("hash_tensor", real_only=True, no_loop_for=WIDE_UNSIGNED)
 def hash_tensor(x, dim=(), keepdim=False, mode=0):
     """The xor of the elements' 64-bit patterns (floats widened to float64, integers to 64 bits), as a
     uint64: PyTorch's mode 0, the only one."""

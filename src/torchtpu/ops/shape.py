@@ -16,7 +16,7 @@ from jax import lax
 from torch._prims_common import suggest_memory_format
 
 from .argument_checks import input_loop_check, out_overlaps_inputs_check
-from .dtypes import WIDE_UNSIGNED, scalar_type_name, to_opmath
+from .dtypes import INTEGERS, WIDE_UNSIGNED, scalar_type_name, to_opmath
 from .table import lowering
 
 
@@ -121,12 +121,12 @@ _PADS = ("reflection_pad1d", "reflection_pad2d", "reflection_pad3d")
 _REPLICATION = ("replication_pad1d", "replication_pad2d", "replication_pad3d")
 
 
-@lowering(*_PADS, meta=_laid_out_as_input(*_PADS))
+@lowering(*_PADS, meta=_laid_out_as_input(*_PADS), no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def reflection_pad(x, padding):
     return _mode_pad(x, padding, "reflect")
 
 
-@lowering(*_REPLICATION, meta=_laid_out_as_input(*_REPLICATION))
+@lowering(*_REPLICATION, meta=_laid_out_as_input(*_REPLICATION), no_loop_for=(torch.bool, *WIDE_UNSIGNED))
 def replication_pad(x, padding):
     return _mode_pad(x, padding, "edge")
 
@@ -201,7 +201,7 @@ def diag_embed(x, offset=0, dim1=-2, dim2=-1):
     return jnp.moveaxis(out, (-2, -1), (d1, d2))
 
 
-@lowering("pixel_shuffle", meta=_laid_out_as_input("pixel_shuffle"))
+@lowering("pixel_shuffle", meta=_laid_out_as_input("pixel_shuffle"), no_loop_for=WIDE_UNSIGNED)
 def pixel_shuffle(x, r):
     *lead, c, h, w = x.shape
     oc = c // (r * r)
@@ -211,7 +211,7 @@ def pixel_shuffle(x, r):
     return y.reshape(tuple(lead) + (oc, h * r, w * r))
 
 
-@lowering("pixel_unshuffle")
+@lowering("pixel_unshuffle", no_loop_for=WIDE_UNSIGNED)
 def pixel_unshuffle(x, r):
     *lead, c, h, w = x.shape
     n = len(lead)
@@ -239,7 +239,7 @@ def _im2col(x, kernel_size, dilation, padding, stride):
     return out if batched else out[0]
 
 
-@lowering("im2col", no_loop_for=WIDE_UNSIGNED)
+@lowering("im2col", no_loop_for=INTEGERS)  # (bool has a loop)
 def im2col(x, kernel_size, dilation, padding, stride):
     return _im2col(x, kernel_size, dilation, padding, stride)
 

@@ -42,6 +42,10 @@ finds all of them (docs/design.md, "Adding an op"):
                             dtype the CPU dispatches on (dispatch_dtype), once per executable. A promoting
                             (elementwise) lowering lacks WIDE_UNSIGNED (uint16/32/64) too, but
     loops_for=WIDE_UNSIGNED an elementwise lowering whose CPU kernel has loops for them (mul, eq, bitwise_and)
+    cpu_operands=("index",) tensor arguments that may live on the CPU when the op runs on tpu: the eager
+                            engine moves them to the op's device (the index of index_select and the
+                            index_* writes, as advanced indexing takes a CPU index on CUDA); a CPU
+                            tensor in any other argument raises PyTorch's device error
     composite_in_eager=True an ATen CompositeImplicit op (it decomposes before a backend sees it) that
                             eager runs whole, one executable instead of one per step; for ops without a
                             gradient only (the kernel sits on the Autograd key too)
@@ -60,7 +64,7 @@ from collections.abc import Callable
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from .dtypes import KIND, WIDE_UNSIGNED, not_implemented_for, operand_facts, promote
+from .dtypes import KIND, WIDE_UNSIGNED, not_implemented_for, operand_facts, promote, to_torch
 
 __all__ = [
     "INDEXED_WRITE",
@@ -110,6 +114,7 @@ FACT_KINDS = (
     "composite_in_eager",
     "no_loop_for",
     "loops_for",
+    "cpu_operands",
 )
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
@@ -265,7 +270,8 @@ def reject_complex(name, values):
 def dispatch_dtype(low: Lowering, args, kwargs, kind=KIND.NO_OPMATH):
     """The dtype the CPU kernel of `low` picks its loop by, from meta arguments: for a promoting op the
     common dtype of its operands (TensorIterator's; with `kind` INT_TO_FLOAT, an integral one becomes
-    the float it computes in), else the dtype of its first tensor argument; None without one."""
+    the float it computes in), else the `dtype=` it makes (a factory), else the dtype of its first tensor
+    argument; None without one."""
     if low.promote is not None:
         positions = low.promote_args if low.promote_args is not None else range(len(args))
         numbers = (torch.Tensor, bool, int, float, complex)
@@ -276,6 +282,9 @@ def dispatch_dtype(low: Lowering, args, kwargs, kind=KIND.NO_OPMATH):
                 for b in tensors[i + 1 :]:
                     torch.result_type(a, b)
             return elementwise_dtypes(*operands, type_promotion_kind=kind)[1]
+    made = kwargs.get("dtype")
+    if made is not None:  # a factory's (arange, linspace, eye, and their out= through their twin)
+        return made if isinstance(made, torch.dtype) else to_torch(made)
     return next((a.dtype for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
 
 
@@ -287,8 +296,13 @@ def reject_missing_loop(low: Lowering, args, kwargs):
     wide = low.promote is not None and low.name not in _FACTS["loops_for"]
     if not lacking and not wide:
         return
+    if low.random and args and isinstance(args[0], torch.Tensor) and args[0].numel() == 0:
+        return  # a random fill of an empty tensor returns before the CPU's dispatch (normal_, bernoulli_)
+    out = kwargs.get("out")
     kwargs = {k: v for k, v in kwargs.items() if k != "out"}
     dtype = dispatch_dtype(low, args, kwargs)
+    if dtype is None and isinstance(out, torch.Tensor):  # a factory's out= (arange(out=)): its dtype
+        dtype = out.dtype
     if dtype not in lacking and wide and low.promote == KIND.INT_TO_FLOAT:
         dtype = dispatch_dtype(low, args, kwargs, KIND.INT_TO_FLOAT)  # sqrt(uint32) computes in float
     if dtype in lacking or (wide and dtype in WIDE_UNSIGNED):
