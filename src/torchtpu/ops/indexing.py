@@ -212,6 +212,10 @@ def gather(x, dim, index, sparse_grad=False):
 
 
 def _scatter_target(x, dim, index):
+    """(coordinates, dim) a scatter writes at; None for an empty index, which leaves x as it is and, as
+    on the CPU, may have any number of dimensions."""
+    if index.size == 0:
+        return None, dim
     dim = _dim(dim, x.ndim)
     if x.ndim == 0:
         return (), dim
@@ -291,6 +295,8 @@ def _src(src, index, dtype):
 )
 def scatter(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
+    if at is None:
+        return x
     return x.at[at].set(_src(src, index, x.dtype))
 
 
@@ -303,6 +309,8 @@ def scatter(x, dim, index, src):
 )
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     at, _ = _scatter_target(x, dim, index)
+    if at is None:
+        return x
     v = _src(src, index, x.dtype)
     return _scatter_add_rounded_once(x, at, v) if reduce == "add" else _scatter_mul(x, at, v)
 
@@ -310,6 +318,8 @@ def scatter_reduce_legacy(x, dim, index, src, reduce):
 @lowering("scatter_add", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads, no_loop_for=WIDE_UNSIGNED)
 def scatter_add(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
+    if at is None:
+        return x
     return _scatter_add_rounded_once(x, at, _src(src, index, x.dtype))
 
 
@@ -367,6 +377,8 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if reduce in ("amax", "amin") and jnp.iscomplexobj(x):  # no order on complex numbers (as the CPU)
         raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{scalar_type_name(x.dtype)}'")
     at, _ = _scatter_target(x, dim, index)
+    if at is None:
+        return x
     return _scatter_reduce(x, at, _src(src, index, x.dtype), reduce, include_self)
 
 

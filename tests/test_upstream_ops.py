@@ -1,0 +1,73 @@
+"""Regressions found by PyTorch's test_ops.py (TestCommon, TestMathBits, TestFakeTensor) on "tpu" (issue
+47), compared against the CPU on the same inputs."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+DEV = "tpu"
+
+
+def _on_both(fn):
+    expected = fn("cpu")
+    assert_close(fn(DEV).cpu(), expected)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x, i, s: x.scatter(0, i, s),
+        lambda x, i, s: x.scatter(0, i, 2.0),
+        lambda x, i, s: x.scatter(0, i, s, reduce="add"),
+        lambda x, i, s: x.scatter_add(0, i, s),
+        lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False),
+    ],
+)
+def test_scatter_with_an_empty_index_of_more_dims_leaves_self(op):
+    # an empty index may have any number of dimensions (gather's backward scatters into a 1-d
+    # gradient through a (2, 0) index): JAX refused the coordinates
+    def run(dev):
+        x = torch.arange(5.0, device=dev)
+        return op(x, torch.zeros(2, 0, dtype=torch.int64, device=dev), torch.ones(2, 0, device=dev))
+
+    _on_both(run)
+
+
+def test_gather_backward_with_an_empty_index():
+    def run(dev):
+        x = torch.arange(5.0, device=dev).requires_grad_()
+        torch.gather(x, 0, torch.zeros(2, 0, dtype=torch.int64, device=dev)).sum().backward()
+        return x.grad
+
+    _on_both(run)
+
+
+EMPTY_SEARCHES = [((0, 0), (0, 0)), ((0, 0), (0, 3)), ((2, 0), (2, 3)), ((2, 3), (2, 0))]
+
+
+@pytest.mark.parametrize("seq_shape, val_shape", EMPTY_SEARCHES)
+def test_searchsorted_of_empty_batches_and_rows(seq_shape, val_shape):
+    # reshape(-1, 0) has no answer: an empty batch or row raised ZeroDivisionError
+    def run(dev):
+        seq = torch.arange(float(torch.Size(seq_shape).numel()), device=dev).reshape(seq_shape)
+        return torch.searchsorted(seq, torch.ones(val_shape, device=dev))
+
+    _on_both(run)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a, o: torch.add(a, a, out=o),
+        lambda a, o: torch.amax(a, out=o),
+        lambda a, o: o.add_(a),
+    ],
+)
+def test_a_cpu_0dim_output_is_a_device_mismatch(call):
+    # CPU 0-dim tensors mix with tpu tensors as scalars (as on CUDA), but not as the tensor written: the
+    # engine took the out= for a scalar and failed on its storage (KeyError)
+    a = torch.tensor(1.5, device=DEV)
+    out = torch.zeros(())
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        call(a, out)
+    assert out.item() == 0.0
