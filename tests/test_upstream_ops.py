@@ -71,3 +71,19 @@ def test_a_cpu_0dim_output_is_a_device_mismatch(call):
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         call(a, out)
     assert out.item() == 0.0
+
+
+@pytest.mark.parametrize("index_shape", [(), (1,)])
+def test_gather_backward_of_a_0dim_input(index_shape):
+    # the backward scatters a 1-element gradient into a 0-dim one: JAX refused the (1,) update
+    def run(dev):
+        x = torch.tensor(2.5, device=dev).requires_grad_()
+        (torch.gather(x, 0, torch.zeros(index_shape, dtype=torch.int64, device=dev)) * 3).sum().backward()
+        return x.grad
+
+    _on_both(run)
+    _on_both(
+        lambda dev: torch.zeros((), device=dev).scatter_add(
+            0, torch.zeros(1, dtype=torch.int64, device=dev), torch.ones(1, device=dev)
+        )
+    )

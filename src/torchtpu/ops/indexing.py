@@ -290,6 +290,13 @@ def _src(src, index, dtype):
     return jnp.broadcast_to(jnp.asarray(src, dtype), index.shape)
 
 
+def _scatter_values(x, index, src):
+    """The updates of a scatter into x: src (or its value) fitted to the index, and to a 0-dim x as a
+    0-dim value (its one-element index may be 1-d: gather's backward into a 0-dim input)."""
+    v = _src(src, index, x.dtype)
+    return v.reshape(()) if x.ndim == 0 else v
+
+
 @lowering(
     "scatter.src", "scatter.value", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads, no_loop_for=WIDE_UNSIGNED
 )
@@ -297,7 +304,7 @@ def scatter(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
     if at is None:
         return x
-    return x.at[at].set(_src(src, index, x.dtype))
+    return x.at[at].set(_scatter_values(x, index, src))
 
 
 @lowering(
@@ -311,7 +318,7 @@ def scatter_reduce_legacy(x, dim, index, src, reduce):
     at, _ = _scatter_target(x, dim, index)
     if at is None:
         return x
-    v = _src(src, index, x.dtype)
+    v = _scatter_values(x, index, src)
     return _scatter_add_rounded_once(x, at, v) if reduce == "add" else _scatter_mul(x, at, v)
 
 
@@ -320,7 +327,7 @@ def scatter_add(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
     if at is None:
         return x
-    return _scatter_add_rounded_once(x, at, _src(src, index, x.dtype))
+    return _scatter_add_rounded_once(x, at, _scatter_values(x, index, src))
 
 
 def _scatter_reduce(x, at, v, reduce, include_self, counts=None, fold=None):
@@ -379,7 +386,7 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     at, _ = _scatter_target(x, dim, index)
     if at is None:
         return x
-    return _scatter_reduce(x, at, _src(src, index, x.dtype), reduce, include_self)
+    return _scatter_reduce(x, at, _scatter_values(x, index, src), reduce, include_self)
 
 
 def _along(dim, ndim, index):
