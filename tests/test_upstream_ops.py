@@ -87,3 +87,30 @@ def test_gather_backward_of_a_0dim_input(index_shape):
             0, torch.zeros(1, dtype=torch.int64, device=dev), torch.ones(1, device=dev)
         )
     )
+
+
+CLAMP_OF_BOOL = [
+    lambda b: torch.clamp(b, b, b),
+    lambda b: torch.clamp(b, b, None),
+    lambda b: torch.clamp(b, None, b),
+    lambda b: torch.clamp(b, b, b.int()),
+    lambda b: torch.clamp(b, True, False),
+    lambda b: torch.clamp(b, False),
+    lambda b: torch.clamp(b, None, True),
+    lambda b: torch.clamp(b, 0, 1),
+    lambda b: b.clone().clamp_(b, b),
+]
+
+
+@pytest.mark.parametrize("call", CLAMP_OF_BOOL)
+def test_clamp_of_bool_raises_where_the_cpu_does(call):
+    # test_dtypes: the CPU's clamp kernels have no bool loop (two bool tensor bounds, or bool Scalars);
+    # one bool tensor bound is maximum/minimum, which has
+    b = torch.tensor([True, False, True])
+    try:
+        expected = call(b)
+    except NotImplementedError as e:
+        with pytest.raises(NotImplementedError, match=str(e).replace("_cpu", "_tpu")):
+            call(b.to(DEV))
+    else:
+        assert_close(call(b.to(DEV)).cpu(), expected)

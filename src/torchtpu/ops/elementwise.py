@@ -14,6 +14,7 @@ from .dtypes import (
     convert,
     divide,
     multiply,
+    not_implemented_for,
     operand_facts,
     promote,
     scalar_type_name,
@@ -449,9 +450,23 @@ def addcdiv(a, t1, t2, value=1):
 
 
 def _clamp_check(a, min=None, max=None, *_, **__):
-    """PyTorch's clamp checks this before its meta kernel, whose own error is a ValueError."""
+    """PyTorch's clamp checks this before its meta kernel, whose own error is a ValueError. And the CPU's
+    clamp kernels have no bool loop where the operands' common dtype is bool: clamp by two bool tensors
+    (by one, it is maximum or minimum, which have), and clamp by bool Scalars."""
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    bounds = [b for b in (min, max) if b is not None]
+    if a.dtype != torch.bool or not all(
+        (b.dtype == torch.bool) if isinstance(b, torch.Tensor) else isinstance(b, bool) for b in bounds
+    ):
+        return
+    if any(isinstance(b, torch.Tensor) for b in bounds):
+        if len(bounds) == 2:
+            raise not_implemented_for("clamp", torch.bool)
+    elif len(bounds) == 2:
+        raise not_implemented_for("clamp_scalar", torch.bool)
+    else:
+        raise not_implemented_for("clamp_min_scalar" if min is not None else "clamp_max_scalar", torch.bool)
 
 
 def _clamp_out_check(a, min=None, max=None, *_, out=None, **__):
