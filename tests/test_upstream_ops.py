@@ -114,3 +114,40 @@ def test_clamp_of_bool_raises_where_the_cpu_does(call):
             call(b.to(DEV))
     else:
         assert_close(call(b.to(DEV)).cpu(), expected)
+
+
+EXPANDED_OUT = [
+    lambda x, out: torch.index_select(x, 1, torch.tensor([0, 1], device=x.device), out=out),  # resized: (3, 2)
+    lambda x, out: torch.add(x[:2], 1, out=out),
+    lambda x, out: torch.bernoulli(torch.rand(2, 6, device=x.device), out=out),
+]
+
+
+@pytest.mark.parametrize("call", EXPANDED_OUT)
+def test_an_expanded_out_raises_before_any_resize(call):
+    # test_errors: the CPU checks the written tensor for internal overlap before resizing it; tpu resized
+    # it first (then nothing overlapped) or, for bernoulli, did not check
+    for dev in ("cpu", DEV):
+        out = torch.zeros(1, 6, device=dev).expand(2, 6)
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            call(torch.randn(3, 6, device=dev), out)
+
+
+CPU_ERRORS = [
+    lambda d: torch.randn(3, device=d).masked_scatter(torch.ones(3, device=d).byte(), torch.ones(3, device=d)),
+    lambda d: torch.randn(3, device=d).masked_scatter_(torch.ones(3, device=d), torch.ones(3, device=d)),
+    lambda d: torch.multinomial(torch.rand(2, 4, device=d), 2, out=torch.empty(2, 2, device=d)),
+    lambda d: torch.arange(4, device=d).mean(),
+    lambda d: torch.randn(4, device=d).mean(0, dtype=torch.int64),
+]
+
+
+@pytest.mark.parametrize("call", CPU_ERRORS)
+def test_argument_errors_in_the_cpus_words(call):
+    # test_errors: tpu computed masked_scatter with a uint8 mask and multinomial into a float out=; mean
+    # named the dtype "torch.int64" (PyTorch's meta kernel) where the CPU says "Long"
+    with pytest.raises(RuntimeError) as cpu:
+        call("cpu")
+    with pytest.raises(RuntimeError) as tpu:
+        call(DEV)
+    assert str(tpu.value) == str(cpu.value)

@@ -99,6 +99,19 @@ def checks_first(kernel) -> bool:
     return bool(kernel.mutable) and _rule(kernel.op) is None and elementwise(kernel.op)
 
 
+def check_before_resize(kernel, tensors):
+    """An out= tensor about to be resized that overlaps itself raises as the CPU's does: its kernels
+    check the written tensor before resizing it (`index_select(..., out=expanded)`), and the resized
+    tensor would not overlap any more."""
+    rule = _rule(kernel.op)
+    if (rule is None and not elementwise(kernel.op)) or (rule is not None and rule.unchecked):
+        return
+    if rule is not None and rule.expanded_warning is not None:
+        return
+    if any(t.numel() and has_internal_overlap(t) for t in tensors):
+        raise RuntimeError(INTERNAL)
+
+
 def guard(kernel, args, kwargs, dyn_offset):
     """At an executable's build: raise if a written tensor overlaps itself; return None, or a function
     of the call's traced offsets that raises where a written tensor overlaps an input it may not

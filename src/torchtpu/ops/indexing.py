@@ -577,10 +577,19 @@ def _source_may_be_short(self, mask, source, *_, **__):
 _masked_scatter_source_check.can_raise = _source_may_be_short
 
 
+def _masked_scatter_mask_check(self, mask, *_, **__):
+    """The CPU takes bool masks only (PyTorch's meta kernel lets uint8 through, in other words)."""
+    if mask.dtype != torch.bool:
+        raise RuntimeError(
+            f"masked_scatter_ only supports boolean masks, but got mask with dtype {scalar_type_name(mask.dtype)}"
+        )
+
+
 @lowering(
     "masked_scatter",
     no_loop_for=WIDE_UNSIGNED,
     write_overlap=WriteOverlap(),
+    meta_check=dict.fromkeys(("masked_scatter", "masked_scatter_", "masked_scatter.out"), _masked_scatter_mask_check),
     host_check=dict.fromkeys(("masked_scatter", "masked_scatter_", "masked_scatter.out"), _masked_scatter_source_check),
 )
 def masked_scatter(x, mask, source):
