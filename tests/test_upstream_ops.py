@@ -151,3 +151,23 @@ def test_argument_errors_in_the_cpus_words(call):
     with pytest.raises(RuntimeError) as tpu:
         call(DEV)
     assert str(tpu.value) == str(cpu.value)
+
+
+CAT_ERRORS = [
+    lambda d: torch.cat([torch.ones(4, 0, device=d), torch.ones(5, 0, 3, device=d)], 1),
+    lambda d: torch.cat([torch.ones(2, 3, device=d), torch.ones(3, device=d)]),
+    lambda d: torch.cat([torch.tensor(1.0, device=d), torch.tensor(2.0, device=d)]),
+    lambda d: torch.cat([torch.ones(0, device=d), torch.tensor(2.0, device=d)]),
+    lambda d: torch.hstack([torch.ones(3, device=d), torch.ones(2, 2, device=d)]),
+    lambda d: torch.cat([torch.ones(2, device=d), torch.ones(2, 2, device=d)], out=torch.empty(0, device=d)),
+]
+
+
+@pytest.mark.parametrize("call", CAT_ERRORS)
+def test_cat_errors_in_the_cpus_words(call):
+    # test_errors_cat/hstack/dstack: PyTorch's meta kernel words these otherwise (an IndexError for 0-dim)
+    with pytest.raises(RuntimeError) as cpu:
+        call("cpu")
+    with pytest.raises(RuntimeError) as tpu:
+        call(DEV)
+    assert str(tpu.value) == str(cpu.value)
