@@ -612,6 +612,7 @@ def _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized):
         collect(r, m)
     for k in kwargs:
         collect(kwargs[k], meta_kwargs[k])
+    overlap.check_before_resize(kernel, [real for real, _, _ in pairs])
     raise NeedsResize(pairs)
 
 

@@ -129,6 +129,9 @@ class OpKernel:
         self.where = "aten::" + self.name
         self.scalar_pos, self.scalar_names = _scalar_positions(schema)
         self.mutable = _mutable_args(schema)
+        # the same, as sets: a CPU 0-dim tensor here is written, so it cannot travel as a scalar
+        self.written_pos = {i for i, _, kwarg_only in self.mutable if not kwarg_only}
+        self.written_names = {name for _, name, _ in self.mutable}
         self.cache = {}
         # a return that aliases an argument is that argument itself (add_ returns self)
         self.aliased_returns = [_aliased_name(schema, r) for r in schema.returns]
@@ -169,11 +172,16 @@ class OpKernel:
                     if r is not None:
                         device = key_tensor(a, r, address, parts, slot_of, records, offsets, device, self.where)
                         continue
-                device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, i in scalar_pos)
+                device = self._flatten(
+                    a, parts, slot_of, records, scalars, offsets, device, i in scalar_pos, i in self.written_pos
+                )
             if kwargs:
+                scalar_names, written_names = self.scalar_names, self.written_names
                 for k, a in kwargs.items():
                     parts.append(k)
-                    device = self._flatten(a, parts, slot_of, records, scalars, offsets, device, k in self.scalar_names)
+                    device = self._flatten(
+                        a, parts, slot_of, records, scalars, offsets, device, k in scalar_names, k in written_names
+                    )
         except _CpuOperand as e:
             return self._with_cpu_operands_moved(e.tensor, e.device, args, kwargs)
         keyed_precision = self.precision_sensitive
@@ -319,7 +327,7 @@ class OpKernel:
         # (reproducible, and it advances the generator): eager/random.py
         return generator_rng_args(gen)
 
-    def _flatten(self, a, parts, slot_of, bufs, scalars, offsets, device, is_scalar_arg):
+    def _flatten(self, a, parts, slot_of, bufs, scalars, offsets, device, is_scalar_arg, written=False):
         ta = type(a)
         if ta in _PLAIN and not (is_scalar_arg and ta in _SCALAR_TYPES):  # dtype=, layout=, None, flags
             # (a bool is keyed by type too: True == 1 and hash(True) == hash(1), but `b * True` and
@@ -331,7 +339,7 @@ class OpKernel:
             address = a.untyped_storage().data_ptr()
             return key_tensor(a, RECORDS[address], address, parts, slot_of, bufs, offsets, device, self.where)
         if kind is FOREIGN:
-            return self._foreign_tensor(a, parts, scalars, device)
+            return self._foreign_tensor(a, parts, scalars, device, written)
         if kind is SCALAR:
             scalars.append(a)
             # decomposed ops bake scalars into their graph, so their values must key the cache
@@ -359,8 +367,8 @@ class OpKernel:
             parts.append(("V", a))
         return device
 
-    def _foreign_tensor(self, a, parts, scalars, device):
-        if a.device.type == "cpu" and a.dim() == 0:
+    def _foreign_tensor(self, a, parts, scalars, device, written=False):
+        if a.device.type == "cpu" and a.dim() == 0 and not written:
             # CPU scalars may mix with device tensors, as on CUDA; they travel as traced scalars.
             scalars.append(a.item())
             parts.append(("C", a.dtype))

@@ -99,14 +99,32 @@ def checks_first(kernel) -> bool:
     return bool(kernel.mutable) and _rule(kernel.op) is None and elementwise(kernel.op)
 
 
+def _checked_rule(kernel):
+    """(whether the CPU checks the op's written tensors for overlap, its declared WriteOverlap or None):
+    elementwise ops and ops with a rule are checked, unless the rule says `unchecked`."""
+    rule = _rule(kernel.op)
+    return not ((rule is None and not elementwise(kernel.op)) or (rule is not None and rule.unchecked)), rule
+
+
+def check_before_resize(kernel, tensors):
+    """An out= tensor about to be resized that overlaps itself raises as the CPU's does: its kernels
+    check the written tensor before resizing it (`index_select(..., out=expanded)`), and the resized
+    tensor would not overlap any more."""
+    checked, rule = _checked_rule(kernel)
+    if not checked or (rule is not None and rule.expanded_warning is not None):
+        return
+    if any(t.numel() and has_internal_overlap(t) for t in tensors):
+        raise RuntimeError(INTERNAL)
+
+
 def guard(kernel, args, kwargs, dyn_offset):
     """At an executable's build: raise if a written tensor overlaps itself; return None, or a function
     of the call's traced offsets that raises where a written tensor overlaps an input it may not
     (and gives an op's per-call warning for an expanded written tensor)."""
     if not kernel.mutable:
         return None
-    rule = _rule(kernel.op)
-    if (rule is None and not elementwise(kernel.op)) or (rule is not None and rule.unchecked):
+    checked, rule = _checked_rule(kernel)
+    if not checked:
         return None
     slots = _slots(kernel, args, kwargs)
     written = [t for _, t, w in slots if w]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -19,8 +21,9 @@ def _searchsorted(seq, values, right, sorter):
     side = "right" if right else "left"
     if seq.ndim == 1:
         return jnp.searchsorted(seq, values, side=side, method="compare_all" if seq.shape[0] <= 64 else "scan")
-    flat_seq = seq.reshape(-1, seq.shape[-1])
-    flat_val = values.reshape(flat_seq.shape[0], -1)
+    # explicit sizes: an empty batch or row leaves -1 undetermined (seq (0, 0))
+    flat_seq = seq.reshape(math.prod(seq.shape[:-1]), seq.shape[-1])
+    flat_val = values.reshape(flat_seq.shape[0], values.shape[-1])
     out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_seq, flat_val)
     return out.reshape(values.shape)
 

@@ -476,9 +476,17 @@ def addcdiv(a, t1, t2, value=1):
 
 
 def _clamp_check(a, min=None, max=None, *_, **__):
-    """PyTorch's clamp checks this before its meta kernel, whose own error is a ValueError."""
+    """PyTorch's clamp checks this before its meta kernel, whose own error is a ValueError. And the CPU's
+    Scalar clamp kernels have no bool loop: clamp of a bool tensor by bool Scalars (bool tensor bounds:
+    _clamp_tensors_check)."""
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    bounds = [b for b in (min, max) if b is not None]
+    if a.dtype != torch.bool or not all(type(b) is bool for b in bounds):
+        return
+    if len(bounds) == 2:
+        raise not_implemented_for("clamp_scalar", torch.bool)
+    raise not_implemented_for("clamp_min_scalar" if min is not None else "clamp_max_scalar", torch.bool)
 
 
 def _clamp_tensors_check(a, min=None, max=None, *_, **__):

@@ -212,6 +212,10 @@ def gather(x, dim, index, sparse_grad=False):
 
 
 def _scatter_target(x, dim, index):
+    """(coordinates, dim) a scatter writes at; None for an empty index, which leaves x as it is and, as
+    on the CPU, may have any number of dimensions."""
+    if index.size == 0:
+        return None, dim
     dim = _dim(dim, x.ndim)
     if x.ndim == 0:
         return (), dim
@@ -286,12 +290,21 @@ def _src(src, index, dtype):
     return jnp.broadcast_to(jnp.asarray(src, dtype), index.shape)
 
 
+def _scatter_values(x, index, src):
+    """The updates of a scatter into x: src (or its value) fitted to the index, and to a 0-dim x as a
+    0-dim value (its one-element index may be 1-d: gather's backward into a 0-dim input)."""
+    v = _src(src, index, x.dtype)
+    return v.reshape(()) if x.ndim == 0 else v
+
+
 @lowering(
     "scatter.src", "scatter.value", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads, no_loop_for=WIDE_UNSIGNED
 )
 def scatter(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
-    return x.at[at].set(_src(src, index, x.dtype))
+    if at is None:
+        return x
+    return x.at[at].set(_scatter_values(x, index, src))
 
 
 @lowering(
@@ -303,14 +316,18 @@ def scatter(x, dim, index, src):
 )
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     at, _ = _scatter_target(x, dim, index)
-    v = _src(src, index, x.dtype)
+    if at is None:
+        return x
+    v = _scatter_values(x, index, src)
     return _scatter_add_rounded_once(x, at, v) if reduce == "add" else _scatter_mul(x, at, v)
 
 
 @lowering("scatter_add", write_overlap=INDEXED_WRITE, index_buckets=_scatter_pads, no_loop_for=WIDE_UNSIGNED)
 def scatter_add(x, dim, index, src):
     at, _ = _scatter_target(x, dim, index)
-    return _scatter_add_rounded_once(x, at, _src(src, index, x.dtype))
+    if at is None:
+        return x
+    return _scatter_add_rounded_once(x, at, _scatter_values(x, index, src))
 
 
 def _scatter_reduce(x, at, v, reduce, include_self, counts=None, fold=None):
@@ -380,7 +397,9 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if reduce in ("amax", "amin") and jnp.iscomplexobj(x):  # no order on complex numbers (as the CPU)
         raise NotImplementedError(f"\"scatter_reduce_tpu_{reduce}\" not implemented for '{scalar_type_name(x.dtype)}'")
     at, _ = _scatter_target(x, dim, index)
-    return _scatter_reduce(x, at, _src(src, index, x.dtype), reduce, include_self)
+    if at is None:
+        return x
+    return _scatter_reduce(x, at, _scatter_values(x, index, src), reduce, include_self)
 
 
 def _along(dim, ndim, index):
@@ -595,10 +614,19 @@ def _source_may_be_short(self, mask, source, *_, **__):
 _masked_scatter_source_check.can_raise = _source_may_be_short
 
 
+def _masked_scatter_mask_check(self, mask, *_, **__):
+    """The CPU takes bool masks only (PyTorch's meta kernel lets uint8 through, in other words)."""
+    if mask.dtype != torch.bool:
+        raise RuntimeError(
+            f"masked_scatter_ only supports boolean masks, but got mask with dtype {scalar_type_name(mask.dtype)}"
+        )
+
+
 @lowering(
     "masked_scatter",
     no_loop_for=WIDE_UNSIGNED,
     write_overlap=WriteOverlap(),
+    meta_check=dict.fromkeys(("masked_scatter", "masked_scatter_", "masked_scatter.out"), _masked_scatter_mask_check),
     host_check=dict.fromkeys(("masked_scatter", "masked_scatter_", "masked_scatter.out"), _masked_scatter_source_check),
 )
 def masked_scatter(x, mask, source):

@@ -143,7 +143,8 @@ def bernoulli_t(a, p, generator=None, *, key):
     return (jax.random.uniform(key, a.shape, jnp.float32) < p).astype(a.dtype)
 
 
-@lowering("bernoulli", random=True, no_loop_for=(*NOT_FLOATING, *_COMPLEX))  # (p is the tensor itself)
+# (p is the tensor itself; its out= variant checks the written tensor: an expanded out= raises)
+@lowering("bernoulli", random=True, no_loop_for=(*NOT_FLOATING, *_COMPLEX), write_overlap=WriteOverlap())
 def bernoulli(a, generator=None, *, key):
     _check_probabilities(a)
     return (jax.random.uniform(key, a.shape, jnp.float32) < a).astype(a.dtype)
@@ -362,6 +363,8 @@ def _multinomial_check(probs, num_samples, replacement=False, generator=None, *,
         raise RuntimeError(
             f"multinomial only supports floating-point dtypes for input, got: {scalar_type_name(probs.dtype)}"
         )
+    if out is not None and out.dtype != torch.int64:
+        raise RuntimeError(f"multinomial expects Long tensor out, got: {scalar_type_name(out.dtype)}")
     if num_samples <= 0:
         raise RuntimeError("cannot sample n_sample <= 0 samples")
     if not replacement and num_samples > probs.shape[-1]:

@@ -53,7 +53,24 @@ def _mean_complex_half_check(a, *args, **kwargs):
         raise NotImplementedError("\"mean_tpu\" not implemented for 'ComplexHalf'")
 
 
-@lowering("mean", "mean.dim", meta_check=dict.fromkeys(("mean", "mean.dim", "mean.out"), _mean_complex_half_check))
+def _mean_check(a, *args, dtype=None, **kwargs):
+    """The CPU's words for mean of an integer input or into an integer dtype (PyTorch's meta kernel
+    names the dtype torch.int64, the CPU Long), then _mean_complex_half_check."""
+    if isinstance(a, torch.Tensor):
+        which, d = ("Optional", dtype) if dtype is not None else ("Input", a.dtype)
+        if not (d.is_floating_point or d.is_complex):
+            raise RuntimeError(
+                f"mean(): could not infer output dtype. {which} dtype must be either a floating point or complex "
+                f"dtype. Got: {scalar_type_name(d)}"
+            )
+    _mean_complex_half_check(a, *args, **kwargs)
+
+
+@lowering(
+    "mean",
+    "mean.dim",
+    meta_check={"mean": _mean_check, "mean.dim": _mean_check, "mean.out": _mean_complex_half_check},
+)
 def mean(a, dim=None, keepdim=False, dtype=None):
     d = dtype or a.dtype
     acc = opmath(d)

@@ -32,7 +32,29 @@ def _cat_out_dtype_check(tensors, dim=0, *, out):
             )
 
 
-@lowering("cat", host_check={"cat.out": out_overlaps_inputs_check}, meta_check={"cat.out": _cat_out_dtype_check})
+def _cat_shape_check(tensors, dim=0, **_):
+    """The CPU's first checks of cat, in its words (PyTorch's meta kernel has others, and an IndexError
+    for 0-dim tensors): no 0-dim tensor, then each tensor's number of dims against the first one's
+    (legacy empty 1-d tensors skipped)."""
+    for i, t in enumerate(tensors):
+        if t.dim() == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+    kept = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
+    for t in kept[1:]:
+        if t.dim() != kept[0].dim():
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {kept[0].dim()} and {t.dim()}")
+
+
+def _cat_out_check(tensors, dim=0, *, out):
+    _cat_shape_check(tensors, dim)
+    _cat_out_dtype_check(tensors, dim, out=out)
+
+
+@lowering(
+    "cat",
+    host_check={"cat.out": out_overlaps_inputs_check},
+    meta_check={"cat": _cat_shape_check, "cat.out": _cat_out_check},
+)
 def cat(tensors, dim=0):
     # PyTorch skips legacy empty 1-D tensors of shape (0,) when the others have more dims
     full = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]

@@ -1,0 +1,173 @@
+"""Regressions found by PyTorch's test_ops.py (TestCommon, TestMathBits, TestFakeTensor) on "tpu" (issue
+47), compared against the CPU on the same inputs."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+DEV = "tpu"
+
+
+def _on_both(fn):
+    expected = fn("cpu")
+    assert_close(fn(DEV).cpu(), expected)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x, i, s: x.scatter(0, i, s),
+        lambda x, i, s: x.scatter(0, i, 2.0),
+        lambda x, i, s: x.scatter(0, i, s, reduce="add"),
+        lambda x, i, s: x.scatter_add(0, i, s),
+        lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False),
+    ],
+)
+def test_scatter_with_an_empty_index_of_more_dims_leaves_self(op):
+    # an empty index may have any number of dimensions (gather's backward scatters into a 1-d
+    # gradient through a (2, 0) index): JAX refused the coordinates
+    def run(dev):
+        x = torch.arange(5.0, device=dev)
+        return op(x, torch.zeros(2, 0, dtype=torch.int64, device=dev), torch.ones(2, 0, device=dev))
+
+    _on_both(run)
+
+
+def test_gather_backward_with_an_empty_index():
+    def run(dev):
+        x = torch.arange(5.0, device=dev).requires_grad_()
+        torch.gather(x, 0, torch.zeros(2, 0, dtype=torch.int64, device=dev)).sum().backward()
+        return x.grad
+
+    _on_both(run)
+
+
+EMPTY_SEARCHES = [((0, 0), (0, 0)), ((0, 0), (0, 3)), ((2, 0), (2, 3)), ((2, 3), (2, 0))]
+
+
+@pytest.mark.parametrize("seq_shape, val_shape", EMPTY_SEARCHES)
+def test_searchsorted_of_empty_batches_and_rows(seq_shape, val_shape):
+    # reshape(-1, 0) has no answer: an empty batch or row raised ZeroDivisionError
+    def run(dev):
+        seq = torch.arange(float(torch.Size(seq_shape).numel()), device=dev).reshape(seq_shape)
+        return torch.searchsorted(seq, torch.ones(val_shape, device=dev))
+
+    _on_both(run)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a, o: torch.add(a, a, out=o),
+        lambda a, o: torch.amax(a, out=o),
+        lambda a, o: o.add_(a),
+    ],
+)
+def test_a_cpu_0dim_output_is_a_device_mismatch(call):
+    # CPU 0-dim tensors mix with tpu tensors as scalars (as on CUDA), but not as the tensor written: the
+    # engine took the out= for a scalar and failed on its storage (KeyError)
+    a = torch.tensor(1.5, device=DEV)
+    out = torch.zeros(())
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        call(a, out)
+    assert out.item() == 0.0
+
+
+@pytest.mark.parametrize("index_shape", [(), (1,)])
+def test_gather_backward_of_a_0dim_input(index_shape):
+    # the backward scatters a 1-element gradient into a 0-dim one: JAX refused the (1,) update
+    def run(dev):
+        x = torch.tensor(2.5, device=dev).requires_grad_()
+        (torch.gather(x, 0, torch.zeros(index_shape, dtype=torch.int64, device=dev)) * 3).sum().backward()
+        return x.grad
+
+    _on_both(run)
+    _on_both(
+        lambda dev: torch.zeros((), device=dev).scatter_add(
+            0, torch.zeros(1, dtype=torch.int64, device=dev), torch.ones(1, device=dev)
+        )
+    )
+
+
+CLAMP_OF_BOOL = [
+    lambda b: torch.clamp(b, b, b),
+    lambda b: torch.clamp(b, b, None),
+    lambda b: torch.clamp(b, None, b),
+    lambda b: torch.clamp(b, b, b.int()),
+    lambda b: torch.clamp(b, True, False),
+    lambda b: torch.clamp(b, False),
+    lambda b: torch.clamp(b, None, True),
+    lambda b: torch.clamp(b, 0, 1),
+    lambda b: b.clone().clamp_(b, b),
+]
+
+
+@pytest.mark.parametrize("call", CLAMP_OF_BOOL)
+def test_clamp_of_bool_raises_where_the_cpu_does(call):
+    # test_dtypes: the CPU's clamp kernels have no bool loop (two bool tensor bounds, or bool Scalars);
+    # one bool tensor bound is maximum/minimum, which has
+    b = torch.tensor([True, False, True])
+    try:
+        expected = call(b)
+    except NotImplementedError as e:
+        with pytest.raises(NotImplementedError, match=str(e).replace("_cpu", "_tpu")):
+            call(b.to(DEV))
+    else:
+        assert_close(call(b.to(DEV)).cpu(), expected)
+
+
+EXPANDED_OUT = [
+    lambda x, out: torch.index_select(x, 1, torch.tensor([0, 1], device=x.device), out=out),  # resized: (3, 2)
+    lambda x, out: torch.add(x[:2], 1, out=out),
+    lambda x, out: torch.bernoulli(torch.rand(2, 6, device=x.device), out=out),
+]
+
+
+@pytest.mark.parametrize("call", EXPANDED_OUT)
+def test_an_expanded_out_raises_before_any_resize(call):
+    # test_errors: the CPU checks the written tensor for internal overlap before resizing it; tpu resized
+    # it first (then nothing overlapped) or, for bernoulli, did not check
+    for dev in ("cpu", DEV):
+        out = torch.zeros(1, 6, device=dev).expand(2, 6)
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            call(torch.randn(3, 6, device=dev), out)
+
+
+CPU_ERRORS = [
+    lambda d: torch.randn(3, device=d).masked_scatter(torch.ones(3, device=d).byte(), torch.ones(3, device=d)),
+    lambda d: torch.randn(3, device=d).masked_scatter_(torch.ones(3, device=d), torch.ones(3, device=d)),
+    lambda d: torch.multinomial(torch.rand(2, 4, device=d), 2, out=torch.empty(2, 2, device=d)),
+    lambda d: torch.arange(4, device=d).mean(),
+    lambda d: torch.randn(4, device=d).mean(0, dtype=torch.int64),
+]
+
+
+@pytest.mark.parametrize("call", CPU_ERRORS)
+def test_argument_errors_in_the_cpus_words(call):
+    # test_errors: tpu computed masked_scatter with a uint8 mask and multinomial into a float out=; mean
+    # named the dtype "torch.int64" (PyTorch's meta kernel) where the CPU says "Long"
+    with pytest.raises(RuntimeError) as cpu:
+        call("cpu")
+    with pytest.raises(RuntimeError) as tpu:
+        call(DEV)
+    assert str(tpu.value) == str(cpu.value)
+
+
+CAT_ERRORS = [
+    lambda d: torch.cat([torch.ones(4, 0, device=d), torch.ones(5, 0, 3, device=d)], 1),
+    lambda d: torch.cat([torch.ones(2, 3, device=d), torch.ones(3, device=d)]),
+    lambda d: torch.cat([torch.tensor(1.0, device=d), torch.tensor(2.0, device=d)]),
+    lambda d: torch.cat([torch.ones(0, device=d), torch.tensor(2.0, device=d)]),
+    lambda d: torch.hstack([torch.ones(3, device=d), torch.ones(2, 2, device=d)]),
+    lambda d: torch.cat([torch.ones(2, device=d), torch.ones(2, 2, device=d)], out=torch.empty(0, device=d)),
+]
+
+
+@pytest.mark.parametrize("call", CAT_ERRORS)
+def test_cat_errors_in_the_cpus_words(call):
+    # test_errors_cat/hstack/dstack: PyTorch's meta kernel words these otherwise (an IndexError for 0-dim)
+    with pytest.raises(RuntimeError) as cpu:
+        call("cpu")
+    with pytest.raises(RuntimeError) as tpu:
+        call(DEV)
+    assert str(tpu.value) == str(cpu.value)
