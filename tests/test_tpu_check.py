@@ -295,6 +295,7 @@ def test_exit_line_printed_once_and_libtpu_noise_kept_away(tmp_path):
     # the failed program is listed after the line, and both go to the log file too
     listed = done.stderr[done.stderr.index(lines[0]) :]
     assert "failed: tpucheck::exit_listed" in listed and "torchtpu_no_such_target" in listed, listed
+    assert re.search(r"slowest: \S.* \d+\.\d s", listed), listed  # the slowest compiles, for sweeps
     assert lines[0] in log.read_text() and "failed: tpucheck::exit_listed" in log.read_text()
     assert "TPU_ACCELERATOR_TYPE" not in done.stderr and "libtpu" not in done.stderr, done.stderr
 
