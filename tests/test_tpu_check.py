@@ -402,3 +402,26 @@ def test_float64_logcumsumexp_tpu_branch_is_a_log_depth_scan():
         hlo = jitted.lower(x.numpy()).as_text()
     assert "reduce_window" not in hlo
     torch.testing.assert_close(torch.from_numpy(np.array(got)), torch.logcumsumexp(x, 1))
+
+
+def test_interrupted_exchange_with_the_compiler_starts_a_new_one(check, monkeypatch):
+    """An interrupt while the request is written or the reply awaited (Ctrl-C, `timeout -s INT`, a
+    test's time limit) ends that compiler process: a half-written request had left both processes waiting
+    on each other (a sweep hung), an unread reply would have answered the next program."""
+    torch.sin(torch.randn(_fresh_shape()).to("tpu"))
+    child = tpu_check._child.proc
+    real_send = tpu_check._Child._send
+
+    def interrupted(self, message):
+        self.proc.stdin.write(b"\0\0\0")  # part of a length, as a write cut short leaves it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tpu_check._Child, "_send", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        torch.cos(torch.randn(_fresh_shape()).to("tpu"))
+    assert tpu_check._child.proc is None and child.poll() is not None
+    monkeypatch.setattr(tpu_check._Child, "_send", real_send)
+    x = torch.randn(_fresh_shape())
+    torch.testing.assert_close(torch.tan(x.to("tpu")).cpu(), torch.tan(x))
+    assert tpu_check._child.proc is not None and tpu_check._child.proc is not child
+    assert check.report().failed == 0, check.report().failures

@@ -356,6 +356,12 @@ class _Child:
                 reply = self._receive()
             except (BrokenPipeError, OSError):
                 reply = None
+            except BaseException:
+                # interrupted mid-exchange (Ctrl-C, `timeout -s INT`, a test's time limit): a half-written
+                # request leaves both processes waiting on each other, an unread reply would answer the
+                # next program; the next program gets a new child
+                self.stop(kill=True)
+                raise
             if reply is None:
                 return self._died(f"compiling {name}"), {}, 0.0
             return reply
@@ -384,14 +390,17 @@ class _Child:
         self.stderr.close()
         return f"the XLA:TPU compiler process died ({how}) while {doing}; its stderr ended with:\n{tail.strip()}"
 
-    def stop(self):
+    def stop(self, kill=False):
         proc, self.proc = self.proc, None
         if proc is not None:
             try:
+                if kill:
+                    proc.kill()
                 proc.stdin.close()
                 proc.wait(timeout=30)
             except Exception:  # noqa: BLE001 -- at exit: a child that does not end is killed
                 proc.kill()
+                proc.wait()
             proc.stdout.close()
         if self.stderr is not None and not self.stderr.closed:
             self.stderr.close()
