@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -295,6 +296,7 @@ def test_exit_line_printed_once_and_libtpu_noise_kept_away(tmp_path):
     # the failed program is listed after the line, and both go to the log file too
     listed = done.stderr[done.stderr.index(lines[0]) :]
     assert "failed: tpucheck::exit_listed" in listed and "torchtpu_no_such_target" in listed, listed
+    assert re.search(r"slowest: \S.* \d+\.\d s", listed), listed  # the slowest compiles, for sweeps
     assert lines[0] in log.read_text() and "failed: tpucheck::exit_listed" in log.read_text()
     assert "TPU_ACCELERATOR_TYPE" not in done.stderr and "libtpu" not in done.stderr, done.stderr
 
@@ -401,3 +403,46 @@ def test_float64_logcumsumexp_tpu_branch_is_a_log_depth_scan():
         hlo = jitted.lower(x.numpy()).as_text()
     assert "reduce_window" not in hlo
     torch.testing.assert_close(torch.from_numpy(np.array(got)), torch.logcumsumexp(x, 1))
+
+
+def test_interrupted_exchange_with_the_compiler_starts_a_new_one(check, monkeypatch):
+    """An interrupt while the request is written or the reply awaited (Ctrl-C, `timeout -s INT`, a
+    test's time limit) ends that compiler process: a half-written request had left both processes waiting
+    on each other (a sweep hung), an unread reply would have answered the next program."""
+    torch.sin(torch.randn(_fresh_shape()).to("tpu"))
+    child = tpu_check._child.proc
+    real_send = tpu_check._Child._send
+
+    def interrupted(self, message):
+        self.proc.stdin.write(b"\0\0\0")  # part of a length, as a write cut short leaves it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tpu_check._Child, "_send", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        torch.cos(torch.randn(_fresh_shape()).to("tpu"))
+    assert tpu_check._child.proc is None and child.poll() is not None
+    monkeypatch.setattr(tpu_check._Child, "_send", real_send)
+    x = torch.randn(_fresh_shape())
+    torch.testing.assert_close(torch.tan(x.to("tpu")).cpu(), torch.tan(x))
+    assert tpu_check._child.proc is not None and tpu_check._child.proc is not child
+    assert check.report().failed == 0, check.report().failures
+
+
+def test_nonzero_indices_match_jax_and_have_no_64_bit_divide():
+    """The data-dependent helpers' nonzero (masked_select, nonzero, unique, nonzero_static) counts and
+    unravels positions in int32: JAX's form divides int64 positions, which XLA:TPU took ~10x as long to
+    compile (a bfloat16 masked_select: 38 s against 4 s). The same values as jnp.nonzero, padding included."""
+    from torchtpu.ops.reductions import nonzero_indices
+
+    torch.zeros(1, device="tpu")  # (JAX's 64-bit types on, as at any first use)
+    g = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    cases = [((3, 4, 5), 0.3, 1, None), ((3, 4, 5), 0.3, 70, None), ((3, 4, 5), 0.3, 70, -1), ((2, 7), 0.0, 3, 5)]
+    for shape, p, size, fill in cases:
+        vals = np.where(g.random(shape) < p, g.standard_normal(shape), 0.0).astype(np.float32)
+        got = jax.jit(lambda x, s=size, f=fill: nonzero_indices(x, s, f))(vals)
+        for gi, wi in zip(got, np.nonzero(vals)):  # (JAX's padding: the zero index, or fill_value)
+            want = np.concatenate([wi, np.full(size, 0 if fill is None else fill)])[:size]
+            assert gi.dtype == jnp.int64
+            np.testing.assert_array_equal(np.asarray(gi), want)
+    hlo = jax.jit(lambda m, x: x[nonzero_indices(m, 9)[0]]).lower(np.ones(40, bool), np.ones(40, np.float32)).as_text()
+    assert not re.search(r"stablehlo\.(divide|remainder).*i64", hlo), hlo

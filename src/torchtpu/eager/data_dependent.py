@@ -14,6 +14,7 @@ import torch
 
 from ..ops import dtypes as dt
 from ..ops.argument_checks import warn_at_caller
+from ..ops.reductions import nonzero_indices
 from ..ops.table import declared_facts
 from ..storage import host_values
 from ..storage.records import new_tensor, record_of
@@ -54,10 +55,10 @@ def _count(buf, shape):
 def _nonzero(buf, shape, n):
     if not shape:  # a 0-d input has (n, 0) indices: nothing to compute
         return jnp.zeros((0,), jnp.int64)
-    idx = jnp.nonzero(buf.reshape(shape), size=n)
+    idx = nonzero_indices(buf.reshape(shape), n)
     if not idx:
         return jnp.zeros((n * 0,), jnp.int64)
-    return jnp.stack([i.astype(jnp.int64) for i in idx], axis=1).reshape(-1)
+    return jnp.stack(idx, axis=1).reshape(-1)
 
 
 @tpu_check.jitting(static_argnums=(2, 3, 4))
@@ -65,7 +66,7 @@ def _masked_select(xbuf, mbuf, xshape, mshape, n):
     shape = jnp.broadcast_shapes(xshape, mshape)
     x = jnp.broadcast_to(xbuf.reshape(xshape), shape).reshape(-1)
     m = jnp.broadcast_to(mbuf.reshape(mshape), shape).reshape(-1)
-    (idx,) = jnp.nonzero(m, size=n)
+    (idx,) = nonzero_indices(m, n)
     return x[idx]
 
 
@@ -136,7 +137,7 @@ def _unique(buf, shape, dim, sort, n):
     x = buf.reshape(shape)
     rows, perm, srt, start = _groups(x, dim, sort)
     group = jnp.cumsum(start.astype(jnp.int64)) - 1
-    (first,) = jnp.nonzero(start, size=n)
+    (first,) = nonzero_indices(start, n)
     values = srt[first]
     if dim is None:
         values = values.reshape(-1)

@@ -14,7 +14,8 @@ new child. libtpu's start-up noise stays in the child's stderr, shown only when 
 
 A program that fails raises TpuCompileCheckError (a RuntimeError) at the op or graph that built it;
 `report()` has the counts, each program's XLA:TPU cost analysis ('flops', 'bytes accessed', ...) and
-the failures. At exit one line says how many programs compiled and how many failed.
+the failures. At exit one line says how many programs compiled and how many failed, followed by the
+failed programs and the slowest compiles.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ _lock = threading.RLock()  # one program at a time through the child
 _results: list = []
 _atexit = [False]
 _EXIT_FAILURES = 20  # failed programs listed at exit
+_EXIT_SLOWEST = 3  # the slowest compiles named at exit (a sweep's other finding: a program XLA:TPU takes minutes over)
 _test_abort_next = [False]
 _jax_state = []  # the JAX configuration value that keys JAX's caches on the TPU trace
 # (topology, StableHLO digest, replicas, partitions) -> the child's answer: the same program built again
@@ -122,6 +124,9 @@ def _at_exit():
             lines.append(f"  failed: {p.name}: {first[:300]}")
         if len(failures) > _EXIT_FAILURES:
             lines.append(f"  ... and {len(failures) - _EXIT_FAILURES} more")
+        slowest = sorted(report().programs, key=lambda p: -p.compile_seconds)[:_EXIT_SLOWEST]
+        if slowest:
+            lines.append("  slowest: " + ", ".join(f"{p.name} {p.compile_seconds:.1f} s" for p in slowest))
         print("\n".join(lines), file=sys.stderr, flush=True)
         log = config.get("TORCHTPU_TPU_COMPILE_CHECK_LOG")
         if log:
@@ -351,6 +356,12 @@ class _Child:
                 reply = self._receive()
             except (BrokenPipeError, OSError):
                 reply = None
+            except BaseException:
+                # interrupted mid-exchange (Ctrl-C, `timeout -s INT`, a test's time limit): a half-written
+                # request leaves both processes waiting on each other, an unread reply would answer the
+                # next program; the next program gets a new child
+                self.stop(kill=True)
+                raise
             if reply is None:
                 return self._died(f"compiling {name}"), {}, 0.0
             return reply
@@ -379,14 +390,17 @@ class _Child:
         self.stderr.close()
         return f"the XLA:TPU compiler process died ({how}) while {doing}; its stderr ended with:\n{tail.strip()}"
 
-    def stop(self):
+    def stop(self, kill=False):
         proc, self.proc = self.proc, None
         if proc is not None:
             try:
+                if kill:
+                    proc.kill()
                 proc.stdin.close()
                 proc.wait(timeout=30)
             except Exception:  # noqa: BLE001 -- at exit: a child that does not end is killed
                 proc.kill()
+                proc.wait()
             proc.stdout.close()
         if self.stderr is not None and not self.stderr.closed:
             self.stderr.close()
