@@ -189,7 +189,6 @@ EXACT = {
     "pinv": (torch.linalg.pinv, lambda b, d: (_rect(b, 5, 3, d),)),
     "cond": (torch.linalg.cond, _mat),
     "matrix_norm 2": (lambda a: torch.linalg.matrix_norm(a, ord=2), lambda b, d: (_rect(b, 5, 3, d),)),
-    # geqrf has no meta kernel (nothing runs it off the CPU): its reflectors are made there
     "householder_product": (torch.linalg.householder_product, lambda b, d: torch.geqrf(_rect(b, 5, 3, d))),
     "ormqr": (
         lambda a, tau, c: torch.ormqr(a, tau, c, transpose=True),
@@ -251,7 +250,18 @@ INVARIANT = {
         lambda b, d: (_rect(b, 5, 3, d),),
         lambda out, a: (out[0].shape, out[1].abs()),
     ),
+    # geqrf's packed reflectors give back A (Q R) and |R|; its layout is the CPU's (column-major)
+    "geqrf": (torch.geqrf, lambda b, d: (_rect(b, 5, 3, d),), lambda out, a: _geqrf_invariants(out)),
+    "geqrf wide": (torch.geqrf, lambda b, d: (_rect(b, 3, 5, d),), lambda out, a: _geqrf_invariants(out)),
 }
+
+
+def _geqrf_invariants(out):
+    packed, tau = out
+    k = tau.shape[-1]
+    r = packed[..., :k, :].triu()
+    q = torch.linalg.householder_product(packed[..., :, :k], tau)
+    return q @ r, r.abs(), packed.stride()
 
 
 @pytest.mark.parametrize("case,dtype,batch", _case_dtype_batch(INVARIANT))
@@ -461,6 +471,10 @@ def test_bad_input_raises_as_on_cpu():
         "non-square": lambda d: torch.linalg.cholesky(torch.randn(3, 2, device=d)),
         "integer": lambda d: torch.linalg.det(torch.ones(3, 3, dtype=torch.long, device=d)),
         "half": lambda d: torch.linalg.cholesky(torch.eye(3, dtype=torch.half, device=d)),
+        "half qr": lambda d: torch.linalg.qr(torch.eye(3, dtype=torch.bfloat16, device=d)),
+        "half geqrf": lambda d: torch.geqrf(torch.eye(3, dtype=torch.half, device=d)),
+        "integer geqrf": lambda d: torch.geqrf(torch.ones(3, 3, dtype=torch.long, device=d)),
+        "vector geqrf": lambda d: torch.geqrf(torch.ones(3, device=d)),
         "mixed dtypes": lambda d: torch.linalg.solve(
             torch.eye(3, device=d), torch.ones(3, dtype=torch.float64, device=d)
         ),
@@ -472,10 +486,10 @@ def test_bad_input_raises_as_on_cpu():
     for name, fn in cases.items():
         with pytest.raises((RuntimeError, NotImplementedError)) as cpu:
             fn("cpu")
-        with pytest.raises(RuntimeError) as tpu:
+        with pytest.raises(type(cpu.value)) as tpu:
             fn(DEV)
-        if name in ("non-square", "integer", "mixed dtypes", "shapes", "lu without pivoting"):
-            assert _aten_dtype_names(str(tpu.value)) == str(cpu.value), name
+        if name in ("non-square", "integer", "mixed dtypes", "shapes", "lu without pivoting") or "geqrf" in name:
+            assert _aten_dtype_names(str(tpu.value)) == str(cpu.value).replace("_cpu", "_tpu"), name
 
 
 def _aten_dtype_names(message):

@@ -11,6 +11,7 @@ from jax import lax
 
 from ..device.platform import lowering_platform
 from .checks import require
+from .dtypes import not_implemented_for
 from .table import lowering
 
 # ---------------------------------------------------------------- decompositions: error reporting
@@ -40,13 +41,14 @@ def linalg_check_errors(info, api_name, is_matrix):
 # XLA's own expansions on TPU), returning what PyTorch's CPU kernels return: 1-based int32 pivots,
 # int32 `info`, empty tensors for outputs that were not asked for. PyTorch's meta kernels have
 # already checked shapes and dtypes (square, same dtype, floating or complex) before we get here.
-_LOW_PRECISION = {jnp.dtype(jnp.float16): "Half", jnp.dtype(jnp.bfloat16): "BFloat16"}
+_LOW_PRECISION = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def _lapack_dtype(a, kernel):
-    """PyTorch has no half-precision decompositions (its meta kernels let them through): same error."""
+    """PyTorch has no half-precision decompositions (its meta kernels let them through): the error of
+    its dtype dispatch, a NotImplementedError."""
     if a.dtype in _LOW_PRECISION:
-        raise RuntimeError(f"\"{kernel}_tpu\" not implemented for '{_LOW_PRECISION[a.dtype]}'")
+        raise not_implemented_for(kernel, a.dtype)
 
 
 def _mT(x):
@@ -385,8 +387,7 @@ def _eliminate_2x2(m, k, herm):
 
 
 def _ldl_dtype(a, kernel):
-    if a.dtype in _LOW_PRECISION:  # the CPU's error for these kernels is a NotImplementedError
-        raise NotImplementedError(f"\"{kernel}_kernel_tpu\" not implemented for '{_LOW_PRECISION[a.dtype]}'")
+    _lapack_dtype(a, f"{kernel}_kernel")
 
 
 @lowering("linalg_ldl_factor_ex")
@@ -698,6 +699,26 @@ def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
 
 
 # ---- Householder products (the Q of geqrf's packed reflectors) and the matrix exponential
+def _geqrf_meta(a):
+    """PyTorch has no meta kernel for geqrf: its checks, and the CPU's outputs (the packed matrix
+    column-major, as LAPACK leaves it)."""
+    torch._check(a.dim() >= 2, lambda: "torch.geqrf: input must have at least 2 dimensions.")
+    if not (a.dtype.is_floating_point or a.dtype.is_complex):
+        raise not_implemented_for("geqrf", a.dtype)
+    m, n = a.shape[-2:]
+    packed = a.new_empty((*a.shape[:-2], n, m)).mT
+    return packed, a.new_empty((*a.shape[:-2], min(m, n)))
+
+
+@lowering("geqrf", meta=_geqrf_meta)
+def geqrf(a):
+    """LAPACK's packed QR: R above the diagonal, the reflectors below it, and their scales."""
+    _lapack_dtype(a, "geqrf")
+    from jax._src.lax.linalg import geqrf as jax_geqrf  # jax 0.10 exports its ormqr, not its geqrf
+
+    return tuple(jax_geqrf(a))
+
+
 @lowering("linalg_householder_product")
 def linalg_householder_product(reflectors, tau):
     _lapack_dtype(reflectors, "orgqr")
