@@ -231,6 +231,12 @@ def _qr_invariants(out, a):
 INVARIANT = {
     "eigh": (torch.linalg.eigh, lambda b, d: (_pd(b, 4, d),), _eigh_invariants),
     "eigh upper": (lambda a: torch.linalg.eigh(a, UPLO="U"), lambda b, d: (_pd(b, 4, d),), _eigh_invariants),
+    # UPLO in lower case: the triangle named is read (a non-Hermitian input tells which)
+    "eigh lower case": (
+        lambda a: (torch.linalg.eigh(a, UPLO="l")[0], torch.linalg.eigvalsh(a, UPLO="u")),
+        lambda b, d: (_rect(b, 3, 3, d),),
+        lambda out, a: out,
+    ),
     "svd": (lambda a: torch.linalg.svd(a, full_matrices=False), lambda b, d: (_rect(b, 5, 3, d),), _svd_invariants),
     "svd full": (torch.linalg.svd, lambda b, d: (_rect(b, 3, 5, d),), _svd_invariants),
     "torch.svd": (

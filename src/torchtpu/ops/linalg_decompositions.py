@@ -614,7 +614,8 @@ def linalg_lstsq(a, b, rcond=None, driver=None):
 @lowering("_linalg_eigh")
 def linalg_eigh(a, UPLO="L", compute_v=True):
     _lapack_dtype(a, "linalg_eigh")
-    vectors, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False, sort_eigenvalues=True)
+    lower = UPLO.upper() == "L"  # (PyTorch takes either case; its meta refused anything else)
+    vectors, values = lax.linalg.eigh(a, lower=lower, symmetrize_input=False, sort_eigenvalues=True)
     return values, (vectors if compute_v else _empty(a.dtype))
 
 
