@@ -27,12 +27,32 @@ _FAILURES = {  # PyTorch's wording, without the failing element's number (the ch
 }
 
 
-@lowering("_linalg_check_errors")
+def _failure_reason(api_name):
+    kind = next((k for k in _FAILURES if api_name.split(".")[-1].startswith(k)), None)
+    return _FAILURES[kind] if kind else "the operation failed (info != 0)"
+
+
+def _linalg_errors_on_host(info, api_name, is_matrix):
+    """host_check of `check_errors=True` (linalg.inv, cholesky, solve, ...): as CUDA, `info` is read on
+    the host (a sync) and a failure raises torch.linalg.LinAlgError at the op, as the CPU does, naming
+    the batch element. (Inside a compiled graph the lowering's device-side assert stays.)"""
+    flat = info.detach().reshape(-1).cpu()
+    failed = torch.nonzero(flat).reshape(-1)
+    if failed.numel():
+        first = int(failed[0])
+        where = "" if is_matrix else f"(Batch element {first}): "
+        reason = _failure_reason(api_name)
+        code = int(flat[first])  # (the CPU names the element or minor, which the host knows here)
+        reason = reason.replace("diagonal element is", f"diagonal element {code} is")
+        if reason == _FAILURES["cholesky"]:
+            reason += f" (the leading minor of order {code} is not positive-definite)"
+        raise torch.linalg.LinAlgError(f"{api_name}: {where}{reason}.")
+
+
+@lowering("_linalg_check_errors", host_check=_linalg_errors_on_host)
 def linalg_check_errors(info, api_name, is_matrix):
     """`check_errors=True` of the linalg ops: a nonzero `info` is a device-side assert (checks.py)."""
-    kind = next((k for k in _FAILURES if api_name.split(".")[-1].startswith(k)), None)
-    reason = _FAILURES[kind] if kind else "the operation failed (info != 0)"
-    require(info == 0, f"{api_name}: {reason}")
+    require(info == 0, f"{api_name}: {_failure_reason(api_name)}")
     return ()
 
 
