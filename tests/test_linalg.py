@@ -189,7 +189,6 @@ EXACT = {
     "pinv": (torch.linalg.pinv, lambda b, d: (_rect(b, 5, 3, d),)),
     "cond": (torch.linalg.cond, _mat),
     "matrix_norm 2": (lambda a: torch.linalg.matrix_norm(a, ord=2), lambda b, d: (_rect(b, 5, 3, d),)),
-    # geqrf has no meta kernel (nothing runs it off the CPU): its reflectors are made there
     "householder_product": (torch.linalg.householder_product, lambda b, d: torch.geqrf(_rect(b, 5, 3, d))),
     "ormqr": (
         lambda a, tau, c: torch.ormqr(a, tau, c, transpose=True),
@@ -232,6 +231,12 @@ def _qr_invariants(out, a):
 INVARIANT = {
     "eigh": (torch.linalg.eigh, lambda b, d: (_pd(b, 4, d),), _eigh_invariants),
     "eigh upper": (lambda a: torch.linalg.eigh(a, UPLO="U"), lambda b, d: (_pd(b, 4, d),), _eigh_invariants),
+    # UPLO in lower case: the triangle named is read (a non-Hermitian input tells which)
+    "eigh lower case": (
+        lambda a: (torch.linalg.eigh(a, UPLO="l")[0], torch.linalg.eigvalsh(a, UPLO="u")),
+        lambda b, d: (_rect(b, 3, 3, d),),
+        lambda out, a: out,
+    ),
     "svd": (lambda a: torch.linalg.svd(a, full_matrices=False), lambda b, d: (_rect(b, 5, 3, d),), _svd_invariants),
     "svd full": (torch.linalg.svd, lambda b, d: (_rect(b, 3, 5, d),), _svd_invariants),
     "torch.svd": (
@@ -251,7 +256,18 @@ INVARIANT = {
         lambda b, d: (_rect(b, 5, 3, d),),
         lambda out, a: (out[0].shape, out[1].abs()),
     ),
+    # geqrf's packed reflectors give back A (Q R) and |R|; its layout is the CPU's (column-major)
+    "geqrf": (torch.geqrf, lambda b, d: (_rect(b, 5, 3, d),), lambda out, a: _geqrf_invariants(out)),
+    "geqrf wide": (torch.geqrf, lambda b, d: (_rect(b, 3, 5, d),), lambda out, a: _geqrf_invariants(out)),
 }
+
+
+def _geqrf_invariants(out):
+    packed, tau = out
+    k = tau.shape[-1]
+    r = packed[..., :k, :].triu()
+    q = torch.linalg.householder_product(packed[..., :, :k], tau)
+    return q @ r, r.abs(), packed.stride()
 
 
 @pytest.mark.parametrize("case,dtype,batch", _case_dtype_batch(INVARIANT))
@@ -428,9 +444,14 @@ def test_cholesky_of_non_positive_definite_raises(call):
         "cholesky_ex check_errors": lambda a: torch.linalg.cholesky_ex(a, check_errors=True).L,
         "torch.cholesky": torch.cholesky,
     }[call]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError) as cpu:
         fn(_not_positive_definite())
-    out = fn(_not_positive_definite().to(DEV))  # asynchronous: raised at the next synchronization
+    if call == "linalg.cholesky":  # (ATen's _linalg_check_errors: read on the host, as CUDA does)
+        with pytest.raises(torch.linalg.LinAlgError) as tpu:  # at the op, in the CPU's words
+            fn(_not_positive_definite().to(DEV))
+        assert str(tpu.value) == str(cpu.value)
+        return
+    out = fn(_not_positive_definite().to(DEV))  # checked in the lowering: raised at the next synchronization
     with pytest.raises(asserts.DeviceAssertError, match="not positive-definite"):
         out.cpu()
 
@@ -451,9 +472,8 @@ def test_singular_matrices():
     ):
         with pytest.raises(RuntimeError):
             fn(s)
-        with pytest.raises(asserts.DeviceAssertError, match="singular"):
-            fn(s.to(DEV)).cpu()
-        torch.tpu.clear_device_assert()  # (the error is sticky: eager/asserts.py)
+        with pytest.raises(torch.linalg.LinAlgError, match="singular"):  # at the op, as on CUDA (a sync)
+            fn(s.to(DEV))
 
 
 def test_bad_input_raises_as_on_cpu():
@@ -461,6 +481,12 @@ def test_bad_input_raises_as_on_cpu():
         "non-square": lambda d: torch.linalg.cholesky(torch.randn(3, 2, device=d)),
         "integer": lambda d: torch.linalg.det(torch.ones(3, 3, dtype=torch.long, device=d)),
         "half": lambda d: torch.linalg.cholesky(torch.eye(3, dtype=torch.half, device=d)),
+        "half qr": lambda d: torch.linalg.qr(torch.eye(3, dtype=torch.bfloat16, device=d)),
+        "half geqrf": lambda d: torch.geqrf(torch.eye(3, dtype=torch.half, device=d)),
+        "integer geqrf": lambda d: torch.geqrf(torch.ones(3, 3, dtype=torch.long, device=d)),
+        "vector geqrf": lambda d: torch.geqrf(torch.ones(3, device=d)),
+        "vector cholesky": lambda d: torch.linalg.cholesky(torch.ones(3, device=d)),
+        "vector eig": lambda d: torch.linalg.eig(torch.ones(3, device=d)),
         "mixed dtypes": lambda d: torch.linalg.solve(
             torch.eye(3, device=d), torch.ones(3, dtype=torch.float64, device=d)
         ),
@@ -472,10 +498,11 @@ def test_bad_input_raises_as_on_cpu():
     for name, fn in cases.items():
         with pytest.raises((RuntimeError, NotImplementedError)) as cpu:
             fn("cpu")
-        with pytest.raises(RuntimeError) as tpu:
+        with pytest.raises(type(cpu.value)) as tpu:
             fn(DEV)
-        if name in ("non-square", "integer", "mixed dtypes", "shapes", "lu without pivoting"):
-            assert _aten_dtype_names(str(tpu.value)) == str(cpu.value), name
+        worded_alike = ("non-square", "integer", "mixed dtypes", "shapes", "lu without pivoting", "geqrf", "vector")
+        if any(w in name for w in worded_alike):
+            assert _aten_dtype_names(str(tpu.value)) == str(cpu.value).replace("_cpu", "_tpu"), name
 
 
 def _aten_dtype_names(message):

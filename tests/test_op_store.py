@@ -140,10 +140,32 @@ traces = []
 real = build._options_jit
 build._options_jit = lambda *a: (traces.append(1), real(*a))[1]
 x = torch.load(sys.argv[1]).to("tpu")
-out = [(x * 2.5 + 1).exp(), x.sum(1), x[1:3].softmax(-1), x @ x.T]
+out = [(x * 2.5 + 1).exp(), x.sum(1), x[1:3].softmax(-1), x @ x.T, torch.linalg.qr(x)[1]]  # (QR: LAPACK)
 torch.save([r.cpu() for r in out], sys.argv[2])
 print(json.dumps({"hits": torchtpu.metrics()["op_store_hits"], "traces": len(traces)}))
 """
+
+
+@pytest.mark.slow  # (a QR's first compile: 2-8 s of CPU on the loaded VM)
+def test_a_loaded_program_that_calls_lapack_initializes_it_first(store, monkeypatch):
+    """A QR loaded from disk skips JAX's lowering, which is where jaxlib's LAPACK kernels get their
+    function pointers: run so in a new process, it segfaulted. The load initializes them first."""
+    from jax._src.lax import linalg
+
+    where, traces = store
+    calls = []
+    monkeypatch.setattr(op_store, "_lapack_ready", [])
+    monkeypatch.setattr(linalg, "initialize_lapack", lambda real=linalg.initialize_lapack: (calls.append(1), real()))
+    x = torch.randn(6, 4)
+    first = torch.linalg.qr(x.to("tpu"))[1].cpu()
+    (x.to("tpu") * 2).cpu()
+    assert not calls  # (compiled here: JAX's lowering initialized LAPACK)
+    limits.forget_executables()
+    traces.clear()
+    again = [torch.linalg.qr(x.to("tpu"))[1].cpu(), (x.to("tpu") * 2).cpu()]
+    assert not traces and len(calls) == 1, (traces, calls)  # (once, and not for a program without LAPACK)
+    assert torch.equal(first, again[0])
+    torch.testing.assert_close(again[0].abs(), torch.linalg.qr(x)[1].abs())
 
 
 @pytest.mark.slow  # (two new processes: ~12 s of CPU)

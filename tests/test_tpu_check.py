@@ -170,7 +170,7 @@ def test_bad_input_raises_the_hosts_error_and_is_no_tpu_failure(check):
     """An op whose own trace refuses its input (on every platform) raises the host's error, and the
     check does not count that program as failing to compile for the TPU."""
     n = _fresh_shape()[0]
-    with pytest.raises(RuntimeError, match="not implemented for 'Half'") as tpu:
+    with pytest.raises(NotImplementedError, match="not implemented for 'Half'") as tpu:
         torch.linalg.cholesky(torch.eye(n, dtype=torch.half, device="tpu"))
     assert not isinstance(tpu.value, tpu_check.TpuCompileCheckError)
     report = check.report()

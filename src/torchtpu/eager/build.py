@@ -398,7 +398,7 @@ def _meta_call(kernel, args, kwargs):
     try:
         with deterministic_alerts_off():
             meta_out = META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
-    except RuntimeError as e:
+    except (RuntimeError, AssertionError) as e:
         raise _as_cpu_error(_as_cpu_cast_error(e), kernel, meta_args, meta_kwargs) from None
     resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]
     if resized:
@@ -452,10 +452,18 @@ def _as_cpu_cast_error(e):
     return RuntimeError(f"result type {src} can't be cast to the desired output type {dst}")
 
 
+_LOW_RANK_MATRIX = re.compile(r"(.+): The input tensor must have at least 2 dimensions, got \d+")
+
+
 def _as_cpu_error(e, kernel, args, kwargs):
     """The CPU's words for a repeated reduction dim ("dim 0 appears multiple times in the list of
     dims": its dim bitset names the first repeat, wrapped), where PyTorch's meta kernels say "duplicate
-    value in the list of dims"; any other error as it is."""
+    value in the list of dims"), and the CPU's RuntimeError for a linear-algebra input of fewer than 2
+    dims, where PyTorch's meta kernels (squareCheckInputs) raise an AssertionError; any other error as
+    it is."""
+    if isinstance(e, AssertionError):
+        low_rank = _LOW_RANK_MATRIX.fullmatch(str(e))
+        return RuntimeError(f"{low_rank[1]}: The input tensor A must have at least 2 dimensions.") if low_rank else e
     if str(e) != "duplicate value in the list of dims":
         return e
     named = dict(zip((a.name for a in kernel.op._schema.arguments), args)) | kwargs

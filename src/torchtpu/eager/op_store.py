@@ -231,6 +231,21 @@ def _path(digest):
     return None if where is None else os.path.join(where, digest + SUFFIX)
 
 
+def _initialize_lapack():
+    """Give jaxlib's LAPACK kernels their function pointers (taken from SciPy) before a program that
+    calls them runs. JAX does it when it lowers a decomposition, which a program loaded here skips:
+    run uninitialized, XLA:CPU's LAPACK custom call (a QR's geqrf, ...) segfaults the process. JAX's
+    own deserialization (jax.export) does the same; 0.2 s of CPU once, so only for such programs."""
+    if not _lapack_ready:
+        from jax._src.lax import linalg  # jax 0.10: initialize_lapack() is not public
+
+        linalg.initialize_lapack()
+        _lapack_ready.append(True)
+
+
+_lapack_ready = []
+
+
 def load(k):
     """(jax.stages.Compiled, effects) stored under key `k`, or None. A file that cannot be read,
     checked or loaded is removed (the caller then builds the program as usual)."""
@@ -253,6 +268,8 @@ def load(k):
             raise ValueError("another key")
         from jax.experimental.serialize_executable import deserialize_and_load
 
+        if b"lapack_" in serialized:
+            _initialize_lapack()
         by_id = {d.id: d for d in jax.local_devices()}
         devices = [by_id[i] for i in device_ids]  # (the devices it was compiled for, in its order)
         compiled = deserialize_and_load(serialized, in_tree, out_tree, execution_devices=devices)

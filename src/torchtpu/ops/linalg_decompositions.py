@@ -11,6 +11,7 @@ from jax import lax
 
 from ..device.platform import lowering_platform
 from .checks import require
+from .dtypes import not_implemented_for
 from .table import lowering
 
 # ---------------------------------------------------------------- decompositions: error reporting
@@ -26,12 +27,32 @@ _FAILURES = {  # PyTorch's wording, without the failing element's number (the ch
 }
 
 
-@lowering("_linalg_check_errors")
+def _failure_reason(api_name):
+    kind = next((k for k in _FAILURES if api_name.split(".")[-1].startswith(k)), None)
+    return _FAILURES[kind] if kind else "the operation failed (info != 0)"
+
+
+def _linalg_errors_on_host(info, api_name, is_matrix):
+    """host_check of `check_errors=True` (linalg.inv, cholesky, solve, ...): as CUDA, `info` is read on
+    the host (a sync) and a failure raises torch.linalg.LinAlgError at the op, as the CPU does, naming
+    the batch element. (Inside a compiled graph the lowering's device-side assert stays.)"""
+    flat = info.detach().reshape(-1).cpu()
+    failed = torch.nonzero(flat).reshape(-1)
+    if failed.numel():
+        first = int(failed[0])
+        where = "" if is_matrix else f"(Batch element {first}): "
+        reason = _failure_reason(api_name)
+        code = int(flat[first])  # (the CPU names the element or minor, which the host knows here)
+        reason = reason.replace("diagonal element is", f"diagonal element {code} is")
+        if reason == _FAILURES["cholesky"]:
+            reason += f" (the leading minor of order {code} is not positive-definite)"
+        raise torch.linalg.LinAlgError(f"{api_name}: {where}{reason}.")
+
+
+@lowering("_linalg_check_errors", host_check=_linalg_errors_on_host)
 def linalg_check_errors(info, api_name, is_matrix):
     """`check_errors=True` of the linalg ops: a nonzero `info` is a device-side assert (checks.py)."""
-    kind = next((k for k in _FAILURES if api_name.split(".")[-1].startswith(k)), None)
-    reason = _FAILURES[kind] if kind else "the operation failed (info != 0)"
-    require(info == 0, f"{api_name}: {reason}")
+    require(info == 0, f"{api_name}: {_failure_reason(api_name)}")
     return ()
 
 
@@ -40,13 +61,14 @@ def linalg_check_errors(info, api_name, is_matrix):
 # XLA's own expansions on TPU), returning what PyTorch's CPU kernels return: 1-based int32 pivots,
 # int32 `info`, empty tensors for outputs that were not asked for. PyTorch's meta kernels have
 # already checked shapes and dtypes (square, same dtype, floating or complex) before we get here.
-_LOW_PRECISION = {jnp.dtype(jnp.float16): "Half", jnp.dtype(jnp.bfloat16): "BFloat16"}
+_LOW_PRECISION = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def _lapack_dtype(a, kernel):
-    """PyTorch has no half-precision decompositions (its meta kernels let them through): same error."""
+    """PyTorch has no half-precision decompositions (its meta kernels let them through): the error of
+    its dtype dispatch, a NotImplementedError."""
     if a.dtype in _LOW_PRECISION:
-        raise RuntimeError(f"\"{kernel}_tpu\" not implemented for '{_LOW_PRECISION[a.dtype]}'")
+        raise not_implemented_for(kernel, a.dtype)
 
 
 def _mT(x):
@@ -385,8 +407,7 @@ def _eliminate_2x2(m, k, herm):
 
 
 def _ldl_dtype(a, kernel):
-    if a.dtype in _LOW_PRECISION:  # the CPU's error for these kernels is a NotImplementedError
-        raise NotImplementedError(f"\"{kernel}_kernel_tpu\" not implemented for '{_LOW_PRECISION[a.dtype]}'")
+    _lapack_dtype(a, f"{kernel}_kernel")
 
 
 @lowering("linalg_ldl_factor_ex")
@@ -613,7 +634,8 @@ def linalg_lstsq(a, b, rcond=None, driver=None):
 @lowering("_linalg_eigh")
 def linalg_eigh(a, UPLO="L", compute_v=True):
     _lapack_dtype(a, "linalg_eigh")
-    vectors, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False, sort_eigenvalues=True)
+    lower = UPLO.upper() == "L"  # (PyTorch takes either case; its meta refused anything else)
+    vectors, values = lax.linalg.eigh(a, lower=lower, symmetrize_input=False, sort_eigenvalues=True)
     return values, (vectors if compute_v else _empty(a.dtype))
 
 
@@ -698,6 +720,26 @@ def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
 
 
 # ---- Householder products (the Q of geqrf's packed reflectors) and the matrix exponential
+def _geqrf_meta(a):
+    """PyTorch has no meta kernel for geqrf: its checks, and the CPU's outputs (the packed matrix
+    column-major, as LAPACK leaves it)."""
+    torch._check(a.dim() >= 2, lambda: "torch.geqrf: input must have at least 2 dimensions.")
+    if not (a.dtype.is_floating_point or a.dtype.is_complex):
+        raise not_implemented_for("geqrf", a.dtype)
+    m, n = a.shape[-2:]
+    packed = a.new_empty((*a.shape[:-2], n, m)).mT
+    return packed, a.new_empty((*a.shape[:-2], min(m, n)))
+
+
+@lowering("geqrf", meta=_geqrf_meta)
+def geqrf(a):
+    """LAPACK's packed QR: R above the diagonal, the reflectors below it, and their scales."""
+    _lapack_dtype(a, "geqrf")
+    from jax._src.lax.linalg import geqrf as jax_geqrf  # jax 0.10 exports its ormqr, not its geqrf
+
+    return tuple(jax_geqrf(a))
+
+
 @lowering("linalg_householder_product")
 def linalg_householder_product(reflectors, tau):
     _lapack_dtype(reflectors, "orgqr")
