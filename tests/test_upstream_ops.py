@@ -142,17 +142,6 @@ CPU_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("call", CPU_ERRORS)
-def test_argument_errors_in_the_cpus_words(call):
-    # test_errors: tpu computed masked_scatter with a uint8 mask and multinomial into a float out=; mean
-    # named the dtype "torch.int64" (PyTorch's meta kernel) where the CPU says "Long"
-    with pytest.raises(RuntimeError) as cpu:
-        call("cpu")
-    with pytest.raises(RuntimeError) as tpu:
-        call(DEV)
-    assert str(tpu.value) == str(cpu.value)
-
-
 CAT_ERRORS = [
     lambda d: torch.cat([torch.ones(4, 0, device=d), torch.ones(5, 0, 3, device=d)], 1),
     lambda d: torch.cat([torch.ones(2, 3, device=d), torch.ones(3, device=d)]),
@@ -163,9 +152,11 @@ CAT_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("call", CAT_ERRORS)
-def test_cat_errors_in_the_cpus_words(call):
-    # test_errors_cat/hstack/dstack: PyTorch's meta kernel words these otherwise (an IndexError for 0-dim)
+@pytest.mark.parametrize("call", CPU_ERRORS + CAT_ERRORS)
+def test_argument_errors_in_the_cpus_words(call):
+    # test_errors: tpu computed masked_scatter with a uint8 mask and multinomial into a float out=; mean
+    # named the dtype "torch.int64" (PyTorch's meta kernel) where the CPU says "Long"; test_errors_cat,
+    # hstack, dstack: PyTorch's meta kernel words these otherwise (an IndexError for 0-dim)
     with pytest.raises(RuntimeError) as cpu:
         call("cpu")
     with pytest.raises(RuntimeError) as tpu:
