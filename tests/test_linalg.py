@@ -446,7 +446,7 @@ def test_cholesky_of_non_positive_definite_raises(call):
     }[call]
     with pytest.raises(RuntimeError) as cpu:
         fn(_not_positive_definite())
-    if call == "linalg.cholesky":  # (ATen's _linalg_check_errors: read on the host, as CUDA does)
+    if call != "torch.cholesky":  # (ATen's _linalg_check_errors: read on the host, as CUDA does)
         with pytest.raises(torch.linalg.LinAlgError) as tpu:  # at the op, in the CPU's words
             fn(_not_positive_definite().to(DEV))
         assert str(tpu.value) == str(cpu.value)
@@ -474,6 +474,28 @@ def test_singular_matrices():
             fn(s)
         with pytest.raises(torch.linalg.LinAlgError, match="singular"):  # at the op, as on CUDA (a sync)
             fn(s.to(DEV))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a: torch.linalg.inv_ex(a, check_errors=True),
+        lambda a: torch.linalg.solve_ex(a, torch.ones(2, 3, device=a.device), check_errors=True),
+        lambda a: torch.linalg.inv_ex(a[0], check_errors=True),
+    ],
+    ids=["inv_ex", "solve_ex", "inv_ex matrix"],
+)
+def test_ex_ops_check_errors_at_the_op(call):
+    # test_inv_ex_singular, test_cholesky_ex_non_pd: `check_errors=True` raises LinAlgError at the op
+    # in the CPU's words (CUDA reads `info` on the host too), not a device-side assert at the next sync
+    singular = torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 0.0, 1.0]]).expand(2, 3, 3)
+    with pytest.raises(torch.linalg.LinAlgError) as cpu:
+        call(singular)
+    with pytest.raises(torch.linalg.LinAlgError) as tpu:
+        call(singular.to(DEV))
+    assert str(tpu.value) == str(cpu.value)
+    good = torch.eye(3).expand(2, 3, 3) * 2
+    torch.testing.assert_close(call(good.to(DEV))[0].cpu(), call(good)[0])
 
 
 def test_bad_input_raises_as_on_cpu():

@@ -21,6 +21,7 @@ from ..device import host_pages, platform
 from ..device.state import current_device
 from ..ops import argument_checks, factories
 from ..ops import dtypes as dt
+from ..ops.linalg_decompositions import CHECK_ERRORS_ON_HOST
 from ..ops.resolve import NotLowered, functional_twin, op_name
 from ..ops.table import LOWERINGS, declared_facts, reject_missing_loop
 from ..storage import host_values, slices
@@ -819,6 +820,20 @@ def _register_metadata_ops(fast):
                 _impl(name, _redispatch_to_cpu(op))
 
 
+def _errors_on_host(kernel, api_name):
+    """A linalg `_ex` op whose `check_errors=True` raises at the op (ops/linalg_decompositions.py
+    CHECK_ERRORS_ON_HOST): the op unchecked, then `_linalg_check_errors` on its `info`."""
+    check = torch.ops.aten._linalg_check_errors.default
+
+    def call(*args, check_errors=False, **kwargs):
+        results = kernel(*args, **kwargs)
+        if check_errors:
+            check(results[-1], api_name, is_matrix=args[0].dim() == 2)
+        return results
+
+    return call
+
+
 def _register_engine_kernels(fast):
     """The engine's OpKernel for every lowered overload, behind the C++ fast path's kernel where
     the overload is eligible (the engine's on PrivateUse3, the C++ one on PrivateUse1)."""
@@ -842,6 +857,9 @@ def _register_engine_kernels(fast):
             plain.host_check = check  # the engine runs it (and knows when it cannot raise)
         else:
             kernel = argument_checks.wrap(name, kernel)
+        api_name = CHECK_ERRORS_ON_HOST.get(name)
+        if api_name is not None:
+            kernel = _errors_on_host(kernel, api_name)
         if fast and kernel is plain and fastpath.eligible(op, kernel):
             deferred.append((op, kernel))
         else:

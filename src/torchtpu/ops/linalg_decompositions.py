@@ -56,6 +56,17 @@ def linalg_check_errors(info, api_name, is_matrix):
     return ()
 
 
+# The `_ex` ops whose `check_errors=True` raises torch.linalg.LinAlgError at the op, as the CPU and CUDA
+# do (they read `info` on the host) -> the name the CPU's error gives. eager/kernels.py runs them
+# unchecked, then `_linalg_check_errors` on `info` (their last result), whose host_check reads it; a
+# compiled graph keeps the lowering's device-side check.
+CHECK_ERRORS_ON_HOST = {
+    "linalg_cholesky_ex.default": "linalg.cholesky_ex",
+    "linalg_inv_ex.default": "linalg.inv_ex",
+    "_linalg_solve_ex.default": "torch.linalg.solve_ex",
+}
+
+
 # ---------------------------------------------------------------- decompositions and solves
 # LAPACK's factorizations and solves through XLA's (jax.lax.linalg: LAPACK on CPU, cuSOLVER on GPU,
 # XLA's own expansions on TPU), returning what PyTorch's CPU kernels return: 1-based int32 pivots,
@@ -144,7 +155,7 @@ def _cholesky(a, upper):
 def linalg_cholesky_ex(a, upper=False, check_errors=False):
     factor, info = _cholesky(a, upper)
     if check_errors:
-        linalg_check_errors(info, "linalg.cholesky", a.ndim == 2)
+        linalg_check_errors(info, CHECK_ERRORS_ON_HOST["linalg_cholesky_ex.default"], a.ndim == 2)
     return factor, info
 
 
@@ -530,7 +541,7 @@ def linalg_inv_ex(a, check_errors=False):
     lu, _, info, perm = _lu(a)
     eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
     if check_errors:
-        linalg_check_errors(info, "linalg.inv_ex", a.ndim == 2)
+        linalg_check_errors(info, CHECK_ERRORS_ON_HOST["linalg_inv_ex.default"], a.ndim == 2)
     return _lu_solve(lu, perm, eye), info
 
 
@@ -542,7 +553,7 @@ def linalg_solve_ex(a, b, left=True, check_errors=False):
     lu, pivots, info, perm = _lu(a)
     x = _lu_solve(lu, perm, b[..., None] if vector else b, left)
     if check_errors:
-        linalg_check_errors(info, "linalg.solve_ex", a.ndim == 2)
+        linalg_check_errors(info, CHECK_ERRORS_ON_HOST["_linalg_solve_ex.default"], a.ndim == 2)
     return (x[..., 0] if vector else x), lu, pivots, info
 
 
