@@ -139,6 +139,7 @@ CPU_ERRORS = [
     lambda d: torch.multinomial(torch.rand(2, 4, device=d), 2, out=torch.empty(2, 2, device=d)),
     lambda d: torch.arange(4, device=d).mean(),
     lambda d: torch.randn(4, device=d).mean(0, dtype=torch.int64),
+    lambda d: torch.trace(torch.arange(3.0, device=d)),  # (the meta kernel leaves out "trace: ")
 ]
 
 

@@ -40,8 +40,14 @@ def sum_reduction(a, dim=None, keepdim=False, dtype=None):
     return jnp.sum(a.astype(d).astype(acc), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
+def _trace_check(a, *args, **kwargs):
+    """The CPU's words for a non-matrix (PyTorch's meta kernel leaves out "trace: ")."""
+    if isinstance(a, torch.Tensor) and a.dim() != 2:
+        raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {a.dim()}")
+
+
 # the CPU's trace sums the diagonal as sum does (integers into int64); it has no bool or wide unsigned loop
-@lowering("trace", no_loop_for=(torch.bool, *WIDE_UNSIGNED))
+@lowering("trace", no_loop_for=(torch.bool, *WIDE_UNSIGNED), meta_check=_trace_check)
 def trace(a):
     return sum_reduction(jnp.diagonal(a))
 
