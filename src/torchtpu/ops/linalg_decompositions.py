@@ -51,8 +51,10 @@ def _linalg_errors_on_host(info, api_name, is_matrix):
 
 @lowering("_linalg_check_errors", host_check=_linalg_errors_on_host)
 def linalg_check_errors(info, api_name, is_matrix):
-    """`check_errors=True` of the linalg ops: a nonzero `info` is a device-side assert (checks.py)."""
-    require(info == 0, f"{api_name}: {_failure_reason(api_name)}")
+    """`check_errors=True` of the linalg ops: a nonzero `info` is a device-side assert (checks.py),
+    raised once and not sticky (a singular input is the user's data, not a corrupt device; CUDA raises
+    these at the op from the host)."""
+    require(info == 0, f"{api_name}: {_failure_reason(api_name)}", recoverable=True)
     return ()
 
 
