@@ -498,6 +498,15 @@ def test_ex_ops_check_errors_at_the_op(call):
     torch.testing.assert_close(call(good.to(DEV))[0].cpu(), call(good)[0])
 
 
+def test_a_linalg_failure_checked_on_the_device_is_not_sticky():
+    # lu_factor_ex(check_errors=True) checks in its lowering: raised at the next sync, once; a singular
+    # input is the user's data, so the device keeps working (CUDA raises it at the op, from the host)
+    out = torch.linalg.lu_factor_ex(torch.zeros(2, 3, 3, device=DEV), check_errors=True)
+    with pytest.raises(asserts.DeviceAssertError, match="lu_factor_ex"):
+        out.LU.cpu()
+    assert (torch.ones(3, device=DEV) * 2).tolist() == [2.0, 2.0, 2.0]
+
+
 def test_bad_input_raises_as_on_cpu():
     cases = {
         "non-square": lambda d: torch.linalg.cholesky(torch.randn(3, 2, device=d)),
