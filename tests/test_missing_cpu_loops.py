@@ -85,7 +85,7 @@ REFUSED = {
     "multi_margin float16": lambda d: F.multi_margin_loss(_t(d, torch.float16, (2, 3)), torch.tensor([0, 2], device=d)),
     "soft_margin int64": lambda d: F.soft_margin_loss(_t(d, I64), _t(d, I64)),
     "soft_margin u32": lambda d: F.soft_margin_loss(_t(d, U32), _t(d, U32)),
-    "histc int64": lambda d: torch.histc(_t(d, I64), 4),
+    "histc bool": lambda d: torch.histc(_t(d, torch.bool), 4),
     "histogram float16": lambda d: torch.histogram(_t(d, torch.float16), 4),
     "segment_reduce int64": lambda d: torch.segment_reduce(_t(d, I64), "sum", lengths=torch.tensor([2, 3], device=d)),
     "max_unpool2d int64": lambda d: F.max_unpool2d(_t(d, I64, (1, 1, 1, 1)), _t(d, I64, (1, 1, 1, 1)) * 0, 2),
@@ -207,6 +207,15 @@ COMPUTED = {
 def test_ops_with_cpu_loops_still_compute(name):
     fn = COMPUTED[name]
     torch.testing.assert_close(fn("tpu").cpu(), fn("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_histc_of_integers_computes_as_on_cuda(dtype):
+    # the CPU has no integer histc loop, CUDA has one, and Transformers' MoE counts experts with
+    # `torch.histc(expert_ids.int(), ...)` on every device but the CPU: tpu computes, as CUDA does
+    ids = torch.randint(0, 8, (64,))
+    expected = torch.histc(ids.float(), bins=8, min=0, max=7).to(dtype)
+    assert torch.equal(torch.histc(ids.to(dtype).to("tpu"), bins=8, min=0, max=7).cpu(), expected)
 
 
 def test_unsigned_promotion_error_as_on_the_cpu():

@@ -751,7 +751,9 @@ def _histc_bounds_check(a, bins=100, min=0, max=0, **kwargs):
     "histc",
     real_only=True,
     host_check=dict.fromkeys(("histc", "histc.out"), _histc_bounds_check),
-    no_loop_for=NOT_FLOATING,
+    # the CPU has no integer loop, CUDA has (its kernel takes every integer but the wide unsigned), and
+    # Transformers' MoE counts experts with `histc(expert_ids.int())` on every device but the CPU: as CUDA
+    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
 )
 def histc(a, bins=100, min=0, max=0):
     # PyTorch: min == max means the data's own range; values outside [min, max] are ignored

@@ -35,7 +35,9 @@ def _cat_out_dtype_check(tensors, dim=0, *, out):
 def _cat_shape_check(tensors, dim=0, **_):
     """The CPU's first checks of cat, in its words (PyTorch's meta kernel has others, and an IndexError
     for 0-dim tensors): no 0-dim tensor, then each tensor's number of dims against the first one's
-    (legacy empty 1-d tensors skipped)."""
+    (legacy empty 1-d tensors skipped). (A compiled graph's lowering passes its nodes: not checked here.)"""
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return
     for i, t in enumerate(tensors):
         if t.dim() == 0:
             raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
