@@ -793,3 +793,16 @@ def test_compiled_outputs_are_counted_freed_and_keep_their_layout(native, monkey
     assert torch.tpu.memory_allocated() - before == sum(w.numel() * w.element_size() for w in want)
     del outs, got
     assert torch.tpu.memory_allocated() == before
+
+
+def test_compiled_cat_with_symbolic_sizes_and_a_legacy_empty_tensor_matches_cpu():
+    """The backend hands cat's argument check the meta values of the nodes in its list (symbolic
+    sizes under dynamic=True): it adds no guard and does not refuse a legacy empty 1-d tensor."""
+
+    def f(a, b, e):
+        return torch.cat([a, e, b]) * 2
+
+    g = torch.compile(f, backend="tpu", dynamic=True)
+    for n in (3, 5):
+        a, b, e = torch.randn(n, 4), torch.randn(n + 1, 4), torch.empty(0)
+        torch.testing.assert_close(g(a.to("tpu"), b.to("tpu"), e.to("tpu")).cpu(), f(a, b, e))

@@ -74,13 +74,14 @@ def _check_arguments(graph):
     not (eager/build.py META_CHECKS): bad input gets PyTorch's error, as in eager mode."""
 
     def meta(a):
-        return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        return a.meta.get("val")
 
     for node in graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             check = META_CHECKS.get(node_op_name(node.target))
             if check is not None:
-                check(*[meta(a) for a in node.args], **{k: meta(v) for k, v in node.kwargs.items()})
+                # nodes nested in lists too (cat's tensors): the checks see values, as in eager mode
+                check(*torch.fx.node.map_arg(node.args, meta), **torch.fx.node.map_arg(node.kwargs, meta))
 
 
 def _out_layout(val):

@@ -35,13 +35,12 @@ def _cat_out_dtype_check(tensors, dim=0, *, out):
 def _cat_shape_check(tensors, dim=0, **_):
     """The CPU's first checks of cat, in its words (PyTorch's meta kernel has others, and an IndexError
     for 0-dim tensors): no 0-dim tensor, then each tensor's number of dims against the first one's
-    (legacy empty 1-d tensors skipped). (A compiled graph's lowering passes its nodes: not checked here.)"""
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return
+    (legacy empty 1-d tensors skipped). A compiled graph's tensors may have symbolic sizes: only a
+    size known to be 0 counts as empty (no guard is added after tracing)."""
     for i, t in enumerate(tensors):
         if t.dim() == 0:
             raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
-    kept = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
+    kept = [t for t in tensors if not (t.dim() == 1 and type(t.shape[0]) is int and t.shape[0] == 0)]
     for t in kept[1:]:
         if t.dim() != kept[0].dim():
             raise RuntimeError(f"Tensors must have same number of dimensions: got {kept[0].dim()} and {t.dim()}")
