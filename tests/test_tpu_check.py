@@ -428,6 +428,27 @@ def test_interrupted_exchange_with_the_compiler_starts_a_new_one(check, monkeypa
     assert check.report().failed == 0, check.report().failures
 
 
+def test_time_limit_while_awaiting_the_compiler_is_an_interrupt_not_a_dead_compiler(check, monkeypatch):
+    """A test's time limit (a SIGALRM handler raising TimeoutError, an OSError) while the reply is
+    awaited ends that compiler process and propagates: it had been taken for a dead child, whose exit
+    the check then awaited forever (an upstream test file hung for an hour)."""
+    torch.sin(torch.randn(_fresh_shape()).to("tpu"))
+    child = tpu_check._child.proc
+    real_receive = tpu_check._Child._receive
+
+    def timed_out(self):
+        raise TimeoutError("test ran over its time limit")
+
+    monkeypatch.setattr(tpu_check._Child, "_receive", timed_out)
+    with pytest.raises(TimeoutError):
+        torch.cos(torch.randn(_fresh_shape()).to("tpu"))
+    assert tpu_check._child.proc is None and child.poll() is not None
+    monkeypatch.setattr(tpu_check._Child, "_receive", real_receive)
+    x = torch.randn(_fresh_shape())
+    torch.testing.assert_close(torch.tan(x.to("tpu")).cpu(), torch.tan(x))
+    assert check.report().failed == 0, check.report().failures
+
+
 def test_nonzero_indices_match_jax_and_have_no_64_bit_divide():
     """The data-dependent helpers' nonzero (masked_select, nonzero, unique, nonzero_static) counts and
     unravels positions in int32: JAX's form divides int64 positions, which XLA:TPU took ~10x as long to

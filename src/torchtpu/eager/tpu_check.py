@@ -354,12 +354,13 @@ class _Child:
             try:
                 self._send((name, bytecode, replicas, partitions, abort))
                 reply = self._receive()
-            except (BrokenPipeError, OSError):
+            except BrokenPipeError:  # the child is gone: its exit status says why
                 reply = None
             except BaseException:
-                # interrupted mid-exchange (Ctrl-C, `timeout -s INT`, a test's time limit): a half-written
-                # request leaves both processes waiting on each other, an unread reply would answer the
-                # next program; the next program gets a new child
+                # interrupted mid-exchange (Ctrl-C, `timeout -s INT`, a test's time limit: a SIGALRM
+                # handler's TimeoutError is an OSError, not a dead child): a half-written request leaves
+                # both processes waiting on each other, an unread reply would answer the next program;
+                # the next program gets a new child
                 self.stop(kill=True)
                 raise
             if reply is None:
@@ -379,8 +380,13 @@ class _Child:
         return pickle.loads(self.proc.stdout.read(n))
 
     def _died(self, doing):
-        """The child ended while `doing`: its exit status and the end of its stderr, as the failure."""
-        code = self.proc.wait()
+        """The child ended while `doing`: its exit status and the end of its stderr, as the failure.
+        (Its replies' pipe closed: a child still running after that is killed, never waited on forever.)"""
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
         self.stderr.seek(0)
         tail = self.stderr.read().decode(errors="replace")[-_CHILD_STDERR_TAIL:]
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
