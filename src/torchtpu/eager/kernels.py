@@ -845,7 +845,9 @@ def _register_engine_kernels(fast):
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
             if name in _COMPOSITE_IN_EAGER:  # taken whole, before the Autograd key decomposes it
-                whole = _whole_composite(op, kernel_for(op))
+                kernel = kernel_for(op)
+                resolve = data_dependent.RESOLVED_COMPOSITES.get(name)
+                whole = _whole_composite(op, argument_checks.wrap(name, resolve(kernel) if resolve else kernel))
                 _impl(op, whole)
                 _lib.impl(op, whole, "AutogradPrivateUse1")
             continue  # decomposes before reaching the backend
