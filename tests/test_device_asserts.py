@@ -58,8 +58,9 @@ def test_index_range_matches_cpu(op, i):
         torch.testing.assert_close(tpu_value, cpu_value)
     else:
         # (index tensors the host knows raise PyTorch's IndexError at the op: eager/data_dependent.py)
-        assert isinstance(tpu_value, (asserts.DeviceAssertError, IndexError)), tpu_value
-        assert "out of" in str(tpu_value) or "Target" in str(tpu_value)
+        # (one_hot: the CPU's RuntimeError at the op, the values being known to the host)
+        assert isinstance(tpu_value, (asserts.DeviceAssertError, IndexError, type(cpu_value))), tpu_value
+        assert any(w in str(tpu_value) for w in ("out of", "Target", "Class values")), tpu_value
 
 
 def test_index_errors_are_reported_at_the_next_sync_and_not_sticky():
@@ -390,3 +391,31 @@ def test_fused_mode_gates_do_not_depend_on_which_verdicts_are_computed():
         assert asserts.poison(0) is expected
     torch.tpu.synchronize()
     assert not asserts.gating()
+
+
+@pytest.mark.parametrize(
+    "values, classes", [([3, 4, -1, 0], -1), ([3, 4, 1, 0], 3), ([1, 2], 0), ([1, 2], -2), ([[3, 4], [1, 0]], -1)]
+)
+def test_one_hot_checks_host_known_classes_at_the_op(values, classes):
+    # the CPU's RuntimeError and words at the op when the host knows the values (test_nn's test_one_hot)
+    cpu_verdict, cpu_value = _outcome(lambda: F.one_hot(torch.tensor(values), classes))
+    tpu_verdict, tpu_value = _outcome(lambda: F.one_hot(torch.tensor(values, device=DEV), classes))
+    assert tpu_verdict == cpu_verdict
+    if cpu_verdict == "ok":
+        torch.testing.assert_close(tpu_value, cpu_value)
+    else:
+        assert type(tpu_value) is RuntimeError and str(tpu_value) == str(cpu_value)
+
+
+def test_one_hot_device_values():
+    x = torch.arange(5, device=DEV) + 1  # computed on the device: the host does not know the values
+    torch.testing.assert_close(F.one_hot(x).cpu(), F.one_hot(torch.arange(5) + 1))  # -1: a sync, as CUDA
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        F.one_hot(x, -2)  # read by that sync: at the op
+    y = F.one_hot(x, 3)  # checked on the device: at the next sync, not sticky
+    with pytest.raises(asserts.DeviceAssertError, match="Class values must be smaller than num_classes"):
+        y.cpu()
+    assert F.one_hot(x, 6).sum().item() == 5
+    with pytest.raises(RuntimeError, match="only applicable to index tensor of type LongTensor"):
+        F.one_hot(x.int(), 6)
+    assert F.one_hot(torch.empty(0, dtype=torch.long, device=DEV), 3).shape == (0, 3)

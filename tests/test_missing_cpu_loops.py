@@ -133,7 +133,25 @@ REFUSED = {
     "masked_select u32": lambda d: _t(d, U32).masked_select(_t(d, torch.bool)),
     "count_nonzero u32": lambda d: _t(d, U32).count_nonzero(),
     "hash_tensor u32": lambda d: torch.hash_tensor(_t(d, U32)),
+    # tenth session: nearest resampling of integers but uint8 (CUDA's kernels neither), reductions into a
+    # wide unsigned dtype (the CPU's and CUDA's sum/prod dispatch on the result dtype)
+    "nearest int32": lambda d: F.interpolate(_t(d, torch.int32, (1, 2, 3, 3)), scale_factor=2),
+    "nearest int64 1d": lambda d: F.interpolate(_t(d, I64, (1, 2, 3)), scale_factor=2),
+    "nearest-exact int16 3d": lambda d: F.interpolate(
+        _t(d, torch.int16, (1, 1, 2, 2, 2)), scale_factor=2, mode="nearest-exact"
+    ),
+    "sum dtype u32": lambda d: torch.sum(_t(d, F32), dtype=U32),
+    "sum dim dtype u64": lambda d: torch.sum(_t(d, torch.int32, (2, 3)), 0, dtype=U64),
+    "sum out u16": lambda d: torch.sum(_t(d, F32, (2, 3)), 0, out=torch.empty(3, dtype=U16, device=d)),
+    "nansum dtype u32": lambda d: torch.nansum(_t(d, F32), dtype=U32),
+    "prod dtype u32": lambda d: torch.prod(_t(d, F32), dtype=U32),
+    "prod out u32": lambda d: torch.prod(_t(d, F32, (2, 3)), 0, out=torch.empty(3, dtype=U32, device=d)),
+    "prod dim dtype u16": lambda d: torch.prod(_t(d, F32, (2, 3)), 1, dtype=U16),
+    "cumsum dtype u32": lambda d: torch.cumsum(_t(d, F32), 0, dtype=U32),
+    "cumsum_ u64": lambda d: _t(d, U64).cumsum_(0),
+    "cumprod dtype u32": lambda d: torch.cumprod(_t(d, F32), 0, dtype=U32),
     # RuntimeErrors in the CPU's own words
+    "native_dropout_backward u32": lambda d: torch.ops.aten.native_dropout_backward(_t(d, U32), _t(d, torch.bool), 2.0),
     "sort complex64": lambda d: _t(d, C64).sort(),
     "topk bool": lambda d: _t(d, torch.bool).topk(2),
     "topk complex64": lambda d: _t(d, C64).topk(2),
@@ -168,6 +186,10 @@ COMPUTED = {
     "sqrt u32": lambda d: _t(d, U32).sqrt(),
     "div u16": lambda d: _t(d, U16) / 2,
     "sum u32": lambda d: _t(d, U32).sum(),
+    "cumsum u32": lambda d: _t(d, U32).cumsum(0),
+    "prod dim u16": lambda d: _t(d, U16, (2, 3)).prod(1),
+    "sum dtype int64 of u32": lambda d: torch.sum(_t(d, U32), dtype=I64),
+    "interpolate uint8 3d": lambda d: F.interpolate(_t(d, torch.uint8, (1, 1, 2, 2, 2)), scale_factor=2),
     "where u32": lambda d: torch.where(_t(d, torch.bool), _t(d, U32), 0),
     "interpolate uint8": lambda d: torch.nn.functional.interpolate(_t(d, torch.uint8, (1, 1, 2, 2)), scale_factor=2),
     "cat u64": lambda d: torch.cat([_t(d, U64), _t(d, U64)]),

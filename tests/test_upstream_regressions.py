@@ -333,6 +333,19 @@ def test_sparse_layouts_raise_a_clear_error(make):
     assert_close(torch.ones(3, device=DEV).sum().cpu(), torch.tensor(3.0))
 
 
+def test_nested_tensors_raise_a_clear_error():
+    # test_nn's test_TransformerEncoderLayer_empty: the fast path's op on a nested tpu tensor
+    nt = torch.nested.nested_tensor([torch.ones(2, 4), torch.ones(3, 4)], device=DEV)
+    with pytest.raises(NotImplementedError, match=r"aten::add.Tensor: nested tensors \(the NestedTensor layout\)"):
+        nt + 1
+    with pytest.raises(NotImplementedError, match="nested tensors"):
+        nt.cpu()
+    # the empty one has dim 1: MultiheadAttention's own assert, as on the CPU
+    layer = torch.nn.TransformerEncoderLayer(8, 2, batch_first=True).to(DEV).eval()
+    with torch.no_grad(), pytest.raises(AssertionError, match="does not support NestedTensor outside"):
+        layer(torch.nested.nested_tensor([], device=DEV))
+
+
 # ------------------------------------------------------------------ errors
 @pytest.mark.parametrize("index", [[5], [0, -4], [[1], [3]]])
 def test_host_indices_out_of_range_raise_index_error_at_the_op(index):

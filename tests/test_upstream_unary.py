@@ -117,6 +117,7 @@ def test_inplace_activation_backward_with_a_negative_slope_refused():
         lambda a: torch.nn.functional.elu_(a, alpha=-2),
         lambda a: torch.nn.functional.celu_(a, alpha=-2),
         lambda a: torch.nn.functional.leaky_relu_(a, -2),
+        lambda a: torch.nn.functional.rrelu_(a, -5.0, 1.0),  # rrelu_with_noise_ was not lowered
     )
     for fn in fns:
         a = torch.tensor([-1.0, 1.0], device=DEV, requires_grad=True)
@@ -125,6 +126,25 @@ def test_inplace_activation_backward_with_a_negative_slope_refused():
     a = torch.tensor([-1.0, 1.0], device=DEV, requires_grad=True)
     torch.nn.functional.leaky_relu_(a.clone(), 0.5).backward(torch.ones(2, device=DEV))
     assert_close(a.grad.cpu(), torch.tensor([0.5, 1.0]))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_rrelu_inplace_as_the_cpu(training):
+    x = torch.randn(64)
+    cpu = x.clone().requires_grad_()
+    tpu = x.to(DEV).requires_grad_()
+    out_cpu = torch.nn.functional.rrelu_(cpu.clone(), 0.1, 0.3, training=training)
+    y = tpu.clone()
+    out = torch.nn.functional.rrelu_(y, 0.1, 0.3, training=training)
+    assert out is y
+    out.sum().backward()
+    out_cpu.sum().backward()
+    slope = (out.detach().cpu() / x)[x < 0]  # drawn in [lower, upper] in training, their mean else
+    assert_close(out.detach().cpu()[x >= 0], x[x >= 0])
+    assert ((slope >= 0.1) & (slope <= 0.3)).all() if training else torch.allclose(slope, torch.tensor(0.2))
+    assert_close(tpu.grad.cpu(), out.detach().cpu() / x)  # the noise the forward drew
+    if not training:
+        assert_close(tpu.grad.cpu(), cpu.grad)
 
 
 @pytest.mark.parametrize("mode,antialias", [("bilinear", False), ("bilinear", True), ("bicubic", False)])

@@ -14,6 +14,7 @@ import torch
 
 from ..ops import dtypes as dt
 from ..ops.argument_checks import warn_at_caller
+from ..ops.embedding import one_hot_range_check
 from ..ops.reductions import nonzero_indices
 from ..ops.table import declared_facts
 from ..storage import host_values
@@ -505,6 +506,34 @@ def bincount(self, weights=None, minlength=0):
         wbuf, _ = _flat(weights)
         w = wbuf.reshape(tuple(weights.shape)).astype(jnp.float32 if out_dtype == torch.float32 else jnp.float64)
     return new_tensor((n,), out_dtype, dev, _bincount(x, w, n))
+
+
+def one_hot_classes(kernel):
+    """one_hot's engine kernel behind the CPU's checks of the class values at the op where the host
+    knows them (copied from it: storage/host_values.py) or reads them anyway: num_classes <= 0 needs
+    the greatest value (a sync, as on CUDA), and the same sync gives the least. Other values are
+    checked on the device (the lowering's asserts), reported at the next sync as CUDA's."""
+
+    def run(self, num_classes=-1):
+        if self.numel() and self.device.type == "tpu":
+            known = host_values.values_of(self)
+            if known is not None:
+                low, high = int(known.min()), int(known.max())
+            elif num_classes <= 0:
+                buf, _ = _flat(self)
+                low, high = (int(v) for v in _min_max(buf))
+            else:
+                return kernel(self, num_classes)
+            one_hot_range_check(num_classes, low, high)
+            if num_classes == -1:
+                num_classes = high + 1
+        return kernel(self, num_classes)
+
+    return run
+
+
+# Composite ops eager takes whole (ops/table.py composite_in_eager) whose arguments depend on values
+RESOLVED_COMPOSITES = {"one_hot.default": one_hot_classes}
 
 
 # The CPU's out= checks of each data-dependent op, in its words (its kernels check dtype first)

@@ -517,6 +517,16 @@ def _sparse_fallback(op, *args, **kwargs):
     )
 
 
+def _nested_fallback(op, *args, **kwargs):
+    """The NestedTensorPrivateUse1 key: an op with no kernel for nested tpu tensors (PyTorch has
+    NestedTensorCPU/CUDA kernels; a nested tpu tensor is made, viewed and unbound, not computed on)."""
+    raise NotImplementedError(
+        f"torchtpu: aten::{op_name(op)}: nested tensors (the NestedTensor layout) are not supported on the tpu "
+        f"device; keep them on the CPU, or pad them there (torch.nested.to_padded_tensor) and move the padded "
+        f"tensor, with a mask"
+    )
+
+
 def _refuse_layout(op):
     name = op_name(op)
     for word, what in _LAYOUT_WORDS:
@@ -802,6 +812,8 @@ def register_all():
     for key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
         if hasattr(DispatchKey, key):
             _fallback_lib.fallback(_sparse_fallback, key)
+    if hasattr(DispatchKey, "NestedTensorPrivateUse1"):
+        _fallback_lib.fallback(_nested_fallback, "NestedTensorPrivateUse1")
 
 
 def _register_metadata_ops(fast):
@@ -845,7 +857,9 @@ def _register_engine_kernels(fast):
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
             if name in _COMPOSITE_IN_EAGER:  # taken whole, before the Autograd key decomposes it
-                whole = _whole_composite(op, kernel_for(op))
+                kernel = kernel_for(op)
+                resolve = data_dependent.RESOLVED_COMPOSITES.get(name)
+                whole = _whole_composite(op, argument_checks.wrap(name, resolve(kernel) if resolve else kernel))
                 _impl(op, whole)
                 _lib.impl(op, whole, "AutogradPrivateUse1")
             continue  # decomposes before reaching the backend

@@ -125,11 +125,14 @@ def _inplace_negative_slope_check(name, slope_at, result_at):
     return check
 
 
+_LEAKY_RELU_RESULT_CHECK = _inplace_negative_slope_check("leakyReLu", 2, 3)
+
+
 @lowering(
     "leaky_relu_backward",
     promote=KIND.DEFAULT,
     promote_args=(0, 1),
-    host_check=_inplace_negative_slope_check("leakyReLu", 2, 3),
+    host_check=_LEAKY_RELU_RESULT_CHECK,
 )
 def leaky_relu_backward(grad, a, negative_slope, self_is_result):
     return jnp.where(a > 0, grad, grad * negative_slope)
@@ -283,7 +286,7 @@ def hardshrink_backward(grad, a, lambd):
     return jnp.where((a >= -lambd) & (a <= lambd), 0, grad).astype(grad.dtype)
 
 
-@lowering("rrelu_with_noise", random=True, real_only=True, no_loop_for=NOT_FLOATING)
+@lowering("rrelu_with_noise", "rrelu_with_noise_", random=True, real_only=True, no_loop_for=NOT_FLOATING)
 def rrelu_with_noise(a, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
     if training:
         r = jax.random.uniform(key, a.shape, jnp.float32, 0, 1) * (upper - lower) + lower
@@ -292,7 +295,14 @@ def rrelu_with_noise(a, noise, lower=0.125, upper=1 / 3, training=False, generat
     return jnp.where(a >= 0, a, a * ((lower + upper) / 2)).astype(a.dtype), noise
 
 
-@lowering("rrelu_with_noise_backward")
+def _rrelu_inplace_check(grad, a, noise, lower, upper, training, self_is_result):
+    """host_check: out of training the CPU's backward is leaky_relu's at the mean slope, whose check
+    refuses a negative slope when the forward was in place (rrelu_)."""
+    if not training:
+        _LEAKY_RELU_RESULT_CHECK(grad, a, (lower + upper) / 2, self_is_result)
+
+
+@lowering("rrelu_with_noise_backward", host_check=_rrelu_inplace_check)
 def rrelu_with_noise_backward(grad, a, noise, lower, upper, training, self_is_result):
     if training:
         return (grad * noise).astype(grad.dtype)

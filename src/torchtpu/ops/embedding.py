@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from .checks import require, require_index
 from .dtypes import to_opmath
@@ -44,6 +45,36 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
         counts = jnp.zeros((num_weights,), jnp.int64).at[idx].add(1)
         g = g / counts[idx][:, None]
     return jnp.zeros((num_weights, grad.shape[-1]), g.dtype).at[idx].add(g).astype(grad.dtype)
+
+
+# ---------------------------------------------------------------- one_hot
+def one_hot_range_check(num_classes, low, high):
+    """The CPU's checks of one_hot's class values, given their least and greatest (known to the host:
+    just copied from it, or read by the sync that num_classes=-1 needs, as on CUDA)."""
+    if low < 0:
+        raise RuntimeError("Class values must be non-negative.")
+    if num_classes != -1 and num_classes <= high:
+        raise RuntimeError("Class values must be smaller than num_classes.")
+
+
+def _one_hot_arguments_check(self, num_classes=-1):
+    """host_check of one_hot: the CPU's dtype and empty-input errors (the class values: eager's
+    data_dependent.one_hot_classes at the op where the host knows them, else the lowering's asserts)."""
+    if self.dtype != torch.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if self.numel() == 0 and num_classes <= 0:
+        raise RuntimeError("Can not infer total number of classes from empty tensor.")
+
+
+# CompositeImplicit in ATen (zeros, then a scatter_ whose device assert names scatter_ on CUDA and
+# PrivateUse1, where ATen skips the CPU's range checks): taken whole in eager, with the CPU's words
+@lowering("one_hot", composite_in_eager=True, host_check=_one_hot_arguments_check)
+def one_hot(x, num_classes=-1):
+    """num_classes > 0 here: eager resolves -1 from the values first (a sync, as CUDA's `.item()`)."""
+    if x.size:
+        require(x >= 0, "Class values must be non-negative.", recoverable=True)
+        require(x < num_classes, "Class values must be smaller than num_classes.", recoverable=True)
+    return (x[..., None] == jnp.arange(num_classes, dtype=x.dtype)).astype(jnp.int64)
 
 
 # ---------------------------------------------------------------- embedding_bag

@@ -161,7 +161,12 @@ def native_dropout(a, p, train, *, key):
     return jnp.where(keep, a * scale, 0).astype(a.dtype), keep
 
 
-@lowering("native_dropout_backward")
+def _dropout_backward_promotion_check(grad, mask, *args, **kwargs):
+    """The CPU's promotion error of grad * mask (a uint16/32/64 grad with the bool mask)."""
+    torch.result_type(grad, mask)
+
+
+@lowering("native_dropout_backward", meta_check=_dropout_backward_promotion_check)
 def native_dropout_backward(grad, mask, scale):
     # (PyTorch's type promotion: a bool or integer grad times the float scale is float32)
     dtype = grad.dtype if jnp.issubdtype(grad.dtype, jnp.inexact) else jnp.float32

@@ -31,7 +31,26 @@ def _acc_dtype(a, dtype):
     return a.dtype
 
 
-@lowering("sum", "sum.dim_IntList")
+def _wide_unsigned_result_check(kernel):
+    """meta_check of sum/prod/nansum: the CPU's kernels (CUDA's too) dispatch on the result dtype and have
+    no uint16/32/64 loop: a wide unsigned input sums into int64 and computes, but `dtype=` (or `out=`) of
+    one raises (masked.sum and friends pass `dtype=`)."""
+
+    def check(a, *args, dtype=None, out=None, **kwargs):
+        result = dtype if dtype is not None else (out.dtype if isinstance(out, torch.Tensor) else None)
+        if result in WIDE_UNSIGNED:
+            raise not_implemented_for(kernel, result)
+
+    return check
+
+
+@lowering(
+    "sum",
+    "sum.dim_IntList",
+    meta_check=dict.fromkeys(
+        ("sum", "sum.dim_IntList", "sum.IntList_out", "sum.out"), _wide_unsigned_result_check("sum")
+    ),
+)
 def sum_reduction(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
     acc = opmath(d)
@@ -83,7 +102,11 @@ def mean(a, dim=None, keepdim=False, dtype=None):
     return jnp.mean(a.astype(acc), axis=_dims(a, dim), keepdims=keepdim).astype(d)
 
 
-@lowering("prod", "prod.dim_int")
+@lowering(
+    "prod",
+    "prod.dim_int",
+    meta_check=dict.fromkeys(("prod", "prod.dim_int", "prod.int_out", "prod.out"), _wide_unsigned_result_check("prod")),
+)
 def prod(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
     return jnp.prod(a.astype(opmath(d)), axis=_dims(a, dim), keepdims=keepdim).astype(d)
@@ -310,7 +333,11 @@ def std_mean(a, dim=None, correction=None, keepdim=False):
     return std(a, dim, correction, keepdim), mean(a, dim, keepdim)
 
 
-@lowering("nansum", real_only="nansum on CPU does not support complex inputs")
+@lowering(
+    "nansum",
+    real_only="nansum on CPU does not support complex inputs",
+    meta_check=dict.fromkeys(("nansum", "nansum.out"), _wide_unsigned_result_check("sum")),
+)
 def nansum(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
     x = a.astype(d).astype(opmath(d))  # (each element in the result dtype first, as sum)
@@ -406,8 +433,9 @@ def _no_bool_scan_check(kernel):
 
     def check(inplace):
         def run(a, *args, dtype=None, out=None, **kwargs):
-            if a.dim() and a.numel() and result_dtype(a, args, dtype, out, inplace) == torch.bool:
-                raise not_implemented_for(kernel, torch.bool)
+            result = result_dtype(a, args, dtype, out, inplace)
+            if a.dim() and a.numel() and result in (torch.bool, *WIDE_UNSIGNED):
+                raise not_implemented_for(kernel, result)
 
         return run
 

@@ -16,7 +16,7 @@ from jax import lax
 from torch._prims_common import suggest_memory_format
 
 from .argument_checks import input_loop_check, out_overlaps_inputs_check
-from .dtypes import INTEGERS, WIDE_UNSIGNED, scalar_type_name, to_opmath
+from .dtypes import INTEGERS, NOT_FLOATING, WIDE_UNSIGNED, scalar_type_name, to_opmath
 from .table import lowering
 
 
@@ -413,12 +413,16 @@ def _scales(scales, output_size):
     return (list(scales) + [None] * nd)[:nd]
 
 
+# the CPU's nearest kernels (and CUDA's) have loops for the floating types and uint8 only (images)
+NEAREST_NO_LOOP = tuple(t for t in NOT_FLOATING if t != torch.uint8)
+
+
 @lowering(
     "upsample_nearest1d",
     "upsample_nearest2d",
     "upsample_nearest3d",
     real_only=True,
-    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
+    no_loop_for=NEAREST_NO_LOOP,
 )
 def upsample_nearest(x, output_size, *scales):
     return _nearest(x, output_size, _scales(scales, output_size), False)
@@ -429,7 +433,7 @@ def upsample_nearest(x, output_size, *scales):
     "_upsample_nearest_exact2d",
     "_upsample_nearest_exact3d",
     real_only=True,
-    no_loop_for=(torch.bool, *WIDE_UNSIGNED),
+    no_loop_for=NEAREST_NO_LOOP,
 )
 def upsample_nearest_exact(x, output_size, *scales):
     return _nearest(x, output_size, _scales(scales, output_size), True)
