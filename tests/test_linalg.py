@@ -608,6 +608,21 @@ def test_complex_norm_is_real_without_a_cast_warning():
             torch.testing.assert_close(fn(a.to(DEV)).cpu(), fn(a))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_matrix_exp_as_accurate_as_the_cpu(dtype):
+    # test_linalg_matrix_exp_compare_with_taylor: JAX's float32 expm (Pade, degree 7) was 100-400x less
+    # accurate than the CPU's Taylor expansion at 1-norms near 6 (a relative error of 1e-4)
+    n = torch.tensor([0.5, 2.0, 6.0, 20.0])[:, None, None]
+    a = torch.randn(4, 4, 4, dtype=dtype)
+    a = a / torch.linalg.matrix_norm(a, 1)[:, None, None] * n
+    exact = torch.linalg.matrix_exp(a.to(torch.complex128 if dtype.is_complex else torch.float64))
+    scale = exact.abs().amax(dim=(-2, -1), keepdim=True)
+    tpu_error = ((torch.linalg.matrix_exp(a.to(DEV)).cpu() - exact) / scale).abs().amax()
+    cpu_error = ((torch.linalg.matrix_exp(a) - exact) / scale).abs().amax()
+    assert tpu_error < max(4 * cpu_error, 2e-6), (tpu_error, cpu_error)
+    torch.testing.assert_close(torch.linalg.matrix_exp(a[:, :0, :0].to(DEV)).cpu(), a[:, :0, :0])
+
+
 def _aten_dtype_names(message):
     # PyTorch's meta kernels (which check shapes and dtypes on tpu) name dtypes as Python does
     for python, aten in (("torch.float32", "Float"), ("torch.float64", "Double"), ("torch.int64", "Long")):

@@ -857,9 +857,28 @@ def ormqr(reflectors, tau, other, left=True, transpose=False):
     return _exact_mm(q, other) if left else _exact_mm(other, q)
 
 
+_EXPM_DEGREE = 18  # Taylor terms: at 1-norm <= 1 the truncation (1/19! ~ 8e-18) is below float64's epsilon
+
+
+def _expm(a):
+    """exp(A) by scaling and squaring of a degree-18 Taylor polynomial, as PyTorch's CPU and CUDA kernels
+    (a Taylor expansion, not a Pade approximant): each matrix is scaled by 2^-s to a 1-norm of at most 1,
+    expanded (Horner), then squared s times. JAX's float32 expm (Pade of degree 7) was 100-400x less
+    accurate than the CPU's (a relative error of 1e-4 at norm 6)."""
+    norm = jnp.max(jnp.sum(jnp.abs(a), axis=-2), axis=-1, initial=0.0)
+    squarings = jnp.clip(jnp.ceil(jnp.log2(jnp.nan_to_num(norm, posinf=2.0**64))), 0, 64).astype(jnp.int32)
+    x = a / (2.0 ** squarings.astype(jnp.real(a).dtype))[..., None, None]
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    poly = eye
+    for k in range(_EXPM_DEGREE, 0, -1):
+        poly = eye + _exact_mm(x, poly) / k
+    square = lambda i, p: jnp.where((i < squarings)[..., None, None], _exact_mm(p, p), p)
+    return lax.fori_loop(0, jnp.max(squarings, initial=0), square, poly)
+
+
 @lowering("linalg_matrix_exp")
 def linalg_matrix_exp(a):
     # unlike the decompositions, PyTorch's CPU takes half types here: compute in float32, as its opmath
     if a.dtype in _LOW_PRECISION:
-        return jax.scipy.linalg.expm(a.astype(jnp.float32)).astype(a.dtype)
-    return jax.scipy.linalg.expm(a)
+        return _expm(a.astype(jnp.float32)).astype(a.dtype)
+    return _expm(a)
