@@ -468,9 +468,9 @@ def test_singular_matrices():
         lambda a: torch.linalg.solve(a, torch.ones(2, device=a.device)),
         lambda a: torch.linalg.lu_factor(a).LU,
     ):
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError) as cpu:
             fn(s)
-        with pytest.raises(torch.linalg.LinAlgError, match="singular"):  # at the op, as on CUDA (a sync)
+        with pytest.raises(type(cpu.value), match="singular|is zero"):  # at the op, as on CUDA (a sync)
             fn(s.to(DEV))
 
 
