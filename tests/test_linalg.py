@@ -623,6 +623,20 @@ def test_matrix_exp_as_accurate_as_the_cpu(dtype):
     torch.testing.assert_close(torch.linalg.matrix_exp(a[:, :0, :0].to(DEV)).cpu(), a[:, :0, :0])
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_qr_is_lapacks_as_geqrf(dtype):
+    # test_ormqr (complex): R's diagonal was made positive, so Q's columns had other signs than the
+    # CPU's (LAPACK's real diagonal keeps its sign) and `Q @ C` differed from ormqr(geqrf(A), C)
+    a, c = torch.randn(2, 5, 3, dtype=dtype), torch.randn(2, 5, 4, dtype=dtype)
+    q, r = torch.linalg.qr(a.to(DEV), mode="complete")
+    expected_q, expected_r = torch.linalg.qr(a, mode="complete")
+    torch.testing.assert_close(q.cpu(), expected_q)
+    torch.testing.assert_close(r.cpu(), expected_r)
+    torch.testing.assert_close(torch.linalg.qr(a.to(DEV), mode="r").R.cpu(), torch.linalg.qr(a, mode="r").R)
+    reflectors, tau = torch.geqrf(a.to(DEV))
+    torch.testing.assert_close(torch.ormqr(reflectors, tau, c.to(DEV)).cpu(), expected_q @ c)
+
+
 def _aten_dtype_names(message):
     # PyTorch's meta kernels (which check shapes and dtypes on tpu) name dtypes as Python does
     for python, aten in (("torch.float32", "Float"), ("torch.float64", "Double"), ("torch.int64", "Long")):

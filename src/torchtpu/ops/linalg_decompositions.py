@@ -772,12 +772,15 @@ def linalg_qr(a, mode="reduced"):
 
 def _real_diagonal(q, r):
     """LAPACK's convention for complex QR, which PyTorch's backward assumes: R's diagonal is real.
-    XLA leaves a phase there; move it into Q's columns (Q D, D^H R keep the product)."""
+    XLA:TPU leaves a phase there; move it into Q's columns (Q D, D^H R keep the product), turning each
+    diagonal entry to the nearer of +-|r_ii|. A diagonal that is real already (XLA:CPU calls LAPACK)
+    keeps its signs: R and Q are LAPACK's own, those of geqrf/ormqr (made positive, Q's columns had
+    flipped signs against the CPU's, and `Q @ C` differed from `ormqr(geqrf(A), C)`)."""
     if not jnp.issubdtype(r.dtype, jnp.complexfloating):
         return q, r
     k = min(r.shape[-2], r.shape[-1])
     diag = jnp.diagonal(r[..., :k, :k], axis1=-2, axis2=-1)
-    size = jnp.abs(diag)
+    size = jnp.abs(diag) * jnp.where(jnp.real(diag) < 0, -1, 1)
     phase = jnp.where(size == 0, 1, diag / jnp.where(size == 0, 1, size))
     r = r.at[..., :k, :].multiply(jnp.conj(phase)[..., :, None])
     if q is not None:
