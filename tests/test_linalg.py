@@ -637,6 +637,23 @@ def test_complex_qr_is_lapacks_as_geqrf(dtype):
     torch.testing.assert_close(torch.ormqr(reflectors, tau, c.to(DEV)).cpu(), expected_q @ c)
 
 
+def test_resized_out_warns_once_per_output():
+    # test_eigh_errors_and_warnings, test_eig_errors_and_warnings: PyTorch's Python meta kernels word the
+    # resize warning unformatted ("... shape {str(shape)}"), so Python's default filter showed one of two
+    a = torch.randn(3, 3)
+    a = a + a.mT
+    counts = []
+    for d in ("cpu", DEV):
+        with warnings.catch_warnings(record=True) as w:
+            torch.linalg.eigh(a.to(d), out=(torch.empty(7, 7, device=d), torch.empty(7, 7, device=d)))
+            torch.linalg.eig(
+                a.to(d),
+                out=(torch.ones(1, dtype=torch.cdouble, device=d), torch.ones(1, dtype=torch.cdouble, device=d)),
+            )
+        counts.append(sorted(str(x.message)[:140] for x in w))
+    assert counts[0] == counts[1] and len(counts[0]) == 4
+
+
 def _aten_dtype_names(message):
     # PyTorch's meta kernels (which check shapes and dtypes on tpu) name dtypes as Python does
     for python, aten in (("torch.float32", "Float"), ("torch.float64", "Double"), ("torch.int64", "Long")):
