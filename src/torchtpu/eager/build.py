@@ -397,20 +397,34 @@ def _meta_call(kernel, args, kwargs):
     if meta_check is not None:
         meta_check(*meta_args, **meta_kwargs)
     try:
-        with deterministic_alerts_off(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_RESIZE_WARNING)  # (said below, in the CPU's words)
+        with deterministic_alerts_off(), warnings.catch_warnings(record=True) as meta_warnings:
+            warnings.simplefilter("always")
             meta_out = META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
     except (RuntimeError, AssertionError) as e:
         raise _as_cpu_error(_as_cpu_cast_error(e), kernel, meta_args, meta_kwargs) from None
+    finally:
+        warned_resize = _pass_on(meta_warnings)
     resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]
     if resized:
-        _warn_resized(resized)
         _check_inplace_not_resized(kernel, meta_args, resized)
+        if warned_resize:
+            _warn_resized(resized)
         _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized)
     return compute, meta_out
 
 
 _RESIZE_WARNING = "An output with one or more elements was resized"
+
+
+def _pass_on(caught):
+    """The meta kernel's warnings, but its out= resize warning (said by _warn_resized): whether it gave one."""
+    resize = False
+    for w in caught:
+        if str(w.message).startswith(_RESIZE_WARNING):
+            resize = True
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return resize
 
 
 def _warn_resized(resized):
