@@ -608,7 +608,7 @@ def test_complex_norm_is_real_without_a_cast_warning():
             torch.testing.assert_close(fn(a.to(DEV)).cpu(), fn(a))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.complex64, marks=pytest.mark.slow)])
 def test_matrix_exp_as_accurate_as_the_cpu(dtype):
     # test_linalg_matrix_exp_compare_with_taylor: JAX's float32 expm (Pade, degree 7) was 100-400x less
     # accurate than the CPU's Taylor expansion at 1-norms near 6 (a relative error of 1e-4)
@@ -623,7 +623,7 @@ def test_matrix_exp_as_accurate_as_the_cpu(dtype):
     torch.testing.assert_close(torch.linalg.matrix_exp(a[:, :0, :0].to(DEV)).cpu(), a[:, :0, :0])
 
 
-@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("dtype", [torch.complex64, pytest.param(torch.complex128, marks=pytest.mark.slow)])
 def test_complex_qr_is_lapacks_as_geqrf(dtype):
     # test_ormqr (complex): R's diagonal was made positive, so Q's columns had other signs than the
     # CPU's (LAPACK's real diagonal keeps its sign) and `Q @ C` differed from ormqr(geqrf(A), C)
