@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 import zlib
 
 import jax
@@ -14,7 +15,7 @@ from ..device import platform
 from ..metrics import counters
 from ..ops import checks
 from ..ops import dtypes as dt
-from ..ops.argument_checks import deterministic_alerts_off
+from ..ops.argument_checks import deterministic_alerts_off, warn_at_caller
 from ..ops.resolve import functional_twin, resolve
 from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS, contiguous_strides, is_dense, memory_order
@@ -396,15 +397,48 @@ def _meta_call(kernel, args, kwargs):
     if meta_check is not None:
         meta_check(*meta_args, **meta_kwargs)
     try:
-        with deterministic_alerts_off():
+        with deterministic_alerts_off(), warnings.catch_warnings(record=True) as meta_warnings:
+            warnings.simplefilter("always")
             meta_out = META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
     except (RuntimeError, AssertionError) as e:
         raise _as_cpu_error(_as_cpu_cast_error(e), kernel, meta_args, meta_kwargs) from None
+    finally:
+        warned_resize = _pass_on(meta_warnings)
     resized = [(m, shape) for m, shape in originals if tuple(m.shape) != shape]
     if resized:
         _check_inplace_not_resized(kernel, meta_args, resized)
+        if warned_resize:
+            _warn_resized(resized)
         _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized)
     return compute, meta_out
+
+
+_RESIZE_WARNING = "An output with one or more elements was resized"
+
+
+def _pass_on(caught):
+    """The meta kernel's warnings, but its out= resize warning (said by _warn_resized): whether it gave one."""
+    resize = False
+    for w in caught:
+        if str(w.message).startswith(_RESIZE_WARNING):
+            resize = True
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return resize
+
+
+def _warn_resized(resized):
+    """The CPU's warning for each non-empty out= tensor of another shape, one per tensor and in its words
+    (PyTorch's Python meta kernels print their message unformatted, "... output shape {str(shape)}", so
+    Python's default filter showed one for two outputs)."""
+    for m, shape in resized:
+        if math.prod(shape) != 0:
+            warn_at_caller(
+                f"{_RESIZE_WARNING} since it had shape {_shape_words(shape)}, which does not match the "
+                f"required output shape {_shape_words(m.shape)}. This behavior is deprecated, and in a future "
+                f"PyTorch release outputs will not be resized unless they have zero elements. You can "
+                f"explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0)."
+            )
 
 
 _META_CAST = re.compile(r"Attempting to cast from torch\.(\w+) to out tensor with dtype torch\.(\w+), but")

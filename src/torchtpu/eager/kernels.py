@@ -846,6 +846,20 @@ def _errors_on_host(kernel, api_name):
     return call
 
 
+def _cholesky_checked_on_host():
+    """The deprecated torch.cholesky always checks: as linalg.cholesky, the factor unchecked, then
+    `_linalg_check_errors` on its `info` (raised at the op, in the CPU's words)."""
+    check = torch.ops.aten._linalg_check_errors.default
+    cholesky_ex = torch.ops.aten.linalg_cholesky_ex.default
+
+    def call(a, upper=False):
+        factor, info = cholesky_ex(a, upper=upper)
+        check(info, "cholesky", is_matrix=a.dim() == 2)
+        return factor
+
+    return call
+
+
 def _register_engine_kernels(fast):
     """The engine's OpKernel for every lowered overload, behind the C++ fast path's kernel where
     the overload is eligible (the engine's on PrivateUse3, the C++ one on PrivateUse1)."""
@@ -874,6 +888,8 @@ def _register_engine_kernels(fast):
         api_name = CHECK_ERRORS_ON_HOST.get(name)
         if api_name is not None:
             kernel = _errors_on_host(kernel, api_name)
+        elif name == "cholesky.default":
+            kernel = _cholesky_checked_on_host()
         if fast and kernel is plain and fastpath.eligible(op, kernel):
             deferred.append((op, kernel))
         else:

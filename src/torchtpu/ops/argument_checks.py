@@ -26,6 +26,7 @@ __all__ = [
     "CHECKS",
     "bool_mask_check",
     "check_convertible",
+    "cpp_type_name",
     "deterministic_alert",
     "deterministic_alerts_off",
     "factory_value_check",
@@ -391,10 +392,15 @@ _CPP_TYPE_NAMES = {
 }
 
 
+def cpp_type_name(dtype: torch.dtype) -> str:
+    """A dtype as PyTorch's C++ errors print its TypeMeta ("float", "long int", "c10::complex<float>")."""
+    return "bool" if dtype == torch.bool else _CPP_TYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
 def bool_mask_check(a, mask, *_, **__):
     """The CPU's error for a mask that is not bool (the meta kernel words it otherwise)."""
     if mask.dtype != torch.bool:
-        name = _CPP_TYPE_NAMES.get(mask.dtype, str(mask.dtype).replace("torch.", ""))
+        name = cpp_type_name(mask.dtype)
         raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype {name}")
 
 

@@ -236,9 +236,19 @@ def _name(t):
     return scalar_type_name(t.dtype)
 
 
+def _mm_shapes(a, b):
+    """The CPU's words for matrices that cannot be multiplied (PyTorch's meta kernels: "a and b must
+    have same reduction dim, but got [2, 3] X [4, 5]")."""
+    if a.dim() == 2 and b.dim() == 2 and a.shape[1] != b.shape[0]:
+        raise RuntimeError(
+            f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and {b.shape[0]}x{b.shape[1]})"
+        )
+
+
 def _mm_dtypes(a, b, *_, **__):
-    """The CPU and CUDA kernels' dtype checks, which PyTorch's meta kernels leave out (mixed dtypes
-    would otherwise be promoted here)."""
+    """The CPU and CUDA kernels' shape and dtype checks, which PyTorch's meta kernels word otherwise or
+    leave out (mixed dtypes would otherwise be promoted here)."""
+    _mm_shapes(a, b)
     if a.dtype != b.dtype:
         raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {_name(a)} != {_name(b)}")
 
@@ -255,6 +265,7 @@ def _addmm_dtypes(c, a, b, *_, **__):
         raise RuntimeError(f"self and mat2 must have the same dtype, but got {_name(c)} and {_name(b)}")
     if a.dtype != b.dtype:
         raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {_name(a)} and {_name(b)}")
+    _mm_shapes(a, b)
 
 
 # 8-bit limbs: a product of two is below 2**16, so an int32 accumulator holds the sum of this many

@@ -10,8 +10,9 @@ import torch
 from jax import lax
 
 from ..device.platform import lowering_platform
+from .argument_checks import cpp_type_name
 from .checks import require
-from .dtypes import not_implemented_for
+from .dtypes import not_implemented_for, scalar_type_name
 from .table import lowering
 
 # ---------------------------------------------------------------- decompositions: error reporting
@@ -43,6 +44,15 @@ def _linalg_errors_on_host(info, api_name, is_matrix):
         where = "" if is_matrix else f"(Batch element {first}): "
         reason = _failure_reason(api_name)
         code = int(flat[first])  # (the CPU names the element or minor, which the host knows here)
+        if "lu_factor" in api_name:  # the CPU's TORCH_CHECK: a RuntimeError, naming U's zero pivot
+            raise RuntimeError(
+                f"{api_name}: {where}U[{code},{code}] is zero and using it on lu_solve would result in a "
+                f"division by zero. If you still want to perform the factorization, consider calling "
+                f"linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)"
+            )
+        if not any(api_name.split(".")[-1].startswith(k) for k in _FAILURES):
+            # ldl_factor: the CPU knows no reason for LAPACK's sytrf info (its internal assert)
+            raise RuntimeError(f"{api_name}: Unknown error code: {code}.")
         reason = reason.replace("diagonal element is", f"diagonal element {code} is")
         if reason == _FAILURES["cholesky"]:
             reason += f" (the leading minor of order {code} is not positive-definite)"
@@ -66,7 +76,40 @@ CHECK_ERRORS_ON_HOST = {
     "linalg_cholesky_ex.default": "linalg.cholesky_ex",
     "linalg_inv_ex.default": "linalg.inv_ex",
     "_linalg_solve_ex.default": "torch.linalg.solve_ex",
+    "linalg_lu_factor_ex.default": "torch.linalg.lu_factor_ex",
+    "linalg_ldl_factor_ex.default": "torch.linalg.ldl_factor_ex",
 }
+
+
+def _out_dtype_check(functional, outs, fn_name=None):
+    """meta_check of an out= overload in the CPU's words (PyTorch's meta kernels say "Attempting to cast
+    from torch.float32 to out tensor ..."): the dtype each out tensor must take, from `functional` on the
+    same (meta) inputs. A structured CPU kernel (`fn_name` None) wants the result's dtype exactly; the
+    ones that check with ATen's checkLinalgCompatibleDtype take any dtype the result casts to safely
+    and name the function and the out argument (`outs`: out= argument -> the CPU's name for it). Bad
+    inputs are left to the meta kernel (the CPU checks them first)."""
+
+    def check(*args, **kwargs):
+        given = [kwargs.pop(name) for name in outs]
+        names = list(outs.values())
+        try:
+            results = functional(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - the meta kernel raises the CPU's error for these
+            return
+        results = results if isinstance(results, (tuple, list)) else (results,)
+        for name, out, result in zip(names, given, results):
+            if fn_name is None and out.dtype != result.dtype:
+                raise RuntimeError(
+                    f"Expected out tensor to have dtype {cpp_type_name(result.dtype)}, but got "
+                    f"{cpp_type_name(out.dtype)} instead"
+                )
+            if fn_name is not None and not torch.can_cast(result.dtype, out.dtype):
+                raise RuntimeError(
+                    f"{fn_name}: Expected {name} to be safely castable from {scalar_type_name(result.dtype)} "
+                    f"dtype, but got {name} with dtype {scalar_type_name(out.dtype)}"
+                )
+
+    return check
 
 
 # ---------------------------------------------------------------- decompositions and solves
@@ -184,7 +227,14 @@ def cholesky_solve_helper(b, factor, upper):
     return _cholesky_solve(b, factor, upper)
 
 
-@lowering("cholesky_inverse")
+@lowering(
+    "cholesky_inverse",
+    meta_check={
+        "cholesky_inverse.out": _out_dtype_check(
+            torch.ops.aten.cholesky_inverse.default, {"out": "result"}, "cholesky_inverse"
+        )
+    },
+)
 def cholesky_inverse(factor, upper=False):
     _lapack_dtype(factor, "cholesky_inverse")
     eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
@@ -198,7 +248,10 @@ def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
     return _tri_solve(a, b, upper=upper, left=left, unit=unitriangular)
 
 
-@lowering("triangular_solve")
+@lowering(
+    "triangular_solve",
+    meta_check={"triangular_solve.X": _out_dtype_check(torch.ops.aten.triangular_solve.default, {"X": "", "M": ""})},
+)
 def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
     """The deprecated torch.triangular_solve: op(A) X = B with op a plain transpose (no conjugate);
     also returns A broadcast to the batch (`cloned_coefficient`)."""
@@ -255,7 +308,7 @@ def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
         _no_pivoting()
     lu, pivots, info, _ = _lu(a)
     if check_errors:
-        linalg_check_errors(info, "linalg.lu_factor_ex", a.ndim == 2)
+        linalg_check_errors(info, CHECK_ERRORS_ON_HOST["linalg_lu_factor_ex.default"], a.ndim == 2)
     return lu, pivots, info
 
 
@@ -435,7 +488,7 @@ def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
         fn = jax.vmap(fn)
     ld, piv, info = fn(a)
     if check_errors:
-        linalg_check_errors(info, "torch.linalg.ldl_factor_ex", a.ndim == 2)
+        linalg_check_errors(info, CHECK_ERRORS_ON_HOST["linalg_ldl_factor_ex.default"], a.ndim == 2)
     return ld, piv, info
 
 
@@ -576,6 +629,7 @@ def _lstsq_meta(a, b, rcond=None, *, driver=None):
             f"use 'gels' or 'gelsy'"
         )
     torch._check(a.dim() >= 2, lambda: "torch.linalg.lstsq: input must have at least 2 dimensions.")
+    torch._check(b.dim() >= 1, lambda: "torch.linalg.lstsq: other must have at least 1 dimension.")
     torch._check(
         a.dim() >= b.dim() and a.dim() - b.dim() <= 1,
         lambda: (
@@ -644,7 +698,14 @@ def linalg_lstsq(a, b, rcond=None, driver=None):
 
 
 # ---- spectral decompositions and QR (signs and phases are free: PyTorch documents them so)
-@lowering("_linalg_eigh")
+@lowering(
+    "_linalg_eigh",
+    meta_check={
+        "_linalg_eigh.eigenvalues": _out_dtype_check(
+            torch.ops.aten._linalg_eigh.default, {"eigenvalues": "", "eigenvectors": ""}
+        )
+    },
+)
 def linalg_eigh(a, UPLO="L", compute_v=True):
     _lapack_dtype(a, "linalg_eigh")
     lower = UPLO.upper() == "L"  # (PyTorch takes either case; its meta refused anything else)
@@ -667,12 +728,36 @@ def _general_eig(a, kernel, vectors):
     return (w, v) if vectors else w
 
 
-@lowering("linalg_eig")
+def _eig_finite_check(a, *_, **__):
+    """host_check of linalg.eig: the CPU and CUDA read the input on the host (a sync) and refuse NaN and
+    infinite entries (LAPACK's geev fails on them)."""
+    if not bool(torch.isfinite(a).all()):
+        raise RuntimeError("torch.linalg.eig: input tensor should not contain infs or NaNs.")
+
+
+@lowering(
+    "linalg_eig",
+    host_check=_eig_finite_check,
+    meta_check={
+        "linalg_eig.out": _out_dtype_check(
+            torch.ops.aten.linalg_eig.default,
+            {"eigenvalues": "eigenvalues", "eigenvectors": "eigenvectors"},
+            "torch.linalg.eig",
+        )
+    },
+)
 def linalg_eig(a):
     return _general_eig(a, "linalg_eig", True)
 
 
-@lowering("_linalg_eigvals")
+@lowering(
+    "_linalg_eigvals",
+    meta_check={
+        "linalg_eigvals.out": _out_dtype_check(
+            torch.ops.aten._linalg_eigvals.default, {"out": "eigenvalues"}, "torch.linalg.eigvals"
+        )
+    },
+)
 def linalg_eigvals(a):
     return _general_eig(a, "linalg_eigvals", False)
 
@@ -687,12 +772,15 @@ def linalg_qr(a, mode="reduced"):
 
 def _real_diagonal(q, r):
     """LAPACK's convention for complex QR, which PyTorch's backward assumes: R's diagonal is real.
-    XLA leaves a phase there; move it into Q's columns (Q D, D^H R keep the product)."""
+    XLA:TPU leaves a phase there; move it into Q's columns (Q D, D^H R keep the product), turning each
+    diagonal entry to the nearer of +-|r_ii|. A diagonal that is real already (XLA:CPU calls LAPACK)
+    keeps its signs: R and Q are LAPACK's own, those of geqrf/ormqr (made positive, Q's columns had
+    flipped signs against the CPU's, and `Q @ C` differed from `ormqr(geqrf(A), C)`)."""
     if not jnp.issubdtype(r.dtype, jnp.complexfloating):
         return q, r
     k = min(r.shape[-2], r.shape[-1])
     diag = jnp.diagonal(r[..., :k, :k], axis1=-2, axis2=-1)
-    size = jnp.abs(diag)
+    size = jnp.abs(diag) * jnp.where(jnp.real(diag) < 0, -1, 1)
     phase = jnp.where(size == 0, 1, diag / jnp.where(size == 0, 1, size))
     r = r.at[..., :k, :].multiply(jnp.conj(phase)[..., :, None])
     if q is not None:
@@ -772,9 +860,28 @@ def ormqr(reflectors, tau, other, left=True, transpose=False):
     return _exact_mm(q, other) if left else _exact_mm(other, q)
 
 
+_EXPM_DEGREE = 18  # Taylor terms: at 1-norm <= 1 the truncation (1/19! ~ 8e-18) is below float64's epsilon
+
+
+def _expm(a):
+    """exp(A) by scaling and squaring of a degree-18 Taylor polynomial, as PyTorch's CPU and CUDA kernels
+    (a Taylor expansion, not a Pade approximant): each matrix is scaled by 2^-s to a 1-norm of at most 1,
+    expanded (Horner), then squared s times. JAX's float32 expm (Pade of degree 7) was 100-400x less
+    accurate than the CPU's (a relative error of 1e-4 at norm 6)."""
+    norm = jnp.max(jnp.sum(jnp.abs(a), axis=-2), axis=-1, initial=0.0)
+    squarings = jnp.clip(jnp.ceil(jnp.log2(jnp.nan_to_num(norm, posinf=2.0**64))), 0, 64).astype(jnp.int32)
+    x = a / (2.0 ** squarings.astype(jnp.real(a).dtype))[..., None, None]
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    poly = eye
+    for k in range(_EXPM_DEGREE, 0, -1):
+        poly = eye + _exact_mm(x, poly) / k
+    square = lambda i, p: jnp.where((i < squarings)[..., None, None], _exact_mm(p, p), p)
+    return lax.fori_loop(0, jnp.max(squarings, initial=0), square, poly)
+
+
 @lowering("linalg_matrix_exp")
 def linalg_matrix_exp(a):
     # unlike the decompositions, PyTorch's CPU takes half types here: compute in float32, as its opmath
     if a.dtype in _LOW_PRECISION:
-        return jax.scipy.linalg.expm(a.astype(jnp.float32)).astype(a.dtype)
-    return jax.scipy.linalg.expm(a)
+        return _expm(a.astype(jnp.float32)).astype(a.dtype)
+    return _expm(a)

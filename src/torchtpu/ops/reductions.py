@@ -738,11 +738,17 @@ def _norm(x, ord, axis, keepdim):
     return jnp.where(ord == 0, zero, jnp.where(ord == jnp.inf, hi, jnp.where(ord == -jnp.inf, lo, general)))
 
 
+def _norm_dtype(d):
+    """A norm's result type: real, a complex input's real counterpart (casting the complex value to it
+    would warn in JAX)."""
+    return jnp.finfo(d).dtype if jnp.issubdtype(d, jnp.complexfloating) else d
+
+
 @lowering("linalg_vector_norm", static_scalars=True)
 def vector_norm(a, ord=2, dim=None, keepdim=False, dtype=None):
     d = dtype or a.dtype
     x = a.astype(opmath(d))
-    return _norm(x, ord, _dims(a, dim), keepdim).astype(d)
+    return _norm(x, ord, _dims(a, dim), keepdim).astype(_norm_dtype(d))
 
 
 @lowering("norm.Scalar", "norm.ScalarOpt_dim", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype", static_scalars=True)
@@ -750,13 +756,13 @@ def norm(a, p=2, dim=None, keepdim=False, dtype=None):
     if p is None:
         p = 2
     d = dtype or a.dtype
-    return _norm(a.astype(opmath(d)), p, _dims(a, dim), keepdim).astype(d)
+    return _norm(a.astype(opmath(d)), p, _dims(a, dim), keepdim).astype(_norm_dtype(d))
 
 
 @lowering("dist", static_scalars=True)
 def dist(a, b, p=2):
     diff = a - b
-    return _norm(diff.astype(opmath(diff.dtype)), p, None, False).astype(diff.dtype)
+    return _norm(diff.astype(opmath(diff.dtype)), p, None, False).astype(_norm_dtype(diff.dtype))
 
 
 @lowering("renorm", static_scalars=True)
