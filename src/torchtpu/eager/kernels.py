@@ -875,6 +875,8 @@ def _register_engine_kernels(fast):
     for op, serve in ((aten.fill_.Scalar, host_fills.fill), (aten.zero_.default, host_fills.zero)):
         kernel_for(op).split_call = serve
     kernel_for(aten.full.default).split_call = host_fills.full
+    for op in (aten.eye.default, aten.eye.m):
+        kernel_for(op).split_call = host_fills.eye
     kernel_for(aten.addbmm_.default).split_call = _addbmm_into_broadcast_self
     for name in host_fills.FOLDED:
         packet, _, overload = name.partition(".")
