@@ -31,7 +31,7 @@ from ..device import platform
 from ..ops import checks
 from ..ops import dtypes as dt
 from ..storage.records import contiguous_strides
-from . import limits
+from . import limits, tpu_check
 from .entry import DONATE_BYTES
 from .executable import TensorArg, ValueArg, _fill, rng_key, traced_function
 
@@ -165,8 +165,8 @@ def _placed_on_host(write, n, record) -> bool:
     where device buffers are host memory (XLA:CPU: the draw is read where it lies, and the copy is
     the same bits the per-shape program writes, without compiling that program for each new shape),
     for a plain write of the whole of a small storage in its memory order. On a TPU that would be a
-    round trip through the host: the per-shape program stays."""
-    if not platform.buffers_in_host_memory() or record.nbytes >= DONATE_BYTES:
+    round trip through the host: the per-shape program stays, and the TPU compile check sees it."""
+    if not platform.buffers_in_host_memory() or record.nbytes >= DONATE_BYTES or tpu_check.enabled():
         return False
     _, (shape, stride, offset, dtype, numel), bits = write
     return (
