@@ -137,3 +137,17 @@ def test_fold_needs_whole_unwritten_fills():
     product = torch.full((3, 9), 2.0, device="tpu").mul(torch.full((3, 9), 3.0, device="tpu"))
     assert _compiles() == before
     assert product.sum().item() == 162
+
+
+def test_eye_of_new_shapes_matches_the_cpu_without_compiling():
+    before = _compiles()
+    for dtype in (torch.float32, torch.int8, torch.bool, torch.complex64, torch.bfloat16):
+        for args in ((3,), (2, 5), (4, 1)):
+            got = torch.eye(*args, dtype=dtype, device="tpu")
+            assert got.dtype == dtype and got.is_contiguous()
+            assert torch.equal(got.cpu(), torch.eye(*args, dtype=dtype))
+    assert torch.eye(2, 3, device="tpu").dtype == torch.get_default_dtype()
+    assert _compiles() == before
+    assert torch.eye(0, 3, device="tpu").shape == (0, 3)  # (empty: the engine's path)
+    with pytest.raises(RuntimeError, match="n must be greater or equal to 0, got -1"):
+        torch.eye(-1, device="tpu")

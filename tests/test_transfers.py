@@ -166,3 +166,16 @@ def test_a_cpu_tensor_copied_to_tpu_stays_resizable():
     torch.add(torch.ones(4), 1, out=x)
     assert x.shape == (4,)
     assert torch.equal(y.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32, torch.bfloat16, torch.complex64])
+def test_single_elements_of_views_read_from_the_host_copy(dtype):
+    """`bool(cond[i])` / `.item()` of one element of a view (a loop over a tensor) reads the storage's
+    host copy at the element's offset: every layout gives the CPU's value."""
+    cpu = (torch.randn(6, 5, generator=torch.Generator().manual_seed(1)) * 50).to(dtype)
+    x = cpu.to("tpu")
+    for view in (lambda t: t[2, 3], lambda t: t.t()[4, 1], lambda t: t[1:, ::2][4:, 2:], lambda t: t[5, 4:].view(1, 1)):
+        assert view(x).item() == view(cpu).item()
+    assert [bool(v) for v in x[:, 1]] == [bool(v) for v in cpu[:, 1]]
+    if dtype.is_complex:
+        assert x.conj()[1, 2].item() == cpu.conj()[1, 2].item()

@@ -25,11 +25,13 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..device import platform
 from ..ops import checks
 from ..ops import dtypes as dt
-from . import limits
+from ..storage.records import contiguous_strides
+from . import limits, tpu_check
 from .entry import DONATE_BYTES
 from .executable import TensorArg, ValueArg, _fill, rng_key, traced_function
 
@@ -91,6 +93,7 @@ class BucketedFill(TieringStandIn):
         "donate",
         "draw",
         "entry",
+        "host",
         "jit",
         "n_values",
         "name",
@@ -105,6 +108,11 @@ class BucketedFill(TieringStandIn):
         nv = self.n_values
         flat = self.draw.fn(*dyn[1 : 2 + nv])
         target = dyn[0]
+        host = self.host
+        if host and flat.dtype == target.dtype and target.size == host:
+            # the first elements of the draw are the storage's whole new array, in its memory order
+            # (a copy of its own: the draw's bucket is not kept alive by the new array)
+            return (jax.device_put(np.asarray(flat)[:host].reshape(target.shape).copy(), target.sharding),)
         if flat.sharding != target.sharding:  # an entry drawn for another device (keys do not hold it)
             flat = jax.device_put(flat, target.sharding)
         return self.place(target, flat, *dyn[2 + nv :])
@@ -147,12 +155,35 @@ def fill(kernel, entry, program, fn, records, name, op_jit):
     parts = (draw, entry, name, op_jit, program.n_values, fn)
     if records[0].nbytes >= DONATE_BYTES:
         entry.fn_donating = _composite(*parts, place, "fn_donating", tuple(program.mutated_slots))
-    return _composite(*parts, place, "fn", ())
+    c = _composite(*parts, place, "fn", ())
+    c.host = n if _placed_on_host(program.writes[0], n, records[0]) else 0
+    return c
+
+
+def _placed_on_host(write, n, record) -> bool:
+    """Whether the bucket's first `n` elements can become the written storage's new array on the host:
+    where device buffers are host memory (XLA:CPU: the draw is read where it lies, and the copy is
+    the same bits the per-shape program writes, without compiling that program for each new shape),
+    for a plain write of the whole of a small storage in its memory order. On a TPU that would be a
+    round trip through the host: the per-shape program stays, and the TPU compile check sees it."""
+    if not platform.buffers_in_host_memory() or record.nbytes >= DONATE_BYTES or tpu_check.enabled():
+        return False
+    _, (shape, stride, offset, dtype, numel), bits = write
+    return (
+        type(offset) is int
+        and offset == 0
+        and numel == n == record.numel
+        and dtype is not dt.COMPLEX32
+        and dtype == dt.element(record.dtype)
+        and not any(bits)
+        and tuple(stride) == tuple(contiguous_strides(shape))
+    )
 
 
 def _composite(draw, entry, name, op_jit, n_values, fn, place, attr, donate):
     c = BucketedFill()
     c.calls, c.draw, c.entry, c.name, c.jit, c.n_values, c.xla = 0, draw, entry, name, op_jit, n_values, entry.xla
+    c.host = 0
     c.__wrapped__, c.attr, c.donate = fn, attr, donate
     if donate:  # (a function of its own for the donating jit, as engine._donating)
         c.place = op_jit(c, "place", lambda *dyn: place(*dyn), name, donate_argnums=donate)

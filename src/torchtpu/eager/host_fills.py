@@ -1,4 +1,4 @@
-"""Small fills of a new shape served from the host: `torch.full`, `fill_` and `zero_` of a whole small
+"""Small fills of a new shape served from the host: `torch.full`, `torch.eye`, `fill_` and `zero_` of a whole small
 storage (so `torch.ones`/`zeros`/`full_like`/`new_zeros`, which PyTorch builds from `empty` and one
 of these) put a host-made array on the device instead of compiling an executable for the shape.
 
@@ -131,6 +131,30 @@ def full(kernel, args, kwargs):
         return None
     array = _array(shape, dtype, value, index)
     return None if array is None else new_tensor(shape, dtype, index, array)
+
+
+def eye(kernel, args, kwargs):
+    """`torch.eye(n[, m], dtype=..., device=...)` of a small shape: a new tensor over the CPU kernel's
+    array (ones on the diagonal: exact in every dtype), instead of a program per (n, m) and dtype."""
+    if not 1 <= len(args) <= 2 or kwargs.keys() - {"dtype", "layout", "device", "pin_memory"}:
+        return None
+    if kwargs.get("layout") not in (None, torch.strided) or kwargs.get("pin_memory"):
+        return None
+    if any(type(a) is not int or a < 0 for a in args):  # (bad sizes: the engine's path raises the CPU's error)
+        return None
+    device = kwargs.get("device")
+    index = current_device() if device is None or device.index is None else device.index
+    dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    shape = (args[0], args[-1])
+    if not _take(kernel.name, shape, dtype, None):
+        return None
+    try:
+        host = dt.numpy_from_cpu(torch.eye(*args, dtype=dtype))
+    except (TypeError, RuntimeError):  # a dtype without a numpy carrier: the engine's path
+        return None
+    metrics.counters.h2d_bytes += host.nbytes
+    metrics.counters.h2d_transfers += 1
+    return new_tensor(shape, dtype, index, platform.put(host, index))
 
 
 def _plain(value) -> bool:

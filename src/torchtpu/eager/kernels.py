@@ -192,10 +192,14 @@ def _few_from_host_copy(t, r):
     # per view layout: `all(verdicts)` reads each element of a new shape)
     buffer = r.buffer
     flat = np.asarray(buffer).reshape(-1)
-    size = flat.itemsize
-    out = np.lib.stride_tricks.as_strided(
-        flat[t.storage_offset() :], tuple(t.shape), tuple(st * size for st in t.stride()), writeable=False
-    ).copy()
+    offset = t.storage_offset()
+    if t.numel() == 1:  # (`bool(cond[i])` in a loop: numpy's as_strided is most of such a read)
+        out = flat[offset : offset + 1].reshape(tuple(t.shape))
+    else:
+        size = flat.itemsize
+        out = np.lib.stride_tricks.as_strided(
+            flat[offset:], tuple(t.shape), tuple(st * size for st in t.stride()), writeable=False
+        ).copy()
     metrics.counters.d2h_bytes += out.nbytes
     metrics.counters.d2h_transfers += 1
     return out
@@ -901,6 +905,8 @@ def _register_engine_kernels(fast):
     for op, serve in ((aten.fill_.Scalar, host_fills.fill), (aten.zero_.default, host_fills.zero)):
         kernel_for(op).split_call = serve
     kernel_for(aten.full.default).split_call = host_fills.full
+    for op in (aten.eye.default, aten.eye.m):
+        kernel_for(op).split_call = host_fills.eye
     kernel_for(aten.addbmm_.default).split_call = _addbmm_into_broadcast_self
     for name in host_fills.FOLDED:
         packet, _, overload = name.partition(".")
