@@ -163,3 +163,73 @@ def test_argument_errors_in_the_cpus_words(call):
     with pytest.raises(RuntimeError) as tpu:
         call(DEV)
     assert str(tpu.value) == str(cpu.value)
+
+
+def _raises_as_cpu(fn):
+    """fn(device) raises on tpu the CPU's exception type and words."""
+    errors = []
+    for dev in ("cpu", DEV):
+        with pytest.raises(Exception) as info:
+            fn(dev)
+        errors.append((type(info.value), str(info.value)))
+    assert errors[1] == errors[0]
+
+
+_CONV = torch.ops.aten.convolution.default
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [0], [0], [1], False, [0], 1),  # stride before the channels
+        ((2, 4, 5, 5, 5), (6, 4, 3, 3, 3), 6, [1], [-1], [1], False, [0], 1),  # computed before
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [1], [0], [-1], False, [0], 1),
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [1], [0], [0], False, [0], 1),
+        ((2, 4, 5, 5), (6, 4), 6, [1], [0], [1], False, [0], 1),
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [1], [0], [1], False, [0], 7),
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [1], [0], [1], False, [0], 4),
+        ((2, 4, 5, 5), (6, 2, 3, 3), 6, [1], [0], [1], False, [0], 1),
+        ((2, 4, 5, 5), (6, 4, 3, 3), 5, [1], [0], [1], False, [0], 1),
+        ((2, 4, 2, 2), (6, 4, 3, 3), 6, [1], [0], [1], False, [0], 1),
+        ((2, 4, 5), (6, 4, 3, 3), 6, [1], [0], [1], False, [0], 1),
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [1, 1, 1], [0], [1], False, [0], 1),
+        ((2, 4, 5, 5), (5, 3, 3, 3), 3, [1], [0], [1], True, [0], 1),
+        ((2, 4, 5, 5), (4, 3, 3, 3), 6, [1], [0], [1], True, [0], 1),
+        ((2, 4, 5, 5), (4, 3, 3, 3), 3, [2], [0], [1], True, [2], 1),  # computed before
+        ((2, 4, 5), (4, 3, 3), 3, [2], [0], [1], True, [2], 1),
+    ],
+)
+def test_convolution_checks_arguments_in_the_cpu_order_and_words(case):
+    x, w, b, *rest = case
+
+    def run(dev):
+        return _CONV(torch.randn(x, device=dev), torch.randn(w, device=dev), torch.randn(b, device=dev), *rest)
+
+    _raises_as_cpu(run)
+
+
+def test_convolution_of_no_input_channels_has_no_output_channels():
+    x, w, b = torch.randn(2, 0, 5, 5), torch.randn(6, 0, 3, 3), torch.randn(6)
+    _on_both(lambda dev: _CONV(x.to(dev), w.to(dev), b.to(dev), [1], [0], [1], False, [0], 1))
+
+
+@pytest.mark.parametrize("weight, dtype", [((3,), torch.int64), ((2, 3, 4), torch.int64), ((3, 3), torch.float32)])
+def test_embedding_checks_in_the_cpu_words(weight, dtype):
+    # the device's legacy type name, as CUDA's message names torch.cuda.FloatTensor
+    def run(dev):
+        torch.nn.functional.embedding(torch.tensor([1, 0], dtype=dtype, device=dev), torch.randn(weight, device=dev))
+
+    if dtype.is_floating_point:
+        with pytest.raises(RuntimeError, match=r"Long, Int; but got torch\.tpu\.FloatTensor instead \(while checking"):
+            run(DEV)
+    else:
+        _raises_as_cpu(run)
+
+
+@pytest.mark.parametrize(
+    "op", [torch.sub, torch.mul, lambda a, b: a.add_(b), lambda a, b: torch.addcmul(a, b, b), torch.maximum]
+)
+def test_operands_that_do_not_broadcast_in_the_cpu_words(op):
+    shapes = [((10, 2, 3), (10, 2, 2)), ((4, 1, 3), (2, 3, 3))]
+    for sa, sb in shapes:
+        _raises_as_cpu(lambda dev: op(torch.randn(sa, device=dev), torch.randn(sb, device=dev)))

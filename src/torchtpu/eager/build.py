@@ -464,6 +464,8 @@ def _as_cpu_error(e, kernel, args, kwargs):
     if isinstance(e, AssertionError):
         low_rank = _LOW_RANK_MATRIX.fullmatch(str(e))
         return RuntimeError(f"{low_rank[1]}: The input tensor A must have at least 2 dimensions.") if low_rank else e
+    if str(e).startswith("Attempting to broadcast a dimension of length"):
+        return _broadcast_error(e, args)
     if str(e) != "duplicate value in the list of dims":
         return e
     named = dict(zip((a.name for a in kernel.op._schema.arguments), args)) | kwargs
@@ -476,6 +478,24 @@ def _as_cpu_error(e, kernel, args, kwargs):
         if wrapped in seen:
             return RuntimeError(f"dim {wrapped} appears multiple times in the list of dims")
         seen.add(wrapped)
+    return e
+
+
+def _broadcast_error(e, args):
+    """The CPU's words for operands that do not broadcast (TensorIterator folds their shapes in order and
+    names the first pair that differs, "tensor a" being the shape so far), where PyTorch's reference
+    kernels say "Attempting to broadcast a dimension of length ..."."""
+    shape = ()
+    for t in (a for a in args if isinstance(a, torch.Tensor)):
+        ndim = max(len(shape), t.dim())
+        a, b = (1,) * (ndim - len(shape)) + tuple(shape), (1,) * (ndim - t.dim()) + tuple(t.shape)
+        for i in reversed(range(ndim)):
+            if a[i] != b[i] and a[i] != 1 and b[i] != 1:
+                return RuntimeError(
+                    f"The size of tensor a ({a[i]}) must match the size of tensor b ({b[i]}) at non-singleton "
+                    f"dimension {i}"
+                )
+        shape = tuple(y if x == 1 else x for x, y in zip(a, b))
     return e
 
 
