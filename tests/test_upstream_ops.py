@@ -233,3 +233,13 @@ def test_operands_that_do_not_broadcast_in_the_cpu_words(op):
     shapes = [((10, 2, 3), (10, 2, 2)), ((4, 1, 3), (2, 3, 3))]
     for sa, sb in shapes:
         _raises_as_cpu(lambda dev: op(torch.randn(sa, device=dev), torch.randn(sb, device=dev)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+@pytest.mark.parametrize(
+    "loss, target_shape",
+    [(torch.nn.functional.multi_margin_loss, (5,)), (torch.nn.functional.multilabel_margin_loss, (5, 3))],
+)
+def test_margin_losses_take_an_int64_target_only(loss, target_shape, dtype):
+    # an int32 target computed (multilabel), a float one failed in JAX
+    _raises_as_cpu(lambda dev: loss(torch.randn(5, 3, device=dev), torch.zeros(target_shape, dtype=dtype, device=dev)))
