@@ -243,3 +243,35 @@ def test_operands_that_do_not_broadcast_in_the_cpu_words(op):
 def test_margin_losses_take_an_int64_target_only(loss, target_shape, dtype):
     # an int32 target computed (multilabel), a float one failed in JAX
     _raises_as_cpu(lambda dev: loss(torch.randn(5, 3, device=dev), torch.zeros(target_shape, dtype=dtype, device=dev)))
+
+
+@pytest.mark.parametrize(
+    "dtype, value",
+    [
+        (torch.int64, torch.tensor(2j)),  # PyTorch's reference kernel: "could not convert to type <class 'int'>"
+        (torch.int8, torch.tensor(300)),  # computed, wrapped to 44
+        (torch.int32, torch.tensor(1e50, dtype=torch.float64)),  # computed, saturated
+        (torch.float32, torch.tensor([1.0])),
+    ],
+)
+def test_masked_fill_value_tensor_is_checked_as_the_cpu(dtype, value):
+    def run(dev):
+        x = torch.zeros(4, dtype=dtype, device=dev)
+        return x.masked_fill(torch.tensor([True, False, True, False], device=dev), value.to(dev))
+
+    _raises_as_cpu(run)
+
+
+@pytest.mark.parametrize(
+    "dtype, value", [(torch.bool, 1 + 2j), (torch.bool, torch.tensor(2j)), (torch.int64, torch.tensor(1 + 0j))]
+)
+def test_masked_fill_takes_a_complex_value_that_converts(dtype, value):
+    # the CPU converts a complex value into a bool tensor (True) and one without an imaginary part into
+    # an integer one; PyTorch's reference kernel refused both by their type
+    mask = torch.rand(4) > 0.5
+
+    def run(dev):
+        v = value.to(dev) if isinstance(value, torch.Tensor) else value
+        return torch.zeros(4, dtype=dtype, device=dev).masked_fill(mask.to(dev), v)
+
+    _on_both(run)
