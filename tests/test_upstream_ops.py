@@ -275,3 +275,19 @@ def test_masked_fill_takes_a_complex_value_that_converts(dtype, value):
         return torch.zeros(4, dtype=dtype, device=dev).masked_fill(mask.to(dev), v)
 
     _on_both(run)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.kthvalue(x, 5, out=(x, torch.zeros((), dtype=torch.int64, device=x.device))),
+        lambda x: torch.kthvalue(x, 11, out=(x, torch.zeros((), dtype=torch.int64, device=x.device))),
+        # the values overlap the input: computed before
+        lambda x: torch.kthvalue(x.view(2, 5), 2, 1, out=(x[:2], torch.empty(2, dtype=torch.int64, device=x.device))),
+        # an out= that is an input is not resized (TensorIterator): resized and computed before
+        lambda x: torch.add(x, x.new_ones(2, 10), out=x),
+        lambda x: torch.mul(x.new_ones(2, 10), x, out=x),
+    ],
+)
+def test_written_tensor_is_checked_against_the_inputs_before_a_resize(fn):
+    _raises_as_cpu(lambda dev: fn(torch.randn(10, device=dev)))

@@ -640,8 +640,25 @@ def _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized):
         collect(r, m)
     for k in kwargs:
         collect(kwargs[k], meta_kwargs[k])
+    if overlap.elementwise(kernel.op):
+        _check_read_write_not_resized(kernel, args, kwargs, pairs)
     overlap.check_before_resize(kernel, [real for real, _, _ in pairs])
+    # the CPU checks a written tensor against its inputs before resizing it too (`kthvalue(t, k,
+    # out=(t, i))`: resized first, t itself would change and the op compute on a resized input)
+    overlap.guard(kernel, args, kwargs, {})
     raise NeedsResize(pairs)
+
+
+def _check_read_write_not_resized(kernel, args, kwargs, pairs):
+    """TensorIterator resizes no out= tensor that is also an input (`add(a, b, out=a)` with `a` of
+    fewer elements than the broadcast): the CPU raises, where tpu resized `a` and computed."""
+    written = {name for _, name, _ in kernel.mutable}
+    names = [a.name for a in kernel.op._schema.arguments]
+    inputs = [a for i, a in enumerate(args) if i >= len(names) or names[i] not in written]
+    inputs += [a for k, a in kwargs.items() if k not in written]
+    for real, shape, _ in pairs:
+        if any(real is a for a in inputs):
+            raise RuntimeError(f"output with shape {list(real.shape)} doesn't match the broadcast shape {list(shape)}")
 
 
 def _iterator_strides(kernel, meta_args, meta_kwargs):
