@@ -291,3 +291,28 @@ def test_masked_fill_takes_a_complex_value_that_converts(dtype, value):
 )
 def test_written_tensor_is_checked_against_the_inputs_before_a_resize(fn):
     _raises_as_cpu(lambda dev: fn(torch.randn(10, device=dev)))
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        lambda x, m: x[:3],  # overlaps the input: computed before
+        lambda x, m: x,
+        lambda x, m: x.view(2, 3)[1],
+        lambda x, m: x.new_empty(1).expand(6),
+        lambda x, m: x.new_empty(2, dtype=torch.int64),
+    ],
+)
+def test_masked_select_out_checks_as_the_cpu(out):
+    def run(dev):
+        x = torch.randn(6, device=dev)
+        m = torch.arange(6, device=dev) % 2 == 0
+        return torch.masked_select(x, m, out=out(x, m))
+
+    _raises_as_cpu(run)
+
+
+def test_masked_select_mask_dtype_in_the_cpu_words():
+    _raises_as_cpu(
+        lambda dev: torch.masked_select(torch.randn(6, device=dev), torch.ones(6, dtype=torch.uint8, device=dev))
+    )
