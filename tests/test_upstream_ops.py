@@ -163,3 +163,156 @@ def test_argument_errors_in_the_cpus_words(call):
     with pytest.raises(RuntimeError) as tpu:
         call(DEV)
     assert str(tpu.value) == str(cpu.value)
+
+
+def _raises_as_cpu(fn):
+    """fn(device) raises on tpu the CPU's exception type and words."""
+    errors = []
+    for dev in ("cpu", DEV):
+        with pytest.raises(Exception) as info:
+            fn(dev)
+        errors.append((type(info.value), str(info.value)))
+    assert errors[1] == errors[0]
+
+
+_CONV = torch.ops.aten.convolution.default
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [0], [0], [1], False, [0], 1),  # stride before the channels
+        ((2, 4, 5, 5, 5), (6, 4, 3, 3, 3), 6, [1], [-1], [1], False, [0], 1),  # computed before
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [1], [0], [-1], False, [0], 1),
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [1], [0], [0], False, [0], 1),
+        ((2, 4, 5, 5), (6, 4), 6, [1], [0], [1], False, [0], 1),
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [1], [0], [1], False, [0], 7),
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [1], [0], [1], False, [0], 4),
+        ((2, 4, 5, 5), (6, 2, 3, 3), 6, [1], [0], [1], False, [0], 1),
+        ((2, 4, 5, 5), (6, 4, 3, 3), 5, [1], [0], [1], False, [0], 1),
+        ((2, 4, 2, 2), (6, 4, 3, 3), 6, [1], [0], [1], False, [0], 1),
+        ((2, 4, 5), (6, 4, 3, 3), 6, [1], [0], [1], False, [0], 1),
+        ((2, 4, 5, 5), (6, 4, 3, 3), 6, [1, 1, 1], [0], [1], False, [0], 1),
+        ((2, 4, 5, 5), (5, 3, 3, 3), 3, [1], [0], [1], True, [0], 1),
+        ((2, 4, 5, 5), (4, 3, 3, 3), 6, [1], [0], [1], True, [0], 1),
+        ((2, 4, 5, 5), (4, 3, 3, 3), 3, [2], [0], [1], True, [2], 1),  # computed before
+        ((2, 4, 5), (4, 3, 3), 3, [2], [0], [1], True, [2], 1),
+    ],
+)
+def test_convolution_checks_arguments_in_the_cpu_order_and_words(case):
+    x, w, b, *rest = case
+
+    def run(dev):
+        return _CONV(torch.randn(x, device=dev), torch.randn(w, device=dev), torch.randn(b, device=dev), *rest)
+
+    _raises_as_cpu(run)
+
+
+def test_convolution_of_no_input_channels_has_no_output_channels():
+    x, w, b = torch.randn(2, 0, 5, 5), torch.randn(6, 0, 3, 3), torch.randn(6)
+    _on_both(lambda dev: _CONV(x.to(dev), w.to(dev), b.to(dev), [1], [0], [1], False, [0], 1))
+
+
+@pytest.mark.parametrize("weight, dtype", [((3,), torch.int64), ((2, 3, 4), torch.int64), ((3, 3), torch.float32)])
+def test_embedding_checks_in_the_cpu_words(weight, dtype):
+    # the device's legacy type name, as CUDA's message names torch.cuda.FloatTensor
+    def run(dev):
+        torch.nn.functional.embedding(torch.tensor([1, 0], dtype=dtype, device=dev), torch.randn(weight, device=dev))
+
+    if dtype.is_floating_point:
+        with pytest.raises(RuntimeError, match=r"Long, Int; but got torch\.tpu\.FloatTensor instead \(while checking"):
+            run(DEV)
+    else:
+        _raises_as_cpu(run)
+
+
+@pytest.mark.parametrize(
+    "op", [torch.sub, torch.mul, lambda a, b: a.add_(b), lambda a, b: torch.addcmul(a, b, b), torch.maximum]
+)
+def test_operands_that_do_not_broadcast_in_the_cpu_words(op):
+    shapes = [((10, 2, 3), (10, 2, 2)), ((4, 1, 3), (2, 3, 3))]
+    for sa, sb in shapes:
+        _raises_as_cpu(lambda dev: op(torch.randn(sa, device=dev), torch.randn(sb, device=dev)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+@pytest.mark.parametrize(
+    "loss, target_shape",
+    [(torch.nn.functional.multi_margin_loss, (5,)), (torch.nn.functional.multilabel_margin_loss, (5, 3))],
+)
+def test_margin_losses_take_an_int64_target_only(loss, target_shape, dtype):
+    # an int32 target computed (multilabel), a float one failed in JAX
+    _raises_as_cpu(lambda dev: loss(torch.randn(5, 3, device=dev), torch.zeros(target_shape, dtype=dtype, device=dev)))
+
+
+@pytest.mark.parametrize(
+    "dtype, value",
+    [
+        (torch.int64, torch.tensor(2j)),  # PyTorch's reference kernel: "could not convert to type <class 'int'>"
+        (torch.int8, torch.tensor(300)),  # computed, wrapped to 44
+        (torch.int32, torch.tensor(1e50, dtype=torch.float64)),  # computed, saturated
+        (torch.float32, torch.tensor([1.0])),
+    ],
+)
+def test_masked_fill_value_tensor_is_checked_as_the_cpu(dtype, value):
+    def run(dev):
+        x = torch.zeros(4, dtype=dtype, device=dev)
+        return x.masked_fill(torch.tensor([True, False, True, False], device=dev), value.to(dev))
+
+    _raises_as_cpu(run)
+
+
+@pytest.mark.parametrize(
+    "dtype, value", [(torch.bool, 1 + 2j), (torch.bool, torch.tensor(2j)), (torch.int64, torch.tensor(1 + 0j))]
+)
+def test_masked_fill_takes_a_complex_value_that_converts(dtype, value):
+    # the CPU converts a complex value into a bool tensor (True) and one without an imaginary part into
+    # an integer one; PyTorch's reference kernel refused both by their type
+    mask = torch.rand(4) > 0.5
+
+    def run(dev):
+        v = value.to(dev) if isinstance(value, torch.Tensor) else value
+        return torch.zeros(4, dtype=dtype, device=dev).masked_fill(mask.to(dev), v)
+
+    _on_both(run)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.kthvalue(x, 5, out=(x, torch.zeros((), dtype=torch.int64, device=x.device))),
+        lambda x: torch.kthvalue(x, 11, out=(x, torch.zeros((), dtype=torch.int64, device=x.device))),
+        # the values overlap the input: computed before
+        lambda x: torch.kthvalue(x.view(2, 5), 2, 1, out=(x[:2], torch.empty(2, dtype=torch.int64, device=x.device))),
+        # an out= that is an input is not resized (TensorIterator): resized and computed before
+        lambda x: torch.add(x, x.new_ones(2, 10), out=x),
+        lambda x: torch.mul(x.new_ones(2, 10), x, out=x),
+    ],
+)
+def test_written_tensor_is_checked_against_the_inputs_before_a_resize(fn):
+    _raises_as_cpu(lambda dev: fn(torch.randn(10, device=dev)))
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        lambda x, m: x[:3],  # overlaps the input: computed before
+        lambda x, m: x,
+        lambda x, m: x.view(2, 3)[1],
+        lambda x, m: x.new_empty(1).expand(6),
+        lambda x, m: x.new_empty(2, dtype=torch.int64),
+    ],
+)
+def test_masked_select_out_checks_as_the_cpu(out):
+    def run(dev):
+        x = torch.randn(6, device=dev)
+        m = torch.arange(6, device=dev) % 2 == 0
+        return torch.masked_select(x, m, out=out(x, m))
+
+    _raises_as_cpu(run)
+
+
+def test_masked_select_mask_dtype_in_the_cpu_words():
+    _raises_as_cpu(
+        lambda dev: torch.masked_select(torch.randn(6, device=dev), torch.ones(6, dtype=torch.uint8, device=dev))
+    )

@@ -498,6 +498,8 @@ def _as_cpu_error(e, kernel, args, kwargs):
     if isinstance(e, AssertionError):
         low_rank = _LOW_RANK_MATRIX.fullmatch(str(e))
         return RuntimeError(f"{low_rank[1]}: The input tensor A must have at least 2 dimensions.") if low_rank else e
+    if str(e).startswith("Attempting to broadcast a dimension of length"):
+        return _broadcast_error(e, args)
     if str(e) != "duplicate value in the list of dims":
         return e
     named = dict(zip((a.name for a in kernel.op._schema.arguments), args)) | kwargs
@@ -510,6 +512,24 @@ def _as_cpu_error(e, kernel, args, kwargs):
         if wrapped in seen:
             return RuntimeError(f"dim {wrapped} appears multiple times in the list of dims")
         seen.add(wrapped)
+    return e
+
+
+def _broadcast_error(e, args):
+    """The CPU's words for operands that do not broadcast (TensorIterator folds their shapes in order and
+    names the first pair that differs, "tensor a" being the shape so far), where PyTorch's reference
+    kernels say "Attempting to broadcast a dimension of length ..."."""
+    shape = ()
+    for t in (a for a in args if isinstance(a, torch.Tensor)):
+        ndim = max(len(shape), t.dim())
+        a, b = (1,) * (ndim - len(shape)) + tuple(shape), (1,) * (ndim - t.dim()) + tuple(t.shape)
+        for i in reversed(range(ndim)):
+            if a[i] != b[i] and a[i] != 1 and b[i] != 1:
+                return RuntimeError(
+                    f"The size of tensor a ({a[i]}) must match the size of tensor b ({b[i]}) at non-singleton "
+                    f"dimension {i}"
+                )
+        shape = tuple(y if x == 1 else x for x, y in zip(a, b))
     return e
 
 
@@ -654,8 +674,25 @@ def _raise_resize(kernel, args, kwargs, meta_args, meta_kwargs, resized):
         collect(r, m)
     for k in kwargs:
         collect(kwargs[k], meta_kwargs[k])
+    if overlap.elementwise(kernel.op):
+        _check_read_write_not_resized(kernel, args, kwargs, pairs)
     overlap.check_before_resize(kernel, [real for real, _, _ in pairs])
+    # the CPU checks a written tensor against its inputs before resizing it too (`kthvalue(t, k,
+    # out=(t, i))`: resized first, t itself would change and the op compute on a resized input)
+    overlap.guard(kernel, args, kwargs, {})
     raise NeedsResize(pairs)
+
+
+def _check_read_write_not_resized(kernel, args, kwargs, pairs):
+    """TensorIterator resizes no out= tensor that is also an input (`add(a, b, out=a)` with `a` of
+    fewer elements than the broadcast): the CPU raises, where tpu resized `a` and computed."""
+    written = {name for _, name, _ in kernel.mutable}
+    names = [a.name for a in kernel.op._schema.arguments]
+    inputs = [a for i, a in enumerate(args) if i >= len(names) or names[i] not in written]
+    inputs += [a for k, a in kwargs.items() if k not in written]
+    for real, shape, _ in pairs:
+        if any(real is a for a in inputs):
+            raise RuntimeError(f"output with shape {list(real.shape)} doesn't match the broadcast shape {list(shape)}")
 
 
 def _iterator_strides(kernel, meta_args, meta_kwargs):

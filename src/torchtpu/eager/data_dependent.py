@@ -19,7 +19,7 @@ from ..ops.reductions import nonzero_indices
 from ..ops.table import declared_facts
 from ..storage import host_values
 from ..storage.records import new_tensor, record_of
-from . import tpu_check
+from . import overlap, tpu_check
 from .executable import device_mismatch, zeros
 
 aten = torch.ops.aten
@@ -194,7 +194,7 @@ _NO_NUMPY_DTYPES = frozenset(
 def masked_select(self, mask):
     _check_tpu(self, mask)
     if mask.dtype != torch.bool:
-        raise RuntimeError(f"masked_select: expected BoolTensor for mask, but got {mask.dtype}")
+        raise RuntimeError("masked_select: expected BoolTensor for mask")  # (the CPU names no dtype)
     if self.dtype in dt.WIDE_UNSIGNED:
         raise dt.not_implemented_for("masked_select", self.dtype)
     xbuf, dev = _flat(self)
@@ -549,8 +549,10 @@ _OUT_DTYPE_MESSAGES = {
 }
 
 
-def _into(out, result, name):
-    """The `out=` form of a data-dependent op: PyTorch resizes `out` to the result."""
+def _into(out, result, name, inputs=()):
+    """The `out=` form of a data-dependent op: PyTorch resizes `out` to the result. `inputs`: the
+    tensors the CPU's kernel checks `out` against (assert_no_internal_overlap, assert_no_overlap),
+    after its dtype."""
     if out.dtype != result.dtype:
         message = _OUT_DTYPE_MESSAGES.get(name)
         raise RuntimeError(
@@ -562,6 +564,11 @@ def _into(out, result, name):
         raise RuntimeError(
             f"{name}: Expected out tensor to be on the same device as self ({result.device}), but got {out.device}"
         )
+    if inputs:
+        if out.numel() and overlap.has_internal_overlap(out):
+            raise RuntimeError(overlap.INTERNAL)
+        for t in inputs:
+            overlap.assert_no_overlap(out, t)
     out.resize_(result.shape)
     return out.copy_(result)
 
@@ -571,7 +578,10 @@ def register(impl):
     impl("nonzero", nonzero)
     impl("nonzero.out", lambda self, *, out: _into(out, nonzero(self), "nonzero"))
     impl("masked_select", masked_select)
-    impl("masked_select.out", lambda self, mask, *, out: _into(out, masked_select(self, mask), "masked_select"))
+    impl(
+        "masked_select.out",
+        lambda self, mask, *, out: _into(out, masked_select(self, mask), "masked_select", (self, mask)),
+    )
     impl("bincount", bincount)
     impl(
         "bincount.out",

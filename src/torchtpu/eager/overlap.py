@@ -62,6 +62,24 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     return any(s == 0 and n > 1 for n, s in zip(t.shape, t.stride()))
 
 
+def assert_no_overlap(written: torch.Tensor, t: torch.Tensor):
+    """ATen's assert_no_overlap(written, t) for a kernel that checks its out= by hand: the two may share
+    no element (the same elements, same strides, raise too); layouts too hard to tell pass, as there."""
+    if written.numel() == 0 or t.numel() == 0:
+        return
+    if written.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
+        return
+    if not (_dense(written) and _dense(t)):
+        return
+    spans = []
+    for x in (written, t):
+        start = x.storage_offset() * x.element_size()
+        spans.append((start, start + (1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))) * x.element_size()))
+    (wb, we), (tb, te) = spans
+    if wb < te and tb < we:
+        raise RuntimeError(PARTIAL)
+
+
 def _rule(op):
     """The op's declared WriteOverlap (ops/table.py), by its own name, the functional op whose in-place
     variant it is, or its functional twin; None for an op that declares none."""

@@ -171,6 +171,21 @@ def fill_value_check(position):
     return check
 
 
+def masked_fill_value_check(self, mask, value):
+    """masked_fill's 0-dim tensor value: the CPU (and CUDA) read it on the host and convert it with the
+    overflow check of a Scalar. Read here too where it can fail to fit: a CPU value, or one of a dtype
+    `self`'s does not hold (a complex value fits a real tensor when its imaginary part is 0; bool takes
+    anything). A value of a dtype that fits is not read (no synchronisation)."""
+    if not isinstance(self, torch.Tensor) or not isinstance(value, torch.Tensor):
+        return
+    if value.dim() != 0:
+        raise RuntimeError(
+            f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with {value.dim()} dimension(s)."
+        )
+    if value.device.type == "cpu" or torch.promote_types(value.dtype, self.dtype) != self.dtype:
+        check_convertible(value.item(), self.dtype)
+
+
 def index_fill_value_check(self, dim, index, value):
     """index_fill's value (a Scalar, or a 0-dim tensor the CPU reads as one): a complex one into a real
     tensor is refused by its type, before any overflow check (1 + 0j too); then it must fit."""

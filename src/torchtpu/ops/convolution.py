@@ -99,8 +99,91 @@ def _contiguous_3d_dtypes():
     return frozenset(dtypes)
 
 
-def _transposed_loop_check(x, w, bias, stride, padding, dilation, transposed, *_, **__):
-    """The CPU's transposed convolutions have no uint8/int8/int16/int32 loop (its other ones do)."""
+def _expanded(values, name, nd):
+    """One value per spatial dimension, as the CPU expands a convolution's parameter (or refuses it)."""
+    values = list(values)
+    if len(values) == 1:
+        return values * nd
+    if len(values) != nd:
+        raise RuntimeError(
+            f"expected {name} to be a single integer value or a list of {nd} values to match the "
+            f"convolution dimensions, but got {name}={values}"
+        )
+    return values
+
+
+def _convolution_check(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """The CPU's argument checks of a convolution, in its order and words (PyTorch's meta kernel checks
+    the channels first, in other words, and computes a negative padding of a 3-d convolution); then
+    the transposed convolutions' missing loops."""
+    nd = w.dim() - 2
+    if nd <= 0:
+        raise RuntimeError("weight should have at least three dimensions")
+    if groups <= 0:
+        raise RuntimeError("non-positive groups is not supported")
+    stride, padding, dilation = (
+        _expanded(v, n, nd) for v, n in ((stride, "stride"), (padding, "padding"), (dilation, "dilation"))
+    )
+    output_padding = _expanded(output_padding, "output_padding", nd)
+    shape = list(w.shape)
+    for bad, words in (
+        (any(p < 0 for p in padding), "negative padding is not supported"),
+        (any(p < 0 for p in output_padding), "negative output_padding is not supported"),
+        (any(s <= 0 for s in stride), "non-positive stride is not supported"),
+        (any(d < 0 for d in dilation), "dilation should be greater than zero"),
+        (
+            x.dim() != w.dim(),
+            f"Expected {w.dim()}-dimensional input for {w.dim()}-dimensional weight {shape}, but "
+            f"got {x.dim()}-dimensional input of size {list(x.shape)} instead",
+        ),
+        (
+            shape[0] < groups,
+            f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
+            f"got weight of size {shape} instead",
+        ),
+        (
+            shape[0] % groups != 0,
+            f"Given groups={groups}, expected weight to be divisible by {groups} at dimension "
+            f"0, but got weight of size [{shape}] instead",
+        ),
+    ):
+        if bad:
+            raise RuntimeError(words)
+    channels = shape[0] if transposed else shape[1] * groups
+    if x.shape[1] != channels:
+        given = f"transposed={int(transposed)}" if transposed else f"groups={groups}"
+        raise RuntimeError(
+            f"Given {given}, weight of size {shape}, expected input{list(x.shape)} to have {channels} channels, "
+            f"but got {x.shape[1]} channels instead"
+        )
+    outs = shape[1] * groups if transposed else shape[0]
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != outs):
+        given = f"transposed={int(transposed)}, weight" if transposed else "weight"
+        raise RuntimeError(
+            f"Given {given} of size {shape}, expected bias to be 1-dimensional with {outs} elements, but got "
+            f"bias of size {list(bias.shape)} instead"
+        )
+    if not transposed:
+        padded = [n + 2 * p for n, p in zip(x.shape[2:], padding)]
+        kernel = [d * (k - 1) + 1 for k, d in zip(shape[2:], dilation)]
+        if any(n < k for n, k in zip(padded, kernel)):
+            raise RuntimeError(
+                f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). Kernel size: "
+                f"({' x '.join(map(str, kernel))}). Kernel size can't be greater than actual input size"
+            )
+    if any(d == 0 for d in dilation):
+        raise RuntimeError("non-positive dilation is not supported")
+    if transposed and not all(o < s or o < d for o, s, d in zip(output_padding, stride, dilation)):
+        # the CPU runs a 1-d one as a 2-d one of height 1
+        axes = ("depth", "height", "width")[3 - max(nd, 2) :]
+        lead = [[0], [1], [1]] if nd == 1 else [[], [], []]
+        got = " ".join(
+            f"{name}_{axis}: {v}"
+            for name, vs, pre in zip(("output_padding", "stride", "dilation"), (output_padding, stride, dilation), lead)
+            for axis, v in zip(axes, pre + vs)
+        )
+        raise RuntimeError(f"output padding must be smaller than either stride or dilation, but got {got}")
+    # the CPU's transposed convolutions have no uint8/int8/int16/int32 loop (its other ones do)
     if transposed and x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):
         raise not_implemented_for(f"slow_conv_transpose{x.dim() - 2 if x.dim() == 5 else 2}d_out", x.dtype)
 
@@ -110,12 +193,14 @@ def _transposed_loop_check(x, w, bias, stride, padding, dilation, transposed, *_
     "convolution_overrideable",
     meta=_convolution_meta,
     no_loop_for=(torch.bool, *WIDE_UNSIGNED),
-    meta_check=dict.fromkeys(("convolution", "convolution_overrideable"), _transposed_loop_check),
+    meta_check=dict.fromkeys(("convolution", "convolution_overrideable"), _convolution_check),
 )
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
         out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (x.ndim - 2))
+    if x.shape[1] == 0:  # no input channels: no output channels either, as on the CPU
+        out = out[:, :0]
     return out.astype(x.dtype)
 
 

@@ -3,12 +3,21 @@ integer rules (comparisons, logic and bitwise ops: comparisons.py)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import bool_mask_check, fill_value_check, no_bool_check, pow_exponent_check, same_dtype_out_check
+from .argument_checks import (
+    bool_mask_check,
+    fill_value_check,
+    masked_fill_value_check,
+    no_bool_check,
+    pow_exponent_check,
+    same_dtype_out_check,
+)
 from .dtypes import (
     NOT_FLOATING,
     WIDE_UNSIGNED,
@@ -711,10 +720,26 @@ def zero(a):
     "masked_fill.Scalar",
     "masked_fill.Tensor",
     no_loop_for=WIDE_UNSIGNED,
-    host_check={"masked_fill.Scalar": fill_value_check(2), "masked_fill_.Scalar": fill_value_check(2)},
+    host_check={
+        "masked_fill.Scalar": fill_value_check(2),
+        "masked_fill_.Scalar": fill_value_check(2),
+        "masked_fill.Tensor": masked_fill_value_check,
+        "masked_fill_.Tensor": masked_fill_value_check,
+    },
     meta_check=_with_variants(
         bool_mask_check, "masked_fill.Scalar", "masked_fill.Tensor", "masked_fill_.Scalar", "masked_fill_.Tensor"
     ),
+    # PyTorch's reference kernel refuses a complex value for a real tensor by its type, where the CPU
+    # converts the value (the host checks have checked it fits): its meta runs with a fill of 0
+    meta={
+        name: functools.partial(lambda op, a, mask, value: op(a, mask, 0), op)
+        for name, op in (
+            ("masked_fill.Scalar", torch.ops.aten.masked_fill.Scalar),
+            ("masked_fill.Tensor", torch.ops.aten.masked_fill.Scalar),
+            ("masked_fill_.Scalar", torch.ops.aten.masked_fill_.Scalar),
+            ("masked_fill_.Tensor", torch.ops.aten.masked_fill_.Scalar),
+        )
+    },
     write_overlap=WriteOverlap(expanded_warning("masked_fill_", "tensor[mask] = scalar"), no_partial_overlap=("mask",)),
 )
 def masked_fill(a, mask, value):

@@ -11,7 +11,20 @@ from .dtypes import to_opmath
 from .table import lowering
 
 
-@lowering("embedding")
+def _embedding_check(weight, indices, *_, **__):
+    """The CPU's checks of embedding, in its order and words (PyTorch's meta kernel asserts the weight's
+    dimensions in other words, an AssertionError)."""
+    if weight.dim() != 2:
+        raise RuntimeError("'weight' must be 2-D")
+    if indices.dtype not in (torch.int64, torch.int32):
+        legacy = indices.type().replace("torch.meta.", "torch.tpu.")
+        raise RuntimeError(
+            "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
+            f"but got {legacy} instead (while checking arguments for embedding)"
+        )
+
+
+@lowering("embedding", meta_check=_embedding_check)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     _check_rows(indices, weight.shape[0])
     return jnp.take(weight, indices, axis=0)

@@ -248,6 +248,12 @@ def soft_margin_loss_backward(grad, x, t, reduction):
     return (-to_opmath(t) * z / (1 + z) * _loss_grad(grad, x, reduction)).astype(x.dtype)
 
 
+def _long_target_check(target):
+    """The CPU reads a margin loss's target as int64 once the shapes are checked (any other dtype raises)."""
+    if target.dtype != torch.int64:
+        raise RuntimeError(f"expected scalar type Long but found {scalar_type_name(target.dtype)}")
+
+
 def _multi_margin(x, target, p, margin, weight, reduction):
     c = x.shape[-1] if x.ndim else 1  # a 0-d input is one sample of one class
     x2 = to_opmath(x).reshape(-1, c)
@@ -280,6 +286,7 @@ def _multi_margin_meta(x, target, p=1, margin=1, weight=None, reduction=1):
         )
     if weight is not None and not (weight.dim() <= 1 and weight.numel() == dim):
         raise RuntimeError(f"inconsistent weight size, expected {dim} but got {list(weight.shape)}")
+    _long_target_check(target)
     return x.new_empty((frames,) if reduction == 0 and target.dim() > 0 else ())
 
 
@@ -323,6 +330,7 @@ def _multilabel_margin_meta(x, target, reduction):
     fits = target.dim() <= 1 and target.numel() == dim if n <= 1 else tuple(target.shape) == (frames, dim)
     if not fits:
         raise RuntimeError(f"inconsistent target size: {list(target.shape)} for input of size: {list(x.shape)}")
+    _long_target_check(target)
     loss_shape = () if reduction != 0 or target.dim() <= 1 else (frames,)
     return x.new_empty(loss_shape), x.new_empty(target.shape)
 

@@ -12,7 +12,7 @@ from jax import lax
 from .argument_checks import same_scalar_type_out_check, warn_at_caller
 from .checks import require
 from .dtypes import NOT_FLOATING, WIDE_UNSIGNED, not_implemented_for, opmath, scalar_type_name, to_opmath
-from .table import lowering, real_only_without_lowering
+from .table import WriteOverlap, lowering, real_only_without_lowering
 
 
 def _dims(a, dim):
@@ -588,6 +588,7 @@ def _pick(v, i, pos, axis, keepdim):
         default_dim=-1,
         then=_no_bool_kernel("kthvalue", lambda a: a.dim()),
     ),
+    write_overlap=WriteOverlap(no_overlap=("self",)),  # the CPU's assert_no_overlap(self, values)
 )
 def kthvalue(a, k, dim=-1, keepdim=False):
     if a.ndim == 0:
