@@ -30,7 +30,7 @@ from jax import lax
 
 from ..metrics import counters
 from ..storage.records import RECORDS, contiguous_strides, covers, new_tensor_with_room
-from . import limits
+from . import limits, xla_options
 from .executable import input_buffers
 
 MIN_LENGTH = 8  # an append whose result is shorter along `dim` stays an exact cat
@@ -58,7 +58,8 @@ def _remember(table, address, axis):
 
 
 def _program(buffer_shape, piece_shape, new_shape, axis, size, dtype):
-    key = (buffer_shape, piece_shape, new_shape, axis, size, dtype)
+    user = xla_options.ACTIVE[0]  # (sorted (name, value) pairs: the user's options in force)
+    key = (buffer_shape, piece_shape, new_shape, axis, size, dtype, user)
     fn = _programs.get(key)
     if fn is None:
         pad = [(0, 0)] * len(buffer_shape)
@@ -69,7 +70,8 @@ def _program(buffer_shape, piece_shape, new_shape, axis, size, dtype):
                 grown = jax.numpy.pad(grown, pad)
             return lax.dynamic_update_slice_in_dim(grown, piece.reshape(new_shape), length, axis)
 
-        fn = _programs[key] = jax.jit(append)
+        # compiled as an eager op's program is (a copy: the small-program options without a reduction)
+        fn = _programs[key] = jax.jit(append, compiler_options=xla_options.op_options(dict(user)))
         counters.eager_compiles += 1
         limits.note_executable()
     return fn
