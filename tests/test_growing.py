@@ -54,8 +54,8 @@ def test_a_single_cat_stays_contiguous_and_a_grown_tensor_does_not_alias():
     a, b = torch.randn(2, 12, 3), torch.randn(2, 1, 3)
     first = torch.cat([a.to("tpu"), b.to("tpu")], dim=1)
     assert first.is_contiguous() and first.untyped_storage().nbytes() == first.numel() * 4
-    second = torch.cat([first, b.to("tpu")], dim=1)  # a chain: room along dim 1
-    third = torch.cat([second, (b + 1).to("tpu")], dim=1)
+    second = torch.cat([first, b.to("tpu")[:, :, :3]], dim=1)  # a chain: room along dim 1
+    third = torch.cat([second, torch.cat([b + 1, b], dim=2).to("tpu")[:, :, :3]], dim=1)  # a part of its storage
     assert second.untyped_storage().data_ptr() != third.untyped_storage().data_ptr()
     third[:, -2].fill_(7.0)  # a write to the newest tensor leaves the older ones as they were
     third.add_(1)

@@ -30,7 +30,7 @@ from jax import lax
 
 from ..metrics import counters
 from ..storage.records import RECORDS, contiguous_strides, covers, new_tensor_with_room
-from . import limits, xla_options
+from . import fusion, limits, xla_options
 from .executable import input_buffers
 
 MIN_LENGTH = 8  # an append whose result is shorter along `dim` stays an exact cat
@@ -112,8 +112,10 @@ def serve_cat(kernel, args, kwargs):
     else:
         return None
     if not covers(b, rb):
-        b = b.contiguous()  # (one program per layout of the new positions, not per length)
+        b = b.clone()  # (one program per layout of the new positions, not per length; a view may be
+        # contiguous and still a part of its storage: contiguous() would keep it)
         rb = RECORDS[b.untyped_storage().data_ptr()]
+    fusion.run_inputs((ra._buffer, rb._buffer))  # (as the engine's cold cat: no tick of the sync clock)
     grown, piece = input_buffers([ra, rb])
     fn = _program(grown.shape, piece.shape, tuple(b.shape), d, size, grown.dtype)
     out = fn(grown, piece, np.int32(la))
