@@ -208,6 +208,15 @@ def defer(entry, inputs, scalars, device, mutated=(), fn=None):
         return results
 
 
+def run_inputs(buffers):
+    """Run the segments that still owe any of `buffers` (Pending), as a cold op's queued inputs are run
+    (`defer`): without a tick of the sync clock, which a host read (`Pending.get`) counts."""
+    with _lock:
+        for b in buffers:
+            if type(b) is Pending and b.value is None and not b.segment.done:
+                _flush(b.segment)
+
+
 class _Combination:
     """The maximum of `n` int32 verdicts on one device (eager/asserts.py poison: a write's gate), an
     executable that is queued like an op (`queued_maximum`) or called at once (`maximum`)."""

@@ -33,6 +33,7 @@ from . import (
     errors,
     fastpath,
     fusion,
+    growing,
     host_copies,
     host_fills,
     interrupts,
@@ -396,6 +397,12 @@ def _cat_in_chunks(kernel, args, kwargs):
         return kernel_for(aten.cat.default)(parts, dim)
     except RuntimeError:
         return None
+
+
+def _cat_first_call(kernel, args, kwargs):
+    """A cat's first call: an append to a growing tensor (eager/growing.py), else in chunks."""
+    results = growing.serve_cat(kernel, args, kwargs)
+    return results if results is not None else _cat_in_chunks(kernel, args, kwargs)
 
 
 def _addbmm_into_broadcast_self(kernel, args, kwargs):
@@ -900,8 +907,8 @@ def _register_engine_kernels(fast):
             _impl(op, kernel)
     data_dependent.register(_impl)
     attention.register()
-    for op in (aten.cat.default, aten.stack.default):
-        kernel_for(op).split_call = _cat_in_chunks
+    kernel_for(aten.stack.default).split_call = _cat_in_chunks
+    kernel_for(aten.cat.default).split_call = _cat_first_call
     for op, serve in ((aten.fill_.Scalar, host_fills.fill), (aten.zero_.default, host_fills.zero)):
         kernel_for(op).split_call = serve
     kernel_for(aten.full.default).split_call = host_fills.full

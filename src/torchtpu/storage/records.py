@@ -188,6 +188,15 @@ def new_tensor(shape, dtype, device_index=0, buffer=None, stride=None, form=None
     return t
 
 
+def new_tensor_with_room(shape, stride, dtype, device_index, buffer):
+    """A tensor of `shape`/`stride` at offset 0 of a new storage holding the array `buffer`, which may
+    hold more elements than the tensor (room for the tensor to grow into: eager/growing.py)."""
+    t = new_tensor(buffer.shape, dtype, device_index, buffer)
+    if tuple(shape) != tuple(buffer.shape) or list(stride) != list(t.stride()):
+        _redispatch_set(CPU_KEYS, t, t.untyped_storage(), 0, list(shape), list(stride))
+    return t
+
+
 def memory_order(shape, stride):
     """The dimensions of a tensor from outermost to innermost in memory (ties, which only size-1 and
     size-0 dimensions can have in a dense layout, in index order)."""

@@ -1,0 +1,76 @@
+"""Appends to a growing tensor go into spare room of a bucketed storage (eager/growing.py): one program
+per size bucket instead of one per length, for the append and for ops on the grown tensor's last
+positions, with the exact cat's values."""
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu.eager import growing
+
+
+def _compiles():
+    return torchtpu.metrics()["eager_compiles"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
+def test_a_chain_of_appends_equals_the_cpu_and_compiles_once_per_bucket(dtype):
+    torch.manual_seed(0)
+    cpu = torch.randn(2, 3, 11, 4) > 0 if dtype == torch.bool else torch.randn(2, 3, 11, 4)
+    tpu = cpu.to("tpu")
+    steps = []
+    for step in range(12):  # lengths 12..23: the exact first link, then buckets 16 and 32
+        new = cpu[:, :, step : step + 1] if step % 2 else cpu[:, :, :1]
+        cpu = torch.cat([cpu, new], dim=-2)
+        before = _compiles()
+        tpu = torch.cat([tpu, new.to("tpu")], dim=-2)
+        steps.append(_compiles() - before)
+        assert tpu.shape == cpu.shape
+    torch.testing.assert_close(tpu.cpu(), cpu, rtol=0, atol=0)
+    # per bucket: the append that moves into it (13: 16, 17: 32) and its first append inside it
+    assert steps[3:5] == [0, 0] and steps[7:] == [0] * 5, steps
+
+
+def test_ops_on_the_last_positions_compile_once_per_bucket():
+    ids = torch.randint(0, 50, (2, 9)).to("tpu")
+    ref = ids.cpu()
+    eos = torch.tensor([3], device="tpu")
+    compiles = []
+    dones, lasts = [], []
+    for _ in range(6):  # lengths 10..15: bucket 16 from 11 on
+        new = torch.randint(0, 50, (2,))
+        ref = torch.cat([ref, new[:, None]], dim=-1)
+        ids = torch.cat([ids, new.to("tpu")[:, None]], dim=-1)
+        before = _compiles()
+        dones.append(torch.isin(ids[:, -1], eos))
+        lasts.append(ids[:, -1:].clone())
+        compiles.append(_compiles() - before)
+    assert compiles[2:] == [0] * 4, compiles
+    torch.testing.assert_close(torch.stack(dones).cpu(), torch.isin(ref[:, -6:].T, torch.tensor([3])))
+    torch.testing.assert_close(torch.cat(lasts, dim=1).cpu(), ref[:, -6:])
+
+
+def test_a_single_cat_stays_contiguous_and_a_grown_tensor_does_not_alias():
+    a, b = torch.randn(2, 12, 3), torch.randn(2, 1, 3)
+    first = torch.cat([a.to("tpu"), b.to("tpu")], dim=1)
+    assert first.is_contiguous() and first.untyped_storage().nbytes() == first.numel() * 4
+    second = torch.cat([first, b.to("tpu")[:, :, :3]], dim=1)  # a chain: room along dim 1
+    third = torch.cat([second, torch.cat([b + 1, b], dim=2).to("tpu")[:, :, :3]], dim=1)  # a part of its storage
+    assert second.untyped_storage().data_ptr() != third.untyped_storage().data_ptr()
+    third[:, -2].fill_(7.0)  # a write to the newest tensor leaves the older ones as they were
+    third.add_(1)
+    expect = torch.cat([a, b, b], dim=1)
+    torch.testing.assert_close(second.cpu(), expect, rtol=0, atol=0)
+    torch.testing.assert_close(second.reshape(-1).cpu(), expect.reshape(-1), rtol=0, atol=0)
+    grown = torch.cat([expect, b + 1], dim=1)
+    grown[:, -2] = 7.0
+    torch.testing.assert_close(third.cpu(), grown + 1, rtol=0, atol=0)
+
+
+def test_appends_that_are_not_plain_go_to_the_engine_with_its_errors():
+    x = torch.cat([torch.randn(2, 12).to("tpu"), torch.randn(2, 1).to("tpu")], dim=1)
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+        torch.cat([x, torch.randn(3, 1).to("tpu")], dim=1)
+    mixed = torch.cat([x, torch.ones(2, 1, dtype=torch.float64).to("tpu")], dim=1)  # promotes: the engine's cat
+    assert mixed.dtype == torch.float64 and mixed.shape == (2, 14)
+    assert growing.bucket(13) == 16 and growing.bucket(17) == 32 and growing.bucket(65) == 80
