@@ -16,7 +16,7 @@ def _compiles():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
 def test_a_chain_of_appends_equals_the_cpu_and_compiles_once_per_bucket(dtype):
     torch.manual_seed(0)
-    cpu = torch.randn(2, 3, 11, 4) > 0 if dtype == torch.bool else torch.randn(2, 3, 11, 4)
+    cpu = torch.randn(1, 1, 11, 4) > 0 if dtype == torch.bool else torch.randn(1, 1, 11, 4)
     tpu = cpu.to("tpu")
     steps = []
     for step in range(12):  # lengths 12..23: the exact first link, then buckets 16 and 32
@@ -25,20 +25,20 @@ def test_a_chain_of_appends_equals_the_cpu_and_compiles_once_per_bucket(dtype):
         before = _compiles()
         tpu = torch.cat([tpu, new.to("tpu")], dim=-2)
         steps.append(_compiles() - before)
-        assert tpu.shape == cpu.shape
+        assert tpu.shape == cpu.shape and tpu.is_contiguous()
     torch.testing.assert_close(tpu.cpu(), cpu, rtol=0, atol=0)
     # per bucket: the append that moves into it (13: 16, 17: 32) and its first append inside it
     assert steps[3:5] == [0, 0] and steps[7:] == [0] * 5, steps
 
 
 def test_ops_on_the_last_positions_compile_once_per_bucket():
-    ids = torch.randint(0, 50, (2, 9)).to("tpu")
+    ids = torch.randint(0, 50, (1, 9)).to("tpu")
     ref = ids.cpu()
     eos = torch.tensor([3], device="tpu")
     compiles = []
     dones, lasts = [], []
     for _ in range(6):  # lengths 10..15: bucket 16 from 11 on
-        new = torch.randint(0, 50, (2,))
+        new = torch.randint(0, 50, (1,))
         ref = torch.cat([ref, new[:, None]], dim=-1)
         ids = torch.cat([ids, new.to("tpu")[:, None]], dim=-1)
         before = _compiles()
@@ -51,7 +51,7 @@ def test_ops_on_the_last_positions_compile_once_per_bucket():
 
 
 def test_a_single_cat_stays_contiguous_and_a_grown_tensor_does_not_alias():
-    a, b = torch.randn(2, 12, 3), torch.randn(2, 1, 3)
+    a, b = torch.randn(1, 12, 3), torch.randn(1, 1, 3)
     first = torch.cat([a.to("tpu"), b.to("tpu")], dim=1)
     assert first.is_contiguous() and first.untyped_storage().nbytes() == first.numel() * 4
     second = torch.cat([first, b.to("tpu")[:, :, :3]], dim=1)  # a chain: room along dim 1
@@ -61,7 +61,7 @@ def test_a_single_cat_stays_contiguous_and_a_grown_tensor_does_not_alias():
     third.add_(1)
     expect = torch.cat([a, b, b], dim=1)
     torch.testing.assert_close(second.cpu(), expect, rtol=0, atol=0)
-    torch.testing.assert_close(second.reshape(-1).cpu(), expect.reshape(-1), rtol=0, atol=0)
+    torch.testing.assert_close(second.view(-1).cpu(), expect.view(-1), rtol=0, atol=0)
     grown = torch.cat([expect, b + 1], dim=1)
     grown[:, -2] = 7.0
     torch.testing.assert_close(third.cpu(), grown + 1, rtol=0, atol=0)
@@ -74,3 +74,16 @@ def test_appends_that_are_not_plain_go_to_the_engine_with_its_errors():
     mixed = torch.cat([x, torch.ones(2, 1, dtype=torch.float64).to("tpu")], dim=1)  # promotes: the engine's cat
     assert mixed.dtype == torch.float64 and mixed.shape == (2, 14)
     assert growing.bucket(13) == 16 and growing.bucket(17) == 32 and growing.bucket(65) == 80
+
+
+def test_appends_behind_a_longer_dimension_stay_contiguous_cats():
+    """Room behind a dimension of more than one element would make the result non-contiguous (a
+    CUDA cat's never is: `.view()` would raise): a batch of token ids grows by exact cats."""
+    ids = torch.randint(0, 50, (2, 12))
+    tpu = ids.to("tpu")
+    for _ in range(6):
+        new = torch.randint(0, 50, (2, 1))
+        ids = torch.cat([ids, new], dim=-1)
+        tpu = torch.cat([tpu, new.to("tpu")], dim=-1)
+        assert tpu.is_contiguous() and tpu.stride() == ids.stride()
+    torch.testing.assert_close(tpu.view(-1).cpu(), ids.view(-1), rtol=0, atol=0)

@@ -9,9 +9,11 @@ executables per decode step (benchmarks/RESULTS.md, "where peak host RSS goes").
 
 Here an append whose first tensor was itself made by an append (a chain: a single cat keeps its
 contiguous result) writes its result into a storage whose array has room along `dim` up to a size
-bucket (`capacity`): the result is the first positions of that array (a view with the array's
-strides, so not contiguous where a dimension before `dim` has more than one element, as a slice of
-a preallocated cache is). The next append to such a view, while the room lasts, is one program per
+bucket (`capacity`): the result is the first positions of that array. Only where every dimension
+before `dim` has one element: there the view is still contiguous by PyTorch's rules (size-1
+dimensions' strides do not count), as a CUDA cat's result is; with room behind a longer dimension it
+would not be (`.view()` would raise, `is_contiguous()` differ), so those appends stay exact cats
+(a batch of token ids, a cache's keys of several heads). The next append to such a view, while the room lasts, is one program per
 bucket that copies the array and writes the new positions at the traced length
 (`lax.dynamic_update_slice`); a view of its last positions is a traced offset into the same array
 shape, so ops on it (the stop check's `isin`, the next step's input `clone`) also compile once per
@@ -93,6 +95,8 @@ def serve_cat(kernel, args, kwargs):
     if not isinstance(dim, int) or not -n <= dim < n:
         return None
     d = dim % n
+    if any(a.shape[i] != 1 for i in range(d)):  # room there would make the result non-contiguous
+        return None
     la, lb = a.shape[d], b.shape[d]
     if not 1 <= lb < la or la + lb < MIN_LENGTH or a.device != b.device or a.requires_grad or b.requires_grad:
         return None
