@@ -13,8 +13,8 @@ bucket (`capacity`): the result is the first positions of that array. Only where
 before `dim` has one element: there the view is still contiguous by PyTorch's rules (size-1
 dimensions' strides do not count), as a CUDA cat's result is; with room behind a longer dimension it
 would not be (`.view()` would raise, `is_contiguous()` differ), so those appends stay exact cats
-(a batch of token ids, a cache's keys of several heads). The next append to such a view, while the room lasts, is one program per
-bucket that copies the array and writes the new positions at the traced length
+(a batch of token ids, a cache's keys of several heads). The next append to such a view, while the
+room lasts, is one program per bucket that copies the array and writes the new positions at the traced length
 (`lax.dynamic_update_slice`); a view of its last positions is a traced offset into the same array
 shape, so ops on it (the stop check's `isin`, the next step's input `clone`) also compile once per
 bucket. Only data moves: the values are the exact cat's, bit for bit. Appends are always served
