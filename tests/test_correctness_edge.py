@@ -483,3 +483,20 @@ def test_sparse_and_quantized_say_the_layout_is_not_supported(fallback):
                 fn()
     finally:
         torchtpu.set_cpu_fallback(False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_multiply_by_a_bool_keeps_ieee_nan(dtype):
+    """inf * False and NaN * False are NaN (IEEE, the CPU); XLA's simplifier rewrites a product with a
+    converted bool into a select, which gave 0: in the eager op's promotion, in a compiled graph's cast
+    (and so in the norm backward's `mask` product: complex renorm with p=inf)."""
+    x = torch.tensor([float("inf"), float("nan"), -1.0, 1.0, -float("inf")], dtype=dtype)
+    m = torch.tensor([False, False, False, True, False])
+    expect = x * m
+    torch.testing.assert_close((x.to("tpu") * m.to("tpu")).cpu(), expect, equal_nan=True, rtol=0, atol=0)
+
+    def f(x, m):
+        return x * m.to(x.dtype)
+
+    compiled = torch.compile(f, backend="tpu")
+    torch.testing.assert_close(compiled(x.to("tpu"), m.to("tpu")).cpu(), f(x, m), equal_nan=True, rtol=0, atol=0)

@@ -137,6 +137,11 @@ def convert(v, dtype):
         v = _truncate_as_x86(v, _TRUNCATED_THROUGH[dtype])
     if (v.dtype in _F64 and dtype in _F32_RANGE) or (v.dtype in _F32_RANGE and dtype in _F64):
         return _keeping_subnormals(v, dtype)
+    if v.dtype == jnp.bool_ and jnp.issubdtype(dtype, jnp.inexact):
+        # through uint8: XLA's simplifier turns `x * convert(bool)` into `select(bool, x, 0)`, which
+        # gives 0 for inf * False and NaN * False where IEEE and PyTorch give NaN (JAX issue 12233);
+        # it does not look through the second convert, which fuses at no cost (XLA:CPU and XLA:TPU)
+        return v.astype(jnp.uint8).astype(dtype)
     return v.astype(dtype)
 
 

@@ -64,7 +64,7 @@ from collections.abc import Callable
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from .dtypes import KIND, WIDE_UNSIGNED, not_implemented_for, operand_facts, promote, to_torch
+from .dtypes import KIND, WIDE_UNSIGNED, convert, not_implemented_for, operand_facts, promote, to_torch
 
 __all__ = [
     "INDEXED_WRITE",
@@ -241,7 +241,7 @@ def real_only_without_lowering(*names):
 
 def _cast(v, dtype):
     if hasattr(v, "dtype") and not getattr(v, "weak_type", False):
-        return v if v.dtype == dtype else v.astype(dtype)
+        return v if v.dtype == dtype else (convert(v, dtype) if v.dtype == bool else v.astype(dtype))
     return v
 
 
