@@ -187,3 +187,15 @@ def test_compiled_ops_without_complex_meaning_raise():
         torch.compile(lambda t: t.floor() * 2, backend="tpu", fullgraph=True)(c)
     with pytest.raises(Exception, match="Sort does not support complex dtypes"):  # (the CPU's words)
         torch.compile(lambda t: t.sort().values * 2, backend="tpu", fullgraph=True)(c)
+
+
+def test_complex_to_bool_is_nonzero_including_the_imaginary_part():
+    """`.bool()` of a complex tensor is True where the number is nonzero (2j too); only the real part
+    was converted. Other real types keep the real part, as the CPU."""
+    x = torch.tensor([2j, 0j, 1 + 0j, 0.5j, -0.0j, 3 - 1j])
+    for dtype in (torch.bool, torch.int32, torch.float32):
+        torch.testing.assert_close(x.to("tpu").to(dtype).cpu(), x.to(dtype))
+    torch.testing.assert_close(
+        torch.zeros(6, dtype=torch.bool).to("tpu").masked_fill(x.abs().to("tpu") > 0, 2j).cpu(),
+        torch.zeros(6, dtype=torch.bool).masked_fill(x.abs() > 0, 2j),
+    )

@@ -125,6 +125,8 @@ def convert(v, dtype):
     """`v` converted to the jnp `dtype` as PyTorch converts: float8_e4m3fn (no infinity) saturates to
     +-448 where XLA gives NaN (infinities too, as PyTorch's CPU kernel); NaN stays NaN."""
     dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(v.dtype, jnp.complexfloating) and dtype == jnp.bool_:
+        return v != 0  # (PyTorch: nonzero, the imaginary part included: 2j is True)
     if jnp.issubdtype(v.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
         v = jnp.real(v)  # (PyTorch keeps the real part; JAX's astype deprecates doing it implicitly)
     if dtype == _E4M3FN and v.dtype != _E4M3FN and v.dtype != jnp.bool_:

@@ -743,7 +743,7 @@ def zero(a):
     write_overlap=WriteOverlap(expanded_warning("masked_fill_", "tensor[mask] = scalar"), no_partial_overlap=("mask",)),
 )
 def masked_fill(a, mask, value):
-    return jnp.where(mask, jnp.asarray(value).astype(a.dtype), a)
+    return jnp.where(mask, convert(jnp.asarray(value), a.dtype), a)  # (a complex value: its real part)
 
 
 @lowering("lift_fresh_copy")
