@@ -575,3 +575,15 @@ def test_every_host_read_counts_on_the_sync_clock(fused):
     torch.tpu.synchronize()
     assert fusion._syncs[0] == syncs + 3  # the copy, then synchronize
     assert_close(dst, a)
+
+
+def test_gradcheck_and_gradgradcheck_pass_in_the_fused_mode():
+    # their reentrancy check computes the Jacobian twice, row by row, and compares bit for bit; a
+    # repeated segment runs op by op for its first runs and compiled after, and the compiled program
+    # contracts a multiply and the next op's add into an FMA: the passes differed in the last bit
+    # (integrations/patches.py runs the check in the strict mode for tpu inputs)
+    torch.manual_seed(0)
+    a, b = (torch.randn(2, 4, dtype=torch.float64, device="tpu", requires_grad=True) for _ in range(2))
+    with torchtpu.eager_mode("fused"):
+        assert torch.autograd.gradgradcheck(lambda a, b: (a * b + b) * a.exp() - b * 1.5, (a, b))
+        assert torchtpu.get_eager_mode() == "fused"

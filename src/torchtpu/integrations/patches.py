@@ -660,6 +660,39 @@ def _storage_methods() -> None:
             _applied.append(f"torch.UntypedStorage.{name} (tpu storages)")
 
 
+# ------------------------------------------------------------------ gradcheck (torch 2.13)
+def _gradcheck_in_strict_mode(module) -> None:
+    """`torch.autograd.gradcheck`'s `_gradcheck_helper` (checked against torch 2.13: `gradcheck` and, through
+    it, `gradgradcheck` call it by its module-level name) runs in the strict eager mode when an input is a
+    tpu tensor. Its reentrancy check computes the Jacobian twice, row by row in a loop, and compares the two
+    bit for bit (`nondet_tol=0`); in the fused mode a repeated segment runs op by op for its first four runs
+    and compiled from its fifth, and the compiled program rounds in the last bit unlike its ops one by one
+    (XLA:CPU contracts one op's multiply and the next op's add into an FMA; an optimization barrier does
+    not survive its pipeline), so the first rows of the first pass differed from the second pass's
+    ("Backward is not reentrant"). In strict mode every run of an op is the same executable: the two passes
+    are equal, as on the CPU."""
+    helper = getattr(module, "_gradcheck_helper", None)
+    if not callable(helper):
+        _problems.append("torch.autograd.gradcheck._gradcheck_helper is missing (checked against torch 2.13)")
+        return
+    if getattr(helper, "_torchtpu", False):
+        return
+    from torch.utils._pytree import tree_leaves
+
+    from ..eager import modes
+
+    def _gradcheck_helper(*args, **kwargs):
+        inputs = kwargs.get("inputs", args[1] if len(args) > 1 else ())
+        on_tpu = any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in tree_leaves(inputs))
+        if not on_tpu or modes.get_eager_mode() != "fused":
+            return helper(*args, **kwargs)
+        with modes.eager_mode("strict"):
+            return helper(*args, **kwargs)
+
+    module._gradcheck_helper = _mark(_gradcheck_helper, helper)
+    _applied.append("torch.autograd.gradcheck._gradcheck_helper (strict eager mode for tpu inputs)")
+
+
 # ------------------------------------------------------------------ Pallas (jax 0.10)
 def _pallas_calls_in_32_bits(module) -> None:
     """`pl.pallas_call(...)` builds its callable with the private `_pallas_call` (checked against jax 0.10);
@@ -757,6 +790,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch(_host_storage_moves, "torch", TORCH_CHECKED, "torch.UntypedStorage.clone"),
     Patch(_storage_constructor, "torch", TORCH_CHECKED, "torch.UntypedStorage.__new__", needed=_without_native),
     Patch(_storage_methods, "torch", TORCH_CHECKED, "torch.UntypedStorage._byteswap"),
+    Patch(_gradcheck_in_strict_mode, "torch", TORCH_CHECKED,
+          "torch.autograd.gradcheck._gradcheck_helper", "torch.autograd.gradcheck"),
     Patch(_pallas_calls_in_32_bits, "jax", JAX_CHECKED,
           "jax._src.pallas.pallas_call._pallas_call", "jax._src.pallas.pallas_call"),
     Patch(_reused_mlir_contexts, "jax", JAX_CHECKED,
