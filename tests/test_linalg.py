@@ -623,6 +623,19 @@ def test_matrix_exp_as_accurate_as_the_cpu(dtype):
     torch.testing.assert_close(torch.linalg.matrix_exp(a[:, :0, :0].to(DEV)).cpu(), a[:, :0, :0])
 
 
+def test_matrix_exp_is_one_small_program():
+    # test_linalg_matrix_exp_compare_with_taylor ran over 120 s: one program per shape, each with the
+    # Taylor polynomial's 18 products unrolled (~0.7 s of XLA:CPU compile, again inside each fused
+    # segment holding it); Horner's steps are one loop now (~0.3 s)
+    import jax
+    import jax.numpy as jnp
+
+    from torchtpu.ops.linalg_decompositions import _expm
+
+    text = jax.jit(_expm).lower(jnp.zeros((3, 4, 4), jnp.float32)).as_text()
+    assert text.count("stablehlo.dot_general") <= 2, text.count("stablehlo.dot_general")
+
+
 @pytest.mark.parametrize("dtype", [torch.complex64, pytest.param(torch.complex128, marks=pytest.mark.slow)])
 def test_complex_qr_is_lapacks_as_geqrf(dtype):
     # test_ormqr (complex): R's diagonal was made positive, so Q's columns had other signs than the
