@@ -618,11 +618,10 @@ def test_index_lists_and_uploaded_indices_are_checked_at_the_op():
 
 @pytest.mark.parametrize("affine", [True, False])
 def test_batch_norm_training_double_backward(affine):
-    """Correct (gradcheck and gradgradcheck against finite differences); in strict mode, since their
+    """Correct (gradcheck and gradgradcheck against finite differences), in the default mode: their
     reentrancy check compares two backward passes bit for bit and the fused mode's compiled segments
-    round differently from the same ops run one by one (docs/upstream_tests.md)."""
-    import torchtpu
-
+    round differently from the same ops run one by one, so they run in strict mode for tpu inputs
+    (integrations/patches.py; docs/upstream_tests.md)."""
     x = torch.randn(4, 3, 5, dtype=torch.float64, device=DEV, requires_grad=True)
     w = torch.randn(3, dtype=torch.float64, device=DEV, requires_grad=True)
     b = torch.randn(3, dtype=torch.float64, device=DEV, requires_grad=True)
@@ -631,9 +630,8 @@ def test_batch_norm_training_double_backward(affine):
     def fn(x, w=None, b=None):
         return torch.nn.functional.batch_norm(x, None, None, w, b, training=True)
 
-    with torchtpu.eager_mode("strict"):
-        assert torch.autograd.gradcheck(fn, inputs)
-        assert torch.autograd.gradgradcheck(fn, inputs)
+    assert torch.autograd.gradcheck(fn, inputs)
+    assert torch.autograd.gradgradcheck(fn, inputs)
 
 
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
