@@ -216,6 +216,12 @@ def test_accelerate_and_training_arguments_pick_tpu(tmp_path):
         AcceleratorState._reset_state(reset_partial_state=True)
         args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
         assert args.device.type == "tpu"
+        # one process trains on one device however many are visible (as on XPU/NPU; CUDA alone wraps
+        # the model in nn.DataParallel): data parallel is torchrun's DDP, one device per rank
+        # (tests/test_distributed_hf.py::test_trainer_data_parallel_matches_one_process)
+        assert torch.tpu.device_count() == int(os.environ.get("TORCHTPU_NUM_DEVICES", "2"))
+        assert args.n_gpu == 1 and args.parallel_mode.value == "not_parallel"
+        assert args.train_batch_size == args.per_device_train_batch_size
         AcceleratorState._reset_state(reset_partial_state=True)
         assert TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True).device.type == "cpu"
     finally:
