@@ -89,12 +89,14 @@ class DenseOperands(TieringStandIn):
 def build(kernel, entry, program, fn, records, name, op_jit, on_trace):
     """`entry.fn` as DenseOperands when some operands are worth making dense (and `entry.fn_gated`
     too for an op that writes), else None. `fn`: the one-program function; `on_trace`: what the
-    shared program's trace tells the entry that builds it (build._traced)."""
+    shared program's trace tells the entry that builds it (build._traced).
+
+    Only the second layout of a dense form shares: an op whose operands come in one layout only (a
+    model's `linear` reading its weight transposed) keeps its one program (one compile, no copy per
+    call); a dense entry's own program is the shared one for the layouts that come after it."""
     if kernel.name in _NOT_FOR or program.random or not records or "as_strided" in kernel.name:
         return None
     found = _candidates(program, records)
-    if not found:
-        return None
     template, writes, kept = _dense_form(program, found)
     shapes = [tuple(r.shape) for r in records]
     for spec in found:
@@ -106,6 +108,7 @@ def build(kernel, entry, program, fn, records, name, op_jit, on_trace):
         tuple(program.mutated_slots),
         tuple(shapes),
         program.n_values,
+        len(kept),
         tuple(entry.outs),
         entry.strides,
         entry.xla and tuple(sorted(entry.xla.items())),
@@ -117,9 +120,16 @@ def build(kernel, entry, program, fn, records, name, op_jit, on_trace):
     except TypeError:  # an unhashable static argument: keep the one-program executable
         return None
     shared = _shared.get(key)
-    if shared is None:
-        if len(_shared) >= _MAX_KEPT:
-            _shared.clear()
+    if len(_shared) >= _MAX_KEPT and shared is None:
+        _shared.clear()
+    if not found:  # a dense entry: its program serves the layouts that densify to it
+        if shared is None and not program.mutated_slots:
+            _shared[key] = _OfEntry(entry)
+        return None
+    if shared is None:  # the first layout of this dense form: its own program, as before
+        _shared[key] = _SEEN
+        return None
+    if shared is _SEEN or (program.mutated_slots and type(shared) is _OfEntry):
         shared = _shared[key] = _Jitted(entry.xla)
 
         def traced(messages, read_precision):
@@ -136,6 +146,26 @@ def build(kernel, entry, program, fn, records, name, op_jit, on_trace):
     if program.mutated_slots:
         entry.fn_gated = _composite(*parts, "fn_gated", traced_function(program, gated=True))
     return _composite(*parts, "fn", fn)
+
+
+_SEEN = object()  # a dense form seen once, in another layout
+
+
+class _OfEntry:
+    """The program of a dense entry (no written storage), shared: its function and checks."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self, entry):
+        self.entry = entry
+
+    @property
+    def fn(self):
+        return self.entry.fn
+
+    @property
+    def checks(self):
+        return self.entry.checks
 
 
 def _composite(entry, name, op_jit, shared, copies, kept, program, attr, wrapped):
