@@ -5,7 +5,7 @@ shapes and strides, in-place writes, one program for the shapes of a bucket."""
 import jax.monitoring
 import torch
 
-from torchtpu.eager import flat_buckets
+from torchtpu.eager import flat_buckets, tpu_check
 
 DEV = "tpu"
 _compiles = [0]
@@ -43,7 +43,8 @@ def test_small_elementwise_ops_match_the_cpu_and_share_a_program():
     before = _compiles[0]
     got = [_ops(a, b) for a, b in moved]
     # one program per op for the bucket (and a scalar program or two of JAX's own); 20 without
-    assert _compiles[0] - before <= 5 + 2
+    if not tpu_check.enabled():  # (the TPU compile check keeps the exact programs, compiled twice)
+        assert _compiles[0] - before <= 5 + 2
     for (a, b), results in zip(cpu, got):
         for g, w in zip(results, _ops(a, b)):
             assert g.shape == w.shape and g.stride() == w.stride() and g.dtype == w.dtype
