@@ -66,13 +66,15 @@ class DenseOperands(TieringStandIn):
         "n_buffers",
         "n_values",
         "name",
+        "own",
         "shared",
+        "xla",
     )
 
     def __call__(self, *dyn):
         self.calls += 1
         if self.calls > TIER_UP:
-            return self._tier_up()(*dyn)
+            return self._own_program()(*dyn)
         nb, g = self.n_buffers, self.gated
         buffers = list(dyn[:nb])
         head = dyn[nb : nb + g + self.n_values]
@@ -176,6 +178,7 @@ def _composite(entry, name, op_jit, shared, copies, kept, program, attr, wrapped
     ]
     c.n_buffers, c.n_values, c.attr, c.calls = program.n_buffers, program.n_values, attr, 0
     c.gated = 1 if attr == "fn_gated" else 0
+    c.own, c.xla = None, entry.xla
     c.__wrapped__ = wrapped
     return c
 

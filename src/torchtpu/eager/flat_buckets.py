@@ -60,15 +60,17 @@ class FlatBucket(TieringStandIn):
         "n_buffers",
         "n_sliced",
         "name",
+        "own",
         "shapes",
         "shared",
         "slots",
+        "xla",
     )
 
     def __call__(self, *dyn):
         self.calls += 1
         if self.calls > TIER_UP:
-            return self._tier_up()(*dyn)
+            return self._own_program()(*dyn)
         n, shared = self.n, self.shared
         buffers = list(dyn[: self.n_buffers])
         bucket = self.bucket
@@ -158,6 +160,7 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster):
         shared.fn = op_jit(shared, "fn", traced_function(source), f"{name} (flat, {bucket} elements)")
     c = FlatBucket()
     c.entry, c.name, c.jit, c.shared, c.n, c.attr, c.calls = entry, name, op_jit, shared, n, "fn", 0
+    c.own, c.xla = None, entry.xla
     c.n_buffers, c.slots, c.bucket = program.n_buffers, tuple(flat_slots), bucket
     c.shapes = [s for s, _ in entry.outs] + [tuple(records[slot].shape) for slot in program.mutated_slots]
     c.n_sliced = len(c.shapes)
