@@ -79,6 +79,15 @@ class TieringStandIn:
             setattr(entry, attr, own)
         return getattr(entry, attr)
 
+    def _own_program(self):
+        """The entry's own one-program executable, kept here (`own`, `xla` slots): unlike _tier_up, the
+        entry keeps this stand-in as its function, so a fused segment holding it stays the same segment
+        (eager/fusion.py keys steps on the function) when strict-mode calls tier it up."""
+        own = self.own
+        if own is None:  # (op_jit's first call puts the jitted function in `own`: build._OptionsAtFirstCall)
+            own = self.own = self.jit(self, "own", self.__wrapped__, self.name)
+        return own
+
 
 class BucketedFill(TieringStandIn):
     """The `entry.fn` (or `entry.fn_donating`: `attr`) of a bucketed fill: called as the one-program

@@ -19,7 +19,19 @@ from ..ops.argument_checks import deterministic_alerts_off, warn_at_caller
 from ..ops.resolve import functional_twin, resolve
 from ..ops.table import LOWERINGS, declared_facts
 from ..storage.records import RECORDS, contiguous_strides, is_dense, memory_order
-from . import bucketed_draws, bucketed_index, fastpath, fusion, interrupts, op_store, overlap, tpu_check, xla_options
+from . import (
+    bucketed_draws,
+    bucketed_index,
+    dense_operands,
+    fastpath,
+    flat_buckets,
+    fusion,
+    interrupts,
+    op_store,
+    overlap,
+    tpu_check,
+    xla_options,
+)
 from .entry import (
     CONSTANT_BYTES,
     DONATE_BYTES,
@@ -151,6 +163,14 @@ def build_entry(kernel, key, args, kwargs, records, device):
         bucketed = bucketed_draws.fill(kernel, entry, program, fn, records, name, op_jit)
         # an indexed write through an index of a new length pads it to a size bucket
         bucketed = bucketed or bucketed_index.build(kernel, entry, program, fn, records, args, kwargs, name, op_jit)
+        # a small elementwise op of a new shape runs on flat arrays padded to a size bucket (XLA:CPU)
+        bucketed = bucketed or flat_buckets.build(
+            kernel, entry, program, fn, records, name, op_jit, lambda o: _output_caster(kernel, o, None)
+        )
+        # small strided operands are made dense by a copy per layout, the op's program shared across layouts
+        bucketed = bucketed or dense_operands.build(
+            kernel, entry, program, fn, records, name, op_jit, lambda m, rp: _traced(kernel, entry, m, rp)
+        )
         # (not an op that writes: its executable is called by call_and_commit, where no Python code may
         # run between the call and the records taking its results, and _Stored is Python)
         if not bucketed and not writes and _storable(kernel):

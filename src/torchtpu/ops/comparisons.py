@@ -11,32 +11,32 @@ from .dtypes import WIDE_UNSIGNED, default_dtype, to_jax
 from .table import KIND, LOWERINGS, apply, lowering
 
 
-@lowering("eq.Tensor", "eq.Scalar", promote=KIND.ALWAYS_BOOL, loops_for=WIDE_UNSIGNED)
+@lowering("eq.Tensor", "eq.Scalar", promote=KIND.ALWAYS_BOOL, loops_for=WIDE_UNSIGNED, flat_buckets=True)
 def eq(a, b):
     return jnp.equal(a, b)
 
 
-@lowering("ne.Tensor", "ne.Scalar", promote=KIND.ALWAYS_BOOL, loops_for=WIDE_UNSIGNED)
+@lowering("ne.Tensor", "ne.Scalar", promote=KIND.ALWAYS_BOOL, loops_for=WIDE_UNSIGNED, flat_buckets=True)
 def ne(a, b):
     return jnp.not_equal(a, b)
 
 
-@lowering("lt.Tensor", "lt.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+@lowering("lt.Tensor", "lt.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True, flat_buckets=True)
 def lt(a, b):
     return jnp.less(a, b)
 
 
-@lowering("le.Tensor", "le.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+@lowering("le.Tensor", "le.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True, flat_buckets=True)
 def le(a, b):
     return jnp.less_equal(a, b)
 
 
-@lowering("gt.Tensor", "gt.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+@lowering("gt.Tensor", "gt.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True, flat_buckets=True)
 def gt(a, b):
     return jnp.greater(a, b)
 
 
-@lowering("ge.Tensor", "ge.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True)
+@lowering("ge.Tensor", "ge.Scalar", promote=KIND.ALWAYS_BOOL, real_only=True, flat_buckets=True)
 def ge(a, b):
     return jnp.greater_equal(a, b)
 
@@ -49,7 +49,7 @@ def _op(name, *args):
 # ATen's isclose is a composite of ~12 ops (eq, isnan, sub, abs, mul, add, le, isfinite, and, or),
 # each a new executable per shape: assert_close of two tpu tensors compiled a dozen programs per shape
 # and dtype. Eager runs it whole (composite_in_eager), with the decomposition's steps and roundings.
-@lowering("isclose", composite_in_eager=True)
+@lowering("isclose", composite_in_eager=True, flat_buckets=True)
 def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     close = _op("eq.Tensor", a, b)
     inexact = jnp.issubdtype(a.dtype, jnp.inexact)
@@ -65,22 +65,22 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     return close | (_op("isfinite.default", actual) & _op("le.Tensor", actual, allowed))
 
 
-@lowering("logical_and", no_loop_for=WIDE_UNSIGNED)
+@lowering("logical_and", no_loop_for=WIDE_UNSIGNED, flat_buckets=True)
 def logical_and(a, b):
     return jnp.logical_and(a, b)
 
 
-@lowering("logical_or", no_loop_for=WIDE_UNSIGNED)
+@lowering("logical_or", no_loop_for=WIDE_UNSIGNED, flat_buckets=True)
 def logical_or(a, b):
     return jnp.logical_or(a, b)
 
 
-@lowering("logical_xor", no_loop_for=WIDE_UNSIGNED)
+@lowering("logical_xor", no_loop_for=WIDE_UNSIGNED, flat_buckets=True)
 def logical_xor(a, b):
     return jnp.logical_xor(a, b)
 
 
-@lowering("logical_not", no_loop_for=WIDE_UNSIGNED)
+@lowering("logical_not", no_loop_for=WIDE_UNSIGNED, flat_buckets=True)
 def logical_not(a):
     return jnp.logical_not(a)
 
@@ -204,7 +204,7 @@ def rshift(a, b):
     return jnp.where((b >= bits) | (b < 0), overflow, shifted)
 
 
-@lowering("where.self")
+@lowering("where.self", flat_buckets=True)
 def where(cond, a, b):
     return jnp.where(cond, a, b)
 

@@ -86,6 +86,7 @@ def _with_variants(check, *names):
     "add.Scalar",
     promote=KIND.DEFAULT,
     promote_args=(0, 1),
+    flat_buckets=True,
     meta_check=_with_variants(_alpha_check, "add.Tensor", "add.Scalar", "add_.Tensor", "add_.Scalar", "add.out"),
 )
 def add(a, b, alpha=1):
@@ -114,6 +115,7 @@ def _sub_check(a, b, *_, **__):
     "sub.Scalar",
     promote=KIND.DEFAULT,
     promote_args=(0, 1),
+    flat_buckets=True,
     meta_check=_with_variants(
         _sub_and_alpha_check, "sub.Tensor", "sub.Scalar", "sub_.Tensor", "sub_.Scalar", "sub.out"
     ),
@@ -137,7 +139,7 @@ def rsub(a, b, alpha=1):
     return b - a * alpha if not (isinstance(alpha, int) and alpha == 1) else b - a
 
 
-@lowering("mul.Tensor", "mul.Scalar", promote=KIND.DEFAULT, loops_for=WIDE_UNSIGNED)
+@lowering("mul.Tensor", "mul.Scalar", promote=KIND.DEFAULT, loops_for=WIDE_UNSIGNED, flat_buckets=True)
 def mul(a, b):
     if getattr(a, "dtype", None) == jnp.bool_:
         return jnp.logical_and(a, b)
@@ -720,6 +722,7 @@ def zero(a):
     "masked_fill.Scalar",
     "masked_fill.Tensor",
     no_loop_for=WIDE_UNSIGNED,
+    flat_buckets=True,
     host_check={
         "masked_fill.Scalar": fill_value_check(2),
         "masked_fill_.Scalar": fill_value_check(2),

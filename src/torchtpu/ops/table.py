@@ -46,6 +46,8 @@ finds all of them (docs/design.md, "Adding an op"):
                             engine moves them to the op's device (the index of index_select and the
                             index_* writes, as advanced indexing takes a CPU index on CUDA); a CPU
                             tensor in any other argument raises PyTorch's device error
+    flat_buckets=True       an elementwise op computing each element alike (no rounding by position): small
+                            new shapes run on flat arrays padded to a size bucket on XLA:CPU (eager/flat_buckets.py)
     composite_in_eager=True an ATen CompositeImplicit op (it decomposes before a backend sees it) that
                             eager runs whole, one executable instead of one per step; for ops without a
                             gradient only (the kernel sits on the Autograd key too)
@@ -115,6 +117,7 @@ FACT_KINDS = (
     "no_loop_for",
     "loops_for",
     "cpu_operands",
+    "flat_buckets",
 )
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py

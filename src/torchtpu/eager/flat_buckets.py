@@ -1,0 +1,203 @@
+"""Small elementwise ops of a new shape without an XLA compile of their own (XLA:CPU only).
+
+PyTorch's test files compare every result (`assertEqual`: isclose, then all) and make their inputs
+(`make_tensor`: mul, masked_fill_) per shape, so each new shape compiled each of those programs
+again (test_tensor_creation_ops: ~1,000 of its ~3,000 compiles). An op whose lowering declares
+`flat_buckets=True` (ops/table.py: elementwise, the same computation on every element, nothing that
+rounds by position: comparisons, isclose, where, masked_fill, mul, add, sub) and whose tensors all
+are whole contiguous storages of the result's shape (or 0-dim) runs on flat arrays padded to the
+element count's size bucket (eager/bucketed_draws.py bucket_of): one program per (op, bucket,
+dtypes, static arguments) instead of one per shape. The padding repeats the first element (whatever
+an op checks or raises on holds for the real elements already), and the results' first elements
+are the exact-shape program's, bit for bit (tests/test_flat_buckets.py).
+
+The padding and the slicing back run on the host, so this serves only where device buffers are host
+memory (XLA:CPU, for storages of at most HOST_BYTES together): on a TPU, padding on the device
+would be two more programs per shape, and the exact program stays (the TPU compile check sees it).
+An entry called more than TIER_UP times builds its own one-program executable; a fused segment
+traces the one-program function (`__wrapped__`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import torch
+
+from ..device import platform
+from ..ops import dtypes as dt
+from ..ops.resolve import functional_twin
+from ..ops.table import declared_facts
+from ..storage.records import contiguous_strides
+from . import limits, tpu_check
+from .bucketed_draws import TieringStandIn, _frozen, _tensor_args, bucket_of
+from .bucketed_index import _copy, _Jitted, _map_specs
+from .executable import TensorArg, traced_function
+
+TIER_UP = 8  # calls of one entry after which it builds its own one-program executable
+HOST_BYTES = 1 << 16  # the padded arrays of one call, in bytes, at most
+_MAX_KEPT = 512
+FLAT = declared_facts("flat_buckets")
+_shared: dict = {}
+limits.FORGETTERS.append(_shared.clear)
+
+
+class FlatBucket(TieringStandIn):
+    """`entry.fn` of a flat-bucketed elementwise op, called as the one-program executable is:
+    (buffers..., values..., offsets...) -> (outputs..., written buffers..., [verdict])."""
+
+    __slots__ = (
+        "__weakref__",
+        "__wrapped__",
+        "attr",
+        "bucket",
+        "calls",
+        "entry",
+        "jit",
+        "n",
+        "n_buffers",
+        "n_sliced",
+        "name",
+        "own",
+        "shapes",
+        "shared",
+        "slots",
+        "xla",
+    )
+
+    def __call__(self, *dyn):
+        self.calls += 1
+        if self.calls > TIER_UP:
+            return self._own_program()(*dyn)
+        n, shared = self.n, self.shared
+        buffers = list(dyn[: self.n_buffers])
+        bucket = self.bucket
+        for s in self.slots:  # (host memory: XLA:CPU only, see _serves)
+            b = buffers[s]
+            flat = np.asarray(b).reshape(-1)
+            padded = np.empty((bucket,), flat.dtype)
+            padded[:n] = flat
+            padded[n:] = flat[0]
+            buffers[s] = jax.device_put(padded, b.sharding)
+        results = list(shared.fn(*buffers, *dyn[self.n_buffers :]))
+        for i, shape in zip(range(self.n_sliced), self.shapes):
+            r = results[i]
+            results[i] = jax.device_put(np.asarray(r)[:n].reshape(shape), r.sharding)
+        self.entry.checks = shared.checks
+        return results
+
+
+def declared(kernel) -> bool:
+    """Whether the op (or the functional op of an in-place or out= overload) declares flat_buckets."""
+    if FLAT.get(kernel.name):
+        return True
+    twin = functional_twin(kernel.op)
+    if twin is None:
+        return False
+    schema = twin[0]._schema
+    return bool(FLAT.get(f"{schema.name.split('::')[1]}.{schema.overload_name or 'default'}"))
+
+
+def build(kernel, entry, program, fn, records, name, op_jit, caster):
+    """`entry.fn` as a FlatBucket, or None. `caster(outs)`: the output cast of new contiguous outputs
+    `outs` ((shape, dtype) each), as the engine builds it (build._output_caster)."""
+    if not _serves(kernel, entry, program, records):
+        return None
+    shape = entry.outs[0][0] if entry.outs else program.writes[0][1][0]
+    n = math.prod(shape)
+    bucket = bucket_of(n)
+    flat_slots = sorted({s.slot for s in _tensor_args(program.template) if s.layout[0] == shape})
+    flat_slots = sorted(set(flat_slots) | {slot for slot, _, _ in program.writes})
+    if (
+        sum(records[s].nbytes for s in flat_slots) * bucket // n
+        + sum(bucket * dt.element(d).itemsize for _, d in entry.outs)
+        > HOST_BYTES
+    ):
+        return None
+
+    def flat(spec):
+        if spec.slot not in flat_slots:
+            return spec
+        dtype = spec.layout[3]
+        return TensorArg(spec.slot, ((bucket,), (1,), 0, dtype, bucket), spec.bits)
+
+    args, kwargs = program.template
+    template = _map_specs(([_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()}), flat)
+    writes = [(slot, ((bucket,), (1,), 0, lay[3], bucket), bits) for slot, lay, bits in program.writes]
+    outs = [((bucket,), d) for _, d in entry.outs]
+    shapes = [tuple(r.shape) for r in records]
+    for s in flat_slots:
+        shapes[s] = (bucket,)
+    key = (
+        kernel.name,
+        bucket,
+        _frozen(template),
+        tuple(writes),
+        tuple(program.mutated_slots),
+        tuple(shapes),
+        program.n_values,
+        tuple(outs),
+        entry.xla and tuple(sorted(entry.xla.items())),
+        torch.get_default_dtype(),
+    )
+    try:
+        hash(key)
+    except TypeError:  # an unhashable static argument: keep the one-program executable
+        return None
+    shared = _shared.get(key)
+    if shared is None:
+        if len(_shared) >= _MAX_KEPT:
+            _shared.clear()
+        shared = _shared[key] = _Jitted(entry.xla)
+        source = program._replace(
+            template=template,
+            writes=writes,
+            outputs=caster(outs),
+            on_trace=lambda messages, _read_precision: setattr(shared, "checks", messages),
+        )
+        shared.fn = op_jit(shared, "fn", traced_function(source), f"{name} (flat, {bucket} elements)")
+    c = FlatBucket()
+    c.entry, c.name, c.jit, c.shared, c.n, c.attr, c.calls = entry, name, op_jit, shared, n, "fn", 0
+    c.own, c.xla = None, entry.xla
+    c.n_buffers, c.slots, c.bucket = program.n_buffers, tuple(flat_slots), bucket
+    c.shapes = [s for s, _ in entry.outs] + [tuple(records[slot].shape) for slot in program.mutated_slots]
+    c.n_sliced = len(c.shapes)
+    c.__wrapped__ = fn
+    return c
+
+
+def _whole(layout, shape, record):
+    """A contiguous view of the whole of its storage, of `shape` and the storage's dtype."""
+    s, stride, off, dtype, numel = layout
+    return (
+        s == shape
+        and type(off) is int
+        and off == 0
+        and numel == math.prod(shape)
+        and tuple(record.shape) == tuple(shape)
+        and tuple(stride) == tuple(contiguous_strides(shape))
+        and dtype == dt.element(record.dtype)
+        and dtype is not dt.COMPLEX32
+    )
+
+
+def _serves(kernel, entry, program, records) -> bool:
+    if not platform.buffers_in_host_memory() or tpu_check.enabled() or program.random or not records:
+        return False
+    if entry.strides is not None or entry.nones is not None or not declared(kernel):
+        return False
+    shapes = {tuple(s) for s, _ in entry.outs} | {tuple(lay[0]) for _, lay, _ in program.writes}
+    if len(shapes) != 1:
+        return False
+    (shape,) = shapes
+    n = math.prod(shape)
+    if n < 2 or len(shape) == 0 or (bucket_of(n) == n and len(shape) == 1):
+        return False  # (already its bucket's flat array)
+    if any(records[slot].numel != n for slot in program.mutated_slots):
+        return False
+    if any(not _whole(lay, shape, records[slot]) for slot, lay, _ in program.writes):
+        return False
+    # (a 0-dim operand broadcasts over the flat array as over the shape)
+    return all(s.layout[0] == () or _whole(s.layout, shape, records[s.slot]) for s in _tensor_args(program.template))

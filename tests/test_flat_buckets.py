@@ -1,0 +1,73 @@
+"""Small elementwise ops of new shapes on flat arrays padded to a size bucket (eager/flat_buckets.py,
+XLA:CPU) against the CPU and against the op's own one-program executable: the same bits, PyTorch's
+shapes and strides, in-place writes, one program for the shapes of a bucket."""
+
+import jax.monitoring
+import torch
+
+from torchtpu.eager import flat_buckets, tpu_check
+
+DEV = "tpu"
+_compiles = [0]
+
+
+def _count(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _compiles[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+def _ops(a, b):
+    gt = a > b
+    return [
+        torch.isclose(a, b, rtol=0.25, atol=0.5, equal_nan=True),
+        a * b,
+        gt,
+        torch.where(gt, a, b).masked_fill(gt, -2.5),
+    ]
+
+
+def test_small_elementwise_ops_match_the_cpu_and_share_a_program():
+    gen = torch.Generator().manual_seed(0)
+    # shapes in the bucket of 16 elements (shapes no other test uses)
+    shapes = [(3, 5), (13,), (5, 1, 3), (1, 11)]
+    cpu = []
+    for shape in shapes:
+        a, b = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+        a.view(-1)[0], b.view(-1)[1] = float("nan"), -0.0
+        cpu.append((a, b))
+    moved = [(a.to(DEV), b.to(DEV)) for a, b in cpu]
+    torch.tpu.synchronize()
+    before = _compiles[0]
+    got = [_ops(a, b) for a, b in moved]
+    # one program per op for the bucket (and a scalar program or two of JAX's own); 20 without
+    if not tpu_check.enabled():  # (the TPU compile check keeps the exact programs, compiled twice)
+        assert _compiles[0] - before <= 5 + 2
+    for (a, b), results in zip(cpu, got):
+        for g, w in zip(results, _ops(a, b)):
+            assert g.shape == w.shape and g.stride() == w.stride() and g.dtype == w.dtype
+            torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0, equal_nan=True)
+
+
+def test_same_bits_as_the_one_program_executable_and_in_place():
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.float16, torch.int32, torch.complex64):
+        a = torch.randn(3, 6, generator=gen).mul(10).to(dtype)
+        b = torch.randn(3, 6, generator=gen).mul(10).to(dtype)
+        ta, tb = a.to(DEV), b.to(DEV)
+        first = [(ta * tb).cpu(), (ta + tb * 3).cpu(), (ta == tb).cpu()]
+        for _ in range(flat_buckets.TIER_UP + 1):  # the last calls run the entries' own programs
+            assert all(
+                torch.equal(x, y) for x, y in zip(first, [(ta * tb).cpu(), (ta + tb * 3).cpu(), (ta == tb).cpu()])
+            )
+        torch.testing.assert_close(first[0], a * b, rtol=0, atol=0)
+        torch.testing.assert_close(first[1], a + b * 3)
+        # in place on a whole storage, and a 0-dim operand
+        x, y = a.clone(), ta.clone()
+        x.mul_(b)
+        y.mul_(tb)
+        assert torch.equal(y.cpu(), x)
+        s = torch.tensor(3, dtype=dtype)
+        assert torch.equal((ta * s.to(DEV)).cpu(), a * s)
