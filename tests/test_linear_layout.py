@@ -3,6 +3,8 @@ the lowering's form, XLA:CPU's code for it, and results against the CPU in eager
 runs, forward and backward, for every dtype a linear layer takes; matmuls of mixed dtypes raise as
 on the CPU."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,8 +14,9 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import torchtpu
+from torchtpu.device import platform
 from torchtpu.eager import fusion
-from torchtpu.ops import linalg, views
+from torchtpu.ops import attention, linalg, views
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.complex64]
 
@@ -75,6 +78,50 @@ def test_the_eager_view_of_a_transposed_weight_compiles_without_a_transpose():
     args = (jnp.ones(1024 * 512, jnp.float32), jnp.ones((1, 512), jnp.float32), jnp.ones((1, 1024), jnp.float32))
     hlo = jax.jit(step).lower(*args).compile().as_text()
     assert "transpose(" not in hlo
+
+
+def _plain_dots(hlo):
+    """The dots of an optimized XLA:CPU module that no YNNPACK fusion calls (Eigen's)."""
+    ynn = set(re.findall(r"calls=%([\w.\-]+)[^\n]*__ynn_fusion", hlo))
+    plain, comp = 0, None
+    for line in hlo.splitlines():
+        if line.endswith("{") and "%" in line:
+            comp = line.split("%", 1)[1].split(" ", 1)[0]
+        elif " dot(" in line and comp not in ynn:
+            plain += 1
+    return plain
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_transposed_lhs_is_laid_out_for_the_host_dot(dtype):
+    # the weight gradient t(dY) @ X: on XLA:CPU the transpose stays a copy behind an optimization
+    # barrier, so YNNPACK runs the dot (a transpose folded into the dot went to Eigen's, slower)
+    dy, x = jnp.ones((64, 96), dtype), jnp.ones((64, 48), dtype)
+    with platform.tracing_for("cpu"):
+        jaxpr, (dot,) = _dots(lambda dy, x: linalg.matmul(dy.T, x), dy, x)
+        barrier = next(e for e in jaxpr.eqns if e.primitive.name == "optimization_barrier")
+        assert dot.invars[0] is barrier.outvars[0]
+        assert dot.params["dimension_numbers"][0] == ((1,), (0,))
+        if dtype == jnp.float32:  # a float32 matrix-vector product is not YNNPACK's (bf16 gains a column)
+            jaxpr, _ = _dots(lambda dy, x: linalg.matmul(dy.T, x[:, :1]), dy, x)
+            assert not any(e.primitive.name == "optimization_barrier" for e in jaxpr.eqns)
+    with platform.tracing_for("tpu"):
+        jaxpr, _ = _dots(lambda dy, x: linalg.matmul(dy.T, x), dy, x)
+        assert not any(e.primitive.name == "optimization_barrier" for e in jaxpr.eqns)
+    a, b = np.random.randn(64, 96).astype(np.float32), np.random.randn(64, 48).astype(np.float32)
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(lambda a, b: linalg.matmul(a.T, b))(a, b)), a.T @ b, rtol=1e-4, atol=1e-4
+    )
+
+
+@pytest.mark.skipif(torchtpu.platform() != "cpu", reason="XLA:CPU's dot libraries")
+def test_attention_backward_products_run_in_the_host_dot_library():
+    # attention's backward (grouped heads) on XLA:CPU: P.T @ dO and dS.T @ Q laid out for YNNPACK, no
+    # product left to Eigen's dot (values: the sdpa tests against the CPU)
+    q, k, v = (jnp.asarray(np.random.RandomState(h).randn(2, h, 16, 8), jnp.float32) for h in (4, 2, 2))
+    out, lse = jax.jit(lambda q, k, v: attention.sdpa_fused(q, k, v, 0.0, True))(q, k, v)
+    backward = jax.jit(lambda gr, q, k, v, o, lse: attention.sdpa_fused_backward(gr, q, k, v, o, lse, 0.0, True))
+    assert _plain_dots(backward.lower(jnp.ones_like(out), q, k, v, out, lse).compile().as_text()) == 0
 
 
 def _case(dtype, shape, bias=True, seed=0):

@@ -21,6 +21,7 @@ from jax import lax
 from . import attention_blockwise as _blockwise
 from . import attention_splash as _splash
 from .dtypes import to_opmath
+from .linalg import host_row_major_lhs
 from .nn_common import _low, _precision
 from .table import lowering
 
@@ -133,12 +134,14 @@ def sdpa_fused_backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask
     prec = _precision()
     hq, hk = q.shape[-3], k.shape[-3]
     g_g, p_g = _heads(g, hk), _heads(p, hk)  # GQA: sums over a key/value head's query heads
-    dv = jnp.einsum("...ls,...le->...se", p_g, g_g, precision=prec)
+    # the products over the query rows (l) take P and dS transposed, laid out for XLA:CPU's YNNPACK dot
+    dv = jnp.einsum("...sl,...le->...se", host_row_major_lhs(jnp.swapaxes(p_g, -1, -2), g_g), g_g, precision=prec)
     dp = _heads(jnp.einsum("...le,...se->...ls", g_g, to_opmath(v), precision=prec), hq)
     ds = p * (dp - jnp.sum(g * o, axis=-1, keepdims=True))
     ds_g = _heads(ds, hk)
     dq = _heads(jnp.einsum("...ls,...se->...le", ds_g, to_opmath(k), precision=prec), hq) * s
-    dk = jnp.einsum("...ls,...le->...se", ds_g, _heads(to_opmath(q), hk), precision=prec) * s
+    q_g = _heads(to_opmath(q), hk)
+    dk = jnp.einsum("...sl,...le->...se", host_row_major_lhs(jnp.swapaxes(ds_g, -1, -2), q_g), q_g, precision=prec) * s
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 

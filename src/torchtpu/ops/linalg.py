@@ -140,6 +140,7 @@ def _matmul(a, b, operand_dtype=None):
     out_dtype = a.dtype
     if operand_dtype is not None and a.ndim == 2 and b.ndim == 2:
         return _rounded_product(a, b, operand_dtype).astype(out_dtype)
+    a = host_row_major_lhs(a, b)
     source = _transposed_from(b) if a.dtype == b.dtype else None
     if operand_dtype is not None:
         a, b = a.astype(operand_dtype), b.astype(operand_dtype)
@@ -166,6 +167,28 @@ def _matmul(a, b, operand_dtype=None):
     else:
         out = jnp.matmul(a, b, precision=precision(), preferred_element_type=_acc(a))
     return out.astype(out_dtype)
+
+
+# the dtypes of XLA:CPU's YNNPACK dot (jax 0.10) that `host_row_major_lhs` lays the lhs out for
+_YNN_DOT_DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def host_row_major_lhs(a, b):
+    """`a` laid out row-major before a product on XLA:CPU when it is traced as a transpose of its last two
+    dims (the weight gradient `t(dY) @ X` of every nn.Linear; ops/attention.py's backward `P.T @ dO`, `dS.T @ Q`).
+    XLA folds the transpose into the dot as a contraction over the lhs's first dim, which its YNNPACK
+    dot (jax 0.10: `IsDotSupportedByYnn` wants the lhs contracting its last dim) does not take, so the
+    product fell to Eigen's slower one; an optimization barrier keeps the transpose as a copy (m x k,
+    against the product's m x k x n) and the dot goes to YNNPACK. One core, CPU ms, Eigen -> copy +
+    YNNPACK: 1408x512x512 (an MLP weight's gradient) 12.6 -> 9.1, 512x512x512 5.3 -> 3.4, 8000x512x512
+    (an LM head's) 70 -> 66, 512x512x16 0.73 -> 0.33, attention's 4x4 batch of 128x256x64 1.53 -> 1.17,
+    512x1408x512 and 2048x512x2048 equal (docs/compile.md, benchmarks/RESULTS.md). XLA:TPU is not
+    concerned: its dots take either layout."""
+    if a.ndim < 2 or b.ndim < 2 or a.dtype not in _YNN_DOT_DTYPES or b.dtype != a.dtype:
+        return a
+    if min(a.shape[-2], b.shape[-1]) < 2 or not _for_host() or _transposed_from(a) is None:
+        return a  # (a matrix-vector product is not YNNPACK's either)
+    return lax.optimization_barrier(a)
 
 
 def _rounded_product(a, b, operand_dtype):
