@@ -316,3 +316,40 @@ def test_masked_select_mask_dtype_in_the_cpu_words():
     _raises_as_cpu(
         lambda dev: torch.masked_select(torch.randn(6, device=dev), torch.ones(6, dtype=torch.uint8, device=dev))
     )
+
+
+def test_tensors_past_the_rank_limit_raise_naming_it():
+    # JAX's arrays have at most 64 dims: numpy's "maximum supported dimension" or DLPack's "maxdims"
+    # came from inside; now a RuntimeError naming the limit (CUDA's kind of error past its own limit)
+    shape = [1] * 65
+    for make in (
+        lambda: torch.randn(shape, device=DEV),
+        lambda: torch.zeros(shape, device=DEV),
+        lambda: torch.ones(shape).to(DEV),
+        lambda: torch.ones(3, device=DEV).view([1] * 64 + [3]).cpu(),
+    ):
+        with pytest.raises(RuntimeError, match="at most 64 dimensions"):
+            make()
+
+
+def test_64_dims_compute_and_a_fused_result_of_more_reads_back():
+    x = torch.randn([1] * 62 + [2, 3])
+    assert_close(x.to(DEV).sum(-1).cpu(), x.sum(-1))
+    # an elementwise op of a 65-dim view runs in a fused program (XLA takes the rank; numpy did not)
+    y = torch.randn(5)
+    assert_close(torch.sin(y.to(DEV).view([1] * 64 + [5])).view(5).cpu(), torch.sin(y))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_max_pool1d_of_integers_raises_as_on_the_cpu(dtype):
+    # the CPU's max_pool1d has floating loops only; tpu took max_pool2d_with_indices, which computes
+    x = torch.arange(24).reshape(2, 3, 4).to(dtype)
+    with pytest.raises(NotImplementedError, match="max_pool1d_impl"):
+        torch.nn.functional.max_pool1d(x, 2)
+    with pytest.raises(NotImplementedError, match="max_pool1d_impl"):
+        torch.nn.functional.max_pool1d(x.to(DEV), 2)
+    # with indices it computes on both, as does the floating case with a gradient
+    assert_close(
+        torch.nn.functional.max_pool1d(x.to(DEV), 2, return_indices=True)[0].cpu(),
+        torch.nn.functional.max_pool1d(x, 2, return_indices=True)[0],
+    )

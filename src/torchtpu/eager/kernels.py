@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 from .. import config, metrics
 from ..device import host_pages, platform
 from ..device.state import current_device
-from ..ops import argument_checks, factories
+from ..ops import argument_checks, factories, pooling
 from ..ops import dtypes as dt
 from ..ops.linalg_decompositions import CHECK_ERRORS_ON_HOST
 from ..ops.resolve import NotLowered, functional_twin, op_name
@@ -208,6 +208,8 @@ def _few_from_host_copy(t, r):
 
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
+    if t.dim() > errors.MAX_DIMS:
+        raise errors.too_many_dims("to the host", (t,))
     r = RECORDS.get(t.untyped_storage().data_ptr())
     if r is None:  # a tensor PyTorch made over a storage slice's address (storage/slices.py)
         moved = slices.on_parent(t)
@@ -227,7 +229,9 @@ def to_host(t: torch.Tensor) -> np.ndarray:
         out = np.zeros(tuple(t.shape), dt.storage_jax(t.dtype))
     else:
         try:
-            out = np.asarray(r.buffer).reshape(tuple(t.shape))  # (t covers its storage: _whole)
+            buffer = r.buffer  # (a fused program may leave an array of more dims than numpy takes)
+            buffer = buffer.reshape(-1) if buffer.ndim > errors.MAX_DIMS else buffer
+            out = np.asarray(buffer).reshape(tuple(t.shape))  # (t covers its storage: _whole)
         except jax.errors.JaxRuntimeError as e:  # an asynchronous allocation failure surfaces here
             errors.raise_out_of_memory(e)
             raise
@@ -292,6 +296,8 @@ def _copy_(self, src, non_blocking=False):
         src = _plain(src)
     if src.is_complex() and not self.is_complex():
         warnings.warn("Casting complex values to real discards the imaginary part", UserWarning, stacklevel=2)
+    if self.dim() > errors.MAX_DIMS or src.dim() > errors.MAX_DIMS:
+        raise errors.too_many_dims("aten::copy_", (self, src))
     if self.device.type == "tpu" and src.device.type == "tpu":
         if self.device.index == src.device.index:
             rd, rs = record_of(self), record_of(src)
@@ -816,6 +822,7 @@ def register_all():
     _impl("arange.start_out", _arange_start_out)
     for key in ("PrivateUse1", "AutogradPrivateUse1"):
         _lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, key)
+    _lib.impl("max_pool1d", _max_pool1d, "AutogradPrivateUse1")
     _register_missing_meta()
     _register_fake_overrides()
     _register_engine_kernels(fast)
@@ -825,6 +832,12 @@ def register_all():
             _fallback_lib.fallback(_sparse_fallback, key)
     if hasattr(DispatchKey, "NestedTensorPrivateUse1"):
         _fallback_lib.fallback(_nested_fallback, "NestedTensorPrivateUse1")
+
+
+def _max_pool1d(x, *args, **kwargs):
+    """The composite max_pool1d, after the CPU's dtype check (ops/pooling.py)."""
+    pooling.max_pool1d_dtype_check(x)
+    return aten.max_pool1d.default.decompose(x, *args, **kwargs)
 
 
 def _register_metadata_ops(fast):
