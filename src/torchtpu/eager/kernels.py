@@ -823,6 +823,8 @@ def register_all():
     for key in ("PrivateUse1", "AutogradPrivateUse1"):
         _lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, key)
     _lib.impl("max_pool1d", _max_pool1d, "AutogradPrivateUse1")
+    _impl("_compute_linear_combination", _compute_linear_combination)
+    _impl("_compute_linear_combination.out", _compute_linear_combination_out)
     _register_missing_meta()
     _register_fake_overrides()
     _register_engine_kernels(fast)
@@ -838,6 +840,23 @@ def _max_pool1d(x, *args, **kwargs):
     """The composite max_pool1d, after the CPU's dtype check (ops/pooling.py)."""
     pooling.max_pool1d_dtype_check(x)
     return aten.max_pool1d.default.decompose(x, *args, **kwargs)
+
+
+def _compute_linear_combination(input, coefficients):
+    """matrix_exp's helper (ATen's, for the CPU and CUDA): out[i] = sum_j coefficients[i, j] input[j],
+    in the input's dtype."""
+    out = input.new_zeros((coefficients.shape[0], *input.shape[1:]))
+    return _compute_linear_combination_out(input, coefficients, out)
+
+
+def _compute_linear_combination_out(input, coefficients, out):
+    """Its out= variant adds the combination into `out`, as ATen's does (not a plain out= write,
+    which the engine's functional twins give)."""
+    if input.dim() == 0 or input.numel() == 0:
+        raise RuntimeError("Empty tensor not supported")
+    m, n = coefficients.shape[0], input.shape[0]
+    terms = coefficients.reshape(m, n, *([1] * (input.dim() - 1))) * input.unsqueeze(0)
+    return out.add_(terms.sum(1))
 
 
 def _register_metadata_ops(fast):
