@@ -192,7 +192,7 @@ def _few_from_host_copy(t, r):
     # (a value still queued: its segment runs, rather than a gather of this view queued, a program
     # per view layout: `all(verdicts)` reads each element of a new shape)
     buffer = r.buffer
-    flat = np.asarray(buffer).reshape(-1)
+    flat = _host_array(buffer).reshape(-1)
     offset = t.storage_offset()
     if t.numel() == 1:  # (`bool(cond[i])` in a loop: numpy's as_strided is most of such a read)
         out = flat[offset : offset + 1].reshape(tuple(t.shape))
@@ -206,9 +206,17 @@ def _few_from_host_copy(t, r):
     return out
 
 
+def _host_array(buffer) -> np.ndarray:
+    """A device array's values on the host; flat where it has more dims than numpy's arrays take
+    (XLA's take more than 64)."""
+    return np.asarray(buffer.reshape(-1) if buffer.ndim > errors.MAX_DIMS else buffer)
+
+
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
-    if t.dim() > errors.MAX_DIMS:
+    if t.dim() > errors.MAX_DIMS:  # (numpy's limit: copies go through flat views, _copy_flat)
+        if t.numel() == 1:
+            return to_host(t.reshape(()))
         raise errors.too_many_dims("to the host", (t,))
     r = RECORDS.get(t.untyped_storage().data_ptr())
     if r is None:  # a tensor PyTorch made over a storage slice's address (storage/slices.py)
@@ -229,9 +237,7 @@ def to_host(t: torch.Tensor) -> np.ndarray:
         out = np.zeros(tuple(t.shape), dt.storage_jax(t.dtype))
     else:
         try:
-            buffer = r.buffer  # (a fused program may leave an array of more dims than numpy takes)
-            buffer = buffer.reshape(-1) if buffer.ndim > errors.MAX_DIMS else buffer
-            out = np.asarray(buffer).reshape(tuple(t.shape))  # (t covers its storage: _whole)
+            out = _host_array(r.buffer).reshape(tuple(t.shape))  # (t covers its storage: _whole)
         except jax.errors.JaxRuntimeError as e:  # an asynchronous allocation failure surfaces here
             errors.raise_out_of_memory(e)
             raise
@@ -296,8 +302,8 @@ def _copy_(self, src, non_blocking=False):
         src = _plain(src)
     if src.is_complex() and not self.is_complex():
         warnings.warn("Casting complex values to real discards the imaginary part", UserWarning, stacklevel=2)
-    if self.dim() > errors.MAX_DIMS or src.dim() > errors.MAX_DIMS:
-        raise errors.too_many_dims("aten::copy_", (self, src))
+    if (self.dim() > errors.MAX_DIMS or src.dim() > errors.MAX_DIMS) and self.device != src.device:
+        return _copy_flat(self, src, non_blocking)
     if self.device.type == "tpu" and src.device.type == "tpu":
         if self.device.index == src.device.index:
             rd, rs = record_of(self), record_of(src)
@@ -354,6 +360,15 @@ def _copy_(self, src, non_blocking=False):
         return _copy_to_host_async(self, src)
     host = dt.cpu_from_numpy(to_host(src), src.dtype)
     return self.copy_(host)
+
+
+def _copy_flat(dst, src, non_blocking):
+    """A copy between the host and tpu of more dims than numpy's arrays take (64; XLA takes more):
+    through a dense flat tensor on each side (views of the dense tensors, made by ops on their
+    own devices)."""
+    dense = src.expand(dst.shape).contiguous()
+    flat = dense.view(-1).to(dst.device, non_blocking=non_blocking)
+    return dst.copy_(flat.view(dst.shape))
 
 
 def _copy_to_host_async(dst, src):
