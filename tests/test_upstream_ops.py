@@ -357,3 +357,24 @@ def test_max_pool1d_of_integers_raises_as_on_the_cpu(dtype):
         torch.nn.functional.max_pool1d(x.to(DEV), 2, return_indices=True)[0].cpu(),
         torch.nn.functional.max_pool1d(x, 2, return_indices=True)[0],
     )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: torch.amax(x, 0, out=torch.empty(5, dtype=torch.int32, device=x.device)),
+        lambda x: torch.amin(x, 0, out=torch.empty(5, dtype=torch.int32, device=x.device)),
+        lambda x: torch.aminmax(
+            x, dim=0, out=(torch.empty(5, device=x.device), torch.empty(5, dtype=torch.float64, device=x.device))
+        ),
+    ],
+    ids=["amax", "amin", "aminmax"],
+)
+def test_reduction_out_dtypes_raise_as_on_the_cpu(call):
+    # test_errors of amax/amin (the meta's cast message) and aminmax (a float64 max out computed)
+    x = torch.randn(4, 5)
+    with pytest.raises(RuntimeError) as cpu:
+        call(x)
+    with pytest.raises(RuntimeError) as tpu:
+        call(x.to(DEV))
+    assert str(tpu.value) == str(cpu.value)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import same_scalar_type_out_check, warn_at_caller
+from .argument_checks import cpp_type_name, same_scalar_type_out_check, warn_at_caller
 from .checks import require
 from .dtypes import NOT_FLOATING, WIDE_UNSIGNED, not_implemented_for, opmath, scalar_type_name, to_opmath
 from .table import WriteOverlap, lowering, real_only_without_lowering
@@ -158,6 +158,24 @@ def _unspecified_arg_dim(name):
     return IndexError(f"{name}: Expected reduction dim to be specified for input.numel() == 0.")
 
 
+def _amax_out_check(a, *args, out=None, **kwargs):
+    """amax/amin(out=) of another dtype than the input: the CPU's words (the meta casts)."""
+    if out is not None and out.dtype != a.dtype:
+        raise RuntimeError(
+            f"Expected the dtype for input and out to match, but got {scalar_type_name(a.dtype)} for input's "
+            f"dtype and {scalar_type_name(out.dtype)} for out's dtype."
+        )
+
+
+def _aminmax_out_check(a, *args, min=None, max=None, **kwargs):  # (aminmax.out's names)
+    """aminmax(out=(min, max)): a structured kernel's outs take the input's dtype exactly (the meta
+    computed into a wider one)."""
+    for out in (min, max):
+        if out is not None and out.dtype != a.dtype:
+            want, got = cpp_type_name(a.dtype), cpp_type_name(out.dtype)
+            raise RuntimeError(f"Expected out tensor to have dtype {want}, but got {got} instead")
+
+
 def _empty_aminmax(name):
     return RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.")
 
@@ -165,7 +183,9 @@ def _empty_aminmax(name):
 @lowering(
     "amax",
     real_only=True,
-    meta_check=_empty_reduction_check("amax()", "amax", "amax.out", all_dims_error=_unspecified_dim),
+    meta_check=_empty_reduction_check(
+        "amax()", "amax", "amax.out", all_dims_error=_unspecified_dim, then=_amax_out_check
+    ),
     no_loop_for=WIDE_UNSIGNED,
 )
 def amax(a, dim=(), keepdim=False):
@@ -175,7 +195,9 @@ def amax(a, dim=(), keepdim=False):
 @lowering(
     "amin",
     real_only=True,
-    meta_check=_empty_reduction_check("amin()", "amin", "amin.out", all_dims_error=_unspecified_dim),
+    meta_check=_empty_reduction_check(
+        "amin()", "amin", "amin.out", all_dims_error=_unspecified_dim, then=_amax_out_check
+    ),
     no_loop_for=WIDE_UNSIGNED,
 )
 def amin(a, dim=(), keepdim=False):
@@ -350,7 +372,9 @@ def nansum(a, dim=None, keepdim=False, dtype=None):
     "aminmax",
     real_only=True,
     no_loop_for=WIDE_UNSIGNED,
-    meta_check=_empty_reduction_check("aminmax", "aminmax", "aminmax.out", all_dims_error=_empty_aminmax),
+    meta_check=_empty_reduction_check(
+        "aminmax", "aminmax", "aminmax.out", all_dims_error=_empty_aminmax, then=_aminmax_out_check
+    ),
 )
 def aminmax(a, dim=None, keepdim=False):
     axis = None if dim is None else _dims(a, dim)
