@@ -31,12 +31,20 @@ def _acc_dtype(a, dtype):
     return a.dtype
 
 
+def _dim_rank_check(a, dim=None, *args, **kwargs):
+    """A reduction over given dims of a tensor of more than 64 dims: the CPU's kernels keep the dims in
+    a 64-bit mask and refuse it (argmax, argmin, nansum, max/min.dim; without a dim they compute)."""
+    if dim is not None and a.dim() > 64:
+        raise RuntimeError("only tensors with up to 64 dims are supported")
+
+
 def _wide_unsigned_result_check(kernel):
     """meta_check of sum/prod/nansum: the CPU's kernels (CUDA's too) dispatch on the result dtype and have
     no uint16/32/64 loop: a wide unsigned input sums into int64 and computes, but `dtype=` (or `out=`) of
     one raises (masked.sum and friends pass `dtype=`)."""
 
     def check(a, *args, dtype=None, out=None, **kwargs):
+        _dim_rank_check(a, *args, **kwargs)
         result = dtype if dtype is not None else (out.dtype if isinstance(out, torch.Tensor) else None)
         if result in WIDE_UNSIGNED:
             raise not_implemented_for(kernel, result)
@@ -235,7 +243,7 @@ def _arg_reduce(a, dim, keepdim, fn):
     "argmax",
     real_only="argmax(): does not support complex input",
     meta_check=_empty_reduction_check(
-        "argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim, no_bool=True
+        "argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim, no_bool=True, then=_dim_rank_check
     ),
     no_loop_for=WIDE_UNSIGNED,
 )
@@ -247,7 +255,7 @@ def argmax(a, dim=None, keepdim=False):
     "argmin",
     real_only="argmin(): does not support complex input",
     meta_check=_empty_reduction_check(
-        "argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim, no_bool=True
+        "argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim, no_bool=True, then=_dim_rank_check
     ),
     no_loop_for=WIDE_UNSIGNED,
 )
@@ -258,7 +266,7 @@ def argmin(a, dim=None, keepdim=False):
 @lowering(
     "max.dim",
     real_only=True,
-    meta_check=_empty_reduction_check("max()", "max.dim", "max.dim_max"),
+    meta_check=_empty_reduction_check("max()", "max.dim", "max.dim_max", then=_dim_rank_check),
     no_loop_for=WIDE_UNSIGNED,
 )
 def max_dim(a, dim, keepdim=False):
@@ -271,7 +279,7 @@ def max_dim(a, dim, keepdim=False):
 @lowering(
     "min.dim",
     real_only=True,
-    meta_check=_empty_reduction_check("min()", "min.dim", "min.dim_min"),
+    meta_check=_empty_reduction_check("min()", "min.dim", "min.dim_min", then=_dim_rank_check),
     no_loop_for=WIDE_UNSIGNED,
 )
 def min_dim(a, dim, keepdim=False):
