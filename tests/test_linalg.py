@@ -564,6 +564,9 @@ def _outs(d, *dtypes):
         lambda a, d: torch.addmm(a[:0, :0], a[:0, :1], a[:0, :0]),
         lambda a, d: torch.linalg.eig(a.masked_fill(a > 0.5, float("nan"))),
         lambda a, d: torch.linalg.eig(a.masked_fill(a < -0.5, float("-inf"))),
+        lambda a, d: torch.ormqr(a, a[0, :2], a),
+        lambda a, d: torch.ormqr(a, a[0, :2], a[:2], False),
+        lambda a, d: torch.ormqr(a.expand(2, 3, 3), a[:1], a.expand(2, 3, 3)),
     ],
     ids=[
         "eigvalsh out",
@@ -579,6 +582,9 @@ def _outs(d, *dtypes):
         "addmm empty shapes",
         "eig nan",
         "eig inf",
+        "ormqr fewer reflectors",  # (the meta takes them; the CPU refuses)
+        "ormqr right fewer reflectors",
+        "ormqr tau batch",
     ],
 )
 def test_errors_in_the_cpu_words(call):
@@ -767,3 +773,18 @@ def test_compiled_lstsq_breaks_the_graph_and_runs_eagerly():
     torch.testing.assert_close(
         f(a.to("tpu"), b.to("tpu")).cpu(), torch.linalg.lstsq(a, b, driver="gels").solution * 2, rtol=1e-4, atol=1e-4
     )
+
+
+def test_compute_linear_combination_as_on_the_cpu():
+    # test_linalg_matrix_exp_utils: ATen's matrix_exp helper was not lowered; its out= adds into out
+    c, x = torch.rand(5, 3), torch.rand(3, 2, 2, dtype=torch.complex64)
+    torch.testing.assert_close(
+        torch._compute_linear_combination(x.to(DEV), c.to(DEV)).cpu(), torch._compute_linear_combination(x, c)
+    )
+    out = torch.ones(5, 2, 2, dtype=torch.complex64)
+    out_tpu = out.to(DEV)
+    torch._compute_linear_combination(x, c, out=out)
+    torch._compute_linear_combination(x.to(DEV), c.to(DEV), out=out_tpu)
+    torch.testing.assert_close(out_tpu.cpu(), out)
+    with pytest.raises(RuntimeError, match="Empty tensor not supported"):
+        torch._compute_linear_combination(torch.rand((), device=DEV), c.to(DEV))

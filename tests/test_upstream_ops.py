@@ -316,3 +316,66 @@ def test_masked_select_mask_dtype_in_the_cpu_words():
     _raises_as_cpu(
         lambda dev: torch.masked_select(torch.randn(6, device=dev), torch.ones(6, dtype=torch.uint8, device=dev))
     )
+
+
+def test_tensors_of_more_than_64_dims_as_on_the_cpu():
+    # test_reductions' and test_errors' 65-dim inputs: numpy's arrays take at most 64 dims (XLA's
+    # more), and the zeros, draws, copies and reads went through numpy ("maximum supported dimension
+    # for an ndarray", DLPack's "maxdims"); compared flat (assert_close takes 64 dims at most too)
+    x = torch.randn([1] * 33 + [2] + [1] * 32 + [3])
+    xt = x.to(DEV)
+    for fn in (
+        lambda t: t,
+        lambda t: t.nonzero(),
+    ):
+        assert_close(fn(xt).cpu().reshape(-1), fn(x).reshape(-1))
+    assert torch.randn([1] * 65, device=DEV).cpu().shape == (1,) * 65
+    assert torch.zeros([1] * 65, device=DEV).item() == 0
+    # a reduction over given dims of more than 64 raises the CPU's error (its 64-bit dim mask)
+    for reduce in (lambda t: t.amax(-1), lambda t: t.argmax(0), lambda t: t.nansum(0), lambda t: t.max(0)):
+        with pytest.raises(RuntimeError, match="only tensors with up to 64 dims are supported"):
+            reduce(xt)
+
+
+def test_a_jax_failure_past_the_rank_limit_names_it():
+    from torchtpu.eager import errors
+
+    error = errors.too_many_dims("aten::foo", ([torch.empty([1] * 65)],))
+    assert isinstance(error, RuntimeError) and "at most 64 dimensions" in str(error)
+    assert errors.too_many_dims("aten::foo", (torch.empty([1] * 64),)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_max_pool1d_of_integers_raises_as_on_the_cpu(dtype):
+    # the CPU's max_pool1d has floating loops only; tpu took max_pool2d_with_indices, which computes
+    x = torch.arange(24).reshape(2, 3, 4).to(dtype)
+    with pytest.raises(NotImplementedError, match="max_pool1d_impl"):
+        torch.nn.functional.max_pool1d(x, 2)
+    with pytest.raises(NotImplementedError, match="max_pool1d_impl"):
+        torch.nn.functional.max_pool1d(x.to(DEV), 2)
+    # with indices it computes on both, as does the floating case with a gradient
+    assert_close(
+        torch.nn.functional.max_pool1d(x.to(DEV), 2, return_indices=True)[0].cpu(),
+        torch.nn.functional.max_pool1d(x, 2, return_indices=True)[0],
+    )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: torch.amax(x, 0, out=torch.empty(5, dtype=torch.int32, device=x.device)),
+        lambda x: torch.amin(x, 0, out=torch.empty(5, dtype=torch.int32, device=x.device)),
+        lambda x: torch.aminmax(
+            x, dim=0, out=(torch.empty(5, device=x.device), torch.empty(5, dtype=torch.float64, device=x.device))
+        ),
+    ],
+    ids=["amax", "amin", "aminmax"],
+)
+def test_reduction_out_dtypes_raise_as_on_the_cpu(call):
+    # test_errors of amax/amin (the meta's cast message) and aminmax (a float64 max out computed)
+    x = torch.randn(4, 5)
+    with pytest.raises(RuntimeError) as cpu:
+        call(x)
+    with pytest.raises(RuntimeError) as tpu:
+        call(x.to(DEV))
+    assert str(tpu.value) == str(cpu.value)

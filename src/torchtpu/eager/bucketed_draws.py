@@ -118,7 +118,7 @@ class BucketedFill(TieringStandIn):
         flat = self.draw.fn(*dyn[1 : 2 + nv])
         target = dyn[0]
         host = self.host
-        if host and flat.dtype == target.dtype and target.size == host:
+        if host and flat.dtype == target.dtype and target.size == host and target.ndim <= 64:  # (numpy's limit)
             # the first elements of the draw are the storage's whole new array, in its memory order
             # (a copy of its own: the draw's bucket is not kept alive by the new array)
             return (jax.device_put(np.asarray(flat)[:host].reshape(target.shape).copy(), target.sharding),)

@@ -172,6 +172,8 @@ def nonzero(self):
 
 def _host_nonzero(self):
     host = self.cpu()  # (the device's sync point, its checks and its order of pending copies)
+    if host.dim() > 64:  # (numpy's arrays take at most 64 dims: the CPU's kernel)
+        return torch.nonzero(host).to(self.device)
     if host.dtype in _NO_NUMPY_DTYPES:  # exact: zeros (of either sign) and NaNs stay what they were
         host = host.to(torch.complex64 if host.is_complex() else torch.float32)
     # (argwhere's array is a transpose: a contiguous copy, or the device copy keeps its strides)

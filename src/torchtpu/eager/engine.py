@@ -257,7 +257,7 @@ class OpKernel:
             if entry.n_results is None:  # failed or interrupted while JAX traced it: build afresh
                 self.cache.pop(key, None)
             if isinstance(e, (ValueError, TypeError)) and _raised_in_jax(e):
-                raise _as_torch_error(self, e, args) from e
+                raise _as_torch_error(self, e, args, kwargs) from e
             raise
         if self.precision_sensitive and not keyed_precision:
             # the trace read the matmul precision: from now on the setting is part of the key
@@ -441,10 +441,14 @@ def _raised_in_jax(error):
     return not str(error).startswith("torchtpu")
 
 
-def _as_torch_error(kernel, error, args):
-    """JAX's ValueError/TypeError as the error type PyTorch raises: a dtype the op does not take is
-    NotImplementedError (a RuntimeError) named as the CPU names it ("gcd_cpu" not implemented for
-    'Float'), anything else a RuntimeError naming the op."""
+def _as_torch_error(kernel, error, args, kwargs=None):
+    """JAX's ValueError/TypeError as the error type PyTorch raises: a tensor past JAX's rank limit
+    is a RuntimeError naming the limit, a dtype the op does not take NotImplementedError (a
+    RuntimeError) named as the CPU names it ("gcd_cpu" not implemented for 'Float'), anything else a
+    RuntimeError naming the op."""
+    rank = errors.too_many_dims(f"aten::{kernel.name}", (args, tuple((kwargs or {}).values())))
+    if rank is not None:
+        return rank
     message = str(error)
     first = next((a for a in args if isinstance(a, _Tensor)), None)
     if first is not None and ("dtype" in message or "must be integer" in message):

@@ -314,7 +314,8 @@ def zeros(shape, dtype, device_index):
         kept = _zeros_kept.get((shape, dtype, device_index))
         if kept is not None:
             return kept
-    make = _host_zeros if nbytes <= HOST_ZEROS else _device_zeros
+    # (numpy's arrays have at most 64 dims; XLA's take more)
+    make = _host_zeros if nbytes <= HOST_ZEROS and len(shape) <= 64 else _device_zeros
     try:
         z = make(shape, dtype, device_index)
     except jax.errors.JaxRuntimeError as e:

@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 from .. import config, metrics
 from ..device import host_pages, platform
 from ..device.state import current_device
-from ..ops import argument_checks, factories
+from ..ops import argument_checks, factories, pooling
 from ..ops import dtypes as dt
 from ..ops.linalg_decompositions import CHECK_ERRORS_ON_HOST
 from ..ops.resolve import NotLowered, functional_twin, op_name
@@ -192,7 +192,7 @@ def _few_from_host_copy(t, r):
     # (a value still queued: its segment runs, rather than a gather of this view queued, a program
     # per view layout: `all(verdicts)` reads each element of a new shape)
     buffer = r.buffer
-    flat = np.asarray(buffer).reshape(-1)
+    flat = _host_array(buffer).reshape(-1)
     offset = t.storage_offset()
     if t.numel() == 1:  # (`bool(cond[i])` in a loop: numpy's as_strided is most of such a read)
         out = flat[offset : offset + 1].reshape(tuple(t.shape))
@@ -206,8 +206,18 @@ def _few_from_host_copy(t, r):
     return out
 
 
+def _host_array(buffer) -> np.ndarray:
+    """A device array's values on the host; flat where it has more dims than numpy's arrays take
+    (XLA's take more than 64)."""
+    return np.asarray(buffer.reshape(-1) if buffer.ndim > errors.MAX_DIMS else buffer)
+
+
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The values of a tpu tensor as a numpy array (a sync point)."""
+    if t.dim() > errors.MAX_DIMS:  # (numpy's limit: copies go through flat views, _copy_flat)
+        if t.numel() == 1:
+            return to_host(t.reshape(()))
+        raise errors.too_many_dims("to the host", (t,))
     r = RECORDS.get(t.untyped_storage().data_ptr())
     if r is None:  # a tensor PyTorch made over a storage slice's address (storage/slices.py)
         moved = slices.on_parent(t)
@@ -227,7 +237,7 @@ def to_host(t: torch.Tensor) -> np.ndarray:
         out = np.zeros(tuple(t.shape), dt.storage_jax(t.dtype))
     else:
         try:
-            out = np.asarray(r.buffer).reshape(tuple(t.shape))  # (t covers its storage: _whole)
+            out = _host_array(r.buffer).reshape(tuple(t.shape))  # (t covers its storage: _whole)
         except jax.errors.JaxRuntimeError as e:  # an asynchronous allocation failure surfaces here
             errors.raise_out_of_memory(e)
             raise
@@ -292,6 +302,8 @@ def _copy_(self, src, non_blocking=False):
         src = _plain(src)
     if src.is_complex() and not self.is_complex():
         warnings.warn("Casting complex values to real discards the imaginary part", UserWarning, stacklevel=2)
+    if (self.dim() > errors.MAX_DIMS or src.dim() > errors.MAX_DIMS) and self.device != src.device:
+        return _copy_flat(self, src, non_blocking)
     if self.device.type == "tpu" and src.device.type == "tpu":
         if self.device.index == src.device.index:
             rd, rs = record_of(self), record_of(src)
@@ -348,6 +360,15 @@ def _copy_(self, src, non_blocking=False):
         return _copy_to_host_async(self, src)
     host = dt.cpu_from_numpy(to_host(src), src.dtype)
     return self.copy_(host)
+
+
+def _copy_flat(dst, src, non_blocking):
+    """A copy between the host and tpu of more dims than numpy's arrays take (64; XLA takes more):
+    through a dense flat tensor on each side (views of the dense tensors, made by ops on their
+    own devices)."""
+    dense = src.expand(dst.shape).contiguous()
+    flat = dense.view(-1).to(dst.device, non_blocking=non_blocking)
+    return dst.copy_(flat.view(dst.shape))
 
 
 def _copy_to_host_async(dst, src):
@@ -816,6 +837,9 @@ def register_all():
     _impl("arange.start_out", _arange_start_out)
     for key in ("PrivateUse1", "AutogradPrivateUse1"):
         _lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, key)
+    _lib.impl("max_pool1d", _max_pool1d, "AutogradPrivateUse1")
+    _impl("_compute_linear_combination", _compute_linear_combination)
+    _impl("_compute_linear_combination.out", _compute_linear_combination_out)
     _register_missing_meta()
     _register_fake_overrides()
     _register_engine_kernels(fast)
@@ -825,6 +849,29 @@ def register_all():
             _fallback_lib.fallback(_sparse_fallback, key)
     if hasattr(DispatchKey, "NestedTensorPrivateUse1"):
         _fallback_lib.fallback(_nested_fallback, "NestedTensorPrivateUse1")
+
+
+def _max_pool1d(x, *args, **kwargs):
+    """The composite max_pool1d, after the CPU's dtype check (ops/pooling.py)."""
+    pooling.max_pool1d_dtype_check(x)
+    return aten.max_pool1d.default.decompose(x, *args, **kwargs)
+
+
+def _compute_linear_combination(input, coefficients):
+    """matrix_exp's helper (ATen's, for the CPU and CUDA): out[i] = sum_j coefficients[i, j] input[j],
+    in the input's dtype."""
+    out = input.new_zeros((coefficients.shape[0], *input.shape[1:]))
+    return _compute_linear_combination_out(input, coefficients, out)
+
+
+def _compute_linear_combination_out(input, coefficients, out):
+    """Its out= variant adds the combination into `out`, as ATen's does (not a plain out= write,
+    which the engine's functional twins give)."""
+    if input.dim() == 0 or input.numel() == 0:
+        raise RuntimeError("Empty tensor not supported")
+    m, n = coefficients.shape[0], input.shape[0]
+    terms = coefficients.reshape(m, n, *([1] * (input.dim() - 1))) * input.unsqueeze(0)
+    return out.add_(terms.sum(1))
 
 
 def _register_metadata_ops(fast):

@@ -847,7 +847,42 @@ def linalg_householder_product(reflectors, tau):
     return lax.linalg.householder_product(reflectors, tau)
 
 
-@lowering("ormqr")
+def _ormqr_check(reflectors, tau, other, left=True, transpose=False, **out):
+    """meta_check: the CPU's shape checks, in its order, before PyTorch's meta kernel's: tau has
+    exactly min(m, k) reflectors (the meta takes fewer, which the CPU refuses)."""
+    side = -2 if left else -1
+    for ok, message in (
+        (reflectors.dim() >= 2, "input must have at least 2 dimensions."),
+        (other.dim() >= 2, "other must have at least 2 dimensions."),
+        (lambda: other.shape[side] == reflectors.shape[-2], f"other.shape[{side}] must be equal to input.shape[-2]"),
+        (
+            lambda: tau.dim() == 0 or tau.shape[-1] == min(other.shape[side], reflectors.shape[-1]),
+            f"tau.shape[-1] must be equal to min(other.shape[{side}], input.shape[-1])",
+        ),
+        (
+            lambda: reflectors.dim() - tau.dim() == 1,
+            f"Expected tau to have one dimension less than input, but got tau.ndim equal to {tau.dim()} "
+            f"and input.ndim is equal to {reflectors.dim()}",
+        ),
+        (
+            lambda: reflectors.dim() == other.dim(),
+            f"Expected other to have the same number of dimensions as input, but got other.ndim equal to "
+            f"{other.dim()} and input.ndim is equal to {reflectors.dim()}",
+        ),
+        (
+            lambda: tau.shape[:-1] == reflectors.shape[:-2],
+            f"Expected batch dimensions of tau to be equal to input.shape[:-2], but got {list(tau.shape[:-1])}",
+        ),
+        (
+            lambda: other.shape[:-2] == reflectors.shape[:-2],
+            f"Expected batch dimensions of other to be equal to input.shape[:-2], but got {list(other.shape[:-2])}",
+        ),
+    ):
+        if not (ok() if callable(ok) else ok):
+            raise RuntimeError(f"torch.ormqr: {message}")
+
+
+@lowering("ormqr", meta_check=dict.fromkeys(("ormqr", "ormqr.out"), _ormqr_check))
 def ormqr(reflectors, tau, other, left=True, transpose=False):
     """op(Q) C or C op(Q), Q = H_1 ... H_k the full m x m product (LAPACK's ormqr): the reflectors
     padded to m with tau = 0 (H = I) give it through orgqr."""

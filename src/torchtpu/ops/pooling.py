@@ -12,7 +12,7 @@ from jax import lax
 
 from .argument_checks import deterministic_alert
 from .checks import require
-from .dtypes import NOT_FLOATING, WIDE_UNSIGNED, to_opmath
+from .dtypes import NOT_FLOATING, WIDE_UNSIGNED, not_implemented_for, to_opmath
 from .nn_common import _grad_input_meta, _low
 from .table import lowering, real_only_without_lowering
 
@@ -216,6 +216,15 @@ def _windows_count(padded_ones, nd, k, s, p, outs):
     for offs in _product([range(kk) for kk in k]):
         slices.append(xp[tuple(slice(o, o + (out - 1) * ss + 1, ss) for o, ss, out in zip(offs, s, outs))])
     return jnp.stack(slices, 0), outs
+
+
+def max_pool1d_dtype_check(x):
+    """max_pool1d is composite: on the CPU, without a gradient, it runs `max_pool1d_impl`, which has
+    floating loops only (an integer input raises); on other devices it takes max_pool2d_with_indices,
+    which has integer loops on the CPU. tpu raises as the CPU (eager/kernels.py puts this check before
+    the composite; bool and complex inputs already raise in max_pool2d_with_indices)."""
+    if x.dtype in NOT_FLOATING and x.dtype != torch.bool:
+        raise not_implemented_for("max_pool1d_impl", x.dtype)
 
 
 # composite pools: they decompose into the lowered ones before reaching the backend

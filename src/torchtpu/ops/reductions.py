@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .argument_checks import same_scalar_type_out_check, warn_at_caller
+from .argument_checks import cpp_type_name, same_scalar_type_out_check, warn_at_caller
 from .checks import require
 from .dtypes import NOT_FLOATING, WIDE_UNSIGNED, not_implemented_for, opmath, scalar_type_name, to_opmath
 from .table import WriteOverlap, lowering, real_only_without_lowering
@@ -31,12 +31,20 @@ def _acc_dtype(a, dtype):
     return a.dtype
 
 
+def _dim_rank_check(a, dim=None, *args, **kwargs):
+    """A reduction over given dims of a tensor of more than 64 dims: the CPU's kernels keep the dims in
+    a 64-bit mask and refuse it (argmax, argmin, nansum, max/min.dim; without a dim they compute)."""
+    if dim is not None and a.dim() > 64:
+        raise RuntimeError("only tensors with up to 64 dims are supported")
+
+
 def _wide_unsigned_result_check(kernel):
     """meta_check of sum/prod/nansum: the CPU's kernels (CUDA's too) dispatch on the result dtype and have
     no uint16/32/64 loop: a wide unsigned input sums into int64 and computes, but `dtype=` (or `out=`) of
     one raises (masked.sum and friends pass `dtype=`)."""
 
     def check(a, *args, dtype=None, out=None, **kwargs):
+        _dim_rank_check(a, *args, **kwargs)
         result = dtype if dtype is not None else (out.dtype if isinstance(out, torch.Tensor) else None)
         if result in WIDE_UNSIGNED:
             raise not_implemented_for(kernel, result)
@@ -158,6 +166,24 @@ def _unspecified_arg_dim(name):
     return IndexError(f"{name}: Expected reduction dim to be specified for input.numel() == 0.")
 
 
+def _amax_out_check(a, *args, out=None, **kwargs):
+    """amax/amin(out=) of another dtype than the input: the CPU's words (the meta casts)."""
+    if out is not None and out.dtype != a.dtype:
+        raise RuntimeError(
+            f"Expected the dtype for input and out to match, but got {scalar_type_name(a.dtype)} for input's "
+            f"dtype and {scalar_type_name(out.dtype)} for out's dtype."
+        )
+
+
+def _aminmax_out_check(a, *args, min=None, max=None, **kwargs):  # (aminmax.out's names)
+    """aminmax(out=(min, max)): a structured kernel's outs take the input's dtype exactly (the meta
+    computed into a wider one)."""
+    for out in (min, max):
+        if out is not None and out.dtype != a.dtype:
+            want, got = cpp_type_name(a.dtype), cpp_type_name(out.dtype)
+            raise RuntimeError(f"Expected out tensor to have dtype {want}, but got {got} instead")
+
+
 def _empty_aminmax(name):
     return RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.")
 
@@ -165,7 +191,9 @@ def _empty_aminmax(name):
 @lowering(
     "amax",
     real_only=True,
-    meta_check=_empty_reduction_check("amax()", "amax", "amax.out", all_dims_error=_unspecified_dim),
+    meta_check=_empty_reduction_check(
+        "amax()", "amax", "amax.out", all_dims_error=_unspecified_dim, then=_amax_out_check
+    ),
     no_loop_for=WIDE_UNSIGNED,
 )
 def amax(a, dim=(), keepdim=False):
@@ -175,7 +203,9 @@ def amax(a, dim=(), keepdim=False):
 @lowering(
     "amin",
     real_only=True,
-    meta_check=_empty_reduction_check("amin()", "amin", "amin.out", all_dims_error=_unspecified_dim),
+    meta_check=_empty_reduction_check(
+        "amin()", "amin", "amin.out", all_dims_error=_unspecified_dim, then=_amax_out_check
+    ),
     no_loop_for=WIDE_UNSIGNED,
 )
 def amin(a, dim=(), keepdim=False):
@@ -213,7 +243,7 @@ def _arg_reduce(a, dim, keepdim, fn):
     "argmax",
     real_only="argmax(): does not support complex input",
     meta_check=_empty_reduction_check(
-        "argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim, no_bool=True
+        "argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim, no_bool=True, then=_dim_rank_check
     ),
     no_loop_for=WIDE_UNSIGNED,
 )
@@ -225,7 +255,7 @@ def argmax(a, dim=None, keepdim=False):
     "argmin",
     real_only="argmin(): does not support complex input",
     meta_check=_empty_reduction_check(
-        "argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim, no_bool=True
+        "argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim, no_bool=True, then=_dim_rank_check
     ),
     no_loop_for=WIDE_UNSIGNED,
 )
@@ -236,7 +266,7 @@ def argmin(a, dim=None, keepdim=False):
 @lowering(
     "max.dim",
     real_only=True,
-    meta_check=_empty_reduction_check("max()", "max.dim", "max.dim_max"),
+    meta_check=_empty_reduction_check("max()", "max.dim", "max.dim_max", then=_dim_rank_check),
     no_loop_for=WIDE_UNSIGNED,
 )
 def max_dim(a, dim, keepdim=False):
@@ -249,7 +279,7 @@ def max_dim(a, dim, keepdim=False):
 @lowering(
     "min.dim",
     real_only=True,
-    meta_check=_empty_reduction_check("min()", "min.dim", "min.dim_min"),
+    meta_check=_empty_reduction_check("min()", "min.dim", "min.dim_min", then=_dim_rank_check),
     no_loop_for=WIDE_UNSIGNED,
 )
 def min_dim(a, dim, keepdim=False):
@@ -350,7 +380,9 @@ def nansum(a, dim=None, keepdim=False, dtype=None):
     "aminmax",
     real_only=True,
     no_loop_for=WIDE_UNSIGNED,
-    meta_check=_empty_reduction_check("aminmax", "aminmax", "aminmax.out", all_dims_error=_empty_aminmax),
+    meta_check=_empty_reduction_check(
+        "aminmax", "aminmax", "aminmax.out", all_dims_error=_empty_aminmax, then=_aminmax_out_check
+    ),
 )
 def aminmax(a, dim=None, keepdim=False):
     axis = None if dim is None else _dims(a, dim)
