@@ -161,9 +161,17 @@ def _device_env(device: str) -> dict:
     if device == "tpu":
         env["TRANSFORMERS_TEST_BACKEND"] = "torchtpu"
         env["TRANSFORMERS_TEST_DEVICE_SPEC"] = SPEC_NAME
-    tools = str(pathlib.Path(__file__).resolve().parent)
-    env["PYTHONPATH"] = tools + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else tools
+    env["PYTHONPATH"] = tools_first_on_path(env)
     return env
+
+
+def tools_first_on_path(env: dict) -> str:
+    """PYTHONPATH for a test process started in a checkout: this folder first, then the caller's entries
+    made absolute (the process runs from the checkout, where `PYTHONPATH=src` would name nothing and the
+    installed torchtpu would be tested instead of the tree the caller meant)."""
+    tools = str(pathlib.Path(__file__).resolve().parent)
+    given = [str(pathlib.Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([tools, *given])
 
 
 def _results_path(out: pathlib.Path, device: str, test_file: str) -> pathlib.Path:

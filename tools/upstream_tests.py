@@ -36,7 +36,7 @@ import re
 import sys
 import time
 
-from transformers_tests import RESULTS_ENV, SYNC_ENV, TIMEOUT_ENV, cause_of, run_file
+from transformers_tests import RESULTS_ENV, SYNC_ENV, TIMEOUT_ENV, cause_of, run_file, tools_first_on_path
 
 DEVICES = ("cpu", "tpu")
 # PrivateUse1TestBase names its classes TestFooPRIVATEUSE1 (older releases: TestFooTPU)
@@ -78,8 +78,7 @@ def _device_env(device: str, results: pathlib.Path, test_timeout: float, eager_m
     env[RESULTS_ENV], env[TIMEOUT_ENV] = str(results), str(test_timeout)
     if device == "tpu":  # a deferred device-side assert fails the test that caused it, not the next one
         env[SYNC_ENV] = "1"
-    tools = str(pathlib.Path(__file__).resolve().parent)
-    env["PYTHONPATH"] = tools + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = tools_first_on_path(env)
     return env
 
 
