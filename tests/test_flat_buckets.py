@@ -71,3 +71,14 @@ def test_same_bits_as_the_one_program_executable_and_in_place():
         assert torch.equal(y.cpu(), x)
         s = torch.tensor(3, dtype=dtype)
         assert torch.equal((ta * s.to(DEV)).cpu(), a * s)
+
+
+def test_an_element_of_the_flattened_storage_is_not_flattened_with_it():
+    """`ts == ts[i]` (a diffusers scheduler's step index) reads one storage as the whole operand and as a
+    0-dim element: the element must stay that element, not become the padded flat array (gave every index)."""
+    ts = torch.randn(5, device="tpu")
+    cpu = ts.cpu()
+    for i in range(5):
+        for op in (torch.eq, torch.lt, torch.mul):
+            assert torch.equal(op(ts, ts[i]).cpu(), op(cpu, cpu[i]))
+        assert (ts == ts[i]).nonzero().cpu().tolist() == [[i]]

@@ -30,6 +30,7 @@ import torch
 from ..device import platform
 from ..ops import dtypes as dt
 from ..ops import views
+from ..ops.linalg import matmul_precision
 from ..storage.records import contiguous_strides
 from . import limits, tpu_check
 from .bucketed_draws import TieringStandIn, _frozen, _tensor_args
@@ -115,7 +116,7 @@ def build(kernel, entry, program, fn, records, name, op_jit, on_trace):
         entry.strides,
         entry.xla and tuple(sorted(entry.xla.items())),
         torch.get_default_dtype(),
-        torch.get_float32_matmul_precision(),
+        matmul_precision(),  # (not torch's getter: it raises while per-backend settings disagree)
     )
     try:
         hash(key)

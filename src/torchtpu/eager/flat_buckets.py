@@ -188,6 +188,8 @@ def _serves(kernel, entry, program, records) -> bool:
         return False
     if entry.strides is not None or entry.nones is not None or not declared(kernel):
         return False
+    if any(dt.element(d) is dt.COMPLEX32 for _, d in entry.outs):  # (stored packed: no flat array of it)
+        return False
     shapes = {tuple(s) for s, _ in entry.outs} | {tuple(lay[0]) for _, lay, _ in program.writes}
     if len(shapes) != 1:
         return False
@@ -199,5 +201,10 @@ def _serves(kernel, entry, program, records) -> bool:
         return False
     if any(not _whole(lay, shape, records[slot]) for slot, lay, _ in program.writes):
         return False
-    # (a 0-dim operand broadcasts over the flat array as over the shape)
-    return all(s.layout[0] == () or _whole(s.layout, shape, records[s.slot]) for s in _tensor_args(program.template))
+    # (a 0-dim operand broadcasts over the flat array as over the shape, unless it is an element of a
+    # flattened storage: `ts == ts[i]` reads one storage twice, and the padded array is not its layout)
+    specs = _tensor_args(program.template)
+    if not all(s.layout[0] == () or _whole(s.layout, shape, records[s.slot]) for s in specs):
+        return False
+    flat = {s.slot for s in specs if s.layout[0] != ()} | {slot for slot, _, _ in program.writes}
+    return not any(s.layout[0] == () and s.slot in flat for s in specs)
