@@ -114,3 +114,23 @@ def assert_matches_cpu(fn, *inputs, tol_for=None, **close):
     actual = fn(*[x.to("tpu") if isinstance(x, torch.Tensor) else x for x in inputs])
     assert_close_to_cpu(actual, expected, tol_for, **close)
     return actual
+
+
+_xla_compiles = [0]
+
+
+def _count_xla_compile(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _xla_compiles[0] += 1
+
+
+@pytest.fixture
+def xla_compiles():
+    """A function giving the XLA compiles (JAX's compile events) since the test began."""
+    import jax.monitoring
+
+    if not getattr(_count_xla_compile, "registered", False):  # (JAX keeps a listener for good: one)
+        jax.monitoring.register_event_duration_secs_listener(_count_xla_compile)
+        _count_xla_compile.registered = True
+    start = _xla_compiles[0]
+    return lambda: _xla_compiles[0] - start

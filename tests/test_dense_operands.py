@@ -4,22 +4,12 @@ and one op program shared by the layouts (the copies per layout shared by the op
 
 import itertools
 
-import jax.monitoring
 import pytest
 import torch
 
 from torchtpu.eager import dense_operands, tpu_check
 
 DEV = "tpu"
-_compiles = [0]
-
-
-def _count(event, duration, **_):
-    if event == "/jax/core/compile/backend_compile_duration":
-        _compiles[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count)
 
 
 def _inverse(p):
@@ -38,7 +28,7 @@ def where(request, monkeypatch):
     return request.param
 
 
-def test_bmm_over_operand_layouts_shares_one_program(where):
+def test_bmm_over_operand_layouts_shares_one_program(where, xla_compiles):
     gen = torch.Generator().manual_seed(0)
     shape_a, shape_b = (2, 5, 4), (2, 4, 3)  # (shapes no other test uses: the compiles counted are ours)
     if where == "device":
@@ -49,12 +39,12 @@ def test_bmm_over_operand_layouts_shares_one_program(where):
     perms = [(0, 2, 1), (2, 1, 0), (1, 2, 0)]
     operands = [(_laid_out(a, pa), _laid_out(b, pb)) for pa, pb in itertools.product(perms, repeat=2)]
     torch.tpu.synchronize()
-    before = _compiles[0]
+    before = xla_compiles()
     results = [torch.bmm(x, y) for x, y in operands]
     # 9 layout pairs: without the dense step a program each; now one (a dense copy per layout on the
     # device; a scalar program or two of JAX's own may come with the first calls)
     if not tpu_check.enabled():  # (the TPU compile check compiles each program twice)
-        assert _compiles[0] - before <= (3 + 2 * 3 if where == "device" else 3)
+        assert xla_compiles() - before <= (3 + 2 * 3 if where == "device" else 3)
     for got in results:
         assert got.is_contiguous()
         assert torch.equal(got.cpu(), dense)  # bit for bit the dense operands' result

@@ -51,6 +51,22 @@ def bucket_of(n: int) -> int:
     return bucketed_draws.bucket_of(n, SMALLEST_BUCKET)
 
 
+def shared_program(table: dict, key, xla):
+    """(`_Jitted` of `table` for `key`, whether it is new: its `fn` still to build); (None, False) for a
+    key holding an unhashable static argument. A full table is forgotten, like the engine's caches."""
+    try:
+        hash(key)
+    except TypeError:
+        return None, False
+    shared = table.get(key)
+    if shared is not None:
+        return shared, False
+    if len(table) >= _MAX_KEPT:
+        table.clear()
+    shared = table[key] = _Jitted(xla)
+    return shared, True
+
+
 class _Jitted:
     """A shared executable (`fn`, `fn_gated`) and what its trace found: the messages of its
     device-side checks. `xla`: the compiler options it is built with (build.op_jit reads them)."""
@@ -135,15 +151,10 @@ def build(kernel, entry, program, fn, records, args, kwargs, name, op_jit):
         entry.xla and tuple(sorted(entry.xla.items())),
         torch.get_default_dtype(),
     )
-    try:
-        hash(key)
-    except TypeError:  # an unhashable static argument: keep the exact-shape path
+    shared, new = shared_program(_shared, key, entry.xla)
+    if shared is None:  # an unhashable static argument: keep the exact-shape path
         return None
-    shared = _shared.get(key)
-    if shared is None:
-        if len(_shared) >= _MAX_KEPT:
-            _shared.clear()
-        shared = _shared[key] = _Jitted(entry.xla)
+    if new:
         source = program._replace(
             template=template,
             writes=writes,

@@ -33,12 +33,11 @@ from ..ops.table import declared_facts
 from ..storage.records import contiguous_strides
 from . import limits, tpu_check
 from .bucketed_draws import TieringStandIn, _frozen, _tensor_args, bucket_of
-from .bucketed_index import _copy, _Jitted, _map_specs
+from .bucketed_index import _copy, _map_specs, shared_program
 from .executable import TensorArg, traced_function
 
 TIER_UP = 8  # calls of one entry after which it builds its own one-program executable
 HOST_BYTES = 1 << 16  # the padded arrays of one call, in bytes, at most
-_MAX_KEPT = 512
 FLAT = declared_facts("flat_buckets")
 _shared: dict = {}
 limits.FORGETTERS.append(_shared.clear)
@@ -142,15 +141,10 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster):
         entry.xla and tuple(sorted(entry.xla.items())),
         torch.get_default_dtype(),
     )
-    try:
-        hash(key)
-    except TypeError:  # an unhashable static argument: keep the one-program executable
+    shared, new = shared_program(_shared, key, entry.xla)
+    if shared is None:  # an unhashable static argument: keep the one-program executable
         return None
-    shared = _shared.get(key)
-    if shared is None:
-        if len(_shared) >= _MAX_KEPT:
-            _shared.clear()
-        shared = _shared[key] = _Jitted(entry.xla)
+    if new:
         source = program._replace(
             template=template,
             writes=writes,
