@@ -211,3 +211,23 @@ def test_the_key_ignores_environment_variables_torchtpu_does_not_read(monkeypatc
     assert op_store.key(("aten::add.Tensor", ()), dyn)[0] != first[0]
     now = op_store.key(("aten::add.Tensor", ()), dyn)[0]
     assert op_store.key(("aten::add.Tensor", ()), (dyn[0], 2))[0] != now  # another argument type
+
+
+def test_a_flat_bucketed_op_loads_its_own_stored_program_in_a_new_process(store, monkeypatch):
+    """Small elementwise ops of new shapes run through a flat bucket's shared program (eager/flat_buckets.py),
+    but where the op-key cache holds the op's own program (stored by an earlier process) that is loaded
+    at the first call, with no trace: a warm process must not trace and lower the buckets instead."""
+    where, traces = store
+    x = torch.randn(6, 5)
+    ops = lambda t: [t * 2.5, t + 1, torch.where(t > 0, t, t * 3)]
+    first = [r.cpu() for r in ops(x.to("tpu"))]  # stored (flat buckets off in the fixture)
+    _, writes1, _ = _counts()
+    limits.forget_executables()
+    monkeypatch.setattr(flat_buckets, "HOST_BYTES", 1 << 16)
+    traces.clear()
+    hits0, _, _ = _counts()
+    again = [r.cpu() for r in ops(x.to("tpu"))]
+    hits1, writes2, _ = _counts()
+    assert hits1 - hits0 >= 4 and writes2 == writes1 and not traces
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)

@@ -165,7 +165,15 @@ def build_entry(kernel, key, args, kwargs, records, device):
         bucketed = bucketed or bucketed_index.build(kernel, entry, program, fn, records, args, kwargs, name, op_jit)
         # a small elementwise op of a new shape runs on flat arrays padded to a size bucket (XLA:CPU)
         bucketed = bucketed or flat_buckets.build(
-            kernel, entry, program, fn, records, name, op_jit, lambda o: _output_caster(kernel, o, None)
+            kernel,
+            entry,
+            program,
+            fn,
+            records,
+            name,
+            op_jit,
+            lambda o: _output_caster(kernel, o, None),
+            (kernel, (name, key)) if not writes and _storable(kernel) else None,
         )
         # small strided operands are made dense by a copy per layout, the op's program shared across layouts
         bucketed = bucketed or dense_operands.build(
@@ -257,11 +265,31 @@ class _Stored:
         self.call = _options_jit(self.entry, self.__wrapped__, self.jit_kwargs, dyn)[0]
         return self.call(*dyn)
 
-    def _first(self, dyn):
-        kernel, ident = self.store
+    def _key(self, dyn):
+        _, ident = self.store
         jit_kwargs = self.jit_kwargs
         shown = {k: jit_kwargs[k] for k in sorted(jit_kwargs)}
-        k = op_store.key((*ident, self.attr, shown, self.entry.xla, self.entry.default_dtype), dyn)
+        return op_store.key((*ident, self.attr, shown, self.entry.xla, self.entry.default_dtype), dyn)
+
+    def load_stored(self, dyn) -> bool:
+        """Whether the op-key cache holds this executable for `dyn`: then it is loaded (no trace) and
+        serves the next calls; else nothing is traced or compiled here."""
+        if self.call is not None:
+            return True
+        k = self._key(dyn)
+        loaded = op_store.load(k) if k is not None else None
+        if loaded is None:
+            return False
+        compiled, effects = loaded
+        _apply_effects(self.store[0], self.entry, effects)
+        counters.op_store_hits += 1
+        self.signature, self.call = k[2], compiled
+        return True
+
+    def _first(self, dyn):
+        kernel, _ = self.store
+        jit_kwargs = self.jit_kwargs
+        k = self._key(dyn)
         loaded = op_store.load(k) if k is not None else None
         if loaded is not None:
             compiled, effects = loaded

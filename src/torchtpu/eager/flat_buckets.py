@@ -63,13 +63,17 @@ class FlatBucket(TieringStandIn):
         "shapes",
         "shared",
         "slots",
+        "stored",
         "xla",
     )
 
     def __call__(self, *dyn):
         self.calls += 1
+        if self.calls == 1 and self.stored is not None and self.stored.load_stored(dyn):
+            self.own, self.calls = self.stored, TIER_UP  # (a warm process: the op-key cache has its program)
+            return self.own(*dyn)
         if self.calls > TIER_UP:
-            return self._own_program()(*dyn)
+            return (self.own or self._tier_up_stored())(*dyn)
         n, shared = self.n, self.shared
         buffers = list(dyn[: self.n_buffers])
         bucket = self.bucket
@@ -87,6 +91,13 @@ class FlatBucket(TieringStandIn):
         self.entry.checks = shared.checks
         return results
 
+    def _tier_up_stored(self):
+        """The entry's own program: through the op-key cache, which stores it for the next process, when
+        the op may be stored (`stored`), else jitted (TieringStandIn._own_program)."""
+        if self.stored is not None:
+            self.own = self.stored
+        return self._own_program()
+
 
 def declared(kernel) -> bool:
     """Whether the op (or the functional op of an in-place or out= overload) declares flat_buckets."""
@@ -99,9 +110,11 @@ def declared(kernel) -> bool:
     return bool(FLAT.get(f"{schema.name.split('::')[1]}.{schema.overload_name or 'default'}"))
 
 
-def build(kernel, entry, program, fn, records, name, op_jit, caster):
+def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
     """`entry.fn` as a FlatBucket, or None. `caster(outs)`: the output cast of new contiguous outputs
-    `outs` ((shape, dtype) each), as the engine builds it (build._output_caster)."""
+    `outs` ((shape, dtype) each), as the engine builds it (build._output_caster). `store`: the op-key
+    cache's name for the op's own program (eager/op_store.py), or None when it may not be stored: a warm
+    process loads that program at the first call instead of tracing the bucket's."""
     if not _serves(kernel, entry, program, records):
         return None
     shape = entry.outs[0][0] if entry.outs else program.writes[0][1][0]
@@ -155,6 +168,10 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster):
     c = FlatBucket()
     c.entry, c.name, c.jit, c.shared, c.n, c.attr, c.calls = entry, name, op_jit, shared, n, "fn", 0
     c.own, c.xla = None, entry.xla
+    entry.store = store
+    c.stored = op_jit(entry, "fn", fn, name) if store is not None else None
+    if not hasattr(c.stored, "load_stored"):  # (no op-key cache: off, or the TPU compile check)
+        c.stored = None
     c.n_buffers, c.slots, c.bucket = program.n_buffers, tuple(flat_slots), bucket
     c.shapes = [s for s, _ in entry.outs] + [tuple(records[slot].shape) for slot in program.mutated_slots]
     c.n_sliced = len(c.shapes)
