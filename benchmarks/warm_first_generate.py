@@ -6,8 +6,8 @@ A small Llama with random weights (hidden 256, 4 layers, vocab 2000; transformer
 a greedy generate() of 16 tokens after a 32-token prompt. Each tree gets its own cache directory,
 warmed by one process first; then the trees alternate, a fresh process per round. Each process
 reports the process CPU time (all threads) of its first generate() and its executable counts
-(eager builds, op-key cache hits). Medians per tree; CPU time, as wall time means little on a
-shared machine.
+(eager builds, op-key cache hits, programs JAX lowered in the first generate()). Medians per
+tree; CPU time, as wall time means little on a shared machine.
 """
 
 from __future__ import annotations
@@ -24,10 +24,17 @@ import tempfile
 def child():
     import time
 
+    import jax.monitoring
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import torchtpu
+
+    lowered = []  # JAX's lowerings to StableHLO (what a program loaded from the op-key cache skips)
+    lowering = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, _s, **_kw: lowered.append(1) if event == lowering else None
+    )
 
     cfg = LlamaConfig(
         hidden_size=256,
@@ -41,6 +48,7 @@ def child():
     model = LlamaForCausalLM(cfg).eval().to("tpu")
     ids = torch.randint(0, cfg.vocab_size, (1, 32)).to("tpu")
     t = time.process_time()
+    lowered.clear()
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=16, do_sample=False, min_new_tokens=16)
     tokens = out.cpu().tolist()
@@ -52,6 +60,7 @@ def child():
                 "cpu_s": cpu,
                 "eager_compiles": m["eager_compiles"],
                 "op_store_hits": m.get("op_store_hits", 0),
+                "lowered": len(lowered),
                 "tokens": tokens,
             }
         )
@@ -89,7 +98,7 @@ def main():
         print(
             f"{name:>8}: first generate() {cpu:.2f} s CPU (median of {len(rs)}: "
             f"{', '.join(format(r['cpu_s'], '.2f') for r in rs)}), eager builds {rs[0]['eager_compiles']}, "
-            f"op-key cache hits {rs[0]['op_store_hits']}"
+            f"op-key cache hits {rs[0]['op_store_hits']}, programs lowered {rs[0]['lowered']}"
         )
     print("same tokens:", len({json.dumps(t) for t in tokens.values()}) == 1)
 

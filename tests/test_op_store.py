@@ -12,7 +12,7 @@ import torch
 
 import torchtpu
 from torchtpu.compile.options import set_persistent_cache
-from torchtpu.eager import build, flat_buckets, limits, op_store, persistent_cache
+from torchtpu.eager import build, dense_operands, flat_buckets, limits, op_store, persistent_cache
 
 
 @pytest.fixture
@@ -231,3 +231,41 @@ def test_a_flat_bucketed_op_loads_its_own_stored_program_in_a_new_process(store,
     assert hits1 - hits0 >= 4 and writes2 == writes1 and not traces
     for a, b in zip(first, again):
         assert torch.equal(a, b)
+
+
+def test_an_op_on_dense_operands_loads_every_program_in_a_new_process(store, monkeypatch):
+    """Small strided operands made dense per layout share the op's program across layouts
+    (eager/dense_operands.py). The shared program is stored under the name of the entry that built
+    it, and an entry that tiered up stores its own: a new process meeting the same layouts loads
+    them all, with no trace (a warm process traced and lowered them again)."""
+    _, traces = store
+    served = []
+    real = dense_operands.DenseOperands.__call__
+    monkeypatch.setattr(dense_operands.DenseOperands, "__call__", lambda self, *d: served.append(1) or real(self, *d))
+    gen = torch.Generator().manual_seed(7)
+    y = torch.randn(7, 5, generator=gen)
+    bases = [torch.randn(5, 7, generator=gen), torch.randn(5, 14, generator=gen), torch.randn(10, 7, generator=gen)]
+    views = [lambda t: t.t(), lambda t: t[:, ::2].t(), lambda t: t[::2].t()]  # three layouts, one dense form
+
+    def run():
+        ty = [y.to("tpu")]
+        got = [(v(b.to("tpu")) + ty[0]).cpu() for v, b in zip(views, bases)]
+        for _ in range(dense_operands.TIER_UP + 1):  # this entry tiers up (new buffers: no memo): its own program
+            again = (views[2](bases[2].to("tpu")) + ty[0]).cpu()
+        return [*got, again]
+
+    with torchtpu.eager_mode("strict"):  # (op by op: the fused mode would run the loop as a segment)
+        first = run()
+    assert len(served) > dense_operands.TIER_UP
+    _, writes1, _ = _counts()
+    limits.forget_executables()  # (as a new process starts: no executable in memory)
+    traces.clear()
+    hits0, _, _ = _counts()
+    with torchtpu.eager_mode("strict"):
+        again = run()
+    hits1, writes2, errors = _counts()
+    assert not traces and writes2 == writes1 and hits1 - hits0 >= 4 and not errors
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    for got, v, b in zip(first, [*views, views[2]], [*bases, bases[2]]):
+        torch.testing.assert_close(got, v(b) + y)

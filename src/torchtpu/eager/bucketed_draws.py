@@ -61,31 +61,53 @@ class _Draw:
 
 
 class TieringStandIn:
-    """An entry's function (`entry.<attr>`) served through a shared bucket's executable until the
-    entry has been called TIER_UP times; `_tier_up` then puts the entry's own one-program executable
-    (`jit` of `__wrapped__`, donating `donate` when set) in its place."""
+    """An entry's function (`entry.<attr>`) served through shared programs (a size bucket's, a dense
+    form's) until the entry has been called TIER_UP times; then the entry's own one-program
+    executable (`jit` of `__wrapped__`, donating `donate` when set) serves its calls. The stand-in
+    stays the entry's function throughout and keeps that executable (`own`): a fused segment holding
+    the op (eager/fusion.py keys steps on the function) stays the same segment when strict-mode calls
+    tier it up, and traces `__wrapped__` either way. `stored`: the entry's own program through the
+    op-key cache (build._Stored), or None where it may not be stored: at the first call it is loaded
+    when an earlier process stored it (no trace of the shared programs), and it is what tiers up (so
+    stored for the next process). Subclasses call `_own_for(dyn)` first in `__call__`."""
 
-    __slots__ = ()
+    __slots__ = ("__weakref__", "__wrapped__", "attr", "calls", "entry", "jit", "name", "own", "stored", "xla")
     donate = None
 
-    def _tier_up(self):
-        entry, attr = self.entry, self.attr
-        if getattr(entry, attr) is self:
-            if self.donate:  # (a new function: JAX keys its trace cache on the function, as engine._donating)
-                wrapped = self.__wrapped__
-                own = self.jit(entry, attr, lambda *dyn: wrapped(*dyn), self.name, donate_argnums=self.donate)
-            else:
-                own = self.jit(entry, attr, self.__wrapped__, self.name)
-            setattr(entry, attr, own)
-        return getattr(entry, attr)
+    def _stand_in(self, entry, attr, name, op_jit, wrapped, stored=None):
+        """Set the common fields; `stored`: an op_jit result (kept only where it is a _Stored)."""
+        self.entry, self.attr, self.name, self.jit, self.__wrapped__ = entry, attr, name, op_jit, wrapped
+        self.calls, self.own, self.xla = 0, None, entry.xla
+        self.stored = stored if hasattr(stored, "load_stored") else None  # (no op-key cache: off, or the TPU check)
+
+    def _own_for(self, dyn):
+        """The entry's own executable where it serves this call (an earlier process stored it, or the
+        entry has tiered up), else None: the stand-in's shared programs serve it."""
+        calls = self.calls = self.calls + 1
+        if calls == 1:
+            stored = self.stored
+            if stored is not None and stored.load_stored(dyn):  # (a warm process)
+                self.own, self.calls = stored, TIER_UP
+                return stored
+            return None
+        if calls > TIER_UP:
+            return self.own or self._own_program()
+        return None
 
     def _own_program(self):
-        """The entry's own one-program executable, kept here (`own`, `xla` slots): unlike _tier_up, the
-        entry keeps this stand-in as its function, so a fused segment holding it stays the same segment
-        (eager/fusion.py keys steps on the function) when strict-mode calls tier it up."""
+        """The entry's own one-program executable, kept in `own` (op_jit's first call may put its
+        jitted function there: build._OptionsAtFirstCall)."""
         own = self.own
-        if own is None:  # (op_jit's first call puts the jitted function in `own`: build._OptionsAtFirstCall)
-            own = self.own = self.jit(self, "own", self.__wrapped__, self.name)
+        if own is None:
+            if self.stored is not None:
+                own = self.own = self.stored
+            elif self.donate:  # (a new function: JAX keys its trace cache on the function, as engine._donating)
+                wrapped = self.__wrapped__
+                own = self.own = self.jit(
+                    self, "own", lambda *dyn: wrapped(*dyn), self.name, donate_argnums=self.donate
+                )
+            else:
+                own = self.own = self.jit(self, "own", self.__wrapped__, self.name)
         return own
 
 
@@ -94,26 +116,12 @@ class BucketedFill(TieringStandIn):
     executable is, (buffer, values..., rng, offsets...) -> (the written buffer,). `__wrapped__`: the
     one-program function, which a fused segment traces instead (eager/fusion.py _nestable)."""
 
-    __slots__ = (
-        "__weakref__",
-        "__wrapped__",
-        "attr",
-        "calls",
-        "donate",
-        "draw",
-        "entry",
-        "host",
-        "jit",
-        "n_values",
-        "name",
-        "place",
-        "xla",
-    )
+    __slots__ = ("donate", "draw", "host", "n_values", "place")
 
     def __call__(self, *dyn):
-        self.calls += 1
-        if self.calls > TIER_UP:
-            return self._tier_up()(*dyn)
+        own = self._own_for(dyn)
+        if own is not None:
+            return own(*dyn)
         nv = self.n_values
         flat = self.draw.fn(*dyn[1 : 2 + nv])
         target = dyn[0]
@@ -191,9 +199,8 @@ def _placed_on_host(write, n, record) -> bool:
 
 def _composite(draw, entry, name, op_jit, n_values, fn, place, attr, donate):
     c = BucketedFill()
-    c.calls, c.draw, c.entry, c.name, c.jit, c.n_values, c.xla = 0, draw, entry, name, op_jit, n_values, entry.xla
-    c.host = 0
-    c.__wrapped__, c.attr, c.donate = fn, attr, donate
+    c._stand_in(entry, attr, name, op_jit, fn)
+    c.draw, c.n_values, c.host, c.donate = draw, n_values, 0, donate
     if donate:  # (a function of its own for the donating jit, as engine._donating)
         c.place = op_jit(c, "place", lambda *dyn: place(*dyn), name, donate_argnums=donate)
     else:

@@ -37,7 +37,7 @@ from .bucketed_draws import TieringStandIn, _frozen, _tensor_args
 from .executable import DynOffset, TensorArg, at, traced_function
 
 SMALLEST_BUCKET = 16  # index entries: a shorter index is padded to this many
-TIER_UP = 8  # calls of one entry after which it builds its own one-program executable
+TIER_UP = bucketed_draws.TIER_UP  # calls of one entry after which it builds its own one-program executable
 _MAX_KEPT = 512  # shared programs (and pad programs) kept, then forgotten like the engine's caches
 _shared: dict = {}
 _pads: dict = {}
@@ -83,27 +83,12 @@ class BucketedIndex(TieringStandIn):
     function, which a fused segment traces instead (eager/fusion.py _nestable) and which the entry
     jits for itself after TIER_UP calls."""
 
-    __slots__ = (
-        "__weakref__",
-        "__wrapped__",
-        "attr",
-        "calls",
-        "entry",
-        "gated",
-        "jit",
-        "kept",
-        "n",
-        "n_buffers",
-        "n_values",
-        "name",
-        "pads",
-        "shared",
-    )
+    __slots__ = ("gated", "kept", "n", "n_buffers", "n_values", "pads", "shared")
 
     def __call__(self, *dyn):
-        self.calls += 1
-        if self.calls > TIER_UP:
-            return self._tier_up()(*dyn)
+        own = self._own_for(dyn)
+        if own is not None:
+            return own(*dyn)
         nb, g = self.n_buffers, self.gated
         buffers = list(dyn[:nb])
         head = dyn[nb : nb + g + self.n_values]
@@ -176,10 +161,9 @@ def build(kernel, entry, program, fn, records, args, kwargs, name, op_jit):
 
 def _composite(entry, name, op_jit, shared, pads, kept, n, program, attr, wrapped):
     c = BucketedIndex()
-    c.entry, c.name, c.jit, c.shared, c.pads, c.kept, c.n = entry, name, op_jit, shared, pads, kept, n
-    c.n_buffers, c.n_values, c.attr, c.calls = program.n_buffers, program.n_values, attr, 0
-    c.gated = 1 if attr == "fn_gated" else 0
-    c.__wrapped__ = wrapped
+    c._stand_in(entry, attr, name, op_jit, wrapped)
+    c.shared, c.pads, c.kept, c.n = shared, pads, kept, n
+    c.n_buffers, c.n_values, c.gated = program.n_buffers, program.n_values, 1 if attr == "fn_gated" else 0
     return c
 
 

@@ -164,25 +164,18 @@ def build_entry(kernel, key, args, kwargs, records, device):
         # an indexed write through an index of a new length pads it to a size bucket
         bucketed = bucketed or bucketed_index.build(kernel, entry, program, fn, records, args, kwargs, name, op_jit)
         # a small elementwise op of a new shape runs on flat arrays padded to a size bucket (XLA:CPU)
-        bucketed = bucketed or flat_buckets.build(
-            kernel,
-            entry,
-            program,
-            fn,
-            records,
-            name,
-            op_jit,
-            lambda o: _output_caster(kernel, o, None),
-            (kernel, (name, key)) if not writes and _storable(kernel) else None,
-        )
+        # (the op-key cache's name for the op's own program: the stand-ins below load it where an earlier
+        # process stored it, and name the shared programs they build after it)
+        store = (kernel, (name, key)) if not writes and _storable(kernel) else None
+        caster = lambda o: _output_caster(kernel, o, None)
+        bucketed = bucketed or flat_buckets.build(kernel, entry, program, fn, records, name, op_jit, caster, store)
         # small strided operands are made dense by a copy per layout, the op's program shared across layouts
-        bucketed = bucketed or dense_operands.build(
-            kernel, entry, program, fn, records, name, op_jit, lambda m, rp: _traced(kernel, entry, m, rp)
-        )
+        on_trace = lambda m, rp: _traced(kernel, entry, m, rp)
+        bucketed = bucketed or dense_operands.build(kernel, entry, program, fn, records, name, op_jit, on_trace, store)
         # (not an op that writes: its executable is called by call_and_commit, where no Python code may
         # run between the call and the records taking its results, and _Stored is Python)
-        if not bucketed and not writes and _storable(kernel):
-            entry.store = (kernel, (name, key))
+        if not bucketed and store is not None:
+            entry.store = store
         entry.fn = bucketed or op_jit(entry, "fn", fn, name)
         if entry.mutated_slots:
             entry.source = program  # (its gated form: engine._gated)
@@ -201,15 +194,16 @@ def note_build(kernel, entry):
     entry.fresh = before is not None and now - before <= fusion.FRESH_SYNCS
 
 
-def op_jit(entry, attr, fn, name=None, **jit_kwargs):
+def op_jit(entry, attr, fn, name=None, store=None, **jit_kwargs):
     """`jax.jit(fn)` for `entry.<attr>`, compiled with the options eager/xla_options.py's op_options
     picks from what the op computes (known at its first call); the user's options (entry.xla) alone
     where the platform has no defaults. It keeps the arguments it does not read (`keep_unused`): JAX
     would prune a fill's unread target, and with no committed array left its results were uncommitted,
     another argument mapping for every later op, which then compiled again. An entry the op-key cache
-    may keep (`entry.store`) gets a _Stored instead, unless the TPU compile check must see the program."""
+    may keep (`entry.store`, or `store`: op_store.shared_name) gets a _Stored instead, unless the TPU
+    compile check must see the program."""
     jit_kwargs.setdefault("keep_unused", True)
-    store = getattr(entry, "store", None)
+    store = store or getattr(entry, "store", None)
     if store is not None and not tpu_check.enabled() and op_store.directory() is not None:
         return _Stored(entry, attr, fn, store, jit_kwargs)
     if xla_options.op_options(entry.xla) == entry.xla:
@@ -242,12 +236,15 @@ class _Stored:
     program up by a key made before any trace and loads it, or traces, compiles it afresh and stores
     it. Later calls go straight to the executable; a call with other argument types or devices than
     the first (which JAX's jit would compile again) moves it to JAX's jit for good. `__wrapped__`:
-    what a fused segment traces (eager/fusion.py _nestable)."""
+    what a fused segment traces (eager/fusion.py _nestable). `store`: (kernel, identity) of the
+    entry's own program, or (kernel, identity, owner) of a shared program (op_store.shared_name) held by
+    `entry` (its `fn`, `checks`, `xla`): the trace's effects are the owner's, the entry that built it."""
 
-    __slots__ = ("__weakref__", "__wrapped__", "attr", "call", "entry", "jit_kwargs", "signature", "store")
+    __slots__ = ("__weakref__", "__wrapped__", "attr", "call", "entry", "jit_kwargs", "owner", "signature", "store")
 
     def __init__(self, entry, attr, fn, store, jit_kwargs):
-        self.entry, self.attr, self.store, self.jit_kwargs = entry, attr, store, jit_kwargs
+        self.entry, self.attr, self.store, self.jit_kwargs = entry, attr, store[:2], jit_kwargs
+        self.owner = store[2] if len(store) > 2 else entry
         self.__wrapped__ = fn
         self.call = self.signature = None
 
@@ -269,7 +266,7 @@ class _Stored:
         _, ident = self.store
         jit_kwargs = self.jit_kwargs
         shown = {k: jit_kwargs[k] for k in sorted(jit_kwargs)}
-        return op_store.key((*ident, self.attr, shown, self.entry.xla, self.entry.default_dtype), dyn)
+        return op_store.key((*ident, self.attr, shown, self.entry.xla, self.owner.default_dtype), dyn)
 
     def load_stored(self, dyn) -> bool:
         """Whether the op-key cache holds this executable for `dyn`: then it is loaded (no trace) and
@@ -280,11 +277,14 @@ class _Stored:
         loaded = op_store.load(k) if k is not None else None
         if loaded is None:
             return False
-        compiled, effects = loaded
-        _apply_effects(self.store[0], self.entry, effects)
-        counters.op_store_hits += 1
-        self.signature, self.call = k[2], compiled
+        self._loaded(*loaded)
+        self.signature, self.call = k[2], loaded[0]
         return True
+
+    def _loaded(self, compiled, effects):
+        _apply_effects(self.store[0], self.owner, effects)
+        self.entry.checks = effects["checks"]  # (a shared program's holder: the owner's checks are its)
+        counters.op_store_hits += 1
 
     def _first(self, dyn):
         kernel, _ = self.store
@@ -292,9 +292,8 @@ class _Stored:
         k = self._key(dyn)
         loaded = op_store.load(k) if k is not None else None
         if loaded is not None:
-            compiled, effects = loaded
-            _apply_effects(kernel, self.entry, effects)
-            counters.op_store_hits += 1
+            compiled = loaded[0]
+            self._loaded(*loaded)
         else:
             jitted, traced = _options_jit(self.entry, self.__wrapped__, jit_kwargs, dyn)
             if k is None or not op_store.BYPASS_INSTALLED[0]:
@@ -302,7 +301,7 @@ class _Stored:
                 return jitted(*dyn)
             with op_store.fresh_compile():  # (op_store's docstring: why not from JAX's cache)
                 compiled = traced.lower().compile()
-            op_store.save(k, compiled, _effects(kernel, self.entry))
+            op_store.save(k, compiled, _effects(kernel, self.entry, self.owner))
         self.signature = k[2]
         self.call = compiled
         results = compiled(*dyn)
@@ -317,13 +316,14 @@ def _signature_or_none(dyn):
         return None
 
 
-def _effects(kernel, entry):
+def _effects(kernel, entry, owner):
     """What tracing the op left behind (eager/executable.py Program.on_trace, _runner), for a process
-    that loads the program without tracing it."""
+    that loads the program without tracing it: the checks the program `entry` holds states, what the
+    trace told the entry that built it (`owner`, the same but for a shared program)."""
     return {
         "checks": tuple(entry.checks),
         "recoverable": tuple(m for m in entry.checks if m in checks.RECOVERABLE),
-        "follows_default_dtype": bool(entry.follows_default_dtype),
+        "follows_default_dtype": bool(owner.follows_default_dtype),
         "precision_sensitive": bool(kernel.precision_sensitive),
     }
 

@@ -32,12 +32,12 @@ from ..ops import dtypes as dt
 from ..ops import views
 from ..ops.linalg import matmul_precision
 from ..storage.records import contiguous_strides
-from . import limits, tpu_check
+from . import bucketed_draws, limits, op_store, tpu_check
 from .bucketed_draws import TieringStandIn, _frozen, _tensor_args
 from .bucketed_index import _copy, _Jitted, _map_specs
 from .executable import DynOffset, TensorArg, at, traced_function
 
-TIER_UP = 8  # calls of one entry after which it builds its own one-program executable
+TIER_UP = bucketed_draws.TIER_UP  # calls of one entry after which it builds its own one-program executable
 DENSE_BYTES = 1 << 18  # an operand of at most this many bytes is made dense (a copy costs ~nothing)
 HOST_DENSE_BYTES = 1 << 16  # ... on the host, where device buffers are host memory (XLA:CPU)
 _MAX_KEPT = 512  # shared programs (and dense copies) kept, then forgotten like the engine's caches
@@ -54,28 +54,12 @@ class DenseOperands(TieringStandIn):
     one-program executable is: (buffers..., [gate], values..., offsets...). `__wrapped__`: the
     one-program function, which a fused segment traces instead and the entry jits after TIER_UP calls."""
 
-    __slots__ = (
-        "__weakref__",
-        "__wrapped__",
-        "attr",
-        "calls",
-        "copies",
-        "entry",
-        "gated",
-        "jit",
-        "kept",
-        "n_buffers",
-        "n_values",
-        "name",
-        "own",
-        "shared",
-        "xla",
-    )
+    __slots__ = ("copies", "gated", "kept", "n_buffers", "n_values", "shared")
 
     def __call__(self, *dyn):
-        self.calls += 1
-        if self.calls > TIER_UP:
-            return self._own_program()(*dyn)
+        own = self._own_for(dyn)
+        if own is not None:
+            return own(*dyn)
         nb, g = self.n_buffers, self.gated
         buffers = list(dyn[:nb])
         head = dyn[nb : nb + g + self.n_values]
@@ -89,10 +73,13 @@ class DenseOperands(TieringStandIn):
         return results
 
 
-def build(kernel, entry, program, fn, records, name, op_jit, on_trace):
+def build(kernel, entry, program, fn, records, name, op_jit, on_trace, store):
     """`entry.fn` as DenseOperands when some operands are worth making dense (and `entry.fn_gated`
     too for an op that writes), else None. `fn`: the one-program function; `on_trace`: what the
-    shared program's trace tells the entry that builds it (build._traced).
+    shared program's trace tells the entry that builds it (build._traced). `store`: the op-key cache's
+    name for the op's own program (eager/op_store.py), or None when it may not be stored: a warm
+    process loads that program at the first call, and the shared program that this entry builds is
+    stored under a name of its own (op_store.shared_name).
 
     Only the second layout of a dense form shares: an op whose operands come in one layout only (a
     model's `linear` reading its weight transposed) keeps its one program (one compile, no copy per
@@ -141,14 +128,15 @@ def build(kernel, entry, program, fn, records, name, op_jit, on_trace):
 
         source = program._replace(template=template, writes=writes, n_offsets=len(kept), on_trace=traced)
         label = f"{name} (dense operands)"
-        shared.fn = op_jit(shared, "fn", traced_function(source), label)
+        stored = op_store.shared_name(store, entry, "dense operands")
+        shared.fn = op_jit(shared, "fn", traced_function(source), label, store=stored)
         if program.mutated_slots:
             shared.fn_gated = op_jit(shared, "fn_gated", traced_function(source, gated=True), label)
     copies = [_dense_copy(spec, records[spec.slot], entry.xla, op_jit) for spec in found]
     parts = (entry, name, op_jit, shared, copies, kept, program)
     if program.mutated_slots:
-        entry.fn_gated = _composite(*parts, "fn_gated", traced_function(program, gated=True))
-    return _composite(*parts, "fn", fn)
+        entry.fn_gated = _composite(*parts, "fn_gated", traced_function(program, gated=True), None)
+    return _composite(*parts, "fn", fn, op_jit(entry, "fn", fn, name, store=store) if store else None)
 
 
 _SEEN = object()  # a dense form seen once, in another layout
@@ -171,16 +159,12 @@ class _OfEntry:
         return self.entry.checks
 
 
-def _composite(entry, name, op_jit, shared, copies, kept, program, attr, wrapped):
+def _composite(entry, name, op_jit, shared, copies, kept, program, attr, wrapped, stored):
     c = DenseOperands()
-    c.entry, c.name, c.jit, c.shared, c.kept = entry, name, op_jit, shared, kept
-    c.copies = [
-        (spec.slot, copy, spec.layout[2].index if type(spec.layout[2]) is DynOffset else None) for spec, copy in copies
-    ]
-    c.n_buffers, c.n_values, c.attr, c.calls = program.n_buffers, program.n_values, attr, 0
-    c.gated = 1 if attr == "fn_gated" else 0
-    c.own, c.xla = None, entry.xla
-    c.__wrapped__ = wrapped
+    c._stand_in(entry, attr, name, op_jit, wrapped, stored)
+    c.shared, c.kept = shared, kept
+    c.copies = [(spec.slot, copy, _offset_index(spec)) for spec, copy in copies]
+    c.n_buffers, c.n_values, c.gated = program.n_buffers, program.n_values, 1 if attr == "fn_gated" else 0
     return c
 
 

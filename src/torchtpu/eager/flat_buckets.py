@@ -31,12 +31,12 @@ from ..ops import dtypes as dt
 from ..ops.resolve import functional_twin
 from ..ops.table import declared_facts
 from ..storage.records import contiguous_strides
-from . import limits, tpu_check
+from . import bucketed_draws, limits, op_store, tpu_check
 from .bucketed_draws import TieringStandIn, _frozen, _tensor_args, bucket_of
 from .bucketed_index import _copy, _map_specs, shared_program
 from .executable import TensorArg, traced_function
 
-TIER_UP = 8  # calls of one entry after which it builds its own one-program executable
+TIER_UP = bucketed_draws.TIER_UP  # calls of one entry after which it builds its own one-program executable
 HOST_BYTES = 1 << 16  # the padded arrays of one call, in bytes, at most
 FLAT = declared_facts("flat_buckets")
 _shared: dict = {}
@@ -47,33 +47,12 @@ class FlatBucket(TieringStandIn):
     """`entry.fn` of a flat-bucketed elementwise op, called as the one-program executable is:
     (buffers..., values..., offsets...) -> (outputs..., written buffers..., [verdict])."""
 
-    __slots__ = (
-        "__weakref__",
-        "__wrapped__",
-        "attr",
-        "bucket",
-        "calls",
-        "entry",
-        "jit",
-        "n",
-        "n_buffers",
-        "n_sliced",
-        "name",
-        "own",
-        "shapes",
-        "shared",
-        "slots",
-        "stored",
-        "xla",
-    )
+    __slots__ = ("bucket", "n", "n_buffers", "n_sliced", "shapes", "shared", "slots")
 
     def __call__(self, *dyn):
-        self.calls += 1
-        if self.calls == 1 and self.stored is not None and self.stored.load_stored(dyn):
-            self.own, self.calls = self.stored, TIER_UP  # (a warm process: the op-key cache has its program)
-            return self.own(*dyn)
-        if self.calls > TIER_UP:
-            return (self.own or self._tier_up_stored())(*dyn)
+        own = self._own_for(dyn)
+        if own is not None:
+            return own(*dyn)
         n, shared = self.n, self.shared
         buffers = list(dyn[: self.n_buffers])
         bucket = self.bucket
@@ -91,13 +70,6 @@ class FlatBucket(TieringStandIn):
         self.entry.checks = shared.checks
         return results
 
-    def _tier_up_stored(self):
-        """The entry's own program: through the op-key cache, which stores it for the next process, when
-        the op may be stored (`stored`), else jitted (TieringStandIn._own_program)."""
-        if self.stored is not None:
-            self.own = self.stored
-        return self._own_program()
-
 
 def declared(kernel) -> bool:
     """Whether the op (or the functional op of an in-place or out= overload) declares flat_buckets."""
@@ -114,7 +86,8 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
     """`entry.fn` as a FlatBucket, or None. `caster(outs)`: the output cast of new contiguous outputs
     `outs` ((shape, dtype) each), as the engine builds it (build._output_caster). `store`: the op-key
     cache's name for the op's own program (eager/op_store.py), or None when it may not be stored: a warm
-    process loads that program at the first call instead of tracing the bucket's."""
+    process loads that program at the first call instead of the bucket's, and the bucket's program
+    that this entry builds is stored under a name of its own (op_store.shared_name)."""
     if not _serves(kernel, entry, program, records):
         return None
     shape = entry.outs[0][0] if entry.outs else program.writes[0][1][0]
@@ -164,18 +137,15 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
             outputs=caster(outs),
             on_trace=lambda messages, _read_precision: setattr(shared, "checks", messages),
         )
-        shared.fn = op_jit(shared, "fn", traced_function(source), f"{name} (flat, {bucket} elements)")
+        label = f"{name} (flat, {bucket} elements)"
+        stored = op_store.shared_name(store, entry, "flat")
+        shared.fn = op_jit(shared, "fn", traced_function(source), label, store=stored)
     c = FlatBucket()
-    c.entry, c.name, c.jit, c.shared, c.n, c.attr, c.calls = entry, name, op_jit, shared, n, "fn", 0
-    c.own, c.xla = None, entry.xla
-    entry.store = store
-    c.stored = op_jit(entry, "fn", fn, name) if store is not None else None
-    if not hasattr(c.stored, "load_stored"):  # (no op-key cache: off, or the TPU compile check)
-        c.stored = None
+    c._stand_in(entry, "fn", name, op_jit, fn, op_jit(entry, "fn", fn, name, store=store) if store else None)
+    c.shared, c.n = shared, n
     c.n_buffers, c.slots, c.bucket = program.n_buffers, tuple(flat_slots), bucket
     c.shapes = [s for s, _ in entry.outs] + [tuple(records[slot].shape) for slot in program.mutated_slots]
     c.n_sliced = len(c.shapes)
-    c.__wrapped__ = fn
     return c
 
 

@@ -225,6 +225,17 @@ def key(ident, dyn):
     return hashlib.blake2b(body.encode(), digest_size=20).hexdigest(), body, sig
 
 
+def shared_name(store, entry, role):
+    """The store's name (build.op_jit's `store`) for a program shared by many entries (a size
+    bucket's, a dense form's) that `entry` builds, or None where `store`, the name of the entry's own
+    program ((kernel, identity) or None), is None: the shared program is a function of what the
+    entry's identity names and `role`, so a process that builds the same entries loads it untraced."""
+    if store is None:
+        return None
+    kernel, ident = store
+    return kernel, (*ident, role), entry
+
+
 # ---------------------------------------------------------------- read and write
 def _path(digest):
     where = directory()
