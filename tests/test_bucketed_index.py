@@ -5,7 +5,7 @@ the padding never written, never checked, and one shared program per bucket."""
 import pytest
 import torch
 
-from torchtpu.eager import bucketed_index, limits
+from torchtpu.eager import bucketed_index, limits, stand_ins
 
 DEV = "tpu"
 LENGTHS = (1, 3, 7, 16, 17, 30, 33)  # buckets 16, 16, 16, 16, 32, 32, 64
@@ -165,10 +165,10 @@ def test_one_shared_program_per_bucket_and_checks_skip_the_padding():
 def test_tier_up_after_repeated_calls():
     x = torch.zeros(9, device=DEV)
     index = torch.tensor([1, 1, 4], device=DEV)
-    for _ in range(bucketed_index.TIER_UP + 3):
+    for _ in range(stand_ins.TIER_UP + 3):
         x.index_put_((index,), torch.ones(3, device=DEV), accumulate=True)
     want = torch.zeros(9)
-    want[1], want[4] = 2 * (bucketed_index.TIER_UP + 3), bucketed_index.TIER_UP + 3
+    want[1], want[4] = 2 * (stand_ins.TIER_UP + 3), stand_ins.TIER_UP + 3
     assert _same(x, want)
 
 

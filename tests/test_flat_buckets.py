@@ -4,7 +4,7 @@ shapes and strides, in-place writes, one program for the shapes of a bucket."""
 
 import torch
 
-from torchtpu.eager import flat_buckets, tpu_check
+from torchtpu.eager import stand_ins, tpu_check
 
 DEV = "tpu"
 
@@ -48,7 +48,7 @@ def test_same_bits_as_the_one_program_executable_and_in_place():
         b = torch.randn(3, 6, generator=gen).mul(10).to(dtype)
         ta, tb = a.to(DEV), b.to(DEV)
         first = [(ta * tb).cpu(), (ta + tb * 3).cpu(), (ta == tb).cpu()]
-        for _ in range(flat_buckets.TIER_UP + 1):  # the last calls run the entries' own programs
+        for _ in range(stand_ins.TIER_UP + 1):  # the last calls run the entries' own programs
             assert all(
                 torch.equal(x, y) for x, y in zip(first, [(ta * tb).cpu(), (ta + tb * 3).cpu(), (ta == tb).cpu()])
             )

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchtpu
-from torchtpu.eager import bucketed_draws, fusion
+from torchtpu.eager import fusion, stand_ins
 
 
 def _count(name):
@@ -35,7 +35,7 @@ def test_strict_calls_that_tier_an_op_up_keep_the_fused_segment(monkeypatch, kin
             first = step()
         compiles, runs = _count("fused_compiles"), _count("fused_runs")
         with torchtpu.eager_mode("strict"):
-            for _ in range(bucketed_draws.TIER_UP + 2):  # the entries tier up
+            for _ in range(stand_ins.TIER_UP + 2):  # the entries tier up
                 torch.manual_seed(3)
                 torch.testing.assert_close(step(), first)  # (a segment may round the sum otherwise)
         for _ in range(2):

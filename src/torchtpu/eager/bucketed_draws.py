@@ -34,10 +34,10 @@ from ..storage.records import contiguous_strides
 from . import limits, tpu_check
 from .entry import DONATE_BYTES
 from .executable import TensorArg, ValueArg, _fill, rng_key, traced_function
+from .stand_ins import TieringStandIn, _frozen, _is_args_kwargs, _tensor_args
 
 SMALLEST_BUCKET = 256  # elements: smaller draws cost nothing to pad
 FINE_ABOVE = 1 << 16  # elements: bigger draws take finer buckets
-TIER_UP = 8  # calls of one entry after which it builds its own one-program executable
 _MAX_DRAWS = 512  # shared draw executables kept (then forgotten, like the engine's caches)
 _draws: dict = {}
 limits.FORGETTERS.append(_draws.clear)
@@ -58,57 +58,6 @@ class _Draw:
     compiler options it is built with (build.op_jit reads them)."""
 
     __slots__ = ("fn", "xla")
-
-
-class TieringStandIn:
-    """An entry's function (`entry.<attr>`) served through shared programs (a size bucket's, a dense
-    form's) until the entry has been called TIER_UP times; then the entry's own one-program
-    executable (`jit` of `__wrapped__`, donating `donate` when set) serves its calls. The stand-in
-    stays the entry's function throughout and keeps that executable (`own`): a fused segment holding
-    the op (eager/fusion.py keys steps on the function) stays the same segment when strict-mode calls
-    tier it up, and traces `__wrapped__` either way. `stored`: the entry's own program through the
-    op-key cache (build._Stored), or None where it may not be stored: at the first call it is loaded
-    when an earlier process stored it (no trace of the shared programs), and it is what tiers up (so
-    stored for the next process). Subclasses call `_own_for(dyn)` first in `__call__`."""
-
-    __slots__ = ("__weakref__", "__wrapped__", "attr", "calls", "entry", "jit", "name", "own", "stored", "xla")
-    donate = None
-
-    def _stand_in(self, entry, attr, name, op_jit, wrapped, stored=None):
-        """Set the common fields; `stored`: an op_jit result (kept only where it is a _Stored)."""
-        self.entry, self.attr, self.name, self.jit, self.__wrapped__ = entry, attr, name, op_jit, wrapped
-        self.calls, self.own, self.xla = 0, None, entry.xla
-        self.stored = stored if hasattr(stored, "load_stored") else None  # (no op-key cache: off, or the TPU check)
-
-    def _own_for(self, dyn):
-        """The entry's own executable where it serves this call (an earlier process stored it, or the
-        entry has tiered up), else None: the stand-in's shared programs serve it."""
-        calls = self.calls = self.calls + 1
-        if calls == 1:
-            stored = self.stored
-            if stored is not None and stored.load_stored(dyn):  # (a warm process)
-                self.own, self.calls = stored, TIER_UP
-                return stored
-            return None
-        if calls > TIER_UP:
-            return self.own or self._own_program()
-        return None
-
-    def _own_program(self):
-        """The entry's own one-program executable, kept in `own` (op_jit's first call may put its
-        jitted function there: build._OptionsAtFirstCall)."""
-        own = self.own
-        if own is None:
-            if self.stored is not None:
-                own = self.own = self.stored
-            elif self.donate:  # (a new function: JAX keys its trace cache on the function, as engine._donating)
-                wrapped = self.__wrapped__
-                own = self.own = self.jit(
-                    self, "own", lambda *dyn: wrapped(*dyn), self.name, donate_argnums=self.donate
-                )
-            else:
-                own = self.own = self.jit(self, "own", self.__wrapped__, self.name)
-        return own
 
 
 class BucketedFill(TieringStandIn):
@@ -237,21 +186,6 @@ def _first_elements(shape, n):
     return run
 
 
-def _tensor_args(spec, found=None):
-    found = [] if found is None else found
-    t = type(spec)
-    if t is TensorArg:
-        found.append(spec)
-    elif t is list:
-        for x in spec:
-            _tensor_args(x, found)
-    elif _is_args_kwargs(spec):
-        _tensor_args(spec[0], found)
-        for v in spec[1].values():
-            _tensor_args(v, found)
-    return found
-
-
 def _swap(spec, new):
     """The template with its (one) tensor argument replaced by `new`."""
     t = type(spec)
@@ -262,20 +196,3 @@ def _swap(spec, new):
     if _is_args_kwargs(spec):
         return (_swap(spec[0], new), {k: _swap(v, new) for k, v in spec[1].items()})
     return spec
-
-
-def _frozen(spec):
-    t = type(spec)
-    if t is list:
-        return ("[", *map(_frozen, spec))
-    if _is_args_kwargs(spec):
-        return ("(", _frozen(spec[0]), tuple((k, _frozen(v)) for k, v in sorted(spec[1].items())))
-    if t is ValueArg:
-        return (ValueArg, spec.dtype, _frozen(spec.static))
-    if t is float:  # (-0.0 and 0.0 apart)
-        return (float, spec.hex())
-    return (t, spec)
-
-
-def _is_args_kwargs(spec):
-    return type(spec) is tuple and spec and type(spec[0]) is list and type(spec[-1]) is dict

@@ -25,7 +25,6 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 from jax import lax
 
 from ..device import platform
@@ -33,12 +32,21 @@ from ..ops import checks, views
 from ..ops import dtypes as dt
 from ..storage.records import contiguous_strides
 from . import bucketed_draws, limits
-from .bucketed_draws import TieringStandIn, _frozen, _tensor_args
 from .executable import DynOffset, TensorArg, at, traced_function
+from .stand_ins import (
+    _MAX_KEPT,
+    TieringStandIn,
+    _Jitted,
+    _map_specs,
+    _tensor_args,
+    copied,
+    jit_shared,
+    kept_offsets,
+    shared_key,
+    shared_program,
+)
 
 SMALLEST_BUCKET = 16  # index entries: a shorter index is padded to this many
-TIER_UP = bucketed_draws.TIER_UP  # calls of one entry after which it builds its own one-program executable
-_MAX_KEPT = 512  # shared programs (and pad programs) kept, then forgotten like the engine's caches
 _shared: dict = {}
 _pads: dict = {}
 limits.FORGETTERS.append(_shared.clear)
@@ -49,32 +57,6 @@ _tracing = threading.local()  # the traced real length while a shared program is
 def bucket_of(n: int) -> int:
     """The padded length of an index of `n` entries: the buckets of random draws, from SMALLEST_BUCKET."""
     return bucketed_draws.bucket_of(n, SMALLEST_BUCKET)
-
-
-def shared_program(table: dict, key, xla):
-    """(`_Jitted` of `table` for `key`, whether it is new: its `fn` still to build); (None, False) for a
-    key holding an unhashable static argument. A full table is forgotten, like the engine's caches."""
-    try:
-        hash(key)
-    except TypeError:
-        return None, False
-    shared = table.get(key)
-    if shared is not None:
-        return shared, False
-    if len(table) >= _MAX_KEPT:
-        table.clear()
-    shared = table[key] = _Jitted(xla)
-    return shared, True
-
-
-class _Jitted:
-    """A shared executable (`fn`, `fn_gated`) and what its trace found: the messages of its
-    device-side checks. `xla`: the compiler options it is built with (build.op_jit reads them)."""
-
-    __slots__ = ("checks", "fn", "fn_gated", "xla")
-
-    def __init__(self, xla):
-        self.checks, self.fn, self.fn_gated, self.xla = (), None, None, xla
 
 
 class BucketedIndex(TieringStandIn):
@@ -122,36 +104,25 @@ def build(kernel, entry, program, fn, records, args, kwargs, name, op_jit):
     template, writes, kept, padded = _shared_form(program, found, bucket)
     if template is None:
         return None
-    shapes = [r.shape for r in records]
+    shapes = [tuple(r.shape) for r in records]
     for (_, spec, *_), shape in zip(found, padded):
         shapes[spec.slot] = shape
-    key = (
-        kernel.name,
-        bucket,
-        _frozen(template),
-        tuple(writes),
-        tuple(program.mutated_slots),
-        tuple(tuple(s) for s in shapes),
-        program.n_values,
-        entry.xla and tuple(sorted(entry.xla.items())),
-        torch.get_default_dtype(),
-    )
+    key = shared_key(kernel, entry, program, template, writes, shapes, bucket)
     shared, new = shared_program(_shared, key, entry.xla)
     if shared is None:  # an unhashable static argument: keep the exact-shape path
         return None
     if new:
-        source = program._replace(
+        jit_shared(
+            shared,
+            program,
+            op_jit,
+            f"{name} (an index of {bucket})",
+            wrap=lambda traced, gated: _with_length(traced, program, gated),
             template=template,
             writes=writes,
             n_offsets=len(kept),
             run=_masked_run(program.run, [(loc, axis) for loc, _, _, axis, _, _ in found]),
-            on_trace=lambda messages, _read_precision: setattr(shared, "checks", messages),
         )
-        label = f"{name} (an index of {bucket})"
-        shared.fn = op_jit(shared, "fn", _with_length(traced_function(source), program, False), label)
-        if program.mutated_slots:
-            gated = _with_length(traced_function(source, gated=True), program, True)
-            shared.fn_gated = op_jit(shared, "fn_gated", gated, label)
     pads = _pad(found, records, n, padded, entry.xla, op_jit)
     parts = (entry, name, op_jit, shared, pads, kept, n, program)
     if program.mutated_slots:
@@ -207,26 +178,8 @@ def _shared_form(program, found, bucket):
     padded_slots = {spec.slot for _, spec, *_ in found}
     if any(slot in padded_slots for slot, _, _ in program.writes):
         return None, None, None, None
-    used = sorted(
-        {
-            lay[2].index
-            for lay in [s.layout for s in _tensor_args(program.template) if s.slot not in padded_slots]
-            + [w[1] for w in program.writes]
-            if type(lay[2]) is DynOffset
-        }
-    )
-    renumber = {old: new for new, old in enumerate(used)}
-
-    def moved(layout):
-        off = layout[2]
-        return (
-            layout
-            if type(off) is not DynOffset
-            else layout[:2] + (off._replace(index=renumber[off.index]),) + layout[3:]
-        )
-
-    args, kwargs = program.template
-    args, kwargs = [_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()}
+    used, moved = kept_offsets(program, padded_slots)
+    args, kwargs = copied(program.template)
     shapes = []
     for loc, spec, _, axis, flatten, _ in found:
         shape = list(spec.layout[0])
@@ -240,24 +193,9 @@ def _shared_form(program, found, bucket):
     return template, writes, used, shapes
 
 
-def _copy(spec):
-    return [_copy(x) for x in spec] if type(spec) is list else spec
-
-
 def _set(template, loc, value):
     container = template[loc[0]][loc[1]] if len(loc) == 3 else template[loc[0]]
     container[loc[-1]] = value
-
-
-def _map_specs(spec, f):
-    t = type(spec)
-    if t is TensorArg:
-        return f(spec)
-    if t is list:
-        return [_map_specs(x, f) for x in spec]
-    if t is tuple and spec and type(spec[0]) is list and type(spec[-1]) is dict:
-        return (_map_specs(spec[0], f), {k: _map_specs(v, f) for k, v in spec[1].items()})
-    return spec
 
 
 def _with_length(traced, program, gated):

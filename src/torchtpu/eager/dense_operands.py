@@ -25,22 +25,28 @@ import math
 
 import jax
 import numpy as np
-import torch
 
 from ..device import platform
 from ..ops import dtypes as dt
 from ..ops import views
 from ..ops.linalg import matmul_precision
 from ..storage.records import contiguous_strides
-from . import bucketed_draws, limits, op_store, tpu_check
-from .bucketed_draws import TieringStandIn, _frozen, _tensor_args
-from .bucketed_index import _copy, _Jitted, _map_specs
+from . import limits, op_store, tpu_check
 from .executable import DynOffset, TensorArg, at, traced_function
+from .stand_ins import (
+    _MAX_KEPT,
+    TieringStandIn,
+    _Jitted,
+    _map_specs,
+    _tensor_args,
+    copied,
+    jit_shared,
+    kept_offsets,
+    shared_key,
+)
 
-TIER_UP = bucketed_draws.TIER_UP  # calls of one entry after which it builds its own one-program executable
 DENSE_BYTES = 1 << 18  # an operand of at most this many bytes is made dense (a copy costs ~nothing)
 HOST_DENSE_BYTES = 1 << 16  # ... on the host, where device buffers are host memory (XLA:CPU)
-_MAX_KEPT = 512  # shared programs (and dense copies) kept, then forgotten like the engine's caches
 # the copies themselves (their programs are what the others share) and ops that read storages
 _NOT_FOR = frozenset({"clone.default", "copy_.default", "_to_copy.default", "_copy_from.default"})
 _shared: dict = {}
@@ -91,18 +97,16 @@ def build(kernel, entry, program, fn, records, name, op_jit, on_trace, store):
     shapes = [tuple(r.shape) for r in records]
     for spec in found:
         shapes[spec.slot] = spec.layout[0]
-    key = (
-        kernel.name,
-        _frozen(template),
-        tuple(writes),
-        tuple(program.mutated_slots),
-        tuple(shapes),
-        program.n_values,
+    key = shared_key(
+        kernel,
+        entry,
+        program,
+        template,
+        writes,
+        shapes,
         len(kept),
         tuple(entry.outs),
         entry.strides,
-        entry.xla and tuple(sorted(entry.xla.items())),
-        torch.get_default_dtype(),
         matmul_precision(),  # (not torch's getter: it raises while per-backend settings disagree)
     )
     try:
@@ -121,17 +125,17 @@ def build(kernel, entry, program, fn, records, name, op_jit, on_trace, store):
         return None
     if shared is _SEEN or (program.mutated_slots and type(shared) is _OfEntry):
         shared = _shared[key] = _Jitted(entry.xla)
-
-        def traced(messages, read_precision):
-            shared.checks = messages
-            on_trace(messages, read_precision)
-
-        source = program._replace(template=template, writes=writes, n_offsets=len(kept), on_trace=traced)
-        label = f"{name} (dense operands)"
-        stored = op_store.shared_name(store, entry, "dense operands")
-        shared.fn = op_jit(shared, "fn", traced_function(source), label, store=stored)
-        if program.mutated_slots:
-            shared.fn_gated = op_jit(shared, "fn_gated", traced_function(source, gated=True), label)
+        jit_shared(
+            shared,
+            program,
+            op_jit,
+            f"{name} (dense operands)",
+            store=op_store.shared_name(store, entry, "dense operands"),
+            on_trace=on_trace,
+            template=template,
+            writes=writes,
+            n_offsets=len(kept),
+        )
     copies = [_dense_copy(spec, records[spec.slot], entry.xla, op_jit) for spec in found]
     parts = (entry, name, op_jit, shared, copies, kept, program)
     if program.mutated_slots:
@@ -209,23 +213,7 @@ def _dense_form(program, found):
     """The shared program's template (the found operands dense, whole storages of their shape), its
     writes and the traced offsets it keeps (renumbered)."""
     dense_slots = {s.slot for s in found}
-    specs = [s for s in _tensor_args(program.template) if s.slot not in dense_slots]
-    used = sorted(
-        {
-            lay[2].index
-            for lay in [s.layout for s in specs] + [w[1] for w in program.writes]
-            if type(lay[2]) is DynOffset
-        }
-    )
-    renumber = {old: new for new, old in enumerate(used)}
-
-    def moved(layout):
-        off = layout[2]
-        return (
-            layout
-            if type(off) is not DynOffset
-            else layout[:2] + (off._replace(index=renumber[off.index]),) + layout[3:]
-        )
+    used, moved = kept_offsets(program, dense_slots)
 
     def dense(spec):
         if spec.slot in dense_slots:
@@ -233,8 +221,7 @@ def _dense_form(program, found):
             return TensorArg(spec.slot, (shape, tuple(contiguous_strides(shape)), 0, dtype, math.prod(shape)))
         return spec._replace(layout=moved(spec.layout))
 
-    args, kwargs = program.template
-    template = _map_specs(([_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()}), dense)
+    template = _map_specs(copied(program.template), dense)
     writes = [(slot, moved(layout), bits) for slot, layout, bits in program.writes]
     return template, writes, used
 

@@ -24,19 +24,17 @@ import math
 
 import jax
 import numpy as np
-import torch
 
 from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import functional_twin
 from ..ops.table import declared_facts
 from ..storage.records import contiguous_strides
-from . import bucketed_draws, limits, op_store, tpu_check
-from .bucketed_draws import TieringStandIn, _frozen, _tensor_args, bucket_of
-from .bucketed_index import _copy, _map_specs, shared_program
-from .executable import TensorArg, traced_function
+from . import limits, op_store, tpu_check
+from .bucketed_draws import bucket_of
+from .executable import TensorArg
+from .stand_ins import TieringStandIn, _map_specs, _tensor_args, copied, jit_shared, shared_key, shared_program
 
-TIER_UP = bucketed_draws.TIER_UP  # calls of one entry after which it builds its own one-program executable
 HOST_BYTES = 1 << 16  # the padded arrays of one call, in bytes, at most
 FLAT = declared_facts("flat_buckets")
 _shared: dict = {}
@@ -108,38 +106,30 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
         dtype = spec.layout[3]
         return TensorArg(spec.slot, ((bucket,), (1,), 0, dtype, bucket), spec.bits)
 
-    args, kwargs = program.template
-    template = _map_specs(([_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()}), flat)
+    template = _map_specs(copied(program.template), flat)
     writes = [(slot, ((bucket,), (1,), 0, lay[3], bucket), bits) for slot, lay, bits in program.writes]
     outs = [((bucket,), d) for _, d in entry.outs]
     shapes = [tuple(r.shape) for r in records]
     for s in flat_slots:
         shapes[s] = (bucket,)
-    key = (
-        kernel.name,
-        bucket,
-        _frozen(template),
-        tuple(writes),
-        tuple(program.mutated_slots),
-        tuple(shapes),
-        program.n_values,
-        tuple(outs),
-        entry.xla and tuple(sorted(entry.xla.items())),
-        torch.get_default_dtype(),
-    )
+    key = shared_key(kernel, entry, program, template, writes, shapes, bucket, tuple(outs))
     shared, new = shared_program(_shared, key, entry.xla)
     if shared is None:  # an unhashable static argument: keep the one-program executable
         return None
     if new:
-        source = program._replace(
+        label = f"{name} (flat, {bucket} elements)"
+        stored = op_store.shared_name(store, entry, "flat")
+        jit_shared(
+            shared,
+            program,
+            op_jit,
+            label,
+            store=stored,
+            gated=False,
             template=template,
             writes=writes,
             outputs=caster(outs),
-            on_trace=lambda messages, _read_precision: setattr(shared, "checks", messages),
         )
-        label = f"{name} (flat, {bucket} elements)"
-        stored = op_store.shared_name(store, entry, "flat")
-        shared.fn = op_jit(shared, "fn", traced_function(source), label, store=stored)
     c = FlatBucket()
     c._stand_in(entry, "fn", name, op_jit, fn, op_jit(entry, "fn", fn, name, store=store) if store else None)
     c.shared, c.n = shared, n
