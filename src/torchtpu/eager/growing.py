@@ -25,6 +25,8 @@ goes to the engine's cat as before, with its errors.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
 import torch
@@ -68,7 +70,7 @@ class Room(Placeholder):
             fn = _slices.get(key)
             if fn is None:
                 axis, length = self.axis, self.length
-                fn = _slices[key] = jax.jit(lambda x: lax.slice_in_dim(x, 0, length, axis=axis))
+                fn = _slices[key] = jax.jit(lambda x: lax.slice_in_dim(x, 0, length, axis=axis).reshape(-1))
                 counters.eager_compiles += 1
                 limits.note_executable()
             self.exact = fn(a)
@@ -95,8 +97,12 @@ def padded(t, room):
 
 
 def with_room(shape, dtype, device_index, array, axis, length):
-    """A new exact tensor of `shape` whose buffer is `array` with room along `axis` past `length`."""
-    return new_tensor(tuple(shape), dtype, device_index, Room(array, axis, length), form=tuple(shape))
+    """A new exact tensor of `shape` whose buffer is `array` with room along `axis` past `length`. Its
+    record is flat (`numel` elements, the form of a storage made from bytes): engine keys hold a
+    record's form, so no executable built for an exact tensor of that shape (or for the whole room of
+    a smaller capacity) takes a grown one's key, and each op on a grown tensor comes to its first-call
+    path (the serving functions here), as appends do."""
+    return new_tensor(tuple(shape), dtype, device_index, Room(array, axis, length), form=(math.prod(shape),))
 
 
 def valid_positions(device, capacity, length):
@@ -233,6 +239,7 @@ def _append_behind(a, b, ra, rb, d, address):
         b = b.clone()
         rb = RECORDS[b.untyped_storage().data_ptr()]
     fusion.run_inputs((ra._buffer, rb._buffer))  # (as the engine's cold cat: no tick of the sync clock)
+    exact = grown is None and size == total  # a first link
     if grown is None:
         grown, piece = input_buffers([ra, rb])
     else:
@@ -241,7 +248,7 @@ def _append_behind(a, b, ra, rb, d, address):
     out = fn(grown, piece, np.int32(la))
     shape = list(a.shape)
     shape[d] = total
-    if size == total:
+    if exact:
         t = new_tensor(shape, a.dtype, ra.device_index, out)
         _remember(_appended, t.untyped_storage().data_ptr(), d)
         return t
