@@ -63,14 +63,23 @@ def _over_room(query, key, value, attn_mask, is_causal):
     of their valid positions: one attention program per capacity instead of one per key length; the
     positions past the length score -inf, so they add exact zeros to the softmax's sums (the order
     of the sums, not their terms, differs from the exact program's). (key, value, mask) or None."""
-    if attn_mask is not None or is_causal or query.requires_grad or key.requires_grad or value.requires_grad:
+    if is_causal or query.requires_grad or key.requires_grad or value.requires_grad:
         return None
     rk, rv = growing.room_of(key), growing.room_of(value)
     if rk is None or rv is None or rk.axis != 2 or rv.axis != 2 or rk.length != rv.length:
         return None
-    if rk.array.shape[2] != rv.array.shape[2]:
+    capacity = rk.array.shape[2]
+    if rv.array.shape[2] != capacity:
         return None
-    mask = growing.valid_positions(key.device, rk.array.shape[2], rk.length)
+    if attn_mask is None:
+        mask = growing.valid_positions(key.device, capacity, rk.length)
+    elif attn_mask.dim() >= 1 and attn_mask.size(-1) == rk.length and not attn_mask.requires_grad:
+        # the caller's mask over the keys (padded rows of a batch), closed over the room: a pad, a small
+        # program per length in place of the attention's
+        fill = False if attn_mask.dtype == torch.bool else float("-inf")
+        mask = aten.constant_pad_nd(attn_mask, [0, capacity - rk.length], fill)
+    else:
+        return None
     return growing.padded(key, rk), growing.padded(value, rv), mask
 
 
