@@ -37,7 +37,7 @@ from ..storage.records import RECORDS, Placeholder, contiguous_strides, covers, 
 from . import fusion, limits, xla_options
 from .executable import input_buffers
 
-MIN_LENGTH = 8  # an append whose result is shorter along `dim` stays an exact cat
+MIN_LENGTH = 8  # an append in view whose result is shorter along `dim` stays an exact cat (behind: any length)
 SMALLEST_ROOM = 16  # positions along `dim`: the smallest bucket
 _MAX_KEPT = 256
 _programs: dict = {}  # (buffer shape, piece's buffer shape, its shape, axis, size, dtype) -> jitted append
@@ -171,7 +171,9 @@ def serve_cat(kernel, args, kwargs):
     d = dim % n
     behind = any(a.shape[i] != 1 for i in range(d))  # room in PyTorch's view would make it non-contiguous
     la, lb = a.shape[d], b.shape[d]
-    if not 1 <= lb < la or la + lb < MIN_LENGTH or a.device != b.device or a.requires_grad or b.requires_grad:
+    if not 1 <= lb < la or (la + lb < MIN_LENGTH and not behind) or a.device != b.device:
+        return None
+    if a.requires_grad or b.requires_grad:
         return None
     if any(a.shape[i] != b.shape[i] for i in range(n) if i != d) or 0 in a.shape:
         return None
