@@ -83,6 +83,8 @@ class Room(Placeholder):
 def room_of(t):
     """The Room of a tensor that is all of a grown storage (a cache's keys as `cat` returned them),
     else None."""
+    if type(t) is not torch.Tensor:  # (a FakeTensor of a trace, a subclass: no storage of ours to read)
+        return None
     r = RECORDS.get(t.untyped_storage().data_ptr())
     if r is None or type(r._buffer) is not Room or t.is_conj() or t.is_neg() or not covers(t, r):
         return None
