@@ -9,11 +9,14 @@ executables per decode step (benchmarks/RESULTS.md, "where peak host RSS goes").
 
 Here an append whose first tensor was itself made by an append (a chain: a single cat keeps its
 contiguous result) writes its result into a storage whose array has room along `dim` up to a size
-bucket (`capacity`): the result is the first positions of that array. Only where every dimension
-before `dim` has one element: there the view is still contiguous by PyTorch's rules (size-1
-dimensions' strides do not count), as a CUDA cat's result is; with room behind a longer dimension it
-would not be (`.view()` would raise, `is_contiguous()` differ), so those appends stay exact cats
-(a batch of token ids, a cache's keys of several heads). The next append to such a view, while the
+bucket (`capacity`): the result is the first positions of that array. In PyTorch's view only where
+every dimension before `dim` has one element: there the view is still contiguous by PyTorch's rules
+(size-1 dimensions' strides do not count), as a CUDA cat's result is. With room behind a longer
+dimension it would not be (`.view()` would raise, `is_contiguous()` differ), so there (a batch of
+token ids, a cache's (B, H, L, D) keys) the tensor and its storage are the exact result's and the
+room is in the record only: its buffer is a `Room` (the padded array and the valid length), which
+the next append, `index_select` on another dimension (a beam reorder) and attention (eager/attention.py)
+read whole at a program per capacity; any other reader gets the exact values (a slice). The next append to a view, while the
 room lasts, is one program per bucket that copies the array and writes the new positions at the traced length
 (`lax.dynamic_update_slice`); a view of its last positions is a traced offset into the same array
 shape, so ops on it (the stop check's `isin`, the next step's input `clone`) also compile once per
