@@ -16,8 +16,9 @@ dimension it would not be (`.view()` would raise, `is_contiguous()` differ), so 
 token ids, a cache's (B, H, L, D) keys) the tensor and its storage are the exact result's and the
 room is in the record only: its buffer is a `Room` (the padded array and the valid length), which
 the next append, `index_select` on another dimension (a beam reorder) and attention (eager/attention.py)
-read whole at a program per capacity; any other reader gets the exact values (a slice). The next append to a view, while the
-room lasts, is one program per bucket that copies the array and writes the new positions at the traced length
+read whole at a program per capacity; any other reader gets the exact values (a slice). The next
+append to a view, while the room lasts, is one program per bucket that copies the array and writes
+the new positions at the traced length
 (`lax.dynamic_update_slice`); a view of its last positions is a traced offset into the same array
 shape, so ops on it (the stop check's `isin`, the next step's input `clone`) also compile once per
 bucket. Only data moves: the values are the exact cat's, bit for bit. Appends are always served
