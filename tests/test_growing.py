@@ -87,3 +87,60 @@ def test_appends_behind_a_longer_dimension_stay_contiguous_cats():
         tpu = torch.cat([tpu, new.to("tpu")], dim=-1)
         assert tpu.is_contiguous() and tpu.stride() == ids.stride()
     torch.testing.assert_close(tpu.view(-1).cpu(), ids.view(-1), rtol=0, atol=0)
+
+
+def _room(t):
+    from torchtpu.storage.records import RECORDS
+
+    b = RECORDS[t.untyped_storage().data_ptr()]._buffer
+    return (b.array.shape[-2], b.length) if isinstance(b, growing.Room) else None
+
+
+def test_a_cache_of_several_heads_grows_in_room_that_pytorch_never_sees():
+    """(B, H, L, D) keys appended along L, reordered by beam (`index_select(0, ...)`) and read by
+    attention: one program per capacity for each, results equal to the CPU's, and the tensors exact
+    and contiguous as the CPU's cat makes them (the room is in the engine's record only)."""
+    torch.manual_seed(0)
+    k, v = torch.randn(2, 2, 10, 4), torch.randn(2, 2, 10, 4)
+    tk, tv = k.to("tpu"), v.to("tpu")
+    beams = torch.tensor([1, 0])
+    compiles = []
+    for step in range(6):  # lengths 11..16: the first link exact, then room 16 from 12 on
+        nk, nv, q = torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4), torch.randn(2, 4, 1, 4)
+        mask = torch.rand(2, 1, 1, k.shape[2] + 1) > 0.2 if step == 5 else None
+        before = _compiles()
+        k, v = torch.cat([k, nk], dim=-2), torch.cat([v, nv], dim=-2)
+        tk, tv = torch.cat([tk, nk.to("tpu")], dim=-2), torch.cat([tv, nv.to("tpu")], dim=-2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        tmask = None if mask is None else mask.to("tpu")
+        tout = torch.nn.functional.scaled_dot_product_attention(q.to("tpu"), tk, tv, attn_mask=tmask, enable_gqa=True)
+        k, v = k.index_select(0, beams), v.index_select(0, beams)
+        tk, tv = tk.index_select(0, beams.to("tpu")), tv.index_select(0, beams.to("tpu"))
+        compiles.append(_compiles() - before)
+        torch.testing.assert_close(tout.cpu(), out)
+        assert tk.shape == k.shape and tk.stride() == k.stride() and tk.is_contiguous()
+        assert tk.untyped_storage().nbytes() == k.untyped_storage().nbytes()
+    assert _room(tk) == (16, 16) and _room(tv) == (16, 16)
+    # in the room nothing compiles per length; a mask over the keys is padded (a program per length)
+    # and attention reads it at the room's capacity (a program per capacity and mask shape)
+    assert compiles[2:5] == [0, 0, 0] and compiles[5] == 2, compiles
+    torch.testing.assert_close(tk.cpu(), k, rtol=0, atol=0)
+    torch.testing.assert_close(tv.cpu(), v, rtol=0, atol=0)
+
+
+def test_a_grown_cache_reads_exactly_through_any_op_and_keeps_the_cpu_errors():
+    torch.manual_seed(1)
+    k = torch.randn(3, 2, 12, 4)
+    tk = k.to("tpu")
+    for _ in range(3):
+        n = torch.randn(3, 2, 1, 4)
+        k, tk = torch.cat([k, n], dim=-2), torch.cat([tk, n.to("tpu")], dim=-2)
+    assert _room(tk) == (16, 15)
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match except in dimension 2"):
+        torch.cat([tk, torch.randn(3, 1, 1, 4, device="tpu")], dim=-2)  # (the engine's cat, as before)
+    torch.testing.assert_close(tk[:, :, -1].cpu(), k[:, :, -1], rtol=0, atol=0)
+    assert tk.view(3, -1).shape == (3, 120)  # a view of an exact contiguous tensor
+    tk.add_(1)  # a write takes the exact values: the room is gone, the next append is exact
+    n = torch.randn(3, 2, 1, 4)
+    k, tk = torch.cat([k + 1, n], dim=-2), torch.cat([tk, n.to("tpu")], dim=-2)
+    torch.testing.assert_close(tk.cpu(), k, rtol=0, atol=0)

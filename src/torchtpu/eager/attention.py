@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from . import growing
+
 aten = torch.ops.aten
 _libs = []
 
@@ -47,10 +49,38 @@ def scaled_dot_product_attention(
             return _math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         # grouped-query attention goes to the op as it is: the lowerings pair each key/value head with
         # its query heads (ops/attention.py: _heads), so k and v are not repeated in memory
+    grown = _over_room(query, key, value, attn_mask, is_causal)
+    if grown is not None:
+        key, value, attn_mask = grown
     # bool masks go to the op as they are (the lowerings select -inf): no float copy of an (L, S) mask
     return aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
     )[0]
+
+
+def _over_room(query, key, value, attn_mask, is_causal):
+    """Keys and values grown into room (eager/growing.py: a decode step's cache) read whole, with a mask
+    of their valid positions: one attention program per capacity instead of one per key length; the
+    positions past the length score -inf, so they add exact zeros to the softmax's sums (the order
+    of the sums, not their terms, differs from the exact program's). (key, value, mask) or None."""
+    if is_causal or query.requires_grad or key.requires_grad or value.requires_grad:
+        return None
+    rk, rv = growing.room_of(key), growing.room_of(value)
+    if rk is None or rv is None or rk.axis != 2 or rv.axis != 2 or rk.length != rv.length:
+        return None
+    capacity = rk.array.shape[2]
+    if rv.array.shape[2] != capacity:
+        return None
+    if attn_mask is None:
+        mask = growing.valid_positions(key.device, capacity, rk.length)
+    elif attn_mask.dim() >= 1 and attn_mask.size(-1) == rk.length and not attn_mask.requires_grad:
+        # the caller's mask over the keys (padded rows of a batch), closed over the room: a pad, a small
+        # program per length in place of the attention's
+        fill = False if attn_mask.dtype == torch.bool else float("-inf")
+        mask = aten.constant_pad_nd(attn_mask, [0, capacity - rk.length], fill)
+    else:
+        return None
+    return growing.padded(key, rk), growing.padded(value, rv), mask
 
 
 def _math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):

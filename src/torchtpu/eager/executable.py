@@ -31,7 +31,7 @@ from jax import lax
 from ..device import platform
 from ..ops import checks, linalg, views
 from ..ops import dtypes as dt
-from ..storage.records import allocation_failed, materialize
+from ..storage.records import Placeholder, allocation_failed, materialize
 from . import errors, tpu_check
 from .fusion import Pending
 
@@ -257,7 +257,10 @@ def input_buffers(records, deferred=False):
                 raise
             materialize(r)
             r._buffer = b
-        elif type(b) is Pending and not deferred:
+        elif type(b) is Pending:
+            if not deferred:
+                b = r.buffer
+        elif isinstance(b, Placeholder):  # a grown tensor's exact values out of its room (eager/growing.py)
             b = r.buffer
         inputs.append(b)
     return inputs

@@ -9,12 +9,16 @@ executables per decode step (benchmarks/RESULTS.md, "where peak host RSS goes").
 
 Here an append whose first tensor was itself made by an append (a chain: a single cat keeps its
 contiguous result) writes its result into a storage whose array has room along `dim` up to a size
-bucket (`capacity`): the result is the first positions of that array. Only where every dimension
-before `dim` has one element: there the view is still contiguous by PyTorch's rules (size-1
-dimensions' strides do not count), as a CUDA cat's result is; with room behind a longer dimension it
-would not be (`.view()` would raise, `is_contiguous()` differ), so those appends stay exact cats
-(a batch of token ids, a cache's keys of several heads). The next append to such a view, while the
-room lasts, is one program per bucket that copies the array and writes the new positions at the traced length
+bucket (`capacity`): the result is the first positions of that array. In PyTorch's view only where
+every dimension before `dim` has one element: there the view is still contiguous by PyTorch's rules
+(size-1 dimensions' strides do not count), as a CUDA cat's result is. With room behind a longer
+dimension it would not be (`.view()` would raise, `is_contiguous()` differ), so there (a batch of
+token ids, a cache's (B, H, L, D) keys) the tensor and its storage are the exact result's and the
+room is in the record only: its buffer is a `Room` (the padded array and the valid length), which
+the next append, `index_select` on another dimension (a beam reorder) and attention (eager/attention.py)
+read whole at a program per capacity; any other reader gets the exact values (a slice). The next
+append to a view, while the room lasts, is one program per bucket that copies the array and writes
+the new positions at the traced length
 (`lax.dynamic_update_slice`); a view of its last positions is a traced offset into the same array
 shape, so ops on it (the stop check's `isin`, the next step's input `clone`) also compile once per
 bucket. Only data moves: the values are the exact cat's, bit for bit. Appends are always served
@@ -25,23 +29,99 @@ goes to the engine's cat as before, with its errors.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
 import torch
 from jax import lax
 
 from ..metrics import counters
-from ..storage.records import RECORDS, contiguous_strides, covers, new_tensor_with_room
+from ..storage.records import RECORDS, Placeholder, contiguous_strides, covers, new_tensor, new_tensor_with_room
 from . import fusion, limits, xla_options
 from .executable import input_buffers
 
-MIN_LENGTH = 8  # an append whose result is shorter along `dim` stays an exact cat
+MIN_LENGTH = 8  # an append in view whose result is shorter along `dim` stays an exact cat (behind: any length)
 SMALLEST_ROOM = 16  # positions along `dim`: the smallest bucket
 _MAX_KEPT = 256
 _programs: dict = {}  # (buffer shape, piece's buffer shape, its shape, axis, size, dtype) -> jitted append
 _appended: dict = {}  # storage address -> axis: exact results of an append (a chain's first link)
 _room: dict = {}  # storage address -> axis: storages with room along `axis` made here
+_slices: dict = {}  # (room's shape, axis, length, dtype) -> jitted exact slice
+_serving = [False]  # inside serve_index_select's call of the engine
+_masks: dict = {}  # (device index, capacity, length) -> bool (1, 1, 1, capacity) tensor: length positions True
 limits.FORGETTERS.append(_programs.clear)
+limits.FORGETTERS.append(_slices.clear)
+
+
+class Room(Placeholder):
+    """The buffer of a tensor grown behind a longer dimension (`cat` of (B, H, L, D) keys along L):
+    `array` holds it in its first `length` positions along `axis` and room after them (zeros). The
+    storage and the tensor are those of the exact result (contiguous, `numel` elements), so nothing
+    of the room shows to PyTorch; readers that know it (the next append, `index_select` on another
+    dimension, attention) use `array`, at one program per capacity; any other reader takes the exact
+    values, sliced once (`get`: a program per length, as the exact cat was)."""
+
+    __slots__ = ("array", "axis", "exact", "length")
+
+    def __init__(self, array, axis, length):
+        self.array, self.axis, self.length, self.exact = array, axis, length, None
+
+    def get(self):
+        if self.exact is None:
+            a = self.array
+            key = (a.shape, self.axis, self.length, a.dtype)
+            fn = _slices.get(key)
+            if fn is None:
+                axis, length = self.axis, self.length
+                fn = _slices[key] = jax.jit(lambda x: lax.slice_in_dim(x, 0, length, axis=axis).reshape(-1))
+                counters.eager_compiles += 1
+                limits.note_executable()
+            self.exact = fn(a)
+        return self.exact
+
+    def computing(self):
+        return self.exact if self.exact is not None else self.array
+
+
+def room_of(t):
+    """The Room of a tensor that is all of a grown storage (a cache's keys as `cat` returned them),
+    else None."""
+    if type(t) is not torch.Tensor:  # (a FakeTensor of a trace, a subclass: no storage of ours to read)
+        return None
+    r = RECORDS.get(t.untyped_storage().data_ptr())
+    if r is None or type(r._buffer) is not Room or t.is_conj() or t.is_neg() or not covers(t, r):
+        return None
+    return r._buffer
+
+
+def padded(t, room):
+    """A tensor over `room`'s whole array (capacity positions along its axis; for a reader that masks
+    or drops the positions past its length)."""
+    r = RECORDS[t.untyped_storage().data_ptr()]
+    return new_tensor(tuple(room.array.shape), t.dtype, r.device_index, room.array)
+
+
+def with_room(shape, dtype, device_index, array, axis, length):
+    """A new exact tensor of `shape` whose buffer is `array` with room along `axis` past `length`. Its
+    record is flat (`numel` elements, the form of a storage made from bytes): engine keys hold a
+    record's form, so no executable built for an exact tensor of that shape (or for the whole room of
+    a smaller capacity) takes a grown one's key, and each op on a grown tensor comes to its first-call
+    path (the serving functions here), as appends do."""
+    return new_tensor(tuple(shape), dtype, device_index, Room(array, axis, length), form=(math.prod(shape),))
+
+
+def valid_positions(device, capacity, length):
+    """A bool (1, 1, 1, capacity) tensor on `device`, True at the first `length` positions: the mask
+    of attention over keys with room (a transfer per length and device, no program)."""
+    key = (device.index or 0, capacity, length)
+    mask = _masks.get(key)
+    if mask is None:
+        if len(_masks) >= 16:
+            _masks.pop(next(iter(_masks)))
+        host = torch.arange(capacity).reshape(1, 1, 1, capacity) < length
+        mask = _masks[key] = host.to(device)
+    return mask
 
 
 def bucket(n: int) -> int:
@@ -95,10 +175,11 @@ def serve_cat(kernel, args, kwargs):
     if not isinstance(dim, int) or not -n <= dim < n:
         return None
     d = dim % n
-    if any(a.shape[i] != 1 for i in range(d)):  # room there would make the result non-contiguous
-        return None
+    behind = any(a.shape[i] != 1 for i in range(d))  # room in PyTorch's view would make it non-contiguous
     la, lb = a.shape[d], b.shape[d]
-    if not 1 <= lb < la or la + lb < MIN_LENGTH or a.device != b.device or a.requires_grad or b.requires_grad:
+    if not 1 <= lb < la or (la + lb < MIN_LENGTH and not behind) or a.device != b.device:
+        return None
+    if a.requires_grad or b.requires_grad:
         return None
     if any(a.shape[i] != b.shape[i] for i in range(n) if i != d) or 0 in a.shape:
         return None
@@ -108,6 +189,8 @@ def serve_cat(kernel, args, kwargs):
     if ra is None or rb is None or ra.dtype != a.dtype:
         return None
     total = la + lb
+    if behind:
+        return _append_behind(a, b, ra, rb, d, address)
     if _room.get(address) == d and _is_prefix(a, ra, d):
         room = ra.shape[d]
         size = room if total <= room else bucket(total)
@@ -142,3 +225,85 @@ def _is_prefix(a, record, d):
     if any(a.shape[i] != shape[i] for i in range(a.dim()) if i != d):
         return False
     return all(s == e or a.shape[i] == 1 for i, (s, e) in enumerate(zip(a.stride(), contiguous_strides(shape))))
+
+
+def _append_behind(a, b, ra, rb, d, address):
+    """An append behind a longer dimension: into the Room of `a`'s buffer (a program per capacity),
+    a first link exact (remembered), a second link into a new Room."""
+    if not covers(a, ra):
+        return None
+    la, lb = a.shape[d], b.shape[d]
+    total = la + lb
+    room = ra._buffer
+    if type(room) is Room and room.axis == d and room.length == la:
+        grown = room.array
+        size = grown.shape[d] if total <= grown.shape[d] else bucket(total)
+    elif ra.shape != tuple(a.shape):
+        return None
+    else:
+        size = bucket(total) if _appended.get(address) == d else total
+        grown = None
+    if not covers(b, rb):
+        b = b.clone()
+        rb = RECORDS[b.untyped_storage().data_ptr()]
+    fusion.run_inputs((ra._buffer, rb._buffer))  # (as the engine's cold cat: no tick of the sync clock)
+    exact = grown is None and size == total  # a first link
+    if grown is None:
+        grown, piece = input_buffers([ra, rb])
+    else:
+        (piece,) = input_buffers([rb])
+    fn = _program(grown.shape, piece.shape, tuple(b.shape), d, size, grown.dtype)
+    out = fn(grown, piece, np.int32(la))
+    shape = list(a.shape)
+    shape[d] = total
+    if exact:
+        t = new_tensor(shape, a.dtype, ra.device_index, out)
+        _remember(_appended, t.untyped_storage().data_ptr(), d)
+        return t
+    return with_room(shape, a.dtype, ra.device_index, out, d, total)
+
+
+def serve_index_select(kernel, args, kwargs):
+    """`index_select(grown, dim, index)` on another dimension than the room's (a beam search's cache
+    reorder): the engine's index_select of the whole room (a program per capacity, with its checks and
+    errors), the result keeping the room; None for the engine."""
+    if kwargs or len(args) != 3:
+        return None
+    t, dim, index = args
+    if not isinstance(t, torch.Tensor) or not isinstance(index, torch.Tensor) or not isinstance(dim, int):
+        return None
+    if t.requires_grad or index.device != t.device or index.dim() > 1 or t.dim() == 0:
+        return None
+    if index.dtype not in (torch.int64, torch.int32) or not -t.dim() <= dim < t.dim():
+        return None
+    if _serving[0]:  # (the engine's own call below, at this same key)
+        return None
+    room = room_of(t)
+    d = dim % t.dim()
+    if room is None:  # a reordered first link of a chain: given room here (a program per length, once)
+        address = t.untyped_storage().data_ptr()
+        axis = _appended.get(address)
+        r = RECORDS.get(address)
+        if axis is None or axis == d or r is None or not covers(t, r) or r.shape != tuple(t.shape):
+            return None
+        fusion.run_inputs((r._buffer,))
+        (exact,) = input_buffers([r])
+        size = bucket(t.shape[axis] + 1)
+        fn = _program(exact.shape, (0,) * t.dim(), (0,) * t.dim(), axis, size, exact.dtype)
+        room = Room(fn(exact, np.zeros((0,) * t.dim(), exact.dtype), np.int32(0)), axis, t.shape[axis])
+    if d == room.axis:
+        return None
+    out = _engine(kernel, padded(t, room), dim, index)
+    r = RECORDS[out.untyped_storage().data_ptr()]
+    fusion.run_inputs((r._buffer,))  # (a queued result runs: the room holds an array)
+    shape = list(t.shape)
+    shape[dim % t.dim()] = index.numel()
+    return with_room(shape, t.dtype, r.device_index, r.buffer, room.axis, room.length)
+
+
+def _engine(kernel, *args):
+    _serving[0] = True
+    try:
+        return kernel(*args)
+    finally:
+        _serving[0] = False

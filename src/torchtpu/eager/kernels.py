@@ -956,6 +956,7 @@ def _register_engine_kernels(fast):
     attention.register()
     kernel_for(aten.stack.default).split_call = _cat_in_chunks
     kernel_for(aten.cat.default).split_call = _cat_first_call
+    kernel_for(aten.index_select.default).split_call = growing.serve_index_select
     for op, serve in ((aten.fill_.Scalar, host_fills.fill), (aten.zero_.default, host_fills.zero)):
         kernel_for(op).split_call = serve
     kernel_for(aten.full.default).split_call = host_fills.full

@@ -44,6 +44,11 @@ class Placeholder:
     def get(self):
         raise NotImplementedError
 
+    def computing(self):
+        """An array the value is computed from, which a wait on the device can wait for without
+        producing the value (eager/growing.py Room), or None: `get()` it."""
+        return None
+
 
 class StorageRecord:
     __slots__ = ("__weakref__", "_buffer", "device_index", "dtype", "nbytes", "numel", "oom", "ref", "shape")
@@ -301,7 +306,10 @@ def live_buffers(device_index=None, computing=False):
         if b is None or (device_index is not None and r.device_index != device_index):
             continue
         if isinstance(b, Placeholder):
-            b = r.buffer  # a queued result of the fused mode: runs its segment (read once per record)
+            # a queued result of the fused mode runs its segment (read once per record); a grown
+            # tensor's room is waited for as it is (its exact slice would be a program per length)
+            a = b.computing()
+            b = r.buffer if a is None else a
         if not computing or not b.is_ready():
             buffers.append(b)
     return buffers
