@@ -44,6 +44,11 @@ class Placeholder:
     def get(self):
         raise NotImplementedError
 
+    def failed(self):
+        """Whether producing it failed (that error was raised then): `get()` raises, and nothing is
+        left to wait for."""
+        return False
+
 
 class StorageRecord:
     __slots__ = ("__weakref__", "_buffer", "device_index", "dtype", "nbytes", "numel", "oom", "ref", "shape")
@@ -301,6 +306,8 @@ def live_buffers(device_index=None, computing=False):
         if b is None or (device_index is not None and r.device_index != device_index):
             continue
         if isinstance(b, Placeholder):
+            if b.failed():  # (a synchronize after a failed or given-up op raises nothing again)
+                continue
             b = r.buffer  # a queued result of the fused mode: runs its segment (read once per record)
         if not computing or not b.is_ready():
             buffers.append(b)
