@@ -213,3 +213,203 @@ def test_interrupt_in_a_gc_callback_is_not_lost():
     proc = subprocess.run([sys.executable, "-c", GC_CALLBACK], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "Exception ignored" not in proc.stderr, proc.stderr[-4000:]
+
+
+# ---------------------------------------------------------------- an exception at each line of the queue
+# A signal handler's exception (a test runner's SIGALRM time limit raising TimeoutError, Ctrl-C) lands
+# between any two lines. A trace function raises one at the k-th line that eager/fusion.py runs, for
+# each k in turn: deterministic, and every line of defer/_flush/_run_segment/_undo is hit. Afterwards
+# the device works, tensors made before or after are whole, and a synchronize raises nothing. (Once,
+# an exception right after _flush marked its segment done left that segment open: every later op was
+# queued into a segment that never ran, and every tensor of the process after it had "no value".)
+
+
+class _Injected(Exception):
+    pass
+
+
+def _raise_at(k, functions):
+    import linecache
+
+    from torchtpu.eager import fusion
+
+    count = [0]
+
+    def local(frame, event, arg):
+        # (not at a `try:` or a `with` line: Python raises a trace function's exception there outside
+        # the try's handlers, or after the with block, outside its __exit__ (a lock left held), where
+        # a signal handler, run only at calls and backward jumps, never lands)
+        text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        if event == "line" and text != "try:" and not text.startswith("with "):
+            count[0] += 1
+            if count[0] == k:
+                raise _Injected(k)
+        return local
+
+    def start(frame, event, arg):
+        code = frame.f_code
+        if code.co_filename == fusion.__file__ and (functions is None or code.co_name in functions):
+            return local
+        return None
+
+    return start, count
+
+
+def _sweep(functions, every=1):
+    import torch
+
+    import torchtpu
+    from torchtpu.eager import fusion
+
+    a_cpu = torch.randn(64)
+    with torchtpu.eager_mode("fused"):
+        a = a_cpu.to("tpu")
+
+        def work(out):  # new tensors, in-place writes, reads: several segments
+            out["y"] = y = a * 2
+            y.add_(1)
+            out["z"] = z = (y * a).sum()
+            out["zc"] = z.cpu()
+
+        for _ in range(4):  # warm: the ops are queued, not run at once as cold ops are
+            work({})
+        k, interrupted = 0, 0
+        while True:
+            k += every
+            before = torch.arange(8.0, device="tpu") + 1
+            start, count = _raise_at(k, functions)
+            out = {}
+            sys.settrace(start)
+            try:
+                work(out)
+            except _Injected:
+                interrupted += 1
+            finally:
+                sys.settrace(None)
+            if count[0] < k:  # ran to the end without reaching line k: every line was hit
+                break
+            assert not fusion._lock._is_owned(), k
+            torch.tpu.synchronize()
+            # every tensor the interrupted work made has its value: none is lost
+            if "y" in out:
+                assert torch.equal(out["y"].cpu(), a_cpu * 2 + 1) or torch.equal(out["y"].cpu(), a_cpu * 2), k
+            assert torch.equal(a.cpu(), a_cpu), k
+            assert torch.equal(before.cpu(), torch.arange(8.0) + 1), k
+            after = {}
+            work(after)
+            torch.testing.assert_close(after["zc"], ((a_cpu * 2 + 1) * a_cpu).sum())
+    return interrupted
+
+
+def test_an_exception_at_any_line_of_flush_loses_no_tensor(monkeypatch):
+    # (the lines of the flush itself, segments run op by op: compiling none saves ~1 s of CPU; every
+    # line of the module, compiled segments too: the slow test below)
+    from torchtpu.eager import fusion
+
+    monkeypatch.setattr(fusion, "COMPILE_AT", 1 << 30)
+    assert _sweep(("_flush", "_run_segment", "_give_up", "_undo", "flush", "get")) > 10
+
+
+@pytest.mark.slow
+def test_an_exception_at_any_line_of_the_queue_loses_no_tensor():
+    assert _sweep(None) > 50
+
+
+def test_a_segment_that_keeps_failing_loses_only_its_own_results(monkeypatch):
+    import torch
+
+    import torchtpu
+    from torchtpu.eager import fusion
+
+    with torchtpu.eager_mode("fused"):
+        x = torch.zeros(64, device="tpu")
+        unrelated = torch.ones(64, device="tpu") * 2
+
+        def step():
+            y = x * 2
+            x.add_(1)
+            return y * x
+
+        for _ in range(4):  # warm
+            step()
+            torch.tpu.synchronize()
+        x.zero_()
+        runs = [0]
+
+        def failing(*args):
+            runs[0] += 1
+            raise RuntimeError("the steps failed")
+
+        monkeypatch.setattr(fusion, "_run", failing)
+        lost = step()
+        with pytest.raises(RuntimeError, match="the steps failed"):
+            lost.cpu()
+        assert runs[0] == fusion.ATTEMPTS  # run again before giving it up (an interrupt does not recur)
+        monkeypatch.undo()
+        with pytest.raises(RuntimeError, match="no value"):
+            lost.cpu()
+        torch.tpu.synchronize()  # the given-up result, still held, is not waited for: nothing raised
+        assert x.cpu().tolist() == [0.0] * 64  # its write was undone
+        assert unrelated.cpu().tolist() == [2.0] * 64
+        x.fill_(1)
+        assert step().cpu().tolist() == [4.0] * 64  # the device keeps working
+        assert x.cpu().tolist() == [2.0] * 64
+
+
+def test_an_interrupted_run_completes_the_segment_and_raises_after(monkeypatch):
+    import torch
+
+    import torchtpu
+    from torchtpu.eager import fusion
+
+    with torchtpu.eager_mode("fused"):
+        x = torch.arange(64.0, device="tpu")
+        for _ in range(4):
+            (x * 2 * x).cpu()
+        run, calls = fusion._run, [0]
+
+        def interrupted_once(*args):
+            calls[0] += 1
+            if calls[0] == 1:
+                raise TimeoutError("test ran over 120 s")  # what a SIGALRM handler raises
+            return run(*args)
+
+        monkeypatch.setattr(fusion, "_run", interrupted_once)
+        y = x * 2 * x
+        with pytest.raises(TimeoutError):
+            torch.tpu.synchronize()
+        monkeypatch.undo()
+        assert calls[0] == 2
+        assert y.cpu().tolist() == [2.0 * i * i for i in range(64)]  # computed all the same
+
+
+def test_a_signal_handlers_exception_in_a_weakref_callback_is_raised_at_the_next_op():
+    # (a SIGALRM time limit raising TimeoutError inside a storage's weakref callback or JAX's gc
+    # callback: Python prints "Exception ignored" and the test would run on past its limit)
+    import signal
+    import weakref
+
+    import torch
+
+    def handler(*_):
+        raise TimeoutError("test ran over its limit")
+
+    def spin():  # a Python call: the pending handler runs here, inside the callback
+        return None
+
+    x = torch.ones(2, device="tpu")
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+
+        class Obj:
+            pass
+
+        o = Obj()
+        ref = weakref.ref(o, lambda _: (signal.raise_signal(signal.SIGUSR1), spin()))
+        del o
+        with pytest.raises(TimeoutError, match="over its limit"):
+            x + 1
+        assert ref() is None
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert (x + 1).cpu().tolist() == [2.0, 2.0]

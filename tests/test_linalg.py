@@ -788,3 +788,25 @@ def test_compute_linear_combination_as_on_the_cpu():
     torch.testing.assert_close(out_tpu.cpu(), out)
     with pytest.raises(RuntimeError, match="Empty tensor not supported"):
         torch._compute_linear_combination(torch.rand((), device=DEV), c.to(DEV))
+
+
+def test_triangular_solve_flags_share_one_program_and_match_the_cpu(xla_compiles):
+    # upper and unitriangular (and triangular_solve's transpose) travel as values: one program for
+    # every combination on a shape (test_linalg_solve_triangular compiled 4 per shape and layout),
+    # a lower solve of the flipped matrix for upper; results as the CPU's for each combination.
+    # (A flag at its default reaches the kernel absent, a static False: another program.)
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(5, 5, generator=gen, dtype=torch.complex64) + 4 * torch.eye(5)
+    b = torch.randn(5, 3, generator=gen, dtype=torch.complex64)
+    a_d, b_d = a.to(DEV), b.to(DEV)
+    counts = []
+    for upper in (True, False):
+        start = xla_compiles()
+        got = torch.linalg.solve_triangular(a_d, b_d, upper=upper, unitriangular=True)
+        counts.append(xla_compiles() - start)
+        torch.testing.assert_close(got.cpu(), torch.linalg.solve_triangular(a, b, upper=upper, unitriangular=True))
+    assert counts[1] == 0  # upper=False runs upper=True's program
+    x, m = torch.triangular_solve(b_d, a_d, upper=False, transpose=True, unitriangular=True)
+    want = torch.triangular_solve(b, a, upper=False, transpose=True, unitriangular=True)
+    torch.testing.assert_close(x.cpu(), want.solution)
+    torch.testing.assert_close(m.cpu(), want.cloned_coefficient)

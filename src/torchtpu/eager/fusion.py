@@ -127,9 +127,12 @@ class Pending(Placeholder):
                 )
         return self.value
 
+    def failed(self):
+        return self.value is None and self.segment.failed
+
 
 class _Segment:
-    __slots__ = ("device", "done", "external", "external_ids", "steps", "undo", "undo_ids")
+    __slots__ = ("device", "done", "external", "external_ids", "failed", "steps", "undo", "undo_ids")
 
     def __init__(self, device):
         self.device = device
@@ -141,7 +144,8 @@ class _Segment:
         self.external_ids = {}  # id(array) -> index in external
         self.undo = []  # (record, buffer before this segment) of each storage it writes
         self.undo_ids = set()
-        self.done = False
+        self.done = False  # run, or being run (flush)
+        self.failed = False  # given up: its runs failed (_give_up)
 
     def flush(self):
         with _lock:
@@ -339,33 +343,66 @@ modes.BEFORE_LEAVING_FUSED.append(flush_all)  # queued ops run before the mode c
 
 
 def _flush(segment: _Segment):
-    """Run the segment's queued steps and give their live Pending results their values. All or
-    nothing: an interrupt (Ctrl-C) while it runs completes it (its steps are pure functions of arrays
-    the segment holds, so running them again is safe) and is raised after; any other error restores
-    the storages it wrote to their buffers from before the segment, and is raised."""
+    """Run the segment's queued steps and give their live Pending results their values, or none.
+
+    An exception raised while it runs is either asynchronous (Ctrl-C, or a signal handler's: a test
+    runner's time limit raising TimeoutError from SIGALRM), landing anywhere in this code, or a
+    failure of the steps, which recurs: its steps are pure functions of arrays the segment holds
+    (the queue never donates them), so running them again is safe. So a failed run is run again: a
+    run that completes makes the segment whole and the first exception is raised after; ATTEMPTS
+    failures give the segment up (`_give_up`) and raise the last. An interrupt outside a run (in
+    the bookkeeping here) leaves the segment closed and not run, run by the next read of one of its
+    results. Either way the device's other tensors and later ops are untouched (docs/design.md)."""
     if segment.done:  # another thread ran it while this one waited for the lock
         return
-    segment.done = True
-    interrupted = None
-    for attempt in range(3):
-        try:
-            _run_segment(segment)
-            break
-        except KeyboardInterrupt as e:
-            if attempt == 2:  # asked three times: give up the segment
-                _undo(segment)
-                raise
-            interrupted = e
-        except BaseException:
-            _undo(segment)
-            raise
+    # Out of the open segments first, then done: an interrupt between the two leaves a closed segment
+    # not run yet (a later read runs it). The other order left a done segment open, and every later
+    # op was queued into a segment that never runs: all of them lost their results.
+    if _open.get(segment.device) is segment:
+        del _open[segment.device]
+    first = None
+    ran = False
+    try:
+        segment.done = True
+        for attempt in range(ATTEMPTS):
+            try:
+                _run_segment(segment)
+                ran = True
+                break
+            except BaseException as e:
+                if first is None:
+                    first = e
+                if attempt == ATTEMPTS - 1:
+                    _give_up(segment)
+                    raise
+    finally:
+        if not ran and not segment.failed:  # interrupted outside a run: still to run
+            segment.done = False
     # A result still held (a parameter's new value, until the next step replaces it) keeps its
     # segment: let it keep nothing else. The steps' tuples and weak references would otherwise live a
     # whole training step, get promoted to the GC's oldest generation by the thousand, and set off a
     # full collection of the process's heap (~250 ms with torch and JAX loaded) every ~100 steps.
     segment.steps = segment.external = segment.external_ids = segment.undo = None
-    if interrupted is not None:
-        raise interrupted
+    if _tpu_check_failure:  # raised once the segment's results are in place
+        raise _tpu_check_failure.pop()
+    if first is not None:
+        raise first
+
+
+ATTEMPTS = 3  # runs of a segment before an exception in them is taken as the steps' own failure
+
+
+def _give_up(segment):
+    """A segment whose runs failed: its results have no value (reading one says so; a synchronize
+    skips them: storage/records.py live_buffers), and the storages it wrote get back their buffers
+    from before it. An interrupt during the undo does not cut it short (it is idempotent)."""
+    segment.failed = True
+    for _ in range(ATTEMPTS):
+        try:
+            _undo(segment)
+            return
+        except BaseException:  # noqa: BLE001 -- an interrupt: undo the rest, raise the segment's error
+            continue
 
 
 # (a step is (executable, sources, numbers, weak references to its results): eager/fusion.py defer)
@@ -399,8 +436,6 @@ def _run_segment(segment):
     values = _run(fn, key, plan, live, segment, list(map(_step_numbers, steps)))
     # in C: every Pending gets its value, or (an interrupt before this line) none
     _consume(map(setattr, filter(None, held), repeat("value"), values))
-    if _tpu_check_failure:  # raised once the segment's results are in place
-        raise _tpu_check_failure.pop()
 
 
 def _results(steps, live):

@@ -6,21 +6,44 @@ thread, wherever they are. When that is inside a garbage-collector callback (JAX
 a `__del__`, Python cannot propagate it: it hands it to `sys.unraisablehook`, which prints
 "Exception ignored in ..." and the interrupt is lost. Our hook keeps such an interrupt instead, and
 the next tpu op or host read in the main thread raises it (`raise_pending`), so a Ctrl-C during a
-training loop still stops the loop. Any other unraisable exception goes to the previous hook.
+training loop still stops the loop. So is any exception a Python signal handler raised there (a test
+runner's time limit: a SIGALRM handler raising TimeoutError, tools/upstream_tests.py), found by the
+handler's frame in its traceback. Any other unraisable exception goes to the previous hook.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 
-PENDING: list = []  # KeyboardInterrupts that landed where Python could not raise them
+PENDING: list = []  # interrupts that landed where Python could not raise them
 _previous = []
+
+
+def _raised_by_signal_handler(tb):
+    """Whether the traceback `tb` runs through a Python signal handler installed now."""
+    codes = set()
+    for number in signal.valid_signals():
+        try:
+            handler = signal.getsignal(number)
+        except (ValueError, OSError):
+            continue
+        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+        if code is not None:
+            codes.add(code)
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _hook(unraisable):
     exc_type = unraisable.exc_type
-    if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+    if exc_type is not None and (
+        issubclass(exc_type, KeyboardInterrupt) or _raised_by_signal_handler(unraisable.exc_traceback)
+    ):
         PENDING.append(unraisable.exc_value)
         return
     (_previous[0] if _previous else sys.__unraisablehook__)(unraisable)

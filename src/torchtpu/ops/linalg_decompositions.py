@@ -242,14 +242,41 @@ def cholesky_inverse(factor, upper=False):
 
 
 # ---- triangular solves
-@lowering("linalg_solve_triangular")
+# Their flags travel as values (`traced=`): keyed by them, each shape compiled once per combination
+# (test_linalg_solve_triangular: 4 programs per shape and layout for upper x unitriangular). One
+# program solves a lower triangle for all of them (_flagged_tri_solve).
+def _flagged_tri_solve(a, b, upper, unit, left=True, transpose=False):
+    """op(a) x = b (left) or x op(a) = b, reading a's upper or lower triangle, with `upper`, `unit`
+    and `transpose` Python bools or traced ones: a lower solve of a selected operand. The reversal P
+    (rows and columns in reverse order) maps an upper triangle onto a lower one: U x = b is
+    (P U P)(P x) = P b, and x U = b is (x P)(P U P) = b P. A unit diagonal is a diagonal of ones (a
+    division by one is exact); a transposed upper (lower) triangle is a lower (upper) one."""
+    if isinstance(upper, bool) and isinstance(unit, bool) and isinstance(transpose, bool):
+        return _tri_solve(a, b, upper=upper, left=left, transpose=transpose, unit=unit)
+    a, b = _broadcast_batch((a, 2), (b, 2))
+    up = jnp.asarray(upper, jnp.bool_)
+    if transpose is not False:
+        t = jnp.asarray(transpose, jnp.bool_)
+        a = jnp.where(t, _mT(a), a)
+        up = up ^ t
+    a = jnp.where(up, jnp.flip(a, (-2, -1)), a)  # (the flip keeps the diagonal on the diagonal)
+    if unit is not False:
+        diagonal = jnp.eye(a.shape[-1], dtype=jnp.bool_)
+        a = jnp.where(jnp.asarray(unit, jnp.bool_) & diagonal, jnp.ones((), a.dtype), a)
+    axis = -2 if left else -1
+    x = lax.linalg.triangular_solve(a, jnp.where(up, jnp.flip(b, axis), b), left_side=left, lower=True)
+    return jnp.where(up, jnp.flip(x, axis), x)
+
+
+@lowering("linalg_solve_triangular", traced=("upper", "unitriangular"))
 def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
     _lapack_dtype(a, "triangular_solve")
-    return _tri_solve(a, b, upper=upper, left=left, unit=unitriangular)
+    return _flagged_tri_solve(a, b, upper, unitriangular, left=left)
 
 
 @lowering(
     "triangular_solve",
+    traced=("upper", "transpose", "unitriangular"),
     meta_check={"triangular_solve.X": _out_dtype_check(torch.ops.aten.triangular_solve.default, {"X": "", "M": ""})},
 )
 def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
@@ -257,7 +284,7 @@ def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
     also returns A broadcast to the batch (`cloned_coefficient`)."""
     _lapack_dtype(a, "triangular_solve")
     a, b = _broadcast_batch((a, 2), (b, 2))
-    return _tri_solve(a, b, upper=upper, transpose=transpose, unit=unitriangular), a
+    return _flagged_tri_solve(a, b, upper, unitriangular, transpose=transpose), a
 
 
 # ---- LU

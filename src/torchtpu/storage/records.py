@@ -49,6 +49,11 @@ class Placeholder:
         producing the value (eager/growing.py Room), or None: `get()` it."""
         return None
 
+    def failed(self):
+        """Whether producing it failed (that error was raised then): `get()` raises, and nothing is
+        left to wait for."""
+        return False
+
 
 class StorageRecord:
     __slots__ = ("__weakref__", "_buffer", "device_index", "dtype", "nbytes", "numel", "oom", "ref", "shape")
@@ -306,6 +311,8 @@ def live_buffers(device_index=None, computing=False):
         if b is None or (device_index is not None and r.device_index != device_index):
             continue
         if isinstance(b, Placeholder):
+            if b.failed():  # (a synchronize after a failed or given-up op raises nothing again)
+                continue
             # a queued result of the fused mode runs its segment (read once per record); a grown
             # tensor's room is waited for as it is (its exact slice would be a program per length)
             a = b.computing()
