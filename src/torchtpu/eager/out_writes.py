@@ -34,7 +34,7 @@ from . import limits
 from .build import _meta_call
 from .engine import _aliased_name
 
-TIER_UP = 8  # calls of one signature after which the engine builds the out= overload's own program
+TIER_UP = 64  # calls of one signature after which the engine builds the out= overload's own program
 _MAX_KEPT = 1024
 _calls: dict = {}
 limits.FORGETTERS.append(_calls.clear)
@@ -62,25 +62,16 @@ def serve(kernel, args, kwargs, *, twin, outs, copy):
             return None
         if t.untyped_storage().data_ptr() in written:
             return None
-    signature = (kernel.name, *((tuple(t.shape), t.stride(), t.dtype) for t in (*inputs, *targets)))
-    calls = _calls.get(signature, 0)
+    signature = _signature(kernel, args, kwargs)
+    if signature is None:
+        return None
+    calls = _calls.get(signature)
+    if calls is None:  # a new signature: PyTorch's answers decide (then kept, as an engine entry is)
+        if not _serves(kernel, args, kwargs, fkwargs, twin, targets):
+            _calls[signature] = TIER_UP
+            return None
+        calls = 0
     if calls >= TIER_UP:
-        return None
-    # the functional result must be what the out tensors receive unconverted (asked quietly: the
-    # out= overload's own meta call says the op's warnings)
-    try:
-        with warnings.catch_warnings(record=True):
-            warnings.simplefilter("always")
-            _, functional = _meta_call(twin, args, fkwargs)
-    except (RuntimeError, TypeError, IndexError, ValueError):
-        return None
-    results = functional if isinstance(functional, (tuple, list)) else (functional,)
-    if len(results) != len(targets):
-        return None
-    _meta_call(kernel, args, kwargs)  # (its errors, warnings and NeedsResize: the engine's)
-    if any(
-        not isinstance(r, torch.Tensor) or r.dtype != t.dtype or r.shape != t.shape for r, t in zip(results, targets)
-    ):
         return None
     if len(_calls) >= _MAX_KEPT:
         _calls.clear()
@@ -93,6 +84,43 @@ def serve(kernel, args, kwargs, *, twin, outs, copy):
         copy(t, v)
     returned = [kwargs[name] for name in kernel.aliased_returns]
     return returned[0] if len(returned) == 1 else tuple(returned)
+
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.layout, torch.device)
+
+
+def _signature(kernel, args, kwargs):
+    """What PyTorch's meta answers depend on: each tensor's shape, strides, dtype, device and lazy bits,
+    the other arguments' values, the default dtype; None for an argument of another kind."""
+    parts = [kernel.name, torch.get_default_dtype()]
+    for a in pytree.tree_leaves((args, kwargs)):
+        if isinstance(a, torch.Tensor):
+            parts.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.is_conj(), a.is_neg()))
+        elif type(a) in _PLAIN:
+            parts.append((type(a), a))
+        else:
+            return None
+    parts.append(pytree.tree_structure((args, kwargs)))
+    return tuple(parts)
+
+
+def _serves(kernel, args, kwargs, fkwargs, twin, targets):
+    """Whether the functional result is what the out tensors receive unconverted, after the out=
+    overload's meta call (its errors, warnings and NeedsResize: the engine's). The functional op is
+    asked quietly: the out= overload's meta call says the op's warnings."""
+    try:
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            _, functional = _meta_call(twin, args, fkwargs)
+    except (RuntimeError, TypeError, IndexError, ValueError):
+        functional = None
+    _meta_call(kernel, args, kwargs)
+    if functional is None:
+        return False
+    results = functional if isinstance(functional, (tuple, list)) else (functional,)
+    return len(results) == len(targets) and all(
+        isinstance(r, torch.Tensor) and r.dtype == t.dtype and r.shape == t.shape for r, t in zip(results, targets)
+    )
 
 
 def eligible(op):
