@@ -95,7 +95,10 @@ def _signature(kernel, args, kwargs):
     parts = [kernel.name, torch.get_default_dtype()]
     for a in pytree.tree_leaves((args, kwargs)):
         if isinstance(a, torch.Tensor):
-            parts.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.is_conj(), a.is_neg()))
+            # (and its storage's array shape, as the engine's key: a signature is never coarser than
+            # the out= overload's own executables, which a hot one builds)
+            r = RECORDS.get(a.untyped_storage().data_ptr())
+            parts.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.is_conj(), a.is_neg(), r and r.shape))
         elif type(a) in _PLAIN:
             parts.append((type(a), a))
         else:
