@@ -229,14 +229,13 @@ class OpKernel:
 
     def _first_call(self, key, keyed_precision, args, kwargs, records, scalars, offsets, device):
         """A cache miss: build the entry, run it (JAX traces it then), keep it."""
+        if self.split_call is not None:
+            interrupts.install()  # (as build_entry does: a process may serve all its first ops this way)
+            results = self.split_call(self, args, kwargs)
+            if results is not None:
+                forget_last_call()  # (the C++ fast path keeps no entry for this key)
+                return results
         try:
-            if self.split_call is not None:
-                interrupts.install()  # (as build_entry does: a process may serve all its first ops this way)
-                # (an out= overload through its functional op's program may raise NeedsResize: out_writes.py)
-                results = self.split_call(self, args, kwargs)
-                if results is not None:
-                    forget_last_call()  # (the C++ fast path keeps no entry for this key)
-                    return results
             entry = self._build(key, args, kwargs, records, device)
         except NeedsResize as e:
             for t, shape, strides in e.resizes:

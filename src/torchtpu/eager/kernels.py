@@ -38,7 +38,6 @@ from . import (
     host_copies,
     host_fills,
     interrupts,
-    out_writes,
     storage_kernels,
     tpu_check,
 )
@@ -929,28 +928,11 @@ def _cholesky_checked_on_host():
     return call
 
 
-def _serve_out_overloads(plain):
-    """out= overloads of `plain` (registered without wrappers) whose functional overload is also plain:
-    a new signature runs the functional op's program, then a write into out= (eager/out_writes.py)."""
-    names = {op_name(op) for op in plain}
-    for op in plain:
-        found = out_writes.eligible(op)
-        if found is None or op_name(found[0]) not in names or kernel_for(op).split_call is not None:
-            continue
-        functional, outs = found
-        if kernel_for(functional).random:
-            continue
-        kernel_for(op).split_call = functools.partial(
-            out_writes.serve, twin=kernel_for(functional), outs=outs, copy=_copy_
-        )
-
-
 def _register_engine_kernels(fast):
     """The engine's OpKernel for every lowered overload, behind the C++ fast path's kernel where
     the overload is eligible (the engine's on PrivateUse3, the C++ one on PrivateUse1)."""
     deferred = []  # (op, kernel): the engine's kernel on PrivateUse3, the C++ fast path's on PrivateUse1
     manual = {"copy_", "resize_", "equal", "_local_scalar_dense", "clone", "_to_copy"}
-    plain_outs = []  # overloads registered as the engine's kernel alone (out_writes may serve the out= ones)
     for op in _all_overloads():
         name = op_name(op)
         if name.split(".")[0] in manual or name in ("arange.start_step", "arange.start_out") or not _lowered(op):
@@ -976,8 +958,6 @@ def _register_engine_kernels(fast):
             kernel = _errors_on_host(kernel, api_name)
         elif name == "cholesky.default":
             kernel = _cholesky_checked_on_host()
-        if kernel is plain:
-            plain_outs.append(op)
         if fast and kernel is plain and fastpath.eligible(op, kernel):
             deferred.append((op, kernel))
         else:
@@ -995,7 +975,6 @@ def _register_engine_kernels(fast):
     for name in host_fills.FOLDED:
         packet, _, overload = name.partition(".")
         kernel_for(getattr(getattr(aten, packet), overload)).split_call = host_fills.fold
-    _serve_out_overloads(plain_outs)
     for op, kernel in deferred:
         if op in _registered or op_name(op) in _registered:  # a later registration took the overload over
             continue
