@@ -12,10 +12,11 @@ result's memory order and put back on the device. No program, and the same bits 
 PyTorch's answer still decides everything else: the op runs on meta tensors first (eager/build.py
 _meta_call: its shape, its strides, a channels_last cat staying channels_last, and its errors in
 the CPU's words); inputs of several dtypes (promotion would convert: a computation), lazy conj/neg
-bits, complex32 (stored packed), tensors of other devices and legacy empty inputs go to the engine
-as before. A signature called more than TIER_UP times goes to the engine too, which keeps its one
-exact program (no host round trip, no wait for the inputs in a hot loop). On a TPU the exact program
-stays (the TPU compile check sees it).
+bits, complex32 (stored packed), tensors of other devices, legacy empty inputs and inputs the fused
+mode still owes (a queued result: reading it would run its segment now) go to the engine as before.
+A signature called more than TIER_UP times goes to the engine too, which keeps its one exact program
+(no host round trip, no wait for the inputs in a hot loop). On a TPU the exact program stays (the
+TPU compile check sees it).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def serve(kernel, args, kwargs, stack=False):
         records.append(r)
     if len({r.device_index for r in records}) != 1:
         return None
+    if any(type(r._buffer) is fusion.Pending for r in records):  # (the fused mode's queued result: reading
+        return None  # it here would run its segment now and break the step's fusion; the engine queues the cat)
     numel = sum(t.numel() for t in tensors)
     if numel * dtype.itemsize > HOST_BYTES:
         return None
@@ -78,7 +81,6 @@ def serve(kernel, args, kwargs, stack=False):
     _calls[signature] = calls + 1
     shape = tuple(meta_out.shape)
     strides = _kept_strides(meta_out, _layout_rule(kernel, args, kwargs))
-    fusion.run_inputs([r._buffer for r in records])  # (as the engine's cold op: no tick of the sync clock)
     buffers = input_buffers(records)
     d = dim % (n + stack)
     pieces = []
