@@ -34,6 +34,7 @@ from . import (
     fastpath,
     fusion,
     growing,
+    host_cat,
     host_copies,
     host_fills,
     interrupts,
@@ -421,8 +422,17 @@ def _cat_in_chunks(kernel, args, kwargs):
 
 
 def _cat_first_call(kernel, args, kwargs):
-    """A cat's first call: an append to a growing tensor (eager/growing.py), else in chunks."""
+    """A cat's first call: an append to a growing tensor (eager/growing.py), a small cat on the host
+    (eager/host_cat.py, XLA:CPU), else in chunks."""
     results = growing.serve_cat(kernel, args, kwargs)
+    if results is None:
+        results = host_cat.serve(kernel, args, kwargs)
+    return results if results is not None else _cat_in_chunks(kernel, args, kwargs)
+
+
+def _stack_first_call(kernel, args, kwargs):
+    """A stack's first call: small on the host (eager/host_cat.py, XLA:CPU), else in chunks."""
+    results = host_cat.serve(kernel, args, kwargs, stack=True)
     return results if results is not None else _cat_in_chunks(kernel, args, kwargs)
 
 
@@ -954,7 +964,7 @@ def _register_engine_kernels(fast):
             _impl(op, kernel)
     data_dependent.register(_impl)
     attention.register()
-    kernel_for(aten.stack.default).split_call = _cat_in_chunks
+    kernel_for(aten.stack.default).split_call = _stack_first_call
     kernel_for(aten.cat.default).split_call = _cat_first_call
     kernel_for(aten.index_select.default).split_call = growing.serve_index_select
     for op, serve in ((aten.fill_.Scalar, host_fills.fill), (aten.zero_.default, host_fills.zero)):
