@@ -379,3 +379,10 @@ def test_reduction_out_dtypes_raise_as_on_the_cpu(call):
     with pytest.raises(RuntimeError) as tpu:
         call(x.to(DEV))
     assert str(tpu.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("shape", [(1, 6, 10), (4, 6, 10)])
+def test_unfold_backward_broadcasts_a_size_one_grad_as_on_the_cpu(shape):
+    # _refs.istft (test_compare_cpu) passes unfold_backward a grad of (1, windows, size) for a (4, 20) input
+    g = torch.randn(shape)
+    _on_both(lambda dev: torch.ops.aten.unfold_backward(g.to(dev), [4, 20], 1, 10, 2))
