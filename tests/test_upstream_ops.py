@@ -379,3 +379,18 @@ def test_reduction_out_dtypes_raise_as_on_the_cpu(call):
     with pytest.raises(RuntimeError) as tpu:
         call(x.to(DEV))
     assert str(tpu.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("shape", [(1, 6, 10), (4, 6, 10)])
+def test_unfold_backward_broadcasts_a_size_one_grad_as_on_the_cpu(shape):
+    # _refs.istft (test_compare_cpu) passes unfold_backward a grad of (1, windows, size) for a (4, 20) input
+    g = torch.randn(shape)
+    _on_both(lambda dev: torch.ops.aten.unfold_backward(g.to(dev), [4, 20], 1, 10, 2))
+
+
+@pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax])
+def test_softmax_of_a_0d_non_finite_input_is_nan_as_on_the_cpu(fn):
+    # masked.log_softmax of a 0-d input with a False mask (test_compare_cpu): -inf gave 0 (1 for softmax)
+    x = torch.tensor([float("-inf"), float("inf"), float("nan"), torch.randn(()).item()])
+    got = torch.stack([fn(v, 0) for v in x.to(DEV)]).cpu()
+    assert_close(got, torch.stack([fn(v, 0) for v in x]), equal_nan=True)

@@ -80,7 +80,8 @@ def _softmax_has_loop(a, kernel):
 def softmax(a, dim, half_to_float=False):
     if not a.size:
         return a.astype(jnp.float32) if half_to_float else a
-    out = jax.nn.softmax(to_opmath(a), axis=dim) if a.ndim else jnp.ones_like(to_opmath(a))
+    # a 0-d input is one element along its dim: 1, but nan for a non-finite one (inf - inf) as on the CPU
+    out = jax.nn.softmax(to_opmath(a).reshape(a.shape or (1,)), axis=dim if a.ndim else 0).reshape(a.shape)
     return out if half_to_float else out.astype(a.dtype)
 
 
@@ -88,7 +89,7 @@ def softmax(a, dim, half_to_float=False):
 def log_softmax(a, dim, half_to_float=False):
     if not a.size:
         return a.astype(jnp.float32) if half_to_float else a
-    out = jax.nn.log_softmax(to_opmath(a), axis=dim) if a.ndim else jnp.zeros_like(to_opmath(a))
+    out = jax.nn.log_softmax(to_opmath(a).reshape(a.shape or (1,)), axis=dim if a.ndim else 0).reshape(a.shape)
     return out if half_to_float else out.astype(a.dtype)
 
 

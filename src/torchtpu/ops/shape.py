@@ -550,8 +550,10 @@ def unfold_backward(grad, input_sizes, dim, size, step):
         return jnp.sum(grad).astype(grad.dtype) if size else jnp.zeros((0,), grad.dtype)
     dim = dim % len(input_sizes)
     length = input_sizes[dim]
-    # grad: input_sizes with dim replaced by the window count, then the window's own dimension
+    # grad: input_sizes with dim replaced by the window count, then the window's own dimension; its
+    # size-1 dims other than those two broadcast as on the CPU (istft's reference passes (1, windows, size))
     windows = grad.shape[dim]
+    grad = jnp.broadcast_to(grad, (*input_sizes[:dim], windows, *input_sizes[dim + 1 :], grad.shape[-1]))
     g = jnp.moveaxis(grad, (dim, grad.ndim - 1), (0, 1))  # (windows, size, rest...)
     rest = g.shape[2:]
     positions = (np.arange(windows)[:, None] * step + np.arange(size)[None, :]).reshape(-1)
