@@ -41,6 +41,12 @@ def _cases(dev, i):
     }
 
 
+def _device_computed(values):
+    """An index computed on the device: the host does not know its values, so an index op checks it on
+    the device and reports at the next sync (an index the host knows raises at the op)."""
+    return torch.tensor(values, device=DEV) + 0
+
+
 def _outcome(fn):
     try:
         return "ok", fn().cpu()
@@ -65,7 +71,7 @@ def test_index_range_matches_cpu(op, i):
 
 def test_index_errors_are_reported_at_the_next_sync_and_not_sticky():
     x = torch.zeros(4, 3, device=DEV)
-    y = x.index_select(0, torch.tensor([7], device=DEV))  # queued: no error yet
+    y = x.index_select(0, _device_computed([7]))  # queued: no error yet
     z = (x + 1).sum()  # unrelated work still queues
     with pytest.raises(IndexError, match=r"aten::index_select.*dimension 0 with size 4"):
         y.cpu()
@@ -203,7 +209,7 @@ def test_raised_in_the_thread_that_caused_it():
     queued, synced, seen = threading.Event(), threading.Event(), {}
 
     def worker():
-        y = x.index_select(0, torch.tensor([7], device=DEV))  # fails on the device, unreported yet
+        y = x.index_select(0, _device_computed([7]))  # fails on the device, unreported yet
         queued.set()
         synced.wait(30)
         try:
@@ -283,7 +289,7 @@ def test_gated_writes_commit_after_passed_checks_and_not_after_failed_ones(dtype
     table = torch.arange(12, device=DEV).reshape(4, 3).to(dtype)
     expected = torch.zeros(4, 65536, dtype=dtype)
     for step, bad in enumerate((False, False, True)):
-        row = table.index_select(0, torch.tensor([7 if bad else step], device=DEV))  # a checked op
+        row = table.index_select(0, _device_computed([7 if bad else step]))  # a checked op
         donations = metrics()["eager_donations"]
         cache[1 + step, :3] = row[0]  # a slab write through a view, gated
         cache.add_(1)  # a whole-storage write, gated
@@ -308,9 +314,9 @@ def test_a_failed_check_after_many_passed_ones_still_gates_the_writes_after_it(m
         acc = torch.zeros(8, 3, device=DEV)
         expected = torch.zeros(8, 3)
         for i in range(6):  # passed checks, each followed by a gated write
-            acc[i] += table.index_select(0, torch.tensor([i], device=DEV))[0]
+            acc[i] += table.index_select(0, _device_computed([i]))[0]
             expected[i] += table.cpu()[i]
-        bad = table.index_select(0, torch.tensor([9], device=DEV))
+        bad = table.index_select(0, _device_computed([9]))
         for i in range(3):  # writes after the failed check: none is committed
             acc[i] += 100.0
             acc.mul_(2.0)
@@ -365,7 +371,7 @@ def test_fused_mode_gates_queued_writes_on_queued_checks_without_cutting_the_seg
         assert flushes[-4:] == [1, 1, 1, 1], flushes
         assert compiled_runs[-4:] == [1, 1, 1, 1], compiled_runs
         torch.testing.assert_close(d_cache.cpu(), cache)
-        step(d_table, d_cache, d_acc, 12, torch.tensor([16], device=DEV))  # out of range
+        step(d_table, d_cache, d_acc, 12, _device_computed([16]))  # out of range
         with pytest.raises(asserts.DeviceAssertError, match="index_select"):
             d_acc.cpu()
         torch.tpu.clear_device_assert()
@@ -380,7 +386,7 @@ def test_fused_mode_gates_do_not_depend_on_which_verdicts_are_computed():
     XLA:CPU reads a computed verdict and drops the gate when it passed."""
     table = torch.arange(12.0, device=DEV).reshape(4, 3)
     with torch.tpu.eager_mode("strict"):
-        table.index_select(0, torch.tensor([1], device=DEV))  # a checked op: one unchecked verdict
+        table.index_select(0, _device_computed([1]))  # a checked op: one unchecked verdict
     verdict = asserts._state().pending[-1][0]
     verdict.block_until_ready()  # computed, passed, not checked
     with torch.tpu.eager_mode("fused"):

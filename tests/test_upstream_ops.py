@@ -394,3 +394,25 @@ def test_softmax_of_a_0d_non_finite_input_is_nan_as_on_the_cpu(fn):
     x = torch.tensor([float("-inf"), float("inf"), float("nan"), torch.randn(()).item()])
     got = torch.stack([fn(v, 0) for v in x.to(DEV)]).cpu()
     assert_close(got, torch.stack([fn(v, 0) for v in x]), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, dev: torch.index_select(x, 1, torch.tensor([0.0], device=dev)),
+        lambda x, dev: torch.index_select(x, 4, torch.tensor([0], device=dev)),
+        lambda x, dev: torch.index_select(x, 1, torch.tensor([1, 7], device=dev)),
+        lambda x, dev: torch.index_select(x, 0, torch.tensor([-1], device=dev)),
+        lambda x, dev: torch.index_select(x, -1, torch.tensor([9])),  # a CPU index on tpu, as CUDA takes one
+        lambda x, dev: torch.cat([x, torch.zeros(2, 4, 4, 6, device=dev)], 1),
+    ],
+    ids=["float_index", "dim", "dim1_bounds", "dim0_bounds", "cpu_index_bounds", "cat_sizes"],
+)
+def test_index_select_and_cat_errors_raise_at_the_op_as_on_the_cpu(call):
+    # an index the host knows is checked at the op (issue 47 item 3), in the CPU's type and words
+    x = torch.randn(2, 3, 4, 5)
+    with pytest.raises((RuntimeError, IndexError)) as cpu:
+        call(x, "cpu")
+    with pytest.raises((RuntimeError, IndexError)) as tpu:
+        call(x.to(DEV), DEV)
+    assert type(tpu.value) is type(cpu.value) and str(tpu.value) == str(cpu.value)

@@ -411,11 +411,48 @@ def _along(dim, ndim, index):
 CPU_INDEX = ("index",)
 
 
+def _index_select_checks(self, dim, index, **_):
+    """The CPU's checks of index_select that PyTorch's meta kernel words otherwise (a dim out of range:
+    its bare "list assignment index out of range") or leaves to the lowering (a float index)."""
+    ndim = max(self.dim(), 1)
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], but got {dim})")
+    if index.dtype not in _INDEX_DTYPES:
+        raise RuntimeError("index_select(): Expected dtype int32 or int64 for index")
+
+
+def _index_select_bounds_check(self, dim, index, *_, **__):
+    """host_check: an index whose values the host knows (a CPU index, or one just copied from it:
+    storage/host_values.py) out of range raises at the op, in the CPU's words: its kernel along dim 1
+    of a tensor of 2+ dims says "INDICES element is out of DATA bounds" (a RuntimeError), its others
+    "index out of range in self" (an IndexError). Any other index is checked on the device (the
+    lowering's require), reported at the next sync as on CUDA."""
+    if not -max(self.dim(), 1) <= dim < max(self.dim(), 1):
+        return  # (meta_check's error)
+    if index.device.type != "cpu":
+        if not host_values.KNOWN:
+            return
+        index = host_values.values_of(index)
+        if index is None:
+            return
+    if index.dtype not in _INDEX_DTYPES or not index.numel():
+        return
+    size = self.shape[dim] if self.dim() else 1
+    bad = (index < 0) | (index >= size)
+    if bool(bad.any()):
+        if self.dim() > 1 and dim % self.dim() == 1:
+            value = int(index[bad].reshape(-1)[0])
+            raise RuntimeError(f"INDICES element is out of DATA bounds, id={value} axis_dim={size}")
+        raise IndexError("index out of range in self")
+
+
 @lowering(
     "index_select",
     write_overlap=WriteOverlap(no_overlap=("self", "index")),
     no_loop_for=WIDE_UNSIGNED,
     cpu_operands=CPU_INDEX,
+    meta_check=_index_select_checks,
+    host_check=_index_select_bounds_check,
 )
 def index_select(x, dim, index):
     if index.ndim > 1:  # the meta kernel lets this through, the CPU kernel does not

@@ -40,10 +40,26 @@ def _cat_shape_check(tensors, dim=0, **_):
     for i, t in enumerate(tensors):
         if t.dim() == 0:
             raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
-    kept = [t for t in tensors if not (t.dim() == 1 and type(t.shape[0]) is int and t.shape[0] == 0)]
+
+    def legacy_empty(t):
+        return t.dim() == 1 and type(t.shape[0]) is int and t.shape[0] == 0
+
+    kept = [t for t in tensors if not legacy_empty(t)]
     for t in kept[1:]:
         if t.dim() != kept[0].dim():
             raise RuntimeError(f"Tensors must have same number of dimensions: got {kept[0].dim()} and {t.dim()}")
+    if not kept or not -kept[0].dim() <= dim < kept[0].dim():
+        return  # (a dim out of range: PyTorch's meta kernel raises the CPU's IndexError)
+    d = dim % kept[0].dim()
+    for i, t in enumerate(tensors):
+        if legacy_empty(t):
+            continue
+        for k, (a, b) in enumerate(zip(kept[0].shape, t.shape)):
+            if k != d and type(a) is int and type(b) is int and a != b:
+                raise RuntimeError(
+                    f"Sizes of tensors must match except in dimension {d}. Expected size {a} but got size {b} "
+                    f"for tensor number {i} in the list."
+                )
 
 
 def _cat_out_check(tensors, dim=0, *, out):
