@@ -257,10 +257,9 @@ def input_buffers(records, deferred=False):
                 raise
             materialize(r)
             r._buffer = b
-        elif type(b) is Pending:
-            if not deferred:
-                b = r.buffer
-        elif isinstance(b, Placeholder):  # a grown tensor's exact values out of its room (eager/growing.py)
+        elif isinstance(b, Placeholder) and not (deferred and type(b) is Pending):
+            # a queued result runs its queue (kept as it is where the call is queued too); a grown
+            # tensor gives its exact values out of its room (eager/growing.py)
             b = r.buffer
         inputs.append(b)
     return inputs
