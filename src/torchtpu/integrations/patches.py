@@ -765,6 +765,53 @@ def _compile_cache_bypass(module) -> None:
     _applied.append("jax._src.compilation_cache.is_cache_used (the op-key cache's fresh compiles)")
 
 
+# ------------------------------------------------------------------ printing (torch 2.13)
+PRINT_FROM_HOST_BYTES = 1 << 24  # a tpu tensor of at most this many bytes is printed from a host copy
+
+
+def _print_from_host(module) -> None:
+    """`torch._tensor_str._tensor_str(self, indent)` (checked against torch 2.13: `_str_intern` calls it by
+    its module-level name for a dense tensor's contents) formats a tpu tensor of at most
+    PRINT_FROM_HOST_BYTES from a host copy, as PyTorch itself does for its xla, lazy, ipu and mtia devices.
+    Its `_Formatter` runs isfinite, ne, masked_select, abs, min, max and a 0-dim ceil per element on the
+    tensor: on tpu a dozen programs for each new shape (a cold compile each; masked_select's is keyed on
+    its count too), where PyTorch's test files print every small input and result into their messages
+    (test_binary_ufuncs' `_test_reference_numerics`). The copy prints what the CPU prints for the same
+    values; the suffixes (device, dtype, grad_fn) are still `_str_intern`'s, read from the tpu tensor."""
+    original = getattr(module, "_tensor_str", None)
+    if not callable(original) or list(inspect.signature(original).parameters) != ["self", "indent"]:
+        _problems.append("torch._tensor_str._tensor_str(self, indent) is missing (checked against torch 2.13)")
+        return
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def _tensor_str(self, indent):
+        if (
+            self.device.type == "tpu"
+            and self.layout == torch.strided
+            and type(self) in (torch.Tensor, torch.nn.Parameter)
+            and self.numel() * self.element_size() <= PRINT_FROM_HOST_BYTES
+        ):
+            self = _host_copy(self.detach())
+        return original(self, indent)
+
+    def _host_copy(t):
+        # a conjugate or negative view is copied as its storage's values and viewed alike on the host (a
+        # copy of the view itself would resolve the bit in a program on the device)
+        conj, neg = t.is_conj(), t.is_neg()
+        if conj:
+            t = t.conj()
+        if neg:
+            t = torch._neg_view(t)
+        t = t.to("cpu")
+        if neg:
+            t = torch._neg_view(t)
+        return t.conj() if conj else t
+
+    module._tensor_str = _mark(_tensor_str, original)
+    _applied.append("torch._tensor_str._tensor_str (tpu tensors printed from a host copy)")
+
+
 # ------------------------------------------------------------------ the table
 @dataclass(frozen=True)
 class Patch:
@@ -790,6 +837,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch(_host_storage_moves, "torch", TORCH_CHECKED, "torch.UntypedStorage.clone"),
     Patch(_storage_constructor, "torch", TORCH_CHECKED, "torch.UntypedStorage.__new__", needed=_without_native),
     Patch(_storage_methods, "torch", TORCH_CHECKED, "torch.UntypedStorage._byteswap"),
+    Patch(_print_from_host, "torch", TORCH_CHECKED, "torch._tensor_str._tensor_str", "torch._tensor_str"),
     Patch(_gradcheck_in_strict_mode, "torch", TORCH_CHECKED,
           "torch.autograd.gradcheck._gradcheck_helper", "torch.autograd.gradcheck"),
     Patch(_pallas_calls_in_32_bits, "jax", JAX_CHECKED,
