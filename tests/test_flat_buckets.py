@@ -72,3 +72,33 @@ def test_an_element_of_the_flattened_storage_is_not_flattened_with_it():
         for op in (torch.eq, torch.lt, torch.mul):
             assert torch.equal(op(ts, ts[i]).cpu(), op(cpu, cpu[i]))
         assert (ts == ts[i]).nonzero().cpu().tolist() == [[i]]
+
+
+def test_abs_and_conversions_share_a_program_and_match_the_cpu(xla_compiles):
+    """abs and `x.to(dtype)` (eager `_to_copy`): exact per element, so flat-bucketed too (test_indexing's
+    random walks compiled both for each new index length)."""
+    gen = torch.Generator().manual_seed(2)
+    # lengths in the bucket of 64 elements (lengths no other test uses), and a complex and a 2-d case
+    cpu = [torch.empty(n, dtype=torch.float64).uniform_(-9, 9, generator=gen) for n in (41, 43, 47)]
+    cpu[0][0], cpu[1][1] = float("nan"), -0.0
+    moved = [x.to(DEV) for x in cpu]
+    z = torch.randn(5, 7, dtype=torch.complex64, generator=gen)
+    tz = z.to(DEV)
+    torch.tpu.synchronize()
+
+    def ops(x):
+        return [x.abs(), x.long().abs(), x.to(torch.float32)]
+
+    before = xla_compiles()
+    got = [ops(x) for x in moved]
+    if not tpu_check.enabled():  # one program per (op, dtypes) for the bucket; 12 without
+        assert xla_compiles() - before <= 4 + 2
+    for x, results in zip(cpu, got):
+        for g, w in zip(results, ops(x)):
+            assert g.shape == w.shape and g.stride() == w.stride() and g.dtype == w.dtype
+            torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0, equal_nan=True)
+    # complex abs (within an ulp of the CPU's, as the exact program): the last calls run the entry's own program
+    first = tz.abs().cpu()
+    torch.testing.assert_close(first, z.abs())
+    for _ in range(stand_ins.TIER_UP + 1):
+        assert torch.equal(tz.abs().cpu(), first)

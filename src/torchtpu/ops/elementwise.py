@@ -373,6 +373,7 @@ def _abs_inplace_check(a, *_, **__):
     no_loop_for=(torch.bool,),
     meta={"abs.out": _complex_out_meta("abs")},
     meta_check={"abs_": _abs_inplace_check},
+    flat_buckets=True,
 )
 def absolute(a):
     return cabs(a) if jnp.iscomplexobj(a) else jnp.abs(a)
@@ -698,7 +699,7 @@ def clone(a, memory_format=None):
     return a
 
 
-@lowering("_to_copy")
+@lowering("_to_copy", flat_buckets=True)
 def to_copy(a, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     """A conversion on the device: eager `x.to(dtype)` (eager/kernels.py `_to_copy` sends other copies,
     to the host or another layout, elsewhere) and graphs' casts; the same conversion as `copy`."""
