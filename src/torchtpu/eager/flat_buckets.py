@@ -4,7 +4,7 @@ PyTorch's test files compare every result (`assertEqual`: isclose, then all) and
 (`make_tensor`: mul, masked_fill_) per shape, so each new shape compiled each of those programs
 again (test_tensor_creation_ops: ~1,000 of its ~3,000 compiles). An op whose lowering declares
 `flat_buckets=True` (ops/table.py: elementwise, the same computation on every element, nothing that
-rounds by position: comparisons, isclose, where, masked_fill, mul, add, sub) and whose tensors all
+rounds by position: comparisons, isclose, where, masked_fill, mul, add, sub, abs, casts) and whose tensors all
 are whole contiguous storages of the result's shape (or 0-dim) runs on flat arrays padded to the
 element count's size bucket (eager/bucketed_draws.py bucket_of): one program per (op, bucket,
 dtypes, static arguments) instead of one per shape. The padding repeats the first element (whatever
