@@ -89,11 +89,9 @@ def test_appends_behind_a_longer_dimension_stay_contiguous_cats():
     torch.testing.assert_close(tpu.view(-1).cpu(), ids.view(-1), rtol=0, atol=0)
 
 
-def _room(t):
-    from torchtpu.storage.records import RECORDS
-
-    b = RECORDS[t.untyped_storage().data_ptr()]._buffer
-    return (b.array.shape[-2], b.length) if isinstance(b, growing.Room) else None
+def _room(t, axis=-2):
+    b = growing.room_of(t)
+    return None if b is None else (b.array.shape[axis], b.length)
 
 
 def test_a_cache_of_several_heads_grows_in_room_that_pytorch_never_sees():
@@ -144,3 +142,27 @@ def test_a_grown_cache_reads_exactly_through_any_op_and_keeps_the_cpu_errors():
     n = torch.randn(3, 2, 1, 4)
     k, tk = torch.cat([k + 1, n], dim=-2), torch.cat([tk, n.to("tpu")], dim=-2)
     torch.testing.assert_close(tk.cpu(), k, rtol=0, atol=0)
+
+
+def test_a_grown_batch_keeps_its_room_after_a_reader_takes_its_exact_values():
+    """generate()'s padded batch: the (2, L) mask grows by an append per step and a reader (the mask's
+    dtype conversion) takes its exact values each step. The room stays (it was dropped by the read, so
+    the next append was an exact cat again: a program per length in two steps of three); a write
+    still ends it."""
+    cpu = torch.ones(2, 12, dtype=torch.int64)
+    cpu[1, :4] = 0
+    tpu = cpu.to("tpu")
+    cats = []
+    for _ in range(10):  # lengths 13..22: the first link exact, room 16, then room 32 from 17 on
+        cpu = torch.cat([cpu, cpu.new_ones((2, 1))], dim=-1)
+        before = _compiles()
+        tpu = torch.cat([tpu, tpu.new_ones((2, 1))], dim=-1)
+        cats.append(_compiles() - before)
+        torch.testing.assert_close(tpu.to(torch.bool).cpu(), cpu.to(torch.bool), rtol=0, atol=0)
+    assert _room(tpu, -1) == (32, 22)
+    assert cats[2:4] == [0, 0] and cats[5:] == [0] * 5, cats
+    tpu[0, -1] = 0  # a write: the room is gone, the next append is exact
+    cpu[0, -1] = 0
+    assert _room(tpu, -1) is None
+    cpu, tpu = torch.cat([cpu, cpu[:, :1]], dim=-1), torch.cat([tpu, tpu[:, :1]], dim=-1)
+    torch.testing.assert_close(tpu.cpu(), cpu, rtol=0, atol=0)

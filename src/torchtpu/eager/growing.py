@@ -30,6 +30,7 @@ goes to the engine's cat as before, with its errors.
 from __future__ import annotations
 
 import math
+import weakref
 
 import jax
 import numpy as np
@@ -50,6 +51,9 @@ _room: dict = {}  # storage address -> axis: storages with room along `axis` mad
 _slices: dict = {}  # (room's shape, axis, length, dtype) -> jitted exact slice
 _serving = [False]  # inside serve_index_select's call of the engine
 _masks: dict = {}  # (device index, capacity, length) -> bool (1, 1, 1, capacity) tensor: length positions True
+# record -> its Room, kept after a reader took the exact values (the record then holds `room.exact`):
+# the next append, a beam reorder and attention still read the room while no write replaced them
+_read_rooms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 limits.FORGETTERS.append(_programs.clear)
 limits.FORGETTERS.append(_slices.clear)
 
@@ -90,9 +94,19 @@ def room_of(t):
     if type(t) is not torch.Tensor:  # (a FakeTensor of a trace, a subclass: no storage of ours to read)
         return None
     r = RECORDS.get(t.untyped_storage().data_ptr())
-    if r is None or type(r._buffer) is not Room or t.is_conj() or t.is_neg() or not covers(t, r):
+    if r is None or t.is_conj() or t.is_neg() or not covers(t, r):
         return None
-    return r._buffer
+    return _room_in(r)
+
+
+def _room_in(record):
+    """The Room of a grown storage's record: its buffer, or the Room whose exact values a reader took
+    (still the record's buffer: nothing wrote it since), else None."""
+    b = record._buffer
+    if type(b) is Room:
+        return b
+    room = _read_rooms.get(record)
+    return room if room is not None and b is room.exact else None
 
 
 def padded(t, room):
@@ -108,7 +122,10 @@ def with_room(shape, dtype, device_index, array, axis, length):
     record's form, so no executable built for an exact tensor of that shape (or for the whole room of
     a smaller capacity) takes a grown one's key, and each op on a grown tensor comes to its first-call
     path (the serving functions here), as appends do."""
-    return new_tensor(tuple(shape), dtype, device_index, Room(array, axis, length), form=(math.prod(shape),))
+    room = Room(array, axis, length)
+    t = new_tensor(tuple(shape), dtype, device_index, room, form=(math.prod(shape),))
+    _read_rooms[RECORDS[t.untyped_storage().data_ptr()]] = room
+    return t
 
 
 def valid_positions(device, capacity, length):
@@ -234,8 +251,8 @@ def _append_behind(a, b, ra, rb, d, address):
         return None
     la, lb = a.shape[d], b.shape[d]
     total = la + lb
-    room = ra._buffer
-    if type(room) is Room and room.axis == d and room.length == la:
+    room = _room_in(ra)
+    if room is not None and room.axis == d and room.length == la:
         grown = room.array
         size = grown.shape[d] if total <= grown.shape[d] else bucket(total)
     elif ra.shape != tuple(a.shape):
