@@ -145,24 +145,29 @@ def test_a_grown_cache_reads_exactly_through_any_op_and_keeps_the_cpu_errors():
 
 
 def test_a_grown_batch_keeps_its_room_after_a_reader_takes_its_exact_values():
-    """generate()'s padded batch: the (2, L) mask grows by an append per step and a reader (the mask's
-    dtype conversion) takes its exact values each step. The room stays (it was dropped by the read, so
-    the next append was an exact cat again: a program per length in two steps of three); a write
-    still ends it."""
+    """generate()'s padded batch: the (2, L) mask grows by an append per step, converted to bool and
+    summed (Transformers' `fast_all`) at a program per capacity, and a reader takes its exact values
+    each step. The room stays (it was dropped by the read, so the next append was an exact cat again:
+    a program per length in two steps of three); a write still ends it."""
     cpu = torch.ones(2, 12, dtype=torch.int64)
     cpu[1, :4] = 0
     tpu = cpu.to("tpu")
-    cats = []
+    steps = []
     for _ in range(10):  # lengths 13..22: the first link exact, room 16, then room 32 from 17 on
         cpu = torch.cat([cpu, cpu.new_ones((2, 1))], dim=-1)
         before = _compiles()
         tpu = torch.cat([tpu, tpu.new_ones((2, 1))], dim=-1)
-        cats.append(_compiles() - before)
-        torch.testing.assert_close(tpu.to(torch.bool).cpu(), cpu.to(torch.bool), rtol=0, atol=0)
-    assert _room(tpu, -1) == (32, 22)
-    assert cats[2:4] == [0, 0] and cats[5:] == [0] * 5, cats
+        as_bool = tpu.to(torch.bool)
+        total = as_bool.sum()
+        steps.append(_compiles() - before)
+        assert total.item() == cpu.to(torch.bool).sum().item()
+        torch.testing.assert_close(as_bool.cpu(), cpu.to(torch.bool), rtol=0, atol=0)
+        torch.testing.assert_close(tpu.cpu(), cpu, rtol=0, atol=0)
+    assert _room(tpu, -1) == (32, 22) and _room(as_bool, -1) == (32, 22)
+    assert steps[2:4] == [0, 0] and steps[5:] == [0] * 5, steps
     tpu[0, -1] = 0  # a write: the room is gone, the next append is exact
     cpu[0, -1] = 0
     assert _room(tpu, -1) is None
     cpu, tpu = torch.cat([cpu, cpu[:, :1]], dim=-1), torch.cat([tpu, tpu[:, :1]], dim=-1)
     torch.testing.assert_close(tpu.cpu(), cpu, rtol=0, atol=0)
+    assert tpu.sum().item() == cpu.sum().item()

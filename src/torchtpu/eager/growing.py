@@ -63,8 +63,10 @@ class Room(Placeholder):
     `array` holds it in its first `length` positions along `axis` and room after them (zeros). The
     storage and the tensor are those of the exact result (contiguous, `numel` elements), so nothing
     of the room shows to PyTorch; readers that know it (the next append, `index_select` on another
-    dimension, attention) use `array`, at one program per capacity; any other reader takes the exact
-    values, sliced once (`get`: a program per length, as the exact cat was)."""
+    dimension, attention, a dtype conversion, an integer `sum`) use `array`, at one program per
+    capacity; any other reader takes the exact values, sliced once (`get`: a program per length, as
+    the exact cat was). The Room stays after that read (`_read_rooms`) until a write replaces the
+    record's buffer."""
 
     __slots__ = ("array", "axis", "exact", "length")
 
@@ -310,17 +312,47 @@ def serve_index_select(kernel, args, kwargs):
         room = Room(fn(exact, np.zeros((0,) * t.dim(), exact.dtype), np.int32(0)), axis, t.shape[axis])
     if d == room.axis:
         return None
-    out = _engine(kernel, padded(t, room), dim, index)
+    shape = list(t.shape)
+    shape[d] = index.numel()
+    return _keeping(room, shape, _engine(kernel, padded(t, room), dim, index))
+
+
+def serve_to_copy(kernel, args, kwargs):
+    """`t.to(dtype)` of a whole grown tensor (a padded batch's attention mask, converted every step):
+    the engine's conversion of the whole room (a program per capacity; the room's zeros convert to
+    zeros), the result keeping the room; None for the engine."""
+    if len(args) != 1 or kwargs.keys() != {"dtype"} or _serving[0]:
+        return None
+    t = args[0]
+    room = room_of(t)
+    if room is None or t.requires_grad:
+        return None
+    return _keeping(room, t.shape, _engine(kernel, padded(t, room), **kwargs))
+
+
+def serve_sum(kernel, args, kwargs):
+    """`t.sum()` of a whole grown integer or bool tensor (`fast_all` of a padded batch's mask): the
+    engine's sum of the whole room (its positions past the length hold zeros, and integer sums do not
+    depend on their order), a program per capacity; None for the engine."""
+    if len(args) != 1 or kwargs or _serving[0]:
+        return None
+    t = args[0]
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return None
+    room = room_of(t)
+    return None if room is None else _engine(kernel, padded(t, room))
+
+
+def _keeping(room, shape, out):
+    """`out` (an op's result over `room`'s whole array) as an exact tensor of `shape` with that room."""
     r = RECORDS[out.untyped_storage().data_ptr()]
     fusion.run_inputs((r._buffer,))  # (a queued result runs: the room holds an array)
-    shape = list(t.shape)
-    shape[dim % t.dim()] = index.numel()
-    return with_room(shape, t.dtype, r.device_index, r.buffer, room.axis, room.length)
+    return with_room(shape, out.dtype, r.device_index, r.buffer, room.axis, room.length)
 
 
-def _engine(kernel, *args):
+def _engine(kernel, *args, **kwargs):
     _serving[0] = True
     try:
-        return kernel(*args)
+        return kernel(*args, **kwargs)
     finally:
         _serving[0] = False
