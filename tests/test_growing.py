@@ -175,14 +175,14 @@ def test_a_grown_batch_keeps_its_room_after_a_reader_takes_its_exact_values():
 
 def test_eager_attention_over_a_grown_cache_in_the_fused_mode_reads_exact_keys():
     """A model's own attention (`q @ k.transpose(-1, -2)`, GPT-2's eager path) reads a (B, H, L, D)
-    cache grown into room. In a second generate() the ops meet the entries of the first at each length,
-    and the C++ fused queue took the record's Room as an array (TypeError when the segment ran); it now
-    leaves it to Python, which reads the exact values."""
+    cache grown into room. In later generate()s the ops meet warm entries of the first at each length,
+    and the C++ fused queue took the record's Room as an array (TypeError when the segment ran; the
+    third round here); it now leaves it to Python, which reads the exact values."""
     torch.manual_seed(0)
-    for _ in range(2):
+    for _ in range(3):
         k, v = torch.randn(2, 2, 10, 4), torch.randn(2, 2, 10, 4)
         tk, tv = k.to("tpu"), v.to("tpu")
-        for _ in range(5):
+        for _ in range(4):
             nk, nv, q = torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4)
             k, v = torch.cat([k, nk], -2), torch.cat([v, nv], -2)
             tk, tv = torch.cat([tk, nk.to("tpu")], -2), torch.cat([tv, nv.to("tpu")], -2)
