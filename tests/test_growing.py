@@ -89,11 +89,9 @@ def test_appends_behind_a_longer_dimension_stay_contiguous_cats():
     torch.testing.assert_close(tpu.view(-1).cpu(), ids.view(-1), rtol=0, atol=0)
 
 
-def _room(t):
-    from torchtpu.storage.records import RECORDS
-
-    b = RECORDS[t.untyped_storage().data_ptr()]._buffer
-    return (b.array.shape[-2], b.length) if isinstance(b, growing.Room) else None
+def _room(t, axis=-2):
+    b = growing.room_of(t)
+    return None if b is None else (b.array.shape[axis], b.length)
 
 
 def test_a_cache_of_several_heads_grows_in_room_that_pytorch_never_sees():
@@ -144,3 +142,50 @@ def test_a_grown_cache_reads_exactly_through_any_op_and_keeps_the_cpu_errors():
     n = torch.randn(3, 2, 1, 4)
     k, tk = torch.cat([k + 1, n], dim=-2), torch.cat([tk, n.to("tpu")], dim=-2)
     torch.testing.assert_close(tk.cpu(), k, rtol=0, atol=0)
+
+
+def test_a_grown_batch_keeps_its_room_after_a_reader_takes_its_exact_values():
+    """generate()'s padded batch: the (2, L) mask grows by an append per step, converted to bool and
+    summed (Transformers' `fast_all`) at a program per capacity, and a reader takes its exact values
+    each step. The room stays (it was dropped by the read, so the next append was an exact cat again:
+    a program per length in two steps of three); a write still ends it."""
+    cpu = torch.ones(2, 12, dtype=torch.int64)
+    cpu[1, :4] = 0
+    tpu = cpu.to("tpu")
+    steps = []
+    for _ in range(10):  # lengths 13..22: the first link exact, room 16, then room 32 from 17 on
+        cpu = torch.cat([cpu, cpu.new_ones((2, 1))], dim=-1)
+        before = _compiles()
+        tpu = torch.cat([tpu, tpu.new_ones((2, 1))], dim=-1)
+        as_bool = tpu.to(torch.bool)
+        total = as_bool.sum()
+        steps.append(_compiles() - before)
+        assert total.item() == cpu.to(torch.bool).sum().item()
+        torch.testing.assert_close(as_bool.cpu(), cpu.to(torch.bool), rtol=0, atol=0)
+        torch.testing.assert_close(tpu.cpu(), cpu, rtol=0, atol=0)
+    assert _room(tpu, -1) == (32, 22) and _room(as_bool, -1) == (32, 22)
+    assert steps[2:4] == [0, 0] and steps[5:] == [0] * 5, steps
+    tpu[0, -1] = 0  # a write: the room is gone, the next append is exact
+    cpu[0, -1] = 0
+    assert _room(tpu, -1) is None
+    cpu, tpu = torch.cat([cpu, cpu[:, :1]], dim=-1), torch.cat([tpu, tpu[:, :1]], dim=-1)
+    torch.testing.assert_close(tpu.cpu(), cpu, rtol=0, atol=0)
+    assert tpu.sum().item() == cpu.sum().item()
+
+
+def test_eager_attention_over_a_grown_cache_in_the_fused_mode_reads_exact_keys():
+    """A model's own attention (`q @ k.transpose(-1, -2)`, GPT-2's eager path) reads a (B, H, L, D)
+    cache grown into room. In later generate()s the ops meet warm entries of the first at each length,
+    and the C++ fused queue took the record's Room as an array (TypeError when the segment ran; the
+    third round here); it now leaves it to Python, which reads the exact values."""
+    torch.manual_seed(0)
+    for _ in range(3):
+        k, v = torch.randn(2, 2, 10, 4), torch.randn(2, 2, 10, 4)
+        tk, tv = k.to("tpu"), v.to("tpu")
+        for _ in range(4):
+            nk, nv, q = torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4)
+            k, v = torch.cat([k, nk], -2), torch.cat([v, nv], -2)
+            tk, tv = torch.cat([tk, nk.to("tpu")], -2), torch.cat([tv, nv.to("tpu")], -2)
+            expected = (q @ k.transpose(-1, -2) * 0.5).softmax(-1) @ v
+            got = (q.to("tpu") @ tk.transpose(-1, -2) * 0.5).softmax(-1) @ tv
+            torch.testing.assert_close(got.cpu(), expected)

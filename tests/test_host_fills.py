@@ -153,3 +153,29 @@ def test_eye_of_new_shapes_matches_the_cpu_without_compiling():
     assert torch.eye(0, 3, device="tpu").shape == (0, 3)  # (empty: the engine's path)
     with pytest.raises(RuntimeError, match="n must be greater or equal to 0, got -1"):
         torch.eye(-1, device="tpu")
+
+
+def test_a_causal_mask_over_a_short_arange_folds_on_the_host_as_the_cpu():
+    """Transformers' mask of a decode step from host shapes (`arange(kv_length) + offset`, `kv <= q`,
+    `ones & causal`): a short integer arange's values are known, and folds of them stay known, so
+    nothing compiles per key length; a float result, and a tensor that is no known array, take the
+    engine's path."""
+    n = 43  # (a length no other test uses: a shape another test ran runs its executable)
+
+    def mask(device):
+        kv = torch.arange(n, device=device) + 0
+        q = torch.arange(1, device=device) + (n - 1)
+        causal = kv[None, None, None, :] <= q[None, None, :, None]
+        return q.new_ones((), dtype=torch.bool) & causal, kv * 2 - 5
+
+    before = _compiles()
+    got, ints = mask("tpu")
+    assert _compiles() == before
+    expected, expected_ints = mask("cpu")
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+    torch.testing.assert_close(ints.cpu(), expected_ints, rtol=0, atol=0)
+    halves = torch.arange(n - 2, device="tpu") / 2  # (a float result: the engine's division)
+    torch.testing.assert_close(halves.cpu(), torch.arange(n - 2) / 2)
+    r = torch.randint(0, 9, (n - 1,))
+    torch.testing.assert_close((torch.arange(n - 1, device="tpu") + r.to("tpu")).cpu(), torch.arange(n - 1) + r)

@@ -30,6 +30,7 @@ goes to the engine's cat as before, with its errors.
 from __future__ import annotations
 
 import math
+import weakref
 
 import jax
 import numpy as np
@@ -50,6 +51,9 @@ _room: dict = {}  # storage address -> axis: storages with room along `axis` mad
 _slices: dict = {}  # (room's shape, axis, length, dtype) -> jitted exact slice
 _serving = [False]  # inside serve_index_select's call of the engine
 _masks: dict = {}  # (device index, capacity, length) -> bool (1, 1, 1, capacity) tensor: length positions True
+# record -> its Room, kept after a reader took the exact values (the record then holds `room.exact`):
+# the next append, a beam reorder and attention still read the room while no write replaced them
+_read_rooms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 limits.FORGETTERS.append(_programs.clear)
 limits.FORGETTERS.append(_slices.clear)
 
@@ -59,8 +63,10 @@ class Room(Placeholder):
     `array` holds it in its first `length` positions along `axis` and room after them (zeros). The
     storage and the tensor are those of the exact result (contiguous, `numel` elements), so nothing
     of the room shows to PyTorch; readers that know it (the next append, `index_select` on another
-    dimension, attention) use `array`, at one program per capacity; any other reader takes the exact
-    values, sliced once (`get`: a program per length, as the exact cat was)."""
+    dimension, attention, a dtype conversion, an integer `sum`) use `array`, at one program per
+    capacity; any other reader takes the exact values, sliced once (`get`: a program per length, as
+    the exact cat was). The Room stays after that read (`_read_rooms`) until a write replaces the
+    record's buffer."""
 
     __slots__ = ("array", "axis", "exact", "length")
 
@@ -90,9 +96,19 @@ def room_of(t):
     if type(t) is not torch.Tensor:  # (a FakeTensor of a trace, a subclass: no storage of ours to read)
         return None
     r = RECORDS.get(t.untyped_storage().data_ptr())
-    if r is None or type(r._buffer) is not Room or t.is_conj() or t.is_neg() or not covers(t, r):
+    if r is None or t.is_conj() or t.is_neg() or not covers(t, r):
         return None
-    return r._buffer
+    return _room_in(r)
+
+
+def _room_in(record):
+    """The Room of a grown storage's record: its buffer, or the Room whose exact values a reader took
+    (still the record's buffer: nothing wrote it since), else None."""
+    b = record._buffer
+    if type(b) is Room:
+        return b
+    room = _read_rooms.get(record)
+    return room if room is not None and b is room.exact else None
 
 
 def padded(t, room):
@@ -108,7 +124,10 @@ def with_room(shape, dtype, device_index, array, axis, length):
     record's form, so no executable built for an exact tensor of that shape (or for the whole room of
     a smaller capacity) takes a grown one's key, and each op on a grown tensor comes to its first-call
     path (the serving functions here), as appends do."""
-    return new_tensor(tuple(shape), dtype, device_index, Room(array, axis, length), form=(math.prod(shape),))
+    room = Room(array, axis, length)
+    t = new_tensor(tuple(shape), dtype, device_index, room, form=(math.prod(shape),))
+    _read_rooms[RECORDS[t.untyped_storage().data_ptr()]] = room
+    return t
 
 
 def valid_positions(device, capacity, length):
@@ -234,8 +253,8 @@ def _append_behind(a, b, ra, rb, d, address):
         return None
     la, lb = a.shape[d], b.shape[d]
     total = la + lb
-    room = ra._buffer
-    if type(room) is Room and room.axis == d and room.length == la:
+    room = _room_in(ra)
+    if room is not None and room.axis == d and room.length == la:
         grown = room.array
         size = grown.shape[d] if total <= grown.shape[d] else bucket(total)
     elif ra.shape != tuple(a.shape):
@@ -293,17 +312,47 @@ def serve_index_select(kernel, args, kwargs):
         room = Room(fn(exact, np.zeros((0,) * t.dim(), exact.dtype), np.int32(0)), axis, t.shape[axis])
     if d == room.axis:
         return None
-    out = _engine(kernel, padded(t, room), dim, index)
+    shape = list(t.shape)
+    shape[d] = index.numel()
+    return _keeping(room, shape, _engine(kernel, padded(t, room), dim, index))
+
+
+def serve_to_copy(kernel, args, kwargs):
+    """`t.to(dtype)` of a whole grown tensor (a padded batch's attention mask, converted every step):
+    the engine's conversion of the whole room (a program per capacity; the room's zeros convert to
+    zeros), the result keeping the room; None for the engine."""
+    if len(args) != 1 or kwargs.keys() != {"dtype"} or _serving[0]:
+        return None
+    t = args[0]
+    room = room_of(t)
+    if room is None or t.requires_grad:
+        return None
+    return _keeping(room, t.shape, _engine(kernel, padded(t, room), **kwargs))
+
+
+def serve_sum(kernel, args, kwargs):
+    """`t.sum()` of a whole grown integer or bool tensor (`fast_all` of a padded batch's mask): the
+    engine's sum of the whole room (its positions past the length hold zeros, and integer sums do not
+    depend on their order), a program per capacity; None for the engine."""
+    if len(args) != 1 or kwargs or _serving[0]:
+        return None
+    t = args[0]
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return None
+    room = room_of(t)
+    return None if room is None else _engine(kernel, padded(t, room))
+
+
+def _keeping(room, shape, out):
+    """`out` (an op's result over `room`'s whole array) as an exact tensor of `shape` with that room."""
     r = RECORDS[out.untyped_storage().data_ptr()]
     fusion.run_inputs((r._buffer,))  # (a queued result runs: the room holds an array)
-    shape = list(t.shape)
-    shape[dim % t.dim()] = index.numel()
-    return with_room(shape, t.dtype, r.device_index, r.buffer, room.axis, room.length)
+    return with_room(shape, out.dtype, r.device_index, r.buffer, room.axis, room.length)
 
 
-def _engine(kernel, *args):
+def _engine(kernel, *args, **kwargs):
     _serving[0] = True
     try:
-        return kernel(*args)
+        return kernel(*args, **kwargs)
     finally:
         _serving[0] = False

@@ -15,6 +15,11 @@ a few exact elementwise ops whose tensor inputs are all such fills (`torch.ones(
 `is_done | verdict` of two `torch.full` verdicts) run on the host too (`fold`): the CPU's kernel on
 broadcast 0-d stand-ins, its result a new uniform fill. Only ops whose XLA:CPU result is the
 CPU's bit for bit (integer and bool ops, comparisons, IEEE add/sub/mul/div) are folded.
+
+Other small host-made integer arrays are known too (`note_known`: a short `arange`'s values), and
+folds of them keep their values known: the mask Transformers builds per decode step from host
+shapes (`arange(kv_length) + offset`, `kv_idx <= q_idx`, `ones & causal`) runs on the host instead
+of a program per key length. Only integer and bool values (no float rounding or subnormals to match).
 """
 
 from __future__ import annotations
@@ -73,14 +78,29 @@ def _put(host, index, value):
     return array
 
 
+def note_known(array, value):
+    """Note the device `array` (host-made) as holding the values of the CPU tensor `value` (integer
+    or bool, `array`'s elements in order): folds of tensors over it run on the host."""
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.numel() * value.itemsize > HOST_BYTES:
+        return
+    key = id(array)
+    _uniform[key] = (weakref.ref(array, lambda _, key=key: _uniform.pop(key, None)), value)
+
+
 def _uniform_value(t):
-    """The 0-d CPU tensor of `t`'s one value when `t` is all of a storage holding a host-made fill."""
+    """The CPU tensor of `t`'s values when `t` is all of a storage holding a host-made array of known
+    values: 0-d for a fill (one value), else `t`'s shape."""
     r = RECORDS.get(t.untyped_storage().data_ptr())
     if r is None or not covers(t, r):
         return None
     buffer = r._buffer
     known = _uniform.get(id(buffer))
-    return known[1] if known is not None and known[0]() is buffer else None
+    if known is None or known[0]() is not buffer:
+        return None
+    value = known[1]
+    if value.dim() == 0:
+        return value
+    return value.reshape(t.shape) if value.numel() == t.numel() else None
 
 
 def _fill_whole(kernel, self, value):
@@ -158,8 +178,9 @@ def eye(kernel, args, kwargs):
 
 
 def _plain(value) -> bool:
-    """Whether a 0-d value is neither complex nor a subnormal float."""
-    if value.dtype.is_complex:
+    """Whether a value (0-d: a fill's) is neither complex nor a subnormal float (known arrays: integer
+    or bool only)."""
+    if value.dtype.is_complex or (value.dim() and value.dtype.is_floating_point):
         return False
     if not value.dtype.is_floating_point:
         return True
@@ -179,16 +200,18 @@ FOLDED = (
 
 
 def fold(kernel, args, kwargs):
-    """A first call of a FOLDED op whose tpu tensors are all uniform host fills: the CPU kernel's
-    result on 0-d stand-ins broadcast to their shapes (its promotion, wrapped numbers and errors
-    are the CPU's), put on the device as a new uniform fill; None otherwise (the engine's path)."""
-    index, stand_ins = None, []
+    """A first call of a FOLDED op whose tpu tensors all hold known host-made values: the CPU kernel's
+    result on stand-ins of their values (a fill's 0-d value broadcast to its shape; its promotion,
+    wrapped numbers and errors are the CPU's), put on the device as a new known array (a uniform
+    fill where every input was one); None otherwise (the engine's path)."""
+    index, stand_ins, uniform = None, [], True
     for a in args:
         if isinstance(a, torch.Tensor) and a.device.type == "tpu":
             value = _uniform_value(a)
             if value is None or not _plain(value):
                 return None
             index = a.device.index if a.device.index is not None else current_device()
+            uniform = uniform and value.dim() == 0
             a = value.expand(a.shape)
         stand_ins.append(a)
     if index is None or any(isinstance(v, torch.Tensor) for v in kwargs.values()):
@@ -199,7 +222,8 @@ def fold(kernel, args, kwargs):
         return None  # the engine's path raises its own error
     if result.numel() == 0 or result.dtype.is_complex:
         return None
-    shape, value = tuple(result.shape), result.reshape(-1)[0].clone()
+    shape = tuple(result.shape)
+    value = result.reshape(-1)[0].clone() if uniform else result.contiguous()
     tiny = torch.finfo(result.dtype).tiny if result.dtype.is_floating_point else 0
     if not _plain(value) or any(0 < abs(a) < tiny for a in args if type(a) is float):
         return None

@@ -773,7 +773,10 @@ def _arange_values(n, jd, index, start, step):
     if values is None:
         if len(_arange_kept) >= 256:
             _arange_kept.clear()
-        values = _arange_kept[key] = _from_host(_host_arange(n, jd, start, step), None, index)
+        host = _host_arange(n, jd, start, step)
+        values = _arange_kept[key] = _from_host(host, None, index)
+        if host.dtype.kind == "i":  # (its values known: folds of masks built from it run on the host)
+            host_fills.note_known(values, torch.from_numpy(host))
     else:
         metrics.counters.eager_constants_reused += 1
     return values
@@ -967,6 +970,8 @@ def _register_engine_kernels(fast):
     kernel_for(aten.stack.default).split_call = _stack_first_call
     kernel_for(aten.cat.default).split_call = _cat_first_call
     kernel_for(aten.index_select.default).split_call = growing.serve_index_select
+    kernel_for(aten._to_copy.default).split_call = growing.serve_to_copy
+    kernel_for(aten.sum.default).split_call = growing.serve_sum
     for op, serve in ((aten.fill_.Scalar, host_fills.fill), (aten.zero_.default, host_fills.zero)):
         kernel_for(op).split_call = serve
     kernel_for(aten.full.default).split_call = host_fills.full

@@ -73,7 +73,8 @@ static bool open_segment(PyObject* device, PyObject* fn, PyObject* anchor, HeldR
 
 // The step's inputs, held: each record's buffer, then the gate if any; a result queued in this
 // segment, or a concrete array (a result of a segment that ran: its value). False for anything
-// else (unwritten, queued in a segment not run yet): Python.
+// else (unwritten, queued in a segment not run yet, another placeholder: a grown tensor's Room,
+// eager/growing.py): Python.
 static bool step_inputs(const Work& w, PyObject* gate, PyObject* segment, HeldRefs& held,
                         c10::SmallVector<PyObject*, 8>& inputs) {
   for (size_t i = 0; i <= w.records.size(); i++) {
@@ -84,6 +85,7 @@ static bool step_inputs(const Work& w, PyObject* gate, PyObject* segment, HeldRe
       b = slot_of(b, F.p_value);
       if (!b || b == Py_None) return false;
     }
+    if (Py_TYPE(b) != F.pending && Py_TYPE(b) != C.array_type) return false;
     inputs.push_back(held.hold(b));
   }
   return true;
