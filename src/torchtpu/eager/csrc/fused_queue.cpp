@@ -73,16 +73,21 @@ static bool open_segment(PyObject* device, PyObject* fn, PyObject* anchor, HeldR
 
 // The step's inputs, held: each record's buffer, then the gate if any; a result queued in this
 // segment, or a concrete array (a result of a segment that ran: its value). False for anything
-// else (unwritten, queued in a segment not run yet): Python.
+// else (unwritten, queued in a segment not run yet, a grown tensor's room: eager/growing.py Room,
+// whose exact values Python slices out): Python.
 static bool step_inputs(const Work& w, PyObject* gate, PyObject* segment, HeldRefs& held,
                         c10::SmallVector<PyObject*, 8>& inputs) {
   for (size_t i = 0; i <= w.records.size(); i++) {
     if (i == w.records.size() && !gate) break;
     PyObject* b = i < w.records.size() ? slot_of(w.records[i], C.off_buffer) : gate;
     if (!b || b == Py_None) return false;
-    if (Py_TYPE(b) == F.pending && slot_of(b, F.p_segment) != segment) {
-      b = slot_of(b, F.p_value);
-      if (!b || b == Py_None) return false;
+    if (Py_TYPE(b) == F.pending) {
+      if (slot_of(b, F.p_segment) != segment) {
+        b = slot_of(b, F.p_value);
+        if (!b || b == Py_None) return false;
+      }
+    } else if (i < w.records.size() && Py_TYPE(b) != C.array_type) {
+      return false;
     }
     inputs.push_back(held.hold(b));
   }
