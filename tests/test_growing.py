@@ -189,3 +189,25 @@ def test_eager_attention_over_a_grown_cache_in_the_fused_mode_reads_exact_keys()
             expected = (q @ k.transpose(-1, -2) * 0.5).softmax(-1) @ v
             got = (q.to("tpu") @ tk.transpose(-1, -2) * 0.5).softmax(-1) @ tv
             torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_a_warm_op_queued_in_cpp_reads_a_grown_cache_exactly(monkeypatch):
+    """The fused mode's C++ queue (csrc/fused_queue.cpp) sends an input whose buffer is a Room to the
+    Python kernel (which slices its exact values): queued as it is, the segment handed JAX the Room
+    (gemma3's `test_generate_from_random_inputs_embeds` after other generate tests)."""
+    from torchtpu.eager import fusion
+
+    monkeypatch.setattr(fusion, "COMPILE", "now")  # (no background compile left to count in a later test)
+    torch.manual_seed(2)
+    q = torch.randn(3, 2, 13, 5)
+    tq = q.to("tpu")
+    with torchtpu.eager_mode("fused"):
+        for _ in range(6):  # (the mul warms up, then queues behind the add in one segment)
+            k = torch.randn(3, 2, 10, 5)
+            tk = k.to("tpu")
+            for _ in range(3):
+                n = torch.randn(3, 2, 1, 5)
+                k, tk = torch.cat([k, n], dim=-2), torch.cat([tk, n.to("tpu")], dim=-2)
+            assert _room(tk) == (16, 13)
+            torch.testing.assert_close(((tq + 1) * tk).cpu(), (q + 1) * k, rtol=0, atol=0)
+        fusion.flush_all()
