@@ -16,9 +16,11 @@ indices: a singular matrix is reported as the CPU reports it (`info` of the `_ex
 the bucket's results' first n elements, reshaped to the batch shape: new tensors over the bucket
 results' storages (the same strides the CPU gives a batch), not views.
 
-A call already flat (one batch dim whose size is a bucket), without batch dims, with an empty batch,
-with operands whose batch shapes differ (broadcasting) or that are not plain tpu tensors, runs as
-before. The padding and reshapes are small ops: the reshape of a contiguous operand is a view, the
+Operands whose batch shapes differ are expanded to the broadcast batch shape where the plan marks
+them BROADCAST (the results then have that batch shape: a solve's right-hand side; not the factors of
+`_linalg_solve_ex` or the ranks of `lstsq`, which keep A's). A call already flat (one batch dim whose
+size is a bucket), without batch dims, with an empty batch, or with operands that are not plain tpu
+tensors runs as before. The padding and reshapes are small ops: the reshape of a contiguous operand is a view, the
 padding a `cat` (made on the host for small tensors on XLA:CPU: eager/host_cat.py) of the operand
 and an `eye`/`zeros` fill (eager/host_fills.py).
 """
@@ -26,15 +28,19 @@ and an `eye`/`zeros` fill (eager/host_fills.py).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
+from torch.utils import _pytree as pytree
 
 from ..ops.table import declared_facts
 from .bucketed_draws import bucket_of
+from .build import META_CHECKS, META_OVERRIDES
 
 # the pads a plan names: identity matrices (rectangular for a non-square core), zeros, and the pivots
-# of the identity permutation (1-based, LAPACK's)
-EYE, ZEROS, PIVOTS = "eye", "zeros", "pivots"
+# of the identity permutation (1-based, LAPACK's); a fourth element BROADCAST marks an argument whose
+# batch dims the op broadcasts against the others' (expanded to the common batch shape first)
+EYE, ZEROS, PIVOTS, BROADCAST = "eye", "zeros", "pivots", "broadcast"
 
 PLANS = declared_facts("matrix_batches")
 
@@ -49,13 +55,15 @@ def serve(kernel, args, kwargs):
     located = _locate(kernel, args, kwargs, plan)
     if located is None:
         return None
-    batch = located[0][1].shape[: located[0][1].dim() - located[0][2]]
+    batch, located = located
     n = math.prod(batch)
     if not batch or n == 0:
         return None
     bucket = bucket_of(n, 1)
     if len(batch) == 1 and n == bucket:
         return None
+    if not _meta_accepts(kernel, args, kwargs):
+        return None  # (the call as it is raises PyTorch's error for these arguments, in its words)
     args, kwargs = list(args), dict(kwargs)
     for where, t, core, fill in located:
         flat = t.reshape(n, *t.shape[t.dim() - core :])
@@ -72,11 +80,12 @@ def serve(kernel, args, kwargs):
 
 
 def _locate(kernel, args, kwargs, plan):
-    """[(position or name, tensor, core dims, fill)] of the plan's arguments, or None where one is
-    missing, not a plain tpu tensor, or of another batch shape than the first."""
+    """(the batch shape, [(position or name, tensor, core dims, fill)] of the plan's arguments), or
+    None where one is missing or not a plain tpu tensor, or where the batch shapes differ and an
+    argument whose batch shape the results keep (not BROADCAST in the plan) lacks the common one."""
     positions = {a.name: i for i, a in enumerate(kernel.op._schema.arguments)}
-    found, batch = [], None
-    for name, core, fill in plan:
+    found, shapes = [], []
+    for name, core, fill, *broadcast in plan:
         i = positions[name]
         if i < len(args):
             where, t = i, args[i]
@@ -86,13 +95,42 @@ def _locate(kernel, args, kwargs, plan):
             return None
         if type(t) is not torch.Tensor or t.device.type != "tpu" or t.dim() < core or t.dtype == torch.complex32:
             return None
-        shape = t.shape[: t.dim() - core]
-        if batch is None:
-            batch = shape
-        elif shape != batch:
+        shapes.append(t.shape[: t.dim() - core])
+        found.append((where, t, core, fill, bool(broadcast)))
+    batch = shapes[0]
+    if any(shape != batch for shape in shapes):
+        try:
+            batch = torch.broadcast_shapes(*shapes)
+        except RuntimeError:
+            return None  # (the op raises PyTorch's error)
+        if any(shape != batch and not broadcast for shape, (*_, broadcast) in zip(shapes, found)):
             return None
-        found.append((where, t, core, fill))
-    return found
+    return batch, [
+        (where, t.expand(*batch, *t.shape[t.dim() - core :]), core, fill) for where, t, core, fill, _ in found
+    ]
+
+
+def _meta_accepts(kernel, args, kwargs):
+    """Whether PyTorch's meta kernel (and the lowering's meta_check) takes the call as it is: a bad
+    argument (pivots of another batch than LU, shapes that do not broadcast) is left to the engine,
+    which raises the error the CPU raises for these arguments, not for the flat ones."""
+
+    def meta(t):
+        if isinstance(t, torch.Tensor):
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        return t
+
+    meta_args, meta_kwargs = pytree.tree_map(meta, (args, kwargs))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check = META_CHECKS.get(kernel.name)
+            if check is not None:
+                check(*meta_args, **meta_kwargs)
+            META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
+    except Exception:  # noqa: BLE001 - any error: the engine's own path raises it as it should
+        return False
+    return True
 
 
 def _pad(fill, count, flat):

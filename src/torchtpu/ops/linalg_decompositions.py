@@ -20,8 +20,10 @@ from .table import lowering
 # (name, core dims, pad) so that an eager call with batch dims runs on a flat batch padded to a size
 # bucket, one program for every batch shape. The pads make the op well defined and are dropped:
 # identity matrices (a rectangular identity for a non-square core), zero right-hand sides and
-# Householder scales (tau 0: the reflector is the identity), the identity permutation's pivots.
-_EYE, _ZEROS, _PIVOTS = "eye", "zeros", "pivots"
+# Householder scales (tau 0: the reflector is the identity), the identity permutation's pivots. An
+# argument marked _BROADCAST may have other batch dims than the rest (expanded to the broadcast ones:
+# the results have those), where the op's results all take the broadcast batch shape.
+_EYE, _ZEROS, _PIVOTS, _BROADCAST = "eye", "zeros", "pivots", "broadcast"
 
 
 def _batched(*plan):
@@ -34,7 +36,7 @@ _ONE_MATRIX = _batched(("self", 2, _EYE))
 def _matrix_rhs(a_name, b_name):
     """The plan of a solve whose right-hand side may be a (batch of) vector(s): matrices only (a
     vector right-hand side has one dim less than A, and the call runs as it is)."""
-    plan = ((a_name, 2, _EYE), (b_name, 2, _ZEROS))
+    plan = ((a_name, 2, _EYE), (b_name, 2, _ZEROS, _BROADCAST))
 
     def of(a, b, *args, **kwargs):
         return plan if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() else None
@@ -248,7 +250,9 @@ def _cholesky_solve(b, factor, upper):
     return _tri_solve(factor, y, upper=False, transpose=True, conjugate=True)
 
 
-@lowering("_cholesky_solve_helper", matrix_batches=_batched(("self", 2, _ZEROS), ("A", 2, _EYE)))
+@lowering(
+    "_cholesky_solve_helper", matrix_batches=_batched(("self", 2, _ZEROS, _BROADCAST), ("A", 2, _EYE, _BROADCAST))
+)
 def cholesky_solve_helper(b, factor, upper):
     _lapack_dtype(b, "cholesky_solve")
     return _cholesky_solve(b, factor, upper)
@@ -298,7 +302,7 @@ def _flagged_tri_solve(a, b, upper, unit, left=True, transpose=False):
 
 @lowering(
     "linalg_solve_triangular",
-    matrix_batches=_batched(("self", 2, _EYE), ("B", 2, _ZEROS)),
+    matrix_batches=_batched(("self", 2, _EYE, _BROADCAST), ("B", 2, _ZEROS, _BROADCAST)),
     traced=("upper", "unitriangular"),
 )
 def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
@@ -308,7 +312,7 @@ def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
 
 @lowering(
     "triangular_solve",
-    matrix_batches=_batched(("self", 2, _ZEROS), ("A", 2, _EYE)),
+    matrix_batches=_batched(("self", 2, _ZEROS, _BROADCAST), ("A", 2, _EYE, _BROADCAST)),
     traced=("upper", "transpose", "unitriangular"),
     meta_check={"triangular_solve.X": _out_dtype_check(torch.ops.aten.triangular_solve.default, {"X": "", "M": ""})},
 )
@@ -408,7 +412,12 @@ def _lu_solve(lu, perm, b, left=True, adjoint=False):
     return _mH(_lu_solve_left(lu, perm, _mH(b), not adjoint))
 
 
-@lowering("linalg_lu_solve", matrix_batches=_batched(("LU", 2, _EYE), ("pivots", 1, _PIVOTS), ("B", 2, _ZEROS)))
+@lowering(
+    "linalg_lu_solve",
+    matrix_batches=_batched(
+        ("LU", 2, _EYE, _BROADCAST), ("pivots", 1, _PIVOTS, _BROADCAST), ("B", 2, _ZEROS, _BROADCAST)
+    ),
+)
 def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
     _lapack_dtype(lu, "lu_solve")
     return _lu_solve(lu, _pivots_to_perm(pivots, lu.shape[-1]), b, left, adjoint)
@@ -606,7 +615,12 @@ def _ldl_solve_one(ld, piv, b, herm=False):
     return b
 
 
-@lowering("linalg_ldl_solve", matrix_batches=_batched(("LD", 2, _EYE), ("pivots", 1, _PIVOTS), ("B", 2, _ZEROS)))
+@lowering(
+    "linalg_ldl_solve",
+    matrix_batches=_batched(
+        ("LD", 2, _EYE, _BROADCAST), ("pivots", 1, _PIVOTS, _BROADCAST), ("B", 2, _ZEROS, _BROADCAST)
+    ),
+)
 def linalg_ldl_solve(ld, pivots, b, hermitian=False):
     _ldl_dtype(ld, "ldl_solve")
     if ld.shape[-1] == 0 or b.shape[-1] == 0:
