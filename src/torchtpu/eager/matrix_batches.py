@@ -20,9 +20,14 @@ Operands whose batch shapes differ are expanded to the broadcast batch shape whe
 them BROADCAST (the results then have that batch shape: a solve's right-hand side; not the factors of
 `_linalg_solve_ex` or the ranks of `lstsq`, which keep A's). A call already flat (one batch dim whose
 size is a bucket), without batch dims, with an empty batch, or with operands that are not plain tpu
-tensors runs as before. The padding and reshapes are small ops: the reshape of a contiguous operand is a view, the
-padding a `cat` (made on the host for small tensors on XLA:CPU: eager/host_cat.py) of the operand
-and an `eye`/`zeros` fill (eager/host_fills.py).
+tensors runs as before.
+
+The flat operands are new storages of the bucket's shape (the engine keys a program by its storages'
+shapes too: a reshaped view of a (2, 2, n, n) storage keyed another program than a (4, n, n) one).
+On XLA:CPU, small ones (HOST_BYTES) are made on the host, as eager/host_cat.py makes a cat: each
+operand read through its view from its storage's array, the pads appended, no program; elsewhere (a
+TPU, the TPU compile check, large operands) by a reshape and a `cat` with an `eye`/`zeros` fill on
+the device (a small program per batch shape and layout, where the op's own would compile).
 """
 
 from __future__ import annotations
@@ -30,12 +35,20 @@ from __future__ import annotations
 import math
 import warnings
 
+import jax
+import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+from ..device import platform
 from ..ops.table import declared_facts
+from ..storage.records import RECORDS, new_tensor
+from . import fusion, tpu_check
 from .bucketed_draws import bucket_of
 from .build import META_CHECKS, META_OVERRIDES
+from .executable import input_buffers
+
+HOST_BYTES = 1 << 20  # the flat padded operands' bytes at most made on the host (as eager/host_cat.py's)
 
 # the pads a plan names: identity matrices (rectangular for a non-square core), zeros, and the pivots
 # of the identity permutation (1-based, LAPACK's); a fourth element BROADCAST marks an argument whose
@@ -65,10 +78,18 @@ def serve(kernel, args, kwargs):
     if not _meta_accepts(kernel, args, kwargs):
         return None  # (the call as it is raises PyTorch's error for these arguments, in its words)
     args, kwargs = list(args), dict(kwargs)
+    on_host = _on_host(located, bucket)
     for where, t, core, fill in located:
-        flat = t.reshape(n, *t.shape[t.dim() - core :])
-        if bucket > n:
-            flat = torch.cat([flat, _pad(fill, bucket - n, flat)])
+        if on_host:
+            flat = _host_flat(t, n, bucket, core, fill)
+        else:
+            flat = t.reshape(n, *t.shape[t.dim() - core :])
+            if bucket > n:
+                flat = torch.cat([flat, _pad(fill, bucket - n, flat)])
+            elif flat.untyped_storage().nbytes() != flat.numel() * flat.element_size() or not flat.is_contiguous():
+                flat = flat.clone(
+                    memory_format=torch.contiguous_format
+                )  # (the program is keyed by its storage's shape)
         if type(where) is int:
             args[where] = flat
         else:
@@ -131,6 +152,43 @@ def _meta_accepts(kernel, args, kwargs):
     except Exception:  # noqa: BLE001 - any error: the engine's own path raises it as it should
         return False
     return True
+
+
+def _on_host(located, bucket):
+    """Whether the flat, padded operands are made on the host: where device buffers are host memory
+    (XLA:CPU; not under the TPU compile check) and they are small, their values known (not a fused
+    segment's queued result) and stored as their dtype. Else a reshape and a `cat` on the device: a
+    small program per batch shape and layout (what the host saves)."""
+    if not platform.buffers_in_host_memory() or tpu_check.enabled():
+        return False
+    total = 0
+    for _, t, core, _ in located:
+        r = RECORDS.get(t.untyped_storage().data_ptr())
+        if r is None or r.dtype != t.dtype or t.is_conj() or t.is_neg() or type(r._buffer) is fusion.Pending:
+            return False
+        total += bucket * math.prod(t.shape[t.dim() - core :]) * t.element_size()
+    return total <= HOST_BYTES
+
+
+def _host_flat(t, n, bucket, core, fill):
+    """`t` (batch..., *core) as a new tensor (bucket, *core): its n matrices read through its view from
+    its storage's array, then the pads; no program."""
+    (buffer,) = input_buffers([RECORDS[t.untyped_storage().data_ptr()]])
+    flat = np.asarray(buffer).reshape(-1)
+    v = np.lib.stride_tricks.as_strided(
+        flat[t.storage_offset() :], tuple(t.shape), [s * flat.itemsize for s in t.stride()], writeable=False
+    )
+    shape = tuple(t.shape[t.dim() - core :])
+    out = np.empty((bucket, *shape), dtype=flat.dtype)
+    out[:n] = v.reshape(n, *shape)
+    if bucket > n:
+        if fill == EYE:
+            out[n:] = np.eye(shape[0], shape[1], dtype=flat.dtype)
+        elif fill == PIVOTS:
+            out[n:] = np.arange(1, shape[0] + 1, dtype=flat.dtype)
+        else:
+            out[n:] = 0
+    return new_tensor(out.shape, t.dtype, t.device.index, jax.device_put(out, buffer.sharding))
 
 
 def _pad(fill, count, flat):
