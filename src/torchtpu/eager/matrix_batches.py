@@ -13,8 +13,9 @@ pivots), whose results are dropped. So every batch shape with the same matrix sh
 shares one program per bucket. The padding comes last, so the real elements keep their flat
 indices: a singular matrix is reported as the CPU reports it (`info` of the `_ex` ops and the
 "(Batch element i)" of `check_errors`, both read from the real elements only). The results are
-the bucket's results' first n elements, reshaped to the batch shape: new tensors over the bucket
-results' storages (the same strides the CPU gives a batch), not views.
+the bucket's results' first n elements, reshaped to the batch shape (the strides the CPU gives a
+batch): on XLA:CPU new storages of exactly those elements, cut on the host; elsewhere new tensors
+(not views) over the bucket results' storages.
 
 Operands whose batch shapes differ are expanded to the broadcast batch shape where the plan marks
 them BROADCAST (the results then have that batch shape: a solve's right-hand side; not the factors of
@@ -42,7 +43,7 @@ from torch.utils import _pytree as pytree
 
 from ..device import platform
 from ..ops.table import declared_facts
-from ..storage.records import RECORDS, new_tensor
+from ..storage.records import RECORDS, new_tensor, storage_shape
 from . import fusion, tpu_check
 from .bucketed_draws import bucket_of
 from .build import META_CHECKS, META_OVERRIDES
@@ -96,8 +97,8 @@ def serve(kernel, args, kwargs):
             kwargs[where] = flat
     results = kernel(*args, **kwargs)
     if isinstance(results, torch.Tensor):
-        return _unflat(results, bucket, n, batch)
-    return type(results)(_unflat(r, bucket, n, batch) for r in results)
+        return _unflat(results, bucket, n, batch, on_host)
+    return type(results)(_unflat(r, bucket, n, batch, on_host) for r in results)
 
 
 def _locate(kernel, args, kwargs, plan):
@@ -201,13 +202,34 @@ def _pad(fill, count, flat):
     return torch.zeros(count, *core, dtype=flat.dtype, device=flat.device)
 
 
-def _unflat(r, bucket, n, batch):
+def _unflat(r, bucket, n, batch, on_host):
     """The first n elements of a bucket's result `r`, with the batch dims for its first; `r` itself
-    where it has no batch dim (lstsq's empty residuals)."""
+    where it has no batch dim (lstsq's empty residuals). `on_host`: a new storage of exactly those
+    elements, cut on the host where `r`'s value is there (later ops key the result's storage as they
+    keyed the batch's own result), else a tensor over `r`'s storage."""
     if not isinstance(r, torch.Tensor) or r.dim() == 0 or r.shape[0] != bucket:
         return r
     step = r.stride(0)
     strides = [step * math.prod(batch[i + 1 :]) for i in range(len(batch))]
     shape = (*batch, *r.shape[1:])
+    stride = (*strides, *r.stride()[1:])
+    record = RECORDS.get(r.untyped_storage().data_ptr())
+    if (
+        on_host
+        and record is not None
+        and type(record._buffer) is not fusion.Pending
+        and r.storage_offset() == 0
+        and step == math.prod(r.shape[1:])  # (the batch outermost: its first n elements are a dense prefix)
+        and record.numel == r.numel()
+    ):
+        (buffer,) = input_buffers([record])
+        prefix = np.asarray(buffer).reshape(-1)[: n * step]
+        return new_tensor(
+            shape,
+            r.dtype,
+            r.device.index,
+            jax.device_put(prefix.reshape(storage_shape(shape, stride)), buffer.sharding),
+            stride=stride,
+        )
     out = torch.empty(0, dtype=r.dtype, device=r.device)
-    return out.set_(r.untyped_storage(), r.storage_offset(), shape, (*strides, *r.stride()[1:]))
+    return out.set_(r.untyped_storage(), r.storage_offset(), shape, stride)
