@@ -33,15 +33,25 @@ def _batched(*plan):
 _ONE_MATRIX = _batched(("self", 2, _EYE))
 
 
-def _matrix_rhs(a_name, b_name):
+def _matrix_rhs(a_name, b_name, a_broadcasts=None):
     """The plan of a solve whose right-hand side may be a (batch of) vector(s): matrices only (a
-    vector right-hand side has one dim less than A, and the call runs as it is)."""
+    vector right-hand side has one dim less than A, and the call runs as it is). A's batch dims
+    broadcast too where `a_broadcasts(*args, **kwargs)` says every result takes the common batch
+    (else results such as solve's LU or lstsq's ranks keep A's)."""
     plan = ((a_name, 2, _EYE), (b_name, 2, _ZEROS, _BROADCAST))
+    both = ((a_name, 2, _EYE, _BROADCAST), (b_name, 2, _ZEROS, _BROADCAST))
 
     def of(a, b, *args, **kwargs):
-        return plan if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() else None
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim()):
+            return None
+        return both if a_broadcasts is not None and a_broadcasts(a, b, *args, **kwargs) else plan
 
     return of
+
+
+def _lstsq_gels(a, b, rcond=None, driver=None):
+    """lstsq's "gels" (tpu's default): no ranks or singular values, the results take the common batch."""
+    return driver in (None, "gels")
 
 
 # ---------------------------------------------------------------- decompositions: error reporting
@@ -737,7 +747,7 @@ def _lstsq_meta(a, b, rcond=None, *, driver=None):
     return solution, residuals, rank, a.new_empty((0,), dtype=real)
 
 
-@lowering("linalg_lstsq", matrix_batches=_matrix_rhs("self", "b"), meta=_lstsq_meta)
+@lowering("linalg_lstsq", matrix_batches=_matrix_rhs("self", "b", _lstsq_gels), meta=_lstsq_meta)
 def linalg_lstsq(a, b, rcond=None, driver=None):
     """min ||A X - B||. The default driver is "gels", as on CUDA (the CPU's default is "gelsy"): QR of a
     full-rank A, residuals when m > n, rank and singular values empty. "gelsy" (rank-revealing, here
