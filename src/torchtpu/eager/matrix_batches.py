@@ -7,7 +7,8 @@ shape and flag. These ops compute each matrix of the batch alone, so a lowering 
 `matrix_batches=plan` (ops/table.py; plan(*args, **kwargs) names the batched tensor arguments, the
 number of their trailing core dims and how to pad them, or None for a call it does not fit) runs a
 call with batch dims as one call of the same op on a flat batch: each operand reshaped to
-(n, *core) and padded to the count's size bucket (eager/bucketed_draws.py bucket_of) with matrices
+(n, *core) and padded to the count's size bucket (eager/bucketed_draws.py bucket_of; small
+matrices at least 16 of them) with matrices
 that make the op well defined (identity matrices, zero right-hand sides, the identity permutation's
 pivots), whose results are dropped. So every batch shape with the same matrix shapes and flags
 shares one program per bucket. The padding comes last, so the real elements keep their flat
@@ -73,7 +74,7 @@ def serve(kernel, args, kwargs):
     n = math.prod(batch)
     if not batch or n == 0:
         return None
-    bucket = bucket_of(n, 1)
+    bucket = _bucket(n, max(math.prod(t.shape[t.dim() - core :]) for _, t, core, _ in located))
     if len(batch) == 1 and n == bucket:
         return None
     if not _meta_accepts(kernel, args, kwargs):
@@ -99,6 +100,21 @@ def serve(kernel, args, kwargs):
     if isinstance(results, torch.Tensor):
         return _unflat(results, bucket, n, batch, on_host)
     return type(results)(_unflat(r, bucket, n, batch, on_host) for r in results)
+
+
+# small matrices are padded to at least SMALLEST_BUCKET of them (while the bucket holds at most
+# SMALL_ELEMENTS elements): PyTorch's tests sweep batches (1,), (2,), (3,), (3, 5), each its own
+# power-of-two bucket; a few more small matrices cost less than a program each
+SMALLEST_BUCKET = 16
+SMALL_ELEMENTS = 1 << 14
+
+
+def _bucket(n, elements):
+    """The flat batch count n is padded to, for matrices of at most `elements` elements each."""
+    bucket = bucket_of(n, 1)
+    while bucket < SMALLEST_BUCKET and 2 * bucket * max(elements, 1) <= SMALL_ELEMENTS:
+        bucket *= 2
+    return bucket
 
 
 def _locate(kernel, args, kwargs, plan):
