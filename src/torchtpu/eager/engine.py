@@ -151,12 +151,66 @@ class OpKernel:
         # the sync windows of its last two builds (eager/build.py note_build)
         self.build_windows = (None, None)
         self.lock = threading.RLock()
+        # the schema's defaults, to key a call as the dispatcher passes it (`_canonical_call`)
+        self.positional_defaults, self.kwarg_defaults = _schema_defaults(schema)
+        self.first_default = next((i for i, d in enumerate(self.positional_defaults) if d[0]), 1 << 30)
+        # arguments traced as values (`traced=` of the lowering) that take their default when absent:
+        # (positions, names); set at registration (set_filled_defaults)
+        self.filled = None
+        self.fill_end = 0  # the positional arguments a call always passes (the last filled one's, + 1)
         _KERNELS.append(self)
+
+    def set_filled_defaults(self, names):
+        """Arguments named in `names` (a lowering's `traced=`) that have a default travel as values
+        in every call, the default filled in where the call leaves them out: keyed as passed, a flag
+        left at its default (which the dispatcher leaves out) and a flag passed keyed two programs."""
+        arguments = self.op._schema.arguments
+        pos = {i for i, a in enumerate(arguments) if a.name in names and not a.kwarg_only and a.has_default_value()}
+        kw = {a.name for a in arguments if a.name in names and a.kwarg_only and a.has_default_value()}
+        pos = {i for i in pos if arguments[i].default_value is not None}
+        kw = {n for n in kw if self.kwarg_defaults[n] is not None}
+        self.filled = (frozenset(pos), frozenset(kw)) if pos or kw else None
+        self.fill_end = max(pos) + 1 if pos else 0
+
+    def _canonical_call(self, args, kwargs):
+        """(args, kwargs) as the dispatcher passes a call (trailing positional arguments and keyword-only
+        ones at their schema default left out), with the arguments of `filled` passed: one key for
+        `op(x)` and `op(x, flag=default)` whichever way the call came (the dispatcher, or a kernel of
+        this package calling another directly), and the same key as the C++ fast path's
+        (csrc/call_key.cpp `present`)."""
+        defaults = self.positional_defaults
+        n = len(args)
+        fill_end = self.fill_end
+        while n > fill_end and n > 0 and _is_default(args[n - 1], defaults[n - 1]):
+            n -= 1
+        if n < fill_end:
+            args = (*args, *(d[1] for d in defaults[n:fill_end]))
+        elif n < len(args):
+            args = args[:n]
+        filled = self.filled
+        names = filled[1] if filled is not None else ()
+        if kwargs or names:
+            kw_defaults = self.kwarg_defaults
+            kept = {}
+            for name, d in kw_defaults.items():  # (schema order, as the C++ key and the dispatcher)
+                if name in kwargs:
+                    a = kwargs[name]
+                    if name in names or not _is_default(a, (True, d)):
+                        kept[name] = a
+                elif name in names:
+                    kept[name] = d
+            for name, a in kwargs.items():  # (a positional argument passed by name: as it came)
+                if name not in kw_defaults:
+                    kept[name] = a
+            kwargs = kept
+        return args, kwargs
 
     # ---------------------------------------------------------------- hot path
     def __call__(self, *args, **kwargs):
         if self.host_check is not None:
             self.host_check(*args, **kwargs)
+        if kwargs or self.filled is not None or len(args) > self.first_default:
+            args, kwargs = self._canonical_call(args, kwargs)
         parts = []
         slot_of = {}
         records = []
@@ -428,6 +482,37 @@ class OpKernel:
                 entry = build_entry(self, key, args, kwargs, bufs, device)
                 self.cache[key] = entry
         return entry
+
+
+def _schema_defaults(schema):
+    """([(has a default, the default)] per positional argument, {name: default} of the keyword-only
+    arguments: those without a default map to _REQUIRED)."""
+    positional, kwarg_only = [], {}
+    for a in schema.arguments:
+        default = a.default_value if a.has_default_value() else _REQUIRED
+        if a.kwarg_only:
+            kwarg_only[a.name] = default
+        else:
+            positional.append((default is not _REQUIRED, default))
+    return positional, kwarg_only
+
+
+_REQUIRED = object()
+
+
+def _is_default(value, default):
+    """Whether `value` is the schema default of `default` (has one, the value), as the dispatcher
+    compares them (IValue equality: the same kind of value, equal); a tensor never is."""
+    has, d = default
+    if not has:
+        return False
+    if d is None:
+        return value is None
+    return type(value) is type(d) and type(d) in _DEFAULT_TYPES and value == d
+
+
+# the kinds of schema defaults compared (a Tensor, a Generator, a device never are defaults)
+_DEFAULT_TYPES = frozenset({bool, int, float, str, list, complex})
 
 
 def _always(*args, **kwargs):

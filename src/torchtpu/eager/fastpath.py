@@ -348,8 +348,11 @@ def attach(op, kernel) -> bool:
     """Put the C++ kernel on PrivateUse1 in front of `kernel` (already registered on PrivateUse3)."""
     lib = _lib[0]
     schema = op._schema
+    filled = kernel.filled or ((), ())
     flags = bytes(
-        (i in kernel.scalar_pos) if not a.kwarg_only else (a.name in kernel.scalar_names)
+        (2 if i in filled[0] else i in kernel.scalar_pos)
+        if not a.kwarg_only
+        else (2 if a.name in filled[1] else a.name in kernel.scalar_names)
         for i, a in enumerate(schema.arguments)
     )
     name = schema.name.split("::", 1)[1].encode()

@@ -38,6 +38,7 @@ from . import (
     host_copies,
     host_fills,
     interrupts,
+    matrix_batches,
     storage_kernels,
     tpu_check,
 )
@@ -523,6 +524,10 @@ def kernel_for(op) -> OpKernel:
                     k.scalar_names.add(a.name)
                 else:
                     k.scalar_pos.add(i)
+        if low is not None and low.traced:
+            k.set_filled_defaults(low.traced)
+        if name in matrix_batches.PLANS:  # batched decompositions: a flat batch, one program per bucket
+            k.split_call = matrix_batches.serve
     return k
 
 

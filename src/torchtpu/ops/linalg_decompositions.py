@@ -15,6 +15,45 @@ from .checks import require
 from .dtypes import not_implemented_for, scalar_type_name
 from .table import lowering
 
+# ---------------------------------------------------------------- batches (eager/matrix_batches.py)
+# These ops compute each matrix of a batch alone: `matrix_batches=` names their batched arguments
+# (name, core dims, pad) so that an eager call with batch dims runs on a flat batch padded to a size
+# bucket, one program for every batch shape. The pads make the op well defined and are dropped:
+# identity matrices (a rectangular identity for a non-square core), zero right-hand sides and
+# Householder scales (tau 0: the reflector is the identity), the identity permutation's pivots. An
+# argument marked _BROADCAST may have other batch dims than the rest (expanded to the broadcast ones:
+# the results have those), where the op's results all take the broadcast batch shape.
+_EYE, _ZEROS, _PIVOTS, _BROADCAST = "eye", "zeros", "pivots", "broadcast"
+
+
+def _batched(*plan):
+    return lambda *args, **kwargs: plan
+
+
+_ONE_MATRIX = _batched(("self", 2, _EYE))
+
+
+def _matrix_rhs(a_name, b_name, a_broadcasts=None):
+    """The plan of a solve whose right-hand side may be a (batch of) vector(s): matrices only (a
+    vector right-hand side has one dim less than A, and the call runs as it is). A's batch dims
+    broadcast too where `a_broadcasts(*args, **kwargs)` says every result takes the common batch
+    (else results such as solve's LU or lstsq's ranks keep A's)."""
+    plan = ((a_name, 2, _EYE), (b_name, 2, _ZEROS, _BROADCAST))
+    both = ((a_name, 2, _EYE, _BROADCAST), (b_name, 2, _ZEROS, _BROADCAST))
+
+    def of(a, b, *args, **kwargs):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim()):
+            return None
+        return both if a_broadcasts is not None and a_broadcasts(a, b, *args, **kwargs) else plan
+
+    return of
+
+
+def _lstsq_gels(a, b, rcond=None, driver=None):
+    """lstsq's "gels" (tpu's default): no ranks or singular values, the results take the common batch."""
+    return driver in (None, "gels")
+
+
 # ---------------------------------------------------------------- decompositions: error reporting
 _FAILURES = {  # PyTorch's wording, without the failing element's number (the check runs on the device)
     "cholesky": "The factorization could not be completed because the input is not positive-definite",
@@ -196,7 +235,7 @@ def _cholesky(a, upper):
     return (_mH(low) if upper else low), info
 
 
-@lowering("linalg_cholesky_ex")
+@lowering("linalg_cholesky_ex", matrix_batches=_ONE_MATRIX)
 def linalg_cholesky_ex(a, upper=False, check_errors=False):
     factor, info = _cholesky(a, upper)
     if check_errors:
@@ -204,7 +243,7 @@ def linalg_cholesky_ex(a, upper=False, check_errors=False):
     return factor, info
 
 
-@lowering("cholesky")
+@lowering("cholesky", matrix_batches=_ONE_MATRIX)
 def cholesky(a, upper=False):
     """The deprecated torch.cholesky: always checks."""
     factor, info = _cholesky(a, upper)
@@ -221,7 +260,9 @@ def _cholesky_solve(b, factor, upper):
     return _tri_solve(factor, y, upper=False, transpose=True, conjugate=True)
 
 
-@lowering("_cholesky_solve_helper")
+@lowering(
+    "_cholesky_solve_helper", matrix_batches=_batched(("self", 2, _ZEROS, _BROADCAST), ("A", 2, _EYE, _BROADCAST))
+)
 def cholesky_solve_helper(b, factor, upper):
     _lapack_dtype(b, "cholesky_solve")
     return _cholesky_solve(b, factor, upper)
@@ -229,6 +270,7 @@ def cholesky_solve_helper(b, factor, upper):
 
 @lowering(
     "cholesky_inverse",
+    matrix_batches=_ONE_MATRIX,
     meta_check={
         "cholesky_inverse.out": _out_dtype_check(
             torch.ops.aten.cholesky_inverse.default, {"out": "result"}, "cholesky_inverse"
@@ -268,7 +310,11 @@ def _flagged_tri_solve(a, b, upper, unit, left=True, transpose=False):
     return jnp.where(up, jnp.flip(x, axis), x)
 
 
-@lowering("linalg_solve_triangular", traced=("upper", "unitriangular"))
+@lowering(
+    "linalg_solve_triangular",
+    matrix_batches=_batched(("self", 2, _EYE, _BROADCAST), ("B", 2, _ZEROS, _BROADCAST)),
+    traced=("upper", "unitriangular"),
+)
 def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
     _lapack_dtype(a, "triangular_solve")
     return _flagged_tri_solve(a, b, upper, unitriangular, left=left)
@@ -276,6 +322,7 @@ def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
 
 @lowering(
     "triangular_solve",
+    matrix_batches=_batched(("self", 2, _ZEROS, _BROADCAST), ("A", 2, _EYE, _BROADCAST)),
     traced=("upper", "transpose", "unitriangular"),
     meta_check={"triangular_solve.X": _out_dtype_check(torch.ops.aten.triangular_solve.default, {"X": "", "M": ""})},
 )
@@ -329,7 +376,7 @@ def _permutation_matrix(perm, dtype):
     return _mT(jax.nn.one_hot(perm, perm.shape[-1], dtype=dtype))
 
 
-@lowering("linalg_lu_factor_ex")
+@lowering("linalg_lu_factor_ex", matrix_batches=_batched(("A", 2, _EYE)))
 def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if not pivot:
         _no_pivoting()
@@ -339,7 +386,7 @@ def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     return lu, pivots, info
 
 
-@lowering("linalg_lu")
+@lowering("linalg_lu", matrix_batches=_batched(("A", 2, _EYE)))
 def linalg_lu(a, pivot=True):
     if not pivot:
         _no_pivoting()
@@ -348,7 +395,7 @@ def linalg_lu(a, pivot=True):
     return _permutation_matrix(perm, a.dtype), lower, upper
 
 
-@lowering("lu_unpack")
+@lowering("lu_unpack", matrix_batches=_batched(("LU_data", 2, _EYE), ("LU_pivots", 1, _PIVOTS)))
 def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
     lower, upper = _unpack_lu(lu) if unpack_data else (_empty(lu.dtype), _empty(lu.dtype))
     if not unpack_pivots:
@@ -375,7 +422,12 @@ def _lu_solve(lu, perm, b, left=True, adjoint=False):
     return _mH(_lu_solve_left(lu, perm, _mH(b), not adjoint))
 
 
-@lowering("linalg_lu_solve")
+@lowering(
+    "linalg_lu_solve",
+    matrix_batches=_batched(
+        ("LU", 2, _EYE, _BROADCAST), ("pivots", 1, _PIVOTS, _BROADCAST), ("B", 2, _ZEROS, _BROADCAST)
+    ),
+)
 def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
     _lapack_dtype(lu, "lu_solve")
     return _lu_solve(lu, _pivots_to_perm(pivots, lu.shape[-1]), b, left, adjoint)
@@ -503,7 +555,7 @@ def _ldl_dtype(a, kernel):
     _lapack_dtype(a, f"{kernel}_kernel")
 
 
-@lowering("linalg_ldl_factor_ex")
+@lowering("linalg_ldl_factor_ex", matrix_batches=_ONE_MATRIX)
 def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
     _ldl_dtype(a, "ldl_factor")
     n = a.shape[-1]
@@ -573,7 +625,12 @@ def _ldl_solve_one(ld, piv, b, herm=False):
     return b
 
 
-@lowering("linalg_ldl_solve")
+@lowering(
+    "linalg_ldl_solve",
+    matrix_batches=_batched(
+        ("LD", 2, _EYE, _BROADCAST), ("pivots", 1, _PIVOTS, _BROADCAST), ("B", 2, _ZEROS, _BROADCAST)
+    ),
+)
 def linalg_ldl_solve(ld, pivots, b, hermitian=False):
     _ldl_dtype(ld, "ldl_solve")
     if ld.shape[-1] == 0 or b.shape[-1] == 0:
@@ -600,14 +657,14 @@ def _pivot_sign(pivots):
     return jnp.where(swaps % 2 == 0, 1, -1)
 
 
-@lowering("_linalg_det")
+@lowering("_linalg_det", matrix_batches=_batched(("A", 2, _EYE)))
 def linalg_det(a):
     lu, pivots, _, _ = _det_lu(a)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     return (_pivot_sign(pivots) * jnp.prod(diag, axis=-1)).astype(a.dtype), lu, pivots
 
 
-@lowering("_linalg_slogdet")
+@lowering("_linalg_slogdet", matrix_batches=_batched(("A", 2, _EYE)))
 def linalg_slogdet(a):
     lu, pivots, _, _ = _det_lu(a)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
@@ -618,7 +675,7 @@ def linalg_slogdet(a):
     return sign, jnp.sum(jnp.log(size), axis=-1), lu, pivots
 
 
-@lowering("linalg_inv_ex")
+@lowering("linalg_inv_ex", matrix_batches=_batched(("A", 2, _EYE)))
 def linalg_inv_ex(a, check_errors=False):
     lu, _, info, perm = _lu(a)
     eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
@@ -627,7 +684,7 @@ def linalg_inv_ex(a, check_errors=False):
     return _lu_solve(lu, perm, eye), info
 
 
-@lowering("_linalg_solve_ex")
+@lowering("_linalg_solve_ex", matrix_batches=_matrix_rhs("A", "B"))
 def linalg_solve_ex(a, b, left=True, check_errors=False):
     """A X = B (or X A = B) with PyTorch's rule for vectors: B is a (batch of) vector(s) when it is
     1-D, or when it has A's shape without the last dimension."""
@@ -690,7 +747,7 @@ def _lstsq_meta(a, b, rcond=None, *, driver=None):
     return solution, residuals, rank, a.new_empty((0,), dtype=real)
 
 
-@lowering("linalg_lstsq", meta=_lstsq_meta)
+@lowering("linalg_lstsq", matrix_batches=_matrix_rhs("self", "b", _lstsq_gels), meta=_lstsq_meta)
 def linalg_lstsq(a, b, rcond=None, driver=None):
     """min ||A X - B||. The default driver is "gels", as on CUDA (the CPU's default is "gelsy"): QR of a
     full-rank A, residuals when m > n, rank and singular values empty. "gelsy" (rank-revealing, here
@@ -727,6 +784,7 @@ def linalg_lstsq(a, b, rcond=None, driver=None):
 # ---- spectral decompositions and QR (signs and phases are free: PyTorch documents them so)
 @lowering(
     "_linalg_eigh",
+    matrix_batches=_batched(("A", 2, _EYE)),
     meta_check={
         "_linalg_eigh.eigenvalues": _out_dtype_check(
             torch.ops.aten._linalg_eigh.default, {"eigenvalues": "", "eigenvectors": ""}
@@ -764,6 +822,7 @@ def _eig_finite_check(a, *_, **__):
 
 @lowering(
     "linalg_eig",
+    matrix_batches=_ONE_MATRIX,
     host_check=_eig_finite_check,
     meta_check={
         "linalg_eig.out": _out_dtype_check(
@@ -779,6 +838,7 @@ def linalg_eig(a):
 
 @lowering(
     "_linalg_eigvals",
+    matrix_batches=_ONE_MATRIX,
     meta_check={
         "linalg_eigvals.out": _out_dtype_check(
             torch.ops.aten._linalg_eigvals.default, {"out": "eigenvalues"}, "torch.linalg.eigvals"
@@ -789,7 +849,7 @@ def linalg_eigvals(a):
     return _general_eig(a, "linalg_eigvals", False)
 
 
-@lowering("linalg_qr")
+@lowering("linalg_qr", matrix_batches=_batched(("A", 2, _EYE)))
 def linalg_qr(a, mode="reduced"):
     _lapack_dtype(a, "geqrf")
     if mode == "r":
@@ -839,7 +899,7 @@ def _svd(a, full_matrices=False, compute_uv=True):
     return (out[1], out[0], out[2]) if compute_uv else out[0]
 
 
-@lowering("_linalg_svd")
+@lowering("_linalg_svd", matrix_batches=_batched(("A", 2, _EYE)))
 def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
     _lapack_dtype(a, "linalg_svd")
     if not compute_uv:
@@ -859,7 +919,7 @@ def _geqrf_meta(a):
     return packed, a.new_empty((*a.shape[:-2], min(m, n)))
 
 
-@lowering("geqrf", meta=_geqrf_meta)
+@lowering("geqrf", matrix_batches=_ONE_MATRIX, meta=_geqrf_meta)
 def geqrf(a):
     """LAPACK's packed QR: R above the diagonal, the reflectors below it, and their scales."""
     _lapack_dtype(a, "geqrf")
@@ -868,7 +928,7 @@ def geqrf(a):
     return tuple(jax_geqrf(a))
 
 
-@lowering("linalg_householder_product")
+@lowering("linalg_householder_product", matrix_batches=_batched(("input", 2, _EYE), ("tau", 1, _ZEROS)))
 def linalg_householder_product(reflectors, tau):
     _lapack_dtype(reflectors, "orgqr")
     return lax.linalg.householder_product(reflectors, tau)
@@ -909,7 +969,11 @@ def _ormqr_check(reflectors, tau, other, left=True, transpose=False, **out):
             raise RuntimeError(f"torch.ormqr: {message}")
 
 
-@lowering("ormqr", meta_check=dict.fromkeys(("ormqr", "ormqr.out"), _ormqr_check))
+@lowering(
+    "ormqr",
+    matrix_batches=_batched(("self", 2, _EYE), ("input2", 1, _ZEROS), ("input3", 2, _ZEROS)),
+    meta_check=dict.fromkeys(("ormqr", "ormqr.out"), _ormqr_check),
+)
 def ormqr(reflectors, tau, other, left=True, transpose=False):
     """op(Q) C or C op(Q), Q = H_1 ... H_k the full m x m product (LAPACK's ormqr): the reflectors
     padded to m with tau = 0 (H = I) give it through orgqr."""

@@ -48,6 +48,9 @@ finds all of them (docs/design.md, "Adding an op"):
                             tensor in any other argument raises PyTorch's device error
     flat_buckets=True       an elementwise op computing each element alike (no rounding by position): small
                             new shapes run on flat arrays padded to a size bucket on XLA:CPU (eager/flat_buckets.py)
+    matrix_batches=f        an op computing each matrix of a batch alone: f(*args, **kwargs) names the batched
+                            tensor arguments ((name, core dims, pad), or None where the call does not fit); a
+                            call with batch dims runs on a flat batch padded to a size bucket (eager/matrix_batches.py)
     composite_in_eager=True an ATen CompositeImplicit op (it decomposes before a backend sees it) that
                             eager runs whole, one executable instead of one per step; for ops without a
                             gradient only (the kernel sits on the Autograd key too)
@@ -118,6 +121,7 @@ FACT_KINDS = (
     "loops_for",
     "cpu_operands",
     "flat_buckets",
+    "matrix_batches",
 )
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py

@@ -54,11 +54,14 @@ CallKey::CallKey(std::vector<char> scalar, const c10::FunctionSchema& schema) : 
   for (const auto& a : arguments) {
     defaults_.push_back(a.default_value());
   }
+  for (int64_t i = 0; i < kwarg_only_start_; i++) {
+    if (scalar_[i] == 2) fill_end_ = i + 1;
+  }
 }
 
 bool CallKey::present(c10::ArrayRef<c10::IValue> args, int64_t i, int64_t positional_end) const {
   if (i < kwarg_only_start_) return i < positional_end;
-  return !is_default(args, i);
+  return scalar_[i] == 2 || !is_default(args, i);
 }
 
 bool CallKey::is_default(c10::ArrayRef<c10::IValue> args, int64_t i) const {
@@ -285,7 +288,7 @@ Verdict CallKey::build(c10::ArrayRef<c10::IValue> args, Work& w) const {
   // _other_default_dtype; this key maps to whichever entry the Python kernel ran)
   w.key.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   int64_t positional_end = kwarg_only_start_;
-  while (positional_end > 0 && is_default(args, positional_end - 1)) positional_end--;
+  while (positional_end > fill_end_ && is_default(args, positional_end - 1)) positional_end--;
   for (int64_t i = 0; i < static_cast<int64_t>(n_args_); i++) {
     if (!present(args, i, positional_end)) {
       w.key.push_back(K_ABSENT);

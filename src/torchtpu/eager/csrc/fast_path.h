@@ -291,9 +291,12 @@ class CallKey {
   Verdict tensor_list(const c10::IValue& v, Work& w) const;
   Verdict value(const c10::IValue& v, bool scalar, Work& w) const;
 
-  std::vector<char> scalar_;   // 1 for each argument whose numbers are traced
+  // 1 for each argument whose numbers are traced, 2 where it is also passed at its default (the
+  // Python kernel fills it in: engine.py OpKernel.set_filled_defaults)
+  std::vector<char> scalar_;
   size_t n_args_ = 0;
   int64_t kwarg_only_start_ = 0;
+  int64_t fill_end_ = 0;  // the positional arguments always present (the last filled one's, + 1)
   std::vector<std::optional<c10::IValue>> defaults_;
 };
 
