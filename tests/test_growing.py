@@ -164,7 +164,9 @@ def test_a_grown_batch_keeps_its_room_after_a_reader_takes_its_exact_values():
         torch.testing.assert_close(as_bool.cpu(), cpu.to(torch.bool), rtol=0, atol=0)
         torch.testing.assert_close(tpu.cpu(), cpu, rtol=0, atol=0)
     assert _room(tpu, -1) == (32, 22) and _room(as_bool, -1) == (32, 22)
-    assert steps[2:4] == [0, 0] and steps[5:] == [0] * 5, steps
+    # (the first write into each capacity may build its append program: once per capacity, and not
+    # at all where an earlier test of the process built it)
+    assert steps[2] <= 1 and steps[3] == 0 and steps[5] <= 1 and steps[6:] == [0] * 4, steps
     tpu[0, -1] = 0  # a write: the room is gone, the next append is exact
     cpu[0, -1] = 0
     assert _room(tpu, -1) is None
