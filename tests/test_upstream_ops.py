@@ -432,3 +432,10 @@ def test_igamma_of_a_large_a_near_x_ends_and_agrees_with_the_cpu(fn):
     assert_close(actual[:32], expected[:32])
     # a + 1 == a: the CPU's own answer is ~4e-7 from the exact one (0.4960109807... at x - a = -99991552)
     assert_close(actual[32:], expected[32:], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(5, 0, 5), (0,)])
+def test_nonzero_static_of_an_empty_input_is_all_fill_value_as_on_the_cpu(shape):
+    # test_compare_cpu_nonzero_static: JAX's nonzero gave zeros, not fill_value, for an empty input
+    _on_both(lambda dev: torch.nonzero_static(torch.zeros(shape, device=dev), size=2, fill_value=7))
+    _on_both(lambda dev: torch.nonzero_static(torch.zeros(shape, device=dev), size=1))
