@@ -416,3 +416,26 @@ def test_index_select_and_cat_errors_raise_at_the_op_as_on_the_cpu(call):
     with pytest.raises((RuntimeError, IndexError)) as tpu:
         call(x.to(DEV), DEV)
     assert type(tpu.value) is type(cpu.value) and str(tpu.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("fn", [torch.igamma, torch.igammac])
+def test_igamma_of_a_large_a_near_x_ends_and_agrees_with_the_cpu(fn):
+    # test_compare_cpu_igamma's extremal sample (a = x = 1e20): JAX's series added 1 / eps terms of 1 (a + 1
+    # == a) and never ended; x near a large a now takes Temme's uniform expansion, as the CPU does (float32
+    # near a = x: tests/test_upstream_unary.py)
+    a = torch.tensor([25.0, 300.0, 1e4, 4.988e6]).repeat_interleave(8).double()
+    x = a * (1 + (torch.rand(32, dtype=torch.float64) - 0.5) * 4 / a.sqrt())
+    x[::8] = a[::8]
+    huge = torch.full((3,), 1e20, dtype=torch.float64)
+    a, x = torch.cat([a, huge]), torch.cat([x, huge + torch.tensor([0.0, -1e8, 3e10], dtype=torch.float64)])
+    actual, expected = fn(a.to(DEV), x.to(DEV)).cpu(), fn(a, x)
+    assert_close(actual[:32], expected[:32])
+    # a + 1 == a: the CPU's own answer is ~4e-7 from the exact one (0.4960109807... at x - a = -99991552)
+    assert_close(actual[32:], expected[32:], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(5, 0, 5), (0,)])
+def test_nonzero_static_of_an_empty_input_is_all_fill_value_as_on_the_cpu(shape):
+    # test_compare_cpu_nonzero_static: JAX's nonzero gave zeros, not fill_value, for an empty input
+    _on_both(lambda dev: torch.nonzero_static(torch.zeros(shape, device=dev), size=2, fill_value=7))
+    _on_both(lambda dev: torch.nonzero_static(torch.zeros(shape, device=dev), size=1))
