@@ -765,3 +765,60 @@ def test_out_cast_errors_are_the_cpus(call):
             call(a, torch.empty(3, dtype=torch.int64, device=dev))
         errors.append(str(info.value))
     assert errors[1] == errors[0] and "can't be cast to the desired output type Long" in errors[0]
+
+
+_TIMED_FILE = """
+import time
+import pytest
+
+
+@pytest.fixture
+def slow_teardown():
+    yield
+    time.sleep(30)
+
+
+def test_slow_call():
+    time.sleep(30)
+
+
+def test_slow_teardown(slow_teardown):
+    pass
+
+
+def test_after():
+    pass
+"""
+
+
+def test_the_per_test_time_limit_fails_that_test_and_the_run_goes_on(tmp_path):
+    """The tools' recorder plugin (tools/transformers_tests.py, used by upstream_tests.py too) arms the
+    limit only inside a test's phases: a slow call fails, a slow teardown errors, the next test runs."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[1] / "tools"
+    (tmp_path / "test_timed.py").write_text(_TIMED_FILE)
+    results = tmp_path / "results.jsonl"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tools),
+        "TORCHTPU_TESTS_RESULTS": str(results),
+        "TORCHTPU_TESTS_TEST_TIMEOUT": "0.5",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "transformers_tests", "test_timed.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr  # failures, not an INTERNALERROR (3)
+    got = {r["id"].split("::")[1]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert got["test_slow_call"]["outcome"] == "failed" and "TimeoutError" in got["test_slow_call"]["message"]
+    assert got["test_slow_teardown"]["outcome"] == "error"
+    assert got["test_after"]["outcome"] == "passed"

@@ -66,9 +66,8 @@ def _crash_message(report) -> str:
 class _Recorder:
     """Writes each test's outcome as soon as it is known: {"id", "outcome", "message", "seconds"}."""
 
-    def __init__(self, path: str, test_timeout: float):
+    def __init__(self, path: str):
         self.file = open(path, "a", buffering=1)
-        self.test_timeout = test_timeout
         self.pending: dict[str, dict] = {}
 
     def _write(self, record: dict) -> None:
@@ -97,16 +96,43 @@ class _Recorder:
         if report.when == "teardown":
             self._write(self.pending.pop(report.nodeid))
 
-    def pytest_runtest_setup(self, item):
-        if self.test_timeout > 0:
-            signal.signal(signal.SIGALRM, self._timed_out)
-            signal.setitimer(signal.ITIMER_REAL, self.test_timeout)
 
-    def pytest_runtest_teardown(self, item):
-        signal.setitimer(signal.ITIMER_REAL, 0)
+def _time_limit(test_timeout: float):
+    """The per-test limit: armed only while a phase of the test (setup, call, teardown) runs, with what
+    is left of the test's time, so that the alarm lands in the test's code (a failure of that test);
+    armed from setup to teardown, one landing in pytest's own reporting between phases ended the whole
+    file's run with an INTERNALERROR."""
+    import pytest
 
-    def _timed_out(self, signum, frame):
-        raise TimeoutError(f"test ran over {self.test_timeout:g} s (--test-timeout)")
+    def timed_out(signum, frame):
+        raise TimeoutError(f"test ran over {test_timeout:g} s (--test-timeout)")
+
+    class TimeLimit:
+        deadline = 0.0
+
+        def _phase(self, start):
+            if start:
+                self.deadline = time.monotonic() + test_timeout
+            signal.signal(signal.SIGALRM, timed_out)
+            signal.setitimer(signal.ITIMER_REAL, max(self.deadline - time.monotonic(), 1e-3))
+            try:
+                return (yield)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_setup(self, item):
+            return (yield from self._phase(True))
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_call(self, item):
+            return (yield from self._phase(False))
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_teardown(self, item):
+            return (yield from self._phase(False))
+
+    return TimeLimit()
 
 
 def _settle_tpu():
@@ -134,7 +160,10 @@ def _settler():
 def pytest_configure(config):
     path = os.environ.get(RESULTS_ENV)
     if path:
-        config.pluginmanager.register(_Recorder(path, float(os.environ.get(TIMEOUT_ENV, "0"))), "torchtpu_recorder")
+        config.pluginmanager.register(_Recorder(path), "torchtpu_recorder")
+    test_timeout = float(os.environ.get(TIMEOUT_ENV, "0"))
+    if path and test_timeout > 0:
+        config.pluginmanager.register(_time_limit(test_timeout), "torchtpu_time_limit")
     if os.environ.get(SYNC_ENV):
         config.pluginmanager.register(_settler(), "torchtpu_settle")
 
