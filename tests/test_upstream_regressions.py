@@ -803,12 +803,12 @@ def test_the_per_test_time_limit_fails_that_test_and_the_run_goes_on(tmp_path):
     tools = Path(__file__).resolve().parents[1] / "tools"
     (tmp_path / "test_timed.py").write_text(_TIMED_FILE)
     results = tmp_path / "results.jsonl"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(tools),
-        "TORCHTPU_TESTS_RESULTS": str(results),
-        "TORCHTPU_TESTS_TEST_TIMEOUT": "0.5",
-    }
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # (the outer run's plugins)
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in (str(tools), env.get("PYTHONPATH")) if p),
+        TORCHTPU_TESTS_RESULTS=str(results),
+        TORCHTPU_TESTS_TEST_TIMEOUT="0.5",
+    )
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "transformers_tests", "test_timed.py"],
         cwd=tmp_path,
