@@ -344,6 +344,34 @@ def test_device_side_checks_on_the_fast_path_still_raise_at_the_next_sync():
         torch.tpu.clear_device_assert()
 
 
+def test_index_select_is_served_unless_the_host_knows_its_index():
+    """index_select's host check raises only for an index whose values the host knows (one just
+    copied from the CPU): a call with an index made on the device is served, its range checked on the
+    device; one with a known index runs the Python kernel, which raises at the op as the CPU does."""
+    from torchtpu.eager.asserts import DeviceAssertError
+
+    x_c = torch.randn(64, 64)
+    x = x_c.to("tpu")
+    known = torch.tensor([3, 60, 7]).to("tpu")  # the host keeps its values (storage/host_values.py)
+    made = known.clone()  # the same values in a storage of its own, which the host does not know
+    x.index_select(0, known)
+    out, served = _served(lambda: x.index_select(0, made))
+    assert served == 1
+    torch.testing.assert_close(out.cpu(), x_c.index_select(0, torch.tensor([3, 60, 7])), rtol=0, atol=0)
+    _, served = _served(lambda: x.index_select(0, known))
+    assert served == 0
+    with pytest.raises(IndexError, match="index out of range in self"):
+        x.index_select(0, torch.tensor([3, 64, 7]).to("tpu"))
+    bad = torch.tensor([3, 64, 7]).to("tpu").clone()
+    _, served = _served(lambda: x.index_select(0, bad))
+    assert served == 1
+    try:
+        with pytest.raises(DeviceAssertError, match="aten::index_select.default: index out of bounds"):
+            torch.tpu.synchronize()
+    finally:
+        torch.tpu.clear_device_assert()
+
+
 def test_host_checked_scalars_and_memoized_small_ops_take_the_fast_path():
     """pow's exponent check cannot fail for a float tensor, so the call is served (an integer tensor
     to a negative power still raises at every call); small ops keep their last results (Entry.memo)

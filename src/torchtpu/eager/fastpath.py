@@ -45,7 +45,7 @@ from jax._src.array import ArrayImpl
 from .. import config
 from ..device import native
 from ..metrics import counters
-from ..storage import records
+from ..storage import host_values, records
 from ..storage.records import RECORDS, StorageRecord, new_tensor, storage_shape
 from . import asserts, fusion, interrupts, limits, modes, xla_options
 from .device_scalars import device_scalar
@@ -107,6 +107,9 @@ class FastPathTable:
     cold_calls: int
     hot_syncs: int
     plan_type: type  # FastPlan: C++ finds each of its fields by name at load
+    # storage/host_values.py KNOWN (storage address -> values): a plan with `host_values` runs the
+    # Python kernel for a call with one of those storages
+    host_values: dict
 
 
 class FastPlan(NamedTuple):
@@ -122,6 +125,9 @@ class FastPlan(NamedTuple):
     entry: object  # the engine's Entry (the fused mode queues it)
     unmemoized_fn: Callable | None  # for a memo plan, the executable called once the memo gives up
     fused_only: bool  # a write to a large storage, which strict mode's Python kernel donates
+    # the op's host check raises only for values the host knows (its `reads_host_values`): a call
+    # with an input in storage/host_values.py KNOWN runs the Python kernel, any other skips the check
+    host_values: bool
 
 
 # the StorageRecord slots the C++ side fills when it makes an output
@@ -163,6 +169,7 @@ def _table(describe, run_method) -> FastPathTable:
         cold_calls=fusion.COLD_CALLS,
         hot_syncs=fusion.HOT_SYNCS,
         plan_type=FastPlan,
+        host_values=host_values.KNOWN,
     )
 
 
@@ -173,17 +180,20 @@ def describe(kernel, entry, memoizing, write_gate):
     new output; the written argument returned)."""
     if kernel.random or kernel.specialize_scalars:  # (the C++ key holds the matmul precision)
         return False
+    # a host check that may raise: only one that reads nothing but host-known values (index_select's
+    # bounds) lets the C++ side serve the calls whose inputs the host does not know
+    reads_host_values = bool(entry.host_checked) and getattr(kernel.host_check, "reads_host_values", False)
     if (
         entry.consts is not None
         or entry.overlap is not None
         or entry.xla is not None
         or entry.fn is None
-        or entry.host_checked
+        or (entry.host_checked and not reads_host_values)
     ):
         return False
     checks = tuple(entry.checks) if entry.checks else None
     if entry.mutated_slots:
-        return _describe_write(kernel, entry, checks, write_gate)
+        return _describe_write(kernel, entry, checks, write_gate, reads_host_values)
     n_returns = len(kernel.op._schema.returns)
     if (
         entry.nones is not None
@@ -201,11 +211,13 @@ def describe(kernel, entry, memoizing, write_gate):
     )
     if entry.memo is not None:  # a small op keeps its last results, keyed on the numbers' values:
         # memoizing takes the numbers themselves, not kept device arrays
-        return FastPlan(memoizing(entry), outs, (), checks, kernel.where, None, entry, entry.fn, False)
-    return FastPlan(entry.fn, outs, (), checks, kernel.where, None, entry, None, False)
+        return FastPlan(
+            memoizing(entry), outs, (), checks, kernel.where, None, entry, entry.fn, False, reads_host_values
+        )
+    return FastPlan(entry.fn, outs, (), checks, kernel.where, None, entry, None, False, reads_host_values)
 
 
-def _describe_write(kernel, entry, checks, write_gate):
+def _describe_write(kernel, entry, checks, write_gate, reads_host_values=False):
     """describe for an in-place or out= entry: it returns the one argument it writes."""
     if (
         entry.outs
@@ -220,7 +232,9 @@ def _describe_write(kernel, entry, checks, write_gate):
     # (entry.traced: a large storage, donated when nothing else holds its buffer: strict mode's
     # Python kernel)
     slots = tuple(entry.mutated_slots)
-    return FastPlan(entry.fn, (), slots, checks, kernel.where, gate, entry, None, entry.traced is not None)
+    return FastPlan(
+        entry.fn, (), slots, checks, kernel.where, gate, entry, None, entry.traced is not None, reads_host_values
+    )
 
 
 def set_cache_scalars(on: bool = True) -> bool:

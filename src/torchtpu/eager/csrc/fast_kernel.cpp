@@ -186,7 +186,7 @@ class FastKernel final : public c10::OperatorKernel {
         auto it = table_.find(w.key);
         if (it != table_.end()) {
           entry = &it->second;
-          if (entry->state == FAST) {
+          if (entry->state == FAST && !(entry->plan->host_values && host_values_known(w))) {
             if (mode == FUSED ? run_queued(*entry, w, stack)
                               : !entry->plan->queue_only && run(*entry, w, stack)) {
               return;
@@ -239,6 +239,24 @@ class FastKernel final : public c10::OperatorKernel {
     PyObject* x = PyList_GET_ITEM(C.xla_active, 0);   // () when no options are in force
     if (PyTuple_CheckExact(x)) return PyTuple_GET_SIZE(x) == 0 ? mode : OTHER;
     return x == Py_None || x == Py_False ? mode : OTHER;
+  }
+
+  // Whether the host knows the values of one of the call's storages (storage/host_values.py KNOWN;
+  // usually empty or small): a plan with `host_values` then goes to the Python kernel, whose host
+  // check reads them (index_select's index out of range raises at the op, as on the CPU). An error
+  // counts as known (the Python kernel runs).
+  static bool host_values_known(const Work& w) {
+    if (PyDict_GET_SIZE(C.host_values) == 0) return false;
+    for (const void* address : w.addresses) {
+      PyObject* a = PyLong_FromVoidPtr(const_cast<void*>(address));
+      int found = a ? PyDict_Contains(C.host_values, a) : -1;
+      Py_XDECREF(a);
+      if (found != 0) {
+        if (found < 0) PyErr_Clear();
+        return true;
+      }
+    }
+    return false;
   }
 
   // The "fused" mode: the engine queues the call (or runs it, a cold op: eager/fusion.py) with
@@ -491,6 +509,7 @@ class FastKernel final : public c10::OperatorKernel {
       Py_INCREF(plan->plain_fn);
     }
     plan->queue_only = field(P_FUSED_ONLY) == Py_True;
+    plan->host_values = field(P_HOST_VALUES) == Py_True;
     if (PyErr_Occurred()) return nullptr;
     // an in-place or out= op writes and returns its argument; a functional one makes every return
     bool in_place = !plan->mutated.empty();

@@ -38,14 +38,16 @@ inline constexpr const char* kTableNames[] = {
     "unchecked_verdicts", "counters", "record_type", "array_type", "entry_type", "new_tensor", "describe",
     "device_scalar", "note_verdict", "run_method", "native_outputs", "address_counter", "memory_stats",
     "storage_ref_type", "memory_stats_type", "page_bytes", "open_segments", "sync_count", "fusion_lock",
-    "pending_type", "segment_type", "min_ops", "limit", "cold_calls", "hot_syncs", "plan_type",
+    "pending_type", "segment_type", "min_ops", "limit", "cold_calls", "hot_syncs", "plan_type", "host_values",
 };
 
 // The fields of eager/fastpath.py FastPlan (what `describe` says of a plain entry), found by name
 // in its _fields at init
-enum PlanField { P_FN, P_OUTS, P_WRITTEN, P_CHECKS, P_WHERE, P_GATE, P_ENTRY, P_UNMEMOIZED, P_FUSED_ONLY, P_COUNT };
+enum PlanField {
+  P_FN, P_OUTS, P_WRITTEN, P_CHECKS, P_WHERE, P_GATE, P_ENTRY, P_UNMEMOIZED, P_FUSED_ONLY, P_HOST_VALUES, P_COUNT
+};
 inline constexpr const char* kPlanFields[P_COUNT] = {
-    "fn", "outs", "written_slots", "checks", "where", "gate", "entry", "unmemoized_fn", "fused_only",
+    "fn", "outs", "written_slots", "checks", "where", "gate", "entry", "unmemoized_fn", "fused_only", "host_values",
 };
 
 struct Config {
@@ -82,6 +84,8 @@ struct Config {
   PyObject* device_scalar = nullptr;
   // eager/asserts.py: note(verdict, messages, where), for ops with device-side checks
   PyObject* note = nullptr;
+  // storage/host_values.py KNOWN: storage address -> the values the host knows of it
+  PyObject* host_values = nullptr;
 };
 
 inline Config C;
@@ -194,6 +198,9 @@ struct Plan {
   // in strict mode the Python kernel runs it (an in-place write on a large storage, donated when
   // nothing else holds its buffer); the fused mode queues it as any write
   bool queue_only = false;
+  // the op's host check raises only for values the host knows (storage/host_values.py): a call
+  // with such an input runs the Python kernel, which checks them; any other call skips the check
+  bool host_values = false;
   ~Plan() {
     if (!Py_IsInitialized()) return;   // (the process is exiting: Python is gone)
     Py_XDECREF(fn);

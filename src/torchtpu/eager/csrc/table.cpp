@@ -185,6 +185,7 @@ bool read_core(TableReader& t, PyObject*& record_type, PyObject*& entry_type) {
   C.describe = TableReader::keep(t.callable("describe"));
   C.device_scalar = TableReader::keep(t.callable("device_scalar"));
   C.note = TableReader::keep(t.callable("note_verdict"));
+  C.host_values = TableReader::keep(t.dict("host_values"));
   C.run_name = TableReader::keep(t.str("run_method"));
   PyObject* array_type = t.type("array_type");
   record_type = t.type("record_type");
