@@ -278,7 +278,7 @@ class _Stored:
         if loaded is None:
             return False
         self._loaded(*loaded)
-        self.signature, self.call = k[2], loaded[0]
+        self.signature, self.call = k[2], _cpp_call_after_first(self, loaded[0])
         return True
 
     def _loaded(self, compiled, effects):
@@ -307,6 +307,20 @@ class _Stored:
         results = compiled(*dyn)
         self.call = getattr(compiled, "_call", None) or compiled  # (its C++ call, made at the first)
         return results
+
+
+def _cpp_call_after_first(stored, compiled):
+    """A loaded executable (a jax.stages.Compiled) as `stored.call`: its first call makes its C++
+    call, which then replaces it (calling the Compiled goes through its Python `__call__`: one more
+    frame, ~1 µs, on every eager call of an executable the op store served), as `_first` does."""
+
+    def first(*dyn):
+        results = compiled(*dyn)
+        if stored.call is first:
+            stored.call = getattr(compiled, "_call", None) or compiled
+        return results
+
+    return first
 
 
 def _signature_or_none(dyn):
