@@ -292,3 +292,50 @@ def test_an_op_on_dense_operands_loads_every_program_in_a_new_process(store, mon
         assert torch.equal(a, b)
     for got, v, b in zip(first, [*views, views[2]], [*bases, bases[2]]):
         torch.testing.assert_close(got, v(b) + y)
+
+
+def test_threads_calling_with_other_argument_types_while_one_moves_to_jit(monkeypatch):
+    """A stored executable called with other argument types moves to JAX's jit (a trace). Threads
+    whose call of the old executable failed meanwhile retried nothing and raised JAX's TypeError
+    ("compiled with int64[] and called with float64[]"): the signature was dropped before the trace."""
+    import threading
+    import time
+
+    import jax
+    import numpy as np
+
+    class Entry:
+        xla = None
+
+    def fn(x, s):
+        return x * s
+
+    x = jax.numpy.ones((4,), np.float32)
+    stored = build._Stored(Entry(), "fn", fn, (None, ()), {})
+    stored.call = jax.jit(fn).lower(x, np.int64(2)).compile()
+    stored.signature = op_store.signature((x, np.int64(2)))
+    real = build._options_jit
+    tracing = threading.Event()
+
+    def slow(*args):
+        tracing.set()
+        time.sleep(0.3)
+        return real(*args)
+
+    monkeypatch.setattr(build, "_options_jit", slow)
+    errors, results = [], []
+
+    def call():
+        try:
+            results.append(np.asarray(stored(x, np.float64(0.5))))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    first = threading.Thread(target=call)
+    first.start()
+    tracing.wait(5)
+    call()  # while the first thread traces
+    first.join()
+    assert not errors, errors
+    for r in results:
+        np.testing.assert_allclose(r, np.full((4,), 0.5, np.float32))

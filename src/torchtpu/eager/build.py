@@ -256,11 +256,16 @@ class _Stored:
             return call(*dyn)
         except (TypeError, ValueError):
             # JAX's refusal of arguments the executable was not compiled for (another device)
+            if self.call is not call:  # another thread replaced the call meanwhile: use its
+                return self(*dyn)
             if self.signature is None or _signature_or_none(dyn) == self.signature:
                 raise
+        # (the jit is published whole, then the signature dropped: a thread whose call of the old
+        # executable fails meanwhile sees a new call and retries, never a signature of None)
+        jitted = _options_jit(self.entry, self.__wrapped__, self.jit_kwargs, dyn)[0]
+        self.call = jitted
         self.signature = None
-        self.call = _options_jit(self.entry, self.__wrapped__, self.jit_kwargs, dyn)[0]
-        return self.call(*dyn)
+        return jitted(*dyn)
 
     def _key(self, dyn):
         _, ident = self.store
