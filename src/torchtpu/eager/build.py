@@ -29,6 +29,7 @@ from . import (
     interrupts,
     op_store,
     overlap,
+    reduction_buckets,
     tpu_check,
     xla_options,
 )
@@ -169,6 +170,10 @@ def build_entry(kernel, key, args, kwargs, records, device):
         store = (kernel, (name, key)) if not writes and _storable(kernel) else None
         caster = lambda o: _output_caster(kernel, o, None)
         bucketed = bucketed or flat_buckets.build(kernel, entry, program, fn, records, name, op_jit, caster, store)
+        # a reduction or scan of a new length runs on its operand padded with the identity (XLA:CPU)
+        bucketed = bucketed or reduction_buckets.build(
+            kernel, entry, program, fn, records, args, kwargs, name, op_jit, caster, store
+        )
         # small strided operands are made dense by a copy per layout, the op's program shared across layouts
         on_trace = lambda m, rp: _traced(kernel, entry, m, rp)
         bucketed = bucketed or dense_operands.build(kernel, entry, program, fn, records, name, op_jit, on_trace, store)

@@ -52,12 +52,55 @@ def _wide_unsigned_result_check(kernel):
     return check
 
 
+# ---------------------------------------------------------------- reduction buckets
+# Which calls may run on an operand padded to a size bucket with the reduction's identity
+# (eager/reduction_buckets.py): those whose result does not depend on the order of the reduction, so
+# it is the exact-length program's bit for bit. Float and complex sums and products reassociate (XLA's
+# reduce of a longer array sums in another tree: the last bit differs in about half the lengths), so
+# they keep their program per length; integer and bool sums, extremes, arg-extremes (pads at the end
+# never win a tie: the first index wins), any/all and every scan (pads after the real elements leave
+# their prefix alone; JAX's scans on XLA:CPU combine position k's prefix in the same tree whatever the
+# length) are served.
+def _one_dim(a, dim):
+    """The reduction's dims as one int, None for every element, or False (not one dim)."""
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return None
+    if isinstance(dim, (list, tuple)):
+        dims = {d % max(a.dim(), 1) for d in dim}
+        return dims.pop() if len(dims) == 1 and len(dim) == 1 and a.dim() else False
+    return dim % a.dim() if a.dim() else False
+
+
+def _order_free_sum(a, dtype):
+    """An integer or bool accumulation (its result does not depend on the order; a float one does)."""
+    d = dtype if dtype is not None else a.dtype
+    return not (d.is_floating_point or d.is_complex)
+
+
+def _reduce_plan(identity, exact=None):
+    def plan(a, dim=None, keepdim=False, dtype=None):
+        if exact is not None and not exact(a, dtype):
+            return None
+        d = _one_dim(a, dim)
+        return None if d is False else (d, identity, False)
+
+    return plan
+
+
+def _scan_plan(identity):
+    def plan(a, dim, dtype=None):
+        return (dim % a.dim(), identity, True) if a.dim() else None
+
+    return plan
+
+
 @lowering(
     "sum",
     "sum.dim_IntList",
     meta_check=dict.fromkeys(
         ("sum", "sum.dim_IntList", "sum.IntList_out", "sum.out"), _wide_unsigned_result_check("sum")
     ),
+    reduction_buckets=_reduce_plan("sum", exact=_order_free_sum),
 )
 def sum_reduction(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
@@ -114,6 +157,7 @@ def mean(a, dim=None, keepdim=False, dtype=None):
     "prod",
     "prod.dim_int",
     meta_check=dict.fromkeys(("prod", "prod.dim_int", "prod.int_out", "prod.out"), _wide_unsigned_result_check("prod")),
+    reduction_buckets=_reduce_plan("prod", exact=_order_free_sum),
 )
 def prod(a, dim=None, keepdim=False, dtype=None):
     d = _acc_dtype(a, dtype)
@@ -195,6 +239,7 @@ def _empty_aminmax(name):
         "amax()", "amax", "amax.out", all_dims_error=_unspecified_dim, then=_amax_out_check
     ),
     no_loop_for=WIDE_UNSIGNED,
+    reduction_buckets=_reduce_plan("max"),
 )
 def amax(a, dim=(), keepdim=False):
     return jnp.max(a, axis=_dims(a, dim), keepdims=keepdim)
@@ -207,6 +252,7 @@ def amax(a, dim=(), keepdim=False):
         "amin()", "amin", "amin.out", all_dims_error=_unspecified_dim, then=_amax_out_check
     ),
     no_loop_for=WIDE_UNSIGNED,
+    reduction_buckets=_reduce_plan("min"),
 )
 def amin(a, dim=(), keepdim=False):
     return jnp.min(a, axis=_dims(a, dim), keepdims=keepdim)
@@ -217,6 +263,7 @@ def amin(a, dim=(), keepdim=False):
     real_only=True,
     meta_check=_empty_reduction_check("max()", "max", "max.unary_out", all_dims_error=_unspecified_dim),
     no_loop_for=WIDE_UNSIGNED,
+    reduction_buckets=_reduce_plan("max"),
 )
 def max_all(a):
     return jnp.max(a)
@@ -227,6 +274,7 @@ def max_all(a):
     real_only=True,
     meta_check=_empty_reduction_check("min()", "min", "min.unary_out", all_dims_error=_unspecified_dim),
     no_loop_for=WIDE_UNSIGNED,
+    reduction_buckets=_reduce_plan("min"),
 )
 def min_all(a):
     return jnp.min(a)
@@ -246,6 +294,7 @@ def _arg_reduce(a, dim, keepdim, fn):
         "argmax()", "argmax", "argmax.out", all_dims_error=_unspecified_arg_dim, no_bool=True, then=_dim_rank_check
     ),
     no_loop_for=WIDE_UNSIGNED,
+    reduction_buckets=_reduce_plan("max"),
 )
 def argmax(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmax)
@@ -258,6 +307,7 @@ def argmax(a, dim=None, keepdim=False):
         "argmin()", "argmin", "argmin.out", all_dims_error=_unspecified_arg_dim, no_bool=True, then=_dim_rank_check
     ),
     no_loop_for=WIDE_UNSIGNED,
+    reduction_buckets=_reduce_plan("min"),
 )
 def argmin(a, dim=None, keepdim=False):
     return _arg_reduce(a, dim, keepdim, jnp.argmin)
@@ -268,6 +318,7 @@ def argmin(a, dim=None, keepdim=False):
     real_only=True,
     meta_check=_empty_reduction_check("max()", "max.dim", "max.dim_max", then=_dim_rank_check),
     no_loop_for=WIDE_UNSIGNED,
+    reduction_buckets=_reduce_plan("max"),
 )
 def max_dim(a, dim, keepdim=False):
     d = dim % max(a.ndim, 1)
@@ -281,6 +332,7 @@ def max_dim(a, dim, keepdim=False):
     real_only=True,
     meta_check=_empty_reduction_check("min()", "min.dim", "min.dim_min", then=_dim_rank_check),
     no_loop_for=WIDE_UNSIGNED,
+    reduction_buckets=_reduce_plan("min"),
 )
 def min_dim(a, dim, keepdim=False):
     d = dim % max(a.ndim, 1)
@@ -300,12 +352,16 @@ def _bool_or_byte_out_check(name):
     return dict.fromkeys((f"{name}.out", f"{name}.dims_out", f"{name}.all_out"), check)
 
 
-@lowering("any", "any.dim", "any.dims", meta_check=_bool_or_byte_out_check("any"))
+@lowering(
+    "any", "any.dim", "any.dims", meta_check=_bool_or_byte_out_check("any"), reduction_buckets=_reduce_plan("any")
+)
 def any_reduction(a, dim=None, keepdim=False):
     return jnp.any(a, axis=_dims(a, dim), keepdims=keepdim)
 
 
-@lowering("all", "all.dim", "all.dims", meta_check=_bool_or_byte_out_check("all"))
+@lowering(
+    "all", "all.dim", "all.dims", meta_check=_bool_or_byte_out_check("all"), reduction_buckets=_reduce_plan("all")
+)
 def all_reduction(a, dim=None, keepdim=False):
     return jnp.all(a, axis=_dims(a, dim), keepdims=keepdim)
 
@@ -474,14 +530,14 @@ def _no_bool_scan_check(kernel):
     return {kernel: check(False), f"{kernel}.out": check(False), f"{kernel}_": check(True)}
 
 
-@lowering("cumsum", meta_check=_no_bool_scan_check("cumsum"))
+@lowering("cumsum", meta_check=_no_bool_scan_check("cumsum"), reduction_buckets=_scan_plan("sum"))
 def cumsum(a, dim, dtype=None):
     d = _acc_dtype(a, dtype)
     x = a.astype(opmath(d))
     return (jnp.cumsum(x, axis=_axis(a, dim)) if a.ndim else x).astype(d)
 
 
-@lowering("cumprod", meta_check=_no_bool_scan_check("cumprod"))
+@lowering("cumprod", meta_check=_no_bool_scan_check("cumprod"), reduction_buckets=_scan_plan("prod"))
 def cumprod(a, dim, dtype=None):
     d = _acc_dtype(a, dtype)
     x = a.astype(opmath(d))
@@ -497,7 +553,11 @@ def _logcumsumexp_check(a, *args, out=None, **kwargs):
         raise not_implemented_for("logcumsumexp", a.dtype)
 
 
-@lowering("logcumsumexp", meta_check=dict.fromkeys(("logcumsumexp", "logcumsumexp.out"), _logcumsumexp_check))
+@lowering(
+    "logcumsumexp",
+    meta_check=dict.fromkeys(("logcumsumexp", "logcumsumexp.out"), _logcumsumexp_check),
+    reduction_buckets=_scan_plan("max"),
+)
 def logcumsumexp(a, dim):
     x = a.astype(opmath(a.dtype))
     if not (a.ndim and a.size):
@@ -533,12 +593,24 @@ def _cum_extreme(a, dim, better):
     return v, i
 
 
-@lowering("cummax", real_only=True, meta_check={"cummax.out": same_scalar_type_out_check}, no_loop_for=WIDE_UNSIGNED)
+@lowering(
+    "cummax",
+    real_only=True,
+    meta_check={"cummax.out": same_scalar_type_out_check},
+    no_loop_for=WIDE_UNSIGNED,
+    reduction_buckets=_scan_plan("max"),
+)
 def cummax(a, dim):
     return _cum_extreme(a, dim, lambda r, l: r >= l)
 
 
-@lowering("cummin", real_only=True, meta_check={"cummin.out": same_scalar_type_out_check}, no_loop_for=WIDE_UNSIGNED)
+@lowering(
+    "cummin",
+    real_only=True,
+    meta_check={"cummin.out": same_scalar_type_out_check},
+    no_loop_for=WIDE_UNSIGNED,
+    reduction_buckets=_scan_plan("min"),
+)
 def cummin(a, dim):
     return _cum_extreme(a, dim, lambda r, l: r <= l)
 

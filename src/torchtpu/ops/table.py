@@ -48,6 +48,10 @@ finds all of them (docs/design.md, "Adding an op"):
                             tensor in any other argument raises PyTorch's device error
     flat_buckets=True       an elementwise op computing each element alike (no rounding by position): small
                             new shapes run on flat arrays padded to a size bucket on XLA:CPU (eager/flat_buckets.py)
+    reduction_buckets=f     a reduction or scan along one dim (or over every element) whose result does not depend
+                            on the reduction's order (max, argmax, any, integer sums, scans' prefixes): f(*args,
+                            **kwargs) -> (dim or None, identity, scan) or None; small new lengths run on an operand
+                            padded with the identity to a size bucket on XLA:CPU (eager/reduction_buckets.py)
     matrix_batches=f        an op computing each matrix of a batch alone: f(*args, **kwargs) names the batched
                             tensor arguments ((name, core dims, pad), or None where the call does not fit); a
                             call with batch dims runs on a flat batch padded to a size bucket (eager/matrix_batches.py)
@@ -122,6 +126,7 @@ FACT_KINDS = (
     "cpu_operands",
     "flat_buckets",
     "matrix_batches",
+    "reduction_buckets",
 )
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
