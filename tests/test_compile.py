@@ -806,3 +806,66 @@ def test_compiled_cat_with_symbolic_sizes_and_a_legacy_empty_tensor_matches_cpu(
     for n in (3, 5):
         a, b, e = torch.randn(n, 4), torch.randn(n + 1, 4), torch.empty(0)
         torch.testing.assert_close(g(a.to("tpu"), b.to("tpu"), e.to("tpu")).cpu(), f(a, b, e))
+
+
+class _RegionBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        return x + self.b(F.gelu(self.a(x))).softmax(-1)
+
+
+def _region_programs(monkeypatch):
+    """The GraphProgram of every CompiledGraph made from now on."""
+    from torchtpu.compile import backend as be
+
+    programs = []
+    init = be.CompiledGraph.__init__
+
+    def spy(self, gm, kind):
+        init(self, gm, kind)
+        programs.append(self.program)
+
+    monkeypatch.setattr(be.CompiledGraph, "__init__", spy)
+    return programs
+
+
+def test_nested_compile_region_runs_in_the_graph(monkeypatch):
+    """torch.compiler.nested_compile_region: repeated blocks are invoke_subgraph calls of one region,
+    lowered in the executable (not the eager fallback), each region planned once however many blocks
+    call it."""
+    programs = _region_programs(monkeypatch)
+    torch.manual_seed(0)
+    cpu = nn.Sequential(*[_RegionBlock() for _ in range(3)]).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="torchtpu")  # no graph runs in eager mode
+        out = torch.compile(copy.deepcopy(cpu).to("tpu"), backend="tpu")(x.to("tpu"))
+        torch.testing.assert_close(out.cpu(), cpu(x), **TOL)
+    calls = [s for p in programs for s in p.steps if s.kind == "subgraph"]
+    assert len(calls) >= 2
+    assert len({id(s.fn) for s in calls}) < len(calls)  # a region called twice is planned once
+
+
+@pytest.mark.slow
+def test_nested_compile_region_training(monkeypatch):
+    """The same with a backward: the regions' forward and backward graphs run in the executables."""
+    programs = _region_programs(monkeypatch)
+    torch.manual_seed(0)
+    cpu = nn.Sequential(*[_RegionBlock() for _ in range(3)])
+    dev = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(4, 16)
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="torchtpu")
+        out = torch.compile(dev, backend="tpu")(xt)
+        out.pow(2).sum().backward()
+    ref = cpu(xc)
+    ref.pow(2).sum().backward()
+    torch.testing.assert_close(out.cpu(), ref, **TOL)
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, **TOL)
+    torch.testing.assert_close(dev[1].a.weight.grad.cpu(), cpu[1].a.weight.grad, **TOL)
+    assert sum(s.kind == "subgraph" for p in programs for s in p.steps) >= 4

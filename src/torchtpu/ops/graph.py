@@ -226,6 +226,8 @@ def _plan(node):
     if target is operator.getitem:
         return "getitem", None, False, None
     if isinstance(target, torch._ops.HigherOrderOperator):
+        if getattr(target, "__name__", "") == "invoke_subgraph":
+            return "subgraph", None, False, None  # GraphProgram plans the region's graph
         rng = _rng_state_step(node)
         if isinstance(rng, str):
             return rng
@@ -294,6 +296,7 @@ class GraphProgram:
         self.steps = []
         n_random = 0
         unsupported = []
+        regions = {}  # a nested compile region's GraphModule -> its GraphProgram, planned once
         for node in graph.nodes:
             if node.op != "call_function":
                 continue
@@ -304,6 +307,12 @@ class GraphProgram:
             s = _Step()
             s.node = node
             s.kind, s.fn, draws, s.mutates = planned
+            if s.kind == "subgraph":
+                s.fn = self._region(node, regions)
+                if isinstance(s.fn, str):
+                    unsupported.append(s.fn)
+                    continue
+                draws = s.fn.random
             s.random_index = n_random if draws else None  # each random step folds its own index into the key
             n_random += draws
             self.steps.append(s)
@@ -317,6 +326,24 @@ class GraphProgram:
         self.random = n_random > 0
         if unsupported:
             raise NotLowered("\n".join(dict.fromkeys(unsupported)))
+
+    def _region(self, node, regions):
+        """The GraphProgram of an `invoke_subgraph` node's region (torch.compiler.nested_compile_region):
+        planned once however many nodes call it (a model's repeated layers), or why it cannot run."""
+        sub = node.args[0]
+        module = getattr(self.owner, sub.target, None) if isinstance(sub, fx.Node) and sub.op == "get_attr" else None
+        if not isinstance(module, fx.GraphModule):
+            return f"torchtpu: invoke_subgraph without its graph module: {node.format_node()}"
+        program = regions.get(id(module))
+        if program is None:
+            try:
+                program = GraphProgram(module.graph, module)
+            except NotLowered as e:
+                return str(e)
+            if program.mutated_placeholders:  # (AOTAutograd makes regions functional: not expected)
+                return "torchtpu: invoke_subgraph whose region writes its inputs is not supported in compiled graphs"
+            regions[id(module)] = program
+        return program
 
     def run(self, inputs, key=None):
         env = {}
@@ -360,6 +387,9 @@ class GraphProgram:
                         env[target_node] = out
                         if target_node in self.ph_index:
                             mutations[self.ph_index[target_node]] = out
+            elif kind == "subgraph":  # invoke_subgraph(region, identifier, *operands): traced inline
+                region_key = jax.random.fold_in(key, s.random_index) if s.random_index is not None else None
+                out = tuple(s.fn.run(args[2:], region_key)[0])
             elif kind == "rng_save":  # run_and_save_rng_state(op, *args): (state, op's value)
                 op_key = jax.random.fold_in(key, s.random_index)
                 out = (jax.random.key_data(op_key), apply(s.fn, args[1:], dict(kwargs, key=op_key)))
