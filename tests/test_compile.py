@@ -806,3 +806,104 @@ def test_compiled_cat_with_symbolic_sizes_and_a_legacy_empty_tensor_matches_cpu(
     for n in (3, 5):
         a, b, e = torch.randn(n, 4), torch.randn(n + 1, 4), torch.empty(0)
         torch.testing.assert_close(g(a.to("tpu"), b.to("tpu"), e.to("tpu")).cpu(), f(a, b, e))
+
+
+class _RegionBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        return x + self.b(F.gelu(self.a(x))).softmax(-1)
+
+
+def _region_programs(monkeypatch):
+    """The GraphProgram of every CompiledGraph made from now on."""
+    from torchtpu.compile import backend as be
+
+    programs = []
+    init = be.CompiledGraph.__init__
+
+    def spy(self, gm, kind):
+        init(self, gm, kind)
+        programs.append(self.program)
+
+    monkeypatch.setattr(be.CompiledGraph, "__init__", spy)
+    return programs
+
+
+def test_nested_compile_region_runs_in_the_graph(monkeypatch):
+    """torch.compiler.nested_compile_region: repeated blocks are invoke_subgraph calls of one region,
+    lowered in the executable (not the eager fallback), each region planned once however many blocks
+    call it."""
+    programs = _region_programs(monkeypatch)
+    torch.manual_seed(0)
+    cpu = nn.Sequential(*[_RegionBlock() for _ in range(3)]).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="torchtpu")  # no graph runs in eager mode
+        out = torch.compile(copy.deepcopy(cpu).to("tpu"), backend="tpu")(x.to("tpu"))
+        torch.testing.assert_close(out.cpu(), cpu(x), **TOL)
+    calls = [s for p in programs for s in p.steps if s.kind == "subgraph"]
+    assert len(calls) >= 2
+    assert len({id(s.fn[0]) for s in calls}) < len(calls)  # a region called twice is planned once
+
+
+@torch.compiler.nested_compile_region
+def _writing_region(w, b, cache, x, pos):
+    y = F.linear(x, w, b)
+    cache.index_copy_(0, pos, y)  # a KV cache's write
+    return cache.sum(0, keepdim=True) + y
+
+
+class _CacheBlocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        for i in range(3):
+            self.register_buffer(f"cache{i}", torch.zeros(4, 8))
+
+    def forward(self, x, pos):
+        for i, lin in enumerate(self.lin):
+            x = _writing_region(lin.weight, lin.bias, getattr(self, f"cache{i}"), x, pos)
+        return x
+
+
+def test_nested_compile_region_writing_its_inputs(monkeypatch):
+    """A region that writes its inputs (a decoder layer's KV cache) arrives as auto_functionalized_v2 of
+    invoke_subgraph: lowered too; the writes reach the buffers."""
+    programs = _region_programs(monkeypatch)
+    torch.manual_seed(0)
+    cpu = _CacheBlocks()
+    dev = copy.deepcopy(cpu).to("tpu")
+    comp = torch.compile(dev, backend="tpu")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="torchtpu")
+        for p in range(2):
+            x, pos = torch.randn(1, 8), torch.tensor([p])
+            torch.testing.assert_close(comp(x.to("tpu"), pos.to("tpu")).cpu(), cpu(x, pos), **TOL)
+    for i in range(3):
+        torch.testing.assert_close(getattr(dev, f"cache{i}").cpu(), getattr(cpu, f"cache{i}"), **TOL)
+    assert any(s.kind == "subgraph_writes" for p in programs for s in p.steps)
+
+
+@pytest.mark.slow
+def test_nested_compile_region_training(monkeypatch):
+    """The same with a backward: the regions' forward and backward graphs run in the executables."""
+    programs = _region_programs(monkeypatch)
+    torch.manual_seed(0)
+    cpu = nn.Sequential(*[_RegionBlock() for _ in range(3)])
+    dev = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(4, 16)
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="torchtpu")
+        out = torch.compile(dev, backend="tpu")(xt)
+        out.pow(2).sum().backward()
+    ref = cpu(xc)
+    ref.pow(2).sum().backward()
+    torch.testing.assert_close(out.cpu(), ref, **TOL)
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, **TOL)
+    torch.testing.assert_close(dev[1].a.weight.grad.cpu(), cpu[1].a.weight.grad, **TOL)
+    assert sum(s.kind == "subgraph" for p in programs for s in p.steps) >= 4

@@ -189,6 +189,11 @@ def _sym_function(target):
     return sym
 
 
+def _invokes_subgraph(node):
+    """Whether an auto_functionalized_v2 node calls a nested compile region (invoke_subgraph)."""
+    return bool(node.args) and getattr(node.args[0], "__name__", "") == "invoke_subgraph"
+
+
 def _rng_state_step(node):
     """(kind, lowering) of the RNG higher-order ops AOTAutograd emits for activation checkpointing
     (torch.utils.checkpoint recomputes a random op in the backward with the forward's draw), or the
@@ -226,6 +231,10 @@ def _plan(node):
     if target is operator.getitem:
         return "getitem", None, False, None
     if isinstance(target, torch._ops.HigherOrderOperator):
+        if getattr(target, "__name__", "") == "invoke_subgraph":
+            return "subgraph", None, False, None  # GraphProgram plans the region's graph
+        if getattr(target, "__name__", "") == "auto_functionalized_v2" and _invokes_subgraph(node):
+            return "subgraph_writes", None, False, None  # a region that writes its inputs (a KV cache)
         rng = _rng_state_step(node)
         if isinstance(rng, str):
             return rng
@@ -294,6 +303,7 @@ class GraphProgram:
         self.steps = []
         n_random = 0
         unsupported = []
+        regions = {}  # a nested compile region's GraphModule -> its GraphProgram, planned once
         for node in graph.nodes:
             if node.op != "call_function":
                 continue
@@ -304,6 +314,12 @@ class GraphProgram:
             s = _Step()
             s.node = node
             s.kind, s.fn, draws, s.mutates = planned
+            if s.kind in ("subgraph", "subgraph_writes"):
+                s.fn = self._region(node, regions)
+                if isinstance(s.fn, str):
+                    unsupported.append(s.fn)
+                    continue
+                draws = s.fn[0].random
             s.random_index = n_random if draws else None  # each random step folds its own index into the key
             n_random += draws
             self.steps.append(s)
@@ -317,6 +333,44 @@ class GraphProgram:
         self.random = n_random > 0
         if unsupported:
             raise NotLowered("\n".join(dict.fromkeys(unsupported)))
+
+    def _region(self, node, regions):
+        """How an `invoke_subgraph` node (torch.compiler.nested_compile_region) runs its region:
+        (the region's GraphProgram, planned once however many nodes call it: a model's repeated layers;
+        the operands' sources; the base each written operand is), or why it cannot run.
+
+        A region that writes its inputs (a decoder layer writing its KV cache) arrives functionalized:
+        `auto_functionalized_v2(invoke_subgraph, subgraph=, argN=..., _argN_base_index=i, _all_bases=[...])`,
+        whose written operands are given as bases; it returns the region's outputs and then each
+        base's new value. Operands that are views of a base (not the whole of it) are not supported."""
+        writes = node.target is not torch.ops.higher_order.invoke_subgraph
+        sub = node.kwargs.get("subgraph") if writes else node.args[0]
+        module = getattr(self.owner, sub.target, None) if isinstance(sub, fx.Node) and sub.op == "get_attr" else None
+        if not isinstance(module, fx.GraphModule):
+            return f"torchtpu: invoke_subgraph without its graph module: {node.format_node()}"
+        program = regions.get(id(module))
+        if program is None:
+            try:
+                program = GraphProgram(module.graph, module)
+            except NotLowered as e:
+                return str(e)
+            regions[id(module)] = program
+        if not writes:
+            if program.mutated_placeholders:  # (AOTAutograd functionalizes written operands: not expected)
+                return "torchtpu: invoke_subgraph whose region writes its inputs is not supported in compiled graphs"
+            return program, None, None
+        sources, base_of = [], {}
+        for i in range(len(program.placeholders)):
+            name = f"arg{i}"
+            if name in node.kwargs:
+                sources.append(name)
+                continue
+            base = node.kwargs.get(f"_{name}_base_index")
+            if base is None or any(k.startswith(f"_{name}_") and k != f"_{name}_base_index" for k in node.kwargs):
+                return f"torchtpu: a nested compile region writing a view of its operand {name} is not supported"
+            sources.append(base)
+            base_of[i] = base
+        return program, sources, base_of
 
     def run(self, inputs, key=None):
         env = {}
@@ -360,6 +414,20 @@ class GraphProgram:
                         env[target_node] = out
                         if target_node in self.ph_index:
                             mutations[self.ph_index[target_node]] = out
+            elif kind == "subgraph":  # invoke_subgraph(region, identifier, *operands): traced inline
+                region_key = jax.random.fold_in(key, s.random_index) if s.random_index is not None else None
+                out = tuple(s.fn[0].run(args[2:], region_key)[0])
+            elif kind == "subgraph_writes":  # (_region): the region's outputs, then the bases' new values
+                program, sources, base_of = s.fn
+                bases = kwargs["_all_bases"]
+                operands = [bases[src] if type(src) is int else kwargs[src] for src in sources]
+                region_key = jax.random.fold_in(key, s.random_index) if s.random_index is not None else None
+                outputs, written = program.run(operands, region_key)
+                new_bases = list(bases)
+                for i, value in written.items():
+                    new_bases[base_of[i]] = value
+                outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+                out = (*outputs, *new_bases)
             elif kind == "rng_save":  # run_and_save_rng_state(op, *args): (state, op's value)
                 op_key = jax.random.fold_in(key, s.random_index)
                 out = (jax.random.key_data(op_key), apply(s.fn, args[1:], dict(kwargs, key=op_key)))
