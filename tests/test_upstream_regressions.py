@@ -790,6 +790,22 @@ def test_slow_teardown(slow_teardown):
     pass
 
 
+def test_swallows_exceptions():
+    for _ in range(4):  # a library's retry of work that failed
+        try:
+            time.sleep(4)
+        except Exception:
+            pass
+
+
+def test_swallows_everything():
+    try:
+        time.sleep(30)
+    except BaseException:
+        pass
+    time.sleep(30)
+
+
 def test_after():
     pass
 """
@@ -797,7 +813,8 @@ def test_after():
 
 def test_the_per_test_time_limit_fails_that_test_and_the_run_goes_on(tmp_path):
     """The tools' recorder plugin (tools/transformers_tests.py, used by upstream_tests.py too) arms the
-    limit only inside a test's phases: a slow call fails, a slow teardown errors, the next test runs."""
+    limit only inside a test's phases: a slow call fails, a slow teardown errors, the next test runs; an
+    `except Exception` (or BaseException) in the test's code does not take the limit away."""
     import json
     import os
     import subprocess
@@ -826,6 +843,8 @@ def test_the_per_test_time_limit_fails_that_test_and_the_run_goes_on(tmp_path):
     got = {r["id"].split("::")[1]: r for r in map(json.loads, results.read_text().splitlines())}
     assert got["test_slow_call"]["outcome"] == "failed" and "TimeoutError" in got["test_slow_call"]["message"]
     assert got["test_slow_teardown"]["outcome"] == "error"
+    for name in ("test_swallows_exceptions", "test_swallows_everything"):  # the limit is not taken for their failure
+        assert got[name]["outcome"] == "failed" and got[name]["seconds"] < 10, got[name]
     assert got["test_after"]["outcome"] == "passed"
 
 

@@ -12,8 +12,8 @@ torchtpu.integrations.transformers_device_spec` (written into the checkout's roo
 Transformers imports the spec by bare file name, and removed afterwards). Results are written one test
 at a time by the pytest plugin below (a JSON line per test: a file that runs over --file-timeout keeps
 what finished), so a hang costs one file, not the run. A test that runs over --test-timeout fails
-with TimeoutError (a SIGALRM in the test's thread; a long XLA compile is interrupted when it returns
-to Python).
+with TestTimeoutError (a SIGALRM in the test's thread; a long XLA compile is interrupted when it returns
+to Python; a test blocked in native code past the limit is ended by a watchdog, and its file resumes).
 
 `report` prints, per test file, what passed, failed and was skipped on each device and the tests' time
 (the sum of their own durations) on each, and the tests
@@ -105,6 +105,14 @@ class _Recorder:
             self._write(self.pending.pop(report.nodeid))
 
 
+class TestTimeoutError(BaseException):
+    """The per-test limit's exception. Not an Exception (as pytest's own Failed is not): library code's
+    `except Exception` around its work (ours: a compile or a cache read that falls back) would take a
+    TimeoutError for a failure of that work, go on, and the test would run unlimited."""
+
+    __test__ = False  # (not a test class, for pytest)
+
+
 def _stall_grace() -> float:
     return float(os.environ.get(STALL_GRACE_ENV, STALL_GRACE_S))
 
@@ -113,16 +121,18 @@ def _time_limit(test_timeout: float, stall_path: str | None = None):
     """The per-test limit: armed only while a phase of the test (setup, call, teardown) runs, with what
     is left of the test's time, so that the alarm lands in the test's code (a failure of that test);
     armed from setup to teardown, one landing in pytest's own reporting between phases ended the whole
-    file's run with an INTERNALERROR. The alarm runs only when the main thread returns to Python: a test
-    blocked in native code (a wait that never ends) outlives it. For those, a watchdog thread
-    (faulthandler) writes the test's id and every thread's stack to `stall_path` _stall_grace() s after the
-    limit and ends the process, so that the run goes on with the file's other tests (see `run`)."""
+    file's run with an INTERNALERROR. Past the deadline the alarm repeats (one swallowed by an `except
+    BaseException` that goes on is raised again) until the phase ends. The alarm runs only when the main
+    thread returns to Python: a test blocked in native code (a wait that never ends) outlives it. For
+    those, a watchdog thread (faulthandler) writes the test's id and every thread's stack to `stall_path`
+    _stall_grace() s after the limit and ends the process; the run goes on with the file's other tests
+    (see `run`)."""
     import faulthandler
 
     import pytest
 
     def timed_out(signum, frame):
-        raise TimeoutError(f"test ran over {test_timeout:g} s (--test-timeout)")
+        raise TestTimeoutError(f"test ran over {test_timeout:g} s (--test-timeout)")
 
     class TimeLimit:
         deadline = 0.0
@@ -132,7 +142,7 @@ def _time_limit(test_timeout: float, stall_path: str | None = None):
             if start:
                 self.deadline = time.monotonic() + test_timeout
             signal.signal(signal.SIGALRM, timed_out)
-            signal.setitimer(signal.ITIMER_REAL, max(self.deadline - time.monotonic(), 1e-3))
+            signal.setitimer(signal.ITIMER_REAL, max(self.deadline - time.monotonic(), 1e-3), min(test_timeout, 10.0))
             try:
                 return (yield)
             finally:
