@@ -106,6 +106,38 @@ def test_a_damaged_entry_is_dropped_and_the_op_built_as_usual(store):
     assert all(torch.equal(a, b.cpu()) for a, b in zip(expected, _ops(x.to("tpu")))) and not traces
 
 
+def test_a_time_limit_landing_in_a_load_is_raised_and_the_entry_kept(store, monkeypatch):
+    """A signal handler's exception (a test runner's SIGALRM time limit) that lands while an entry is
+    read is not damage: it was taken for it, the entry removed, and the limit lost (whisper's long-form
+    tests ran on past their 150 s)."""
+    import pickle
+    import signal
+
+    where, traces = store
+    x = torch.randn(4, 3)
+    expected = (x.to("tpu") * 2.5).cpu()
+    entries = sorted(os.listdir(where))
+    limits.forget_executables()
+    traces.clear()
+
+    def timed_out(signum, frame):
+        raise TimeoutError("test ran over its limit")
+
+    def interrupted_loads(data):
+        signal.raise_signal(signal.SIGALRM)
+
+    previous = signal.signal(signal.SIGALRM, timed_out)
+    monkeypatch.setattr(pickle, "loads", interrupted_loads)
+    try:
+        with pytest.raises(TimeoutError):
+            (x.to("tpu") * 2.5).cpu()
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        monkeypatch.undo()
+    assert sorted(os.listdir(where)) == entries
+    assert torch.equal((x.to("tpu") * 2.5).cpu(), expected) and not traces
+
+
 def test_another_device_with_the_same_key_runs_through_jax_jit(store):
     where, traces = store
     if torch.tpu.device_count() < 2:

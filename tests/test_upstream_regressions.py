@@ -767,6 +767,10 @@ def test_out_cast_errors_are_the_cpus(call):
     assert errors[1] == errors[0] and "can't be cast to the desired output type Long" in errors[0]
 
 
+# A child pytest without the installed plugins' entry points (hypothesis alone: ~2 s of CPU per start);
+# xdist named, for the tool's -n0.
+_LEAN_PYTEST = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "xdist.plugin"}
+
 _TIMED_FILE = """
 import time
 import pytest
@@ -786,6 +790,22 @@ def test_slow_teardown(slow_teardown):
     pass
 
 
+def test_swallows_exceptions():
+    for _ in range(4):  # a library's retry of work that failed
+        try:
+            time.sleep(4)
+        except Exception:
+            pass
+
+
+def test_swallows_everything():
+    try:
+        time.sleep(30)
+    except BaseException:
+        pass
+    time.sleep(30)
+
+
 def test_after():
     pass
 """
@@ -793,7 +813,8 @@ def test_after():
 
 def test_the_per_test_time_limit_fails_that_test_and_the_run_goes_on(tmp_path):
     """The tools' recorder plugin (tools/transformers_tests.py, used by upstream_tests.py too) arms the
-    limit only inside a test's phases: a slow call fails, a slow teardown errors, the next test runs."""
+    limit only inside a test's phases: a slow call fails, a slow teardown errors, the next test runs; an
+    `except Exception` (or BaseException) in the test's code does not take the limit away."""
     import json
     import os
     import subprocess
@@ -808,6 +829,7 @@ def test_the_per_test_time_limit_fails_that_test_and_the_run_goes_on(tmp_path):
         PYTHONPATH=os.pathsep.join(p for p in (str(tools), env.get("PYTHONPATH")) if p),
         TORCHTPU_TESTS_RESULTS=str(results),
         TORCHTPU_TESTS_TEST_TIMEOUT="0.5",
+        **_LEAN_PYTEST,
     )
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "transformers_tests", "test_timed.py"],
@@ -821,4 +843,57 @@ def test_the_per_test_time_limit_fails_that_test_and_the_run_goes_on(tmp_path):
     got = {r["id"].split("::")[1]: r for r in map(json.loads, results.read_text().splitlines())}
     assert got["test_slow_call"]["outcome"] == "failed" and "TimeoutError" in got["test_slow_call"]["message"]
     assert got["test_slow_teardown"]["outcome"] == "error"
+    for name in ("test_swallows_exceptions", "test_swallows_everything"):  # the limit is not taken for their failure
+        assert got[name]["outcome"] == "failed" and got[name]["seconds"] < 10, got[name]
     assert got["test_after"]["outcome"] == "passed"
+
+
+_STALLING_FILE = """
+import signal
+import time
+
+
+def test_before():
+    pass
+
+
+def test_stalls():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # as a wait in native code: the alarm never lands
+    time.sleep(30)
+
+
+def test_after():
+    pass
+"""
+
+
+def test_a_test_that_outlives_its_alarm_is_recorded_and_the_file_resumes(tmp_path):
+    """A test blocked where the limit's alarm cannot land (it runs only in Python) kept the whole file's
+    process until --file-timeout (whisper's long-form test, thirteenth session): the watchdog dumps the
+    stacks and ends the process, the test is recorded as failed, and the file's other tests still run."""
+    import argparse
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import transformers_tests as tool
+
+    (tmp_path / "test_stall.py").write_text(_STALLING_FILE)
+    results = tmp_path / "results.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env.update(
+        PYTHONPATH=tool.tools_first_on_path(env),
+        TORCHTPU_TESTS_RESULTS=str(results),
+        TORCHTPU_TESTS_TEST_TIMEOUT="0.3",
+        TORCHTPU_TESTS_STALL_GRACE="0.3",
+        **_LEAN_PYTEST,
+    )
+    args = argparse.Namespace(k=None, pytest_args=[], file_timeout=60, test_timeout=0.3)
+    tool.run_file_resuming("test_stall.py", tmp_path, env, args, results)
+    got = {r["id"].split("::")[1]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert got["test_before"]["outcome"] == got["test_after"]["outcome"] == "passed", got
+    assert got["test_stalls"]["outcome"] == "failed" and tool.STALL_MARK in got["test_stalls"]["message"]
+    dump = Path(f"{results}.stall1").read_text()
+    assert dump.startswith("test_stall.py::test_stalls\n") and "test_stall.py" in dump.split("\n", 1)[1]

@@ -12,8 +12,8 @@ torchtpu.integrations.transformers_device_spec` (written into the checkout's roo
 Transformers imports the spec by bare file name, and removed afterwards). Results are written one test
 at a time by the pytest plugin below (a JSON line per test: a file that runs over --file-timeout keeps
 what finished), so a hang costs one file, not the run. A test that runs over --test-timeout fails
-with TimeoutError (a SIGALRM in the test's thread; a long XLA compile is interrupted when it returns
-to Python).
+with TestTimeoutError (a SIGALRM in the test's thread; a long XLA compile is interrupted when it returns
+to Python; a test blocked in native code past the limit is ended by a watchdog, and its file resumes).
 
 `report` prints, per test file, what passed, failed and was skipped on each device and the tests' time
 (the sum of their own durations) on each, and the tests
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import pathlib
@@ -46,6 +47,13 @@ SPEC_NAME = f"torchtpu_device_spec_{os.getpid()}.py"
 RESULTS_ENV = "TORCHTPU_TESTS_RESULTS"
 TIMEOUT_ENV = "TORCHTPU_TESTS_TEST_TIMEOUT"
 SYNC_ENV = "TORCHTPU_TESTS_SYNC_EACH"  # set: synchronize tpu after each test (_settle_tpu)
+STALL_ENV = "TORCHTPU_TESTS_STALL"  # where the watchdog of `_time_limit` writes a stalled test's stacks
+SKIP_ENV = "TORCHTPU_TESTS_SKIP_IDS"  # a file of test ids (one a line) to deselect: a resumed file's finished tests
+# A test still running this long after its limit never returned to Python (the alarm lands only there): the
+# watchdog dumps every thread's stack next to the results and ends the process; `run` resumes the file.
+STALL_GRACE_ENV = "TORCHTPU_TESTS_STALL_GRACE"  # seconds (default STALL_GRACE_S)
+STALL_GRACE_S = 60.0
+STALL_MARK = "stalled: "
 
 
 # ------------------------------------------------------------------ the pytest plugin (-p transformers_tests)
@@ -97,28 +105,64 @@ class _Recorder:
             self._write(self.pending.pop(report.nodeid))
 
 
-def _time_limit(test_timeout: float):
+class TestTimeoutError(BaseException):
+    """The per-test limit's exception. Not an Exception (as pytest's own Failed is not): library code's
+    `except Exception` around its work (ours: a compile or a cache read that falls back) would take a
+    TimeoutError for a failure of that work, go on, and the test would run unlimited."""
+
+    __test__ = False  # (not a test class, for pytest)
+
+
+def _stall_grace() -> float:
+    return float(os.environ.get(STALL_GRACE_ENV, STALL_GRACE_S))
+
+
+def _time_limit(test_timeout: float, stall_path: str | None = None):
     """The per-test limit: armed only while a phase of the test (setup, call, teardown) runs, with what
     is left of the test's time, so that the alarm lands in the test's code (a failure of that test);
     armed from setup to teardown, one landing in pytest's own reporting between phases ended the whole
-    file's run with an INTERNALERROR."""
+    file's run with an INTERNALERROR. Past the deadline the alarm repeats (one swallowed by an `except
+    BaseException` that goes on is raised again) until the phase ends. The alarm runs only when the main
+    thread returns to Python: a test blocked in native code (a wait that never ends) outlives it. For
+    those, a watchdog thread (faulthandler) writes the test's id and every thread's stack to `stall_path`
+    _stall_grace() s after the limit and ends the process; the run goes on with the file's other tests
+    (see `run`)."""
+    import faulthandler
+
     import pytest
 
     def timed_out(signum, frame):
-        raise TimeoutError(f"test ran over {test_timeout:g} s (--test-timeout)")
+        raise TestTimeoutError(f"test ran over {test_timeout:g} s (--test-timeout)")
 
     class TimeLimit:
         deadline = 0.0
+        stall = open(stall_path, "w", buffering=1) if stall_path else None
 
         def _phase(self, start):
             if start:
                 self.deadline = time.monotonic() + test_timeout
             signal.signal(signal.SIGALRM, timed_out)
-            signal.setitimer(signal.ITIMER_REAL, max(self.deadline - time.monotonic(), 1e-3))
+            signal.setitimer(signal.ITIMER_REAL, max(self.deadline - time.monotonic(), 1e-3), min(test_timeout, 10.0))
             try:
                 return (yield)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
+
+        def _watch(self, nodeid):
+            if self.stall is not None:
+                self.stall.seek(0)
+                self.stall.truncate()
+                self.stall.write(nodeid + "\n")
+                faulthandler.dump_traceback_later(test_timeout + _stall_grace(), exit=True, file=self.stall)
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_protocol(self, item, nextitem):
+            self._watch(item.nodeid)
+            try:
+                return (yield)
+            finally:
+                if self.stall is not None:
+                    faulthandler.cancel_dump_traceback_later()
 
         @pytest.hookimpl(wrapper=True)
         def pytest_runtest_setup(self, item):
@@ -133,6 +177,16 @@ def _time_limit(test_timeout: float):
             return (yield from self._phase(False))
 
     return TimeLimit()
+
+
+def _deselect(path: str):
+    class Deselect:
+        def pytest_collection_modifyitems(self, session, config, items):
+            done = set(pathlib.Path(path).read_text().split())
+            config.hook.pytest_deselected(items=[i for i in items if i.nodeid in done])
+            items[:] = [i for i in items if i.nodeid not in done]
+
+    return Deselect()
 
 
 def _settle_tpu():
@@ -163,7 +217,9 @@ def pytest_configure(config):
         config.pluginmanager.register(_Recorder(path), "torchtpu_recorder")
     test_timeout = float(os.environ.get(TIMEOUT_ENV, "0"))
     if path and test_timeout > 0:
-        config.pluginmanager.register(_time_limit(test_timeout), "torchtpu_time_limit")
+        config.pluginmanager.register(_time_limit(test_timeout, os.environ.get(STALL_ENV)), "torchtpu_time_limit")
+    if os.environ.get(SKIP_ENV):
+        config.pluginmanager.register(_deselect(os.environ[SKIP_ENV]), "torchtpu_deselect")
     if os.environ.get(SYNC_ENV):
         config.pluginmanager.register(_settler(), "torchtpu_settle")
 
@@ -235,7 +291,7 @@ def run(args) -> int:
                 env = _device_env(device)
                 env[RESULTS_ENV], env[TIMEOUT_ENV] = str(results), str(args.test_timeout)
                 start = time.time()
-                status = run_file(test_file, checkout, env, args.k, args.pytest_args, args.file_timeout)
+                status = run_file_resuming(test_file, checkout, env, args, results)
                 if status is None:
                     status = f"file ran over {args.file_timeout} s (--file-timeout): results so far kept"
                     with open(results, "a") as f:
@@ -255,6 +311,32 @@ def run(args) -> int:
         spec.unlink(missing_ok=True)
     print()
     return report(argparse.Namespace(out=str(out), markdown=args.markdown, by_class=args.by_class))
+
+
+def run_file_resuming(test_file, cwd, env, args, results: pathlib.Path) -> str | None:
+    """run_file within --file-timeout; when a test stalled (its process ended by the watchdog of
+    `_time_limit`), that test is recorded as failed and the file runs again without the tests recorded."""
+    end = time.monotonic() + args.file_timeout
+    stall = pathlib.Path(f"{results}.stall")
+    env = {**env, STALL_ENV: str(stall)}
+    for attempt in itertools.count(1):
+        stall.unlink(missing_ok=True)
+        status = run_file(test_file, cwd, env, args.k, args.pytest_args, max(end - time.monotonic(), 1.0))
+        lines = stall.read_text().splitlines() if stall.exists() else []
+        if len(lines) < 2:  # no stack dumped: the process ended by itself (or ran over the file's limit)
+            stall.unlink(missing_ok=True)
+            return status
+        kept = stall.rename(f"{results}.stall{attempt}")
+        with open(results, "a") as f:
+            limit = f"{args.test_timeout:g} + {_stall_grace():g} s"
+            message = f"TimeoutError: {STALL_MARK}{limit} without returning to Python; every thread's stack: {kept}"
+            record = {"id": lines[0], "outcome": "failed", "message": message, "seconds": args.test_timeout}
+            f.write(json.dumps(record) + "\n")
+        if time.monotonic() >= end:
+            return None
+        skip = pathlib.Path(f"{results}.skip")
+        skip.write_text("".join(r["id"] + "\n" for r in map(json.loads, results.read_text().splitlines())))
+        env = {**env, SKIP_ENV: str(skip)}
 
 
 def run_file(test_file, cwd, env, k, pytest_args, file_timeout, pytest_flags=()) -> str | None:

@@ -51,7 +51,7 @@ from .. import config
 from ..device import platform
 from ..metrics import counters
 from ..storage.records import Placeholder
-from . import limits, modes, tpu_check
+from . import interrupts, limits, modes, tpu_check
 from .device_scalars import device_scalar
 from .limits import note_executable
 from .modes import _mode
@@ -647,7 +647,9 @@ class _Job:
     def compile(self):
         try:
             return self.fused.lower(self.external, self.scalars).compile()
-        except Exception as e:  # noqa: BLE001 -- any compile failure: the segment keeps running op by op
+        except Exception as e:  # any compile failure: the segment keeps running op by op
+            if interrupts.from_signal(e):
+                raise
             _note_failure(self.key, e)
             return _FAILED
 

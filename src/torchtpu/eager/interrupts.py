@@ -39,6 +39,13 @@ def _raised_by_signal_handler(tb):
     return False
 
 
+def from_signal(error: BaseException) -> bool:
+    """Whether `error` was raised by a Python signal handler (a time limit's SIGALRM): an interrupt of
+    the work it landed in, not that work's failure. A fallback's `except Exception` re-raises it: taken
+    for the work's failure, it was lost (the caller's time limit with it) and the fallback ran instead."""
+    return _raised_by_signal_handler(error.__traceback__)
+
+
 def _hook(unraisable):
     exc_type = unraisable.exc_type
     if exc_type is not None and (

@@ -45,7 +45,7 @@ from torch.utils import _pytree as pytree
 from ..device import platform
 from ..ops.table import declared_facts
 from ..storage.records import RECORDS, new_tensor, storage_shape
-from . import fusion, tpu_check
+from . import fusion, interrupts, tpu_check
 from .bucketed_draws import bucket_of
 from .build import META_CHECKS, META_OVERRIDES
 from .executable import input_buffers
@@ -166,7 +166,9 @@ def _meta_accepts(kernel, args, kwargs):
             if check is not None:
                 check(*meta_args, **meta_kwargs)
             META_OVERRIDES.get(kernel.name, kernel.op)(*meta_args, **meta_kwargs)
-    except Exception:  # noqa: BLE001 - any error: the engine's own path raises it as it should
+    except Exception as e:  # any error: the engine's own path raises it as it should
+        if interrupts.from_signal(e):
+            raise
         return False
     return True
 

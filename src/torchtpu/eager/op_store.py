@@ -44,7 +44,7 @@ import torch
 from jax._src.array import ArrayImpl
 
 from ..metrics import counters
-from . import persistent_cache, tpu_check
+from . import interrupts, persistent_cache, tpu_check
 
 SUBDIR = "torchtpu-ops"  # inside the on-disk cache's directory (JAX's cache does not look in folders)
 SUFFIX = ".xop"
@@ -284,7 +284,9 @@ def load(k):
         by_id = {d.id: d for d in jax.local_devices()}
         devices = [by_id[i] for i in device_ids]  # (the devices it was compiled for, in its order)
         compiled = deserialize_and_load(serialized, in_tree, out_tree, execution_devices=devices)
-    except Exception:  # noqa: BLE001 - any damaged entry: dropped, and the op is built as usual
+    except Exception as e:  # any damaged entry: dropped, and the op is built as usual
+        if interrupts.from_signal(e):  # not damage: the entry stays
+            raise
         counters.op_store_errors += 1
         with contextlib.suppress(OSError):
             os.remove(path)
@@ -313,7 +315,11 @@ def save(k, compiled, effects):
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)  # atomic: a reader sees the old file, the new one, or none
-    except Exception:  # noqa: BLE001 - not stored (an unwritable directory, a program JAX cannot serialize)
+    except Exception as e:  # not stored (an unwritable directory, a program JAX cannot serialize)
+        if interrupts.from_signal(e):
+            with contextlib.suppress(OSError, UnboundLocalError):
+                os.remove(tmp)
+            raise
         counters.op_store_errors += 1
         with contextlib.suppress(OSError, UnboundLocalError):
             os.remove(tmp)
