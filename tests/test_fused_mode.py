@@ -587,3 +587,26 @@ def test_gradcheck_and_gradgradcheck_pass_in_the_fused_mode():
     with torchtpu.eager_mode("fused"):
         assert torch.autograd.gradgradcheck(lambda a, b: (a * b + b) * a.exp() - b * 1.5, (a, b))
         assert torchtpu.get_eager_mode() == "fused"
+
+
+def test_a_segment_that_draws_compiles_at_a_later_run(fused):
+    # each draw inlines a threefry hash into a compiled segment (~1.5 s of XLA:CPU compile), so a sweep
+    # that repeats each case's segment a few times (test_linalg's test_baddbmm: 216 layouts of
+    # device-drawn operands) compiles a segment with draws at its COMPILE_AT_DRAWS-th run, not its
+    # COMPILE_AT-th; the loop's values are the strict mode's either way (same seed)
+    x = torch.randn(11, 3).to("tpu")
+
+    def body():
+        return (torch.rand(11, 3, device="tpu") * x + 0.5).t().contiguous().sum(0).cpu()
+
+    compiles = _count("fused_compiles")
+    torch.manual_seed(7)
+    got = [body() for _ in range(fusion.COMPILE_AT + 2)]  # (a loop without draws compiles by now)
+    assert _count("fused_compiles") == compiles
+    got += [body() for _ in range(fusion.COMPILE_AT_DRAWS - fusion.COMPILE_AT)]
+    assert _count("fused_compiles") - compiles == 1
+    with torchtpu.eager_mode("strict"):
+        torch.manual_seed(7)
+        expected = [body() for _ in got]
+    for g, e in zip(got, expected):
+        assert_close(g, e)

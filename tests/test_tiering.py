@@ -30,7 +30,8 @@ def test_strict_calls_that_tier_an_op_up_keep_the_fused_segment(monkeypatch, kin
     monkeypatch.setattr(fusion, "COMPILE", "now")  # (compiled in the flush that decides to: exact counts)
     step, want = _steps(kind, {"draw": 29, "index": 31}[kind])
     with torchtpu.eager_mode("fused"):
-        for _ in range(fusion.COMPILE_AT + 2):  # first calls, cold ops, then the segment's runs
+        # first calls, cold ops, then the segment's runs (one that draws compiles later)
+        for _ in range((fusion.COMPILE_AT_DRAWS if kind == "draw" else fusion.COMPILE_AT) + 2):
             torch.manual_seed(3)
             first = step()
         compiles, runs = _count("fused_compiles"), _count("fused_runs")

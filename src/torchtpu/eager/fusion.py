@@ -55,6 +55,7 @@ from . import interrupts, limits, modes, tpu_check
 from .device_scalars import device_scalar
 from .limits import note_executable
 from .modes import _mode
+from .random import is_draw_key
 
 # Where a segment ends without being asked. The cuts depend on the ops, not on a count from wherever
 # the stream began, so a loop that never synchronizes (an eager training loop read every 50 steps) is
@@ -86,6 +87,13 @@ RECENT = 16
 # executable (~1 s of XLA:CPU compile for a decoder step) that never ran; a loop's body waits one more
 # iteration, replayed op by op.
 COMPILE_AT = 3
+# ... or at its COMPILE_AT_DRAWS-th for a segment that draws random numbers: each draw inlines a
+# threefry hash, ~1.5 s of XLA:CPU compile (a segment of two draws and a bmm: 3.3 s of CPU; the draw's
+# own executable is compiled once per size bucket and shared), so a sweep over layouts or shapes that
+# repeats each case's segment a few times (PyTorch's test_baddbmm: 216 permutations of device-drawn
+# operands, 67 s of process CPU, 4 s in "strict" mode) compiled a segment it used once or twice. A
+# training loop's step with dropout still compiles, a few steps later.
+COMPILE_AT_DRAWS = 8
 # A segment compiled in the background replays op by op for USE_AFTER - 1 more runs, then runs
 # compiled from its (COMPILE_AT + USE_AFTER)-th run on, waiting there for the compile if it is not done
 # (a warm on-disk cache loads it in milliseconds; a cold compile overlaps USE_AFTER runs).
@@ -477,7 +485,7 @@ def _executable_for(segment, key, plan, live):
     elif len(plan) > 1:  # (one op is already one executable)
         last, runs = _seen.get(key, (None, 0))
         recent = last is not None and _flushes[0] - last <= RECENT
-        if recent and runs + 1 >= COMPILE_AT:
+        if recent and runs + 1 >= COMPILE_AT and (runs + 1 >= COMPILE_AT_DRAWS or not _draws(segment.steps)):
             del _seen[key]
             results = _results(segment.steps, live)
             if tpu_check.enabled():
@@ -493,6 +501,11 @@ def _executable_for(segment, key, plan, live):
                 _seen.clear()
             _seen[key] = (_flushes[0], runs + 1 if recent else 1)
     return fn
+
+
+def _draws(steps):
+    """Whether a step of the segment draws random numbers (its traced values hold a PRNG key)."""
+    return any(is_draw_key(v) for step in steps for v in step[2])
 
 
 # (type, value) of a Python number -> the device array a compiled segment gets for it, or None for a

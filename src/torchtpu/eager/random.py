@@ -100,6 +100,11 @@ def _draw(g):
     return np.array([seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF], dtype=np.uint32)
 
 
+def is_draw_key(value) -> bool:
+    """Whether a random op's traced value is the key of its draw (`_draw`, `generator_rng_args`)."""
+    return type(value) is np.ndarray and value.dtype == np.uint32 and value.shape == (3,)
+
+
 def next_rng_args(device_index: int):
     return _draw(_defaults.get(device_index) or default(device_index))
 
