@@ -479,6 +479,7 @@ instantiate_device_type_tests(TestTiny, globals())
 
 
 def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -510,6 +511,7 @@ def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
         text=True,
         timeout=600,
         check=True,
+        env={**os.environ, **_LEAN_PYTEST},
     )
     # the @onlyCPU test and the float64 one the file makes for the CPU only are not tpu failures
     assert "3/4 cpu-passing tests pass on tpu" in done.stdout, done.stdout + done.stderr
@@ -530,6 +532,7 @@ def test_upstream_tests_tool_compares_the_devices_by_test_name(tmp_path):
         text=True,
         timeout=600,
         check=True,
+        env={**os.environ, **_LEAN_PYTEST},
     )
     assert "3/4 cpu-passing tests pass on tpu" in resumed.stdout, resumed.stdout + resumed.stderr
 
