@@ -413,3 +413,34 @@ def test_a_signal_handlers_exception_in_a_weakref_callback_is_raised_at_the_next
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert (x + 1).cpu().tolist() == [2.0, 2.0]
+
+
+def test_a_jax_cache_left_in_progress_by_an_interrupt_is_cleared_and_the_segment_runs(monkeypatch):
+    """An interrupt landing in JAX's weakref_lru_cache bookkeeping can leave an entry in progress for
+    good: every later call of that program raised RecursionError("Recursively calling ...") (seen once
+    in the fused Ctrl-C loop above). The segment's call clears JAX's caches and is made again."""
+    import types
+
+    import jax
+
+    from torchtpu.eager import fusion
+
+    cleared, calls = [], []
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(1))
+
+    def fn(external, scalars):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RecursionError("Recursively calling <weakref at 0x1; to 'Jaxpr' at 0x2>()")
+        return ("values",)
+
+    segment = types.SimpleNamespace(external=())
+    assert fusion._run(fn, None, None, None, segment, []) == ("values",)
+    assert cleared == [1] and len(calls) == 2
+
+    def deep(external, scalars):  # any other RecursionError is not ours to hide
+        raise RecursionError("maximum recursion depth exceeded")
+
+    with pytest.raises(RecursionError, match="maximum recursion"):
+        fusion._run(deep, None, None, None, segment, [])
+    assert cleared == [1]

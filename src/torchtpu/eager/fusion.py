@@ -544,7 +544,12 @@ def _step_as_arrays(step):
 def _run(fn, key, plan, live, segment, scalars):
     if fn is not None and fn is not _FAILED:
         try:
-            values = fn(segment.external, _as_arrays(scalars))
+            try:
+                values = fn(segment.external, _as_arrays(scalars))
+            except RecursionError as e:
+                if not interrupts.cleared_a_stuck_jax_cache(e):
+                    raise
+                values = fn(segment.external, _as_arrays(scalars))  # (nothing ran: traced afresh)
             counters.fused_runs += 1
             return values
         except TypeError:

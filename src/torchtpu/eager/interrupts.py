@@ -46,6 +46,19 @@ def from_signal(error: BaseException) -> bool:
     return _raised_by_signal_handler(error.__traceback__)
 
 
+def cleared_a_stuck_jax_cache(error: BaseException) -> bool:
+    """Whether `error` is JAX's weakref_lru_cache refusing a call ("Recursively calling ...") because an
+    earlier call of that key in this thread never finished: an interrupt that landed in the cache's own
+    bookkeeping (seen once, in a Ctrl-C loop of the fused mode) leaves the entry marked in progress, and
+    every later call of that program fails. JAX's caches are cleared then, and the call can be made again."""
+    if isinstance(error, RecursionError) and str(error).startswith("Recursively calling"):
+        import jax
+
+        jax.clear_caches()
+        return True
+    return False
+
+
 def _hook(unraisable):
     exc_type = unraisable.exc_type
     if exc_type is not None and (
