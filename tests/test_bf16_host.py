@@ -353,6 +353,73 @@ def test_staged_weight_is_the_device_buffer_and_independent(tmp_path, monkeypatc
         assert_close(w, expected, rtol=0, atol=0)
 
 
+def _reads_recorded(monkeypatch):
+    from torchtpu.device import host_pages
+
+    reads = []
+    real = host_pages._read_file
+    monkeypatch.setattr(host_pages, "_read_file", lambda buf, where: reads.append(real(buf, where)) or reads[-1])
+    return reads
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mapped_weight_is_read_from_its_file(tmp_path, monkeypatch, dtype):
+    # a large weight of a mapped checkpoint is read from the file into the staged pages (no faults in
+    # the loader's mapping: device/host_pages.py `_read_file`), unless the file or its pages changed
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from torchtpu.device import platform
+
+    reads = _reads_recorded(monkeypatch)
+    g = torch.Generator().manual_seed(33)
+    weights = {k: torch.randn(731, 997, generator=g).to(dtype) for k in ("a", "b", "c", "d")}
+    path = str(tmp_path / "m.safetensors")
+    save_file(weights, path)
+    with safe_open(path, framework="pt", device="cpu") as f:
+        a, b, c, d = (f.get_tensor(k) for k in "abcd")
+        at = a.to("tpu")
+        assert_close(at.cpu(), weights["a"], rtol=0, atol=0)
+        assert reads == ([True] if platform.buffers_in_host_memory() else [])
+        b[-1, -1] = 7  # written into b's last page: that page's file bytes are no longer b's
+        assert_close(b.to("tpu").cpu(), b, rtol=0, atol=0)
+        c.view(-1)[0] = -3  # c's first page is b's last: written too
+        assert_close(c.to("tpu").cpu(), c, rtol=0, atol=0)
+        assert len(reads) == len([r for r in reads if r]) <= 1
+        save_file({k: -v for k, v in weights.items()}, path)  # a new file at the path: d still maps the old one
+        assert_close(d.to("tpu").cpu(), weights["d"], rtol=0, atol=0)
+        assert True not in reads[1:]
+        at.add_(1)  # the device copy is its own
+        assert_close(a, weights["a"], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps")
+def test_tiny_model_from_pretrained_on_tpu_equals_cpu(tmp_path, monkeypatch):
+    # the loading path at a test's size: every weight equal to torch CPU's, the large ones read from the file
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from torchtpu.device import host_pages, platform
+
+    reads = _reads_recorded(monkeypatch)
+    config = LlamaConfig(
+        vocab_size=4096, hidden_size=256, intermediate_size=1024, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(34)
+    large = 0
+    for dtype in (torch.bfloat16, torch.float32):
+        LlamaForCausalLM(config).to(dtype).save_pretrained(tmp_path / str(dtype))
+        cpu = AutoModelForCausalLM.from_pretrained(tmp_path / str(dtype), dtype=dtype, device_map="cpu")
+        tpu = AutoModelForCausalLM.from_pretrained(tmp_path / str(dtype), dtype=dtype, device_map="tpu")
+        expected = cpu.state_dict()
+        for name, value in tpu.state_dict().items():
+            assert value.device.type == "tpu"
+            assert_close(value.cpu(), expected[name], rtol=0, atol=0)
+        large += sum(v.nbytes >= host_pages.STAGE_BYTES for v in expected.values())
+    assert reads == ([True] * large if platform.buffers_in_host_memory() else [])
+
+
 @pytest.mark.parametrize(
     ("src", "dst"), [(torch.bfloat16, torch.float32), (torch.float32, torch.float16), (torch.float64, torch.bfloat16)]
 )
