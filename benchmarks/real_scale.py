@@ -12,8 +12,8 @@ directory: no download. `--layers 2` makes a quick run (the vocabulary stays rea
 Each configuration (mode x dtype) runs in a child process of its own, so that its peak RSS
 (`ru_maxrss`, the whole process: Python, torch, JAX and the model) is its own: the child times
 `from_pretrained(path, dtype=..., device_map=...)` (until the weights are on the device:
-synchronized), runs one greedy `generate()` to warm up (XLA compiles), then `--repeats` timed ones
-(median). The modes:
+synchronized; wall and process CPU time), runs one greedy `generate()` to warm up (XLA compiles),
+then `--repeats` timed ones (median). The modes:
   cpu       torch CPU eager, a plain `generate()`. The child sets TORCH_DEVICE_BACKEND_AUTOLOAD=0, so
             its memory is torch's alone (torchtpu is installed here and would otherwise load with torch).
   eager     "tpu" eager (the default eager mode), a plain `generate()` (dynamic cache).
@@ -93,11 +93,11 @@ def child(args):
 
     dtype = getattr(torch, args.dtype)
     device = "cpu" if args.mode == "cpu" else "tpu"
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=dtype, device_map=device).eval()
     if device == "tpu":
         torch.tpu.synchronize()
-    load_s = time.perf_counter() - start
+    load_s, load_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
     rss_after_load = _rss_now_mb()
     peak_after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     kw = {}
@@ -135,6 +135,7 @@ def child(args):
         json.dumps(
             {
                 "load_s": load_s,
+                "load_cpu_s": load_cpu_s,
                 "first_s": first_s,
                 "tok_s": args.new_tokens / statistics.median(times),
                 "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -221,8 +222,9 @@ def main():
                     results.setdefault((mode, dtype), []).append(res)
                     if res:
                         print(
-                            f"  round {r + 1} {mode:<8} {dtype:<8} load {res['load_s']:6.1f} s  first "
-                            f"{res['first_s']:6.1f} s  {res['tok_s']:6.2f} tok/s  peak RSS {res['peak_mb']:6.0f} MB "
+                            f"  round {r + 1} {mode:<8} {dtype:<8} load {res['load_s']:6.1f} s "
+                            f"({res['load_cpu_s']:.1f} s CPU)  first {res['first_s']:6.1f} s  "
+                            f"{res['tok_s']:6.2f} tok/s  peak RSS {res['peak_mb']:6.0f} MB "
                             f"(after load {res['peak_after_load_mb']:.0f})",
                             flush=True,
                         )
@@ -241,6 +243,7 @@ def report(results, dtypes, modes):
         for key, label, _unit in (
             ("tok_s", "decode tok/s", ""),
             ("load_s", "load s", ""),
+            ("load_cpu_s", "load CPU s", ""),
             ("peak_mb", "peak RSS MB", ""),
         ):
             cells = []
