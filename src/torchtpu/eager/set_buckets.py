@@ -4,7 +4,7 @@
 pair, assume_unique): test_sort_and_select's test_isin* made 503 of its sort slice's 951 compiles that
 way (docs/upstream_tests.md, "Cold start, fifteenth session"). Its elements are elementwise and its
 test elements a set: a lowering declaring `set_buckets=names` (ops/elementwise.py isin: operand 0
-elementwise, operand 1 the set; `names`: static arguments the lowering does not read, keyed as False)
+elementwise, operand 1 the set; `names`: static arguments the lowering does not read, left out of the key)
 whose two operands are whole contiguous storages runs on both flattened and padded to their own
 element count's size bucket (eager/bucketed_draws.py bucket_of, from 16): the elements with copies
 of their first element (results sliced away), the set with copies of its first element (the same
@@ -145,9 +145,8 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
         return TensorArg(spec.slot, ((b,), (1,), 0, jd, b), spec.bits)
 
     template = _map_specs(copied(program.template), flat)
-    for k in ignored:  # (arguments the lowering does not read: keyed as their default)
-        if k in template[1]:
-            template[1][k] = False
+    for k in ignored:  # (arguments the lowering does not read: keyed as left out)
+        template[1].pop(k, None)
     outs = [((buckets[0],), out_dtype)]
     buffer_shapes = [tuple(r.shape) for r in records]
     for s, b in zip(specs, buckets):

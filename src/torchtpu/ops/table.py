@@ -55,7 +55,7 @@ finds all of them (docs/design.md, "Adding an op"):
     set_buckets=names       a membership test (isin): operand 0 elementwise, operand 1 a set (a copy of one of its
                             elements added changes no answer); small new shapes run on both flattened and padded
                             to size buckets on XLA:CPU (eager/set_buckets.py); `names`: static arguments the
-                            lowering does not read (keyed as False there)
+                            lowering does not read (left out of the key there)
     matrix_batches=f        an op computing each matrix of a batch alone: f(*args, **kwargs) names the batched
                             tensor arguments ((name, core dims, pad), or None where the call does not fit); a
                             call with batch dims runs on a flat batch padded to a size bucket (eager/matrix_batches.py)
