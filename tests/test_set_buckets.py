@@ -102,3 +102,14 @@ def test_exact_casts_only_and_the_own_program_after_tier_up():
     want = torch.isin(a, b)
     for _ in range(stand_ins.TIER_UP + 2):  # the last calls run the entry's own program
         assert torch.equal(torch.isin(ta, tb).cpu(), want)
+
+
+def test_isin_of_a_scalar_matches_the_cpu():
+    """isin.Tensor_Scalar (flat-bucketed: eager/flat_buckets.py) and isin.Scalar_Tensor."""
+    gen = torch.Generator().manual_seed(3)
+    for shape in ((2, 3, 4), (7,), (3, 5)):
+        for dtype in (torch.int64, torch.float32, torch.uint8):
+            a = torch.randint(0, 9, shape, generator=gen).to(dtype)
+            for invert in (False, True):
+                assert torch.equal(torch.isin(a.to(DEV), 6, invert=invert).cpu(), torch.isin(a, 6, invert=invert))
+                assert torch.equal(torch.isin(5, a.to(DEV), invert=invert).cpu(), torch.isin(5, a, invert=invert))
