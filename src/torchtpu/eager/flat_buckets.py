@@ -4,12 +4,17 @@ PyTorch's test files compare every result (`assertEqual`: isclose, then all) and
 (`make_tensor`: mul, masked_fill_) per shape, so each new shape compiled each of those programs
 again (test_tensor_creation_ops: ~1,000 of its ~3,000 compiles). An op whose lowering declares
 `flat_buckets=True` (ops/table.py: elementwise, the same computation on every element, nothing that
-rounds by position: comparisons, isclose, where, masked_fill, mul, add, sub, abs, casts) and whose tensors all
-are whole contiguous storages of the result's shape (or 0-dim) runs on flat arrays padded to the
+rounds by position: comparisons, isclose, where, masked_fill, mul, add, sub, abs, casts) and whose
+result is a new contiguous tensor or a whole contiguous storage runs on flat arrays padded to the
 element count's size bucket (eager/bucketed_draws.py bucket_of): one program per (op, bucket,
-dtypes, static arguments) instead of one per shape. The padding repeats the first element (whatever
-an op checks or raises on holds for the real elements already), and the results' first elements
-are the exact-shape program's, bit for bit (tests/test_flat_buckets.py).
+dtypes, static arguments) instead of one per shape. Each operand is 0-dim (kept as it is), the whole
+contiguous storage of the result's shape (flattened), or, since the fifteenth session, a view of its
+storage (every other element, a row at a traced offset) or an operand broadcasting to the result's
+shape (test_binary_ufuncs' `(3, 1, 2)` against `(1, 3, 2)`): read on the host through its shape,
+strides and offset and broadcast to the result's shape (a copy of elements: nothing computed), so
+every layout and broadcast of a bucket shares the program. The padding repeats the first element
+(whatever an op checks or raises on holds for the real elements already), and the results' first
+elements are the exact-shape program's, bit for bit (tests/test_flat_buckets.py).
 
 The padding and the slicing back run on the host, so this serves only where device buffers are host
 memory (XLA:CPU, for storages of at most HOST_BYTES together): on a TPU, padding on the device
