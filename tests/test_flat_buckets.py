@@ -134,3 +134,24 @@ def test_views_and_broadcast_operands_are_read_on_the_host_and_share_a_program(x
                 torch.testing.assert_close(x.cpu(), y, rtol=0, atol=0)
         if not tpu_check.enabled():  # (JAX's own scalar programs besides); ~40 without
             assert compiles <= 4 + 3 + 3, (dtype, compiles)
+
+
+def test_float_tests_and_bitwise_ops_match_the_cpu_over_broadcasts():
+    """isnan/isinf/isfinite/isposinf/isneginf/signbit and bitwise and/or/xor declare flat buckets (no
+    rounding): NaN, infinities and signed zeros, broadcast and every-other-element operands."""
+    gen = torch.Generator().manual_seed(4)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0])
+    for sa, sb in [((3, 1, 2), (1, 3, 2)), ((2, 5), (5,)), ((7,), ())]:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            a = torch.randn(sa, generator=gen).mul(3)
+            a.view(-1)[: min(5, a.numel())] = special[: min(5, a.numel())]
+            a = a.to(dtype)
+            wide = torch.stack([a, a], -1).flatten(-2)  # (a[..., ::2] is `a`, read as a view)
+            for x, y in ((a.to(DEV), a), (wide.to(DEV)[..., ::2], a)):
+                for f in (torch.isnan, torch.isinf, torch.isfinite, torch.isposinf, torch.isneginf, torch.signbit):
+                    assert torch.equal(f(x).cpu(), f(y)), (f, sa, dtype)
+        for dtype in (torch.int16, torch.int64, torch.uint8, torch.bool):
+            a = torch.randint(0, 200, sa, generator=gen).to(dtype)
+            b = torch.randint(0, 200, sb, generator=gen).to(dtype)
+            for f in (torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor):
+                assert torch.equal(f(a.to(DEV), b.to(DEV)).cpu(), f(a, b)), (f, sa, sb, dtype)
