@@ -33,8 +33,8 @@ def _pair(gen, sa, sb, da, db):
 def test_isin_matches_the_cpu_for_every_dtype_pair_and_shape():
     gen = torch.Generator().manual_seed(0)
     shapes = [((3,), (30,)), ((2, 3), (5,)), ((), (4, 2)), ((7, 1), ()), ((), ()), ((0,), (3,)), ((4,), (0,))]
-    for da, db in itertools.product(DTYPES, DTYPES):
-        for sa, sb in shapes:
+    for i, (da, db) in enumerate(itertools.product(DTYPES, DTYPES)):
+        for sa, sb in shapes[i % 2 :: 2] if da != db else shapes:  # (each pair meets half the shapes)
             a, b = _pair(gen, sa, sb, da, db)
             if torch.bool in (da, db):  # (the CPU's error, raised on tpu too)
                 with pytest.raises(RuntimeError, match="Unsupported input type encountered for isin"):
