@@ -102,3 +102,56 @@ def test_abs_and_conversions_share_a_program_and_match_the_cpu(xla_compiles):
     torch.testing.assert_close(first, z.abs())
     for _ in range(stand_ins.TIER_UP + 1):
         assert torch.equal(tz.abs().cpu(), first)
+
+
+def test_views_and_broadcast_operands_are_read_on_the_host_and_share_a_program(xla_compiles):
+    """Operands that are views (every other element, a row at a traced offset) or that broadcast to the
+    result's shape (test_binary_ufuncs' broadcasting samples) are read on the host into the bucket's flat
+    array: the same bits as the CPU, one program per op for the bucket (and one per op with a 0-dim operand)."""
+    gen = torch.Generator().manual_seed(3)
+    pairs = [((2, 1), (2,)), ((1, 3, 2), (3, 2)), ((3, 1, 2), (1, 3, 2)), ((2, 3, 2), ()), ((4, 5), (4, 5))]
+    views = [
+        (lambda t: t, lambda s: s),
+        (lambda t: t[..., 1::2], lambda s: (*s[:-1], 2 * s[-1] + 1)),
+        (lambda t: t[1], lambda s: (3, *s)),
+    ]
+    ops = lambda a, b: (a + b, a * b, torch.isclose(a, b, rtol=0.5), a.abs())
+    for dtype in (torch.float32, torch.int64, torch.complex64):
+        cases = []
+        for i, (sa, sb) in enumerate(pairs * 3):
+            (va, ba), (vb, bb) = views[i % 3], views[(i + 1) % 3] if sb else views[0]
+            ta = torch.randn(ba(sa), generator=gen).mul(4).to(dtype)
+            tb = torch.randn(bb(sb), generator=gen).mul(4).to(dtype)
+            cases.append((va, ta, vb, tb))
+        moved = [(va, ta.to(DEV), vb, tb.to(DEV)) for va, ta, vb, tb in cases]
+        torch.tpu.synchronize()
+        before = xla_compiles()
+        got = [ops(va(a), vb(b)) for va, a, vb, b in moved]
+        compiles = xla_compiles() - before
+        for g, (va, a, vb, b) in zip(got, cases):
+            for x, y in zip(g, ops(va(a), vb(b))):
+                assert x.shape == y.shape and x.dtype == y.dtype and x.stride() == y.stride()
+                torch.testing.assert_close(x.cpu(), y, rtol=0, atol=0)
+        if not tpu_check.enabled():  # (JAX's own scalar programs besides); ~40 without
+            assert compiles <= 4 + 3 + 3, (dtype, compiles)
+
+
+def test_float_tests_and_bitwise_ops_match_the_cpu_over_broadcasts():
+    """isnan/isinf/isfinite/isposinf/isneginf/signbit and bitwise and/or/xor declare flat buckets (no
+    rounding): NaN, infinities and signed zeros, broadcast and every-other-element operands."""
+    gen = torch.Generator().manual_seed(4)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0])
+    for sa, sb in [((3, 1, 2), (1, 3, 2)), ((2, 5), (5,)), ((7,), ())]:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            a = torch.randn(sa, generator=gen).mul(3)
+            a.view(-1)[: min(5, a.numel())] = special[: min(5, a.numel())]
+            a = a.to(dtype)
+            wide = torch.stack([a, a], -1).flatten(-2)  # (a[..., ::2] is `a`, read as a view)
+            for x, y in ((a.to(DEV), a), (wide.to(DEV)[..., ::2], a)):
+                for f in (torch.isnan, torch.isinf, torch.isfinite, torch.isposinf, torch.isneginf, torch.signbit):
+                    assert torch.equal(f(x).cpu(), f(y)), (f, sa, dtype)
+        for dtype in (torch.int16, torch.int64, torch.uint8, torch.bool):
+            a = torch.randint(0, 200, sa, generator=gen).to(dtype)
+            b = torch.randint(0, 200, sb, generator=gen).to(dtype)
+            for f in (torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor):
+                assert torch.equal(f(a.to(DEV), b.to(DEV)).cpu(), f(a, b)), (f, sa, sb, dtype)

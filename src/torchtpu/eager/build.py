@@ -30,6 +30,7 @@ from . import (
     op_store,
     overlap,
     reduction_buckets,
+    set_buckets,
     tpu_check,
     xla_options,
 )
@@ -170,6 +171,8 @@ def build_entry(kernel, key, args, kwargs, records, device):
         store = (kernel, (name, key)) if not writes and _storable(kernel) else None
         caster = lambda o: _output_caster(kernel, o, None)
         bucketed = bucketed or flat_buckets.build(kernel, entry, program, fn, records, name, op_jit, caster, store)
+        # a membership test of new shapes runs on both operands padded to size buckets (XLA:CPU)
+        bucketed = bucketed or set_buckets.build(kernel, entry, program, fn, records, name, op_jit, caster, store)
         # a reduction or scan of a new length runs on its operand padded with the identity (XLA:CPU)
         bucketed = bucketed or reduction_buckets.build(
             kernel, entry, program, fn, records, args, kwargs, name, op_jit, caster, store

@@ -4,12 +4,17 @@ PyTorch's test files compare every result (`assertEqual`: isclose, then all) and
 (`make_tensor`: mul, masked_fill_) per shape, so each new shape compiled each of those programs
 again (test_tensor_creation_ops: ~1,000 of its ~3,000 compiles). An op whose lowering declares
 `flat_buckets=True` (ops/table.py: elementwise, the same computation on every element, nothing that
-rounds by position: comparisons, isclose, where, masked_fill, mul, add, sub, abs, casts) and whose tensors all
-are whole contiguous storages of the result's shape (or 0-dim) runs on flat arrays padded to the
+rounds by position: comparisons, isclose, where, masked_fill, mul, add, sub, abs, casts) and whose
+result is a new contiguous tensor or a whole contiguous storage runs on flat arrays padded to the
 element count's size bucket (eager/bucketed_draws.py bucket_of): one program per (op, bucket,
-dtypes, static arguments) instead of one per shape. The padding repeats the first element (whatever
-an op checks or raises on holds for the real elements already), and the results' first elements
-are the exact-shape program's, bit for bit (tests/test_flat_buckets.py).
+dtypes, static arguments) instead of one per shape. Each operand is 0-dim (kept as it is), the whole
+contiguous storage of the result's shape (flattened), or, since the fifteenth session, a view of its
+storage (every other element, a row at a traced offset) or an operand broadcasting to the result's
+shape (test_binary_ufuncs' `(3, 1, 2)` against `(1, 3, 2)`): read on the host through its shape,
+strides and offset and broadcast to the result's shape (a copy of elements: nothing computed), so
+every layout and broadcast of a bucket shares the program. The padding repeats the first element
+(whatever an op checks or raises on holds for the real elements already), and the results' first
+elements are the exact-shape program's, bit for bit (tests/test_flat_buckets.py).
 
 The padding and the slicing back run on the host, so this serves only where device buffers are host
 memory (XLA:CPU, for storages of at most HOST_BYTES together): on a TPU, padding on the device
@@ -33,7 +38,16 @@ from ..storage.records import contiguous_strides
 from . import limits, op_store, tpu_check
 from .bucketed_draws import bucket_of
 from .executable import TensorArg
-from .stand_ins import TieringStandIn, _map_specs, _tensor_args, copied, jit_shared, shared_key, shared_program
+from .stand_ins import (
+    TieringStandIn,
+    _map_specs,
+    _tensor_args,
+    copied,
+    jit_shared,
+    kept_offsets,
+    shared_key,
+    shared_program,
+)
 
 HOST_BYTES = 1 << 16  # the padded arrays of one call, in bytes, at most
 FLAT = declared_facts("flat_buckets")
@@ -45,23 +59,44 @@ class FlatBucket(TieringStandIn):
     """`entry.fn` of a flat-bucketed elementwise op, called as the one-program executable is:
     (buffers..., values..., offsets...) -> (outputs..., written buffers..., [verdict])."""
 
-    __slots__ = ("bucket", "n", "n_buffers", "n_sliced", "shapes", "shared", "slots")
+    __slots__ = (
+        "bucket",
+        "kept",
+        "n",
+        "n_buffers",
+        "n_sliced",
+        "n_values",
+        "reads",
+        "shape",
+        "shapes",
+        "shared",
+        "slots",
+    )
 
     def __call__(self, *dyn):
         own = self._own_for(dyn)
         if own is not None:
             return own(*dyn)
-        n, shared = self.n, self.shared
-        buffers = list(dyn[: self.n_buffers])
+        n, shared, nb = self.n, self.shared, self.n_buffers
+        buffers = list(dyn[:nb])
+        offsets = dyn[nb + self.n_values :]
         bucket = self.bucket
-        for s in self.slots:  # (host memory: XLA:CPU only, see _serves)
+        for s, read in zip(self.slots, self.reads):  # (host memory: XLA:CPU only, see _serves)
             b = buffers[s]
             flat = np.asarray(b).reshape(-1)
+            if read is not None:  # a view of its storage, or an operand broadcast to the result's shape
+                shape, stride, off = read
+                if type(off) is not int:  # (a DynOffset: the view's traced storage offset)
+                    off = int(offsets[off.index])  # (the C++ fast path may pass it as a kept device array)
+                v = np.lib.stride_tricks.as_strided(
+                    flat[off:], shape, [st * flat.itemsize for st in stride], writeable=False
+                )
+                flat = np.broadcast_to(v, self.shape).reshape(-1)
             padded = np.empty((bucket,), flat.dtype)
             padded[:n] = flat
             padded[n:] = flat[0]
             buffers[s] = jax.device_put(padded, b.sharding)
-        results = list(shared.fn(*buffers, *dyn[self.n_buffers :]))
+        results = list(shared.fn(*buffers, *dyn[nb : nb + self.n_values], *(offsets[i] for i in self.kept)))
         for i, shape in zip(range(self.n_sliced), self.shapes):
             r = results[i]
             results[i] = jax.device_put(np.asarray(r)[:n].reshape(shape), r.sharding)
@@ -86,23 +121,24 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
     cache's name for the op's own program (eager/op_store.py), or None when it may not be stored: a warm
     process loads that program at the first call instead of the bucket's, and the bucket's program
     that this entry builds is stored under a name of its own (op_store.shared_name)."""
-    if not _serves(kernel, entry, program, records):
+    reads = _serves(kernel, entry, program, records)
+    if reads is None:
         return None
     shape = entry.outs[0][0] if entry.outs else program.writes[0][1][0]
     n = math.prod(shape)
     bucket = bucket_of(n)
-    flat_slots = sorted({s.slot for s in _tensor_args(program.template) if s.layout[0] == shape})
-    flat_slots = sorted(set(flat_slots) | {slot for slot, _, _ in program.writes})
+    flat_slots = sorted(set(reads) | {slot for slot, _, _ in program.writes})
     if (
-        sum(records[s].nbytes for s in flat_slots) * bucket // n
+        sum(bucket * records[s].dtype.itemsize for s in flat_slots)
         + sum(bucket * dt.element(d).itemsize for _, d in entry.outs)
         > HOST_BYTES
     ):
         return None
+    kept, moved = kept_offsets(program, set(flat_slots))
 
     def flat(spec):
         if spec.slot not in flat_slots:
-            return spec
+            return spec._replace(layout=moved(spec.layout))
         dtype = spec.layout[3]
         return TensorArg(spec.slot, ((bucket,), (1,), 0, dtype, bucket), spec.bits)
 
@@ -112,7 +148,7 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
     shapes = [tuple(r.shape) for r in records]
     for s in flat_slots:
         shapes[s] = (bucket,)
-    key = shared_key(kernel, entry, program, template, writes, shapes, bucket, tuple(outs))
+    key = shared_key(kernel, entry, program, template, writes, shapes, bucket, tuple(outs), len(kept))
     shared, new = shared_program(_shared, key, entry.xla)
     if shared is None:  # an unhashable static argument: keep the one-program executable
         return None
@@ -129,11 +165,13 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
             template=template,
             writes=writes,
             outputs=caster(outs),
+            n_offsets=len(kept),
         )
     c = FlatBucket()
     c._stand_in(entry, "fn", name, op_jit, fn, op_jit(entry, "fn", fn, name, store=store) if store else None)
-    c.shared, c.n = shared, n
-    c.n_buffers, c.slots, c.bucket = program.n_buffers, tuple(flat_slots), bucket
+    c.shared, c.n, c.shape, c.kept = shared, n, tuple(shape), tuple(kept)
+    c.n_buffers, c.n_values, c.slots, c.bucket = program.n_buffers, program.n_values, tuple(flat_slots), bucket
+    c.reads = tuple(reads.get(s) for s in flat_slots)
     c.shapes = [s for s, _ in entry.outs] + [tuple(records[slot].shape) for slot in program.mutated_slots]
     c.n_sliced = len(c.shapes)
     return c
@@ -154,28 +192,56 @@ def _whole(layout, shape, record):
     )
 
 
-def _serves(kernel, entry, program, records) -> bool:
+def _read(layout, shape, record):
+    """How the host reads an operand that is not the whole of its storage as the result's `shape`:
+    (its shape, strides, storage offset: an int or its DynOffset), or None where it is not a plain
+    view of its storage (another dtype, packed complex32) broadcasting to `shape`."""
+    s, stride, off, dtype, _ = layout
+    if dtype != dt.element(record.dtype) or dtype is dt.COMPLEX32 or len(s) > len(shape):
+        return None
+    if any(a != b and a != 1 for a, b in zip(reversed(s), reversed(shape))):
+        return None
+    return tuple(s), tuple(stride), off
+
+
+def _serves(kernel, entry, program, records):
+    """{slot: None (the whole storage) or how the host reads it (_read)} of the operands flattened, or
+    None where the op is not served."""
     if not platform.buffers_in_host_memory() or tpu_check.enabled() or program.random or not records:
-        return False
+        return None
     if entry.strides is not None or entry.nones is not None or not declared(kernel):
-        return False
+        return None
     if any(dt.element(d) is dt.COMPLEX32 for _, d in entry.outs):  # (stored packed: no flat array of it)
-        return False
+        return None
     shapes = {tuple(s) for s, _ in entry.outs} | {tuple(lay[0]) for _, lay, _ in program.writes}
     if len(shapes) != 1:
-        return False
+        return None
     (shape,) = shapes
     n = math.prod(shape)
-    if n < 2 or len(shape) == 0 or (bucket_of(n) == n and len(shape) == 1):
-        return False  # (already its bucket's flat array)
+    if n < 2 or len(shape) == 0:
+        return None
     if any(records[slot].numel != n for slot in program.mutated_slots):
-        return False
+        return None
     if any(not _whole(lay, shape, records[slot]) for slot, lay, _ in program.writes):
-        return False
+        return None
+    specs = _tensor_args(program.template)
+    written = {slot for slot, _, _ in program.writes}
+    reads = {}
+    for s in specs:
+        if s.layout[0] == ():
+            continue
+        if s.slot in reads:  # (a storage read twice: its padded array is one of the reads only)
+            return None
+        reads[s.slot] = None if _whole(s.layout, shape, records[s.slot]) else _read(s.layout, shape, records[s.slot])
+        if reads[s.slot] is not None and s.slot in written:
+            return None  # (a written storage read through another view)
+        if reads[s.slot] is None and not _whole(s.layout, shape, records[s.slot]):
+            return None
+    if bucket_of(n) == n and len(shape) == 1 and all(r is None for r in reads.values()):
+        return None  # (already its bucket's flat array)
     # (a 0-dim operand broadcasts over the flat array as over the shape, unless it is an element of a
     # flattened storage: `ts == ts[i]` reads one storage twice, and the padded array is not its layout)
-    specs = _tensor_args(program.template)
-    if not all(s.layout[0] == () or _whole(s.layout, shape, records[s.slot]) for s in specs):
-        return False
-    flat = {s.slot for s in specs if s.layout[0] != ()} | {slot for slot, _, _ in program.writes}
-    return not any(s.layout[0] == () and s.slot in flat for s in specs)
+    flat = set(reads) | written
+    if any(s.layout[0] == () and s.slot in flat for s in specs):
+        return None
+    return reads

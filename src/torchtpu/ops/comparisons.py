@@ -92,17 +92,17 @@ def _float_test(test, a, for_integers):
     return jnp.ones_like(a, jnp.bool_) if for_integers else jnp.zeros_like(a, jnp.bool_)
 
 
-@lowering("isnan")
+@lowering("isnan", flat_buckets=True)
 def isnan(a):
     return _float_test(jnp.isnan, a, False)
 
 
-@lowering("isinf")
+@lowering("isinf", flat_buckets=True)
 def isinf(a):
     return _float_test(jnp.isinf, a, False)
 
 
-@lowering("isfinite")
+@lowering("isfinite", flat_buckets=True)
 def isfinite(a):
     return _float_test(jnp.isfinite, a, True)
 
@@ -117,17 +117,17 @@ def _bool_out_check(name):
     return check
 
 
-@lowering("isposinf", meta_check={"isposinf.out": _bool_out_check("isposinf")})
+@lowering("isposinf", meta_check={"isposinf.out": _bool_out_check("isposinf")}, flat_buckets=True)
 def isposinf(a):
     return _float_test(jnp.isposinf, a, False)
 
 
-@lowering("isneginf", meta_check={"isneginf.out": _bool_out_check("isneginf")})
+@lowering("isneginf", meta_check={"isneginf.out": _bool_out_check("isneginf")}, flat_buckets=True)
 def isneginf(a):
     return _float_test(jnp.isneginf, a, False)
 
 
-@lowering("signbit", real_only=True)
+@lowering("signbit", real_only=True, flat_buckets=True)
 def signbit(a):
     return jnp.signbit(a) if jnp.issubdtype(a.dtype, jnp.inexact) else a < 0
 
@@ -139,6 +139,7 @@ def signbit(a):
     promote=KIND.DEFAULT,
     real_only=True,
     loops_for=WIDE_UNSIGNED,
+    flat_buckets=True,
 )
 def bitwise_and(a, b):
     return jnp.bitwise_and(a, b)
@@ -151,6 +152,7 @@ def bitwise_and(a, b):
     promote=KIND.DEFAULT,
     real_only=True,
     loops_for=WIDE_UNSIGNED,
+    flat_buckets=True,
 )
 def bitwise_or(a, b):
     return jnp.bitwise_or(a, b)
@@ -163,6 +165,7 @@ def bitwise_or(a, b):
     promote=KIND.DEFAULT,
     real_only=True,
     loops_for=WIDE_UNSIGNED,
+    flat_buckets=True,
 )
 def bitwise_xor(a, b):
     return jnp.bitwise_xor(a, b)

@@ -933,7 +933,14 @@ def _isin(elements, tests, invert):
 
 
 @lowering(
-    "isin.Tensor_Tensor", "isin.Tensor_Scalar", "isin.Scalar_Tensor", promote=KIND.ALWAYS_BOOL, promote_args=(0, 1)
+    "isin.Tensor_Tensor",
+    "isin.Tensor_Scalar",
+    "isin.Scalar_Tensor",
+    promote=KIND.ALWAYS_BOOL,
+    promote_args=(0, 1),
+    # (assume_unique is a hint: the answer is the same either way, so the lowering does not read it)
+    set_buckets={"isin.Tensor_Tensor": ("assume_unique",)},
+    flat_buckets={"isin.Tensor_Scalar": True},
 )
 def isin(elements, tests, assume_unique=False, invert=False):
     return _isin(jnp.asarray(elements), jnp.asarray(tests), invert)

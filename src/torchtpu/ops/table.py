@@ -52,6 +52,10 @@ finds all of them (docs/design.md, "Adding an op"):
                             on the reduction's order (max, argmax, any, integer sums, scans' prefixes): f(*args,
                             **kwargs) -> (dim or None, identity, scan) or None; small new lengths run on an operand
                             padded with the identity to a size bucket on XLA:CPU (eager/reduction_buckets.py)
+    set_buckets=names       a membership test (isin): operand 0 elementwise, operand 1 a set (a copy of one of its
+                            elements added changes no answer); small new shapes run on both flattened and padded
+                            to size buckets on XLA:CPU (eager/set_buckets.py); `names`: static arguments the
+                            lowering does not read (left out of the key there)
     matrix_batches=f        an op computing each matrix of a batch alone: f(*args, **kwargs) names the batched
                             tensor arguments ((name, core dims, pad), or None where the call does not fit); a
                             call with batch dims runs on a flat batch padded to a size bucket (eager/matrix_batches.py)
@@ -127,6 +131,7 @@ FACT_KINDS = (
     "flat_buckets",
     "matrix_batches",
     "reduction_buckets",
+    "set_buckets",
 )
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
