@@ -84,6 +84,16 @@ class BucketedFill(TieringStandIn):
         return self.place(target, flat, *dyn[2 + nv :])
 
 
+class EmptyFill(TieringStandIn):
+    """The `entry.fn` of a fill of no elements: the written storage's buffer as it is, no program
+    (a fused segment traces the one-program function, `__wrapped__`)."""
+
+    __slots__ = ()
+
+    def __call__(self, *dyn):
+        return (dyn[0],)
+
+
 def fill(kernel, entry, program, fn, records, name, op_jit):
     """`entry.fn` as a BucketedFill when the op is a plain random fill of one storage (`fn`: the
     one-program function, `program` what it runs; `op_jit`: build.op_jit, which jits each part), else
@@ -95,8 +105,10 @@ def fill(kernel, entry, program, fn, records, name, op_jit):
         return None
     shape = program.writes[0][1][0]
     n = math.prod(shape)
-    if n == 0:
-        return None
+    if n == 0:  # nothing to draw: the storage keeps its buffer (make_tensor of each empty shape compiled)
+        c = EmptyFill()
+        c._stand_in(entry, "fn", name, op_jit, fn)
+        return c
     bucket = bucket_of(n)
     flat_arg = TensorArg(0, ((bucket,), (1,), 0, read[0].layout[3], bucket))
     template = _swap(program.template, flat_arg)

@@ -337,6 +337,12 @@ def _wide_integer_matmul(a, b):
         "mv": _mv_dtypes,
         "mv.out": _mv_dtypes,
     },
+    matmul_buckets={
+        **dict.fromkeys(("mm", "mm.out"), "mk,kn->mn"),
+        **dict.fromkeys(("bmm", "bmm.out"), "bmk,bkn->bmn"),
+        **dict.fromkeys(("mv", "mv.out"), "mk,k->m"),
+        **dict.fromkeys(("dot", "dot.out"), "k,k->"),
+    },
 )
 def mm(a, b):
     return matmul(a, b)
