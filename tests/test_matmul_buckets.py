@@ -70,6 +70,39 @@ def test_products_of_new_shapes_match_the_cpu(dtype):
             _check(torch.matmul(tx.conj(), ty), torch.matmul(x.conj(), y))
 
 
+# (op, self shape, operand shapes): addmm, addmv, baddbmm, addbmm (the last contracts the batch too)
+_SCALED = [
+    ("addmm", (2, 3), (2, 5), (5, 3)),
+    ("addmv", (3,), (3, 2), (2,)),
+    ("baddbmm", (2, 3, 1), (2, 3, 4), (2, 4, 1)),
+    ("addbmm", (3, 2), (3, 3, 1), (3, 1, 2)),
+]
+
+
+@pytest.mark.parametrize("dtype", [*_FAST, *(pytest.param(d, marks=pytest.mark.slow) for d in _SLOW)])
+def test_scaled_products_match_the_cpu(dtype):
+    gen = torch.Generator().manual_seed(6)
+    scale = {"beta": 2, "alpha": 3} if not (dtype.is_floating_point or dtype.is_complex) else {"beta": 0.5, "alpha": -2}
+    for op, sc, sa, sb in _SCALED:
+        c, a, b = (_operand(s, dtype, gen) for s in (sc, sa, sb))
+        tc, ta, tb = c.to(DEV), a.to(DEV), b.to(DEV)
+        f = getattr(torch, op)
+        _check(f(tc, ta, tb), f(c, a, b))
+        _check(f(tc, ta, tb, **scale), f(c, a, b, **scale))
+        out = torch.empty_like(tc)
+        f(tc, ta.mT.contiguous().mT if ta.dim() > 1 else ta, tb, out=out)
+        _check(out, f(c, a, b))
+        want = c.clone()
+        getattr(want, op + "_")(a, b, **scale)
+        got = tc.clone()
+        assert getattr(got, op + "_")(ta, tb, **scale) is got
+        _check(got, want)
+    if dtype.is_floating_point:  # beta=0 ignores self, NaN included
+        nan = torch.full((2, 3), float("nan"), dtype=dtype)
+        a, b = _operand((2, 5), dtype, gen), _operand((5, 3), dtype, gen)
+        _check(torch.addmm(nan.to(DEV), a.to(DEV), b.to(DEV), beta=0), torch.addmm(nan, a, b, beta=0))
+
+
 def test_out_view_of_a_larger_storage():
     gen = torch.Generator().manual_seed(4)
     a, b = _operand((3, 2), torch.float32, gen), _operand((2, 3), torch.float32, gen)

@@ -3,15 +3,19 @@
 An executable's key holds its operands' shapes and layouts, so `torch.matmul` over PyTorch's shape
 sweeps (test_linalg's matmul_small_brute_force: matrix dims 0-3, batch dims 0-2, contiguous or not,
 with and without out=) compiled a program per shape pair and layout for each of mm, bmm, mv, dot and
-their out= overloads (~25 ms each; 774 of the 1d_Nd test's 934 compiles). A lowering declaring
-`matmul_buckets="mk,kn->mn"` (ops/linalg.py: the letters of each operand's dims and of the result's)
-runs a small call on its operands read through their views on the host and zero-padded, each letter's
-size to its size bucket (eager/bucketed_draws.py bucket_of, from SMALLEST): one program per (op,
-padded shapes, dtypes) instead of one per shape and layout. Zero padding is exact for every dim: pad
-rows and columns make only result elements that are cut away, and along the contracted dim the first
-operand's pads are -0.0 and the second's 0, so each pad product is -0.0 and `x + -0.0` is `x` (integer
-products stay exact). The sum along the contracted dim may group its terms otherwise than the exact
-program does (a float result can differ in its last bit, as between two BLAS blockings).
+their out= overloads (~25 ms each; 774 of the 1d_Nd test's 934 compiles), and test_bmm/test_baddbmm
+one per layout of their operands and out=. A lowering declaring `matmul_buckets="mk,kn->mn"`
+(ops/linalg.py: the letters of each tensor operand's dims and of the result's; addmm, addmv, baddbmm,
+addbmm too, with their in-place and out= overloads) runs a small call on its operands read through
+their views on the host and zero-padded, each letter's size to its size bucket (eager/bucketed_draws.py
+bucket_of, from SMALLEST): one program per (op, padded shapes, dtypes) instead of one per shape and
+layout. Zero padding is exact for every dim: pad
+rows and columns make only result elements that are cut away, and along a contracted dim (K, and an
+addbmm's batch) the product's first operand pads with -0.0 and the second with 0 (as does an addmm's
+`self`), so each pad product is -0.0 and `x + -0.0` is `x` (integer products stay exact). The sum
+along the contracted dim may group its terms otherwise than the exact program does (a float result
+can differ in its last bits, as between two BLAS blockings). Broadcast operands (addmm's bias) and
+calls past HOST_BYTES keep their exact program.
 
 The result is cut on the host from the padded one; an out= write is applied on the host to a copy of
 the written storage through the out view's layout. So this serves only where device buffers are host
@@ -45,36 +49,37 @@ limits.FORGETTERS.append(_shared.clear)
 
 class MatmulBucket(TieringStandIn):
     """`entry.fn` of a bucketed matrix product, called as the one-program executable is:
-    (buffers..., offsets...) -> (outputs..., written buffers..., [verdict])."""
+    (buffers..., values..., offsets...) -> (outputs..., written buffers..., [verdict])."""
 
-    __slots__ = ("n_buffers", "out", "reads", "result", "shared")
+    __slots__ = ("n_buffers", "n_values", "reads", "result", "shared", "write")
 
     def __call__(self, *dyn):
         own = self._own_for(dyn)
         if own is not None:
             return own(*dyn)
         n_buffers = self.n_buffers
-        offsets = dyn[n_buffers:]
+        values, offsets = dyn[n_buffers : n_buffers + self.n_values], dyn[n_buffers + self.n_values :]
         buffers = list(dyn[:n_buffers])
         for slot, layout, bits, padded, pad_value in self.reads:  # (host memory: XLA:CPU only, see _serves)
-            v = _view(np.asarray(buffers[slot]), layout, offsets)
+            v = _view(np.asarray(dyn[slot]), layout, offsets)
             if bits[0]:
                 v = np.conj(v)
             if bits[1]:
                 v = np.negative(v)
             a = np.full(padded, pad_value, v.dtype)
             a[tuple(slice(0, n) for n in v.shape)] = v
-            buffers[slot] = jax.device_put(a, buffers[slot].sharding)
-        if self.out is not None:
-            slot, _, padded = self.out
+            buffers[slot] = jax.device_put(a, dyn[slot].sharding)
+        write = self.write
+        if write is not None and write[3]:  # (an out= storage the op does not read)
+            slot, padded = write[0], write[2]
             buffers[slot] = jax.device_put(np.zeros(padded, np.asarray(dyn[slot]).dtype), dyn[slot].sharding)
-        results = list(self.shared.fn(*buffers))
+        results = list(self.shared.fn(*buffers, *values))
         r = results[0]
         cut = np.asarray(r)[tuple(slice(0, n) for n in self.result)]
-        if self.out is None:
+        if write is None:
             results[0] = jax.device_put(np.array(cut), r.sharding)  # (a 0-dim cut stays 0-dim)
-        else:
-            slot, layout, _ = self.out
+        else:  # the written view's new values, in a copy of its storage
+            slot, layout = write[0], write[1]
             old = dyn[slot]
             storage = np.array(np.asarray(old))
             _view(storage, layout, offsets, writeable=True)[...] = cut
@@ -109,15 +114,14 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
     operands, result = _letters(plan)
     args, kwargs = program.template
     specs = [a for a in args if type(a) is TensorArg]
-    if len(specs) != len(operands) or len(args) != len(operands):
-        return None
-    if set(kwargs) - {"out"} or any(s.slot >= len(records) for s in specs):
+    out_spec = kwargs.get("out")
+    if len(specs) != len(operands) or any(type(a) is TensorArg for k, a in kwargs.items() if k != "out"):
         return None
     sizes: dict = {}
     for spec, letters in zip(specs, operands):
         shape = tuple(spec.layout[0])
         if len(shape) != len(letters) or np.dtype(spec.layout[3]) != np.dtype(dt.element(records[spec.slot].dtype)):
-            return None
+            return None  # (a broadcast operand: addmm's bias; a view of another dtype)
         for letter, n in zip(letters, shape):
             if sizes.setdefault(letter, n) != n:
                 return None  # (the op raises PyTorch's error; a plan's sizes agree otherwise)
@@ -131,25 +135,29 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
     slots = [s.slot for s in specs]
     if len(set(slots)) != len(slots):
         return None  # (one storage read twice: its padded forms would differ)
-    out_spec = kwargs.get("out")
-    if out_spec is not None:
-        if [w[0] for w in program.writes] != [out_spec.slot] or out_spec.slot in slots:
+    if program.writes:  # out=, or an in-place op writing its first operand (as it read it)
+        if len(program.writes) != 1 or entry.outs:
             return None
         (slot, layout, bits) = program.writes[0]
-        if bits != (False, False) or tuple(layout[0]) != real or entry.outs:
+        if bits != (False, False) or tuple(layout[0]) != real:
             return None
         if np.dtype(layout[3]) != np.dtype(dt.element(records[slot].dtype)):
             return None
+        if out_spec is not None:
+            if slot != out_spec.slot or slot in slots:
+                return None
+        elif slot != slots[0] or operands[0] != result or layout != specs[0].layout:
+            return None
         out_dtype = layout[3]
     else:
-        if program.writes or len(entry.outs) != 1 or tuple(entry.outs[0][0]) != real:
+        if out_spec is not None or len(entry.outs) != 1 or tuple(entry.outs[0][0]) != real:
             return None
         out_dtype = dt.element(entry.outs[0][1])
     itemsize = np.dtype(out_dtype).itemsize
     total = sum(math.prod(p) * np.dtype(s.layout[3]).itemsize for s, p in zip(specs, padded_of))
     total += math.prod(padded_result) * itemsize
-    if out_spec is not None:
-        total += records[out_spec.slot].nbytes
+    if program.writes:
+        total += records[program.writes[0][0]].nbytes
     if total > HOST_BYTES:
         return None
 
@@ -168,9 +176,11 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
     for s, p in zip(specs, padded_of):
         shapes[s.slot] = p
     writes, outs = [], []
-    if out_spec is not None:
-        shapes[out_spec.slot] = padded_result
-        writes = [(out_spec.slot, template[1]["out"].layout, (False, False))]
+    if program.writes:
+        slot = program.writes[0][0]
+        shapes[slot] = padded_result
+        layout = (padded_result, tuple(contiguous_strides(padded_result)), 0, out_dtype, math.prod(padded_result))
+        writes = [(slot, layout, (False, False))]
     else:
         outs = [(padded_result, entry.outs[0][1])]
     program = program._replace(n_offsets=0)
@@ -194,19 +204,22 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
         )
     c = MatmulBucket()
     c._stand_in(entry, "fn", name, op_jit, fn, op_jit(entry, "fn", fn, name, store=store) if store else None)
-    c.shared, c.n_buffers, c.result = shared, program.n_buffers, real
+    c.shared, c.n_buffers, c.n_values, c.result = shared, program.n_buffers, program.n_values, real
     c.reads = []
-    for i, (s, p, letters) in enumerate(zip(specs, padded_of, operands)):
-        # the first operand pads its contracted dims with -0.0 (0 for integers): a pad product is -0.0
-        negative_zero = i == 0 and bool(contracted & set(letters))
-        c.reads.append((s.slot, s.layout, s.bits, p, -0.0 if negative_zero else 0))
-    c.out = None if out_spec is None else (out_spec.slot, program.writes[0][1], padded_result)
+    first = next(i for i, letters in enumerate(operands) if contracted & set(letters))
+    for i, (s, p) in enumerate(zip(specs, padded_of)):
+        # the product's first operand pads with -0.0 (0 for integers), the rest with 0: a pad product is -0.0
+        c.reads.append((s.slot, s.layout, s.bits, p, -0.0 if i == first else 0))
+    c.write = None
+    if program.writes:
+        slot, layout, _ = program.writes[0]
+        c.write = (slot, layout, padded_result, slot not in slots)
     return c
 
 
 def _serves(entry, program, records) -> bool:
     if not platform.buffers_in_host_memory() or tpu_check.enabled() or program.random or not records:
         return False
-    if entry.strides is not None or entry.nones is not None or program.n_values:
+    if entry.strides is not None or entry.nones is not None:
         return False
     return not any(dt.element(d) is dt.COMPLEX32 for _, d in entry.outs)
