@@ -13,7 +13,7 @@ from jax._src import compiler
 
 import torchtpu
 from torchtpu.device import platform
-from torchtpu.eager import executable, stand_ins
+from torchtpu.eager import bucketed_draws, executable, stand_ins
 from torchtpu.ops import dtypes as dt
 
 _sizes = itertools.count(int.from_bytes(os.urandom(2), "little") % 1000 + 3000)
@@ -161,6 +161,7 @@ def test_a_bucketed_fill_gives_the_bits_of_the_exact_shape_executable(monkeypatc
     """The first call draws a shared size bucket and keeps its first elements; the entry's own
     one-program executable (built at the tier-up) draws exactly the same numbers."""
     monkeypatch.setattr(stand_ins, "TIER_UP", 1)
+    monkeypatch.setattr(bucketed_draws, "HOST_TIER_UP", 1)  # (small fills placed on the host)
     shape = (3, *_fresh_shape())
     results = []
     with torchtpu.eager_mode(mode):
@@ -198,6 +199,7 @@ def test_a_new_shape_in_a_drawn_bucket_compiles_only_its_copy(xla_compiles):
 
 def test_a_bucketed_fill_of_a_view_writes_only_the_view(monkeypatch):
     monkeypatch.setattr(stand_ins, "TIER_UP", 1)
+    monkeypatch.setattr(bucketed_draws, "HOST_TIER_UP", 1)  # (small fills placed on the host)
     base = torch.randn(_fresh_shape(), generator=torch.Generator().manual_seed(2))
     results = []
     for _ in range(2):
@@ -234,6 +236,7 @@ def test_a_large_bucketed_fill_donates_and_gives_the_exact_bits(monkeypatch, mod
     from torchtpu.metrics import counters
 
     monkeypatch.setattr(stand_ins, "TIER_UP", 1)
+    monkeypatch.setattr(bucketed_draws, "HOST_TIER_UP", 1)  # (small fills placed on the host)
     shape = (DONATE_BYTES // 4 // 1000 + 1, next(_sizes) // 3)
     results = []
     with torchtpu.eager_mode(mode):

@@ -12,7 +12,8 @@ bucket and compiled once per (op, dtype, bucket, static arguments), then a per-s
 writes its first n elements through the view (as cheap to compile as a copy). An entry that keeps
 being called (a loop drawing noise of one shape) builds its own one-program executable after
 TIER_UP calls, so warm code pays neither the second dispatch nor the padding (at 1000x1000 the
-pair costs 1.14x the one program; at 64x64 it costs less).
+pair costs 1.14x the one program; at 64x64 it costs less); a small fill placed on the host, after
+HOST_TIER_UP calls.
 
 A storage of DONATE_BYTES or more gets a donating twin (the engine's `fn_donating`), whose copy
 program updates the old buffer in place. Anything but a plain fill of one storage keeps the
@@ -35,6 +36,13 @@ from . import limits, tpu_check
 from .entry import DONATE_BYTES
 from .executable import TensorArg, ValueArg, _fill, rng_key, traced_function
 from .stand_ins import TieringStandIn, _frozen, _is_args_kwargs, _tensor_args
+
+# calls of a fill placed on the host (a small storage on XLA:CPU) before its entry builds its own
+# program (others: stand_ins.TIER_UP): that program inlines the generator (~0.5 s of XLA:CPU compile
+# for every new shape), the host placement costs a copy of at most DONATE_BYTES per call; PyTorch's
+# sweeps call make_tensor tens of times per shape (test_linalg's matmul_small_brute_force_2d_Nd:
+# 105 such programs, ~60 s of compile)
+HOST_TIER_UP = 1024
 
 SMALLEST_BUCKET = 256  # elements: smaller draws cost nothing to pad
 FINE_ABOVE = 1 << 16  # elements: bigger draws take finer buckets
@@ -65,7 +73,7 @@ class BucketedFill(TieringStandIn):
     executable is, (buffer, values..., rng, offsets...) -> (the written buffer,). `__wrapped__`: the
     one-program function, which a fused segment traces instead (eager/fusion.py _nestable)."""
 
-    __slots__ = ("donate", "draw", "host", "n_values", "place")
+    __slots__ = ("donate", "draw", "host", "n_values", "place", "tier_up")
 
     def __call__(self, *dyn):
         own = self._own_for(dyn)
@@ -135,6 +143,8 @@ def fill(kernel, entry, program, fn, records, name, op_jit):
         entry.fn_donating = _composite(*parts, place, "fn_donating", tuple(program.mutated_slots))
     c = _composite(*parts, place, "fn", ())
     c.host = n if _placed_on_host(program.writes[0], n, records[0]) else 0
+    if c.host:  # (no per-shape program to spare: its own compiles the whole generator, ~0.5 s)
+        c.tier_up = HOST_TIER_UP
     return c
 
 
@@ -161,7 +171,7 @@ def _placed_on_host(write, n, record) -> bool:
 def _composite(draw, entry, name, op_jit, n_values, fn, place, attr, donate):
     c = BucketedFill()
     c._stand_in(entry, attr, name, op_jit, fn)
-    c.draw, c.n_values, c.host, c.donate = draw, n_values, 0, donate
+    c.draw, c.n_values, c.host, c.donate, c.tier_up = draw, n_values, 0, donate, None
     if donate:  # (a function of its own for the donating jit, as engine._donating)
         c.place = op_jit(c, "place", lambda *dyn: place(*dyn), name, donate_argnums=donate)
     else:
