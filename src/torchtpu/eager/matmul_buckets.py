@@ -41,7 +41,7 @@ from .executable import DynOffset, TensorArg
 from .stand_ins import TieringStandIn, _map_specs, copied, jit_shared, shared_key, shared_program
 
 SMALLEST = 4  # elements along a dim: the smallest bucket (PyTorch's sweeps: matrix dims 0-3)
-HOST_BYTES = 1 << 17  # the padded operands and result of one call, in bytes, at most
+HOST_BYTES = 1 << 19  # the padded operands and result of one call (and a written storage), in bytes, at most
 PLANS = declared_facts("matmul_buckets")
 _shared: dict = {}
 limits.FORGETTERS.append(_shared.clear)
