@@ -148,7 +148,14 @@ _FILLS = {
     "random_int32": lambda shape, d: torch.empty(shape, device=d, dtype=torch.int32).random_(),
     "bool": lambda shape, d: torch.randint(0, 2, shape, device=d, dtype=torch.bool),
     "randn_c64": lambda shape, d: torch.randn(shape, device=d, dtype=torch.complex64),
+    # (make_tensor's complex draw: a fill of the real view, placed on the host as (re, im) pairs)
+    "uniform_c128": lambda shape, d: _as_real_filled(torch.empty(shape, device=d, dtype=torch.complex128)),
 }
+
+
+def _as_real_filled(t):
+    torch.view_as_real(t).uniform_(-1, 1)
+    return t
 
 
 def _bits(t):
@@ -189,6 +196,12 @@ def test_a_new_shape_in_a_drawn_bucket_compiles_only_its_copy(xla_compiles):
     xla_compiles.clear()
     for shape in ((1, n), (m,)):  # new shapes, one bucket
         torch.randn(shape, device="tpu").cpu()
+        assert len(xla_compiles) == (0 if platform.buffers_in_host_memory() else 1), shape
+        xla_compiles.clear()
+    _as_real_filled(torch.empty(n, device="tpu", dtype=torch.complex64)).cpu()  # (its bucket's draw)
+    xla_compiles.clear()
+    for shape in ((1, n), (m,)):  # a complex storage filled through its real view (make_tensor's)
+        _as_real_filled(torch.empty(shape, device="tpu", dtype=torch.complex64)).cpu()
         assert len(xla_compiles) == (0 if platform.buffers_in_host_memory() else 1), shape
         xla_compiles.clear()
     x = torch.zeros(n + 1, device="tpu")

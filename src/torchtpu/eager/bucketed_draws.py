@@ -27,6 +27,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from ..device import platform
 from ..ops import checks
@@ -87,6 +88,10 @@ class BucketedFill(TieringStandIn):
             # the first elements of the draw are the storage's whole new array, in its memory order
             # (a copy of its own: the draw's bucket is not kept alive by the new array)
             return (jax.device_put(np.asarray(flat)[:host].reshape(target.shape).copy(), target.sharding),)
+        if host and 2 * target.size == host and target.ndim <= 64 and not any(np.asarray(dyn[2 + nv :])):
+            # a complex storage drawn through its real view (view_as_real, offset 0): (re, im) pairs
+            v = np.asarray(flat)[:host].view(target.dtype)
+            return (jax.device_put(v.reshape(target.shape).copy(), target.sharding),)
         if flat.sharding != target.sharding:  # an entry drawn for another device (keys do not hold it)
             flat = jax.device_put(flat, target.sharding)
         return self.place(target, flat, *dyn[2 + nv :])
@@ -157,15 +162,13 @@ def _placed_on_host(write, n, record) -> bool:
     if not platform.buffers_in_host_memory() or record.nbytes >= DONATE_BYTES or tpu_check.enabled():
         return False
     _, (shape, stride, offset, dtype, numel), bits = write
-    return (
-        type(offset) is int
-        and offset == 0
-        and numel == n == record.numel
-        and dtype is not dt.COMPLEX32
-        and dtype == dt.element(record.dtype)
-        and not any(bits)
-        and tuple(stride) == tuple(contiguous_strides(shape))
-    )
+    if any(bits) or tuple(stride) != tuple(contiguous_strides(shape)) or dtype is dt.COMPLEX32:
+        return False
+    if record.dtype.is_complex and record.dtype != torch.complex32:
+        # the real view of the whole storage (make_tensor's complex draws: its offset, traced, is read
+        # at each call): its first 2 * numel elements are the (re, im) pairs in memory order
+        return dtype == dt.element(record.dtype.to_real()) and n == 2 * numel == 2 * record.numel
+    return type(offset) is int and offset == 0 and numel == n == record.numel and dtype == dt.element(record.dtype)
 
 
 def _composite(draw, entry, name, op_jit, n_values, fn, place, attr, donate):
