@@ -9,13 +9,13 @@ one per layout of their operands and out=. A lowering declaring `matmul_buckets=
 addbmm too, with their in-place and out= overloads) runs a small call on its operands read through
 their views on the host and zero-padded, each letter's size to its size bucket (eager/bucketed_draws.py
 bucket_of, from SMALLEST): one program per (op, padded shapes, dtypes) instead of one per shape and
-layout. Zero padding is exact for every dim: pad
-rows and columns make only result elements that are cut away, and along a contracted dim (K, and an
-addbmm's batch) the product's first operand pads with -0.0 and the second with 0 (as does an addmm's
-`self`), so each pad product is -0.0 and `x + -0.0` is `x` (integer products stay exact). The sum
-along the contracted dim may group its terms otherwise than the exact program does (a float result
-can differ in its last bits, as between two BLAS blockings). Broadcast operands (addmm's bias) and
-calls past HOST_BYTES keep their exact program.
+layout. Zero padding is exact for every dim: pad rows and columns make only result elements that are
+cut away, and along a contracted dim (K, and an addbmm's batch) the product's first operand pads with
+-0.0 and the second with 0 (as does an addmm's `self`), so each pad product is -0.0 and `x + -0.0` is
+`x` (integer products stay exact). The sum along the contracted dim may group its terms otherwise than
+the exact program does: a float result can differ in its last bits (as between two BLAS blockings;
+padding M or N alone changes them too), so an entry's result may change so at its tier-up. Broadcast
+operands (addmm's 1-d bias) and calls past HOST_BYTES keep their exact program.
 
 The result is cut on the host from the padded one; an out= write is applied on the host to a copy of
 the written storage through the out view's layout. So this serves only where device buffers are host
