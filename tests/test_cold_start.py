@@ -13,7 +13,7 @@ from jax._src import compiler
 
 import torchtpu
 from torchtpu.device import platform
-from torchtpu.eager import executable, stand_ins
+from torchtpu.eager import bucketed_draws, executable, stand_ins
 from torchtpu.ops import dtypes as dt
 
 _sizes = itertools.count(int.from_bytes(os.urandom(2), "little") % 1000 + 3000)
@@ -148,7 +148,14 @@ _FILLS = {
     "random_int32": lambda shape, d: torch.empty(shape, device=d, dtype=torch.int32).random_(),
     "bool": lambda shape, d: torch.randint(0, 2, shape, device=d, dtype=torch.bool),
     "randn_c64": lambda shape, d: torch.randn(shape, device=d, dtype=torch.complex64),
+    # (make_tensor's complex draw: a fill of the real view, placed on the host as (re, im) pairs)
+    "uniform_c128": lambda shape, d: _as_real_filled(torch.empty(shape, device=d, dtype=torch.complex128)),
 }
+
+
+def _as_real_filled(t):
+    torch.view_as_real(t).uniform_(-1, 1)
+    return t
 
 
 def _bits(t):
@@ -161,6 +168,7 @@ def test_a_bucketed_fill_gives_the_bits_of_the_exact_shape_executable(monkeypatc
     """The first call draws a shared size bucket and keeps its first elements; the entry's own
     one-program executable (built at the tier-up) draws exactly the same numbers."""
     monkeypatch.setattr(stand_ins, "TIER_UP", 1)
+    monkeypatch.setattr(bucketed_draws, "HOST_TIER_UP", 1)  # (small fills placed on the host)
     shape = (3, *_fresh_shape())
     results = []
     with torchtpu.eager_mode(mode):
@@ -190,6 +198,12 @@ def test_a_new_shape_in_a_drawn_bucket_compiles_only_its_copy(xla_compiles):
         torch.randn(shape, device="tpu").cpu()
         assert len(xla_compiles) == (0 if platform.buffers_in_host_memory() else 1), shape
         xla_compiles.clear()
+    _as_real_filled(torch.empty(n, device="tpu", dtype=torch.complex64)).cpu()  # (its bucket's draw)
+    xla_compiles.clear()
+    for shape in ((1, n), (m,)):  # a complex storage filled through its real view (make_tensor's)
+        _as_real_filled(torch.empty(shape, device="tpu", dtype=torch.complex64)).cpu()
+        assert len(xla_compiles) == (0 if platform.buffers_in_host_memory() else 1), shape
+        xla_compiles.clear()
     x = torch.zeros(n + 1, device="tpu")
     xla_compiles.clear()
     x[1:].normal_()  # a part of its storage: the per-shape copy writes it
@@ -198,6 +212,7 @@ def test_a_new_shape_in_a_drawn_bucket_compiles_only_its_copy(xla_compiles):
 
 def test_a_bucketed_fill_of_a_view_writes_only_the_view(monkeypatch):
     monkeypatch.setattr(stand_ins, "TIER_UP", 1)
+    monkeypatch.setattr(bucketed_draws, "HOST_TIER_UP", 1)  # (small fills placed on the host)
     base = torch.randn(_fresh_shape(), generator=torch.Generator().manual_seed(2))
     results = []
     for _ in range(2):
@@ -234,6 +249,7 @@ def test_a_large_bucketed_fill_donates_and_gives_the_exact_bits(monkeypatch, mod
     from torchtpu.metrics import counters
 
     monkeypatch.setattr(stand_ins, "TIER_UP", 1)
+    monkeypatch.setattr(bucketed_draws, "HOST_TIER_UP", 1)  # (small fills placed on the host)
     shape = (DONATE_BYTES // 4 // 1000 + 1, next(_sizes) // 3)
     results = []
     with torchtpu.eager_mode(mode):

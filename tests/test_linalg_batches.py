@@ -108,3 +108,19 @@ def test_broadcast_batches_flatten_where_the_results_take_them():
     lu, piv = torch.linalg.lu_factor(torch.randn(2, 3, 3))
     with pytest.raises(RuntimeError, match="Expected LU.shape"):
         torch.linalg.lu_solve(lu.to("tpu"), piv[:1].to("tpu"), torch.randn(2, 3, 1).to("tpu"))
+
+
+def test_matrix_exp_batches_share_one_program():
+    kernel = kernel_for(aten.linalg_matrix_exp.default)
+    gen = torch.Generator().manual_seed(7)
+    entries = None
+    for batch in [(3,), (3, 3), (2, 5), (4,)]:  # (flat 3, 9, 10, 4: all in the bucket of 16)
+        for dtype in (torch.float32, torch.complex64):
+            a = torch.randn(*batch, 3, 3, generator=gen).to(dtype) * 0.8
+            got = torch.linalg.matrix_exp(a.to("tpu"))
+            want = torch.linalg.matrix_exp(a)
+            assert got.shape == want.shape and got.stride() == want.stride()
+            _close(got, want, atol=1e-5, rtol=1e-4)
+        if entries is None:
+            entries = len(kernel.cache)
+    assert len(kernel.cache) == entries

@@ -12,7 +12,8 @@ bucket and compiled once per (op, dtype, bucket, static arguments), then a per-s
 writes its first n elements through the view (as cheap to compile as a copy). An entry that keeps
 being called (a loop drawing noise of one shape) builds its own one-program executable after
 TIER_UP calls, so warm code pays neither the second dispatch nor the padding (at 1000x1000 the
-pair costs 1.14x the one program; at 64x64 it costs less).
+pair costs 1.14x the one program; at 64x64 it costs less); a small fill placed on the host, after
+HOST_TIER_UP calls.
 
 A storage of DONATE_BYTES or more gets a donating twin (the engine's `fn_donating`), whose copy
 program updates the old buffer in place. Anything but a plain fill of one storage keeps the
@@ -26,6 +27,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from ..device import platform
 from ..ops import checks
@@ -35,6 +37,13 @@ from . import limits, tpu_check
 from .entry import DONATE_BYTES
 from .executable import TensorArg, ValueArg, _fill, rng_key, traced_function
 from .stand_ins import TieringStandIn, _frozen, _is_args_kwargs, _tensor_args
+
+# calls of a fill placed on the host (a small storage on XLA:CPU) before its entry builds its own
+# program (others: stand_ins.TIER_UP): that program inlines the generator (~0.5 s of XLA:CPU compile
+# for every new shape), the host placement costs a copy of at most DONATE_BYTES per call; PyTorch's
+# sweeps call make_tensor tens of times per shape (test_linalg's matmul_small_brute_force_2d_Nd:
+# 105 such programs, ~60 s of compile)
+HOST_TIER_UP = 1024
 
 SMALLEST_BUCKET = 256  # elements: smaller draws cost nothing to pad
 FINE_ABOVE = 1 << 16  # elements: bigger draws take finer buckets
@@ -65,7 +74,7 @@ class BucketedFill(TieringStandIn):
     executable is, (buffer, values..., rng, offsets...) -> (the written buffer,). `__wrapped__`: the
     one-program function, which a fused segment traces instead (eager/fusion.py _nestable)."""
 
-    __slots__ = ("donate", "draw", "host", "n_values", "place")
+    __slots__ = ("donate", "draw", "host", "n_values", "place", "tier_up")
 
     def __call__(self, *dyn):
         own = self._own_for(dyn)
@@ -79,9 +88,23 @@ class BucketedFill(TieringStandIn):
             # the first elements of the draw are the storage's whole new array, in its memory order
             # (a copy of its own: the draw's bucket is not kept alive by the new array)
             return (jax.device_put(np.asarray(flat)[:host].reshape(target.shape).copy(), target.sharding),)
+        if host and 2 * target.size == host and target.ndim <= 64 and not any(np.asarray(dyn[2 + nv :])):
+            # a complex storage drawn through its real view (view_as_real, offset 0): (re, im) pairs
+            v = np.asarray(flat)[:host].view(target.dtype)
+            return (jax.device_put(v.reshape(target.shape).copy(), target.sharding),)
         if flat.sharding != target.sharding:  # an entry drawn for another device (keys do not hold it)
             flat = jax.device_put(flat, target.sharding)
         return self.place(target, flat, *dyn[2 + nv :])
+
+
+class EmptyFill(TieringStandIn):
+    """The `entry.fn` of a fill of no elements: the written storage's buffer as it is, no program
+    (a fused segment traces the one-program function, `__wrapped__`)."""
+
+    __slots__ = ()
+
+    def __call__(self, *dyn):
+        return (dyn[0],)
 
 
 def fill(kernel, entry, program, fn, records, name, op_jit):
@@ -95,8 +118,10 @@ def fill(kernel, entry, program, fn, records, name, op_jit):
         return None
     shape = program.writes[0][1][0]
     n = math.prod(shape)
-    if n == 0:
-        return None
+    if n == 0:  # nothing to draw: the storage keeps its buffer (make_tensor of each empty shape compiled)
+        c = EmptyFill()
+        c._stand_in(entry, "fn", name, op_jit, fn)
+        return c
     bucket = bucket_of(n)
     flat_arg = TensorArg(0, ((bucket,), (1,), 0, read[0].layout[3], bucket))
     template = _swap(program.template, flat_arg)
@@ -123,6 +148,8 @@ def fill(kernel, entry, program, fn, records, name, op_jit):
         entry.fn_donating = _composite(*parts, place, "fn_donating", tuple(program.mutated_slots))
     c = _composite(*parts, place, "fn", ())
     c.host = n if _placed_on_host(program.writes[0], n, records[0]) else 0
+    if c.host:  # (no per-shape program to spare: its own compiles the whole generator, ~0.5 s)
+        c.tier_up = HOST_TIER_UP
     return c
 
 
@@ -135,21 +162,19 @@ def _placed_on_host(write, n, record) -> bool:
     if not platform.buffers_in_host_memory() or record.nbytes >= DONATE_BYTES or tpu_check.enabled():
         return False
     _, (shape, stride, offset, dtype, numel), bits = write
-    return (
-        type(offset) is int
-        and offset == 0
-        and numel == n == record.numel
-        and dtype is not dt.COMPLEX32
-        and dtype == dt.element(record.dtype)
-        and not any(bits)
-        and tuple(stride) == tuple(contiguous_strides(shape))
-    )
+    if any(bits) or tuple(stride) != tuple(contiguous_strides(shape)) or dtype is dt.COMPLEX32:
+        return False
+    if record.dtype.is_complex and record.dtype != torch.complex32:
+        # the real view of the whole storage (make_tensor's complex draws: its offset, traced, is read
+        # at each call): its first 2 * numel elements are the (re, im) pairs in memory order
+        return dtype == dt.element(record.dtype.to_real()) and n == 2 * numel == 2 * record.numel
+    return type(offset) is int and offset == 0 and numel == n == record.numel and dtype == dt.element(record.dtype)
 
 
 def _composite(draw, entry, name, op_jit, n_values, fn, place, attr, donate):
     c = BucketedFill()
     c._stand_in(entry, attr, name, op_jit, fn)
-    c.draw, c.n_values, c.host, c.donate = draw, n_values, 0, donate
+    c.draw, c.n_values, c.host, c.donate, c.tier_up = draw, n_values, 0, donate, None
     if donate:  # (a function of its own for the donating jit, as engine._donating)
         c.place = op_jit(c, "place", lambda *dyn: place(*dyn), name, donate_argnums=donate)
     else:

@@ -27,6 +27,7 @@ from . import (
     flat_buckets,
     fusion,
     interrupts,
+    matmul_buckets,
     op_store,
     overlap,
     reduction_buckets,
@@ -177,6 +178,8 @@ def build_entry(kernel, key, args, kwargs, records, device):
         bucketed = bucketed or reduction_buckets.build(
             kernel, entry, program, fn, records, args, kwargs, name, op_jit, caster, store
         )
+        # a small matrix product of a new shape runs on operands zero-padded to size buckets (XLA:CPU)
+        bucketed = bucketed or matmul_buckets.build(kernel, entry, program, fn, records, name, op_jit, caster, store)
         # small strided operands are made dense by a copy per layout, the op's program shared across layouts
         on_trace = lambda m, rp: _traced(kernel, entry, m, rp)
         bucketed = bucketed or dense_operands.build(kernel, entry, program, fn, records, name, op_jit, on_trace, store)

@@ -31,6 +31,7 @@ class TieringStandIn:
 
     __slots__ = ("__weakref__", "__wrapped__", "attr", "calls", "entry", "jit", "name", "own", "stored", "xla")
     donate = None
+    tier_up = None  # (TIER_UP; a subclass may keep its shared programs longer: bucketed_draws.HOST_TIER_UP)
 
     def _stand_in(self, entry, attr, name, op_jit, wrapped, stored=None):
         """Set the common fields; `stored`: an op_jit result (kept only where it is a _Stored)."""
@@ -48,7 +49,7 @@ class TieringStandIn:
                 self.own, self.calls = stored, TIER_UP
                 return stored
             return None
-        if calls > TIER_UP:
+        if calls > (self.tier_up or TIER_UP):
             return self.own or self._own_program()
         return None
 

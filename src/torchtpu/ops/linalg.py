@@ -337,6 +337,12 @@ def _wide_integer_matmul(a, b):
         "mv": _mv_dtypes,
         "mv.out": _mv_dtypes,
     },
+    matmul_buckets={
+        **dict.fromkeys(("mm", "mm.out"), "mk,kn->mn"),
+        **dict.fromkeys(("bmm", "bmm.out"), "bmk,bkn->bmn"),
+        **dict.fromkeys(("mv", "mv.out"), "mk,k->m"),
+        **dict.fromkeys(("dot", "dot.out"), "k,k->"),
+    },
 )
 def mm(a, b):
     return matmul(a, b)
@@ -373,6 +379,11 @@ def _scaled_sum(c, prod, beta, alpha):
     blas=True,
     no_loop_for=(torch.bool,),
     meta_check={"addmm": _addmm_dtypes, "addmm_": _addmm_dtypes, "addmm.out": _addmm_dtypes},
+    matmul_buckets={
+        **dict.fromkeys(("addmm", "addmm_", "addmm.out"), "mn,mk,kn->mn"),
+        **dict.fromkeys(("baddbmm", "baddbmm_", "baddbmm.out"), "bmn,bmk,bkn->bmn"),
+        **dict.fromkeys(("addmv", "addmv_", "addmv.out"), "m,mk,k->m"),
+    },
 )
 def addmm(c, a, b, beta=1, alpha=1):
     return _scaled_sum(c, matmul(a, b), beta, alpha)
@@ -396,6 +407,7 @@ def _addbmm_half(c, a, b, beta, alpha):
     blas=True,
     no_loop_for=(torch.bool, *WIDE_UNSIGNED),
     meta_check={"addbmm": _addmm_dtypes, "addbmm_": _addmm_dtypes, "addbmm.out": _addmm_dtypes},
+    matmul_buckets=dict.fromkeys(("addbmm", "addbmm_", "addbmm.out"), "mn,bmk,bkn->mn"),
 )
 def addbmm(c, a, b, beta=1, alpha=1):
     if c.dtype in (jnp.bfloat16, jnp.float16):

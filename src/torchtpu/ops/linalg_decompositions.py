@@ -1006,7 +1006,7 @@ def _expm(a):
     return lax.fori_loop(0, jnp.max(squarings, initial=0), square, poly)
 
 
-@lowering("linalg_matrix_exp")
+@lowering("linalg_matrix_exp", matrix_batches=_ONE_MATRIX)  # (each matrix scaled and squared alone)
 def linalg_matrix_exp(a):
     # unlike the decompositions, PyTorch's CPU takes half types here: compute in float32, as its opmath
     if a.dtype in _LOW_PRECISION:

@@ -59,6 +59,8 @@ finds all of them (docs/design.md, "Adding an op"):
     matrix_batches=f        an op computing each matrix of a batch alone: f(*args, **kwargs) names the batched
                             tensor arguments ((name, core dims, pad), or None where the call does not fit); a
                             call with batch dims runs on a flat batch padded to a size bucket (eager/matrix_batches.py)
+    matmul_buckets="mk,kn->mn"  a matrix product (the letters of each tensor operand's dims -> the result's): small
+                            new shapes run on operands zero-padded to size buckets on XLA:CPU (eager/matmul_buckets.py)
     composite_in_eager=True an ATen CompositeImplicit op (it decomposes before a backend sees it) that
                             eager runs whole, one executable instead of one per step; for ops without a
                             gradient only (the kernel sits on the Autograd key too)
@@ -132,6 +134,7 @@ FACT_KINDS = (
     "matrix_batches",
     "reduction_buckets",
     "set_buckets",
+    "matmul_buckets",
 )
 _FACTS: dict[str, dict] = {kind: {} for kind in FACT_KINDS}
 # overload -> the lowering (its first name) that declared a fact about it, for tests/test_op_facts.py
