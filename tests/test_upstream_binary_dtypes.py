@@ -121,3 +121,24 @@ def test_lcm_of_bools_refused_as_on_the_cpu():
     with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
         torch.lcm(a, a)
     assert torch.equal(torch.lcm(a, torch.tensor([4, 6], device=DEV)).cpu(), torch.tensor([4, 0]))
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("other", [torch.int32, torch.int64, torch.uint8])
+def test_a_tensor_beside_a_half_tensor_is_rounded_to_it_first(half, other):
+    # The CPU and CUDA load every tensor operand in the common dtype (the half type) and compute in
+    # float32: int32 2049 == float16 2048 is True there, and 2049 - 2048.0 is 0. tpu converted the int
+    # straight to float32 (isin, comparisons and arithmetic all wrong where the int does not fit)
+    hi = 255 if other == torch.uint8 else 100_000
+    x = torch.cat([torch.tensor([2049, 2047, 3, 255]), torch.randint(0, hi, (200,))]).to(other)
+    y = x.to(half)[torch.randperm(len(x))]
+    y[:4] = torch.tensor([2048.0, 2048.0, 3.0, 256.0], dtype=half)
+    xd, yd = x.to(DEV), y.to(DEV)
+    for op in (torch.eq, torch.ne, torch.lt, torch.add, torch.sub, torch.mul, torch.maximum, torch.atan2):
+        for a, b, ad, bd in ((x, y, xd, yd), (y, x, yd, xd)):
+            assert_close(op(ad, bd).cpu(), op(a, b), rtol=0, atol=0, equal_nan=True, msg=op.__name__)
+    assert torch.equal(torch.isin(xd, yd).cpu(), torch.isin(x, y))
+    assert torch.equal(torch.isin(yd, xd).cpu(), torch.isin(y, x))
+    # a half 0-dim tensor beside an int tensor: the common dtype is still the half type
+    s = torch.tensor(1.0, dtype=half)
+    assert_close((xd * s.to(DEV)).cpu(), x * s, rtol=0, atol=0)

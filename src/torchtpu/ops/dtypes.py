@@ -341,6 +341,9 @@ def default_dtype():
     return torch.get_default_dtype()
 
 
+_SCALAR_SAMPLE = {bool: True, int: 1, float: 1.0, complex: 1j}  # (a Python scalar of each type)
+
+
 def promote(kind, operands):
     """(computation dtype, result dtype) as jnp dtypes for PyTorch's elementwise promotion.
 
@@ -362,13 +365,43 @@ def _promote(kind, operands, default_dtype):
         if op[0] == "t":
             args.append(_meta(op[1], 0 if op[2] else 1))
         else:
-            args.append({bool: True, int: 1, float: 1.0, complex: 1j}[op[1]])
+            args.append(_SCALAR_SAMPLE[op[1]])
     compute, result = elementwise_dtypes(*args, type_promotion_kind=kind)
     # a float or complex answer follows the default dtype unless a float or complex tensor (of any
     # dimension) gave it: PyTorch promotes by category, and within one the tensors' dtypes win
     inexact = compute.is_floating_point or compute.is_complex or result.is_floating_point or result.is_complex
     follows = inexact and not any(op[0] == "t" and (op[1].is_floating_point or op[1].is_complex) for op in operands)
     return to_jax(compute), to_jax(result), follows
+
+
+def rounded_operand_dtype(kind, operands):
+    """The half dtype (float16, bfloat16) that PyTorch rounds tensor operands of other dtypes to before it
+    computes in float32 (`promote`'s computation dtype), or None. The CPU and CUDA load a tensor operand
+    in the common dtype and widen it to the opmath type: int32 2049 - float16 2048 is 0 there, not 1.
+    Only tensors of one or more dimensions are rounded (`apply`): Python scalars and 0-dim tensors are
+    read unrounded in the opmath type by the CPU's mul and div and CUDA's kernels for CPU scalars
+    (the CPU's add, sub and atan2 round them: one last bit of difference there)."""
+    if not any(op[0] == "t" and op[1] in (torch.float16, torch.bfloat16) for op in operands):
+        return None
+    return _rounded_operand_dtype(kind, operands, torch.get_default_dtype())
+
+
+@functools.lru_cache(maxsize=4096)
+def _rounded_operand_dtype(kind, operands, default_dtype):
+    compute = _promote(kind, operands, default_dtype)[0]
+    args = [_meta(op[1], 0 if op[2] else 1) if op[0] == "t" else _SCALAR_SAMPLE[op[1]] for op in operands]
+    common = elementwise_dtypes(*args, type_promotion_kind=KIND.DEFAULT)[1]
+    if common in (torch.float16, torch.bfloat16) and compute == jnp.float32:
+        return to_jax(common)
+    return None
+
+
+def round_to(a, dtype):
+    """`a` (float32 or wider) rounded to the half `dtype` and widened back to float32, as PyTorch's
+    conversions do (through float32). Not `reduce_precision` (it flushes float16 subnormals to zero),
+    and a barrier between the two converts: under XLA's excess precision (its default) the pair is
+    folded away."""
+    return lax.optimization_barrier(a.astype(jnp.float32).astype(dtype)).astype(jnp.float32)
 
 
 def operand_facts(values):

@@ -79,7 +79,17 @@ from collections.abc import Callable
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from .dtypes import KIND, WIDE_UNSIGNED, convert, not_implemented_for, operand_facts, promote, to_torch
+from .dtypes import (
+    KIND,
+    WIDE_UNSIGNED,
+    convert,
+    not_implemented_for,
+    operand_facts,
+    promote,
+    round_to,
+    rounded_operand_dtype,
+    to_torch,
+)
 
 __all__ = [
     "INDEXED_WRITE",
@@ -337,11 +347,16 @@ def apply(low: Lowering, args, kwargs):
         return low.fn(*args, **kwargs)
     positions = low.promote_args if low.promote_args is not None else range(len(args))
     operands = [args[i] for i in positions if i < len(args)]
-    compute, result = promote(low.promote, operand_facts(operands))
+    facts = operand_facts(operands)
+    compute, result = promote(low.promote, facts)
+    rounded = rounded_operand_dtype(low.promote, facts)
     args = list(args)
     for i in positions:
-        if i < len(args) and args[i] is not None:
-            args[i] = _cast(args[i], compute) if hasattr(args[i], "dtype") else args[i]
+        if i < len(args) and args[i] is not None and hasattr(args[i], "dtype"):
+            v = args[i]
+            if rounded is not None and v.ndim and v.dtype not in (rounded, bool):
+                v = round_to(v, rounded)  # (a tensor of another dtype beside a half one: see rounded_operand_dtype)
+            args[i] = _cast(v, compute)
     out = low.fn(*args, **kwargs)
     if low.keep_result_dtype:
         return out
