@@ -12,7 +12,8 @@ bucket and compiled once per (op, dtype, bucket, static arguments), then a per-s
 writes its first n elements through the view (as cheap to compile as a copy). An entry that keeps
 being called (a loop drawing noise of one shape) builds its own one-program executable after
 TIER_UP calls, so warm code pays neither the second dispatch nor the padding (at 1000x1000 the
-pair costs 1.14x the one program; at 64x64 it costs less).
+pair costs 1.14x the one program; at 64x64 it costs less); a fill whose draw becomes the new array
+on the host (no second program) waits HOST_TIER_UP calls.
 
 A storage of DONATE_BYTES or more gets a donating twin (the engine's `fn_donating`), whose copy
 program updates the old buffer in place. Anything but a plain fill of one storage keeps the
@@ -31,13 +32,14 @@ from ..device import platform
 from ..ops import checks
 from ..ops import dtypes as dt
 from ..storage.records import contiguous_strides
-from . import limits, tpu_check
+from . import limits, stand_ins, tpu_check
 from .entry import DONATE_BYTES
 from .executable import TensorArg, ValueArg, _fill, rng_key, traced_function
 from .stand_ins import TieringStandIn, _frozen, _is_args_kwargs, _tensor_args
 
 SMALLEST_BUCKET = 256  # elements: smaller draws cost nothing to pad
 FINE_ABOVE = 1 << 16  # elements: bigger draws take finer buckets
+HOST_TIER_UP = 64  # calls after which a fill placed on the host (below) builds its own program
 _MAX_DRAWS = 512  # shared draw executables kept (then forgotten, like the engine's caches)
 _draws: dict = {}
 limits.FORGETTERS.append(_draws.clear)
@@ -82,6 +84,12 @@ class BucketedFill(TieringStandIn):
         if flat.sharding != target.sharding:  # an entry drawn for another device (keys do not hold it)
             flat = jax.device_put(flat, target.sharding)
         return self.place(target, flat, *dyn[2 + nv :])
+
+    def _tier_up(self):
+        # a fill placed on the host runs one program, as its own would: tiering up saves little per
+        # call and costs a threefry compile (0.3-1.3 s on XLA:CPU); PyTorch's test_atleast drew each of
+        # its shapes 9-20 times and spent half its time compiling the fills' own programs
+        return HOST_TIER_UP if self.host else stand_ins.TIER_UP
 
 
 def fill(kernel, entry, program, fn, records, name, op_jit):

@@ -45,12 +45,17 @@ class TieringStandIn:
         if calls == 1:
             stored = self.stored
             if stored is not None and stored.load_stored(dyn):  # (a warm process)
-                self.own, self.calls = stored, TIER_UP
+                self.own, self.calls = stored, self._tier_up()
                 return stored
             return None
-        if calls > TIER_UP:
+        if calls > self._tier_up():
             return self.own or self._own_program()
         return None
+
+    def _tier_up(self) -> int:
+        """The calls after which the entry builds its own program (TIER_UP, read when called: tests
+        patch it; a subclass may wait longer)."""
+        return TIER_UP
 
     def _own_program(self):
         """The entry's own one-program executable, kept in `own` (op_jit's first call may put its
