@@ -187,9 +187,6 @@ def test_a_bucketed_fill_gives_the_bits_of_the_exact_shape_executable(monkeypatc
 def test_a_new_shape_in_a_drawn_bucket_compiles_only_its_copy(xla_compiles):
     """On XLA:CPU a new tensor's draw is its bucket's first elements, copied on the host: no program
     per shape; a fill of a view (or on a TPU) compiles the per-shape copy only."""
-    from torchtpu.device import platform
-    from torchtpu.eager import bucketed_draws
-
     n = 5 * next(_sizes)
     m = n - 1 if bucketed_draws.bucket_of(n - 1) == bucketed_draws.bucket_of(n) else n + 1
     torch.randn(n, device="tpu").cpu()  # (the bucket's draw, if no earlier test drew it)
@@ -208,6 +205,26 @@ def test_a_new_shape_in_a_drawn_bucket_compiles_only_its_copy(xla_compiles):
     xla_compiles.clear()
     x[1:].normal_()  # a part of its storage: the per-shape copy writes it
     assert x[0].item() == 0 and len(xla_compiles) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_a_shape_drawn_a_few_times_compiles_no_program_of_its_own(xla_compiles, dtype):
+    """On XLA:CPU a host-placed fill's own program (a threefry compile) waits HOST_TIER_UP calls:
+    PyTorch's test_atleast draws each shape 9-20 times, and each tier-up cost 0.3-1.3 s."""
+    if not platform.buffers_in_host_memory():
+        pytest.skip("the host-placed fill is XLA:CPU's")
+    shape = (3, *_fresh_shape())
+
+    def fill(seed):
+        torch.manual_seed(seed)
+        x = torch.empty(shape, device="tpu", dtype=dtype)
+        return (x.uniform_() if dtype.is_floating_point else x.random_(0, 1000)).cpu()
+
+    first = fill(1)
+    xla_compiles.clear()
+    draws = [fill(seed) for seed in [1, 2] * 10]  # (20 calls of one entry, each a new tensor)
+    assert xla_compiles == []
+    assert all(torch.equal(d, first) for d in draws[::2]) and not torch.equal(draws[1], first)
 
 
 def test_a_bucketed_fill_of_a_view_writes_only_the_view(monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchtpu
-from torchtpu.eager import fusion, stand_ins
+from torchtpu.eager import bucketed_draws, fusion, stand_ins
 
 
 def _count(name):
@@ -27,6 +27,7 @@ def _steps(kind, n):
 
 @pytest.mark.parametrize("kind", ["draw", "index"])
 def test_strict_calls_that_tier_an_op_up_keep_the_fused_segment(monkeypatch, kind):
+    monkeypatch.setattr(bucketed_draws, "HOST_TIER_UP", stand_ins.TIER_UP)  # (a draw on the host waits longer)
     monkeypatch.setattr(fusion, "COMPILE", "now")  # (compiled in the flush that decides to: exact counts)
     step, want = _steps(kind, {"draw": 29, "index": 31}[kind])
     with torchtpu.eager_mode("fused"):

@@ -33,7 +33,7 @@ from ..device import platform
 from ..ops import checks
 from ..ops import dtypes as dt
 from ..storage.records import contiguous_strides
-from . import limits, tpu_check
+from . import limits, stand_ins, tpu_check
 from .entry import DONATE_BYTES
 from .executable import TensorArg, ValueArg, _fill, rng_key, traced_function
 from .stand_ins import TieringStandIn, _frozen, _is_args_kwargs, _tensor_args
@@ -74,7 +74,7 @@ class BucketedFill(TieringStandIn):
     executable is, (buffer, values..., rng, offsets...) -> (the written buffer,). `__wrapped__`: the
     one-program function, which a fused segment traces instead (eager/fusion.py _nestable)."""
 
-    __slots__ = ("donate", "draw", "host", "n_values", "place", "tier_up")
+    __slots__ = ("donate", "draw", "host", "n_values", "place")
 
     def __call__(self, *dyn):
         own = self._own_for(dyn)
@@ -95,6 +95,12 @@ class BucketedFill(TieringStandIn):
         if flat.sharding != target.sharding:  # an entry drawn for another device (keys do not hold it)
             flat = jax.device_put(flat, target.sharding)
         return self.place(target, flat, *dyn[2 + nv :])
+
+    def _tier_up(self):
+        # a fill placed on the host runs one program, as its own would: tiering up saves little per
+        # call and costs a threefry compile (0.3-1.3 s on XLA:CPU); PyTorch's test_atleast drew each of
+        # its shapes 9-20 times and spent half its time compiling the fills' own programs
+        return HOST_TIER_UP if self.host else stand_ins.TIER_UP
 
 
 class EmptyFill(TieringStandIn):
@@ -148,8 +154,6 @@ def fill(kernel, entry, program, fn, records, name, op_jit):
         entry.fn_donating = _composite(*parts, place, "fn_donating", tuple(program.mutated_slots))
     c = _composite(*parts, place, "fn", ())
     c.host = n if _placed_on_host(program.writes[0], n, records[0]) else 0
-    if c.host:  # (no per-shape program to spare: its own compiles the whole generator, ~0.5 s)
-        c.tier_up = HOST_TIER_UP
     return c
 
 
@@ -174,7 +178,7 @@ def _placed_on_host(write, n, record) -> bool:
 def _composite(draw, entry, name, op_jit, n_values, fn, place, attr, donate):
     c = BucketedFill()
     c._stand_in(entry, attr, name, op_jit, fn)
-    c.draw, c.n_values, c.host, c.donate, c.tier_up = draw, n_values, 0, donate, None
+    c.draw, c.n_values, c.host, c.donate = draw, n_values, 0, donate
     if donate:  # (a function of its own for the donating jit, as engine._donating)
         c.place = op_jit(c, "place", lambda *dyn: place(*dyn), name, donate_argnums=donate)
     else:

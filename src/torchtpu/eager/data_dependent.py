@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.argument_checks import warn_at_caller
 from ..ops.embedding import one_hot_range_check
@@ -225,6 +226,8 @@ def _unique_impl(self, dim, sort, return_inverse, return_counts, inverse_shape):
         dev = self.device.index
         empty = new_tensor((0,), torch.int64, dev, zeros(0, torch.int64, dev))
         return new_tensor(shape, self.dtype, dev, zeros(0, self.dtype, dev)), empty, empty.clone()
+    if _unique_on_host(self):
+        return _host_unique(self, dim, sort, return_inverse, return_counts)
     buf, dev = _flat(self)
     n = int(_unique_count(buf, shape, dim, sort))  # sync point
     values, inverse, counts = _unique(buf, shape, dim, sort, n)
@@ -241,6 +244,32 @@ def _unique_impl(self, dim, sort, return_inverse, return_counts, inverse_shape):
         else new_tensor((0,), torch.int64, dev, zeros(0, torch.int64, dev))
     )
     return out, inv, cnt
+
+
+def _unique_on_host(self) -> bool:
+    """Whether unique runs on a host copy: a small input where device buffers are host memory. The
+    device form compiles two programs per (shape, count), 0.5-1.8 s of XLA:CPU compile for each new
+    count (PyTorch's test_unique_dim: 48 compiles, 50 s), and the count is read back anyway (a sync
+    point, as on CUDA); the CPU's kernel gives the CPU's answer. On a TPU the device form stays (the
+    TPU compile check sees it)."""
+    return self.numel() <= HOST_NONZERO_ELEMENTS and platform.buffers_in_host_memory() and not tpu_check.enabled()
+
+
+def _host_unique(self, dim, sort, return_inverse, return_counts):
+    host = self.cpu()  # (the device's sync point, its checks and its order of pending copies)
+    if not sort:
+        values, inverse, counts = aten.unique_consecutive.default(host, return_inverse, return_counts, dim)
+    elif dim is None:
+        values, inverse, counts = aten._unique2.default(host, True, return_inverse, return_counts)
+    else:
+        values, inverse, counts = aten.unique_dim.default(host, dim, True, return_inverse, return_counts)
+    device = self.device
+    empty = torch.empty(0, dtype=torch.int64, device=device)  # (what the device form returns when not asked)
+    return (
+        values.to(device),
+        inverse.to(device) if return_inverse else empty,
+        counts.to(device) if return_counts else empty.clone(),
+    )
 
 
 def unique2(self, sorted=True, return_inverse=False, return_counts=False):

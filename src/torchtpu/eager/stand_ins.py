@@ -31,7 +31,6 @@ class TieringStandIn:
 
     __slots__ = ("__weakref__", "__wrapped__", "attr", "calls", "entry", "jit", "name", "own", "stored", "xla")
     donate = None
-    tier_up = None  # (TIER_UP; a subclass may keep its shared programs longer: bucketed_draws.HOST_TIER_UP)
 
     def _stand_in(self, entry, attr, name, op_jit, wrapped, stored=None):
         """Set the common fields; `stored`: an op_jit result (kept only where it is a _Stored)."""
@@ -46,12 +45,17 @@ class TieringStandIn:
         if calls == 1:
             stored = self.stored
             if stored is not None and stored.load_stored(dyn):  # (a warm process)
-                self.own, self.calls = stored, TIER_UP
+                self.own, self.calls = stored, self._tier_up()
                 return stored
             return None
-        if calls > (self.tier_up or TIER_UP):
+        if calls > self._tier_up():
             return self.own or self._own_program()
         return None
+
+    def _tier_up(self) -> int:
+        """The calls after which the entry builds its own program (TIER_UP, read when called: tests
+        patch it; a subclass may wait longer)."""
+        return TIER_UP
 
     def _own_program(self):
         """The entry's own one-program executable, kept in `own` (op_jit's first call may put its
