@@ -5,6 +5,8 @@ Results against the CPU on fresh random inputs."""
 import pytest
 import torch
 
+from torchtpu.device import platform
+from torchtpu.eager import tpu_check
 from torchtpu.eager.kernels import kernel_for
 from torchtpu.metrics import counters
 
@@ -124,3 +126,27 @@ def test_matrix_exp_batches_share_one_program():
         if entries is None:
             entries = len(kernel.cache)
     assert len(kernel.cache) == entries
+
+
+def test_conjugated_and_negated_batches_key_the_plain_program():
+    # a lazily conjugated (or negated) batched operand is flattened on the host with its bit applied
+    # (XLA:CPU), not by a reshape and a `cat` on the device: a program per batch shape, layout and bit
+    a = torch.randn(3, 5, 5, dtype=torch.complex64).triu() + 5 * torch.eye(5)
+    b = torch.randn(3, 5, 2, dtype=torch.complex64)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    _close(torch.linalg.solve_triangular(ta, tb, upper=True), torch.linalg.solve_triangular(a, b, upper=True))
+    compiles = 0
+    for conj_a, conj_b, neg_b in [(True, False, False), (False, True, False), (True, True, True)]:
+        xa, xb, ca, cb = ta, tb, a, b
+        if conj_a:
+            xa, ca = xa.conj(), ca.conj()
+        if conj_b:
+            xb, cb = xb.conj(), cb.conj()
+        if neg_b:
+            xb, cb = xb._neg_view(), cb._neg_view()
+        before = counters.eager_compiles
+        x = torch.linalg.solve_triangular(xa, xb, upper=True)
+        compiles += counters.eager_compiles - before
+        _close(x, torch.linalg.solve_triangular(ca, cb, upper=True))
+    on_host = platform.buffers_in_host_memory() and not tpu_check.enabled()  # (else flattened on the device)
+    assert compiles == 0 or not on_host

@@ -176,14 +176,15 @@ def _meta_accepts(kernel, args, kwargs):
 def _on_host(located, bucket):
     """Whether the flat, padded operands are made on the host: where device buffers are host memory
     (XLA:CPU; not under the TPU compile check) and they are small, their values known (not a fused
-    segment's queued result) and stored as their dtype. Else a reshape and a `cat` on the device: a
-    small program per batch shape and layout (what the host saves)."""
+    segment's queued result) and stored as their dtype (a lazily conjugated or negated view is read
+    with its bit applied, exactly: the op's program then keys no conj/neg bit). Else a reshape and a
+    `cat` on the device: a small program per batch shape and layout (what the host saves)."""
     if not platform.buffers_in_host_memory() or tpu_check.enabled():
         return False
     total = 0
     for _, t, core, _ in located:
         r = RECORDS.get(t.untyped_storage().data_ptr())
-        if r is None or r.dtype != t.dtype or t.is_conj() or t.is_neg() or type(r._buffer) is fusion.Pending:
+        if r is None or r.dtype != t.dtype or type(r._buffer) is fusion.Pending:
             return False
         total += bucket * math.prod(t.shape[t.dim() - core :]) * t.element_size()
     return total <= HOST_BYTES
@@ -199,7 +200,12 @@ def _host_flat(t, n, bucket, core, fill):
     )
     shape = tuple(t.shape[t.dim() - core :])
     out = np.empty((bucket, *shape), dtype=flat.dtype)
-    out[:n] = v.reshape(n, *shape)
+    v = v.reshape(n, *shape)
+    if t.is_conj():  # (exact, as a negation: the flat operand carries no lazy bit)
+        v = np.conj(v)
+    if t.is_neg():
+        v = -v
+    out[:n] = v
     if bucket > n:
         if fill == EYE:
             out[n:] = np.eye(shape[0], shape[1], dtype=flat.dtype)
