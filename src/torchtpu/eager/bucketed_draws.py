@@ -163,7 +163,7 @@ def _placed_on_host(write, n, record) -> bool:
     the same bits the per-shape program writes, without compiling that program for each new shape),
     for a plain write of the whole of a small storage in its memory order. On a TPU that would be a
     round trip through the host: the per-shape program stays, and the TPU compile check sees it."""
-    if not platform.buffers_in_host_memory() or record.nbytes >= DONATE_BYTES or tpu_check.enabled():
+    if not tpu_check.host_work_allowed() or record.nbytes >= DONATE_BYTES:
         return False
     _, (shape, stride, offset, dtype, numel), bits = write
     if any(bits) or tuple(stride) != tuple(contiguous_strides(shape)) or dtype is dt.COMPLEX32:

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.argument_checks import warn_at_caller
 from ..ops.embedding import one_hot_range_check
@@ -252,7 +251,7 @@ def _unique_on_host(self) -> bool:
     count (PyTorch's test_unique_dim: 48 compiles, 50 s), and the count is read back anyway (a sync
     point, as on CUDA); the CPU's kernel gives the CPU's answer. On a TPU the device form stays (the
     TPU compile check sees it)."""
-    return self.numel() <= HOST_NONZERO_ELEMENTS and platform.buffers_in_host_memory() and not tpu_check.enabled()
+    return self.numel() <= HOST_NONZERO_ELEMENTS and tpu_check.host_work_allowed()
 
 
 def _host_unique(self, dim, sort, return_inverse, return_counts):

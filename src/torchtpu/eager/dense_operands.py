@@ -253,7 +253,7 @@ def _dense_copy(spec, record, xla, op_jit):
 def _on_host(layout, record):
     """Whether the copy runs on the host: only where device buffers are host memory (XLA:CPU; a TPU
     keeps its device program, which the TPU compile check sees), for a small plain view."""
-    if not platform.buffers_in_host_memory() or tpu_check.enabled():
+    if not tpu_check.host_work_allowed():
         return False
     dtype = layout[3]
     return math.prod(layout[0]) * dtype.itemsize <= HOST_DENSE_BYTES and dtype == dt.stored(dtype)

@@ -30,24 +30,14 @@ import math
 import jax
 import numpy as np
 
-from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.resolve import functional_twin
 from ..ops.table import declared_facts
 from ..storage.records import contiguous_strides
-from . import limits, op_store, tpu_check
+from . import limits, tpu_check
 from .bucketed_draws import bucket_of
 from .executable import TensorArg
-from .stand_ins import (
-    TieringStandIn,
-    _map_specs,
-    _tensor_args,
-    copied,
-    jit_shared,
-    kept_offsets,
-    shared_key,
-    shared_program,
-)
+from .stand_ins import TieringStandIn, _map_specs, _tensor_args, bucket_stand_in, copied, kept_offsets, shared_key
 
 HOST_BYTES = 1 << 16  # the padded arrays of one call, in bytes, at most
 FLAT = declared_facts("flat_buckets")
@@ -149,27 +139,12 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
     for s in flat_slots:
         shapes[s] = (bucket,)
     key = shared_key(kernel, entry, program, template, writes, shapes, bucket, tuple(outs), len(kept))
-    shared, new = shared_program(_shared, key, entry.xla)
-    if shared is None:  # an unhashable static argument: keep the one-program executable
+    label = lambda: f"{name} (flat, {bucket} elements)"
+    changes = dict(template=template, writes=writes, outputs=caster(outs), n_offsets=len(kept))
+    c = bucket_stand_in(FlatBucket, _shared, key, "flat", label, entry, program, fn, name, op_jit, store, **changes)
+    if c is None:
         return None
-    if new:
-        label = f"{name} (flat, {bucket} elements)"
-        stored = op_store.shared_name(store, entry, "flat")
-        jit_shared(
-            shared,
-            program,
-            op_jit,
-            label,
-            store=stored,
-            gated=False,
-            template=template,
-            writes=writes,
-            outputs=caster(outs),
-            n_offsets=len(kept),
-        )
-    c = FlatBucket()
-    c._stand_in(entry, "fn", name, op_jit, fn, op_jit(entry, "fn", fn, name, store=store) if store else None)
-    c.shared, c.n, c.shape, c.kept = shared, n, tuple(shape), tuple(kept)
+    c.n, c.shape, c.kept = n, tuple(shape), tuple(kept)
     c.n_buffers, c.n_values, c.slots, c.bucket = program.n_buffers, program.n_values, tuple(flat_slots), bucket
     c.reads = tuple(reads.get(s) for s in flat_slots)
     c.shapes = [s for s, _ in entry.outs] + [tuple(records[slot].shape) for slot in program.mutated_slots]
@@ -207,7 +182,7 @@ def _read(layout, shape, record):
 def _serves(kernel, entry, program, records):
     """{slot: None (the whole storage) or how the host reads it (_read)} of the operands flattened, or
     None where the op is not served."""
-    if not platform.buffers_in_host_memory() or tpu_check.enabled() or program.random or not records:
+    if not tpu_check.host_work_allowed() or program.random or not records:
         return None
     if entry.strides is not None or entry.nones is not None or not declared(kernel):
         return None

@@ -25,7 +25,6 @@ import jax
 import numpy as np
 import torch
 
-from ..device import platform
 from ..storage.records import RECORDS, memory_order, new_tensor, storage_shape
 from . import fusion, limits, tpu_check
 from .build import _kept_strides, _layout_rule, _meta_call
@@ -41,7 +40,7 @@ limits.FORGETTERS.append(_calls.clear)
 def serve(kernel, args, kwargs, stack=False):
     """The result of `cat(tensors, dim)` (`stack` when `stack`) concatenated on the host, or None for
     the engine's exact program."""
-    if not platform.buffers_in_host_memory() or tpu_check.enabled():
+    if not tpu_check.host_work_allowed():
         return None
     tensors = args[0] if args else kwargs.get("tensors")
     if kwargs.keys() - {"tensors", "dim"} or not isinstance(tensors, (list, tuple)) or not tensors:

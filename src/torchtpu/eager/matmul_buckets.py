@@ -31,14 +31,13 @@ import math
 import jax
 import numpy as np
 
-from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.table import declared_facts
 from ..storage.records import contiguous_strides
-from . import limits, op_store, tpu_check
+from . import limits, tpu_check
 from .bucketed_draws import bucket_of
 from .executable import DynOffset, TensorArg
-from .stand_ins import TieringStandIn, _map_specs, copied, jit_shared, shared_key, shared_program
+from .stand_ins import TieringStandIn, _map_specs, bucket_stand_in, copied, shared_key
 
 SMALLEST = 4  # elements along a dim: the smallest bucket (PyTorch's sweeps: matrix dims 0-3)
 HOST_BYTES = 1 << 19  # the padded operands and result of one call (and a written storage), in bytes, at most
@@ -185,26 +184,12 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
         outs = [(padded_result, entry.outs[0][1])]
     program = program._replace(n_offsets=0)
     key = shared_key(kernel, entry, program, template, writes, shapes, "matmul", tuple(outs))
-    shared, new = shared_program(_shared, key, entry.xla)
-    if shared is None:
+    label = lambda: f"{name} (padded to {'x'.join(map(str, padded_result)) or 'a scalar'})"
+    changes = dict(template=template, writes=writes, outputs=caster(outs))
+    c = bucket_stand_in(MatmulBucket, _shared, key, "matmul", label, entry, program, fn, name, op_jit, store, **changes)
+    if c is None:
         return None
-    if new:
-        label = f"{name} (padded to {'x'.join(map(str, padded_result)) or 'a scalar'})"
-        stored = op_store.shared_name(store, entry, "matmul")
-        jit_shared(
-            shared,
-            program,
-            op_jit,
-            label,
-            store=stored,
-            gated=False,
-            template=template,
-            writes=writes,
-            outputs=caster(outs),
-        )
-    c = MatmulBucket()
-    c._stand_in(entry, "fn", name, op_jit, fn, op_jit(entry, "fn", fn, name, store=store) if store else None)
-    c.shared, c.n_buffers, c.n_values, c.result = shared, program.n_buffers, program.n_values, real
+    c.n_buffers, c.n_values, c.result = program.n_buffers, program.n_values, real
     c.reads = []
     first = next(i for i, letters in enumerate(operands) if contracted & set(letters))
     for i, (s, p) in enumerate(zip(specs, padded_of)):
@@ -218,7 +203,7 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
 
 
 def _serves(entry, program, records) -> bool:
-    if not platform.buffers_in_host_memory() or tpu_check.enabled() or program.random or not records:
+    if not tpu_check.host_work_allowed() or program.random or not records:
         return False
     if entry.strides is not None or entry.nones is not None:
         return False

@@ -42,7 +42,6 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from ..device import platform
 from ..ops.table import declared_facts
 from ..storage.records import RECORDS, new_tensor, storage_shape
 from . import fusion, interrupts, tpu_check
@@ -179,7 +178,7 @@ def _on_host(located, bucket):
     segment's queued result) and stored as their dtype (a lazily conjugated or negated view is read
     with its bit applied, exactly: the op's program then keys no conj/neg bit). Else a reshape and a
     `cat` on the device: a small program per batch shape and layout (what the host saves)."""
-    if not platform.buffers_in_host_memory() or tpu_check.enabled():
+    if not tpu_check.host_work_allowed():
         return False
     total = 0
     for _, t, core, _ in located:

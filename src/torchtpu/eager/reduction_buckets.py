@@ -26,15 +26,14 @@ import math
 import jax
 import numpy as np
 
-from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.table import declared_facts
 from ..storage.records import contiguous_strides
-from . import limits, op_store, tpu_check
+from . import limits, tpu_check
 from .bucketed_draws import bucket_of
 from .executable import TensorArg
 from .flat_buckets import HOST_BYTES, _whole
-from .stand_ins import TieringStandIn, _map_specs, _tensor_args, copied, jit_shared, shared_key, shared_program
+from .stand_ins import TieringStandIn, _map_specs, _tensor_args, bucket_stand_in, copied, shared_key
 
 SMALLEST = 16  # elements along the reduced dim: the smallest bucket
 PLANS = declared_facts("reduction_buckets")
@@ -157,22 +156,20 @@ def build(kernel, entry, program, fn, records, args, kwargs, name, op_jit, caste
     shapes = [tuple(r.shape) for r in records]
     shapes[spec.slot] = padded_shape
     key = shared_key(kernel, entry, program, template, [], shapes, "reduction", tuple(outs))
-    shared, new = shared_program(_shared, key, entry.xla)
-    if shared is None:  # an unhashable static argument: keep the one-program executable
+    label = lambda: f"{name} ({bucket} along dim {'*' if flatten else axis})"
+    changes = dict(template=template, outputs=caster(outs))
+    c = bucket_stand_in(
+        ReductionBucket, _shared, key, "reduction", label, entry, program, fn, name, op_jit, store, **changes
+    )
+    if c is None:
         return None
-    if new:
-        label = f"{name} ({bucket} along dim {'*' if flatten else axis})"
-        stored = op_store.shared_name(store, entry, "reduction")
-        jit_shared(shared, program, op_jit, label, store=stored, gated=False, template=template, outputs=caster(outs))
-    c = ReductionBucket()
-    c._stand_in(entry, "fn", name, op_jit, fn, op_jit(entry, "fn", fn, name, store=store) if store else None)
-    c.shared, c.n, c.bucket, c.axis, c.flatten, c.fill = shared, n, bucket, axis, flatten, fill
+    c.n, c.bucket, c.axis, c.flatten, c.fill = n, bucket, axis, flatten, fill
     c.n_buffers, c.slot, c.cuts = program.n_buffers, spec.slot, cuts
     return c
 
 
 def _serves(entry, program, records) -> bool:
-    if not platform.buffers_in_host_memory() or tpu_check.enabled() or program.random or not records:
+    if not tpu_check.host_work_allowed() or program.random or not records:
         return False
     if entry.strides is not None or entry.nones is not None or program.writes or program.mutated_slots:
         return False

@@ -29,15 +29,14 @@ import jax
 import numpy as np
 import torch
 
-from ..device import platform
 from ..ops import dtypes as dt
 from ..ops.table import declared_facts
-from . import limits, op_store, tpu_check
+from . import limits, tpu_check
 from .bucketed_draws import bucket_of
 from .dense_operands import _is_dense
 from .executable import TensorArg
 from .flat_buckets import HOST_BYTES
-from .stand_ins import TieringStandIn, _map_specs, _tensor_args, copied, jit_shared, shared_key, shared_program
+from .stand_ins import TieringStandIn, _map_specs, _tensor_args, bucket_stand_in, copied, shared_key
 
 SMALLEST = 16  # elements of either operand: the smallest bucket
 MAX_PAIRS = 1 << 20  # padded (element, test element) pairs compared at most (the exact program's stays)
@@ -152,16 +151,12 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
     for s, b in zip(specs, buckets):
         buffer_shapes[s.slot] = (b,)
     key = shared_key(kernel, entry, program, template, [], buffer_shapes, "set", tuple(outs))
-    shared, new = shared_program(_shared, key, entry.xla)
-    if shared is None:  # an unhashable static argument: keep the one-program executable
+    label = lambda: f"{name} (set, {buckets[0]} x {buckets[1]})"
+    changes = dict(template=template, outputs=caster(outs))
+    c = bucket_stand_in(SetBucket, _shared, key, "set", label, entry, program, fn, name, op_jit, store, **changes)
+    if c is None:
         return None
-    if new:
-        label = f"{name} (set, {buckets[0]} x {buckets[1]})"
-        stored = op_store.shared_name(store, entry, "set")
-        jit_shared(shared, program, op_jit, label, store=stored, gated=False, template=template, outputs=caster(outs))
-    c = SetBucket()
-    c._stand_in(entry, "fn", name, op_jit, fn, op_jit(entry, "fn", fn, name, store=store) if store else None)
-    c.shared, c.n, c.shape, c.n_buffers = shared, counts[0], shapes[0], program.n_buffers
+    c.n, c.shape, c.n_buffers = counts[0], shapes[0], program.n_buffers
     c.pads = tuple(
         (s.slot, b, None if cast is None else np.dtype(dt.to_jax(cast))) for s, b, cast in zip(specs, buckets, casts)
     )
@@ -169,7 +164,7 @@ def build(kernel, entry, program, fn, records, name, op_jit, caster, store):
 
 
 def _serves(entry, program, records) -> bool:
-    if not platform.buffers_in_host_memory() or tpu_check.enabled() or program.random or len(records) != 2:
+    if not tpu_check.host_work_allowed() or program.random or len(records) != 2:
         return False
     if entry.strides is not None or entry.nones is not None or program.writes or program.mutated_slots:
         return False

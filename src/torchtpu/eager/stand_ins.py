@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import op_store
 from .executable import DynOffset, TensorArg, ValueArg, traced_function
 
 TIER_UP = 8  # calls of one entry after which it builds its own one-program executable
@@ -133,6 +134,23 @@ def jit_shared(shared, program, op_jit, label, *, store=None, gated=None, on_tra
     shared.fn = op_jit(shared, "fn", wrap(traced_function(source), False), label, store=store)
     if program.mutated_slots if gated is None else gated:
         shared.fn_gated = op_jit(shared, "fn_gated", wrap(traced_function(source, gated=True), True), label)
+
+
+def bucket_stand_in(cls, table, key, kind, label, entry, program, fn, name, op_jit, store, **changes):
+    """A new `cls` stand-in for `entry` whose calls run the shared program `table[key]` (built here from
+    `program` with `changes` where new, named `label()` and stored as op_store.shared_name(store, entry,
+    `kind`)), with the entry's own program through the op-key cache where `store` names it; None for a
+    key holding an unhashable static argument (the entry keeps its one-program executable)."""
+    shared, new = shared_program(table, key, entry.xla)
+    if shared is None:
+        return None
+    if new:
+        stored = op_store.shared_name(store, entry, kind)
+        jit_shared(shared, program, op_jit, label(), store=stored, gated=False, **changes)
+    c = cls()
+    c._stand_in(entry, "fn", name, op_jit, fn, op_jit(entry, "fn", fn, name, store=store) if store else None)
+    c.shared = shared
+    return c
 
 
 def kept_offsets(program, left_out):

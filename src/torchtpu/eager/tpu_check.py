@@ -100,6 +100,13 @@ def enabled() -> bool:
     return on
 
 
+def host_work_allowed() -> bool:
+    """Whether the engine may do a device op's work on the host, on its buffers as they lie: where device
+    buffers are host memory (XLA:CPU), and not under the TPU compile check, which must see the device
+    program a TPU would run (on a TPU such work would be a round trip through the host)."""
+    return platform.buffers_in_host_memory() and not enabled()
+
+
 def report() -> Report:
     with _lock:
         programs = list(_results)
